@@ -1,0 +1,1 @@
+"""Pretraining data: corpus reading, instance creation, masking and resumable loading."""

@@ -1,0 +1,27 @@
+"""bertjax: BERT pretraining and fine-tuning in JAX/Flax, TPU-first."""
+from setuptools import find_packages, setup
+
+setup(
+    name="bertjax",
+    version="0.1.0",
+    description="Faithful, fast BERT (Devlin et al., 2018) in JAX/Flax.",
+    packages=find_packages(include=["bertjax", "bertjax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.10.2",
+        "flax>=0.12.8",
+        "optax>=0.2.8",
+        "orbax-checkpoint>=0.12.8",
+        "tensorflow-datasets>=4.9.10",
+        "importlib_resources",  # tfds needs it without declaring it
+        "array_record",
+        "sentencepiece>=0.2.0",
+        "ml_collections>=1.1.0",
+        "absl-py",
+        "numpy",
+        "tensorboardX>=2.6",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-xdist"],
+    },
+)
