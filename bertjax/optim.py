@@ -1,0 +1,154 @@
+"""Optimizers and learning-rate schedule for BERT pretraining and fine-tuning.
+
+`bert_adam` reproduces Google BERT's `AdamWeightDecayOptimizer`: Adam moments
+without bias correction, decoupled weight decay added to the Adam ratio, and the
+linear-warmup / linear-decay schedule of `optimization.py`.
+"""
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+# Substrings that exclude a variable from weight decay, as in the original
+# `exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"]`.
+_NO_DECAY_ANYWHERE = ("LayerNorm", "layer_norm")
+_NO_DECAY_LEAF = "bias"
+
+OPTIMIZER_NAMES = ("bert_adam", "adamw", "lamb")
+
+
+class ScaleByAdamNoBiasCorrectionState(NamedTuple):
+    """Adam moments without bias correction; `count` is kept for bookkeeping."""
+
+    count: jax.Array
+    mu: optax.Updates
+    nu: optax.Updates
+
+
+def scale_by_adam_no_bias_correction(
+    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6
+) -> optax.GradientTransformation:
+    """Rescale updates to m / (sqrt(v) + eps) with un-corrected Adam moments."""
+
+    def init_fn(params: optax.Params) -> ScaleByAdamNoBiasCorrectionState:
+        # float32 moments with the params' tree structure, so they shard like params.
+        return ScaleByAdamNoBiasCorrectionState(
+            count=jnp.zeros([], jnp.int32),
+            mu=optax.tree_utils.tree_zeros_like(params, dtype=jnp.float32),
+            nu=optax.tree_utils.tree_zeros_like(params, dtype=jnp.float32),
+        )
+
+    def update_fn(updates, state, params=None):
+        del params
+        grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), updates)
+        mu = jax.tree_util.tree_map(lambda m, g: b1 * m + (1.0 - b1) * g, state.mu, grads)
+        nu = jax.tree_util.tree_map(
+            lambda v, g: b2 * v + (1.0 - b2) * jnp.square(g), state.nu, grads
+        )
+        ratio = jax.tree_util.tree_map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+        count = optax.safe_increment(state.count)
+        return ratio, ScaleByAdamNoBiasCorrectionState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _key_name(entry: Any) -> str:
+    """Return the string name of one pytree path entry (dict key, attribute or index)."""
+    for attr in ("key", "name", "idx"):
+        if hasattr(entry, attr):
+            return str(getattr(entry, attr))
+    return str(entry)
+
+
+def _is_decayed(path: tuple) -> bool:
+    """Apply the original exclusion rule to one parameter path."""
+    names = [_key_name(entry) for entry in path]
+    if any(word in name for name in names for word in _NO_DECAY_ANYWHERE):
+        return False
+    return not (names and _NO_DECAY_LEAF in names[-1])
+
+
+def decay_mask(params: optax.Params) -> Any:
+    """Return a bool pytree: True where weight decay applies (not LayerNorm, not bias)."""
+    return jax.tree_util.tree_map_with_path(lambda path, _: _is_decayed(path), params)
+
+
+# `bert_adam` has a parameter named `decay_mask`; this alias keeps the default reachable.
+_default_decay_mask = decay_mask
+
+
+def bert_adam(
+    learning_rate: optax.ScalarOrSchedule,
+    weight_decay_rate: float = 0.01,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+    decay_mask: Optional[Any] = None,
+) -> optax.GradientTransformation:
+    """Google BERT's AdamWeightDecayOptimizer; `decay_mask` (bool tree or fn) defaults to BERT's."""
+    mask = _default_decay_mask if decay_mask is None else decay_mask
+    return optax.chain(
+        scale_by_adam_no_bias_correction(b1=b1, b2=b2, eps=eps),
+        # Added after the Adam ratio, so the decay is scaled by lr (decoupled).
+        optax.add_decayed_weights(weight_decay_rate, mask=mask),
+        optax.scale_by_learning_rate(learning_rate),
+    )
+
+
+def bert_schedule(peak_lr: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
+    """Linear warmup to `peak_lr`, then linear decay of peak*(1 - step/total) to 0."""
+    if total_steps <= 0:
+        raise ValueError(f"total_steps must be positive, got {total_steps}")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be non-negative, got {warmup_steps}")
+
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        # The original decays from step 0 and overrides with warmup while
+        # step < warmup, so the decay is not shifted by the warmup length.
+        decayed = peak_lr * (1.0 - jnp.minimum(step, total_steps) / total_steps)
+        warmup = peak_lr * step / max(warmup_steps, 1)
+        return jnp.where(step < warmup_steps, warmup, decayed).astype(jnp.float32)
+
+    return schedule
+
+
+def _schedule_from_config(cfg: Any) -> optax.Schedule:
+    """Build the BERT schedule from a config's lr fields."""
+    return bert_schedule(cfg.peak_learning_rate, cfg.warmup_steps, cfg.total_steps)
+
+
+def _base_optimizer(cfg: Any, schedule: optax.Schedule) -> optax.GradientTransformation:
+    """Build the optimizer named by `cfg.name`, without gradient clipping."""
+    name = getattr(cfg, "name", "bert_adam")
+    weight_decay = getattr(cfg, "weight_decay_rate", 0.01)
+    b1 = getattr(cfg, "b1", 0.9)
+    b2 = getattr(cfg, "b2", 0.999)
+    eps = getattr(cfg, "eps", 1e-6)
+    if name == "bert_adam":
+        return bert_adam(schedule, weight_decay, b1=b1, b2=b2, eps=eps)
+    if name == "adamw":
+        return optax.adamw(
+            schedule, b1=b1, b2=b2, eps=eps, mu_dtype=jnp.float32,
+            weight_decay=weight_decay, mask=decay_mask,
+        )
+    if name == "lamb":
+        return optax.lamb(
+            schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask
+        )
+    raise ValueError(f"Unknown optimizer {name!r}; valid names: {', '.join(OPTIMIZER_NAMES)}")
+
+
+def make_optimizer(cfg: Any) -> optax.GradientTransformation:
+    """Build global-norm clipping followed by the configured optimizer and schedule."""
+    optimizer = _base_optimizer(cfg, _schedule_from_config(cfg))
+    clip_norm = getattr(cfg, "clip_global_norm", 1.0)
+    if not clip_norm:
+        return optimizer
+    return optax.chain(optax.clip_by_global_norm(clip_norm), optimizer)
+
+
+def learning_rate_at(cfg: Any, step: int) -> float:
+    """Host-side learning rate at `step`, for logging."""
+    return float(_schedule_from_config(cfg)(step))

@@ -1,0 +1,245 @@
+"""Tests for bertjax.optim against a numpy re-implementation of BERT's optimizer."""
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from flax.core import FrozenDict
+
+from bertjax import optim
+
+B1, B2, EPS, WD = 0.9, 0.999, 1e-6, 0.01
+
+
+def _params() -> dict:
+    """Small BERT-like tree: dense, LayerNorm, embeddings and a top-level output bias."""
+    rng = np.random.default_rng(0)
+    normal = lambda *shape: rng.normal(size=shape).astype(np.float32)
+    return {
+        "layer": {
+            "dense": {"kernel": normal(4, 3), "bias": normal(3)},
+            "LayerNorm": {"scale": normal(3), "bias": normal(3)},
+        },
+        "word_embeddings": {"embedding": normal(5, 4)},
+        "output_bias": normal(5),
+    }
+
+
+def _grads(step: int) -> dict:
+    """Known gradients per step, small enough that eps matters."""
+    rng = np.random.default_rng(100 + step)
+    return jax.tree_util.tree_map(
+        lambda p: (1e-3 * rng.normal(size=p.shape)).astype(np.float32), _params()
+    )
+
+
+def _flat(tree) -> dict:
+    """Flatten a nested dict to {"a/b/c": leaf}, the original's variable naming."""
+    flat = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        flat["/".join(str(entry.key) for entry in path)] = np.asarray(leaf, np.float64)
+    return flat
+
+
+def _reference_decay(name: str) -> bool:
+    """The original `_do_use_weight_decay`: regex search of each excluded word."""
+    return not any(re.search(word, name) for word in ("LayerNorm", "layer_norm", "bias"))
+
+
+def _reference_bert_adam(params, grads_per_step, lrs, wd=WD, eps=EPS, clip_norm=None):
+    """Google's AdamWeightDecayOptimizer in float64 numpy; returns flat params."""
+    params = _flat(params)
+    m = {k: np.zeros_like(v) for k, v in params.items()}
+    v = {k: np.zeros_like(p) for k, p in params.items()}
+    for grads, lr in zip(grads_per_step, lrs):
+        grads = _flat(grads)
+        if clip_norm is not None:
+            norm = np.sqrt(sum(np.sum(g**2) for g in grads.values()))
+            grads = {k: g * clip_norm / max(norm, clip_norm) for k, g in grads.items()}
+        for name, g in grads.items():
+            m[name] = B1 * m[name] + (1 - B1) * g
+            v[name] = B2 * v[name] + (1 - B2) * g**2
+            update = m[name] / (np.sqrt(v[name]) + eps)
+            if _reference_decay(name):
+                update = update + wd * params[name]
+            params[name] = params[name] - lr * update
+    return params
+
+
+def _run(tx, params, grads_per_step):
+    """Apply `tx` for each gradient under jit and return the final params."""
+    state = tx.init(params)
+
+    @jax.jit
+    def step(params, state, grads):
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    for grads in grads_per_step:
+        params, state = step(params, state, grads)
+    return params
+
+
+def _assert_flat_close(actual, expected, rtol=1e-6):
+    """Compare a params tree with a flat reference dict leaf by leaf."""
+    actual = _flat(actual)
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_allclose(actual[name], expected[name], rtol=rtol, atol=1e-7, err_msg=name)
+
+
+def _config(**overrides) -> ml_collections.ConfigDict:
+    """A full optimizer config with BERT defaults."""
+    cfg = ml_collections.ConfigDict(
+        dict(name="bert_adam", peak_learning_rate=1e-2, warmup_steps=0, total_steps=1_000_000,
+             weight_decay_rate=WD, b1=B1, b2=B2, eps=EPS, clip_global_norm=1.0)
+    )
+    cfg.update(overrides)
+    return cfg
+
+
+def test_bert_adam_matches_reference_three_steps():
+    grads = [_grads(i) for i in range(3)]
+    lr = 1e-2
+    actual = _run(optim.bert_adam(lr, WD, B1, B2, EPS), _params(), grads)
+    _assert_flat_close(actual, _reference_bert_adam(_params(), grads, [lr] * 3))
+
+
+def test_decay_mask_excludes_layernorm_and_biases():
+    mask = optim.decay_mask(_params())
+    assert mask == {
+        "layer": {
+            "dense": {"kernel": True, "bias": False},
+            "LayerNorm": {"scale": False, "bias": False},
+        },
+        "word_embeddings": {"embedding": True},
+        "output_bias": False,
+    }
+
+
+def test_decay_mask_path_rules_and_frozendict():
+    params = FrozenDict({
+        "bert": {"encoder": {"layer_0": {"attention": {"output": {
+            "LayerNorm": {"scale": 1.0}, "dense": {"kernel": 1.0, "bias": 1.0}}}}}},
+        "final_layer_norm": {"scale": 1.0},
+        "layernorm": {"scale": 1.0},  # case sensitive, as in the original
+        "cls": {"predictions": {"output_bias": 1.0}},
+    })
+    mask = optim.decay_mask(params)
+    assert isinstance(mask, FrozenDict)
+    output = mask["bert"]["encoder"]["layer_0"]["attention"]["output"]
+    assert output["LayerNorm"]["scale"] is False
+    assert output["dense"]["kernel"] is True
+    assert output["dense"]["bias"] is False
+    assert mask["final_layer_norm"]["scale"] is False
+    assert mask["layernorm"]["scale"] is True
+    assert mask["cls"]["predictions"]["output_bias"] is False
+
+
+def test_weight_decay_moves_decayed_param_differently():
+    value = np.ones(3, np.float32)
+    params = {"dense": {"kernel": value, "bias": value}}
+    grads = {"dense": {"kernel": value, "bias": value}}
+    lr = 1e-2
+    new = _run(optim.bert_adam(lr, weight_decay_rate=WD), params, [grads])
+    # Same gradient and value, so the only difference is the decoupled lr * wd * param;
+    # atol covers float32 rounding of params near 1.
+    np.testing.assert_allclose(
+        new["dense"]["bias"] - new["dense"]["kernel"], lr * WD * value, rtol=0, atol=1e-7
+    )
+
+
+def test_no_bias_correction_on_first_step():
+    g = np.array([1e-3, -2e-3, 0.5], np.float32)
+    params = {"dense": {"bias": np.zeros(3, np.float32)}}
+    lr = 1e-2
+    new = _run(optim.bert_adam(lr), params, [{"dense": {"bias": g}}])
+    expected = -lr * g * (1 - B1) / (np.sqrt((1 - B2) * g**2) + EPS)
+    np.testing.assert_allclose(new["dense"]["bias"], expected, rtol=1e-6)
+    # With bias correction, Adam's first step would be about lr * sign(g).
+    assert np.all(np.abs(new["dense"]["bias"]) > 3 * lr)
+
+
+def test_moments_are_float32_with_param_structure():
+    params = jax.tree_util.tree_map(lambda p: jnp.asarray(p, jnp.bfloat16), _params())
+    state = optim.scale_by_adam_no_bias_correction().init(params)
+    structure = jax.tree_util.tree_structure(params)
+    for moment in (state.mu, state.nu):
+        assert jax.tree_util.tree_structure(moment) == structure
+        assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(moment))
+    _, state = optim.scale_by_adam_no_bias_correction().update(params, state)
+    assert int(state.count) == 1
+
+
+def test_global_norm_clipping_before_adam():
+    # A large eps makes the result depend on gradient scale, so clipping shows.
+    eps = 1.0
+    params = _params()
+    raw = _grads(0)
+    norm = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in jax.tree_util.tree_leaves(raw)))
+    big = jax.tree_util.tree_map(lambda g: (g * 10.0 / norm).astype(np.float32), raw)
+    lr = 1e-2
+    actual = _run(optim.make_optimizer(_config(eps=eps, peak_learning_rate=lr)), params, [big])
+    expected = _reference_bert_adam(params, [big], [lr], eps=eps, clip_norm=1.0)
+    _assert_flat_close(actual, expected, rtol=2e-6)
+    unclipped = _reference_bert_adam(params, [big], [lr], eps=eps)
+    assert not np.allclose(_flat(actual)["output_bias"], unclipped["output_bias"], rtol=1e-3)
+
+
+def test_clipping_disabled():
+    eps = 1.0
+    big = jax.tree_util.tree_map(lambda g: g * 1e4, _grads(0))
+    lr = 1e-2
+    for off in (0, None):
+        cfg = _config(eps=eps, peak_learning_rate=lr, clip_global_norm=off)
+        actual = _run(optim.make_optimizer(cfg), _params(), [big])
+        _assert_flat_close(actual, _reference_bert_adam(_params(), [big], [lr], eps=eps))
+
+
+SCHEDULE_CASES = [
+    (0, 0.0),
+    (5_000, 5e-5),
+    (9_999, 1e-4 * 9_999 / 10_000),
+    (10_000, 1e-4 * (1 - 0.01)),
+    (505_000, 1e-4 * (1 - 0.505)),
+    (1_000_000, 0.0),
+    (2_000_000, 0.0),
+]
+
+
+@pytest.mark.parametrize("step,expected", SCHEDULE_CASES)
+def test_bert_schedule_values(step, expected):
+    schedule = optim.bert_schedule(1e-4, 10_000, 1_000_000)
+    value = schedule(step)
+    assert value.dtype == jnp.float32
+    np.testing.assert_allclose(float(value), expected, rtol=1e-6, atol=1e-12)
+
+
+def test_bert_schedule_under_jit():
+    schedule = jax.jit(optim.bert_schedule(1e-4, 10_000, 1_000_000))
+    steps = jnp.array([step for step, _ in SCHEDULE_CASES], jnp.int32)
+    expected = [value for _, value in SCHEDULE_CASES]
+    np.testing.assert_allclose(np.asarray(schedule(steps)), expected, rtol=1e-6, atol=1e-12)
+
+
+def test_learning_rate_at_uses_schedule():
+    cfg = _config(peak_learning_rate=1e-4, warmup_steps=10_000)
+    assert isinstance(optim.learning_rate_at(cfg, 5_000), float)
+    np.testing.assert_allclose(optim.learning_rate_at(cfg, 5_000), 5e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", optim.OPTIMIZER_NAMES)
+def test_make_optimizer_runs_jitted_update(name):
+    params = _params()
+    new = _run(optim.make_optimizer(_config(name=name)), params, [_grads(0)])
+    for before, after in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(new)):
+        assert np.all(np.isfinite(after))
+        assert not np.allclose(before, after)
+
+
+def test_make_optimizer_unknown_name():
+    with pytest.raises(ValueError, match="bert_adam, adamw, lamb"):
+        optim.make_optimizer(_config(name="sgd"))
