@@ -1,0 +1,378 @@
+"""BERT in Flax linen: the original architecture, with logical axis names on every parameter.
+
+Parameter paths follow Google's TF checkpoint names (`bert/embeddings/word_embeddings`,
+`bert/encoder/layer_3/attention/self/query/kernel`, `cls/predictions/output_bias`, ...), so
+conversion is a rename plus a transpose-free copy. No mesh axis name appears here: the rules
+table in `bertjax.sharding` maps the logical names below to mesh axes.
+
+Shape legend: B batch, L sequence length, H hidden size, N heads, D head size, F FFN size,
+V vocab size, P gathered (masked) positions.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+# Logical axis names: parameters.
+VOCAB = "vocab"
+EMBED = "embed"
+EMBED_OUT = "embed_out"  # output side of the square H->H kernels (pooler, MLM transform)
+QKV = "qkv"  # the H outputs of query/key/value, i.e. N heads x D
+MLP = "mlp"
+POSITION = "position"
+TOKEN_TYPE = "token_type"
+NORM = "norm"
+NSP_CLASSES = "nsp_classes"
+LAYERS = "layers"
+# Logical axis names: activations.
+BATCH = "batch"
+LENGTH = "length"
+ACT_EMBED = "act_embed"
+ACT_QKV = "act_qkv"
+ACT_MLP = "act_mlp"
+
+ATTENTION_MASK_VALUE = -10000.0  # the original additive mask, not -inf
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Google's `bert_config.json` fields plus compute/parameter dtypes and layout switches."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"  # "gelu" = exact erf (original); "gelu_tanh" approximation; "relu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    dtype: str = "float32"  # compute dtype; "bfloat16" on TPU/GPU
+    param_dtype: str = "float32"
+    scan_layers: bool = False  # nn.scan over layers: faster compiles, stacked [layers, ...] params
+    remat_policy: str = "none"  # one of REMAT_POLICIES
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act={self.hidden_act!r}; choose one of {sorted(ACTIVATIONS)}")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(
+                f"remat_policy={self.remat_policy!r}; choose one of {sorted(REMAT_POLICIES)}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "BertConfig":
+        """Builds a config from a dict, ignoring keys this class does not know."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+    @classmethod
+    def from_json_file(cls, path: str) -> "BertConfig":
+        """Reads Google's `bert_config.json`."""
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "gelu": functools.partial(nn.gelu, approximate=False),
+    "gelu_tanh": functools.partial(nn.gelu, approximate=True),
+    "relu": nn.relu,
+}
+
+
+def _init(config: BertConfig, axes: tuple[str, ...]) -> nn.initializers.Initializer:
+    """Truncated normal (2 stddev), as TF's truncated_normal_initializer, with logical axes."""
+    return nn.with_logical_partitioning(
+        nn.initializers.truncated_normal(config.initializer_range), axes)
+
+
+def _zeros(axes: tuple[str, ...]) -> nn.initializers.Initializer:
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def _dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
+    return nn.Dense(
+        features, dtype=config.dtype, param_dtype=config.param_dtype,
+        kernel_init=_init(config, axes), bias_init=_zeros(axes[1:]), name=name)
+
+
+def _layer_norm(config: BertConfig, name: str = "LayerNorm") -> nn.LayerNorm:
+    # Statistics are computed in float32 whatever the compute dtype.
+    return nn.LayerNorm(
+        epsilon=config.layer_norm_eps, dtype=config.dtype, param_dtype=config.param_dtype,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (NORM,)),
+        bias_init=_zeros((NORM,)), name=name)
+
+
+def _constrain(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    return nn.with_logical_constraint(x, axes)
+
+
+class BertEmbeddings(nn.Module):
+    """Word + position + token-type embeddings, LayerNorm, dropout."""
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+        self.word_embeddings = self.param(
+            "word_embeddings", _init(cfg, (VOCAB, EMBED)),
+            (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype)
+        self.position_embeddings = self.param(
+            "position_embeddings", _init(cfg, (POSITION, EMBED)),
+            (cfg.max_position_embeddings, cfg.hidden_size), cfg.param_dtype)
+        self.token_type_embeddings = self.param(
+            "token_type_embeddings", _init(cfg, (TOKEN_TYPE, EMBED)),
+            (cfg.type_vocab_size, cfg.hidden_size), cfg.param_dtype)
+        self.layer_norm = _layer_norm(cfg)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def __call__(self, input_ids_BxL: jax.Array, token_type_ids_BxL: jax.Array,
+                 deterministic: bool) -> jax.Array:
+        length = input_ids_BxL.shape[1]
+        if length > self.config.max_position_embeddings:
+            raise ValueError(f"sequence length {length} exceeds max_position_embeddings="
+                             f"{self.config.max_position_embeddings}")
+        x_BxLxH = (jnp.take(self.word_embeddings, input_ids_BxL, axis=0)
+                   + self.position_embeddings[None, :length]
+                   + jnp.take(self.token_type_embeddings, token_type_ids_BxL, axis=0))
+        x_BxLxH = self.layer_norm(x_BxLxH)
+        x_BxLxH = self.dropout(x_BxLxH, deterministic=deterministic)
+        return _constrain(x_BxLxH.astype(self.config.dtype), (BATCH, LENGTH, ACT_EMBED))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head self-attention; softmax and mask in float32."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxH: jax.Array, mask_bias_Bx1x1xL: jax.Array,
+                 deterministic: bool) -> jax.Array:
+        cfg = self.config
+        batch, length, _ = x_BxLxH.shape
+
+        def project(name: str) -> jax.Array:
+            y_BxLxH = _dense(cfg, cfg.hidden_size, (EMBED, QKV), name)(x_BxLxH)
+            y_BxLxH = _constrain(y_BxLxH, (BATCH, LENGTH, ACT_QKV))
+            return y_BxLxH.reshape(batch, length, cfg.num_attention_heads, cfg.head_size)
+
+        q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = project("query"), project("key"), project("value")
+        scores_BxNxLxL = jnp.einsum("bqnd,bknd->bnqk", q_BxLxNxD, k_BxLxNxD,
+                                    preferred_element_type=jnp.float32)
+        scores_BxNxLxL = scores_BxNxLxL / jnp.sqrt(jnp.float32(cfg.head_size))
+        probs_BxNxLxL = jax.nn.softmax(scores_BxNxLxL + mask_bias_Bx1x1xL, axis=-1)
+        probs_BxNxLxL = nn.Dropout(cfg.attention_probs_dropout_prob)(
+            probs_BxNxLxL, deterministic=deterministic)
+        context_BxLxNxD = jnp.einsum("bnqk,bknd->bqnd", probs_BxNxLxL.astype(cfg.dtype),
+                                     v_BxLxNxD)
+        return context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
+
+
+class BertDenseOutput(nn.Module):
+    """Dense back to H, dropout, residual add, post-LayerNorm (attention/output and output)."""
+
+    config: BertConfig
+    input_axis: str
+
+    @nn.compact
+    def __call__(self, y: jax.Array, residual_BxLxH: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        y_BxLxH = _dense(cfg, cfg.hidden_size, (self.input_axis, EMBED), "dense")(y)
+        y_BxLxH = nn.Dropout(cfg.hidden_dropout_prob)(y_BxLxH, deterministic=deterministic)
+        out_BxLxH = _layer_norm(cfg)(y_BxLxH + residual_BxLxH)
+        return _constrain(out_BxLxH.astype(cfg.dtype), (BATCH, LENGTH, ACT_EMBED))
+
+
+class BertAttention(nn.Module):
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxH, mask_bias_Bx1x1xL, deterministic: bool) -> jax.Array:
+        context = BertSelfAttention(self.config, name="self")(
+            x_BxLxH, mask_bias_Bx1x1xL, deterministic)
+        return BertDenseOutput(self.config, QKV, name="output")(context, x_BxLxH, deterministic)
+
+
+class BertLayer(nn.Module):
+    """One post-LN transformer layer. Returns `(x, None)` so it can be scanned."""
+
+    config: BertConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x_BxLxH: jax.Array, mask_bias_Bx1x1xL: jax.Array):
+        cfg = self.config
+        attended_BxLxH = BertAttention(cfg, name="attention")(
+            x_BxLxH, mask_bias_Bx1x1xL, self.deterministic)
+        intermediate_BxLxF = BertIntermediate(cfg, name="intermediate")(attended_BxLxH)
+        out_BxLxH = BertDenseOutput(cfg, MLP, name="output")(
+            intermediate_BxLxF, attended_BxLxH, self.deterministic)
+        return out_BxLxH, None
+
+
+class BertIntermediate(nn.Module):
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
+        cfg = self.config
+        y_BxLxF = _dense(cfg, cfg.intermediate_size, (EMBED, MLP), "dense")(x_BxLxH)
+        y_BxLxF = ACTIVATIONS[cfg.hidden_act](y_BxLxF)
+        return _constrain(y_BxLxF, (BATCH, LENGTH, ACT_MLP))
+
+
+class BertEncoder(nn.Module):
+    """The layer stack, unrolled (`layer_0`, `layer_1`, ...) or scanned (`layers`, stacked)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxH: jax.Array, mask_bias_Bx1x1xL: jax.Array,
+                 deterministic: bool) -> jax.Array:
+        cfg = self.config
+        layer_cls = BertLayer
+        if cfg.remat_policy != "none":
+            layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat_policy],
+                                 prevent_cse=not cfg.scan_layers)
+        if cfg.scan_layers:
+            stack = nn.scan(
+                layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                in_axes=nn.broadcast, length=cfg.num_hidden_layers,
+                metadata_params={nn.PARTITION_NAME: LAYERS})
+            x_BxLxH, _ = stack(cfg, deterministic, name="layers")(x_BxLxH, mask_bias_Bx1x1xL)
+            return x_BxLxH
+        for i in range(cfg.num_hidden_layers):
+            x_BxLxH, _ = layer_cls(cfg, deterministic, name=f"layer_{i}")(
+                x_BxLxH, mask_bias_Bx1x1xL)
+        return x_BxLxH
+
+
+class BertPooler(nn.Module):
+    """`tanh(Dense(h[:, 0]))`: the [CLS] representation used by NSP and classifiers."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
+        cfg = self.config
+        return jnp.tanh(_dense(cfg, cfg.hidden_size, (EMBED, EMBED_OUT), "dense")(x_BxLxH[:, 0]))
+
+
+def attention_mask_bias(attention_mask_BxL: jax.Array) -> jax.Array:
+    """The original additive mask `(1 - mask) * -10000`, broadcastable over heads and queries."""
+    mask = attention_mask_BxL.astype(jnp.float32)
+    return ((1.0 - mask) * ATTENTION_MASK_VALUE)[:, None, None, :]
+
+
+class BertModel(nn.Module):
+    """Embeddings, encoder and pooler. Returns `(sequence_output [B,L,H], pooled [B,H])`."""
+
+    config: BertConfig
+
+    def setup(self):
+        self.embeddings = BertEmbeddings(self.config)
+        self.encoder = BertEncoder(self.config)
+        self.pooler = BertPooler(self.config)
+
+    def __call__(self, input_ids_BxL: jax.Array, token_type_ids_BxL: jax.Array,
+                 attention_mask_BxL: jax.Array, deterministic: bool = True):
+        x_BxLxH = self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic)
+        x_BxLxH = self.encoder(x_BxLxH, attention_mask_bias(attention_mask_BxL), deterministic)
+        return x_BxLxH, self.pooler(x_BxLxH)
+
+
+class BertPredictionTransform(nn.Module):
+    """Dense H->H, activation, LayerNorm: the MLM head's `transform` block."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxPxH: jax.Array) -> jax.Array:
+        cfg = self.config
+        h_BxPxH = _dense(cfg, cfg.hidden_size, (EMBED, EMBED_OUT), "dense")(x_BxPxH)
+        return _layer_norm(cfg)(ACTIVATIONS[cfg.hidden_act](h_BxPxH))
+
+
+class BertMaskedLMHead(nn.Module):
+    """The transform block, then the tied word embeddings plus an output bias (fp32 logits)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxPxH: jax.Array, word_embeddings_VxH: jax.Array) -> jax.Array:
+        cfg = self.config
+        h_BxPxH = BertPredictionTransform(cfg, name="transform")(x_BxPxH)
+        output_bias_V = self.param("output_bias", _zeros((VOCAB,)), (cfg.vocab_size,),
+                                   cfg.param_dtype)
+        logits_BxPxV = jnp.einsum("bph,vh->bpv", h_BxPxH.astype(cfg.dtype),
+                                  word_embeddings_VxH.astype(cfg.dtype),
+                                  preferred_element_type=jnp.float32)
+        return logits_BxPxV + output_bias_V.astype(jnp.float32)
+
+
+class BertNSPHead(nn.Module):
+    """Next-sentence logits from the pooled output; weights stored `[2, H]` as the original."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, pooled_BxH: jax.Array) -> jax.Array:
+        cfg = self.config
+        weights_2xH = self.param("output_weights", _init(cfg, (NSP_CLASSES, EMBED)),
+                                 (2, cfg.hidden_size), cfg.param_dtype)
+        bias_2 = self.param("output_bias", _zeros((NSP_CLASSES,)), (2,), cfg.param_dtype)
+        logits_Bx2 = jnp.einsum("bh,ch->bc", pooled_BxH.astype(cfg.dtype),
+                                weights_2xH.astype(cfg.dtype), preferred_element_type=jnp.float32)
+        return logits_Bx2 + bias_2.astype(jnp.float32)
+
+
+def gather_positions(x_BxLxH: jax.Array, positions_BxP: jax.Array) -> jax.Array:
+    """Picks the hidden states at the masked positions: `[B, L, H] -> [B, P, H]`."""
+    return jnp.take_along_axis(x_BxLxH, positions_BxP[:, :, None].astype(jnp.int32), axis=1)
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with the masked-LM and next-sentence heads.
+
+    `__call__` returns `(mlm_logits [B, P, V], nsp_logits [B, 2])`; the vocabulary
+    projection runs only on the P gathered positions.
+    """
+
+    config: BertConfig
+
+    def setup(self):
+        self.bert = BertModel(self.config)
+        self.predictions = BertMaskedLMHead(self.config)
+        self.seq_relationship = BertNSPHead(self.config)
+
+    def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array,
+                 attention_mask: jax.Array, masked_lm_positions: jax.Array,
+                 deterministic: bool = True):
+        sequence_BxLxH, pooled_BxH = self.bert(input_ids, token_type_ids, attention_mask,
+                                               deterministic)
+        masked_BxPxH = gather_positions(sequence_BxLxH, masked_lm_positions)
+        mlm_logits = self.predictions(masked_BxPxH, self.bert.embeddings.word_embeddings)
+        return mlm_logits, self.seq_relationship(pooled_BxH)

@@ -1,0 +1,63 @@
+"""Pretraining losses and metric sums (the original `run_pretraining.py` definitions).
+
+Metrics are returned as sums plus their denominators so that they can be added over
+micro-batches, steps and hosts without biasing a mean with padding.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+MLM_WEIGHT_EPSILON = 1e-5  # the original: sum(w * nll) / (sum(w) + 1e-5)
+
+
+def _nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(log_probs, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def pretraining_loss(mlm_logits_BxPxV: jax.Array, nsp_logits_Bx2: jax.Array,
+                     batch: dict[str, jax.Array], mlm_weight_total: jax.Array | None = None,
+                     num_sequences_total: jax.Array | float | None = None):
+    """Returns `(loss, metric_sums)` with loss = MLM + NSP as in the original.
+
+    `mlm_weight_total` and `num_sequences_total` are the denominators of the whole optimizer
+    batch; passing them makes the sum of micro-batch losses equal the full-batch loss, so
+    gradient accumulation gives exactly the large-batch gradient. They default to this batch.
+    """
+    weights_BxP = batch["masked_lm_weights"].astype(jnp.float32)
+    mlm_nll_BxP = _nll(mlm_logits_BxPxV, batch["masked_lm_ids"])
+    nsp_nll_B = _nll(nsp_logits_Bx2, batch["next_sentence_labels"])
+    if mlm_weight_total is None:
+        mlm_weight_total = jnp.sum(weights_BxP)
+    if num_sequences_total is None:
+        num_sequences_total = nsp_nll_B.shape[0]
+    mlm_loss_sum = jnp.sum(weights_BxP * mlm_nll_BxP)
+    nsp_loss_sum = jnp.sum(nsp_nll_B)
+    loss = (mlm_loss_sum / (mlm_weight_total + MLM_WEIGHT_EPSILON)
+            + nsp_loss_sum / num_sequences_total)
+    mlm_correct = jnp.argmax(mlm_logits_BxPxV, axis=-1) == batch["masked_lm_ids"]
+    nsp_correct = jnp.argmax(nsp_logits_Bx2, axis=-1) == batch["next_sentence_labels"]
+    metrics = {
+        "mlm_loss_sum": mlm_loss_sum,
+        "mlm_correct_sum": jnp.sum(weights_BxP * mlm_correct),
+        "mlm_weight_sum": jnp.sum(weights_BxP),
+        "nsp_loss_sum": nsp_loss_sum,
+        "nsp_correct_sum": jnp.sum(nsp_correct.astype(jnp.float32)),
+        "nsp_count": jnp.float32(nsp_nll_B.shape[0]),
+    }
+    return loss, metrics
+
+
+def summarize(sums: dict[str, float]) -> dict[str, float]:
+    """Turns metric sums (host floats) into means: losses, accuracies and the total loss."""
+    mlm_weight = max(sums["mlm_weight_sum"], 1e-9)
+    nsp_count = max(sums["nsp_count"], 1e-9)
+    out = {
+        "mlm_loss": sums["mlm_loss_sum"] / mlm_weight,
+        "mlm_accuracy": sums["mlm_correct_sum"] / mlm_weight,
+        "nsp_loss": sums["nsp_loss_sum"] / nsp_count,
+        "nsp_accuracy": sums["nsp_correct_sum"] / nsp_count,
+    }
+    out["loss"] = out["mlm_loss"] + out["nsp_loss"]
+    return out
