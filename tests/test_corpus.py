@@ -1,0 +1,210 @@
+"""Tests for bertjax.data.corpus: text files, tfds, sentence splitting, default corpus."""
+
+import pytest
+
+from bertjax.data import corpus
+
+
+def write(path, data: bytes | str):
+    path.write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
+    return str(path)
+
+
+LINES_TEXT = (
+    "The first document starts here.\n"
+    "It has a second sentence.\n"
+    "\n"
+    "\n"
+    "The second document is short.\n"
+    "\n"
+    "A third document.\n"
+    "With two lines.\n"
+)
+
+PARAGRAPHS_TEXT = (
+    "This paragraph is wrapped over several lines, like plain text in a book. It\n"
+    "contains more than one sentence. Mr. Smith wrote it in the U.S. on a\n"
+    "rainy day.\n"
+    "\n"
+    "A second paragraph ends the first document. See you soon!\n"
+    "\f\n"
+    "Another document starts after the form feed. It is brief.\n"
+)
+
+
+def test_lines_format_splits_documents_at_blank_lines(tmp_path):
+    stats = corpus.CorpusStats()
+    docs = list(corpus.read_text_files([write(tmp_path / "a.txt", LINES_TEXT)], "lines", stats))
+    assert docs == [
+        ["The first document starts here.", "It has a second sentence."],
+        ["The second document is short."],
+        ["A third document.", "With two lines."],
+    ]
+    assert (stats.files, stats.documents, stats.sentences) == (1, 3, 5)
+
+
+def test_documents_do_not_span_files(tmp_path):
+    paths = [write(tmp_path / "a.txt", "One.\nTwo."), write(tmp_path / "b.txt", "Three.\n")]
+    assert list(corpus.read_text_files(paths, "lines")) == [["One.", "Two."], ["Three."]]
+
+
+def test_paragraphs_format(tmp_path):
+    path = write(tmp_path / "book.txt", PARAGRAPHS_TEXT)
+    docs = list(corpus.read_text_files([path], "paragraphs"))
+    assert docs == [
+        [
+            "This paragraph is wrapped over several lines, like plain text in a book.",
+            "It contains more than one sentence.",
+            "Mr. Smith wrote it in the U.S. on a rainy day.",
+            "A second paragraph ends the first document.",
+            "See you soon!",
+        ],
+        ["Another document starts after the form feed.", "It is brief."],
+    ]
+
+
+def test_auto_detects_each_file_format(tmp_path):
+    lines_path = write(tmp_path / "lines.txt", LINES_TEXT)
+    paragraphs_path = write(tmp_path / "paragraphs.txt", PARAGRAPHS_TEXT)
+    one_paragraph_per_line = write(
+        tmp_path / "wiki.txt", "Long line one. It has sentences. Many of them.\n" * 5
+    )
+    assert corpus.detect_text_format(lines_path) == "lines"
+    assert corpus.detect_text_format(paragraphs_path) == "paragraphs"
+    assert corpus.detect_text_format(one_paragraph_per_line) == "paragraphs"
+    auto = list(corpus.read_text_files([lines_path, paragraphs_path]))
+    explicit = list(corpus.read_text_files([lines_path], "lines")) + list(
+        corpus.read_text_files([paragraphs_path], "paragraphs")
+    )
+    assert auto == explicit
+
+
+def test_crlf_line_endings(tmp_path):
+    path = write(tmp_path / "crlf.txt", LINES_TEXT.replace("\n", "\r\n"))
+    crlf_docs = list(corpus.read_text_files([path], "auto"))
+    assert crlf_docs == list(corpus.read_text_files([write(tmp_path / "lf.txt", LINES_TEXT)]))
+    assert all("\r" not in sentence for doc in crlf_docs for sentence in doc)
+
+
+def test_invalid_utf8_is_replaced_and_counted(tmp_path):
+    data = b"Good line.\nBad \xff\xfe bytes here.\nAlso \xc3 bad.\n\nCaf\xc3\xa9 is fine.\n"
+    stats = corpus.CorpusStats()
+    docs = list(corpus.read_text_files([write(tmp_path / "bad.txt", data)], "lines", stats))
+    assert docs == [
+        ["Good line.", "Bad \ufffd\ufffd bytes here.", "Also \ufffd bad."],
+        ["Caf\u00e9 is fine."],
+    ]
+    assert stats.invalid_utf8_lines == 2
+
+
+def test_empty_file_is_counted(tmp_path):
+    stats = corpus.CorpusStats()
+    paths = [write(tmp_path / "empty.txt", b""), write(tmp_path / "one.txt", "Hello there.\n")]
+    assert list(corpus.read_text_files(paths, stats=stats)) == [["Hello there."]]
+    assert (stats.files, stats.empty_files, stats.documents) == (2, 1, 1)
+    assert "1 empty" in stats.summary()
+
+
+def test_long_line_is_truncated_and_counted(tmp_path):
+    data = b"Before.\n" + b"x" * 2_000_000 + b"\nAfter.\n"
+    stats = corpus.CorpusStats()
+    path = write(tmp_path / "long.txt", data)
+    docs = list(corpus.read_text_files([path], "lines", stats, max_line_chars=100_000))
+    assert docs == [["Before.", "x" * 100_000, "After."]]
+    assert stats.truncated_long_lines == 1
+
+
+def test_truncation_inside_multibyte_character_is_not_invalid_utf8(tmp_path):
+    stats = corpus.CorpusStats()
+    path = write(tmp_path / "euro.txt", "\u20ac" * 50 + "\n")  # 3 bytes per character.
+    docs = list(corpus.read_text_files([path], "lines", stats, max_line_chars=10))
+    assert docs == [["\u20ac" * 10]]
+    assert (stats.truncated_long_lines, stats.invalid_utf8_lines) == (1, 0)
+
+
+def test_missing_file_names_the_path(tmp_path):
+    missing = str(tmp_path / "nope.txt")
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        corpus.read_text_files([missing])
+
+
+def test_glob_is_expanded_sorted_and_must_match(tmp_path):
+    write(tmp_path / "b.txt", "Second file.\n")
+    write(tmp_path / "a.txt", "First file.\n")
+    docs = list(corpus.read_text_files([str(tmp_path / "*.txt")]))
+    assert docs == [["First file."], ["Second file."]]
+    with pytest.raises(FileNotFoundError, match="matches no files"):
+        corpus.read_text_files([str(tmp_path / "*.json")])
+
+
+def test_bad_text_format_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="text_format"):
+        corpus.read_text_files([write(tmp_path / "a.txt", "Hi.\n")], "markdown")
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Hello world. How are you? Fine!", ["Hello world.", "How are you?", "Fine!"]),
+        ("Mr. Smith met Dr. Jones at St. Paul's.", ["Mr. Smith met Dr. Jones at St. Paul's."]),
+        ("Use e.g. Python or i.e. Java. Then stop.", ["Use e.g. Python or i.e. Java.", "Then stop."]),
+        ("Apples, pears, etc. Were sold.", ["Apples, pears, etc. Were sold."]),
+        ("J. R. R. Tolkien wrote it. It is long.", ["J. R. R. Tolkien wrote it.", "It is long."]),
+        ('He said "Stop." Then he left.', ['He said "Stop."', "Then he left."]),
+        ("It ended (finally.) Next one.", ["It ended (finally.)", "Next one."]),
+        ('The value is 3.14 here. "Quoted" starts next.', ["The value is 3.14 here.", '"Quoted" starts next.']),
+        ("In 1999. 2000 came next.", ["In 1999.", "2000 came next."]),
+        ("lowercase. after a period stays.", ["lowercase. after a period stays."]),
+        ("Wait... What happened?", ["Wait...", "What happened?"]),
+        ("  ", []),
+    ],
+)
+def test_split_sentences(text, expected):
+    assert corpus.split_sentences(text) == expected
+
+
+def test_tfds_array_record_slices_partition_records(tmp_path):
+    tfds_fixture = pytest.importorskip("tfds_fixture")
+    name = tfds_fixture.prepare(str(tmp_path))
+    stats = corpus.CorpusStats()
+    slices = [
+        list(corpus.read_tfds(name, data_dir=str(tmp_path), process_index=i, process_count=2, stats=stats))
+        for i in range(2)
+    ]
+    expected = {
+        (f"Record {i} begins here.", "It has a second sentence.", f"A new paragraph {i} follows.")
+        for i in range(tfds_fixture.NUM_TEXT_RECORDS)
+    }
+    got = [tuple(doc) for part in slices for doc in part]
+    assert len(got) == len(set(got)) == tfds_fixture.NUM_TEXT_RECORDS
+    assert set(got) == expected
+    assert min(len(part) for part in slices) >= 4  # Both processes got a share.
+    assert (stats.documents, stats.skipped_empty_documents) == (10, 1)
+
+
+def test_tfds_errors_are_actionable(tmp_path):
+    tfds_fixture = pytest.importorskip("tfds_fixture")
+    with pytest.raises(FileNotFoundError, match="file_format=array_record"):
+        corpus.read_tfds("bertjax_tiny_text", data_dir=str(tmp_path / "unprepared"))
+    name = tfds_fixture.prepare(str(tmp_path / "prepared"))
+    with pytest.raises(KeyError, match="available keys: \\['text'\\]"):
+        corpus.read_tfds(name, data_dir=str(tmp_path / "prepared"), text_key="content")
+
+
+@pytest.fixture(scope="module")
+def default_docs():
+    return list(corpus.default_corpus())
+
+
+def test_default_corpus_is_large_english_and_clean(default_docs):
+    text = "\n".join(sentence for doc in default_docs for sentence in doc)
+    assert len(text.encode("utf-8")) >= 1_000_000
+    visible = text.replace(" ", "").replace("\n", "")
+    assert sum(c.isalpha() for c in visible) / len(visible) > 0.85
+    assert all(doc and all(s and s == s.strip() for s in doc) for doc in default_docs)
+    assert not any(s.startswith(">>>") for doc in default_docs for s in doc)
+    assert sum(len(doc) >= 2 for doc in default_docs) > 1000  # Enough for next-sentence pairs.
+
+
+def test_default_corpus_is_deterministic(default_docs):
+    assert list(corpus.default_corpus()) == default_docs
