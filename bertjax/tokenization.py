@@ -10,6 +10,7 @@ CLI:
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import os
 import sys
@@ -117,6 +118,9 @@ def _is_control(char: str) -> bool:
     return unicodedata.category(char).startswith("C")
 
 
+# Per-character predicates are cached: classifying the same few hundred
+# distinct characters over and over dominates tokenization time otherwise.
+@functools.cache
 def _is_punctuation(char: str) -> bool:
     """BERT's punctuation: non-alphanumeric printable ASCII, or Unicode "P*"."""
     cp = ord(char)
@@ -125,20 +129,24 @@ def _is_punctuation(char: str) -> bool:
     return unicodedata.category(char).startswith("P")
 
 
+@functools.cache
 def _is_cjk(char: str) -> bool:
     """True for the CJK ideographs the original splits one per token."""
     cp = ord(char)
     return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
 
 
+@functools.cache
+def _clean_char(char: str) -> str:
+    """'' for NUL, U+FFFD and control chars, ' ' for whitespace, else the char."""
+    if char in "\x00\ufffd" or _is_control(char):
+        return ""
+    return " " if _is_whitespace(char) else char
+
+
 def _clean_text(text: str) -> str:
     """Drop NUL, U+FFFD and control chars; turn every whitespace into ' '."""
-    out = []
-    for char in text:
-        if char in "\x00\ufffd" or _is_control(char):
-            continue
-        out.append(" " if _is_whitespace(char) else char)
-    return "".join(out)
+    return "".join(map(_clean_char, text))
 
 
 def _space_cjk(text: str) -> str:
@@ -148,6 +156,8 @@ def _space_cjk(text: str) -> str:
 
 def _strip_accents(text: str) -> str:
     """Decompose and drop nonspacing marks: "é" -> "e"."""
+    if text.isascii():  # ASCII has no accents; skipping NFD is a large speedup
+        return text
     return "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
 
 
@@ -395,6 +405,7 @@ def train_sentencepiece(
             eos_id=-1,
             pad_piece=PAD,
             unk_piece=UNK,
+            # Unlike WordPiece, literal "[MASK]" etc. in raw text then encode to the special id.
             user_defined_symbols=[CLS, SEP, MASK],
             # A small corpus may not support vocab_size pieces; take fewer instead of failing.
             hard_vocab_limit=False,
