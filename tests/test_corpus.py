@@ -1,6 +1,7 @@
 """Tests for bertjax.data.corpus: text files, tfds, sentence splitting, default corpus."""
 
 import pytest
+import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 
 from bertjax.data import corpus
 
@@ -147,12 +148,12 @@ def test_bad_text_format_is_rejected(tmp_path):
     [
         ("Hello world. How are you? Fine!", ["Hello world.", "How are you?", "Fine!"]),
         ("Mr. Smith met Dr. Jones at St. Paul's.", ["Mr. Smith met Dr. Jones at St. Paul's."]),
-        ("Use e.g. Python or i.e. Java. Then stop.", ["Use e.g. Python or i.e. Java.", "Then stop."]),
+        ("Use e.g. C or i.e. Java. Then stop.", ["Use e.g. C or i.e. Java.", "Then stop."]),
         ("Apples, pears, etc. Were sold.", ["Apples, pears, etc. Were sold."]),
         ("J. R. R. Tolkien wrote it. It is long.", ["J. R. R. Tolkien wrote it.", "It is long."]),
         ('He said "Stop." Then he left.', ['He said "Stop."', "Then he left."]),
         ("It ended (finally.) Next one.", ["It ended (finally.)", "Next one."]),
-        ('The value is 3.14 here. "Quoted" starts next.', ["The value is 3.14 here.", '"Quoted" starts next.']),
+        ('Pi is 3.14 here. "Quoted" starts next.', ["Pi is 3.14 here.", '"Quoted" starts next.']),
         ("In 1999. 2000 came next.", ["In 1999.", "2000 came next."]),
         ("lowercase. after a period stays.", ["lowercase. after a period stays."]),
         ("Wait... What happened?", ["Wait...", "What happened?"]),
@@ -164,11 +165,11 @@ def test_split_sentences(text, expected):
 
 
 def test_tfds_array_record_slices_partition_records(tmp_path):
-    tfds_fixture = pytest.importorskip("tfds_fixture")
     name = tfds_fixture.prepare(str(tmp_path))
     stats = corpus.CorpusStats()
     slices = [
-        list(corpus.read_tfds(name, data_dir=str(tmp_path), process_index=i, process_count=2, stats=stats))
+        list(corpus.read_tfds(name, data_dir=str(tmp_path), process_index=i, process_count=2,
+                              stats=stats))
         for i in range(2)
     ]
     expected = {
@@ -183,7 +184,6 @@ def test_tfds_array_record_slices_partition_records(tmp_path):
 
 
 def test_tfds_errors_are_actionable(tmp_path):
-    tfds_fixture = pytest.importorskip("tfds_fixture")
     with pytest.raises(FileNotFoundError, match="file_format=array_record"):
         corpus.read_tfds("bertjax_tiny_text", data_dir=str(tmp_path / "unprepared"))
     name = tfds_fixture.prepare(str(tmp_path / "prepared"))

@@ -7,7 +7,10 @@ NUM_TEXT_RECORDS = 10
 
 def record_text(index: int) -> str:
     """Text of record ``index``: two paragraphs, three sentences, a unique marker."""
-    return f"Record {index} begins here. It has a second sentence.\nA new paragraph {index} follows."
+    return (
+        f"Record {index} begins here. It has a second sentence.\n"
+        f"A new paragraph {index} follows."
+    )
 
 
 class BertjaxTinyText(tfds.core.GeneratorBasedBuilder):

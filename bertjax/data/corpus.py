@@ -38,7 +38,8 @@ TEXT_FORMATS = ("auto", "lines", "paragraphs")
 class CorpusStats:
     """Counters describing what was read and what was skipped or repaired.
 
-    Lines with invalid UTF-8 are kept: the bad bytes become U+FFFD and the line
+    ``files`` counts input files (a tfds split counts as one). Lines with invalid
+    UTF-8 are kept: the bad bytes become U+FFFD and the line
     is counted in ``invalid_utf8_lines`` (dropping them could silently merge the
     neighbouring sentences into one document). Lines longer than the limit are
     cut, not dropped, and counted in ``truncated_long_lines``.
@@ -116,7 +117,9 @@ _INITIALS = re.compile(r"(?:[A-Za-z]\.)*[A-Z]")
 
 def _ends_with_abbreviation(text: str, period_index: int) -> bool:
     """Whether the word ending at ``text[period_index] == '.'`` is an abbreviation."""
-    word_start = max(text.rfind(" ", 0, period_index), text.rfind("\n", 0, period_index)) + 1
+    word_start = period_index
+    while word_start > 0 and not text[word_start - 1].isspace():
+        word_start -= 1
     word = text[word_start:period_index].lstrip(_SENTENCE_OPENERS)
     return (word + ".").lower() in _ABBREVIATIONS or _INITIALS.fullmatch(word) is not None
 
@@ -142,10 +145,6 @@ def split_sentences(text: str) -> list[str]:
             start = match.end()
     sentences.append(text[start:].strip())
     return [sentence for sentence in sentences if sentence]
-
-
-def _paragraph_to_sentences(lines: Sequence[str]) -> list[str]:
-    return split_sentences(" ".join(lines))
 
 
 # ---------------------------------------------------------------------------
@@ -239,12 +238,12 @@ def _documents_from_paragraphs(lines: Iterable[str]) -> Iterator[Document]:
         if text:
             paragraph.append(text)
             continue
-        document.extend(_paragraph_to_sentences(paragraph))
+        document.extend(split_sentences(" ".join(paragraph)))
         paragraph = []
         if "\f" in line and document:
             yield document
             document = []
-    document.extend(_paragraph_to_sentences(paragraph))
+    document.extend(split_sentences(" ".join(paragraph)))
     if document:
         yield document
 
@@ -385,7 +384,9 @@ def read_tfds(
     format, unknown text_key) are raised when this is called.
     """
     if not 0 <= process_index < process_count:
-        raise ValueError(f"Need 0 <= process_index < process_count, got {process_index}, {process_count}.")
+        raise ValueError(
+            f"Need 0 <= process_index < process_count, got {process_index}, {process_count}."
+        )
     source = _open_tfds_source(name, split, data_dir)
     if len(source) and text_key not in source[0]:
         raise KeyError(
@@ -410,9 +411,10 @@ def read_tfds(
 # Default corpus: Python's own documentation
 # ---------------------------------------------------------------------------
 
-# Pure-Python (and a few documentation-rich builtin) modules without import side
-# effects; sorted so the corpus order is fixed. Modules missing from a given Python
-# version are skipped.
+# Pure-Python (and a few documentation-rich builtin) modules, sorted so the corpus
+# order is fixed. Left out: modules with import side effects (this, antigravity,
+# rlcompleter, tkinter, turtle, idlelib), deprecated ones that warn on import, and
+# test packages. Modules missing from a given Python version are skipped.
 _DOC_MODULES = """
 abc argparse ast asyncio asyncio.base_events asyncio.events asyncio.futures
 asyncio.locks asyncio.queues asyncio.streams asyncio.subprocess asyncio.tasks base64
@@ -434,7 +436,7 @@ multiprocessing.context multiprocessing.managers multiprocessing.pool
 multiprocessing.process multiprocessing.queues multiprocessing.shared_memory
 multiprocessing.synchronize netrc numbers operator optparse os os.path pathlib pdb
 pickle pickletools pkgutil platform plistlib poplib pprint profile pstats py_compile
-pyclbr pydoc queue quopri random re reprlib rlcompleter runpy sched secrets selectors
+pyclbr pydoc queue quopri random re reprlib runpy sched secrets selectors
 shelve shlex shutil signal smtplib socket socketserver sqlite3 ssl stat statistics
 string stringprep struct subprocess symtable sys sysconfig tabnanny tarfile tempfile
 textwrap threading time timeit token tokenize tomllib trace traceback tracemalloc
@@ -488,7 +490,9 @@ def _import_quietly(name: str) -> Any:
 def _class_docstrings(cls: type) -> Iterator[Any]:
     yield cls.__doc__
     for name, member in sorted(vars(cls).items()):
-        documented = inspect.isroutine(member) or isinstance(member, (property, classmethod, staticmethod))
+        documented = inspect.isroutine(member) or isinstance(
+            member, (property, classmethod, staticmethod)
+        )
         if documented and (not name.startswith("_") or name == "__init__"):
             yield member.__doc__
 
@@ -506,17 +510,15 @@ def _module_docstrings(module: Any) -> Iterator[Any]:
             yield member.__doc__
 
 
-def _documentation_texts() -> Iterator[str]:
-    """Help topics, then docstrings in module order, each text once."""
+def _documentation_texts() -> Iterator[Any]:
+    """Help topics, then docstrings in module order (None where there is no docstring)."""
     from pydoc_data.topics import topics
 
-    seen = set()
-    texts: Iterable[Any] = (topics[key] for key in sorted(topics))
-    modules = (m for m in map(_import_quietly, _DOC_MODULES) if m is not None)
-    for text in [*texts, *(doc for module in modules for doc in _module_docstrings(module))]:
-        if isinstance(text, str) and text not in seen:
-            seen.add(text)
-            yield text
+    yield from (topics[key] for key in sorted(topics))
+    for name in _DOC_MODULES:
+        module = _import_quietly(name)
+        if module is not None:
+            yield from _module_docstrings(module)
 
 
 def default_corpus() -> Iterator[Document]:
@@ -524,7 +526,11 @@ def default_corpus() -> Iterator[Document]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Some attributes warn when touched (typing.io).
         texts = list(_documentation_texts())
+    seen = set()  # Inherited and aliased objects repeat docstrings.
     for text in texts:
+        if not isinstance(text, str) or text in seen:
+            continue
+        seen.add(text)
         document = _clean_documentation(text)
         if document:
             yield document

@@ -1,0 +1,325 @@
+"""Pretraining instances with the semantics of Google's original ``create_pretraining_data.py``.
+
+Everything works on token ids. ``create_instances`` makes the sentence pairs
+(segment A, segment B, is-random-next label) and ``mask_tokens`` applies masked-LM
+masking to one pair; both draw from a ``random.Random`` in exactly the order the
+original does, so the same seed gives the same structure. The one difference:
+the original masks each pair right after creating it, with the same RNG; here
+masking is separate so it can be redone every epoch ("dynamic masking") with
+``instance_rng``. The pair structure equals the original's run with the masking
+draws left out of the RNG stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+
+import numpy as np
+
+Sentence = Sequence[int]
+TokenDocument = Sequence[Sentence]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialTokens:
+    """Ids of the special tokens, and which tokens masking must skip or group.
+
+    ``never_mask`` lists ids that are never chosen for prediction, in addition to
+    ``cls_id`` and ``sep_id``. ``continuation`` (bool, one entry per vocabulary
+    id) marks tokens that continue the previous word, e.g. WordPiece "##" pieces;
+    only whole-word masking needs it.
+    """
+
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    pad_id: int
+    vocab_size: int
+    never_mask: frozenset[int] = frozenset()
+    continuation: np.ndarray | None = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.continuation is not None and self.continuation.shape != (self.vocab_size,):
+            raise ValueError(
+                f"continuation must have shape ({self.vocab_size},), got {self.continuation.shape}."
+            )
+
+    @property
+    def unmaskable(self) -> frozenset[int]:
+        """All ids that are never masked: [CLS], [SEP] and ``never_mask``."""
+        return self.never_mask | {self.cls_id, self.sep_id}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Instance:
+    """One unmasked sentence pair: ``[CLS] A [SEP] B [SEP]`` (compare arrays, not instances)."""
+
+    tokens: np.ndarray  # int32 [length]
+    segment_ids: np.ndarray  # int32 [length]: 0 for [CLS] A [SEP], 1 for B [SEP].
+    is_random_next: bool
+
+
+# ---------------------------------------------------------------------------
+# Sentence pairs
+# ---------------------------------------------------------------------------
+
+
+def _concat(segments: Sequence[Sentence]) -> list[int]:
+    tokens: list[int] = []
+    for segment in segments:
+        tokens.extend(segment)
+    return tokens
+
+
+def _random_segments(
+    documents: Sequence[TokenDocument], document_index: int, target_length: int, rng: random.Random
+) -> list[int]:
+    """Segment B for a random next: consecutive sentences of another document.
+
+    Like the original, this tries 10 times to draw a different document; with a
+    single-document corpus it therefore uses the same document (still labelled
+    random next).
+    """
+    for _ in range(10):
+        random_index = rng.randint(0, len(documents) - 1)
+        if random_index != document_index:
+            break
+    random_document = documents[random_index]
+    start = rng.randint(0, len(random_document) - 1)
+    tokens: list[int] = []
+    for segment in random_document[start:]:
+        tokens.extend(segment)
+        if len(tokens) >= target_length:
+            break
+    return tokens
+
+
+def _truncate_seq_pair(
+    tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random
+) -> tuple[list[int], list[int]]:
+    """Trims the longer segment (B on ties) at a random end until the pair fits."""
+    a_start, a_stop, b_start, b_stop = 0, len(tokens_a), 0, len(tokens_b)
+    # Moving slice bounds instead of deleting list items keeps this linear.
+    while (a_stop - a_start) + (b_stop - b_start) > max_num_tokens:
+        from_front = rng.random() < 0.5
+        if a_stop - a_start > b_stop - b_start:
+            a_start, a_stop = (a_start + 1, a_stop) if from_front else (a_start, a_stop - 1)
+        else:
+            b_start, b_stop = (b_start + 1, b_stop) if from_front else (b_start, b_stop - 1)
+    return tokens_a[a_start:a_stop], tokens_b[b_start:b_stop]
+
+
+def _make_instance(
+    tokens_a: list[int], tokens_b: list[int], is_random_next: bool, specials: SpecialTokens
+) -> Instance:
+    assert tokens_a and tokens_b, "segments A and B must each keep at least one token"
+    tokens = [specials.cls_id, *tokens_a, specials.sep_id, *tokens_b, specials.sep_id]
+    segment_ids = np.zeros(len(tokens), np.int32)
+    segment_ids[len(tokens_a) + 2 :] = 1
+    return Instance(np.asarray(tokens, np.int32), segment_ids, is_random_next)
+
+
+def _instances_from_document(
+    documents: Sequence[TokenDocument],
+    document_index: int,
+    max_seq_length: int,
+    short_seq_prob: float,
+    rng: random.Random,
+    specials: SpecialTokens,
+) -> list[Instance]:
+    """Cuts one document into sentence pairs (the original ``create_instances_from_document``)."""
+    document = documents[document_index]
+    max_num_tokens = max_seq_length - 3  # Room for [CLS], [SEP], [SEP].
+    # As in the original, the (sometimes short) target is drawn once per document.
+    target_seq_length = max_num_tokens
+    if rng.random() < short_seq_prob:
+        target_seq_length = rng.randint(2, max_num_tokens)
+
+    instances = []
+    chunk: list[Sentence] = []
+    chunk_length = 0
+    i = 0
+    while i < len(document):
+        chunk.append(document[i])
+        chunk_length += len(document[i])
+        if i == len(document) - 1 or chunk_length >= target_seq_length:
+            a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+            tokens_a = _concat(chunk[:a_end])
+            is_random_next = len(chunk) == 1 or rng.random() < 0.5
+            if is_random_next:
+                target_b_length = target_seq_length - len(tokens_a)
+                tokens_b = _random_segments(documents, document_index, target_b_length, rng)
+                # B came from elsewhere, so the chunk's unused sentences start the next pair.
+                i -= len(chunk) - a_end
+            else:
+                tokens_b = _concat(chunk[a_end:])
+            tokens_a, tokens_b = _truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+            instances.append(_make_instance(tokens_a, tokens_b, is_random_next, specials))
+            chunk = []
+            chunk_length = 0
+        i += 1
+    return instances
+
+
+def _check_documents(documents: Sequence[TokenDocument]) -> None:
+    for doc_index, document in enumerate(documents):
+        if not document:
+            raise ValueError(f"Document {doc_index} is empty; drop empty documents first.")
+        for sentence_index, sentence in enumerate(document):
+            if not len(sentence):
+                raise ValueError(
+                    f"Sentence {sentence_index} of document {doc_index} has no tokens; "
+                    "drop empty sentences first."
+                )
+
+
+def create_instances(
+    documents: Sequence[TokenDocument],
+    max_seq_length: int,
+    short_seq_prob: float,
+    dupe_factor: int,
+    rng: random.Random,
+    specials: SpecialTokens,
+) -> list[Instance]:
+    """Makes unmasked sentence pairs from tokenized documents, as the original does.
+
+    ``documents`` are lists of non-empty sentences of token ids. Like the original,
+    the documents are shuffled once (on a copy), then every document is cut into
+    pairs ``dupe_factor`` times, then all pairs are shuffled. An empty corpus
+    gives ``[]``; a one-document corpus takes "random" B segments from itself.
+    """
+    if max_seq_length < 5:
+        raise ValueError(
+            f"max_seq_length must be at least 5 ([CLS] A [SEP] B [SEP]), got {max_seq_length}."
+        )
+    _check_documents(documents)
+    if not documents:
+        return []
+    all_documents = list(documents)
+    rng.shuffle(all_documents)
+    instances = []
+    for _ in range(dupe_factor):
+        for document_index in range(len(all_documents)):
+            instances.extend(
+                _instances_from_document(
+                    all_documents, document_index, max_seq_length, short_seq_prob, rng, specials
+                )
+            )
+    rng.shuffle(instances)
+    return instances
+
+
+# ---------------------------------------------------------------------------
+# Masked LM
+# ---------------------------------------------------------------------------
+
+
+def _candidate_groups(
+    tokens: np.ndarray, specials: SpecialTokens, whole_word_mask: bool
+) -> list[list[int]]:
+    """Positions that may be masked, grouped into words for whole-word masking."""
+    candidates = np.flatnonzero(~np.isin(tokens, list(specials.unmaskable)))
+    if not whole_word_mask or not len(candidates):
+        return [[index] for index in candidates.tolist()]
+    if specials.continuation is None:
+        raise ValueError("whole_word_mask needs SpecialTokens.continuation.")
+    # A continuation piece joins the group of the previous candidate, even across a
+    # skipped [SEP], exactly as the original's "##" rule does.
+    starts_word = ~specials.continuation[tokens[candidates]]
+    starts_word[0] = True
+    return [group.tolist() for group in np.split(candidates, np.flatnonzero(starts_word)[1:])]
+
+
+def mask_tokens(
+    tokens: np.ndarray,
+    rng: random.Random,
+    masked_lm_prob: float,
+    max_predictions_per_seq: int,
+    specials: SpecialTokens,
+    whole_word_mask: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Applies the original masked-LM masking; returns (masked tokens, positions, labels).
+
+    ``round(len(tokens) * masked_lm_prob)`` positions (at least 1, at most
+    ``max_predictions_per_seq``; the length counts [CLS] and [SEP]) are chosen
+    among maskable tokens in random word order, skipping words that would
+    overshoot. Each becomes [MASK] 80% of the time, stays unchanged 10%, and is
+    replaced by a uniformly random id from the whole vocabulary 10%. Positions
+    are sorted ascending; labels are the original ids.
+    """
+    tokens = np.asarray(tokens)
+    groups = _candidate_groups(tokens, specials, whole_word_mask)
+    rng.shuffle(groups)
+    num_to_predict = min(max_predictions_per_seq, max(1, int(round(len(tokens) * masked_lm_prob))))
+
+    output = np.array(tokens, np.int32)
+    positions: list[int] = []
+    # Groups are disjoint, so the original's "already covered" check never fires.
+    for group in groups:
+        if len(positions) >= num_to_predict:
+            break
+        if len(positions) + len(group) > num_to_predict:
+            continue
+        for index in group:
+            if rng.random() < 0.8:
+                output[index] = specials.mask_id
+            elif rng.random() < 0.5:
+                pass  # Keep the original token.
+            else:
+                output[index] = rng.randint(0, specials.vocab_size - 1)
+            positions.append(index)
+
+    sorted_positions = np.array(sorted(positions), np.int32)
+    return output, sorted_positions, tokens[sorted_positions].astype(np.int32)
+
+
+def instance_rng(seed: int, epoch: int, index: int) -> random.Random:
+    """A deterministic RNG for masking example ``index`` in ``epoch`` (dynamic masking)."""
+    # String seeds are hashed with SHA-512, so they are stable across processes and runs.
+    return random.Random(f"{seed}:{epoch}:{index}")
+
+
+# ---------------------------------------------------------------------------
+# Features
+# ---------------------------------------------------------------------------
+
+
+def _padded(
+    values: np.ndarray, length: int, pad: int | float, dtype: type, name: str
+) -> np.ndarray:
+    if len(values) > length:
+        raise ValueError(f"{name} has {len(values)} entries, more than the fixed size {length}.")
+    out = np.full(length, pad, dtype)
+    out[: len(values)] = values
+    return out
+
+
+def to_features(
+    tokens: np.ndarray,
+    segment_ids: np.ndarray,
+    is_random_next: bool,
+    masked_positions: np.ndarray,
+    masked_labels: np.ndarray,
+    max_seq_length: int,
+    max_predictions_per_seq: int,
+    pad_id: int,
+) -> dict[str, np.ndarray]:
+    """The original pretraining TFRecord features as fixed-shape numpy arrays.
+
+    ``next_sentence_labels`` is 1 for a random B and 0 when B really follows A.
+    Padding prediction slots have position 0, id 0 and weight 0.0.
+    """
+    seq, preds = max_seq_length, max_predictions_per_seq
+    return {
+        "input_ids": _padded(tokens, seq, pad_id, np.int32, "tokens"),
+        "input_mask": _padded(np.ones(len(tokens)), seq, 0, np.int32, "tokens"),
+        "segment_ids": _padded(segment_ids, seq, 0, np.int32, "segment_ids"),
+        "masked_lm_positions": _padded(masked_positions, preds, 0, np.int32, "masked_positions"),
+        "masked_lm_ids": _padded(masked_labels, preds, 0, np.int32, "masked_labels"),
+        "masked_lm_weights": _padded(
+            np.ones(len(masked_labels)), preds, 0.0, np.float32, "masked_labels"
+        ),
+        "next_sentence_labels": np.array(int(is_random_next), np.int32),
+    }

@@ -1,0 +1,387 @@
+"""Tests for bertjax.data.instances: sentence pairs, masking and features."""
+
+import random
+
+import numpy as np
+import pytest
+
+from bertjax.data import instances as inst
+
+PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
+VOCAB = 1000
+SPECIALS = inst.SpecialTokens(
+    cls_id=CLS, sep_id=SEP, mask_id=MASK, pad_id=PAD, vocab_size=VOCAB,
+    never_mask=frozenset({PAD, UNK}),
+)
+SEQ, PREDS = 128, 20
+
+
+def make_corpus(seed: int, num_docs: int = 200, num_single: int = 20) -> list[list[list[int]]]:
+    """Docs of 2-30 sentences of 1-40 ids in [5, 1000) (a few [UNK]), then one-sentence docs."""
+    rng = random.Random(seed)
+
+    def sentence() -> list[int]:
+        length = rng.randint(1, 40)
+        return [UNK if rng.random() < 0.02 else rng.randrange(5, VOCAB) for _ in range(length)]
+
+    docs = [[sentence() for _ in range(rng.randint(2, 30))] for _ in range(num_docs)]
+    return docs + [[sentence()] for _ in range(num_single)]
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return make_corpus(0)
+
+
+@pytest.fixture(scope="module")
+def pairs(corpus):
+    return inst.create_instances(corpus, SEQ, 0.1, 5, random.Random(12345), SPECIALS)
+
+
+@pytest.fixture(scope="module")
+def masked(pairs):
+    return [
+        inst.mask_tokens(p.tokens, inst.instance_rng(7, 0, i), 0.15, PREDS, SPECIALS)
+        for i, p in enumerate(pairs)
+    ]
+
+
+def split_pair(instance):
+    """Returns (A, B) of a ``[CLS] A [SEP] B [SEP]`` instance."""
+    first_sep = int(np.flatnonzero(instance.tokens == SEP)[0])
+    return instance.tokens[1:first_sep].tolist(), instance.tokens[first_sep + 1 : -1].tolist()
+
+
+# ---------------------------------------------------------------------------
+# Sentence pairs
+# ---------------------------------------------------------------------------
+
+
+def test_instance_layout(pairs):
+    assert len(pairs) > 2000
+    for p in pairs:
+        seps = np.flatnonzero(p.tokens == SEP)
+        assert p.tokens.dtype == p.segment_ids.dtype == np.int32
+        assert p.tokens[0] == CLS and len(seps) == 2 and seps[1] == len(p.tokens) - 1
+        assert 1 <= seps[0] - 1 and seps[1] - seps[0] >= 2  # A and B are non-empty.
+        assert (p.segment_ids[: seps[0] + 1] == 0).all()
+        assert (p.segment_ids[seps[0] + 1 :] == 1).all()
+        assert len(p.tokens) <= SEQ
+
+
+def test_pairs_come_from_consecutive_sentences(corpus, pairs):
+    """Without truncation, A+B of a real next pair is a run of whole sentences of one document."""
+    runs = {
+        tuple(token for sentence in doc[start:stop] for token in sentence)
+        for doc in corpus
+        for start in range(len(doc))
+        for stop in range(start + 2, len(doc) + 1)
+        if sum(map(len, doc[start:stop])) <= SEQ - 3
+    }
+    untruncated_next = [p for p in pairs if not p.is_random_next and len(p.tokens) < SEQ]
+    assert len(untruncated_next) > 100
+    assert all(tuple(sum(split_pair(p), [])) in runs for p in untruncated_next)
+
+
+def test_next_sentence_is_random_about_half_the_time():
+    multi_docs = make_corpus(1, num_single=0)
+    multi = inst.create_instances(multi_docs, SEQ, 0.1, 5, random.Random(1), SPECIALS)
+    fraction = np.mean([p.is_random_next for p in multi])
+    assert 0.45 < fraction < 0.6  # A bit above 0.5: one-sentence chunks at document ends.
+    singles = [doc[:1] for doc in make_corpus(2)]
+    single_pairs = inst.create_instances(singles, SEQ, 0.1, 2, random.Random(2), SPECIALS)
+    assert len(single_pairs) == 2 * len(singles)
+    assert all(p.is_random_next for p in single_pairs)
+
+
+class RecordingRandom(random.Random):
+    """Counts randint calls by their bounds."""
+
+    def __init__(self, seed):
+        super().__init__(seed)
+        self.randint_bounds = []
+
+    def randint(self, a, b):
+        self.randint_bounds.append((a, b))
+        return super().randint(a, b)
+
+
+def test_short_seq_prob_shortens_about_that_fraction_of_targets(corpus):
+    rng = RecordingRandom(3)
+    inst.create_instances(corpus, SEQ, 0.1, 5, rng, SPECIALS)
+    # Only the short target is drawn with bounds (2, max_num_tokens), once per document pass.
+    short_fraction = rng.randint_bounds.count((2, SEQ - 3)) / (5 * len(corpus))
+    assert 0.07 < short_fraction < 0.13
+
+    def mean_length(short_seq_prob):
+        pairs = inst.create_instances(corpus, SEQ, short_seq_prob, 1, random.Random(4), SPECIALS)
+        return np.mean([len(p.tokens) for p in pairs])
+
+    assert mean_length(1.0) < 0.8 * mean_length(0.0)
+
+
+def test_truncation_fits_and_cuts_front_and_back():
+    # Ids are unique and increasing, so sentence starts/ends are recognizable.
+    rng = random.Random(5)
+    next_id = 5
+    docs, starts, ends = [], set(), set()
+    for _ in range(60):
+        doc = []
+        for _ in range(rng.randint(1, 6)):
+            length = rng.randint(1, 120)
+            doc.append(list(range(next_id, next_id + length)))
+            starts.add(next_id)
+            ends.add(next_id + length - 1)
+            next_id += length
+        docs.append(doc)
+    specials = inst.SpecialTokens(CLS, SEP, MASK, PAD, vocab_size=next_id)
+    pairs = inst.create_instances(docs, 64, 0.1, 3, random.Random(6), specials)
+    cut_front = cut_back = 0
+    for p in pairs:
+        assert len(p.tokens) <= 64
+        for segment in split_pair(p):
+            cut_front += segment[0] not in starts
+            cut_back += segment[-1] not in ends
+    assert cut_front > 20 and cut_back > 20
+
+
+class ScriptedRandom(random.Random):
+    """Replays scripted results and checks that the calls come in the expected order."""
+
+    def __init__(self, script):
+        super().__init__(0)
+        self.script = list(script)
+
+    def _next(self, *call):
+        expected_call, result = self.script.pop(0)
+        assert call == expected_call
+        return result
+
+    def random(self):
+        return self._next("random")
+
+    def randint(self, a, b):
+        return self._next("randint", a, b)
+
+    def shuffle(self, x):
+        if self._next("shuffle", len(x)) == "reverse":
+            x.reverse()
+
+
+def test_rng_call_order_with_truncation_and_short_target():
+    docs = [[[10, 11], [12, 13], [14, 15]], [[20, 21, 22]]]
+    rng = ScriptedRandom([
+        (("shuffle", 2), None),
+        # Document 0: full target 4; the first chunk is two sentences, B is the real next.
+        (("random",), 0.5), (("randint", 1, 1), 1), (("random",), 0.7),
+        # Last sentence alone: random next from document 1, B too long, cut from the front.
+        (("randint", 0, 1), 1), (("randint", 0, 0), 0), (("random",), 0.3),
+        # Document 1: short target 2; random next, document 0 from sentence 1; A cut at the back.
+        (("random",), 0.05), (("randint", 2, 4), 2),
+        (("randint", 0, 1), 0), (("randint", 0, 2), 1), (("random",), 0.9),
+        (("shuffle", 3), None),
+    ])
+    pairs = inst.create_instances(docs, 7, 0.1, 1, rng, SPECIALS)
+    assert not rng.script
+    assert [p.tokens.tolist() for p in pairs] == [
+        [CLS, 10, 11, SEP, 12, 13, SEP],
+        [CLS, 14, 15, SEP, 21, 22, SEP],
+        [CLS, 20, 21, SEP, 12, 13, SEP],
+    ]
+    assert [p.is_random_next for p in pairs] == [False, True, True]
+
+
+def test_rng_call_order_puts_back_unused_sentences():
+    docs = [[[10], [11], [12]], [[20], [21]]]
+    rng = ScriptedRandom([
+        (("shuffle", 2), None),
+        # Chunk of 3 sentences, A = [10], random next: document 0 is redrawn, B from document 1.
+        (("random",), 0.5), (("randint", 1, 2), 1), (("random",), 0.2),
+        (("randint", 0, 1), 0), (("randint", 0, 1), 1), (("randint", 0, 1), 1),
+        # The unused sentences 11 and 12 form the next pair.
+        (("randint", 1, 1), 1), (("random",), 0.6),
+        (("random",), 0.9), (("randint", 1, 1), 1), (("random",), 0.99),
+        (("shuffle", 3), "reverse"),
+    ])
+    pairs = inst.create_instances(docs, 20, 0.0, 1, rng, SPECIALS)
+    assert not rng.script
+    assert [p.tokens.tolist() for p in pairs] == [
+        [CLS, 20, SEP, 21, SEP],
+        [CLS, 11, SEP, 12, SEP],
+        [CLS, 10, SEP, 21, SEP],
+    ]
+
+
+def test_same_seed_same_instances(corpus, pairs):
+    again = inst.create_instances(corpus, SEQ, 0.1, 5, random.Random(12345), SPECIALS)
+    assert len(again) == len(pairs)
+    for a, b in zip(again, pairs):
+        assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.segment_ids, b.segment_ids)
+        assert a.is_random_next == b.is_random_next
+    other = inst.create_instances(corpus, SEQ, 0.1, 5, random.Random(54321), SPECIALS)
+    assert any(not np.array_equal(a.tokens, b.tokens) for a, b in zip(other, pairs))
+
+
+def test_caller_documents_are_not_reordered(corpus):
+    before = [list(map(list, doc)) for doc in corpus[:5]]
+    inst.create_instances(corpus[:5], SEQ, 0.1, 1, random.Random(0), SPECIALS)
+    assert corpus[:5] == before
+
+
+def test_single_document_corpus_draws_random_b_from_itself():
+    doc = [[10 + i] * 5 for i in range(12)]
+    pairs = inst.create_instances([doc], 32, 0.0, 3, random.Random(8), SPECIALS)
+    assert pairs and any(p.is_random_next for p in pairs)
+    doc_tokens = {token for sentence in doc for token in sentence}
+    assert all(set(p.tokens.tolist()) - {CLS, SEP} <= doc_tokens for p in pairs)
+
+
+def test_empty_corpus_and_bad_input():
+    assert inst.create_instances([], SEQ, 0.1, 5, random.Random(0), SPECIALS) == []
+    with pytest.raises(ValueError, match="Sentence 1 of document 0"):
+        inst.create_instances([[[5], []]], SEQ, 0.1, 1, random.Random(0), SPECIALS)
+    with pytest.raises(ValueError, match="Document 1 is empty"):
+        inst.create_instances([[[5]], []], SEQ, 0.1, 1, random.Random(0), SPECIALS)
+    with pytest.raises(ValueError, match="at least 5"):
+        inst.create_instances([[[5]]], 4, 0.1, 1, random.Random(0), SPECIALS)
+
+
+# ---------------------------------------------------------------------------
+# Masking
+# ---------------------------------------------------------------------------
+
+
+def test_mask_counts_positions_and_labels(pairs, masked):
+    for p, (tokens, positions, labels) in zip(pairs, masked):
+        assert len(positions) == min(PREDS, max(1, round(0.15 * len(p.tokens))))
+        assert (np.diff(positions) > 0).all()
+        assert np.array_equal(labels, p.tokens[positions])
+        assert not np.isin(labels, [CLS, SEP, PAD, UNK]).any()
+        unmasked = np.ones(len(tokens), bool)
+        unmasked[positions] = False
+        assert np.array_equal(tokens[unmasked], p.tokens[unmasked])
+        assert tokens.dtype == positions.dtype == labels.dtype == np.int32
+
+
+def test_mask_replacement_split_is_80_10_10(masked):
+    replaced = np.concatenate([tokens[positions] for tokens, positions, _ in masked])
+    labels = np.concatenate([labels for _, _, labels in masked])
+    is_mask = replaced == MASK
+    kept = (replaced == labels) & ~is_mask
+    random_ids = replaced[~is_mask & ~kept]
+    assert len(labels) > 30_000
+    assert abs(is_mask.mean() - 0.8) < 0.03
+    assert abs(kept.mean() - 0.1) < 0.03
+    assert abs(len(random_ids) / len(labels) - 0.1) < 0.03
+    # Random ids come from the whole vocabulary, special tokens included.
+    assert random_ids.min() < 5 and random_ids.max() >= VOCAB - 10
+
+
+def test_prediction_cap_is_respected(pairs):
+    for i, p in enumerate(pairs[:200]):
+        _, positions, _ = inst.mask_tokens(p.tokens, random.Random(i), 0.5, 7, SPECIALS)
+        assert len(positions) == min(7, round(0.5 * len(p.tokens)))
+
+
+def word_groups(tokens, continuation):
+    """Candidate positions grouped into words: continuation pieces join the previous candidate."""
+    groups = []
+    for i, token in enumerate(tokens.tolist()):
+        if token in (CLS, SEP, PAD, UNK):
+            continue
+        if groups and continuation[token]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def test_whole_word_masking_masks_whole_words(pairs):
+    continuation = np.arange(VOCAB) % 3 == 0
+    specials = inst.SpecialTokens(CLS, SEP, MASK, PAD, VOCAB, frozenset({PAD, UNK}), continuation)
+    multi_piece_words_masked = 0
+    for i, p in enumerate(pairs[:500]):
+        _, positions, _ = inst.mask_tokens(p.tokens, random.Random(i), 0.15, PREDS, specials, True)
+        chosen = set(positions.tolist())
+        # May be empty: a short sequence can have only multi-piece words, all too long to fit.
+        assert len(chosen) <= min(PREDS, max(1, round(0.15 * len(p.tokens))))
+        for group in word_groups(p.tokens, continuation):
+            assert set(group) <= chosen or not set(group) & chosen
+            multi_piece_words_masked += len(group) > 1 and set(group) <= chosen
+    assert multi_piece_words_masked > 100
+    with pytest.raises(ValueError, match="continuation"):
+        inst.mask_tokens(pairs[0].tokens, random.Random(0), 0.15, PREDS, SPECIALS, True)
+
+
+def test_mask_rng_call_order():
+    tokens = np.array([CLS, 5, 6, 7, 8, 9, SEP], np.int32)
+    rng = ScriptedRandom([
+        (("shuffle", 5), None),
+        (("random",), 0.1),  # Position 1 -> [MASK].
+        (("random",), 0.9), (("random",), 0.7), (("randint", 0, VOCAB - 1), 42),  # 2 -> random.
+    ])
+    out, positions, labels = inst.mask_tokens(tokens, rng, 0.3, PREDS, SPECIALS)
+    assert not rng.script
+    assert out.tolist() == [CLS, MASK, 42, 7, 8, 9, SEP]
+    assert positions.tolist() == [1, 2] and labels.tolist() == [5, 6]
+
+    # Whole words: [5 6 7] is one word and would overshoot 2 predictions, so it is skipped.
+    continuation = np.isin(np.arange(VOCAB), [6, 7])
+    specials = inst.SpecialTokens(CLS, SEP, MASK, PAD, VOCAB, continuation=continuation)
+    rng = ScriptedRandom([
+        (("shuffle", 3), None),
+        (("random",), 0.0),  # Position 4 -> [MASK].
+        (("random",), 0.85), (("random",), 0.2),  # 5 keeps its token.
+    ])
+    out, positions, labels = inst.mask_tokens(tokens, rng, 0.3, PREDS, specials, True)
+    assert not rng.script
+    assert out.tolist() == [CLS, 5, 6, 7, MASK, 9, SEP]
+    assert positions.tolist() == [4, 5] and labels.tolist() == [8, 9]
+
+
+def test_instance_rng_is_deterministic_per_example():
+    draws = lambda rng: [rng.random() for _ in range(5)]  # noqa: E731
+    assert draws(inst.instance_rng(1, 2, 3)) == draws(inst.instance_rng(1, 2, 3))
+    variants = [(1, 2, 3), (1, 3, 2), (2, 2, 3), (1, 2, 4), (12, 3, 4), (1, 23, 4)]
+    assert len({tuple(draws(inst.instance_rng(*v))) for v in variants}) == len(variants)
+
+
+# ---------------------------------------------------------------------------
+# Features
+# ---------------------------------------------------------------------------
+
+
+def test_to_features_shapes_and_padding(pairs, masked):
+    p = pairs[0]
+    tokens, positions, labels = masked[0]
+    features = inst.to_features(
+        tokens, p.segment_ids, p.is_random_next, positions, labels, SEQ, PREDS, PAD
+    )
+    n, k = len(tokens), len(positions)
+    assert {name: (f.shape, f.dtype) for name, f in features.items()} == {
+        "input_ids": ((SEQ,), np.int32),
+        "input_mask": ((SEQ,), np.int32),
+        "segment_ids": ((SEQ,), np.int32),
+        "masked_lm_positions": ((PREDS,), np.int32),
+        "masked_lm_ids": ((PREDS,), np.int32),
+        "masked_lm_weights": ((PREDS,), np.float32),
+        "next_sentence_labels": ((), np.int32),
+    }
+    assert np.array_equal(features["input_ids"][:n], tokens)
+    assert (features["input_ids"][n:] == PAD).all()
+    assert features["input_mask"].sum() == n and features["input_mask"][:n].all()
+    assert np.array_equal(features["segment_ids"][:n], p.segment_ids)
+    assert not features["segment_ids"][n:].any()
+    assert np.array_equal(features["masked_lm_positions"][:k], positions)
+    assert np.array_equal(features["masked_lm_ids"][:k], labels)
+    assert features["masked_lm_weights"].tolist() == [1.0] * k + [0.0] * (PREDS - k)
+    assert not features["masked_lm_positions"][k:].any() and not features["masked_lm_ids"][k:].any()
+    assert features["next_sentence_labels"] == int(p.is_random_next)
+
+
+def test_to_features_rejects_overlong_inputs():
+    tokens = np.arange(10, dtype=np.int32)
+    with pytest.raises(ValueError, match="tokens"):
+        inst.to_features(tokens, np.zeros(10), False, np.array([1]), np.array([5]), 8, 4, PAD)
+    with pytest.raises(ValueError, match="masked_positions"):
+        inst.to_features(tokens, np.zeros(10), False, np.arange(5), np.arange(5), 16, 4, PAD)
