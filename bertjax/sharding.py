@@ -8,6 +8,7 @@ that says which mesh axis each logical axis is split over. Mesh axes:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Mapping, Sequence
 
@@ -88,3 +89,10 @@ def global_batch_from_host(host_batch: Mapping[str, np.ndarray], mesh: Mesh) -> 
     sharding = batch_sharding(mesh)
     return {name: jax.make_array_from_process_local_data(sharding, value)
             for name, value in host_batch.items()}
+
+
+@contextlib.contextmanager
+def activate(mesh: Mesh):
+    """Makes `mesh` and the logical rules current, for tracing steps with activation constraints."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES):
+        yield

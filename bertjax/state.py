@@ -67,7 +67,7 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, rng: 
     init = _init_fn(model, tx, example_inputs)
     abstract_state, abstract_boxed = jax.eval_shape(init, rng)
     shardings = state_shardings(abstract_state, abstract_boxed, tx, mesh)
-    with jax.set_mesh(mesh):
+    with sharding.activate(mesh):
         abstract_state = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
             abstract_state, shardings)

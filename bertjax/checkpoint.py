@@ -1,0 +1,98 @@
+"""Checkpoints: the only module that uses Orbax.
+
+A checkpoint step holds three items saved together and atomically: `state` (the sharded
+TrainState), `data` (the data position: phase and next batch index) and `meta` (a small
+JSON that a resume checks for compatibility: model config, tokenizer fingerprint, ...).
+Saves are asynchronous; unfinished saves (a crash mid-write) are never restored and are
+cleaned up at the next start.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+from orbax.checkpoint import checkpoint_managers as policies
+
+META_KEYS_MUST_MATCH = ("model", "tokenizer")
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint in the workdir was written by an incompatible configuration."""
+
+
+class Checkpointer:
+    """Periodic async saves (plus preemption and forced saves), keep-latest-N + every-K."""
+
+    def __init__(self, directory: str, save_every: int, keep_latest: int, keep_every: int = 0,
+                 async_save: bool = True):
+        save_policies = [policies.FixedIntervalPolicy(save_every),
+                         policies.PreemptionCheckpointingPolicy()]
+        keep_policies = [policies.LatestN(keep_latest)]
+        if keep_every:
+            keep_policies.append(policies.EveryNSteps(keep_every))
+        options = ocp.CheckpointManagerOptions(
+            save_decision_policy=policies.AnySavePolicy(save_policies),
+            preservation_policy=policies.AnyPreservationPolicy(keep_policies),
+            cleanup_tmp_directories=True, enable_async_checkpointing=async_save, create=True)
+        self.directory = directory
+        self._manager = ocp.CheckpointManager(directory, options=options,
+                                              item_names=("state", "data", "meta"))
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def should_save(self, step: int) -> bool:
+        return self._manager.should_save(step)
+
+    def save(self, step: int, state: Any, data_position: dict, meta: dict, force: bool = False) -> bool:
+        """Starts an async save of step `step` if the policies (or `force`) say so."""
+        return self._manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
+            meta=ocp.args.JsonSave(meta)), force=force)
+
+    def restore(self, step: int, abstract_state: Any, expected_meta: dict) -> tuple[Any, dict, dict]:
+        """Restores `(state, data_position, meta)` onto the shardings in `abstract_state`,
+        after checking that the checkpoint's metadata matches this run."""
+        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        check_compatible(meta, expected_meta, f"{self.directory}/{step}")
+        restored = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+        return restored["state"], restored["data"], meta
+
+    def wait(self) -> None:
+        """Blocks until pending saves are written; raises if the async writer failed."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def check_compatible(found: dict, expected: dict, where: str) -> None:
+    """Refuses to resume from a checkpoint of another model or tokenizer."""
+    for key in META_KEYS_MUST_MATCH:
+        if key in expected and found.get(key) != expected[key]:
+            raise CheckpointMismatch(
+                f"checkpoint {where} was written with a different {key}:\n  checkpoint: "
+                f"{found.get(key)}\n  this run:   {expected[key]}\nUse a new --workdir, or the "
+                "settings of the run that wrote it.")
+
+
+def restore_params(directory: str, abstract_params: Any) -> Any:
+    """Loads only the parameters of the latest checkpoint in `directory` (for
+    `train.init_checkpoint`), placed on the shardings of `abstract_params`."""
+    with ocp.CheckpointManager(directory, item_names=("state", "data", "meta")) as manager:
+        step = manager.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no finished checkpoint in init_checkpoint={directory!r}")
+        logging.info("Initialising parameters from %s step %d", directory, step)
+        item = ocp.PyTreeCheckpointer().restore(
+            f"{manager.directory}/{step}/state",
+            args=ocp.args.PyTreeRestore(
+                item={"params": abstract_params},
+                restore_args=jax.tree.map(
+                    lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), {"params": abstract_params}),
+                partial_restore=True))
+        return item["params"]

@@ -1,0 +1,108 @@
+"""Pure, jittable pretraining steps: `train_step(state, batch)` and `eval_step(params, batch)`.
+
+Batch features are those of the original TFRecords: input_ids, input_mask, segment_ids
+[B, L]; masked_lm_positions, masked_lm_ids, masked_lm_weights [B, P]; next_sentence_labels [B].
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from bertjax import objectives, sharding
+from bertjax.state import TrainState
+
+Batch = dict[str, jax.Array]
+Metrics = dict[str, jax.Array]
+
+
+def _forward(model: nn.Module, params: Any, batch: Batch, deterministic: bool,
+             dropout_rng: jax.Array | None = None):
+    rngs = None if deterministic else {"dropout": dropout_rng}
+    return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
+                       batch["input_mask"], batch["masked_lm_positions"],
+                       deterministic=deterministic, rngs=rngs)
+
+
+def _split_micro_batches(batch: Batch, accum_steps: int) -> Batch:
+    """[B, ...] -> [A, B/A, ...], micro-batch a taking rows a, a+A, ... so every device
+    contributes to every micro-batch (no resharding of the data-parallel axis)."""
+    def split(x):
+        x = x.reshape((x.shape[0] // accum_steps, accum_steps) + x.shape[1:])
+        return jnp.moveaxis(x, 1, 0)
+    return jax.tree.map(split, batch)
+
+
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
+                    accum_steps: int = 1) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """Builds the pure train step: forward, loss, grads (accumulated over micro-batches),
+    clip + update (inside `tx`), and a skip of non-finite updates."""
+
+    def loss_fn(params, micro: Batch, rng, weight_total, num_sequences):
+        mlm_logits, nsp_logits = _forward(model, params, micro, False, rng)
+        return objectives.pretraining_loss(mlm_logits, nsp_logits, micro, weight_total,
+                                           num_sequences)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        step_rng = jax.random.fold_in(state.rng, state.step)
+        weight_total = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
+        num_sequences = batch["input_ids"].shape[0]
+        if accum_steps == 1:
+            (loss, metrics), grads = grad_fn(state.params, batch, step_rng, weight_total,
+                                             num_sequences)
+        else:
+            def accumulate(carry, micro_and_index):
+                micro, index = micro_and_index
+                (loss, metrics), grads = grad_fn(state.params, micro,
+                                                 jax.random.fold_in(step_rng, index),
+                                                 weight_total, num_sequences)
+                return jax.tree.map(jnp.add, carry, (loss, metrics, grads)), None
+
+            micro_batches = _split_micro_batches(batch, accum_steps)
+            zero = jax.eval_shape(lambda: grad_fn(state.params, jax.tree.map(
+                lambda x: x[0], micro_batches), step_rng, weight_total, num_sequences))
+            (zero_loss, zero_metrics), zero_grads = jax.tree.map(
+                lambda s: jnp.zeros(s.shape, jnp.float32), zero)
+            (loss, metrics, grads), _ = jax.lax.scan(
+                accumulate, (zero_loss, zero_metrics, zero_grads),
+                (micro_batches, jnp.arange(accum_steps)))
+        grad_norm = optax.global_norm(grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        # A non-finite step leaves params and optimizer state untouched; the host stops the
+        # run after too many in a row (see train.py).
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+        new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
+                                  opt_state=keep(opt_state, state.opt_state))
+        metrics = dict(metrics, grad_norm=grad_norm, nonfinite=1.0 - finite.astype(jnp.float32))
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(model: nn.Module) -> Callable[[Any, Batch], Metrics]:
+    """Builds the deterministic evaluation step returning metric sums."""
+
+    def eval_step(params: Any, batch: Batch) -> Metrics:
+        mlm_logits, nsp_logits = _forward(model, params, batch, True)
+        return objectives.pretraining_loss(mlm_logits, nsp_logits, batch)[1]
+
+    return eval_step
+
+
+def jit_train_step(train_step, state_shardings: TrainState, mesh: Mesh):
+    """Compiles the train step with explicit shardings, donating the old state."""
+    return jax.jit(train_step, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
+                   out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=0)
+
+
+def jit_eval_step(eval_step, params_shardings: Any, mesh: Mesh):
+    return jax.jit(eval_step, in_shardings=(params_shardings, sharding.batch_sharding(mesh)),
+                   out_shardings=sharding.replicated(mesh))

@@ -1,0 +1,322 @@
+"""`python -m bertjax.train --config=configs/large.py --workdir=DIR`: BERT pretraining.
+
+Any config field can be overridden on the command line, e.g. `--config.train.total_steps=100`.
+Running the same command again resumes from the latest checkpoint in DIR.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging as std_logging
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags, logging
+from ml_collections import config_flags
+from tensorboardX import SummaryWriter
+
+from bertjax import checkpoint, objectives, optim, sharding, steps
+from bertjax.data import pipeline
+from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.state import count_params, create_train_state
+
+
+class TrainingError(RuntimeError):
+    """The run cannot continue (e.g. too many non-finite steps); the message says why."""
+
+
+def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
+    """Checks batch sizes against the mesh, accumulation and process count up front."""
+    dp = sharding.data_parallel_size(mesh)
+    accum = config.train.grad_accum_steps
+    for phase in pipeline.phases_from_config(config):
+        size = phase.global_batch_size
+        if size % jax.process_count() or size % accum or (size // accum) % dp:
+            raise ValueError(
+                f"global batch {size} (phase {phase.name}) must be divisible by the process count "
+                f"({jax.process_count()}), and batch / grad_accum_steps ({accum}) by the "
+                f"data-parallel size data*fsdp={dp}")
+        if phase.max_seq_length > config.model.max_position_embeddings:
+            raise ValueError(f"phase {phase.name}: max_seq_length {phase.max_seq_length} > "
+                             f"model.max_position_embeddings {config.model.max_position_embeddings}")
+
+
+def optimizer_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    opt = ml_collections.ConfigDict(config.optimizer.to_dict())
+    opt.total_steps = config.train.total_steps
+    return opt
+
+
+class Progress:
+    """Accumulates metric sums on the host and prints/writes them every `log_every` steps."""
+
+    def __init__(self, config: ml_collections.ConfigDict, writer: SummaryWriter | None,
+                 start_step: int):
+        self.config, self.writer = config, writer
+        self.sums: dict[str, float] = {}
+        self.tokens = 0
+        self.window_start, self.window_start_step = time.time(), start_step
+        self.nonfinite_in_a_row = 0
+
+    def add(self, step: int, metrics: dict[str, Any], tokens: int) -> None:
+        """Adds one step's metrics (already on the host); stops on repeated non-finite steps."""
+        if metrics["nonfinite"] > 0:
+            self.nonfinite_in_a_row += 1
+            logging.warning("step %d: non-finite loss or gradient; update skipped", step)
+            if self.nonfinite_in_a_row >= self.config.train.max_nonfinite_steps:
+                raise TrainingError(
+                    f"{self.nonfinite_in_a_row} consecutive non-finite steps ending at step {step}; "
+                    "the last checkpoint is intact. Lower optimizer.peak_learning_rate or check "
+                    "the data, then rerun to resume.")
+            return
+        self.nonfinite_in_a_row = 0
+        for key, value in metrics.items():
+            self.sums[key] = self.sums.get(key, 0.0) + float(value)
+        self.sums["steps"] = self.sums.get("steps", 0.0) + 1
+        self.tokens += tokens
+
+    def report(self, step: int, phase: pipeline.Phase) -> dict[str, float]:
+        """Prints a progress line for the steps since the last report and resets the window."""
+        if not self.sums:
+            return {}
+        now = time.time()
+        seconds_per_step = (now - self.window_start) / max(step - self.window_start_step, 1)
+        means = objectives.summarize(self.sums)
+        means["grad_norm"] = self.sums["grad_norm"] / self.sums["steps"]
+        means["learning_rate"] = optim.learning_rate_at(optimizer_config(self.config), step - 1)
+        means["tokens_per_second"] = self.tokens / max(now - self.window_start, 1e-9)
+        eta = seconds_per_step * (self.config.train.total_steps - step)
+        print(f"step {step}/{self.config.train.total_steps} [{phase.name} L={phase.max_seq_length}] "
+              f"loss {means['loss']:.4f} mlm_acc {means['mlm_accuracy']:.4f} "
+              f"nsp_acc {means['nsp_accuracy']:.4f} lr {means['learning_rate']:.3e} "
+              f"tok/s {means['tokens_per_second']:,.0f} eta {_duration(eta)}", flush=True)
+        if self.writer:
+            for key, value in means.items():
+                self.writer.add_scalar(f"train/{key}", value, step)
+            self.writer.flush()
+        self.sums, self.tokens = {}, 0
+        self.window_start, self.window_start_step = now, step
+        return means
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def evaluate(eval_step, params, loader: pipeline.BatchLoader | None, num_batches: int,
+             mesh: jax.sharding.Mesh) -> dict[str, float]:
+    """Mean MLM/NSP loss and accuracy over the first `num_batches` held-out batches."""
+    if loader is None:
+        return {}
+    sums: dict[str, float] = {}
+    for index in range(min(num_batches, loader.batches_per_epoch)):
+        batch = sharding.global_batch_from_host(loader.batch(index), mesh)
+        for key, value in jax.device_get(eval_step(params, batch)).items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+    return objectives.summarize(sums)
+
+
+@dataclasses.dataclass
+class PhaseData:
+    phase: pipeline.Phase
+    train: pipeline.BatchLoader
+    eval: pipeline.BatchLoader | None
+
+
+def prepare_data(config, tokenizer, cache_dir: str) -> list[PhaseData]:
+    """Prepares (or loads from cache) every phase's splits and checks their token ids."""
+    process_index, process_count = jax.process_index(), jax.process_count()
+    specials = pipeline.specials_of(tokenizer, config.data.whole_word_mask)
+    result = []
+    for phase in pipeline.phases_from_config(config):
+        splits = pipeline.prepare(config, phase, tokenizer, cache_dir, process_index, process_count)
+        for name, split in splits.items():
+            pipeline.check_token_ids(split, config.model.vocab_size, f"{name} data ({phase.name})")
+        local_batch = phase.global_batch_size // process_count
+        masking = (specials, config.data.masked_lm_prob, phase.max_predictions_per_seq,
+                   config.data.whole_word_mask)
+        train_loader = pipeline.BatchLoader(splits["train"], local_batch, config.data.seed,
+                                            masking=masking, name=f"{phase.name} train")
+        eval_loader = None
+        if len(splits["eval"]) >= local_batch:
+            eval_loader = pipeline.BatchLoader(splits["eval"], local_batch, config.data.seed,
+                                               shuffle=False, name=f"{phase.name} eval")
+        else:
+            logging.warning("phase %s: %d held-out sequences, fewer than one batch of %d: "
+                            "evaluation skipped (raise data.eval_fraction)", phase.name,
+                            len(splits["eval"]), local_batch)
+        result.append(PhaseData(phase, train_loader, eval_loader))
+    return result
+
+
+def _consistent_position(position: dict, step: int, phase_data: list[PhaseData]) -> dict:
+    """The saved data position, unless the phase schedule changed (e.g. a new total_steps):
+    then the position the new schedule implies for `step`."""
+    phase = pipeline.phase_at([pd.phase for pd in phase_data], step)
+    if position["phase"] == phase.name:
+        return position
+    implied = {"phase": phase.name, "batch_index": step - phase.start_step}
+    logging.warning("checkpoint data position %s does not match this run's phase schedule at "
+                    "step %d; continuing at %s", position, step, implied)
+    return implied
+
+
+def _run_metadata(config, tokenizer) -> dict[str, Any]:
+    return {"model": config.model.to_dict(), "tokenizer": tokenizer.fingerprint(),
+            "config": config.to_json()}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+    """Pretrains (or resumes) in `workdir`; returns the final evaluation metrics."""
+    os.makedirs(workdir, exist_ok=True)
+    is_chief = jax.process_index() == 0
+    mesh = sharding.make_mesh(config.mesh.to_dict())
+    validate(config, mesh)
+    cache_dir = config.data.cache_dir or os.path.join(workdir, "data")
+    tokenizer = pipeline.load_or_train_tokenizer(config.data, cache_dir, jax.process_index(),
+                                                 jax.process_count())
+    if tokenizer.vocab_size > config.model.vocab_size:
+        raise pipeline.DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but "
+                                 f"model.vocab_size={config.model.vocab_size}; raise the latter")
+    phase_data = prepare_data(config, tokenizer, cache_dir)
+
+    model = BertForPreTraining(BertConfig.from_dict(config.model.to_dict()))
+    tx = optim.make_optimizer(optimizer_config(config))
+    example = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
+    checkpointer = checkpoint.Checkpointer(
+        os.path.join(workdir, "checkpoints"), config.train.checkpoint_every,
+        config.train.keep_checkpoints, config.train.keep_every)
+    meta = _run_metadata(config, tokenizer)
+    latest = checkpointer.latest_step()
+    rng = jax.random.PRNGKey(config.train.seed)
+    state, abstract_state, state_shardings = create_train_state(
+        model, tx, rng, example, mesh, materialize=latest is None)
+    position = {"phase": phase_data[0].phase.name, "batch_index": 0}
+    if latest is not None:
+        state, position, _ = checkpointer.restore(latest, abstract_state, meta)
+        print(f"Resuming from {checkpointer.directory} at step {latest} "
+              f"(phase {position['phase']}, next batch {position['batch_index']})", flush=True)
+    elif config.train.init_checkpoint:
+        state = state.replace(params=checkpoint.restore_params(config.train.init_checkpoint,
+                                                               abstract_state.params))
+    start_step = int(jax.device_get(state.step))
+    position = _consistent_position(position, start_step, phase_data)
+    if is_chief:
+        print(f"Model: {count_params(state.params):,} parameters; mesh {dict(mesh.shape)}; "
+              f"{len(jax.devices())} devices, {jax.process_count()} processes", flush=True)
+
+    writer = SummaryWriter(os.path.join(workdir, "tensorboard")) if is_chief else None
+    train_step = steps.jit_train_step(
+        steps.make_train_step(model, tx, config.train.grad_accum_steps), state_shardings, mesh)
+    eval_step = steps.jit_eval_step(steps.make_eval_step(model), state_shardings.params, mesh)
+    progress = Progress(config, writer, start_step)
+    try:
+        with sharding.activate(mesh), concurrent.futures.ThreadPoolExecutor(1) as prefetcher:
+            state, position, final_eval = _train_loop(
+                config, state, position, start_step, phase_data, train_step, eval_step, mesh,
+                checkpointer, meta, progress, prefetcher, writer)
+    finally:
+        checkpointer.close()
+        if writer:
+            writer.close()
+    if is_chief:
+        with open(os.path.join(workdir, "final_metrics.json"), "w") as f:
+            json.dump({"step": int(jax.device_get(state.step)), **final_eval}, f, indent=1)
+    return final_eval
+
+
+def _train_loop(config, state, position, start_step, phase_data, train_step, eval_step, mesh,
+                checkpointer, meta, progress, prefetcher, writer):
+    """The step loop: prefetch, step, one-step-late metrics, eval, checkpoint."""
+    total = config.train.total_steps
+    phases = [pd.phase for pd in phase_data]
+    by_name = {pd.phase.name: pd for pd in phase_data}
+    current = by_name.get(position["phase"]) or phase_data[0]
+    batch_index = position["batch_index"]  # the next batch of `current` to train on
+    next_batch = prefetcher.submit(current.train.batch, batch_index)
+    pending = None  # (step, device metrics, tokens): fetched one step late
+
+    def flush_pending() -> None:
+        nonlocal pending
+        if pending is not None:
+            progress.add(pending[0], jax.device_get(pending[1]), pending[2])
+            pending = None
+
+    def eval_and_log(step: int, pd: PhaseData) -> dict[str, float]:
+        means = evaluate(eval_step, state.params, pd.eval, config.train.eval_batches, mesh)
+        if means:
+            print(f"eval step {step} [{pd.phase.name}]: " + " ".join(
+                f"{k} {v:.4f}" for k, v in sorted(means.items())), flush=True)
+            if writer:
+                for key, value in means.items():
+                    writer.add_scalar(f"eval/{key}", value, step)
+        return means
+
+    for step in range(start_step, total):
+        trained = current
+        host_batch = next_batch.result()
+        upcoming = pipeline.phase_at(phases, step + 1)
+        if upcoming.name != current.phase.name:
+            current, batch_index = by_name[upcoming.name], -1
+        batch_index += 1
+        if step + 1 < total:
+            next_batch = prefetcher.submit(current.train.batch, batch_index)
+        state, metrics = train_step(state, sharding.global_batch_from_host(host_batch, mesh))
+        flush_pending()  # the previous step's metrics: ready by now, so this does not stall
+        done = step + 1
+        pending = (done, metrics, host_batch["input_ids"].size * jax.process_count())
+        position = {"phase": current.phase.name, "batch_index": batch_index}
+        if done % config.train.log_every == 0 or done == total:
+            flush_pending()
+            progress.report(done, trained.phase)
+        if config.train.eval_every and done % config.train.eval_every == 0 and done != total:
+            eval_and_log(done, trained)
+        if checkpointer.should_save(done) and done != total:
+            checkpointer.save(done, state, position, meta)
+    flush_pending()
+    final_step = int(jax.device_get(state.step))
+    final_eval = eval_and_log(final_step, current)
+    if checkpointer.latest_step() != final_step:
+        checkpointer.save(final_step, state, position, meta, force=True)
+    checkpointer.wait()
+    return state, position, final_eval
+
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Config file with get_config().", lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard files and data cache.")
+flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host runs).")
+
+
+class _QuietLibraryInfo(std_logging.Filter):
+    """Drops INFO chatter from Orbax (tens of lines per save); warnings still show."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return record.levelno >= std_logging.WARNING or "/orbax/" not in record.pathname
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    logging.get_absl_handler().addFilter(_QuietLibraryInfo())
+    if FLAGS.distributed:
+        jax.distributed.initialize()
+    try:
+        train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    except (pipeline.DataError, checkpoint.CheckpointMismatch, TrainingError,
+            FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["config", "workdir"])
+    app.run(main)

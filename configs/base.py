@@ -1,0 +1,92 @@
+"""BERT-base pretraining, the paper's recipe (Devlin et al., 2018, section A.2).
+
+    python -m bertjax.train --config=configs/base.py --workdir=gs://BUCKET/bert_base \
+        --config.data.source=tfds --config.data.tfds_name=wikipedia/20230601.en \
+        --config.data.tokenizer=wordpiece --config.data.vocab_file=vocab.txt
+
+12 layers, hidden 768, 12 heads; 1M steps of 256 sequences, peak lr 1e-4, 10k warmup steps,
+linear decay to 0; 90% of the steps at length 128 (20 predictions), the last 10% at 512 (80).
+"""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+
+    c.model = ml_collections.ConfigDict()
+    c.model.vocab_size = 30522  # tokens; raised automatically to the tokenizer's size if smaller
+    c.model.hidden_size = 768  # units per token
+    c.model.num_hidden_layers = 12  # transformer layers
+    c.model.num_attention_heads = 12  # heads per layer
+    c.model.intermediate_size = 3072  # FFN units (4 x hidden)
+    c.model.hidden_act = "gelu"  # "gelu" = exact erf as the original; "gelu_tanh"; "relu"
+    c.model.hidden_dropout_prob = 0.1  # probability
+    c.model.attention_probs_dropout_prob = 0.1  # probability
+    c.model.max_position_embeddings = 512  # positions
+    c.model.type_vocab_size = 2  # segment ids
+    c.model.initializer_range = 0.02  # stddev of the truncated normal init
+    c.model.layer_norm_eps = 1e-12  # LayerNorm epsilon (the original's, not flax's 1e-6)
+    c.model.dtype = "bfloat16"  # compute dtype; use "float32" on CPU
+    c.model.param_dtype = "float32"  # parameter and optimizer-state dtype
+    c.model.scan_layers = False  # nn.scan over layers (faster compile; stacked params)
+    c.model.remat_policy = "none"  # "none" | "full" | "dots" | "dots_no_batch"
+
+    c.data = ml_collections.ConfigDict()
+    c.data.source = "text"  # "default" (embedded stdlib corpus) | "text" | "tfds"
+    c.data.input_files = ""  # comma-separated paths or globs (source=text)
+    c.data.text_format = "auto"  # "lines" (original: sentence per line) | "paragraphs" | "auto"
+    c.data.tfds_name = ""  # e.g. "wikipedia/20230601.en" (source=tfds, array_record format)
+    c.data.tfds_split = "train"  # tfds split name
+    c.data.tfds_data_dir = ""  # tfds data_dir; empty = tfds default
+    c.data.tfds_text_key = "text"  # feature holding the text
+    c.data.tokenizer = "wordpiece"  # "wordpiece" (Google vocab.txt) | "sentencepiece"
+    c.data.vocab_file = ""  # vocab.txt or .model; empty with sentencepiece = train one on the corpus
+    c.data.sentencepiece_vocab_size = 30522  # tokens, when training a SentencePiece model
+    c.data.do_lower_case = True  # lower-case input (uncased models)
+    c.data.strip_accents = "auto"  # "auto" (= do_lower_case, the original) | "true" | "false"
+    c.data.max_seq_length = 128  # tokens per sequence in the first phase
+    c.data.max_predictions_per_seq = 20  # masked positions per sequence in the first phase
+    c.data.masked_lm_prob = 0.15  # fraction of tokens masked
+    c.data.short_seq_prob = 0.1  # probability of a shorter target length
+    c.data.dupe_factor = 10  # copies of the corpus with different masks (static masking)
+    c.data.masking = "static"  # "static" (original: masked once when prepared) | "dynamic"
+    c.data.whole_word_mask = False  # mask all pieces of a word together
+    c.data.eval_fraction = 0.01  # fraction of documents held out for evaluation
+    c.data.cache_dir = ""  # prepared-data directory (local disk); empty = WORKDIR/data
+    c.data.seed = 12345  # data seed (instances, masks, order); the original's default
+
+    c.long_phase = ml_collections.ConfigDict()
+    c.long_phase.fraction = 0.1  # fraction of total_steps at the long length; 0 disables
+    c.long_phase.max_seq_length = 512  # tokens per sequence
+    c.long_phase.max_predictions_per_seq = 80  # masked positions per sequence
+    c.long_phase.global_batch_size = 0  # sequences per step; 0 = train.global_batch_size
+
+    c.train = ml_collections.ConfigDict()
+    c.train.global_batch_size = 256  # sequences per optimizer step, summed over all hosts
+    c.train.grad_accum_steps = 1  # micro-batches per step (global batch stays the same)
+    c.train.total_steps = 1_000_000  # optimizer steps, both phases
+    c.train.log_every = 100  # steps between progress lines / TensorBoard scalars
+    c.train.eval_every = 10_000  # steps between evaluations; 0 = only at the end
+    c.train.eval_batches = 50  # batches per evaluation
+    c.train.checkpoint_every = 10_000  # steps between checkpoints (one is also saved at the end)
+    c.train.keep_checkpoints = 3  # latest checkpoints kept
+    c.train.keep_every = 100_000  # also keep every checkpoint at a multiple of this; 0 = none
+    c.train.init_checkpoint = ""  # bertjax checkpoint dir to start from (params only)
+    c.train.max_nonfinite_steps = 10  # consecutive non-finite steps before the run stops
+    c.train.seed = 42  # parameter init and dropout seed
+
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.name = "bert_adam"  # "bert_adam" (original) | "adamw" (bias-corrected) | "lamb"
+    c.optimizer.peak_learning_rate = 1e-4  # learning rate after warmup
+    c.optimizer.warmup_steps = 10_000  # steps of linear warmup
+    c.optimizer.weight_decay_rate = 0.01  # decoupled decay (x lr); not on LayerNorm or biases
+    c.optimizer.b1 = 0.9  # Adam beta1
+    c.optimizer.b2 = 0.999  # Adam beta2
+    c.optimizer.eps = 1e-6  # Adam epsilon
+    c.optimizer.clip_global_norm = 1.0  # gradient global-norm clip; 0 disables
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1  # data-parallel replicas; -1 = all remaining devices
+    c.mesh.fsdp = 1  # parameter/optimizer-sharded data parallelism
+    c.mesh.tensor = 1  # tensor parallelism over heads and FFN
+    return c

@@ -1,0 +1,18 @@
+"""BERT-large pretraining, the paper's recipe: 24 layers, hidden 1024, 16 heads.
+
+    python -m bertjax.train --config=configs/large.py --workdir=gs://BUCKET/bert_large \
+        --config.data.source=tfds --config.data.tfds_name=wikipedia/20230601.en \
+        --config.data.tokenizer=wordpiece --config.data.vocab_file=vocab.txt
+"""
+import ml_collections
+
+from configs import base
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = base.get_config()
+    c.model.hidden_size = 1024
+    c.model.num_hidden_layers = 24
+    c.model.num_attention_heads = 16
+    c.model.intermediate_size = 4096
+    return c
