@@ -72,7 +72,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
             (loss, metrics, grads), _ = jax.lax.scan(
                 accumulate, (zero_loss, zero_metrics, zero_grads),
                 (micro_batches, jnp.arange(accum_steps)))
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)

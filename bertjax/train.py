@@ -58,8 +58,8 @@ class Progress:
     """Accumulates metric sums on the host and prints/writes them every `log_every` steps."""
 
     def __init__(self, config: ml_collections.ConfigDict, writer: SummaryWriter | None,
-                 start_step: int):
-        self.config, self.writer = config, writer
+                 start_step: int, jsonl_path: str | None):
+        self.config, self.writer, self.jsonl_path = config, writer, jsonl_path
         self.sums: dict[str, float] = {}
         self.tokens = 0
         self.window_start, self.window_start_step = time.time(), start_step
@@ -101,6 +101,9 @@ class Progress:
             for key, value in means.items():
                 self.writer.add_scalar(f"train/{key}", value, step)
             self.writer.flush()
+        if self.jsonl_path:
+            with open(self.jsonl_path, "a") as f:
+                f.write(json.dumps({"step": step, "phase": phase.name, **means}) + "\n")
         self.sums, self.tokens = {}, 0
         self.window_start, self.window_start_step = now, step
         return means
@@ -175,11 +178,15 @@ def _run_metadata(config, tokenizer) -> dict[str, Any]:
             "config": config.to_json()}
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-    """Pretrains (or resumes) in `workdir`; returns the final evaluation metrics."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       devices: list[jax.Device] | None = None) -> dict[str, float]:
+    """Pretrains (or resumes) in `workdir`; returns the final evaluation metrics.
+
+    `devices` defaults to all devices; the mesh in `config.mesh` must cover them exactly.
+    """
     os.makedirs(workdir, exist_ok=True)
     is_chief = jax.process_index() == 0
-    mesh = sharding.make_mesh(config.mesh.to_dict())
+    mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
     validate(config, mesh)
     cache_dir = config.data.cache_dir or os.path.join(workdir, "data")
     tokenizer = pipeline.load_or_train_tokenizer(config.data, cache_dir, jax.process_index(),
@@ -218,7 +225,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     train_step = steps.jit_train_step(
         steps.make_train_step(model, tx, config.train.grad_accum_steps), state_shardings, mesh)
     eval_step = steps.jit_eval_step(steps.make_eval_step(model), state_shardings.params, mesh)
-    progress = Progress(config, writer, start_step)
+    progress = Progress(config, writer, start_step,
+                        os.path.join(workdir, "metrics.jsonl") if is_chief else None)
     try:
         with sharding.activate(mesh), concurrent.futures.ThreadPoolExecutor(1) as prefetcher:
             state, position, final_eval = _train_loop(
@@ -261,30 +269,32 @@ def _train_loop(config, state, position, start_step, phase_data, train_step, eva
                     writer.add_scalar(f"eval/{key}", value, step)
         return means
 
-    for step in range(start_step, total):
+    stop_at = min(total, start_step + config.train.stop_after_steps) \
+        if config.train.stop_after_steps else total
+    for step in range(start_step, stop_at):
         trained = current
         host_batch = next_batch.result()
         upcoming = pipeline.phase_at(phases, step + 1)
         if upcoming.name != current.phase.name:
             current, batch_index = by_name[upcoming.name], -1
         batch_index += 1
-        if step + 1 < total:
+        if step + 1 < stop_at:
             next_batch = prefetcher.submit(current.train.batch, batch_index)
         state, metrics = train_step(state, sharding.global_batch_from_host(host_batch, mesh))
         flush_pending()  # the previous step's metrics: ready by now, so this does not stall
         done = step + 1
         pending = (done, metrics, host_batch["input_ids"].size * jax.process_count())
         position = {"phase": current.phase.name, "batch_index": batch_index}
-        if done % config.train.log_every == 0 or done == total:
+        if done % config.train.log_every == 0 or done == stop_at:
             flush_pending()
             progress.report(done, trained.phase)
         if config.train.eval_every and done % config.train.eval_every == 0 and done != total:
             eval_and_log(done, trained)
-        if checkpointer.should_save(done) and done != total:
+        if checkpointer.should_save(done) and done != stop_at:
             checkpointer.save(done, state, position, meta)
     flush_pending()
     final_step = int(jax.device_get(state.step))
-    final_eval = eval_and_log(final_step, current)
+    final_eval = eval_and_log(final_step, current) if final_step == total else {}
     if checkpointer.latest_step() != final_step:
         checkpointer.save(final_step, state, position, meta, force=True)
     checkpointer.wait()

@@ -14,7 +14,7 @@ def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
 
     c.model = ml_collections.ConfigDict()
-    c.model.vocab_size = 30522  # tokens; raised automatically to the tokenizer's size if smaller
+    c.model.vocab_size = 30522  # tokens; must be at least the tokenizer's vocabulary size
     c.model.hidden_size = 768  # units per token
     c.model.num_hidden_layers = 12  # transformer layers
     c.model.num_attention_heads = 12  # heads per layer
@@ -72,6 +72,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.keep_checkpoints = 3  # latest checkpoints kept
     c.train.keep_every = 100_000  # also keep every checkpoint at a multiple of this; 0 = none
     c.train.init_checkpoint = ""  # bertjax checkpoint dir to start from (params only)
+    c.train.stop_after_steps = 0  # stop this run after N steps (time-limited jobs); 0 = no limit
     c.train.max_nonfinite_steps = 10  # consecutive non-finite steps before the run stops
     c.train.seed = 42  # parameter init and dropout seed
 
