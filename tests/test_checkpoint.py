@@ -1,0 +1,90 @@
+"""Orbax checkpoints: round trip onto another mesh, compatibility checks, params-only
+restore for init_checkpoint, and unfinished saves are never restored."""
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from bertjax import checkpoint, optim, sharding
+from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.state import create_train_state
+
+CONFIG = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=32, max_position_embeddings=16)
+EXAMPLE = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
+META = {"model": {"hidden_size": 16}, "tokenizer": "abc"}
+
+
+def _state(mesh, materialize=True, seed=0):
+    tx = optim.make_optimizer(ml_collections.ConfigDict(
+        dict(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10)))
+    return create_train_state(BertForPreTraining(CONFIG), tx, jax.random.PRNGKey(seed), EXAMPLE,
+                              mesh, materialize=materialize)
+
+
+def _assert_trees_equal(a, b):
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+
+
+def test_round_trip_onto_another_mesh(tmp_path):
+    mesh8 = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    state, _, _ = _state(mesh8)
+    ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=5, keep_latest=2)
+    assert ckpt.save(5, state, {"phase": "short", "batch_index": 5}, META)
+    ckpt.close()
+
+    mesh4 = sharding.make_mesh({"data": 1, "fsdp": 4, "tensor": 1}, jax.devices()[:4])
+    _, abstract, shardings = _state(mesh4, materialize=False)
+    ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=5, keep_latest=2)
+    assert ckpt.latest_step() == 5
+    restored, position, meta = ckpt.restore(5, abstract, META)
+    ckpt.close()
+    assert position == {"phase": "short", "batch_index": 5} and meta["tokenizer"] == "abc"
+    _assert_trees_equal(restored, state)
+    kernel = restored.params["bert"]["encoder"]["layer_0"]["intermediate"]["dense"]["kernel"]
+    assert kernel.sharding == shardings.params["bert"]["encoder"]["layer_0"]["intermediate"][
+        "dense"]["kernel"]
+    assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+
+
+def test_incompatible_checkpoint_is_refused(tmp_path):
+    mesh = sharding.make_mesh({"data": -1})
+    state, abstract, _ = _state(mesh)
+    ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=1)
+    ckpt.save(1, state, {"phase": "short", "batch_index": 1}, META)
+    ckpt.wait()
+    with pytest.raises(checkpoint.CheckpointMismatch, match="different tokenizer"):
+        ckpt.restore(1, abstract, {**META, "tokenizer": "other"})
+    ckpt.close()
+
+
+def test_init_checkpoint_restores_params_only(tmp_path):
+    mesh = sharding.make_mesh({"data": -1})
+    source, _, _ = _state(mesh, seed=1)
+    ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=1)
+    ckpt.save(3, source, {"phase": "short", "batch_index": 3}, META)
+    ckpt.close()
+    fresh, abstract, _ = _state(mesh, seed=2)
+    params = checkpoint.restore_params(str(tmp_path), abstract.params)
+    _assert_trees_equal(params, source.params)
+    with pytest.raises(FileNotFoundError, match="no finished checkpoint"):
+        checkpoint.restore_params(str(tmp_path / "empty"), abstract.params)
+
+
+def test_unfinished_save_is_ignored_and_can_be_redone(tmp_path):
+    mesh = sharding.make_mesh({"data": -1})
+    state, _, _ = _state(mesh)
+    ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=3)
+    ckpt.save(2, state, {"phase": "short", "batch_index": 2}, META)
+    ckpt.close()
+    # What a kill -9 during an async save leaves behind.
+    os.makedirs(tmp_path / "4.orbax-checkpoint-tmp" / "state")
+    ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=3)
+    assert ckpt.latest_step() == 2
+    assert ckpt.save(4, state, {"phase": "short", "batch_index": 4}, META)
+    ckpt.wait()
+    assert ckpt.latest_step() == 4
+    ckpt.close()
