@@ -98,6 +98,8 @@ def read_documents(data_cfg: Any, process_index: int, process_count: int,
 def _source_fingerprint(data_cfg: Any) -> dict[str, Any]:
     """What identifies the raw corpus, for the prepared-data cache key."""
     if data_cfg.source == "text":
+        if not data_cfg.input_files:
+            raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
         files = corpus._expand_paths(data_cfg.input_files.split(","))  # noqa: SLF001
         return {"files": [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in files],
                 "format": data_cfg.text_format}
@@ -118,7 +120,8 @@ def strip_accents_option(data_cfg: Any) -> bool | None:
 def load_or_train_tokenizer(data_cfg: Any, cache_dir: str, process_index: int = 0,
                             process_count: int = 1) -> tokenization.Tokenizer:
     """The configured tokenizer; with sentencepiece and no vocab_file, one is trained on the
-    corpus (once, cached) so the default run needs no download."""
+    corpus (once, cached) so the default run needs no download. Every process trains on the
+    whole corpus, not its shard, so that all processes get the same vocabulary."""
     if data_cfg.vocab_file:
         if not os.path.exists(data_cfg.vocab_file):
             raise DataError(f"data.vocab_file={data_cfg.vocab_file!r} does not exist; pass a "
@@ -129,14 +132,14 @@ def load_or_train_tokenizer(data_cfg: Any, cache_dir: str, process_index: int = 
         raise DataError("data.tokenizer=wordpiece needs --config.data.vocab_file=vocab.txt "
                         "(or use data.tokenizer=sentencepiece to train one on the corpus)")
     key = _hash({"source": _source_fingerprint(data_cfg), "size": data_cfg.sentencepiece_vocab_size,
-                 "lower": data_cfg.do_lower_case, "shard": [process_index, process_count]})
+                 "lower": data_cfg.do_lower_case})
     prefix = os.path.join(cache_dir, f"sentencepiece_{key}")
     if not os.path.exists(prefix + ".model"):
         logging.info("Training a SentencePiece model (%d tokens) on the corpus -> %s.model",
                      data_cfg.sentencepiece_vocab_size, prefix)
         os.makedirs(cache_dir, exist_ok=True)
-        sentences = (s for doc in read_documents(data_cfg, process_index, process_count,
-                                                  corpus.CorpusStats()) for s in doc)
+        sentences = (s for doc in read_documents(data_cfg, 0, 1, corpus.CorpusStats())
+                     for s in doc)
         tmp_prefix = f"{prefix}.tmp{os.getpid()}"
         tokenization.train_sentencepiece(sentences, tmp_prefix, data_cfg.sentencepiece_vocab_size,
                                          do_lower_case=data_cfg.do_lower_case)
