@@ -19,6 +19,7 @@ from typing import Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -359,8 +360,13 @@ class SentencePieceTokenizer:
         return frozenset((self.pad_id, self.cls_id, self.sep_id, self.mask_id))
 
     def fingerprint(self) -> str:
-        """Sha256 hex of the model bytes (normalization rules live inside the model)."""
-        return _fingerprint("sentencepiece", self._model_bytes, "")
+        """Sha256 hex of the model (pieces, normalization rules, trainer options) without the
+        paths it was trained from and to, so a retrained identical model keeps its identity."""
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(self._model_bytes)
+        proto.trainer_spec.ClearField("model_prefix")
+        proto.trainer_spec.ClearField("input")
+        return _fingerprint("sentencepiece", proto.SerializeToString(deterministic=True), "")
 
 
 def _nonblank(sentences: Iterable[str], counter: list[int]) -> Iterator[str]:

@@ -32,6 +32,10 @@ class TrainingError(RuntimeError):
     """The run cannot continue (e.g. too many non-finite steps); the message says why."""
 
 
+class ConfigError(ValueError):
+    """A config that cannot run on these devices (mesh, batch sizes, lengths)."""
+
+
 def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
     """Checks batch sizes against the mesh, accumulation and process count up front."""
     dp = sharding.data_parallel_size(mesh)
@@ -186,8 +190,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     """
     os.makedirs(workdir, exist_ok=True)
     is_chief = jax.process_index() == 0
-    mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
-    validate(config, mesh)
+    try:
+        mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
+        validate(config, mesh)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     cache_dir = config.data.cache_dir or os.path.join(workdir, "data")
     tokenizer = pipeline.load_or_train_tokenizer(config.data, cache_dir, jax.process_index(),
                                                  jax.process_count())
@@ -217,6 +224,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                                                abstract_state.params))
     start_step = int(jax.device_get(state.step))
     position = _consistent_position(position, start_step, phase_data)
+    if start_step >= config.train.total_steps:
+        print(f"Training already finished ({start_step} steps); evaluating only", flush=True)
     if is_chief:
         print(f"Model: {count_params(state.params):,} parameters; mesh {dict(mesh.shape)}; "
               f"{len(jax.devices())} devices, {jax.process_count()} processes", flush=True)
@@ -321,7 +330,7 @@ def main(argv: list[str]) -> None:
         jax.distributed.initialize()
     try:
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    except (pipeline.DataError, checkpoint.CheckpointMismatch, TrainingError,
+    except (ConfigError, pipeline.DataError, checkpoint.CheckpointMismatch, TrainingError,
             FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -619,11 +619,6 @@ def test_every_process_trains_the_same_tokenizer(config, sp_tokenizer, tmp_path)
     assert hosts[0].encode(text) == hosts[1].encode(text) == sp_tokenizer.encode(text)
 
 
-@pytest.mark.xfail(reason="the SentencePiece .model stores the (temporary, per-pid) path it was "
-                          "trained to, and SentencePieceTokenizer.fingerprint hashes the whole "
-                          "file, so identical vocabularies trained in different places get "
-                          "different fingerprints (a resume then fails the checkpoint's "
-                          "tokenizer check)", raises=AssertionError)
 def test_retrained_tokenizer_keeps_its_fingerprint(config, tmp_path):
     first = pipeline.load_or_train_tokenizer(config.data, str(tmp_path / "a"))
     second = pipeline.load_or_train_tokenizer(config.data, str(tmp_path / "b"))

@@ -141,8 +141,12 @@ def load_or_train_tokenizer(data_cfg: Any, cache_dir: str, process_index: int = 
         sentences = (s for doc in read_documents(data_cfg, 0, 1, corpus.CorpusStats())
                      for s in doc)
         tmp_prefix = f"{prefix}.tmp{os.getpid()}"
-        tokenization.train_sentencepiece(sentences, tmp_prefix, data_cfg.sentencepiece_vocab_size,
-                                         do_lower_case=data_cfg.do_lower_case)
+        try:
+            tokenization.train_sentencepiece(sentences, tmp_prefix,
+                                             data_cfg.sentencepiece_vocab_size,
+                                             do_lower_case=data_cfg.do_lower_case)
+        except ValueError as e:
+            raise DataError(f"could not train a SentencePiece model on the corpus: {e}") from e
         for ext in (".model", ".vocab"):
             os.replace(tmp_prefix + ext, prefix + ext)
     return tokenization.SentencePieceTokenizer(prefix + ".model")
