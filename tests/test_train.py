@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 from bertjax import train
 from bertjax.data import corpus
 from configs import base
@@ -96,3 +97,12 @@ def test_eight_devices_match_one(corpus_file, cache_dir, tmp_path):
     a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "eight")
     np.testing.assert_allclose([m["loss"] for m in a], [m["loss"] for m in b], rtol=2e-5)
     np.testing.assert_allclose([m["grad_norm"] for m in a], [m["grad_norm"] for m in b], rtol=2e-4)
+
+
+def test_pretrains_from_a_tfds_dataset(cache_dir, tmp_path):
+    name = tfds_fixture.prepare_docs(str(tmp_path / "tfds"))
+    config = tiny_config("", str(tmp_path / "cache"), **{
+        "data.source": "tfds", "data.tfds_name": name, "data.tfds_data_dir": str(tmp_path / "tfds"),
+        "train.total_steps": 4, "long_phase.fraction": 0.0})
+    final = train.train_and_evaluate(config, str(tmp_path / "run"))
+    assert len(read_metrics(tmp_path / "run")) == 4 and final["mlm_loss"] > 0

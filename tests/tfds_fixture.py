@@ -37,3 +37,31 @@ def prepare(data_dir: str) -> str:
     builder = BertjaxTinyText(data_dir=data_dir)
     builder.download_and_prepare(file_format="array_record")
     return builder.name
+
+
+class BertjaxDocsText(tfds.core.GeneratorBasedBuilder):
+    """200 real English documents (stdlib documentation), one per record, for training runs."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()})
+        )
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        from bertjax.data import corpus
+
+        documents = (doc for doc in corpus.default_corpus() if len(doc) >= 2)
+        for index, document in zip(range(200), documents):
+            yield index, {"text": " ".join(document)}
+
+
+def prepare_docs(data_dir: str) -> str:
+    """Builds the 200-document dataset into data_dir (array_record); returns its name."""
+    builder = BertjaxDocsText(data_dir=data_dir)
+    builder.download_and_prepare(file_format="array_record")
+    return builder.name
