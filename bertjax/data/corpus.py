@@ -158,7 +158,7 @@ _FORMAT_HELP = (
 )
 
 
-def _expand_paths(paths: Sequence[str] | str) -> list[str]:
+def expand_paths(paths: Sequence[str] | str) -> list[str]:
     """Expands globs (sorted) and checks that every file exists."""
     if isinstance(paths, str):
         paths = [paths]
@@ -320,7 +320,7 @@ def read_text_files(
     """
     if text_format not in TEXT_FORMATS:
         raise ValueError(f"text_format must be one of {TEXT_FORMATS}, got {text_format!r}.")
-    files = _expand_paths(paths)
+    files = expand_paths(paths)
     stats = stats if stats is not None else CorpusStats()
 
     def generate() -> Iterator[Document]:

@@ -100,7 +100,7 @@ def _source_fingerprint(data_cfg: Any) -> dict[str, Any]:
     if data_cfg.source == "text":
         if not data_cfg.input_files:
             raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
-        files = corpus._expand_paths(data_cfg.input_files.split(","))  # noqa: SLF001
+        files = corpus.expand_paths(data_cfg.input_files.split(","))
         return {"files": [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in files],
                 "format": data_cfg.text_format}
     if data_cfg.source == "tfds":
