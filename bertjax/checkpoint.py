@@ -8,6 +8,7 @@ cleaned up at the next start.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -16,6 +17,11 @@ from absl import logging
 from orbax.checkpoint import checkpoint_managers as policies
 
 META_KEYS_MUST_MATCH = ("model", "tokenizer")
+
+
+def _absolute(directory: str) -> str:
+    """Orbax needs absolute paths; remote ones (gs://...) already are."""
+    return directory if "://" in directory else os.path.abspath(directory)
 
 
 class CheckpointMismatch(ValueError):
@@ -36,8 +42,8 @@ class Checkpointer:
             save_decision_policy=policies.AnySavePolicy(save_policies),
             preservation_policy=policies.AnyPreservationPolicy(keep_policies),
             cleanup_tmp_directories=True, enable_async_checkpointing=async_save, create=True)
-        self.directory = directory
-        self._manager = ocp.CheckpointManager(directory, options=options,
+        self.directory = _absolute(directory)
+        self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_names=("state", "data", "meta"))
 
     def latest_step(self) -> int | None:
@@ -83,7 +89,7 @@ def check_compatible(found: dict, expected: dict, where: str) -> None:
 def restore_params(directory: str, abstract_params: Any) -> Any:
     """Loads only the parameters of the latest checkpoint in `directory` (for
     `train.init_checkpoint`), placed on the shardings of `abstract_params`."""
-    with ocp.CheckpointManager(directory, item_names=("state", "data", "meta")) as manager:
+    with ocp.CheckpointManager(_absolute(directory), item_names=("state", "data", "meta")) as manager:
         step = manager.latest_step()
         if step is None:
             raise FileNotFoundError(f"no finished checkpoint in init_checkpoint={directory!r}")

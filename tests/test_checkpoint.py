@@ -88,3 +88,16 @@ def test_unfinished_save_is_ignored_and_can_be_redone(tmp_path):
     ckpt.wait()
     assert ckpt.latest_step() == 4
     ckpt.close()
+
+
+def test_relative_directory_works(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    mesh = sharding.make_mesh({"data": -1})
+    state, abstract, _ = _state(mesh)
+    ckpt = checkpoint.Checkpointer("relative/checkpoints", save_every=1, keep_latest=1)
+    ckpt.save(1, state, {"phase": "short", "batch_index": 1}, META)
+    ckpt.close()
+    assert (tmp_path / "relative" / "checkpoints" / "1").is_dir()
+    np.testing.assert_array_equal(
+        checkpoint.restore_params("relative/checkpoints", abstract.params)["bert"]["pooler"][
+            "dense"]["kernel"], state.params["bert"]["pooler"]["dense"]["kernel"])
