@@ -28,6 +28,10 @@ class CheckpointMismatch(ValueError):
     """A checkpoint in the workdir was written by an incompatible configuration."""
 
 
+class CheckpointWriteError(RuntimeError):
+    """Writing a checkpoint failed (possibly in the background writer of an earlier save)."""
+
+
 class Checkpointer:
     """Periodic async saves (plus preemption and forced saves), keep-latest-N + every-K."""
 
@@ -54,9 +58,13 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, data_position: dict, meta: dict, force: bool = False) -> bool:
         """Starts an async save of step `step` if the policies (or `force`) say so."""
-        return self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
-            meta=ocp.args.JsonSave(meta)), force=force)
+        try:
+            return self._manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
+                meta=ocp.args.JsonSave(meta)), force=force)
+        except Exception as e:  # an earlier async save's failure surfaces here too
+            raise CheckpointWriteError(f"saving a checkpoint in {self.directory} failed: {e}; "
+                                       "earlier finished checkpoints are intact") from e
 
     def restore(self, step: int, abstract_state: Any, expected_meta: dict) -> tuple[Any, dict, dict]:
         """Restores `(state, data_position, meta)` onto the shardings in `abstract_state`,
@@ -69,11 +77,17 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Blocks until pending saves are written; raises if the async writer failed."""
-        self._manager.wait_until_finished()
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            raise CheckpointWriteError(f"writing a checkpoint in {self.directory} failed: {e}; "
+                                       "earlier finished checkpoints are intact") from e
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
 
 
 def check_compatible(found: dict, expected: dict, where: str) -> None:

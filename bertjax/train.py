@@ -330,8 +330,8 @@ def main(argv: list[str]) -> None:
         jax.distributed.initialize()
     try:
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    except (ConfigError, pipeline.DataError, checkpoint.CheckpointMismatch, TrainingError,
-            FileNotFoundError) as e:
+    except (ConfigError, pipeline.DataError, checkpoint.CheckpointMismatch,
+            checkpoint.CheckpointWriteError, TrainingError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 
