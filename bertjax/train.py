@@ -177,9 +177,17 @@ def _consistent_position(position: dict, step: int, phase_data: list[PhaseData])
     return implied
 
 
+# Model fields that change the checkpoint's contents; compute dtype, remat and dropout may
+# change between a run and its resumption.
+ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                       "intermediate_size", "hidden_act", "max_position_embeddings",
+                       "type_vocab_size", "param_dtype", "scan_layers")
+
+
 def _run_metadata(config, tokenizer) -> dict[str, Any]:
-    return {"model": config.model.to_dict(), "tokenizer": tokenizer.fingerprint(),
-            "config": config.to_json()}
+    """What a checkpoint records about its run; `model` and `tokenizer` must match to resume."""
+    return {"model": {name: config.model[name] for name in ARCHITECTURE_FIELDS},
+            "tokenizer": tokenizer.fingerprint(), "config": config.to_json()}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -245,7 +253,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         checkpointer.close()
         if writer:
             writer.close()
-    if is_chief:
+    if is_chief and final_eval:
         with open(os.path.join(workdir, "final_metrics.json"), "w") as f:
             json.dump({"step": int(jax.device_get(state.step)), **final_eval}, f, indent=1)
     return final_eval

@@ -3,6 +3,8 @@
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -12,6 +14,8 @@ import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 from bertjax import train
 from bertjax.data import corpus
 from configs import base
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +110,21 @@ def test_pretrains_from_a_tfds_dataset(cache_dir, tmp_path):
         "train.total_steps": 4, "long_phase.fraction": 0.0})
     final = train.train_and_evaluate(config, str(tmp_path / "run"))
     assert len(read_metrics(tmp_path / "run")) == 4 and final["mlm_loss"] > 0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["--config.data.source=text", "--config.data.input_files=/no/such/corpus.txt"],
+     "/no/such/corpus.txt"),
+    (["--config.mesh.data=3"], "mesh"),
+    (["--config.train.global_batch_size=30", "--config.train.grad_accum_steps=4"], "divisible"),
+])
+def test_command_line_errors_are_one_clear_line(overrides, message, tmp_path):
+    """Bad settings end with `error: ...` naming the problem, exit code 1, no traceback."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py",
+         f"--workdir={tmp_path}", *overrides],
+        capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error_lines) == 1 and message in error_lines[0], result.stderr[-2000:]
