@@ -1,5 +1,7 @@
 """The jitted train step: gradient accumulation equals the large batch, non-finite steps
-are skipped, the learning rate follows the schedule, and eval is deterministic."""
+are skipped, scanned + rematerialised layers shard correctly, and eval is deterministic."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -30,8 +32,8 @@ def _batch(seed=0):
     }
 
 
-def _setup(mesh):
-    model = BertForPreTraining(CONFIG)
+def _setup(mesh, config=CONFIG):
+    model = BertForPreTraining(config)
     tx = optim.make_optimizer(ml_collections.ConfigDict(
         dict(peak_learning_rate=1e-2, warmup_steps=2, total_steps=10)))
     example = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
@@ -39,8 +41,8 @@ def _setup(mesh):
     return model, tx, state, shardings
 
 
-def _run(accum_steps, batches, mesh):
-    model, tx, state, shardings = _setup(mesh)
+def _run(accum_steps, batches, mesh, config=CONFIG):
+    model, tx, state, shardings = _setup(mesh, config)
     step = steps.jit_train_step(steps.make_train_step(model, tx, accum_steps), shardings, mesh)
     losses = []
     with sharding.activate(mesh):
@@ -88,3 +90,18 @@ def test_eval_step_is_deterministic_and_counts_weights():
     assert float(a["mlm_loss_sum"]) == float(b["mlm_loss_sum"])
     assert float(a["mlm_weight_sum"]) == batch["masked_lm_weights"].sum()
     assert float(a["nsp_count"]) == BATCH
+
+
+def test_scanned_rematerialised_layers_shard_and_match_one_device():
+    """scan_layers + remat on a (data=2, fsdp=2, tensor=2) mesh equals one device."""
+    config = dataclasses.replace(CONFIG, scan_layers=True, remat_policy="full",
+                                 num_hidden_layers=2)
+    batches = [_batch(i) for i in range(2)]
+    one, one_losses = _run(1, batches, sharding.make_mesh({"data": 1}, jax.devices()[:1]), config)
+    eight, eight_losses = _run(2, batches, sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2}),
+                               config)
+    np.testing.assert_allclose(one_losses, eight_losses, rtol=1e-5)
+    kernel = eight.params["bert"]["encoder"]["layers"]["intermediate"]["dense"]["kernel"]
+    assert kernel.shape[0] == 2
+    assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), one.params, eight.params)
