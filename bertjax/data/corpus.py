@@ -521,8 +521,13 @@ def _documentation_texts() -> Iterator[Any]:
             yield from _module_docstrings(module)
 
 
-def default_corpus() -> Iterator[Document]:
+def default_corpus(stats: CorpusStats | None = None) -> Iterator[Document]:
     """Yields the offline default corpus built from Python's bundled documentation."""
+    stats = stats if stats is not None else CorpusStats()
+    return _counted("the default corpus", _default_documents(), CorpusStats(), stats)
+
+
+def _default_documents() -> Iterator[Document]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Some attributes warn when touched (typing.io).
         texts = list(_documentation_texts())

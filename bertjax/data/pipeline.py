@@ -89,7 +89,7 @@ def read_documents(data_cfg: Any, process_index: int, process_count: int,
         documents = corpus.read_text_files(data_cfg.input_files.split(","),
                                            data_cfg.text_format, stats)
     elif data_cfg.source == "default":
-        documents = corpus.default_corpus()
+        documents = corpus.default_corpus(stats)
     else:
         raise DataError(f"data.source={data_cfg.source!r}; choose 'default', 'text' or 'tfds'")
     return (doc for i, doc in enumerate(documents) if i % process_count == process_index)
