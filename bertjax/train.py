@@ -319,9 +319,15 @@ def _train_loop(config, state, position, start_step, phase_data, train_step, eva
 
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Config file with get_config().", lock_config=True)
-flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard files and data cache.")
-flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host runs).")
+
+
+def define_flags() -> None:
+    """Command-line flags; defined only when run as a program, so importing is side-effect free."""
+    config_flags.DEFINE_config_file("config", None, "Config file with get_config().",
+                                    lock_config=True)
+    flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard and data cache.")
+    flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host).")
+    flags.mark_flags_as_required(["config", "workdir"])
 
 
 class _QuietLibraryInfo(std_logging.Filter):
@@ -345,5 +351,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["config", "workdir"])
+    define_flags()
     app.run(main)
