@@ -4,13 +4,17 @@
         --config.data.source=tfds --config.data.tfds_name=wikipedia/20230601.en \
         --config.data.tokenizer=wordpiece --config.data.vocab_file=vocab.txt
 """
+import pathlib
+import runpy
+
 import ml_collections
 
-from configs import base
+# Loaded by path so the config works from any working directory.
+base_config = runpy.run_path(str(pathlib.Path(__file__).with_name("base.py")))["get_config"]
 
 
 def get_config() -> ml_collections.ConfigDict:
-    c = base.get_config()
+    c = base_config()
     c.model.hidden_size = 1024
     c.model.num_hidden_layers = 24
     c.model.num_attention_heads = 16

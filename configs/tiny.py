@@ -6,13 +6,17 @@ The corpus is English text from the installed Python standard library's document
 (`bertjax.data.corpus.default_corpus`), tokenized with a SentencePiece model trained on it at
 the first run. Both phases of the recipe run: 90% of steps at 128 tokens, 10% at 256.
 """
+import pathlib
+import runpy
+
 import ml_collections
 
-from configs import base
+# Loaded by path so the config works from any working directory.
+base_config = runpy.run_path(str(pathlib.Path(__file__).with_name("base.py")))["get_config"]
 
 
 def get_config() -> ml_collections.ConfigDict:
-    c = base.get_config()
+    c = base_config()
     c.model.hidden_size = 128
     c.model.num_hidden_layers = 2
     c.model.num_attention_heads = 2

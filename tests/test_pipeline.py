@@ -8,7 +8,7 @@ import itertools
 import json
 import pathlib
 import random
-import sys
+import runpy
 
 import numpy as np
 import pytest
@@ -17,9 +17,7 @@ from bertjax import tokenization
 from bertjax.data import corpus, pipeline
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # `configs` is not an installed package; plain `pytest`
-    sys.path.insert(0, str(REPO_ROOT))  # does not put the working directory on sys.path.
-from configs import base  # noqa: E402
+base_config = runpy.run_path(str(REPO_ROOT / "configs" / "base.py"))["get_config"]
 
 NUM_DOCS = 300
 SP_VOCAB = 500
@@ -38,7 +36,7 @@ def write_documents(path: pathlib.Path, documents) -> str:
 
 def make_config(input_files: str, **overrides):
     """configs/base.py shrunk to the test corpus; overrides use dotted keys ("data.seed")."""
-    c = base.get_config()
+    c = base_config()
     c.data.source = "text"
     c.data.input_files = input_files
     c.data.text_format = "lines"

@@ -2,6 +2,7 @@
 8 sharded CPU devices (data=2, fsdp=2, tensor=2) match one device."""
 import json
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -13,9 +14,9 @@ import pytest
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 from bertjax import train
 from bertjax.data import corpus
-from configs import base
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+base_config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "base.py"))["get_config"]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def cache_dir(tmp_path_factory) -> str:
 
 
 def tiny_config(corpus_file: str, cache_dir: str, **overrides):
-    c = base.get_config()
+    c = base_config()
     c.model.update(vocab_size=512, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                    intermediate_size=64, max_position_embeddings=128, dtype="float32")
     c.data.update(source="text", input_files=corpus_file, tokenizer="sentencepiece",
