@@ -17,7 +17,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter

@@ -245,9 +245,10 @@ def mask_tokens(
     ``round(len(tokens) * masked_lm_prob)`` positions (at least 1, at most
     ``max_predictions_per_seq``; the length counts [CLS] and [SEP]) are chosen
     among maskable tokens in random word order, skipping words that would
-    overshoot (so whole-word masking may choose fewer, even none). Each becomes [MASK] 80% of the time, stays unchanged 10%, and is
-    replaced by a uniformly random id from the whole vocabulary 10%. Positions
-    are sorted ascending; labels are the original ids.
+    overshoot (so whole-word masking may choose fewer, even none). Each becomes
+    [MASK] 80% of the time, stays unchanged 10%, and is replaced by a uniformly
+    random id from the whole vocabulary 10%. Positions are sorted ascending;
+    labels are the original ids.
     """
     tokens = np.asarray(tokens)
     groups = _candidate_groups(tokens, specials, whole_word_mask)
