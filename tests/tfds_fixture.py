@@ -1,4 +1,4 @@
-"""A tiny tensorflow-datasets builder, prepared in array_record format by tests."""
+"""Tiny tensorflow-datasets builders, prepared in array_record format by tests."""
 
 import tensorflow_datasets as tfds
 
@@ -13,8 +13,8 @@ def record_text(index: int) -> str:
     )
 
 
-class BertjaxTinyText(tfds.core.GeneratorBasedBuilder):
-    """Ten short English texts plus one empty text (registered as "bertjax_tiny_text")."""
+class _TextBuilder(tfds.core.GeneratorBasedBuilder):
+    """A one-split ("train") dataset with a single `text` feature."""
 
     VERSION = tfds.core.Version("1.0.0")
 
@@ -25,6 +25,10 @@ class BertjaxTinyText(tfds.core.GeneratorBasedBuilder):
 
     def _split_generators(self, dl_manager):
         return {"train": self._generate_examples()}
+
+
+class BertjaxTinyText(_TextBuilder):
+    """Ten short English texts plus one empty text (registered as "bertjax_tiny_text")."""
 
     def _generate_examples(self):
         for index in range(NUM_TEXT_RECORDS):
@@ -32,25 +36,8 @@ class BertjaxTinyText(tfds.core.GeneratorBasedBuilder):
         yield NUM_TEXT_RECORDS, {"text": ""}
 
 
-def prepare(data_dir: str) -> str:
-    """Builds the dataset into data_dir in array_record format; returns its name."""
-    builder = BertjaxTinyText(data_dir=data_dir)
-    builder.download_and_prepare(file_format="array_record")
-    return builder.name
-
-
-class BertjaxDocsText(tfds.core.GeneratorBasedBuilder):
+class BertjaxDocsText(_TextBuilder):
     """200 real English documents (stdlib documentation), one per record, for training runs."""
-
-    VERSION = tfds.core.Version("1.0.0")
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()})
-        )
-
-    def _split_generators(self, dl_manager):
-        return {"train": self._generate_examples()}
 
     def _generate_examples(self):
         from bertjax.data import corpus
@@ -60,8 +47,17 @@ class BertjaxDocsText(tfds.core.GeneratorBasedBuilder):
             yield index, {"text": " ".join(document)}
 
 
-def prepare_docs(data_dir: str) -> str:
-    """Builds the 200-document dataset into data_dir (array_record); returns its name."""
-    builder = BertjaxDocsText(data_dir=data_dir)
+def _prepare(builder_class: type, data_dir: str) -> str:
+    builder = builder_class(data_dir=data_dir)
     builder.download_and_prepare(file_format="array_record")
     return builder.name
+
+
+def prepare(data_dir: str) -> str:
+    """Builds the 10-record dataset into data_dir (array_record); returns its name."""
+    return _prepare(BertjaxTinyText, data_dir)
+
+
+def prepare_docs(data_dir: str) -> str:
+    """Builds the 200-document dataset into data_dir (array_record); returns its name."""
+    return _prepare(BertjaxDocsText, data_dir)
