@@ -52,6 +52,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.masking = "static"  # "static" (original: masked once when prepared) | "dynamic"
     c.data.whole_word_mask = False  # mask all pieces of a word together
     c.data.eval_fraction = 0.01  # fraction of documents held out for evaluation
+    c.data.documents_per_shard = 100_000  # documents prepared at a time (memory bound); NSP
+    # partners come from the same shard, as the original ran once per input file
+    c.data.num_workers = 0  # processes tokenizing the corpus; 0 = one per CPU core
     c.data.cache_dir = ""  # prepared-data directory (local disk); empty = WORKDIR/data
     c.data.seed = 12345  # data seed (instances, masks, order); the original's default
 

@@ -40,7 +40,7 @@ def tiny_config(corpus_file: str, cache_dir: str, **overrides):
                    intermediate_size=64, max_position_embeddings=128, dtype="float32")
     c.data.update(source="text", input_files=corpus_file, tokenizer="sentencepiece",
                   sentencepiece_vocab_size=512, max_seq_length=64, max_predictions_per_seq=10,
-                  dupe_factor=2, eval_fraction=0.1, cache_dir=cache_dir)
+                  dupe_factor=2, eval_fraction=0.1, cache_dir=cache_dir, num_workers=1)
     c.long_phase.update(fraction=0.25, max_seq_length=128, max_predictions_per_seq=20)
     c.train.update(global_batch_size=16, total_steps=16, log_every=1, eval_every=0,
                    eval_batches=2, checkpoint_every=4, keep_checkpoints=2, keep_every=0)

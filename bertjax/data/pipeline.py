@@ -10,9 +10,13 @@ would have seen.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -28,7 +32,7 @@ from bertjax.data import corpus, instances
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
-FORMAT_VERSION = 1  # bump when the prepared layout or instance semantics change
+FORMAT_VERSION = 2  # bump when the prepared layout or instance semantics change
 
 
 class DataError(ValueError):
@@ -157,13 +161,38 @@ def load_or_train_tokenizer(data_cfg: Any, cache_dir: str, process_index: int = 
 
 @dataclasses.dataclass
 class PreparedSplit:
-    """Fixed-shape features of one split (memory-mapped), and whether masks are stored."""
+    """Fixed-shape features of one split, as shards of memory-mapped arrays, and whether
+    masks are stored (static masking) or drawn by the loader (dynamic)."""
 
-    features: dict[str, np.ndarray]
+    shards: list[dict[str, np.ndarray]]
     masked: bool
 
+    def __post_init__(self):
+        self._offsets = np.cumsum([0] + [len(shard["input_ids"]) for shard in self.shards])
+
     def __len__(self) -> int:
-        return len(self.features["input_ids"])
+        return int(self._offsets[-1])
+
+    @property
+    def features(self) -> dict[str, np.ndarray]:
+        """All rows as one array per feature (copies unless there is a single shard)."""
+        if len(self.shards) == 1:
+            return self.shards[0]
+        return {name: np.concatenate([shard[name] for shard in self.shards])
+                for name in self.shards[0]}
+
+    def take(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows `rows` (global indices) of every feature, gathered across shards."""
+        rows = np.asarray(rows)
+        shard_of_row = np.searchsorted(self._offsets, rows, side="right") - 1
+        out = {name: np.empty((len(rows),) + array.shape[1:], array.dtype)
+               for name, array in self.shards[0].items()}
+        for shard_index in np.unique(shard_of_row):
+            selected = shard_of_row == shard_index
+            local_rows = rows[selected] - self._offsets[shard_index]
+            for name, array in self.shards[shard_index].items():
+                out[name][selected] = array[local_rows]
+        return out
 
 
 def _hash(obj: Any) -> str:
@@ -178,21 +207,50 @@ def specials_of(tokenizer: tokenization.Tokenizer, whole_word_mask: bool) -> ins
         continuation=tokenizer.continuation_mask() if whole_word_mask else None)
 
 
-def tokenize_documents(documents: Iterable[list[str]], tokenizer: tokenization.Tokenizer,
-                       ) -> tuple[list[list[list[int]]], dict[str, int]]:
-    """Token ids per sentence; empty sentences and documents are dropped and counted."""
+_worker_tokenizer: tokenization.Tokenizer | None = None
+
+
+def _start_worker(tokenizer: tokenization.Tokenizer) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer
+
+
+def _encode_document(document: list[str]) -> list[np.ndarray]:
+    """Token ids of each sentence, in a tokenizing worker process."""
+    return [np.asarray(_worker_tokenizer.encode(sentence), np.int32) for sentence in document]
+
+
+@contextlib.contextmanager
+def tokenizing_pool(tokenizer: tokenization.Tokenizer, num_workers: int):
+    """Worker processes that tokenize documents (None for one process). `spawn`, since forking
+    a process that may already run JAX's threads can deadlock."""
+    num_workers = num_workers or os.cpu_count() or 1
+    if num_workers <= 1:
+        yield None
+        return
+    with multiprocessing.get_context("spawn").Pool(
+            num_workers, initializer=_start_worker, initargs=(tokenizer,)) as pool:
+        yield pool
+
+
+def tokenize_documents(documents: Sequence[list[str]], tokenizer: tokenization.Tokenizer,
+                       pool: Any = None) -> tuple[list[list[np.ndarray]], dict[str, int]]:
+    """Token ids (int32 arrays, compact) per sentence, tokenized in `pool` if given; empty
+    sentences and documents are dropped and counted."""
+    if pool is None:
+        _start_worker(tokenizer)
+        encoded = map(_encode_document, documents)
+    else:
+        # Small chunks when documents are few (e.g. whole books), larger ones to save IPC.
+        encoded = pool.imap(_encode_document, documents,
+                            chunksize=max(1, min(64, len(documents) // 32)))
     tokenized, counts = [], {"empty_sentences": 0, "empty_documents": 0, "tokens": 0}
-    for document in documents:
-        sentences = []
-        for sentence in document:
-            ids = tokenizer.encode(sentence)
-            if ids:
-                sentences.append(ids)
-                counts["tokens"] += len(ids)
-            else:
-                counts["empty_sentences"] += 1
-        if sentences:
-            tokenized.append(sentences)
+    for sentences in encoded:
+        kept = [ids for ids in sentences if len(ids)]
+        counts["empty_sentences"] += len(sentences) - len(kept)
+        counts["tokens"] += sum(len(ids) for ids in kept)
+        if kept:
+            tokenized.append(kept)
         else:
             counts["empty_documents"] += 1
     return tokenized, counts
@@ -209,7 +267,7 @@ def split_eval_documents(documents: list, eval_fraction: float, seed: int) -> tu
     return train, [d for i, d in enumerate(documents) if i in eval_ids]
 
 
-def make_features(documents: list[list[list[int]]], phase: Phase, data_cfg: Any,
+def make_features(documents: list[list[np.ndarray]], phase: Phase, data_cfg: Any,
                   specials: instances.SpecialTokens, dupe_factor: int, mask: bool,
                   seed: int) -> dict[str, np.ndarray]:
     """Instances with the original semantics, masked now (static) or left for the loader."""
@@ -232,16 +290,23 @@ def make_features(documents: list[list[list[int]]], phase: Phase, data_cfg: Any,
     return {name: np.stack([row[name] for row in rows]) for name in FEATURES}
 
 
-def _save_split(directory: str, features: dict[str, np.ndarray]) -> None:
+def _save_shard(directory: str, features: dict[str, np.ndarray]) -> None:
     os.makedirs(directory, exist_ok=True)
     for name, array in features.items():
         np.save(os.path.join(directory, name + ".npy"), array)
 
 
 def _load_split(directory: str, masked: bool) -> PreparedSplit:
-    features = {name: np.load(os.path.join(directory, name + ".npy"), mmap_mode="r")
-                for name in FEATURES}
-    return PreparedSplit(features, masked)
+    shards = [{name: np.load(os.path.join(directory, shard, name + ".npy"), mmap_mode="r")
+               for name in FEATURES} for shard in sorted(os.listdir(directory))]
+    return PreparedSplit(shards, masked)
+
+
+def _empty_features(phase: Phase) -> dict[str, np.ndarray]:
+    row = instances.to_features(np.zeros(0, np.int32), np.zeros(0, np.int32), False,
+                                np.zeros(0, np.int32), np.zeros(0, np.int32),
+                                phase.max_seq_length, phase.max_predictions_per_seq, 0)
+    return {name: np.zeros((0,) + value.shape, value.dtype) for name, value in row.items()}
 
 
 def prepare(config: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cache_dir: str,
@@ -254,7 +319,7 @@ def prepare(config: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cache_
                                                                  phase.max_predictions_per_seq],
                  "data": {k: data_cfg[k] for k in ("masked_lm_prob", "short_seq_prob", "dupe_factor",
                                                    "masking", "whole_word_mask", "eval_fraction",
-                                                   "seed")},
+                                                   "seed", "documents_per_shard")},
                  "shard": [process_index, process_count]})
     directory = os.path.join(cache_dir, f"{phase.name}_{phase.max_seq_length}_{key}")
     if not os.path.exists(os.path.join(directory, "meta.json")):
@@ -273,35 +338,58 @@ def _masking_is_dynamic(data_cfg: Any) -> bool:
 
 def _build(directory: str, config: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
            dynamic: bool, process_index: int, process_count: int) -> None:
-    """Reads, tokenizes, splits and instantiates the corpus; writes it atomically."""
+    """Reads, tokenizes and instantiates the corpus shard by shard (bounded memory: one shard
+    of `data.documents_per_shard` documents at a time; NSP partners come from the same shard,
+    as the original ran per input file), and writes it atomically."""
     data_cfg, start = config.data, time.time()
     stats = corpus.CorpusStats()
-    documents, counts = tokenize_documents(
-        read_documents(data_cfg, process_index, process_count, stats), tokenizer)
-    logging.info("Corpus: %s; tokenized: %s", stats.summary(), counts)
-    if not documents:
-        raise DataError(f"the corpus ({data_cfg.source}) has no usable documents after reading "
-                        f"and tokenizing ({stats.summary()}); check data.input_files / tfds_name")
-    train_docs, eval_docs = split_eval_documents(documents, data_cfg.eval_fraction, data_cfg.seed)
     specials = specials_of(tokenizer, data_cfg.whole_word_mask)
-    seed = data_cfg.seed + 1000 * process_index + phase.max_seq_length
-    train = make_features(train_docs, phase, data_cfg, specials, data_cfg.dupe_factor,
-                          mask=not dynamic, seed=seed)
-    evaluation = make_features(eval_docs, phase, data_cfg, specials, 1, mask=True, seed=seed + 1)
-    if not train:
-        raise DataError(f"the corpus gave no training instances at length {phase.max_seq_length}")
     tmp = f"{directory}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    _save_split(os.path.join(tmp, "train"), train)
-    _save_split(os.path.join(tmp, "eval"), evaluation or {k: v[:0] for k, v in train.items()})
-    meta = {"train_instances": len(train["input_ids"]),
-            "eval_instances": len(evaluation.get("input_ids", [])),
-            "documents": len(documents), "eval_documents": len(eval_docs), **counts,
-            "masking": data_cfg.masking, "seconds": round(time.time() - start, 1)}
+    meta = collections.Counter()
+    documents = read_documents(data_cfg, process_index, process_count, stats)
+    with tokenizing_pool(tokenizer, data_cfg.num_workers) as pool:
+        for shard, raw_documents in enumerate(_batched(documents, data_cfg.documents_per_shard)):
+            tokenized, counts = tokenize_documents(raw_documents, tokenizer, pool)
+            meta.update(counts, documents=len(tokenized))
+            train_docs, eval_docs = split_eval_documents(tokenized, data_cfg.eval_fraction,
+                                                         data_cfg.seed + shard)
+            seed = hash_seed(data_cfg.seed, process_index, shard, phase.max_seq_length)
+            splits = {"train": make_features(train_docs, phase, data_cfg, specials,
+                                             data_cfg.dupe_factor, mask=not dynamic, seed=seed),
+                      "eval": make_features(eval_docs, phase, data_cfg, specials, 1, mask=True,
+                                            seed=seed + 1)}
+            meta.update(eval_documents=len(eval_docs))
+            for name, features in splits.items():
+                if features:
+                    _save_shard(os.path.join(tmp, name, f"shard_{shard:05d}"), features)
+                    meta[f"{name}_instances"] += len(features["input_ids"])
+            logging.info("Prepared shard %d (%s): %s", shard, phase.name, dict(meta))
+    logging.info("Corpus: %s", stats.summary())
+    if not meta["documents"]:
+        raise DataError(f"the corpus ({data_cfg.source}) has no usable documents after reading "
+                        f"and tokenizing ({stats.summary()}); check data.input_files / tfds_name")
+    if not meta["train_instances"]:
+        raise DataError(f"the corpus gave no training instances at length {phase.max_seq_length}")
+    if not meta["eval_instances"]:
+        _save_shard(os.path.join(tmp, "eval", "shard_00000"), _empty_features(phase))
     with open(os.path.join(tmp, "meta.json"), "w") as f:
-        json.dump(meta, f)
+        json.dump({**meta, "masking": data_cfg.masking,
+                   "seconds": round(time.time() - start, 1)}, f)
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(tmp, directory)
+
+
+def _batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    iterator = iter(items)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
+
+
+def hash_seed(*parts: int) -> int:
+    """A 63-bit seed from several integers (stable across processes and runs)."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 # ----------------------------------------------------------------------------- loading
@@ -340,7 +428,7 @@ class BatchLoader:
     def batch(self, index: int) -> dict[str, np.ndarray]:
         """The `index`-th batch (0-based, counting across epochs)."""
         epoch, rows = self._rows(index)
-        batch = {name: np.asarray(array[rows]) for name, array in self.split.features.items()}
+        batch = self.split.take(rows)
         if not self.split.masked:
             self._mask_dynamically(batch, rows, epoch)
         return batch
@@ -370,8 +458,10 @@ class BatchLoader:
 def check_token_ids(split: PreparedSplit, vocab_size: int, what: str) -> None:
     """Fails before training if any token id is outside the model's vocabulary (it would
     silently produce NaNs in the embedding lookup)."""
-    for name in ("input_ids", "masked_lm_ids"):
-        array = split.features[name]
-        if len(array) and int(array.max()) >= vocab_size:
-            raise DataError(f"{what}: {name} holds id {int(array.max())} >= model.vocab_size="
-                            f"{vocab_size}; set --config.model.vocab_size to the tokenizer's size")
+    for shard in split.shards:
+        for name in ("input_ids", "masked_lm_ids"):
+            array = shard[name]
+            if len(array) and int(array.max()) >= vocab_size:
+                raise DataError(f"{what}: {name} holds id {int(array.max())} >= model.vocab_size="
+                                f"{vocab_size}; set --config.model.vocab_size to the tokenizer's "
+                                "size")
