@@ -387,8 +387,12 @@ def train_sentencepiece(
     seed: int = 0,
     num_threads: int = 1,
     max_sentence_length: int = 16384,
+    max_sentences: int = 10_000_000,
 ) -> str:
-    """Train a SentencePiece model with BERT's special ids 0..4; return the .model path."""
+    """Train a SentencePiece model with BERT's special ids 0..4; return the .model path.
+
+    Corpora of more than `max_sentences` sentences are sampled (seeded), which bounds memory.
+    """
     if model_type not in _SP_MODEL_TYPES:
         raise ValueError(f"model_type must be one of {_SP_MODEL_TYPES}, got {model_type!r}")
     if vocab_size <= len(SPECIAL_TOKENS):
@@ -419,6 +423,8 @@ def train_sentencepiece(
             num_threads=num_threads,
             # Paragraph-per-line corpora exceed the 4192-byte default, which silently drops them.
             max_sentence_length=max_sentence_length,
+            input_sentence_size=max_sentences,
+            shuffle_input_sentence=True,
             minloglevel=1,
         )
     except RuntimeError as e:
