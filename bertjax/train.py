@@ -21,7 +21,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter
 
-from bertjax import checkpoint, objectives, optim, sharding, steps
+from bertjax import checkpoint, distributed, objectives, optim, sharding, steps
 from bertjax.data import pipeline
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import count_params, create_train_state
@@ -325,7 +325,10 @@ def define_flags() -> None:
     config_flags.DEFINE_config_file("config", None, "Config file with get_config().",
                                     lock_config=True)
     flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard and data cache.")
-    flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host).")
+    flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process "
+                        "runs off TPU VMs); default: $JAX_COORDINATOR_ADDRESS or auto-detection.")
+    flags.DEFINE_integer("num_processes", None, "Processes in the job (with --coordinator_address).")
+    flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
     flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -339,11 +342,10 @@ class _QuietLibraryInfo(std_logging.Filter):
 def main(argv: list[str]) -> None:
     del argv
     logging.get_absl_handler().addFilter(_QuietLibraryInfo())
-    if FLAGS.distributed:
-        jax.distributed.initialize()
     try:
+        distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    except (ConfigError, pipeline.DataError, checkpoint.CheckpointMismatch,
+    except (distributed.DistributedSetupError, ConfigError, pipeline.DataError, checkpoint.CheckpointMismatch,
             checkpoint.CheckpointWriteError, TrainingError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
