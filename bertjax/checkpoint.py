@@ -116,3 +116,22 @@ def restore_params(directory: str, abstract_params: Any) -> Any:
                     lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), {"params": abstract_params}),
                 partial_restore=True))
         return item["params"]
+
+
+def read_meta(directory: str) -> dict:
+    """The `meta` item of the latest checkpoint in `directory`."""
+    with ocp.CheckpointManager(_absolute(directory), item_names=("state", "data", "meta")) as manager:
+        step = manager.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no finished bertjax checkpoint in {directory!r}")
+        return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+
+def save_params(directory: str, params: Any, meta: dict) -> None:
+    """Writes a parameters-only checkpoint (step 0) that `restore_params` reads, e.g. a
+    converted pretrained model for `train.init_checkpoint`."""
+    checkpointer = Checkpointer(directory, save_every=1, keep_latest=1, async_save=False)
+    try:
+        checkpointer.save(0, {"params": params}, {}, meta, force=True)
+    finally:
+        checkpointer.close()

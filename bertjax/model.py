@@ -230,6 +230,7 @@ class BertLayer(nn.Module):
         intermediate_BxLxF = BertIntermediate(cfg, name="intermediate")(attended_BxLxH)
         out_BxLxH = BertDenseOutput(cfg, MLP, name="output")(
             intermediate_BxLxF, attended_BxLxH, self.deterministic)
+        self.sow("intermediates", "hidden_states", out_BxLxH)  # no-op unless made mutable
         return out_BxLxH, None
 
 
@@ -245,7 +246,11 @@ class BertIntermediate(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    """The layer stack, unrolled (`layer_0`, `layer_1`, ...) or scanned (`layers`, stacked)."""
+    """The layer stack, unrolled (`layer_0`, `layer_1`, ...) or scanned (`layers`, stacked).
+
+    With `mutable=["intermediates"]` in `apply`, every layer's input and output are returned
+    (`embedding_output` and each layer's `hidden_states`), as HF's `output_hidden_states`.
+    """
 
     config: BertConfig
 
@@ -253,13 +258,14 @@ class BertEncoder(nn.Module):
     def __call__(self, x_BxLxH: jax.Array, mask_bias_Bx1x1xL: jax.Array,
                  deterministic: bool) -> jax.Array:
         cfg = self.config
+        self.sow("intermediates", "embedding_output", x_BxLxH)  # no-op unless made mutable
         layer_cls = BertLayer
         if cfg.remat_policy != "none":
             layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat_policy],
                                  prevent_cse=not cfg.scan_layers)
         if cfg.scan_layers:
             stack = nn.scan(
-                layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                layer_cls, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True, "dropout": True},
                 in_axes=nn.broadcast, length=cfg.num_hidden_layers,
                 metadata_params={nn.PARTITION_NAME: LAYERS})
             x_BxLxH, _ = stack(cfg, deterministic, name="layers")(x_BxLxH, mask_bias_Bx1x1xL)
