@@ -107,8 +107,11 @@ def _proto_fields(data: bytes) -> list[tuple[int, int | bytes]]:
 
 
 def _field(number: int, value: int | bytes, fixed32: bool = False) -> bytes:
+    """One protobuf field; zero integers are left out, as proto3 serialises them."""
     if isinstance(value, bytes):
         return _encode_varint(number << 3 | 2) + _encode_varint(len(value)) + value
+    if value == 0:
+        return b""
     if fixed32:
         return _encode_varint(number << 3 | 5) + struct.pack("<I", value)
     return _encode_varint(number << 3) + _encode_varint(value)
@@ -303,7 +306,7 @@ def write_bundle(prefix: str, tensors: dict[str, np.ndarray]) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
     with open(data_file(prefix, 0, 1), "wb") as f:
         for name in sorted(tensors):
-            array = np.ascontiguousarray(tensors[name])
+            array = np.asarray(tensors[name])
             if array.dtype not in DTYPE_ENUMS:
                 raise ValueError(f"tensor {name!r}: dtype {array.dtype} cannot be written")
             data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
