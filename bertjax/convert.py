@@ -503,12 +503,16 @@ def validate_case(path: str, do_lower_case: bool, vocab_file: str = "") -> None:
                 "--config.data.do_lower_case=False")
 
 
-def check_tokenizer(path: str, vocab_size: int, model_vocab_size: int) -> None:
-    """The tokenizer of a run from a pretrained checkpoint must be the checkpoint's own."""
-    if vocab_size != model_vocab_size:
+def check_run_tokenizer(path: str, data_config: Any, tokenizer_vocab_size: int,
+                        model_vocab_size: int) -> None:
+    """A run from a pretrained checkpoint must tokenize as the checkpoint was trained: the
+    same vocabulary size and, for WordPiece, the same casing."""
+    if tokenizer_vocab_size != model_vocab_size:
         raise ConversionError(
-            f"the tokenizer has {vocab_size} tokens but init_checkpoint {path} has "
-            f"{model_vocab_size} embeddings; use the vocab file the checkpoint was trained with")
+            f"the tokenizer has {tokenizer_vocab_size} tokens but config.model.vocab_size (and "
+            f"init_checkpoint {path}) has {model_vocab_size}; use the checkpoint's vocab file")
+    if data_config.tokenizer == "wordpiece":
+        validate_case(path, data_config.do_lower_case, data_config.vocab_file)
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:

@@ -21,7 +21,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter
 
-from bertjax import checkpoint, distributed, objectives, optim, sharding, steps
+from bertjax import checkpoint, convert, distributed, objectives, optim, sharding, steps
 from bertjax.data import pipeline
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import count_params, create_train_state
@@ -226,9 +226,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         state, position, _ = checkpointer.restore(latest, abstract_state, meta)
         print(f"Resuming from {checkpointer.directory} at step {latest} "
               f"(phase {position['phase']}, next batch {position['batch_index']})", flush=True)
-    elif config.train.init_checkpoint:
-        state = state.replace(params=checkpoint.restore_params(config.train.init_checkpoint,
-                                                               abstract_state.params))
+    elif config.train.init_checkpoint:  # Google TF, Hugging Face or bertjax
+        convert.check_run_tokenizer(config.train.init_checkpoint, config.data,
+                                    tokenizer.vocab_size, config.model.vocab_size)
+        state = state.replace(params=convert.init_params(config.train.init_checkpoint,
+                                                         model.config, abstract_state.params))
     start_step = int(jax.device_get(state.step))
     position = _consistent_position(position, start_step, phase_data)
     if start_step >= config.train.total_steps:
@@ -346,7 +348,8 @@ def main(argv: list[str]) -> None:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except (distributed.DistributedSetupError, ConfigError, pipeline.DataError, checkpoint.CheckpointMismatch,
-            checkpoint.CheckpointWriteError, TrainingError, FileNotFoundError) as e:
+            checkpoint.CheckpointWriteError, TrainingError, FileNotFoundError,
+            convert.ConversionError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 

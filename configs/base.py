@@ -74,7 +74,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 10_000  # steps between checkpoints (one is also saved at the end)
     c.train.keep_checkpoints = 3  # latest checkpoints kept
     c.train.keep_every = 100_000  # also keep every checkpoint at a multiple of this; 0 = none
-    c.train.init_checkpoint = ""  # bertjax checkpoint dir to start from (params only)
+    c.train.init_checkpoint = ""  # params to start from: Google TF, Hugging Face or bertjax dir
     c.train.stop_after_steps = 0  # stop this run after N steps (time-limited jobs); 0 = no limit
     c.train.max_nonfinite_steps = 10  # consecutive non-finite steps before the run stops
     c.train.seed = 42  # parameter init and dropout seed

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
-from bertjax import train
+from test_convert import assert_trees_equal, random_params, write_google_checkpoint
+from bertjax import convert, train
 from bertjax.data import corpus
+from bertjax.model import BertConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 base_config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "base.py"))["get_config"]
@@ -129,3 +131,16 @@ def test_command_line_errors_are_one_clear_line(overrides, message, tmp_path):
     assert "Traceback" not in result.stderr
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(error_lines) == 1 and message in error_lines[0], result.stderr[-2000:]
+
+
+def test_init_checkpoint_from_a_google_tf_checkpoint(corpus_file, cache_dir, tmp_path):
+    """A run with learning rate 0 starts from, and keeps, a TF checkpoint's weights."""
+    config = tiny_config(corpus_file, cache_dir, **{
+        "train.total_steps": 1, "train.checkpoint_every": 1, "long_phase.fraction": 0.0,
+        "optimizer.peak_learning_rate": 0.0, "optimizer.warmup_steps": 0,
+        "train.eval_batches": 1, "train.init_checkpoint": str(tmp_path / "google")})
+    model_config = BertConfig.from_dict(config.model.to_dict())
+    params = random_params(model_config)
+    write_google_checkpoint(tmp_path / "google", model_config, params)
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+    assert_trees_equal(convert.load_pretrained(str(tmp_path / "run"))[1], params)

@@ -1,0 +1,192 @@
+"""Checkpoint conversion without torch or TensorFlow: Google TF, Hugging Face (safetensors)
+and bertjax round trips, the CLI, the real BERT-Tiny index mapping (opt-in), scan layout,
+`train.init_checkpoint` from a TF checkpoint, and the errors for bad inputs."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from bertjax import convert, tf_checkpoint
+from bertjax.model import BertConfig
+from test_tf_checkpoint import BERT_TINY_INDEX
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=24, max_position_embeddings=32)
+
+
+def random_params(config: BertConfig, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return convert.unflatten({p: rng.normal(size=s).astype(np.float32)
+                              for p, s in convert.param_shapes(config).items()})
+
+
+def assert_trees_equal(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def write_google_checkpoint(directory, config: BertConfig, params: dict, vocab_lines: int | None = None):
+    """What Google's pretraining leaves: weights, Adam slots, global_step, config, vocab."""
+    convert.save_tf(config, params, str(directory))
+    prefix = str(directory / "bert_model.ckpt")
+    reader = tf_checkpoint.BundleReader(prefix)
+    tensors = {name: reader.read(name) for name in reader.entries}
+    for name in list(tensors):
+        tensors[name + "/adam_m"] = tensors[name + "/adam_v"] = np.zeros_like(tensors[name])
+    tensors["global_step"] = np.array(1000, np.int64)
+    tf_checkpoint.write_bundle(prefix, tensors)
+    lines = config.vocab_size if vocab_lines is None else vocab_lines
+    (directory / "vocab.txt").write_text("".join(f"tok{i}\n" for i in range(lines)))
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "bertjax.convert", *args], capture_output=True,
+                          text=True, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
+                          timeout=300)
+
+
+def test_tf_to_bertjax_to_hf_command_line(tmp_path):
+    params = random_params(CONFIG)
+    src = tmp_path / "uncased_L-2_H-16_A-2"
+    write_google_checkpoint(src, CONFIG, params)
+    result = run_cli(str(src), str(tmp_path / "bertjax"))
+    assert result.returncode == 0, result.stderr
+    assert "Google TF checkpoint, 139 tensors; 46 mapped to bertjax parameters, 93 skipped" in result.stdout
+    assert "skipped (optimizer slot): bert/embeddings/LayerNorm/beta/adam_m" in result.stdout
+    assert "skipped (training step counter): global_step" in result.stdout
+    config, loaded = convert.load_pretrained(str(tmp_path / "bertjax"))
+    assert config == CONFIG
+    assert_trees_equal(loaded, params)
+    assert main_ok(str(tmp_path / "bertjax"), str(tmp_path / "hf"))  # default: bertjax -> hf
+    assert convert.detect_format(str(tmp_path / "hf")) == "hf"
+    assert_trees_equal(convert.load_hf(str(tmp_path / "hf"))[1], params)
+
+
+def test_round_trips_are_exact(tmp_path):
+    params = random_params(CONFIG, seed=1)
+    convert.save_hf(CONFIG, params, str(tmp_path / "hf"))
+    config, from_hf = convert.load_hf(str(tmp_path / "hf"))
+    assert config == CONFIG
+    assert_trees_equal(from_hf, params)
+    weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    np.testing.assert_array_equal(  # PyTorch Linear weights are [out, in]
+        weights["bert.encoder.layer.1.intermediate.dense.weight"],
+        params["bert"]["encoder"]["layer_1"]["intermediate"]["dense"]["kernel"].T)
+    assert main_ok(str(tmp_path / "hf"), str(tmp_path / "tf"), "--to=tf")
+    assert_trees_equal(convert.load_tf(str(tmp_path / "tf"))[1], params)
+    assert main_ok(str(tmp_path / "tf"), str(tmp_path / "scanned"), "--scan_layers")
+    config, from_scanned = convert.load_bertjax(str(tmp_path / "scanned"))
+    assert config == CONFIG
+    assert_trees_equal(from_scanned, params)
+
+
+def main_ok(*argv) -> bool:
+    return convert.main(list(argv)) == 0
+
+
+def test_scan_layout_and_init_params(tmp_path):
+    params = random_params(CONFIG, seed=2)
+    stacked = convert.stack_layers(params)
+    assert stacked["bert"]["encoder"]["layers"]["output"]["dense"]["kernel"].shape == (2, 24, 16)
+    assert_trees_equal(convert.unstack_layers(stacked), params)
+    write_google_checkpoint(tmp_path / "tf", CONFIG, params)
+    convert.save_bertjax(CONFIG, params, str(tmp_path / "bertjax"))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    for run_config in (CONFIG, dataclasses.replace(CONFIG, scan_layers=True)):
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                                convert.abstract_params(run_config))
+        expected = stacked if run_config.scan_layers else params
+        for source in ("tf", "bertjax"):
+            assert_trees_equal(convert.init_params(str(tmp_path / source), run_config, abstract), expected)
+    wrong = dataclasses.replace(CONFIG, num_attention_heads=4)
+    with pytest.raises(convert.ConversionError, match="num_attention_heads: checkpoint 2, config.model 4"):
+        convert.init_params(str(tmp_path / "tf"), wrong, abstract)
+
+
+def test_real_bert_tiny_index_maps_completely():
+    """Every variable of Google's BERT-Tiny checkpoint maps to a bertjax parameter of the
+    shape its bert_config.json implies, and nothing is left over."""
+    if not os.path.exists(BERT_TINY_INDEX):
+        pytest.skip("shared/data/bert-tiny not present")
+    reader = tf_checkpoint.BundleReader(BERT_TINY_INDEX[:-len(".index")])
+    config = BertConfig.from_json_file(os.path.join(os.path.dirname(BERT_TINY_INDEX), "bert_config.json"))
+    expected = convert.param_shapes(config)
+    mapped = {convert._tf_to_path(name): entry.shape for name, entry in reader.entries.items()
+              if convert._tf_skip_reason(name) is None}
+    assert len(reader.entries) == len(mapped) == len(expected) == 46
+    assert mapped == expected
+    assert {convert._path_to_tf(p) for p in expected} == set(reader.entries)
+    convert.check_vocab_file(os.path.dirname(BERT_TINY_INDEX), config)  # 30522 lines
+
+
+def test_bad_checkpoints_get_clear_errors(tmp_path, capsys):
+    params = random_params(CONFIG)
+    write_google_checkpoint(tmp_path / "ok", CONFIG, params)
+    # bert_config.json that does not describe the weights.
+    write_google_checkpoint(tmp_path / "wide", CONFIG, params)
+    (tmp_path / "wide" / "bert_config.json").write_text(json.dumps(
+        {**json.loads((tmp_path / "ok" / "bert_config.json").read_text()), "intermediate_size": 32}))
+    with pytest.raises(convert.ConversionError,
+                       match=r"weight bert/encoder/layer_0/intermediate/dense/bias has shape \(24,\), "
+                             r"but the config .* implies \(32,\)"):
+        convert.load_tf(str(tmp_path / "wide"))
+    write_google_checkpoint(tmp_path / "deep", dataclasses.replace(CONFIG, num_hidden_layers=3),
+                            random_params(dataclasses.replace(CONFIG, num_hidden_layers=3)))
+    (tmp_path / "deep" / "bert_config.json").write_text((tmp_path / "ok" / "bert_config.json").read_text())
+    with pytest.raises(convert.ConversionError, match="not in a model of that config: bert/encoder/layer_2/"):
+        convert.load_tf(str(tmp_path / "deep"))
+    write_google_checkpoint(tmp_path / "vocab", CONFIG, params, vocab_lines=CONFIG.vocab_size + 1)
+    with pytest.raises(convert.ConversionError, match="vocab.txt has 41 tokens but the checkpoint's vocab_size is 40"):
+        convert.load_tf(str(tmp_path / "vocab"))
+    os.remove(tmp_path / "vocab" / "bert_model.ckpt.data-00000-of-00001")
+    with pytest.raises(convert.ConversionError, match="bert_model.ckpt.data-00000-of-00001"):
+        convert.load_tf(str(tmp_path / "vocab"))
+    os.remove(tmp_path / "ok" / "bert_config.json")
+    with pytest.raises(convert.ConversionError, match="bert_config.json not found"):
+        convert.load_tf(str(tmp_path / "ok"))
+
+    convert.save_hf(CONFIG, params, str(tmp_path / "hf"))
+    weights_file = tmp_path / "hf" / "model.safetensors"
+    weights = load_file(str(weights_file))
+    save_file({**weights, "cls.predictions.decoder.weight": weights["bert.embeddings.word_embeddings.weight"] + 1},
+              str(weights_file), metadata={"format": "pt"})
+    with pytest.raises(convert.ConversionError, match="cls.predictions.decoder.weight differs"):
+        convert.load_hf(str(tmp_path / "hf"))
+    weights_file.write_bytes(weights_file.read_bytes()[:1000])
+    with pytest.raises(convert.ConversionError, match="model.safetensors .*truncated"):
+        convert.load_hf(str(tmp_path / "hf"))
+
+    (tmp_path / "junk").mkdir()
+    with pytest.raises(convert.ConversionError, match="cannot tell the checkpoint format"):
+        convert.detect_format(str(tmp_path / "junk"))
+    assert convert.main([str(tmp_path / "missing"), str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "missing does not exist" in err
+
+
+def test_case_and_vocab_checks(tmp_path):
+    convert.validate_case(str(tmp_path / "uncased_L-12_H-768_A-12"), do_lower_case=True)
+    with pytest.raises(convert.ConversionError, match="is a cased model but data.do_lower_case=True"):
+        convert.validate_case(str(tmp_path / "multi_cased_L-12_H-768_A-12"), do_lower_case=True)
+    with pytest.raises(convert.ConversionError, match="is a uncased model but data.do_lower_case=False"):
+        convert.validate_case(str(tmp_path / "bert-base-uncased"), do_lower_case=False)
+    cased_vocab = tmp_path / "vocab.txt"
+    cased_vocab.write_text("[PAD]\n[UNK]\n" + "".join(f"Word{i}\nword{i}\n" for i in range(200)))
+    convert.validate_case(str(tmp_path / "model"), do_lower_case=False, vocab_file=str(cased_vocab))
+    with pytest.raises(convert.ConversionError, match="is a cased vocab .200 tokens with upper-case"):
+        convert.validate_case(str(tmp_path / "model"), do_lower_case=True, vocab_file=str(cased_vocab))
+    data = ml_collections.ConfigDict({"tokenizer": "wordpiece", "do_lower_case": True,
+                                      "vocab_file": str(cased_vocab)})
+    with pytest.raises(convert.ConversionError, match="the tokenizer has 402 tokens but"):
+        convert.check_run_tokenizer("ckpt", data, 402, 30522)
+    with pytest.raises(convert.ConversionError, match="is a cased vocab"):
+        convert.check_run_tokenizer("ckpt", data, 402, 402)
