@@ -20,8 +20,15 @@ setup(
         "absl-py",
         "numpy",
         "tensorboardX>=2.6",
+        "safetensors>=0.4",  # Hugging Face checkpoints (numpy API; no torch needed)
+        "google-crc32c>=1.5",  # checksums of TF checkpoints
+        "ml_dtypes",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist"],
+        # Parity tests against PyTorch transformers (`pytest -m parity`); CPU torch, pinned.
+        "parity": ["pytest>=8", "torch==2.13.0", "transformers==5.23.0"],
+        # Opt-in tests against TensorFlow's own checkpoint reader/writer (large; not in CI).
+        "tf": ["pytest>=8", "tensorflow-cpu==2.21.0"],
     },
 )

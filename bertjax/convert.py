@@ -489,9 +489,9 @@ def validate_case(path: str, do_lower_case: bool, vocab_file: str = "") -> None:
     that holds upper-case tokens (those could never be produced)."""
     lowered = checkpoint_case(path)
     if lowered is not None and lowered != do_lower_case:
-        kind = "uncased" if lowered else "cased"
+        kind = "an uncased" if lowered else "a cased"
         raise ConversionError(
-            f"init_checkpoint {path} is a {kind} model but data.do_lower_case={do_lower_case}; "
+            f"init_checkpoint {path} is {kind} model but data.do_lower_case={do_lower_case}; "
             f"set --config.data.do_lower_case={lowered}")
     if do_lower_case and vocab_file and vocab_file.endswith(".txt"):
         with open(vocab_file, encoding="utf-8", errors="replace") as f:
@@ -540,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         if target == "bertjax":
             config = dataclasses.replace(config, scan_layers=args.scan_layers)
         SAVERS[target](config, params, args.dst)
-    except ConversionError as e:
+    except (ConversionError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     vocab = os.path.join(args.src if os.path.isdir(args.src) else os.path.dirname(args.src), "vocab.txt")

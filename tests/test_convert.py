@@ -177,7 +177,7 @@ def test_case_and_vocab_checks(tmp_path):
     convert.validate_case(str(tmp_path / "uncased_L-12_H-768_A-12"), do_lower_case=True)
     with pytest.raises(convert.ConversionError, match="is a cased model but data.do_lower_case=True"):
         convert.validate_case(str(tmp_path / "multi_cased_L-12_H-768_A-12"), do_lower_case=True)
-    with pytest.raises(convert.ConversionError, match="is a uncased model but data.do_lower_case=False"):
+    with pytest.raises(convert.ConversionError, match="is an uncased model but data.do_lower_case=False"):
         convert.validate_case(str(tmp_path / "bert-base-uncased"), do_lower_case=False)
     cased_vocab = tmp_path / "vocab.txt"
     cased_vocab.write_text("[PAD]\n[UNK]\n" + "".join(f"Word{i}\nword{i}\n" for i in range(200)))
@@ -190,3 +190,29 @@ def test_case_and_vocab_checks(tmp_path):
         convert.check_run_tokenizer("ckpt", data, 402, 30522)
     with pytest.raises(convert.ConversionError, match="is a cased vocab"):
         convert.check_run_tokenizer("ckpt", data, 402, 402)
+
+
+def test_checkpoint_written_by_tensorflow_saver(tmp_path):
+    """Opt-in (needs TensorFlow): a checkpoint written by TF1's Saver with Google's variable
+    names, Adam slots and global_step, as run_pretraining.py leaves it, loads exactly; and
+    TensorFlow reads what save_tf writes."""
+    tf = pytest.importorskip("tensorflow")
+    params = random_params(CONFIG, seed=3)
+    tensors = {convert._path_to_tf(p): v for p, v in convert.flatten(params).items()}
+    with tf.Graph().as_default():
+        variables = [tf.Variable(v, name=n) for n, v in tensors.items()]
+        variables += [tf.Variable(np.ones_like(v), name=n + "/adam_m") for n, v in tensors.items()]
+        variables.append(tf.Variable(np.int64(7), name="global_step"))
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            tf.compat.v1.train.Saver(variables).save(session, str(tmp_path / "google" / "bert_model.ckpt"))
+    convert.save_tf(CONFIG, params, str(tmp_path / "ours"))
+    (tmp_path / "google" / "bert_config.json").write_text((tmp_path / "ours" / "bert_config.json").read_text())
+    report = convert.LoadReport()
+    config, loaded = convert.load_tf(str(tmp_path / "google"), report)
+    assert config == CONFIG and report.mapped == 46 and len(report.skipped) == 47
+    assert_trees_equal(loaded, params)
+    reader = tf.train.load_checkpoint(str(tmp_path / "ours" / "bert_model.ckpt"))
+    assert reader.get_variable_to_shape_map() == {n: list(v.shape) for n, v in tensors.items()}
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(reader.get_tensor(name), value)
