@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from bertjax import convert, tf_checkpoint
-from bertjax.model import BertConfig
+from bertjax.model import BertConfig, BertForPreTraining
 from test_tf_checkpoint import BERT_TINY_INDEX
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -216,3 +216,27 @@ def test_checkpoint_written_by_tensorflow_saver(tmp_path):
     assert reader.get_variable_to_shape_map() == {n: list(v.shape) for n, v in tensors.items()}
     for name, value in tensors.items():
         np.testing.assert_array_equal(reader.get_tensor(name), value)
+
+
+def test_stacked_params_compute_the_same_in_a_scanned_model():
+    """stack_layers gives a scanned model the unrolled model's function; both return every
+    layer's hidden states when `intermediates` is mutable."""
+    params = random_params(CONFIG, seed=4)
+    ids = np.array([[2, 5, 7, 3, 9, 11, 3, 0]])
+    token_types, mask = (ids > 8).astype(np.int32), (ids > 0).astype(np.int32)
+    positions = np.array([[1, 4, 6]])
+    outputs = {}
+    for scan in (False, True):
+        config = dataclasses.replace(CONFIG, scan_layers=scan)
+        tree = convert.stack_layers(params) if scan else params
+        outputs[scan] = jax.jit(lambda p, c=config: BertForPreTraining(c).apply(
+            {"params": p}, ids, token_types, mask, positions, mutable=["intermediates"]))(tree)
+    (mlm, nsp), unrolled = outputs[False]
+    (scan_mlm, scan_nsp), scanned = outputs[True]
+    np.testing.assert_allclose(scan_mlm, mlm, atol=1e-5)
+    np.testing.assert_allclose(scan_nsp, nsp, atol=1e-5)
+    encoder, scan_encoder = unrolled["intermediates"]["bert"]["encoder"], scanned["intermediates"]["bert"]["encoder"]
+    for i in range(CONFIG.num_hidden_layers):
+        np.testing.assert_allclose(scan_encoder["layers"]["hidden_states"][0][i],
+                                   encoder[f"layer_{i}"]["hidden_states"][0], atol=1e-5)
+    assert not np.allclose(encoder["layer_0"]["hidden_states"][0], encoder["layer_1"]["hidden_states"][0])
