@@ -5,6 +5,7 @@ Needs the `parity` extra (pip install -e '.[parity]'); deselected by default, ru
 `python -m pytest -q -m parity tests`.
 """
 import os
+import shutil
 import unicodedata
 
 import jax
@@ -100,9 +101,13 @@ def test_bertjax_to_hf_to_bertjax_is_exact(tmp_path):
     assert info["missing_keys"] == info["unexpected_keys"] == info["mismatched_keys"] == set()
     assert not info["error_msgs"]
     model.save_pretrained(tmp_path / "theirs")  # HF's own writer
-    loaded_config, loaded = convert.load_hf(str(tmp_path / "theirs"))
-    assert loaded_config == config
-    assert_trees_equal(loaded, params)
+    (tmp_path / "old").mkdir()  # the older format: pytorch_model.bin
+    torch.save(model.state_dict(), tmp_path / "old" / "pytorch_model.bin")
+    shutil.copy(tmp_path / "theirs" / "config.json", tmp_path / "old" / "config.json")
+    for directory in ("theirs", "old"):
+        loaded_config, loaded = convert.load_hf(str(tmp_path / directory))
+        assert loaded_config == config
+        assert_trees_equal(loaded, params)
 
 
 TEXTS = [
