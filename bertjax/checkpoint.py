@@ -120,7 +120,8 @@ def restore_params(directory: str, abstract_params: Any) -> Any:
 
 def read_meta(directory: str) -> dict:
     """The `meta` item of the latest checkpoint in `directory`."""
-    with ocp.CheckpointManager(_absolute(directory), item_names=("state", "data", "meta")) as manager:
+    items = ("state", "data", "meta")
+    with ocp.CheckpointManager(_absolute(directory), item_names=items) as manager:
         step = manager.latest_step()
         if step is None:
             raise FileNotFoundError(f"no finished bertjax checkpoint in {directory!r}")

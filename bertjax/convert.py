@@ -69,8 +69,7 @@ class LoadReport:
         for name, reason in self.skipped.items():
             reasons.setdefault(reason, []).append(name)
         for reason, names in sorted(reasons.items()):
-            shown = ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
-            lines.append(f"  skipped ({reason}): {shown}")
+            lines.append(f"  skipped ({reason}): {_few(names)}")
         return "\n".join(lines)
 
 
@@ -101,7 +100,7 @@ def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def stack_layers(params: dict[str, Any]) -> dict[str, Any]:
-    """Unrolled `encoder/layer_{i}/...` -> scanned `encoder/layers/...` with a leading layer axis."""
+    """Unrolled `encoder/layer_{i}/...` -> scanned `encoder/layers/...` (leading layer axis)."""
     flat, per_layer = {}, {}
     for path, value in flatten(params).items():
         match = LAYER_PATH.match(path)
@@ -115,7 +114,7 @@ def stack_layers(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
-    """Scanned `encoder/layers/...` -> unrolled `encoder/layer_{i}/...`; unrolled input unchanged."""
+    """Scanned `encoder/layers/...` -> unrolled `encoder/layer_{i}/...` (unrolled: unchanged)."""
     flat = {}
     for path, value in flatten(params).items():
         if path.startswith("bert/encoder/layers/"):
@@ -157,7 +156,7 @@ def _describe(config: BertConfig) -> str:
 
 
 def _few(names: list[str]) -> str:
-    return ", ".join(names[:4]) + (f" ... ({len(names)} in all)" if len(names) > 4 else "")
+    return ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
 
 
 def check_vocab_file(directory: str, config: BertConfig) -> None:
@@ -177,13 +176,14 @@ def check_vocab_file(directory: str, config: BertConfig) -> None:
 
 
 def _tf_to_path(name: str) -> str:
-    path = name.removeprefix("cls/")
-    return re.sub(r"LayerNorm/gamma$", "LayerNorm/scale", re.sub(r"LayerNorm/beta$", "LayerNorm/bias", path))
+    path = re.sub(r"LayerNorm/gamma$", "LayerNorm/scale", name.removeprefix("cls/"))
+    return re.sub(r"LayerNorm/beta$", "LayerNorm/bias", path)
 
 
 def _path_to_tf(path: str) -> str:
     name = "cls/" + path if path.startswith(("predictions/", "seq_relationship/")) else path
-    return re.sub(r"LayerNorm/scale$", "LayerNorm/gamma", re.sub(r"LayerNorm/bias$", "LayerNorm/beta", name))
+    name = re.sub(r"LayerNorm/scale$", "LayerNorm/gamma", name)
+    return re.sub(r"LayerNorm/bias$", "LayerNorm/beta", name)
 
 
 def _tf_skip_reason(name: str) -> str | None:
@@ -215,7 +215,8 @@ def load_tf(path: str, report: LoadReport | None = None) -> tuple[BertConfig, di
         prefix = tf_checkpoint.resolve_prefix(path)
         reader = tf_checkpoint.BundleReader(prefix)
         directory = os.path.dirname(prefix)
-        config = BertConfig.from_dict(_read_config(os.path.join(directory, "bert_config.json"), "Google"))
+        config_file = os.path.join(directory, "bert_config.json")
+        config = BertConfig.from_dict(_read_config(config_file, "Google"))
         report.source, report.format, report.found = path, "Google TF", len(reader.entries)
         tensors = {}
         for name in reader.entries:
@@ -265,7 +266,8 @@ def _path_to_hf(path: str) -> tuple[str, bool]:
 
 def _hf_config(values: dict[str, Any], where: str) -> BertConfig:
     if values.get("model_type", "bert") != "bert":
-        raise ConversionError(f"{where}: model_type={values['model_type']!r}; only BERT is supported")
+        raise ConversionError(f"{where}: model_type={values['model_type']!r}; only BERT is "
+                              "supported")
     if values.get("position_embedding_type", "absolute") != "absolute":
         raise ConversionError(f"{where}: position_embedding_type="
                               f"{values['position_embedding_type']!r}; only 'absolute' is BERT's")
@@ -308,7 +310,9 @@ def _read_hf_tensors(directory: str) -> dict[str, np.ndarray]:
             state = torch.load(bin_path, map_location="cpu", weights_only=True)
         except Exception as e:  # torch raises several types for damaged files
             raise ConversionError(f"cannot read {bin_path}: {e}") from None
-        return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+        # numpy has no bfloat16: such tensors are widened to float32.
+        return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+                for k, v in state.items()}
     raise ConversionError(f"{directory}: no Hugging Face weights ({', '.join(HF_WEIGHT_FILES)})")
 
 
@@ -321,8 +325,9 @@ def load_hf(path: str, report: LoadReport | None = None) -> tuple[BertConfig, di
     if tensors and not any(k.startswith("bert.") for k in tensors):  # saved from BertModel
         tensors = {"bert." + k: v for k, v in tensors.items()}
     # Old checkpoints name LayerNorm parameters gamma/beta.
-    tensors = {re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight",
-                      re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)): v for k, v in tensors.items()}
+    tensors = {re.sub(r"LayerNorm\.beta$", "LayerNorm.bias",
+                      re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)): v
+               for k, v in tensors.items()}
     report.source, report.format, report.found = path, "Hugging Face", len(tensors)
     by_hf_name = {_path_to_hf(p)[0]: p for p in param_shapes(config)}
     mapped = {}
@@ -333,8 +338,9 @@ def load_hf(path: str, report: LoadReport | None = None) -> tuple[BertConfig, di
         elif name in HF_TIED:
             tied_to = tensors.get(HF_TIED[name])
             if tied_to is not None and not np.array_equal(value, tied_to):
-                raise ConversionError(f"{path}: {name} differs from {HF_TIED[name]}; bertjax ties "
-                                      "them as the original BERT does, so it cannot hold these weights")
+                raise ConversionError(f"{path}: {name} differs from {HF_TIED[name]}; bertjax "
+                                      "ties them as the original BERT does, so it cannot hold "
+                                      "these weights")
             report.skipped[name] = f"tied to {HF_TIED[name]}"
         elif name in HF_BUFFERS:
             report.skipped[name] = "buffer, not a weight"
@@ -400,7 +406,8 @@ def load_bertjax(path: str, report: LoadReport | None = None) -> tuple[BertConfi
     one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device),
                             abstract_params(config))
-    params = unstack_layers(jax.tree.map(np.asarray, checkpoint.restore_params(directory, abstract)))
+    restored = checkpoint.restore_params(directory, abstract)
+    params = unstack_layers(jax.tree.map(np.asarray, restored))
     report.source, report.format = path, "bertjax"
     report.found = report.mapped = len(flatten(params))
     return dataclasses.replace(config, scan_layers=False), params
@@ -443,7 +450,8 @@ LOADERS = {"tf": load_tf, "hf": load_hf, "bertjax": load_bertjax}
 SAVERS = {"tf": save_tf, "hf": save_hf, "bertjax": save_bertjax}
 
 
-def load_pretrained(path: str, report: LoadReport | None = None) -> tuple[BertConfig, dict[str, Any]]:
+def load_pretrained(path: str,
+                    report: LoadReport | None = None) -> tuple[BertConfig, dict[str, Any]]:
     """Loads any supported checkpoint (format detected) as `(config, numpy params)`."""
     return LOADERS[detect_format(path)](path, report)
 
@@ -454,23 +462,24 @@ def check_architecture(found: BertConfig, run: BertConfig, where: str) -> None:
              for f in ARCHITECTURE_FIELDS if getattr(found, f) != getattr(run, f)]
     if diffs:
         raise ConversionError(f"init_checkpoint {where} does not fit the model config:\n  "
-                              + "\n  ".join(diffs) + "\nSet config.model.* to the checkpoint's values.")
+                              + "\n  ".join(diffs)
+                              + "\nSet config.model.* to the checkpoint's values.")
 
 
-def init_params(path: str, run_config: BertConfig, abstract_params: Any) -> Any:
+def init_params(path: str, run_config: BertConfig, abstract: Any) -> Any:
     """Parameters from `path` (any format) for a run of `run_config`, placed on the shardings
-    of `abstract_params`; what `train.init_checkpoint` uses."""
+    of the abstract params `abstract`; what `train.init_checkpoint` uses."""
     if detect_format(path) == "bertjax":
         found = _bertjax_config(_bertjax_directory(path))
         check_architecture(found, run_config, path)
         if found.scan_layers == run_config.scan_layers:  # read straight into the shards
-            return checkpoint.restore_params(_bertjax_directory(path), abstract_params)
+            return checkpoint.restore_params(_bertjax_directory(path), abstract)
     found, params = load_pretrained(path)
     check_architecture(found, run_config, path)
     if run_config.scan_layers:
         params = stack_layers(params)
     return jax.tree.map(lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
-                        params, abstract_params)
+                        params, abstract)
 
 
 def checkpoint_case(path: str) -> bool | None:
@@ -543,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConversionError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
-    vocab = os.path.join(args.src if os.path.isdir(args.src) else os.path.dirname(args.src), "vocab.txt")
+    source_dir = args.src if os.path.isdir(args.src) else os.path.dirname(args.src)
+    vocab = os.path.join(source_dir, "vocab.txt")
     if target != "bertjax" and os.path.isfile(vocab):
         shutil.copy(vocab, os.path.join(args.dst, "vocab.txt"))
     print(f"wrote {target} checkpoint {args.dst} ({report.mapped} tensors, "

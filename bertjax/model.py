@@ -265,7 +265,8 @@ class BertEncoder(nn.Module):
                                  prevent_cse=not cfg.scan_layers)
         if cfg.scan_layers:
             stack = nn.scan(
-                layer_cls, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True, "dropout": True},
+                layer_cls, variable_axes={"params": 0, "intermediates": 0},
+                split_rngs={"params": True, "dropout": True},
                 in_axes=nn.broadcast, length=cfg.num_hidden_layers,
                 metadata_params={nn.PARTITION_NAME: LAYERS})
             x_BxLxH, _ = stack(cfg, deterministic, name="layers")(x_BxLxH, mask_bias_Bx1x1xL)

@@ -140,6 +140,10 @@ def _encode_entry(entry: TensorEntry) -> bytes:
             + _field(4, entry.offset) + _field(5, entry.size) + _field(6, entry.crc32c, True))
 
 
+# BundleHeaderProto: one shard, little-endian (0, left out), version {producer: 1}.
+ONE_SHARD_HEADER = _field(1, 1) + _field(3, _field(1, 1))
+
+
 # ---------------------------------------------------------------------------
 # The sorted table (.index).
 
@@ -152,9 +156,11 @@ def _read_block(table: bytes, offset: int, size: int, path: str) -> bytes:
     contents, kind = table[offset:offset + size], table[offset + size]
     (stored_crc,) = struct.unpack_from("<I", table, offset + size + 1)
     if masked_crc32c(table[offset:offset + size + 1]) != stored_crc:
-        raise CheckpointFormatError(f"{path} is corrupt: checksum mismatch in the block at {offset}")
+        raise CheckpointFormatError(f"{path} is corrupt: checksum mismatch in the block at "
+                                    f"byte {offset}")
     if kind != NO_COMPRESSION:
-        raise CheckpointFormatError(f"{path}: compressed index blocks (type {kind}) are not supported")
+        raise CheckpointFormatError(f"{path}: compressed index blocks (type {kind}) are not "
+                                    "supported")
     return contents
 
 
@@ -179,8 +185,10 @@ def _read_table(path: str) -> list[tuple[bytes, bytes]]:
         with open(path, "rb") as f:
             table = f.read()
     except OSError as e:
-        raise CheckpointFormatError(f"cannot read TF checkpoint index {path}: {e.strerror}") from None
-    if len(table) < FOOTER_SIZE or struct.unpack_from("<Q", table, len(table) - 8)[0] != TABLE_MAGIC:
+        raise CheckpointFormatError(
+            f"cannot read TF checkpoint index {path}: {e.strerror}") from None
+    magic = struct.unpack_from("<Q", table, len(table) - 8)[0] if len(table) >= 8 else None
+    if len(table) < FOOTER_SIZE or magic != TABLE_MAGIC:
         raise CheckpointFormatError(f"{path} is not a TF checkpoint index (truncated or another "
                                     "format: no table footer)")
     footer = table[-FOOTER_SIZE:]
@@ -203,7 +211,7 @@ def _block(entries: list[tuple[bytes, bytes]]) -> bytes:
         body += _encode_varint(0) + _encode_varint(len(key)) + _encode_varint(len(value))
         body += key + value
     restarts = restarts or [0]
-    return bytes(body) + struct.pack(f"<{len(restarts)}I", *restarts) + struct.pack("<I", len(restarts))
+    return bytes(body) + struct.pack(f"<{len(restarts) + 1}I", *restarts, len(restarts))
 
 
 def _table(entries: list[tuple[bytes, bytes]]) -> bytes:
@@ -249,7 +257,8 @@ def resolve_prefix(path: str) -> str:
     if len(indexes) != 1:
         found = ", ".join(os.path.basename(i) for i in indexes) or "none"
         raise CheckpointFormatError(f"{path}: expected exactly one TF checkpoint (*.index), found "
-                                    f"{found}; pass the checkpoint prefix, e.g. {path}/model.ckpt-N")
+                                    f"{found}; pass the checkpoint prefix, e.g. "
+                                    f"{path}/model.ckpt-N")
     return indexes[0][:-len(".index")]
 
 
@@ -273,8 +282,8 @@ class BundleReader:
                 self.entries[name] = _parse_entry(name, value)
 
     def read(self, name: str) -> np.ndarray:
-        """The tensor `name` (read-only); raises CheckpointFormatError if its file is missing, truncated
-        or its bytes fail the checksum."""
+        """The tensor `name` (read-only); raises CheckpointFormatError if its file is missing,
+        truncated or its bytes fail the checksum."""
         entry = self.entries[name]
         if entry.dtype is None:
             raise CheckpointFormatError(f"{self.index_path}: tensor {name!r} has dtype enum "
@@ -285,8 +294,9 @@ class BundleReader:
                 f.seek(entry.offset)
                 buffer = f.read(entry.size)
         except OSError as e:
-            raise CheckpointFormatError(f"cannot read TF checkpoint data {path}: {e.strerror}; "
-                                        "the .index and its .data-* files must stay together") from None
+            raise CheckpointFormatError(
+                f"cannot read TF checkpoint data {path}: {e.strerror}; the .index and its "
+                ".data-* files must stay together") from None
         if len(buffer) != entry.size:
             raise CheckpointFormatError(
                 f"{path} is truncated: tensor {name!r} needs bytes {entry.offset}..."
@@ -315,6 +325,5 @@ def write_bundle(prefix: str, tensors: dict[str, np.ndarray]) -> None:
                                 offset, len(data), masked_crc32c(data))
             entries.append((name.encode("utf-8"), _encode_entry(entry)))
             offset += len(data)
-    header = _field(1, 1) + _field(2, 0) + _field(3, _field(1, 1))  # 1 shard, little-endian, v1
     with open(prefix + ".index", "wb") as f:
-        f.write(_table([(b"", header)] + entries))
+        f.write(_table([(b"", ONE_SHARD_HEADER)] + entries))
