@@ -21,15 +21,6 @@ from bertjax.data import pipeline
 from bertjax.state import create_train_state
 
 
-def abstract_batch(phase: pipeline.Phase,
-                   mesh: jax.sharding.Mesh) -> dict[str, jax.ShapeDtypeStruct]:
-    """The global batch of `phase` as abstract arrays with the batch sharding."""
-    batch_sharding = sharding.batch_sharding(mesh)
-    return {name: jax.ShapeDtypeStruct((phase.global_batch_size,) + row.shape[1:], row.dtype,
-                                       sharding=batch_sharding)
-            for name, row in pipeline.empty_features(phase).items()}
-
-
 def compile_train_step(config, devices: list[jax.Device],
                        phase_names: list[str] | None = None) -> dict[str, dict]:
     """Lowers and compiles the train step for each phase; prints the memory report and
@@ -49,7 +40,8 @@ def compile_train_step(config, devices: list[jax.Device],
     for phase in phases:
         start = time.time()
         with sharding.activate(mesh):
-            compiled = train_step.lower(abstract_state, abstract_batch(phase, mesh)).compile()
+            compiled = train_step.lower(abstract_state, memory.abstract_batch(
+                phase, phase.global_batch_size, sharding.batch_sharding(mesh))).compile()
         seconds = time.time() - start
         analysis = compiled.memory_analysis()
         sizes = {} if analysis is None else {

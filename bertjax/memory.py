@@ -4,24 +4,28 @@
 the heads, the FFN, the vocabulary, ...) with a message naming the field to change.
 `report` is the start-up table: each parameter's logical axes -> mesh axes and bytes per
 device, then bytes per device of parameters, gradients, optimizer state and the activations
-saved for the backward pass (an estimate from the layer's shapes, aware of the remat policy).
-The estimate counts what autodiff keeps per layer; XLA's own figure (`python -m bertjax.aot`)
-also holds temporaries, and fusion may drop some of what is counted here.
+kept for the backward pass. Activations are JAX's own account of the residuals autodiff saves
+(so remat policies count exactly), before XLA fuses or reorders anything; XLA's figure for the
+compiled step (`python -m bertjax.aot`) adds temporaries and may drop fused residuals.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import re
 from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import Mesh
 
-from bertjax import sharding
-from bertjax.data.pipeline import Phase
-from bertjax.model import BertConfig
+from bertjax import objectives, sharding
+from bertjax.data.pipeline import Phase, empty_features
+from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import TrainState
 
 
@@ -66,69 +70,78 @@ def check_shardable(config: BertConfig, abstract_params: Any, mesh: Mesh) -> Non
                     f"{-(-dim // ways) * ways} for the vocabulary)")
 
 
+_DTYPE_BYTES = {"bool": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
+                "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+
+
+def abstract_batch(phase: Phase, batch_size: int, sharding_: Any = None) -> dict[str, Any]:
+    """A batch of `phase` with `batch_size` rows as abstract arrays (optionally sharded)."""
+    return {name: jax.ShapeDtypeStruct((batch_size,) + row.shape[1:], row.dtype, sharding=sharding_)
+            for name, row in empty_features(phase).items()}
+
+
+def saved_residuals(config: BertConfig, example_inputs: Sequence[jax.Array], phase: Phase,
+                    batch_size: int) -> list[tuple[tuple, int]]:
+    """`(shape, bytes)` of every array that autodiff keeps from the forward pass for the
+    backward pass of one training loss over `batch_size` sequences (JAX's own account, from
+    `jax.ad_checkpoint.print_saved_residuals`; parameters and batch themselves excluded)."""
+    model = BertForPreTraining(config)
+    params = nn.meta.unbox(jax.eval_shape(
+        lambda: model.init(jax.random.PRNGKey(0), *example_inputs))["params"])
+
+    def loss(params, batch, rng):
+        mlm_logits, nsp_logits = model.apply(
+            {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+            batch["masked_lm_positions"], deterministic=False, rngs={"dropout": rng})
+        return objectives.pretraining_loss(mlm_logits, nsp_logits, batch)[0]
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        print_saved_residuals(loss, params, abstract_batch(phase, batch_size),
+                              jax.ShapeDtypeStruct((2,), jnp.uint32))
+    result = []
+    for line in text.getvalue().splitlines():
+        match = re.match(r"(\w+)\[([\d,]*)\] (.*)", line)
+        if match and "from the argument" not in match.group(3):
+            shape = tuple(int(d) for d in match.group(2).split(",") if d)
+            result.append((shape, int(np.prod(shape)) * _DTYPE_BYTES.get(match.group(1), 4)))
+    return result
+
+
+def _split_over_tensor(shape: tuple, config: BertConfig, batch: int) -> bool:
+    """Whether an activation of this shape is split over the tensor axis: it has the FFN or
+    vocabulary dimension, or it is per head ([B, N, ...] or [B, L, N, D])."""
+    heads = config.num_attention_heads
+    return (config.intermediate_size in shape or config.vocab_size in shape
+            or (len(shape) == 4 and shape[0] == batch and heads in (shape[1], shape[2])))
+
+
 @dataclasses.dataclass(frozen=True)
 class ActivationEstimate:
-    """Bytes per device of activations live at the start of the backward pass."""
+    """Bytes per device of activations kept for the backward pass."""
 
-    per_layer: int  # saved by one encoder layer
-    layers: int  # all layers, plus one layer's recomputation under remat
-    outside_layers: int  # embeddings and the MLM/NSP heads
+    saved: int  # all residuals autodiff keeps across the whole model
+    recompute: int  # one layer's residuals rematerialised at a time (remat policies only)
     total: int
 
 
-def layer_activation_bytes(config: BertConfig, batch: int, length: int,
-                           tensor: int) -> dict[str, int]:
-    """What one encoder layer's backward needs, tensor by tensor, for `batch` sequences on one
-    device (heads and FFN split `tensor` ways; hidden-size tensors replicated over it)."""
-    c = np.dtype(config.dtype).itemsize
-    tokens, hidden = batch * length, config.hidden_size
-    heads, ffn = config.num_attention_heads // tensor, config.intermediate_size // tensor
-    attn_dropout = 1 if config.attention_probs_dropout_prob > 0 else 0
-    dropout = 1 if config.hidden_dropout_prob > 0 else 0
-    return {
-        "input": tokens * hidden * c,  # residual stream; input to query/key/value
-        "qkv": 3 * tokens * hidden // tensor * c,
-        "scores": batch * heads * length * length * 4,  # float32 scores / softmax output
-        "probs": batch * heads * length * length * (attn_dropout + c),  # dropout mask, cast copy
-        "context": tokens * hidden // tensor * c,
-        "attention_out": tokens * hidden * c,  # output projection (a dot)
-        "attention_norm": tokens * hidden * (dropout + 4 + c),  # mask, f32 LayerNorm input, output
-        "ffn_in": tokens * ffn * c,  # intermediate projection (a dot), pre-activation
-        "ffn_act": tokens * ffn * c,  # activation output
-        "ffn_out": tokens * hidden * c,  # output projection (a dot)
-        "output_norm": tokens * hidden * (dropout + 4),  # mask, f32 LayerNorm input
-    }
+def activation_estimate(config: BertConfig, example_inputs: Sequence[jax.Array], phase: Phase,
+                        batch: int, tensor: int) -> ActivationEstimate:
+    """Activations per device for `batch` sequences of `phase` under the config's remat policy;
+    per-head, FFN and vocabulary tensors are divided by the tensor-parallel size."""
 
+    def per_device(residuals) -> int:
+        return sum(size // tensor if _split_over_tensor(shape, config, batch) else size
+                   for shape, size in residuals)
 
-# What each remat policy keeps of a layer (besides its input); `None` keeps everything.
-REMAT_KEEPS: dict[str, tuple[str, ...] | None] = {
-    "none": None,
-    "full": (),
-    "dots": ("qkv", "scores", "context", "attention_out", "ffn_in", "ffn_out"),
-    "dots_no_batch": ("qkv", "attention_out", "ffn_in", "ffn_out"),
-}
-
-
-def activation_estimate(config: BertConfig, batch: int, length: int, predictions: int,
-                        tensor: int) -> ActivationEstimate:
-    """Activations per device for a step over `batch` sequences of `length` tokens with
-    `predictions` masked positions each, under the config's remat policy."""
-    parts = layer_activation_bytes(config, batch, length, tensor)
-    full = sum(parts.values())
-    keeps = REMAT_KEEPS[config.remat_policy]
-    if keeps is None:
-        per_layer, recompute = full, 0
-    else:
-        per_layer = parts["input"] + sum(parts[name] for name in keeps)
-        recompute = full - per_layer  # one layer is rematerialised at a time
-    c, tokens = np.dtype(config.dtype).itemsize, batch * length
-    embeddings = tokens * config.hidden_size * (c + 4 + 1)
-    # Gathered hidden states, transform + LayerNorm, and float32 logits + softmax over the
-    # vocabulary (split over tensor).
-    heads = batch * predictions * (3 * config.hidden_size * c
-                                   + 2 * config.vocab_size // tensor * 4)
-    layers = config.num_hidden_layers * per_layer + recompute
-    return ActivationEstimate(per_layer, layers, embeddings + heads, layers + embeddings + heads)
+    saved = per_device(saved_residuals(config, example_inputs, phase, batch))
+    recompute = 0
+    if config.remat_policy != "none":
+        one_layer = dataclasses.replace(config, num_hidden_layers=1)
+        no_remat = dataclasses.replace(one_layer, remat_policy="none")
+        recompute = max(0, per_device(saved_residuals(no_remat, example_inputs, phase, batch))
+                        - per_device(saved_residuals(one_layer, example_inputs, phase, batch)))
+    return ActivationEstimate(saved, recompute, saved + recompute)
 
 
 def _logical_specs(model: nn.Module, example_inputs: Sequence[jax.Array]) -> Any:
@@ -187,13 +200,12 @@ def report(model: nn.Module, example_inputs: Sequence[jax.Array], abstract_state
     data_parallel, tensor = sharding.data_parallel_size(mesh), mesh.shape[sharding.TENSOR]
     for phase in phases:
         batch = phase.global_batch_size // data_parallel
-        est = activation_estimate(config, batch, phase.max_seq_length,
-                                  phase.max_predictions_per_seq, tensor)
+        est = activation_estimate(config, example_inputs, phase, batch, tensor)
         lines.append(
-            f"  activations      {format_bytes(est.total):>11}  (estimate; phase {phase.name}: "
-            f"{batch} of {phase.global_batch_size} sequences x {phase.max_seq_length} tokens per "
-            f"device, {config.dtype}, remat {config.remat_policy}: "
-            f"{format_bytes(est.per_layer)} per layer)")
+            f"  activations      {format_bytes(est.total):>11}  (phase {phase.name}: {batch} of "
+            f"{phase.global_batch_size} sequences x {phase.max_seq_length} tokens per device, "
+            f"{config.dtype}, remat {config.remat_policy}; saved for backward "
+            f"{format_bytes(est.saved)} + recomputed {format_bytes(est.recompute)})")
         lines.append(f"  total            {format_bytes(2 * params + opt + est.total):>11}  "
                      f"(phase {phase.name}, before XLA temporaries)")
     return "\n".join(lines)

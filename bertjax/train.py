@@ -17,8 +17,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import ml_collections
 from absl import app, flags, logging
+from jax.experimental import multihost_utils
 from etils import epath
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter
@@ -143,13 +145,21 @@ def _duration(seconds: float) -> str:
         f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def _fewest_over_processes(count: int) -> int:
+    """The smallest of every process's `count`: each process holds its own share of the data,
+    but all must run the same number of (collective) steps."""
+    if jax.process_count() == 1:
+        return count
+    return int(np.min(multihost_utils.process_allgather(np.int64(count))))
+
+
 def evaluate(eval_step, params, loader: pipeline.BatchLoader | None, num_batches: int,
              mesh: jax.sharding.Mesh) -> dict[str, float]:
     """Mean MLM/NSP loss and accuracy over the first `num_batches` held-out batches."""
     if loader is None:
         return {}
     sums: dict[str, float] = {}
-    for index in range(min(num_batches, loader.batches_per_epoch)):
+    for index in range(_fewest_over_processes(min(num_batches, loader.batches_per_epoch))):
         batch = sharding.global_batch_from_host(loader.batch(index), mesh)
         for key, value in jax.device_get(eval_step(params, batch)).items():
             sums[key] = sums.get(key, 0.0) + float(value)
@@ -181,7 +191,7 @@ def prepare_data(config, tokenizer, cache_dir: str, process_index: int | None = 
         train_loader = pipeline.BatchLoader(splits["train"], local_batch, config.data.seed,
                                             masking=masking, name=f"{phase.name} train")
         eval_loader = None
-        if len(splits["eval"]) >= local_batch:
+        if _fewest_over_processes(len(splits["eval"])) >= local_batch:
             eval_loader = pipeline.BatchLoader(splits["eval"], local_batch, config.data.seed,
                                                shuffle=False, name=f"{phase.name} eval")
         else:
