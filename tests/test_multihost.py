@@ -23,7 +23,7 @@ from bertjax.state import create_train_state
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # 8 heads, and every sharded dimension divisible by 8, so tensor=8 is a valid layout.
-MODEL = BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
+MODEL = BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=1, num_attention_heads=8,
                    intermediate_size=128, max_position_embeddings=32)
 EXAMPLE = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
 BATCH, LENGTH, PREDICTIONS = 16, 16, 4
@@ -49,12 +49,13 @@ def _tx():
         dict(peak_learning_rate=1e-3, warmup_steps=2, total_steps=20)))
 
 
-def _setup(axes: dict[str, int], num_devices: int = 8):
-    """Mesh, fresh state, and the jitted step for a layout of the first `num_devices`."""
+def _setup(axes: dict[str, int], num_devices: int = 8, materialize: bool = True):
+    """Mesh, fresh state (or None), abstract state and the jitted step for a layout of the
+    first `num_devices`."""
     mesh = sharding.make_mesh(axes, jax.devices()[:num_devices])
     model, tx = BertForPreTraining(MODEL), _tx()
     state, abstract, shardings = create_train_state(model, tx, jax.random.PRNGKey(0), EXAMPLE,
-                                                    mesh)
+                                                    mesh, materialize)
     step = steps.jit_train_step(steps.make_train_step(model, tx), shardings, mesh)
     return mesh, state, abstract, step
 
@@ -110,7 +111,7 @@ def test_restore_onto_other_meshes_and_device_counts(tmp_path):
 
     for axes, devices in [(dict(fsdp=4), 4), (dict(data=2), 2), ({}, 1),
                           (dict(fsdp=2, tensor=4), 8)]:
-        mesh, _, abstract, step = _setup(axes, devices)
+        mesh, _, abstract, step = _setup(axes, devices, materialize=False)
         ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=2, keep_latest=1)
         restored, position, _ = ckpt.restore(2, abstract, {})
         ckpt.close()
@@ -125,7 +126,8 @@ def test_restore_onto_other_meshes_and_device_counts(tmp_path):
 # ----------------------------------------------------------------------------- two processes
 
 TINY_OVERRIDES = {
-    "model.vocab_size": 512, "model.hidden_size": 32, "model.num_attention_heads": 4,
+    "model.vocab_size": 512, "model.hidden_size": 32, "model.num_hidden_layers": 1,
+    "model.num_attention_heads": 4,
     "model.intermediate_size": 64, "model.max_position_embeddings": 64,
     "data.source": "text", "data.sentencepiece_vocab_size": 512, "data.max_seq_length": 64,
     "data.max_predictions_per_seq": 10, "data.dupe_factor": 2, "data.eval_fraction": 0.1,
