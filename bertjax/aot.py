@@ -33,7 +33,7 @@ def compile_train_step(config, devices: list[jax.Device],
     memory.check_shardable(model.config, abstract_state.params, mesh)
     phases = [p for p in pipeline.phases_from_config(config)
               if not phase_names or p.name in phase_names]
-    print(memory.report(model, example, abstract_state, mesh, phases), flush=True)
+    print(memory.report(model, abstract_state, mesh, phases), flush=True)
     train_step = steps.jit_train_step(
         steps.make_train_step(model, tx, config.train.grad_accum_steps), state_shardings, mesh)
     results = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import re
 from typing import Any, Sequence
@@ -26,7 +27,7 @@ from jax.sharding import Mesh
 from bertjax import objectives, sharding
 from bertjax.data.pipeline import Phase, empty_features
 from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.state import TrainState
+from bertjax.state import TrainState, pretraining_example_inputs
 
 
 class MeshMismatch(ValueError):
@@ -74,20 +75,21 @@ _DTYPE_BYTES = {"bool": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16
                 "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 
 
-def abstract_batch(phase: Phase, batch_size: int, sharding_: Any = None) -> dict[str, Any]:
+def abstract_batch(phase: Phase, batch_size: int, placement: Any = None) -> dict[str, Any]:
     """A batch of `phase` with `batch_size` rows as abstract arrays (optionally sharded)."""
-    return {name: jax.ShapeDtypeStruct((batch_size,) + row.shape[1:], row.dtype, sharding=sharding_)
+    return {name: jax.ShapeDtypeStruct((batch_size,) + row.shape[1:], row.dtype,
+                                       sharding=placement)
             for name, row in empty_features(phase).items()}
 
 
-def saved_residuals(config: BertConfig, example_inputs: Sequence[jax.Array], phase: Phase,
-                    batch_size: int) -> list[tuple[tuple, int]]:
+@functools.lru_cache(maxsize=32)
+def saved_residuals(config: BertConfig, phase: Phase, batch_size: int) -> list[tuple[tuple, int]]:
     """`(shape, bytes)` of every array that autodiff keeps from the forward pass for the
     backward pass of one training loss over `batch_size` sequences (JAX's own account, from
     `jax.ad_checkpoint.print_saved_residuals`; parameters and batch themselves excluded)."""
     model = BertForPreTraining(config)
     params = nn.meta.unbox(jax.eval_shape(
-        lambda: model.init(jax.random.PRNGKey(0), *example_inputs))["params"])
+        lambda: model.init(jax.random.PRNGKey(0), *pretraining_example_inputs()))["params"])
 
     def loss(params, batch, rng):
         mlm_logits, nsp_logits = model.apply(
@@ -125,8 +127,8 @@ class ActivationEstimate:
     total: int
 
 
-def activation_estimate(config: BertConfig, example_inputs: Sequence[jax.Array], phase: Phase,
-                        batch: int, tensor: int) -> ActivationEstimate:
+def activation_estimate(config: BertConfig, phase: Phase, batch: int,
+                        tensor: int) -> ActivationEstimate:
     """Activations per device for `batch` sequences of `phase` under the config's remat policy;
     per-head, FFN and vocabulary tensors are divided by the tensor-parallel size."""
 
@@ -134,38 +136,41 @@ def activation_estimate(config: BertConfig, example_inputs: Sequence[jax.Array],
         return sum(size // tensor if _split_over_tensor(shape, config, batch) else size
                    for shape, size in residuals)
 
-    saved = per_device(saved_residuals(config, example_inputs, phase, batch))
+    saved = per_device(saved_residuals(config, phase, batch))
     recompute = 0
     if config.remat_policy != "none":
         one_layer = dataclasses.replace(config, num_hidden_layers=1)
         no_remat = dataclasses.replace(one_layer, remat_policy="none")
-        recompute = max(0, per_device(saved_residuals(no_remat, example_inputs, phase, batch))
-                        - per_device(saved_residuals(one_layer, example_inputs, phase, batch)))
+        recompute = max(0, per_device(saved_residuals(no_remat, phase, batch))
+                        - per_device(saved_residuals(one_layer, phase, batch)))
     return ActivationEstimate(saved, recompute, saved + recompute)
 
 
-def _logical_specs(model: nn.Module, example_inputs: Sequence[jax.Array]) -> Any:
-    boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *example_inputs))["params"]
+def _logical_specs(model: nn.Module) -> Any:
+    boxed = jax.eval_shape(
+        lambda: model.init(jax.random.PRNGKey(0), *pretraining_example_inputs()))["params"]
     return nn.get_partition_spec(boxed)
 
 
 def format_bytes(num_bytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(num_bytes) < 1024 or unit == "GiB":
-            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.2f} {unit}"
+    """`512 B`, `1.50 KiB`, ... up to GiB."""
+    if num_bytes < 1024:
+        return f"{num_bytes:.0f} B"
+    for unit in ("KiB", "MiB"):
         num_bytes /= 1024
-    raise AssertionError("unreachable")
+        if num_bytes < 1024:
+            return f"{num_bytes:.2f} {unit}"
+    return f"{num_bytes / 1024:.2f} GiB"
 
 
 def _spec_text(spec: Any) -> str:
     return "(" + ", ".join("-" if e is None else "x".join(_mesh_axes_of(e)) for e in spec) + ")"
 
 
-def parameter_rows(model: nn.Module, example_inputs: Sequence[jax.Array],
-                   abstract_params: Any) -> list[tuple[str, str, str, str, int]]:
+def parameter_rows(model: nn.Module, abstract_params: Any) -> list[tuple[str, str, str, str, int]]:
     """`(name, shape, logical axes, mesh axes, bytes per device)` per parameter; the layers of
     the unrolled encoder are folded into one `layer_*` row (with the count in the shape)."""
-    logical = _logical_specs(model, example_inputs)
+    logical = _logical_specs(model)
     rows: dict[str, list] = {}
     for (path, leaf), spec in zip(jax.tree_util.tree_leaves_with_path(abstract_params),
                                   jax.tree.leaves(logical, is_leaf=lambda x: isinstance(
@@ -180,11 +185,11 @@ def parameter_rows(model: nn.Module, example_inputs: Sequence[jax.Array],
             for name, shape, axes, mesh_axes, size, count in rows.values()]
 
 
-def report(model: nn.Module, example_inputs: Sequence[jax.Array], abstract_state: TrainState,
-           mesh: Mesh, phases: Sequence[Phase]) -> str:
+def report(model: nn.Module, abstract_state: TrainState, mesh: Mesh,
+           phases: Sequence[Phase]) -> str:
     """The start-up report; each phase's global batch is split over data x fsdp."""
     config: BertConfig = model.config
-    rows = parameter_rows(model, example_inputs, abstract_state.params)
+    rows = parameter_rows(model, abstract_state.params)
     width = max(len(r[0]) for r in rows)
     lines = [f"Mesh {dict(mesh.shape)} ({mesh.size} devices); parameters "
              "(logical axes -> mesh axes, bytes per device):"]
@@ -200,7 +205,7 @@ def report(model: nn.Module, example_inputs: Sequence[jax.Array], abstract_state
     data_parallel, tensor = sharding.data_parallel_size(mesh), mesh.shape[sharding.TENSOR]
     for phase in phases:
         batch = phase.global_batch_size // data_parallel
-        est = activation_estimate(config, example_inputs, phase, batch, tensor)
+        est = activation_estimate(config, phase, batch, tensor)
         lines.append(
             f"  activations      {format_bytes(est.total):>11}  (phase {phase.name}: {batch} of "
             f"{phase.global_batch_size} sequences x {phase.max_seq_length} tokens per device, "

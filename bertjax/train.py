@@ -16,19 +16,18 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import ml_collections
+import numpy as np
 from absl import app, flags, logging
-from jax.experimental import multihost_utils
 from etils import epath
+from jax.experimental import multihost_utils
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter
 
 from bertjax import checkpoint, distributed, memory, objectives, optim, sharding, steps
 from bertjax.data import pipeline
 from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.state import count_params, create_train_state
+from bertjax.state import count_params, create_train_state, pretraining_example_inputs
 
 
 class TrainingError(RuntimeError):
@@ -58,8 +57,7 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None
 def model_and_optimizer(config: ml_collections.ConfigDict):
     """`(model, optimizer, example model inputs for initialisation)` from the config."""
     model = BertForPreTraining(BertConfig.from_dict(config.model.to_dict()))
-    example = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
-    return model, optim.make_optimizer(optimizer_config(config)), example
+    return model, optim.make_optimizer(optimizer_config(config)), pretraining_example_inputs()
 
 
 def _chief_print(line: str) -> None:
@@ -264,8 +262,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     except memory.MeshMismatch as e:
         raise ConfigError(str(e)) from e
     if is_chief:
-        print(memory.report(model, example, abstract_state, mesh,
-                            [pd.phase for pd in phase_data]), flush=True)
+        print(memory.report(model, abstract_state, mesh, [pd.phase for pd in phase_data]),
+              flush=True)
     if latest is not None:
         state, position, _ = checkpointer.restore(latest, abstract_state, meta)
         _chief_print(f"Resuming from {checkpointer.directory} at step {latest} "

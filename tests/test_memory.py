@@ -40,7 +40,7 @@ def test_report_names_every_sharding_and_counts_real_bytes():
         held = sum(shard.data.nbytes for leaf in jax.tree.leaves(tree)
                    for shard in leaf.addressable_shards if shard.device == jax.devices()[0])
         assert memory.per_device_bytes(tree) == held
-    text = memory.report(model, EXAMPLE, abstract, mesh, [PHASE])
+    text = memory.report(model, abstract, mesh, [PHASE])
     lines = {line.split()[0]: line for line in text.splitlines()[1:] if "/" in line.split()[0]}
     query = lines["bert/encoder/layer_*/attention/self/query/kernel"]
     assert "32x32 (x2)" in query and "(embed, qkv)" in query and "(fsdp, tensor)" in query
@@ -52,10 +52,10 @@ def test_report_names_every_sharding_and_counts_real_bytes():
 
 
 def test_activation_estimate_follows_remat_and_tensor_split():
-    full = memory.activation_estimate(_config(), EXAMPLE, PHASE, 8, 1)
-    remat = memory.activation_estimate(_config(remat_policy="full"), EXAMPLE, PHASE, 8, 1)
-    split = memory.activation_estimate(_config(), EXAMPLE, PHASE, 8, 4)
-    deeper = memory.activation_estimate(_config(num_hidden_layers=4), EXAMPLE, PHASE, 8, 1)
+    full = memory.activation_estimate(_config(), PHASE, 8, 1)
+    remat = memory.activation_estimate(_config(remat_policy="full"), PHASE, 8, 1)
+    split = memory.activation_estimate(_config(), PHASE, 8, 4)
+    deeper = memory.activation_estimate(_config(num_hidden_layers=4), PHASE, 8, 1)
     assert full.recompute == 0 and remat.recompute > 0
     assert remat.saved < full.saved / 3 and remat.total < full.total
     assert full.saved / 4 < split.saved < full.saved
