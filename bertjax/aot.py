@@ -1,5 +1,7 @@
-"""`python -m bertjax.aot --config=configs/large.py --num_devices=32 --config.mesh.fsdp=-1`:
-compile the train step for a target mesh on fake CPU devices, before renting a TPU.
+"""Compile the train step for a target mesh on fake CPU devices, before renting a TPU:
+
+    python -m bertjax.aot --config=configs/large.py --num_devices=32 \
+        --config.mesh.data=1 --config.mesh.fsdp=-1 [--phases=long]
 
 Nothing is materialised: the train state and the batches are abstract (shapes, dtypes and
 shardings), so BERT-large compiles for 32 devices on a laptop. Prints the start-up memory
