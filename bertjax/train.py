@@ -297,9 +297,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         checkpointer.close()
         if writer:
             writer.close()
-    if is_chief and final_eval:
-        _write_text(os.path.join(workdir, "final_metrics.json"), json.dumps(
-            {"step": int(jax.device_get(state.step)), **final_eval}, indent=1))
+    final_step = int(jax.device_get(state.step))
+    if is_chief and final_step >= config.train.total_steps:  # also marks the run as finished
+        _write_text(os.path.join(workdir, "final_metrics.json"),
+                    json.dumps({"step": final_step, **final_eval}, indent=1))
     return final_eval
 
 

@@ -195,6 +195,8 @@ def test_two_processes_train_like_one(tmp_path):
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         logged = [json.loads(line) for line in f]
     assert [m["step"] for m in logged] == [1, 2, 3, 4]
+    with open(os.path.join(workdir, "final_metrics.json")) as f:  # the supervisor's end mark
+        assert json.load(f)["step"] == 4
 
     # Each process prepared its own, disjoint share of the documents.
     shares = [list(pipeline.read_documents(config.data, i, 2, corpus.CorpusStats()))
