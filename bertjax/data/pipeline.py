@@ -302,7 +302,8 @@ def _load_split(directory: str, masked: bool) -> PreparedSplit:
     return PreparedSplit(shards, masked)
 
 
-def _empty_features(phase: Phase) -> dict[str, np.ndarray]:
+def empty_features(phase: Phase) -> dict[str, np.ndarray]:
+    """Zero rows of every feature, with the phase's shapes and dtypes."""
     row = instances.to_features(np.zeros(0, np.int32), np.zeros(0, np.int32), False,
                                 np.zeros(0, np.int32), np.zeros(0, np.int32),
                                 phase.max_seq_length, phase.max_predictions_per_seq, 0)
@@ -372,7 +373,7 @@ def _build(directory: str, config: Any, phase: Phase, tokenizer: tokenization.To
     if not meta["train_instances"]:
         raise DataError(f"the corpus gave no training instances at length {phase.max_seq_length}")
     if not meta["eval_instances"]:
-        _save_shard(os.path.join(tmp, "eval", "shard_00000"), _empty_features(phase))
+        _save_shard(os.path.join(tmp, "eval", "shard_00000"), empty_features(phase))
     with open(os.path.join(tmp, "meta.json"), "w") as f:
         json.dump({**meta, "masking": data_cfg.masking,
                    "seconds": round(time.time() - start, 1)}, f)

@@ -1,0 +1,90 @@
+"""Compile the train step for a target mesh on fake CPU devices, before renting a TPU:
+
+    python -m bertjax.aot --config=configs/large.py --num_devices=32 \
+        --config.mesh.data=1 --config.mesh.fsdp=-1 [--phases=long]
+
+Nothing is materialised: the train state and the batches are abstract (shapes, dtypes and
+shardings), so BERT-large compiles for 32 devices on a laptop. Prints the start-up memory
+report, XLA's memory analysis of the compiled step (per device, on CPU; TPU layouts differ
+somewhat) and the compile time per phase. A mesh that cannot split the model or the batch
+ends with one `error: ...` line and exit status 1.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import jax
+from absl import app, flags
+from ml_collections import config_flags
+
+from bertjax import memory, sharding, steps, train
+from bertjax.data import pipeline
+from bertjax.state import create_train_state
+
+
+def compile_train_step(config, devices: list[jax.Device],
+                       phase_names: list[str] | None = None) -> dict[str, dict]:
+    """Lowers and compiles the train step for each phase; prints the memory report and
+    returns `{phase: {"compile_seconds": ..., "memory": {...}}}`."""
+    mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
+    train.validate(config, mesh)
+    model, tx, example = train.model_and_optimizer(config)
+    _, abstract_state, state_shardings = create_train_state(
+        model, tx, jax.random.PRNGKey(0), example, mesh, materialize=False)
+    memory.check_shardable(model.config, abstract_state.params, mesh)
+    phases = [p for p in pipeline.phases_from_config(config)
+              if not phase_names or p.name in phase_names]
+    print(memory.report(model, abstract_state, mesh, phases), flush=True)
+    train_step = steps.jit_train_step(
+        steps.make_train_step(model, tx, config.train.grad_accum_steps), state_shardings, mesh)
+    results = {}
+    for phase in phases:
+        start = time.time()
+        with sharding.activate(mesh):
+            compiled = train_step.lower(abstract_state, memory.abstract_batch(
+                phase, phase.global_batch_size, sharding.batch_sharding(mesh))).compile()
+        seconds = time.time() - start
+        analysis = compiled.memory_analysis()
+        sizes = {} if analysis is None else {
+            name: getattr(analysis, f"{name}_size_in_bytes")
+            for name in ("argument", "output", "alias", "temp", "generated_code")}
+        results[phase.name] = {"compile_seconds": seconds, "memory": sizes}
+        print(f"Phase {phase.name} (L={phase.max_seq_length}, global batch "
+              f"{phase.global_batch_size}): lowered and compiled in {seconds:.1f} s", flush=True)
+        if sizes:
+            peak = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]
+            print("  XLA memory analysis per device: " + ", ".join(
+                f"{name} {memory.format_bytes(size)}" for name, size in sizes.items())
+                + f"; arguments + outputs - aliased + temporaries = {memory.format_bytes(peak)}",
+                flush=True)
+    return results
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    config_flags.DEFINE_config_file("config", None, "Config file with get_config().",
+                                    lock_config=True)
+    flags.DEFINE_integer("num_devices", 32, "Fake CPU devices to compile for (the mesh must "
+                         "cover them exactly).")
+    flags.DEFINE_list("phases", [], "Phases to compile (short, long); default: all.")
+    flags.mark_flags_as_required(["config"])
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", FLAGS.num_devices)
+    try:
+        compile_train_step(FLAGS.config, jax.devices()[:FLAGS.num_devices], FLAGS.phases)
+    except Exception as e:  # sharding and shape errors from JAX/XLA included: one clear line
+        print(f"error: compiling the train step for mesh {FLAGS.config.mesh.to_dict()} on "
+              f"{FLAGS.num_devices} devices failed: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
