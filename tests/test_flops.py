@@ -1,8 +1,15 @@
 """Model FLOPs (the issue's formula, checked against hand computations) and the peak table."""
+import os
+import runpy
+
 import pytest
 
-from bertjax import flops
+from bertjax import flops, train
+from bertjax.data import pipeline
 from bertjax.model import BertConfig
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+base_config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "base.py"))["get_config"]
 
 
 def test_train_flops_tiny_by_hand():
@@ -36,3 +43,19 @@ def test_peak_table(kind, peak):
 def test_mfu():
     assert flops.mfu(0.5 * 4 * 989e12, 4, 989.0) == pytest.approx(0.5)
     assert flops.mfu(1e12, 1, None) is None
+
+
+def test_training_progress_logs_model_flops(capsys):
+    config = base_config()
+    config.train.log_every, config.train.total_steps = 1, 10
+    progress = train.Progress(config, None, 0, None)
+    phase = pipeline.phases_from_config(config)[0]
+    metrics = {"nonfinite": 0.0, "grad_norm": 1.0, "mlm_loss_sum": 1.0, "mlm_correct_sum": 0.0,
+               "mlm_weight_sum": 1.0, "nsp_loss_sum": 1.0, "nsp_correct_sum": 0.0, "nsp_count": 1.0}
+    progress.add(1, metrics, tokens=256 * 128)
+    means = progress.report(1, phase)
+    per_token = flops.train_flops_per_sequence(BertConfig(), 128, 20) / 128
+    assert means["model_tflops_per_second"] == pytest.approx(
+        means["tokens_per_second"] * per_token / 1e12)
+    assert "mfu" not in means  # CPU: no peak in the table
+    assert "TFLOP/s" in capsys.readouterr().out
