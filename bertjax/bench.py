@@ -136,7 +136,7 @@ def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, co
         opt = config.optimizer
         trainers["hf"] = bench_hf.HFTrainer(bertjax.model_config, host_batch,
                                             opt.peak_learning_rate, opt.weight_decay_rate,
-                                            opt.clip_global_norm)
+                                            opt.eps, opt.clip_global_norm)
         trainers["hf"].step()  # warm-up
     times = _time_rounds(trainers, rounds, steps_per_round)
 

@@ -51,11 +51,11 @@ class HFTrainer:
     """One fp32 training step of `BertForPreTraining` per `step()` call."""
 
     def __init__(self, config: BertConfig, batch: dict[str, np.ndarray], learning_rate: float,
-                 weight_decay: float, clip_global_norm: float):
+                 weight_decay: float, eps: float, clip_global_norm: float):
         torch.manual_seed(0)
         self.model = transformers.BertForPreTraining(hf_config(config)).train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate,
-                                           weight_decay=weight_decay, eps=1e-6)
+                                           weight_decay=weight_decay, eps=eps)
         self.clip = clip_global_norm
         self.inputs = torch_batch(batch, config.vocab_size)
 
