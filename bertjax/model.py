@@ -45,6 +45,8 @@ REMAT_POLICIES = {
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
 
+ATTENTION_IMPLS = ("einsum", "xla", "cudnn")
+
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
@@ -66,6 +68,10 @@ class BertConfig:
     param_dtype: str = "float32"
     scan_layers: bool = False  # nn.scan over layers: faster compiles, stacked [layers, ...] params
     remat_policy: str = "none"  # one of REMAT_POLICIES
+    # "einsum": explicit softmax(QK^T)V with attention dropout (the original); "xla" / "cudnn":
+    # jax.nn.dot_product_attention (cuDNN's fused kernel on GPU), which has no attention
+    # dropout, so training with it needs attention_probs_dropout_prob=0.
+    attention_impl: str = "einsum"
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
@@ -74,6 +80,9 @@ class BertConfig:
                 f"num_attention_heads={self.num_attention_heads}")
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act={self.hidden_act!r}; choose one of {sorted(ACTIVATIONS)}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl={self.attention_impl!r}; choose one of "
+                             f"{list(ATTENTION_IMPLS)}")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(
                 f"remat_policy={self.remat_policy!r}; choose one of {sorted(REMAT_POLICIES)}")
@@ -180,6 +189,15 @@ class BertSelfAttention(nn.Module):
             return y_BxLxH.reshape(batch, length, cfg.num_attention_heads, cfg.head_size)
 
         q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = project("query"), project("key"), project("value")
+        if cfg.attention_impl != "einsum":
+            if not deterministic and cfg.attention_probs_dropout_prob > 0:
+                raise ValueError(
+                    f"attention_impl={cfg.attention_impl!r} has no attention dropout; train with "
+                    "attention_probs_dropout_prob=0 or attention_impl='einsum'")
+            context_BxLxNxD = jax.nn.dot_product_attention(
+                q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, bias=mask_bias_Bx1x1xL.astype(q_BxLxNxD.dtype),
+                implementation=cfg.attention_impl)
+            return context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
         scores_BxNxLxL = jnp.einsum("bqnd,bknd->bnqk", q_BxLxNxD, k_BxLxNxD,
                                     preferred_element_type=jnp.float32)
         scores_BxNxLxL = scores_BxNxLxL / jnp.sqrt(jnp.float32(cfg.head_size))

@@ -24,7 +24,8 @@ from jax.experimental import multihost_utils
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter
 
-from bertjax import checkpoint, convert, distributed, memory, objectives, optim, sharding, steps
+from bertjax import (checkpoint, convert, distributed, flops, memory, objectives, optim,
+                     sharding, steps)
 from bertjax.data import pipeline
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import count_params, create_train_state, pretraining_example_inputs
@@ -91,6 +92,8 @@ class Progress:
         self.tokens = 0
         self.window_start, self.window_start_step = time.time(), start_step
         self.nonfinite_in_a_row = 0
+        self.model_config = BertConfig.from_dict(config.model.to_dict())
+        self.peak_tflops = flops.peak_tflops(jax.devices()[0].device_kind)
 
     def add(self, step: int, metrics: dict[str, Any], tokens: int) -> None:
         """Adds one step's metrics (already on the host); stops on repeated non-finite steps."""
@@ -119,12 +122,22 @@ class Progress:
         means["grad_norm"] = self.sums["grad_norm"] / self.sums["steps"]
         means["learning_rate"] = optim.learning_rate_at(optimizer_config(self.config), step - 1)
         means["tokens_per_second"] = self.tokens / max(now - self.window_start, 1e-9)
+        flops_per_token = flops.train_flops_per_sequence(
+            self.model_config, phase.max_seq_length, phase.max_predictions_per_seq,
+        ) / phase.max_seq_length
+        means["model_tflops_per_second"] = means["tokens_per_second"] * flops_per_token / 1e12
+        mfu = flops.mfu(means["model_tflops_per_second"] * 1e12, jax.device_count(),
+                        self.peak_tflops)
+        if mfu is not None:
+            means["mfu"] = mfu
         eta = seconds_per_step * (self.config.train.total_steps - step)
         _chief_print(f"step {step}/{self.config.train.total_steps} "
                      f"[{phase.name} L={phase.max_seq_length}] "
                      f"loss {means['loss']:.4f} mlm_acc {means['mlm_accuracy']:.4f} "
                      f"nsp_acc {means['nsp_accuracy']:.4f} lr {means['learning_rate']:.3e} "
-                     f"tok/s {means['tokens_per_second']:,.0f} eta {_duration(eta)}")
+                     f"tok/s {means['tokens_per_second']:,.0f} "
+                     f"TFLOP/s {means['model_tflops_per_second']:.3g} "
+                     + (f"MFU {mfu:.1%} " if mfu is not None else "") + f"eta {_duration(eta)}")
         if self.writer:
             for key, value in means.items():
                 self.writer.add_scalar(f"train/{key}", value, step)

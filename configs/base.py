@@ -30,6 +30,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"  # parameter and optimizer-state dtype
     c.model.scan_layers = False  # nn.scan over layers (faster compile; stacked params)
     c.model.remat_policy = "none"  # "none" | "full" | "dots" | "dots_no_batch"
+    c.model.attention_impl = "einsum"  # "einsum" (with attention dropout) | "xla" | "cudnn"
+    # (jax.nn.dot_product_attention, fused on GPU; needs attention_probs_dropout_prob=0 to train)
 
     c.data = ml_collections.ConfigDict()
     c.data.source = "text"  # "default" (embedded stdlib corpus) | "text" | "tfds"

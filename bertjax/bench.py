@@ -1,0 +1,223 @@
+"""`python -m bertjax.bench --config=configs/base.py`: how fast the pretraining step runs.
+
+Compiles the jitted train step of the config (random parameters, a synthetic batch of the
+first phase's shape: train.global_batch_size x data.max_seq_length, data.max_predictions_per_seq
+masked positions) and prints compile time, median step time, sequences/s and tokens/s (global
+and per chip), model FLOPs per step (`bertjax.flops`), MFU against the device's bf16 peak
+(`--peak_tflops` overrides; CPUs have none) and peak device memory where reported.
+
+`--compare=hf` also trains Hugging Face `BertForPreTraining` (PyTorch, CPU) on the same config
+and batch, alternating rounds of steps with bertjax in this process, and prints the
+throughput ratio. `--out=benchmarks/NAME.json` records everything with the command, versions
+and machine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags
+
+from bertjax import flops, optim, sharding, steps
+from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.state import count_params, create_train_state
+from bertjax.train import optimizer_config
+
+FLAGS = flags.FLAGS
+
+
+def synthetic_batch(batch: int, length: int, predictions: int, vocab: int,
+                    seed: int = 0) -> dict[str, np.ndarray]:
+    """Full-length sequence pairs with `predictions` distinct masked positions per row."""
+    rng = np.random.default_rng(seed)
+    candidates = np.tile(np.arange(1, length), (batch, 1))
+    return {
+        "input_ids": rng.integers(5, vocab, (batch, length)).astype(np.int32),
+        "input_mask": np.ones((batch, length), np.int32),
+        "segment_ids": (np.arange(length) >= length // 2).astype(np.int32)[None].repeat(batch, 0),
+        "masked_lm_positions": np.sort(rng.permuted(candidates, axis=1)[:, :predictions],
+                                       axis=1).astype(np.int32),
+        "masked_lm_ids": rng.integers(5, vocab, (batch, predictions)).astype(np.int32),
+        "masked_lm_weights": np.ones((batch, predictions), np.float32),
+        "next_sentence_labels": rng.integers(0, 2, (batch,)).astype(np.int32),
+    }
+
+
+class BertjaxTrainer:
+    """The jitted, donated, sharded train step of `bertjax.train` on one fixed batch."""
+
+    def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]):
+        self.model_config = BertConfig.from_dict(config.model.to_dict())
+        self.mesh = sharding.make_mesh(config.mesh.to_dict())
+        model = BertForPreTraining(self.model_config)
+        tx = optim.make_optimizer(optimizer_config(config))
+        example = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
+        self.state, _, shardings = create_train_state(model, tx, jax.random.PRNGKey(0), example,
+                                                      self.mesh)
+        self.num_params = count_params(self.state.params)
+        self._step = steps.jit_train_step(
+            steps.make_train_step(model, tx, config.train.grad_accum_steps), shardings, self.mesh)
+        with sharding.activate(self.mesh):
+            self.batch = sharding.global_batch_from_host(batch, self.mesh)
+
+    def step(self) -> float:
+        """Runs one step to completion; returns its wall-clock seconds."""
+        start = time.perf_counter()
+        with sharding.activate(self.mesh):
+            self.state, metrics = self._step(self.state, self.batch)
+        jax.block_until_ready(metrics)
+        return time.perf_counter() - start
+
+
+def _time_rounds(trainers: dict[str, Any], rounds: int, steps_per_round: int,
+                 ) -> dict[str, list[float]]:
+    """Alternates `steps_per_round` steps of each trainer, `rounds` times."""
+    times: dict[str, list[float]] = {name: [] for name in trainers}
+    for _ in range(rounds):
+        for name, trainer in trainers.items():
+            times[name].extend(trainer.step() for _ in range(steps_per_round))
+    return times
+
+
+def peak_memory_bytes() -> int | None:
+    """The backend's peak bytes in use on device 0 (None where it reports none, e.g. CPU)."""
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    return {"cpu": cpu, "cpu_cores": os.cpu_count(), "load_average": os.getloadavg(),
+            "device_kind": jax.devices()[0].device_kind, "devices": jax.device_count(),
+            "platform": jax.default_backend(), "hostname": platform.node()}
+
+
+def versions() -> dict[str, str]:
+    packages = ("jax", "jaxlib", "flax", "optax", "numpy")
+    return {"python": platform.python_version(),
+            **{name: importlib.metadata.version(name) for name in packages}}
+
+
+def throughput(step_seconds: float, batch: int, length: int, chips: int) -> dict[str, float]:
+    return {"step_ms": step_seconds * 1e3, "sequences_per_second": batch / step_seconds,
+            "tokens_per_second": batch * length / step_seconds,
+            "sequences_per_second_per_chip": batch / step_seconds / chips,
+            "tokens_per_second_per_chip": batch * length / step_seconds / chips}
+
+
+def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, compare: str,
+        peak_tflops: float, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Benchmarks the config's train step (and the reference); returns the result record."""
+    batch_size, length = config.train.global_batch_size, config.data.max_seq_length
+    predictions = config.data.max_predictions_per_seq
+    host_batch = synthetic_batch(batch_size, length, predictions, config.model.vocab_size)
+    load_before = os.getloadavg()
+    bertjax = BertjaxTrainer(config, host_batch)
+    compile_seconds = bertjax.step()  # compile + first step
+    bertjax.step()  # warm-up
+    trainers: dict[str, Any] = {"bertjax": bertjax}
+    if compare == "hf":
+        from bertjax import bench_hf  # torch is imported only here
+        opt = config.optimizer
+        trainers["hf"] = bench_hf.HFTrainer(bertjax.model_config, host_batch,
+                                            opt.peak_learning_rate, opt.weight_decay_rate,
+                                            opt.eps, opt.clip_global_norm)
+        trainers["hf"].step()  # warm-up
+    times = _time_rounds(trainers, rounds, steps_per_round)
+
+    chips = jax.device_count()
+    device_kind = jax.devices()[0].device_kind
+    peak = peak_tflops or flops.peak_tflops(device_kind)
+    step_flops = flops.train_flops_per_sequence(bertjax.model_config, length, predictions) \
+        * batch_size
+    median = statistics.median(times["bertjax"])
+    result: dict[str, Any] = {
+        "command": " ".join([os.path.basename(sys.executable), "-m", "bertjax.bench",
+                             *sys.argv[1:]]),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": versions(), "machine": machine(),
+        "load_average_before": load_before,
+        "config": {"model": config.model.to_dict(), "batch": batch_size, "length": length,
+                   "predictions": predictions, "grad_accum_steps": config.train.grad_accum_steps,
+                   "mesh": dict(bertjax.mesh.shape)},
+        "num_params": bertjax.num_params, "rounds": rounds, "steps_per_round": steps_per_round,
+        "compile_and_first_step_s": compile_seconds,
+        "model_flops_per_step": step_flops,
+        "model_tflops_per_second": step_flops / median / 1e12,
+        "peak_tflops_per_chip": peak,
+        "mfu": flops.mfu(step_flops / median, chips, peak),
+        "peak_memory_bytes": peak_memory_bytes(),
+        "bertjax": {**throughput(median, batch_size, length, chips), "step_times_s": times["bertjax"]},
+    }
+    if "hf" in trainers:
+        hf_median = statistics.median(times["hf"])
+        result["hf"] = {**throughput(hf_median, batch_size, length, 1),
+                        "step_times_s": times["hf"], **trainers["hf"].describe()}
+        result["speedup_vs_hf"] = hf_median / median
+    _print_summary(result, log)
+    return result
+
+
+def _print_summary(r: dict[str, Any], log: Callable[[str], None]) -> None:
+    m, c, b = r["machine"], r["config"], r["bertjax"]
+    log(f"{m['device_kind']} x{m['devices']} ({m['cpu']}, {m['cpu_cores']} cores, load "
+        f"{m['load_average'][0]:.2f}); {r['num_params']:,} params, dtype {c['model']['dtype']}; "
+        f"batch {c['batch']} x {c['length']} tokens, {c['predictions']} predictions")
+    log(f"compile + first step {r['compile_and_first_step_s']:.1f} s; step {b['step_ms']:.1f} ms "
+        f"(median of {len(b['step_times_s'])}); {b['sequences_per_second']:,.1f} seq/s, "
+        f"{b['tokens_per_second']:,.0f} tokens/s ({b['sequences_per_second_per_chip']:,.1f} seq/s, "
+        f"{b['tokens_per_second_per_chip']:,.0f} tokens/s per chip)")
+    mfu = f"MFU {r['mfu']:.1%}" if r["mfu"] is not None else "MFU n/a (no peak for this " \
+        "device; pass --peak_tflops)"
+    memory = r["peak_memory_bytes"]
+    log(f"model {r['model_flops_per_step'] / 1e9:,.2f} GFLOP/step, "
+        f"{r['model_tflops_per_second'] * 1e3:,.1f} GFLOP/s; {mfu}; peak memory "
+        + (f"{memory / 2**30:.2f} GiB" if memory else "not reported by this backend"))
+    if "hf" in r:
+        h = r["hf"]
+        log(f"hf BertForPreTraining (torch {h['torch']}, {h['torch_threads']} threads): step "
+            f"{h['step_ms']:.1f} ms (median of {len(h['step_times_s'])}), "
+            f"{h['sequences_per_second']:,.1f} seq/s; bertjax / hf throughput "
+            f"{r['speedup_vs_hf']:.2f}x")
+
+
+def define_flags() -> None:
+    from ml_collections import config_flags
+    config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/base.py.",
+                                    lock_config=True)
+    flags.DEFINE_integer("steps", 5, "Timed steps per round, after compile and one warm-up.")
+    flags.DEFINE_integer("rounds", 3, "Rounds; with --compare each round runs both in turn.")
+    flags.DEFINE_enum("compare", "", ["", "hf"], "Also time a reference implementation.")
+    flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s per chip for MFU (default: the table).")
+    flags.DEFINE_string("out", "", "Write the result record as JSON here.")
+    flags.mark_flags_as_required(["config"])
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    result = run(FLAGS.config, FLAGS.steps, FLAGS.rounds, FLAGS.compare, FLAGS.peak_tflops)
+    if FLAGS.out:
+        os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
+        with open(FLAGS.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {FLAGS.out}")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -1,0 +1,46 @@
+"""`python -m bertjax.bench` end to end: a tiny config, a few steps, the HF comparison."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bertjax import flops
+from bertjax.model import BertConfig
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--config=configs/tiny.py", "--config.model.vocab_size=512", "--config.model.hidden_size=32",
+        "--config.model.intermediate_size=64", "--config.train.global_batch_size=8",
+        "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5"]
+
+
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    # Two fake CPU devices: per-chip rates are checked without an 8-device compile.
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT,
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    return subprocess.run([sys.executable, "-m", "bertjax.bench", *TINY, *args], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_bench_with_hf_comparison(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "bench.json"
+    result = run_bench("--steps=1", "--rounds=2", "--compare=hf", "--peak_tflops=0.5",
+                       f"--out={out}")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    config = BertConfig(vocab_size=512, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64)
+    assert record["model_flops_per_step"] == 8 * flops.train_flops_per_sequence(config, 32, 5)
+    assert record["machine"]["devices"] == 2 and record["config"]["batch"] == 8
+    bertjax, hf = record["bertjax"], record["hf"]
+    assert len(bertjax["step_times_s"]) == len(hf["step_times_s"]) == 2
+    assert bertjax["tokens_per_second"] == pytest.approx(8 * 32 / (bertjax["step_ms"] / 1e3))
+    assert bertjax["tokens_per_second_per_chip"] == pytest.approx(bertjax["tokens_per_second"] / 2)
+    assert record["speedup_vs_hf"] == pytest.approx(hf["step_ms"] / bertjax["step_ms"])
+    assert record["mfu"] == pytest.approx(
+        record["model_tflops_per_second"] / (2 * 0.5))
+    assert "bertjax / hf throughput" in result.stdout and "MFU" in result.stdout
+    assert record["command"].endswith(f"--out={out}")
+
