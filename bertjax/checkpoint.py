@@ -116,3 +116,14 @@ def restore_params(directory: str, abstract_params: Any) -> Any:
                     lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), {"params": abstract_params}),
                 partial_restore=True))
         return item["params"]
+
+
+def read_meta(directory: str) -> tuple[int, dict]:
+    """`(step, meta)` of the latest finished checkpoint in `directory` (what a run recorded
+    about its model, tokenizer and config)."""
+    with ocp.CheckpointManager(_absolute(directory), item_names=("state", "data", "meta")) as manager:
+        step = manager.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no finished checkpoint in {directory!r}")
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        return step, meta
