@@ -288,9 +288,6 @@ def convert_examples_to_features(
     examples_without_features (empty documents), and when training out_of_window_features
     (answer not fully inside, target [CLS]) and impossible_features.
     """
-    if max_seq_length < max_query_length + 4:
-        raise ValueError(f"max_seq_length {max_seq_length} leaves no room for the document after a "
-                         f"{max_query_length}-token query and 3 special tokens; raise it or lower max_query_length")
     tokenize_word = functools.cache(tokenizer.tokenize)  # Contexts repeat across questions.
     counts = dict.fromkeys(
         ("truncated_queries", "multi_window_examples", "examples_without_features", "out_of_window_features", "impossible_features"), 0
@@ -302,12 +299,16 @@ def convert_examples_to_features(
         if len(query) > max_query_length:
             counts["truncated_queries"] += 1
             query = query[:max_query_length]
+        max_tokens_for_doc = max_seq_length - len(query) - 3
+        if max_tokens_for_doc < 1:
+            raise ValueError(f"max_seq_length {max_seq_length} leaves no room for the document of question "
+                             f"{example.qas_id!r} after its {len(query)}-token query; raise it or lower max_query_length")
         doc, token_to_word, word_to_token = _subword_document(example.doc_tokens, tokenize_word)
         answer = None
         if is_training and not example.is_impossible:
             last = word_to_token[example.end_position + 1] - 1 if example.end_position + 1 < len(word_to_token) else len(doc) - 1
             answer = _improve_answer_span(doc, word_to_token[example.start_position], last, tokenizer.tokenize, example.orig_answer_text)
-        spans = _doc_spans(len(doc), max_seq_length - len(query) - 3, doc_stride)
+        spans = _doc_spans(len(doc), max_tokens_for_doc, doc_stride)
         counts["multi_window_examples"] += len(spans) > 1
         counts["examples_without_features"] += not spans
         best_span = _max_context_span(spans, len(doc))
