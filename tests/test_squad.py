@@ -1,4 +1,5 @@
 """Tests for bertjax.tasks.squad: reading, features, post-processing; real-data round trip when present."""
+
 import json
 import os
 
@@ -17,7 +18,25 @@ DEV_V11 = os.path.join(SHARED, "squad", "dev-v1.1.json")
 UNCASED_VOCAB = os.path.join(SHARED, "bert-base-uncased", "vocab.txt")
 
 LETTERS = list("abcdefghijklmn")
-WORDS = ["s", "the", "cat", "sat", "on", "mat", "steve", "smith", "##s", "who", "was", "he", "born", "in", "1895", "1943", "cafe"]
+WORDS = [
+    "s",
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "steve",
+    "smith",
+    "##s",
+    "who",
+    "was",
+    "he",
+    "born",
+    "in",
+    "1895",
+    "1943",
+    "cafe",
+]
 PUNCT = list(".,()-'")
 
 
@@ -33,7 +52,12 @@ def _squad_json(qas, context):
 
 
 def _qa(qid, answers, **extra):
-    return {"id": qid, "question": "who?", "answers": [{"text": t, "answer_start": s} for t, s in answers], **extra}
+    return {
+        "id": qid,
+        "question": "who?",
+        "answers": [{"text": t, "answer_start": s} for t, s in answers],
+        **extra,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -67,18 +91,29 @@ def test_read_json_training_locates_answers_and_counts_skips(tmp_path):
     assert several.answers == ["1895", "1943"]  # All golds are kept for evaluation.
 
     examples, skipped = squad.read_squad(str(path), is_training=False, version_2_with_negative=False)
-    assert skipped == {} and [e.qas_id for e in examples] == ["ok", "several", "wrong_offset", "outside", "none"]
+    assert skipped == {} and [e.qas_id for e in examples] == [
+        "ok",
+        "several",
+        "wrong_offset",
+        "outside",
+        "none",
+    ]
     assert all(e.start_position == e.end_position == -1 for e in examples)
 
 
 def test_read_json_v2_keeps_unanswerable_questions(tmp_path):
-    qas = [_qa("no", [], is_impossible=True, plausible_answers=[{"text": "cat", "answer_start": 4}]),
-           _qa("yes", [("cat", 4)], is_impossible=False)]
+    qas = [
+        _qa("no", [], is_impossible=True, plausible_answers=[{"text": "cat", "answer_start": 4}]),
+        _qa("yes", [("cat", 4)], is_impossible=False),
+    ]
     path = tmp_path / "train-v2.json"
     path.write_text(json.dumps(_squad_json(qas, CONTEXT)))
     examples, skipped = squad.read_squad(str(path), is_training=True, version_2_with_negative=True)
     assert skipped == {}
-    assert [(e.is_impossible, e.start_position, e.orig_answer_text) for e in examples] == [(True, -1, ""), (False, 1, "cat")]
+    assert [(e.is_impossible, e.start_position, e.orig_answer_text) for e in examples] == [
+        (True, -1, ""),
+        (False, 1, "cat"),
+    ]
     # Read as v1.1, the unanswerable training question has no answer to learn from.
     _, skipped = squad.read_squad(str(path), is_training=True, version_2_with_negative=False)
     assert skipped == {"no_answer": 1}
@@ -120,17 +155,22 @@ class BertjaxTinySquad(squad_dataset_builder.Builder):
 
 
 def test_read_tfds_v1_and_v2(tmp_path):
-    qas = [_qa("yes", [("Steve Smith's", CONTEXT.index("Steve"))], is_impossible=False),
-           _qa("no", [], is_impossible=True, plausible_answers=[])]
+    qas = [
+        _qa("yes", [("Steve Smith's", CONTEXT.index("Steve"))], is_impossible=False),
+        _qa("no", [], is_impossible=True, plausible_answers=[]),
+    ]
     for name in ("train.json", "dev.json"):
         (tmp_path / name).write_text(json.dumps(_squad_json(qas, CONTEXT)))
     data_dir = str(tmp_path / "tfds")
     for config in ("v1.1", "v2.0"):
         builder = BertjaxTinySquad(config=config, data_dir=data_dir)
-        builder.download_and_prepare(file_format="array_record",
-                                     download_config=tfds.download.DownloadConfig(manual_dir=str(tmp_path)))
+        builder.download_and_prepare(
+            file_format="array_record", download_config=tfds.download.DownloadConfig(manual_dir=str(tmp_path))
+        )
 
-    examples, skipped = squad.read_squad("tfds:bertjax_tiny_squad/v2.0:validation", False, True, data_dir=data_dir)
+    examples, skipped = squad.read_squad(
+        "tfds:bertjax_tiny_squad/v2.0:validation", False, True, data_dir=data_dir
+    )
     by_id = {e.qas_id: e for e in examples}
     assert skipped == {} and set(by_id) == {"yes", "no"}
     assert by_id["no"].is_impossible and by_id["no"].answers == []
@@ -158,7 +198,9 @@ def _letters_example(qas_id="e", start=-1, end=-1, is_impossible=False):
 
 
 def _window_features(tokenizer, examples, is_training=False):
-    return squad.convert_examples_to_features(examples, tokenizer, max_seq_length=12, doc_stride=3, is_training=is_training)
+    return squad.convert_examples_to_features(
+        examples, tokenizer, max_seq_length=12, doc_stride=3, is_training=is_training
+    )
 
 
 def test_windows_maps_and_max_context(tokenizer):
@@ -170,14 +212,20 @@ def test_windows_maps_and_max_context(tokenizer):
         assert features.tokens[window] == ["[CLS]", "who", "[SEP]", *words, "[SEP]"]
         assert features.input_ids[window].tolist() == tokenizer.convert_tokens_to_ids(features.tokens[window])
         assert features.token_to_orig_map[window] == {3 + i: first + i for i in range(8)}
-        assert features.token_is_max_context[window] == {3 + i: BEST_WINDOW[first + i] == window for i in range(8)}
+        assert features.token_is_max_context[window] == {
+            3 + i: BEST_WINDOW[first + i] == window for i in range(8)
+        }
     assert features.segment_ids.tolist() == [[0] * 3 + [1] * 9] * 3
     assert features.input_mask.tolist() == [[1] * 12] * 3
     assert features.start_positions.tolist() == features.end_positions.tolist() == [0, 0, 0]
 
 
 def test_training_targets_in_window_out_of_window_and_impossible(tokenizer):
-    examples = [_letters_example("gh", 6, 7), _letters_example("bc", 1, 2), _letters_example("none", is_impossible=True)]
+    examples = [
+        _letters_example("gh", 6, 7),
+        _letters_example("bc", 1, 2),
+        _letters_example("none", is_impossible=True),
+    ]
     features, counts = _window_features(tokenizer, examples, is_training=True)
     # "g h" (words 6-7) lies in all three windows; "b c" only in the first.
     assert features.start_positions.tolist() == [9, 6, 3, 4, 0, 0, 0, 0, 0]
@@ -189,7 +237,8 @@ def test_subwords_improved_answer_span_padding_and_query_truncation(tokenizer):
     words = "Steve Smith's cats (1895-1943).".split()
     example = SquadExample("q", "who was he", words, "1895", 3, 3)
     features, counts = squad.convert_examples_to_features(
-        [example], tokenizer, max_seq_length=20, max_query_length=2, is_training=True)
+        [example], tokenizer, max_seq_length=20, max_query_length=2, is_training=True
+    )
     assert counts["truncated_queries"] == 1
     doc = ["steve", "smith", "'", "s", "cat", "##s", "(", "1895", "-", "1943", ")", "."]
     assert features.tokens[0] == ["[CLS]", "who", "was", "[SEP]", *doc, "[SEP]"]
@@ -201,7 +250,9 @@ def test_subwords_improved_answer_span_padding_and_query_truncation(tokenizer):
     assert features.input_ids[0, 17:].tolist() == [0, 0, 0] and features.input_ids.dtype == np.int32
 
 
-def test_features_reject_a_length_without_room_for_the_document(tokenizer):
+def test_features_reject_bad_inputs(tokenizer):
+    with pytest.raises(ValueError, match="'e' has no answer word span .* is_training=True"):
+        squad.convert_examples_to_features([_letters_example()], tokenizer, is_training=True)
     example = SquadExample("long", "who was he", list(LETTERS))
     with pytest.raises(ValueError, match="max_seq_length 6 .* question 'long' after its 3-token query"):
         squad.convert_examples_to_features([example], tokenizer, max_seq_length=6)
@@ -244,8 +295,12 @@ def test_postprocess_v1_picks_best_valid_span(tokenizer):
     predictions, nbest, null_odds = squad.postprocess([example], features, start, end, max_answer_length=3)
     assert predictions == {"e": "g h"} and null_odds == {}
     entries = nbest["e"]
-    assert entries[0] == pytest.approx({"text": "g h", "probability": entries[0]["probability"], "start_logit": 5.0, "end_logit": 4.0})
-    assert entries[1] == pytest.approx({"text": "j k", "probability": entries[1]["probability"], "start_logit": 8.0, "end_logit": 0.5})
+    assert entries[0] == pytest.approx(
+        {"text": "g h", "probability": entries[0]["probability"], "start_logit": 5.0, "end_logit": 4.0}
+    )
+    assert entries[1] == pytest.approx(
+        {"text": "j k", "probability": entries[1]["probability"], "start_logit": 8.0, "end_logit": 0.5}
+    )
     assert len(entries) == 20 and len({e["text"] for e in entries}) == 20
     scores = np.array([e["start_logit"] + e["end_logit"] for e in entries])
     assert np.all(np.diff(scores) <= 0)
@@ -272,11 +327,18 @@ def test_postprocess_v2_null_score_and_threshold(tokenizer):
     predictions, nbest, null_odds = squad.postprocess([example], features, start, end, **kwargs)
     assert null_odds == {"e": pytest.approx(1.0 - 9.0)} and predictions == {"e": "g h"}
     null_entries = [e for e in nbest["e"] if e["text"] == ""]
-    assert len(null_entries) == 1 and (null_entries[0]["start_logit"], null_entries[0]["end_logit"]) == (0.5, 0.5)
-    predictions, _, _ = squad.postprocess([example], features, start, end, null_score_diff_threshold=-8.5, **kwargs)
+    assert len(null_entries) == 1 and (null_entries[0]["start_logit"], null_entries[0]["end_logit"]) == (
+        0.5,
+        0.5,
+    )
+    predictions, _, _ = squad.postprocess(
+        [example], features, start, end, null_score_diff_threshold=-8.5, **kwargs
+    )
     assert predictions == {"e": ""}
     # With n_best_size 1 each window's top start and top end make no valid span: no answer, certainly.
-    predictions, nbest, null_odds = squad.postprocess([example], features, start, end, n_best_size=1, **kwargs)
+    predictions, nbest, null_odds = squad.postprocess(
+        [example], features, start, end, n_best_size=1, **kwargs
+    )
     assert predictions == {"e": ""} and null_odds == {"e": squad.NO_SPAN_NULL_ODDS}
     assert [e["text"] for e in nbest["e"]] == [""]
 
@@ -286,10 +348,16 @@ def test_write_predictions(tmp_path, tokenizer):
     features, _ = _window_features(tokenizer, [example])
     start, end = _crafted_logits(features)
     for v2 in (False, True):
-        predictions, nbest, null_odds = squad.postprocess([example], features, start, end, version_2_with_negative=v2)
+        predictions, nbest, null_odds = squad.postprocess(
+            [example], features, start, end, version_2_with_negative=v2
+        )
         directory = tmp_path / f"v2_{v2}"
         squad.write_predictions(str(directory), predictions, nbest, null_odds)
-        names = ["nbest_predictions.json", "null_odds.json", "predictions.json"] if v2 else ["nbest_predictions.json", "predictions.json"]
+        names = (
+            ["nbest_predictions.json", "null_odds.json", "predictions.json"]
+            if v2
+            else ["nbest_predictions.json", "predictions.json"]
+        )
         assert sorted(os.listdir(directory)) == names
         assert json.loads((directory / "predictions.json").read_text()) == predictions
         assert json.loads((directory / "nbest_predictions.json").read_text()) == nbest
@@ -308,21 +376,27 @@ def _peaked_round_trip(examples, features, **kwargs):
 
 
 def test_sentencepiece_round_trip(tmp_path):
-    sentences = ["The quick brown fox jumps over the lazy dog near the river bank.",
-                 "A lazy dog sleeps while the quick fox runs to the bank of the river."] * 20
+    sentences = [
+        "The quick brown fox jumps over the lazy dog near the river bank.",
+        "A lazy dog sleeps while the quick fox runs to the bank of the river.",
+    ] * 20
     model = tokenization.train_sentencepiece(sentences, str(tmp_path / "sp"), vocab_size=60)
     sp = tokenization.SentencePieceTokenizer(model)
     context = sentences[0]
     words = context.split()
     example = SquadExample("q", "Who sleeps?", words, "lazy dog", words.index("lazy"), words.index("dog"))
-    features, _ = squad.convert_examples_to_features([example], sp, max_seq_length=32, doc_stride=8, is_training=True)
+    features, _ = squad.convert_examples_to_features(
+        [example], sp, max_seq_length=32, doc_stride=8, is_training=True
+    )
     assert len(features) > 1 and any(t.startswith("\u2581") for t in features.tokens[0])
     predictions, _, _ = _peaked_round_trip([example], features, do_lower_case=False)
     assert predictions == {"q": "lazy dog"}
 
 
-@pytest.mark.skipif(not (os.path.exists(DEV_V11) and os.path.exists(UNCASED_VOCAB)),
-                    reason="needs ../shared/data/squad/dev-v1.1.json and bert-base-uncased/vocab.txt")
+@pytest.mark.skipif(
+    not (os.path.exists(DEV_V11) and os.path.exists(UNCASED_VOCAB)),
+    reason="needs ../shared/data/squad/dev-v1.1.json and bert-base-uncased/vocab.txt",
+)
 def test_real_dev_v11_gold_round_trip():
     """Gold answers -> feature positions -> peaked logits -> postprocess -> official EM >= 99.
 

@@ -1,4 +1,5 @@
 """Tests for bertjax.tasks.squad_eval against hand-computed official SQuAD v1.1/v2.0 scores."""
+
 import json
 import os
 import subprocess
@@ -54,15 +55,31 @@ def _dataset(qas):
     """An official-layout dataset with one paragraph holding `qas` = [(id, [gold texts])]."""
     return {
         "version": "test",
-        "data": [{"title": "t", "paragraphs": [{"context": "unused", "qas": [
-            {"id": qid, "question": "?", "answers": [{"text": g, "answer_start": 0} for g in golds]}
-            for qid, golds in qas
-        ]}]}],
+        "data": [
+            {
+                "title": "t",
+                "paragraphs": [
+                    {
+                        "context": "unused",
+                        "qas": [
+                            {
+                                "id": qid,
+                                "question": "?",
+                                "answers": [{"text": g, "answer_start": 0} for g in golds],
+                            }
+                            for qid, golds in qas
+                        ],
+                    }
+                ],
+            }
+        ],
     }
 
 
 def test_v1_evaluate_max_over_golds_and_missing_prediction():
-    dataset = _dataset([("q1", ["Denver Broncos", "the Broncos"]), ("q2", ["cat sat down", "dog"]), ("q3", ["x"])])
+    dataset = _dataset(
+        [("q1", ["Denver Broncos", "the Broncos"]), ("q2", ["cat sat down", "dog"]), ("q3", ["x"])]
+    )
     predictions = {"q1": "broncos", "q2": "the cat sat"}  # q3 missing: scores 0 but counts.
     result = squad_eval.evaluate(dataset, predictions)
     assert result == pytest.approx({"exact_match": 100 / 3, "f1": 100 * (1 + 0.8 + 0) / 3})
@@ -73,7 +90,10 @@ def test_evaluate_accepts_examples_path_and_data_list(tmp_path):
     predictions = {"q1": "Denver", "q2": "cat sat down"}
     path = tmp_path / "dev.json"
     path.write_text(json.dumps(dataset))
-    examples = [SquadExample("q1", "?", [], answers=["Denver Broncos"]), SquadExample("q2", "?", [], answers=["cat sat down"])]
+    examples = [
+        SquadExample("q1", "?", [], answers=["Denver Broncos"]),
+        SquadExample("q2", "?", [], answers=["cat sat down"]),
+    ]
     expected = {"exact_match": 50.0, "f1": 100 * (2 / 3 + 1) / 2}
     for source in (dataset, dataset["data"], str(path), examples):
         assert squad_eval.evaluate(source, predictions) == pytest.approx(expected)
@@ -89,15 +109,25 @@ V2_NA_PROBS = {"q1": 0.1, "q2": 0.6, "q3": 0.05, "q4": 0.9}
 
 def test_v2_scores_breakdown_and_threshold_search():
     result = squad_eval.evaluate(V2_DATASET, V2_PREDICTIONS, V2_NA_PROBS)  # na_prob_thresh 1.0: raw scores.
-    assert result == pytest.approx({
-        "exact": 50.0, "f1": 100 * 2.8 / 4, "total": 4,
-        "HasAns_exact": 50.0, "HasAns_f1": 90.0, "HasAns_total": 2,
-        "NoAns_exact": 50.0, "NoAns_f1": 50.0, "NoAns_total": 2,
-        # Start at 2 (all predicted unanswerable); in na order: q3 -1 -> 1, q1 +1 -> 2 (not better),
-        # q2 +0 / +0.8 -> 2 / 2.8, q4 +0. EM never beats 2 (threshold stays 0.0); F1 peaks at q2.
-        "best_exact": 50.0, "best_exact_thresh": 0.0,
-        "best_f1": 70.0, "best_f1_thresh": 0.6,
-    })
+    assert result == pytest.approx(
+        {
+            "exact": 50.0,
+            "f1": 100 * 2.8 / 4,
+            "total": 4,
+            "HasAns_exact": 50.0,
+            "HasAns_f1": 90.0,
+            "HasAns_total": 2,
+            "NoAns_exact": 50.0,
+            "NoAns_f1": 50.0,
+            "NoAns_total": 2,
+            # Start at 2 (all predicted unanswerable); in na order: q3 -1 -> 1, q1 +1 -> 2 (not better),
+            # q2 +0 / +0.8 -> 2 / 2.8, q4 +0. EM never beats 2 (threshold stays 0.0); F1 peaks at q2.
+            "best_exact": 50.0,
+            "best_exact_thresh": 0.0,
+            "best_f1": 70.0,
+            "best_f1_thresh": 0.6,
+        }
+    )
 
 
 def test_v2_no_answer_threshold_applies():
@@ -106,18 +136,30 @@ def test_v2_no_answer_threshold_applies():
     assert result["exact"] == 50.0 and result["f1"] == pytest.approx(50.0)
     # Above 0.0 everything is predicted unanswerable: right exactly for q3 and q4.
     result = squad_eval.evaluate(V2_DATASET, V2_PREDICTIONS, V2_NA_PROBS, na_prob_thresh=0.0)
-    assert result["exact"] == result["f1"] == 50.0 and result["HasAns_exact"] == 0.0 and result["NoAns_exact"] == 100.0
+    assert (
+        result["exact"] == result["f1"] == 50.0
+        and result["HasAns_exact"] == 0.0
+        and result["NoAns_exact"] == 100.0
+    )
 
 
 def test_v2_without_na_probs_and_with_missing_predictions():
     predictions = {k: v for k, v in V2_PREDICTIONS.items() if k != "q2"}
     result = squad_eval.evaluate(V2_DATASET, predictions)  # v2 detected from the unanswerable questions.
     assert "best_exact" not in result
-    assert result == pytest.approx({
-        "exact": 200 / 3, "f1": 200 / 3, "total": 3,  # The missing q2 is left out of every total.
-        "HasAns_exact": 100.0, "HasAns_f1": 100.0, "HasAns_total": 1,
-        "NoAns_exact": 50.0, "NoAns_f1": 50.0, "NoAns_total": 2,
-    })
+    assert result == pytest.approx(
+        {
+            "exact": 200 / 3,
+            "f1": 200 / 3,
+            "total": 3,  # The missing q2 is left out of every total.
+            "HasAns_exact": 100.0,
+            "HasAns_f1": 100.0,
+            "HasAns_total": 1,
+            "NoAns_exact": 50.0,
+            "NoAns_f1": 50.0,
+            "NoAns_total": 2,
+        }
+    )
 
 
 def test_v2_gold_answers_that_normalize_to_empty_mean_no_answer():
@@ -145,10 +187,22 @@ def test_cli_prints_official_dict(tmp_path):
     probs.write_text(json.dumps(V2_NA_PROBS))
     run = [sys.executable, "-m", "bertjax.tasks.squad_eval"]
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
-    out = subprocess.run([*run, str(data), str(preds), f"--na_prob_file={probs}"],
-                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*run, str(data), str(preds), f"--na_prob_file={probs}"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["best_f1"] == pytest.approx(70.0)
-    out = subprocess.run([*run, str(tmp_path / "absent.json"), str(preds)],
-                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*run, str(tmp_path / "absent.json"), str(preds)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1 and out.stderr.startswith("error:") and "absent.json" in out.stderr

@@ -21,6 +21,7 @@ skipped (the original raised IndexError); a v2.0 example without any valid span 
 null odds 1e6 (the original crashed). `read_squad` takes an optional `data_dir` for tfds.
 Plausible answers of v2.0 are not used, as in the original.
 """
+
 from __future__ import annotations
 
 import collections
@@ -29,7 +30,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -125,7 +126,9 @@ def _json_questions(path: str) -> Iterator[_Question]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not a valid JSON file ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-        raise ValueError(f'{path}: expected the official SQuAD layout, an object with a "data" list of articles')
+        raise ValueError(
+            f'{path}: expected the official SQuAD layout, an object with a "data" list of articles'
+        )
     for article_index, article in enumerate(data["data"]):
         for paragraph_index, paragraph in enumerate(article.get("paragraphs", [])):
             where = f"{path}: data[{article_index}].paragraphs[{paragraph_index}]"
@@ -133,7 +136,9 @@ def _json_questions(path: str) -> Iterator[_Question]:
                 context = paragraph["context"]
                 for qa in paragraph["qas"]:
                     answers = [(a["text"], int(a["answer_start"])) for a in qa.get("answers", [])]
-                    yield _Question(qa["id"], qa["question"], context, answers, bool(qa.get("is_impossible", False)))
+                    yield _Question(
+                        qa["id"], qa["question"], context, answers, bool(qa.get("is_impossible", False))
+                    )
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"{where}: malformed SQuAD entry, missing or bad field {e}") from None
 
@@ -151,7 +156,9 @@ def _tfds_questions(name: str, split: str, data_dir: str | None) -> Iterator[_Qu
         answers = record["answers"]
         pairs = [(_text(t), int(s)) for t, s in zip(answers["text"], answers["answer_start"])]
         is_impossible = bool(record.get("is_impossible", False))
-        yield _Question(_text(record["id"]), _text(record["question"]), _text(record["context"]), pairs, is_impossible)
+        yield _Question(
+            _text(record["id"]), _text(record["question"]), _text(record["context"]), pairs, is_impossible
+        )
 
 
 def _questions(source: str, data_dir: str | None) -> Iterator[_Question]:
@@ -193,8 +200,8 @@ def read_squad(
     skipped: dict[str, int] = collections.Counter()
     split_cache: dict[str, tuple[list[str], list[int]]] = {}
     for question in _questions(source, data_dir):
-        if question.context not in split_cache:
-            split_cache = {question.context: split_context(question.context)}  # Questions come grouped by context.
+        if question.context not in split_cache:  # Questions come grouped by context: keep the last.
+            split_cache = {question.context: split_context(question.context)}
         words, char_to_word = split_cache[question.context]
         example = SquadExample(
             qas_id=question.qas_id,
@@ -207,7 +214,9 @@ def read_squad(
             span = _training_span(question, words, char_to_word)
             if isinstance(span, str):
                 skipped[span] += 1
-                logging.warning("Skipping SQuAD question %s (%s): answer %r", question.qas_id, span, question.answers[:1])
+                logging.warning(
+                    "Skipping SQuAD question %s (%s): answer %r", question.qas_id, span, question.answers[:1]
+                )
                 continue
             example.orig_answer_text, example.start_position, example.end_position = span
         examples.append(example)
@@ -221,7 +230,7 @@ def read_squad(
 
 
 def _doc_spans(num_tokens: int, max_tokens_for_doc: int, doc_stride: int) -> list[tuple[int, int]]:
-    """(start, length) windows over the document tokens, `doc_stride` apart, the last one ending at the end."""
+    """(start, length) windows over the document tokens, `doc_stride` apart, the last reaching the end."""
     spans = []
     start = 0
     while start < num_tokens:
@@ -248,7 +257,7 @@ def _max_context_span(spans: Sequence[tuple[int, int]], num_tokens: int) -> np.n
 
 
 def _improve_answer_span(
-    doc_tokens: Sequence[str], start: int, end: int, tokenize: Any, answer_text: str
+    doc_tokens: Sequence[str], start: int, end: int, tokenize: Callable[[str], list[str]], answer_text: str
 ) -> tuple[int, int]:
     """The sub-span of [start, end] whose tokens equal the tokenized answer, if any.
 
@@ -263,7 +272,9 @@ def _improve_answer_span(
     return start, end
 
 
-def _subword_document(words: Sequence[str], tokenize_word: Any) -> tuple[list[str], list[int], list[int]]:
+def _subword_document(
+    words: Sequence[str], tokenize_word: Callable[[str], list[str]]
+) -> tuple[list[str], list[int], list[int]]:
     """Sub-tokens of all words, the word of every sub-token, and every word's first sub-token."""
     tokens, token_to_word, word_to_token = [], [], []
     for word_index, word in enumerate(words):
@@ -272,6 +283,16 @@ def _subword_document(words: Sequence[str], tokenize_word: Any) -> tuple[list[st
             token_to_word.append(word_index)
             tokens.append(piece)
     return tokens, token_to_word, word_to_token
+
+
+def _answer_tokens(
+    example: SquadExample, doc: Sequence[str], word_to_token: Sequence[int], tokenizer: Tokenizer
+) -> tuple[int, int]:
+    """First and last document token of a training answer: its words' tokens, then narrowed."""
+    start = word_to_token[example.start_position]
+    after = example.end_position + 1
+    end = word_to_token[after] - 1 if after < len(word_to_token) else len(doc) - 1
+    return _improve_answer_span(doc, start, end, tokenizer.tokenize, example.orig_answer_text)
 
 
 def convert_examples_to_features(
@@ -289,10 +310,8 @@ def convert_examples_to_features(
     (answer not fully inside, target [CLS]) and impossible_features.
     """
     tokenize_word = functools.cache(tokenizer.tokenize)  # Contexts repeat across questions.
-    counts = dict.fromkeys(
-        ("truncated_queries", "multi_window_examples", "examples_without_features", "out_of_window_features", "impossible_features"), 0
-    )
-    counts["examples"] = len(examples)
+    counts = {"examples": len(examples), "truncated_queries": 0, "multi_window_examples": 0}
+    counts.update(examples_without_features=0, out_of_window_features=0, impossible_features=0)
     rows: dict[str, list[Any]] = collections.defaultdict(list)
     for example_index, example in enumerate(examples):
         query = tokenizer.tokenize(example.question_text)
@@ -301,13 +320,19 @@ def convert_examples_to_features(
             query = query[:max_query_length]
         max_tokens_for_doc = max_seq_length - len(query) - 3
         if max_tokens_for_doc < 1:
-            raise ValueError(f"max_seq_length {max_seq_length} leaves no room for the document of question "
-                             f"{example.qas_id!r} after its {len(query)}-token query; raise it or lower max_query_length")
+            raise ValueError(
+                f"max_seq_length {max_seq_length} leaves no room for the document of question "
+                f"{example.qas_id!r} after its {len(query)}-token query; raise it or lower max_query_length"
+            )
         doc, token_to_word, word_to_token = _subword_document(example.doc_tokens, tokenize_word)
         answer = None
         if is_training and not example.is_impossible:
-            last = word_to_token[example.end_position + 1] - 1 if example.end_position + 1 < len(word_to_token) else len(doc) - 1
-            answer = _improve_answer_span(doc, word_to_token[example.start_position], last, tokenizer.tokenize, example.orig_answer_text)
+            if not 0 <= example.start_position <= example.end_position < len(example.doc_tokens):
+                raise ValueError(
+                    f"training example {example.qas_id!r} has no answer word span "
+                    f"({example.start_position}, {example.end_position}); read it with is_training=True"
+                )
+            answer = _answer_tokens(example, doc, word_to_token, tokenizer)
         spans = _doc_spans(len(doc), max_tokens_for_doc, doc_stride)
         counts["multi_window_examples"] += len(spans) > 1
         counts["examples_without_features"] += not spans
@@ -339,7 +364,9 @@ def convert_examples_to_features(
             rows["token_is_max_context"].append(max_context)
     counts["features"] = len(rows["example_index"])
     if counts["examples_without_features"]:
-        logging.warning("%d SQuAD examples have an empty context and get no features", counts["examples_without_features"])
+        logging.warning(
+            "%d SQuAD examples have an empty context and get no features", counts["examples_without_features"]
+        )
     array = functools.partial(np.array, dtype=np.int32)
     features = SquadFeatures(
         input_ids=array(rows["input_ids"]).reshape(-1, max_seq_length),
@@ -402,7 +429,12 @@ def _top_indexes(logits: np.ndarray, n: int) -> np.ndarray:
 
 
 def _feature_candidates(
-    features: SquadFeatures, f: int, start_logits: np.ndarray, end_logits: np.ndarray, n_best_size: int, max_answer_length: int
+    features: SquadFeatures,
+    f: int,
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    n_best_size: int,
+    max_answer_length: int,
 ) -> np.ndarray:
     """Valid (start, end) pairs among the top starts x top ends of window f, in the original's order."""
     starts = _top_indexes(start_logits, n_best_size)
@@ -446,9 +478,13 @@ def _example_prediction(
     null: _Candidate | None = None
     for f in feature_indexes:
         starts_f, ends_f = start_logits[f].astype(np.float64), end_logits[f].astype(np.float64)
-        if version_2_with_negative and (null is None or starts_f[0] + ends_f[0] < null.start_logit + null.end_logit):
+        if version_2_with_negative and (
+            null is None or starts_f[0] + ends_f[0] < null.start_logit + null.end_logit
+        ):
             null = _Candidate(f, 0, 0, float(starts_f[0]), float(ends_f[0]))
-        for s, e in _feature_candidates(features, f, starts_f, ends_f, n_best_size, max_answer_length).tolist():
+        for s, e in _feature_candidates(
+            features, f, starts_f, ends_f, n_best_size, max_answer_length
+        ).tolist():
             candidates.append(_Candidate(f, s, e, float(starts_f[s]), float(ends_f[e])))
     if null is not None:
         candidates.append(null)
@@ -501,7 +537,9 @@ def postprocess(
     (empty for v1.1). For v2.0 the prediction is "" when the null odds exceed the threshold.
     """
     if start_logits.shape != end_logits.shape or start_logits.shape[0] != len(features):
-        raise ValueError(f"logits shapes {start_logits.shape} and {end_logits.shape} do not match {len(features)} features")
+        raise ValueError(
+            f"logits shapes {start_logits.shape} and {end_logits.shape} do not match {len(features)} features"
+        )
     by_example = collections.defaultdict(list)
     for f, example_index in enumerate(features.example_index):
         by_example[example_index].append(f)
@@ -509,8 +547,15 @@ def postprocess(
     no_span = 0
     for example_index, example in enumerate(examples):
         nbest, null_score = _example_prediction(
-            example, features, by_example[example_index], start_logits, end_logits,
-            n_best_size, max_answer_length, do_lower_case, version_2_with_negative,
+            example,
+            features,
+            by_example[example_index],
+            start_logits,
+            end_logits,
+            n_best_size,
+            max_answer_length,
+            do_lower_case,
+            version_2_with_negative,
         )
         all_nbest[example.qas_id] = nbest
         if not version_2_with_negative:
@@ -523,7 +568,9 @@ def postprocess(
             predictions[example.qas_id] = ""
             continue
         null_odds[example.qas_id] = null_score - best["start_logit"] - best["end_logit"]
-        predictions[example.qas_id] = "" if null_odds[example.qas_id] > null_score_diff_threshold else best["text"]
+        predictions[example.qas_id] = (
+            "" if null_odds[example.qas_id] > null_score_diff_threshold else best["text"]
+        )
     if no_span:
         logging.warning("%d SQuAD examples have no valid answer span; predicted no answer", no_span)
     return predictions, all_nbest, null_odds
@@ -535,12 +582,12 @@ def write_predictions(
     nbest: Mapping[str, list[dict[str, Any]]],
     null_odds: Mapping[str, float],
 ) -> None:
-    """Writes predictions.json, nbest_predictions.json and (when null_odds is non-empty, v2.0) null_odds.json."""
+    """Writes predictions.json, nbest_predictions.json and (v2.0: null_odds non-empty) null_odds.json."""
     os.makedirs(directory, exist_ok=True)
     outputs = {"predictions.json": predictions, "nbest_predictions.json": nbest}
     if null_odds:
         outputs["null_odds.json"] = null_odds
     for name, content in outputs.items():
         with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
-            json.dump(content, f, indent=4, ensure_ascii=False)
+            json.dump(content, f, indent=4)
             f.write("\n")

@@ -15,6 +15,7 @@ The numbers follow the official evaluation scripts' definitions exactly:
 CLI (prints the result as JSON, like the official scripts):
   python -m bertjax.tasks.squad_eval dev-v2.0.json predictions.json [--na_prob_file=null_odds.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -164,7 +165,9 @@ def _evaluate_v2(
     probs = na_probs if na_probs is not None else {qid: 0.0 for qid in predictions}
     missing_probs = [qid for qid in exact_raw if qid not in probs]
     if missing_probs:
-        raise ValueError(f"na_probs has no entry for {len(missing_probs)} predicted questions, e.g. {missing_probs[0]!r}")
+        raise ValueError(
+            f"na_probs has no entry for {len(missing_probs)} predicted questions, e.g. {missing_probs[0]!r}"
+        )
     exact = _apply_threshold(exact_raw, probs, has_ans, na_prob_thresh)
     f1 = _apply_threshold(f1_raw, probs, has_ans, na_prob_thresh)
     result = _summary(exact, f1, list(exact))
@@ -173,7 +176,9 @@ def _evaluate_v2(
         if qids:
             result.update({f"{prefix}_{k}": v for k, v in _summary(exact, f1, qids).items()})
     if na_probs is not None:
-        result["best_exact"], result["best_exact_thresh"] = best_threshold(predictions, exact_raw, na_probs, has_ans)
+        result["best_exact"], result["best_exact_thresh"] = best_threshold(
+            predictions, exact_raw, na_probs, has_ans
+        )
         result["best_f1"], result["best_f1_thresh"] = best_threshold(predictions, f1_raw, na_probs, has_ans)
     return result
 
@@ -201,7 +206,9 @@ def evaluate(
         version_2 = na_probs is not None or any(not golds for _, golds in questions)
     if not version_2:
         if any(not golds for _, golds in questions):
-            raise ValueError("SQuAD v1.1 evaluation needs a gold answer for every question; use version_2=True.")
+            raise ValueError(
+                "SQuAD v1.1 evaluation needs a gold answer for every question; use version_2=True."
+            )
         return _evaluate_v1(questions, predictions)
     if missing == len(questions):
         raise ValueError("No question has a prediction.")
@@ -214,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("data_file", help="official SQuAD JSON (v1.1 or v2.0)")
     parser.add_argument("pred_file", help="predictions.json: {question id: answer text}")
     parser.add_argument("--na_prob_file", help="null_odds.json: {question id: no-answer score} (v2.0)")
-    parser.add_argument("--na_prob_thresh", type=float, default=1.0, help="predict no answer above this na_prob")
+    parser.add_argument(
+        "--na_prob_thresh", type=float, default=1.0, help="predict no answer above this na_prob"
+    )
     parser.add_argument("--version_2", action="store_true", help="force v2.0 scoring (default: detect)")
     args = parser.parse_args(argv)
     try:
