@@ -57,7 +57,7 @@ def load_pretrained(path: str, abstract_bert_params: Any) -> Any:
     return checkpoint.restore_params(_checkpoint_dir(path), {"bert": abstract_bert_params})["bert"]
 
 
-def _pretraining_run(config: ml_collections.ConfigDict) -> tuple[dict, ml_collections.ConfigDict | None]:
+def pretraining_run(config: ml_collections.ConfigDict) -> tuple[dict, ml_collections.ConfigDict | None]:
     """`(model architecture fields, pretraining config)` from init_checkpoint's metadata."""
     if not config.init_checkpoint:
         return {}, None
@@ -228,7 +228,8 @@ class SquadFinetune(Finetune):
     def load(self, split: str) -> SplitData:
         c, training = self.config, split == "train"
         source = c.train_file if training else c.predict_file
-        examples, skipped = self.squad.read_squad(source, training, c.version_2_with_negative)
+        examples, skipped = self.squad.read_squad(source, training, c.version_2_with_negative,
+                                                  c.tfds_data_dir or None)
         feats, counts = self.squad.convert_examples_to_features(
             examples, self.tokenizer, c.max_seq_length, c.doc_stride, c.max_query_length, training)
         arrays = {"input_ids": feats.input_ids, "input_mask": feats.input_mask,
@@ -255,7 +256,8 @@ class SquadFinetune(Finetune):
         predictions, _, null_odds = self._postprocess(data, logits)
         result = self.squad_eval.evaluate(
             data.examples[0], predictions,
-            na_probs=null_odds if self.config.version_2_with_negative else None)
+            na_probs=null_odds if self.config.version_2_with_negative else None,
+            version_2=bool(self.config.version_2_with_negative))
         return {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
 
     def write_predictions(self, data: SplitData, logits, directory: str) -> str:
@@ -460,7 +462,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         devices: list[jax.Device] | None = None) -> dict[str, Any]:
     """Fine-tunes every seed in `config.seeds` (each in `workdir/seed_N`) and writes
     `workdir/summary.json`; returns it."""
-    pretrain_model, pretrain_config = _pretraining_run(config)
+    pretrain_model, pretrain_config = pretraining_run(config)
     bert_config = bert_config_of(config, pretrain_model, pretrain_config)
     tokenizer = tokenizer_of(config, pretrain_config)
     if tokenizer.vocab_size > bert_config.vocab_size:
@@ -478,7 +480,10 @@ def run(config: ml_collections.ConfigDict, workdir: str,
             raise FinetuneError(f"batch size {size} must be divisible by data*fsdp="
                                 f"{sharding.data_parallel_size(mesh)} times the process count")
     task = make_task(config, tokenizer)
-    data = {name: task.load(name) for name in ["train", *task.eval_splits, *task.test_splits]}
+    try:
+        data = {name: task.load(name) for name in ["train", *task.eval_splits, *task.test_splits]}
+    except ValueError as e:  # readers' errors name the file and what is wrong
+        raise FinetuneError(str(e)) from e
     if config.max_train_examples and len(data["train"]) > config.max_train_examples:
         keep = np.random.default_rng(0).permutation(len(data["train"]))[:config.max_train_examples]
         train = data["train"]
