@@ -13,7 +13,6 @@ import json
 import sys
 from typing import Iterator, Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -41,12 +40,8 @@ def _load(config: ml_collections.ConfigDict) -> tuple[BertModel, dict, tokenizat
     pretrain_model, pretrain_config = finetune.pretraining_run(config)
     bert_config = finetune.bert_config_of(config, pretrain_model, pretrain_config)
     model = BertModel(bert_config)
-    example = (jnp.zeros((1, 8), jnp.int32),) * 3
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                            jax.eval_shape(lambda: nn.meta.unbox(
-                                model.init(jax.random.PRNGKey(0), *example)["params"])))
-    params = finetune.load_pretrained(config.init_checkpoint, abstract)
+    params = finetune.load_pretrained(config.init_checkpoint,
+                                      finetune.abstract_params_on_one_device(model))
     return model, params, finetune.tokenizer_of(config, pretrain_config)
 
 

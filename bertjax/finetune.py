@@ -57,6 +57,14 @@ def load_pretrained(path: str, abstract_bert_params: Any) -> Any:
     return checkpoint.restore_params(_checkpoint_dir(path), {"bert": abstract_bert_params})["bert"]
 
 
+def abstract_params_on_one_device(model: nn.Module) -> Any:
+    """The model's parameter shapes, placed on the first device (a restore target)."""
+    example = (jnp.zeros((1, 8), jnp.int32),) * 3
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shapes = jax.eval_shape(lambda: nn.meta.unbox(model.init(jax.random.PRNGKey(0), *example)["params"]))
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
+
+
 def pretraining_run(config: ml_collections.ConfigDict) -> tuple[dict, ml_collections.ConfigDict | None]:
     """`(model architecture fields, pretraining config)` from init_checkpoint's metadata."""
     if not config.init_checkpoint:
@@ -261,7 +269,6 @@ class SquadFinetune(Finetune):
         return {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
 
     def write_predictions(self, data: SplitData, logits, directory: str) -> str:
-        os.makedirs(directory, exist_ok=True)
         self.squad.write_predictions(directory, *self._postprocess(data, logits))
         return os.path.join(directory, "predictions.json")
 
@@ -332,9 +339,11 @@ def _optimizer(config, total_steps: int, feature_based: bool) -> optax.GradientT
     tx = optim.make_optimizer(opt)
     if not feature_based:
         return tx
-    # Feature-based: only the tagger on top of the frozen encoder is trained.
-    labels = lambda params: {k: "frozen" if k == "bert" else "trained" for k in params}
-    return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
+    # Feature-based: only the tagger on top of the frozen encoder is trained (zero updates for
+    # `bert`, weight decay included).
+    freeze = optax.stateless(lambda updates, params=None: {
+        k: jax.tree.map(jnp.zeros_like, v) if k == "bert" else v for k, v in updates.items()})
+    return optax.chain(tx, freeze)
 
 
 # ----------------------------------------------------------------------------- one seed
@@ -412,6 +421,7 @@ def train_one_seed(config, task, bert_config: BertConfig, data: dict[str, SplitD
             if best["step"] != step:
                 state, _, _ = checkpointer.restore(best["step"], abstract_state, meta)
             outputs = {}
+            os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
             for name in task.test_splits:
                 test = data[name]
                 test_outputs = predict(predict_step, state.params, test, config.eval_batch_size, mesh)
