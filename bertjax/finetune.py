@@ -128,6 +128,16 @@ class SplitData:
         return len(self.features["input_ids"])
 
 
+def _subset(items: list, config, split: str) -> list:
+    """A fixed random subset of `max_train_examples` training items (all when 0)."""
+    limit = config.max_train_examples
+    if split != "train" or not limit or len(items) <= limit:
+        return items
+    keep = np.sort(np.random.default_rng(0).permutation(len(items))[:limit])
+    logging.info("Using %d of %d training examples (max_train_examples)", limit, len(items))
+    return [items[i] for i in keep]
+
+
 class Finetune:
     """What the driver needs from a task; subclasses fill in loading, loss and scoring."""
 
@@ -157,6 +167,7 @@ class GlueFinetune(Finetune):
     def load(self, split: str) -> SplitData:
         examples, skipped = glue.read_examples(self.task, split, self.config.data_dir,
                                                self.config.tfds_data_dir)
+        examples = _subset(examples, self.config, split)
         return SplitData(split, glue.encode(self.task, examples, self.tokenizer,
                                             self.config.max_seq_length), examples, skipped)
 
@@ -193,6 +204,7 @@ class NerFinetune(Finetune):
     def load(self, split: str) -> SplitData:
         sentences, skipped = ner.read_sentences(split, self.config.data_dir,
                                                 self.config.tfds_data_dir)
+        sentences = _subset(sentences, self.config, split)
         encoded, positions, truncated = ner.encode(sentences, self.tokenizer,
                                                    self.config.max_seq_length)
         return SplitData(split, encoded, (sentences, positions), {**skipped, **truncated})
@@ -238,6 +250,7 @@ class SquadFinetune(Finetune):
         source = c.train_file if training else c.predict_file
         examples, skipped = self.squad.read_squad(source, training, c.version_2_with_negative,
                                                   c.tfds_data_dir or None)
+        examples = _subset(examples, c, split)
         feats, counts = self.squad.convert_examples_to_features(
             examples, self.tokenizer, c.max_seq_length, c.doc_stride, c.max_query_length, training)
         arrays = {"input_ids": feats.input_ids, "input_mask": feats.input_mask,
@@ -494,11 +507,6 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         data = {name: task.load(name) for name in ["train", *task.eval_splits, *task.test_splits]}
     except ValueError as e:  # readers' errors name the file and what is wrong
         raise FinetuneError(str(e)) from e
-    if config.max_train_examples and len(data["train"]) > config.max_train_examples:
-        keep = np.random.default_rng(0).permutation(len(data["train"]))[:config.max_train_examples]
-        train = data["train"]
-        data["train"] = SplitData("train", {k: v[np.sort(keep)] for k, v in train.features.items()},
-                                  None, train.skipped)
     results = [train_one_seed(config, task, bert_config, data, seed,
                               os.path.join(workdir, f"seed_{seed}"), mesh)
                for seed in parse_seeds(config.seeds)]
