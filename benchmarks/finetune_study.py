@@ -23,7 +23,7 @@ DATA = "/work/shared/data"
 # The study's shortened settings (CPU shared by several jobs): a random subset of the
 # training set, 3 epochs, batch 32; everything else at the original defaults.
 COMMON = ["--config.seeds=1,2,3", "--config.num_train_epochs=3", "--config.learning_rate=1e-4",
-          "--config.max_train_examples=2000", "--config.log_every=25"]
+          "--config.max_train_examples=1000", "--config.log_every=25"]
 TASKS = {
     "sst2": ["--config=configs/finetune/glue.py", "--config.task=sst2",
              f"--config.data_dir={DATA}/glue", "--config.max_seq_length=64"],
