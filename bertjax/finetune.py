@@ -369,18 +369,36 @@ def _log(writer: SummaryWriter | None, prefix: str, values: dict[str, float], st
         writer.flush()
 
 
-def train_one_seed(config, task, bert_config: BertConfig, data: dict[str, SplitData], seed: int,
+@dataclasses.dataclass
+class Trainer:
+    """What every seed of a run shares: the model, optimizer, step counts and the compiled
+    steps (built by the first seed, reused by the others)."""
+
+    model: nn.Module
+    tx: optax.GradientTransformation
+    steps_per_epoch: int
+    total_steps: int
+    steps: tuple[Callable, Callable] | None = None
+
+
+def make_trainer(config, task, bert_config: BertConfig, num_train: int) -> Trainer:
+    steps_per_epoch = num_train // config.train_batch_size  # the original drops the remainder
+    total_steps = int(steps_per_epoch * config.num_train_epochs)
+    if total_steps < 1:
+        raise FinetuneError(f"{num_train} training examples give no step of batch "
+                            f"{config.train_batch_size}")
+    return Trainer(task.model(bert_config), _optimizer(config, total_steps, task.frozen_encoder),
+                   steps_per_epoch, total_steps)
+
+
+def train_one_seed(config, task, trainer: Trainer, data: dict[str, SplitData], seed: int,
                    workdir: str, mesh) -> dict[str, Any]:
     """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics."""
     os.makedirs(workdir, exist_ok=True)
     train = data["train"]
     batch_size = config.train_batch_size
-    steps_per_epoch = len(train) // batch_size  # the original drops the remainder
-    total_steps = int(steps_per_epoch * config.num_train_epochs)
-    if total_steps < 1:
-        raise FinetuneError(f"{len(train)} training examples give no step of batch {batch_size}")
-    model = task.model(bert_config)
-    tx = _optimizer(config, total_steps, task.frozen_encoder)
+    model, tx = trainer.model, trainer.tx
+    steps_per_epoch, total_steps = trainer.steps_per_epoch, trainer.total_steps
     example = (jnp.zeros((1, 8), jnp.int32),) * 3
     state, abstract_state, state_shardings = create_train_state(
         model, tx, jax.random.PRNGKey(seed), example, mesh)
@@ -389,7 +407,9 @@ def train_one_seed(config, task, bert_config: BertConfig, data: dict[str, SplitD
                                                          abstract_state.params["bert"]))
         state = state.replace(params=params, opt_state=jax.jit(
             tx.init, out_shardings=state_shardings.opt_state)(params))
-    train_step, predict_step = make_steps(task, model, tx, state_shardings, mesh)
+    if trainer.steps is None:
+        trainer.steps = make_steps(task, model, tx, state_shardings, mesh)
+    train_step, predict_step = trainer.steps
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            save_every=10 ** 9, keep_latest=1)
     writer = SummaryWriter(os.path.join(workdir, "tensorboard")) if jax.process_index() == 0 else None
@@ -412,16 +432,17 @@ def train_one_seed(config, task, bert_config: BertConfig, data: dict[str, SplitD
                     step += 1
                     for key, value in jax.device_get(metrics).items():
                         sums[key] = sums.get(key, 0.0) + float(value)
+                    sums["steps"] = sums.get("steps", 0.0) + 1
                     if step % config.log_every == 0 or step == total_steps:
                         means = {"loss": sums["loss_sum"] / max(sums["count"], 1.0),
-                                 "grad_norm": sums["grad_norm"] / config.log_every}
+                                 "grad_norm": sums["grad_norm"] / sums["steps"]}
                         print(f"seed {seed} step {step}/{total_steps} loss {means['loss']:.4f} "
                               f"({time.time() - started:.0f}s)", flush=True)
                         _log(writer, "train", means, step)
                         sums = {}
-                dev = {name: task.evaluate(data[name], predict(predict_step, state.params, data[name],
-                                                              config.eval_batch_size, mesh))
-                       for name in task.eval_splits}
+                dev = {name: task.evaluate(data[name], predict(
+                    predict_step, state.params, data[name], config.eval_batch_size, mesh))
+                    for name in task.eval_splits}
                 for name, values in dev.items():
                     print(f"seed {seed} epoch {epoch + 1} {name}: " +
                           " ".join(f"{k} {v:.4f}" for k, v in values.items()), flush=True)
@@ -433,15 +454,15 @@ def train_one_seed(config, task, bert_config: BertConfig, data: dict[str, SplitD
             checkpointer.wait()
             if best["step"] != step:
                 state, _, _ = checkpointer.restore(best["step"], abstract_state, meta)
-            outputs = {}
+            outputs, scored_tests = {}, {}
             os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
-            for name in task.test_splits:
+            for name in [n for n in task.test_splits if n in data]:
                 test = data[name]
                 test_outputs = predict(predict_step, state.params, test, config.eval_batch_size, mesh)
                 outputs[name] = task.write_predictions(test, test_outputs,
                                                        os.path.join(workdir, "predictions"))
                 if name in task.scored_test_splits:
-                    best[name] = task.evaluate(test, test_outputs)
+                    scored_tests[name] = task.evaluate(test, test_outputs)
             if not task.test_splits:  # SQuAD: the best epoch's dev predictions
                 first = data[task.eval_splits[0]]
                 outputs["dev"] = task.write_predictions(
@@ -452,8 +473,7 @@ def train_one_seed(config, task, bert_config: BertConfig, data: dict[str, SplitD
         if writer:
             writer.close()
     result = {"seed": seed, "best_epoch": best["epoch"], "best_step": best["step"],
-              "dev": best["dev"], "predictions": outputs,
-              **{name: best[name] for name in task.test_splits if name in best},
+              "dev": best["dev"], "test": scored_tests, "predictions": outputs,
               "seconds": round(time.time() - started, 1)}
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -464,10 +484,11 @@ def train_one_seed(config, task, bert_config: BertConfig, data: dict[str, SplitD
 
 
 def summarize_seeds(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Mean, standard deviation (ddof 0) and median of every dev metric over the seeds."""
+    """Mean, standard deviation (ddof 0) and median of every dev (and labelled test) metric
+    over the seeds."""
     table: dict[str, list[float]] = {}
     for result in results:
-        for split, values in result["dev"].items():
+        for split, values in {**result["dev"], **result["test"]}.items():
             for key, value in values.items():
                 table.setdefault(f"{split}/{key}", []).append(value)
     return {key: {"mean": float(np.mean(v)), "std": float(np.std(v)),
@@ -504,10 +525,16 @@ def run(config: ml_collections.ConfigDict, workdir: str,
                                 f"{sharding.data_parallel_size(mesh)} times the process count")
     task = make_task(config, tokenizer)
     try:
-        data = {name: task.load(name) for name in ["train", *task.eval_splits, *task.test_splits]}
+        data = {name: task.load(name) for name in ["train", *task.eval_splits]}
+        for name in task.test_splits:  # unlabelled leaderboard inputs are optional
+            try:
+                data[name] = task.load(name)
+            except (features.TaskDataError, FileNotFoundError) as e:
+                logging.warning("no %s predictions: %s", name, e)
     except ValueError as e:  # readers' errors name the file and what is wrong
         raise FinetuneError(str(e)) from e
-    results = [train_one_seed(config, task, bert_config, data, seed,
+    trainer = make_trainer(config, task, bert_config, len(data["train"]))
+    results = [train_one_seed(config, task, trainer, data, seed,
                               os.path.join(workdir, f"seed_{seed}"), mesh)
                for seed in parse_seeds(config.seeds)]
     summary = {"task": config.task, "init_checkpoint": config.init_checkpoint,

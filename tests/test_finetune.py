@@ -84,7 +84,7 @@ def data_root(tmp_path_factory) -> str:
     config.train.update(global_batch_size=8, total_steps=2, log_every=1, eval_every=0,
                         eval_batches=1, checkpoint_every=2, keep_every=0)
     config.optimizer.warmup_steps = 1
-    train.train_and_evaluate(config, str(root / "pretrain"))
+    train.train_and_evaluate(config, str(root / "pretrain"), devices=jax.devices()[:1])
     return str(root)
 
 
@@ -149,10 +149,12 @@ def test_feature_based_ner_trains_only_the_tagger(data_root, tmp_path):
                    feature_based=True, lstm_size=16, num_train_epochs=6, learning_rate=1e-2,
                    train_batch_size=8,
                    do_lower_case=True)
-    summary = finetune.run(config, str(tmp_path))
+    summary = finetune.run(config, str(tmp_path))  # 8 devices: sharded batches and eval padding
     seed = summary["seeds"][0]
     assert set(seed["dev"]["dev"]) == {"precision", "recall", "f1"}
-    assert set(seed["test"]) == {"precision", "recall", "f1"}
+    assert set(seed["test"]["test"]) == {"precision", "recall", "f1"}
+    assert set(summary["summary"]) == {f"{split}/{m}" for split in ("dev", "test")
+                                       for m in ("precision", "recall", "f1")}
     assert (tmp_path / "seed_1" / "predictions" / "test_predictions.txt").exists()
     tagger = BertForTokenClassification(TINY, 9, feature_based=True, lstm_size=16)
     tuned = checkpoint.restore_params(str(tmp_path / "seed_1" / "checkpoints"),
@@ -166,7 +168,7 @@ def test_squad_end_to_end(data_root, tmp_path):
     config = small(config_file("squad.py"), data_root, train_file=squad_file,
                    predict_file=squad_file, max_seq_length=24, doc_stride=8, max_query_length=8,
                    num_train_epochs=2)
-    summary = finetune.run(config, str(tmp_path))
+    summary = finetune.run(config, str(tmp_path), devices=jax.devices()[:1])
     dev = summary["seeds"][0]["dev"]["dev"]
     assert set(dev) >= {"exact_match", "f1"} and 0.0 <= dev["f1"] <= 100.0
     predictions = json.loads((tmp_path / "seed_1" / "predictions" / "predictions.json").read_text())
@@ -177,12 +179,12 @@ def test_clear_errors(data_root, tmp_path):
     config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
                    init_checkpoint=str(tmp_path / "nothing"))
     with pytest.raises(finetune.FinetuneError, match="no finished checkpoint"):
-        finetune.run(config, str(tmp_path / "a"))
+        finetune.run(config, str(tmp_path / "a"), devices=jax.devices()[:1])
     (tmp_path / "bigger.json").write_text(json.dumps({"hidden_size": 64, "intermediate_size": 64}))
     config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
                    model_config=str(tmp_path / "bigger.json"))
     with pytest.raises(checkpoint.CheckpointMismatch, match="word_embeddings"):
-        finetune.run(config, str(tmp_path / "b"))
+        finetune.run(config, str(tmp_path / "b"), devices=jax.devices()[:1])
 
 
 def test_extract_features_original_format(data_root, tmp_path):
