@@ -20,7 +20,7 @@ import numpy as np
 from absl import app, flags
 
 from bertjax import finetune, tokenization
-from bertjax.model import BertConfig, BertModel
+from bertjax.model import BertModel
 from bertjax.tasks import features
 
 

@@ -3,8 +3,7 @@ bad-input counter every reader uses."""
 from __future__ import annotations
 
 import collections
-import os
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 from absl import logging
@@ -60,16 +59,3 @@ def pad_row(tokens: Sequence[int], segments: Sequence[int], max_seq_length: int,
     input_mask = np.array([1] * len(tokens) + [0] * padding, np.int32)
     segment_ids = np.array(list(segments) + [0] * padding, np.int32)
     return input_ids, input_mask, segment_ids
-
-
-def stack_rows(rows: Sequence[dict[str, Any]], keys: Sequence[str], max_seq_length: int) -> dict[str, np.ndarray]:
-    """A list of per-example feature dicts -> dict of stacked arrays (empty arrays when none)."""
-    if not rows:
-        return {key: np.zeros((0, max_seq_length), np.int32) for key in keys}
-    return {key: np.stack([np.asarray(row[key]) for row in rows]) for key in keys}
-
-
-def require_file(path: str, what: str) -> str:
-    if not os.path.exists(path):
-        raise TaskDataError(f"{what}: {path} does not exist")
-    return path

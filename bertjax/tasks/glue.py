@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import glob
 import os
 from typing import Any, Iterable, Sequence
 
