@@ -2,7 +2,7 @@
 initialisation on SST-2, MRPC and CoNLL-2003, three seeds each, on CPU.
 
     python benchmarks/finetune_study.py --init_checkpoint=PRETRAIN_WORKDIR --out=STUDY_DIR \
-        [--inits=pretrained,random] [--tasks=sst2,mrpc,conll2003]
+        [--inits=pretrained,random] [--tasks=sst2,mrpc,conll2003] [--extra="--config.X=Y"]
     python benchmarks/finetune_study.py --out=STUDY_DIR --table=benchmarks/finetune_study
 
 Each (task, init) pair is one `python -m bertjax.finetune` command (printed and recorded) with
@@ -35,8 +35,8 @@ TASKS = {
 METRICS = {"sst2": ["dev/accuracy"], "mrpc": ["dev/f1", "dev/accuracy"], "conll2003": ["dev/f1"]}
 
 
-def command(task: str, init: str, checkpoint: str, out: str) -> list[str]:
-    return ([sys.executable, "-m", "bertjax.finetune", *TASKS[task], *COMMON,
+def command(task: str, init: str, checkpoint: str, out: str, extra: list[str]) -> list[str]:
+    return ([sys.executable, "-m", "bertjax.finetune", *TASKS[task], *COMMON, *extra,
              f"--config.init_checkpoint={checkpoint}", f"--workdir={out}/{task}_{init}"]
             + (["--config.random_init=True"] if init == "random" else []))
 
@@ -44,7 +44,7 @@ def command(task: str, init: str, checkpoint: str, out: str) -> list[str]:
 def run(args) -> None:
     for task in args.tasks.split(","):
         for init in args.inits.split(","):
-            cmd = command(task, init, args.init_checkpoint, args.out)
+            cmd = command(task, init, args.init_checkpoint, args.out, args.extra.split())
             print("+ " + shlex.join(cmd), flush=True)
             with open(os.path.join(args.out, "commands.txt"), "a") as f:
                 f.write(shlex.join(cmd) + "\n")
@@ -80,6 +80,7 @@ if __name__ == "__main__":
     parser.add_argument("--inits", default="pretrained,random")
     parser.add_argument("--tasks", default="sst2,mrpc,conll2003")
     parser.add_argument("--table", default="")
+    parser.add_argument("--extra", default="", help="more flags, e.g. --config.learning_rate=5e-4")
     parsed = parser.parse_args()
     os.makedirs(parsed.out, exist_ok=True)
     table(parsed) if parsed.table else run(parsed)
