@@ -344,7 +344,7 @@ def _text_to_document(text: bytes | str) -> Document:
     return [s for paragraph in text.splitlines() for s in split_sentences(paragraph.strip())]
 
 
-def open_tfds_source(name: str, split: str, data_dir: str | None) -> Sequence[Any]:
+def _open_tfds_source(name: str, split: str, data_dir: str | None) -> Sequence[Any]:
     """Returns the random-access data source of a prepared array_record dataset."""
     import tensorflow_datasets as tfds  # Imported lazily: slow, and only needed here.
 
@@ -387,7 +387,7 @@ def read_tfds(
         raise ValueError(
             f"Need 0 <= process_index < process_count, got {process_index}, {process_count}."
         )
-    source = open_tfds_source(name, split, data_dir)
+    source = _open_tfds_source(name, split, data_dir)
     if len(source) and text_key not in source[0]:
         raise KeyError(
             f"text_key {text_key!r} is not a feature of tfds dataset {name!r}; "

@@ -225,7 +225,7 @@ def read_examples(task: GlueTask, split_name: str, data_dir: str = "", tfds_data
     skips = features.SkipCounter()
     if not data_dir:
         from bertjax.data import corpus  # tfds is slow to import; only here
-        source = corpus.open_tfds_source(split.tfds_name or f"glue/{task.name}", split.hf,
+        source = corpus._open_tfds_source(split.tfds_name or f"glue/{task.name}", split.hf,
                                          tfds_data_dir or None)
         examples = _record_examples(task, split, source, skips)
         where = f"tfds {split.tfds_name or 'glue/' + task.name}:{split.hf}"

@@ -63,7 +63,7 @@ def _tfds_sentences(split: str, data_dir: str | None, skips: features.SkipCounte
     from bertjax.data import corpus
     names = tfds.builder("conll2003", data_dir=data_dir).info.features["ner"].feature.names
     sentences = []
-    for record in corpus.open_tfds_source("conll2003", TFDS_SPLITS[split], data_dir):
+    for record in corpus._open_tfds_source("conll2003", TFDS_SPLITS[split], data_dir):
         tags = [names[int(t)] for t in record["ner"]]
         if any(t not in LABELS for t in tags):
             skips["unknown label"] += 1
