@@ -181,6 +181,10 @@ def test_read_tfds_v1_and_v2(tmp_path):
     assert skipped == {"no_answer": 1}
     (yes,) = examples
     assert (yes.start_position, yes.end_position, yes.orig_answer_text) == (6, 7, "Steve Smith's")
+    examples, _ = squad.read_squad(
+        "tfds:bertjax_tiny_squad/v1.1:validation[:1]", False, False, data_dir=data_dir
+    )
+    assert len(examples) == 1
 
 
 # ---------------------------------------------------------------------------

@@ -164,7 +164,7 @@ def _tfds_questions(name: str, split: str, data_dir: str | None) -> Iterator[_Qu
 def _questions(source: str, data_dir: str | None) -> Iterator[_Question]:
     if not source.startswith("tfds:"):
         return _json_questions(source)
-    name, _, split = source[len("tfds:") :].rpartition(":")
+    name, _, split = source[len("tfds:") :].partition(":")  # A split may be sliced: "train[:10%]".
     if not name or not split:
         raise ValueError(f"tfds source must look like 'tfds:squad/v1.1:validation', got {source!r}")
     return _tfds_questions(name, split, data_dir)
