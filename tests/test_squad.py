@@ -129,6 +129,9 @@ def test_read_errors_name_the_problem(tmp_path):
     bad.write_text(json.dumps({"version": "1.1"}))
     with pytest.raises(ValueError, match='"data" list'):
         squad.read_squad(str(bad), False, False)
+    bad.write_text(json.dumps({"data": [{"title": "no paragraphs"}]}))
+    with pytest.raises(ValueError, match=r'data\[0\] is not an article with a "paragraphs" list'):
+        squad.read_squad(str(bad), False, False)
     bad.write_text(json.dumps(_squad_json([{"id": "q", "answers": []}], CONTEXT)))
     with pytest.raises(ValueError, match=r"data\[0\].paragraphs\[0\].*'question'"):
         squad.read_squad(str(bad), False, False)

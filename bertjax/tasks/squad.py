@@ -130,7 +130,10 @@ def _json_questions(path: str) -> Iterator[_Question]:
             f'{path}: expected the official SQuAD layout, an object with a "data" list of articles'
         )
     for article_index, article in enumerate(data["data"]):
-        for paragraph_index, paragraph in enumerate(article.get("paragraphs", [])):
+        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
+        if not isinstance(paragraphs, list):
+            raise ValueError(f'{path}: data[{article_index}] is not an article with a "paragraphs" list')
+        for paragraph_index, paragraph in enumerate(paragraphs):
             where = f"{path}: data[{article_index}].paragraphs[{paragraph_index}]"
             try:
                 context = paragraph["context"]
