@@ -176,6 +176,8 @@ def test_evaluate_errors_are_clear():
         squad_eval.evaluate(V2_DATASET, V2_PREDICTIONS, version_2=False)
     with pytest.raises(ValueError, match='"data"'):
         squad_eval.evaluate({"version": "1.1"}, {})
+    with pytest.raises(ValueError, match=r"data\[0\] is malformed: .*'answers'"):
+        squad_eval.evaluate({"data": [{"paragraphs": [{"qas": [{"id": "q"}]}]}]}, {})
     with pytest.raises(ValueError, match="No question has a prediction"):
         squad_eval.evaluate(V2_DATASET, {})
 

@@ -130,7 +130,10 @@ def _json_questions(path: str) -> Iterator[_Question]:
             f'{path}: expected the official SQuAD layout, an object with a "data" list of articles'
         )
     for article_index, article in enumerate(data["data"]):
-        for paragraph_index, paragraph in enumerate(article.get("paragraphs", [])):
+        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
+        if not isinstance(paragraphs, list):
+            raise ValueError(f'{path}: data[{article_index}] is not an article with a "paragraphs" list')
+        for paragraph_index, paragraph in enumerate(paragraphs):
             where = f"{path}: data[{article_index}].paragraphs[{paragraph_index}]"
             try:
                 context = paragraph["context"]
@@ -164,7 +167,7 @@ def _tfds_questions(name: str, split: str, data_dir: str | None) -> Iterator[_Qu
 def _questions(source: str, data_dir: str | None) -> Iterator[_Question]:
     if not source.startswith("tfds:"):
         return _json_questions(source)
-    name, _, split = source[len("tfds:") :].rpartition(":")
+    name, _, split = source[len("tfds:") :].partition(":")  # A split may be sliced: "train[:10%]".
     if not name or not split:
         raise ValueError(f"tfds source must look like 'tfds:squad/v1.1:validation', got {source!r}")
     return _tfds_questions(name, split, data_dir)

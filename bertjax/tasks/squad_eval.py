@@ -76,13 +76,18 @@ def _questions(examples_or_dataset: Any) -> list[Question]:
             raise ValueError('SQuAD dataset JSON must have a top-level "data" list of articles.')
         examples_or_dataset = examples_or_dataset["data"]
     questions = []
-    for item in examples_or_dataset:
-        if isinstance(item, Mapping):  # An official article.
+    for index, item in enumerate(examples_or_dataset):
+        if not isinstance(item, Mapping):  # A SquadExample.
+            questions.append((item.qas_id, list(item.answers)))
+            continue
+        try:  # An official article.
             for paragraph in item["paragraphs"]:
                 for qa in paragraph["qas"]:
                     questions.append((qa["id"], [a["text"] for a in qa["answers"]]))
-        else:  # A SquadExample.
-            questions.append((item.qas_id, list(item.answers)))
+        except (KeyError, TypeError) as e:
+            raise ValueError(
+                f"SQuAD dataset article data[{index}] is malformed: missing or bad field {e}"
+            ) from None
     return questions
 
 
@@ -234,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(args.na_prob_file, encoding="utf-8") as f:
                 na_probs = json.load(f)
         result = evaluate(args.data_file, predictions, na_probs, args.na_prob_thresh, args.version_2 or None)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=2))
