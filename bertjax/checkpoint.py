@@ -108,6 +108,7 @@ def restore_params(directory: str, abstract_params: Any) -> Any:
         if step is None:
             raise FileNotFoundError(f"no finished checkpoint in init_checkpoint={directory!r}")
         logging.info("Initialising parameters from %s step %d", directory, step)
+        _check_param_shapes(f"{manager.directory}/{step}/state", abstract_params)
         item = ocp.PyTreeCheckpointer().restore(
             f"{manager.directory}/{step}/state",
             args=ocp.args.PyTreeRestore(
@@ -119,7 +120,8 @@ def restore_params(directory: str, abstract_params: Any) -> Any:
 
 
 def read_meta(directory: str) -> dict:
-    """The `meta` item of the latest checkpoint in `directory`."""
+    """The `meta` item of the latest finished checkpoint in `directory` (what a run recorded
+    about its model, tokenizer and config)."""
     items = ("state", "data", "meta")
     with ocp.CheckpointManager(_absolute(directory), item_names=items) as manager:
         step = manager.latest_step()
@@ -136,3 +138,23 @@ def save_params(directory: str, params: Any, meta: dict) -> None:
         checkpointer.save(0, {"params": params}, {}, meta, force=True)
     finally:
         checkpointer.close()
+
+
+def _check_param_shapes(state_path: str, abstract_params: Any) -> None:
+    """Raises CheckpointMismatch naming every wanted parameter that the checkpoint lacks or
+    stores with another shape."""
+    stored = ocp.PyTreeCheckpointer().metadata(state_path).item_metadata.tree["params"]
+    stored_shapes = {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf
+                     in jax.tree_util.tree_leaves_with_path(stored)}
+    problems = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_params):
+        name = jax.tree_util.keystr(path)
+        if name not in stored_shapes:
+            problems.append(f"{name}: missing")
+        elif stored_shapes[name] != tuple(leaf.shape):
+            problems.append(f"{name}: checkpoint {stored_shapes[name]}, model {tuple(leaf.shape)}")
+    if problems:
+        raise CheckpointMismatch(
+            f"checkpoint {state_path} does not fit the model ({len(problems)} parameters): "
+            + "; ".join(problems[:10]) + ("; ..." if len(problems) > 10 else "")
+            + ". Use the architecture and vocabulary of the run that wrote it.")

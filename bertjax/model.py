@@ -29,6 +29,7 @@ POSITION = "position"
 TOKEN_TYPE = "token_type"
 NORM = "norm"
 NSP_CLASSES = "nsp_classes"
+LABELS = "labels"  # fine-tuning head outputs (classes, tags, span start/end)
 LAYERS = "layers"
 # Logical axis names: activations.
 BATCH = "batch"
@@ -235,10 +236,12 @@ class BertAttention(nn.Module):
 
 
 class BertLayer(nn.Module):
-    """One post-LN transformer layer. Returns `(x, None)` so it can be scanned."""
+    """One post-LN transformer layer. Returns `(x, x if emit_output else None)` so it can be
+    scanned (the second output is stacked over layers)."""
 
     config: BertConfig
     deterministic: bool = True
+    emit_output: bool = False
 
     @nn.compact
     def __call__(self, x_BxLxH: jax.Array, mask_bias_Bx1x1xL: jax.Array):
@@ -249,7 +252,7 @@ class BertLayer(nn.Module):
         out_BxLxH = BertDenseOutput(cfg, MLP, name="output")(
             intermediate_BxLxF, attended_BxLxH, self.deterministic)
         self.sow("intermediates", "hidden_states", out_BxLxH)  # no-op unless made mutable
-        return out_BxLxH, None
+        return out_BxLxH, (out_BxLxH if self.emit_output else None)
 
 
 class BertIntermediate(nn.Module):
@@ -266,15 +269,17 @@ class BertIntermediate(nn.Module):
 class BertEncoder(nn.Module):
     """The layer stack, unrolled (`layer_0`, `layer_1`, ...) or scanned (`layers`, stacked).
 
-    With `mutable=["intermediates"]` in `apply`, every layer's input and output are returned
-    (`embedding_output` and each layer's `hidden_states`), as HF's `output_hidden_states`.
+    Returns the last layer's output, or with `all_layers=True` every layer's output stacked
+    `[num_layers, B, L, H]` (the original's `all_encoder_layers`). With
+    `mutable=["intermediates"]` in `apply`, the embedding output and each layer's output are
+    also recorded (`embedding_output`, `hidden_states`), as HF's `output_hidden_states`.
     """
 
     config: BertConfig
 
     @nn.compact
     def __call__(self, x_BxLxH: jax.Array, mask_bias_Bx1x1xL: jax.Array,
-                 deterministic: bool) -> jax.Array:
+                 deterministic: bool, all_layers: bool = False) -> jax.Array:
         cfg = self.config
         self.sow("intermediates", "embedding_output", x_BxLxH)  # no-op unless made mutable
         layer_cls = BertLayer
@@ -287,12 +292,15 @@ class BertEncoder(nn.Module):
                 split_rngs={"params": True, "dropout": True},
                 in_axes=nn.broadcast, length=cfg.num_hidden_layers,
                 metadata_params={nn.PARTITION_NAME: LAYERS})
-            x_BxLxH, _ = stack(cfg, deterministic, name="layers")(x_BxLxH, mask_bias_Bx1x1xL)
-            return x_BxLxH
+            x_BxLxH, layers_NxBxLxH = stack(cfg, deterministic, all_layers, name="layers")(
+                x_BxLxH, mask_bias_Bx1x1xL)
+            return layers_NxBxLxH if all_layers else x_BxLxH
+        outputs = []
         for i in range(cfg.num_hidden_layers):
             x_BxLxH, _ = layer_cls(cfg, deterministic, name=f"layer_{i}")(
                 x_BxLxH, mask_bias_Bx1x1xL)
-        return x_BxLxH
+            outputs.append(x_BxLxH)
+        return jnp.stack(outputs) if all_layers else x_BxLxH
 
 
 class BertPooler(nn.Module):
@@ -323,10 +331,13 @@ class BertModel(nn.Module):
         self.pooler = BertPooler(self.config)
 
     def __call__(self, input_ids_BxL: jax.Array, token_type_ids_BxL: jax.Array,
-                 attention_mask_BxL: jax.Array, deterministic: bool = True):
+                 attention_mask_BxL: jax.Array, deterministic: bool = True,
+                 all_layers: bool = False):
+        """With `all_layers`, returns `(layers [num_layers, B, L, H], pooled)` instead."""
         x_BxLxH = self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic)
-        x_BxLxH = self.encoder(x_BxLxH, attention_mask_bias(attention_mask_BxL), deterministic)
-        return x_BxLxH, self.pooler(x_BxLxH)
+        x = self.encoder(x_BxLxH, attention_mask_bias(attention_mask_BxL), deterministic,
+                         all_layers)
+        return x, self.pooler(x[-1] if all_layers else x)
 
 
 class BertPredictionTransform(nn.Module):
@@ -401,3 +412,104 @@ class BertForPreTraining(nn.Module):
         masked_BxPxH = gather_positions(sequence_BxLxH, masked_lm_positions)
         mlm_logits = self.predictions(masked_BxPxH, self.bert.embeddings.word_embeddings)
         return mlm_logits, self.seq_relationship(pooled_BxH)
+
+
+# ----------------------------------------------------------------------------- fine-tuning heads
+
+
+def output_layer(module: nn.Module, config: BertConfig, num_labels: int,
+                 x_BxXxH: jax.Array) -> jax.Array:
+    """Google's fine-tuning output layer, created in `module`'s scope (call it from a compact
+    method): `x @ output_weights.T + output_bias` with weights stored `[num_labels, in]` as
+    run_classifier / run_squad name them; float32 logits."""
+    weights_CxH = module.param("output_weights", _init(config, (LABELS, EMBED)),
+                               (num_labels, x_BxXxH.shape[-1]), config.param_dtype)
+    bias_C = module.param("output_bias", _zeros((LABELS,)), (num_labels,), config.param_dtype)
+    logits = jnp.einsum("...h,ch->...c", x_BxXxH.astype(config.dtype),
+                        weights_CxH.astype(config.dtype), preferred_element_type=jnp.float32)
+    return logits + bias_C.astype(jnp.float32)
+
+
+class BertForSequenceClassification(nn.Module):
+    """run_classifier's model: dropout on the pooled output, then top-level
+    `output_weights [C, H]` and `output_bias [C]`.
+    Returns logits `[B, num_labels]` (`num_labels=1` for regression such as STS-B)."""
+
+    config: BertConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
+        _, pooled_BxH = BertModel(self.config, name="bert")(
+            input_ids, token_type_ids, attention_mask, deterministic)
+        pooled_BxH = nn.Dropout(self.config.hidden_dropout_prob)(pooled_BxH, deterministic)
+        return output_layer(self, self.config, self.num_labels, pooled_BxH)
+
+
+class BertForTokenClassification(nn.Module):
+    """A tag per token: dropout, then `output_weights [C, H]` on every position.
+
+    With `feature_based=True` (the paper's feature-based NER, section 5.3) the encoder is
+    frozen: the last four layers are concatenated `[B, L, 4H]` and a two-layer BiLSTM of
+    `lstm_size` units per direction feeds the output layer. Returns logits `[B, L, C]`.
+    """
+
+    config: BertConfig
+    num_labels: int
+    feature_based: bool = False
+    lstm_size: int = 768
+
+    @nn.compact
+    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
+        bert = BertModel(self.config, name="bert")
+        if not self.feature_based:
+            x_BxLxH, _ = bert(input_ids, token_type_ids, attention_mask, deterministic)
+        else:
+            # Features of a frozen encoder: no dropout inside it, no gradient into it.
+            layers_NxBxLxH, _ = bert(input_ids, token_type_ids, attention_mask, True,
+                                     all_layers=True)
+            x_BxLxH = jax.lax.stop_gradient(jnp.concatenate(list(layers_NxBxLxH[-4:]), axis=-1))
+            lengths_B = jnp.sum(attention_mask, axis=-1).astype(jnp.int32)
+            for i in range(2):
+                forward, backward = (
+                    nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, param_dtype=self.config.param_dtype,
+                                                name=f"lstm_{i}_{direction}"))
+                    for direction in ("forward", "backward"))
+                x_BxLxH = nn.Bidirectional(forward, backward)(x_BxLxH.astype(jnp.float32),
+                                                              seq_lengths=lengths_B)
+        x_BxLxH = nn.Dropout(self.config.hidden_dropout_prob)(x_BxLxH, deterministic)
+        return output_layer(self, self.config, self.num_labels, x_BxLxH)
+
+
+class SquadOutput(nn.Module):
+    """run_squad's `squad/output_weights [2, H]` and `squad/output_bias [2]`."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
+        return output_layer(self, self.config, 2, x_BxLxH)
+
+
+class ClsScope(nn.Module):
+    """The `cls` variable scope of the original heads (here: `cls/squad`)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
+        return SquadOutput(self.config, name="squad")(x_BxLxH)
+
+
+class BertForQuestionAnswering(nn.Module):
+    """run_squad's model: `cls/squad/output_weights [2, H]` on every position, no dropout.
+    Returns `(start_logits [B, L], end_logits [B, L])`."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
+        x_BxLxH, _ = BertModel(self.config, name="bert")(
+            input_ids, token_type_ids, attention_mask, deterministic)
+        logits_BxLx2 = ClsScope(self.config, name="cls")(x_BxLxH)
+        return logits_BxLx2[..., 0], logits_BxLx2[..., 1]

@@ -61,3 +61,37 @@ def summarize(sums: dict[str, float]) -> dict[str, float]:
     }
     out["loss"] = out["mlm_loss"] + out["nsp_loss"]
     return out
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+# Each returns `(loss, {"loss_sum", "count"})`: the loss is the mean over weighted examples
+# (tokens for tagging); weights are 0 for padding rows/tokens.
+
+
+def _weighted_mean(values: jax.Array, weights: jax.Array):
+    weights = weights.astype(jnp.float32)
+    loss_sum, count = jnp.sum(weights * values), jnp.sum(weights)
+    return loss_sum / jnp.maximum(count, 1.0), {"loss_sum": loss_sum, "count": count}
+
+
+def classification_loss(logits_BxC: jax.Array, labels_B: jax.Array, weights_B: jax.Array):
+    """Mean cross-entropy (run_classifier)."""
+    return _weighted_mean(_nll(logits_BxC, labels_B), weights_B)
+
+
+def regression_loss(predictions_Bx1: jax.Array, targets_B: jax.Array, weights_B: jax.Array):
+    """Mean squared error (STS-B)."""
+    error = predictions_Bx1[:, 0].astype(jnp.float32) - targets_B.astype(jnp.float32)
+    return _weighted_mean(error * error, weights_B)
+
+
+def tagging_loss(logits_BxLxC: jax.Array, labels_BxL: jax.Array, weights_BxL: jax.Array):
+    """Mean cross-entropy over the labelled tokens (first sub-token of each word)."""
+    return _weighted_mean(_nll(logits_BxLxC, labels_BxL), weights_BxL)
+
+
+def span_loss(start_logits_BxL: jax.Array, end_logits_BxL: jax.Array, start_positions_B: jax.Array,
+              end_positions_B: jax.Array, weights_B: jax.Array):
+    """run_squad: the mean of the start and end cross-entropies."""
+    nll = (_nll(start_logits_BxL, start_positions_B) + _nll(end_logits_BxL, end_positions_B)) / 2.0
+    return _weighted_mean(nll, weights_B)

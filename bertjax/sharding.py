@@ -37,6 +37,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     (M.TOKEN_TYPE, None),
     (M.NORM, None),
     (M.NSP_CLASSES, None),
+    (M.LABELS, None),
     (M.LAYERS, None),
 )
 

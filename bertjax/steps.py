@@ -72,17 +72,38 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
             (loss, metrics, grads), _ = jax.lax.scan(
                 accumulate, (zero_loss, zero_metrics, zero_grads),
                 (micro_batches, jnp.arange(accum_steps)))
-        grad_norm = optax.tree.norm(grads)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        # A non-finite step leaves params and optimizer state untouched; the host stops the
-        # run after too many in a row (see train.py).
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-        new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
-                                  opt_state=keep(opt_state, state.opt_state))
-        metrics = dict(metrics, grad_norm=grad_norm, nonfinite=1.0 - finite.astype(jnp.float32))
-        return new_state, metrics
+        return _apply_update(state, tx, loss, grads, metrics)
+
+    return train_step
+
+
+def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax.Array, grads: Any,
+                  metrics: Metrics) -> tuple[TrainState, Metrics]:
+    """Clip + update (inside `tx`), skipping non-finite updates; adds grad_norm/nonfinite."""
+    grad_norm = optax.tree.norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    # A non-finite step leaves params and optimizer state untouched; the host stops the
+    # run after too many in a row (see train.py).
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
+                              opt_state=keep(opt_state, state.opt_state))
+    metrics = dict(metrics, grad_norm=grad_norm, nonfinite=1.0 - finite.astype(jnp.float32))
+    return new_state, metrics
+
+
+def make_loss_train_step(loss_fn: Callable[[Any, Batch, jax.Array], tuple[jax.Array, Metrics]],
+                         tx: optax.GradientTransformation
+                         ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """A train step for any `loss_fn(params, batch, dropout_rng) -> (loss, metric sums)`
+    (fine-tuning), with the same update and non-finite skip as pretraining."""
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        (loss, metrics), grads = grad_fn(state.params, batch,
+                                         jax.random.fold_in(state.rng, state.step))
+        return _apply_update(state, tx, loss, grads, metrics)
 
     return train_step
 

@@ -1,0 +1,117 @@
+"""`python -m bertjax.extract_features --input_file=IN --output_file=OUT.jsonl
+--init_checkpoint=PRETRAIN_WORKDIR`: per-token vectors of chosen layers, as JSON lines in the
+format of the original extract_features.py:
+
+    {"linex_index": 0, "features": [{"token": "[CLS]",
+        "layers": [{"index": -1, "values": [0.1, ...]}, ...]}, ...]}
+
+Input: one text per line; `text_a ||| text_b` for a pair. Layer -1 is the last encoder layer.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags
+
+from bertjax import finetune, tokenization
+from bertjax.model import BertModel
+from bertjax.tasks import features
+
+
+def _read_lines(path: str) -> list[tuple[str, str | None]]:
+    pairs = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                a, _, b = line.partition(" ||| ")
+                pairs.append((a, b or None))
+    return pairs
+
+
+def _load(config: ml_collections.ConfigDict) -> tuple[BertModel, dict, tokenization.Tokenizer]:
+    """The encoder and its pretrained parameters on one device, and the tokenizer."""
+    pretrain_model, pretrain_config = finetune.pretraining_run(config)
+    bert_config = finetune.bert_config_of(config, pretrain_model, pretrain_config)
+    model = BertModel(bert_config)
+    params = finetune.load_pretrained(config.init_checkpoint,
+                                      finetune.abstract_params_on_one_device(model))
+    return model, params, finetune.tokenizer_of(config, pretrain_config)
+
+
+def extract(model: BertModel, params: dict, tokenizer: tokenization.Tokenizer,
+            texts: Sequence[tuple[str, str | None]], layers: Sequence[int], max_seq_length: int,
+            batch_size: int) -> Iterator[dict]:
+    """One original-format record per text: every real token's vectors at `layers`."""
+    specials = features.special_ids(tokenizer)
+    encoded = [features.encode_pair(tokenizer.encode(a), None if b is None else tokenizer.encode(b),
+                                    max_seq_length, specials) for a, b in texts]
+
+    @jax.jit
+    def all_layers(input_ids, input_mask, segment_ids):
+        stacked, _ = model.apply({"params": params}, input_ids, segment_ids, input_mask, True,
+                                 all_layers=True)
+        return stacked[jnp.array(layers)]
+
+    for start in range(0, len(encoded), batch_size):
+        chunk = encoded[start:start + batch_size]
+        padded = chunk + [chunk[0]] * (batch_size - len(chunk))  # fixed shapes: one compile
+        input_ids, input_mask, segment_ids = (np.stack(c) for c in zip(*padded))
+        vectors = np.asarray(jax.device_get(all_layers(input_ids, input_mask, segment_ids)))
+        for row in range(len(chunk)):
+            length = int(input_mask[row].sum())
+            tokens = tokenizer.convert_ids_to_tokens(input_ids[row, :length].tolist())
+            yield {"linex_index": start + row, "features": [
+                {"token": token, "layers": [
+                    {"index": layer, "values": [round(float(v), 6) for v in vectors[j, row, i]]}
+                    for j, layer in enumerate(layers)]}
+                for i, token in enumerate(tokens)]}
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("input_file", None, "one text per line; 'a ||| b' for pairs")
+    flags.DEFINE_string("output_file", None, "JSON lines output")
+    flags.DEFINE_string("init_checkpoint", None, "bertjax pretraining workdir or checkpoints dir")
+    flags.DEFINE_string("vocab_file", "", "overrides the pretraining run's tokenizer")
+    flags.DEFINE_bool("do_lower_case", True, "for vocab_file (WordPiece)")
+    flags.DEFINE_string("layers", "-1,-2,-3,-4", "encoder layers to output; -1 is the last")
+    flags.DEFINE_integer("max_seq_length", 128, "tokens per sequence (longer texts are truncated)")
+    flags.DEFINE_integer("batch_size", 8, "texts per forward pass")
+    flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
+
+
+def main(argv) -> None:
+    del argv
+    config = ml_collections.ConfigDict(dict(
+        init_checkpoint=FLAGS.init_checkpoint, vocab_file=FLAGS.vocab_file, tokenizer="",
+        do_lower_case=FLAGS.do_lower_case, model_config="", dtype="float32",
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    try:
+        layers = [int(x) for x in FLAGS.layers.split(",")]
+        model, params, tokenizer = _load(config)
+        num_layers = model.config.num_hidden_layers
+        if any(not -num_layers <= layer < num_layers for layer in layers):
+            raise finetune.FinetuneError(f"--layers={FLAGS.layers}: the model has {num_layers} layers")
+        texts = _read_lines(FLAGS.input_file)
+        with open(FLAGS.output_file, "w", encoding="utf-8") as out:
+            for record in extract(model, params, tokenizer, texts, layers, FLAGS.max_seq_length,
+                                  FLAGS.batch_size):
+                out.write(json.dumps(record) + "\n")
+        print(f"Wrote {len(texts)} records to {FLAGS.output_file}", flush=True)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

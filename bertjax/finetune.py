@@ -1,0 +1,575 @@
+"""`python -m bertjax.finetune --config=configs/finetune/glue.py --config.task=mrpc
+--config.init_checkpoint=PRETRAIN_WORKDIR --workdir=DIR`: fine-tuning and evaluation.
+
+Trains for `num_train_epochs`, evaluates on the dev split(s) after every epoch, keeps the best
+checkpoint (by the task's main metric), then writes the dev metrics of the best epoch, test-set
+predictions (GLUE leaderboard TSVs, CoNLL predictions, SQuAD predictions.json) and a JSON
+summary. `--config.seeds=1,2,3` repeats the run per seed and summarises mean/std/median.
+
+The model architecture and the tokenizer come from the pretraining run that wrote
+`init_checkpoint` (its checkpoint metadata); `vocab_file` and `model_config` override them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import app, flags, logging
+from ml_collections import config_flags
+from tensorboardX import SummaryWriter
+
+from bertjax import checkpoint, objectives, optim, sharding, steps, tokenization
+from bertjax.data import pipeline
+from bertjax.model import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification,
+                           BertForTokenClassification)
+from bertjax.state import count_params, create_train_state
+from bertjax.tasks import features, glue, ner
+
+Batch = dict[str, jax.Array]
+
+
+class FinetuneError(ValueError):
+    """A configuration or input that cannot run; the message says what to change."""
+
+
+# ----------------------------------------------------------------------------- the pretrained model
+
+
+def _checkpoint_dir(path: str) -> str:
+    """A pretraining workdir or its `checkpoints/` folder -> the checkpoints folder."""
+    nested = os.path.join(path, "checkpoints")
+    return nested if os.path.isdir(nested) else path
+
+
+def load_pretrained(path: str, abstract_bert_params: Any) -> Any:
+    """The encoder (`bert/...`) parameters of a pretrained checkpoint, placed like
+    `abstract_bert_params`. The one place that reads pretrained weights."""
+    return checkpoint.restore_params(_checkpoint_dir(path), {"bert": abstract_bert_params})["bert"]
+
+
+def abstract_params_on_one_device(model: nn.Module) -> Any:
+    """The model's parameter shapes, placed on the first device (a restore target)."""
+    example = (jnp.zeros((1, 8), jnp.int32),) * 3
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shapes = jax.eval_shape(lambda: nn.meta.unbox(model.init(jax.random.PRNGKey(0), *example)["params"]))
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
+
+
+def pretraining_run(config: ml_collections.ConfigDict) -> tuple[dict, ml_collections.ConfigDict | None]:
+    """`(model architecture fields, pretraining config)` from init_checkpoint's metadata."""
+    if not config.init_checkpoint:
+        return {}, None
+    try:
+        meta = checkpoint.read_meta(_checkpoint_dir(config.init_checkpoint))
+    except FileNotFoundError as e:
+        raise FinetuneError(f"init_checkpoint={config.init_checkpoint!r}: {e}") from e
+    return meta["model"], ml_collections.ConfigDict(json.loads(meta["config"]))
+
+
+def bert_config_of(config: ml_collections.ConfigDict, pretrain_model: dict,
+                   pretrain_config: ml_collections.ConfigDict | None) -> BertConfig:
+    """Architecture from the checkpoint (or `model_config` JSON), dropout/dtype from here."""
+    values = dict(pretrain_config.model.to_dict()) if pretrain_config else {}
+    values.update(pretrain_model)
+    if config.model_config:
+        with open(config.model_config, encoding="utf-8") as f:
+            values.update(json.load(f))
+    if not values:
+        raise FinetuneError("set --config.init_checkpoint (a bertjax pretraining run) or "
+                            "--config.model_config (a bert_config.json) to define the model")
+    values.update(dtype=config.dtype, scan_layers=values.get("scan_layers", False),
+                  hidden_dropout_prob=config.hidden_dropout_prob,
+                  attention_probs_dropout_prob=config.attention_probs_dropout_prob)
+    return BertConfig.from_dict(values)
+
+
+def tokenizer_of(config: ml_collections.ConfigDict,
+                 pretrain_config: ml_collections.ConfigDict | None) -> tokenization.Tokenizer:
+    """`vocab_file` if set, else the tokenizer the pretraining run used."""
+    if config.vocab_file:
+        kind = config.tokenizer or ("sentencepiece" if config.vocab_file.endswith(".model")
+                                    else "wordpiece")
+        return tokenization.load_tokenizer(kind, config.vocab_file, config.do_lower_case)
+    if pretrain_config is None:
+        raise FinetuneError("set --config.vocab_file (no init_checkpoint to take the tokenizer from)")
+    data = pretrain_config.data
+    workdir = os.path.dirname(_checkpoint_dir(config.init_checkpoint).rstrip("/"))
+    cache_dir = data.cache_dir or os.path.join(workdir, "data")
+    if not data.vocab_file and not os.path.isdir(cache_dir):
+        raise FinetuneError(f"the pretraining run's SentencePiece model is not in {cache_dir}; "
+                            "pass --config.vocab_file=PATH.model")
+    return pipeline.load_or_train_tokenizer(data, cache_dir)
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+@dataclasses.dataclass
+class SplitData:
+    """One split, encoded: `features` [N, ...] arrays (model inputs and targets) and whatever
+    the task needs to score or write predictions (`examples`)."""
+
+    name: str
+    features: dict[str, np.ndarray]
+    examples: Any
+    skipped: dict[str, int]
+
+    def __len__(self) -> int:
+        return len(self.features["input_ids"])
+
+
+def _subset(items: list, config, split: str) -> list:
+    """A fixed random subset of `max_train_examples` training items (all when 0)."""
+    limit = config.max_train_examples
+    if split != "train" or not limit or len(items) <= limit:
+        return items
+    keep = np.sort(np.random.default_rng(0).permutation(len(items))[:limit])
+    logging.info("Using %d of %d training examples (max_train_examples)", limit, len(items))
+    return [items[i] for i in keep]
+
+
+class Finetune:
+    """What the driver needs from a task; subclasses fill in loading, loss and scoring."""
+
+    main_metric: str
+    eval_splits: list[str]  # scored every epoch; the first one picks the best checkpoint
+    test_splits: list[str]  # predicted (and written) with the best checkpoint
+    scored_test_splits: list[str] = []  # test splits with labels, also scored
+    frozen_encoder = False  # train only the head (feature-based)
+
+    def outputs(self, model_outputs):
+        """Reduces the model outputs on device before they are fetched (default: as is)."""
+        return model_outputs
+
+
+class GlueFinetune(Finetune):
+    """Sentence(-pair) classification or regression on the pooled output."""
+
+    def __init__(self, config, tokenizer):
+        self.config, self.tokenizer = config, tokenizer
+        self.task = glue.get_task(config.task)
+        self.main_metric = self.task.metric_names[0]
+        self.eval_splits, self.test_splits = self.task.eval_splits, self.task.test_splits
+
+    def model(self, bert_config: BertConfig) -> nn.Module:
+        return BertForSequenceClassification(bert_config, self.task.num_labels)
+
+    def load(self, split: str) -> SplitData:
+        examples, skipped = glue.read_examples(self.task, split, self.config.data_dir,
+                                               self.config.tfds_data_dir)
+        examples = _subset(examples, self.config, split)
+        return SplitData(split, glue.encode(self.task, examples, self.tokenizer,
+                                            self.config.max_seq_length), examples, skipped)
+
+    def loss(self, logits, batch):
+        if self.task.is_regression:
+            return objectives.regression_loss(logits, batch["labels"], batch["weights"])
+        return objectives.classification_loss(logits, batch["labels"], batch["weights"])
+
+    def evaluate(self, data: SplitData, logits: np.ndarray) -> dict[str, float]:
+        return glue.evaluate(self.task, glue.predictions_from_logits(self.task, logits),
+                             data.features["labels"])
+
+    def write_predictions(self, data: SplitData, logits: np.ndarray, directory: str) -> str:
+        return glue.write_submission(self.task, data.name, data.examples,
+                                     glue.predictions_from_logits(self.task, logits), directory)
+
+
+class NerFinetune(Finetune):
+    """CoNLL-2003 tagging; fine-tuned, or feature-based with a frozen encoder."""
+
+    main_metric = "f1"
+    eval_splits = ["dev"]
+    test_splits = ["test"]
+    scored_test_splits = ["test"]
+
+    def __init__(self, config, tokenizer):
+        self.config, self.tokenizer = config, tokenizer
+        self.frozen_encoder = bool(config.feature_based)
+
+    def model(self, bert_config: BertConfig) -> nn.Module:
+        return BertForTokenClassification(bert_config, len(ner.LABELS), self.config.feature_based,
+                                          self.config.lstm_size)
+
+    def load(self, split: str) -> SplitData:
+        sentences, skipped = ner.read_sentences(split, self.config.data_dir,
+                                                self.config.tfds_data_dir)
+        sentences = _subset(sentences, self.config, split)
+        encoded, positions, truncated = ner.encode(sentences, self.tokenizer,
+                                                   self.config.max_seq_length)
+        return SplitData(split, encoded, (sentences, positions), {**skipped, **truncated})
+
+    def loss(self, logits, batch):
+        weights = batch["label_weights"] * batch["weights"][:, None]
+        return objectives.tagging_loss(logits, batch["labels"], weights)
+
+    def outputs(self, logits):
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def _tags(self, data: SplitData, predicted_ids: np.ndarray) -> list[list[str]]:
+        sentences, positions = data.examples
+        return ner.word_tags(predicted_ids, positions, sentences)
+
+    def evaluate(self, data: SplitData, predicted_ids: np.ndarray) -> dict[str, float]:
+        return ner.evaluate(data.examples[0], self._tags(data, predicted_ids))
+
+    def write_predictions(self, data: SplitData, predicted_ids: np.ndarray, directory: str) -> str:
+        path = os.path.join(directory, f"{data.name}_predictions.txt")
+        ner.write_predictions(path, data.examples[0], self._tags(data, predicted_ids))
+        return path
+
+
+class SquadFinetune(Finetune):
+    """SQuAD v1.1 / v2.0 span prediction (readers, post-processing and scorer in
+    `bertjax.tasks.squad` / `squad_eval`)."""
+
+    main_metric = "f1"
+    eval_splits = ["dev"]
+    test_splits: list[str] = []
+
+    def __init__(self, config, tokenizer):
+        from bertjax.tasks import squad, squad_eval
+        self.squad, self.squad_eval = squad, squad_eval
+        self.config, self.tokenizer = config, tokenizer
+
+    def model(self, bert_config: BertConfig) -> nn.Module:
+        return BertForQuestionAnswering(bert_config)
+
+    def load(self, split: str) -> SplitData:
+        c, training = self.config, split == "train"
+        source = c.train_file if training else c.predict_file
+        examples, skipped = self.squad.read_squad(source, training, c.version_2_with_negative,
+                                                  c.tfds_data_dir or None)
+        examples = _subset(examples, c, split)
+        feats, counts = self.squad.convert_examples_to_features(
+            examples, self.tokenizer, c.max_seq_length, c.doc_stride, c.max_query_length, training)
+        arrays = {"input_ids": feats.input_ids, "input_mask": feats.input_mask,
+                  "segment_ids": feats.segment_ids}
+        if training:
+            arrays.update(start_positions=feats.start_positions, end_positions=feats.end_positions)
+        return SplitData(split, arrays, (examples, feats), {**skipped, **counts})
+
+    def loss(self, logits, batch):
+        start, end = logits
+        return objectives.span_loss(start, end, batch["start_positions"], batch["end_positions"],
+                                    batch["weights"])
+
+    def _postprocess(self, data: SplitData, logits):
+        c = self.config
+        examples, feats = data.examples
+        return self.squad.postprocess(
+            examples, feats, logits[0], logits[1], n_best_size=c.n_best_size,
+            max_answer_length=c.max_answer_length, do_lower_case=c.do_lower_case,
+            version_2_with_negative=c.version_2_with_negative,
+            null_score_diff_threshold=c.null_score_diff_threshold)
+
+    def evaluate(self, data: SplitData, logits) -> dict[str, float]:
+        predictions, _, null_odds = self._postprocess(data, logits)
+        result = self.squad_eval.evaluate(
+            data.examples[0], predictions,
+            na_probs=null_odds if self.config.version_2_with_negative else None,
+            version_2=bool(self.config.version_2_with_negative))
+        return {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
+
+    def write_predictions(self, data: SplitData, logits, directory: str) -> str:
+        self.squad.write_predictions(directory, *self._postprocess(data, logits))
+        return os.path.join(directory, "predictions.json")
+
+
+TASK_KINDS = {"glue": GlueFinetune, "ner": NerFinetune, "squad": SquadFinetune}
+
+
+def make_task(config, tokenizer):
+    if config.kind not in TASK_KINDS:
+        raise FinetuneError(f"kind={config.kind!r}; choose one of {sorted(TASK_KINDS)}")
+    try:
+        return TASK_KINDS[config.kind](config, tokenizer)
+    except ValueError as e:
+        raise FinetuneError(str(e)) from e
+
+
+# ----------------------------------------------------------------------------- batches and steps
+
+
+def _host_batch(data: SplitData, rows: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
+    """This process's slice of the global batch `rows`, padded to `batch_size` with weight-0
+    copies of row 0 (the last evaluation batch)."""
+    weights = np.ones(batch_size, np.float32)
+    weights[len(rows):] = 0.0
+    rows = np.concatenate([rows, np.zeros(batch_size - len(rows), rows.dtype)])
+    local = batch_size // jax.process_count()
+    mine = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
+    batch = {key: value[rows[mine]] for key, value in data.features.items()}
+    batch["weights"] = weights[mine]
+    return batch
+
+
+def _apply(model: nn.Module, params: Any, batch: Batch, deterministic: bool, rng=None):
+    return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
+                       batch["input_mask"], deterministic=deterministic,
+                       rngs=None if deterministic else {"dropout": rng})
+
+
+def make_steps(task, model: nn.Module, tx, state_shardings, mesh):
+    """Jitted `(train_step(state, batch), predict_step(params, batch))`."""
+
+    def loss_fn(params, batch, rng):
+        return task.loss(_apply(model, params, batch, False, rng), batch)
+
+    def predict_step(params, batch):
+        outputs = _apply(model, params, batch, True)
+        return task.outputs(outputs)
+
+    train_step = steps.jit_train_step(steps.make_loss_train_step(loss_fn, tx), state_shardings, mesh)
+    return train_step, steps.jit_eval_step(predict_step, state_shardings.params, mesh)
+
+
+def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any:
+    """Outputs for every row of `data` (host numpy), in order."""
+    chunks = []
+    for start in range(0, len(data), batch_size):
+        rows = np.arange(start, min(start + batch_size, len(data)))
+        batch = sharding.global_batch_from_host(_host_batch(data, rows, batch_size), mesh)
+        chunks.append(jax.tree.map(lambda x, n=len(rows): np.asarray(x)[:n],
+                                   jax.device_get(predict_step(params, batch))))
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *chunks)
+
+
+def _optimizer(config, total_steps: int, feature_based: bool) -> optax.GradientTransformation:
+    opt = ml_collections.ConfigDict(config.optimizer.to_dict())
+    opt.update(peak_learning_rate=config.learning_rate, total_steps=total_steps,
+               warmup_steps=int(total_steps * config.warmup_proportion))
+    tx = optim.make_optimizer(opt)
+    if not feature_based:
+        return tx
+    # Feature-based: only the tagger on top of the frozen encoder is trained (zero updates for
+    # `bert`, weight decay included).
+    freeze = optax.stateless(lambda updates, params=None: {
+        k: jax.tree.map(jnp.zeros_like, v) if k == "bert" else v for k, v in updates.items()})
+    return optax.chain(tx, freeze)
+
+
+# ----------------------------------------------------------------------------- one seed
+
+
+def _log(writer: SummaryWriter | None, prefix: str, values: dict[str, float], step: int) -> None:
+    if writer:
+        for key, value in values.items():
+            writer.add_scalar(f"{prefix}/{key}", value, step)
+        writer.flush()
+
+
+@dataclasses.dataclass
+class Trainer:
+    """What every seed of a run shares: the model, optimizer, step counts and the compiled
+    steps (built by the first seed, reused by the others)."""
+
+    model: nn.Module
+    tx: optax.GradientTransformation
+    steps_per_epoch: int
+    total_steps: int
+    steps: tuple[Callable, Callable] | None = None
+
+
+def make_trainer(config, task, bert_config: BertConfig, num_train: int) -> Trainer:
+    steps_per_epoch = num_train // config.train_batch_size  # the original drops the remainder
+    total_steps = int(steps_per_epoch * config.num_train_epochs)
+    if total_steps < 1:
+        raise FinetuneError(f"{num_train} training examples give no step of batch "
+                            f"{config.train_batch_size}")
+    return Trainer(task.model(bert_config), _optimizer(config, total_steps, task.frozen_encoder),
+                   steps_per_epoch, total_steps)
+
+
+def train_one_seed(config, task, trainer: Trainer, data: dict[str, SplitData], seed: int,
+                   workdir: str, mesh) -> dict[str, Any]:
+    """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics."""
+    os.makedirs(workdir, exist_ok=True)
+    train = data["train"]
+    batch_size = config.train_batch_size
+    model, tx = trainer.model, trainer.tx
+    steps_per_epoch, total_steps = trainer.steps_per_epoch, trainer.total_steps
+    example = (jnp.zeros((1, 8), jnp.int32),) * 3
+    state, abstract_state, state_shardings = create_train_state(
+        model, tx, jax.random.PRNGKey(seed), example, mesh)
+    if config.init_checkpoint and not config.random_init:
+        params = dict(state.params, bert=load_pretrained(config.init_checkpoint,
+                                                         abstract_state.params["bert"]))
+        state = state.replace(params=params, opt_state=jax.jit(
+            tx.init, out_shardings=state_shardings.opt_state)(params))
+    if trainer.steps is None:
+        trainer.steps = make_steps(task, model, tx, state_shardings, mesh)
+    train_step, predict_step = trainer.steps
+    checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                           save_every=10 ** 9, keep_latest=1)
+    writer = SummaryWriter(os.path.join(workdir, "tensorboard")) if jax.process_index() == 0 else None
+    meta = {"task": config.task, "seed": seed, "config": config.to_json()}
+    best: dict[str, Any] = {"epoch": -1}
+    rng = np.random.default_rng(seed)
+    print(f"seed {seed}: {len(train)} training examples, {total_steps} steps "
+          f"({steps_per_epoch}/epoch), {count_params(state.params):,} parameters", flush=True)
+    step, sums, started = 0, {}, time.time()
+    try:
+        with sharding.activate(mesh):
+            for epoch in range(int(np.ceil(config.num_train_epochs))):
+                order = rng.permutation(len(train))
+                for index in range(steps_per_epoch):
+                    if step >= total_steps:
+                        break
+                    rows = order[index * batch_size:(index + 1) * batch_size]
+                    batch = sharding.global_batch_from_host(_host_batch(train, rows, batch_size), mesh)
+                    state, metrics = train_step(state, batch)
+                    step += 1
+                    for key, value in jax.device_get(metrics).items():
+                        sums[key] = sums.get(key, 0.0) + float(value)
+                    sums["steps"] = sums.get("steps", 0.0) + 1
+                    if step % config.log_every == 0 or step == total_steps:
+                        means = {"loss": sums["loss_sum"] / max(sums["count"], 1.0),
+                                 "grad_norm": sums["grad_norm"] / sums["steps"]}
+                        print(f"seed {seed} step {step}/{total_steps} loss {means['loss']:.4f} "
+                              f"({time.time() - started:.0f}s)", flush=True)
+                        _log(writer, "train", means, step)
+                        sums = {}
+                dev = {name: task.evaluate(data[name], predict(
+                    predict_step, state.params, data[name], config.eval_batch_size, mesh))
+                    for name in task.eval_splits}
+                for name, values in dev.items():
+                    print(f"seed {seed} epoch {epoch + 1} {name}: " +
+                          " ".join(f"{k} {v:.4f}" for k, v in values.items()), flush=True)
+                    _log(writer, f"eval_{name}", values, step)
+                score = dev[task.eval_splits[0]][task.main_metric]
+                if best["epoch"] < 0 or score > best["score"]:
+                    best = {"epoch": epoch + 1, "step": step, "score": score, "dev": dev}
+                    checkpointer.save(step, state, {"epoch": epoch + 1}, meta, force=True)
+            checkpointer.wait()
+            if best["step"] != step:
+                state, _, _ = checkpointer.restore(best["step"], abstract_state, meta)
+            outputs, scored_tests = {}, {}
+            os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
+            for name in [n for n in task.test_splits if n in data]:
+                test = data[name]
+                test_outputs = predict(predict_step, state.params, test, config.eval_batch_size, mesh)
+                outputs[name] = task.write_predictions(test, test_outputs,
+                                                       os.path.join(workdir, "predictions"))
+                if name in task.scored_test_splits:
+                    scored_tests[name] = task.evaluate(test, test_outputs)
+            if not task.test_splits:  # SQuAD: the best epoch's dev predictions
+                first = data[task.eval_splits[0]]
+                outputs["dev"] = task.write_predictions(
+                    first, predict(predict_step, state.params, first, config.eval_batch_size, mesh),
+                    os.path.join(workdir, "predictions"))
+    finally:
+        checkpointer.close()
+        if writer:
+            writer.close()
+    result = {"seed": seed, "best_epoch": best["epoch"], "best_step": best["step"],
+              "dev": best["dev"], "test": scored_tests, "predictions": outputs,
+              "seconds": round(time.time() - started, 1)}
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+# ----------------------------------------------------------------------------- several seeds
+
+
+def summarize_seeds(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean, standard deviation (ddof 0) and median of every dev (and labelled test) metric
+    over the seeds."""
+    table: dict[str, list[float]] = {}
+    for result in results:
+        for split, values in {**result["dev"], **result["test"]}.items():
+            for key, value in values.items():
+                table.setdefault(f"{split}/{key}", []).append(value)
+    return {key: {"mean": float(np.mean(v)), "std": float(np.std(v)),
+                  "median": float(np.median(v)), "values": v} for key, v in table.items()}
+
+
+def parse_seeds(seeds: Any) -> list[int]:
+    try:
+        return [int(s) for s in str(seeds).replace(" ", "").split(",") if s]
+    except ValueError as e:
+        raise FinetuneError(f"seeds={seeds!r}: expected comma-separated integers") from e
+
+
+def run(config: ml_collections.ConfigDict, workdir: str,
+        devices: list[jax.Device] | None = None) -> dict[str, Any]:
+    """Fine-tunes every seed in `config.seeds` (each in `workdir/seed_N`) and writes
+    `workdir/summary.json`; returns it."""
+    pretrain_model, pretrain_config = pretraining_run(config)
+    bert_config = bert_config_of(config, pretrain_model, pretrain_config)
+    tokenizer = tokenizer_of(config, pretrain_config)
+    if tokenizer.vocab_size > bert_config.vocab_size:
+        raise FinetuneError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
+                            f"{bert_config.vocab_size}: use the pretraining run's vocabulary")
+    if config.max_seq_length > bert_config.max_position_embeddings:
+        raise FinetuneError(f"max_seq_length={config.max_seq_length} > the model's "
+                            f"max_position_embeddings={bert_config.max_position_embeddings}")
+    try:
+        mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
+    except ValueError as e:
+        raise FinetuneError(str(e)) from e
+    for size in (config.train_batch_size, config.eval_batch_size):
+        if size % (sharding.data_parallel_size(mesh) * jax.process_count()):
+            raise FinetuneError(f"batch size {size} must be divisible by data*fsdp="
+                                f"{sharding.data_parallel_size(mesh)} times the process count")
+    task = make_task(config, tokenizer)
+    try:
+        data = {name: task.load(name) for name in ["train", *task.eval_splits]}
+        for name in task.test_splits:  # unlabelled leaderboard inputs are optional
+            try:
+                data[name] = task.load(name)
+            except (features.TaskDataError, FileNotFoundError) as e:
+                logging.warning("no %s predictions: %s", name, e)
+    except ValueError as e:  # readers' errors name the file and what is wrong
+        raise FinetuneError(str(e)) from e
+    trainer = make_trainer(config, task, bert_config, len(data["train"]))
+    results = [train_one_seed(config, task, trainer, data, seed,
+                              os.path.join(workdir, f"seed_{seed}"), mesh)
+               for seed in parse_seeds(config.seeds)]
+    summary = {"task": config.task, "init_checkpoint": config.init_checkpoint,
+               "random_init": bool(config.random_init), "main_metric": task.main_metric,
+               "train_examples": len(data["train"]),
+               "skipped": {name: split.skipped for name, split in data.items()},
+               "seeds": results, "summary": summarize_seeds(results)}
+    if jax.process_index() == 0:
+        with open(os.path.join(workdir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        for key, stats in summary["summary"].items():
+            print(f"{config.task} {key}: mean {stats['mean']:.4f} std {stats['std']:.4f} "
+                  f"median {stats['median']:.4f} over {len(results)} seeds", flush=True)
+    return summary
+
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    config_flags.DEFINE_config_file("config", None, "configs/finetune/*.py", lock_config=True)
+    flags.DEFINE_string("workdir", None, "output directory (checkpoints, predictions, summary)")
+    flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv) -> None:
+    del argv
+    try:
+        run(FLAGS.config, FLAGS.workdir)
+    except (FinetuneError, features.TaskDataError, pipeline.DataError, checkpoint.CheckpointMismatch,
+            checkpoint.CheckpointWriteError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -1,0 +1,46 @@
+"""Fields shared by every fine-tuning config (glue.py, ner.py, squad.py load this by path).
+
+Defaults are the original run_classifier / run_squad ones: batch 32, lr 5e-5, 3 epochs, 10%
+linear warmup then linear decay, BERT's AdamWeightDecay, dropout 0.1.
+"""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.kind = ""  # "glue" | "ner" | "squad" (set by each task config)
+    c.task = ""  # task name (GLUE: cola sst2 mrpc stsb qqp mnli qnli rte wnli)
+    c.data_dir = ""  # task data on disk (GLUE download layout / CoNLL files); empty = tfds
+    c.tfds_data_dir = ""  # tfds data_dir; empty = tfds default
+    c.init_checkpoint = ""  # bertjax pretraining workdir (or its checkpoints/ folder)
+    c.random_init = False  # use init_checkpoint's architecture and tokenizer, not its weights
+    c.model_config = ""  # bert_config.json: architecture without (or overriding) a checkpoint
+    c.vocab_file = ""  # vocab.txt / SentencePiece .model; empty = the pretraining run's
+    c.tokenizer = ""  # "wordpiece" | "sentencepiece" for vocab_file; empty = by file extension
+    c.do_lower_case = True  # for vocab_file (WordPiece) and SQuAD answer mapping
+    c.max_seq_length = 128  # tokens per sequence
+    c.train_batch_size = 32  # sequences per optimizer step (all hosts)
+    c.eval_batch_size = 32  # sequences per prediction step (all hosts)
+    c.num_train_epochs = 3.0  # passes over the training set (fractions allowed)
+    c.learning_rate = 5e-5  # peak learning rate
+    c.warmup_proportion = 0.1  # fraction of steps of linear warmup, then linear decay to 0
+    c.hidden_dropout_prob = 0.1  # dropout in the encoder and on the classifier input
+    c.attention_probs_dropout_prob = 0.1  # dropout on attention probabilities
+    c.dtype = "float32"  # compute dtype; "bfloat16" on TPU/GPU
+    c.seeds = "1"  # comma-separated seeds: one full run each, summarised (mean/std/median)
+    c.max_train_examples = 0  # random subset of the training set (0 = all); for quick studies
+    c.log_every = 50  # steps between training-loss lines
+
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.name = "bert_adam"  # "bert_adam" (original) | "adamw" | "lamb"
+    c.optimizer.weight_decay_rate = 0.01  # decoupled decay (x lr); not on LayerNorm or biases
+    c.optimizer.b1 = 0.9  # Adam beta1
+    c.optimizer.b2 = 0.999  # Adam beta2
+    c.optimizer.eps = 1e-6  # Adam epsilon
+    c.optimizer.clip_global_norm = 1.0  # gradient global-norm clip; 0 disables
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1  # data-parallel replicas; -1 = all remaining devices
+    c.mesh.fsdp = 1  # parameter-sharded data parallelism
+    c.mesh.tensor = 1  # tensor parallelism
+    return c

@@ -1,0 +1,30 @@
+"""SQuAD v1.1 / v2.0 (run_squad defaults: length 384, stride 128, query 64, batch 32, lr 5e-5,
+3 epochs; n-best 20, max answer length 30).
+
+    python -m bertjax.finetune --config=configs/finetune/squad.py \
+        --config.init_checkpoint=PRETRAIN_WORKDIR --config.train_file=train-v1.1.json \
+        --config.predict_file=dev-v1.1.json --workdir=DIR
+
+Files are the official JSON, or `tfds:squad/v1.1:train`-style names. v2.0: set
+`--config.version_2_with_negative=True`; the best null-score threshold is searched on dev.
+"""
+import pathlib
+import runpy
+
+common = runpy.run_path(str(pathlib.Path(__file__).with_name("common.py")))["get_config"]
+
+
+def get_config():
+    c = common()
+    c.kind = "squad"
+    c.task = "squad"
+    c.max_seq_length = 384  # tokens per window
+    c.train_file = "tfds:squad/v1.1:train"  # official JSON path or tfds:NAME:SPLIT
+    c.predict_file = "tfds:squad/v1.1:validation"  # official JSON path or tfds:NAME:SPLIT
+    c.version_2_with_negative = False  # SQuAD 2.0: unanswerable questions
+    c.doc_stride = 128  # tokens between the starts of a document's windows
+    c.max_query_length = 64  # question tokens kept
+    c.n_best_size = 20  # candidate spans per question
+    c.max_answer_length = 30  # tokens in an answer
+    c.null_score_diff_threshold = 0.0  # v2: predict "" when null score - best > this
+    return c

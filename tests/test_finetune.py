@@ -1,0 +1,209 @@
+"""Fine-tuning end to end on synthetic data: heads, the GLUE CLI (seeds, best checkpoint,
+submission), feature-based NER (frozen encoder), SQuAD, clear errors, extract_features."""
+import json
+import os
+import random
+import runpy
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import checkpoint, finetune, train
+from bertjax.model import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification,
+                           BertForTokenClassification, BertModel)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+POSITIVE, NEGATIVE = ["good", "great", "fun", "lovely"], ["bad", "awful", "dull", "boring"]
+NAMES = ["john", "paris", "acme", "mary"]
+FILLER = ["the", "movie", "was", "a", "plot", "and", "very", "film", "story", "it", "what", "?"]
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ","] + POSITIVE + NEGATIVE + NAMES + FILLER
+
+
+TINY = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=4,
+                  num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+
+
+def pretrained_encoder(root: str):
+    return finetune.load_pretrained(os.path.join(root, "pretrain"),
+                                    finetune.abstract_params_on_one_device(BertModel(TINY)))
+
+
+def config_file(name: str):
+    return runpy.run_path(os.path.join(REPO_ROOT, "configs", "finetune", name))["get_config"]()
+
+
+def sentence(rng: random.Random, positive: bool) -> str:
+    words = [rng.choice(FILLER[:10]) for _ in range(3)]
+    return " ".join(words + [rng.choice(POSITIVE if positive else NEGATIVE), "."])
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> str:
+    """A vocab, a 2-step pretraining checkpoint, SST-2 TSVs, CoNLL files and a SQuAD JSON."""
+    root = tmp_path_factory.mktemp("finetune")
+    rng = random.Random(0)
+    (root / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    (root / "corpus.txt").write_text("".join(
+        "\n".join(sentence(rng, rng.random() < 0.5) for _ in range(6)) + "\n\n" for _ in range(40)))
+    os.makedirs(root / "SST-2")
+    for split, count in (("train", 96), ("dev", 40)):
+        rows = [f"{sentence(rng, i % 2 == 1)}\t{i % 2}" for i in range(count)]
+        extra = ["a row without a label", "the film\t7"] if split == "train" else []
+        (root / "SST-2" / f"{split}.tsv").write_text("\n".join(["sentence\tlabel"] + rows + extra) + "\n")
+    (root / "SST-2" / "test.tsv").write_text("index\tsentence\n" + "".join(
+        f"{i}\t{sentence(rng, i % 2 == 1)}\n" for i in range(10)))
+    os.makedirs(root / "conll")
+    for split, count in (("train.txt", 64), ("valid.txt", 16), ("test.txt", 16)):
+        lines = ["-DOCSTART- -X- -X- O", ""]
+        for _ in range(count):
+            name = rng.choice(NAMES)
+            lines += [f"{name} NNP B-NP {'B-LOC' if name == 'paris' else 'B-PER'}", "was VBD B-VP O",
+                      f"{rng.choice(POSITIVE)} JJ B-ADJP O", ". . O O", ""]
+        (root / "conll" / split).write_text("\n".join(lines) + "\n")
+    paragraphs = []
+    for i in range(40):
+        name, other = rng.sample(NAMES, 2)
+        context = f"{name} was good . {other} was bad ."
+        paragraphs.append({"context": context, "qas": [{"id": f"q{i}", "question": "what was good ?",
+                                                        "answers": [{"text": name, "answer_start": 0}]}]})
+    (root / "squad.json").write_text(json.dumps({"version": "1.1", "data": [
+        {"title": "t", "paragraphs": paragraphs}]}))
+    config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "base.py"))["get_config"]()
+    config.model.update(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=4,
+                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                        dtype="float32")
+    config.data.update(source="text", input_files=str(root / "corpus.txt"), tokenizer="wordpiece",
+                       vocab_file=str(root / "vocab.txt"), max_seq_length=32,
+                       max_predictions_per_seq=5, dupe_factor=1, eval_fraction=0.1, num_workers=1)
+    config.long_phase.fraction = 0.0
+    config.train.update(global_batch_size=8, total_steps=2, log_every=1, eval_every=0,
+                        eval_batches=1, checkpoint_every=2, keep_every=0)
+    config.optimizer.warmup_steps = 1
+    train.train_and_evaluate(config, str(root / "pretrain"), devices=jax.devices()[:1])
+    return str(root)
+
+
+def small(config, root: str, **overrides):
+    config.update(init_checkpoint=os.path.join(root, "pretrain"), max_seq_length=16,
+                  train_batch_size=32, eval_batch_size=8, learning_rate=1e-3, log_every=3)
+    config.update(**overrides)
+    return config
+
+
+def test_heads_have_google_names_and_all_layers():
+    cfg = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=4, num_attention_heads=2,
+                     intermediate_size=32, max_position_embeddings=16)
+    ids = jnp.ones((2, 8), jnp.int32)
+    shapes = lambda m: jax.tree.map(lambda x: x.shape, jax.eval_shape(
+        lambda: nn.meta.unbox(m.init(jax.random.PRNGKey(0), ids, ids * 0, ids)["params"])))
+    assert {k: v for k, v in shapes(BertForSequenceClassification(cfg, 3)).items() if k != "bert"} \
+        == {"output_weights": (3, 16), "output_bias": (3,)}
+    assert shapes(BertForQuestionAnswering(cfg))["cls"] == {
+        "squad": {"output_weights": (2, 16), "output_bias": (2,)}}
+    tagger = shapes(BertForTokenClassification(cfg, 5, feature_based=True, lstm_size=6))
+    assert tagger["output_weights"] == (5, 12) and tagger["lstm_0_forward"]["ii"]["kernel"] == (64, 6)
+    model = BertModel(cfg)
+    variables = model.init(jax.random.PRNGKey(0), ids, ids * 0, ids)
+    layers, pooled = model.apply(variables, ids, ids * 0, ids, all_layers=True)
+    sequence, pooled_last = model.apply(variables, ids, ids * 0, ids)
+    assert layers.shape == (4, 2, 8, 16)
+    np.testing.assert_array_equal(layers[-1], sequence)
+    np.testing.assert_array_equal(pooled, pooled_last)
+
+
+def test_glue_cli_trains_seeds_keeps_best_and_writes_submission(data_root, tmp_path):
+    workdir = tmp_path / "sst2"
+    command = [sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/glue.py",
+               "--config.task=sst2", f"--config.init_checkpoint={data_root}/pretrain",
+               f"--config.data_dir={data_root}", "--config.max_seq_length=16",
+               "--config.learning_rate=1e-3", "--config.num_train_epochs=10",
+               "--config.eval_batch_size=8", "--config.seeds=1,2", f"--workdir={workdir}"]
+    result = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["skipped"]["train"] == {"missing column": 1, "unknown label": 1}
+    accuracies = [seed["dev"]["dev"]["accuracy"] for seed in summary["seeds"]]
+    assert min(accuracies) >= 0.8, accuracies  # the sentiment word decides the label
+    stats = summary["summary"]["dev/accuracy"]
+    assert stats["mean"] == pytest.approx(np.mean(accuracies))
+    assert stats["std"] == pytest.approx(np.std(accuracies))
+    assert stats["median"] == pytest.approx(np.median(accuracies))
+    for seed in summary["seeds"]:
+        seed_dir = workdir / f"seed_{seed['seed']}"
+        assert os.listdir(seed_dir / "checkpoints") == [str(seed["best_step"])]
+        assert any(n.startswith("events.out.tfevents") for n in os.listdir(seed_dir / "tensorboard"))
+        lines = (seed_dir / "predictions" / "SST-2.tsv").read_text().splitlines()
+        assert lines[0] == "index\tprediction" and len(lines) == 11
+        assert {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
+    assert "sst2 dev/accuracy: mean" in result.stdout
+
+
+def test_feature_based_ner_trains_only_the_tagger(data_root, tmp_path):
+    config = small(config_file("ner.py"), data_root, data_dir=os.path.join(data_root, "conll"),
+                   feature_based=True, lstm_size=16, num_train_epochs=6, learning_rate=1e-2,
+                   train_batch_size=8,
+                   do_lower_case=True)
+    summary = finetune.run(config, str(tmp_path))  # 8 devices: sharded batches and eval padding
+    seed = summary["seeds"][0]
+    assert set(seed["dev"]["dev"]) == {"precision", "recall", "f1"}
+    assert set(seed["test"]["test"]) == {"precision", "recall", "f1"}
+    assert set(summary["summary"]) == {f"{split}/{m}" for split in ("dev", "test")
+                                       for m in ("precision", "recall", "f1")}
+    assert (tmp_path / "seed_1" / "predictions" / "test_predictions.txt").exists()
+    tagger = BertForTokenClassification(TINY, 9, feature_based=True, lstm_size=16)
+    tuned = checkpoint.restore_params(str(tmp_path / "seed_1" / "checkpoints"),
+                                      finetune.abstract_params_on_one_device(tagger))
+    jax.tree.map(np.testing.assert_array_equal, pretrained_encoder(data_root), tuned["bert"])
+    assert seed["dev"]["dev"]["f1"] > 0.5, seed  # names are tagged from the frozen features
+
+
+def test_squad_end_to_end(data_root, tmp_path):
+    squad_file = os.path.join(data_root, "squad.json")
+    config = small(config_file("squad.py"), data_root, train_file=squad_file,
+                   predict_file=squad_file, max_seq_length=24, doc_stride=8, max_query_length=8,
+                   num_train_epochs=2)
+    summary = finetune.run(config, str(tmp_path), devices=jax.devices()[:1])
+    dev = summary["seeds"][0]["dev"]["dev"]
+    assert set(dev) >= {"exact_match", "f1"} and 0.0 <= dev["f1"] <= 100.0
+    predictions = json.loads((tmp_path / "seed_1" / "predictions" / "predictions.json").read_text())
+    assert sorted(predictions) == sorted(f"q{i}" for i in range(40))
+
+
+def test_clear_errors(data_root, tmp_path):
+    config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
+                   init_checkpoint=str(tmp_path / "nothing"))
+    with pytest.raises(finetune.FinetuneError, match="no finished checkpoint"):
+        finetune.run(config, str(tmp_path / "a"), devices=jax.devices()[:1])
+    (tmp_path / "bigger.json").write_text(json.dumps({"hidden_size": 64, "intermediate_size": 64}))
+    config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
+                   model_config=str(tmp_path / "bigger.json"))
+    with pytest.raises(checkpoint.CheckpointMismatch, match="word_embeddings"):
+        finetune.run(config, str(tmp_path / "b"), devices=jax.devices()[:1])
+
+
+def test_extract_features_original_format(data_root, tmp_path):
+    (tmp_path / "in.txt").write_text("the movie was good .\nacme film ||| paris story bad .\n")
+    command = [sys.executable, "-m", "bertjax.extract_features", f"--input_file={tmp_path}/in.txt",
+               f"--output_file={tmp_path}/out.jsonl", f"--init_checkpoint={data_root}/pretrain",
+               "--max_seq_length=16", "--batch_size=4"]
+    result = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["linex_index"] for r in records] == [0, 1]
+    assert [f["token"] for f in records[1]["features"]] == \
+        "[CLS] acme film [SEP] paris story bad . [SEP]".split()
+    first = records[0]["features"][0]
+    assert [layer["index"] for layer in first["layers"]] == [-1, -2, -3, -4]
+    assert len(first["layers"][0]["values"]) == 32
+    # The values are the encoder's last layer for this input (rounded to 6 places).
+    ids = jnp.array([[VOCAB.index(t) for t in "[CLS] the movie was good . [SEP]".split()]])
+    sequence, _ = BertModel(TINY).apply({"params": pretrained_encoder(data_root)}, ids, ids * 0,
+                                        ids * 0 + 1)
+    np.testing.assert_allclose(first["layers"][0]["values"], sequence[0, 0], atol=2e-6)
