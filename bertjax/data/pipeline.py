@@ -99,18 +99,26 @@ def read_documents(data_cfg: Any, process_index: int, process_count: int,
     return (doc for i, doc in enumerate(documents) if i % process_count == process_index)
 
 
-def _source_fingerprint(data_cfg: Any) -> dict[str, Any]:
-    """What identifies the raw corpus, for the prepared-data cache key."""
+def source_identity(data_cfg: Any) -> dict[str, Any]:
+    """What identifies the raw corpus: files with their sizes, or the dataset's name."""
     if data_cfg.source == "text":
         if not data_cfg.input_files:
             raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
         files = corpus.expand_paths(data_cfg.input_files.split(","))
-        return {"files": [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in files],
+        return {"files": [(os.path.abspath(f), os.path.getsize(f)) for f in files],
                 "format": data_cfg.text_format}
     if data_cfg.source == "tfds":
         return {"tfds": [data_cfg.tfds_name, data_cfg.tfds_split, data_cfg.tfds_data_dir,
                          data_cfg.tfds_text_key]}
     return {"default": sys.version}
+
+
+def _source_fingerprint(data_cfg: Any) -> dict[str, Any]:
+    """The prepared-data cache key's view of the corpus: its identity plus file times."""
+    identity = source_identity(data_cfg)
+    if "files" in identity:
+        identity["mtimes"] = [int(os.path.getmtime(f)) for f, _ in identity["files"]]
+    return identity
 
 
 def strip_accents_option(data_cfg: Any) -> bool | None:
