@@ -39,18 +39,17 @@ def data_identity(data_cfg: Any, phases: Sequence[pipeline.Phase]) -> dict[str, 
 
 
 def check_data_compatible(found: dict[str, Any] | None, expected: dict[str, Any],
-                          checkpoint_phase: str, run_phase: str, where: str) -> None:
-    """Raises IncompatibleResume if this run continues the checkpoint's phase (its next
-    batch's phase `checkpoint_phase` is `run_phase`, this run's phase at that step) with
-    another corpus, sequence length or global batch. A phase switch passes."""
-    if not found or checkpoint_phase != run_phase:
+                          position: dict[str, Any], run_phase: str, where: str) -> None:
+    """Raises IncompatibleResume if this run continues a phase the checkpoint is in the
+    middle of (its data `position` is past the first batch of `run_phase`, this run's phase
+    at that step) with another corpus, sequence length or global batch. A checkpoint at
+    the start of a phase, or followed by another phase in this run's schedule, passes."""
+    resume_phase = position["phase"]
+    if not found or resume_phase != run_phase or position["batch_index"] == 0:
         return
-    resume_phase = run_phase
-    changes = [f"{field}: {found['phases'][resume_phase][field]} -> "
-               f"{expected['phases'][resume_phase][field]}"
-               for field in PHASE_FIELDS
-               if found["phases"].get(resume_phase, {}).get(field) !=
-               expected["phases"][resume_phase][field]]
+    old, new = found["phases"].get(resume_phase, {}), expected["phases"][resume_phase]
+    changes = [f"{field}: {old.get(field)} -> {new[field]}" for field in PHASE_FIELDS
+               if old.get(field) != new[field]]
     if found["source"] != expected["source"]:
         changes.append(f"data source: {found['source']} -> {expected['source']}")
     if changes:

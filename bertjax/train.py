@@ -66,7 +66,7 @@ class Progress:
         self.sums: dict[str, float] = {}
         self.tokens = 0
         self.window_start, self.window_start_step = time.time(), start_step
-        self.nonfinite_in_a_row = 0
+        self.nonfinite_in_a_row = self.nonfinite_total = 0
 
     def add(self, step: int, metrics: dict[str, Any], tokens: int, batch: str = "") -> None:
         """Adds one step's metrics (already on the host); stops on repeated non-finite steps.
@@ -83,7 +83,7 @@ class Progress:
                     f"({batch}); the last checkpoint is intact. Lower "
                     "optimizer.peak_learning_rate or check the data, then rerun to resume.")
             return
-        self.nonfinite_in_a_row = self.nonfinite_total = 0
+        self.nonfinite_in_a_row = 0
         for key, value in metrics.items():
             self.sums[key] = self.sums.get(key, 0.0) + float(value)
         self.sums["steps"] = self.sums.get("steps", 0.0) + 1
@@ -232,7 +232,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     position = {"phase": phase_data[0].phase.name, "batch_index": 0}
     if latest is not None:
         found_meta, found_position = checkpointer.metadata(latest)
-        guards.check_data_compatible(found_meta.get("data"), meta["data"], found_position["phase"],
+        guards.check_data_compatible(found_meta.get("data"), meta["data"], found_position,
                                      pipeline.phase_at(phases, latest).name,
                                      f"{checkpointer.directory}/{latest}")
         state, position, _ = checkpointer.restore(latest, abstract_state, meta)
