@@ -377,6 +377,11 @@ def main(argv: list[str]) -> None:
             checkpoint.CheckpointWriteError, TrainingError, guards.NonFiniteState,
             FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
+        if isinstance(e, checkpoint.CheckpointWriteError):
+            # Orbax's writer threads of the failed save wait (for minutes) for signals that
+            # will never come, and a normal exit joins them: leave without waiting.
+            sys.stdout.flush()
+            os._exit(1)
         sys.exit(1)
 
 

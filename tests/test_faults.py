@@ -2,7 +2,7 @@
 at a random step and during an async checkpoint write, and the loss of one process of a
 two-process job. Every resumed run's per-step losses must equal, bit for bit, those of one
 uninterrupted reference run (shared by the tests of this module)."""
-import json
+import contextlib
 import os
 import queue
 import random
@@ -136,11 +136,31 @@ def resumed_step(output: str) -> int:
     return int(re.search(r"Resuming from .* at step (\d+)", output).group(1))
 
 
+@contextlib.contextmanager
+def read_only(directory: str):
+    """No new files in `directory`, even for root (chattr +i), else by permissions."""
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "+i", directory], capture_output=True).returncode:
+            pytest.skip("running as root on a filesystem without chattr +i")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", directory], check=True)
+    else:
+        os.chmod(directory, 0o555)
+        try:
+            yield
+        finally:
+            os.chmod(directory, 0o755)
+
+
 def test_sigterm_and_kill_9_anywhere_resume_exactly(corpus_file, cache_dir, reference, tmp_path):
-    """One work directory, four runs: SIGTERM (a preemption notice) after step 3 saves at the
-    next step boundary and exits 0; the resumed run is killed with -9 at a random step; the
-    next one with -9 while a checkpoint is being written; the last runs to the end. Every
-    loss any of them logged equals the uninterrupted run's."""
+    """One work directory, five runs: SIGTERM (a preemption notice) after step 3 saves at the
+    next step boundary and exits 0; a run with the checkpoint directory read-only stops at
+    its first save with one clear error, leaving the checkpoints as they were; the next run
+    is killed with -9 at a random step; the next one with -9 while a checkpoint is being
+    written; the last runs to the end. Every loss any of them logged equals the
+    uninterrupted run's."""
     args = command_line(corpus_file, cache_dir, str(tmp_path))
     directory = str(tmp_path / "checkpoints")
     trainer = Trainer(args)
@@ -153,6 +173,15 @@ def test_sigterm_and_kill_9_anywhere_resume_exactly(corpus_file, cache_dir, refe
     assert saved and saved.group(1) in os.listdir(directory), trainer.output()
     print(f"\nSIGTERM after step 3: checkpoint at step {saved.group(1)}, exit 0 after "
           f"{seconds:.2f} s")
+
+    before = sorted(os.listdir(directory))
+    with read_only(directory):
+        trainer = Trainer(args)
+        assert trainer.finish(timeout=120) == 1, trainer.output()
+    errors = [line for line in trainer.lines if line.startswith("error: ")]
+    assert len(errors) == 1 and f"saving a checkpoint in {directory} failed" in errors[0]
+    assert sorted(os.listdir(directory)) == before
+    print(f"read-only checkpoints: {errors[0].strip()}")
 
     kill_step = random.Random().randint(int(saved.group(1)) + 1, TOTAL_STEPS - 6)
     trainer = Trainer(args)
@@ -170,7 +199,7 @@ def test_sigterm_and_kill_9_anywhere_resume_exactly(corpus_file, cache_dir, refe
     assert resumed_step(output) < int(unfinished.split(".")[0])  # the half-written one is skipped
     assert not any("tmp" in name for name in os.listdir(directory))  # and removed
     steps = assert_matches_reference(tmp_path, reference)
-    print(f"steps logged by the four runs: {steps}")
+    print(f"steps logged by the five runs: {steps}")
 
 
 def test_losing_a_peer_stops_the_survivor_and_a_restart_resumes(corpus_file, cache_dir,

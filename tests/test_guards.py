@@ -1,10 +1,7 @@
 """Run guards: NaN steps skipped and counted, K in a row stop the run, no checkpoint from a
-non-finite state, incompatible resumes refused (an intended phase switch allowed), and a
-failing checkpoint write stops training with earlier checkpoints intact."""
-import contextlib
-import os
+non-finite state, incompatible resumes refused (an intended phase switch allowed). (A
+failing checkpoint write is tested in test_faults.py: it needs its own process)."""
 import shutil
-import subprocess
 import types
 
 import jax
@@ -20,6 +17,19 @@ from test_train import corpus_file, read_metrics, tiny_config  # noqa: F401 (fix
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("guards_cache"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """The runs of this module compile the same programs: share them through JAX's cache."""
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    saved = [getattr(jax.config, name) for name in names]
+    for name, value in zip(names, (str(tmp_path_factory.mktemp("jax_cache")), 0, 0)):
+        jax.config.update(name, value)
+    yield
+    for name, value in zip(names, saved):
+        jax.config.update(name, value)
 
 
 def saved_state(workdir, step: int) -> dict:
@@ -104,32 +114,3 @@ def test_a_new_phase_may_change_its_batch(corpus_file, cache_dir, workdir):
     switched.long_phase.global_batch_size = 8
     with pytest.raises(checkpoint.CheckpointMismatch, match="global_batch_size: 32 -> 8"):
         run(switched, workdir)
-
-
-@contextlib.contextmanager
-def read_only(directory):
-    """No new files in `directory`, even for root (chattr +i), else by permissions."""
-    if os.geteuid() == 0:
-        if subprocess.run(["chattr", "+i", str(directory)], capture_output=True).returncode:
-            pytest.skip("running as root on a filesystem without chattr +i")
-        try:
-            yield
-        finally:
-            subprocess.run(["chattr", "-i", str(directory)], check=True)
-    else:
-        os.chmod(directory, 0o555)
-        try:
-            yield
-        finally:
-            os.chmod(directory, 0o755)
-
-
-def test_failing_checkpoint_write_stops_with_earlier_checkpoints_intact(corpus_file, cache_dir,
-                                                                       workdir):
-    config = tiny_config(corpus_file, cache_dir, **{"train.stop_after_steps": 4})
-    directory = workdir / "checkpoints"
-    with read_only(directory):
-        with pytest.raises(checkpoint.CheckpointWriteError, match=str(directory)):
-            run(config, workdir)
-    assert sorted(os.listdir(directory)) == ["4", "6"]
-    assert int(saved_state(workdir, 6)["step"]) == 6
