@@ -56,6 +56,11 @@ class Checkpointer:
     def should_save(self, step: int) -> bool:
         return self._manager.should_save(step)
 
+    def reached_preemption(self, step: int) -> bool:
+        """Whether every process has reached JAX's preemption sync point at `step` (after a
+        SIGTERM to any of them): save now, wait for the write and exit."""
+        return self._manager.reached_preemption(step)
+
     def save(self, step: int, state: Any, data_position: dict, meta: dict, force: bool = False) -> bool:
         """Starts an async save of step `step` if the policies (or `force`) say so."""
         try:
@@ -66,10 +71,16 @@ class Checkpointer:
             raise CheckpointWriteError(f"saving a checkpoint in {self.directory} failed: {e}; "
                                        "earlier finished checkpoints are intact") from e
 
+    def metadata(self, step: int) -> tuple[dict, dict]:
+        """The `(meta, data_position)` JSON items of step `step`, without the state."""
+        items = self._manager.restore(step, args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore(), data=ocp.args.JsonRestore()))
+        return items["meta"], items["data"]
+
     def restore(self, step: int, abstract_state: Any, expected_meta: dict) -> tuple[Any, dict, dict]:
         """Restores `(state, data_position, meta)` onto the shardings in `abstract_state`,
         after checking that the checkpoint's metadata matches this run."""
-        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        meta, _ = self.metadata(step)
         check_compatible(meta, expected_meta, f"{self.directory}/{step}")
         restored = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))

@@ -24,8 +24,8 @@ from jax.experimental import multihost_utils
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter
 
-from bertjax import (checkpoint, convert, distributed, flops, memory, objectives, optim,
-                     sharding, steps)
+from bertjax import (checkpoint, convert, distributed, flops, guards, memory, objectives,
+                     optim, sharding, steps)
 from bertjax.data import pipeline
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import count_params, create_train_state, pretraining_example_inputs
@@ -91,20 +91,24 @@ class Progress:
         self.sums: dict[str, float] = {}
         self.tokens = 0
         self.window_start, self.window_start_step = time.time(), start_step
-        self.nonfinite_in_a_row = 0
+        self.nonfinite_in_a_row = self.nonfinite_total = 0
         self.model_config = BertConfig.from_dict(config.model.to_dict())
         self.peak_tflops = flops.peak_tflops(jax.devices()[0].device_kind)
 
-    def add(self, step: int, metrics: dict[str, Any], tokens: int) -> None:
-        """Adds one step's metrics (already on the host); stops on repeated non-finite steps."""
+    def add(self, step: int, metrics: dict[str, Any], tokens: int, batch: str = "") -> None:
+        """Adds one step's metrics (already on the host); stops on repeated non-finite steps.
+        `batch` names the step's batch in messages."""
         if metrics["nonfinite"] > 0:
             self.nonfinite_in_a_row += 1
-            logging.warning("step %d: non-finite loss or gradient; update skipped", step)
+            self.nonfinite_total += 1
+            logging.warning("step %d (%s): non-finite loss or gradient; update skipped "
+                            "(%d in a row, %d in this run)", step, batch,
+                            self.nonfinite_in_a_row, self.nonfinite_total)
             if self.nonfinite_in_a_row >= self.config.train.max_nonfinite_steps:
                 raise TrainingError(
-                    f"{self.nonfinite_in_a_row} consecutive non-finite steps ending at step {step}; "
-                    "the last checkpoint is intact. Lower optimizer.peak_learning_rate or check "
-                    "the data, then rerun to resume.")
+                    f"{self.nonfinite_in_a_row} consecutive non-finite steps ending at step {step} "
+                    f"({batch}); the last checkpoint is intact. Lower "
+                    "optimizer.peak_learning_rate or check the data, then rerun to resume.")
             return
         self.nonfinite_in_a_row = 0
         for key, value in metrics.items():
@@ -121,6 +125,7 @@ class Progress:
         means = objectives.summarize(self.sums)
         means["grad_norm"] = self.sums["grad_norm"] / self.sums["steps"]
         means["learning_rate"] = optim.learning_rate_at(optimizer_config(self.config), step - 1)
+        means["nonfinite_steps"] = self.nonfinite_total
         means["tokens_per_second"] = self.tokens / max(now - self.window_start, 1e-9)
         flops_per_token = flops.train_flops_per_sequence(
             self.model_config, phase.max_seq_length, phase.max_predictions_per_seq,
@@ -232,10 +237,12 @@ ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_at
                        "type_vocab_size", "param_dtype", "scan_layers")
 
 
-def _run_metadata(config, tokenizer) -> dict[str, Any]:
-    """What a checkpoint records about its run; `model` and `tokenizer` must match to resume."""
+def _run_metadata(config, tokenizer, phases) -> dict[str, Any]:
+    """What a checkpoint records about its run; `model` and `tokenizer` must match to resume,
+    `data` within a phase (guards.check_data_compatible)."""
     return {"model": {name: config.model[name] for name in ARCHITECTURE_FIELDS},
-            "tokenizer": tokenizer.fingerprint(), "config": config.to_json()}
+            "tokenizer": tokenizer.fingerprint(), "config": config.to_json(),
+            "data": guards.data_identity(config.data, phases)}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -265,7 +272,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     checkpointer = checkpoint.Checkpointer(
         os.path.join(workdir, "checkpoints"), config.train.checkpoint_every,
         config.train.keep_checkpoints, config.train.keep_every)
-    meta = _run_metadata(config, tokenizer)
+    phases = [pd.phase for pd in phase_data]
+    meta = _run_metadata(config, tokenizer, phases)
     latest = checkpointer.latest_step()
     rng = jax.random.PRNGKey(config.train.seed)
     _, abstract_state, state_shardings = create_train_state(model, tx, rng, example, mesh,
@@ -278,6 +286,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         print(memory.report(model, abstract_state, mesh, [pd.phase for pd in phase_data]),
               flush=True)
     if latest is not None:
+        found_meta, found_position = checkpointer.metadata(latest)
+        guards.check_data_compatible(found_meta.get("data"), meta["data"], found_position,
+                                     pipeline.phase_at(phases, latest).name,
+                                     f"{checkpointer.directory}/{latest}")
         state, position, _ = checkpointer.restore(latest, abstract_state, meta)
         _chief_print(f"Resuming from {checkpointer.directory} at step {latest} "
                      f"(phase {position['phase']}, next batch {position['batch_index']})")
@@ -328,13 +340,18 @@ def _train_loop(config, state, position, start_step, phase_data, train_step, eva
     current = by_name.get(position["phase"]) or phase_data[0]
     batch_index = position["batch_index"]  # the next batch of `current` to train on
     next_batch = prefetcher.submit(current.train.batch, batch_index)
-    pending = None  # (step, device metrics, tokens): fetched one step late
+    pending = None  # (step, device metrics, tokens, batch name): fetched one step late
+    nan_steps = set(config.train.debug_nan_steps)
 
     def flush_pending() -> None:
         nonlocal pending
         if pending is not None:
-            progress.add(pending[0], jax.device_get(pending[1]), pending[2])
+            progress.add(pending[0], jax.device_get(pending[1]), pending[2], pending[3])
             pending = None
+
+    def save(step: int, force: bool = False) -> None:
+        guards.check_finite(state, step)
+        checkpointer.save(step, state, position, meta, force=force)
 
     def eval_and_log(step: int, pd: PhaseData) -> dict[str, float]:
         means = evaluate(eval_step, state.params, pd.eval, config.train.eval_batches, mesh)
@@ -349,8 +366,10 @@ def _train_loop(config, state, position, start_step, phase_data, train_step, eva
     stop_at = min(total, start_step + config.train.stop_after_steps) \
         if config.train.stop_after_steps else total
     for step in range(start_step, stop_at):
-        trained = current
+        trained, trained_batch = current, f"batch {batch_index} of phase {current.phase.name}"
         host_batch = next_batch.result()
+        if step + 1 in nan_steps:  # test-only fault injection
+            host_batch = guards.poison_batch(host_batch)
         upcoming = pipeline.phase_at(phases, step + 1)
         if upcoming.name != current.phase.name:
             current, batch_index = by_name[upcoming.name], -1
@@ -360,20 +379,25 @@ def _train_loop(config, state, position, start_step, phase_data, train_step, eva
         state, metrics = train_step(state, sharding.global_batch_from_host(host_batch, mesh))
         flush_pending()  # the previous step's metrics: ready by now, so this does not stall
         done = step + 1
-        pending = (done, metrics, host_batch["input_ids"].size * jax.process_count())
+        pending = (done, metrics, host_batch["input_ids"].size * jax.process_count(), trained_batch)
         position = {"phase": current.phase.name, "batch_index": batch_index}
         if done % config.train.log_every == 0 or done == stop_at:
             flush_pending()
             progress.report(done, trained.phase)
         if config.train.eval_every and done % config.train.eval_every == 0 and done != total:
             eval_and_log(done, trained)
+        if checkpointer.reached_preemption(done):
+            flush_pending()
+            progress.report(done, trained.phase)
+            print(f"Preemption notice: saving a checkpoint at step {done} and exiting", flush=True)
+            break
         if checkpointer.should_save(done) and done != stop_at:
-            checkpointer.save(done, state, position, meta)
+            save(done)
     flush_pending()
     final_step = int(jax.device_get(state.step))
     final_eval = eval_and_log(final_step, current) if final_step == total else {}
     if checkpointer.latest_step() != final_step:
-        checkpointer.save(final_step, state, position, meta, force=True)
+        save(final_step, force=True)
     checkpointer.wait()
     return state, position, final_eval
 
@@ -390,6 +414,9 @@ def define_flags() -> None:
                         "runs off TPU VMs); default: $JAX_COORDINATOR_ADDRESS or auto-detection.")
     flags.DEFINE_integer("num_processes", None, "Processes in the job (with --coordinator_address).")
     flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
+    flags.DEFINE_integer("heartbeat_timeout_seconds", None, "Seconds without a heartbeat after "
+                         "which the processes of a multi-process job give up on a lost peer and "
+                         "exit; default: JAX's (100).")
     flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -404,12 +431,18 @@ def main(argv: list[str]) -> None:
     del argv
     logging.get_absl_handler().addFilter(_QuietLibraryInfo())
     try:
-        distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+        distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                               FLAGS.heartbeat_timeout_seconds)
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except (distributed.DistributedSetupError, ConfigError, pipeline.DataError, checkpoint.CheckpointMismatch,
-            checkpoint.CheckpointWriteError, TrainingError, FileNotFoundError,
-            convert.ConversionError) as e:
+            checkpoint.CheckpointWriteError, TrainingError, guards.NonFiniteState,
+            FileNotFoundError, convert.ConversionError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
+        if isinstance(e, checkpoint.CheckpointWriteError):
+            # Orbax's writer threads of the failed save wait (for minutes) for signals that
+            # will never come, and a normal exit joins them: leave without waiting.
+            sys.stdout.flush()
+            os._exit(1)
         sys.exit(1)
 
 

@@ -79,6 +79,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.init_checkpoint = ""  # params to start from: Google TF, Hugging Face or bertjax dir
     c.train.stop_after_steps = 0  # stop this run after N steps (time-limited jobs); 0 = no limit
     c.train.max_nonfinite_steps = 10  # consecutive non-finite steps before the run stops
+    c.train.debug_nan_steps = ()  # TEST ONLY: steps (1-based) whose batch is made NaN
     c.train.seed = 42  # parameter init and dropout seed
 
     c.optimizer = ml_collections.ConfigDict()

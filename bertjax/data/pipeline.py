@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import itertools
 import json
@@ -32,7 +33,7 @@ from bertjax.data import corpus, instances
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
-FORMAT_VERSION = 2  # bump when the prepared layout or instance semantics change
+FORMAT_VERSION = 3  # bump when the prepared layout or instance semantics change
 
 
 class DataError(ValueError):
@@ -99,18 +100,26 @@ def read_documents(data_cfg: Any, process_index: int, process_count: int,
     return (doc for i, doc in enumerate(documents) if i % process_count == process_index)
 
 
-def _source_fingerprint(data_cfg: Any) -> dict[str, Any]:
-    """What identifies the raw corpus, for the prepared-data cache key."""
+def source_identity(data_cfg: Any) -> dict[str, Any]:
+    """What identifies the raw corpus: files with their sizes, or the dataset's name."""
     if data_cfg.source == "text":
         if not data_cfg.input_files:
             raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
         files = corpus.expand_paths(data_cfg.input_files.split(","))
-        return {"files": [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in files],
+        return {"files": [(os.path.abspath(f), os.path.getsize(f)) for f in files],
                 "format": data_cfg.text_format}
     if data_cfg.source == "tfds":
         return {"tfds": [data_cfg.tfds_name, data_cfg.tfds_split, data_cfg.tfds_data_dir,
                          data_cfg.tfds_text_key]}
     return {"default": sys.version}
+
+
+def _source_fingerprint(data_cfg: Any) -> dict[str, Any]:
+    """The prepared-data cache key's view of the corpus: its identity plus file times."""
+    identity = source_identity(data_cfg)
+    if "files" in identity:
+        identity["mtimes"] = [int(os.path.getmtime(f)) for f, _ in identity["files"]]
+    return identity
 
 
 def strip_accents_option(data_cfg: Any) -> bool | None:
@@ -233,10 +242,16 @@ def tokenizing_pool(tokenizer: tokenization.Tokenizer, num_workers: int):
         yield pool
 
 
+# Longer sentences (a huge line without punctuation) are cut: no sequence can hold more, and
+# instance creation trims a pair one token at a time, so their full length would only cost time.
+MAX_SENTENCE_TOKENS = 4096
+
+
 def tokenize_documents(documents: Sequence[list[str]], tokenizer: tokenization.Tokenizer,
                        pool: Any = None) -> tuple[list[list[np.ndarray]], dict[str, int]]:
     """Token ids (int32 arrays, compact) per sentence, tokenized in `pool` if given; empty
-    sentences and documents are dropped and counted."""
+    sentences and documents are dropped and counted, sentences over MAX_SENTENCE_TOKENS cut
+    and counted."""
     if pool is None:
         _start_worker(tokenizer)
         encoded = map(_encode_document, documents)
@@ -244,9 +259,11 @@ def tokenize_documents(documents: Sequence[list[str]], tokenizer: tokenization.T
         # Small chunks when documents are few (e.g. whole books), larger ones to save IPC.
         encoded = pool.imap(_encode_document, documents,
                             chunksize=max(1, min(64, len(documents) // 32)))
-    tokenized, counts = [], {"empty_sentences": 0, "empty_documents": 0, "tokens": 0}
+    tokenized = []
+    counts = {"empty_sentences": 0, "empty_documents": 0, "long_sentences_cut": 0, "tokens": 0}
     for sentences in encoded:
-        kept = [ids for ids in sentences if len(ids)]
+        kept = [ids[:MAX_SENTENCE_TOKENS] for ids in sentences if len(ids)]
+        counts["long_sentences_cut"] += sum(len(ids) > MAX_SENTENCE_TOKENS for ids in sentences)
         counts["empty_sentences"] += len(sentences) - len(kept)
         counts["tokens"] += sum(len(ids) for ids in kept)
         if kept:
@@ -296,10 +313,54 @@ def _save_shard(directory: str, features: dict[str, np.ndarray]) -> None:
         np.save(os.path.join(directory, name + ".npy"), array)
 
 
-def _load_split(directory: str, masked: bool) -> PreparedSplit:
-    shards = [{name: np.load(os.path.join(directory, shard, name + ".npy"), mmap_mode="r")
-               for name in FEATURES} for shard in sorted(os.listdir(directory))]
-    return PreparedSplit(shards, masked)
+def _file_record(path: str) -> dict[str, Any]:
+    """Size and SHA-256 of a prepared file, as recorded in meta.json and checked on load."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
+
+
+def _shard_records(directory: str) -> dict[str, dict[str, Any]]:
+    """{"train/shard_00000/input_ids.npy": {rows, bytes, sha256}, ...} for every prepared file."""
+    records = {}
+    for split in ("train", "eval"):
+        for shard in sorted(os.listdir(os.path.join(directory, split))):
+            for name in FEATURES:
+                relative = f"{split}/{shard}/{name}.npy"
+                path = os.path.join(directory, relative)
+                rows = len(np.load(path, mmap_mode="r"))
+                records[relative] = {"rows": rows, **_file_record(path)}
+    return records
+
+
+def _load_split(directory: str, split: str, records: dict[str, dict[str, Any]],
+                masked: bool) -> PreparedSplit:
+    """Memory-maps the shards listed in meta.json after checking each file's size, checksum
+    and row count, so a truncated or corrupted shard is named instead of trained on."""
+    shards: dict[str, dict[str, np.ndarray]] = {}
+    for relative, record in records.items():
+        if not relative.startswith(split + "/"):
+            continue
+        path = os.path.join(directory, relative)
+        problem = "missing" if not os.path.exists(path) else None
+        if problem is None and _file_record(path) != {k: record[k] for k in ("bytes", "sha256")}:
+            problem = f"changed since preparation ({record['bytes']} bytes, sha256 {record['sha256'][:12]}...)"
+        if problem is None:
+            try:
+                array = np.load(path, mmap_mode="r")
+            except ValueError as e:
+                problem = f"unreadable ({e})"
+            else:
+                if len(array) != record["rows"]:
+                    problem = f"holds {len(array)} rows, not {record['rows']}"
+        if problem:
+            raise DataError(f"prepared data file {path} is {problem}; delete {directory} to "
+                            "prepare the data again")
+        _, shard, name = relative.split("/")
+        shards.setdefault(shard, {})[name[:-len(".npy")]] = array
+    return PreparedSplit([shards[name] for name in sorted(shards)], masked)
 
 
 def empty_features(phase: Phase) -> dict[str, np.ndarray]:
@@ -326,9 +387,11 @@ def prepare(config: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cache_
     if not os.path.exists(os.path.join(directory, "meta.json")):
         _build(directory, config, phase, tokenizer, dynamic, process_index, process_count)
     with open(os.path.join(directory, "meta.json")) as f:
-        logging.info("Prepared data %s: %s", directory, json.load(f))
-    return {"train": _load_split(os.path.join(directory, "train"), masked=not dynamic),
-            "eval": _load_split(os.path.join(directory, "eval"), masked=True)}
+        meta = json.load(f)
+    records = meta.pop("files")
+    logging.info("Prepared data %s: %s", directory, meta)
+    return {"train": _load_split(directory, "train", records, masked=not dynamic),
+            "eval": _load_split(directory, "eval", records, masked=True)}
 
 
 def _masking_is_dynamic(data_cfg: Any) -> bool:
@@ -345,8 +408,9 @@ def _build(directory: str, config: Any, phase: Phase, tokenizer: tokenization.To
     data_cfg, start = config.data, time.time()
     stats = corpus.CorpusStats()
     specials = specials_of(tokenizer, data_cfg.whole_word_mask)
+    for unfinished in glob.glob(glob.escape(directory) + ".tmp*"):  # left by a crashed run
+        shutil.rmtree(unfinished, ignore_errors=True)
     tmp = f"{directory}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     meta = collections.Counter()
     documents = read_documents(data_cfg, process_index, process_count, stats)
     with tokenizing_pool(tokenizer, data_cfg.num_workers) as pool:
@@ -375,8 +439,8 @@ def _build(directory: str, config: Any, phase: Phase, tokenizer: tokenization.To
     if not meta["eval_instances"]:
         _save_shard(os.path.join(tmp, "eval", "shard_00000"), empty_features(phase))
     with open(os.path.join(tmp, "meta.json"), "w") as f:
-        json.dump({**meta, "masking": data_cfg.masking,
-                   "seconds": round(time.time() - start, 1)}, f)
+        json.dump({**meta, "corpus": dataclasses.asdict(stats), "masking": data_cfg.masking,
+                   "seconds": round(time.time() - start, 1), "files": _shard_records(tmp)}, f)
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(tmp, directory)
 

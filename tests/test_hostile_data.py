@@ -1,0 +1,127 @@
+"""Bad data: hostile corpora give counted skips or one clear DataError (never a crash or a
+hang), corrupted or truncated prepared shards are named, and an interrupted preparation is
+redone without duplicates."""
+import json
+import os
+import random
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from bertjax import train
+from bertjax.data import corpus, pipeline
+from test_pipeline import make_config, only_dir
+
+DOCS = [doc for doc in corpus.default_corpus() if len(doc) >= 2][:60]
+NORMAL = ("\n\n".join("\n".join(doc) for doc in DOCS) + "\n").encode()
+WORDS = random.Random(0).choices(["alpha", "beta", "gamma", "the", "of"], k=200_000)
+
+
+def fifty_mb_line() -> bytes:
+    line = " ".join(WORDS).encode()
+    return line * (50_000_000 // len(line) + 1)
+
+
+# name -> (file contents, expected: counters that must be > 0 | a DataError message part)
+HOSTILE = {
+    "binary file beside text": ([os.urandom(100_000), NORMAL], "Vocabulary size is smaller"),
+    "invalid UTF-8": ([NORMAL.replace(b"the ", b"the \xff\xc3(", 40)], ["invalid_utf8_lines"]),
+    "NUL bytes": ([NORMAL.replace(b" a ", b" a\x00\x00 ")], []),
+    "a 50 MB single line": ([NORMAL, fifty_mb_line()],
+                            ["truncated_long_lines", "long_sentences_cut"]),
+    "only blank lines": ([b"\n \n\t\r\n" * 5000], "no non-blank sentences"),
+    "one-sentence documents": (["\n\n".join(s for d in DOCS for s in d).encode()], []),
+    "a single document": (["\n".join(s for d in DOCS for s in d).encode()], []),
+    "10,000-character words": ([NORMAL, b"\n".join(b"x" * 10_000 + b" end." for _ in range(20))],
+                               ["long_sentences_cut"]),
+    "mixed encodings": ([NORMAL[:20_000].decode().encode("latin-1", "replace"),
+                         NORMAL[20_000:40_000].decode().encode("utf-16"), NORMAL[40_000:]],
+                        ["invalid_utf8_lines"]),
+}
+
+
+def write_inputs(tmp_path, contents: list[bytes]) -> str:
+    paths = [tmp_path / f"input_{i}.txt" for i in range(len(contents))]
+    for path, data in zip(paths, contents):
+        path.write_bytes(data)
+    return ",".join(map(str, paths))
+
+
+def prepare_inputs(tmp_path, input_files: str) -> list[train.PhaseData]:
+    """What `python -m bertjax.train` runs before training: SentencePiece training on the
+    corpus, preparation (cached in tmp_path/cache) and the loaders."""
+    config = make_config(input_files, **{
+        "long_phase.fraction": 0.0, "data.text_format": "auto", "data.dupe_factor": 1,
+        "data.sentencepiece_vocab_size": 300, "model.vocab_size": 300})
+    cache = str(tmp_path / "cache")
+    tokenizer = pipeline.load_or_train_tokenizer(config.data, cache)
+    return train.prepare_data(config, tokenizer, cache)
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_corpus_gives_counted_skips_or_a_clear_error(name, tmp_path):
+    contents, expected = HOSTILE[name]
+    start = time.time()
+    if isinstance(expected, str):
+        with pytest.raises(pipeline.DataError, match=expected):
+            prepare_inputs(tmp_path, write_inputs(tmp_path, contents))
+        outcome = "DataError"
+    else:
+        (phase_data,) = prepare_inputs(tmp_path, write_inputs(tmp_path, contents))
+        assert len(phase_data.train.split) >= 16
+        meta = json.loads((only_dir(tmp_path / "cache") / "meta.json").read_text())
+        counters = {**meta["corpus"], **meta}
+        for counter in expected:
+            assert counters[counter] > 0, (counter, counters)
+        outcome = {k: v for k, v in counters.items() if isinstance(v, int) and v}
+    print(f"\n{name}: {time.time() - start:.1f} s: {outcome}")
+
+
+@pytest.fixture(scope="module")
+def prepared_once(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("prepared")
+    input_files = write_inputs(tmp_path, [NORMAL])
+    prepare_inputs(tmp_path, input_files)
+    return tmp_path, input_files
+
+
+@pytest.fixture
+def prepared(prepared_once, tmp_path):
+    """A private copy of the prepared cache (the cache key does not depend on its location)."""
+    source, input_files = prepared_once
+    shutil.copytree(source / "cache", tmp_path / "cache")
+    return tmp_path, input_files, only_dir(tmp_path / "cache")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda path: path.write_bytes(path.read_bytes()[:-100]), "changed since preparation"),
+    (lambda path: path.write_bytes(path.read_bytes()[:-1] + b"\x01"), "changed since preparation"),
+    (lambda path: path.unlink(), "missing"),
+], ids=["truncated", "corrupted", "deleted"])
+def test_corrupted_or_truncated_shard_is_named(prepared, damage, message):
+    tmp_path, input_files, directory = prepared
+    shard = directory / "train" / "shard_00000" / "input_ids.npy"
+    damage(shard)
+    with pytest.raises(pipeline.DataError, match=message) as error:
+        prepare_inputs(tmp_path, input_files)
+    assert str(shard) in str(error.value)
+
+
+def test_interrupted_preparation_is_redone_once(prepared):
+    """A crash mid-preparation leaves only a `.tmpPID` directory: the rerun removes it and
+    writes the same shards once."""
+    tmp_path, input_files, directory = prepared
+
+    def shards() -> dict[str, np.ndarray]:
+        return {str(p.relative_to(directory)): np.load(p) for p in directory.glob("*/*/*.npy")}
+
+    before = shards()
+    os.rename(directory, f"{directory}.tmp12345")  # as if killed before the final rename
+    prepare_inputs(tmp_path, input_files)
+    assert not [name for name in os.listdir(tmp_path / "cache") if ".tmp" in name]
+    after = shards()
+    assert before.keys() == after.keys()
+    for name in before:
+        np.testing.assert_array_equal(before[name], after[name])
