@@ -13,7 +13,6 @@ and machine.
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import json
 import os
@@ -208,14 +207,19 @@ def define_flags() -> None:
     flags.mark_flags_as_required(["config"])
 
 
+def write_record(result: dict[str, Any], path: str) -> None:
+    """Writes a benchmark record as JSON (creating its folder)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {path}")
+
+
 def main(argv: list[str]) -> None:
     del argv
     result = run(FLAGS.config, FLAGS.steps, FLAGS.rounds, FLAGS.compare, FLAGS.peak_tflops)
     if FLAGS.out:
-        os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
-        with open(FLAGS.out, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {FLAGS.out}")
+        write_record(result, FLAGS.out)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ shared machine; wall-clock seconds are recorded beside them.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from typing import Any, Callable
 import ml_collections
 from absl import app, flags
 
-from bertjax.bench import machine, versions
+from bertjax.bench import machine, versions, write_record
 from bertjax.data import pipeline
 
 FLAGS = flags.FLAGS
@@ -97,10 +96,7 @@ def main(argv: list[str]) -> None:
               f"({rates['wall_seconds']:.2f} s wall) = "
               f"{rates['sequences_per_second_per_core']:,.0f} seq/s/core")
     if FLAGS.out:
-        os.makedirs(os.path.dirname(FLAGS.out) or ".", exist_ok=True)
-        with open(FLAGS.out, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {FLAGS.out}")
+        write_record(result, FLAGS.out)
 
 
 if __name__ == "__main__":

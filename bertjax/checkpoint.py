@@ -137,7 +137,7 @@ def read_meta(directory: str) -> dict:
     with ocp.CheckpointManager(_absolute(directory), item_names=items) as manager:
         step = manager.latest_step()
         if step is None:
-            raise FileNotFoundError(f"no finished bertjax checkpoint in {directory!r}")
+            raise FileNotFoundError(f"no finished checkpoint in {directory!r}")
         return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
 

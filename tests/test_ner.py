@@ -1,7 +1,6 @@
 """CoNLL-2003 reading, first-sub-token labelling, word-level predictions and conlleval output."""
 import os
 
-import numpy as np
 import pytest
 
 from bertjax import tokenization

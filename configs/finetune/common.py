@@ -3,7 +3,13 @@
 Defaults are the original run_classifier / run_squad ones: batch 32, lr 5e-5, 3 epochs, 10%
 linear warmup then linear decay, BERT's AdamWeightDecay, dropout 0.1.
 """
+import pathlib
+import runpy
+
 import ml_collections
+
+# Loaded by path so the config works from any working directory.
+base_config = runpy.run_path(str(pathlib.Path(__file__).parents[1] / "base.py"))["get_config"]
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -31,16 +37,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.max_train_examples = 0  # random subset of the training set (0 = all); for quick studies
     c.log_every = 50  # steps between training-loss lines
 
-    c.optimizer = ml_collections.ConfigDict()
-    c.optimizer.name = "bert_adam"  # "bert_adam" (original) | "adamw" | "lamb"
-    c.optimizer.weight_decay_rate = 0.01  # decoupled decay (x lr); not on LayerNorm or biases
-    c.optimizer.b1 = 0.9  # Adam beta1
-    c.optimizer.b2 = 0.999  # Adam beta2
-    c.optimizer.eps = 1e-6  # Adam epsilon
-    c.optimizer.clip_global_norm = 1.0  # gradient global-norm clip; 0 disables
-
-    c.mesh = ml_collections.ConfigDict()
-    c.mesh.data = -1  # data-parallel replicas; -1 = all remaining devices
-    c.mesh.fsdp = 1  # parameter-sharded data parallelism
-    c.mesh.tensor = 1  # tensor parallelism
+    pretraining = base_config()  # the same optimizer and mesh fields as pretraining
+    c.optimizer = pretraining.optimizer
+    for field in ("peak_learning_rate", "warmup_steps"):  # from learning_rate/warmup_proportion
+        del c.optimizer[field]
+    c.mesh = pretraining.mesh
     return c
