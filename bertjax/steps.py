@@ -81,14 +81,18 @@ def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax
                   metrics: Metrics) -> tuple[TrainState, Metrics]:
     """Clip + update (inside `tx`), skipping non-finite updates; adds grad_norm/nonfinite."""
     grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    # A non-finite step leaves params and optimizer state untouched; the host stops the
+
+    def update(_):
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        return optax.apply_updates(state.params, updates), opt_state
+
+    # A non-finite step leaves params and optimizer state untouched (a `cond`, not a select
+    # over both trees: XLA then updates the donated buffers in place); the host stops the
     # run after too many in a row (see train.py).
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-    new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
-                              opt_state=keep(opt_state, state.opt_state))
+    params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state),
+                                     None)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     metrics = dict(metrics, grad_norm=grad_norm, nonfinite=1.0 - finite.astype(jnp.float32))
     return new_state, metrics
 
