@@ -12,6 +12,7 @@ The model architecture and the tokenizer come from the pretraining run that wrot
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -28,7 +29,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter
 
-from bertjax import checkpoint, objectives, optim, sharding, steps, tokenization
+from bertjax import checkpoint, convert, objectives, optim, sharding, steps, tokenization
 from bertjax.data import pipeline
 from bertjax.model import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification,
                            BertForTokenClassification)
@@ -51,10 +52,40 @@ def _checkpoint_dir(path: str) -> str:
     return nested if os.path.isdir(nested) else path
 
 
+def google_or_hf(path: str) -> bool:
+    """Whether `path` is a Google TF or Hugging Face checkpoint (else a bertjax run)."""
+    try:
+        return bool(path) and convert.detect_format(path) != "bertjax"
+    except convert.ConversionError:
+        return False  # not a checkpoint at all: the bertjax reader names the problem
+
+
+@functools.lru_cache(maxsize=1)
+def _converted(path: str) -> tuple[BertConfig, dict[str, Any]]:
+    """A Google/HF checkpoint as (config, numpy params), read once per process."""
+    return convert.load_pretrained(path)
+
+
 def load_pretrained(path: str, abstract_bert_params: Any) -> Any:
-    """The encoder (`bert/...`) parameters of a pretrained checkpoint, placed like
-    `abstract_bert_params`. The one place that reads pretrained weights."""
-    return checkpoint.restore_params(_checkpoint_dir(path), {"bert": abstract_bert_params})["bert"]
+    """The encoder (`bert/...`) parameters of a pretrained checkpoint (bertjax, Google TF or
+    Hugging Face), placed like `abstract_bert_params`. The one place that reads pretrained
+    weights."""
+    if not google_or_hf(path):
+        return checkpoint.restore_params(_checkpoint_dir(path),
+                                         {"bert": abstract_bert_params})["bert"]
+    found, params = _converted(path)
+    if "layers" in abstract_bert_params["encoder"]:  # model.scan_layers: stacked layout
+        params = convert.stack_layers(params)
+    wanted, stored = convert.flatten(abstract_bert_params), convert.flatten(params["bert"])
+    problems = [f"{name}: checkpoint {getattr(stored.get(name), 'shape', 'missing')}, model "
+                f"{leaf.shape}" for name, leaf in wanted.items()
+                if getattr(stored.get(name), "shape", None) != leaf.shape]
+    if problems:
+        raise checkpoint.CheckpointMismatch(
+            f"{path} does not fit the model ({len(problems)} parameters): "
+            + "; ".join(problems[:5]) + ". Use the checkpoint's own architecture.")
+    return jax.tree.map(lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
+                        params["bert"], abstract_bert_params)
 
 
 def abstract_params_on_one_device(model: nn.Module) -> Any:
@@ -69,6 +100,8 @@ def pretraining_run(config: ml_collections.ConfigDict) -> tuple[dict, ml_collect
     """`(model architecture fields, pretraining config)` from init_checkpoint's metadata."""
     if not config.init_checkpoint:
         return {}, None
+    if google_or_hf(config.init_checkpoint):  # architecture from bert_config.json/config.json
+        return dataclasses.asdict(_converted(config.init_checkpoint)[0]), None
     try:
         meta = checkpoint.read_meta(_checkpoint_dir(config.init_checkpoint))
     except FileNotFoundError as e:
@@ -100,6 +133,14 @@ def tokenizer_of(config: ml_collections.ConfigDict,
         kind = config.tokenizer or ("sentencepiece" if config.vocab_file.endswith(".model")
                                     else "wordpiece")
         return tokenization.load_tokenizer(kind, config.vocab_file, config.do_lower_case)
+    if google_or_hf(config.init_checkpoint):  # Google and HF directories ship vocab.txt
+        path = config.init_checkpoint
+        vocab = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), "vocab.txt")
+        if not os.path.isfile(vocab):
+            raise FinetuneError(f"no vocab.txt beside init_checkpoint={path!r}; pass "
+                                "--config.vocab_file=PATH")
+        convert.validate_case(path, config.do_lower_case, vocab)
+        return tokenization.load_tokenizer("wordpiece", vocab, config.do_lower_case)
     if pretrain_config is None:
         raise FinetuneError("set --config.vocab_file (no init_checkpoint to take the tokenizer from)")
     data = pretrain_config.data
@@ -565,7 +606,7 @@ def main(argv) -> None:
     try:
         run(FLAGS.config, FLAGS.workdir)
     except (FinetuneError, features.TaskDataError, pipeline.DataError, checkpoint.CheckpointMismatch,
-            checkpoint.CheckpointWriteError, FileNotFoundError) as e:
+            checkpoint.CheckpointWriteError, FileNotFoundError, convert.ConversionError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 

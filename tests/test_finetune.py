@@ -207,3 +207,29 @@ def test_extract_features_original_format(data_root, tmp_path):
     sequence, _ = BertModel(TINY).apply({"params": pretrained_encoder(data_root)}, ids, ids * 0,
                                         ids * 0 + 1)
     np.testing.assert_allclose(first["layers"][0]["values"], sequence[0, 0], atol=2e-6)
+
+
+def test_google_and_hugging_face_checkpoints_initialise_fine_tuning(data_root, tmp_path):
+    """The pretraining checkpoint, converted to Google TF and to Hugging Face (with vocab.txt
+    beside it), gives the same architecture, tokenizer and encoder weights to fine-tuning."""
+    from bertjax import convert
+    bert_config, params = convert.load_pretrained(os.path.join(data_root, "pretrain"))
+    expected = pretrained_encoder(data_root)
+    for kind, save in (("tf", convert.save_tf), ("hf", convert.save_hf)):
+        directory = tmp_path / f"uncased_{kind}"
+        save(bert_config, params, str(directory))
+        (directory / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+        config = small(config_file("glue.py"), data_root, task="sst2",
+                       init_checkpoint=str(directory))
+        model_fields, pretrain_config = finetune.pretraining_run(config)
+        assert finetune.bert_config_of(config, model_fields, pretrain_config) == \
+            finetune.bert_config_of(config, *finetune.pretraining_run(small(
+                config_file("glue.py"), data_root, task="sst2")))
+        assert finetune.tokenizer_of(config, pretrain_config).vocab_size == len(VOCAB)
+        loaded = finetune.load_pretrained(str(directory),
+                                          finetune.abstract_params_on_one_device(BertModel(TINY)))
+        jax.tree.map(np.testing.assert_array_equal, loaded, expected)
+    config = small(config_file("glue.py"), data_root, task="sst2",
+                   init_checkpoint=str(tmp_path / "uncased_hf"), do_lower_case=False)
+    with pytest.raises(ValueError, match="uncased model"):
+        finetune.tokenizer_of(config, None)

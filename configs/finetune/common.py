@@ -18,7 +18,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.task = ""  # task name (GLUE: cola sst2 mrpc stsb qqp mnli qnli rte wnli)
     c.data_dir = ""  # task data on disk (GLUE download layout / CoNLL files); empty = tfds
     c.tfds_data_dir = ""  # tfds data_dir; empty = tfds default
-    c.init_checkpoint = ""  # bertjax pretraining workdir (or its checkpoints/ folder)
+    c.init_checkpoint = ""  # bertjax pretraining workdir, Google TF or Hugging Face directory
     c.random_init = False  # use init_checkpoint's architecture and tokenizer, not its weights
     c.model_config = ""  # bert_config.json: architecture without (or overriding) a checkpoint
     c.vocab_file = ""  # vocab.txt / SentencePiece .model; empty = the pretraining run's
