@@ -161,15 +161,26 @@ def test_sigterm_and_kill_9_anywhere_resume_exactly(corpus_file, cache_dir, refe
     is killed with -9 at a random step; the next one with -9 while a checkpoint is being
     written; the last runs to the end. Every loss any of them logged equals the
     uninterrupted run's."""
-    args = command_line(corpus_file, cache_dir, str(tmp_path))
-    directory = str(tmp_path / "checkpoints")
-    trainer = Trainer(args)
-    trainer.wait_for_step(3)
-    sent = time.time()
-    trainer.proc.send_signal(signal.SIGTERM)
-    assert trainer.finish(timeout=60) == 0, trainer.output()
-    seconds = time.time() - sent
-    saved = re.search(r"Preemption notice: saving a checkpoint at step (\d+)", trainer.output())
+    # JAX agrees on the preemption sync step through the coordination service in a
+    # background thread; this test model's steps take about a millisecond, so on a loaded
+    # machine the loop can pass the agreed step before the agreement lands. Such a run ends
+    # normally with its final checkpoint (nothing lost); retry it in a fresh directory.
+    for attempt in range(3):
+        workdir = tmp_path / f"run{attempt}"
+        args = command_line(corpus_file, cache_dir, str(workdir))
+        directory = str(workdir / "checkpoints")
+        trainer = Trainer(args)
+        trainer.wait_for_step(3)
+        sent = time.time()
+        trainer.proc.send_signal(signal.SIGTERM)
+        assert trainer.finish(timeout=60) == 0, trainer.output()
+        seconds = time.time() - sent
+        saved = re.search(r"Preemption notice: saving a checkpoint at step (\d+)",
+                          trainer.output())
+        if saved:
+            break
+        assert str(TOTAL_STEPS) in os.listdir(directory), trainer.output()
+        print(f"\nattempt {attempt}: the sync step passed before it was agreed; ran to the end")
     assert saved and saved.group(1) in os.listdir(directory), trainer.output()
     print(f"\nSIGTERM after step 3: checkpoint at step {saved.group(1)}, exit 0 after "
           f"{seconds:.2f} s")
@@ -198,7 +209,7 @@ def test_sigterm_and_kill_9_anywhere_resume_exactly(corpus_file, cache_dir, refe
     output = run_to_end(args)
     assert resumed_step(output) < int(unfinished.split(".")[0])  # the half-written one is skipped
     assert not any("tmp" in name for name in os.listdir(directory))  # and removed
-    steps = assert_matches_reference(tmp_path, reference)
+    steps = assert_matches_reference(workdir, reference)
     print(f"steps logged by the five runs: {steps}")
 
 
