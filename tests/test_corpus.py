@@ -1,5 +1,8 @@
 """Tests for bertjax.data.corpus: text files, tfds, sentence splitting, default corpus."""
 
+import codecs
+import random
+
 import pytest
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 
@@ -121,6 +124,31 @@ def test_truncation_inside_multibyte_character_is_not_invalid_utf8(tmp_path):
     docs = list(corpus.read_text_files([path], "lines", stats, max_line_chars=10))
     assert docs == [["\u20ac" * 10]]
     assert (stats.truncated_long_lines, stats.invalid_utf8_lines) == (1, 0)
+
+
+def test_utf16_file_reads_like_its_utf8_original(tmp_path):
+    text = LINES_TEXT.replace("first", "f\u00efrst \u4e2d\u6587").replace("\n", "\r\n")
+    stats = corpus.CorpusStats()
+    utf16 = list(corpus.read_text_files(
+        [write(tmp_path / "le.txt", text.encode("utf-16")),
+         write(tmp_path / "be.txt", codecs.BOM_UTF16_BE + text.encode("utf-16-be"))],
+        "auto", stats, max_line_chars=20))
+    utf8 = list(corpus.read_text_files([write(tmp_path / "u8.txt", text)], "auto",
+                                       max_line_chars=20))
+    assert utf16 == utf8 + utf8 and "f\u00efrst \u4e2d\u6587" in utf16[0][0]
+    assert (stats.utf16_files, stats.truncated_long_lines, stats.invalid_utf8_lines) == (2, 6, 0)
+
+
+def test_binary_file_is_skipped_and_counted_but_stray_control_bytes_are_not(tmp_path):
+    rng = random.Random(0)
+    stats = corpus.CorpusStats()
+    paths = [write(tmp_path / "model.bin", bytes(rng.randrange(256) for _ in range(50_000))),
+             write(tmp_path / "zeros.bin", bytes(4096)),
+             write(tmp_path / "text.txt", LINES_TEXT.replace(" a ", " a\x00\x07 "))]
+    docs = list(corpus.read_text_files(paths, "lines", stats))
+    assert len(docs) == 3 and docs[2] == ["A third document.", "With two lines."]
+    assert (stats.files, stats.skipped_binary_files, stats.documents) == (3, 2, 3)
+    assert "2 binary files skipped" in stats.summary()
 
 
 def test_missing_file_names_the_path(tmp_path):

@@ -26,7 +26,7 @@ def fifty_mb_line() -> bytes:
 
 # name -> (file contents, expected: counters that must be > 0 | a DataError message part)
 HOSTILE = {
-    "binary file beside text": ([os.urandom(100_000), NORMAL], "Vocabulary size is smaller"),
+    "binary file beside text": ([os.urandom(100_000), NORMAL], ["skipped_binary_files"]),
     "invalid UTF-8": ([NORMAL.replace(b"the ", b"the \xff\xc3(", 40)], ["invalid_utf8_lines"]),
     "NUL bytes": ([NORMAL.replace(b" a ", b" a\x00\x00 ")], []),
     "a 50 MB single line": ([NORMAL, fifty_mb_line()],
@@ -36,9 +36,9 @@ HOSTILE = {
     "a single document": (["\n".join(s for d in DOCS for s in d).encode()], []),
     "10,000-character words": ([NORMAL, b"\n".join(b"x" * 10_000 + b" end." for _ in range(20))],
                                ["long_sentences_cut"]),
-    "mixed encodings": ([NORMAL[:20_000].decode().encode("latin-1", "replace"),
+    "mixed encodings": ([(NORMAL[:20_000].decode() + "Café, naïve.\n").encode("latin-1", "replace"),
                          NORMAL[20_000:40_000].decode().encode("utf-16"), NORMAL[40_000:]],
-                        ["invalid_utf8_lines"]),
+                        ["invalid_utf8_lines", "utf16_files"]),
 }
 
 

@@ -42,7 +42,9 @@ class CorpusStats:
     UTF-8 are kept: the bad bytes become U+FFFD and the line
     is counted in ``invalid_utf8_lines`` (dropping them could silently merge the
     neighbouring sentences into one document). Lines longer than the limit are
-    cut, not dropped, and counted in ``truncated_long_lines``.
+    cut, not dropped, and counted in ``truncated_long_lines``. Files that start
+    with a UTF-16 byte-order mark are decoded as UTF-16 (``utf16_files``); files
+    that look binary are skipped whole (``skipped_binary_files``).
     """
 
     files: int = 0
@@ -53,6 +55,8 @@ class CorpusStats:
     skipped_empty_documents: int = 0
     invalid_utf8_lines: int = 0
     truncated_long_lines: int = 0
+    utf16_files: int = 0
+    skipped_binary_files: int = 0
 
     def add(self, other: CorpusStats) -> None:
         """Adds another set of counters into this one."""
@@ -66,7 +70,9 @@ class CorpusStats:
             f"{self.sentences} sentences, {self.characters} characters; "
             f"skipped {self.skipped_empty_documents} empty documents; "
             f"{self.invalid_utf8_lines} lines with invalid UTF-8 (bad bytes replaced); "
-            f"{self.truncated_long_lines} long lines truncated"
+            f"{self.truncated_long_lines} long lines truncated; "
+            f"{self.utf16_files} UTF-16 files decoded; "
+            f"{self.skipped_binary_files} binary files skipped"
         )
 
 
@@ -80,6 +86,11 @@ def _log_file_problems(path: str, file_stats: CorpusStats) -> None:
     """Logs each problem category once per file, so huge corpora don't flood the log."""
     if file_stats.empty_files:
         logging.warning("Empty input file: %s", path)
+    if file_stats.skipped_binary_files:
+        logging.warning(
+            "%s looks binary (over %d%% of its first %d bytes are control bytes or invalid "
+            "UTF-8); skipped. Remove it from input_files to silence this.",
+            path, int(100 * _BINARY_FRACTION), _SNIFF_BYTES)
     if file_stats.invalid_utf8_lines:
         logging.warning(
             "%s: %d lines contain invalid UTF-8; bad bytes were replaced with U+FFFD.",
@@ -187,7 +198,7 @@ def _skip_rest_of_line(file: Any) -> int:
     skipped = 0
     while chunk := file.readline(1 << 20):
         skipped += len(chunk)
-        if chunk.endswith(b"\n"):
+        if chunk[-1:] in (b"\n", "\n"):
             break
     return skipped
 
@@ -202,8 +213,46 @@ def _decode(raw: bytes, final: bool, stats: CorpusStats) -> str:
         return codecs.getincrementaldecoder("utf-8")("replace").decode(raw, final)
 
 
+_SNIFF_BYTES = 1 << 16
+_BINARY_FRACTION = 0.3
+# C0 control bytes that do not occur in text (tab, newlines, form feed and escape do).
+_CONTROL_BYTES = bytes(set(range(32)) - set(b"\t\n\v\f\r\x1b")) + b"\x7f"
+_UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+
+
+def _head(path: str) -> bytes:
+    with open(path, "rb") as file:
+        return file.read(_SNIFF_BYTES)
+
+
+def looks_binary(head: bytes) -> bool:
+    """Whether the first bytes of a file are mostly control bytes or invalid UTF-8."""
+    if not head or head.startswith(_UTF16_BOMS):
+        return False
+    control = len(head) - len(head.translate(None, _CONTROL_BYTES))
+    invalid = head.decode("utf-8", "replace").count("\ufffd")
+    return control + invalid > _BINARY_FRACTION * len(head)
+
+
+def _read_utf16_lines(path: str, max_line_chars: int, stats: CorpusStats) -> Iterator[str]:
+    """Like ``_read_lines`` for a file with a UTF-16 byte-order mark."""
+    with open(path, encoding="utf-16", errors="replace") as file:
+        while line := file.readline(max_line_chars + 1):
+            overflow = 0 if line.endswith("\n") else _skip_rest_of_line(file)
+            stats.invalid_utf8_lines += "\ufffd" in line
+            line = line.rstrip("\r\n")
+            if overflow or len(line) > max_line_chars:
+                stats.truncated_long_lines += 1
+                line = line[:max_line_chars]
+            yield line
+
+
 def _read_lines(path: str, max_line_chars: int, stats: CorpusStats) -> Iterator[str]:
     """Yields decoded lines without their line ending, each at most max_line_chars long."""
+    if _head(path).startswith(_UTF16_BOMS):
+        stats.utf16_files = 1
+        yield from _read_utf16_lines(path, max_line_chars, stats)
+        return
     max_bytes = 4 * max_line_chars  # UTF-8 needs at most 4 bytes per character.
     with open(path, "rb") as file:
         while raw := file.readline(max_bytes):
@@ -276,6 +325,9 @@ def _read_one_file(
     path: str, text_format: str, file_stats: CorpusStats, max_line_chars: int
 ) -> Iterator[Document]:
     file_stats.empty_files = int(os.path.getsize(path) == 0)
+    if looks_binary(_head(path)):
+        file_stats.skipped_binary_files = 1
+        return iter(())
     if text_format == "auto":
         text_format = detect_text_format(path, max_line_chars)
         logging.info("Reading %s as %r text.", path, text_format)
