@@ -393,11 +393,12 @@ def _optimizer(config, total_steps: int, feature_based: bool) -> optax.GradientT
     tx = optim.make_optimizer(opt)
     if not feature_based:
         return tx
-    # Feature-based: only the tagger on top of the frozen encoder is trained (zero updates for
-    # `bert`, weight decay included).
-    freeze = optax.stateless(lambda updates, params=None: {
-        k: jax.tree.map(jnp.zeros_like, v) if k == "bert" else v for k, v in updates.items()})
-    return optax.chain(tx, freeze)
+    # Feature-based: only the tagger on top of the frozen encoder is trained. `bert` gets no
+    # update and no optimizer state (no Adam moments for the encoder's weights).
+    return optax.multi_transform(
+        {"tagger": tx, "frozen": optax.set_to_zero()},
+        lambda params: {k: jax.tree.map(lambda _, k=k: "frozen" if k == "bert" else "tagger", v)
+                        for k, v in params.items()})
 
 
 # ----------------------------------------------------------------------------- one seed
@@ -459,7 +460,7 @@ def train_one_seed(config, task, trainer: Trainer, data: dict[str, SplitData], s
     rng = np.random.default_rng(seed)
     print(f"seed {seed}: {len(train)} training examples, {total_steps} steps "
           f"({steps_per_epoch}/epoch), {count_params(state.params):,} parameters", flush=True)
-    step, sums, started = 0, {}, time.time()
+    step, sums, steps_summed, started = 0, {}, 0, time.time()
     try:
         with sharding.activate(mesh):
             for epoch in range(int(np.ceil(config.num_train_epochs))):
@@ -471,16 +472,17 @@ def train_one_seed(config, task, trainer: Trainer, data: dict[str, SplitData], s
                     batch = sharding.global_batch_from_host(_host_batch(train, rows, batch_size), mesh)
                     state, metrics = train_step(state, batch)
                     step += 1
-                    for key, value in jax.device_get(metrics).items():
-                        sums[key] = sums.get(key, 0.0) + float(value)
-                    sums["steps"] = sums.get("steps", 0.0) + 1
+                    # Summed on the device: the host waits for a step only when it logs.
+                    sums = jax.tree.map(jnp.add, sums, metrics) if sums else metrics
+                    steps_summed += 1
                     if step % config.log_every == 0 or step == total_steps:
-                        means = {"loss": sums["loss_sum"] / max(sums["count"], 1.0),
-                                 "grad_norm": sums["grad_norm"] / sums["steps"]}
+                        sums = jax.device_get(sums)
+                        means = {"loss": float(sums["loss_sum"] / max(sums["count"], 1.0)),
+                                 "grad_norm": float(sums["grad_norm"]) / steps_summed}
                         print(f"seed {seed} step {step}/{total_steps} loss {means['loss']:.4f} "
                               f"({time.time() - started:.0f}s)", flush=True)
                         _log(writer, "train", means, step)
-                        sums = {}
+                        sums, steps_summed = {}, 0
                 dev = {name: task.evaluate(data[name], predict(
                     predict_step, state.params, data[name], config.eval_batch_size, mesh))
                     for name in task.eval_splits}

@@ -84,3 +84,30 @@ def test_real_glue_files_read_completely():
     for (name, split), count in expected.items():
         examples, skipped = glue.read_examples(glue.get_task(name), split, GLUE_DIR)
         assert (len(examples), skipped) == (count, {}), (name, split)
+
+
+def test_tfds_glue_records_labels_and_test_splits(tmp_path):
+    """tfds `glue/<task>` as `tfds build glue/...` lays it out: integer labels mapped to the TSV
+    label names (MNLI's tfds order differs), `idx` kept, label -1 read as unlabelled test rows."""
+    import tfds_fixture
+    data_dir = str(tmp_path)
+    for task in ("sst2", "mnli"):
+        tfds_fixture.prepare_as(tfds_fixture.BertjaxGlue(config=task, data_dir=data_dir),
+                                f"glue/{task}")
+
+    def read(task: str, split: str) -> tuple[list[glue.Example], dict]:  # tfds shuffles records
+        examples, skipped = glue.read_examples(glue.get_task(task), split, "", data_dir)
+        return sorted(examples, key=lambda e: e.index), skipped
+
+    assert read("sst2", "train") == ([glue.Example("0", "a b", None, "1"),
+                                      glue.Example("1", "c", None, "0")], {"unknown label": 1})
+    assert read("sst2", "test") == ([glue.Example("0", "a", None, None),
+                                     glue.Example("1", "d c", None, None)], {})
+    examples, skipped = read("mnli", "train")
+    assert [(e.text_a, e.text_b, e.label) for e in examples] == [
+        ("a", "b", "entailment"), ("c", "d", "contradiction"), ("b", "a", "neutral")]
+    assert skipped == {"unknown label": 1}
+    assert read("mnli", "dev_mismatched")[0] == [glue.Example("0", "c", "a", "contradiction")]
+    assert [e.index for e in read("mnli", "test_matched")[0]] == ["0"]
+    with pytest.raises(features.TaskDataError, match="tfds build glue/rte.*RTE/train.tsv"):
+        read("rte", "train")

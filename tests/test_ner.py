@@ -54,3 +54,13 @@ def test_real_conll_counts():
     for split, count in (("train", 14041), ("dev", 3250), ("test", 3453)):
         sentences, skipped = ner.read_sentences(split, CONLL_DIR)
         assert (len(sentences), skipped) == (count, {})
+
+
+def test_tfds_conll2003_maps_tags_by_name(tmp_path):
+    """tfds `conll2003` as `tfds build conll2003` lays it out; its tag ids follow its own name
+    list, which bertjax maps by name."""
+    import tfds_fixture
+    tfds_fixture.prepare_as(tfds_fixture.BertjaxConll(data_dir=str(tmp_path)), "conll2003")
+    for split, records in tfds_fixture.CONLL_RECORDS.items():
+        sentences, skipped = ner.read_sentences(split, "", str(tmp_path))
+        assert sorted((s.words, s.tags) for s in sentences) == sorted(records) and skipped == {}

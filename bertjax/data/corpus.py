@@ -405,7 +405,14 @@ def _open_tfds_source(name: str, split: str, data_dir: str | None) -> Sequence[A
         + (f" --data_dir={data_dir}`" if data_dir else "`")
         + ", or pass data_dir= pointing at a directory where it is already prepared."
     )
-    builder = tfds.builder(name, data_dir=data_dir)
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.DatasetNotFoundError as error:  # neither prepared nor known to this tfds
+        where = data_dir or tfds.core.constants.DATA_DIR
+        raise FileNotFoundError(
+            f"tfds dataset {name!r} is not prepared in {where}, and this tensorflow-datasets "
+            f"has no builder for it. {how_to_prepare}"
+        ) from error
     if not builder.is_prepared():
         raise FileNotFoundError(
             f"tfds dataset {name!r} is not prepared in {builder.data_dir}. {how_to_prepare}"

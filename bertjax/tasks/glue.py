@@ -225,8 +225,12 @@ def read_examples(task: GlueTask, split_name: str, data_dir: str = "", tfds_data
     skips = features.SkipCounter()
     if not data_dir:
         from bertjax.data import corpus  # tfds is slow to import; only here
-        source = corpus._open_tfds_source(split.tfds_name or f"glue/{task.name}", split.hf,
-                                         tfds_data_dir or None)
+        try:
+            source = corpus._open_tfds_source(split.tfds_name or f"glue/{task.name}", split.hf,
+                                             tfds_data_dir or None)
+        except FileNotFoundError as e:
+            raise features.TaskDataError(f"{e} Or set --config.data_dir to the GLUE download "
+                                         f"(TSV files, e.g. {task.directory}/train.tsv).") from e
         examples = _record_examples(task, split, source, skips)
         where = f"tfds {split.tfds_name or 'glue/' + task.name}:{split.hf}"
     else:
