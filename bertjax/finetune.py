@@ -386,19 +386,19 @@ def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any
     return jax.tree.map(lambda *xs: np.concatenate(xs), *chunks)
 
 
-def _optimizer(config, total_steps: int, feature_based: bool) -> optax.GradientTransformation:
+def _optimizer(config, total_steps: int, frozen_encoder_of: Any = None) -> optax.GradientTransformation:
+    """BERT's optimizer for fine-tuning. With `frozen_encoder_of` (the model's parameter tree;
+    feature-based), only the parameters outside `bert` are trained, and `bert` has no update
+    and no optimizer state (no Adam moments for the encoder's weights)."""
     opt = ml_collections.ConfigDict(config.optimizer.to_dict())
     opt.update(peak_learning_rate=config.learning_rate, total_steps=total_steps,
                warmup_steps=int(total_steps * config.warmup_proportion))
     tx = optim.make_optimizer(opt)
-    if not feature_based:
+    if frozen_encoder_of is None:
         return tx
-    # Feature-based: only the tagger on top of the frozen encoder is trained. `bert` gets no
-    # update and no optimizer state (no Adam moments for the encoder's weights).
-    return optax.multi_transform(
-        {"tagger": tx, "frozen": optax.set_to_zero()},
-        lambda params: {k: jax.tree.map(lambda _, k=k: "frozen" if k == "bert" else "tagger", v)
-                        for k, v in params.items()})
+    labels = {name: jax.tree.map(lambda _, name=name: "frozen" if name == "bert" else "tagger", tree)
+              for name, tree in frozen_encoder_of.items()}
+    return optax.multi_transform({"tagger": tx, "frozen": optax.set_to_zero()}, labels)
 
 
 # ----------------------------------------------------------------------------- one seed
@@ -429,8 +429,10 @@ def make_trainer(config, task, bert_config: BertConfig, num_train: int) -> Train
     if total_steps < 1:
         raise FinetuneError(f"{num_train} training examples give no step of batch "
                             f"{config.train_batch_size}")
-    return Trainer(task.model(bert_config), _optimizer(config, total_steps, task.frozen_encoder),
-                   steps_per_epoch, total_steps)
+    model = task.model(bert_config)
+    tx = _optimizer(config, total_steps,
+                    abstract_params_on_one_device(model) if task.frozen_encoder else None)
+    return Trainer(model, tx, steps_per_epoch, total_steps)
 
 
 def train_one_seed(config, task, trainer: Trainer, data: dict[str, SplitData], seed: int,

@@ -160,6 +160,11 @@ def test_feature_based_ner_trains_only_the_tagger(data_root, tmp_path):
     tuned = checkpoint.restore_params(str(tmp_path / "seed_1" / "checkpoints"),
                                       finetune.abstract_params_on_one_device(tagger))
     jax.tree.map(np.testing.assert_array_equal, pretrained_encoder(data_root), tuned["bert"])
+    # Adam moments only for the tagger: none for the frozen encoder.
+    params = finetune.abstract_params_on_one_device(tagger)
+    moments = jax.eval_shape(finetune._optimizer(config, 10, params).init, params)
+    size = lambda tree: sum(x.size for x in jax.tree.leaves(tree))
+    assert size(moments) <= 2 * (size(params) - size(params["bert"])) + 8
     assert seed["dev"]["dev"]["f1"] > 0.5, seed  # names are tagged from the frozen features
 
 
