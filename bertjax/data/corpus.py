@@ -234,34 +234,32 @@ def looks_binary(head: bytes) -> bool:
     return control + invalid > _BINARY_FRACTION * len(head)
 
 
-def _read_utf16_lines(path: str, max_line_chars: int, stats: CorpusStats) -> Iterator[str]:
-    """Like ``_read_lines`` for a file with a UTF-16 byte-order mark."""
-    with open(path, encoding="utf-16", errors="replace") as file:
-        while line := file.readline(max_line_chars + 1):
-            overflow = 0 if line.endswith("\n") else _skip_rest_of_line(file)
-            stats.invalid_utf8_lines += "\ufffd" in line
-            line = line.rstrip("\r\n")
-            if overflow or len(line) > max_line_chars:
-                stats.truncated_long_lines += 1
-                line = line[:max_line_chars]
-            yield line
-
-
-def _read_lines(path: str, max_line_chars: int, stats: CorpusStats) -> Iterator[str]:
-    """Yields decoded lines without their line ending, each at most max_line_chars long."""
+def _decoded_lines(path: str, max_line_chars: int, stats: CorpusStats) -> Iterator[tuple[str, bool]]:
+    """Yields `(decoded line with its ending, whether the line went on past what was read)`:
+    UTF-8 (bad bytes replaced and counted), or UTF-16 for a file with its byte-order mark."""
     if _head(path).startswith(_UTF16_BOMS):
         stats.utf16_files = 1
-        yield from _read_utf16_lines(path, max_line_chars, stats)
+        with open(path, encoding="utf-16", errors="replace") as file:
+            while line := file.readline(max_line_chars + 1):
+                overflow = not line.endswith("\n") and _skip_rest_of_line(file) > 0
+                stats.invalid_utf8_lines += "\ufffd" in line
+                yield line, overflow
         return
     max_bytes = 4 * max_line_chars  # UTF-8 needs at most 4 bytes per character.
     with open(path, "rb") as file:
         while raw := file.readline(max_bytes):
-            overflow = 0 if raw.endswith(b"\n") else _skip_rest_of_line(file)
-            line = _decode(raw, final=overflow == 0, stats=stats).rstrip("\r\n")
-            if overflow or len(line) > max_line_chars:
-                stats.truncated_long_lines += 1
-                line = line[:max_line_chars]
-            yield line.lstrip("\ufeff")  # Drop a byte-order mark.
+            overflow = not raw.endswith(b"\n") and _skip_rest_of_line(file) > 0
+            yield _decode(raw, final=not overflow, stats=stats), overflow
+
+
+def _read_lines(path: str, max_line_chars: int, stats: CorpusStats) -> Iterator[str]:
+    """Yields decoded lines without their line ending, each at most max_line_chars long."""
+    for line, overflow in _decoded_lines(path, max_line_chars, stats):
+        line = line.rstrip("\r\n")
+        if overflow or len(line) > max_line_chars:
+            stats.truncated_long_lines += 1
+            line = line[:max_line_chars]
+        yield line.lstrip("\ufeff")  # Drop a byte-order mark.
 
 
 def _documents_from_lines(lines: Iterable[str]) -> Iterator[Document]:
