@@ -7,7 +7,9 @@ works once the runtime is up. Where the coordinator comes from, in order:
 1. explicit arguments (the `--coordinator_address`, `--num_processes`, `--process_id` flags);
 2. the environment variables `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`;
 3. JAX's cluster auto-detection (TPU VMs, GKE, SLURM, ...), with no arguments;
-4. otherwise a one-process job with a coordinator on a free localhost port.
+4. otherwise a one-process job with a coordinator on a free localhost port. Its heartbeat
+   timeout defaults to a week: there is no other process whose death it could detect, and JAX's
+   default (100 s) would abort a run that was merely paused (SIGSTOP, a suspended VM) on resume.
 """
 from __future__ import annotations
 
@@ -16,6 +18,9 @@ import socket
 
 import jax
 from absl import logging
+
+
+LOCAL_HEARTBEAT_TIMEOUT_SECONDS = 7 * 24 * 3600
 
 
 class DistributedSetupError(ValueError):
@@ -66,6 +71,7 @@ def initialize(coordinator_address: str | None = None,
             jax.distributed.initialize(**extra)  # TPU VMs and other detected clusters
             how = "cluster"
         except ValueError:  # no cluster detected: this process is the whole job
+            extra.setdefault("heartbeat_timeout_seconds", LOCAL_HEARTBEAT_TIMEOUT_SECONDS)
             jax.distributed.initialize(f"localhost:{free_port()}", 1, 0, **extra)
             how = "local"
     logging.info("jax.distributed (%s): process %d of %d, %d local / %d global devices", how,
