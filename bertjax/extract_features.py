@@ -37,12 +37,12 @@ def _read_lines(path: str) -> list[tuple[str, str | None]]:
 
 def _load(config: ml_collections.ConfigDict) -> tuple[BertModel, dict, tokenization.Tokenizer]:
     """The encoder and its pretrained parameters on one device, and the tokenizer."""
-    pretrain_model, pretrain_config = finetune.pretraining_run(config)
-    bert_config = finetune.bert_config_of(config, pretrain_model, pretrain_config)
+    pretrain = finetune.pretraining_run(config)
+    bert_config = finetune.bert_config_of(config, pretrain)
     model = BertModel(bert_config)
     params = finetune.load_pretrained(config.init_checkpoint,
                                       finetune.abstract_params_on_one_device(model))
-    return model, params, finetune.tokenizer_of(config, pretrain_config)
+    return model, params, finetune.tokenizer_of(config, pretrain)
 
 
 def extract(model: BertModel, params: dict, tokenizer: tokenization.Tokenizer,

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -96,24 +96,33 @@ def abstract_params_on_one_device(model: nn.Module) -> Any:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
 
 
-def pretraining_run(config: ml_collections.ConfigDict) -> tuple[dict, ml_collections.ConfigDict | None]:
-    """`(model architecture fields, pretraining config)` from init_checkpoint's metadata."""
+class PretrainingRun(NamedTuple):
+    """What fine-tuning takes from `init_checkpoint`: architecture fields, and for a bertjax
+    run its pretraining config and the fingerprint of the tokenizer it was trained with."""
+
+    model: dict
+    config: ml_collections.ConfigDict | None = None
+    tokenizer_fingerprint: str | None = None
+
+
+def pretraining_run(config: ml_collections.ConfigDict) -> PretrainingRun:
+    """The architecture (and bertjax run metadata) of `config.init_checkpoint`."""
     if not config.init_checkpoint:
-        return {}, None
+        return PretrainingRun({})
     if google_or_hf(config.init_checkpoint):  # architecture from bert_config.json/config.json
-        return dataclasses.asdict(_converted(config.init_checkpoint)[0]), None
+        return PretrainingRun(dataclasses.asdict(_converted(config.init_checkpoint)[0]))
     try:
         meta = checkpoint.read_meta(_checkpoint_dir(config.init_checkpoint))
     except FileNotFoundError as e:
         raise FinetuneError(f"init_checkpoint={config.init_checkpoint!r}: {e}") from e
-    return meta["model"], ml_collections.ConfigDict(json.loads(meta["config"]))
+    return PretrainingRun(meta["model"], ml_collections.ConfigDict(json.loads(meta["config"])),
+                          meta.get("tokenizer"))
 
 
-def bert_config_of(config: ml_collections.ConfigDict, pretrain_model: dict,
-                   pretrain_config: ml_collections.ConfigDict | None) -> BertConfig:
+def bert_config_of(config: ml_collections.ConfigDict, pretrain: PretrainingRun) -> BertConfig:
     """Architecture from the checkpoint (or `model_config` JSON), dropout/dtype from here."""
-    values = dict(pretrain_config.model.to_dict()) if pretrain_config else {}
-    values.update(pretrain_model)
+    values = dict(pretrain.config.model.to_dict()) if pretrain.config else {}
+    values.update(pretrain.model)
     if config.model_config:
         with open(config.model_config, encoding="utf-8") as f:
             values.update(json.load(f))
@@ -126,14 +135,14 @@ def bert_config_of(config: ml_collections.ConfigDict, pretrain_model: dict,
     return BertConfig.from_dict(values)
 
 
-def tokenizer_of(config: ml_collections.ConfigDict,
-                 pretrain_config: ml_collections.ConfigDict | None) -> tokenization.Tokenizer:
-    """`vocab_file` if set, else the tokenizer the pretraining run used."""
+def tokenizer_of(config: ml_collections.ConfigDict, pretrain: PretrainingRun) -> tokenization.Tokenizer:
+    """`vocab_file` if set, else the tokenizer the pretraining run used. With a bertjax
+    checkpoint, the tokenizer must be the one it was pretrained with (same fingerprint)."""
     if config.vocab_file:
         kind = config.tokenizer or ("sentencepiece" if config.vocab_file.endswith(".model")
                                     else "wordpiece")
-        return tokenization.load_tokenizer(kind, config.vocab_file, config.do_lower_case)
-    if google_or_hf(config.init_checkpoint):  # Google and HF directories ship vocab.txt
+        tokenizer = tokenization.load_tokenizer(kind, config.vocab_file, config.do_lower_case)
+    elif google_or_hf(config.init_checkpoint):  # Google and HF directories ship vocab.txt
         path = config.init_checkpoint
         vocab = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), "vocab.txt")
         if not os.path.isfile(vocab):
@@ -141,15 +150,44 @@ def tokenizer_of(config: ml_collections.ConfigDict,
                                 "--config.vocab_file=PATH")
         convert.validate_case(path, config.do_lower_case, vocab)
         return tokenization.load_tokenizer("wordpiece", vocab, config.do_lower_case)
-    if pretrain_config is None:
+    elif pretrain.config is None:
         raise FinetuneError("set --config.vocab_file (no init_checkpoint to take the tokenizer from)")
-    data = pretrain_config.data
+    else:
+        tokenizer = _pretraining_tokenizer(config, pretrain)
+    expected = pretrain.tokenizer_fingerprint
+    if expected and tokenizer.fingerprint() != expected:
+        source = (f"vocab_file={config.vocab_file!r}" if config.vocab_file
+                  else "the tokenizer rebuilt from the pretraining corpus")
+        raise FinetuneError(f"{source} is not the tokenizer init_checkpoint="
+                            f"{config.init_checkpoint!r} was pretrained with (fingerprint "
+                            f"{tokenizer.fingerprint()[:12]}, checkpoint {expected[:12]}); pass "
+                            "--config.vocab_file=PATH to that run's vocabulary or .model file "
+                            "(with its do_lower_case)")
+    return tokenizer
+
+
+def _pretraining_tokenizer(config: ml_collections.ConfigDict,
+                           pretrain: PretrainingRun) -> tokenization.Tokenizer:
+    """The pretraining run's tokenizer: its vocab_file, else the SentencePiece model in its
+    data cache whose fingerprint the checkpoint recorded (found even if the corpus has since
+    moved or been touched), else one trained again from the corpus."""
+    data = pretrain.config.data
     workdir = os.path.dirname(_checkpoint_dir(config.init_checkpoint).rstrip("/"))
     cache_dir = data.cache_dir or os.path.join(workdir, "data")
+    if not data.vocab_file and pretrain.tokenizer_fingerprint and os.path.isdir(cache_dir):
+        for name in sorted(os.listdir(cache_dir)):
+            if name.startswith("sentencepiece_") and name.endswith(".model"):
+                candidate = tokenization.SentencePieceTokenizer(os.path.join(cache_dir, name))
+                if candidate.fingerprint() == pretrain.tokenizer_fingerprint:
+                    return candidate
     if not data.vocab_file and not os.path.isdir(cache_dir):
         raise FinetuneError(f"the pretraining run's SentencePiece model is not in {cache_dir}; "
                             "pass --config.vocab_file=PATH.model")
-    return pipeline.load_or_train_tokenizer(data, cache_dir)
+    try:
+        return pipeline.load_or_train_tokenizer(data, cache_dir)
+    except (pipeline.DataError, OSError) as e:
+        raise FinetuneError(f"cannot rebuild the tokenizer of init_checkpoint="
+                            f"{config.init_checkpoint!r} ({e}); pass --config.vocab_file=PATH") from e
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -551,9 +589,9 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         devices: list[jax.Device] | None = None) -> dict[str, Any]:
     """Fine-tunes every seed in `config.seeds` (each in `workdir/seed_N`) and writes
     `workdir/summary.json`; returns it."""
-    pretrain_model, pretrain_config = pretraining_run(config)
-    bert_config = bert_config_of(config, pretrain_model, pretrain_config)
-    tokenizer = tokenizer_of(config, pretrain_config)
+    pretrain = pretraining_run(config)
+    bert_config = bert_config_of(config, pretrain)
+    tokenizer = tokenizer_of(config, pretrain)
     if tokenizer.vocab_size > bert_config.vocab_size:
         raise FinetuneError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
                             f"{bert_config.vocab_size}: use the pretraining run's vocabulary")

@@ -226,15 +226,15 @@ def test_google_and_hugging_face_checkpoints_initialise_fine_tuning(data_root, t
         (directory / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
         config = small(config_file("glue.py"), data_root, task="sst2",
                        init_checkpoint=str(directory))
-        model_fields, pretrain_config = finetune.pretraining_run(config)
-        assert finetune.bert_config_of(config, model_fields, pretrain_config) == \
-            finetune.bert_config_of(config, *finetune.pretraining_run(small(
+        pretrain = finetune.pretraining_run(config)
+        assert finetune.bert_config_of(config, pretrain) == \
+            finetune.bert_config_of(config, finetune.pretraining_run(small(
                 config_file("glue.py"), data_root, task="sst2")))
-        assert finetune.tokenizer_of(config, pretrain_config).vocab_size == len(VOCAB)
+        assert finetune.tokenizer_of(config, pretrain).vocab_size == len(VOCAB)
         loaded = finetune.load_pretrained(str(directory),
                                           finetune.abstract_params_on_one_device(BertModel(TINY)))
         jax.tree.map(np.testing.assert_array_equal, loaded, expected)
     config = small(config_file("glue.py"), data_root, task="sst2",
                    init_checkpoint=str(tmp_path / "uncased_hf"), do_lower_case=False)
     with pytest.raises(ValueError, match="uncased model"):
-        finetune.tokenizer_of(config, None)
+        finetune.tokenizer_of(config, finetune.PretrainingRun({}))

@@ -93,6 +93,40 @@ def test_stop_and_resume_equals_uninterrupted(corpus_file, cache_dir, tmp_path):
     assert phases[12] == "short" and phases[13] == "long"
 
 
+def test_fine_tuning_takes_the_sentencepiece_model_the_run_recorded(corpus_file, tmp_path):
+    """Fine-tuning finds the run's SentencePiece model by the fingerprint its checkpoint
+    recorded, even after the corpus was touched (a new cache key) or removed; a model
+    rebuilt from a different corpus, or another vocab_file, is refused, naming both."""
+    from bertjax import finetune
+    corpus_copy = tmp_path / "corpus.txt"
+    shutil.copy(corpus_file, corpus_copy)
+    workdir = tmp_path / "run"
+    train.train_and_evaluate(tiny_config(str(corpus_copy), "", **{
+        "train.total_steps": 4, "long_phase.fraction": 0.0}), str(workdir))
+    fine_tune = runpy.run_path(os.path.join(REPO_ROOT, "configs", "finetune", "glue.py"))["get_config"]()
+    fine_tune.init_checkpoint = str(workdir)
+    pretrain = finetune.pretraining_run(fine_tune)
+    assert pretrain.tokenizer_fingerprint
+    models = sorted(os.listdir(workdir / "data"))
+    os.utime(corpus_copy, (1, 1))
+    corpus_copy.rename(tmp_path / "moved.txt")
+    assert finetune.tokenizer_of(fine_tune, pretrain).fingerprint() == pretrain.tokenizer_fingerprint
+    assert sorted(os.listdir(workdir / "data")) == models  # found, not trained again
+    for name in models:
+        if name.startswith("sentencepiece_"):
+            os.remove(workdir / "data" / name)
+    with pytest.raises(finetune.FinetuneError, match="cannot rebuild the tokenizer"):
+        finetune.tokenizer_of(fine_tune, pretrain)
+    text = (tmp_path / "moved.txt").read_text()
+    corpus_copy.write_text(" ".join(word[::-1] for word in text.split(" ")))
+    with pytest.raises(finetune.FinetuneError, match="rebuilt from the pretraining corpus is not"):
+        finetune.tokenizer_of(fine_tune, pretrain)
+    (other,) = (workdir / "data").glob("sentencepiece_*.model")
+    fine_tune.vocab_file = str(other)
+    with pytest.raises(finetune.FinetuneError, match="vocab_file=.* is not the tokenizer"):
+        finetune.tokenizer_of(fine_tune, pretrain)
+
+
 def test_eight_devices_match_one(corpus_file, cache_dir, tmp_path):
     assert len(jax.devices()) == 8, "conftest sets 8 fake CPU devices"
     one = tiny_config(corpus_file, cache_dir, **{"train.total_steps": 6})
