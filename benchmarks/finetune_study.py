@@ -3,16 +3,19 @@ initialisation on SST-2, MRPC and CoNLL-2003, three seeds each, on CPU.
 
     python benchmarks/finetune_study.py --init_checkpoint=PRETRAIN_WORKDIR --out=STUDY_DIR \
         [--inits=pretrained,random] [--tasks=sst2,mrpc,conll2003] [--extra="--config.X=Y"]
-    python benchmarks/finetune_study.py --out=STUDY_DIR --table=benchmarks/finetune_study
+    python benchmarks/finetune_study.py --out=STUDY_DIR[,STUDY_DIR...] --table=benchmarks/finetune_study
 
 Each (task, init) pair is one `python -m bertjax.finetune` command (printed and recorded) with
 `--config.seeds=1,2,3`; `--table` collects their summary.json files into a Markdown table and
-a JSON file. The random-init runs take the checkpoint's architecture and tokenizer, not its
-weights (`--config.random_init=True`).
+a JSON file. Given several study directories (e.g. one per learning rate), it reports for each
+task and init the learning rate with the best mean dev score, as the paper chose its
+fine-tuning learning rate on dev. The random-init runs take the checkpoint's architecture
+and tokenizer, not its weights (`--config.random_init=True`).
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shlex
@@ -53,26 +56,58 @@ def run(args) -> None:
             subprocess.run(cmd, check=True)
 
 
+def learning_rate(run_dir: str, summary: dict) -> float:
+    """The peak learning rate a fine-tuning run used (summary.json's config, or for runs from
+    before it recorded one, the config in a kept checkpoint's metadata)."""
+    if "config" in summary:
+        return float(summary["config"]["learning_rate"])
+    metadata = sorted(glob.glob(os.path.join(run_dir, "seed_*", "checkpoints", "*", "meta", "metadata")))
+    return float(json.loads(json.load(open(metadata[0]))["config"])["learning_rate"])
+
+
+def best_runs(out_dirs: list[str], task: str, init: str) -> tuple[dict | None, list[tuple[float, float]]]:
+    """Among the study directories that ran (task, init), the summary with the best mean main
+    metric (the paper picks each task's learning rate on dev), and every (lr, mean) tried."""
+    main_metric, tried, best = METRICS[task][0], [], None
+    for out in out_dirs:
+        run_dir = os.path.join(out, f"{task}_{init}")
+        if not os.path.exists(os.path.join(run_dir, "summary.json")):
+            continue
+        summary = json.load(open(os.path.join(run_dir, "summary.json")))
+        summary["learning_rate"] = learning_rate(run_dir, summary)
+        tried.append((summary["learning_rate"], summary["summary"][main_metric]["mean"]))
+        if best is None or tried[-1][1] > best["summary"][main_metric]["mean"]:
+            best = summary
+    return best, sorted(tried)
+
+
 def table(args) -> None:
-    rows, record = [], {}
+    out_dirs = args.out.split(",")
+    rows, grid, record = [], [], {}
     for task, metric_names in METRICS.items():
+        best = {init: best_runs(out_dirs, task, init) for init in ("pretrained", "random")}
+        for init, (_, tried) in best.items():
+            if tried:
+                grid.append(f"| {task} | {init} | " + ", ".join(
+                    f"{lr:g}: {100 * mean:.1f}" for lr, mean in tried) + " |")
         for metric in metric_names:
             cells = []
-            for init in ("pretrained", "random"):
-                path = os.path.join(args.out, f"{task}_{init}", "summary.json")
-                if not os.path.exists(path):
+            for init, (summary, _) in best.items():
+                if summary is None:
                     cells.append("not run")
                     continue
-                summary = json.load(open(path))
                 stats = summary["summary"][metric]
-                record[f"{task}/{init}/{metric}"] = {**stats, "train_examples": summary["train_examples"]}
+                record[f"{task}/{init}/{metric}"] = {**stats, "train_examples": summary["train_examples"],
+                                                     "learning_rate": summary["learning_rate"]}
                 values = ", ".join(f"{100 * v:.1f}" for v in stats["values"])
                 cells.append(f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f} "
-                             f"(median {100 * stats['median']:.1f}; {values})")
+                             f"(lr {summary['learning_rate']:g}; median {100 * stats['median']:.1f}; {values})")
             rows.append(f"| {task} | {metric} | {cells[0]} | {cells[1]} |")
     with open(args.table + ".json", "w") as f:
         json.dump(record, f, indent=1)
     print("| task | dev metric | pretrained | random init |\n|---|---|---|---|\n" + "\n".join(rows))
+    print("\nMean dev main metric per learning rate:\n\n| task | init | lr: mean |\n|---|---|---|\n"
+          + "\n".join(grid))
 
 
 if __name__ == "__main__":
@@ -84,5 +119,8 @@ if __name__ == "__main__":
     parser.add_argument("--table", default="")
     parser.add_argument("--extra", default="", help="more flags, e.g. --config.learning_rate=5e-4")
     parsed = parser.parse_args()
-    os.makedirs(parsed.out, exist_ok=True)
-    table(parsed) if parsed.table else run(parsed)
+    if parsed.table:
+        table(parsed)
+    else:
+        os.makedirs(parsed.out, exist_ok=True)
+        run(parsed)

@@ -624,7 +624,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
                "random_init": bool(config.random_init), "main_metric": task.main_metric,
                "train_examples": len(data["train"]),
                "skipped": {name: split.skipped for name, split in data.items()},
-               "seeds": results, "summary": summarize_seeds(results)}
+               "seeds": results, "summary": summarize_seeds(results), "config": config.to_dict()}
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
