@@ -68,8 +68,23 @@ def _chief_print(line: str) -> None:
 
 
 def _write_text(path: str, text: str, append: bool = False) -> None:
-    """Writes a small text file, local or remote (gs://); an append rewrites the file, since
-    object stores cannot append."""
+    """Writes a small text file so that a kill -9 never loses what it held. Locally, an append
+    is one O_APPEND write (earlier lines are never rewritten) and a rewrite goes through a
+    renamed temporary file. Object stores (gs://) cannot append; there an append rewrites
+    the object, which each upload replaces whole."""
+    if "://" not in path:
+        if append:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, text.encode("utf-8"))
+            finally:
+                os.close(fd)
+        else:
+            temporary = f"{path}.tmp{os.getpid()}"
+            with open(temporary, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(temporary, path)
+        return
     target = epath.Path(path)
     if append and target.exists():
         text = target.read_text() + text
