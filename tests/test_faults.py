@@ -230,6 +230,11 @@ def test_losing_a_peer_stops_the_survivor_and_a_restart_resumes(corpus_file, cac
 
     survivor, victim = start_job()
     survivor.wait_for_step(6)
+    # Step 4's checkpoint is written in the background; on a loaded machine it may still be
+    # uncommitted at step 6. Kill once it is committed, so that the restart has it to resume.
+    deadline = time.time() + 120
+    while not os.path.isdir(tmp_path / "checkpoints" / "4") and time.time() < deadline:
+        time.sleep(0.05)
     victim.proc.kill()
     killed = time.time()
     code = survivor.finish(timeout=heartbeat + 60)
