@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
+import zlib
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -46,7 +48,12 @@ REMAT_POLICIES = {
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
 
-ATTENTION_IMPLS = ("einsum", "xla", "cudnn")
+# "einsum": explicit softmax(QK^T)V with attention dropout from the JAX RNG (the reference);
+# "cudnn": cuDNN's fused flash attention on GPU (padding as key lengths, attention dropout by
+# cuDNN's own generator); "xla": jax.nn.dot_product_attention's portable path (no attention
+# dropout); "auto": "cudnn" where it runs (GPU, 16-bit compute, head size <= 128), else "einsum".
+ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn")
+CUDNN_DTYPES = ("bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +76,8 @@ class BertConfig:
     param_dtype: str = "float32"
     scan_layers: bool = False  # nn.scan over layers: faster compiles, stacked [layers, ...] params
     remat_policy: str = "none"  # one of REMAT_POLICIES
-    # "einsum": explicit softmax(QK^T)V with attention dropout (the original); "xla" / "cudnn":
-    # jax.nn.dot_product_attention (cuDNN's fused kernel on GPU), which has no attention
-    # dropout, so training with it needs attention_probs_dropout_prob=0.
-    attention_impl: str = "einsum"
+    # One of ATTENTION_IMPLS (see there); "auto" picks per backend when the model is traced.
+    attention_impl: str = "auto"
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
@@ -103,6 +108,15 @@ class BertConfig:
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    def resolved_attention_impl(self, backend: str | None = None) -> str:
+        """The implementation `attention_impl` means on `backend` (default: JAX's default)."""
+        if self.attention_impl != "auto":
+            return self.attention_impl
+        backend = backend or jax.default_backend()
+        cudnn_fits = (self.dtype in CUDNN_DTYPES and self.head_size <= 128
+                      and self.head_size % 8 == 0)
+        return "cudnn" if backend in ("gpu", "cuda") and cudnn_fits else "einsum"
 
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -140,6 +154,31 @@ def _constrain(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
     return nn.with_logical_constraint(x, axes)
 
 
+class Dropout(nn.Module):
+    """Inverted dropout on 16 random bits per element, two elements per 32-bit draw: half the
+    generator work of `nn.Dropout` (whose partitionable threefry hashes once per element),
+    with the drop rate rounded to a multiple of 2**-16 (0.1 -> 0.100006)."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        keep = random_16_bits(self.make_rng("dropout"), x.shape) >= round(self.rate * 2**16)
+        return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
+
+
+def random_16_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Uniform integers in [0, 2**16) (as int32), the low and high halves of each 32-bit draw
+    filling neighbouring elements of the last axis."""
+    if not shape or shape[-1] % 2:
+        return jax.random.bits(key, shape, jnp.uint16).astype(jnp.int32)
+    words = jax.random.bits(key, shape[:-1] + (shape[-1] // 2,), jnp.uint32)
+    halves = jnp.stack([words & 0xFFFF, words >> 16], axis=-1)
+    return halves.reshape(shape).astype(jnp.int32)
+
+
 class BertEmbeddings(nn.Module):
     """Word + position + token-type embeddings, LayerNorm, dropout."""
 
@@ -157,7 +196,7 @@ class BertEmbeddings(nn.Module):
             "token_type_embeddings", _init(cfg, (TOKEN_TYPE, EMBED)),
             (cfg.type_vocab_size, cfg.hidden_size), cfg.param_dtype)
         self.layer_norm = _layer_norm(cfg)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def __call__(self, input_ids_BxL: jax.Array, token_type_ids_BxL: jax.Array,
                  deterministic: bool) -> jax.Array:
@@ -173,13 +212,28 @@ class BertEmbeddings(nn.Module):
         return _constrain(x_BxLxH.astype(self.config.dtype), (BATCH, LENGTH, ACT_EMBED))
 
 
+def _cudnn_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.Array,
+                     lengths_B: jax.Array, dropout_rate: float, seed: int) -> jax.Array:
+    """cuDNN flash attention: keys past each row's length are masked, queries all computed (as
+    the einsum path does); `dropout_rate` drops attention probabilities with cuDNN's Philox
+    generator, seeded by `seed` and advanced by XLA at every execution."""
+    # The public jax.nn.dot_product_attention has no dropout argument; this is its cuDNN kernel.
+    from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
+    batch, length = q_BxLxNxD.shape[:2]
+    return dot_product_attention(
+        q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, q_seqlen=jnp.full((batch,), length, jnp.int32),
+        kv_seqlen=lengths_B, scale=1.0 / math.sqrt(q_BxLxNxD.shape[-1]),
+        mask_type=MaskType.PADDING, dropout_rate=dropout_rate, seed=seed, qkv_layout="BTNH")
+
+
 class BertSelfAttention(nn.Module):
-    """Multi-head self-attention; softmax and mask in float32."""
+    """Multi-head self-attention over the padding mask `[B, L]` (1 = real token), which must be
+    a prefix of ones per row as in every BERT input; softmax and mask in float32."""
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array, mask_bias_Bx1x1xL: jax.Array,
+    def __call__(self, x_BxLxH: jax.Array, attention_mask_BxL: jax.Array,
                  deterministic: bool) -> jax.Array:
         cfg = self.config
         batch, length, _ = x_BxLxH.shape
@@ -190,24 +244,40 @@ class BertSelfAttention(nn.Module):
             return y_BxLxH.reshape(batch, length, cfg.num_attention_heads, cfg.head_size)
 
         q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = project("query"), project("key"), project("value")
-        if cfg.attention_impl != "einsum":
-            if not deterministic and cfg.attention_probs_dropout_prob > 0:
+        dropout_rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
+        impl = cfg.resolved_attention_impl()
+        if impl == "einsum":
+            context_BxLxNxD = _einsum_attention(
+                q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, attention_mask_bias(attention_mask_BxL),
+                Dropout(dropout_rate), deterministic)
+        elif impl == "cudnn":
+            # A static seed per layer (its module path); XLA advances cuDNN's offset per call.
+            seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31
+            context_BxLxNxD = _cudnn_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD,
+                                               sequence_lengths(attention_mask_BxL),
+                                               dropout_rate, seed)
+        else:
+            if dropout_rate > 0:
                 raise ValueError(
-                    f"attention_impl={cfg.attention_impl!r} has no attention dropout; train with "
-                    "attention_probs_dropout_prob=0 or attention_impl='einsum'")
+                    f"attention_impl={impl!r} has no attention dropout; train with "
+                    "attention_probs_dropout_prob=0 or attention_impl='einsum' or 'cudnn'")
             context_BxLxNxD = jax.nn.dot_product_attention(
-                q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, bias=mask_bias_Bx1x1xL.astype(q_BxLxNxD.dtype),
-                implementation=cfg.attention_impl)
-            return context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
-        scores_BxNxLxL = jnp.einsum("bqnd,bknd->bnqk", q_BxLxNxD, k_BxLxNxD,
-                                    preferred_element_type=jnp.float32)
-        scores_BxNxLxL = scores_BxNxLxL / jnp.sqrt(jnp.float32(cfg.head_size))
-        probs_BxNxLxL = jax.nn.softmax(scores_BxNxLxL + mask_bias_Bx1x1xL, axis=-1)
-        probs_BxNxLxL = nn.Dropout(cfg.attention_probs_dropout_prob)(
-            probs_BxNxLxL, deterministic=deterministic)
-        context_BxLxNxD = jnp.einsum("bnqk,bknd->bqnd", probs_BxNxLxL.astype(cfg.dtype),
-                                     v_BxLxNxD)
+                q_BxLxNxD, k_BxLxNxD, v_BxLxNxD,
+                key_value_seq_lengths=sequence_lengths(attention_mask_BxL), implementation=impl)
         return context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
+
+
+def _einsum_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.Array,
+                      mask_bias_Bx1x1xL: jax.Array, dropout: nn.Module,
+                      deterministic: bool) -> jax.Array:
+    """The reference: float32 scores and softmax, the original additive mask, dropout on the
+    probabilities, then the weighted sum in the compute dtype."""
+    scores_BxNxLxL = jnp.einsum("bqnd,bknd->bnqk", q_BxLxNxD, k_BxLxNxD,
+                                preferred_element_type=jnp.float32)
+    scores_BxNxLxL = scores_BxNxLxL / jnp.sqrt(jnp.float32(q_BxLxNxD.shape[-1]))
+    probs_BxNxLxL = jax.nn.softmax(scores_BxNxLxL + mask_bias_Bx1x1xL, axis=-1)
+    probs_BxNxLxL = dropout(probs_BxNxLxL, deterministic)
+    return jnp.einsum("bnqk,bknd->bqnd", probs_BxNxLxL.astype(v_BxLxNxD.dtype), v_BxLxNxD)
 
 
 class BertDenseOutput(nn.Module):
@@ -220,7 +290,7 @@ class BertDenseOutput(nn.Module):
     def __call__(self, y: jax.Array, residual_BxLxH: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
         y_BxLxH = _dense(cfg, cfg.hidden_size, (self.input_axis, EMBED), "dense")(y)
-        y_BxLxH = nn.Dropout(cfg.hidden_dropout_prob)(y_BxLxH, deterministic=deterministic)
+        y_BxLxH = Dropout(cfg.hidden_dropout_prob)(y_BxLxH, deterministic=deterministic)
         out_BxLxH = _layer_norm(cfg)(y_BxLxH + residual_BxLxH)
         return _constrain(out_BxLxH.astype(cfg.dtype), (BATCH, LENGTH, ACT_EMBED))
 
@@ -229,9 +299,9 @@ class BertAttention(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BxLxH, mask_bias_Bx1x1xL, deterministic: bool) -> jax.Array:
+    def __call__(self, x_BxLxH, attention_mask_BxL, deterministic: bool) -> jax.Array:
         context = BertSelfAttention(self.config, name="self")(
-            x_BxLxH, mask_bias_Bx1x1xL, deterministic)
+            x_BxLxH, attention_mask_BxL, deterministic)
         return BertDenseOutput(self.config, QKV, name="output")(context, x_BxLxH, deterministic)
 
 
@@ -244,10 +314,10 @@ class BertLayer(nn.Module):
     emit_output: bool = False
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array, mask_bias_Bx1x1xL: jax.Array):
+    def __call__(self, x_BxLxH: jax.Array, attention_mask_BxL: jax.Array):
         cfg = self.config
         attended_BxLxH = BertAttention(cfg, name="attention")(
-            x_BxLxH, mask_bias_Bx1x1xL, self.deterministic)
+            x_BxLxH, attention_mask_BxL, self.deterministic)
         intermediate_BxLxF = BertIntermediate(cfg, name="intermediate")(attended_BxLxH)
         out_BxLxH = BertDenseOutput(cfg, MLP, name="output")(
             intermediate_BxLxF, attended_BxLxH, self.deterministic)
@@ -278,7 +348,7 @@ class BertEncoder(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array, mask_bias_Bx1x1xL: jax.Array,
+    def __call__(self, x_BxLxH: jax.Array, attention_mask_BxL: jax.Array,
                  deterministic: bool, all_layers: bool = False) -> jax.Array:
         cfg = self.config
         self.sow("intermediates", "embedding_output", x_BxLxH)  # no-op unless made mutable
@@ -293,12 +363,12 @@ class BertEncoder(nn.Module):
                 in_axes=nn.broadcast, length=cfg.num_hidden_layers,
                 metadata_params={nn.PARTITION_NAME: LAYERS})
             x_BxLxH, layers_NxBxLxH = stack(cfg, deterministic, all_layers, name="layers")(
-                x_BxLxH, mask_bias_Bx1x1xL)
+                x_BxLxH, attention_mask_BxL)
             return layers_NxBxLxH if all_layers else x_BxLxH
         outputs = []
         for i in range(cfg.num_hidden_layers):
             x_BxLxH, _ = layer_cls(cfg, deterministic, name=f"layer_{i}")(
-                x_BxLxH, mask_bias_Bx1x1xL)
+                x_BxLxH, attention_mask_BxL)
             outputs.append(x_BxLxH)
         return jnp.stack(outputs) if all_layers else x_BxLxH
 
@@ -320,6 +390,11 @@ def attention_mask_bias(attention_mask_BxL: jax.Array) -> jax.Array:
     return ((1.0 - mask) * ATTENTION_MASK_VALUE)[:, None, None, :]
 
 
+def sequence_lengths(attention_mask_BxL: jax.Array) -> jax.Array:
+    """Real tokens per row of a prefix padding mask: the fused kernels' form of the mask."""
+    return jnp.sum(attention_mask_BxL.astype(jnp.int32), axis=-1)
+
+
 class BertModel(nn.Module):
     """Embeddings, encoder and pooler. Returns `(sequence_output [B,L,H], pooled [B,H])`."""
 
@@ -335,7 +410,7 @@ class BertModel(nn.Module):
                  all_layers: bool = False):
         """With `all_layers`, returns `(layers [num_layers, B, L, H], pooled)` instead."""
         x_BxLxH = self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic)
-        x = self.encoder(x_BxLxH, attention_mask_bias(attention_mask_BxL), deterministic,
+        x = self.encoder(x_BxLxH, attention_mask_BxL, deterministic,
                          all_layers)
         return x, self.pooler(x[-1] if all_layers else x)
 
@@ -442,7 +517,7 @@ class BertForSequenceClassification(nn.Module):
     def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
         _, pooled_BxH = BertModel(self.config, name="bert")(
             input_ids, token_type_ids, attention_mask, deterministic)
-        pooled_BxH = nn.Dropout(self.config.hidden_dropout_prob)(pooled_BxH, deterministic)
+        pooled_BxH = Dropout(self.config.hidden_dropout_prob)(pooled_BxH, deterministic)
         return output_layer(self, self.config, self.num_labels, pooled_BxH)
 
 
@@ -477,7 +552,7 @@ class BertForTokenClassification(nn.Module):
                     for direction in ("forward", "backward"))
                 x_BxLxH = nn.Bidirectional(forward, backward)(x_BxLxH.astype(jnp.float32),
                                                               seq_lengths=lengths_B)
-        x_BxLxH = nn.Dropout(self.config.hidden_dropout_prob)(x_BxLxH, deterministic)
+        x_BxLxH = Dropout(self.config.hidden_dropout_prob)(x_BxLxH, deterministic)
         return output_layer(self, self.config, self.num_labels, x_BxLxH)
 
 

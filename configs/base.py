@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"  # parameter and optimizer-state dtype
     c.model.scan_layers = False  # nn.scan over layers (faster compile; stacked params)
     c.model.remat_policy = "none"  # "none" | "full" | "dots" | "dots_no_batch"
-    c.model.attention_impl = "einsum"  # "einsum" (with attention dropout) | "xla" | "cudnn"
+    c.model.attention_impl = "auto"  # "auto" (cudnn on GPU, else einsum) | "einsum" | "cudnn" | "xla"
     # (jax.nn.dot_product_attention, fused on GPU; needs attention_probs_dropout_prob=0 to train)
 
     c.data = ml_collections.ConfigDict()
