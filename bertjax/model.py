@@ -78,6 +78,9 @@ class BertConfig:
     remat_policy: str = "none"  # one of REMAT_POLICIES
     # One of ATTENTION_IMPLS (see there); "auto" picks per backend when the model is traced.
     attention_impl: str = "auto"
+    # The MLM output projection runs on the vocabulary padded to a multiple of this (e.g. 128
+    # for aligned GPU/TPU matmuls); parameters and logits keep vocab_size. 1 = no padding.
+    vocab_pad_multiple: int = 1
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
@@ -89,6 +92,8 @@ class BertConfig:
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"attention_impl={self.attention_impl!r}; choose one of "
                              f"{list(ATTENTION_IMPLS)}")
+        if self.vocab_pad_multiple < 1:
+            raise ValueError(f"vocab_pad_multiple={self.vocab_pad_multiple} must be >= 1")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(
                 f"remat_policy={self.remat_policy!r}; choose one of {sorted(REMAT_POLICIES)}")
@@ -438,9 +443,12 @@ class BertMaskedLMHead(nn.Module):
         h_BxPxH = BertPredictionTransform(cfg, name="transform")(x_BxPxH)
         output_bias_V = self.param("output_bias", _zeros((VOCAB,)), (cfg.vocab_size,),
                                    cfg.param_dtype)
-        logits_BxPxV = jnp.einsum("bph,vh->bpv", h_BxPxH.astype(cfg.dtype),
-                                  word_embeddings_VxH.astype(cfg.dtype),
-                                  preferred_element_type=jnp.float32)
+        embeddings_VxH = word_embeddings_VxH.astype(cfg.dtype)
+        padding = -cfg.vocab_size % cfg.vocab_pad_multiple
+        if padding:  # a matmul whose output rows are aligned; the padding's logits are cut off
+            embeddings_VxH = jnp.pad(embeddings_VxH, ((0, padding), (0, 0)))
+        logits_BxPxV = jnp.einsum("bph,vh->bpv", h_BxPxH.astype(cfg.dtype), embeddings_VxH,
+                                  preferred_element_type=jnp.float32)[..., :cfg.vocab_size]
         return logits_BxPxV + output_bias_V.astype(jnp.float32)
 
 
