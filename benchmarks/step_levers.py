@@ -105,6 +105,7 @@ VARIANTS = {
     "cudnn + 16-bit dropout + select guard": ("cudnn", SELECT),
     "einsum + 16-bit dropout + select guard": ("einsum", SELECT),
     "cudnn + 16-bit dropout + vocab padded to 128": ("cudnn", {"vocab_pad_multiple": 128}),
+    "einsum + 16-bit dropout + vocab padded to 128": ("einsum", {"vocab_pad_multiple": 128}),
     "einsum + 16-bit dropout + bf16 probabilities": (
         "einsum", {"_einsum_attention": einsum_attention_bf16_probs}),
 }
