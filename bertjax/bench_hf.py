@@ -32,7 +32,7 @@ def hf_config(config: BertConfig) -> transformers.BertConfig:
         attention_probs_dropout_prob=config.attention_probs_dropout_prob,
         max_position_embeddings=config.max_position_embeddings,
         type_vocab_size=config.type_vocab_size, initializer_range=config.initializer_range,
-        layer_norm_eps=config.layer_norm_eps)
+        layer_norm_eps=config.layer_norm_eps, attn_implementation="sdpa")
 
 
 def torch_batch(batch: dict[str, np.ndarray], vocab_size: int) -> dict[str, torch.Tensor]:
@@ -59,8 +59,7 @@ class HFTrainer:
         torch.manual_seed(0)
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"
-        self.model = transformers.BertForPreTraining(
-            hf_config(config), attn_implementation="sdpa").to(self.device).train()
+        self.model = transformers.BertForPreTraining(hf_config(config)).to(self.device).train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate,
                                            weight_decay=weight_decay, eps=eps, fused=on_gpu)
         self.forward = torch.compile(self.model) if compile else self.model
