@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import flops, model as M, optim, sharding, steps
+from bertjax import attention, flops, model as M, optim, sharding, steps
 from bertjax.state import create_train_state, pretraining_example_inputs
 
 LARGE = M.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
@@ -83,16 +83,17 @@ def apply_update_select(state, tx, loss, grads, metrics):
                            nonfinite=1.0 - finite.astype(jnp.float32))
 
 
-def einsum_attention_bf16_probs(q, k, v, mask_bias, dropout, deterministic):
+def einsum_attention_bf16_probs(q, k, v, mask_bias, dropout):
     """Softmax statistics in float32, probabilities cast to the compute dtype before dropout."""
     scores = jnp.einsum("bqnd,bknd->bnqk", q, k, preferred_element_type=jnp.float32)
     scores = scores / jnp.sqrt(jnp.float32(q.shape[-1]))
     probs = jax.nn.softmax(scores + mask_bias, axis=-1).astype(v.dtype)
-    return jnp.einsum("bnqk,bknd->bqnd", dropout(probs, deterministic), v)
+    return jnp.einsum("bnqk,bknd->bqnd", dropout(probs), v)
 
 
-ORIGINAL = {"Dropout": M.Dropout, "_einsum_attention": M._einsum_attention,
-            "_apply_update": steps._apply_update}
+# Functions replaced by name in the module that owns them (the model looks them up there).
+OWNERS = {"Dropout": M, "einsum_attention": attention, "_apply_update": steps}
+ORIGINAL = {name: getattr(module, name) for name, module in OWNERS.items()}
 BEFORE = {"Dropout": FlaxDropout, "_apply_update": apply_update_cond}
 SELECT = {"_apply_update": apply_update_select}
 
@@ -107,7 +108,7 @@ VARIANTS = {
     "cudnn + 16-bit dropout + vocab padded to 128": ("cudnn", {"vocab_pad_multiple": 128}),
     "einsum + 16-bit dropout + vocab padded to 128": ("einsum", {"vocab_pad_multiple": 128}),
     "einsum + 16-bit dropout + bf16 probabilities": (
-        "einsum", {"_einsum_attention": einsum_attention_bf16_probs}),
+        "einsum", {"einsum_attention": einsum_attention_bf16_probs}),
 }
 
 
@@ -132,8 +133,8 @@ def synthetic_batch(batch, length, predictions, vocab, seed=0):
 def patch(replacements):
     """Restores the product's functions, then applies `replacements` by name."""
     for name, value in {**ORIGINAL, **replacements}.items():
-        if name in ORIGINAL:
-            setattr(steps if name == "_apply_update" else M, name, value)
+        if name in OWNERS:
+            setattr(OWNERS[name], name, value)
 
 
 def build(config, batch_np, accum=1):
@@ -282,7 +283,7 @@ def main():
         for i in chosen:
             impl, replacements = VARIANTS[names[i]]
             patch(replacements)
-            fields = {k: v for k, v in replacements.items() if k not in ORIGINAL}
+            fields = {k: v for k, v in replacements.items() if k not in OWNERS}
             variant_config = dataclasses.replace(config, attention_impl=impl, **fields)
             name = f"L{length} B{batch_size} | {names[i]}"
             if a.cost:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import zlib
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from bertjax import attention
+from bertjax.dropout import Dropout
 
 # Logical axis names: parameters.
 VOCAB = "vocab"
@@ -40,21 +42,12 @@ ACT_EMBED = "act_embed"
 ACT_QKV = "act_qkv"
 ACT_MLP = "act_mlp"
 
-ATTENTION_MASK_VALUE = -10000.0  # the original additive mask, not -inf
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
-
-# "einsum": explicit softmax(QK^T)V with attention dropout from the JAX RNG (the reference);
-# "cudnn": cuDNN's fused flash attention on GPU (padding as key lengths, attention dropout by
-# cuDNN's own generator); "xla": jax.nn.dot_product_attention's portable path (no attention
-# dropout); "auto": "cudnn" where it runs (GPU, 16-bit compute, head size <= 128), else "einsum".
-ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn")
-CUDNN_DTYPES = ("bfloat16", "float16")
-
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
@@ -76,7 +69,7 @@ class BertConfig:
     param_dtype: str = "float32"
     scan_layers: bool = False  # nn.scan over layers: faster compiles, stacked [layers, ...] params
     remat_policy: str = "none"  # one of REMAT_POLICIES
-    # One of ATTENTION_IMPLS (see there); "auto" picks per backend when the model is traced.
+    # One of attention.ATTENTION_IMPLS; "auto" picks per backend when the model is traced.
     attention_impl: str = "auto"
     # The MLM output projection runs on the vocabulary padded to a multiple of this (e.g. 128
     # for aligned GPU/TPU matmuls); parameters and logits keep vocab_size. 1 = no padding.
@@ -89,9 +82,9 @@ class BertConfig:
                 f"num_attention_heads={self.num_attention_heads}")
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act={self.hidden_act!r}; choose one of {sorted(ACTIVATIONS)}")
-        if self.attention_impl not in ATTENTION_IMPLS:
+        if self.attention_impl not in attention.ATTENTION_IMPLS:
             raise ValueError(f"attention_impl={self.attention_impl!r}; choose one of "
-                             f"{list(ATTENTION_IMPLS)}")
+                             f"{list(attention.ATTENTION_IMPLS)}")
         if self.vocab_pad_multiple < 1:
             raise ValueError(f"vocab_pad_multiple={self.vocab_pad_multiple} must be >= 1")
         if self.remat_policy not in REMAT_POLICIES:
@@ -116,12 +109,7 @@ class BertConfig:
 
     def resolved_attention_impl(self, backend: str | None = None) -> str:
         """The implementation `attention_impl` means on `backend` (default: JAX's default)."""
-        if self.attention_impl != "auto":
-            return self.attention_impl
-        backend = backend or jax.default_backend()
-        cudnn_fits = (self.dtype in CUDNN_DTYPES and self.head_size <= 128
-                      and self.head_size % 8 == 0)
-        return "cudnn" if backend in ("gpu", "cuda") and cudnn_fits else "einsum"
+        return attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend)
 
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -159,31 +147,6 @@ def _constrain(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
     return nn.with_logical_constraint(x, axes)
 
 
-class Dropout(nn.Module):
-    """Inverted dropout on 16 random bits per element, two elements per 32-bit draw: half the
-    generator work of `nn.Dropout` (whose partitionable threefry hashes once per element),
-    with the drop rate rounded to a multiple of 2**-16 (0.1 -> 0.100006)."""
-
-    rate: float
-
-    @nn.compact
-    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-        if deterministic or self.rate == 0.0:
-            return x
-        keep = random_16_bits(self.make_rng("dropout"), x.shape) >= round(self.rate * 2**16)
-        return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
-
-
-def random_16_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    """Uniform integers in [0, 2**16) (as int32), the low and high halves of each 32-bit draw
-    filling neighbouring elements of the last axis."""
-    if not shape or shape[-1] % 2:
-        return jax.random.bits(key, shape, jnp.uint16).astype(jnp.int32)
-    words = jax.random.bits(key, shape[:-1] + (shape[-1] // 2,), jnp.uint32)
-    halves = jnp.stack([words & 0xFFFF, words >> 16], axis=-1)
-    return halves.reshape(shape).astype(jnp.int32)
-
-
 class BertEmbeddings(nn.Module):
     """Word + position + token-type embeddings, LayerNorm, dropout."""
 
@@ -217,20 +180,6 @@ class BertEmbeddings(nn.Module):
         return _constrain(x_BxLxH.astype(self.config.dtype), (BATCH, LENGTH, ACT_EMBED))
 
 
-def _cudnn_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.Array,
-                     lengths_B: jax.Array, dropout_rate: float, seed: int) -> jax.Array:
-    """cuDNN flash attention: keys past each row's length are masked, queries all computed (as
-    the einsum path does); `dropout_rate` drops attention probabilities with cuDNN's Philox
-    generator, seeded by `seed` and advanced by XLA at every execution."""
-    # The public jax.nn.dot_product_attention has no dropout argument; this is its cuDNN kernel.
-    from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
-    batch, length = q_BxLxNxD.shape[:2]
-    return dot_product_attention(
-        q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, q_seqlen=jnp.full((batch,), length, jnp.int32),
-        kv_seqlen=lengths_B, scale=1.0 / math.sqrt(q_BxLxNxD.shape[-1]),
-        mask_type=MaskType.PADDING, dropout_rate=dropout_rate, seed=seed, qkv_layout="BTNH")
-
-
 class BertSelfAttention(nn.Module):
     """Multi-head self-attention over the padding mask `[B, L]` (1 = real token), which must be
     a prefix of ones per row as in every BERT input; softmax and mask in float32."""
@@ -249,40 +198,19 @@ class BertSelfAttention(nn.Module):
             return y_BxLxH.reshape(batch, length, cfg.num_attention_heads, cfg.head_size)
 
         q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = project("query"), project("key"), project("value")
-        dropout_rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
         impl = cfg.resolved_attention_impl()
+        dropout_rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
         if impl == "einsum":
-            context_BxLxNxD = _einsum_attention(
-                q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, attention_mask_bias(attention_mask_BxL),
-                Dropout(dropout_rate), deterministic)
-        elif impl == "cudnn":
-            # A static seed per layer (its module path); XLA advances cuDNN's offset per call.
-            seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31
-            context_BxLxNxD = _cudnn_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD,
-                                               sequence_lengths(attention_mask_BxL),
-                                               dropout_rate, seed)
+            context_BxLxNxD = attention.einsum_attention(
+                q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, attention.mask_bias(attention_mask_BxL),
+                functools.partial(Dropout(dropout_rate), deterministic=deterministic))
         else:
-            if dropout_rate > 0:
-                raise ValueError(
-                    f"attention_impl={impl!r} has no attention dropout; train with "
-                    "attention_probs_dropout_prob=0 or attention_impl='einsum' or 'cudnn'")
-            context_BxLxNxD = jax.nn.dot_product_attention(
-                q_BxLxNxD, k_BxLxNxD, v_BxLxNxD,
-                key_value_seq_lengths=sequence_lengths(attention_mask_BxL), implementation=impl)
+            # cuDNN's dropout seed is static: one per layer, from the module's path.
+            seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31
+            context_BxLxNxD = attention.fused_attention(
+                impl, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD,
+                attention.sequence_lengths(attention_mask_BxL), dropout_rate, seed)
         return context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
-
-
-def _einsum_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.Array,
-                      mask_bias_Bx1x1xL: jax.Array, dropout: nn.Module,
-                      deterministic: bool) -> jax.Array:
-    """The reference: float32 scores and softmax, the original additive mask, dropout on the
-    probabilities, then the weighted sum in the compute dtype."""
-    scores_BxNxLxL = jnp.einsum("bqnd,bknd->bnqk", q_BxLxNxD, k_BxLxNxD,
-                                preferred_element_type=jnp.float32)
-    scores_BxNxLxL = scores_BxNxLxL / jnp.sqrt(jnp.float32(q_BxLxNxD.shape[-1]))
-    probs_BxNxLxL = jax.nn.softmax(scores_BxNxLxL + mask_bias_Bx1x1xL, axis=-1)
-    probs_BxNxLxL = dropout(probs_BxNxLxL, deterministic)
-    return jnp.einsum("bnqk,bknd->bqnd", probs_BxNxLxL.astype(v_BxLxNxD.dtype), v_BxLxNxD)
 
 
 class BertDenseOutput(nn.Module):
@@ -387,17 +315,6 @@ class BertPooler(nn.Module):
     def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
         cfg = self.config
         return jnp.tanh(_dense(cfg, cfg.hidden_size, (EMBED, EMBED_OUT), "dense")(x_BxLxH[:, 0]))
-
-
-def attention_mask_bias(attention_mask_BxL: jax.Array) -> jax.Array:
-    """The original additive mask `(1 - mask) * -10000`, broadcastable over heads and queries."""
-    mask = attention_mask_BxL.astype(jnp.float32)
-    return ((1.0 - mask) * ATTENTION_MASK_VALUE)[:, None, None, :]
-
-
-def sequence_lengths(attention_mask_BxL: jax.Array) -> jax.Array:
-    """Real tokens per row of a prefix padding mask: the fused kernels' form of the mask."""
-    return jnp.sum(attention_mask_BxL.astype(jnp.int32), axis=-1)
 
 
 class BertModel(nn.Module):

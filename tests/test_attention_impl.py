@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bertjax import model as M
+from bertjax.dropout import Dropout
 
 CONFIG = M.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                       intermediate_size=64, max_position_embeddings=24)
@@ -116,7 +117,7 @@ def test_cudnn_path_is_refused_by_jax_without_a_gpu():
 
 def test_dropout_drops_the_configured_rate_and_keeps_the_mean():
     x = np.ones((64, 32, 64), np.float32)
-    dropout = M.Dropout(0.1)
+    dropout = Dropout(0.1)
     y = dropout.apply({}, x, False, rngs={"dropout": jax.random.PRNGKey(0)})
     dropped = float(np.mean(np.asarray(y) == 0))
     assert abs(dropped - 0.1) < 0.004  # 131k draws: 5 standard deviations is 0.0041

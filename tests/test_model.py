@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
+from bertjax import attention
 from bertjax import model as M
 from bertjax import sharding
 
@@ -133,7 +134,7 @@ def test_bert_base_and_large_parameter_counts():
 
 
 def test_original_constants():
-    assert SMALL.layer_norm_eps == 1e-12 and M.ATTENTION_MASK_VALUE == -10000.0
+    assert SMALL.layer_norm_eps == 1e-12 and attention.ATTENTION_MASK_VALUE == -10000.0
     x = jnp.linspace(-4, 4, 101)
     np.testing.assert_allclose(M.ACTIVATIONS["gelu"](x), _np_gelu(np.asarray(x, np.float64)),
                                atol=1e-6)
