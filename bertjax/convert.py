@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from bertjax import checkpoint, tf_checkpoint
+from bertjax import checkpoint
+from bertjax.interop import tf as tf_checkpoint
 from bertjax.model import BertConfig, BertForPreTraining
 
 FORMATS = ("tf", "hf", "bertjax")

@@ -19,7 +19,8 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 
-from bertjax import finetune, tokenization
+from bertjax import finetune
+from bertjax.data import tokenization
 from bertjax.model import BertModel
 from bertjax.tasks import features
 

@@ -29,7 +29,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter
 
-from bertjax import checkpoint, convert, objectives, optim, sharding, steps, tokenization
+from bertjax import checkpoint, convert, objectives, optim, sharding, steps
+from bertjax.data import tokenization
 from bertjax.data import pipeline
 from bertjax.model import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification,
                            BertForTokenClassification)

@@ -6,7 +6,7 @@ the heads, the FFN, the vocabulary, ...) with a message naming the field to chan
 device, then bytes per device of parameters, gradients, optimizer state and the activations
 kept for the backward pass. Activations are JAX's own account of the residuals autodiff saves
 (so remat policies count exactly), before XLA fuses or reorders anything; XLA's figure for the
-compiled step (`python -m bertjax.aot`) adds temporaries and may drop fused residuals.
+compiled step (`python -m bertjax.tools.aot`) adds temporaries and may drop fused residuals.
 """
 from __future__ import annotations
 

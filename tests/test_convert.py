@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from bertjax import convert, tf_checkpoint
+from bertjax import convert
+from bertjax.interop import tf as tf_checkpoint
 from bertjax.model import BertConfig, BertForPreTraining
-from test_tf_checkpoint import BERT_TINY_INDEX
+from test_interop_tf import BERT_TINY_INDEX
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,

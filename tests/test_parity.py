@@ -12,7 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import convert, tokenization
+from bertjax import convert
+from bertjax.data import tokenization
 from bertjax.model import BertForPreTraining
 from test_convert import assert_trees_equal, random_params
 

@@ -13,7 +13,7 @@ import runpy
 import numpy as np
 import pytest
 
-from bertjax import tokenization
+from bertjax.data import tokenization
 from bertjax.data import corpus, pipeline
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

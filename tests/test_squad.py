@@ -9,7 +9,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.datasets.squad import squad_dataset_builder
 from tensorflow_datasets.question_answering import qa_utils
 
-from bertjax import tokenization
+from bertjax.data import tokenization
 from bertjax.tasks import squad, squad_eval
 from bertjax.tasks.squad import SquadExample
 

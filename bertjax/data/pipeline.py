@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from bertjax import tokenization
+from bertjax.data import tokenization
 from bertjax.data import corpus, instances
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",

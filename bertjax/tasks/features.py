@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 from absl import logging
 
-from bertjax import tokenization
+from bertjax.data import tokenization
 
 
 class TaskDataError(ValueError):

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from absl import logging
 
-from bertjax import tokenization
+from bertjax.data import tokenization
 from bertjax.tasks import features, metrics
 
 BINARY = ("0", "1")

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 from absl import logging
 
-from bertjax import tokenization
+from bertjax.data import tokenization
 from bertjax.tasks import features, metrics
 
 # The CoNLL-2003 tag set (IOB1 files use the same tags; B- only between touching entities).

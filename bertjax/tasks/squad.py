@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from absl import logging
 
-from bertjax.tokenization import CLS, SEP, Tokenizer, basic_tokenize
+from bertjax.data.tokenization import CLS, SEP, Tokenizer, basic_tokenize
 
 # Null odds of a v2.0 example without any valid span: "certainly unanswerable" (the original's
 # initial null score).

@@ -1,6 +1,6 @@
 """Compile the train step for a target mesh on fake CPU devices, before renting a TPU:
 
-    python -m bertjax.aot --config=configs/large.py --num_devices=32 \
+    python -m bertjax.tools.aot --config=configs/large.py --num_devices=32 \
         --config.mesh.data=1 --config.mesh.fsdp=-1 [--phases=long]
 
 Nothing is materialised: the train state and the batches are abstract (shapes, dtypes and

@@ -1,4 +1,4 @@
-"""`python -m bertjax.bench_data --config=configs/tiny.py`: input-pipeline throughput per core.
+"""`python -m bertjax.tools.bench_data --config=configs/tiny.py`: input-pipeline throughput per core.
 
 Measures, on one CPU core (one process, no tokenizing workers), with the config's corpus and
 tokenizer and dynamic masking:
@@ -20,7 +20,7 @@ from typing import Any, Callable
 import ml_collections
 from absl import app, flags
 
-from bertjax.bench import machine, versions, write_record
+from bertjax.tools.bench import machine, versions, write_record
 from bertjax.data import pipeline
 
 FLAGS = flags.FLAGS
@@ -44,7 +44,7 @@ def run(config: ml_collections.ConfigDict, batches: int, cache_dir: str) -> dict
     _, load_seconds = _timed(lambda: [loader.batch(i) for i in range(1, batches + 1)])
     loaded = batches * phase.global_batch_size
     return {
-        "command": " ".join([os.path.basename(sys.executable), "-m", "bertjax.bench_data",
+        "command": " ".join([os.path.basename(sys.executable), "-m", "bertjax.tools.bench_data",
                              *sys.argv[1:]]),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": versions(), "machine": machine(),
