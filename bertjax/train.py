@@ -24,8 +24,10 @@ from jax.experimental import multihost_utils
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter
 
-from bertjax import (checkpoint, convert, distributed, flops, guards, memory, objectives,
-                     optim, sharding, steps)
+from bertjax import (checkpoint, distributed, flops, guards, memory, objectives, optim,
+                     pretrained, sharding, steps)
+from bertjax import model as bert_model
+from bertjax.interop.tree import ConversionError
 from bertjax.data import pipeline
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import count_params, create_train_state, pretraining_example_inputs
@@ -91,10 +93,8 @@ def _write_text(path: str, text: str, append: bool = False) -> None:
     target.write_text(text)
 
 
-def optimizer_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    opt = ml_collections.ConfigDict(config.optimizer.to_dict())
-    opt.total_steps = config.train.total_steps
-    return opt
+def optimizer_config(config: ml_collections.ConfigDict) -> optim.OptimizerConfig:
+    return optim.optimizer_config(config.optimizer, config.train.total_steps)
 
 
 class Progress:
@@ -245,17 +245,11 @@ def _consistent_position(position: dict, step: int, phase_data: list[PhaseData])
     return implied
 
 
-# Model fields that change the checkpoint's contents; compute dtype, remat and dropout may
-# change between a run and its resumption.
-ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                       "intermediate_size", "hidden_act", "max_position_embeddings",
-                       "type_vocab_size", "param_dtype", "scan_layers")
-
-
 def _run_metadata(config, tokenizer, phases) -> dict[str, Any]:
     """What a checkpoint records about its run; `model` and `tokenizer` must match to resume,
     `data` within a phase (guards.check_data_compatible)."""
-    return {"model": {name: config.model[name] for name in ARCHITECTURE_FIELDS},
+    fields = bert_model.ARCHITECTURE_FIELDS + bert_model.STORAGE_FIELDS
+    return {"model": {name: config.model[name] for name in fields},
             "tokenizer": tokenizer.fingerprint(), "config": config.to_json(),
             "data": guards.data_identity(config.data, phases)}
 
@@ -312,10 +306,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         state, _, _ = create_train_state(model, tx, rng, example, mesh)
         position = {"phase": phase_data[0].phase.name, "batch_index": 0}
         if config.train.init_checkpoint:  # Google TF, Hugging Face or bertjax
-            convert.check_run_tokenizer(config.train.init_checkpoint, config.data,
-                                        tokenizer.vocab_size, config.model.vocab_size)
-            state = state.replace(params=convert.init_params(config.train.init_checkpoint,
-                                                             model.config, abstract_state.params))
+            pretrained.check_run_tokenizer(config.train.init_checkpoint, config.data,
+                                           tokenizer.vocab_size, config.model.vocab_size)
+            state = state.replace(params=pretrained.load_pretrained(
+                config.train.init_checkpoint, abstract_state.params, model.config))
     start_step = int(jax.device_get(state.step))
     position = _consistent_position(position, start_step, phase_data)
     if start_step >= config.train.total_steps:
@@ -451,7 +445,7 @@ def main(argv: list[str]) -> None:
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except (distributed.DistributedSetupError, ConfigError, pipeline.DataError, checkpoint.CheckpointMismatch,
             checkpoint.CheckpointWriteError, TrainingError, guards.NonFiniteState,
-            FileNotFoundError, convert.ConversionError) as e:
+            FileNotFoundError, ConversionError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         if isinstance(e, checkpoint.CheckpointWriteError):
             # Orbax's writer threads of the failed save wait (for minutes) for signals that
