@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -28,14 +28,14 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter
 
-from bertjax import checkpoint, objectives, optim, pretrained, sharding, steps
+from bertjax import checkpoint, optim, pretrained, sharding, steps
 from bertjax import model as bert_model
 from bertjax.interop.tree import ConversionError
 from bertjax.data import pipeline
-from bertjax.model import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification,
-                           BertForTokenClassification)
+from bertjax.model import BertConfig
 from bertjax.state import count_params, create_train_state
-from bertjax.tasks import features, glue, ner
+from bertjax.tasks import features, glue, ner, squad_predict
+from bertjax.tasks.features import SplitData
 
 Batch = dict[str, jax.Array]
 
@@ -44,189 +44,14 @@ class FinetuneError(ValueError):
     """A configuration or input that cannot run; the message says what to change."""
 
 
-# ----------------------------------------------------------------------------- tasks
-
-
-@dataclasses.dataclass
-class SplitData:
-    """One split, encoded: `features` [N, ...] arrays (model inputs and targets) and whatever
-    the task needs to score or write predictions (`examples`)."""
-
-    name: str
-    features: dict[str, np.ndarray]
-    examples: Any
-    skipped: dict[str, int]
-
-    def __len__(self) -> int:
-        return len(self.features["input_ids"])
-
-
-def _subset(items: list, config, split: str) -> list:
-    """A fixed random subset of `max_train_examples` training items (all when 0)."""
-    limit = config.max_train_examples
-    if split != "train" or not limit or len(items) <= limit:
-        return items
-    keep = np.sort(np.random.default_rng(0).permutation(len(items))[:limit])
-    logging.info("Using %d of %d training examples (max_train_examples)", limit, len(items))
-    return [items[i] for i in keep]
-
-
-class Finetune:
-    """What the driver needs from a task; subclasses fill in loading, loss and scoring."""
-
-    main_metric: str
-    eval_splits: list[str]  # scored every epoch; the first one picks the best checkpoint
-    test_splits: list[str]  # predicted (and written) with the best checkpoint
-    scored_test_splits: list[str] = []  # test splits with labels, also scored
-    frozen_encoder = False  # train only the head (feature-based)
-
-    def outputs(self, model_outputs):
-        """Reduces the model outputs on device before they are fetched (default: as is)."""
-        return model_outputs
-
-
-class GlueFinetune(Finetune):
-    """Sentence(-pair) classification or regression on the pooled output."""
-
-    def __init__(self, config, tokenizer):
-        self.config, self.tokenizer = config, tokenizer
-        self.task = glue.get_task(config.task)
-        self.main_metric = self.task.metric_names[0]
-        self.eval_splits, self.test_splits = self.task.eval_splits, self.task.test_splits
-
-    def model(self, bert_config: BertConfig) -> nn.Module:
-        return BertForSequenceClassification(bert_config, self.task.num_labels)
-
-    def load(self, split: str) -> SplitData:
-        examples, skipped = glue.read_examples(self.task, split, self.config.data_dir,
-                                               self.config.tfds_data_dir)
-        examples = _subset(examples, self.config, split)
-        return SplitData(split, glue.encode(self.task, examples, self.tokenizer,
-                                            self.config.max_seq_length), examples, skipped)
-
-    def loss(self, logits, batch):
-        if self.task.is_regression:
-            return objectives.regression_loss(logits, batch["labels"], batch["weights"])
-        return objectives.classification_loss(logits, batch["labels"], batch["weights"])
-
-    def evaluate(self, data: SplitData, logits: np.ndarray) -> dict[str, float]:
-        return glue.evaluate(self.task, glue.predictions_from_logits(self.task, logits),
-                             data.features["labels"])
-
-    def write_predictions(self, data: SplitData, logits: np.ndarray, directory: str) -> str:
-        return glue.write_submission(self.task, data.name, data.examples,
-                                     glue.predictions_from_logits(self.task, logits), directory)
-
-
-class NerFinetune(Finetune):
-    """CoNLL-2003 tagging; fine-tuned, or feature-based with a frozen encoder."""
-
-    main_metric = "f1"
-    eval_splits = ["dev"]
-    test_splits = ["test"]
-    scored_test_splits = ["test"]
-
-    def __init__(self, config, tokenizer):
-        self.config, self.tokenizer = config, tokenizer
-        self.frozen_encoder = bool(config.feature_based)
-
-    def model(self, bert_config: BertConfig) -> nn.Module:
-        return BertForTokenClassification(bert_config, len(ner.LABELS), self.config.feature_based,
-                                          self.config.lstm_size)
-
-    def load(self, split: str) -> SplitData:
-        sentences, skipped = ner.read_sentences(split, self.config.data_dir,
-                                                self.config.tfds_data_dir)
-        sentences = _subset(sentences, self.config, split)
-        encoded, positions, truncated = ner.encode(sentences, self.tokenizer,
-                                                   self.config.max_seq_length)
-        return SplitData(split, encoded, (sentences, positions), {**skipped, **truncated})
-
-    def loss(self, logits, batch):
-        weights = batch["label_weights"] * batch["weights"][:, None]
-        return objectives.tagging_loss(logits, batch["labels"], weights)
-
-    def outputs(self, logits):
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-    def _tags(self, data: SplitData, predicted_ids: np.ndarray) -> list[list[str]]:
-        sentences, positions = data.examples
-        return ner.word_tags(predicted_ids, positions, sentences)
-
-    def evaluate(self, data: SplitData, predicted_ids: np.ndarray) -> dict[str, float]:
-        return ner.evaluate(data.examples[0], self._tags(data, predicted_ids))
-
-    def write_predictions(self, data: SplitData, predicted_ids: np.ndarray, directory: str) -> str:
-        path = os.path.join(directory, f"{data.name}_predictions.txt")
-        ner.write_predictions(path, data.examples[0], self._tags(data, predicted_ids))
-        return path
-
-
-class SquadFinetune(Finetune):
-    """SQuAD v1.1 / v2.0 span prediction (readers, post-processing and scorer in
-    `bertjax.tasks.squad` / `squad_eval`)."""
-
-    main_metric = "f1"
-    eval_splits = ["dev"]
-    test_splits: list[str] = []
-
-    def __init__(self, config, tokenizer):
-        from bertjax.tasks import squad, squad_eval
-        self.squad, self.squad_eval = squad, squad_eval
-        self.config, self.tokenizer = config, tokenizer
-
-    def model(self, bert_config: BertConfig) -> nn.Module:
-        return BertForQuestionAnswering(bert_config)
-
-    def load(self, split: str) -> SplitData:
-        c, training = self.config, split == "train"
-        source = c.train_file if training else c.predict_file
-        examples, skipped = self.squad.read_squad(source, training, c.version_2_with_negative,
-                                                  c.tfds_data_dir or None)
-        examples = _subset(examples, c, split)
-        feats, counts = self.squad.convert_examples_to_features(
-            examples, self.tokenizer, c.max_seq_length, c.doc_stride, c.max_query_length, training)
-        arrays = {"input_ids": feats.input_ids, "input_mask": feats.input_mask,
-                  "segment_ids": feats.segment_ids}
-        if training:
-            arrays.update(start_positions=feats.start_positions, end_positions=feats.end_positions)
-        return SplitData(split, arrays, (examples, feats), {**skipped, **counts})
-
-    def loss(self, logits, batch):
-        start, end = logits
-        return objectives.span_loss(start, end, batch["start_positions"], batch["end_positions"],
-                                    batch["weights"])
-
-    def _postprocess(self, data: SplitData, logits):
-        c = self.config
-        examples, feats = data.examples
-        return self.squad.postprocess(
-            examples, feats, logits[0], logits[1], n_best_size=c.n_best_size,
-            max_answer_length=c.max_answer_length, do_lower_case=c.do_lower_case,
-            version_2_with_negative=c.version_2_with_negative,
-            null_score_diff_threshold=c.null_score_diff_threshold)
-
-    def evaluate(self, data: SplitData, logits) -> dict[str, float]:
-        predictions, _, null_odds = self._postprocess(data, logits)
-        result = self.squad_eval.evaluate(
-            data.examples[0], predictions,
-            na_probs=null_odds if self.config.version_2_with_negative else None,
-            version_2=bool(self.config.version_2_with_negative))
-        return {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
-
-    def write_predictions(self, data: SplitData, logits, directory: str) -> str:
-        self.squad.write_predictions(directory, *self._postprocess(data, logits))
-        return os.path.join(directory, "predictions.json")
-
-
-TASK_KINDS = {"glue": GlueFinetune, "ner": NerFinetune, "squad": SquadFinetune}
+TASK_KINDS = {"glue": glue.GlueFinetune, "ner": ner.NerFinetune, "squad": squad_predict.SquadFinetune}
 
 
 def make_task(config, tokenizer):
     if config.kind not in TASK_KINDS:
         raise FinetuneError(f"kind={config.kind!r}; choose one of {sorted(TASK_KINDS)}")
     try:
-        return TASK_KINDS[config.kind](config, tokenizer)
+        return TASK_KINDS[config.kind](features.TaskOptions.from_dict(config.to_dict()), tokenizer)
     except ValueError as e:
         raise FinetuneError(str(e)) from e
 

@@ -25,7 +25,7 @@ from ml_collections import config_flags
 from tensorboardX import SummaryWriter
 
 from bertjax import (checkpoint, distributed, flops, guards, memory, objectives, optim,
-                     pretrained, sharding, steps)
+                     pretrained, schedule, sharding, steps)
 from bertjax import model as bert_model
 from bertjax.interop.tree import ConversionError
 from bertjax.data import pipeline
@@ -45,7 +45,7 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None
     """Checks batch sizes against the mesh, accumulation and process count up front."""
     dp = sharding.data_parallel_size(mesh)
     accum = config.train.grad_accum_steps
-    for phase in pipeline.phases_from_config(config):
+    for phase in schedule.phases(config.train, config.data, config.long_phase):
         size = phase.global_batch_size
         if size % jax.process_count() or size % accum or (size // accum) % dp:
             raise ValueError(
@@ -131,7 +131,7 @@ class Progress:
         self.sums["steps"] = self.sums.get("steps", 0.0) + 1
         self.tokens += tokens
 
-    def report(self, step: int, phase: pipeline.Phase) -> dict[str, float]:
+    def report(self, step: int, phase: schedule.Phase) -> dict[str, float]:
         """Prints a progress line for the steps since the last report and resets the window."""
         if not self.sums:
             return {}
@@ -199,7 +199,7 @@ def evaluate(eval_step, params, loader: pipeline.BatchLoader | None, num_batches
 
 @dataclasses.dataclass
 class PhaseData:
-    phase: pipeline.Phase
+    phase: schedule.Phase
     train: pipeline.BatchLoader
     eval: pipeline.BatchLoader | None
 
@@ -212,8 +212,8 @@ def prepare_data(config, tokenizer, cache_dir: str, process_index: int | None = 
         process_index, process_count = jax.process_index(), jax.process_count()
     specials = pipeline.specials_of(tokenizer, config.data.whole_word_mask)
     result = []
-    for phase in pipeline.phases_from_config(config):
-        splits = pipeline.prepare(config, phase, tokenizer, cache_dir, process_index, process_count)
+    for phase in schedule.phases(config.train, config.data, config.long_phase):
+        splits = pipeline.prepare(config.data, phase, tokenizer, cache_dir, process_index, process_count)
         for name, split in splits.items():
             pipeline.check_token_ids(split, config.model.vocab_size, f"{name} data ({phase.name})")
         local_batch = phase.global_batch_size // process_count
@@ -236,7 +236,7 @@ def prepare_data(config, tokenizer, cache_dir: str, process_index: int | None = 
 def _consistent_position(position: dict, step: int, phase_data: list[PhaseData]) -> dict:
     """The saved data position, unless the phase schedule changed (e.g. a new total_steps):
     then the position the new schedule implies for `step`."""
-    phase = pipeline.phase_at([pd.phase for pd in phase_data], step)
+    phase = schedule.phase_at([pd.phase for pd in phase_data], step)
     if position["phase"] == phase.name:
         return position
     implied = {"phase": phase.name, "batch_index": step - phase.start_step}
@@ -297,7 +297,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if latest is not None:
         found_meta, found_position = checkpointer.metadata(latest)
         guards.check_data_compatible(found_meta.get("data"), meta["data"], found_position,
-                                     pipeline.phase_at(phases, latest).name,
+                                     schedule.phase_at(phases, latest).name,
                                      f"{checkpointer.directory}/{latest}")
         state, position, _ = checkpointer.restore(latest, abstract_state, meta)
         _chief_print(f"Resuming from {checkpointer.directory} at step {latest} "
@@ -379,7 +379,7 @@ def _train_loop(config, state, position, start_step, phase_data, train_step, eva
         host_batch = next_batch.result()
         if step + 1 in nan_steps:  # test-only fault injection
             host_batch = guards.poison_batch(host_batch)
-        upcoming = pipeline.phase_at(phases, step + 1)
+        upcoming = schedule.phase_at(phases, step + 1)
         if upcoming.name != current.phase.name:
             current, batch_index = by_name[upcoming.name], -1
         batch_index += 1

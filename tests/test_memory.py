@@ -9,7 +9,7 @@ import ml_collections
 import pytest
 
 from bertjax import memory, optim, sharding
-from bertjax.data.pipeline import Phase
+from bertjax.schedule import Phase
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import create_train_state
 
