@@ -104,7 +104,13 @@ class Checkpointer:
 def check_compatible(found: dict, expected: dict, where: str) -> None:
     """Refuses to resume from a checkpoint of another model or tokenizer."""
     for key in META_KEYS_MUST_MATCH:
-        if key in expected and found.get(key) != expected[key]:
+        if key not in expected:
+            continue
+        wanted = expected[key]
+        if isinstance(wanted, dict) and isinstance(found.get(key), dict):
+            # Older checkpoints record fewer model fields; compare the ones they record.
+            wanted = {name: value for name, value in wanted.items() if name in found[key]}
+        if found.get(key) != wanted:
             raise CheckpointMismatch(
                 f"checkpoint {where} was written with a different {key}:\n  checkpoint: "
                 f"{found.get(key)}\n  this run:   {expected[key]}\nUse a new --workdir, or the "

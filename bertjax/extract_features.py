@@ -15,11 +15,11 @@ from typing import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from absl import app, flags
 
-from bertjax import finetune, tokenization
+from bertjax import pretrained
+from bertjax.data import tokenization
 from bertjax.model import BertModel
 from bertjax.tasks import features
 
@@ -35,14 +35,15 @@ def _read_lines(path: str) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def _load(config: ml_collections.ConfigDict) -> tuple[BertModel, dict, tokenization.Tokenizer]:
+def load(source: pretrained.Source) -> tuple[BertModel, dict, tokenization.Tokenizer]:
     """The encoder and its pretrained parameters on one device, and the tokenizer."""
-    pretrain = finetune.pretraining_run(config)
-    bert_config = finetune.bert_config_of(config, pretrain)
+    pretrain = pretrained.pretraining_run(source)
+    bert_config = pretrained.bert_config_of(source, pretrain)
     model = BertModel(bert_config)
-    params = finetune.load_pretrained(config.init_checkpoint,
-                                      finetune.abstract_params_on_one_device(model))
-    return model, params, finetune.tokenizer_of(config, pretrain)
+    params = pretrained.load_pretrained(
+        source.init_checkpoint, {"bert": pretrained.abstract_params_on_one_device(model)},
+        bert_config)["bert"]
+    return model, params, pretrained.tokenizer_of(source, pretrain)
 
 
 def extract(model: BertModel, params: dict, tokenizer: tokenization.Tokenizer,
@@ -91,16 +92,16 @@ def define_flags() -> None:
 
 def main(argv) -> None:
     del argv
-    config = ml_collections.ConfigDict(dict(
-        init_checkpoint=FLAGS.init_checkpoint, vocab_file=FLAGS.vocab_file, tokenizer="",
-        do_lower_case=FLAGS.do_lower_case, model_config="", dtype="float32",
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    source = pretrained.Source(
+        init_checkpoint=FLAGS.init_checkpoint, vocab_file=FLAGS.vocab_file,
+        do_lower_case=FLAGS.do_lower_case, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0)
     try:
         layers = [int(x) for x in FLAGS.layers.split(",")]
-        model, params, tokenizer = _load(config)
+        model, params, tokenizer = load(source)
         num_layers = model.config.num_hidden_layers
         if any(not -num_layers <= layer < num_layers for layer in layers):
-            raise finetune.FinetuneError(f"--layers={FLAGS.layers}: the model has {num_layers} layers")
+            raise ValueError(f"--layers={FLAGS.layers}: the model has {num_layers} layers")
         texts = _read_lines(FLAGS.input_file)
         with open(FLAGS.output_file, "w", encoding="utf-8") as out:
             for record in extract(model, params, tokenizer, texts, layers, FLAGS.max_seq_length,

@@ -12,12 +12,11 @@ The model architecture and the tokenizer come from the pretraining run that wrot
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import sys
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -29,12 +28,14 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter
 
-from bertjax import checkpoint, convert, objectives, optim, sharding, steps, tokenization
+from bertjax import checkpoint, optim, pretrained, sharding, steps
+from bertjax import model as bert_model
+from bertjax.interop.tree import ConversionError
 from bertjax.data import pipeline
-from bertjax.model import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification,
-                           BertForTokenClassification)
+from bertjax.model import BertConfig
 from bertjax.state import count_params, create_train_state
-from bertjax.tasks import features, glue, ner
+from bertjax.tasks import features, glue, ner, squad_predict
+from bertjax.tasks.features import SplitData
 
 Batch = dict[str, jax.Array]
 
@@ -43,336 +44,14 @@ class FinetuneError(ValueError):
     """A configuration or input that cannot run; the message says what to change."""
 
 
-# ----------------------------------------------------------------------------- the pretrained model
-
-
-def _checkpoint_dir(path: str) -> str:
-    """A pretraining workdir or its `checkpoints/` folder -> the checkpoints folder."""
-    nested = os.path.join(path, "checkpoints")
-    return nested if os.path.isdir(nested) else path
-
-
-def google_or_hf(path: str) -> bool:
-    """Whether `path` is a Google TF or Hugging Face checkpoint (else a bertjax run)."""
-    try:
-        return bool(path) and convert.detect_format(path) != "bertjax"
-    except convert.ConversionError:
-        return False  # not a checkpoint at all: the bertjax reader names the problem
-
-
-@functools.lru_cache(maxsize=1)
-def _converted(path: str) -> tuple[BertConfig, dict[str, Any]]:
-    """A Google/HF checkpoint as (config, numpy params), read once per process."""
-    return convert.load_pretrained(path)
-
-
-def load_pretrained(path: str, abstract_bert_params: Any) -> Any:
-    """The encoder (`bert/...`) parameters of a pretrained checkpoint (bertjax, Google TF or
-    Hugging Face), placed like `abstract_bert_params`. The one place that reads pretrained
-    weights."""
-    if not google_or_hf(path):
-        return checkpoint.restore_params(_checkpoint_dir(path),
-                                         {"bert": abstract_bert_params})["bert"]
-    found, params = _converted(path)
-    if "layers" in abstract_bert_params["encoder"]:  # model.scan_layers: stacked layout
-        params = convert.stack_layers(params)
-    wanted, stored = convert.flatten(abstract_bert_params), convert.flatten(params["bert"])
-    problems = [f"{name}: checkpoint {getattr(stored.get(name), 'shape', 'missing')}, model "
-                f"{leaf.shape}" for name, leaf in wanted.items()
-                if getattr(stored.get(name), "shape", None) != leaf.shape]
-    if problems:
-        raise checkpoint.CheckpointMismatch(
-            f"{path} does not fit the model ({len(problems)} parameters): "
-            + "; ".join(problems[:5]) + ". Use the checkpoint's own architecture.")
-    return jax.tree.map(lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
-                        params["bert"], abstract_bert_params)
-
-
-def abstract_params_on_one_device(model: nn.Module) -> Any:
-    """The model's parameter shapes, placed on the first device (a restore target)."""
-    example = (jnp.zeros((1, 8), jnp.int32),) * 3
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    shapes = jax.eval_shape(lambda: nn.meta.unbox(model.init(jax.random.PRNGKey(0), *example)["params"]))
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
-
-
-class PretrainingRun(NamedTuple):
-    """What fine-tuning takes from `init_checkpoint`: architecture fields, and for a bertjax
-    run its pretraining config and the fingerprint of the tokenizer it was trained with."""
-
-    model: dict
-    config: ml_collections.ConfigDict | None = None
-    tokenizer_fingerprint: str | None = None
-
-
-def pretraining_run(config: ml_collections.ConfigDict) -> PretrainingRun:
-    """The architecture (and bertjax run metadata) of `config.init_checkpoint`."""
-    if not config.init_checkpoint:
-        return PretrainingRun({})
-    if google_or_hf(config.init_checkpoint):  # architecture from bert_config.json/config.json
-        return PretrainingRun(dataclasses.asdict(_converted(config.init_checkpoint)[0]))
-    try:
-        meta = checkpoint.read_meta(_checkpoint_dir(config.init_checkpoint))
-    except FileNotFoundError as e:
-        raise FinetuneError(f"init_checkpoint={config.init_checkpoint!r}: {e}") from e
-    return PretrainingRun(meta["model"], ml_collections.ConfigDict(json.loads(meta["config"])),
-                          meta.get("tokenizer"))
-
-
-def bert_config_of(config: ml_collections.ConfigDict, pretrain: PretrainingRun) -> BertConfig:
-    """Architecture from the checkpoint (or `model_config` JSON), dropout/dtype from here."""
-    values = dict(pretrain.config.model.to_dict()) if pretrain.config else {}
-    values.update(pretrain.model)
-    if config.model_config:
-        with open(config.model_config, encoding="utf-8") as f:
-            values.update(json.load(f))
-    if not values:
-        raise FinetuneError("set --config.init_checkpoint (a bertjax pretraining run) or "
-                            "--config.model_config (a bert_config.json) to define the model")
-    values.update(dtype=config.dtype, scan_layers=values.get("scan_layers", False),
-                  hidden_dropout_prob=config.hidden_dropout_prob,
-                  attention_probs_dropout_prob=config.attention_probs_dropout_prob)
-    return BertConfig.from_dict(values)
-
-
-def tokenizer_of(config: ml_collections.ConfigDict, pretrain: PretrainingRun) -> tokenization.Tokenizer:
-    """`vocab_file` if set, else the tokenizer the pretraining run used. With a bertjax
-    checkpoint, the tokenizer must be the one it was pretrained with (same fingerprint)."""
-    if config.vocab_file:
-        kind = config.tokenizer or ("sentencepiece" if config.vocab_file.endswith(".model")
-                                    else "wordpiece")
-        tokenizer = tokenization.load_tokenizer(kind, config.vocab_file, config.do_lower_case)
-    elif google_or_hf(config.init_checkpoint):  # Google and HF directories ship vocab.txt
-        path = config.init_checkpoint
-        vocab = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), "vocab.txt")
-        if not os.path.isfile(vocab):
-            raise FinetuneError(f"no vocab.txt beside init_checkpoint={path!r}; pass "
-                                "--config.vocab_file=PATH")
-        convert.validate_case(path, config.do_lower_case, vocab)
-        return tokenization.load_tokenizer("wordpiece", vocab, config.do_lower_case)
-    elif pretrain.config is None:
-        raise FinetuneError("set --config.vocab_file (no init_checkpoint to take the tokenizer from)")
-    else:
-        tokenizer = _pretraining_tokenizer(config, pretrain)
-    expected = pretrain.tokenizer_fingerprint
-    if expected and tokenizer.fingerprint() != expected:
-        source = (f"vocab_file={config.vocab_file!r}" if config.vocab_file
-                  else "the tokenizer rebuilt from the pretraining corpus")
-        raise FinetuneError(f"{source} is not the tokenizer init_checkpoint="
-                            f"{config.init_checkpoint!r} was pretrained with (fingerprint "
-                            f"{tokenizer.fingerprint()[:12]}, checkpoint {expected[:12]}); pass "
-                            "--config.vocab_file=PATH to that run's vocabulary or .model file "
-                            "(with its do_lower_case)")
-    return tokenizer
-
-
-def _pretraining_tokenizer(config: ml_collections.ConfigDict,
-                           pretrain: PretrainingRun) -> tokenization.Tokenizer:
-    """The pretraining run's tokenizer: its vocab_file, else the SentencePiece model in its
-    data cache whose fingerprint the checkpoint recorded (found even if the corpus has since
-    moved or been touched), else one trained again from the corpus."""
-    data = pretrain.config.data
-    workdir = os.path.dirname(_checkpoint_dir(config.init_checkpoint).rstrip("/"))
-    cache_dir = data.cache_dir or os.path.join(workdir, "data")
-    if not data.vocab_file and pretrain.tokenizer_fingerprint and os.path.isdir(cache_dir):
-        for name in sorted(os.listdir(cache_dir)):
-            if name.startswith("sentencepiece_") and name.endswith(".model"):
-                candidate = tokenization.SentencePieceTokenizer(os.path.join(cache_dir, name))
-                if candidate.fingerprint() == pretrain.tokenizer_fingerprint:
-                    return candidate
-    if not data.vocab_file and not os.path.isdir(cache_dir):
-        raise FinetuneError(f"the pretraining run's SentencePiece model is not in {cache_dir}; "
-                            "pass --config.vocab_file=PATH.model")
-    try:
-        return pipeline.load_or_train_tokenizer(data, cache_dir)
-    except (pipeline.DataError, OSError) as e:
-        raise FinetuneError(f"cannot rebuild the tokenizer of init_checkpoint="
-                            f"{config.init_checkpoint!r} ({e}); pass --config.vocab_file=PATH") from e
-
-
-# ----------------------------------------------------------------------------- tasks
-
-
-@dataclasses.dataclass
-class SplitData:
-    """One split, encoded: `features` [N, ...] arrays (model inputs and targets) and whatever
-    the task needs to score or write predictions (`examples`)."""
-
-    name: str
-    features: dict[str, np.ndarray]
-    examples: Any
-    skipped: dict[str, int]
-
-    def __len__(self) -> int:
-        return len(self.features["input_ids"])
-
-
-def _subset(items: list, config, split: str) -> list:
-    """A fixed random subset of `max_train_examples` training items (all when 0)."""
-    limit = config.max_train_examples
-    if split != "train" or not limit or len(items) <= limit:
-        return items
-    keep = np.sort(np.random.default_rng(0).permutation(len(items))[:limit])
-    logging.info("Using %d of %d training examples (max_train_examples)", limit, len(items))
-    return [items[i] for i in keep]
-
-
-class Finetune:
-    """What the driver needs from a task; subclasses fill in loading, loss and scoring."""
-
-    main_metric: str
-    eval_splits: list[str]  # scored every epoch; the first one picks the best checkpoint
-    test_splits: list[str]  # predicted (and written) with the best checkpoint
-    scored_test_splits: list[str] = []  # test splits with labels, also scored
-    frozen_encoder = False  # train only the head (feature-based)
-
-    def outputs(self, model_outputs):
-        """Reduces the model outputs on device before they are fetched (default: as is)."""
-        return model_outputs
-
-
-class GlueFinetune(Finetune):
-    """Sentence(-pair) classification or regression on the pooled output."""
-
-    def __init__(self, config, tokenizer):
-        self.config, self.tokenizer = config, tokenizer
-        self.task = glue.get_task(config.task)
-        self.main_metric = self.task.metric_names[0]
-        self.eval_splits, self.test_splits = self.task.eval_splits, self.task.test_splits
-
-    def model(self, bert_config: BertConfig) -> nn.Module:
-        return BertForSequenceClassification(bert_config, self.task.num_labels)
-
-    def load(self, split: str) -> SplitData:
-        examples, skipped = glue.read_examples(self.task, split, self.config.data_dir,
-                                               self.config.tfds_data_dir)
-        examples = _subset(examples, self.config, split)
-        return SplitData(split, glue.encode(self.task, examples, self.tokenizer,
-                                            self.config.max_seq_length), examples, skipped)
-
-    def loss(self, logits, batch):
-        if self.task.is_regression:
-            return objectives.regression_loss(logits, batch["labels"], batch["weights"])
-        return objectives.classification_loss(logits, batch["labels"], batch["weights"])
-
-    def evaluate(self, data: SplitData, logits: np.ndarray) -> dict[str, float]:
-        return glue.evaluate(self.task, glue.predictions_from_logits(self.task, logits),
-                             data.features["labels"])
-
-    def write_predictions(self, data: SplitData, logits: np.ndarray, directory: str) -> str:
-        return glue.write_submission(self.task, data.name, data.examples,
-                                     glue.predictions_from_logits(self.task, logits), directory)
-
-
-class NerFinetune(Finetune):
-    """CoNLL-2003 tagging; fine-tuned, or feature-based with a frozen encoder."""
-
-    main_metric = "f1"
-    eval_splits = ["dev"]
-    test_splits = ["test"]
-    scored_test_splits = ["test"]
-
-    def __init__(self, config, tokenizer):
-        self.config, self.tokenizer = config, tokenizer
-        self.frozen_encoder = bool(config.feature_based)
-
-    def model(self, bert_config: BertConfig) -> nn.Module:
-        return BertForTokenClassification(bert_config, len(ner.LABELS), self.config.feature_based,
-                                          self.config.lstm_size)
-
-    def load(self, split: str) -> SplitData:
-        sentences, skipped = ner.read_sentences(split, self.config.data_dir,
-                                                self.config.tfds_data_dir)
-        sentences = _subset(sentences, self.config, split)
-        encoded, positions, truncated = ner.encode(sentences, self.tokenizer,
-                                                   self.config.max_seq_length)
-        return SplitData(split, encoded, (sentences, positions), {**skipped, **truncated})
-
-    def loss(self, logits, batch):
-        weights = batch["label_weights"] * batch["weights"][:, None]
-        return objectives.tagging_loss(logits, batch["labels"], weights)
-
-    def outputs(self, logits):
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-    def _tags(self, data: SplitData, predicted_ids: np.ndarray) -> list[list[str]]:
-        sentences, positions = data.examples
-        return ner.word_tags(predicted_ids, positions, sentences)
-
-    def evaluate(self, data: SplitData, predicted_ids: np.ndarray) -> dict[str, float]:
-        return ner.evaluate(data.examples[0], self._tags(data, predicted_ids))
-
-    def write_predictions(self, data: SplitData, predicted_ids: np.ndarray, directory: str) -> str:
-        path = os.path.join(directory, f"{data.name}_predictions.txt")
-        ner.write_predictions(path, data.examples[0], self._tags(data, predicted_ids))
-        return path
-
-
-class SquadFinetune(Finetune):
-    """SQuAD v1.1 / v2.0 span prediction (readers, post-processing and scorer in
-    `bertjax.tasks.squad` / `squad_eval`)."""
-
-    main_metric = "f1"
-    eval_splits = ["dev"]
-    test_splits: list[str] = []
-
-    def __init__(self, config, tokenizer):
-        from bertjax.tasks import squad, squad_eval
-        self.squad, self.squad_eval = squad, squad_eval
-        self.config, self.tokenizer = config, tokenizer
-
-    def model(self, bert_config: BertConfig) -> nn.Module:
-        return BertForQuestionAnswering(bert_config)
-
-    def load(self, split: str) -> SplitData:
-        c, training = self.config, split == "train"
-        source = c.train_file if training else c.predict_file
-        examples, skipped = self.squad.read_squad(source, training, c.version_2_with_negative,
-                                                  c.tfds_data_dir or None)
-        examples = _subset(examples, c, split)
-        feats, counts = self.squad.convert_examples_to_features(
-            examples, self.tokenizer, c.max_seq_length, c.doc_stride, c.max_query_length, training)
-        arrays = {"input_ids": feats.input_ids, "input_mask": feats.input_mask,
-                  "segment_ids": feats.segment_ids}
-        if training:
-            arrays.update(start_positions=feats.start_positions, end_positions=feats.end_positions)
-        return SplitData(split, arrays, (examples, feats), {**skipped, **counts})
-
-    def loss(self, logits, batch):
-        start, end = logits
-        return objectives.span_loss(start, end, batch["start_positions"], batch["end_positions"],
-                                    batch["weights"])
-
-    def _postprocess(self, data: SplitData, logits):
-        c = self.config
-        examples, feats = data.examples
-        return self.squad.postprocess(
-            examples, feats, logits[0], logits[1], n_best_size=c.n_best_size,
-            max_answer_length=c.max_answer_length, do_lower_case=c.do_lower_case,
-            version_2_with_negative=c.version_2_with_negative,
-            null_score_diff_threshold=c.null_score_diff_threshold)
-
-    def evaluate(self, data: SplitData, logits) -> dict[str, float]:
-        predictions, _, null_odds = self._postprocess(data, logits)
-        result = self.squad_eval.evaluate(
-            data.examples[0], predictions,
-            na_probs=null_odds if self.config.version_2_with_negative else None,
-            version_2=bool(self.config.version_2_with_negative))
-        return {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
-
-    def write_predictions(self, data: SplitData, logits, directory: str) -> str:
-        self.squad.write_predictions(directory, *self._postprocess(data, logits))
-        return os.path.join(directory, "predictions.json")
-
-
-TASK_KINDS = {"glue": GlueFinetune, "ner": NerFinetune, "squad": SquadFinetune}
+TASK_KINDS = {"glue": glue.GlueFinetune, "ner": ner.NerFinetune, "squad": squad_predict.SquadFinetune}
 
 
 def make_task(config, tokenizer):
     if config.kind not in TASK_KINDS:
         raise FinetuneError(f"kind={config.kind!r}; choose one of {sorted(TASK_KINDS)}")
     try:
-        return TASK_KINDS[config.kind](config, tokenizer)
+        return TASK_KINDS[config.kind](features.TaskOptions.from_dict(config.to_dict()), tokenizer)
     except ValueError as e:
         raise FinetuneError(str(e)) from e
 
@@ -424,19 +103,13 @@ def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any
     return jax.tree.map(lambda *xs: np.concatenate(xs), *chunks)
 
 
-def _optimizer(config, total_steps: int, frozen_encoder_of: Any = None) -> optax.GradientTransformation:
+def optimizer(config, total_steps: int, frozen_encoder_of: Any = None) -> optax.GradientTransformation:
     """BERT's optimizer for fine-tuning. With `frozen_encoder_of` (the model's parameter tree;
-    feature-based), only the parameters outside `bert` are trained, and `bert` has no update
-    and no optimizer state (no Adam moments for the encoder's weights)."""
-    opt = ml_collections.ConfigDict(config.optimizer.to_dict())
-    opt.update(peak_learning_rate=config.learning_rate, total_steps=total_steps,
-               warmup_steps=int(total_steps * config.warmup_proportion))
-    tx = optim.make_optimizer(opt)
-    if frozen_encoder_of is None:
-        return tx
-    labels = {name: jax.tree.map(lambda _, name=name: "frozen" if name == "bert" else "tagger", tree)
-              for name, tree in frozen_encoder_of.items()}
-    return optax.multi_transform({"tagger": tx, "frozen": optax.set_to_zero()}, labels)
+    feature-based), only the parameters outside `bert` are trained."""
+    tx = optim.make_optimizer(optim.optimizer_config(
+        config.optimizer, total_steps, peak_learning_rate=config.learning_rate,
+        warmup_steps=int(total_steps * config.warmup_proportion)))
+    return tx if frozen_encoder_of is None else optim.train_only_outside(tx, frozen_encoder_of, "bert")
 
 
 # ----------------------------------------------------------------------------- one seed
@@ -468,8 +141,8 @@ def make_trainer(config, task, bert_config: BertConfig, num_train: int) -> Train
         raise FinetuneError(f"{num_train} training examples give no step of batch "
                             f"{config.train_batch_size}")
     model = task.model(bert_config)
-    tx = _optimizer(config, total_steps,
-                    abstract_params_on_one_device(model) if task.frozen_encoder else None)
+    tx = optimizer(config, total_steps,
+                    bert_model.abstract_params(model) if task.frozen_encoder else None)
     return Trainer(model, tx, steps_per_epoch, total_steps)
 
 
@@ -481,12 +154,12 @@ def train_one_seed(config, task, trainer: Trainer, data: dict[str, SplitData], s
     batch_size = config.train_batch_size
     model, tx = trainer.model, trainer.tx
     steps_per_epoch, total_steps = trainer.steps_per_epoch, trainer.total_steps
-    example = (jnp.zeros((1, 8), jnp.int32),) * 3
     state, abstract_state, state_shardings = create_train_state(
-        model, tx, jax.random.PRNGKey(seed), example, mesh)
+        model, tx, jax.random.PRNGKey(seed), bert_model.example_inputs(model), mesh)
     if config.init_checkpoint and not config.random_init:
-        params = dict(state.params, bert=load_pretrained(config.init_checkpoint,
-                                                         abstract_state.params["bert"]))
+        params = dict(state.params, **pretrained.load_pretrained(
+            config.init_checkpoint, {"bert": abstract_state.params["bert"]}, model.config,
+            reuse=True))
         state = state.replace(params=params, opt_state=jax.jit(
             tx.init, out_shardings=state_shardings.opt_state)(params))
     if trainer.steps is None:
@@ -589,9 +262,10 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         devices: list[jax.Device] | None = None) -> dict[str, Any]:
     """Fine-tunes every seed in `config.seeds` (each in `workdir/seed_N`) and writes
     `workdir/summary.json`; returns it."""
-    pretrain = pretraining_run(config)
-    bert_config = bert_config_of(config, pretrain)
-    tokenizer = tokenizer_of(config, pretrain)
+    source = pretrained.Source.from_dict(config.to_dict())
+    pretrain = pretrained.pretraining_run(source)
+    bert_config = pretrained.bert_config_of(source, pretrain)
+    tokenizer = pretrained.tokenizer_of(source, pretrain)
     if tokenizer.vocab_size > bert_config.vocab_size:
         raise FinetuneError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
                             f"{bert_config.vocab_size}: use the pretraining run's vocabulary")
@@ -647,8 +321,9 @@ def main(argv) -> None:
     del argv
     try:
         run(FLAGS.config, FLAGS.workdir)
-    except (FinetuneError, features.TaskDataError, pipeline.DataError, checkpoint.CheckpointMismatch,
-            checkpoint.CheckpointWriteError, FileNotFoundError, convert.ConversionError) as e:
+    except (FinetuneError, pretrained.PretrainedError, features.TaskDataError, pipeline.DataError,
+            checkpoint.CheckpointMismatch, checkpoint.CheckpointWriteError, FileNotFoundError,
+            ConversionError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from bertjax import checkpoint
 from bertjax.data import pipeline
+from bertjax.schedule import Phase
 
 # Per-phase settings that a resume within the same phase must keep.
 PHASE_FIELDS = ("max_seq_length", "global_batch_size")
@@ -30,7 +31,7 @@ class NonFiniteState(RuntimeError):
     """The train state holds NaN or Inf; it must not be checkpointed."""
 
 
-def data_identity(data_cfg: Any, phases: Sequence[pipeline.Phase]) -> dict[str, Any]:
+def data_identity(data_cfg: Any, phases: Sequence[Phase]) -> dict[str, Any]:
     """What a checkpoint records about its data: the corpus and each phase's shape (as it
     reads back from JSON, so that it compares equal after a restore)."""
     return json.loads(json.dumps({

@@ -6,7 +6,7 @@ the heads, the FFN, the vocabulary, ...) with a message naming the field to chan
 device, then bytes per device of parameters, gradients, optimizer state and the activations
 kept for the backward pass. Activations are JAX's own account of the residuals autodiff saves
 (so remat policies count exactly), before XLA fuses or reorders anything; XLA's figure for the
-compiled step (`python -m bertjax.aot`) adds temporaries and may drop fused residuals.
+compiled step (`python -m bertjax.tools.aot`) adds temporaries and may drop fused residuals.
 """
 from __future__ import annotations
 
@@ -25,9 +25,11 @@ from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import Mesh
 
 from bertjax import objectives, sharding
-from bertjax.data.pipeline import Phase, empty_features
+from bertjax.data.pipeline import empty_features
+from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.state import TrainState, pretraining_example_inputs
+from bertjax.schedule import Phase
+from bertjax.state import TrainState
 
 
 class MeshMismatch(ValueError):
@@ -88,8 +90,7 @@ def saved_residuals(config: BertConfig, phase: Phase, batch_size: int) -> list[t
     backward pass of one training loss over `batch_size` sequences (JAX's own account, from
     `jax.ad_checkpoint.print_saved_residuals`; parameters and batch themselves excluded)."""
     model = BertForPreTraining(config)
-    params = nn.meta.unbox(jax.eval_shape(
-        lambda: model.init(jax.random.PRNGKey(0), *pretraining_example_inputs()))["params"])
+    params = bert_model.abstract_params(model)
 
     def loss(params, batch, rng):
         mlm_logits, nsp_logits = model.apply(
@@ -147,9 +148,7 @@ def activation_estimate(config: BertConfig, phase: Phase, batch: int,
 
 
 def _logical_specs(model: nn.Module) -> Any:
-    boxed = jax.eval_shape(
-        lambda: model.init(jax.random.PRNGKey(0), *pretraining_example_inputs()))["params"]
-    return nn.get_partition_spec(boxed)
+    return nn.get_partition_spec(bert_model.abstract_params(model, boxed=True))
 
 
 def format_bytes(num_bytes: float) -> str:

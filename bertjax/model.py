@@ -513,3 +513,36 @@ class BertForQuestionAnswering(nn.Module):
             input_ids, token_type_ids, attention_mask, deterministic)
         logits_BxLx2 = ClsScope(self.config, name="cls")(x_BxLxH)
         return logits_BxLx2[..., 0], logits_BxLx2[..., 1]
+
+
+# ----------------------------------------------------------------------------- model-level helpers
+
+# BertConfig fields that change what the weights compute: a checkpoint and a run must agree on
+# them (converted checkpoints, init_checkpoint, fine-tuning, resuming).
+ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                       "intermediate_size", "hidden_act", "max_position_embeddings",
+                       "type_vocab_size", "layer_norm_eps")
+# BertConfig fields that change how the weights are stored (dtype, stacked layers), not what
+# they compute: a resume must keep them; a conversion or a pretrained load may change them.
+STORAGE_FIELDS = ("param_dtype", "scan_layers")
+
+
+def architecture(config: BertConfig) -> dict[str, Any]:
+    """`{field: value}` of the ARCHITECTURE_FIELDS."""
+    return {name: getattr(config, name) for name in ARCHITECTURE_FIELDS}
+
+
+def example_inputs(model: nn.Module) -> tuple[jax.Array, ...]:
+    """Inputs for `model.init`: ids, segments, mask [1, 8], plus masked positions [1, 2] for
+    BertForPreTraining (the parameters depend on neither batch size nor length)."""
+    ids_1x8 = (jnp.zeros((1, 8), jnp.int32),) * 3
+    return ids_1x8 + (jnp.zeros((1, 2), jnp.int32),) if isinstance(model, BertForPreTraining) \
+        else ids_1x8
+
+
+def abstract_params(model: nn.Module, boxed: bool = False) -> Any:
+    """The model's parameters as ShapeDtypeStructs, computed without allocating them; `boxed`
+    keeps flax's logical-axis boxes (for partition specs)."""
+    params = jax.eval_shape(
+        lambda: model.init(jax.random.PRNGKey(0), *example_inputs(model))["params"])
+    return params if boxed else nn.meta.unbox(params)

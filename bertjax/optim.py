@@ -4,6 +4,7 @@
 without bias correction, decoupled weight decay added to the Adam ratio, and the
 linear-warmup / linear-decay schedule of `optimization.py`.
 """
+import dataclasses
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -152,3 +153,36 @@ def make_optimizer(cfg: Any) -> optax.GradientTransformation:
 def learning_rate_at(cfg: Any, step: int) -> float:
     """Host-side learning rate at `step`, for logging."""
     return float(_schedule_from_config(cfg)(step))
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """What `make_optimizer` reads: a config's `optimizer` section plus the run's step counts."""
+
+    peak_learning_rate: float
+    warmup_steps: int
+    total_steps: int
+    name: str = "bert_adam"
+    weight_decay_rate: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-6
+    clip_global_norm: float = 1.0
+
+
+def optimizer_config(optimizer: Any, total_steps: int, **overrides: Any) -> OptimizerConfig:
+    """The one way pretraining and fine-tuning complete their `optimizer` config section:
+    with the run's `total_steps`, and `overrides` (fine-tuning's learning rate and warmup,
+    which its config holds outside the section)."""
+    names = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    values = {k: v for k, v in optimizer.items() if k in names}
+    return OptimizerConfig(**{**values, "total_steps": total_steps, **overrides})
+
+
+def train_only_outside(tx: optax.GradientTransformation, params: Any,
+                       frozen: str) -> optax.GradientTransformation:
+    """`tx` for every top-level entry of `params` but `frozen` (e.g. "bert" for a
+    feature-based tagger), which gets no update and no optimizer state (no Adam moments)."""
+    labels = {name: jax.tree.map(lambda _, name=name: "frozen" if name == frozen else "tagger",
+                                 tree) for name, tree in params.items()}
+    return optax.multi_transform({"tagger": tx, "frozen": optax.set_to_zero()}, labels)

@@ -24,8 +24,10 @@ from jax.experimental import multihost_utils
 from ml_collections import config_flags
 from tensorboardX import SummaryWriter
 
-from bertjax import (checkpoint, convert, distributed, flops, guards, memory, objectives,
-                     optim, sharding, steps)
+from bertjax import (checkpoint, distributed, flops, guards, memory, objectives, optim,
+                     pretrained, schedule, sharding, steps)
+from bertjax import model as bert_model
+from bertjax.interop.tree import ConversionError
 from bertjax.data import pipeline
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import count_params, create_train_state, pretraining_example_inputs
@@ -43,7 +45,7 @@ def validate(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None
     """Checks batch sizes against the mesh, accumulation and process count up front."""
     dp = sharding.data_parallel_size(mesh)
     accum = config.train.grad_accum_steps
-    for phase in pipeline.phases_from_config(config):
+    for phase in schedule.phases(config.train, config.data, config.long_phase):
         size = phase.global_batch_size
         if size % jax.process_count() or size % accum or (size // accum) % dp:
             raise ValueError(
@@ -91,10 +93,8 @@ def _write_text(path: str, text: str, append: bool = False) -> None:
     target.write_text(text)
 
 
-def optimizer_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    opt = ml_collections.ConfigDict(config.optimizer.to_dict())
-    opt.total_steps = config.train.total_steps
-    return opt
+def optimizer_config(config: ml_collections.ConfigDict) -> optim.OptimizerConfig:
+    return optim.optimizer_config(config.optimizer, config.train.total_steps)
 
 
 class Progress:
@@ -131,7 +131,7 @@ class Progress:
         self.sums["steps"] = self.sums.get("steps", 0.0) + 1
         self.tokens += tokens
 
-    def report(self, step: int, phase: pipeline.Phase) -> dict[str, float]:
+    def report(self, step: int, phase: schedule.Phase) -> dict[str, float]:
         """Prints a progress line for the steps since the last report and resets the window."""
         if not self.sums:
             return {}
@@ -199,7 +199,7 @@ def evaluate(eval_step, params, loader: pipeline.BatchLoader | None, num_batches
 
 @dataclasses.dataclass
 class PhaseData:
-    phase: pipeline.Phase
+    phase: schedule.Phase
     train: pipeline.BatchLoader
     eval: pipeline.BatchLoader | None
 
@@ -212,8 +212,8 @@ def prepare_data(config, tokenizer, cache_dir: str, process_index: int | None = 
         process_index, process_count = jax.process_index(), jax.process_count()
     specials = pipeline.specials_of(tokenizer, config.data.whole_word_mask)
     result = []
-    for phase in pipeline.phases_from_config(config):
-        splits = pipeline.prepare(config, phase, tokenizer, cache_dir, process_index, process_count)
+    for phase in schedule.phases(config.train, config.data, config.long_phase):
+        splits = pipeline.prepare(config.data, phase, tokenizer, cache_dir, process_index, process_count)
         for name, split in splits.items():
             pipeline.check_token_ids(split, config.model.vocab_size, f"{name} data ({phase.name})")
         local_batch = phase.global_batch_size // process_count
@@ -236,7 +236,7 @@ def prepare_data(config, tokenizer, cache_dir: str, process_index: int | None = 
 def _consistent_position(position: dict, step: int, phase_data: list[PhaseData]) -> dict:
     """The saved data position, unless the phase schedule changed (e.g. a new total_steps):
     then the position the new schedule implies for `step`."""
-    phase = pipeline.phase_at([pd.phase for pd in phase_data], step)
+    phase = schedule.phase_at([pd.phase for pd in phase_data], step)
     if position["phase"] == phase.name:
         return position
     implied = {"phase": phase.name, "batch_index": step - phase.start_step}
@@ -245,17 +245,11 @@ def _consistent_position(position: dict, step: int, phase_data: list[PhaseData])
     return implied
 
 
-# Model fields that change the checkpoint's contents; compute dtype, remat and dropout may
-# change between a run and its resumption.
-ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                       "intermediate_size", "hidden_act", "max_position_embeddings",
-                       "type_vocab_size", "param_dtype", "scan_layers")
-
-
 def _run_metadata(config, tokenizer, phases) -> dict[str, Any]:
     """What a checkpoint records about its run; `model` and `tokenizer` must match to resume,
     `data` within a phase (guards.check_data_compatible)."""
-    return {"model": {name: config.model[name] for name in ARCHITECTURE_FIELDS},
+    fields = bert_model.ARCHITECTURE_FIELDS + bert_model.STORAGE_FIELDS
+    return {"model": {name: config.model[name] for name in fields},
             "tokenizer": tokenizer.fingerprint(), "config": config.to_json(),
             "data": guards.data_identity(config.data, phases)}
 
@@ -303,7 +297,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if latest is not None:
         found_meta, found_position = checkpointer.metadata(latest)
         guards.check_data_compatible(found_meta.get("data"), meta["data"], found_position,
-                                     pipeline.phase_at(phases, latest).name,
+                                     schedule.phase_at(phases, latest).name,
                                      f"{checkpointer.directory}/{latest}")
         state, position, _ = checkpointer.restore(latest, abstract_state, meta)
         _chief_print(f"Resuming from {checkpointer.directory} at step {latest} "
@@ -312,10 +306,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         state, _, _ = create_train_state(model, tx, rng, example, mesh)
         position = {"phase": phase_data[0].phase.name, "batch_index": 0}
         if config.train.init_checkpoint:  # Google TF, Hugging Face or bertjax
-            convert.check_run_tokenizer(config.train.init_checkpoint, config.data,
-                                        tokenizer.vocab_size, config.model.vocab_size)
-            state = state.replace(params=convert.init_params(config.train.init_checkpoint,
-                                                             model.config, abstract_state.params))
+            pretrained.check_run_tokenizer(config.train.init_checkpoint, config.data,
+                                           tokenizer.vocab_size, config.model.vocab_size)
+            state = state.replace(params=pretrained.load_pretrained(
+                config.train.init_checkpoint, abstract_state.params, model.config))
     start_step = int(jax.device_get(state.step))
     position = _consistent_position(position, start_step, phase_data)
     if start_step >= config.train.total_steps:
@@ -385,7 +379,7 @@ def _train_loop(config, state, position, start_step, phase_data, train_step, eva
         host_batch = next_batch.result()
         if step + 1 in nan_steps:  # test-only fault injection
             host_batch = guards.poison_batch(host_batch)
-        upcoming = pipeline.phase_at(phases, step + 1)
+        upcoming = schedule.phase_at(phases, step + 1)
         if upcoming.name != current.phase.name:
             current, batch_index = by_name[upcoming.name], -1
         batch_index += 1
@@ -451,7 +445,7 @@ def main(argv: list[str]) -> None:
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except (distributed.DistributedSetupError, ConfigError, pipeline.DataError, checkpoint.CheckpointMismatch,
             checkpoint.CheckpointWriteError, TrainingError, guards.NonFiniteState,
-            FileNotFoundError, convert.ConversionError) as e:
+            FileNotFoundError, ConversionError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         if isinstance(e, checkpoint.CheckpointWriteError):
             # Orbax's writer threads of the failed save wait (for minutes) for signals that

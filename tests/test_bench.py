@@ -1,4 +1,4 @@
-"""`python -m bertjax.bench` end to end: a tiny config, a few steps, the HF comparison."""
+"""`python -m bertjax.tools.bench` end to end: a tiny config, a few steps, the HF comparison."""
 import json
 import os
 import subprocess
@@ -19,7 +19,7 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
     # Two fake CPU devices: per-chip rates are checked without an 8-device compile.
     env = dict(os.environ, PYTHONPATH=REPO_ROOT,
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    return subprocess.run([sys.executable, "-m", "bertjax.bench", *TINY, *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "bertjax.tools.bench", *TINY, *args], cwd=REPO_ROOT,
                           env=env, capture_output=True, text=True, timeout=180)
 
 

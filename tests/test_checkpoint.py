@@ -101,3 +101,14 @@ def test_relative_directory_works(tmp_path, monkeypatch):
     np.testing.assert_array_equal(
         checkpoint.restore_params("relative/checkpoints", abstract.params)["bert"]["pooler"][
             "dense"]["kernel"], state.params["bert"]["pooler"]["dense"]["kernel"])
+
+
+def test_older_checkpoints_are_compared_on_the_model_fields_they_record():
+    """A checkpoint written before `layer_norm_eps` was recorded still resumes; a field it
+    records must still match."""
+    run = {"model": {"hidden_size": 8, "layer_norm_eps": 1e-12}, "tokenizer": "abc"}
+    checkpoint.check_compatible({"model": {"hidden_size": 8}, "tokenizer": "abc"}, run, "old")
+    with pytest.raises(checkpoint.CheckpointMismatch, match="different model"):
+        checkpoint.check_compatible({"model": {"hidden_size": 16}, "tokenizer": "abc"}, run, "old")
+    with pytest.raises(checkpoint.CheckpointMismatch, match="different tokenizer"):
+        checkpoint.check_compatible({"model": {"hidden_size": 8}, "tokenizer": "xyz"}, run, "old")

@@ -5,7 +5,7 @@ import runpy
 
 import pytest
 
-from bertjax.data import pipeline
+from bertjax import schedule
 from bertjax.model import BertConfig
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -25,7 +25,7 @@ def test_base_and_large_follow_the_paper():
         assert (c.train.global_batch_size, c.train.total_steps) == (256, 1_000_000)
         assert (c.optimizer.name, c.optimizer.peak_learning_rate, c.optimizer.warmup_steps) == \
             ("bert_adam", 1e-4, 10_000)
-        short, long = pipeline.phases_from_config(c)
+        short, long = schedule.phases(c.train, c.data, c.long_phase)
         assert (short.max_seq_length, short.max_predictions_per_seq, short.end_step) == \
             (128, 20, 900_000)
         assert (long.max_seq_length, long.max_predictions_per_seq, long.start_step) == \

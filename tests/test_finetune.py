@@ -13,7 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, finetune, train
+from bertjax import checkpoint, finetune, pretrained, train
+from bertjax.interop import hf, tf
+from bertjax.interop.tree import ConversionError
 from bertjax.model import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification,
                            BertForTokenClassification, BertModel)
 
@@ -29,8 +31,9 @@ TINY = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=4,
 
 
 def pretrained_encoder(root: str):
-    return finetune.load_pretrained(os.path.join(root, "pretrain"),
-                                    finetune.abstract_params_on_one_device(BertModel(TINY)))
+    return pretrained.load_pretrained(
+        os.path.join(root, "pretrain"),
+        {"bert": pretrained.abstract_params_on_one_device(BertModel(TINY))}, TINY)["bert"]
 
 
 def config_file(name: str):
@@ -158,11 +161,11 @@ def test_feature_based_ner_trains_only_the_tagger(data_root, tmp_path):
     assert (tmp_path / "seed_1" / "predictions" / "test_predictions.txt").exists()
     tagger = BertForTokenClassification(TINY, 9, feature_based=True, lstm_size=16)
     tuned = checkpoint.restore_params(str(tmp_path / "seed_1" / "checkpoints"),
-                                      finetune.abstract_params_on_one_device(tagger))
+                                      pretrained.abstract_params_on_one_device(tagger))
     jax.tree.map(np.testing.assert_array_equal, pretrained_encoder(data_root), tuned["bert"])
     # Adam moments only for the tagger: none for the frozen encoder.
-    params = finetune.abstract_params_on_one_device(tagger)
-    moments = jax.eval_shape(finetune._optimizer(config, 10, params).init, params)
+    params = pretrained.abstract_params_on_one_device(tagger)
+    moments = jax.eval_shape(finetune.optimizer(config, 10, params).init, params)
     size = lambda tree: sum(x.size for x in jax.tree.leaves(tree))
     assert size(moments) <= 2 * (size(params) - size(params["bert"])) + 8
     assert seed["dev"]["dev"]["f1"] > 0.5, seed  # names are tagged from the frozen features
@@ -183,12 +186,12 @@ def test_squad_end_to_end(data_root, tmp_path):
 def test_clear_errors(data_root, tmp_path):
     config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
                    init_checkpoint=str(tmp_path / "nothing"))
-    with pytest.raises(finetune.FinetuneError, match="no finished checkpoint"):
+    with pytest.raises(pretrained.PretrainedError, match="no finished checkpoint"):
         finetune.run(config, str(tmp_path / "a"), devices=jax.devices()[:1])
     (tmp_path / "bigger.json").write_text(json.dumps({"hidden_size": 64, "intermediate_size": 64}))
     config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
                    model_config=str(tmp_path / "bigger.json"))
-    with pytest.raises(checkpoint.CheckpointMismatch, match="word_embeddings"):
+    with pytest.raises(ConversionError, match="hidden_size: checkpoint 32, config.model 64"):
         finetune.run(config, str(tmp_path / "b"), devices=jax.devices()[:1])
 
 
@@ -217,24 +220,26 @@ def test_extract_features_original_format(data_root, tmp_path):
 def test_google_and_hugging_face_checkpoints_initialise_fine_tuning(data_root, tmp_path):
     """The pretraining checkpoint, converted to Google TF and to Hugging Face (with vocab.txt
     beside it), gives the same architecture, tokenizer and encoder weights to fine-tuning."""
-    from bertjax import convert
-    bert_config, params = convert.load_pretrained(os.path.join(data_root, "pretrain"))
+    bert_config, params = pretrained.read(os.path.join(data_root, "pretrain"))
     expected = pretrained_encoder(data_root)
-    for kind, save in (("tf", convert.save_tf), ("hf", convert.save_hf)):
+    for kind, save in (("tf", tf.save_tf), ("hf", hf.save_hf)):
         directory = tmp_path / f"uncased_{kind}"
         save(bert_config, params, str(directory))
         (directory / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
         config = small(config_file("glue.py"), data_root, task="sst2",
                        init_checkpoint=str(directory))
-        pretrain = finetune.pretraining_run(config)
-        assert finetune.bert_config_of(config, pretrain) == \
-            finetune.bert_config_of(config, finetune.pretraining_run(small(
-                config_file("glue.py"), data_root, task="sst2")))
-        assert finetune.tokenizer_of(config, pretrain).vocab_size == len(VOCAB)
-        loaded = finetune.load_pretrained(str(directory),
-                                          finetune.abstract_params_on_one_device(BertModel(TINY)))
+        source = pretrained.Source.from_dict(config.to_dict())
+        pretrain = pretrained.pretraining_run(source)
+        assert pretrained.bert_config_of(source, pretrain) == \
+            pretrained.bert_config_of(source, pretrained.pretraining_run(pretrained.Source.from_dict(
+                small(config_file("glue.py"), data_root, task="sst2").to_dict())))
+        assert pretrained.tokenizer_of(source, pretrain).vocab_size == len(VOCAB)
+        loaded = pretrained.load_pretrained(
+            str(directory), {"bert": pretrained.abstract_params_on_one_device(BertModel(TINY))},
+            TINY)["bert"]
         jax.tree.map(np.testing.assert_array_equal, loaded, expected)
     config = small(config_file("glue.py"), data_root, task="sst2",
                    init_checkpoint=str(tmp_path / "uncased_hf"), do_lower_case=False)
     with pytest.raises(ValueError, match="uncased model"):
-        finetune.tokenizer_of(config, finetune.PretrainingRun({}))
+        pretrained.tokenizer_of(pretrained.Source.from_dict(config.to_dict()),
+                                pretrained.PretrainingRun({}))

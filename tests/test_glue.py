@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from bertjax import tokenization
+from bertjax.data import tokenization
 from bertjax.tasks import features, glue
 
 GLUE_DIR = "/work/shared/data/glue"

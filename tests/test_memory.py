@@ -1,4 +1,4 @@
-"""The start-up sharding/memory report, the mesh divisibility check, and `python -m bertjax.aot`."""
+"""The start-up sharding/memory report, the mesh divisibility check, and `python -m bertjax.tools.aot`."""
 import os
 import subprocess
 import sys
@@ -9,7 +9,7 @@ import ml_collections
 import pytest
 
 from bertjax import memory, optim, sharding
-from bertjax.data.pipeline import Phase
+from bertjax.schedule import Phase
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import create_train_state
 
@@ -79,7 +79,7 @@ def _aot(*flags: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
     env.pop("XLA_FLAGS", None)  # the tool sets its own device count
     return subprocess.run(
-        [sys.executable, "-m", "bertjax.aot", "--config=configs/tiny.py", *flags],
+        [sys.executable, "-m", "bertjax.tools.aot", "--config=configs/tiny.py", *flags],
         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env=env)
 
 

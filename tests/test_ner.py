@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from bertjax import tokenization
+from bertjax.data import tokenization
 from bertjax.tasks import features, ner
 
 CONLL_DIR = "/work/shared/data/conll2003"

@@ -12,8 +12,9 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import convert, tokenization
-from bertjax.model import BertForPreTraining
+from bertjax.interop import hf
+from bertjax.data import tokenization
+from bertjax.model import BertConfig, BertForPreTraining
 from test_convert import assert_trees_equal, random_params
 
 torch = pytest.importorskip("torch")
@@ -70,7 +71,7 @@ def two_segment_batch(vocab, type_vocab, batch=3, length=24):
 def test_outputs_match_transformers(dims, tmp_path):
     hf_model = random_hf_model(*dims)
     hf_model.save_pretrained(tmp_path)
-    config, params = convert.load_hf(str(tmp_path))
+    config, params = hf.load_hf(str(tmp_path))
     ids, token_types, mask = two_segment_batch(dims[4], dims[5])
     with torch.no_grad():
         expected = hf_model(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(token_types),
@@ -92,10 +93,10 @@ def test_outputs_match_transformers(dims, tmp_path):
 
 
 def test_bertjax_to_hf_to_bertjax_is_exact(tmp_path):
-    config = convert.BertConfig(vocab_size=77, hidden_size=24, num_hidden_layers=2,
+    config = BertConfig(vocab_size=77, hidden_size=24, num_hidden_layers=2,
                                 num_attention_heads=3, intermediate_size=40, max_position_embeddings=32)
     params = random_params(config, seed=5)
-    convert.save_hf(config, params, str(tmp_path / "ours"))
+    hf.save_hf(config, params, str(tmp_path / "ours"))
     model, info = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "ours"),
                                                                   output_loading_info=True)
     assert info["missing_keys"] == info["unexpected_keys"] == info["mismatched_keys"] == set()
@@ -105,7 +106,7 @@ def test_bertjax_to_hf_to_bertjax_is_exact(tmp_path):
     torch.save(model.state_dict(), tmp_path / "old" / "pytorch_model.bin")
     shutil.copy(tmp_path / "theirs" / "config.json", tmp_path / "old" / "config.json")
     for directory in ("theirs", "old"):
-        loaded_config, loaded = convert.load_hf(str(tmp_path / directory))
+        loaded_config, loaded = hf.load_hf(str(tmp_path / directory))
         assert loaded_config == config
         assert_trees_equal(loaded, params)
 

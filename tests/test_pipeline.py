@@ -13,7 +13,8 @@ import runpy
 import numpy as np
 import pytest
 
-from bertjax import tokenization
+from bertjax import schedule
+from bertjax.data import tokenization
 from bertjax.data import corpus, pipeline
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -58,8 +59,12 @@ def make_config(input_files: str, **overrides):
     return c
 
 
-def short_phase(config) -> pipeline.Phase:
-    return pipeline.phases_from_config(config)[0]
+def phases_of(config) -> list[schedule.Phase]:
+    return schedule.phases(config.train, config.data, config.long_phase)
+
+
+def short_phase(config) -> schedule.Phase:
+    return phases_of(config)[0]
 
 
 def only_dir(cache_dir: pathlib.Path, pattern: str = "short_*") -> pathlib.Path:
@@ -213,13 +218,13 @@ def config(corpus_file):
 @pytest.fixture(scope="module")
 def static_cache(config, sp_tokenizer, tmp_path_factory) -> pathlib.Path:
     cache = tmp_path_factory.mktemp("static_cache")
-    pipeline.prepare(config, short_phase(config), sp_tokenizer, str(cache))
+    pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(cache))
     return cache
 
 
 @pytest.fixture(scope="module")
 def static(config, sp_tokenizer, static_cache):
-    return pipeline.prepare(config, short_phase(config), sp_tokenizer, str(static_cache))
+    return pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(static_cache))
 
 
 @pytest.fixture(scope="module")
@@ -230,45 +235,12 @@ def dynamic_config(corpus_file):
 @pytest.fixture(scope="module")
 def dynamic(dynamic_config, sp_tokenizer, tmp_path_factory):
     cache = tmp_path_factory.mktemp("dynamic_cache")
-    return pipeline.prepare(dynamic_config, short_phase(dynamic_config), sp_tokenizer, str(cache))
+    return pipeline.prepare(dynamic_config.data, short_phase(dynamic_config), sp_tokenizer, str(cache))
 
 
 def dynamic_loader(split, tokenizer, seed=12345, batch=32, shuffle=True, whole_word=False):
     masking = (pipeline.specials_of(tokenizer, whole_word), 0.15, PREDS, whole_word)
     return pipeline.BatchLoader(traced(split), batch, seed, shuffle=shuffle, masking=masking)
-
-
-# ----------------------------------------------------------------------------- phases
-
-
-def test_phases_split_total_steps_90_10(corpus_file):
-    config = make_config(corpus_file, **{"train.total_steps": 1000})
-    short, long = pipeline.phases_from_config(config)
-    assert short == pipeline.Phase("short", SEQ, PREDS, BATCH, 0, 900)
-    assert long == pipeline.Phase("long", LONG_SEQ, LONG_PREDS, BATCH, 900, 1000)
-
-
-def test_long_phase_batch_size_and_rounding(corpus_file):
-    config = make_config(corpus_file, **{"train.total_steps": 7, "long_phase.global_batch_size": 8})
-    short, long = pipeline.phases_from_config(config)
-    assert (short.start_step, short.end_step, short.global_batch_size) == (0, 6, BATCH)
-    assert (long.start_step, long.end_step, long.global_batch_size) == (6, 7, 8)
-
-
-def test_single_phase_when_long_fraction_is_zero_or_one(corpus_file):
-    (only,) = pipeline.phases_from_config(make_config(corpus_file, **{"long_phase.fraction": 0.0}))
-    assert only == pipeline.Phase("short", SEQ, PREDS, BATCH, 0, 100)
-    (only,) = pipeline.phases_from_config(make_config(corpus_file, **{"long_phase.fraction": 1.0}))
-    assert only == pipeline.Phase("long", LONG_SEQ, LONG_PREDS, BATCH, 0, 100)
-
-
-def test_phase_at_boundaries(config):
-    phases = pipeline.phases_from_config(config)
-    assert [pipeline.phase_at(phases, s).name for s in (0, 1, 89, 90, 91, 99, 100, 10**6)] == [
-        "short", "short", "short", "long", "long", "long", "long", "long"]
-    (only,) = pipeline.phases_from_config(make_config(config.data.input_files,
-                                                      **{"long_phase.fraction": 0.0}))
-    assert pipeline.phase_at([only], 0) is only and pipeline.phase_at([only], 500) is only
 
 
 # ----------------------------------------------------------------------------- prepare
@@ -333,13 +305,13 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
                                                                 tmp_path):
     config = make_config(corpus_file)
     cache = tmp_path / "cache"
-    first = pipeline.prepare(config, short_phase(config), sp_tokenizer, str(cache))
+    first = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(cache))
     directory = only_dir(cache)
     files = [directory / "meta.json", directory / "train" / "shard_00000" / "input_ids.npy",
              directory / "eval" / "shard_00000" / "masked_lm_ids.npy"]
     stamps = [(f.stat().st_mtime_ns, f.read_bytes()) for f in files]
 
-    again = pipeline.prepare(config, short_phase(config), sp_tokenizer, str(cache))
+    again = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(cache))
     assert sorted(cache.iterdir()) == [directory]
     assert [(f.stat().st_mtime_ns, f.read_bytes()) for f in files] == stamps
     for name in pipeline.FEATURES:
@@ -347,18 +319,18 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
 
     # Each setting that changes the data gets its own directory; none is a temporary leftover.
     more_masks = make_config(corpus_file, **{"data.masked_lm_prob": 0.3})
-    prepared = pipeline.prepare(more_masks, short_phase(more_masks), sp_tokenizer, str(cache))
+    prepared = pipeline.prepare(more_masks.data, short_phase(more_masks), sp_tokenizer, str(cache))
     assert len(list(cache.iterdir())) == 2
     lengths = np.asarray(prepared["train"].features["input_mask"]).sum(1)
     counts = np.asarray(prepared["train"].features["masked_lm_weights"]).sum(1)
     np.testing.assert_array_equal(counts, expected_predictions(lengths, 0.3, PREDS))
     reseeded = make_config(corpus_file, **{"data.seed": 7})
-    other = pipeline.prepare(reseeded, short_phase(reseeded), sp_tokenizer, str(cache))
+    other = pipeline.prepare(reseeded.data, short_phase(reseeded), sp_tokenizer, str(cache))
     assert len(list(cache.iterdir())) == 3
     assert not np.array_equal(other["train"].features["input_ids"][:50],
                               first["train"].features["input_ids"][:50])
-    long_phase = pipeline.phases_from_config(config)[1]
-    long = pipeline.prepare(config, long_phase, sp_tokenizer, str(cache))
+    long_phase = phases_of(config)[1]
+    long = pipeline.prepare(config.data, long_phase, sp_tokenizer, str(cache))
     assert long["train"].features["input_ids"].shape[1] == LONG_SEQ
     assert long["train"].features["masked_lm_ids"].shape[1] == LONG_PREDS
     only_dir(cache, "long_128_*")
@@ -367,25 +339,25 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
     text = pathlib.Path(corpus_file).read_text()
     extended.write_text(text + "\nOne more document.\nIt is new.\n")
     changed = make_config(str(extended))
-    pipeline.prepare(changed, short_phase(changed), sp_tokenizer, str(cache))
+    pipeline.prepare(changed.data, short_phase(changed), sp_tokenizer, str(cache))
     names = [p.name for p in cache.iterdir()]
     assert len(names) == 5 and not any(".tmp" in n for n in names), names
 
 
 def test_prepare_rebuilds_an_incomplete_cache_directory(config, sp_tokenizer, tmp_path):
-    first = pipeline.prepare(config, short_phase(config), sp_tokenizer, str(tmp_path))
+    first = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path))
     directory = only_dir(tmp_path)
     expected = np.array(first["train"].features["input_ids"])
     del first
     (directory / "meta.json").unlink()  # as if the build had been interrupted
     (directory / "train" / "shard_00000" / "input_ids.npy").write_bytes(b"garbage")
-    again = pipeline.prepare(config, short_phase(config), sp_tokenizer, str(tmp_path))
+    again = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path))
     assert (directory / "meta.json").exists()
     np.testing.assert_array_equal(again["train"].features["input_ids"], expected)
 
 
 def test_prepare_per_process_shards(config, sp_tokenizer, tmp_path):
-    shards = [pipeline.prepare(config, short_phase(config), sp_tokenizer, str(tmp_path), i, 2)
+    shards = [pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path), i, 2)
               for i in range(2)]
     directories = sorted(tmp_path.iterdir())
     assert len(directories) == 2
@@ -400,7 +372,7 @@ def test_prepare_per_process_shards(config, sp_tokenizer, tmp_path):
 def test_single_document_corpus_gives_empty_eval_split(sp_tokenizer, documents, tmp_path):
     path = write_documents(tmp_path / "one.txt", [max(documents, key=len)])
     config = make_config(path)
-    splits = pipeline.prepare(config, short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
+    splits = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
     assert len(splits["train"]) > 0 and len(splits["eval"]) == 0
     assert splits["eval"].features["input_ids"].shape == (0, SEQ)
     assert splits["eval"].features["masked_lm_ids"].shape == (0, PREDS)
@@ -519,7 +491,7 @@ def test_loader_does_not_modify_the_prepared_split(static):
 def test_sharded_preparation_and_loading_across_shards(config, sp_tokenizer, static, tmp_path):
     """100 documents per shard -> 3 shards; batches gather the right rows across shards."""
     sharded_config = make_config(config.data.input_files, **{"data.documents_per_shard": 100})
-    sharded = pipeline.prepare(sharded_config, short_phase(sharded_config), sp_tokenizer,
+    sharded = pipeline.prepare(sharded_config.data, short_phase(sharded_config), sp_tokenizer,
                                str(tmp_path))
     train = sharded["train"]
     assert len(train.shards) == 3 and len(sharded["eval"].shards) == 3
@@ -540,7 +512,7 @@ def test_sharded_preparation_and_loading_across_shards(config, sp_tokenizer, sta
 
 def test_parallel_tokenization_gives_identical_data(config, sp_tokenizer, static, tmp_path):
     parallel = make_config(config.data.input_files, **{"data.num_workers": 2})
-    prepared = pipeline.prepare(parallel, short_phase(parallel), sp_tokenizer, str(tmp_path))
+    prepared = pipeline.prepare(parallel.data, short_phase(parallel), sp_tokenizer, str(tmp_path))
     for split in ("train", "eval"):
         for name in pipeline.FEATURES:
             np.testing.assert_array_equal(prepared[split].features[name],
@@ -637,7 +609,7 @@ def test_load_or_train_tokenizer_trains_once_and_caches(config, sp_tokenizer, tm
     assert pipeline.load_or_train_tokenizer(smaller.data, str(tmp_path)).vocab_size == 300
     assert len(list(tmp_path.glob("sentencepiece_*.model"))) == 2
     # The trained tokenizer feeds prepare directly.
-    splits = pipeline.prepare(config, short_phase(config), tokenizer, str(tmp_path))
+    splits = pipeline.prepare(config.data, short_phase(config), tokenizer, str(tmp_path))
     pipeline.check_token_ids(splits["train"], tokenizer.vocab_size, "train")
 
 
@@ -672,7 +644,7 @@ def test_load_tokenizer_from_a_sentencepiece_vocab_file(config, sp_tokenizer, tm
 def test_corpus_too_small_for_one_batch(sp_tokenizer, documents, tmp_path):
     path = write_documents(tmp_path / "small.txt", documents[:3])
     config = make_config(path, **{"train.global_batch_size": 256})
-    splits = pipeline.prepare(config, short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
+    splits = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
     assert 0 < len(splits["train"]) < 256
     with pytest.raises(pipeline.DataError, match=r"fewer than one batch of 256 per process"):
         pipeline.BatchLoader(splits["train"], 256, seed=0)
@@ -684,7 +656,7 @@ def test_text_source_without_input_files(sp_tokenizer, tmp_path):
     with pytest.raises(pipeline.DataError, match=message):
         pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats())
     with pytest.raises(pipeline.DataError, match=message):
-        pipeline.prepare(config, short_phase(config), sp_tokenizer, str(tmp_path))
+        pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path))
     with pytest.raises(pipeline.DataError, match=message):
         pipeline.load_or_train_tokenizer(config.data, str(tmp_path))
 
@@ -692,13 +664,13 @@ def test_text_source_without_input_files(sp_tokenizer, tmp_path):
 def test_missing_input_file_is_named(sp_tokenizer, tmp_path):
     config = make_config(str(tmp_path / "nope.txt"))
     with pytest.raises(FileNotFoundError, match="nope.txt"):
-        pipeline.prepare(config, short_phase(config), sp_tokenizer, str(tmp_path))
+        pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path))
 
 
 def test_unknown_source(corpus_file, sp_tokenizer, tmp_path):
     config = make_config(corpus_file, **{"data.source": "hdfs"})
     with pytest.raises(pipeline.DataError, match=r"data.source='hdfs'; choose 'default', 'text'"):
-        pipeline.prepare(config, short_phase(config), sp_tokenizer, str(tmp_path))
+        pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path))
     with pytest.raises(pipeline.DataError, match=r"data.source='hdfs'"):
         pipeline.load_or_train_tokenizer(config.data, str(tmp_path))
 
@@ -729,7 +701,7 @@ def test_empty_corpus_file(sp_tokenizer, tmp_path, text):
     path.write_text(text)
     config = make_config(str(path))
     with pytest.raises(pipeline.DataError, match="no usable documents"):
-        pipeline.prepare(config, short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
+        pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
     assert not list((tmp_path / "cache").glob("*/meta.json"))
 
 
@@ -763,7 +735,7 @@ def test_bad_masking(corpus_file, sp_tokenizer, tmp_path):
     config = make_config(corpus_file, **{"data.masking": "random"})
     with pytest.raises(pipeline.DataError, match=r"data.masking='random'; choose 'static' or "
                                                  r"'dynamic'"):
-        pipeline.prepare(config, short_phase(config), sp_tokenizer, str(tmp_path))
+        pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path))
     assert not list(tmp_path.iterdir())
 
 
@@ -844,7 +816,7 @@ def test_whole_word_masking_with_wordpiece(wordpiece_vocab, wordpiece_corpus, tm
                                               "data.whole_word_mask": True})
     loaded = pipeline.load_or_train_tokenizer(config.data, str(tmp_path))
     assert loaded.fingerprint() == tokenizer.fingerprint()
-    splits = pipeline.prepare(config, short_phase(config), tokenizer, str(tmp_path))
+    splits = pipeline.prepare(config.data, short_phase(config), tokenizer, str(tmp_path))
     for split in splits.values():
         features = split.features
         original = check_layout(features, tokenizer, SEQ, PREDS)
@@ -858,7 +830,7 @@ def test_whole_word_masking_with_wordpiece(wordpiece_vocab, wordpiece_corpus, tm
                                                       "data.vocab_file": wordpiece_vocab,
                                                       "data.whole_word_mask": True,
                                                       "data.masking": "dynamic"})
-    train = pipeline.prepare(dynamic_config, short_phase(dynamic_config), tokenizer,
+    train = pipeline.prepare(dynamic_config.data, short_phase(dynamic_config), tokenizer,
                              str(tmp_path))["train"]
     loader = dynamic_loader(train, tokenizer, whole_word=True)
     batches = [loader.batch(k) for k in range(6)]

@@ -9,8 +9,8 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.datasets.squad import squad_dataset_builder
 from tensorflow_datasets.question_answering import qa_utils
 
-from bertjax import tokenization
-from bertjax.tasks import squad, squad_eval
+from bertjax.data import tokenization
+from bertjax.tasks import squad, squad_eval, squad_predict
 from bertjax.tasks.squad import SquadExample
 
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
@@ -280,7 +280,7 @@ def test_features_reject_bad_inputs(tokenizer):
     ],
 )
 def test_get_final_text(pred_text, orig_text, expected):
-    assert squad.get_final_text(pred_text, orig_text, do_lower_case=True) == expected
+    assert squad_predict.get_final_text(pred_text, orig_text, do_lower_case=True) == expected
 
 
 def _crafted_logits(features):
@@ -299,7 +299,7 @@ def test_postprocess_v1_picks_best_valid_span(tokenizer):
     example = _letters_example()
     features, _ = _window_features(tokenizer, [example])
     start, end = _crafted_logits(features)
-    predictions, nbest, null_odds = squad.postprocess([example], features, start, end, max_answer_length=3)
+    predictions, nbest, null_odds = squad_predict.postprocess([example], features, start, end, max_answer_length=3)
     assert predictions == {"e": "g h"} and null_odds == {}
     entries = nbest["e"]
     assert entries[0] == pytest.approx(
@@ -321,7 +321,7 @@ def test_postprocess_v1_without_valid_span_says_empty(tokenizer):
     features, _ = _window_features(tokenizer, [example])
     start = np.zeros((3, 12), np.float32)
     start[:, 0] = 1.0  # The only start considered (n_best_size 1) is [CLS].
-    predictions, nbest, _ = squad.postprocess([example], features, start, start, n_best_size=1)
+    predictions, nbest, _ = squad_predict.postprocess([example], features, start, start, n_best_size=1)
     assert predictions == {"e": "empty"} and nbest["e"][0]["probability"] == 1.0
 
 
@@ -331,22 +331,22 @@ def test_postprocess_v2_null_score_and_threshold(tokenizer):
     start, end = _crafted_logits(features)
     start[:, 0], end[:, 0] = [2.0, 0.5, 3.0], [1.0, 0.5, 3.0]  # Null score: min over windows = 1.0.
     kwargs = dict(max_answer_length=3, version_2_with_negative=True)
-    predictions, nbest, null_odds = squad.postprocess([example], features, start, end, **kwargs)
+    predictions, nbest, null_odds = squad_predict.postprocess([example], features, start, end, **kwargs)
     assert null_odds == {"e": pytest.approx(1.0 - 9.0)} and predictions == {"e": "g h"}
     null_entries = [e for e in nbest["e"] if e["text"] == ""]
     assert len(null_entries) == 1 and (null_entries[0]["start_logit"], null_entries[0]["end_logit"]) == (
         0.5,
         0.5,
     )
-    predictions, _, _ = squad.postprocess(
+    predictions, _, _ = squad_predict.postprocess(
         [example], features, start, end, null_score_diff_threshold=-8.5, **kwargs
     )
     assert predictions == {"e": ""}
     # With n_best_size 1 each window's top start and top end make no valid span: no answer, certainly.
-    predictions, nbest, null_odds = squad.postprocess(
+    predictions, nbest, null_odds = squad_predict.postprocess(
         [example], features, start, end, n_best_size=1, **kwargs
     )
-    assert predictions == {"e": ""} and null_odds == {"e": squad.NO_SPAN_NULL_ODDS}
+    assert predictions == {"e": ""} and null_odds == {"e": squad_predict.NO_SPAN_NULL_ODDS}
     assert [e["text"] for e in nbest["e"]] == [""]
 
 
@@ -355,11 +355,11 @@ def test_write_predictions(tmp_path, tokenizer):
     features, _ = _window_features(tokenizer, [example])
     start, end = _crafted_logits(features)
     for v2 in (False, True):
-        predictions, nbest, null_odds = squad.postprocess(
+        predictions, nbest, null_odds = squad_predict.postprocess(
             [example], features, start, end, version_2_with_negative=v2
         )
         directory = tmp_path / f"v2_{v2}"
-        squad.write_predictions(str(directory), predictions, nbest, null_odds)
+        squad_predict.write_predictions(str(directory), predictions, nbest, null_odds)
         names = (
             ["nbest_predictions.json", "null_odds.json", "predictions.json"]
             if v2
@@ -379,7 +379,7 @@ def _peaked_round_trip(examples, features, **kwargs):
     rows = np.arange(len(features))
     start[rows, features.start_positions] = 10.0
     end[rows, features.end_positions] = 10.0
-    return squad.postprocess(examples, features, start, end, **kwargs)
+    return squad_predict.postprocess(examples, features, start, end, **kwargs)
 
 
 def test_sentencepiece_round_trip(tmp_path):

@@ -1,4 +1,4 @@
-"""Tests for bertjax.tokenization: exact Google BERT WordPiece behaviour, SentencePiece, CLI."""
+"""Tests for bertjax.data.tokenization: exact Google BERT WordPiece behaviour, SentencePiece, CLI."""
 import importlib.util
 import os
 import pathlib
@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import tokenization as tok
+from bertjax.data import tokenization as tok
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARITY_VOCAB = REPO_ROOT.parent / "shared" / "data" / "bert-base-uncased" / "vocab.txt"
@@ -294,7 +294,7 @@ def test_sentencepiece_errors(tmp_path):
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     return subprocess.run(
-        [sys.executable, "-m", "bertjax.tokenization", *args],
+        [sys.executable, "-m", "bertjax.data.tokenization", *args],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
     )
 

@@ -13,7 +13,7 @@ import pytest
 
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
-from bertjax import convert, train
+from bertjax import pretrained, train
 from bertjax.data import corpus
 from bertjax.model import BertConfig
 
@@ -97,7 +97,6 @@ def test_fine_tuning_takes_the_sentencepiece_model_the_run_recorded(corpus_file,
     """Fine-tuning finds the run's SentencePiece model by the fingerprint its checkpoint
     recorded, even after the corpus was touched (a new cache key) or removed; a model
     rebuilt from a different corpus, or another vocab_file, is refused, naming both."""
-    from bertjax import finetune
     corpus_copy = tmp_path / "corpus.txt"
     shutil.copy(corpus_file, corpus_copy)
     workdir = tmp_path / "run"
@@ -105,26 +104,27 @@ def test_fine_tuning_takes_the_sentencepiece_model_the_run_recorded(corpus_file,
         "train.total_steps": 4, "long_phase.fraction": 0.0}), str(workdir))
     fine_tune = runpy.run_path(os.path.join(REPO_ROOT, "configs", "finetune", "glue.py"))["get_config"]()
     fine_tune.init_checkpoint = str(workdir)
-    pretrain = finetune.pretraining_run(fine_tune)
+    source = lambda: pretrained.Source.from_dict(fine_tune.to_dict())
+    pretrain = pretrained.pretraining_run(source())
     assert pretrain.tokenizer_fingerprint
     models = sorted(os.listdir(workdir / "data"))
     os.utime(corpus_copy, (1, 1))
     corpus_copy.rename(tmp_path / "moved.txt")
-    assert finetune.tokenizer_of(fine_tune, pretrain).fingerprint() == pretrain.tokenizer_fingerprint
+    assert pretrained.tokenizer_of(source(), pretrain).fingerprint() == pretrain.tokenizer_fingerprint
     assert sorted(os.listdir(workdir / "data")) == models  # found, not trained again
     for name in models:
         if name.startswith("sentencepiece_"):
             os.remove(workdir / "data" / name)
-    with pytest.raises(finetune.FinetuneError, match="cannot rebuild the tokenizer"):
-        finetune.tokenizer_of(fine_tune, pretrain)
+    with pytest.raises(pretrained.PretrainedError, match="cannot rebuild the tokenizer"):
+        pretrained.tokenizer_of(source(), pretrain)
     text = (tmp_path / "moved.txt").read_text()
     corpus_copy.write_text(" ".join(word[::-1] for word in text.split(" ")))
-    with pytest.raises(finetune.FinetuneError, match="rebuilt from the pretraining corpus is not"):
-        finetune.tokenizer_of(fine_tune, pretrain)
+    with pytest.raises(pretrained.PretrainedError, match="rebuilt from the pretraining corpus is not"):
+        pretrained.tokenizer_of(source(), pretrain)
     (other,) = (workdir / "data").glob("sentencepiece_*.model")
     fine_tune.vocab_file = str(other)
-    with pytest.raises(finetune.FinetuneError, match="vocab_file=.* is not the tokenizer"):
-        finetune.tokenizer_of(fine_tune, pretrain)
+    with pytest.raises(pretrained.PretrainedError, match="vocab_file=.* is not the tokenizer"):
+        pretrained.tokenizer_of(source(), pretrain)
 
 
 def test_eight_devices_match_one(corpus_file, cache_dir, tmp_path):
@@ -177,4 +177,4 @@ def test_init_checkpoint_from_a_google_tf_checkpoint(corpus_file, cache_dir, tmp
     params = random_params(model_config)
     write_google_checkpoint(tmp_path / "google", model_config, params)
     train.train_and_evaluate(config, str(tmp_path / "run"))
-    assert_trees_equal(convert.load_pretrained(str(tmp_path / "run"))[1], params)
+    assert_trees_equal(pretrained.read(str(tmp_path / "run"))[1], params)

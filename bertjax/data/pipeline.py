@@ -28,8 +28,9 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from bertjax import tokenization
+from bertjax.data import tokenization
 from bertjax.data import corpus, instances
+from bertjax.schedule import Phase
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
@@ -38,42 +39,6 @@ FORMAT_VERSION = 3  # bump when the prepared layout or instance semantics change
 
 class DataError(ValueError):
     """Input data that cannot be used, with a message saying what to change."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Phase:
-    """A contiguous range of steps trained at one sequence length."""
-
-    name: str
-    max_seq_length: int
-    max_predictions_per_seq: int
-    global_batch_size: int
-    start_step: int
-    end_step: int
-
-
-def phases_from_config(config: Any) -> list[Phase]:
-    """The paper's schedule: `1 - long_phase.fraction` of the steps at data.max_seq_length,
-    the rest at long_phase.max_seq_length (one optimizer and learning-rate schedule)."""
-    total = config.train.total_steps
-    long_steps = int(round(total * config.long_phase.fraction))
-    short = Phase("short", config.data.max_seq_length, config.data.max_predictions_per_seq,
-                  config.train.global_batch_size, 0, total - long_steps)
-    phases = [short] if short.end_step > 0 else []
-    if long_steps:
-        phases.append(Phase("long", config.long_phase.max_seq_length,
-                            config.long_phase.max_predictions_per_seq,
-                            config.long_phase.global_batch_size or config.train.global_batch_size,
-                            total - long_steps, total))
-    return phases
-
-
-def phase_at(phases: Sequence[Phase], step: int) -> Phase:
-    """The phase that trains `step` (the last phase for steps past the end)."""
-    for phase in phases:
-        if step < phase.end_step:
-            return phase
-    return phases[-1]
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -371,10 +336,10 @@ def empty_features(phase: Phase) -> dict[str, np.ndarray]:
     return {name: np.zeros((0,) + value.shape, value.dtype) for name, value in row.items()}
 
 
-def prepare(config: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cache_dir: str,
+def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cache_dir: str,
             process_index: int = 0, process_count: int = 1) -> dict[str, PreparedSplit]:
-    """Prepared `train` and `eval` splits for `phase`, built once and cached under cache_dir."""
-    data_cfg = config.data
+    """Prepared `train` and `eval` splits for `phase` (`data_cfg`: config.data), built once
+    and cached under cache_dir."""
     dynamic = _masking_is_dynamic(data_cfg)
     key = _hash({"version": FORMAT_VERSION, "source": _source_fingerprint(data_cfg),
                  "tokenizer": tokenizer.fingerprint(), "phase": [phase.max_seq_length,
@@ -385,7 +350,7 @@ def prepare(config: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cache_
                  "shard": [process_index, process_count]})
     directory = os.path.join(cache_dir, f"{phase.name}_{phase.max_seq_length}_{key}")
     if not os.path.exists(os.path.join(directory, "meta.json")):
-        _build(directory, config, phase, tokenizer, dynamic, process_index, process_count)
+        _build(directory, data_cfg, phase, tokenizer, dynamic, process_index, process_count)
     with open(os.path.join(directory, "meta.json")) as f:
         meta = json.load(f)
     records = meta.pop("files")
@@ -400,12 +365,12 @@ def _masking_is_dynamic(data_cfg: Any) -> bool:
     return data_cfg.masking == "dynamic"
 
 
-def _build(directory: str, config: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
+def _build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
            dynamic: bool, process_index: int, process_count: int) -> None:
     """Reads, tokenizes and instantiates the corpus shard by shard (bounded memory: one shard
     of `data.documents_per_shard` documents at a time; NSP partners come from the same shard,
     as the original ran per input file), and writes it atomically."""
-    data_cfg, start = config.data, time.time()
+    start = time.time()
     stats = corpus.CorpusStats()
     specials = specials_of(tokenizer, data_cfg.whole_word_mask)
     for unfinished in glob.glob(glob.escape(directory) + ".tmp*"):  # left by a crashed run

@@ -1,14 +1,16 @@
-"""Shared input encoding for fine-tuning (run_classifier's convert_single_example) and the
-bad-input counter every reader uses."""
+"""What every task shares: input encoding (run_classifier's convert_single_example), the
+bad-input counter every reader uses, and the fine-tuning adapter interface (`Finetune`,
+`SplitData`, `TaskOptions`) that each task module implements."""
 from __future__ import annotations
 
 import collections
-from typing import Sequence
+import dataclasses
+from typing import Any, Sequence
 
 import numpy as np
 from absl import logging
 
-from bertjax import tokenization
+from bertjax.data import tokenization
 
 
 class TaskDataError(ValueError):
@@ -59,3 +61,71 @@ def pad_row(tokens: Sequence[int], segments: Sequence[int], max_seq_length: int,
     input_mask = np.array([1] * len(tokens) + [0] * padding, np.int32)
     segment_ids = np.array(list(segments) + [0] * padding, np.int32)
     return input_ids, input_mask, segment_ids
+
+
+# ----------------------------------------------------------------------------- adapters
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+    """The fine-tuning config fields that tasks read (configs/finetune/*.py)."""
+
+    task: str = ""  # GLUE task name (cola, sst2, mrpc, ...)
+    data_dir: str = ""  # task data on disk; empty = tfds
+    tfds_data_dir: str = ""
+    max_seq_length: int = 128
+    max_train_examples: int = 0  # random subset of the training set; 0 = all
+    do_lower_case: bool = True
+    feature_based: bool = False  # NER: frozen encoder, BiLSTM tagger on its last 4 layers
+    lstm_size: int = 768
+    train_file: str = ""  # SQuAD: official JSON path or tfds:NAME:SPLIT
+    predict_file: str = ""
+    version_2_with_negative: bool = False
+    doc_stride: int = 128
+    max_query_length: int = 64
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    null_score_diff_threshold: float = 0.0
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TaskOptions":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
+@dataclasses.dataclass
+class SplitData:
+    """One split, encoded: `features` [N, ...] arrays (model inputs and targets) and whatever
+    the task needs to score or write predictions (`examples`)."""
+
+    name: str
+    features: dict[str, np.ndarray]
+    examples: Any
+    skipped: dict[str, int]
+
+    def __len__(self) -> int:
+        return len(self.features["input_ids"])
+
+
+def subset(items: list, limit: int, split: str) -> list:
+    """A fixed random subset of `max_train_examples` training items (all when 0)."""
+    if split != "train" or not limit or len(items) <= limit:
+        return items
+    keep = np.sort(np.random.default_rng(0).permutation(len(items))[:limit])
+    logging.info("Using %d of %d training examples (max_train_examples)", limit, len(items))
+    return [items[i] for i in keep]
+
+
+class Finetune:
+    """What the fine-tuning driver needs from a task (its adapter): the model head, loading a
+    split, the loss, scoring and writing predictions; subclasses fill them in."""
+
+    main_metric: str
+    eval_splits: list[str]  # scored every epoch; the first one picks the best checkpoint
+    test_splits: list[str]  # predicted (and written) with the best checkpoint
+    scored_test_splits: list[str] = []  # test splits with labels, also scored
+    frozen_encoder = False  # train only the head (feature-based)
+
+    def outputs(self, model_outputs):
+        """Reduces the model outputs on device before they are fetched (default: as is)."""
+        return model_outputs

@@ -12,10 +12,14 @@ import dataclasses
 import os
 from typing import Any, Iterable, Sequence
 
+import flax.linen as nn
 import numpy as np
 from absl import logging
 
-from bertjax import tokenization
+from bertjax import objectives
+from bertjax.model import BertConfig, BertForSequenceClassification
+
+from bertjax.data import tokenization
 from bertjax.tasks import features, metrics
 
 BINARY = ("0", "1")
@@ -302,3 +306,40 @@ def write_submission(task: GlueTask, split_name: str, examples: Sequence[Example
                      else task.labels[int(prediction)])
             f.write(f"{example.index}\t{value}\n")
     return path
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+
+class GlueFinetune(features.Finetune):
+    """Sentence(-pair) classification or regression on the pooled output."""
+
+    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer):
+        self.options, self.tokenizer = options, tokenizer
+        self.task = get_task(options.task)
+        self.main_metric = self.task.metric_names[0]
+        self.eval_splits, self.test_splits = self.task.eval_splits, self.task.test_splits
+
+    def model(self, bert_config: BertConfig) -> nn.Module:
+        return BertForSequenceClassification(bert_config, self.task.num_labels)
+
+    def load(self, split: str) -> features.SplitData:
+        examples, skipped = read_examples(self.task, split, self.options.data_dir,
+                                          self.options.tfds_data_dir)
+        examples = features.subset(examples, self.options.max_train_examples, split)
+        return features.SplitData(split, encode(self.task, examples, self.tokenizer,
+                                                self.options.max_seq_length), examples, skipped)
+
+    def loss(self, logits, batch):
+        if self.task.is_regression:
+            return objectives.regression_loss(logits, batch["labels"], batch["weights"])
+        return objectives.classification_loss(logits, batch["labels"], batch["weights"])
+
+    def evaluate(self, data: features.SplitData, logits: np.ndarray) -> dict[str, float]:
+        return evaluate(self.task, predictions_from_logits(self.task, logits),
+                        data.features["labels"])
+
+    def write_predictions(self, data: features.SplitData, logits: np.ndarray,
+                          directory: str) -> str:
+        return write_submission(self.task, data.name, data.examples,
+                                predictions_from_logits(self.task, logits), directory)

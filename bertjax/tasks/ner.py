@@ -7,10 +7,15 @@ import dataclasses
 import os
 from typing import Sequence
 
+import flax.linen as nn
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from bertjax import tokenization
+from bertjax import objectives
+from bertjax.model import BertConfig, BertForTokenClassification
+
+from bertjax.data import tokenization
 from bertjax.tasks import features, metrics
 
 # The CoNLL-2003 tag set (IOB1 files use the same tags; B- only between touching entities).
@@ -144,3 +149,51 @@ def write_predictions(path: str, sentences: Sequence[Sentence], predicted: Seque
             for word, gold, tag in zip(sentence.words, sentence.tags, tags):
                 f.write(f"{word} {gold} {tag}\n")
             f.write("\n")
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+
+class NerFinetune(features.Finetune):
+    """CoNLL-2003 tagging; fine-tuned, or feature-based with a frozen encoder."""
+
+    main_metric = "f1"
+    eval_splits = ["dev"]
+    test_splits = ["test"]
+    scored_test_splits = ["test"]
+
+    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer):
+        self.options, self.tokenizer = options, tokenizer
+        self.frozen_encoder = bool(options.feature_based)
+
+    def model(self, bert_config: BertConfig) -> nn.Module:
+        return BertForTokenClassification(bert_config, len(LABELS), self.options.feature_based,
+                                          self.options.lstm_size)
+
+    def load(self, split: str) -> features.SplitData:
+        sentences, skipped = read_sentences(split, self.options.data_dir,
+                                            self.options.tfds_data_dir)
+        sentences = features.subset(sentences, self.options.max_train_examples, split)
+        encoded, positions, truncated = encode(sentences, self.tokenizer,
+                                               self.options.max_seq_length)
+        return features.SplitData(split, encoded, (sentences, positions), {**skipped, **truncated})
+
+    def loss(self, logits, batch):
+        weights = batch["label_weights"] * batch["weights"][:, None]
+        return objectives.tagging_loss(logits, batch["labels"], weights)
+
+    def outputs(self, logits):
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def _tags(self, data: features.SplitData, predicted_ids: np.ndarray) -> list[list[str]]:
+        sentences, positions = data.examples
+        return word_tags(predicted_ids, positions, sentences)
+
+    def evaluate(self, data: features.SplitData, predicted_ids: np.ndarray) -> dict[str, float]:
+        return evaluate(data.examples[0], self._tags(data, predicted_ids))
+
+    def write_predictions(self, data: features.SplitData, predicted_ids: np.ndarray,
+                          directory: str) -> str:
+        path = os.path.join(directory, f"{data.name}_predictions.txt")
+        write_predictions(path, data.examples[0], self._tags(data, predicted_ids))
+        return path

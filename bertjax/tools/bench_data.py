@@ -1,4 +1,4 @@
-"""`python -m bertjax.bench_data --config=configs/tiny.py`: input-pipeline throughput per core.
+"""`python -m bertjax.tools.bench_data --config=configs/tiny.py`: input-pipeline throughput per core.
 
 Measures, on one CPU core (one process, no tokenizing workers), with the config's corpus and
 tokenizer and dynamic masking:
@@ -20,7 +20,8 @@ from typing import Any, Callable
 import ml_collections
 from absl import app, flags
 
-from bertjax.bench import machine, versions, write_record
+from bertjax.tools.bench import machine, versions, write_record
+from bertjax import schedule
 from bertjax.data import pipeline
 
 FLAGS = flags.FLAGS
@@ -30,10 +31,10 @@ def run(config: ml_collections.ConfigDict, batches: int, cache_dir: str) -> dict
     """Times preparation and dynamic-masking loading of the config's first phase."""
     config = ml_collections.ConfigDict(config.to_dict())
     config.data.masking, config.data.num_workers = "dynamic", 1
-    phase = pipeline.phases_from_config(config)[0]
+    phase = schedule.phases(config.train, config.data, config.long_phase)[0]
     tokenizer, tokenizer_seconds = _timed(
         lambda: pipeline.load_or_train_tokenizer(config.data, cache_dir))
-    splits, prepare_seconds = _timed(lambda: pipeline.prepare(config, phase, tokenizer, cache_dir))
+    splits, prepare_seconds = _timed(lambda: pipeline.prepare(config.data, phase, tokenizer, cache_dir))
     prepared = len(splits["train"]) + len(splits["eval"])
     masking = (pipeline.specials_of(tokenizer, config.data.whole_word_mask),
                config.data.masked_lm_prob, phase.max_predictions_per_seq,
@@ -44,7 +45,7 @@ def run(config: ml_collections.ConfigDict, batches: int, cache_dir: str) -> dict
     _, load_seconds = _timed(lambda: [loader.batch(i) for i in range(1, batches + 1)])
     loaded = batches * phase.global_batch_size
     return {
-        "command": " ".join([os.path.basename(sys.executable), "-m", "bertjax.bench_data",
+        "command": " ".join([os.path.basename(sys.executable), "-m", "bertjax.tools.bench_data",
                              *sys.argv[1:]]),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": versions(), "machine": machine(),

@@ -1,4 +1,4 @@
-"""`python -m bertjax.bench --config=configs/base.py`: how fast the pretraining step runs.
+"""`python -m bertjax.tools.bench --config=configs/base.py`: how fast the pretraining step runs.
 
 Compiles the jitted train step of the config (random parameters, a synthetic batch of the
 first phase's shape: train.global_batch_size x data.max_seq_length, data.max_predictions_per_seq
@@ -131,7 +131,7 @@ def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, co
     bertjax.step()  # warm-up
     trainers: dict[str, Any] = {"bertjax": bertjax}
     if compare == "hf":
-        from bertjax import bench_hf  # torch is imported only here
+        from bertjax.tools import bench_hf  # torch is imported only here
         opt = config.optimizer
         trainers["hf"] = bench_hf.HFTrainer(bertjax.model_config, host_batch,
                                             opt.peak_learning_rate, opt.weight_decay_rate,
@@ -146,7 +146,7 @@ def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, co
         * batch_size
     median = statistics.median(times["bertjax"])
     result: dict[str, Any] = {
-        "command": " ".join([os.path.basename(sys.executable), "-m", "bertjax.bench",
+        "command": " ".join([os.path.basename(sys.executable), "-m", "bertjax.tools.bench",
                              *sys.argv[1:]]),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": versions(), "machine": machine(),

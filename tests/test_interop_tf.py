@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bertjax import tf_checkpoint
+from bertjax.interop import tf as tf_checkpoint
 
 BERT_TINY_INDEX = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "bert-tiny",
                                "bert_model.ckpt.index")

@@ -3,9 +3,9 @@
 Both implement the small `Tokenizer` protocol the data pipeline relies on.
 
 CLI:
-  python -m bertjax.tokenization train --input=a.txt,b.txt --model_prefix=out/sp \
+  python -m bertjax.data.tokenization train --input=a.txt,b.txt --model_prefix=out/sp \
       --vocab_size=32000 [--lowercase]
-  python -m bertjax.tokenization tokenize --kind=wordpiece --vocab=vocab.txt --text="Hello!"
+  python -m bertjax.data.tokenization tokenize --kind=wordpiece --vocab=vocab.txt --text="Hello!"
 """
 from __future__ import annotations
 
@@ -488,7 +488,7 @@ def _cmd_tokenize(args: argparse.Namespace) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     """Argument parser with the train and tokenize subcommands."""
-    parser = argparse.ArgumentParser(prog="python -m bertjax.tokenization", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bertjax.data.tokenization", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train a SentencePiece model on text files")
     train.add_argument("--input", required=True, help="comma-separated UTF-8 text files, one sentence per line")

@@ -1,4 +1,8 @@
-"""TensorFlow's checkpoint format (a "tensor bundle"), read and written without TensorFlow.
+"""Google BERT's TensorFlow checkpoints <-> bertjax parameters, without TensorFlow.
+
+`load_tf` / `save_tf` map Google's variable names one to one (`cls/` dropped, LayerNorm
+`gamma`/`beta` -> `scale`/`bias`) and read/write `bert_config.json`. Below them, TensorFlow's
+checkpoint format (a "tensor bundle"):
 
 A checkpoint with prefix `P` is `P.index` plus `P.data-0000i-of-0000n`. The index is a
 LevelDB-style sorted table (uncompressed blocks, each followed by a type byte and a masked
@@ -14,9 +18,15 @@ import os
 import re
 import struct
 
+from typing import Any
+
 import google_crc32c
 import ml_dtypes
 import numpy as np
+
+from bertjax import model as bert_model
+from bertjax.interop import tree
+from bertjax.model import BertConfig
 
 TABLE_MAGIC = 0xDB4775248B80FB57
 FOOTER_SIZE = 48  # two block handles padded to 40 bytes, then the 8-byte magic
@@ -327,3 +337,65 @@ def write_bundle(prefix: str, tensors: dict[str, np.ndarray]) -> None:
             offset += len(data)
     with open(prefix + ".index", "wb") as f:
         f.write(_table([(b"", ONE_SHARD_HEADER)] + entries))
+
+
+# ----------------------------------------------------------------------------- Google BERT
+
+
+def tf_to_path(name: str) -> str:
+    path = re.sub(r"LayerNorm/gamma$", "LayerNorm/scale", name.removeprefix("cls/"))
+    return re.sub(r"LayerNorm/beta$", "LayerNorm/bias", path)
+
+
+def path_to_tf(path: str) -> str:
+    name = "cls/" + path if path.startswith(("predictions/", "seq_relationship/")) else path
+    name = re.sub(r"LayerNorm/scale$", "LayerNorm/gamma", name)
+    return re.sub(r"LayerNorm/bias$", "LayerNorm/beta", name)
+
+
+def skip_reason(name: str) -> str | None:
+    """Why a variable of a Google checkpoint is not a bertjax parameter (None: it is one)."""
+    if name.endswith(("/adam_m", "/adam_v")):
+        return "optimizer slot"
+    if name == "global_step":
+        return "training step counter"
+    if not tree.is_model_name(tf_to_path(name)):
+        return "not a BertForPreTraining variable"
+    return None
+
+
+def load_tf(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfig, dict[str, Any]]:
+    """Reads a Google BERT TF checkpoint: a directory with `bert_config.json` and
+    `bert_model.ckpt.*` (or a checkpoint prefix with `bert_config.json` beside it)."""
+    report = report if report is not None else tree.LoadReport()
+    try:
+        prefix = resolve_prefix(path)
+        reader = BundleReader(prefix)
+        directory = os.path.dirname(prefix)
+        config_file = os.path.join(directory, "bert_config.json")
+        config = BertConfig.from_dict(tree.read_json_config(config_file, "Google"))
+        report.source, report.format, report.found = path, "Google TF", len(reader.entries)
+        tensors = {}
+        for name in reader.entries:
+            reason = skip_reason(name)
+            if reason:
+                report.skipped[name] = reason
+            else:
+                tensors[tf_to_path(name)] = reader.read(name)
+    except CheckpointFormatError as e:
+        raise tree.ConversionError(str(e)) from None
+    params = tree.collect(tensors, config, prefix, report)
+    tree.check_vocab_file(directory, config)
+    return config, params
+
+
+def save_tf(config: BertConfig, params: dict[str, Any], path: str) -> None:
+    """Writes a Google-style TF checkpoint directory: `bert_config.json`, `bert_model.ckpt.*`."""
+    os.makedirs(path, exist_ok=True)
+    tensors = {path_to_tf(p): np.asarray(v)
+               for p, v in tree.flatten(tree.unstack_layers(params)).items()}
+    write_bundle(os.path.join(path, "bert_model.ckpt"), tensors)
+    fields = bert_model.ARCHITECTURE_FIELDS + ("hidden_dropout_prob",
+                                               "attention_probs_dropout_prob", "initializer_range")
+    tree.write_json(os.path.join(path, "bert_config.json"),
+                    {name: getattr(config, name) for name in fields})

@@ -1,4 +1,4 @@
-"""The reference for `python -m bertjax.bench --compare=hf`: Hugging Face `transformers`
+"""The reference for `python -m bertjax.tools.bench --compare=hf`: Hugging Face `transformers`
 `BertForPreTraining` (PyTorch) trained on the same config and batch.
 
 Imported only when the comparison is asked for: torch and transformers are not bertjax

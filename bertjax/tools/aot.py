@@ -1,6 +1,6 @@
 """Compile the train step for a target mesh on fake CPU devices, before renting a TPU:
 
-    python -m bertjax.aot --config=configs/large.py --num_devices=32 \
+    python -m bertjax.tools.aot --config=configs/large.py --num_devices=32 \
         --config.mesh.data=1 --config.mesh.fsdp=-1 [--phases=long]
 
 Nothing is materialised: the train state and the batches are abstract (shapes, dtypes and
@@ -18,8 +18,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from bertjax import memory, sharding, steps, train
-from bertjax.data import pipeline
+from bertjax import memory, schedule, sharding, steps, train
 from bertjax.state import create_train_state
 
 
@@ -33,7 +32,7 @@ def compile_train_step(config, devices: list[jax.Device],
     _, abstract_state, state_shardings = create_train_state(
         model, tx, jax.random.PRNGKey(0), example, mesh, materialize=False)
     memory.check_shardable(model.config, abstract_state.params, mesh)
-    phases = [p for p in pipeline.phases_from_config(config)
+    phases = [p for p in schedule.phases(config.train, config.data, config.long_phase)
               if not phase_names or p.name in phase_names]
     print(memory.report(model, abstract_state, mesh, phases), flush=True)
     train_step = steps.jit_train_step(

@@ -1,0 +1,149 @@
+"""Hugging Face `transformers` BERT checkpoints <-> bertjax parameters (no torch needed for
+safetensors): Dense kernels are transposed ([out, in] in PyTorch) and names mapped; the
+decoder weight tied to the word embeddings is checked, not stored twice."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+from bertjax import model as bert_model
+from bertjax.interop import tree
+from bertjax.model import BertConfig
+
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                  "relu": "relu"}
+TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+# Hugging Face tensors that duplicate (tie) another one, and buffers that are not weights.
+HF_TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+           "cls.predictions.decoder.bias": "cls.predictions.bias"}
+HF_BUFFERS = ("bert.embeddings.position_ids",)
+
+
+def path_to_hf(path: str) -> tuple[str, bool]:
+    """The Hugging Face name of a bertjax path, and whether the tensor is transposed."""
+    special = {"predictions/output_bias": "cls.predictions.bias",
+               "seq_relationship/output_weights": "cls.seq_relationship.weight",
+               "seq_relationship/output_bias": "cls.seq_relationship.bias"}
+    if path in special:
+        return special[path], False
+    name = re.sub(r"^(predictions|seq_relationship)/", r"cls/\1/", path)
+    name = re.sub(r"encoder/layer_(\d+)/", r"encoder/layer/\1/", name)
+    transpose = name.endswith("/kernel")
+    name = re.sub(r"/(kernel|scale)$", "/weight", name)
+    if name.endswith("_embeddings"):
+        name += "/weight"
+    return name.replace("/", "."), transpose
+
+
+def hf_config(values: dict[str, Any], where: str) -> BertConfig:
+    if values.get("model_type", "bert") != "bert":
+        raise tree.ConversionError(f"{where}: model_type={values['model_type']!r}; only BERT is "
+                              "supported")
+    if values.get("position_embedding_type", "absolute") != "absolute":
+        raise tree.ConversionError(f"{where}: position_embedding_type="
+                              f"{values['position_embedding_type']!r}; only 'absolute' is BERT's")
+    if values.get("is_decoder") or values.get("add_cross_attention"):
+        raise tree.ConversionError(f"{where}: decoder/cross-attention BERT is not supported")
+    act = values.get("hidden_act", "gelu")
+    if act not in HF_ACTIVATIONS:
+        raise tree.ConversionError(f"{where}: hidden_act={act!r}; supported: {sorted(HF_ACTIVATIONS)}")
+    return BertConfig.from_dict({**values, "hidden_act": HF_ACTIVATIONS[act]})
+
+
+def read_tensors(directory: str) -> dict[str, np.ndarray]:
+    """All tensors of a HF model directory: safetensors (single or sharded) or, with torch,
+    `pytorch_model.bin`."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    def load(name: str) -> dict[str, np.ndarray]:
+        path = os.path.join(directory, name)
+        try:
+            return load_file(path)
+        except (SafetensorError, OSError) as e:
+            raise tree.ConversionError(f"cannot read {path} ({e}): the file is missing, truncated or "
+                                  "not safetensors; download it again") from None
+
+    if os.path.isfile(os.path.join(directory, "model.safetensors")):
+        return load("model.safetensors")
+    index_path = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.isfile(index_path):
+        shards = sorted(set(tree.read_json_config(index_path, "sharded")["weight_map"].values()))
+        return {k: v for shard in shards for k, v in load(shard).items()}
+    bin_path = os.path.join(directory, "pytorch_model.bin")
+    if os.path.isfile(bin_path):
+        try:
+            import torch
+        except ImportError:
+            raise tree.ConversionError(f"{bin_path} needs PyTorch to read (pip install torch==2.13.0), "
+                                  "or convert it to model.safetensors") from None
+        try:
+            state = torch.load(bin_path, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises several types for damaged files
+            raise tree.ConversionError(f"cannot read {bin_path}: {e}") from None
+        # numpy has no bfloat16: such tensors are widened to float32.
+        return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+                for k, v in state.items()}
+    raise tree.ConversionError(f"{directory}: no Hugging Face weights ({', '.join(HF_WEIGHT_FILES)})")
+
+
+def load_hf(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfig, dict[str, Any]]:
+    """Reads a Hugging Face BERT directory (`config.json` + `model.safetensors`, sharded
+    safetensors, or `pytorch_model.bin` when torch is installed)."""
+    report = report if report is not None else tree.LoadReport()
+    config = hf_config(tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face"), path)
+    tensors = read_tensors(path)
+    if tensors and not any(k.startswith("bert.") for k in tensors):  # saved from BertModel
+        tensors = {"bert." + k: v for k, v in tensors.items()}
+    # Old checkpoints name LayerNorm parameters gamma/beta.
+    tensors = {re.sub(r"LayerNorm\.beta$", "LayerNorm.bias",
+                      re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)): v
+               for k, v in tensors.items()}
+    report.source, report.format, report.found = path, "Hugging Face", len(tensors)
+    by_hf_name = {path_to_hf(p)[0]: p for p in tree.param_shapes(config)}
+    mapped = {}
+    for name, value in tensors.items():
+        if name in by_hf_name:
+            path_, transpose = by_hf_name[name], path_to_hf(by_hf_name[name])[1]
+            mapped[path_] = np.ascontiguousarray(value.T) if transpose else value
+        elif name in HF_TIED:
+            tied_to = tensors.get(HF_TIED[name])
+            if tied_to is not None and not np.array_equal(value, tied_to):
+                raise tree.ConversionError(f"{path}: {name} differs from {HF_TIED[name]}; bertjax "
+                                      "ties them as the original BERT does, so it cannot hold "
+                                      "these weights")
+            report.skipped[name] = f"tied to {HF_TIED[name]}"
+        elif name in HF_BUFFERS:
+            report.skipped[name] = "buffer, not a weight"
+        elif name.startswith(("bert.", "cls.")):
+            mapped[name] = value  # reported by _collect as not fitting the config
+        else:
+            report.skipped[name] = "not a BertForPreTraining weight"
+    params = tree.collect(mapped, config, path, report)
+    tree.check_vocab_file(path, config)
+    return config, params
+
+
+def save_hf(config: BertConfig, params: dict[str, Any], path: str) -> None:
+    """Writes `config.json` + `model.safetensors` that `transformers.BertForPreTraining
+    .from_pretrained(path)` loads with no missing or unexpected weights (no torch needed)."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(path, exist_ok=True)
+    tensors = {}
+    for p, value in tree.flatten(tree.unstack_layers(params)).items():
+        name, transpose = path_to_hf(p)
+        value = np.asarray(value)
+        tensors[name] = np.ascontiguousarray(value.T if transpose else value)
+    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    values = bert_model.architecture(config)
+    values.update(hidden_act=TO_HF_ACTIVATION[config.hidden_act],
+                  hidden_dropout_prob=config.hidden_dropout_prob,
+                  attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+                  initializer_range=config.initializer_range, model_type="bert",
+                  architectures=["BertForPreTraining"], tie_word_embeddings=True, pad_token_id=0)
+    tree.write_json(os.path.join(path, "config.json"), values)

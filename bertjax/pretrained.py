@@ -1,0 +1,266 @@
+"""Load a pretrained BERT and its tokenizer from any checkpoint: a bertjax pretraining run
+(workdir or `checkpoints/`), a params-only bertjax checkpoint, a Google TF checkpoint or a
+Hugging Face directory. The one place that reads pretrained weights (`load_pretrained`) and
+decides which architecture (`bert_config_of`) and tokenizer (`tokenizer_of`) go with them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+
+from bertjax import checkpoint
+from bertjax import model as bert_model
+from bertjax.data import pipeline, tokenization
+from bertjax.interop import hf, native, tf, tree
+from bertjax.interop.tree import ConversionError
+from bertjax.model import BertConfig
+
+FORMATS = ("tf", "hf", "bertjax")
+LOADERS = {"tf": tf.load_tf, "hf": hf.load_hf, "bertjax": native.load_bertjax}
+
+
+class PretrainedError(ValueError):
+    """No model or tokenizer can be taken from the given sources; the message says what to set."""
+
+
+def detect_format(path: str) -> str:
+    """'tf', 'hf' or 'bertjax', from the files at `path`."""
+    if os.path.isfile(path + ".index") or path.endswith(".index"):
+        return "tf"
+    if os.path.isdir(path):
+        names = set(os.listdir(path))
+        if "config.json" in names and names & set(hf.HF_WEIGHT_FILES):
+            return "hf"
+        if any(n.endswith(".index") for n in names):
+            return "tf"
+        if "checkpoints" in names or any(n.isdigit() for n in names):
+            return "bertjax"
+    if not os.path.exists(path):
+        raise ConversionError(f"{path} does not exist")
+    raise ConversionError(
+        "cannot tell the checkpoint format of " + path + ": expected a Google TF checkpoint "
+        "(bert_config.json + bert_model.ckpt.index/.data-*), a Hugging Face directory "
+        "(config.json + model.safetensors or pytorch_model.bin) or a bertjax checkpoint directory")
+
+
+def google_or_hf(path: str) -> bool:
+    """Whether `path` is a Google TF or Hugging Face checkpoint (else a bertjax run)."""
+    try:
+        return bool(path) and detect_format(path) != "bertjax"
+    except ConversionError:
+        return False  # not a checkpoint at all: the bertjax reader names the problem
+
+
+def read(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfig, dict[str, Any]]:
+    """Any supported checkpoint (format detected) as `(config, numpy params)`, unrolled layers."""
+    return LOADERS[detect_format(path)](path, report)
+
+
+@functools.lru_cache(maxsize=1)
+def _read_once(path: str) -> tuple[BertConfig, dict[str, Any]]:
+    """`read(path)`, once per process (every fine-tuning seed loads the same weights)."""
+    return read(path)
+
+
+def check_architecture(found: BertConfig, run: BertConfig, where: str) -> None:
+    """Refuses a checkpoint whose architecture differs from the run's model config."""
+    diffs = [f"{f}: checkpoint {getattr(found, f)!r}, config.model {getattr(run, f)!r}"
+             for f in bert_model.ARCHITECTURE_FIELDS if getattr(found, f) != getattr(run, f)]
+    if diffs:
+        raise ConversionError(f"init_checkpoint {where} does not fit the model config:\n  "
+                              + "\n  ".join(diffs)
+                              + "\nSet config.model.* to the checkpoint's values.")
+
+
+def load_pretrained(path: str, abstract_params: dict[str, Any], model_config: BertConfig,
+                    reuse: bool = False) -> Any:
+    """The parameters of the checkpoint at `path` (any format) for a model of `model_config`,
+    placed like `abstract_params`: the whole BertForPreTraining tree (pretraining from a
+    checkpoint) or some of its top-level entries (`{"bert": ...}`: a fine-tuned model's
+    encoder). A bertjax checkpoint in the same layer layout is read straight into the shards.
+    `reuse` keeps the last checkpoint read on the host for the next call (fine-tuning seeds)."""
+    if detect_format(path) == "bertjax":
+        directory = native.checkpoint_dir(path)
+        found = native.config_of(directory)
+        check_architecture(found, model_config, path)
+        if found.scan_layers == model_config.scan_layers:
+            return checkpoint.restore_params(directory, abstract_params)
+    found, params = _read_once(path) if reuse else read(path)
+    check_architecture(found, model_config, path)
+    if model_config.scan_layers:
+        params = tree.stack_layers(params)
+    return jax.tree.map(lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
+                        {name: params[name] for name in abstract_params}, abstract_params)
+
+
+def abstract_params_on_one_device(model: nn.Module) -> Any:
+    """The model's parameter shapes, placed on the first device (a restore target)."""
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                        bert_model.abstract_params(model))
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where a model and its tokenizer come from, and what a run changes of the model: the
+    fields of the same names in a fine-tuning config (configs/finetune/common.py)."""
+
+    init_checkpoint: str = ""  # bertjax run, Google TF or Hugging Face checkpoint
+    model_config: str = ""  # bert_config.json: architecture without (or overriding) one
+    vocab_file: str = ""  # overrides the checkpoint's tokenizer
+    tokenizer: str = ""  # "wordpiece" | "sentencepiece" for vocab_file; empty = by extension
+    do_lower_case: bool = True
+    dtype: str = "float32"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "Source":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
+class PretrainingRun(NamedTuple):
+    """What a run takes from `init_checkpoint`: architecture fields, and for a bertjax run
+    its pretraining config and the fingerprint of the tokenizer it was trained with."""
+
+    model: dict
+    config: ml_collections.ConfigDict | None = None
+    tokenizer_fingerprint: str | None = None
+
+
+def pretraining_run(source: Source) -> PretrainingRun:
+    """The architecture (and bertjax run metadata) of `source.init_checkpoint`."""
+    if not source.init_checkpoint:
+        return PretrainingRun({})
+    if google_or_hf(source.init_checkpoint):  # architecture from bert_config.json/config.json
+        return PretrainingRun(dataclasses.asdict(_read_once(source.init_checkpoint)[0]))
+    try:
+        meta = checkpoint.read_meta(native.checkpoint_dir(source.init_checkpoint))
+    except FileNotFoundError as e:
+        raise PretrainedError(f"init_checkpoint={source.init_checkpoint!r}: {e}") from e
+    return PretrainingRun(meta["model"], ml_collections.ConfigDict(json.loads(meta["config"])),
+                          meta.get("tokenizer"))
+
+
+def bert_config_of(source: Source, pretrain: PretrainingRun) -> BertConfig:
+    """Architecture from the checkpoint (or `model_config` JSON), dropout/dtype from `source`."""
+    values = dict(pretrain.config.model.to_dict()) if pretrain.config else {}
+    values.update(pretrain.model)
+    if source.model_config:
+        with open(source.model_config, encoding="utf-8") as f:
+            values.update(json.load(f))
+    if not values:
+        raise PretrainedError("set --config.init_checkpoint (a bertjax pretraining run) or "
+                              "--config.model_config (a bert_config.json) to define the model")
+    values.update(dtype=source.dtype, scan_layers=values.get("scan_layers", False),
+                  hidden_dropout_prob=source.hidden_dropout_prob,
+                  attention_probs_dropout_prob=source.attention_probs_dropout_prob)
+    return BertConfig.from_dict(values)
+
+
+def tokenizer_of(source: Source, pretrain: PretrainingRun) -> tokenization.Tokenizer:
+    """`vocab_file` if set, else the tokenizer the pretraining run used. With a bertjax
+    checkpoint, the tokenizer must be the one it was pretrained with (same fingerprint)."""
+    if source.vocab_file:
+        kind = source.tokenizer or ("sentencepiece" if source.vocab_file.endswith(".model")
+                                    else "wordpiece")
+        tokenizer = tokenization.load_tokenizer(kind, source.vocab_file, source.do_lower_case)
+    elif google_or_hf(source.init_checkpoint):  # Google and HF directories ship vocab.txt
+        path = source.init_checkpoint
+        vocab = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), "vocab.txt")
+        if not os.path.isfile(vocab):
+            raise PretrainedError(f"no vocab.txt beside init_checkpoint={path!r}; pass "
+                                  "--config.vocab_file=PATH")
+        validate_case(path, source.do_lower_case, vocab)
+        return tokenization.load_tokenizer("wordpiece", vocab, source.do_lower_case)
+    elif pretrain.config is None:
+        raise PretrainedError("set --config.vocab_file (no init_checkpoint to take the "
+                              "tokenizer from)")
+    else:
+        tokenizer = _pretraining_tokenizer(source, pretrain)
+    expected = pretrain.tokenizer_fingerprint
+    if expected and tokenizer.fingerprint() != expected:
+        what = (f"vocab_file={source.vocab_file!r}" if source.vocab_file
+                else "the tokenizer rebuilt from the pretraining corpus")
+        raise PretrainedError(f"{what} is not the tokenizer init_checkpoint="
+                              f"{source.init_checkpoint!r} was pretrained with (fingerprint "
+                              f"{tokenizer.fingerprint()[:12]}, checkpoint {expected[:12]}); "
+                              "pass --config.vocab_file=PATH to that run's vocabulary or .model "
+                              "file (with its do_lower_case)")
+    return tokenizer
+
+
+def _pretraining_tokenizer(source: Source, pretrain: PretrainingRun) -> tokenization.Tokenizer:
+    """The pretraining run's tokenizer: its vocab_file, else the SentencePiece model in its
+    data cache whose fingerprint the checkpoint recorded (found even if the corpus has since
+    moved or been touched), else one trained again from the corpus."""
+    data = pretrain.config.data
+    workdir = os.path.dirname(native.checkpoint_dir(source.init_checkpoint).rstrip("/"))
+    cache_dir = data.cache_dir or os.path.join(workdir, "data")
+    if not data.vocab_file and pretrain.tokenizer_fingerprint and os.path.isdir(cache_dir):
+        for name in sorted(os.listdir(cache_dir)):
+            if name.startswith("sentencepiece_") and name.endswith(".model"):
+                candidate = tokenization.SentencePieceTokenizer(os.path.join(cache_dir, name))
+                if candidate.fingerprint() == pretrain.tokenizer_fingerprint:
+                    return candidate
+    if not data.vocab_file and not os.path.isdir(cache_dir):
+        raise PretrainedError(f"the pretraining run's SentencePiece model is not in {cache_dir}; "
+                              "pass --config.vocab_file=PATH.model")
+    try:
+        return pipeline.load_or_train_tokenizer(data, cache_dir)
+    except (pipeline.DataError, OSError) as e:
+        raise PretrainedError(f"cannot rebuild the tokenizer of init_checkpoint="
+                              f"{source.init_checkpoint!r} ({e}); pass "
+                              "--config.vocab_file=PATH") from e
+
+
+def checkpoint_case(path: str) -> bool | None:
+    """True/False if a path names an uncased/cased model (Google's `uncased_L-12_H-768_A-12`,
+    `multi_cased_...`, HF's `bert-base-cased`), None if it does not say."""
+    for part in reversed(os.path.normpath(os.path.abspath(path)).split(os.sep)):
+        match = re.search(r"(?:^|[^a-z])(uncased|cased)(?:$|[^a-z])", part.lower())
+        if match:
+            return match.group(1) == "uncased"
+    return None
+
+
+def validate_case(path: str, do_lower_case: bool, vocab_file: str = "") -> None:
+    """Google's `validate_case_matches_checkpoint`: an uncased model with a cased tokenizer
+    (or the reverse) trains on text it never saw. Also refuses lower-casing with a vocab
+    that holds upper-case tokens (those could never be produced)."""
+    lowered = checkpoint_case(path)
+    if lowered is not None and lowered != do_lower_case:
+        kind = "an uncased" if lowered else "a cased"
+        raise ConversionError(
+            f"init_checkpoint {path} is {kind} model but data.do_lower_case={do_lower_case}; "
+            f"set --config.data.do_lower_case={lowered}")
+    if do_lower_case and vocab_file and vocab_file.endswith(".txt"):
+        with open(vocab_file, encoding="utf-8", errors="replace") as f:
+            upper = sum(1 for t in f if not t.startswith("[") and t.strip().lower() != t.strip())
+        if upper > 100:
+            raise ConversionError(
+                f"{vocab_file} is a cased vocab ({upper} tokens with upper-case letters) but "
+                "data.do_lower_case=True would never produce them; set "
+                "--config.data.do_lower_case=False")
+
+
+def check_run_tokenizer(path: str, data_config: Any, tokenizer_vocab_size: int,
+                        model_vocab_size: int) -> None:
+    """A run from a pretrained checkpoint must tokenize as the checkpoint was trained: the
+    same vocabulary size and, for WordPiece, the same casing (`data_config`: config.data)."""
+    if tokenizer_vocab_size != model_vocab_size:
+        raise ConversionError(
+            f"the tokenizer has {tokenizer_vocab_size} tokens but config.model.vocab_size (and "
+            f"init_checkpoint {path}) has {model_vocab_size}; use the checkpoint's vocab file")
+    if data_config.tokenizer == "wordpiece":
+        validate_case(path, data_config.do_lower_case, data_config.vocab_file)

@@ -1,0 +1,43 @@
+"""The phase schedule (90% of the steps at length 128, 10% at 512) and the data position."""
+from bertjax import schedule
+from bertjax.schedule import DataPosition, Phase
+
+from test_pipeline import BATCH, LONG_PREDS, LONG_SEQ, PREDS, SEQ, make_config, phases_of
+
+
+def test_phases_split_total_steps_90_10():
+    config = make_config("unused", **{"train.total_steps": 1000})
+    short, long = phases_of(config)
+    assert short == Phase("short", SEQ, PREDS, BATCH, 0, 900)
+    assert long == Phase("long", LONG_SEQ, LONG_PREDS, BATCH, 900, 1000)
+
+
+def test_long_phase_batch_size_and_rounding():
+    config = make_config("unused", **{"train.total_steps": 7, "long_phase.global_batch_size": 8})
+    short, long = phases_of(config)
+    assert (short.start_step, short.end_step, short.global_batch_size) == (0, 6, BATCH)
+    assert (long.start_step, long.end_step, long.global_batch_size) == (6, 7, 8)
+
+
+def test_single_phase_when_long_fraction_is_zero_or_one():
+    (only,) = phases_of(make_config("unused", **{"long_phase.fraction": 0.0}))
+    assert only == Phase("short", SEQ, PREDS, BATCH, 0, 100)
+    (only,) = phases_of(make_config("unused", **{"long_phase.fraction": 1.0}))
+    assert only == Phase("long", LONG_SEQ, LONG_PREDS, BATCH, 0, 100)
+
+
+def test_phase_at_boundaries():
+    phases = phases_of(make_config("unused"))
+    assert [schedule.phase_at(phases, s).name for s in (0, 1, 89, 90, 91, 99, 100, 10**6)] == [
+        "short", "short", "short", "long", "long", "long", "long", "long"]
+    (only,) = phases_of(make_config("unused", **{"long_phase.fraction": 0.0}))
+    assert schedule.phase_at([only], 0) is only and schedule.phase_at([only], 500) is only
+
+
+def test_data_position_round_trips_and_follows_a_changed_schedule():
+    position = DataPosition("short", 7)
+    assert DataPosition.from_dict(position.as_dict()) == position
+    assert position.as_dict() == {"phase": "short", "batch_index": 7}  # the checkpoint's JSON
+    phases = phases_of(make_config("unused"))  # short: steps 0-89, long: 90-99
+    assert schedule.consistent_position(position, 7, phases) is position
+    assert schedule.consistent_position(position, 95, phases) == DataPosition("long", 5)
