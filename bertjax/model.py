@@ -13,11 +13,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import zlib
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from bertjax import attention
+from bertjax.dropout import Dropout
 
 # Logical axis names: parameters.
 VOCAB = "vocab"
@@ -38,16 +42,12 @@ ACT_EMBED = "act_embed"
 ACT_QKV = "act_qkv"
 ACT_MLP = "act_mlp"
 
-ATTENTION_MASK_VALUE = -10000.0  # the original additive mask, not -inf
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
-
-ATTENTION_IMPLS = ("einsum", "xla", "cudnn")
-
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
@@ -69,10 +69,11 @@ class BertConfig:
     param_dtype: str = "float32"
     scan_layers: bool = False  # nn.scan over layers: faster compiles, stacked [layers, ...] params
     remat_policy: str = "none"  # one of REMAT_POLICIES
-    # "einsum": explicit softmax(QK^T)V with attention dropout (the original); "xla" / "cudnn":
-    # jax.nn.dot_product_attention (cuDNN's fused kernel on GPU), which has no attention
-    # dropout, so training with it needs attention_probs_dropout_prob=0.
-    attention_impl: str = "einsum"
+    # One of attention.ATTENTION_IMPLS; "auto" picks per backend when the model is traced.
+    attention_impl: str = "auto"
+    # The MLM output projection runs on the vocabulary padded to a multiple of this (e.g. 128
+    # for aligned GPU/TPU matmuls); parameters and logits keep vocab_size. 1 = no padding.
+    vocab_pad_multiple: int = 1
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
@@ -81,9 +82,11 @@ class BertConfig:
                 f"num_attention_heads={self.num_attention_heads}")
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act={self.hidden_act!r}; choose one of {sorted(ACTIVATIONS)}")
-        if self.attention_impl not in ATTENTION_IMPLS:
+        if self.attention_impl not in attention.ATTENTION_IMPLS:
             raise ValueError(f"attention_impl={self.attention_impl!r}; choose one of "
-                             f"{list(ATTENTION_IMPLS)}")
+                             f"{list(attention.ATTENTION_IMPLS)}")
+        if self.vocab_pad_multiple < 1:
+            raise ValueError(f"vocab_pad_multiple={self.vocab_pad_multiple} must be >= 1")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(
                 f"remat_policy={self.remat_policy!r}; choose one of {sorted(REMAT_POLICIES)}")
@@ -103,6 +106,10 @@ class BertConfig:
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    def resolved_attention_impl(self, backend: str | None = None) -> str:
+        """The implementation `attention_impl` means on `backend` (default: JAX's default)."""
+        return attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend)
 
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -157,7 +164,7 @@ class BertEmbeddings(nn.Module):
             "token_type_embeddings", _init(cfg, (TOKEN_TYPE, EMBED)),
             (cfg.type_vocab_size, cfg.hidden_size), cfg.param_dtype)
         self.layer_norm = _layer_norm(cfg)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def __call__(self, input_ids_BxL: jax.Array, token_type_ids_BxL: jax.Array,
                  deterministic: bool) -> jax.Array:
@@ -174,12 +181,13 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
-    """Multi-head self-attention; softmax and mask in float32."""
+    """Multi-head self-attention over the padding mask `[B, L]` (1 = real token), which must be
+    a prefix of ones per row as in every BERT input; softmax and mask in float32."""
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array, mask_bias_Bx1x1xL: jax.Array,
+    def __call__(self, x_BxLxH: jax.Array, attention_mask_BxL: jax.Array,
                  deterministic: bool) -> jax.Array:
         cfg = self.config
         batch, length, _ = x_BxLxH.shape
@@ -190,23 +198,18 @@ class BertSelfAttention(nn.Module):
             return y_BxLxH.reshape(batch, length, cfg.num_attention_heads, cfg.head_size)
 
         q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = project("query"), project("key"), project("value")
-        if cfg.attention_impl != "einsum":
-            if not deterministic and cfg.attention_probs_dropout_prob > 0:
-                raise ValueError(
-                    f"attention_impl={cfg.attention_impl!r} has no attention dropout; train with "
-                    "attention_probs_dropout_prob=0 or attention_impl='einsum'")
-            context_BxLxNxD = jax.nn.dot_product_attention(
-                q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, bias=mask_bias_Bx1x1xL.astype(q_BxLxNxD.dtype),
-                implementation=cfg.attention_impl)
-            return context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
-        scores_BxNxLxL = jnp.einsum("bqnd,bknd->bnqk", q_BxLxNxD, k_BxLxNxD,
-                                    preferred_element_type=jnp.float32)
-        scores_BxNxLxL = scores_BxNxLxL / jnp.sqrt(jnp.float32(cfg.head_size))
-        probs_BxNxLxL = jax.nn.softmax(scores_BxNxLxL + mask_bias_Bx1x1xL, axis=-1)
-        probs_BxNxLxL = nn.Dropout(cfg.attention_probs_dropout_prob)(
-            probs_BxNxLxL, deterministic=deterministic)
-        context_BxLxNxD = jnp.einsum("bnqk,bknd->bqnd", probs_BxNxLxL.astype(cfg.dtype),
-                                     v_BxLxNxD)
+        impl = cfg.resolved_attention_impl()
+        dropout_rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
+        if impl == "einsum":
+            context_BxLxNxD = attention.einsum_attention(
+                q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, attention.mask_bias(attention_mask_BxL),
+                functools.partial(Dropout(dropout_rate), deterministic=deterministic))
+        else:
+            # cuDNN's dropout seed is static: one per layer, from the module's path.
+            seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31
+            context_BxLxNxD = attention.fused_attention(
+                impl, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD,
+                attention.sequence_lengths(attention_mask_BxL), dropout_rate, seed)
         return context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
 
 
@@ -220,7 +223,7 @@ class BertDenseOutput(nn.Module):
     def __call__(self, y: jax.Array, residual_BxLxH: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
         y_BxLxH = _dense(cfg, cfg.hidden_size, (self.input_axis, EMBED), "dense")(y)
-        y_BxLxH = nn.Dropout(cfg.hidden_dropout_prob)(y_BxLxH, deterministic=deterministic)
+        y_BxLxH = Dropout(cfg.hidden_dropout_prob)(y_BxLxH, deterministic=deterministic)
         out_BxLxH = _layer_norm(cfg)(y_BxLxH + residual_BxLxH)
         return _constrain(out_BxLxH.astype(cfg.dtype), (BATCH, LENGTH, ACT_EMBED))
 
@@ -229,9 +232,9 @@ class BertAttention(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BxLxH, mask_bias_Bx1x1xL, deterministic: bool) -> jax.Array:
+    def __call__(self, x_BxLxH, attention_mask_BxL, deterministic: bool) -> jax.Array:
         context = BertSelfAttention(self.config, name="self")(
-            x_BxLxH, mask_bias_Bx1x1xL, deterministic)
+            x_BxLxH, attention_mask_BxL, deterministic)
         return BertDenseOutput(self.config, QKV, name="output")(context, x_BxLxH, deterministic)
 
 
@@ -244,10 +247,10 @@ class BertLayer(nn.Module):
     emit_output: bool = False
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array, mask_bias_Bx1x1xL: jax.Array):
+    def __call__(self, x_BxLxH: jax.Array, attention_mask_BxL: jax.Array):
         cfg = self.config
         attended_BxLxH = BertAttention(cfg, name="attention")(
-            x_BxLxH, mask_bias_Bx1x1xL, self.deterministic)
+            x_BxLxH, attention_mask_BxL, self.deterministic)
         intermediate_BxLxF = BertIntermediate(cfg, name="intermediate")(attended_BxLxH)
         out_BxLxH = BertDenseOutput(cfg, MLP, name="output")(
             intermediate_BxLxF, attended_BxLxH, self.deterministic)
@@ -278,7 +281,7 @@ class BertEncoder(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array, mask_bias_Bx1x1xL: jax.Array,
+    def __call__(self, x_BxLxH: jax.Array, attention_mask_BxL: jax.Array,
                  deterministic: bool, all_layers: bool = False) -> jax.Array:
         cfg = self.config
         self.sow("intermediates", "embedding_output", x_BxLxH)  # no-op unless made mutable
@@ -293,12 +296,12 @@ class BertEncoder(nn.Module):
                 in_axes=nn.broadcast, length=cfg.num_hidden_layers,
                 metadata_params={nn.PARTITION_NAME: LAYERS})
             x_BxLxH, layers_NxBxLxH = stack(cfg, deterministic, all_layers, name="layers")(
-                x_BxLxH, mask_bias_Bx1x1xL)
+                x_BxLxH, attention_mask_BxL)
             return layers_NxBxLxH if all_layers else x_BxLxH
         outputs = []
         for i in range(cfg.num_hidden_layers):
             x_BxLxH, _ = layer_cls(cfg, deterministic, name=f"layer_{i}")(
-                x_BxLxH, mask_bias_Bx1x1xL)
+                x_BxLxH, attention_mask_BxL)
             outputs.append(x_BxLxH)
         return jnp.stack(outputs) if all_layers else x_BxLxH
 
@@ -312,12 +315,6 @@ class BertPooler(nn.Module):
     def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
         cfg = self.config
         return jnp.tanh(_dense(cfg, cfg.hidden_size, (EMBED, EMBED_OUT), "dense")(x_BxLxH[:, 0]))
-
-
-def attention_mask_bias(attention_mask_BxL: jax.Array) -> jax.Array:
-    """The original additive mask `(1 - mask) * -10000`, broadcastable over heads and queries."""
-    mask = attention_mask_BxL.astype(jnp.float32)
-    return ((1.0 - mask) * ATTENTION_MASK_VALUE)[:, None, None, :]
 
 
 class BertModel(nn.Module):
@@ -335,7 +332,7 @@ class BertModel(nn.Module):
                  all_layers: bool = False):
         """With `all_layers`, returns `(layers [num_layers, B, L, H], pooled)` instead."""
         x_BxLxH = self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic)
-        x = self.encoder(x_BxLxH, attention_mask_bias(attention_mask_BxL), deterministic,
+        x = self.encoder(x_BxLxH, attention_mask_BxL, deterministic,
                          all_layers)
         return x, self.pooler(x[-1] if all_layers else x)
 
@@ -363,9 +360,12 @@ class BertMaskedLMHead(nn.Module):
         h_BxPxH = BertPredictionTransform(cfg, name="transform")(x_BxPxH)
         output_bias_V = self.param("output_bias", _zeros((VOCAB,)), (cfg.vocab_size,),
                                    cfg.param_dtype)
-        logits_BxPxV = jnp.einsum("bph,vh->bpv", h_BxPxH.astype(cfg.dtype),
-                                  word_embeddings_VxH.astype(cfg.dtype),
-                                  preferred_element_type=jnp.float32)
+        embeddings_VxH = word_embeddings_VxH.astype(cfg.dtype)
+        padding = -cfg.vocab_size % cfg.vocab_pad_multiple
+        if padding:  # a matmul whose output rows are aligned; the padding's logits are cut off
+            embeddings_VxH = jnp.pad(embeddings_VxH, ((0, padding), (0, 0)))
+        logits_BxPxV = jnp.einsum("bph,vh->bpv", h_BxPxH.astype(cfg.dtype), embeddings_VxH,
+                                  preferred_element_type=jnp.float32)[..., :cfg.vocab_size]
         return logits_BxPxV + output_bias_V.astype(jnp.float32)
 
 
@@ -442,7 +442,7 @@ class BertForSequenceClassification(nn.Module):
     def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
         _, pooled_BxH = BertModel(self.config, name="bert")(
             input_ids, token_type_ids, attention_mask, deterministic)
-        pooled_BxH = nn.Dropout(self.config.hidden_dropout_prob)(pooled_BxH, deterministic)
+        pooled_BxH = Dropout(self.config.hidden_dropout_prob)(pooled_BxH, deterministic)
         return output_layer(self, self.config, self.num_labels, pooled_BxH)
 
 
@@ -477,7 +477,7 @@ class BertForTokenClassification(nn.Module):
                     for direction in ("forward", "backward"))
                 x_BxLxH = nn.Bidirectional(forward, backward)(x_BxLxH.astype(jnp.float32),
                                                               seq_lengths=lengths_B)
-        x_BxLxH = nn.Dropout(self.config.hidden_dropout_prob)(x_BxLxH, deterministic)
+        x_BxLxH = Dropout(self.config.hidden_dropout_prob)(x_BxLxH, deterministic)
         return output_layer(self, self.config, self.num_labels, x_BxLxH)
 
 

@@ -30,8 +30,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"  # parameter and optimizer-state dtype
     c.model.scan_layers = False  # nn.scan over layers (faster compile; stacked params)
     c.model.remat_policy = "none"  # "none" | "full" | "dots" | "dots_no_batch"
-    c.model.attention_impl = "einsum"  # "einsum" (with attention dropout) | "xla" | "cudnn"
-    # (jax.nn.dot_product_attention, fused on GPU; needs attention_probs_dropout_prob=0 to train)
+    # "einsum": the reference, attention dropout from the JAX RNG (bit-exact on resume);
+    # "cudnn": cuDNN flash attention, attention dropout from cuDNN's own generator;
+    # "xla": jax.nn.dot_product_attention, needs attention_probs_dropout_prob=0 to train.
+    c.model.attention_impl = "auto"  # "auto" = "cudnn" on GPU with bf16 compute, else "einsum"
+    c.model.vocab_pad_multiple = 1  # MLM projection on the vocab padded to this multiple; 1 = off
 
     c.data = ml_collections.ConfigDict()
     c.data.source = "text"  # "default" (embedded stdlib corpus) | "text" | "tfds"

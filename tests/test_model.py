@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
+from bertjax import attention
 from bertjax import model as M
 from bertjax import sharding
 
@@ -133,7 +134,7 @@ def test_bert_base_and_large_parameter_counts():
 
 
 def test_original_constants():
-    assert SMALL.layer_norm_eps == 1e-12 and M.ATTENTION_MASK_VALUE == -10000.0
+    assert SMALL.layer_norm_eps == 1e-12 and attention.ATTENTION_MASK_VALUE == -10000.0
     x = jnp.linspace(-4, 4, 101)
     np.testing.assert_allclose(M.ACTIVATIONS["gelu"](x), _np_gelu(np.asarray(x, np.float64)),
                                atol=1e-6)
@@ -210,3 +211,20 @@ def test_bad_configs_raise_clear_errors():
     ids = jnp.zeros((1, 30), jnp.int32)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         M.BertForPreTraining(SMALL).init(jax.random.PRNGKey(0), ids, ids, ids, ids[:, :2])
+
+
+def test_vocab_padding_keeps_parameters_and_logits():
+    """`vocab_pad_multiple` pads only the MLM projection: same parameter shapes, same logits."""
+    import dataclasses
+    params = _randomize(_init())
+    ids, segments, mask, positions = _inputs()
+    padded = dataclasses.replace(SMALL, vocab_pad_multiple=128)
+    assert jax.tree.map(jnp.shape, params) == jax.tree.map(
+        jnp.shape, nn.meta.unbox(M.BertForPreTraining(padded).init(
+            jax.random.PRNGKey(0), ids, segments, mask, positions)["params"]))
+    want = M.BertForPreTraining(SMALL).apply({"params": params}, ids, segments, mask, positions)
+    got = M.BertForPreTraining(padded).apply({"params": params}, ids, segments, mask, positions)
+    assert SMALL.vocab_size % 128 and got[0].shape == want[0].shape
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="vocab_pad_multiple"):
+        M.BertConfig(vocab_pad_multiple=0)

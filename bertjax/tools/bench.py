@@ -6,9 +6,10 @@ masked positions) and prints compile time, median step time, sequences/s and tok
 and per chip), model FLOPs per step (`bertjax.flops`), MFU against the device's bf16 peak
 (`--peak_tflops` overrides; CPUs have none) and peak device memory where reported.
 
-`--compare=hf` also trains Hugging Face `BertForPreTraining` (PyTorch, CPU) on the same config
+`--compare=hf` also trains Hugging Face `BertForPreTraining` (PyTorch) on the same config
 and batch, alternating rounds of steps with bertjax in this process, and prints the
-throughput ratio. `--out=benchmarks/NAME.json` records everything with the command, versions
+throughput ratios: eager on the CPU; on a GPU both eager and `torch.compile` (bf16 autocast,
+SDPA attention, fused AdamW), recorded as `speedup_vs_hf_eager` and `speedup_vs_hf_compile`. `--out=benchmarks/NAME.json` records everything with the command, versions
 and machine.
 """
 from __future__ import annotations
@@ -111,10 +112,15 @@ def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, co
     if compare == "hf":
         from bertjax.tools import bench_hf  # torch is imported only here
         opt = config.optimizer
-        trainers["hf"] = bench_hf.HFTrainer(bertjax.model_config, host_batch,
-                                            opt.peak_learning_rate, opt.weight_decay_rate,
-                                            opt.eps, opt.clip_global_norm)
-        trainers["hf"].step()  # warm-up
+        device = "cuda" if jax.default_backend() == "gpu" else "cpu"
+        references = {"hf_eager": False, "hf_compile": True} if device == "cuda" \
+            else {"hf_eager": False}
+        for name, compile_model in references.items():
+            trainers[name] = bench_hf.HFTrainer(
+                bertjax.model_config, host_batch, opt.peak_learning_rate, opt.weight_decay_rate,
+                opt.eps, opt.clip_global_norm, device=device, compile=compile_model)
+            trainers[name].step()  # warm-up (and compilation)
+            trainers[name].step()
     times = _time_rounds(trainers, rounds, steps_per_round)
 
     chips = jax.device_count()
@@ -141,11 +147,12 @@ def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, co
         "peak_memory_bytes": peak_memory_bytes(),
         "bertjax": {**throughput(median, batch_size, length, chips), "step_times_s": times["bertjax"]},
     }
-    if "hf" in trainers:
-        hf_median = statistics.median(times["hf"])
-        result["hf"] = {**throughput(hf_median, batch_size, length, 1),
-                        "step_times_s": times["hf"], **trainers["hf"].describe()}
-        result["speedup_vs_hf"] = hf_median / median
+    for name in (n for n in trainers if n.startswith("hf")):
+        hf_median = statistics.median(times[name])
+        result[name] = {**throughput(hf_median, batch_size, length, 1),
+                        "mfu": flops.mfu(step_flops / hf_median, 1, peak),
+                        "step_times_s": times[name], **trainers[name].describe()}
+        result[f"speedup_vs_{name}"] = hf_median / median
     _print_summary(result, log)
     return result
 
@@ -165,12 +172,12 @@ def _print_summary(r: dict[str, Any], log: Callable[[str], None]) -> None:
     log(f"model {r['model_flops_per_step'] / 1e9:,.2f} GFLOP/step, "
         f"{r['model_tflops_per_second'] * 1e3:,.1f} GFLOP/s; {mfu}; peak memory "
         + (f"{memory / 2**30:.2f} GiB" if memory else "not reported by this backend"))
-    if "hf" in r:
-        h = r["hf"]
-        log(f"hf BertForPreTraining (torch {h['torch']}, {h['torch_threads']} threads): step "
-            f"{h['step_ms']:.1f} ms (median of {len(h['step_times_s'])}), "
-            f"{h['sequences_per_second']:,.1f} seq/s; bertjax / hf throughput "
-            f"{r['speedup_vs_hf']:.2f}x")
+    for name in (n for n in r if n.startswith("hf")):
+        h = r[name]
+        log(f"{name} BertForPreTraining (torch {h['torch']} on {h['device']}, "
+            f"{h['torch_threads']} threads): step {h['step_ms']:.1f} ms (median of "
+            f"{len(h['step_times_s'])}), {h['sequences_per_second']:,.1f} seq/s; bertjax / "
+            f"{name} throughput {r[f'speedup_vs_{name}']:.2f}x")
 
 
 def define_flags() -> None:

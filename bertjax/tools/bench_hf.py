@@ -1,9 +1,11 @@
 """The reference for `python -m bertjax.tools.bench --compare=hf`: Hugging Face `transformers`
-`BertForPreTraining` (PyTorch, CPU) trained on the same config and batch.
+`BertForPreTraining` (PyTorch) trained on the same config and batch.
 
 Imported only when the comparison is asked for: torch and transformers are not bertjax
 dependencies. The step is the library's standard use: the model's own MLM + NSP loss
 (labels -100 outside the masked positions), global-norm clipping and `torch.optim.AdamW`.
+On a GPU it is what a user gets in a few lines: SDPA attention, bf16 autocast when the
+config computes in bf16, fused AdamW, and optionally `torch.compile` of the model.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def hf_config(config: BertConfig) -> transformers.BertConfig:
         attention_probs_dropout_prob=config.attention_probs_dropout_prob,
         max_position_embeddings=config.max_position_embeddings,
         type_vocab_size=config.type_vocab_size, initializer_range=config.initializer_range,
-        layer_norm_eps=config.layer_norm_eps)
+        layer_norm_eps=config.layer_norm_eps, attn_implementation="sdpa")
 
 
 def torch_batch(batch: dict[str, np.ndarray], vocab_size: int) -> dict[str, torch.Tensor]:
@@ -48,29 +50,43 @@ def torch_batch(batch: dict[str, np.ndarray], vocab_size: int) -> dict[str, torc
 
 
 class HFTrainer:
-    """One fp32 training step of `BertForPreTraining` per `step()` call."""
+    """One training step of `BertForPreTraining` per `step()` call, on `device` ("cpu" or
+    "cuda"); `compile=True` runs the model through `torch.compile`."""
 
     def __init__(self, config: BertConfig, batch: dict[str, np.ndarray], learning_rate: float,
-                 weight_decay: float, eps: float, clip_global_norm: float):
+                 weight_decay: float, eps: float, clip_global_norm: float, device: str = "cpu",
+                 compile: bool = False):
         torch.manual_seed(0)
-        self.model = transformers.BertForPreTraining(hf_config(config)).train()
+        self.device = torch.device(device)
+        on_gpu = self.device.type == "cuda"
+        self.model = transformers.BertForPreTraining(hf_config(config)).to(self.device).train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate,
-                                           weight_decay=weight_decay, eps=eps)
+                                           weight_decay=weight_decay, eps=eps, fused=on_gpu)
+        self.forward = torch.compile(self.model) if compile else self.model
+        self.autocast_dtype = (torch.bfloat16 if on_gpu and config.dtype == "bfloat16"
+                               else None)
+        self.compiled = compile
         self.clip = clip_global_norm
-        self.inputs = torch_batch(batch, config.vocab_size)
+        self.inputs = {k: v.to(self.device)
+                       for k, v in torch_batch(batch, config.vocab_size).items()}
 
     def step(self) -> float:
-        """Runs one step; returns its wall-clock seconds."""
+        """Runs one step to completion; returns its wall-clock seconds."""
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model(**self.inputs).loss
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                            enabled=self.autocast_dtype is not None):
+            loss = self.forward(**self.inputs).loss
         loss.backward()
         if self.clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    @staticmethod
-    def describe() -> dict[str, object]:
+    def describe(self) -> dict[str, object]:
         return {"torch": torch.__version__, "transformers": transformers.__version__,
-                "torch_threads": torch.get_num_threads()}
+                "torch_threads": torch.get_num_threads(), "device": str(self.device),
+                "autocast": str(self.autocast_dtype), "torch_compile": self.compiled,
+                "attention": "sdpa", "fused_adamw": self.device.type == "cuda"}
