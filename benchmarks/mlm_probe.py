@@ -38,15 +38,15 @@ def run_bertjax() -> None:
     import jax
     import ml_collections
     from bertjax import optim, sharding, steps
-    from bertjax.model import BertConfig, BertForPreTraining
-    from bertjax.state import create_train_state, pretraining_example_inputs
+    from bertjax.model import BertConfig, BertForPreTraining, example_inputs
+    from bertjax.state import create_train_state
 
     model = BertForPreTraining(BertConfig(**ARCH))
     tx = optim.make_optimizer(ml_collections.ConfigDict(
         dict(peak_learning_rate=LR, warmup_steps=WARMUP, total_steps=STEPS)))
     mesh = sharding.make_mesh({"data": 1})
     state, _, shardings = create_train_state(model, tx, jax.random.PRNGKey(0),
-                                             pretraining_example_inputs(), mesh)
+                                             example_inputs(model), mesh)
     train_step = steps.jit_train_step(steps.make_train_step(model, tx), shardings, mesh)
     with sharding.activate(mesh):
         for step, (inputs, positions, labels, nsp) in zip(range(STEPS), batches()):

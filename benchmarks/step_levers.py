@@ -39,7 +39,7 @@ import numpy as np
 import optax
 
 from bertjax import attention, flops, model as M, optim, sharding, steps
-from bertjax.state import create_train_state, pretraining_example_inputs
+from bertjax.state import create_train_state
 
 LARGE = M.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
                      intermediate_size=4096, dtype="bfloat16")
@@ -145,7 +145,7 @@ def build(config, batch_np, accum=1):
                                 clip_global_norm=1.0)
     tx = optim.make_optimizer(opt)
     state, _, shardings = create_train_state(model, tx, jax.random.PRNGKey(0),
-                                             pretraining_example_inputs(), mesh)
+                                             M.example_inputs(model), mesh)
     step = steps.jit_train_step(steps.make_train_step(model, tx, accum), shardings, mesh)
     with sharding.activate(mesh):
         batch = sharding.global_batch_from_host(batch_np, mesh)

@@ -123,11 +123,6 @@ class Source:
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "Source":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
-
 
 class PretrainingRun(NamedTuple):
     """What a run takes from `init_checkpoint`: architecture fields, and for a bertjax run

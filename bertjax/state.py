@@ -78,11 +78,5 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, rng: 
     return state, abstract_state, shardings
 
 
-def pretraining_example_inputs() -> tuple[jax.Array, ...]:
-    """Inputs for `BertForPreTraining.init`: ids, segments, mask [1, 8] and positions [1, 2]
-    (the parameters do not depend on batch size or length)."""
-    return (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
-
-
 def count_params(params: Any) -> int:
     return sum(x.size for x in jax.tree.leaves(params))

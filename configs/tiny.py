@@ -3,7 +3,7 @@
     python -m bertjax.train --config=configs/tiny.py --workdir=/tmp/bertjax_tiny
 
 The corpus is English text from the installed Python standard library's documentation
-(`bertjax.data.corpus.default_corpus`), tokenized with a SentencePiece model trained on it at
+(`bertjax.data.default_corpus`), tokenized with a SentencePiece model trained on it at
 the first run. Both phases of the recipe run: 90% of steps at 128 tokens, 10% at 256.
 """
 import pathlib

@@ -6,7 +6,7 @@ import random
 import pytest
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 
-from bertjax.data import corpus
+from bertjax.data import corpus, default_corpus, tfds_source
 
 
 def write(path, data: bytes | str):
@@ -196,7 +196,7 @@ def test_tfds_array_record_slices_partition_records(tmp_path):
     name = tfds_fixture.prepare(str(tmp_path))
     stats = corpus.CorpusStats()
     slices = [
-        list(corpus.read_tfds(name, data_dir=str(tmp_path), process_index=i, process_count=2,
+        list(tfds_source.read_tfds(name, data_dir=str(tmp_path), process_index=i, process_count=2,
                               stats=stats))
         for i in range(2)
     ]
@@ -213,15 +213,15 @@ def test_tfds_array_record_slices_partition_records(tmp_path):
 
 def test_tfds_errors_are_actionable(tmp_path):
     with pytest.raises(FileNotFoundError, match="file_format=array_record"):
-        corpus.read_tfds("bertjax_tiny_text", data_dir=str(tmp_path / "unprepared"))
+        tfds_source.read_tfds("bertjax_tiny_text", data_dir=str(tmp_path / "unprepared"))
     name = tfds_fixture.prepare(str(tmp_path / "prepared"))
     with pytest.raises(KeyError, match="available keys: \\['text'\\]"):
-        corpus.read_tfds(name, data_dir=str(tmp_path / "prepared"), text_key="content")
+        tfds_source.read_tfds(name, data_dir=str(tmp_path / "prepared"), text_key="content")
 
 
 @pytest.fixture(scope="module")
 def default_docs():
-    return list(corpus.default_corpus())
+    return list(default_corpus.default_corpus())
 
 
 def test_default_corpus_is_large_english_and_clean(default_docs):
@@ -235,4 +235,4 @@ def test_default_corpus_is_large_english_and_clean(default_docs):
 
 
 def test_default_corpus_is_deterministic(default_docs):
-    assert list(corpus.default_corpus()) == default_docs
+    assert list(default_corpus.default_corpus()) == default_docs

@@ -228,11 +228,11 @@ def test_google_and_hugging_face_checkpoints_initialise_fine_tuning(data_root, t
         (directory / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
         config = small(config_file("glue.py"), data_root, task="sst2",
                        init_checkpoint=str(directory))
-        source = pretrained.Source.from_dict(config.to_dict())
+        source = finetune.typed(pretrained.Source, config)
         pretrain = pretrained.pretraining_run(source)
         assert pretrained.bert_config_of(source, pretrain) == \
-            pretrained.bert_config_of(source, pretrained.pretraining_run(pretrained.Source.from_dict(
-                small(config_file("glue.py"), data_root, task="sst2").to_dict())))
+            pretrained.bert_config_of(source, pretrained.pretraining_run(finetune.typed(
+                pretrained.Source, small(config_file("glue.py"), data_root, task="sst2"))))
         assert pretrained.tokenizer_of(source, pretrain).vocab_size == len(VOCAB)
         loaded = pretrained.load_pretrained(
             str(directory), {"bert": pretrained.abstract_params_on_one_device(BertModel(TINY))},
@@ -241,5 +241,5 @@ def test_google_and_hugging_face_checkpoints_initialise_fine_tuning(data_root, t
     config = small(config_file("glue.py"), data_root, task="sst2",
                    init_checkpoint=str(tmp_path / "uncased_hf"), do_lower_case=False)
     with pytest.raises(ValueError, match="uncased model"):
-        pretrained.tokenizer_of(pretrained.Source.from_dict(config.to_dict()),
+        pretrained.tokenizer_of(finetune.typed(pretrained.Source, config),
                                 pretrained.PretrainingRun({}))

@@ -10,7 +10,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax import checkpoint, guards, train
+from bertjax import checkpoint, guards, reporting, train
 from test_train import corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
 
 
@@ -50,7 +50,7 @@ def test_nan_steps_are_skipped_counted_never_saved_and_k_in_a_row_stop(corpus_fi
         "train.total_steps": 8, "long_phase.fraction": 0.0, "train.checkpoint_every": 1,
         "train.keep_checkpoints": 8, "train.max_nonfinite_steps": 2,
         "train.debug_nan_steps": (3, 5, 6)})
-    with pytest.raises(train.TrainingError, match=r"2 consecutive non-finite steps ending at "
+    with pytest.raises(reporting.TrainingError, match=r"2 consecutive non-finite steps ending at "
                                                   r"step 6 \(batch 5 of phase short\)"):
         run(config, tmp_path)
     records = read_metrics(tmp_path)

@@ -10,11 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from bertjax import train
-from bertjax.data import corpus, pipeline
-from test_pipeline import make_config, only_dir
+from bertjax.data import corpus, default_corpus, loaders, pipeline
+from test_pipeline import make_config, only_dir, phases_of
 
-DOCS = [doc for doc in corpus.default_corpus() if len(doc) >= 2][:60]
+DOCS = [doc for doc in default_corpus.default_corpus() if len(doc) >= 2][:60]
 NORMAL = ("\n\n".join("\n".join(doc) for doc in DOCS) + "\n").encode()
 WORDS = random.Random(0).choices(["alpha", "beta", "gamma", "the", "of"], k=200_000)
 
@@ -49,7 +48,7 @@ def write_inputs(tmp_path, contents: list[bytes]) -> str:
     return ",".join(map(str, paths))
 
 
-def prepare_inputs(tmp_path, input_files: str) -> list[train.PhaseData]:
+def prepare_inputs(tmp_path, input_files: str) -> list[loaders.PhaseData]:
     """What `python -m bertjax.train` runs before training: SentencePiece training on the
     corpus, preparation (cached in tmp_path/cache) and the loaders."""
     config = make_config(input_files, **{
@@ -57,7 +56,8 @@ def prepare_inputs(tmp_path, input_files: str) -> list[train.PhaseData]:
         "data.sentencepiece_vocab_size": 300, "model.vocab_size": 300})
     cache = str(tmp_path / "cache")
     tokenizer = pipeline.load_or_train_tokenizer(config.data, cache)
-    return train.prepare_data(config, tokenizer, cache)
+    return loaders.prepare_data(config.data, phases_of(config), config.model.vocab_size,
+                                tokenizer, cache)
 
 
 @pytest.mark.parametrize("name", HOSTILE)

@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from bertjax import checkpoint, distributed, objectives, optim, sharding, steps, train
-from bertjax.data import corpus, pipeline
-from bertjax.model import BertConfig, BertForPreTraining
+from bertjax import (checkpoint, distributed, objectives, optim, schedule, sharding, steps,
+                     train)
+from bertjax.data import corpus, default_corpus, pipeline
+from bertjax.data.loaders import prepare_data
+from bertjax.model import BertConfig, BertForPreTraining, example_inputs
 from bertjax.state import create_train_state
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -164,7 +166,7 @@ def _tiny_config(corpus_file: str, cache_dir: str) -> ml_collections.ConfigDict:
 
 def test_two_processes_train_like_one(tmp_path):
     corpus_file = tmp_path / "corpus.txt"
-    documents = [doc for doc in corpus.default_corpus() if len(doc) >= 2][:200]
+    documents = [doc for doc in default_corpus.default_corpus() if len(doc) >= 2][:200]
     corpus_file.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n")
     cache_dir, workdir = str(tmp_path / "cache"), str(tmp_path / "run")
     config = _tiny_config(str(corpus_file), cache_dir)
@@ -211,10 +213,14 @@ def test_two_processes_train_like_one(tmp_path):
     assert counts == sorted(len(share) for share in shares), counts
 
     # One process, 8 devices, the same global batches (process 0's rows, then process 1's).
-    loaders = [pd[0].train for pd in (train.prepare_data(config, tokenizer, cache_dir, i, 2)
+    phases = schedule.phases(config.train, config.data, config.long_phase)
+    loaders = [pd[0].train for pd in (prepare_data(config.data, phases, config.model.vocab_size,
+                                                   tokenizer, cache_dir, i, 2)
                                       for i in range(2))]
     mesh = sharding.make_mesh(config.mesh.to_dict())
-    model, tx, example = train.model_and_optimizer(config)
+    model = BertForPreTraining(BertConfig.from_dict(config.model.to_dict()))
+    tx = optim.make_optimizer(optim.optimizer_config(config.optimizer, config.train.total_steps))
+    example = example_inputs(model)
     state, abstract, shardings = create_train_state(
         model, tx, jax.random.PRNGKey(config.train.seed), example, mesh)
     step = steps.jit_train_step(steps.make_train_step(model, tx), shardings, mesh)

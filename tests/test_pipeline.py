@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from bertjax import schedule
-from bertjax.data import tokenization
-from bertjax.data import corpus, pipeline
+from bertjax.data import corpus, default_corpus, loaders, pipeline, tokenization
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 base_config = runpy.run_path(str(REPO_ROOT / "configs" / "base.py"))["get_config"]
@@ -194,7 +193,7 @@ def segments(row: np.ndarray, sep_id: int) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def documents():
-    return list(itertools.islice(corpus.default_corpus(), NUM_DOCS))
+    return list(itertools.islice(default_corpus.default_corpus(), NUM_DOCS))
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +239,7 @@ def dynamic(dynamic_config, sp_tokenizer, tmp_path_factory):
 
 def dynamic_loader(split, tokenizer, seed=12345, batch=32, shuffle=True, whole_word=False):
     masking = (pipeline.specials_of(tokenizer, whole_word), 0.15, PREDS, whole_word)
-    return pipeline.BatchLoader(traced(split), batch, seed, shuffle=shuffle, masking=masking)
+    return loaders.BatchLoader(traced(split), batch, seed, shuffle=shuffle, masking=masking)
 
 
 # ----------------------------------------------------------------------------- prepare
@@ -397,7 +396,7 @@ def test_read_documents_default_source_is_sharded_too(corpus_file):
                                                           corpus.CorpusStats()), 8))
     second_shard = list(itertools.islice(pipeline.read_documents(config.data, 1, 2,
                                                                  corpus.CorpusStats()), 4))
-    assert first == list(itertools.islice(corpus.default_corpus(), 8))
+    assert first == list(itertools.islice(default_corpus.default_corpus(), 8))
     assert second_shard == first[1::2]
 
 
@@ -405,7 +404,7 @@ def test_read_documents_default_source_is_sharded_too(corpus_file):
 
 
 def test_batches_have_local_shapes_and_dtypes(static):
-    loader = pipeline.BatchLoader(static["train"], 8, seed=3)
+    loader = loaders.BatchLoader(static["train"], 8, seed=3)
     batch = loader.batch(0)
     assert set(batch) == set(pipeline.FEATURES)
     for name in ("input_ids", "input_mask", "segment_ids"):
@@ -422,23 +421,23 @@ def test_batches_have_local_shapes_and_dtypes(static):
 
 def test_batches_are_deterministic_in_any_access_order(static):
     split = traced(static["train"])
-    reference = pipeline.BatchLoader(split, 64, seed=5)
+    reference = loaders.BatchLoader(split, 64, seed=5)
     indices = list(range(2 * reference.batches_per_epoch + 3))
     expected = {k: reference.batch(k) for k in indices}
     shuffled = indices[:]
     random.Random(0).shuffle(shuffled)
-    fresh = pipeline.BatchLoader(split, 64, seed=5)
+    fresh = loaders.BatchLoader(split, 64, seed=5)
     for k in shuffled:
         batch = fresh.batch(k)
         for name in expected[k]:
             np.testing.assert_array_equal(batch[name], expected[k][name], err_msg=f"{name} {k}")
-    other_seed = pipeline.BatchLoader(split, 64, seed=6)
+    other_seed = loaders.BatchLoader(split, 64, seed=6)
     assert not np.array_equal(other_seed.batch(0)["row"], expected[0]["row"])
 
 
 def test_each_epoch_is_a_new_permutation_without_repeats(static):
     split = traced(static["train"])
-    loader = pipeline.BatchLoader(split, 64, seed=1)
+    loader = loaders.BatchLoader(split, 64, seed=1)
     per_epoch = loader.batches_per_epoch
     assert per_epoch == len(split) // 64
     epochs = [np.concatenate([loader.batch(e * per_epoch + k)["row"] for k in range(per_epoch)])
@@ -456,7 +455,7 @@ def test_each_epoch_is_a_new_permutation_without_repeats(static):
 
 def test_unshuffled_loader_walks_rows_in_order(static):
     split = traced(static["eval"])
-    loader = pipeline.BatchLoader(split, 16, seed=1, shuffle=False)
+    loader = loaders.BatchLoader(split, 16, seed=1, shuffle=False)
     per_epoch = loader.batches_per_epoch
     np.testing.assert_array_equal(loader.batch(0)["row"], np.arange(16))
     np.testing.assert_array_equal(loader.batch(per_epoch - 1)["row"],
@@ -466,11 +465,11 @@ def test_unshuffled_loader_walks_rows_in_order(static):
 
 def test_resumed_loader_continues_the_same_sequence(static):
     split = traced(static["train"])
-    loader = pipeline.BatchLoader(split, 64, seed=9)
+    loader = loaders.BatchLoader(split, 64, seed=9)
     total = loader.batches_per_epoch + 5  # crosses an epoch boundary
     uninterrupted = list(itertools.islice(iter(loader), total))
     for start in (7, loader.batches_per_epoch - 1, loader.batches_per_epoch + 2):
-        resumed = pipeline.BatchLoader(split, 64, seed=9)
+        resumed = loaders.BatchLoader(split, 64, seed=9)
         for k in range(start, total):
             for name, array in resumed.batch(k).items():
                 np.testing.assert_array_equal(array, uninterrupted[k][name])
@@ -478,7 +477,7 @@ def test_resumed_loader_continues_the_same_sequence(static):
 
 def test_loader_does_not_modify_the_prepared_split(static):
     before = np.array(static["train"].features["input_ids"][:100])
-    loader = pipeline.BatchLoader(static["train"], 32, seed=0)
+    loader = loaders.BatchLoader(static["train"], 32, seed=0)
     batch = loader.batch(0)
     batch["input_ids"][:] = -1
     np.testing.assert_array_equal(static["train"].features["input_ids"][:100], before)
@@ -499,7 +498,7 @@ def test_sharded_preparation_and_loading_across_shards(config, sp_tokenizer, sta
     assert abs(len(train) - len(static["train"])) < 0.2 * len(static["train"])
     all_rows = train.features
     shard_ends = np.cumsum([len(shard["input_ids"]) for shard in train.shards])
-    loader = pipeline.BatchLoader(train, BATCH, seed=3)
+    loader = loaders.BatchLoader(train, BATCH, seed=3)
     for index in (0, 7, loader.batches_per_epoch + 1):
         _, rows = loader._rows(index)
         assert len(np.unique(np.searchsorted(shard_ends, rows, side="right"))) > 1
@@ -531,7 +530,7 @@ def test_dynamic_prepare_stores_unmasked_train_split(dynamic, sp_tokenizer):
     eval_original = check_layout(dynamic["eval"].features, sp_tokenizer, SEQ, PREDS)
     check_masks(dynamic["eval"].features, eval_original, sp_tokenizer, 0.15, PREDS)
     with pytest.raises(ValueError, match="unmasked split needs masking parameters"):
-        pipeline.BatchLoader(train, BATCH, seed=0)
+        loaders.BatchLoader(train, BATCH, seed=0)
 
 
 def test_dynamic_masks_are_a_function_of_seed_epoch_and_row(dynamic, sp_tokenizer):
@@ -647,7 +646,7 @@ def test_corpus_too_small_for_one_batch(sp_tokenizer, documents, tmp_path):
     splits = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
     assert 0 < len(splits["train"]) < 256
     with pytest.raises(pipeline.DataError, match=r"fewer than one batch of 256 per process"):
-        pipeline.BatchLoader(splits["train"], 256, seed=0)
+        loaders.BatchLoader(splits["train"], 256, seed=0)
 
 
 def test_text_source_without_input_files(sp_tokenizer, tmp_path):

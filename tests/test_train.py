@@ -13,8 +13,8 @@ import pytest
 
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
-from bertjax import pretrained, train
-from bertjax.data import corpus
+from bertjax import finetune, pretrained, train
+from bertjax.data import corpus, default_corpus
 from bertjax.model import BertConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +25,7 @@ base_config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "base.py"))["get
 def corpus_file(tmp_path_factory) -> str:
     """Real English text (stdlib documentation) in the original one-sentence-per-line format."""
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    documents = [doc for doc in corpus.default_corpus() if len(doc) >= 2][:300]
+    documents = [doc for doc in default_corpus.default_corpus() if len(doc) >= 2][:300]
     path.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n", encoding="utf-8")
     return str(path)
 
@@ -104,7 +104,7 @@ def test_fine_tuning_takes_the_sentencepiece_model_the_run_recorded(corpus_file,
         "train.total_steps": 4, "long_phase.fraction": 0.0}), str(workdir))
     fine_tune = runpy.run_path(os.path.join(REPO_ROOT, "configs", "finetune", "glue.py"))["get_config"]()
     fine_tune.init_checkpoint = str(workdir)
-    source = lambda: pretrained.Source.from_dict(fine_tune.to_dict())
+    source = lambda: finetune.typed(pretrained.Source, fine_tune)
     pretrain = pretrained.pretraining_run(source())
     assert pretrain.tokenizer_fingerprint
     models = sorted(os.listdir(workdir / "data"))

@@ -44,9 +44,9 @@ class BertjaxDocsText(_TextBuilder):
     """200 real English documents (stdlib documentation), one per record, for training runs."""
 
     def _generate_examples(self):
-        from bertjax.data import corpus
+        from bertjax.data import default_corpus
 
-        documents = (doc for doc in corpus.default_corpus() if len(doc) >= 2)
+        documents = (doc for doc in default_corpus.default_corpus() if len(doc) >= 2)
         for index, document in zip(range(200), documents):
             yield index, {"text": " ".join(document)}
 

@@ -4,9 +4,9 @@ A document is a ``list[str]`` of non-empty, stripped sentences. Three sources:
 
 * ``read_text_files``: local text files, either the original BERT format (one
   sentence per line, blank line between documents) or plain paragraphs.
-* ``read_tfds``: a tensorflow-datasets dataset prepared in ``array_record``
-  format, read by random access without TensorFlow.
-* ``default_corpus``: an offline corpus of real English assembled from the
+* ``tfds_source.read_tfds``: a tensorflow-datasets dataset prepared in
+  ``array_record`` format, read by random access without TensorFlow.
+* ``default_corpus.default_corpus``: an offline corpus of real English assembled from the
   documentation that ships with every Python installation: the language
   reference topics in ``pydoc_data.topics`` plus the docstrings of a fixed list
   of standard-library modules (about 1 MB of text; its exact content depends on
@@ -18,12 +18,9 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import glob
-import importlib
-import inspect
 import os
 import re
 import statistics
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -334,7 +331,7 @@ def _read_one_file(
     return parse(lines)
 
 
-def _counted(
+def counted(
     source: str, documents: Iterable[Document], file_stats: CorpusStats, stats: CorpusStats
 ) -> Iterator[Document]:
     """Counts one source's documents; when it ends or is closed, logs and merges counts."""
@@ -377,222 +374,6 @@ def read_text_files(
         for path in files:
             file_stats = CorpusStats(files=1)
             documents = _read_one_file(path, text_format, file_stats, max_line_chars)
-            yield from _counted(path, documents, file_stats, stats)
+            yield from counted(path, documents, file_stats, stats)
 
     return generate()
-
-
-# ---------------------------------------------------------------------------
-# tensorflow-datasets
-# ---------------------------------------------------------------------------
-
-
-def _text_to_document(text: bytes | str) -> Document:
-    """Splits a text into paragraphs at newlines, then each paragraph into sentences."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", errors="replace")
-    return [s for paragraph in text.splitlines() for s in split_sentences(paragraph.strip())]
-
-
-def _open_tfds_source(name: str, split: str, data_dir: str | None) -> Sequence[Any]:
-    """Returns the random-access data source of a prepared array_record dataset."""
-    import tensorflow_datasets as tfds  # Imported lazily: slow, and only needed here.
-
-    how_to_prepare = (
-        f"Prepare it first with `tfds build {name} --file_format=array_record"
-        + (f" --data_dir={data_dir}`" if data_dir else "`")
-        + ", or pass data_dir= pointing at a directory where it is already prepared."
-    )
-    try:
-        builder = tfds.builder(name, data_dir=data_dir)
-    except tfds.core.DatasetNotFoundError as error:  # neither prepared nor known to this tfds
-        where = data_dir or tfds.core.constants.DATA_DIR
-        raise FileNotFoundError(
-            f"tfds dataset {name!r} is not prepared in {where}, and this tensorflow-datasets "
-            f"has no builder for it. {how_to_prepare}"
-        ) from error
-    if not builder.is_prepared():
-        raise FileNotFoundError(
-            f"tfds dataset {name!r} is not prepared in {builder.data_dir}. {how_to_prepare}"
-        )
-    try:
-        return builder.as_data_source(split=split)
-    except (NotImplementedError, ValueError) as error:
-        raise ValueError(
-            f"tfds dataset {name!r} at {builder.data_dir} cannot be read by random access "
-            f"(needs array_record format; reading without TensorFlow). {how_to_prepare}"
-        ) from error
-
-
-def read_tfds(
-    name: str,
-    split: str = "train",
-    data_dir: str | None = None,
-    text_key: str = "text",
-    process_index: int = 0,
-    process_count: int = 1,
-    stats: CorpusStats | None = None,
-) -> Iterator[Document]:
-    """Reads documents from a tfds dataset in array_record format, without TensorFlow.
-
-    Each example's ``text_key`` field becomes one document: split into paragraphs
-    at newlines and into sentences with ``split_sentences``. Process ``i`` of ``n``
-    reads records ``i, i + n, i + 2n, ...``. Errors (dataset not prepared, wrong
-    format, unknown text_key) are raised when this is called.
-    """
-    if not 0 <= process_index < process_count:
-        raise ValueError(
-            f"Need 0 <= process_index < process_count, got {process_index}, {process_count}."
-        )
-    source = _open_tfds_source(name, split, data_dir)
-    if len(source) and text_key not in source[0]:
-        raise KeyError(
-            f"text_key {text_key!r} is not a feature of tfds dataset {name!r}; "
-            f"available keys: {sorted(source[0])}."
-        )
-    stats = stats if stats is not None else CorpusStats()
-    file_stats = CorpusStats(files=1)
-
-    def documents() -> Iterator[Document]:
-        for index in range(process_index, len(source), process_count):
-            document = _text_to_document(source[index][text_key])
-            if document:
-                yield document
-            else:
-                file_stats.skipped_empty_documents += 1
-
-    return _counted(f"tfds:{name}/{split}", documents(), file_stats, stats)
-
-
-# ---------------------------------------------------------------------------
-# Default corpus: Python's own documentation
-# ---------------------------------------------------------------------------
-
-# Pure-Python (and a few documentation-rich builtin) modules, sorted so the corpus
-# order is fixed. Left out: modules with import side effects (this, antigravity,
-# rlcompleter, tkinter, turtle, idlelib), deprecated ones that warn on import, and
-# test packages. Modules missing from a given Python version are skipped.
-_DOC_MODULES = """
-abc argparse ast asyncio asyncio.base_events asyncio.events asyncio.futures
-asyncio.locks asyncio.queues asyncio.streams asyncio.subprocess asyncio.tasks base64
-bdb bisect builtins bz2 calendar cmd code codecs codeop collections collections.abc
-colorsys compileall concurrent.futures concurrent.futures._base
-concurrent.futures.process concurrent.futures.thread configparser contextlib
-contextvars copy copyreg csv ctypes dataclasses datetime dbm decimal difflib dis
-doctest email email.charset email.contentmanager email.encoders email.errors
-email.feedparser email.generator email.header email.headerregistry email.iterators
-email.message email.mime.base email.mime.multipart email.mime.text email.parser
-email.policy email.utils encodings enum filecmp fileinput fnmatch fractions ftplib
-functools gc getopt getpass gettext glob graphlib gzip hashlib heapq hmac html
-html.parser http http.client http.cookiejar http.cookies http.server imaplib
-importlib importlib.abc importlib.machinery importlib.metadata importlib.resources
-importlib.util inspect io ipaddress itertools json json.decoder json.encoder keyword
-linecache locale logging logging.config logging.handlers lzma mailbox marshal math
-mimetypes modulefinder multiprocessing multiprocessing.connection
-multiprocessing.context multiprocessing.managers multiprocessing.pool
-multiprocessing.process multiprocessing.queues multiprocessing.shared_memory
-multiprocessing.synchronize netrc numbers operator optparse os os.path pathlib pdb
-pickle pickletools pkgutil platform plistlib poplib pprint profile pstats py_compile
-pyclbr pydoc queue quopri random re reprlib runpy sched secrets selectors
-shelve shlex shutil signal smtplib socket socketserver sqlite3 ssl stat statistics
-string stringprep struct subprocess symtable sys sysconfig tabnanny tarfile tempfile
-textwrap threading time timeit token tokenize tomllib trace traceback tracemalloc
-types typing unicodedata unittest unittest.case unittest.loader unittest.mock
-unittest.result unittest.runner unittest.suite urllib.error urllib.parse
-urllib.request urllib.response urllib.robotparser uuid warnings wave weakref
-wsgiref.handlers wsgiref.headers wsgiref.simple_server wsgiref.util wsgiref.validate
-xml.dom xml.dom.minidom xml.dom.pulldom xml.etree.ElementTree xml.parsers.expat
-xml.sax xml.sax.handler xml.sax.saxutils xml.sax.xmlreader xmlrpc.client
-xmlrpc.server zipapp zipfile zipimport zlib zoneinfo
-""".split()
-
-_CODE_LINE = re.compile(r"^\s*(>>>|\.\.\.)|::=|^\s*[|+=]")
-
-
-def _letter_fraction(text: str) -> float:
-    visible = [c for c in text if not c.isspace()]
-    return sum(c.isalpha() for c in visible) / len(visible) if visible else 0.0
-
-
-def _looks_like_prose(block: list[str]) -> bool:
-    """Code, grammar, tables and headings rarely end in sentence punctuation."""
-    text = " ".join(block)
-    return _letter_fraction(text) >= 0.75 and bool(re.search(r"[.!?:][\"')]*$", text))
-
-
-def _clean_documentation(text: str) -> Document:
-    """Turns a docstring or help topic into sentences, dropping code and tables."""
-    document: Document = []
-    block: list[str] = []
-    for line in [*inspect.cleandoc(text).splitlines(), ""]:
-        if line.strip() and not _CODE_LINE.search(line):
-            block.append(line.strip())
-            continue
-        # A blank line or a code line ends a block.
-        if block and _looks_like_prose(block):
-            document.extend(split_sentences(" ".join(" ".join(block).split())))
-        block = []
-    return document
-
-
-def _import_quietly(name: str) -> Any:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return importlib.import_module(name)
-    except Exception:  # Missing or broken on this platform: leave it out.
-        return None
-
-
-def _class_docstrings(cls: type) -> Iterator[Any]:
-    yield cls.__doc__
-    for name, member in sorted(vars(cls).items()):
-        documented = inspect.isroutine(member) or isinstance(
-            member, (property, classmethod, staticmethod)
-        )
-        if documented and (not name.startswith("_") or name == "__init__"):
-            yield member.__doc__
-
-
-def _module_docstrings(module: Any) -> Iterator[Any]:
-    """The module's docstring, then those of its public classes, methods and functions."""
-    yield module.__doc__
-    for name, member in sorted(vars(module).items()):
-        # builtins objects report __module__ == "builtins"; others must be defined here.
-        if name.startswith("_") or getattr(member, "__module__", None) != module.__name__:
-            continue
-        if inspect.isclass(member):
-            yield from _class_docstrings(member)
-        elif inspect.isroutine(member):
-            yield member.__doc__
-
-
-def _documentation_texts() -> Iterator[Any]:
-    """Help topics, then docstrings in module order (None where there is no docstring)."""
-    from pydoc_data.topics import topics
-
-    yield from (topics[key] for key in sorted(topics))
-    for name in _DOC_MODULES:
-        module = _import_quietly(name)
-        if module is not None:
-            yield from _module_docstrings(module)
-
-
-def default_corpus(stats: CorpusStats | None = None) -> Iterator[Document]:
-    """Yields the offline default corpus built from Python's bundled documentation."""
-    stats = stats if stats is not None else CorpusStats()
-    return _counted("the default corpus", _default_documents(), CorpusStats(), stats)
-
-
-def _default_documents() -> Iterator[Document]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Some attributes warn when touched (typing.io).
-        texts = list(_documentation_texts())
-    seen = set()  # Inherited and aliased objects repeat docstrings.
-    for text in texts:
-        if not isinstance(text, str) or text in seen:
-            continue
-        seen.add(text)
-        document = _clean_documentation(text)
-        if document:
-            yield document

@@ -1,4 +1,5 @@
-"""From a data config to batches: corpus -> tokens -> prepared instances -> resumable batches.
+"""From a data config to prepared instances: corpus -> tokens -> instances -> shards on disk
+(batches from them: `data.loaders`).
 
 Each process reads its own shard of the documents (document i goes to process i mod P),
 prepares pretraining instances from it once (cached on local disk as .npy files, written
@@ -29,7 +30,7 @@ import numpy as np
 from absl import logging
 
 from bertjax.data import tokenization
-from bertjax.data import corpus, instances
+from bertjax.data import corpus, default_corpus, instances, tfds_source
 from bertjax.schedule import Phase
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
@@ -50,7 +51,7 @@ def read_documents(data_cfg: Any, process_index: int, process_count: int,
     if data_cfg.source == "tfds":
         if not data_cfg.tfds_name:
             raise DataError("data.source=tfds needs --config.data.tfds_name=NAME")
-        return corpus.read_tfds(data_cfg.tfds_name, data_cfg.tfds_split,
+        return tfds_source.read_tfds(data_cfg.tfds_name, data_cfg.tfds_split,
                                 data_cfg.tfds_data_dir or None, data_cfg.tfds_text_key,
                                 process_index, process_count, stats)
     if data_cfg.source == "text":
@@ -59,7 +60,7 @@ def read_documents(data_cfg: Any, process_index: int, process_count: int,
         documents = corpus.read_text_files(data_cfg.input_files.split(","),
                                            data_cfg.text_format, stats)
     elif data_cfg.source == "default":
-        documents = corpus.default_corpus(stats)
+        documents = default_corpus.default_corpus(stats)
     else:
         raise DataError(f"data.source={data_cfg.source!r}; choose 'default', 'text' or 'tfds'")
     return (doc for i, doc in enumerate(documents) if i % process_count == process_index)
@@ -420,69 +421,6 @@ def hash_seed(*parts: int) -> int:
     """A 63-bit seed from several integers (stable across processes and runs)."""
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
-# ----------------------------------------------------------------------------- loading
-
-
-class BatchLoader:
-    """Deterministic, resumable batches of this process's rows.
-
-    `batch(k)` depends only on (seed, k); epochs reshuffle with a permutation seeded by
-    (seed, epoch); the remainder of an epoch that does not fill a batch is dropped.
-    """
-
-    def __init__(self, split: PreparedSplit, local_batch_size: int, seed: int, shuffle: bool = True,
-                 masking: tuple[instances.SpecialTokens, float, int, bool] | None = None,
-                 name: str = "train"):
-        if len(split) < local_batch_size:
-            raise DataError(
-                f"the {name} split has {len(split)} sequences, fewer than one batch of "
-                f"{local_batch_size} per process: use a larger corpus, a higher dupe_factor, or a "
-                "smaller train.global_batch_size")
-        if not split.masked and masking is None:
-            raise ValueError("an unmasked split needs masking parameters (dynamic masking)")
-        self.split, self.local_batch_size, self.seed = split, local_batch_size, seed
-        self.shuffle, self.masking = shuffle, masking
-        self.batches_per_epoch = len(split) // local_batch_size
-        self._order_epoch, self._order = -1, np.arange(len(split))
-
-    def _rows(self, index: int) -> tuple[int, np.ndarray]:
-        epoch, within = divmod(index, self.batches_per_epoch)
-        if self.shuffle and epoch != self._order_epoch:
-            self._order = np.random.default_rng([self.seed, epoch]).permutation(len(self.split))
-            self._order_epoch = epoch
-        start = within * self.local_batch_size
-        return epoch, self._order[start:start + self.local_batch_size]
-
-    def batch(self, index: int) -> dict[str, np.ndarray]:
-        """The `index`-th batch (0-based, counting across epochs)."""
-        epoch, rows = self._rows(index)
-        batch = self.split.take(rows)
-        if not self.split.masked:
-            self._mask_dynamically(batch, rows, epoch)
-        return batch
-
-    def _mask_dynamically(self, batch: dict[str, np.ndarray], rows: np.ndarray, epoch: int) -> None:
-        specials, prob, max_predictions, whole_word = self.masking
-        for i, row in enumerate(rows):
-            length = int(batch["input_mask"][i].sum())
-            tokens, positions, labels = instances.mask_tokens(
-                batch["input_ids"][i, :length], instances.instance_rng(self.seed, epoch, int(row)),
-                prob, max_predictions, specials, whole_word)
-            batch["input_ids"][i, :length] = tokens
-            count = len(positions)
-            for name, values in (("masked_lm_positions", positions), ("masked_lm_ids", labels)):
-                batch[name][i] = 0
-                batch[name][i, :count] = values
-            batch["masked_lm_weights"][i] = 0.0
-            batch["masked_lm_weights"][i, :count] = 1.0
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        index = 0
-        while True:
-            yield self.batch(index)
-            index += 1
 
 
 def check_token_ids(split: PreparedSplit, vocab_size: int, what: str) -> None:

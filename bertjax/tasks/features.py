@@ -87,11 +87,6 @@ class TaskOptions:
     max_answer_length: int = 30
     null_score_diff_threshold: float = 0.0
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TaskOptions":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
-
 
 @dataclasses.dataclass
 class SplitData:
@@ -108,7 +103,7 @@ class SplitData:
 
 
 def subset(items: list, limit: int, split: str) -> list:
-    """A fixed random subset of `max_train_examples` training items (all when 0)."""
+    """A fixed random subset of `limit` training items (max_train_examples; all when 0)."""
     if split != "train" or not limit or len(items) <= limit:
         return items
     keep = np.sort(np.random.default_rng(0).permutation(len(items))[:limit])

@@ -19,7 +19,7 @@ from absl import logging
 from bertjax import objectives
 from bertjax.model import BertConfig, BertForSequenceClassification
 
-from bertjax.data import tokenization
+from bertjax.data import tfds_source, tokenization
 from bertjax.tasks import features, metrics
 
 BINARY = ("0", "1")
@@ -228,9 +228,8 @@ def read_examples(task: GlueTask, split_name: str, data_dir: str = "", tfds_data
     split = task.split(split_name)
     skips = features.SkipCounter()
     if not data_dir:
-        from bertjax.data import corpus  # tfds is slow to import; only here
         try:
-            source = corpus._open_tfds_source(split.tfds_name or f"glue/{task.name}", split.hf,
+            source = tfds_source.open_tfds_source(split.tfds_name or f"glue/{task.name}", split.hf,
                                              tfds_data_dir or None)
         except FileNotFoundError as e:
             raise features.TaskDataError(f"{e} Or set --config.data_dir to the GLUE download "

@@ -15,7 +15,7 @@ from absl import logging
 from bertjax import objectives
 from bertjax.model import BertConfig, BertForTokenClassification
 
-from bertjax.data import tokenization
+from bertjax.data import tfds_source, tokenization
 from bertjax.tasks import features, metrics
 
 # The CoNLL-2003 tag set (IOB1 files use the same tags; B- only between touching entities).
@@ -65,10 +65,9 @@ def read_conll_file(path: str, skips: features.SkipCounter) -> list[Sentence]:
 
 def _tfds_sentences(split: str, data_dir: str | None, skips: features.SkipCounter) -> list[Sentence]:
     import tensorflow_datasets as tfds  # slow to import; only here
-    from bertjax.data import corpus
     names = tfds.builder("conll2003", data_dir=data_dir).info.features["ner"].feature.names
     sentences = []
-    for record in corpus._open_tfds_source("conll2003", TFDS_SPLITS[split], data_dir):
+    for record in tfds_source.open_tfds_source("conll2003", TFDS_SPLITS[split], data_dir):
         tags = [names[int(t)] for t in record["ner"]]
         if any(t not in LABELS for t in tags):
             skips["unknown label"] += 1

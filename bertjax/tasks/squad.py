@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from absl import logging
 
+from bertjax.data import tfds_source
 from bertjax.data.tokenization import CLS, SEP, Tokenizer
 
 @dataclasses.dataclass
@@ -140,9 +141,8 @@ def _text(value: Any) -> str:
 
 def _tfds_questions(name: str, split: str, data_dir: str | None) -> Iterator[_Question]:
     """Questions of a prepared tfds dataset with the features of `squad/v1.1` or `squad/v2.0`."""
-    from bertjax.data.corpus import _open_tfds_source  # Lazy: tfds is slow to import.
 
-    source = _open_tfds_source(name, split, data_dir)
+    source = tfds_source.open_tfds_source(name, split, data_dir)
     for record in source:
         answers = record["answers"]
         pairs = [(_text(t), int(s)) for t, s in zip(answers["text"], answers["answer_start"])]

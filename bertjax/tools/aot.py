@@ -18,8 +18,8 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from bertjax import memory, schedule, sharding, steps, train
-from bertjax.state import create_train_state
+from bertjax import memory, optim, run, schedule, sharding
+from bertjax.model import BertConfig
 
 
 def compile_train_step(config, devices: list[jax.Device],
@@ -27,21 +27,19 @@ def compile_train_step(config, devices: list[jax.Device],
     """Lowers and compiles the train step for each phase; prints the memory report and
     returns `{phase: {"compile_seconds": ..., "memory": {...}}}`."""
     mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
-    train.validate(config, mesh)
-    model, tx, example = train.model_and_optimizer(config)
-    _, abstract_state, state_shardings = create_train_state(
-        model, tx, jax.random.PRNGKey(0), example, mesh, materialize=False)
-    memory.check_shardable(model.config, abstract_state.params, mesh)
-    phases = [p for p in schedule.phases(config.train, config.data, config.long_phase)
-              if not phase_names or p.name in phase_names]
-    print(memory.report(model, abstract_state, mesh, phases), flush=True)
-    train_step = steps.jit_train_step(
-        steps.make_train_step(model, tx, config.train.grad_accum_steps), state_shardings, mesh)
+    phases = schedule.phases(config.train, config.data, config.long_phase)
+    run.check_batches(mesh, phases, config.train.grad_accum_steps,
+                      config.model.max_position_embeddings)
+    phases = [p for p in phases if not phase_names or p.name in phase_names]
+    sharded = run.build_pretraining(
+        BertConfig.from_dict(config.model.to_dict()),
+        optim.optimizer_config(config.optimizer, config.train.total_steps), mesh, phases,
+        config.train.grad_accum_steps)
     results = {}
     for phase in phases:
         start = time.time()
         with sharding.activate(mesh):
-            compiled = train_step.lower(abstract_state, memory.abstract_batch(
+            compiled = sharded.train_step.lower(sharded.abstract_state, memory.abstract_batch(
                 phase, phase.global_batch_size, sharding.batch_sharding(mesh))).compile()
         seconds = time.time() - start
         analysis = compiled.memory_analysis()

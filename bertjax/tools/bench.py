@@ -14,25 +14,22 @@ and machine.
 """
 from __future__ import annotations
 
-import importlib.metadata
-import json
 import os
-import platform
 import statistics
 import sys
 import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import app, flags
 
-from bertjax import flops, optim, sharding, steps
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.state import count_params, create_train_state
-from bertjax.train import optimizer_config
+from bertjax import flops, optim, sharding
+from bertjax import run as run_lib
+from bertjax.model import BertConfig
+from bertjax.state import count_params
+from bertjax.tools.records import machine, versions, write_record
 
 FLAGS = flags.FLAGS
 
@@ -60,14 +57,12 @@ class BertjaxTrainer:
     def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]):
         self.model_config = BertConfig.from_dict(config.model.to_dict())
         self.mesh = sharding.make_mesh(config.mesh.to_dict())
-        model = BertForPreTraining(self.model_config)
-        tx = optim.make_optimizer(optimizer_config(config))
-        example = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
-        self.state, _, shardings = create_train_state(model, tx, jax.random.PRNGKey(0), example,
-                                                      self.mesh)
+        sharded = run_lib.build_pretraining(
+            self.model_config, optim.optimizer_config(config.optimizer, config.train.total_steps),
+            self.mesh, [], config.train.grad_accum_steps, report=False)
+        self.state = sharded.init_state(jax.random.PRNGKey(0))
         self.num_params = count_params(self.state.params)
-        self._step = steps.jit_train_step(
-            steps.make_train_step(model, tx, config.train.grad_accum_steps), shardings, self.mesh)
+        self._step = sharded.train_step
         with sharding.activate(self.mesh):
             self.batch = sharding.global_batch_from_host(batch, self.mesh)
 
@@ -94,23 +89,6 @@ def peak_memory_bytes() -> int | None:
     """The backend's peak bytes in use on device 0 (None where it reports none, e.g. CPU)."""
     stats = jax.local_devices()[0].memory_stats() or {}
     return stats.get("peak_bytes_in_use")
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    return {"cpu": cpu, "cpu_cores": os.cpu_count(), "load_average": os.getloadavg(),
-            "device_kind": jax.devices()[0].device_kind, "devices": jax.device_count(),
-            "platform": jax.default_backend(), "hostname": platform.node()}
-
-
-def versions() -> dict[str, str]:
-    packages = ("jax", "jaxlib", "flax", "optax", "numpy")
-    return {"python": platform.python_version(),
-            **{name: importlib.metadata.version(name) for name in packages}}
 
 
 def throughput(step_seconds: float, batch: int, length: int, chips: int) -> dict[str, float]:
@@ -212,14 +190,6 @@ def define_flags() -> None:
     flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s per chip for MFU (default: the table).")
     flags.DEFINE_string("out", "", "Write the result record as JSON here.")
     flags.mark_flags_as_required(["config"])
-
-
-def write_record(result: dict[str, Any], path: str) -> None:
-    """Writes a benchmark record as JSON (creating its folder)."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {path}")
 
 
 def main(argv: list[str]) -> None:

@@ -20,9 +20,9 @@ from typing import Any, Callable
 import ml_collections
 from absl import app, flags
 
-from bertjax.tools.bench import machine, versions, write_record
+from bertjax.tools.records import machine, versions, write_record
 from bertjax import schedule
-from bertjax.data import pipeline
+from bertjax.data import loaders, pipeline
 
 FLAGS = flags.FLAGS
 
@@ -39,7 +39,7 @@ def run(config: ml_collections.ConfigDict, batches: int, cache_dir: str) -> dict
     masking = (pipeline.specials_of(tokenizer, config.data.whole_word_mask),
                config.data.masked_lm_prob, phase.max_predictions_per_seq,
                config.data.whole_word_mask)
-    loader = pipeline.BatchLoader(splits["train"], phase.global_batch_size, config.data.seed,
+    loader = loaders.BatchLoader(splits["train"], phase.global_batch_size, config.data.seed,
                                   masking=masking)
     loader.batch(0)  # the epoch's permutation
     _, load_seconds = _timed(lambda: [loader.batch(i) for i in range(1, batches + 1)])

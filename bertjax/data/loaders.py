@@ -1,0 +1,123 @@
+"""Deterministic, resumable batches from prepared splits: `BatchLoader` (one split, dynamic
+masking per row) and `prepare_data` (every phase's train/eval loaders for this process)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
+
+from bertjax.data import instances, pipeline, tokenization
+from bertjax.data.pipeline import DataError, PreparedSplit
+from bertjax.schedule import Phase
+
+
+class BatchLoader:
+    """Deterministic, resumable batches of this process's rows.
+
+    `batch(k)` depends only on (seed, k); epochs reshuffle with a permutation seeded by
+    (seed, epoch); the remainder of an epoch that does not fill a batch is dropped.
+    """
+
+    def __init__(self, split: PreparedSplit, local_batch_size: int, seed: int, shuffle: bool = True,
+                 masking: tuple[instances.SpecialTokens, float, int, bool] | None = None,
+                 name: str = "train"):
+        if len(split) < local_batch_size:
+            raise DataError(
+                f"the {name} split has {len(split)} sequences, fewer than one batch of "
+                f"{local_batch_size} per process: use a larger corpus, a higher dupe_factor, or a "
+                "smaller train.global_batch_size")
+        if not split.masked and masking is None:
+            raise ValueError("an unmasked split needs masking parameters (dynamic masking)")
+        self.split, self.local_batch_size, self.seed = split, local_batch_size, seed
+        self.shuffle, self.masking = shuffle, masking
+        self.batches_per_epoch = len(split) // local_batch_size
+        self._order_epoch, self._order = -1, np.arange(len(split))
+
+    def _rows(self, index: int) -> tuple[int, np.ndarray]:
+        epoch, within = divmod(index, self.batches_per_epoch)
+        if self.shuffle and epoch != self._order_epoch:
+            self._order = np.random.default_rng([self.seed, epoch]).permutation(len(self.split))
+            self._order_epoch = epoch
+        start = within * self.local_batch_size
+        return epoch, self._order[start:start + self.local_batch_size]
+
+    def batch(self, index: int) -> dict[str, np.ndarray]:
+        """The `index`-th batch (0-based, counting across epochs)."""
+        epoch, rows = self._rows(index)
+        batch = self.split.take(rows)
+        if not self.split.masked:
+            self._mask_dynamically(batch, rows, epoch)
+        return batch
+
+    def _mask_dynamically(self, batch: dict[str, np.ndarray], rows: np.ndarray, epoch: int) -> None:
+        specials, prob, max_predictions, whole_word = self.masking
+        for i, row in enumerate(rows):
+            length = int(batch["input_mask"][i].sum())
+            tokens, positions, labels = instances.mask_tokens(
+                batch["input_ids"][i, :length], instances.instance_rng(self.seed, epoch, int(row)),
+                prob, max_predictions, specials, whole_word)
+            batch["input_ids"][i, :length] = tokens
+            count = len(positions)
+            for name, values in (("masked_lm_positions", positions), ("masked_lm_ids", labels)):
+                batch[name][i] = 0
+                batch[name][i, :count] = values
+            batch["masked_lm_weights"][i] = 0.0
+            batch["masked_lm_weights"][i, :count] = 1.0
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        index = 0
+        while True:
+            yield self.batch(index)
+            index += 1
+
+
+def fewest_over_processes(count: int) -> int:
+    """The smallest of every process's `count`: each process holds its own share of the data,
+    but all must run the same number of (collective) steps."""
+    if jax.process_count() == 1:
+        return count
+    return int(np.min(multihost_utils.process_allgather(np.int64(count))))
+
+
+@dataclasses.dataclass
+class PhaseData:
+    phase: Phase
+    train: BatchLoader
+    eval: BatchLoader | None
+
+
+def prepare_data(data_cfg: Any, phases: Sequence[Phase], vocab_size: int,
+                 tokenizer: tokenization.Tokenizer, cache_dir: str,
+                 process_index: int | None = None,
+                 process_count: int | None = None) -> list[PhaseData]:
+    """Prepares (or loads from cache) every phase's splits of this process's share of the
+    documents (default: this process's index and count; `data_cfg`: config.data) and checks
+    their token ids against the model's `vocab_size`."""
+    if process_index is None:
+        process_index, process_count = jax.process_index(), jax.process_count()
+    specials = pipeline.specials_of(tokenizer, data_cfg.whole_word_mask)
+    result = []
+    for phase in phases:
+        splits = pipeline.prepare(data_cfg, phase, tokenizer, cache_dir, process_index,
+                                  process_count)
+        for name, split in splits.items():
+            pipeline.check_token_ids(split, vocab_size, f"{name} data ({phase.name})")
+        local_batch = phase.global_batch_size // process_count
+        masking = (specials, data_cfg.masked_lm_prob, phase.max_predictions_per_seq,
+                   data_cfg.whole_word_mask)
+        train_loader = BatchLoader(splits["train"], local_batch, data_cfg.seed,
+                                   masking=masking, name=f"{phase.name} train")
+        eval_loader = None
+        if fewest_over_processes(len(splits["eval"])) >= local_batch:
+            eval_loader = BatchLoader(splits["eval"], local_batch, data_cfg.seed,
+                                      shuffle=False, name=f"{phase.name} eval")
+        else:
+            logging.warning("phase %s: %d held-out sequences, fewer than one batch of %d: "
+                            "evaluation skipped (raise data.eval_fraction)", phase.name,
+                            len(splits["eval"]), local_batch)
+        result.append(PhaseData(phase, train_loader, eval_loader))
+    return result

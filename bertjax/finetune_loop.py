@@ -1,0 +1,196 @@
+"""The fine-tuning loop: batches from encoded splits, one seed's training with a dev
+evaluation every epoch, the best epoch's checkpoint and predictions, and the summary over
+seeds. Any task that implements `tasks.features.Finetune` runs here."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+from bertjax import checkpoint, pretrained, reporting, sharding, steps
+from bertjax import run as run_lib
+from bertjax.state import count_params
+from bertjax.tasks.features import Finetune, SplitData
+
+Batch = dict[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The fine-tuning config fields the loop reads (configs/finetune/common.py)."""
+
+    task: str
+    init_checkpoint: str
+    random_init: bool
+    train_batch_size: int
+    eval_batch_size: int
+    num_train_epochs: float
+    log_every: int
+    config: str  # the whole fine-tuning config as JSON, recorded in every checkpoint
+
+
+def host_batch(data: SplitData, rows: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
+    """This process's slice of the global batch `rows`, padded to `batch_size` with weight-0
+    copies of row 0 (the last evaluation batch)."""
+    weights = np.ones(batch_size, np.float32)
+    weights[len(rows):] = 0.0
+    rows = np.concatenate([rows, np.zeros(batch_size - len(rows), rows.dtype)])
+    local = batch_size // jax.process_count()
+    mine = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
+    batch = {key: value[rows[mine]] for key, value in data.features.items()}
+    batch["weights"] = weights[mine]
+    return batch
+
+
+def apply_model(model: nn.Module, params: Any, batch: Batch, deterministic: bool, rng=None):
+    return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
+                       batch["input_mask"], deterministic=deterministic,
+                       rngs=None if deterministic else {"dropout": rng})
+
+
+@dataclasses.dataclass
+class Trainer:
+    """What every seed of a run shares: the task, the sharded run (model, optimizer, compiled
+    train and predict steps) and the step counts."""
+
+    task: Finetune
+    run: run_lib.ShardedRun
+    steps_per_epoch: int
+    total_steps: int
+
+
+def make_trainer(task: Finetune, model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
+                 steps_per_epoch: int, total_steps: int) -> Trainer:
+    """Builds and compiles `model` + `tx` on `mesh` with the task's loss and outputs."""
+
+    def loss_fn(params, batch, rng):
+        return task.loss(apply_model(model, params, batch, False, rng), batch)
+
+    def predict_step(params, batch):
+        return task.outputs(apply_model(model, params, batch, True))
+
+    sharded = run_lib.build(model, tx, mesh, steps.make_loss_train_step(loss_fn, tx),
+                            predict_step)
+    return Trainer(task, sharded, steps_per_epoch, total_steps)
+
+
+def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any:
+    """Outputs for every row of `data` (host numpy), in order."""
+    chunks = []
+    for start in range(0, len(data), batch_size):
+        rows = np.arange(start, min(start + batch_size, len(data)))
+        batch = sharding.global_batch_from_host(host_batch(data, rows, batch_size), mesh)
+        chunks.append(jax.tree.map(lambda x, n=len(rows): np.asarray(x)[:n],
+                                   jax.device_get(predict_step(params, batch))))
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *chunks)
+
+
+def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitData], seed: int,
+                   workdir: str) -> dict[str, Any]:
+    """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics."""
+    os.makedirs(workdir, exist_ok=True)
+    train = data["train"]
+    batch_size, task, sharded = settings.train_batch_size, trainer.task, trainer.run
+    steps_per_epoch, total_steps = trainer.steps_per_epoch, trainer.total_steps
+    mesh, abstract_state = sharded.mesh, sharded.abstract_state
+    train_step, predict_step = sharded.train_step, sharded.eval_step
+    state = sharded.init_state(jax.random.PRNGKey(seed))
+    if settings.init_checkpoint and not settings.random_init:
+        params = dict(state.params, **pretrained.load_pretrained(
+            settings.init_checkpoint, {"bert": abstract_state.params["bert"]},
+            sharded.model.config, reuse=True))
+        state = state.replace(params=params, opt_state=jax.jit(
+            sharded.tx.init, out_shardings=sharded.state_shardings.opt_state)(params))
+    checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                           save_every=10 ** 9, keep_latest=1)
+    writer = reporting.open_writer(workdir)
+    meta = {"task": settings.task, "seed": seed, "config": settings.config}
+    best: dict[str, Any] = {"epoch": -1}
+    rng = np.random.default_rng(seed)
+    print(f"seed {seed}: {len(train)} training examples, {total_steps} steps "
+          f"({steps_per_epoch}/epoch), {count_params(state.params):,} parameters", flush=True)
+    step, sums, steps_summed, started = 0, {}, 0, time.time()
+    try:
+        with sharding.activate(mesh):
+            for epoch in range(int(np.ceil(settings.num_train_epochs))):
+                order = rng.permutation(len(train))
+                for index in range(steps_per_epoch):
+                    if step >= total_steps:
+                        break
+                    rows = order[index * batch_size:(index + 1) * batch_size]
+                    batch = sharding.global_batch_from_host(host_batch(train, rows, batch_size),
+                                                            mesh)
+                    state, metrics = train_step(state, batch)
+                    step += 1
+                    # Summed on the device: the host waits for a step only when it logs.
+                    sums = jax.tree.map(jnp.add, sums, metrics) if sums else metrics
+                    steps_summed += 1
+                    if step % settings.log_every == 0 or step == total_steps:
+                        sums = jax.device_get(sums)
+                        means = {"loss": float(sums["loss_sum"] / max(sums["count"], 1.0)),
+                                 "grad_norm": float(sums["grad_norm"]) / steps_summed}
+                        print(f"seed {seed} step {step}/{total_steps} loss {means['loss']:.4f} "
+                              f"({time.time() - started:.0f}s)", flush=True)
+                        reporting.log_scalars(writer, "train", means, step)
+                        sums, steps_summed = {}, 0
+                dev = {name: task.evaluate(data[name], predict(
+                    predict_step, state.params, data[name], settings.eval_batch_size, mesh))
+                    for name in task.eval_splits}
+                for name, values in dev.items():
+                    print(f"seed {seed} epoch {epoch + 1} {name}: " +
+                          " ".join(f"{k} {v:.4f}" for k, v in values.items()), flush=True)
+                    reporting.log_scalars(writer, f"eval_{name}", values, step)
+                score = dev[task.eval_splits[0]][task.main_metric]
+                if best["epoch"] < 0 or score > best["score"]:
+                    best = {"epoch": epoch + 1, "step": step, "score": score, "dev": dev}
+                    checkpointer.save(step, state, {"epoch": epoch + 1}, meta, force=True)
+            checkpointer.wait()
+            if best["step"] != step:
+                state, _, _ = checkpointer.restore(best["step"], abstract_state, meta)
+            outputs, scored_tests = {}, {}
+            os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
+            for name in [n for n in task.test_splits if n in data]:
+                test = data[name]
+                test_outputs = predict(predict_step, state.params, test,
+                                       settings.eval_batch_size, mesh)
+                outputs[name] = task.write_predictions(test, test_outputs,
+                                                       os.path.join(workdir, "predictions"))
+                if name in task.scored_test_splits:
+                    scored_tests[name] = task.evaluate(test, test_outputs)
+            if not task.test_splits:  # SQuAD: the best epoch's dev predictions
+                first = data[task.eval_splits[0]]
+                outputs["dev"] = task.write_predictions(
+                    first, predict(predict_step, state.params, first, settings.eval_batch_size,
+                                   mesh),
+                    os.path.join(workdir, "predictions"))
+    finally:
+        checkpointer.close()
+        if writer:
+            writer.close()
+    result = {"seed": seed, "best_epoch": best["epoch"], "best_step": best["step"],
+              "dev": best["dev"], "test": scored_tests, "predictions": outputs,
+              "seconds": round(time.time() - started, 1)}
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+def summarize_seeds(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean, standard deviation (ddof 0) and median of every dev (and labelled test) metric
+    over the seeds."""
+    table: dict[str, list[float]] = {}
+    for result in results:
+        for split, values in {**result["dev"], **result["test"]}.items():
+            for key, value in values.items():
+                table.setdefault(f"{split}/{key}", []).append(value)
+    return {key: {"mean": float(np.mean(v)), "std": float(np.std(v)),
+                  "median": float(np.median(v)), "values": v} for key, v in table.items()}

@@ -1,0 +1,122 @@
+"""The pretraining step loop: prefetch the next batch, step, fetch metrics one step late,
+switch phases, evaluate, checkpoint (and stop on a preemption notice)."""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from typing import Any
+
+import jax
+from tensorboardX import SummaryWriter
+
+from bertjax import checkpoint, guards, objectives, reporting, schedule, sharding
+from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
+from bertjax.run import ShardedRun
+from bertjax.schedule import DataPosition
+from bertjax.state import TrainState
+
+
+def evaluate(eval_step, params, loader: BatchLoader | None, num_batches: int,
+             mesh: jax.sharding.Mesh) -> dict[str, float]:
+    """Mean MLM/NSP loss and accuracy over the first `num_batches` held-out batches."""
+    if loader is None:
+        return {}
+    sums: dict[str, float] = {}
+    for index in range(fewest_over_processes(min(num_batches, loader.batches_per_epoch))):
+        batch = sharding.global_batch_from_host(loader.batch(index), mesh)
+        for key, value in jax.device_get(eval_step(params, batch)).items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+    return objectives.summarize(sums)
+
+
+@dataclasses.dataclass
+class Pretraining:
+    """What the loop needs besides the state and where it stands; `train_cfg` is config.train."""
+
+    train_cfg: Any
+    run: ShardedRun
+    phase_data: list[PhaseData]
+    checkpointer: checkpoint.Checkpointer
+    meta: dict[str, Any]
+    progress: reporting.Progress
+    writer: SummaryWriter | None = None
+
+    def eval_and_log(self, step: int, params: Any, pd: PhaseData) -> dict[str, float]:
+        means = evaluate(self.run.eval_step, params, pd.eval, self.train_cfg.eval_batches,
+                         self.run.mesh)
+        if means:
+            reporting.chief_print(f"eval step {step} [{pd.phase.name}]: " + " ".join(
+                f"{k} {v:.4f}" for k, v in sorted(means.items())))
+            reporting.log_scalars(self.writer, "eval", means, step, flush=False)
+        return means
+
+    def loop(self, state: TrainState, position: DataPosition,
+             start_step: int) -> tuple[TrainState, DataPosition, dict[str, float]]:
+        """Trains from `start_step` at `position` to the end (or train.stop_after_steps);
+        returns the state, the next data position and the final evaluation."""
+        with sharding.activate(self.run.mesh), \
+                concurrent.futures.ThreadPoolExecutor(1) as prefetcher:
+            return self._loop(state, position, start_step, prefetcher)
+
+    def _loop(self, state, position, start_step, prefetcher):
+        cfg, mesh, checkpointer = self.train_cfg, self.run.mesh, self.checkpointer
+        total = cfg.total_steps
+        phases = [pd.phase for pd in self.phase_data]
+        by_name = {pd.phase.name: pd for pd in self.phase_data}
+        current = by_name.get(position.phase) or self.phase_data[0]
+        batch_index = position.batch_index  # the next batch of `current` to train on
+        next_batch = prefetcher.submit(current.train.batch, batch_index)
+        pending = None  # (step, device metrics, tokens, batch name): fetched one step late
+        nan_steps = set(cfg.debug_nan_steps)
+
+        def flush_pending() -> None:
+            nonlocal pending
+            if pending is not None:
+                self.progress.add(pending[0], jax.device_get(pending[1]), pending[2], pending[3])
+                pending = None
+
+        def save(step: int, force: bool = False) -> None:
+            guards.check_finite(state, step)
+            checkpointer.save(step, state, position.as_dict(), self.meta, force=force)
+
+        stop_at = min(total, start_step + cfg.stop_after_steps) if cfg.stop_after_steps \
+            else total
+        for step in range(start_step, stop_at):
+            trained, trained_batch = current, f"batch {batch_index} of phase {current.phase.name}"
+            host_batch = next_batch.result()
+            if step + 1 in nan_steps:  # test-only fault injection
+                host_batch = guards.poison_batch(host_batch)
+            upcoming = schedule.phase_at(phases, step + 1)
+            if upcoming.name != current.phase.name:
+                current, batch_index = by_name[upcoming.name], -1
+            batch_index += 1
+            if step + 1 < stop_at:
+                next_batch = prefetcher.submit(current.train.batch, batch_index)
+            state, metrics = self.run.train_step(
+                state, sharding.global_batch_from_host(host_batch, mesh))
+            flush_pending()  # the previous step's metrics: ready by now, so this does not stall
+            done = step + 1
+            pending = (done, metrics, host_batch["input_ids"].size * jax.process_count(),
+                       trained_batch)
+            position = DataPosition(current.phase.name, batch_index)
+            if done % cfg.log_every == 0 or done == stop_at:
+                flush_pending()
+                self.progress.report(done, trained.phase)
+            if cfg.eval_every and done % cfg.eval_every == 0 and done != total:
+                self.eval_and_log(done, state.params, trained)
+            if checkpointer.reached_preemption(done):
+                flush_pending()
+                self.progress.report(done, trained.phase)
+                print(f"Preemption notice: saving a checkpoint at step {done} and exiting",
+                      flush=True)
+                break
+            if checkpointer.should_save(done) and done != stop_at:
+                save(done)
+        flush_pending()
+        final_step = int(jax.device_get(state.step))
+        final_eval = self.eval_and_log(final_step, state.params, current) \
+            if final_step == total else {}
+        if checkpointer.latest_step() != final_step:
+            save(final_step, force=True)
+        checkpointer.wait()
+        return state, position, final_eval

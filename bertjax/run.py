@@ -1,0 +1,101 @@
+"""Build the sharded run once: the mesh, the model and optimizer, the abstract train state and
+its shardings, the shardability check, the start-up memory report and the compiled steps.
+Pretraining (`train`), fine-tuning (`finetune_loop`), `tools.aot` and `tools.bench` share it;
+nothing here reads data or touches a checkpoint."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import optax
+from jax.sharding import Mesh
+
+from bertjax import memory, optim, sharding, steps
+from bertjax import model as bert_model
+from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.schedule import Phase
+from bertjax.state import TrainState, create_train_state
+
+
+class ConfigError(ValueError):
+    """A config that cannot run on these devices (mesh, batch sizes, lengths)."""
+
+
+@dataclasses.dataclass
+class ShardedRun:
+    """A model and optimizer placed on a mesh: abstract state (the restore target), its
+    shardings and the jitted steps. `init_state` materialises a fresh state in place."""
+
+    mesh: Mesh
+    model: nn.Module
+    tx: optax.GradientTransformation
+    abstract_state: TrainState
+    state_shardings: TrainState
+    train_step: Callable  # (state, batch) -> (state, metrics); donates the state
+    eval_step: Callable  # (params, batch) -> metrics or outputs
+
+    def init_state(self, rng: jax.Array) -> TrainState:
+        state, _, _ = create_train_state(self.model, self.tx, rng,
+                                         bert_model.example_inputs(self.model), self.mesh)
+        return state
+
+
+def make_mesh(mesh_config: Mapping[str, int], devices: Sequence[jax.Device] | None = None
+              ) -> Mesh:
+    """The mesh of `config.mesh` over `devices` (default: all); ConfigError if it cannot be."""
+    try:
+        return sharding.make_mesh(mesh_config, devices)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+def build(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
+          train_step: Callable, eval_step: Callable) -> ShardedRun:
+    """Abstract state and shardings of `model` + `tx` on `mesh`, and the steps compiled for
+    them (`train_step(state, batch)`, `eval_step(params, batch)`, not yet jitted)."""
+    _, abstract_state, shardings = create_train_state(
+        model, tx, jax.random.PRNGKey(0), bert_model.example_inputs(model), mesh,
+        materialize=False)
+    return ShardedRun(mesh, model, tx, abstract_state, shardings,
+                      steps.jit_train_step(train_step, shardings, mesh),
+                      steps.jit_eval_step(eval_step, shardings.params, mesh))
+
+
+def check_batches(mesh: Mesh, phases: Sequence[Phase], grad_accum_steps: int,
+                  max_position_embeddings: int) -> None:
+    """Checks every phase's global batch against the mesh, accumulation and process count,
+    and its length against the model's positions."""
+    dp = sharding.data_parallel_size(mesh)
+    for phase in phases:
+        size = phase.global_batch_size
+        if size % jax.process_count() or size % grad_accum_steps or \
+                (size // grad_accum_steps) % dp:
+            raise ConfigError(
+                f"global batch {size} (phase {phase.name}) must be divisible by the process count "
+                f"({jax.process_count()}), and batch / grad_accum_steps ({grad_accum_steps}) by "
+                f"the data-parallel size data*fsdp={dp}")
+        if phase.max_seq_length > max_position_embeddings:
+            raise ConfigError(f"phase {phase.name}: max_seq_length {phase.max_seq_length} > "
+                              f"model.max_position_embeddings {max_position_embeddings}")
+
+
+def build_pretraining(model_config: BertConfig, optimizer: optim.OptimizerConfig, mesh: Mesh,
+                      phases: Sequence[Phase], grad_accum_steps: int,
+                      report: bool = True) -> ShardedRun:
+    """The pretraining run: BertForPreTraining with BERT's optimizer on `mesh`, checked
+    against the phases' batches and the mesh's divisibility; the chief prints the memory
+    report of `phases` when `report`."""
+    check_batches(mesh, phases, grad_accum_steps, model_config.max_position_embeddings)
+    model = BertForPreTraining(model_config)
+    tx = optim.make_optimizer(optimizer)
+    run = build(model, tx, mesh, steps.make_train_step(model, tx, grad_accum_steps),
+                steps.make_eval_step(model))
+    try:
+        memory.check_shardable(model_config, run.abstract_state.params, mesh)
+    except memory.MeshMismatch as e:
+        raise ConfigError(str(e)) from e
+    if report and jax.process_index() == 0:
+        print(memory.report(model, run.abstract_state, mesh, phases), flush=True)
+    return run
