@@ -54,22 +54,6 @@ class FlaxDropout(nn.Module):
         return nn.Dropout(self.rate)(x, deterministic=deterministic)
 
 
-def apply_update_cond(state, tx, loss, grads, metrics):
-    """The earlier non-finite guard: a lax.cond over the whole update."""
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-    def update(_):
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        return optax.apply_updates(state.params, updates), opt_state
-
-    params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state),
-                                     None)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    return new_state, dict(metrics, grad_norm=grad_norm,
-                           nonfinite=1.0 - finite.astype(jnp.float32))
-
-
 def apply_update_select(state, tx, loss, grads, metrics):
     """Guard as a select fused into the update (one pass over the state)."""
     grad_norm = optax.tree.norm(grads)
@@ -94,7 +78,7 @@ def einsum_attention_bf16_probs(q, k, v, mask_bias, dropout):
 # Functions replaced by name in the module that owns them (the model looks them up there).
 OWNERS = {"Dropout": M, "einsum_attention": attention, "_apply_update": steps}
 ORIGINAL = {name: getattr(module, name) for name, module in OWNERS.items()}
-BEFORE = {"Dropout": FlaxDropout, "_apply_update": apply_update_cond}
+BEFORE = {"Dropout": FlaxDropout}  # the guard was and is the lax.cond of steps.py
 SELECT = {"_apply_update": apply_update_select}
 
 # name -> (attention_impl, replacements of model/steps functions; the rest as in the product)
