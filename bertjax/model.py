@@ -80,16 +80,12 @@ class BertConfig:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_attention_heads}")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act={self.hidden_act!r}; choose one of {sorted(ACTIVATIONS)}")
-        if self.attention_impl not in attention.ATTENTION_IMPLS:
-            raise ValueError(f"attention_impl={self.attention_impl!r}; choose one of "
-                             f"{list(attention.ATTENTION_IMPLS)}")
+        for field, choices in (("hidden_act", ACTIVATIONS), ("remat_policy", REMAT_POLICIES),
+                               ("attention_impl", attention.ATTENTION_IMPLS)):
+            if getattr(self, field) not in choices:
+                raise ValueError(f"{field}={getattr(self, field)!r}; choose one of {list(choices)}")
         if self.vocab_pad_multiple < 1:
             raise ValueError(f"vocab_pad_multiple={self.vocab_pad_multiple} must be >= 1")
-        if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"remat_policy={self.remat_policy!r}; choose one of {sorted(REMAT_POLICIES)}")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "BertConfig":
@@ -135,6 +131,12 @@ def _dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) 
         kernel_init=_init(config, axes), bias_init=_zeros(axes[1:]), name=name)
 
 
+def _activated_dense(config: BertConfig, features: int, axes: tuple[str, str],
+                     x: jax.Array) -> jax.Array:
+    """`activation(Dense(x))` with the Dense named "dense" (call from a compact method)."""
+    return ACTIVATIONS[config.hidden_act](_dense(config, features, axes, "dense")(x))
+
+
 def _layer_norm(config: BertConfig, name: str = "LayerNorm") -> nn.LayerNorm:
     # Statistics are computed in float32 whatever the compute dtype.
     return nn.LayerNorm(
@@ -154,15 +156,11 @@ class BertEmbeddings(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.word_embeddings = self.param(
-            "word_embeddings", _init(cfg, (VOCAB, EMBED)),
-            (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype)
-        self.position_embeddings = self.param(
-            "position_embeddings", _init(cfg, (POSITION, EMBED)),
-            (cfg.max_position_embeddings, cfg.hidden_size), cfg.param_dtype)
-        self.token_type_embeddings = self.param(
-            "token_type_embeddings", _init(cfg, (TOKEN_TYPE, EMBED)),
-            (cfg.type_vocab_size, cfg.hidden_size), cfg.param_dtype)
+        for name, axis, rows in (("word_embeddings", VOCAB, cfg.vocab_size),
+                                 ("position_embeddings", POSITION, cfg.max_position_embeddings),
+                                 ("token_type_embeddings", TOKEN_TYPE, cfg.type_vocab_size)):
+            setattr(self, name, self.param(name, _init(cfg, (axis, EMBED)),
+                                           (rows, cfg.hidden_size), cfg.param_dtype))
         self.layer_norm = _layer_norm(cfg)
         self.dropout = Dropout(cfg.hidden_dropout_prob)
 
@@ -259,13 +257,14 @@ class BertLayer(nn.Module):
 
 
 class BertIntermediate(nn.Module):
+    """The FFN's first half: Dense H->F and the activation."""
+
     config: BertConfig
 
     @nn.compact
     def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
         cfg = self.config
-        y_BxLxF = _dense(cfg, cfg.intermediate_size, (EMBED, MLP), "dense")(x_BxLxH)
-        y_BxLxF = ACTIVATIONS[cfg.hidden_act](y_BxLxF)
+        y_BxLxF = _activated_dense(cfg, cfg.intermediate_size, (EMBED, MLP), x_BxLxH)
         return _constrain(y_BxLxF, (BATCH, LENGTH, ACT_MLP))
 
 
@@ -323,17 +322,15 @@ class BertModel(nn.Module):
     config: BertConfig
 
     def setup(self):
-        self.embeddings = BertEmbeddings(self.config)
-        self.encoder = BertEncoder(self.config)
-        self.pooler = BertPooler(self.config)
+        self.embeddings, self.encoder, self.pooler = (
+            module(self.config) for module in (BertEmbeddings, BertEncoder, BertPooler))
 
     def __call__(self, input_ids_BxL: jax.Array, token_type_ids_BxL: jax.Array,
                  attention_mask_BxL: jax.Array, deterministic: bool = True,
                  all_layers: bool = False):
         """With `all_layers`, returns `(layers [num_layers, B, L, H], pooled)` instead."""
         x_BxLxH = self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic)
-        x = self.encoder(x_BxLxH, attention_mask_BxL, deterministic,
-                         all_layers)
+        x = self.encoder(x_BxLxH, attention_mask_BxL, deterministic, all_layers)
         return x, self.pooler(x[-1] if all_layers else x)
 
 
@@ -345,8 +342,7 @@ class BertPredictionTransform(nn.Module):
     @nn.compact
     def __call__(self, x_BxPxH: jax.Array) -> jax.Array:
         cfg = self.config
-        h_BxPxH = _dense(cfg, cfg.hidden_size, (EMBED, EMBED_OUT), "dense")(x_BxPxH)
-        return _layer_norm(cfg)(ACTIVATIONS[cfg.hidden_act](h_BxPxH))
+        return _layer_norm(cfg)(_activated_dense(cfg, cfg.hidden_size, (EMBED, EMBED_OUT), x_BxPxH))
 
 
 class BertMaskedLMHead(nn.Module):
@@ -369,6 +365,19 @@ class BertMaskedLMHead(nn.Module):
         return logits_BxPxV + output_bias_V.astype(jnp.float32)
 
 
+def output_layer(module: nn.Module, config: BertConfig, num_labels: int, x_BxXxH: jax.Array,
+                 class_axis: str = LABELS) -> jax.Array:
+    """Google's output layer (NSP, fine-tuning heads), created in `module`'s scope (call it from
+    a compact method): `x @ output_weights.T + output_bias` with weights stored `[num_labels, in]`
+    as the original names them; float32 logits."""
+    weights_CxH = module.param("output_weights", _init(config, (class_axis, EMBED)),
+                               (num_labels, x_BxXxH.shape[-1]), config.param_dtype)
+    bias_C = module.param("output_bias", _zeros((class_axis,)), (num_labels,), config.param_dtype)
+    logits = jnp.einsum("...h,ch->...c", x_BxXxH.astype(config.dtype),
+                        weights_CxH.astype(config.dtype), preferred_element_type=jnp.float32)
+    return logits + bias_C.astype(jnp.float32)
+
+
 class BertNSPHead(nn.Module):
     """Next-sentence logits from the pooled output; weights stored `[2, H]` as the original."""
 
@@ -376,13 +385,7 @@ class BertNSPHead(nn.Module):
 
     @nn.compact
     def __call__(self, pooled_BxH: jax.Array) -> jax.Array:
-        cfg = self.config
-        weights_2xH = self.param("output_weights", _init(cfg, (NSP_CLASSES, EMBED)),
-                                 (2, cfg.hidden_size), cfg.param_dtype)
-        bias_2 = self.param("output_bias", _zeros((NSP_CLASSES,)), (2,), cfg.param_dtype)
-        logits_Bx2 = jnp.einsum("bh,ch->bc", pooled_BxH.astype(cfg.dtype),
-                                weights_2xH.astype(cfg.dtype), preferred_element_type=jnp.float32)
-        return logits_Bx2 + bias_2.astype(jnp.float32)
+        return output_layer(self, self.config, 2, pooled_BxH, NSP_CLASSES)
 
 
 def gather_positions(x_BxLxH: jax.Array, positions_BxP: jax.Array) -> jax.Array:
@@ -412,107 +415,6 @@ class BertForPreTraining(nn.Module):
         masked_BxPxH = gather_positions(sequence_BxLxH, masked_lm_positions)
         mlm_logits = self.predictions(masked_BxPxH, self.bert.embeddings.word_embeddings)
         return mlm_logits, self.seq_relationship(pooled_BxH)
-
-
-# ----------------------------------------------------------------------------- fine-tuning heads
-
-
-def output_layer(module: nn.Module, config: BertConfig, num_labels: int,
-                 x_BxXxH: jax.Array) -> jax.Array:
-    """Google's fine-tuning output layer, created in `module`'s scope (call it from a compact
-    method): `x @ output_weights.T + output_bias` with weights stored `[num_labels, in]` as
-    run_classifier / run_squad name them; float32 logits."""
-    weights_CxH = module.param("output_weights", _init(config, (LABELS, EMBED)),
-                               (num_labels, x_BxXxH.shape[-1]), config.param_dtype)
-    bias_C = module.param("output_bias", _zeros((LABELS,)), (num_labels,), config.param_dtype)
-    logits = jnp.einsum("...h,ch->...c", x_BxXxH.astype(config.dtype),
-                        weights_CxH.astype(config.dtype), preferred_element_type=jnp.float32)
-    return logits + bias_C.astype(jnp.float32)
-
-
-class BertForSequenceClassification(nn.Module):
-    """run_classifier's model: dropout on the pooled output, then top-level
-    `output_weights [C, H]` and `output_bias [C]`.
-    Returns logits `[B, num_labels]` (`num_labels=1` for regression such as STS-B)."""
-
-    config: BertConfig
-    num_labels: int
-
-    @nn.compact
-    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
-        _, pooled_BxH = BertModel(self.config, name="bert")(
-            input_ids, token_type_ids, attention_mask, deterministic)
-        pooled_BxH = Dropout(self.config.hidden_dropout_prob)(pooled_BxH, deterministic)
-        return output_layer(self, self.config, self.num_labels, pooled_BxH)
-
-
-class BertForTokenClassification(nn.Module):
-    """A tag per token: dropout, then `output_weights [C, H]` on every position.
-
-    With `feature_based=True` (the paper's feature-based NER, section 5.3) the encoder is
-    frozen: the last four layers are concatenated `[B, L, 4H]` and a two-layer BiLSTM of
-    `lstm_size` units per direction feeds the output layer. Returns logits `[B, L, C]`.
-    """
-
-    config: BertConfig
-    num_labels: int
-    feature_based: bool = False
-    lstm_size: int = 768
-
-    @nn.compact
-    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
-        bert = BertModel(self.config, name="bert")
-        if not self.feature_based:
-            x_BxLxH, _ = bert(input_ids, token_type_ids, attention_mask, deterministic)
-        else:
-            # Features of a frozen encoder: no dropout inside it, no gradient into it.
-            layers_NxBxLxH, _ = bert(input_ids, token_type_ids, attention_mask, True,
-                                     all_layers=True)
-            x_BxLxH = jax.lax.stop_gradient(jnp.concatenate(list(layers_NxBxLxH[-4:]), axis=-1))
-            lengths_B = jnp.sum(attention_mask, axis=-1).astype(jnp.int32)
-            for i in range(2):
-                forward, backward = (
-                    nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, param_dtype=self.config.param_dtype,
-                                                name=f"lstm_{i}_{direction}"))
-                    for direction in ("forward", "backward"))
-                x_BxLxH = nn.Bidirectional(forward, backward)(x_BxLxH.astype(jnp.float32),
-                                                              seq_lengths=lengths_B)
-        x_BxLxH = Dropout(self.config.hidden_dropout_prob)(x_BxLxH, deterministic)
-        return output_layer(self, self.config, self.num_labels, x_BxLxH)
-
-
-class SquadOutput(nn.Module):
-    """run_squad's `squad/output_weights [2, H]` and `squad/output_bias [2]`."""
-
-    config: BertConfig
-
-    @nn.compact
-    def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
-        return output_layer(self, self.config, 2, x_BxLxH)
-
-
-class ClsScope(nn.Module):
-    """The `cls` variable scope of the original heads (here: `cls/squad`)."""
-
-    config: BertConfig
-
-    @nn.compact
-    def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
-        return SquadOutput(self.config, name="squad")(x_BxLxH)
-
-
-class BertForQuestionAnswering(nn.Module):
-    """run_squad's model: `cls/squad/output_weights [2, H]` on every position, no dropout.
-    Returns `(start_logits [B, L], end_logits [B, L])`."""
-
-    config: BertConfig
-
-    @nn.compact
-    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
-        x_BxLxH, _ = BertModel(self.config, name="bert")(
-            input_ids, token_type_ids, attention_mask, deterministic)
-        logits_BxLx2 = ClsScope(self.config, name="cls")(x_BxLxH)
-        return logits_BxLx2[..., 0], logits_BxLx2[..., 1]
 
 
 # ----------------------------------------------------------------------------- model-level helpers

@@ -16,8 +16,9 @@ import pytest
 from bertjax import checkpoint, finetune, pretrained, train
 from bertjax.interop import hf, tf
 from bertjax.interop.tree import ConversionError
-from bertjax.model import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification,
-                           BertForTokenClassification, BertModel)
+from bertjax.heads import (BertForQuestionAnswering, BertForSequenceClassification,
+                           BertForTokenClassification)
+from bertjax.model import BertConfig, BertModel
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POSITIVE, NEGATIVE = ["good", "great", "fun", "lovely"], ["bad", "awful", "dull", "boring"]

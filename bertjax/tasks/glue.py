@@ -17,7 +17,8 @@ import numpy as np
 from absl import logging
 
 from bertjax import objectives
-from bertjax.model import BertConfig, BertForSequenceClassification
+from bertjax.heads import BertForSequenceClassification
+from bertjax.model import BertConfig
 
 from bertjax.data import tfds_source, tokenization
 from bertjax.tasks import features, metrics

@@ -13,7 +13,8 @@ import numpy as np
 from absl import logging
 
 from bertjax import objectives
-from bertjax.model import BertConfig, BertForTokenClassification
+from bertjax.heads import BertForTokenClassification
+from bertjax.model import BertConfig
 
 from bertjax.data import tfds_source, tokenization
 from bertjax.tasks import features, metrics

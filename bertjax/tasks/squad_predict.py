@@ -25,7 +25,8 @@ from absl import logging
 from bertjax import objectives
 from bertjax.data import tokenization
 from bertjax.data.tokenization import basic_tokenize
-from bertjax.model import BertConfig, BertForQuestionAnswering
+from bertjax.heads import BertForQuestionAnswering
+from bertjax.model import BertConfig
 from bertjax.tasks import features, squad, squad_eval
 from bertjax.tasks.squad import SquadExample, SquadFeatures
 

@@ -1,0 +1,96 @@
+"""Fine-tuning models: BERT plus run_classifier's, run_squad's and a token tagger's output
+layers, with the original checkpoints' parameter names (`output_weights`, `cls/squad/...`)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.dropout import Dropout
+from bertjax.model import BertConfig, BertModel, output_layer
+
+
+class BertForSequenceClassification(nn.Module):
+    """run_classifier's model: dropout on the pooled output, then top-level
+    `output_weights [C, H]` and `output_bias [C]`.
+    Returns logits `[B, num_labels]` (`num_labels=1` for regression such as STS-B)."""
+
+    config: BertConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
+        _, pooled_BxH = BertModel(self.config, name="bert")(
+            input_ids, token_type_ids, attention_mask, deterministic)
+        pooled_BxH = Dropout(self.config.hidden_dropout_prob)(pooled_BxH, deterministic)
+        return output_layer(self, self.config, self.num_labels, pooled_BxH)
+
+
+class BertForTokenClassification(nn.Module):
+    """A tag per token: dropout, then `output_weights [C, H]` on every position.
+
+    With `feature_based=True` (the paper's feature-based NER, section 5.3) the encoder is
+    frozen: the last four layers are concatenated `[B, L, 4H]` and a two-layer BiLSTM of
+    `lstm_size` units per direction feeds the output layer. Returns logits `[B, L, C]`.
+    """
+
+    config: BertConfig
+    num_labels: int
+    feature_based: bool = False
+    lstm_size: int = 768
+
+    @nn.compact
+    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
+        bert = BertModel(self.config, name="bert")
+        if not self.feature_based:
+            x_BxLxH, _ = bert(input_ids, token_type_ids, attention_mask, deterministic)
+        else:
+            # Features of a frozen encoder: no dropout inside it, no gradient into it.
+            layers_NxBxLxH, _ = bert(input_ids, token_type_ids, attention_mask, True,
+                                     all_layers=True)
+            x_BxLxH = jax.lax.stop_gradient(jnp.concatenate(list(layers_NxBxLxH[-4:]), axis=-1))
+            lengths_B = jnp.sum(attention_mask, axis=-1).astype(jnp.int32)
+            for i in range(2):
+                forward, backward = (
+                    nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, param_dtype=self.config.param_dtype,
+                                                name=f"lstm_{i}_{direction}"))
+                    for direction in ("forward", "backward"))
+                x_BxLxH = nn.Bidirectional(forward, backward)(x_BxLxH.astype(jnp.float32),
+                                                              seq_lengths=lengths_B)
+        x_BxLxH = Dropout(self.config.hidden_dropout_prob)(x_BxLxH, deterministic)
+        return output_layer(self, self.config, self.num_labels, x_BxLxH)
+
+
+class SquadOutput(nn.Module):
+    """run_squad's `squad/output_weights [2, H]` and `squad/output_bias [2]`."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
+        return output_layer(self, self.config, 2, x_BxLxH)
+
+
+class ClsScope(nn.Module):
+    """The `cls` variable scope of the original heads (here: `cls/squad`)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
+        return SquadOutput(self.config, name="squad")(x_BxLxH)
+
+
+class BertForQuestionAnswering(nn.Module):
+    """run_squad's model: `cls/squad/output_weights [2, H]` on every position, no dropout.
+    Returns `(start_logits [B, L], end_logits [B, L])`."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
+        x_BxLxH, _ = BertModel(self.config, name="bert")(
+            input_ids, token_type_ids, attention_mask, deterministic)
+        logits_BxLx2 = ClsScope(self.config, name="cls")(x_BxLxH)
+        return logits_BxLx2[..., 0], logits_BxLx2[..., 1]
