@@ -245,9 +245,10 @@ def test_left_to_right_logits_ignore_later_tokens():
                         jnp.zeros((1, 2), jnp.int32))["params"]
     lm = objectives.next_token_batch(jax.tree.map(jnp.asarray, _batch()))
     later = dict(lm, input_ids=lm["input_ids"].at[:, 7:].set(11))
+    forward = jax.jit(lambda batch, causal: steps.forward(model, params, batch, True,
+                                                          causal=causal)[0], static_argnums=1)
     for causal in (True, False):  # bidirectional attention (MLM) as the control
-        logits, changed = (steps.forward(model, params, b, True, causal=causal)[0]
-                           for b in (lm, later))
+        logits, changed = (forward(b, causal) for b in (lm, later))
         assert np.allclose(logits[:, :7], changed[:, :7], atol=1e-6) == causal
         assert not np.allclose(logits[1:, 7:], changed[1:, 7:])
 
