@@ -3,7 +3,7 @@ LTR & No NSP) and Table 8 (the masking mix), pretrained under the same budget, e
 on SST-2, MRPC and CoNLL-2003 with several seeds.
 
     python benchmarks/ablation_study.py --out=STUDY_DIR [--rows=paper,no_nsp,...] \
-        [--steps=1000] [--seeds=1,2,3] [--train_examples=2000] [--epochs=2]
+        [--steps=1500] [--seeds=1,2,3] [--train_examples=1000] [--epochs=3]
     python benchmarks/ablation_study.py --out=STUDY_DIR --table=benchmarks/ablation_study
 
 Each row is one `python -m bertjax.train` (configs/tiny.py on the shared Gutenberg books,
@@ -68,6 +68,7 @@ def finetune_command(row: str, task: str, args) -> list[str]:
              f"--config.seeds={args.seeds}", f"--config.num_train_epochs={args.epochs}",
              f"--config.learning_rate={args.finetune_lr}", "--config.log_every=100",
              f"--config.max_train_examples={args.train_examples}",
+             f"--config.max_seq_length={args.finetune_length}",
              f"--config.init_checkpoint={args.out}/pretrain/{source}",
              f"--workdir={args.out}/finetune/{row}/{task}"]
             + (["--config.random_init=True"] if row == "random_init" else []))
@@ -159,11 +160,12 @@ if __name__ == "__main__":
     parser.add_argument("--rows", default="paper,random_init,no_nsp,ltr_no_nsp,mask_100_0_0,"
                         "mask_80_0_20,mask_80_20_0,mask_0_20_80,mask_0_0_100")
     parser.add_argument("--tasks", default="sst2,mrpc,conll2003")
-    parser.add_argument("--steps", type=int, default=1000, help="pretraining steps per row")
+    parser.add_argument("--steps", type=int, default=1500, help="pretraining steps per row")
     parser.add_argument("--lr", type=float, default=5e-4, help="pretraining peak lr")
     parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--train_examples", type=int, default=2000)
-    parser.add_argument("--epochs", type=float, default=2)
+    parser.add_argument("--train_examples", type=int, default=1000)
+    parser.add_argument("--epochs", type=float, default=3)
+    parser.add_argument("--finetune_length", type=int, default=64)
     parser.add_argument("--finetune_lr", type=float, default=3e-4)
     parser.add_argument("--table", default="")
     parsed = parser.parse_args()
