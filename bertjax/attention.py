@@ -29,14 +29,25 @@ def resolve_impl(impl: str, dtype: str, head_size: int, backend: str | None = No
     return "cudnn" if backend in ("gpu", "cuda") and cudnn_fits else "einsum"
 
 
-def mask_bias(attention_mask_BxL: jax.Array) -> jax.Array:
-    """The original additive mask `(1 - mask) * -10000`, broadcastable over heads and queries."""
-    mask = attention_mask_BxL.astype(jnp.float32)
-    return ((1.0 - mask) * ATTENTION_MASK_VALUE)[:, None, None, :]
+def mask_bias(attention_mask: jax.Array) -> jax.Array:
+    """The original additive mask `(1 - mask) * -10000`, broadcastable over heads (and over
+    queries for a padding mask `[B, L]`; a `[B, L, L]` mask gives each query its keys)."""
+    bias = (1.0 - attention_mask.astype(jnp.float32)) * ATTENTION_MASK_VALUE
+    return bias[:, None, None, :] if bias.ndim == 2 else bias[:, None]
+
+
+def causal_mask(attention_mask_BxL: jax.Array) -> jax.Array:
+    """`[B, L, L]`: query q may attend to key k <= q that is a real token (left-to-right LM)."""
+    length = attention_mask_BxL.shape[-1]
+    lower_LxL = jnp.tril(jnp.ones((length, length), attention_mask_BxL.dtype))
+    return attention_mask_BxL[:, None, :] * lower_LxL[None]
 
 
 def sequence_lengths(attention_mask_BxL: jax.Array) -> jax.Array:
     """Real tokens per row of a prefix padding mask: the fused kernels' form of the mask."""
+    if attention_mask_BxL.ndim != 2:
+        raise ValueError("attention_impl 'cudnn' and 'xla' take padding masks only; a causal "
+                         "(train.objective=ltr) model needs model.attention_impl='einsum'")
     return jnp.sum(attention_mask_BxL.astype(jnp.int32), axis=-1)
 
 

@@ -35,17 +35,6 @@ def _read_lines(path: str) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def load(source: pretrained.Source) -> tuple[BertModel, dict, tokenization.Tokenizer]:
-    """The encoder and its pretrained parameters on one device, and the tokenizer."""
-    pretrain = pretrained.pretraining_run(source)
-    bert_config = pretrained.bert_config_of(source, pretrain)
-    model = BertModel(bert_config)
-    params = pretrained.load_pretrained(
-        source.init_checkpoint, {"bert": pretrained.abstract_params_on_one_device(model)},
-        bert_config)["bert"]
-    return model, params, pretrained.tokenizer_of(source, pretrain)
-
-
 def extract(model: BertModel, params: dict, tokenizer: tokenization.Tokenizer,
             texts: Sequence[tuple[str, str | None]], layers: Sequence[int], max_seq_length: int,
             batch_size: int) -> Iterator[dict]:
@@ -98,7 +87,7 @@ def main(argv) -> None:
         attention_probs_dropout_prob=0.0)
     try:
         layers = [int(x) for x in FLAGS.layers.split(",")]
-        model, params, tokenizer = load(source)
+        model, params, tokenizer = pretrained.load_encoder(source)
         num_layers = model.config.num_hidden_layers
         if any(not -num_layers <= layer < num_layers for layer in layers):
             raise ValueError(f"--layers={FLAGS.layers}: the model has {num_layers} layers")

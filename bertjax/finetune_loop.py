@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 from bertjax import checkpoint, pretrained, reporting, sharding, steps
 from bertjax import run as run_lib
 from bertjax.state import count_params
+from bertjax.tasks import metrics
 from bertjax.tasks.features import Finetune, SplitData
 
 Batch = dict[str, jax.Array]
@@ -192,5 +193,4 @@ def summarize_seeds(results: list[dict[str, Any]]) -> dict[str, dict[str, float]
         for split, values in {**result["dev"], **result["test"]}.items():
             for key, value in values.items():
                 table.setdefault(f"{split}/{key}", []).append(value)
-    return {key: {"mean": float(np.mean(v)), "std": float(np.std(v)),
-                  "median": float(np.median(v)), "values": v} for key, v in table.items()}
+    return {key: metrics.spread(v) for key, v in table.items()}

@@ -5,10 +5,53 @@ micro-batches, steps and hosts without biasing a mean with padding.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 MLM_WEIGHT_EPSILON = 1e-5  # the original: sum(w * nll) / (sum(w) + 1e-5)
+OBJECTIVES = ("mlm", "ltr")
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainingObjective:
+    """What pretraining optimises (`config.train.objective`, `next_sentence_prediction`):
+    "mlm", the masked LM (+ NSP unless switched off), or "ltr", a left-to-right LM with causal
+    attention and no NSP (the paper's Table 5 ablations)."""
+
+    kind: str = "mlm"
+    next_sentence_prediction: bool = True
+
+    def __post_init__(self):
+        if self.kind not in OBJECTIVES:
+            raise ValueError(f"train.objective={self.kind!r}; choose one of {list(OBJECTIVES)}")
+
+    @property
+    def causal(self) -> bool:
+        return self.kind == "ltr"
+
+    @property
+    def uses_nsp(self) -> bool:
+        return self.next_sentence_prediction and not self.causal
+
+
+def next_token_batch(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """A pretraining batch as a left-to-right LM task: the masked tokens are put back (from
+    `masked_lm_ids`), and position i predicts token i + 1 for every real token but the first
+    (`masked_lm_*` over positions 0..L-2), so the MLM loss and metrics become the LM's."""
+    ids_BxL, positions_BxP = batch["input_ids"], batch["masked_lm_positions"]
+    rows_Bx1 = jnp.arange(ids_BxL.shape[0])[:, None]
+    # Padding slots (weight 0, position 0 = [CLS], never masked) write back the id already there.
+    original_BxP = jnp.where(batch["masked_lm_weights"] > 0, batch["masked_lm_ids"],
+                             ids_BxL[rows_Bx1, positions_BxP])
+    ids_BxL = ids_BxL.at[rows_Bx1, positions_BxP].set(original_BxP)
+    batch_size, length = ids_BxL.shape
+    return dict(batch, input_ids=ids_BxL,
+                masked_lm_positions=jnp.broadcast_to(jnp.arange(length - 1, dtype=jnp.int32),
+                                                     (batch_size, length - 1)),
+                masked_lm_ids=ids_BxL[:, 1:],
+                masked_lm_weights=batch["input_mask"][:, 1:].astype(jnp.float32))
 
 
 def _nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -18,16 +61,19 @@ def _nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 def pretraining_loss(mlm_logits_BxPxV: jax.Array, nsp_logits_Bx2: jax.Array,
                      batch: dict[str, jax.Array], mlm_weight_total: jax.Array | None = None,
-                     num_sequences_total: jax.Array | float | None = None):
+                     num_sequences_total: jax.Array | float | None = None,
+                     next_sentence_prediction: bool = True):
     """Returns `(loss, metric_sums)` with loss = MLM + NSP as in the original.
 
     `mlm_weight_total` and `num_sequences_total` are the denominators of the whole optimizer
     batch; passing them makes the sum of micro-batch losses equal the full-batch loss, so
     gradient accumulation gives exactly the large-batch gradient. They default to this batch.
+    Without `next_sentence_prediction` the loss is the MLM's alone and the NSP sums are 0.
     """
     weights_BxP = batch["masked_lm_weights"].astype(jnp.float32)
     mlm_nll_BxP = _nll(mlm_logits_BxPxV, batch["masked_lm_ids"])
-    nsp_nll_B = _nll(nsp_logits_Bx2, batch["next_sentence_labels"])
+    nsp_weight = 1.0 if next_sentence_prediction else 0.0
+    nsp_nll_B = nsp_weight * _nll(nsp_logits_Bx2, batch["next_sentence_labels"])
     if mlm_weight_total is None:
         mlm_weight_total = jnp.sum(weights_BxP)
     if num_sequences_total is None:
@@ -43,8 +89,8 @@ def pretraining_loss(mlm_logits_BxPxV: jax.Array, nsp_logits_Bx2: jax.Array,
         "mlm_correct_sum": jnp.sum(weights_BxP * mlm_correct),
         "mlm_weight_sum": jnp.sum(weights_BxP),
         "nsp_loss_sum": nsp_loss_sum,
-        "nsp_correct_sum": jnp.sum(nsp_correct.astype(jnp.float32)),
-        "nsp_count": jnp.float32(nsp_nll_B.shape[0]),
+        "nsp_correct_sum": nsp_weight * jnp.sum(nsp_correct.astype(jnp.float32)),
+        "nsp_count": jnp.float32(nsp_weight * nsp_nll_B.shape[0]),
     }
     return loss, metrics
 

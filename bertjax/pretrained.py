@@ -22,7 +22,7 @@ from bertjax import model as bert_model
 from bertjax.data import pipeline, tokenization
 from bertjax.interop import hf, native, tf, tree
 from bertjax.interop.tree import ConversionError
-from bertjax.model import BertConfig
+from bertjax.model import BertConfig, BertModel
 
 FORMATS = ("tf", "hf", "bertjax")
 LOADERS = {"tf": tf.load_tf, "hf": hf.load_hf, "bertjax": native.load_bertjax}
@@ -259,3 +259,19 @@ def check_run_tokenizer(path: str, data_config: Any, tokenizer_vocab_size: int,
             f"init_checkpoint {path}) has {model_vocab_size}; use the checkpoint's vocab file")
     if data_config.tokenizer == "wordpiece":
         validate_case(path, data_config.do_lower_case, data_config.vocab_file)
+
+
+def load_encoder(source: Source, random_init: bool = False, seed: int = 0
+                 ) -> tuple[BertModel, dict, tokenization.Tokenizer]:
+    """The encoder (BertModel) with the checkpoint's parameters on one device, and the
+    tokenizer; `random_init`: the checkpoint's architecture and tokenizer, fresh weights."""
+    pretrain = pretraining_run(source)
+    bert_config = bert_config_of(source, pretrain)
+    model = BertModel(bert_config)
+    if random_init:
+        params = model.init(jax.random.PRNGKey(seed), *bert_model.example_inputs(model))["params"]
+        params = nn.meta.unbox(params)
+    else:
+        params = load_pretrained(source.init_checkpoint,
+                                 {"bert": abstract_params_on_one_device(model)}, bert_config)["bert"]
+    return model, params, tokenizer_of(source, pretrain)

@@ -12,7 +12,7 @@ import jax
 import optax
 from jax.sharding import Mesh
 
-from bertjax import memory, optim, sharding, steps
+from bertjax import memory, objectives, optim, sharding, steps
 from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.schedule import Phase
@@ -63,6 +63,15 @@ def build(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
                       steps.jit_eval_step(eval_step, shardings.params, mesh))
 
 
+def pretraining_objective(train_cfg: Mapping) -> objectives.PretrainingObjective:
+    """`train.objective` and `train.next_sentence_prediction`; ConfigError if unknown."""
+    try:
+        return objectives.PretrainingObjective(train_cfg.get("objective", "mlm"),
+                                               bool(train_cfg.get("next_sentence_prediction", True)))
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
 def check_batches(mesh: Mesh, phases: Sequence[Phase], grad_accum_steps: int,
                   max_position_embeddings: int) -> None:
     """Checks every phase's global batch against the mesh, accumulation and process count,
@@ -83,15 +92,17 @@ def check_batches(mesh: Mesh, phases: Sequence[Phase], grad_accum_steps: int,
 
 def build_pretraining(model_config: BertConfig, optimizer: optim.OptimizerConfig, mesh: Mesh,
                       phases: Sequence[Phase], grad_accum_steps: int,
-                      report: bool = True) -> ShardedRun:
+                      report: bool = True,
+                      objective: objectives.PretrainingObjective = objectives.PretrainingObjective()
+                      ) -> ShardedRun:
     """The pretraining run: BertForPreTraining with BERT's optimizer on `mesh`, checked
     against the phases' batches and the mesh's divisibility; the chief prints the memory
     report of `phases` when `report`."""
     check_batches(mesh, phases, grad_accum_steps, model_config.max_position_embeddings)
     model = BertForPreTraining(model_config)
     tx = optim.make_optimizer(optimizer)
-    run = build(model, tx, mesh, steps.make_train_step(model, tx, grad_accum_steps),
-                steps.make_eval_step(model))
+    run = build(model, tx, mesh, steps.make_train_step(model, tx, grad_accum_steps, objective),
+                steps.make_eval_step(model, objective))
     try:
         memory.check_shardable(model_config, run.abstract_state.params, mesh)
     except memory.MeshMismatch as e:

@@ -13,19 +13,21 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from bertjax import objectives, sharding
+from bertjax import attention, objectives, sharding
 from bertjax.state import TrainState
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
 
 
-def _forward(model: nn.Module, params: Any, batch: Batch, deterministic: bool,
-             dropout_rng: jax.Array | None = None):
+def forward(model: nn.Module, params: Any, batch: Batch, deterministic: bool,
+            dropout_rng: jax.Array | None = None, causal: bool = False):
+    """`(mlm_logits, nsp_logits)` of BertForPreTraining; `causal`: each position attends to
+    itself and the positions before it only (the left-to-right objective)."""
     rngs = None if deterministic else {"dropout": dropout_rng}
-    return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
-                       batch["input_mask"], batch["masked_lm_positions"],
-                       deterministic=deterministic, rngs=rngs)
+    mask = attention.causal_mask(batch["input_mask"]) if causal else batch["input_mask"]
+    return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], mask,
+                       batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs)
 
 
 def _split_micro_batches(batch: Batch, accum_steps: int) -> Batch:
@@ -37,19 +39,22 @@ def _split_micro_batches(batch: Batch, accum_steps: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                    accum_steps: int = 1) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation, accum_steps: int = 1,
+                    objective: objectives.PretrainingObjective = objectives.PretrainingObjective()
+                    ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """Builds the pure train step: forward, loss, grads (accumulated over micro-batches),
     clip + update (inside `tx`), and a skip of non-finite updates."""
 
     def loss_fn(params, micro: Batch, rng, weight_total, num_sequences):
-        mlm_logits, nsp_logits = _forward(model, params, micro, False, rng)
+        mlm_logits, nsp_logits = forward(model, params, micro, False, rng, objective.causal)
         return objectives.pretraining_loss(mlm_logits, nsp_logits, micro, weight_total,
-                                           num_sequences)
+                                           num_sequences, objective.uses_nsp)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        if objective.causal:
+            batch = objectives.next_token_batch(batch)
         step_rng = jax.random.fold_in(state.rng, state.step)
         weight_total = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
         num_sequences = batch["input_ids"].shape[0]
@@ -112,12 +117,17 @@ def make_loss_train_step(loss_fn: Callable[[Any, Batch, jax.Array], tuple[jax.Ar
     return train_step
 
 
-def make_eval_step(model: nn.Module) -> Callable[[Any, Batch], Metrics]:
+def make_eval_step(model: nn.Module,
+                   objective: objectives.PretrainingObjective = objectives.PretrainingObjective()
+                   ) -> Callable[[Any, Batch], Metrics]:
     """Builds the deterministic evaluation step returning metric sums."""
 
     def eval_step(params: Any, batch: Batch) -> Metrics:
-        mlm_logits, nsp_logits = _forward(model, params, batch, True)
-        return objectives.pretraining_loss(mlm_logits, nsp_logits, batch)[1]
+        if objective.causal:
+            batch = objectives.next_token_batch(batch)
+        mlm_logits, nsp_logits = forward(model, params, batch, True, causal=objective.causal)
+        return objectives.pretraining_loss(mlm_logits, nsp_logits, batch,
+                                           next_sentence_prediction=objective.uses_nsp)[1]
 
     return eval_step
 

@@ -48,6 +48,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     mesh = run.make_mesh(config.mesh.to_dict(), devices)
     run.check_batches(mesh, phases, config.train.grad_accum_steps,
                       config.model.max_position_embeddings)  # before preparing any data
+    objective = run.pretraining_objective(config.train)
     cache_dir = config.data.cache_dir or (  # prepared data needs a local disk
         os.path.join(tempfile.gettempdir(), "bertjax_data") if "://" in workdir
         else os.path.join(workdir, "data"))
@@ -57,11 +58,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         raise pipeline.DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but "
                                  f"model.vocab_size={config.model.vocab_size}; raise the latter")
     phase_data = loaders.prepare_data(config.data, phases, config.model.vocab_size, tokenizer,
-                                      cache_dir)
+                                      cache_dir, next_sentence_prediction=objective.uses_nsp)
     optimizer = optim.optimizer_config(config.optimizer, config.train.total_steps)
     model_config = BertConfig.from_dict(config.model.to_dict())
     sharded = run.build_pretraining(model_config, optimizer, mesh, phases,
-                                    config.train.grad_accum_steps, report=is_chief)
+                                    config.train.grad_accum_steps, is_chief, objective)
     checkpointer = checkpoint.Checkpointer(
         os.path.join(workdir, "checkpoints"), config.train.checkpoint_every,
         config.train.keep_checkpoints, config.train.keep_every)

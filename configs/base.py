@@ -51,7 +51,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.strip_accents = "auto"  # "auto" (= do_lower_case, the original) | "true" | "false"
     c.data.max_seq_length = 128  # tokens per sequence in the first phase
     c.data.max_predictions_per_seq = 20  # masked positions per sequence in the first phase
-    c.data.masked_lm_prob = 0.15  # fraction of tokens masked
+    c.data.masked_lm_prob = 0.15  # fraction of tokens masked (chosen for prediction)
+    # Of the chosen tokens: the fraction replaced by [MASK] and by a random token; the rest
+    # (1 - both) keep the original. Paper: 0.8 / 0.1 (/ 0.1 kept); Table 8 ablates the mix.
+    c.data.mask_token_prob = 0.8  # probability
+    c.data.random_token_prob = 0.1  # probability; mask_token_prob + this must be <= 1
     c.data.short_seq_prob = 0.1  # probability of a shorter target length
     c.data.dupe_factor = 10  # copies of the corpus with different masks (static masking)
     c.data.masking = "static"  # "static" (original: masked once when prepared) | "dynamic"
@@ -84,6 +88,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.max_nonfinite_steps = 10  # consecutive non-finite steps before the run stops
     c.train.debug_nan_steps = ()  # TEST ONLY: steps (1-based) whose batch is made NaN
     c.train.seed = 42  # parameter init and dropout seed
+    # Ablations (paper Table 5). False: no NSP loss, and instances whose B always really
+    # follows A (a one-sentence chunk becomes [CLS] A [SEP]); the NSP head stays in the params.
+    c.train.next_sentence_prediction = True
+    # "mlm" (masked LM) | "ltr": left-to-right LM, causal attention, next-token loss over every
+    # real token, no NSP (instances as next_sentence_prediction=False), einsum attention only.
+    c.train.objective = "mlm"
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.name = "bert_adam"  # "bert_adam" (original) | "adamw" (bias-corrected) | "lamb"

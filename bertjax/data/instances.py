@@ -114,8 +114,11 @@ def _truncate_seq_pair(
 def _make_instance(
     tokens_a: list[int], tokens_b: list[int], is_random_next: bool, specials: SpecialTokens
 ) -> Instance:
-    assert tokens_a and tokens_b, "segments A and B must each keep at least one token"
-    tokens = [specials.cls_id, *tokens_a, specials.sep_id, *tokens_b, specials.sep_id]
+    """``[CLS] A [SEP] B [SEP]``, or ``[CLS] A [SEP]`` (one segment) when B is empty."""
+    assert tokens_a, "segment A must keep at least one token"
+    tokens = [specials.cls_id, *tokens_a, specials.sep_id]
+    if tokens_b:
+        tokens += [*tokens_b, specials.sep_id]
     segment_ids = np.zeros(len(tokens), np.int32)
     segment_ids[len(tokens_a) + 2 :] = 1
     return Instance(np.asarray(tokens, np.int32), segment_ids, is_random_next)
@@ -128,8 +131,13 @@ def _instances_from_document(
     short_seq_prob: float,
     rng: random.Random,
     specials: SpecialTokens,
+    next_sentence_prediction: bool = True,
 ) -> list[Instance]:
-    """Cuts one document into sentence pairs (the original ``create_instances_from_document``)."""
+    """Cuts one document into sentence pairs (the original ``create_instances_from_document``).
+
+    Without ``next_sentence_prediction`` B is always the chunk's actual continuation, and a
+    one-sentence chunk becomes a one-segment instance ``[CLS] A [SEP]`` (the paper's "No NSP").
+    """
     document = documents[document_index]
     max_num_tokens = max_seq_length - 3  # Room for [CLS], [SEP], [SEP].
     # As in the original, the (sometimes short) target is drawn once per document.
@@ -147,7 +155,7 @@ def _instances_from_document(
         if i == len(document) - 1 or chunk_length >= target_seq_length:
             a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
             tokens_a = _concat(chunk[:a_end])
-            is_random_next = len(chunk) == 1 or rng.random() < 0.5
+            is_random_next = next_sentence_prediction and (len(chunk) == 1 or rng.random() < 0.5)
             if is_random_next:
                 target_b_length = target_seq_length - len(tokens_a)
                 tokens_b = _random_segments(documents, document_index, target_b_length, rng)
@@ -182,6 +190,7 @@ def create_instances(
     dupe_factor: int,
     rng: random.Random,
     specials: SpecialTokens,
+    next_sentence_prediction: bool = True,
 ) -> list[Instance]:
     """Makes unmasked sentence pairs from tokenized documents, as the original does.
 
@@ -189,6 +198,7 @@ def create_instances(
     the documents are shuffled once (on a copy), then every document is cut into
     pairs ``dupe_factor`` times, then all pairs are shuffled. An empty corpus
     gives ``[]``; a one-document corpus takes "random" B segments from itself.
+    ``next_sentence_prediction=False``: no random B (see ``_instances_from_document``).
     """
     if max_seq_length < 5:
         raise ValueError(
@@ -203,9 +213,8 @@ def create_instances(
     for _ in range(dupe_factor):
         for document_index in range(len(all_documents)):
             instances.extend(
-                _instances_from_document(
-                    all_documents, document_index, max_seq_length, short_seq_prob, rng, specials
-                )
+                _instances_from_document(all_documents, document_index, max_seq_length,
+                                         short_seq_prob, rng, specials, next_sentence_prediction)
             )
     rng.shuffle(instances)
     return instances
@@ -214,6 +223,27 @@ def create_instances(
 # ---------------------------------------------------------------------------
 # Masked LM
 # ---------------------------------------------------------------------------
+
+
+PAPER_MASK_MIX = (0.8, 0.1)  # (P[MASK], P[random token]); the rest keep the original token
+
+
+def check_mask_mix(mask_token_prob: float, random_token_prob: float) -> None:
+    """Raises ValueError unless both are probabilities with a sum of at most 1."""
+    if not (0 <= mask_token_prob <= 1 and 0 <= random_token_prob <= 1
+            and mask_token_prob + random_token_prob <= 1 + 1e-9):
+        raise ValueError(
+            f"mask_token_prob={mask_token_prob} and random_token_prob={random_token_prob} must "
+            "be in [0, 1] with a sum of at most 1 (the rest keep the original token)")
+
+
+def _keep_probability(mask_token_prob: float, random_token_prob: float) -> float:
+    """P(keep | not [MASK]): the original's second draw, 0.5 for the paper's 80/10/10."""
+    check_mask_mix(mask_token_prob, random_token_prob)
+    if mask_token_prob >= 1:
+        return 1.0  # never reached: every chosen token becomes [MASK]
+    keep = max(0.0, 1.0 - mask_token_prob - random_token_prob)
+    return round(keep / (1.0 - mask_token_prob), 12)  # 0.5 exactly for 80/10/10
 
 
 def _candidate_groups(
@@ -239,17 +269,20 @@ def mask_tokens(
     max_predictions_per_seq: int,
     specials: SpecialTokens,
     whole_word_mask: bool = False,
+    mask_mix: tuple[float, float] = PAPER_MASK_MIX,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Applies the original masked-LM masking; returns (masked tokens, positions, labels).
 
     ``round(len(tokens) * masked_lm_prob)`` positions (at least 1, at most
     ``max_predictions_per_seq``; the length counts [CLS] and [SEP]) are chosen
     among maskable tokens in random word order, skipping words that would
-    overshoot (so whole-word masking may choose fewer, even none). Each becomes
-    [MASK] 80% of the time, stays unchanged 10%, and is replaced by a uniformly
-    random id from the whole vocabulary 10%. Positions are sorted ascending;
-    labels are the original ids.
+    overshoot (so whole-word masking may choose fewer, even none). With
+    ``mask_mix=(m, r)`` each becomes [MASK] with probability m (0.8), a uniformly
+    random id from the whole vocabulary with probability r (0.1), and stays
+    unchanged otherwise; the paper's mix draws exactly as the original does.
+    Positions are sorted ascending; labels are the original ids.
     """
+    keep_if_not_masked = _keep_probability(*mask_mix)
     tokens = np.asarray(tokens)
     groups = _candidate_groups(tokens, specials, whole_word_mask)
     rng.shuffle(groups)
@@ -264,9 +297,9 @@ def mask_tokens(
         if len(positions) + len(group) > num_to_predict:
             continue
         for index in group:
-            if rng.random() < 0.8:
+            if rng.random() < mask_mix[0]:
                 output[index] = specials.mask_id
-            elif rng.random() < 0.5:
+            elif rng.random() < keep_if_not_masked:
                 pass  # Keep the original token.
             else:
                 output[index] = rng.randint(0, specials.vocab_size - 1)

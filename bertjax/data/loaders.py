@@ -24,7 +24,8 @@ class BatchLoader:
 
     def __init__(self, split: PreparedSplit, local_batch_size: int, seed: int, shuffle: bool = True,
                  masking: tuple[instances.SpecialTokens, float, int, bool] | None = None,
-                 name: str = "train"):
+                 name: str = "train",
+                 mask_mix: tuple[float, float] = instances.PAPER_MASK_MIX):
         if len(split) < local_batch_size:
             raise DataError(
                 f"the {name} split has {len(split)} sequences, fewer than one batch of "
@@ -33,7 +34,7 @@ class BatchLoader:
         if not split.masked and masking is None:
             raise ValueError("an unmasked split needs masking parameters (dynamic masking)")
         self.split, self.local_batch_size, self.seed = split, local_batch_size, seed
-        self.shuffle, self.masking = shuffle, masking
+        self.shuffle, self.masking, self.mask_mix = shuffle, masking, mask_mix
         self.batches_per_epoch = len(split) // local_batch_size
         self._order_epoch, self._order = -1, np.arange(len(split))
 
@@ -59,7 +60,7 @@ class BatchLoader:
             length = int(batch["input_mask"][i].sum())
             tokens, positions, labels = instances.mask_tokens(
                 batch["input_ids"][i, :length], instances.instance_rng(self.seed, epoch, int(row)),
-                prob, max_predictions, specials, whole_word)
+                prob, max_predictions, specials, whole_word, self.mask_mix)
             batch["input_ids"][i, :length] = tokens
             count = len(positions)
             for name, values in (("masked_lm_positions", positions), ("masked_lm_ids", labels)):
@@ -93,24 +94,27 @@ class PhaseData:
 def prepare_data(data_cfg: Any, phases: Sequence[Phase], vocab_size: int,
                  tokenizer: tokenization.Tokenizer, cache_dir: str,
                  process_index: int | None = None,
-                 process_count: int | None = None) -> list[PhaseData]:
+                 process_count: int | None = None,
+                 next_sentence_prediction: bool = True) -> list[PhaseData]:
     """Prepares (or loads from cache) every phase's splits of this process's share of the
     documents (default: this process's index and count; `data_cfg`: config.data) and checks
-    their token ids against the model's `vocab_size`."""
+    their token ids against the model's `vocab_size`. `next_sentence_prediction=False`:
+    instances without random-B pairs (pipeline.prepare)."""
     if process_index is None:
         process_index, process_count = jax.process_index(), jax.process_count()
     specials = pipeline.specials_of(tokenizer, data_cfg.whole_word_mask)
     result = []
     for phase in phases:
         splits = pipeline.prepare(data_cfg, phase, tokenizer, cache_dir, process_index,
-                                  process_count)
+                                  process_count, next_sentence_prediction)
         for name, split in splits.items():
             pipeline.check_token_ids(split, vocab_size, f"{name} data ({phase.name})")
         local_batch = phase.global_batch_size // process_count
         masking = (specials, data_cfg.masked_lm_prob, phase.max_predictions_per_seq,
                    data_cfg.whole_word_mask)
         train_loader = BatchLoader(splits["train"], local_batch, data_cfg.seed,
-                                   masking=masking, name=f"{phase.name} train")
+                                   masking=masking, name=f"{phase.name} train",
+                                   mask_mix=pipeline.mask_mix(data_cfg))
         eval_loader = None
         if fewest_over_processes(len(splits["eval"])) >= local_batch:
             eval_loader = BatchLoader(splits["eval"], local_batch, data_cfg.seed,

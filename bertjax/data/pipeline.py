@@ -250,19 +250,29 @@ def split_eval_documents(documents: list, eval_fraction: float, seed: int) -> tu
     return train, [d for i, d in enumerate(documents) if i in eval_ids]
 
 
+def mask_mix(data_cfg: Any) -> tuple[float, float]:
+    """`(data.mask_token_prob, data.random_token_prob)`; DataError if not a valid mix."""
+    mix = (data_cfg.mask_token_prob, data_cfg.random_token_prob)
+    try:
+        instances.check_mask_mix(*mix)
+    except ValueError as e:
+        raise DataError(f"data.{e}") from e
+    return mix
+
+
 def make_features(documents: list[list[np.ndarray]], phase: Phase, data_cfg: Any,
                   specials: instances.SpecialTokens, dupe_factor: int, mask: bool,
-                  seed: int) -> dict[str, np.ndarray]:
+                  seed: int, next_sentence_prediction: bool = True) -> dict[str, np.ndarray]:
     """Instances with the original semantics, masked now (static) or left for the loader."""
     rng = random.Random(seed)
     created = instances.create_instances(documents, phase.max_seq_length, data_cfg.short_seq_prob,
-                                         dupe_factor, rng, specials)
+                                         dupe_factor, rng, specials, next_sentence_prediction)
     rows = []
     for instance in created:
         if mask:
             tokens, positions, labels = instances.mask_tokens(
                 instance.tokens, rng, data_cfg.masked_lm_prob, phase.max_predictions_per_seq,
-                specials, data_cfg.whole_word_mask)
+                specials, data_cfg.whole_word_mask, mask_mix(data_cfg))
         else:
             tokens, positions, labels = instance.tokens, np.zeros(0, np.int32), np.zeros(0, np.int32)
         rows.append(instances.to_features(tokens, instance.segment_ids, instance.is_random_next,
@@ -338,20 +348,25 @@ def empty_features(phase: Phase) -> dict[str, np.ndarray]:
 
 
 def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cache_dir: str,
-            process_index: int = 0, process_count: int = 1) -> dict[str, PreparedSplit]:
+            process_index: int = 0, process_count: int = 1,
+            next_sentence_prediction: bool = True) -> dict[str, PreparedSplit]:
     """Prepared `train` and `eval` splits for `phase` (`data_cfg`: config.data), built once
-    and cached under cache_dir."""
+    and cached under cache_dir; `next_sentence_prediction=False` makes no random-B pairs."""
     dynamic = _masking_is_dynamic(data_cfg)
+    key_data = {k: data_cfg[k] for k in ("masked_lm_prob", "short_seq_prob", "dupe_factor", "masking",
+                "whole_word_mask", "eval_fraction", "seed", "documents_per_shard")}
+    if mask_mix(data_cfg) != instances.PAPER_MASK_MIX:  # ablation switches join the key only
+        key_data["mask_mix"] = mask_mix(data_cfg)  # when off the paper's: old caches keep theirs
+    if not next_sentence_prediction:
+        key_data["next_sentence_prediction"] = False
     key = _hash({"version": FORMAT_VERSION, "source": _source_fingerprint(data_cfg),
                  "tokenizer": tokenizer.fingerprint(), "phase": [phase.max_seq_length,
                                                                  phase.max_predictions_per_seq],
-                 "data": {k: data_cfg[k] for k in ("masked_lm_prob", "short_seq_prob", "dupe_factor",
-                                                   "masking", "whole_word_mask", "eval_fraction",
-                                                   "seed", "documents_per_shard")},
-                 "shard": [process_index, process_count]})
+                 "data": key_data, "shard": [process_index, process_count]})
     directory = os.path.join(cache_dir, f"{phase.name}_{phase.max_seq_length}_{key}")
     if not os.path.exists(os.path.join(directory, "meta.json")):
-        _build(directory, data_cfg, phase, tokenizer, dynamic, process_index, process_count)
+        _build(directory, data_cfg, phase, tokenizer, dynamic, process_index, process_count,
+               next_sentence_prediction)
     with open(os.path.join(directory, "meta.json")) as f:
         meta = json.load(f)
     records = meta.pop("files")
@@ -367,7 +382,7 @@ def _masking_is_dynamic(data_cfg: Any) -> bool:
 
 
 def _build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
-           dynamic: bool, process_index: int, process_count: int) -> None:
+           dynamic: bool, process_index: int, process_count: int, nsp: bool) -> None:
     """Reads, tokenizes and instantiates the corpus shard by shard (bounded memory: one shard
     of `data.documents_per_shard` documents at a time; NSP partners come from the same shard,
     as the original ran per input file), and writes it atomically."""
@@ -387,9 +402,9 @@ def _build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.
                                                          data_cfg.seed + shard)
             seed = hash_seed(data_cfg.seed, process_index, shard, phase.max_seq_length)
             splits = {"train": make_features(train_docs, phase, data_cfg, specials,
-                                             data_cfg.dupe_factor, mask=not dynamic, seed=seed),
-                      "eval": make_features(eval_docs, phase, data_cfg, specials, 1, mask=True,
-                                            seed=seed + 1)}
+                                             data_cfg.dupe_factor, not dynamic, seed, nsp),
+                      "eval": make_features(eval_docs, phase, data_cfg, specials, 1, True,
+                                            seed + 1, nsp)}
             meta.update(eval_documents=len(eval_docs))
             for name, features in splits.items():
                 if features:

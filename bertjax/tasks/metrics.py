@@ -5,9 +5,15 @@ All values are fractions in [0, 1] (correlations in [-1, 1]); inputs are host ar
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Mean, standard deviation (ddof 0), median and the values of repeated runs (seeds)."""
+    return {"mean": float(np.mean(values)), "std": float(np.std(values)),
+            "median": float(np.median(values)), "values": list(values)}
 
 
 def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:

@@ -1,0 +1,89 @@
+"""`python -m bertjax.probe --init_checkpoint=DIR --task=conll2003,sst2 --workdir=DIR`: which
+layer knows what. Freezes the encoder, trains one small probe per layer (embeddings, 1..N)
+and per combination of the paper's Table 7 on each task, with the same budget and seeds, and
+writes `probe.json` (dev metric per layer and combination: mean, std, median, per seed) and
+`probe.png` (metric against layer, one line per task). Needs matplotlib (`pip install -e
+'.[plot]'`) for the picture.
+
+The checkpoint is a bertjax run, a Google TF or a Hugging Face directory; `--random_init`
+probes the same architecture with fresh weights (the floor a pretrained encoder must beat).
+Data as for fine-tuning: `--glue_dir` (GLUE download layout), `--conll_dir` (CoNLL files), or
+tfds when empty.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app, flags
+
+from bertjax import pretrained
+from bertjax.tasks import features, probing
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("init_checkpoint", None, "bertjax run, Google TF or Hugging Face dir")
+    flags.DEFINE_string("task", "conll2003", "comma-separated: conll2003 and/or GLUE tasks")
+    flags.DEFINE_string("workdir", None, "where probe.json and probe.png are written")
+    flags.DEFINE_bool("random_init", False, "the checkpoint's architecture, random weights")
+    flags.DEFINE_string("glue_dir", "", "GLUE data (download layout); empty = tfds glue/<task>")
+    flags.DEFINE_string("conll_dir", "", "CoNLL-2003 files; empty = tfds conll2003")
+    flags.DEFINE_string("tfds_data_dir", "", "tfds data_dir; empty = tfds default")
+    flags.DEFINE_string("vocab_file", "", "overrides the checkpoint's tokenizer")
+    flags.DEFINE_bool("do_lower_case", True, "for vocab_file / Google and HF checkpoints")
+    flags.DEFINE_integer("max_seq_length", 128, "tokens per sequence")
+    flags.DEFINE_integer("max_train_examples", 0, "random subset of each training set; 0 = all")
+    flags.DEFINE_string("seeds", "1,2,3", "one probe per seed, layer and combination")
+    flags.DEFINE_integer("epochs", 10, "passes over the training features per probe")
+    flags.DEFINE_integer("batch_size", 64, "probe batch (examples; tokens for conll2003)")
+    flags.DEFINE_float("learning_rate", 1e-3, "probe learning rate (Adam)")
+    flags.DEFINE_integer("hidden_size", 0, "0: linear probes; else one ReLU hidden layer")
+    flags.mark_flags_as_required(["init_checkpoint", "workdir"])
+
+
+def main(argv) -> None:
+    del argv
+    try:
+        seeds = tuple(int(s) for s in FLAGS.seeds.split(",") if s.strip())
+        settings = probing.ProbeSettings(seeds, FLAGS.epochs, FLAGS.batch_size,
+                                         FLAGS.learning_rate, FLAGS.hidden_size)
+        source = pretrained.Source(init_checkpoint=FLAGS.init_checkpoint,
+                                   vocab_file=FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case,
+                                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        model, params, tokenizer = pretrained.load_encoder(source, FLAGS.random_init)
+        tasks = [t.strip() for t in FLAGS.task.split(",") if t.strip()]
+        record = {"init_checkpoint": FLAGS.init_checkpoint, "random_init": FLAGS.random_init,
+                  "num_layers": model.config.num_hidden_layers, "settings": {
+                      "seeds": list(seeds), "epochs": settings.epochs,
+                      "batch_size": settings.batch_size, "learning_rate": settings.learning_rate,
+                      "hidden_size": settings.hidden_size, "max_seq_length": FLAGS.max_seq_length,
+                      "max_train_examples": FLAGS.max_train_examples}, "tasks": {}}
+        for task in tasks:
+            options = features.TaskOptions(
+                data_dir=FLAGS.conll_dir if task == "conll2003" else FLAGS.glue_dir,
+                tfds_data_dir=FLAGS.tfds_data_dir, max_seq_length=FLAGS.max_seq_length,
+                max_train_examples=FLAGS.max_train_examples, do_lower_case=FLAGS.do_lower_case)
+            record["tasks"].update(probing.run_probes(model, params, tokenizer, [task], options,
+                                                      settings))
+            summary = record["tasks"][task]
+            best = max(summary["results"], key=lambda n: summary["results"][n][summary["metric"]]["mean"])
+            print(f"{task}: best {best} {summary['metric']} "
+                  f"{summary['results'][best][summary['metric']]['mean']:.4f}", flush=True)
+        os.makedirs(FLAGS.workdir, exist_ok=True)
+        with open(os.path.join(FLAGS.workdir, "probe.json"), "w") as f:
+            json.dump(record, f, indent=1)
+        probing.plot(record, os.path.join(FLAGS.workdir, "probe.png"),
+                     f"{os.path.basename(FLAGS.init_checkpoint.rstrip('/'))}"
+                     f"{' (random init)' if FLAGS.random_init else ''}")
+        print(f"Wrote {FLAGS.workdir}/probe.json and probe.png", flush=True)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
