@@ -64,12 +64,12 @@ def shown_tokens(features):
 @pytest.mark.parametrize("mix", [(0.8, 0.1), (1.0, 0.0), (0.8, 0.0), (0.8, 0.2), (0.0, 0.2),
                                  (0.0, 0.0)])
 def test_masking_mix_on_real_instances(tokenized, tokenizer, mix):
-    """Table 8's mixes: the share of [MASK], random and kept tokens over ~3,000 predictions."""
+    """Table 8's mixes: the share of [MASK], random and kept tokens over ~1,500 predictions."""
     cfg = data_config(mask_token_prob=mix[0], random_token_prob=mix[1])
     features = pipeline.make_features(tokenized, PHASE, cfg, pipeline.specials_of(tokenizer, False),
-                                      4, mask=True, seed=3)
+                                      2, mask=True, seed=3)
     shown, original = shown_tokens(features)
-    assert len(shown) > 2500
+    assert len(shown) > 1200
     as_mask = shown == tokenizer.mask_id
     kept = shown == original
     hit = mix[1] / tokenizer.vocab_size  # a random draw hits [MASK] or the original id

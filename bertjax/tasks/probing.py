@@ -1,8 +1,8 @@
 """Probing a frozen encoder layer by layer: which layer knows what (the paper's section 5.3,
 Table 7). The encoder runs once per example; small probes are then trained on its frozen
-features, one per layer (embeddings, layer 1..N) and one per Table 7 combination, each with
-the same budget and seeds, and scored with the task's official metric through its fine-tuning
-adapter (GLUE: accuracy/F1/...; CoNLL-2003: conlleval entity F1).
+features (standardised per layer), one per layer (embeddings, layer 1..N) and one per Table 7
+combination, each with the same budget and seeds, and scored with the task's official metric
+through its fine-tuning adapter (GLUE: accuracy/F1/...; CoNLL-2003: conlleval entity F1).
 
 Features: CoNLL-2003 uses each word's first sub-token vector (the fine-tuning setup); a
 single-sentence GLUE task the mean over the real tokens; a pair task [a, b, |a - b|, a * b] of
@@ -187,6 +187,11 @@ def probe_task(adapter: features.Finetune, train: features.SplitData,
     """Every layer's and combination's probe, each seed: `{name: {metric: spread}}` of the
     adapter's official metrics on `evaluation`."""
     labels = jnp.asarray(probe_labels(train))
+    # Each layer's features standardised with the training set's statistics, so that every
+    # probe starts on the same scale (mean pooling shrinks the features, layers differ).
+    mean = train_x.mean(axis=1, keepdims=True)
+    std = train_x.std(axis=1, keepdims=True) + 1e-6
+    train_x, eval_x = (train_x - mean) / std, (eval_x - mean) / std
     results: dict[str, Any] = {}
     for name, (layers, combine) in layer_sets(train_x.shape[0] - 1).items():
         runs = []
