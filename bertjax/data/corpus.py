@@ -60,6 +60,11 @@ class CorpusStats:
         for field in dataclasses.fields(self):
             setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
+    def repaired(self) -> bool:
+        """Whether anything was skipped, cut or decoded specially."""
+        return any((self.empty_files, self.skipped_empty_documents, self.invalid_utf8_lines,
+                    self.truncated_long_lines, self.utf16_files, self.skipped_binary_files))
+
     def summary(self) -> str:
         """Returns the counters as one line of text."""
         return (
