@@ -9,7 +9,7 @@ import glob
 import os
 import runpy
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import ml_collections
 from absl import app, flags
@@ -43,10 +43,10 @@ def _missing_file(flag: str, path: str) -> str:
     return f"--{flag}={path}: no such file; {hint}"
 
 
-def _unknown_field(flag: str, config: ml_collections.ConfigDict, name: str,
-                   path: str) -> str | None:
-    """The problem with override `name` (dotted) on `config`, or None if it names a field."""
-    node, parts = config, name.split(".")
+def _unknown_field(flag: str, fields: Any, name: str, path: str) -> str | None:
+    """The problem with override `name` (dotted) on the nested `fields` (any ConfigDict the
+    file builds), or None if it names a field."""
+    node, parts = fields, name.split(".")
     for depth, part in enumerate(parts):
         prefix = ".".join(parts[:depth])
         if not isinstance(node, ml_collections.ConfigDict):
