@@ -42,20 +42,25 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def source_tokenizer(src: str, source_format: str) -> tokenization.Tokenizer:
-    """The tokenizer of the checkpoint at `src`: a bertjax run's own, or the `vocab.txt` beside
-    a Google or Hugging Face checkpoint (lower-cased unless its name says `cased`)."""
+    """The tokenizer of the checkpoint at `src`: a bertjax run's own, else the WordPiece
+    `vocab.txt` beside the weights (Google, Hugging Face or a converted bertjax checkpoint),
+    lower-cased unless the directory's name or the vocabulary says it is cased."""
     if source_format == "bertjax":
         source = pretrained.Source(init_checkpoint=src)
-        return pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
+        run = pretrained.pretraining_run(source)
+        if run.config is not None:
+            return pretrained.tokenizer_of(source, run)
+    vocab = os.path.join(src if os.path.isdir(src) else os.path.dirname(src), "vocab.txt")
+    if not os.path.isfile(vocab):
+        raise pretrained.PretrainedError(f"no vocab.txt beside {src}")
     lowered = pretrained.checkpoint_case(src)
-    try:
-        return pretrained.tokenizer_of(pretrained.Source(
-            init_checkpoint=src, do_lower_case=lowered is not False), pretrained.PretrainingRun({}))
-    except tree.ConversionError:  # a cased vocab.txt in a directory whose name does not say so
-        if lowered is not None:
-            raise
-        return pretrained.tokenizer_of(pretrained.Source(init_checkpoint=src, do_lower_case=False),
-                                       pretrained.PretrainingRun({}))
+    if lowered is None:
+        try:
+            pretrained.validate_case(src, True, vocab)
+            lowered = True
+        except tree.ConversionError:  # upper-case tokens: a cased vocabulary
+            lowered = False
+    return tokenization.load_tokenizer("wordpiece", vocab, lowered)
 
 
 def run_facts(src: str) -> list[tuple[str, str]]:
@@ -91,8 +96,8 @@ def export_tokenizer(src: str, source_format: str, target: str, dst: str,
         tokenizer = source_tokenizer(src, source_format)
         if target == "hf":
             names = hf_tokenizer.save_tokenizer(tokenizer, dst, max_length)
-        elif target == "tf" and isinstance(tokenizer, tokenization.WordPieceTokenizer):
-            names = hf_tokenizer.save_tokenizer(tokenizer, dst, max_length)[:1]  # vocab.txt
+        elif isinstance(tokenizer, tokenization.WordPieceTokenizer):  # Google's layout
+            names = hf_tokenizer.save_vocab(tokenizer, dst)
         else:
             return []
     except (pretrained.PretrainedError, tree.ConversionError, ValueError) as e:

@@ -152,9 +152,13 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         print("\n".join(lines), flush=True)
         for warning in warnings:
             logging.warning("%s", warning)
-        print(f"Outputs in {workdir}: summary.json, config.json; per seed: seed_N/checkpoints "
-              "(best epoch), seed_N/predictions, seed_N/metrics.jsonl, seed_N/tensorboard",
-              flush=True)
+        print(f"Outputs: {os.path.join(workdir, 'summary.json')}, config.json", flush=True)
+        for result in results:
+            print(f"  {os.path.join(workdir, 'seed_' + str(result['seed']))}: checkpoints/"
+                  f"{result['best_step']} (best epoch {result['best_epoch']}), "
+                  + "".join(f"{os.path.relpath(path, workdir)}, " for path in
+                            result["predictions"].values())
+                  + "metrics.jsonl, tensorboard", flush=True)
     return summary
 
 

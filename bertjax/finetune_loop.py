@@ -230,21 +230,22 @@ def summarize_seeds(results: list[dict[str, Any]]) -> dict[str, dict[str, float]
 def summary_lines(task: str, stats: dict[str, dict[str, float]], num_seeds: int,
                   baselines: dict[str, tuple[str, dict[str, float]]]) -> tuple[list[str], list[str]]:
     """The run's summary lines (each metric over the seeds, beside its split's baseline), and
-    a warning for every dev metric that does not beat the baseline: `baselines` maps a split
-    to (how the baseline predicts, its metrics)."""
-    lines, warnings = [], []
+    per split a warning naming the metrics whose mean does not beat the baseline: `baselines`
+    maps a split to (how the baseline predicts, its metrics)."""
+    lines, behind = [], {}
     for key, values in stats.items():
         split, metric = key.split("/", 1)
         line = (f"{task} {key}: mean {values['mean']:.4f} std {values['std']:.4f} median "
                 f"{values['median']:.4f} over {num_seeds} seeds")
         if split in baselines and metric in baselines[split][1]:
-            how, baseline = baselines[split][0], baselines[split][1][metric]
-            line += f"; baseline {baseline:.4f} ({how})"
+            baseline = baselines[split][1][metric]
+            line += f"; baseline {baseline:.4f}"
             if values["mean"] <= baseline:
-                warnings.append(
-                    f"{key} {values['mean']:.4f} does not beat the baseline {baseline:.4f} "
-                    f"({how}): the model has not learned {task}; try more epochs "
-                    "(--config.num_train_epochs), another --config.learning_rate, or a longer "
-                    "pretrained init_checkpoint")
+                behind.setdefault(split, []).append(
+                    f"{metric} {values['mean']:.4f} (baseline {baseline:.4f})")
         lines.append(line)
+    warnings = [f"{split}: {', '.join(metrics)} do not beat the baseline that ignores the input "
+                f"({baselines[split][0]}): the model has not learned {task}; try more epochs "
+                "(--config.num_train_epochs), another --config.learning_rate, or a longer "
+                "pretrained init_checkpoint" for split, metrics in behind.items()]
     return lines, warnings

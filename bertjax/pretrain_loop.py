@@ -7,7 +7,6 @@ import dataclasses
 from typing import Any
 
 import jax
-from tensorboardX import SummaryWriter
 
 from bertjax import checkpoint, guards, objectives, reporting, schedule, sharding
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
@@ -39,7 +38,7 @@ class Pretraining:
     checkpointer: checkpoint.Checkpointer
     meta: dict[str, Any]
     progress: reporting.Progress
-    writer: SummaryWriter | None = None
+    writer: Any = None  # reporting.open_writer's TensorBoard writer
 
     def eval_and_log(self, step: int, params: Any, pd: PhaseData) -> dict[str, float]:
         means = evaluate(self.run.eval_step, params, pd.eval, self.train_cfg.eval_batches,

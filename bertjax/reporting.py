@@ -10,16 +10,18 @@ import logging as std_logging
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import jax
 from absl import logging
 from etils import epath
-from tensorboardX import SummaryWriter
 
 from bertjax import flops, objectives, optim, schedule
 from bertjax.model import BertConfig
 from bertjax.schedule import Phase
+
+if TYPE_CHECKING:  # importing tensorboardX imports torch when it is installed: seconds
+    from tensorboardX import SummaryWriter
 
 
 class TrainingError(RuntimeError):
@@ -96,6 +98,8 @@ def duration(seconds: float) -> str:
 
 def open_writer(workdir: str) -> SummaryWriter | None:
     """TensorBoard event writer in `workdir/tensorboard`, on process 0 only."""
+    from tensorboardX import SummaryWriter
+
     return SummaryWriter(os.path.join(workdir, "tensorboard")) if jax.process_index() == 0 \
         else None
 

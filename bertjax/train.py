@@ -73,7 +73,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         reporting.write_text(report_path, memory.report(
             sharded.model, sharded.abstract_state, mesh, phases) + "\n")
         print(memory.summary(sharded.model, sharded.abstract_state, mesh, phases)
-              + f"; {jax.process_count()} process(es); table: {report_path}", flush=True)
+              + (f"; {jax.process_count()} processes" if jax.process_count() > 1 else "")
+              + f"; full table: {report_path}", flush=True)
     checkpointer = checkpoint.Checkpointer(
         os.path.join(workdir, "checkpoints"), config.train.checkpoint_every,
         config.train.keep_checkpoints, config.train.keep_every)

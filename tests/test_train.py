@@ -53,9 +53,10 @@ def tiny_config(corpus_file: str, cache_dir: str, **overrides):
     return c
 
 
-def read_metrics(workdir) -> list[dict]:
+def read_metrics(workdir, split: str = "train") -> list[dict]:
+    """The rows of metrics.jsonl for `split` (train: progress reports; eval: evaluations)."""
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+        return [row for row in map(json.loads, f) if row["split"] == split]
 
 
 def test_loss_falls_and_checkpoint_written(corpus_file, cache_dir, tmp_path):
@@ -70,6 +71,10 @@ def test_loss_falls_and_checkpoint_written(corpus_file, cache_dir, tmp_path):
     assert any(name.startswith("events.out.tfevents") for name in
                os.listdir(tmp_path / "tensorboard"))
     assert json.loads((tmp_path / "final_metrics.json").read_text())["step"] == 40
+    (evaluation,) = read_metrics(tmp_path, "eval")  # eval_every=0: the final one only
+    assert evaluation["step"] == 40 and evaluation["mlm_loss"] == final["mlm_loss"]
+    assert json.loads((tmp_path / "config.json").read_text())["train"]["total_steps"] == 40
+    assert "Bytes per device" in (tmp_path / "startup_report.txt").read_text()
 
 
 def test_stop_and_resume_equals_uninterrupted(corpus_file, cache_dir, tmp_path):

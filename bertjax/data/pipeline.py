@@ -355,9 +355,9 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
     with open(os.path.join(directory, "meta.json")) as f:
         meta = json.load(f)
     records = meta.pop("files")
-    logging.info("Prepared data for phase %s (%d tokens): %d training, %d held-out sequences "
-                 "in %s", phase.name, phase.max_seq_length, meta.get("train_instances", 0),
-                 meta.get("eval_instances", 0), directory)
+    logging.info("Prepared data for phase %s (%d tokens): %s training, %s held-out sequences "
+                 "in %s", phase.name, phase.max_seq_length, f"{meta.get('train_instances', 0):,}",
+                 f"{meta.get('eval_instances', 0):,}", directory)
     return {"train": _load_split(directory, "train", records, masked=not dynamic),
             "eval": _load_split(directory, "eval", records, masked=True)}
 

@@ -57,17 +57,22 @@ def sentencepiece_json(model_proto: bytes, cls_id: int, sep_id: int) -> str:
     return hf.to_str(pretty=True)
 
 
+def save_vocab(tokenizer: WordPieceTokenizer, path: str) -> list[str]:
+    """Writes the WordPiece vocabulary as `vocab.txt` (one token a line, in id order)."""
+    tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+    with open(os.path.join(path, "vocab.txt"), "w", encoding="utf-8") as f:
+        f.write("".join(t + "\n" for t in tokens))
+    return ["vocab.txt"]
+
+
 def save_tokenizer(tokenizer: Tokenizer, path: str, model_max_length: int) -> list[str]:
     """Writes the tokenizer files for `AutoTokenizer` into `path`; returns their names."""
     config: dict = {**SPECIAL_TOKENS, "model_max_length": model_max_length,
                     "model_input_names": ["input_ids", "token_type_ids", "attention_mask"]}
     if isinstance(tokenizer, WordPieceTokenizer):
-        tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
-        with open(os.path.join(path, "vocab.txt"), "w", encoding="utf-8") as f:
-            f.write("".join(t + "\n" for t in tokens))
+        names = save_vocab(tokenizer, path)
         config.update(tokenizer_class="BertTokenizer", do_lower_case=tokenizer.do_lower_case,
                       strip_accents=tokenizer.strip_accents, tokenize_chinese_chars=True)
-        names = ["vocab.txt"]
     elif isinstance(tokenizer, SentencePieceTokenizer):
         with open(os.path.join(path, "tokenizer.json"), "w", encoding="utf-8") as f:
             f.write(sentencepiece_json(tokenizer.model_proto(), tokenizer.cls_id,
