@@ -165,9 +165,10 @@ class StepClock:
         self.intervals: dict[str, collections.deque] = {}
         self.last: tuple[str, int, float] | None = None
 
-    def tick(self, phase: str, step: int) -> None:
-        """Step `step` of `phase` has finished (its results are on the host)."""
-        now = time.perf_counter()
+    def tick(self, phase: str, step: int, now: float | None = None) -> None:
+        """Step `step` of `phase` has finished (its results are on the host) at `now`
+        (default: the current time, in seconds)."""
+        now = time.perf_counter() if now is None else now
         if self.last and self.last[0] == phase and step > self.last[1]:
             self.intervals.setdefault(phase, collections.deque(maxlen=self.window)).append(
                 (now - self.last[2]) / (step - self.last[1]))

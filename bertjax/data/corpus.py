@@ -330,7 +330,7 @@ def _read_one_file(
         return iter(())
     if text_format == "auto":
         text_format = detect_text_format(path, max_line_chars)
-        logging.info("Reading %s as %r text.", path, text_format)
+        logging.debug("Reading %s as %r text.", path, text_format)
     lines = _read_lines(path, max_line_chars, file_stats)
     parse = _documents_from_lines if text_format == "lines" else _documents_from_paragraphs
     return parse(lines)
