@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, finetune, pretrained, train
+from bertjax import checkpoint, extract_features, finetune, pretrained, train
 from bertjax.interop import hf, tf
 from bertjax.interop.tree import ConversionError
 from bertjax.model import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification,
@@ -229,6 +229,7 @@ def test_extract_features_original_format(data_root, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert_quiet_console(result.stdout + result.stderr)
     assert "Wrote 2 records (layers -1,-2,-3,-4)" in result.stdout  # the default: the last 4
+    assert extract_features.default_layers(2) == [-1, -2]  # all of a smaller model
     records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["linex_index"] for r in records] == [0, 1]
     assert [f["token"] for f in records[1]["features"]] == \
