@@ -4,18 +4,24 @@ between Google TF, Hugging Face and bertjax (formats in `bertjax.interop`).
     python -m bertjax.convert uncased_L-12_H-768_A-12 bert_base_bertjax      # TF -> bertjax
     python -m bertjax.convert bert_base_bertjax bert_base_hf                 # bertjax -> HF
     python -m bertjax.convert hf_dir out.ckpt --to=tf                        # HF -> TF
+
+A Hugging Face export also holds the checkpoint's tokenizer (what `AutoTokenizer` loads) and
+a model card (`README.md`); a TF export holds the WordPiece `vocab.txt`.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
-import shutil
 import sys
 import time
 
-from bertjax import pretrained
-from bertjax.interop import hf, native, tf, tree
+import numpy as np
+
+from bertjax import pretrained, reporting
+from bertjax.data import tokenization
+from bertjax.interop import hf, hf_tokenizer, native, tf, tree
 
 SAVERS = {"tf": tf.save_tf, "hf": hf.save_hf, "bertjax": native.save_bertjax}
 
@@ -30,13 +36,86 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
                         help="output format; default: bertjax for TF/HF sources, hf for bertjax")
     parser.add_argument("--scan_layers", action="store_true",
                         help="bertjax output with stacked (scanned) layers")
+    parser.add_argument("--verbosity", type=int, default=0,
+                        help="1: the libraries' full log (Orbax, JAX)")
     return parser.parse_args(argv)
+
+
+def source_tokenizer(src: str, source_format: str) -> tokenization.Tokenizer:
+    """The tokenizer of the checkpoint at `src`: a bertjax run's own, else the WordPiece
+    `vocab.txt` beside the weights (Google, Hugging Face or a converted bertjax checkpoint),
+    lower-cased unless the directory's name or the vocabulary says it is cased."""
+    if source_format == "bertjax":
+        source = pretrained.Source(init_checkpoint=src)
+        run = pretrained.pretraining_run(source)
+        if run.config is not None:
+            return pretrained.tokenizer_of(source, run)
+    vocab = os.path.join(src if os.path.isdir(src) else os.path.dirname(src), "vocab.txt")
+    if not os.path.isfile(vocab):
+        raise pretrained.PretrainedError(f"no vocab.txt beside {src}")
+    lowered = pretrained.checkpoint_case(src)
+    if lowered is None:
+        try:
+            pretrained.validate_case(src, True, vocab)
+            lowered = True
+        except tree.ConversionError:  # upper-case tokens: a cased vocabulary
+            lowered = False
+    return tokenization.load_tokenizer("wordpiece", vocab, lowered)
+
+
+def run_facts(src: str) -> list[tuple[str, str]]:
+    """Model-card rows about the bertjax run that wrote `src`: data, steps, final metrics."""
+    directory = native.checkpoint_dir(src)
+    run = pretrained.pretraining_run(pretrained.Source(init_checkpoint=src))
+    facts = []
+    if run.config is not None:
+        data, train = run.config.data, run.config.train
+        corpus = {"default": "the embedded default corpus (Python standard library "
+                             "documentation)", "text": f"text files `{data.input_files}`",
+                  "tfds": f"tfds `{data.tfds_name}`"}.get(data.source, data.source)
+        steps = max((int(n) for n in os.listdir(directory) if n.isdigit()), default=0)
+        facts += [("pretraining data", corpus),
+                  ("steps", f"{steps:,} of {train.total_steps:,}, global batch "
+                            f"{train.global_batch_size}, sequence length {data.max_seq_length}"
+                            + (f" ({run.config.long_phase.fraction:.0%} of the steps at "
+                               f"{run.config.long_phase.max_seq_length})"
+                               if run.config.long_phase.fraction else ""))]
+    final = os.path.join(os.path.dirname(directory.rstrip("/")), "final_metrics.json")
+    if os.path.isfile(final):
+        with open(final, encoding="utf-8") as f:
+            values = json.load(f)
+        facts.append(("final held-out metrics", ", ".join(
+            f"{k} {v:.4f}" for k, v in sorted(values.items()) if k != "step")))
+    return facts
+
+
+def export_tokenizer(src: str, source_format: str, target: str, dst: str,
+                     max_length: int) -> list[tuple[str, str]]:
+    """Writes the tokenizer files `target` holds into `dst`; returns model-card rows."""
+    try:
+        tokenizer = source_tokenizer(src, source_format)
+        if target == "hf":
+            names = hf_tokenizer.save_tokenizer(tokenizer, dst, max_length)
+        elif isinstance(tokenizer, tokenization.WordPieceTokenizer):  # Google's layout
+            names = hf_tokenizer.save_vocab(tokenizer, dst)
+        else:
+            return []
+    except (pretrained.PretrainedError, tree.ConversionError, ValueError) as e:
+        print(f"warning: no tokenizer written to {dst}: {e}", file=sys.stderr, flush=True)
+        return []
+    kind = type(tokenizer).__name__.replace("Tokenizer", "")
+    if isinstance(tokenizer, tokenization.WordPieceTokenizer):
+        kind += ", lower-cased" if tokenizer.do_lower_case else ", cased"
+    print(f"tokenizer ({kind}): {', '.join(names)}", flush=True)
+    return [("tokenizer", f"{kind}, {tokenizer.vocab_size:,} tokens (`{names[0]}`)")]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
+    reporting.configure_console(args.verbosity)
     start = time.perf_counter()
     try:
+        pretrained.check_exists(args.src, "SRC")
         source_format = pretrained.detect_format(args.src)
         target = args.to or ("hf" if source_format == "bertjax" else "bertjax")
         report = tree.LoadReport()
@@ -45,13 +124,17 @@ def main(argv: list[str] | None = None) -> int:
         if target == "bertjax":
             config = dataclasses.replace(config, scan_layers=args.scan_layers)
         SAVERS[target](config, params, args.dst)
-    except (tree.ConversionError, FileNotFoundError) as e:
+        facts = export_tokenizer(args.src, source_format, target, args.dst,
+                                 config.max_position_embeddings)
+        if target == "hf":
+            facts.append(("converted from", f"`{args.src}` ({source_format})"))
+            if source_format == "bertjax":
+                facts += run_facts(args.src)
+            hf.write_model_card(args.dst, config, sum(
+                int(np.size(v)) for v in tree.flatten(params).values()), facts)
+    except (tree.ConversionError, FileNotFoundError, pretrained.PretrainedError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
-    source_dir = args.src if os.path.isdir(args.src) else os.path.dirname(args.src)
-    vocab = os.path.join(source_dir, "vocab.txt")
-    if target != "bertjax" and os.path.isfile(vocab):
-        shutil.copy(vocab, os.path.join(args.dst, "vocab.txt"))
     print(f"wrote {target} checkpoint {args.dst} ({report.mapped} tensors, "
           f"{time.perf_counter() - start:.1f} s)", flush=True)
     return 0

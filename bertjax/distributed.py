@@ -74,7 +74,8 @@ def initialize(coordinator_address: str | None = None,
             extra.setdefault("heartbeat_timeout_seconds", LOCAL_HEARTBEAT_TIMEOUT_SECONDS)
             jax.distributed.initialize(f"localhost:{free_port()}", 1, 0, **extra)
             how = "local"
-    logging.info("jax.distributed (%s): process %d of %d, %d local / %d global devices", how,
+    log = logging.info if jax.process_count() > 1 else logging.debug  # one process: nothing new
+    log("jax.distributed (%s): process %d of %d, %d local / %d global devices", how,
                  jax.process_index(), jax.process_count(), jax.local_device_count(),
                  jax.device_count())
     return how

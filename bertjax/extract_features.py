@@ -16,9 +16,9 @@ from typing import Iterator, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from bertjax import pretrained
+from bertjax import cli, pretrained
 from bertjax.data import tokenization
 from bertjax.model import BertModel
 from bertjax.tasks import features
@@ -64,6 +64,11 @@ def extract(model: BertModel, params: dict, tokenizer: tokenization.Tokenizer,
                 for i, token in enumerate(tokens)]}
 
 
+def default_layers(num_layers: int) -> list[int]:
+    """The original's -1,-2,-3,-4, or every layer of a model with fewer than 4."""
+    return [-i for i in range(1, min(4, num_layers) + 1)]
+
+
 FLAGS = flags.FLAGS
 
 
@@ -73,7 +78,8 @@ def define_flags() -> None:
     flags.DEFINE_string("init_checkpoint", None, "bertjax pretraining workdir or checkpoints dir")
     flags.DEFINE_string("vocab_file", "", "overrides the pretraining run's tokenizer")
     flags.DEFINE_bool("do_lower_case", True, "for vocab_file (WordPiece)")
-    flags.DEFINE_string("layers", "-1,-2,-3,-4", "encoder layers to output; -1 is the last")
+    flags.DEFINE_string("layers", "", "encoder layers to output, e.g. -1,-2 (-1 is the last); "
+                        "default: the last 4, or all of a model with fewer")
     flags.DEFINE_integer("max_seq_length", 128, "tokens per sequence (longer texts are truncated)")
     flags.DEFINE_integer("batch_size", 8, "texts per forward pass")
     flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
@@ -86,9 +92,10 @@ def main(argv) -> None:
         do_lower_case=FLAGS.do_lower_case, hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0)
     try:
-        layers = [int(x) for x in FLAGS.layers.split(",")]
         model, params, tokenizer = pretrained.load_encoder(source)
         num_layers = model.config.num_hidden_layers
+        layers = default_layers(num_layers) if not FLAGS.layers else \
+            [int(x) for x in FLAGS.layers.split(",")]
         if any(not -num_layers <= layer < num_layers for layer in layers):
             raise ValueError(f"--layers={FLAGS.layers}: the model has {num_layers} layers")
         texts = _read_lines(FLAGS.input_file)
@@ -96,7 +103,8 @@ def main(argv) -> None:
             for record in extract(model, params, tokenizer, texts, layers, FLAGS.max_seq_length,
                                   FLAGS.batch_size):
                 out.write(json.dumps(record) + "\n")
-        print(f"Wrote {len(texts)} records to {FLAGS.output_file}", flush=True)
+        print(f"Wrote {len(texts)} records (layers {','.join(map(str, layers))}) to "
+              f"{FLAGS.output_file}", flush=True)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
@@ -104,4 +112,4 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main, config_flag=None)

@@ -12,6 +12,7 @@ The model architecture and the tokenizer come from the pretraining run that wrot
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -20,10 +21,10 @@ from typing import Any
 import jax
 import ml_collections
 import optax
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import checkpoint, finetune_loop, optim, pretrained, sharding
+from bertjax import checkpoint, cli, finetune_loop, optim, pretrained, reporting, sharding
 from bertjax import model as bert_model
 from bertjax import run as run_lib
 from bertjax.data import pipeline
@@ -55,13 +56,19 @@ def make_task(config: ml_collections.ConfigDict, tokenizer) -> features.Finetune
         raise FinetuneError(str(e)) from e
 
 
+def schedule_config(config: ml_collections.ConfigDict, total_steps: int
+                    ) -> optim.OptimizerConfig:
+    """The optimizer and learning-rate schedule of a fine-tuning config."""
+    return optim.optimizer_config(
+        config.optimizer, total_steps, peak_learning_rate=config.learning_rate,
+        warmup_steps=int(total_steps * config.warmup_proportion))
+
+
 def optimizer(config: ml_collections.ConfigDict, total_steps: int,
               frozen_encoder_of: Any = None) -> optax.GradientTransformation:
     """BERT's optimizer for fine-tuning. With `frozen_encoder_of` (the model's parameter tree;
     feature-based), only the parameters outside `bert` are trained."""
-    tx = optim.make_optimizer(optim.optimizer_config(
-        config.optimizer, total_steps, peak_learning_rate=config.learning_rate,
-        warmup_steps=int(total_steps * config.warmup_proportion)))
+    tx = optim.make_optimizer(schedule_config(config, total_steps))
     return tx if frozen_encoder_of is None else optim.train_only_outside(tx, frozen_encoder_of,
                                                                          "bert")
 
@@ -76,7 +83,9 @@ def make_trainer(config: ml_collections.ConfigDict, task: features.Finetune,
     model = task.model(bert_config)
     tx = optimizer(config, total_steps,
                    bert_model.abstract_params(model) if task.frozen_encoder else None)
-    return finetune_loop.make_trainer(task, model, tx, mesh, steps_per_epoch, total_steps)
+    return finetune_loop.make_trainer(task, model, tx, mesh, steps_per_epoch, total_steps,
+                                      functools.partial(optim.learning_rate_at,
+                                                        schedule_config(config, total_steps)))
 
 
 def parse_seeds(seeds: Any) -> list[int]:
@@ -120,20 +129,36 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         raise FinetuneError(str(e)) from e
     trainer = make_trainer(config, task, bert_config, len(data["train"]), mesh)
     settings = typed(finetune_loop.Settings, {**config, "config": config.to_json()})
+    os.makedirs(workdir, exist_ok=True)
+    if jax.process_index() == 0:
+        reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1))
     results = [finetune_loop.train_one_seed(settings, trainer, data, seed,
                                             os.path.join(workdir, f"seed_{seed}"))
                for seed in parse_seeds(config.seeds)]
+    baselines = {name: task.baseline(data["train"], data[name]) for name in task.eval_splits}
+    baselines = {name: found for name, found in baselines.items() if found}
     summary = {"task": config.task, "init_checkpoint": config.init_checkpoint,
                "random_init": bool(config.random_init), "main_metric": task.main_metric,
                "train_examples": len(data["train"]),
                "skipped": {name: split.skipped for name, split in data.items()},
-               "seeds": results, "summary": finetune_loop.summarize_seeds(results), "config": config.to_dict()}
+               "seeds": results, "summary": finetune_loop.summarize_seeds(results),
+               "baselines": {name: {"predicts": how, **values}
+                             for name, (how, values) in baselines.items()},
+               "config": config.to_dict()}
     if jax.process_index() == 0:
-        with open(os.path.join(workdir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=1)
-        for key, stats in summary["summary"].items():
-            print(f"{config.task} {key}: mean {stats['mean']:.4f} std {stats['std']:.4f} "
-                  f"median {stats['median']:.4f} over {len(results)} seeds", flush=True)
+        reporting.write_text(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=1))
+        lines, warnings = finetune_loop.summary_lines(config.task, summary["summary"],
+                                                      len(results), baselines)
+        print("\n".join(lines), flush=True)
+        for warning in warnings:
+            logging.warning("%s", warning)
+        print(f"Outputs: {os.path.join(workdir, 'summary.json')}, config.json", flush=True)
+        for result in results:
+            print(f"  {os.path.join(workdir, 'seed_' + str(result['seed']))}: checkpoints/"
+                  f"{result['best_step']} (best epoch {result['best_epoch']}), "
+                  + "".join(f"{os.path.relpath(path, workdir)}, " for path in
+                            result["predictions"].values())
+                  + "metrics.jsonl, tensorboard", flush=True)
     return summary
 
 
@@ -159,4 +184,4 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main)

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -67,10 +67,12 @@ class Trainer:
     run: run_lib.ShardedRun
     steps_per_epoch: int
     total_steps: int
+    learning_rate: Callable[[int], float]  # the schedule's value at a step, for the log
 
 
 def make_trainer(task: Finetune, model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
-                 steps_per_epoch: int, total_steps: int) -> Trainer:
+                 steps_per_epoch: int, total_steps: int,
+                 learning_rate: Callable[[int], float]) -> Trainer:
     """Builds and compiles `model` + `tx` on `mesh` with the task's loss and outputs."""
 
     def loss_fn(params, batch, rng):
@@ -81,7 +83,7 @@ def make_trainer(task: Finetune, model: nn.Module, tx: optax.GradientTransformat
 
     sharded = run_lib.build(model, tx, mesh, steps.make_loss_train_step(loss_fn, tx),
                             predict_step)
-    return Trainer(task, sharded, steps_per_epoch, total_steps)
+    return Trainer(task, sharded, steps_per_epoch, total_steps, learning_rate)
 
 
 def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any:
@@ -117,12 +119,22 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
     meta = {"task": settings.task, "seed": seed, "config": settings.config}
     best: dict[str, Any] = {"epoch": -1}
     rng = np.random.default_rng(seed)
-    print(f"seed {seed}: {len(train)} training examples, {total_steps} steps "
-          f"({steps_per_epoch}/epoch), {count_params(state.params):,} parameters", flush=True)
+    jsonl = os.path.join(workdir, "metrics.jsonl") if jax.process_index() == 0 else None
+    reporting.chief_print(f"seed {seed}: {len(train)} training examples, {total_steps} steps "
+                          f"({steps_per_epoch}/epoch), {count_params(state.params):,} parameters")
     step, sums, steps_summed, started = 0, {}, 0, time.time()
+    clock, eval_seconds = reporting.StepClock(), 0.0
+    epochs = int(np.ceil(settings.num_train_epochs))
+
+    def eta(epoch: int) -> float | None:
+        """Steps left at the measured rate (compile excluded), plus the dev evaluations left."""
+        seconds = clock.seconds_per_step("train")
+        return None if seconds is None else \
+            seconds * (total_steps - step) + eval_seconds * (epochs - epoch)
+
     try:
         with sharding.activate(mesh):
-            for epoch in range(int(np.ceil(settings.num_train_epochs))):
+            for epoch in range(epochs):
                 order = rng.permutation(len(train))
                 for index in range(steps_per_epoch):
                     if step >= total_steps:
@@ -135,25 +147,44 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                     # Summed on the device: the host waits for a step only when it logs.
                     sums = jax.tree.map(jnp.add, sums, metrics) if sums else metrics
                     steps_summed += 1
+                    if step == 1:  # compiled and run: the clock starts here
+                        jax.block_until_ready(metrics)
+                        clock.tick("train", step)
                     if step % settings.log_every == 0 or step == total_steps:
                         sums = jax.device_get(sums)
+                        clock.tick("train", step)
                         means = {"loss": float(sums["loss_sum"] / max(sums["count"], 1.0)),
-                                 "grad_norm": float(sums["grad_norm"]) / steps_summed}
-                        print(f"seed {seed} step {step}/{total_steps} loss {means['loss']:.4f} "
-                              f"({time.time() - started:.0f}s)", flush=True)
+                                 "grad_norm": float(sums["grad_norm"]) / steps_summed,
+                                 "learning_rate": trainer.learning_rate(step - 1)}
+                        left = eta(epoch)
+                        reporting.chief_print(
+                            f"seed {seed} step {step}/{total_steps} loss {means['loss']:.4f} "
+                            f"lr {means['learning_rate']:.3e} ({time.time() - started:.0f}s"
+                            + (f", eta {reporting.duration(left)})" if left is not None else ")"))
                         reporting.log_scalars(writer, "train", means, step)
+                        reporting.write_jsonl(jsonl, {"step": step, "split": "train", **means})
                         sums, steps_summed = {}, 0
+                    reporting.TERMINAL.show(reporting.status_bar(step, total_steps, eta(epoch)))
+                evaluated = time.time()
                 dev = {name: task.evaluate(data[name], predict(
                     predict_step, state.params, data[name], settings.eval_batch_size, mesh))
                     for name in task.eval_splits}
+                eval_seconds = time.time() - evaluated
+                clock.restart()  # the evaluation was no training step
+                clock.tick("train", step)
                 for name, values in dev.items():
-                    print(f"seed {seed} epoch {epoch + 1} {name}: " +
-                          " ".join(f"{k} {v:.4f}" for k, v in values.items()), flush=True)
+                    reporting.chief_print(f"seed {seed} epoch {epoch + 1} {name}: " +
+                                          " ".join(f"{k} {v:.4f}" for k, v in values.items()))
                     reporting.log_scalars(writer, f"eval_{name}", values, step)
+                    reporting.write_jsonl(jsonl, {"step": step, "epoch": epoch + 1,
+                                                  "split": name, **values})
                 score = dev[task.eval_splits[0]][task.main_metric]
                 if best["epoch"] < 0 or score > best["score"]:
                     best = {"epoch": epoch + 1, "step": step, "score": score, "dev": dev}
                     checkpointer.save(step, state, {"epoch": epoch + 1}, meta, force=True)
+                    reporting.chief_print(
+                        f"seed {seed} epoch {epoch + 1}: best {task.main_metric} so far; "
+                        f"checkpoint -> {checkpointer.directory}/{step}")
             checkpointer.wait()
             if best["step"] != step:
                 state, _, _ = checkpointer.restore(best["step"], abstract_state, meta)
@@ -194,3 +225,27 @@ def summarize_seeds(results: list[dict[str, Any]]) -> dict[str, dict[str, float]
             for key, value in values.items():
                 table.setdefault(f"{split}/{key}", []).append(value)
     return {key: metrics.spread(v) for key, v in table.items()}
+
+
+def summary_lines(task: str, stats: dict[str, dict[str, float]], num_seeds: int,
+                  baselines: dict[str, tuple[str, dict[str, float]]]) -> tuple[list[str], list[str]]:
+    """The run's summary lines (each metric over the seeds, beside its split's baseline), and
+    per split a warning naming the metrics whose mean does not beat the baseline: `baselines`
+    maps a split to (how the baseline predicts, its metrics)."""
+    lines, behind = [], {}
+    for key, values in stats.items():
+        split, metric = key.split("/", 1)
+        line = (f"{task} {key}: mean {values['mean']:.4f} std {values['std']:.4f} median "
+                f"{values['median']:.4f} over {num_seeds} seeds")
+        if split in baselines and metric in baselines[split][1]:
+            baseline = baselines[split][1][metric]
+            line += f"; baseline {baseline:.4f}"
+            if values["mean"] <= baseline:
+                behind.setdefault(split, []).append(
+                    f"{metric} {values['mean']:.4f} (baseline {baseline:.4f})")
+        lines.append(line)
+    warnings = [f"{split}: {', '.join(names)} do not beat the baseline that ignores the input "
+                f"({baselines[split][0]}): the model has not learned {task}; try more epochs "
+                "(--config.num_train_epochs), another --config.learning_rate, or a longer "
+                "pretrained init_checkpoint" for split, names in behind.items()]
+    return lines, warnings

@@ -184,6 +184,24 @@ def parameter_rows(model: nn.Module, abstract_params: Any) -> list[tuple[str, st
             for name, shape, axes, mesh_axes, size, count in rows.values()]
 
 
+def summary(model: nn.Module, abstract_state: TrainState, mesh: Mesh,
+            phases: Sequence[Phase]) -> str:
+    """The report's totals in one line: parameters, mesh, and bytes per device per phase."""
+    config: BertConfig = model.config
+    params = per_device_bytes(abstract_state.params)
+    opt = per_device_bytes(abstract_state.opt_state)
+    count = sum(leaf.size for leaf in jax.tree.leaves(abstract_state.params))
+    data_parallel, tensor = sharding.data_parallel_size(mesh), mesh.shape[sharding.TENSOR]
+    totals = []
+    for phase in phases:
+        est = activation_estimate(config, phase, phase.global_batch_size // data_parallel, tensor)
+        totals.append(f"{format_bytes(2 * params + opt + est.total)} ({phase.name})")
+    axes = " ".join(f"{name}={size}" for name, size in mesh.shape.items())
+    return (f"Model: {count:,} parameters; mesh {axes} ({mesh.size} device"
+            f"{'s' if mesh.size > 1 else ''}); per device before XLA temporaries: "
+            + ", ".join(totals))
+
+
 def report(model: nn.Module, abstract_state: TrainState, mesh: Mesh,
            phases: Sequence[Phase]) -> str:
     """The start-up report; each phase's global batch is split over data x fsdp."""

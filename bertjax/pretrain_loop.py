@@ -7,7 +7,6 @@ import dataclasses
 from typing import Any
 
 import jax
-from tensorboardX import SummaryWriter
 
 from bertjax import checkpoint, guards, objectives, reporting, schedule, sharding
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
@@ -39,15 +38,13 @@ class Pretraining:
     checkpointer: checkpoint.Checkpointer
     meta: dict[str, Any]
     progress: reporting.Progress
-    writer: SummaryWriter | None = None
+    writer: Any = None  # reporting.open_writer's TensorBoard writer
 
     def eval_and_log(self, step: int, params: Any, pd: PhaseData) -> dict[str, float]:
         means = evaluate(self.run.eval_step, params, pd.eval, self.train_cfg.eval_batches,
                          self.run.mesh)
         if means:
-            reporting.chief_print(f"eval step {step} [{pd.phase.name}]: " + " ".join(
-                f"{k} {v:.4f}" for k, v in sorted(means.items())))
-            reporting.log_scalars(self.writer, "eval", means, step, flush=False)
+            self.progress.log_eval(step, pd.phase, means)
         return means
 
     def loop(self, state: TrainState, position: DataPosition,
@@ -77,7 +74,8 @@ class Pretraining:
 
         def save(step: int, force: bool = False) -> None:
             guards.check_finite(state, step)
-            checkpointer.save(step, state, position.as_dict(), self.meta, force=force)
+            if checkpointer.save(step, state, position.as_dict(), self.meta, force=force):
+                reporting.chief_print(f"checkpoint step {step} -> {checkpointer.directory}/{step}")
 
         stop_at = min(total, start_step + cfg.stop_after_steps) if cfg.stop_after_steps \
             else total
@@ -89,6 +87,10 @@ class Pretraining:
             upcoming = schedule.phase_at(phases, step + 1)
             if upcoming.name != current.phase.name:
                 current, batch_index = by_name[upcoming.name], -1
+                reporting.chief_print(
+                    f"phase {upcoming.name} from step {upcoming.start_step + 1}: "
+                    f"{upcoming.max_seq_length} tokens, {upcoming.max_predictions_per_seq} "
+                    f"predictions per sequence, batch {upcoming.global_batch_size}")
             batch_index += 1
             if step + 1 < stop_at:
                 next_batch = prefetcher.submit(current.train.batch, batch_index)

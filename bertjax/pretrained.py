@@ -52,6 +52,14 @@ def detect_format(path: str) -> str:
         "(config.json + model.safetensors or pytorch_model.bin) or a bertjax checkpoint directory")
 
 
+def check_exists(path: str, field: str) -> None:
+    """Refuses a local checkpoint path that does not exist, before anything reads (or creates)
+    it; `field` names the config field in the message."""
+    if "://" not in path and not (os.path.exists(path) or os.path.exists(path + ".index")):
+        raise PretrainedError(f"{field}={path!r} does not exist; give a bertjax pretraining "
+                              "workdir, a Google TF or a Hugging Face checkpoint directory")
+
+
 def google_or_hf(path: str) -> bool:
     """Whether `path` is a Google TF or Hugging Face checkpoint (else a bertjax run)."""
     try:
@@ -137,13 +145,15 @@ def pretraining_run(source: Source) -> PretrainingRun:
     """The architecture (and bertjax run metadata) of `source.init_checkpoint`."""
     if not source.init_checkpoint:
         return PretrainingRun({})
+    check_exists(source.init_checkpoint, "init_checkpoint")
     if google_or_hf(source.init_checkpoint):  # architecture from bert_config.json/config.json
         return PretrainingRun(dataclasses.asdict(_read_once(source.init_checkpoint)[0]))
     try:
         meta = checkpoint.read_meta(native.checkpoint_dir(source.init_checkpoint))
     except FileNotFoundError as e:
         raise PretrainedError(f"init_checkpoint={source.init_checkpoint!r}: {e}") from e
-    return PretrainingRun(meta["model"], ml_collections.ConfigDict(json.loads(meta["config"])),
+    config = json.loads(meta["config"]) if "config" in meta else None  # None: params-only
+    return PretrainingRun(meta["model"], config and ml_collections.ConfigDict(config),
                           meta.get("tokenizer"))
 
 

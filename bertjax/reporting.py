@@ -1,32 +1,68 @@
-"""What a run tells its operator: progress lines with throughput, MFU and ETA, TensorBoard
-scalars, metrics.jsonl, chief-only printing, library log filters, and the small-file writer
-that a kill -9 cannot leave half-written."""
+"""What a run tells its operator: progress lines with throughput, MFU and a steady ETA, a
+status line on terminals, TensorBoard scalars, metrics.jsonl, chief-only printing, the
+console's library log filters (`configure_console`, every entry point), and the small-file
+writer that a kill -9 cannot leave half-written."""
 from __future__ import annotations
 
+import collections
 import json
 import logging as std_logging
 import os
+import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import jax
 from absl import logging
 from etils import epath
-from tensorboardX import SummaryWriter
 
-from bertjax import flops, objectives, optim
+from bertjax import flops, objectives, optim, schedule
 from bertjax.model import BertConfig
 from bertjax.schedule import Phase
+
+if TYPE_CHECKING:  # importing tensorboardX imports torch when it is installed: seconds
+    from tensorboardX import SummaryWriter
 
 
 class TrainingError(RuntimeError):
     """The run cannot continue (e.g. too many non-finite steps); the message says why."""
 
 
+class TerminalLine:
+    """A status line redrawn in place (tqdm-style) when stdout is a terminal, never written
+    otherwise; printed lines and log records clear it first."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        if jax.process_index() == 0 and sys.stdout.isatty():
+            sys.stdout.write("\r\033[K" + text)
+            sys.stdout.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stdout.write("\r\033[K")
+            sys.stdout.flush()
+            self.shown = False
+
+
+TERMINAL = TerminalLine()  # the process's one console
+
+
 def chief_print(line: str) -> None:
     """Progress lines come from process 0 only (every process computes the same values)."""
     if jax.process_index() == 0:
+        TERMINAL.clear()
         print(line, flush=True)
+
+
+def status_bar(step: int, total: int, eta: float | None, width: int = 24) -> str:
+    """`137/500 |######......| 27% eta 1m05s`."""
+    filled = int(width * step / max(total, 1))
+    return (f"{step}/{total} |{'#' * filled}{'.' * (width - filled)}| {step / max(total, 1):.0%}"
+            + (f" eta {duration(eta)}" if eta is not None else ""))
 
 
 def write_text(path: str, text: str, append: bool = False) -> None:
@@ -62,6 +98,8 @@ def duration(seconds: float) -> str:
 
 def open_writer(workdir: str) -> SummaryWriter | None:
     """TensorBoard event writer in `workdir/tensorboard`, on process 0 only."""
+    from tensorboardX import SummaryWriter
+
     return SummaryWriter(os.path.join(workdir, "tensorboard")) if jax.process_index() == 0 \
         else None
 
@@ -76,25 +114,108 @@ def log_scalars(writer: SummaryWriter | None, prefix: str, values: dict[str, flo
             writer.flush()
 
 
-class QuietLibraryInfo(std_logging.Filter):
-    """Drops INFO chatter from Orbax (tens of lines per save); warnings still show."""
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Library warnings that describe nothing wrong: Orbax reading one item of a checkpoint alone
+# (the metadata file is the whole checkpoint's, one directory up).
+HARMLESS_WARNINGS = (("/orbax/", "Metadata file does not exist"),)
+
+
+class QuietLibraries(std_logging.Filter):
+    """The default console: bertjax's own log lines and the libraries' warnings, without the
+    libraries' INFO chatter (Orbax: tens of lines per save; JAX probing for TPU/GPU backends;
+    jax.distributed's start-up) or the warnings in HARMLESS_WARNINGS."""
 
     def filter(self, record: std_logging.LogRecord) -> bool:
-        return record.levelno >= std_logging.WARNING or "/orbax/" not in record.pathname
+        if record.levelno < std_logging.WARNING:
+            return record.pathname.startswith(PACKAGE_DIR)
+        return not any(where in record.pathname and record.getMessage().startswith(text)
+                       for where, text in HARMLESS_WARNINGS)
 
 
-def quiet_library_info() -> None:
-    """Installs QuietLibraryInfo on absl's log handler."""
-    logging.get_absl_handler().addFilter(QuietLibraryInfo())
+class ConsoleFormat(std_logging.Formatter):
+    """Plain lines: the message alone for INFO, `warning: ...` / `error: ...` above it."""
+
+    def format(self, record: std_logging.LogRecord) -> str:
+        TERMINAL.clear()
+        message = super().format(record)
+        return message if record.levelno < std_logging.WARNING else \
+            f"{'warning' if record.levelno < std_logging.ERROR else 'error'}: {message}"
+
+
+def configure_console(verbosity: int = 0) -> None:
+    """The one place that decides what the libraries may print (every entry point calls it).
+    Verbosity 0 (the default): QuietLibraries and plain lines; 1 or more (`--verbosity=1`):
+    absl's full log of every library, DEBUG included."""
+    logging.use_absl_handler()
+    handler = logging.get_absl_handler()
+    if verbosity >= 1:
+        logging.set_verbosity(logging.DEBUG)
+    elif not any(isinstance(f, QuietLibraries) for f in handler.filters):
+        handler.addFilter(QuietLibraries())
+        handler.setFormatter(ConsoleFormat())
+
+
+class StepClock:
+    """Seconds per training step, measured per phase with compilation excluded: the first
+    step a process trains in each phase (which compiles) only starts that phase's clock. The
+    median of the recent intervals ignores the occasional evaluation or checkpoint pause."""
+
+    def __init__(self, window: int = 200):
+        self.window = window
+        self.intervals: dict[str, collections.deque] = {}
+        self.last: tuple[str, int, float] | None = None
+
+    def tick(self, phase: str, step: int, now: float | None = None) -> None:
+        """Step `step` of `phase` has finished (its results are on the host) at `now`
+        (default: the current time, in seconds)."""
+        now = time.perf_counter() if now is None else now
+        if self.last and self.last[0] == phase and step > self.last[1]:
+            self.intervals.setdefault(phase, collections.deque(maxlen=self.window)).append(
+                (now - self.last[2]) / (step - self.last[1]))
+        self.last = (phase, step, now)
+
+    def restart(self) -> None:
+        """The time since the last tick was not training (e.g. an evaluation)."""
+        self.last = None
+
+    def seconds_per_step(self, phase: str) -> float | None:
+        measured = self.intervals.get(phase)
+        return float(sorted(measured)[len(measured) // 2]) if measured else None
+
+
+def eta_seconds(clock: StepClock, phases: Sequence[Phase], step: int,
+                relative_cost: dict[str, float]) -> float | None:
+    """Seconds to the end of the last phase from `step`: each phase's remaining steps at its
+    measured time per step; a phase not yet measured at the latest measured one's, scaled by
+    `relative_cost` (e.g. model FLOPs per step). None before any measurement."""
+    measured = [(p.name, clock.seconds_per_step(p.name)) for p in phases]
+    known = [(name, seconds) for name, seconds in measured if seconds is not None]
+    if not known:
+        return None
+    reference, reference_seconds = known[-1]
+    total = 0.0
+    for phase, (name, seconds) in zip(phases, measured):
+        if seconds is None:
+            seconds = reference_seconds * relative_cost[name] / relative_cost[reference]
+        total += max(0, phase.end_step - max(step, phase.start_step)) * seconds
+    return total
+
+
+def write_jsonl(path: str | None, row: dict[str, Any]) -> None:
+    """Appends one JSON row to `path` (no-op without a path, e.g. on other processes)."""
+    if path:
+        write_text(path, json.dumps(row) + "\n", append=True)
 
 
 class Progress:
-    """Accumulates pretraining metric sums on the host and prints/writes them every report."""
+    """Accumulates pretraining metric sums on the host and prints/writes them every report;
+    times the steps of each phase for the ETA and the terminal's status line."""
 
-    def __init__(self, total_steps: int, max_nonfinite_steps: int,
+    def __init__(self, phases: Sequence[Phase], max_nonfinite_steps: int,
                  optimizer: optim.OptimizerConfig, model_config: BertConfig,
                  writer: SummaryWriter | None, start_step: int, jsonl_path: str | None):
-        self.total_steps, self.max_nonfinite_steps = total_steps, max_nonfinite_steps
+        self.phases, self.total_steps = list(phases), phases[-1].end_step
+        self.max_nonfinite_steps = max_nonfinite_steps
         self.optimizer, self.model_config = optimizer, model_config
         self.writer, self.jsonl_path = writer, jsonl_path
         self.sums: dict[str, float] = {}
@@ -102,10 +223,18 @@ class Progress:
         self.window_start, self.window_start_step = time.time(), start_step
         self.nonfinite_in_a_row = self.nonfinite_total = 0
         self.peak_tflops = flops.peak_tflops(jax.devices()[0].device_kind)
+        self.clock = StepClock()
+        self.flops_per_step = {p.name: float(p.global_batch_size * flops.train_flops_per_sequence(
+            model_config, p.max_seq_length, p.max_predictions_per_seq)) for p in self.phases}
+
+    def eta(self, step: int) -> float | None:
+        return eta_seconds(self.clock, self.phases, step, self.flops_per_step)
 
     def add(self, step: int, metrics: dict[str, Any], tokens: int, batch: str = "") -> None:
         """Adds one step's metrics (already on the host); stops on repeated non-finite steps.
         `batch` names the step's batch in messages."""
+        self.clock.tick(schedule.phase_at(self.phases, step - 1).name, step)
+        TERMINAL.show(status_bar(step, self.total_steps, self.eta(step)))
         if metrics["nonfinite"] > 0:
             self.nonfinite_in_a_row += 1
             self.nonfinite_total += 1
@@ -129,7 +258,6 @@ class Progress:
         if not self.sums:
             return {}
         now = time.time()
-        seconds_per_step = (now - self.window_start) / max(step - self.window_start_step, 1)
         means = objectives.summarize(self.sums)
         means["grad_norm"] = self.sums["grad_norm"] / self.sums["steps"]
         means["learning_rate"] = optim.learning_rate_at(self.optimizer, step - 1)
@@ -143,18 +271,27 @@ class Progress:
                         self.peak_tflops)
         if mfu is not None:
             means["mfu"] = mfu
-        eta = seconds_per_step * (self.total_steps - step)
-        chief_print(f"step {step}/{self.total_steps} "
+        eta = self.eta(step)
+        chief_print((f"step {step}/{self.total_steps} "
                     f"[{phase.name} L={phase.max_seq_length}] "
                     f"loss {means['loss']:.4f} mlm_acc {means['mlm_accuracy']:.4f} "
                     f"nsp_acc {means['nsp_accuracy']:.4f} lr {means['learning_rate']:.3e} "
                     f"tok/s {means['tokens_per_second']:,.0f} "
                     f"TFLOP/s {means['model_tflops_per_second']:.3g} "
-                    + (f"MFU {mfu:.1%} " if mfu is not None else "") + f"eta {duration(eta)}")
+                    + (f"MFU {mfu:.1%} " if mfu is not None else "")
+                    + (f"eta {duration(eta)}" if eta is not None else "")).rstrip())
         log_scalars(self.writer, "train", means, step)
-        if self.jsonl_path:
-            write_text(self.jsonl_path, json.dumps({"step": step, "phase": phase.name, **means})
-                       + "\n", append=True)
+        write_jsonl(self.jsonl_path, {"step": step, "phase": phase.name, "split": "train",
+                                      **means})
         self.sums, self.tokens = {}, 0
         self.window_start, self.window_start_step = now, step
         return means
+
+    def log_eval(self, step: int, phase: Phase, means: dict[str, float]) -> None:
+        """Prints, and writes to TensorBoard and metrics.jsonl, a held-out evaluation."""
+        chief_print(f"eval step {step} [{phase.name}]: " + " ".join(
+            f"{k} {v:.4f}" for k, v in sorted(means.items())))
+        log_scalars(self.writer, "eval", means, step, flush=False)
+        write_jsonl(self.jsonl_path, {"step": step, "phase": phase.name, "split": "eval",
+                                      **means})
+        self.clock.restart()

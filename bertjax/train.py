@@ -9,23 +9,23 @@ import json
 import os
 import sys
 import tempfile
+import time
 from typing import Any
 
 import jax
 import ml_collections
-from absl import app, flags
+from absl import flags
 from etils import epath
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, distributed, guards, optim, pretrained, reporting, run,
-                     schedule)
+from bertjax import (checkpoint, cli, distributed, guards, memory, optim, pretrained, reporting,
+                     run, schedule)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
 from bertjax.interop.tree import ConversionError
 from bertjax.model import BertConfig
 from bertjax.pretrain_loop import Pretraining
 from bertjax.schedule import DataPosition
-from bertjax.state import count_params
 
 def run_metadata(config: ml_collections.ConfigDict, tokenizer, phases) -> dict[str, Any]:
     """What a checkpoint records about its run; `model` and `tokenizer` must match to resume,
@@ -42,9 +42,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
     `devices` defaults to all devices; the mesh in `config.mesh` must cover them exactly.
     """
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    started = time.time()
     is_chief = jax.process_index() == 0
     phases = schedule.phases(config.train, config.data, config.long_phase)
+    if config.train.init_checkpoint and not epath.Path(workdir, "checkpoints").exists():
+        pretrained.check_exists(config.train.init_checkpoint, "train.init_checkpoint")
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    if is_chief:
+        reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1)
+                             + "\n")
     mesh = run.make_mesh(config.mesh.to_dict(), devices)
     run.check_batches(mesh, phases, config.train.grad_accum_steps,
                       config.model.max_position_embeddings)  # before preparing any data
@@ -62,7 +68,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     optimizer = optim.optimizer_config(config.optimizer, config.train.total_steps)
     model_config = BertConfig.from_dict(config.model.to_dict())
     sharded = run.build_pretraining(model_config, optimizer, mesh, phases,
-                                    config.train.grad_accum_steps, is_chief, objective)
+                                    config.train.grad_accum_steps, report=False,
+                                    objective=objective)
+    if is_chief:  # the full table goes to a file, its totals to the console
+        report_path = os.path.join(workdir, "startup_report.txt")
+        reporting.write_text(report_path, memory.report(
+            sharded.model, sharded.abstract_state, mesh, phases) + "\n")
+        print(memory.summary(sharded.model, sharded.abstract_state, mesh, phases)
+              + (f"; {jax.process_count()} processes" if jax.process_count() > 1 else "")
+              + f"; full table: {report_path}", flush=True)
     checkpointer = checkpoint.Checkpointer(
         os.path.join(workdir, "checkpoints"), config.train.checkpoint_every,
         config.train.keep_checkpoints, config.train.keep_every)
@@ -72,12 +86,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     position = schedule.consistent_position(position, start_step, phases)
     if start_step >= config.train.total_steps:
         reporting.chief_print(f"Training already finished ({start_step} steps); evaluating only")
-    if is_chief:
-        print(f"Model: {count_params(state.params):,} parameters; mesh {dict(mesh.shape)}; "
-              f"{len(jax.devices())} devices, {jax.process_count()} processes", flush=True)
-
+    else:
+        reporting.chief_print(f"Training steps {start_step + 1}-{config.train.total_steps}: "
+                              + ", ".join(f"{p.name} {p.end_step - p.start_step} steps x "
+                                          f"{p.global_batch_size} x {p.max_seq_length} tokens"
+                                          for p in phases)
+                              + f"; progress every {config.train.log_every} steps")
     writer = reporting.open_writer(workdir)
-    progress = reporting.Progress(config.train.total_steps, config.train.max_nonfinite_steps,
+    progress = reporting.Progress(phases, config.train.max_nonfinite_steps,
                                   optimizer, model_config, writer, start_step,
                                   os.path.join(workdir, "metrics.jsonl") if is_chief else None)
     try:
@@ -92,7 +108,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if is_chief and final_step >= config.train.total_steps:  # also marks the run as finished
         reporting.write_text(os.path.join(workdir, "final_metrics.json"),
                              json.dumps({"step": final_step, **final_eval}, indent=1))
+    if config.train.stop_after_steps and final_step == start_step + config.train.stop_after_steps \
+            and final_step < config.train.total_steps:
+        reporting.chief_print(f"Stopped after {config.train.stop_after_steps} steps (step "
+                              f"{final_step} of {config.train.total_steps}); rerun the same "
+                              "command to continue")
+    reporting.chief_print(outputs_summary(workdir, final_step, config.train.total_steps,
+                                          final_eval, time.time() - started))
     return final_eval
+
+
+def outputs_summary(workdir: str, step: int, total_steps: int, final_eval: dict[str, float],
+                    seconds: float) -> str:
+    """The run's last lines: where it stands, the held-out metrics, and where each output is."""
+    lines = [f"Done in {reporting.duration(seconds)}: step {step} of {total_steps}"
+             + ("; held-out " + " ".join(f"{k} {v:.4f}" for k, v in sorted(final_eval.items()))
+                if final_eval else "")]
+    outputs = [("checkpoints", f"checkpoints (latest: step {step})"),
+               ("metrics.jsonl", "progress and evaluation rows"),
+               ("tensorboard", f"TensorBoard (tensorboard --logdir {workdir})"),
+               ("final_metrics.json", "final evaluation"), ("config.json", "resolved config"),
+               ("startup_report.txt", "parameter shardings and bytes per device")]
+    lines += [f"  {os.path.join(workdir, name)}: {what}" for name, what in outputs
+              if epath.Path(workdir, name).exists()]
+    return "\n".join(lines)
 
 
 def start_state(config: ml_collections.ConfigDict, sharded: run.ShardedRun,
@@ -140,7 +179,6 @@ def define_flags() -> None:
 
 def main(argv: list[str]) -> None:
     del argv
-    reporting.quiet_library_info()
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                                FLAGS.heartbeat_timeout_seconds)
@@ -148,7 +186,7 @@ def main(argv: list[str]) -> None:
     except (distributed.DistributedSetupError, run.ConfigError, pipeline.DataError,
             checkpoint.CheckpointMismatch, checkpoint.CheckpointWriteError,
             reporting.TrainingError, guards.NonFiniteState, FileNotFoundError,
-            ConversionError) as e:
+            ConversionError, pretrained.PretrainedError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         if isinstance(e, checkpoint.CheckpointWriteError):
             # Orbax's writer threads of the failed save wait (for minutes) for signals that
@@ -160,4 +198,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main)

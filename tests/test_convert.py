@@ -58,11 +58,17 @@ def run_cli(*args):
 
 
 def test_tf_to_bertjax_to_hf_command_line(tmp_path):
+    """TF -> bertjax -> Hugging Face on the command line: weights exact, the vocabulary
+    carried along, a tokenizer config and model card in the export, ordinary file modes."""
     params = random_params(CONFIG)
     src = tmp_path / "uncased_L-2_H-16_A-2"
     write_google_checkpoint(src, CONFIG, params)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"tok{i}" for i in range(35)]
+    (src / "vocab.txt").write_text("".join(f"{token}\n" for token in vocab))
     result = run_cli(str(src), str(tmp_path / "bertjax"))
     assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and not result.stderr.strip(), result.stderr
+    assert "tokenizer (WordPiece, lower-cased): vocab.txt" in result.stdout
     assert "Google TF checkpoint, 139 tensors; 46 mapped to bertjax parameters, 93 skipped" in result.stdout
     assert "skipped (optimizer slot): bert/embeddings/LayerNorm/beta/adam_m" in result.stdout
     assert "skipped (training step counter): global_step" in result.stdout
@@ -72,6 +78,22 @@ def test_tf_to_bertjax_to_hf_command_line(tmp_path):
     assert main_ok(str(tmp_path / "bertjax"), str(tmp_path / "hf"))  # default: bertjax -> hf
     assert pretrained.detect_format(str(tmp_path / "hf")) == "hf"
     assert_trees_equal(hf.load_hf(str(tmp_path / "hf"))[1], params)
+    exported = tmp_path / "hf"
+    assert (exported / "vocab.txt").read_text().split() == vocab
+    config = json.loads((exported / "tokenizer_config.json").read_text())
+    # With `tokenizers` (transformers' own dependency) a tokenizer.json, else BertTokenizer.
+    assert config["tokenizer_class"] == ("PreTrainedTokenizerFast" if (
+        exported / "tokenizer.json").exists() else "BertTokenizer")
+    assert config["do_lower_case"] is True
+    assert config["model_max_length"] == CONFIG.max_position_embeddings
+    card = (exported / "README.md").read_text()
+    assert "| architecture | BERT, 2 layers, hidden 16, 2 heads" in card
+    assert f"| parameters | {sum(np.size(v) for v in tree.flatten(params).values()):,} |" in card
+    assert "| tokenizer | WordPiece, lower-cased, 40 tokens (`vocab.txt`) |" in card
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {name: os.stat(exported / name).st_mode & 0o777 for name in os.listdir(exported)} \
+        == {name: 0o666 & ~umask for name in os.listdir(exported)}
 
 
 def test_round_trips_are_exact(tmp_path):
@@ -176,7 +198,7 @@ def test_bad_checkpoints_get_clear_errors(tmp_path, capsys):
         pretrained.detect_format(str(tmp_path / "junk"))
     assert convert.main([str(tmp_path / "missing"), str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "missing does not exist" in err
+    assert err.startswith("error: ") and "missing' does not exist" in err
 
 
 def test_case_and_vocab_checks(tmp_path):

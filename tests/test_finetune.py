@@ -3,6 +3,7 @@ submission), feature-based NER (frozen encoder), SQuAD, clear errors, extract_fe
 import json
 import os
 import random
+import re
 import runpy
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, finetune, pretrained, train
+from bertjax import checkpoint, extract_features, finetune, pretrained, train
 from bertjax.interop import hf, tf
 from bertjax.interop.tree import ConversionError
 from bertjax.heads import (BertForQuestionAnswering, BertForSequenceClassification,
@@ -29,6 +30,13 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ","] + POSITIVE + NE
 
 TINY = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=4,
                   num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+
+
+def assert_quiet_console(output: str) -> None:
+    """No absl-format line (`I1123 12:36:38.698904 ... file.py:42] ...`: a library's INFO or
+    warning let through) and no traceback."""
+    assert not re.search(r"^[IWEF]\d{4} \d\d:\d\d:\d\d", output, re.MULTILINE), output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
 
 
 def pretrained_encoder(root: str):
@@ -146,6 +154,17 @@ def test_glue_cli_trains_seeds_keeps_best_and_writes_submission(data_root, tmp_p
         assert lines[0] == "index\tprediction" and len(lines) == 11
         assert {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
     assert "sst2 dev/accuracy: mean" in result.stdout
+    # The console: the libraries' INFO quiet, the learning rate, ETA, baseline and outputs.
+    assert_quiet_console(result.stdout + result.stderr)
+    assert re.search(r"seed 1 step \d+/\d+ loss [\d.]+ lr [\d.e-]+ \(\d+s, eta \d+m\d+s\)",
+                     result.stdout), result.stdout
+    assert "baseline 0.5000" in result.stdout  # dev: 20 of each label
+    assert summary["baselines"]["dev"]["accuracy"] == 0.5
+    assert f"{workdir}/seed_2: checkpoints/" in result.stdout
+    assert json.loads((workdir / "config.json").read_text())["seeds"] == "1,2"
+    rows = [json.loads(line) for line in (workdir / "seed_1" / "metrics.jsonl").open()]
+    assert [r["epoch"] for r in rows if r["split"] == "dev"] == list(range(1, 11))
+    assert all(r["learning_rate"] > 0 for r in rows if r["split"] == "train")
 
 
 def test_feature_based_ner_trains_only_the_tagger(data_root, tmp_path):
@@ -187,6 +206,11 @@ def test_squad_end_to_end(data_root, tmp_path):
 def test_clear_errors(data_root, tmp_path):
     config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
                    init_checkpoint=str(tmp_path / "nothing"))
+    with pytest.raises(pretrained.PretrainedError, match="init_checkpoint=.* does not exist"):
+        finetune.run(config, str(tmp_path / "a"), devices=jax.devices()[:1])
+    assert not (tmp_path / "nothing").exists()  # nothing created in passing
+    os.makedirs(tmp_path / "empty")
+    config.init_checkpoint = str(tmp_path / "empty")
     with pytest.raises(pretrained.PretrainedError, match="no finished checkpoint"):
         finetune.run(config, str(tmp_path / "a"), devices=jax.devices()[:1])
     (tmp_path / "bigger.json").write_text(json.dumps({"hidden_size": 64, "intermediate_size": 64}))
@@ -204,6 +228,9 @@ def test_extract_features_original_format(data_root, tmp_path):
     result = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert_quiet_console(result.stdout + result.stderr)
+    assert "Wrote 2 records (layers -1,-2,-3,-4)" in result.stdout  # the default: the last 4
+    assert extract_features.default_layers(2) == [-1, -2]  # all of a smaller model
     records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["linex_index"] for r in records] == [0, 1]
     assert [f["token"] for f in records[1]["features"]] == \

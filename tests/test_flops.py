@@ -47,11 +47,12 @@ def test_mfu():
 def test_training_progress_logs_model_flops(capsys):
     config = base_config()
     config.train.log_every, config.train.total_steps = 1, 10
+    phases = schedule.phases(config.train, config.data, config.long_phase)
     progress = reporting.Progress(
-        config.train.total_steps, config.train.max_nonfinite_steps,
+        phases, config.train.max_nonfinite_steps,
         optim.optimizer_config(config.optimizer, config.train.total_steps),
         BertConfig.from_dict(config.model.to_dict()), None, 0, None)
-    phase = schedule.phases(config.train, config.data, config.long_phase)[0]
+    phase = phases[0]
     metrics = {"nonfinite": 0.0, "grad_norm": 1.0, "mlm_loss_sum": 1.0, "mlm_correct_sum": 0.0,
                "mlm_weight_sum": 1.0, "nsp_loss_sum": 1.0, "nsp_correct_sum": 0.0, "nsp_count": 1.0}
     progress.add(1, metrics, tokens=256 * 128)

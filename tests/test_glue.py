@@ -4,6 +4,7 @@ import os
 import numpy as np
 import pytest
 
+from bertjax import finetune_loop
 from bertjax.data import tokenization
 from bertjax.tasks import features, glue
 
@@ -111,3 +112,29 @@ def test_tfds_glue_records_labels_and_test_splits(tmp_path):
     assert [e.index for e in read("mnli", "test_matched")[0]] == ["0"]
     with pytest.raises(features.TaskDataError, match="tfds build glue/rte.*RTE/train.tsv"):
         read("rte", "train")
+
+
+def test_baselines_and_the_warning_when_a_model_does_not_beat_them(tmp_path, tokenizer):
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+    write(tmp_path / "MRPC" / "train.tsv", [header] + [f"{q}\t1\t2\ta\tb" for q in "11101"])
+    write(tmp_path / "MRPC" / "dev.tsv", [header] + [f"{q}\t1\t2\ta\tb" for q in "1100"])
+    write(tmp_path / "STS-B" / "train.tsv", ["i\tg\tf\ty\td\ts\tx\ta\tb\tscore"]
+          + [f"{i}\tg\tf\ty\td\ts\tx\ta\tb\t{s}" for i, s in enumerate([1.0, 2.0, 4.5])])
+    mrpc = glue.GlueFinetune(features.TaskOptions(task="mrpc", data_dir=str(tmp_path),
+                                                  max_seq_length=8), tokenizer)
+    how, values = mrpc.baseline(mrpc.load("train"), mrpc.load("dev"))
+    assert how == "always '1', the majority class"
+    assert values == {"f1": pytest.approx(2 / 3), "accuracy": 0.5}
+    stsb = glue.GlueFinetune(features.TaskOptions(task="stsb", data_dir=str(tmp_path),
+                                                  max_seq_length=8), tokenizer)
+    train = stsb.load("train")
+    how, values = stsb.baseline(train, train)
+    assert how == "always 2.500, the mean" and values == {"pearson": 0.0, "spearman": 0.0}
+
+    stats = {"dev/f1": {"mean": 0.6, "std": 0.0, "median": 0.6},
+             "dev/accuracy": {"mean": 0.75, "std": 0.0, "median": 0.75}}
+    lines, warnings = finetune_loop.summary_lines("mrpc", stats, 1, {"dev": (how, {
+        "f1": 2 / 3, "accuracy": 0.5})})
+    assert lines[0].endswith("over 1 seeds; baseline 0.6667")
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "dev: f1 0.6000 (baseline 0.6667) do not beat the baseline that ignores the input")

@@ -1,5 +1,6 @@
 """The start-up sharding/memory report, the mesh divisibility check, and `python -m bertjax.tools.aot`."""
 import os
+import re
 import subprocess
 import sys
 
@@ -49,6 +50,10 @@ def test_report_names_every_sharding_and_counts_real_bytes():
     assert "(norm)" in lines["bert/embeddings/LayerNorm/scale"] and "-> (-)" in lines[
         "bert/embeddings/LayerNorm/scale"]
     assert "phase short: 8 of 16 sequences x 32 tokens per device" in text
+    total = re.search(r"total +([\d.]+ \w+)  \(phase short", text).group(1)
+    assert memory.summary(model, abstract, mesh, [PHASE]).endswith(
+        f"parameters; mesh data=1 fsdp=2 tensor=4 (8 devices); per device before XLA "
+        f"temporaries: {total} (short)")
 
 
 def test_activation_estimate_follows_remat_and_tensor_split():

@@ -4,6 +4,7 @@ weights, and WordPiece parity with transformers' BertTokenizer (Rust) and its Py
 Needs the `parity` extra (pip install -e '.[parity]'); deselected by default, run with
 `python -m pytest -q -m parity tests`.
 """
+import collections
 import os
 import shutil
 import unicodedata
@@ -12,10 +13,12 @@ import jax
 import numpy as np
 import pytest
 
+from bertjax import convert, pretrained, train
 from bertjax.interop import hf
 from bertjax.data import tokenization
 from bertjax.model import BertConfig, BertForPreTraining
 from test_convert import assert_trees_equal, random_params
+from test_train import corpus_file, tiny_config  # noqa: F401 (fixture)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -157,3 +160,60 @@ def test_wordpiece_matches_transformers(lower, tmp_path):
         assert ours.encode(text) == rust.convert_tokens_to_ids(tokens)
         pieces += sum(t.startswith("##") for t in tokens)
     assert pieces > 20  # words really were split into pieces
+
+
+def corpus_vocab(path, corpus_file: str) -> str:
+    """A WordPiece vocab for the test corpus: BERT's specials, every character (as word start
+    and as `##` piece) and its 300 commonest words."""
+    with open(corpus_file, encoding="utf-8") as f:
+        words = collections.Counter(w for line in f for w in tokenization.basic_tokenize(line))
+    chars = sorted({c for w in words for c in w} | {c for t in TEXTS for c in t.lower()})
+    tokens = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + chars + ["##" + c for c in chars]
+              + [w for w, _ in words.most_common(300) if len(w) > 1])
+    path.write_text("\n".join(dict.fromkeys(tokens)) + "\n", encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "sentencepiece"])
+def test_hugging_face_export_tokenizes_and_predicts_as_bertjax(kind, corpus_file, tmp_path):
+    """A bertjax pretraining run exported by `python -m bertjax.convert`: AutoTokenizer gives
+    bertjax's ids and segments for text pairs, and the exported model its logits."""
+    overrides = {"train.total_steps": 2, "train.checkpoint_every": 2, "long_phase.fraction": 0.0,
+                 "train.eval_batches": 1}
+    if kind == "wordpiece":
+        vocab = corpus_vocab(tmp_path / "vocab.txt", corpus_file)
+        overrides.update({"data.tokenizer": "wordpiece", "data.vocab_file": vocab,
+                          "model.vocab_size": len(open(vocab).read().split("\n")) - 1})
+    config = tiny_config(corpus_file, str(tmp_path / "cache"), **overrides)
+    train.train_and_evaluate(config, str(tmp_path / "run"), devices=jax.devices()[:1])
+    assert convert.main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    source = pretrained.Source(init_checkpoint=str(tmp_path / "run"))
+    ours = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    texts = [t for t in TEXTS if t] + [  # transformers reads an empty second text as none
+        line.strip() for line in open(corpus_file, encoding="utf-8").readlines()[:200:10]]
+    rows = []
+    for a, b in zip(texts, texts[1:]):
+        expected = [ours.cls_id, *ours.encode(a), ours.sep_id, *ours.encode(b), ours.sep_id]
+        encoded = theirs(a, b)
+        assert encoded["input_ids"] == expected, (a, b)
+        assert encoded["token_type_ids"] == [0] * (len(ours.encode(a)) + 2) + [1] * (
+            len(ours.encode(b)) + 1)
+        if len(expected) <= config.model.max_position_embeddings:
+            rows.append((expected, encoded["token_type_ids"]))
+    assert len(rows) >= 10
+    length = max(len(ids) for ids, _ in rows)
+    ids, types, mask = (np.array([list(r) + [0] * (length - len(r)) for r in column])
+                        for column in zip(*[(i, t, [1] * len(i)) for i, t in rows]))
+    model = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "hf")).eval()
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(types),
+                         attention_mask=torch.tensor(mask))
+    bert_config, params = pretrained.read(str(tmp_path / "run"))
+    every_position = np.tile(np.arange(length), (len(ids), 1))
+    mlm, nsp = BertForPreTraining(bert_config).apply({"params": params}, ids, types, mask,
+                                                     every_position)
+    real = mask.astype(bool)  # logits at padding positions are not compared
+    assert np.abs(np.asarray(mlm)[real] - expected.prediction_logits.numpy()[real]).max() \
+        <= TOLERANCE
+    assert np.abs(np.asarray(nsp) - expected.seq_relationship_logits.numpy()).max() <= TOLERANCE

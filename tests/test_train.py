@@ -53,9 +53,10 @@ def tiny_config(corpus_file: str, cache_dir: str, **overrides):
     return c
 
 
-def read_metrics(workdir) -> list[dict]:
+def read_metrics(workdir, split: str = "train") -> list[dict]:
+    """The rows of metrics.jsonl for `split` (train: progress reports; eval: evaluations)."""
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+        return [row for row in map(json.loads, f) if row["split"] == split]
 
 
 def test_loss_falls_and_checkpoint_written(corpus_file, cache_dir, tmp_path):
@@ -70,20 +71,34 @@ def test_loss_falls_and_checkpoint_written(corpus_file, cache_dir, tmp_path):
     assert any(name.startswith("events.out.tfevents") for name in
                os.listdir(tmp_path / "tensorboard"))
     assert json.loads((tmp_path / "final_metrics.json").read_text())["step"] == 40
+    (evaluation,) = read_metrics(tmp_path, "eval")  # eval_every=0: the final one only
+    assert evaluation["step"] == 40 and evaluation["mlm_loss"] == final["mlm_loss"]
+    assert json.loads((tmp_path / "config.json").read_text())["train"]["total_steps"] == 40
+    assert "Bytes per device" in (tmp_path / "startup_report.txt").read_text()
 
 
-def test_stop_and_resume_equals_uninterrupted(corpus_file, cache_dir, tmp_path):
+def test_stop_and_resume_equals_uninterrupted(corpus_file, cache_dir, tmp_path, capsys):
     """A run stopped at step 6 that lost its step-6 checkpoint (as a crash between
     checkpoints would) restarts from step 4; another stop lands in the long phase. Every
-    logged loss equals the uninterrupted run's at the same step, bit for bit."""
+    logged loss equals the uninterrupted run's at the same step, bit for bit. Each stop,
+    the phase switch and the end are announced."""
     config = tiny_config(corpus_file, cache_dir)
     train.train_and_evaluate(config, str(tmp_path / "straight"))
     resumed = tmp_path / "resumed"
     for stop_after in (6, 9, 0):
         config.train.stop_after_steps = stop_after
+        capsys.readouterr()
         train.train_and_evaluate(config, str(resumed))
+        printed = capsys.readouterr().out
         if stop_after == 6:
+            assert "Stopped after 6 steps (step 6 of 16); rerun the same command to continue" \
+                in printed
             shutil.rmtree(resumed / "checkpoints" / "6")
+        elif stop_after == 9:  # steps 5-13
+            assert "phase long from step 13: 128 tokens, 20 predictions per sequence" in printed
+            assert "Stopped after 9 steps (step 13 of 16)" in printed
+        else:
+            assert "Done in " in printed and "step 16 of 16; held-out loss" in printed
     straight = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "straight")}
     records = read_metrics(resumed)
     assert [m["step"] for m in records] == list(range(1, 7)) + list(range(5, 17))

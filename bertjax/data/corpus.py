@@ -60,6 +60,11 @@ class CorpusStats:
         for field in dataclasses.fields(self):
             setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
+    def repaired(self) -> bool:
+        """Whether anything was skipped, cut or decoded specially."""
+        return any((self.empty_files, self.skipped_empty_documents, self.invalid_utf8_lines,
+                    self.truncated_long_lines, self.utf16_files, self.skipped_binary_files))
+
     def summary(self) -> str:
         """Returns the counters as one line of text."""
         return (
@@ -325,7 +330,7 @@ def _read_one_file(
         return iter(())
     if text_format == "auto":
         text_format = detect_text_format(path, max_line_chars)
-        logging.info("Reading %s as %r text.", path, text_format)
+        logging.debug("Reading %s as %r text.", path, text_format)
     lines = _read_lines(path, max_line_chars, file_stats)
     parse = _documents_from_lines if text_format == "lines" else _documents_from_paragraphs
     return parse(lines)

@@ -370,7 +370,9 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
     with open(os.path.join(directory, "meta.json")) as f:
         meta = json.load(f)
     records = meta.pop("files")
-    logging.info("Prepared data %s: %s", directory, meta)
+    logging.info("Prepared data for phase %s (%d tokens): %s training, %s held-out sequences "
+                 "in %s", phase.name, phase.max_seq_length, f"{meta.get('train_instances', 0):,}",
+                 f"{meta.get('eval_instances', 0):,}", directory)
     return {"train": _load_split(directory, "train", records, masked=not dynamic),
             "eval": _load_split(directory, "eval", records, masked=True)}
 
@@ -410,8 +412,8 @@ def _build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.
                 if features:
                     _save_shard(os.path.join(tmp, name, f"shard_{shard:05d}"), features)
                     meta[f"{name}_instances"] += len(features["input_ids"])
-            logging.info("Prepared shard %d (%s): %s", shard, phase.name, dict(meta))
-    logging.info("Corpus: %s", stats.summary())
+            logging.debug("Prepared shard %d (%s): %s", shard, phase.name, dict(meta))
+    (logging.info if stats.repaired() else logging.debug)("Corpus: %s", stats.summary())
     if not meta["documents"]:
         raise DataError(f"the corpus ({data_cfg.source}) has no usable documents after reading "
                         f"and tokenizing ({stats.summary()}); check data.input_files / tfds_name")

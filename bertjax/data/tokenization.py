@@ -116,6 +116,10 @@ class SentencePieceTokenizer:
         """Ids that must never be masked: [PAD] [CLS] [SEP] [MASK]."""
         return frozenset((self.pad_id, self.cls_id, self.sep_id, self.mask_id))
 
+    def model_proto(self) -> bytes:
+        """The serialized SentencePiece model (pieces, scores, normalization rules)."""
+        return self._model_bytes
+
     def fingerprint(self) -> str:
         """Sha256 hex of the model (pieces, normalization rules, trainer options) without the
         paths it was trained from and to, so a retrained identical model keeps its identity."""

@@ -139,7 +139,11 @@ def save_hf(config: BertConfig, params: dict[str, Any], path: str) -> None:
         name, transpose = path_to_hf(p)
         value = np.asarray(value)
         tensors[name] = np.ascontiguousarray(value.T if transpose else value)
-    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    weights = os.path.join(path, "model.safetensors")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(weights, 0o666 & ~umask)  # safetensors writes 0600: give it an ordinary file's mode
     values = bert_model.architecture(config)
     values.update(hidden_act=TO_HF_ACTIVATION[config.hidden_act],
                   hidden_dropout_prob=config.hidden_dropout_prob,
@@ -147,3 +151,24 @@ def save_hf(config: BertConfig, params: dict[str, Any], path: str) -> None:
                   initializer_range=config.initializer_range, model_type="bert",
                   architectures=["BertForPreTraining"], tie_word_embeddings=True, pad_token_id=0)
     tree.write_json(os.path.join(path, "config.json"), values)
+
+
+def write_model_card(path: str, config: BertConfig, num_params: int,
+                     facts: list[tuple[str, str]]) -> None:
+    """`README.md`: the architecture, `facts` (tokenizer, data, steps, metrics, ...) and how to
+    load the directory with transformers."""
+    rows = [("architecture", f"BERT, {config.num_hidden_layers} layers, hidden "
+             f"{config.hidden_size}, {config.num_attention_heads} heads, feed-forward "
+             f"{config.intermediate_size}, vocabulary {config.vocab_size}, "
+             f"{config.max_position_embeddings} positions, {TO_HF_ACTIVATION[config.hidden_act]}"),
+            ("parameters", f"{num_params:,}"), *facts]
+    name = os.path.basename(os.path.normpath(path))
+    text = "\n".join([
+        "---", "library_name: transformers", "tags: [bert, bertjax]", "---", f"# {name}", "",
+        "A BERT model (masked-LM and next-sentence heads) written by bertjax.", "",
+        "| | |", "|---|---|", *[f"| {key} | {value} |" for key, value in rows], "",
+        "```python", "from transformers import AutoTokenizer, BertForPreTraining",
+        f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
+        f'model = BertForPreTraining.from_pretrained("{name}")', "```", ""])
+    with open(os.path.join(path, "README.md"), "w", encoding="utf-8") as f:
+        f.write(text)

@@ -124,3 +124,8 @@ class Finetune:
     def outputs(self, model_outputs):
         """Reduces the model outputs on device before they are fetched (default: as is)."""
         return model_outputs
+
+    def baseline(self, train: SplitData, data: SplitData) -> tuple[str, dict[str, float]] | None:
+        """How a model that ignores its input would predict `data` (learned from `train`) and
+        its metrics there; None when the task has no such baseline."""
+        return None

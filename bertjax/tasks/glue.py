@@ -339,6 +339,19 @@ class GlueFinetune(features.Finetune):
         return evaluate(self.task, predictions_from_logits(self.task, logits),
                         data.features["labels"])
 
+    def baseline(self, train: features.SplitData, data: features.SplitData
+                 ) -> tuple[str, dict[str, float]]:
+        """The majority class of `train` (classification) or its mean score (regression)."""
+        labels = train.features["labels"]
+        if self.task.is_regression:
+            value = float(np.mean(labels))
+            how, predictions = f"always {value:.3f}, the mean", np.full(len(data), value)
+        else:
+            majority = int(np.bincount(labels, minlength=self.task.num_labels).argmax())
+            how = f"always {self.task.labels[majority]!r}, the majority class"
+            predictions = np.full(len(data), majority)
+        return how, evaluate(self.task, predictions, data.features["labels"])
+
     def write_predictions(self, data: features.SplitData, logits: np.ndarray,
                           directory: str) -> str:
         return write_submission(self.task, data.name, data.examples,

@@ -1,0 +1,117 @@
+"""The tokenizer files of a Hugging Face export, so that `transformers.AutoTokenizer
+.from_pretrained(DIR)` gives bertjax's token ids. A `tokenizer.json` built with the
+`tokenizers` library (a dependency of transformers) holds either tokenizer: WordPiece as
+Google's BasicTokenizer + WordpieceTokenizer (same casing, accent stripping and 200-character
+word limit), SentencePiece as a Unigram model from the `.model` (pieces, scores, the model's
+own normalization rules, whitespace handling and dummy prefix); both with BERT's
+`[CLS] A [SEP] B [SEP]` template. WordPiece also gets `vocab.txt`, and without `tokenizers`
+a BertTokenizer config (whose word limit is 100 characters). One known difference: raw text
+that spells a special token (`[MASK]`) is that token for transformers, while SentencePiece
+puts a `▁` piece before it."""
+from __future__ import annotations
+
+import os
+
+from sentencepiece import sentencepiece_model_pb2
+
+from bertjax.data.tokenization import (CLS, MASK, PAD, SEP, UNK, SentencePieceTokenizer,
+                                       Tokenizer, WordPieceTokenizer)
+from bertjax.interop import tree
+
+SPECIAL_TOKENS = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,
+                  "mask_token": MASK}
+UNIGRAM = 1  # sentencepiece's TrainerSpec.model_type
+SPECIAL_PIECE_TYPES = (2, 3, 4)  # unknown, control, user-defined
+
+
+def _sentencepiece_model(tokenizer: SentencePieceTokenizer, tk) -> object:
+    """The `tokenizers` Unigram tokenizer (no template yet) of a SentencePiece model."""
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(tokenizer.model_proto())
+    if proto.trainer_spec.model_type != UNIGRAM:
+        raise tree.ConversionError("only unigram SentencePiece models have a tokenizer.json "
+                                   "form here (this one is not unigram)")
+    hf = tk.Tokenizer(tk.models.Unigram([(p.piece, p.score) for p in proto.pieces],
+                                        unk_id=proto.trainer_spec.unk_id,
+                                        byte_fallback=proto.trainer_spec.byte_fallback))
+    steps = []
+    if proto.normalizer_spec.precompiled_charsmap:
+        steps.append(tk.normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
+    if proto.normalizer_spec.remove_extra_whitespaces:
+        steps += [tk.normalizers.Strip(left=True, right=True),
+                  tk.normalizers.Replace(tk.Regex(" {2,}"), " ")]
+    hf.normalizer = tk.normalizers.Sequence(steps)
+    scheme = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
+    hf.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme,
+                                                   split=proto.trainer_spec.split_by_whitespace)
+    hf.decoder = tk.decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
+    hf.add_special_tokens([tk.AddedToken(p.piece, normalized=False, special=True)
+                           for p in proto.pieces if p.type in SPECIAL_PIECE_TYPES])
+    return hf
+
+
+def _wordpiece_model(tokenizer: WordPieceTokenizer, tk) -> object:
+    """The `tokenizers` WordPiece tokenizer (no template yet) of Google's tokenizer."""
+    tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+    hf = tk.Tokenizer(tk.models.WordPiece(
+        {token: i for i, token in enumerate(tokens)}, unk_token=UNK,
+        max_input_chars_per_word=tokenizer.max_input_chars_per_word))
+    hf.normalizer = tk.normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=tokenizer.strip_accents,
+        lowercase=tokenizer.do_lower_case)
+    hf.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
+    hf.decoder = tk.decoders.WordPiece(prefix="##")
+    hf.add_special_tokens([tk.AddedToken(token, normalized=False, special=True)
+                           for token in SPECIAL_TOKENS.values()])
+    return hf
+
+
+def tokenizer_json(tokenizer: Tokenizer) -> str:
+    """The `tokenizers` tokenizer.json that tokenizes as `tokenizer` does."""
+    try:
+        import tokenizers as tk
+    except ImportError:
+        raise tree.ConversionError("a tokenizer.json needs the `tokenizers` package: "
+                                   "pip install tokenizers") from None
+    build = _wordpiece_model if isinstance(tokenizer, WordPieceTokenizer) else \
+        _sentencepiece_model
+    hf = build(tokenizer, tk)
+    hf.post_processor = tk.processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}", pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+        special_tokens=[(CLS, tokenizer.cls_id), (SEP, tokenizer.sep_id)])
+    return hf.to_str(pretty=True)
+
+
+def save_vocab(tokenizer: WordPieceTokenizer, path: str) -> list[str]:
+    """Writes the WordPiece vocabulary as `vocab.txt` (one token a line, in id order)."""
+    tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+    with open(os.path.join(path, "vocab.txt"), "w", encoding="utf-8") as f:
+        f.write("".join(t + "\n" for t in tokens))
+    return ["vocab.txt"]
+
+
+def save_tokenizer(tokenizer: Tokenizer, path: str, model_max_length: int) -> list[str]:
+    """Writes the tokenizer files for `AutoTokenizer` into `path`; returns their names."""
+    if not isinstance(tokenizer, (WordPieceTokenizer, SentencePieceTokenizer)):
+        raise tree.ConversionError(f"no Hugging Face form for a {type(tokenizer).__name__}")
+    config: dict = {**SPECIAL_TOKENS, "model_max_length": model_max_length,
+                    "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+                    "tokenizer_class": "PreTrainedTokenizerFast"}
+    names = []
+    if isinstance(tokenizer, WordPieceTokenizer):
+        names += save_vocab(tokenizer, path)
+        config.update(do_lower_case=tokenizer.do_lower_case,
+                      strip_accents=tokenizer.strip_accents)
+    try:
+        text = tokenizer_json(tokenizer)
+    except tree.ConversionError:
+        if not names:  # SentencePiece: tokenizer.json is its only form
+            raise
+        config["tokenizer_class"] = "BertTokenizer"  # from vocab.txt and the case options
+    else:
+        with open(os.path.join(path, "tokenizer.json"), "w", encoding="utf-8") as f:
+            f.write(text)
+        names.append("tokenizer.json")
+    tree.write_json(os.path.join(path, "tokenizer_config.json"), config)
+    tree.write_json(os.path.join(path, "special_tokens_map.json"), SPECIAL_TOKENS)
+    return names + ["tokenizer_config.json", "special_tokens_map.json"]

@@ -1,0 +1,104 @@
+"""The command line of every entry point (bertjax/cli.py, reporting.configure_console): a
+config typo or a missing `.py` is one line naming the nearest valid names; a missing
+checkpoint is named and nothing is created; the default console holds no library INFO line
+and no traceback, and `--verbosity=1` brings the libraries' log back."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from bertjax import cli
+from test_faults import command_line
+from test_finetune import assert_quiet_console
+from test_train import corpus_file  # noqa: F401 (fixture)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
+       "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config=configs/tiny.py", "--config.train.totl_steps=5"],
+     "--config.train.totl_steps: configs/tiny.py has no field train.totl_steps; did you mean "
+     "--config.train.total_steps?"),
+    (["--config", "configs/tiny.py", "--config.trian.total_steps=5"],
+     "has no field trian; did you mean --config.train.total_steps?"),
+    (["--config=configs/tiny.py", "--config.train.zzz=5"], "its fields there: checkpoint_every,"),
+    (["--config=configs/tiny.py", "--config.train.total_steps.x=5"],
+     "train.total_steps is a value, not a section"),
+    (["--config=configs/tiny"], "no such file; did you mean --config=configs/tiny.py?"),
+    (["--config=configs/tny.py"], "did you mean --config=configs/tiny.py"),
+    (["--config=configs/finetune/glue.py", "--config.learning_rte=1e-4"],
+     "did you mean --config.learning_rate?"),
+    (["--config=configs/tiny.py", "--config.train.total_steps=5", "--workdir=w"], None),
+])
+def test_config_arguments_are_checked_before_parsing(argv, message, monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)
+    found = cli.config_argument_error(["prog", *argv])
+    assert found == message if message is None else message in found, found
+
+
+def run(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("module, args, message", [
+    ("bertjax.train", ["--config=configs/tiny.py", "--workdir={w}", "--config.train.totl_steps=5"],
+     "did you mean --config.train.total_steps?"),
+    ("bertjax.train", ["--config=configs/tiny", "--workdir={w}"],
+     "did you mean --config=configs/tiny.py?"),
+    ("bertjax.train", ["--config=configs/tiny.py", "--workdir={w}",
+                       "--config.train.init_checkpoint={m}"],
+     "train.init_checkpoint='{m}' does not exist"),
+    ("bertjax.finetune", ["--config=configs/finetune/glue.py", "--workdir={w}",
+                          "--config.learning_rte=1e-4"], "did you mean --config.learning_rate?"),
+    ("bertjax.finetune", ["--config=configs/finetune/glue", "--workdir={w}"],
+     "did you mean --config=configs/finetune/glue.py?"),
+    ("bertjax.finetune", ["--config=configs/finetune/glue.py", "--workdir={w}",
+                          "--config.init_checkpoint={m}"], "init_checkpoint='{m}' does not exist"),
+    ("bertjax.extract_features", ["--input_file={w}/in.txt", "--output_file={w}/out.jsonl",
+                                  "--init_checkpoint={m}"], "init_checkpoint='{m}' does not exist"),
+    ("bertjax.convert", ["{m}", "{w}"], "SRC='{m}' does not exist"),
+])
+def test_each_mistake_is_one_line_and_creates_nothing(module, args, message, tmp_path):
+    names = {"w": tmp_path / "workdir", "m": tmp_path / "missing"}
+    result = run(module, *(a.format(**names) for a in args))
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert_quiet_console(result.stdout + result.stderr)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and message.format(**names) in errors[0], result.stderr[-3000:]
+    assert not names["w"].exists() and not names["m"].exists()
+
+
+def test_verbosity_brings_the_library_log_back(tmp_path):
+    result = run("bertjax.train", "--config=configs/tiny.py", f"--workdir={tmp_path}/w",
+                 f"--config.train.init_checkpoint={tmp_path}/missing", "--verbosity=1")
+    assert result.returncode == 1
+    # absl's own format, e.g. "I1123 12:36:38.721490 1401 distributed.py:77] jax.distributed..."
+    assert re.search(r"^I\d{4} .* distributed\.py:\d+\] ", result.stderr, re.MULTILINE), \
+        result.stderr[-3000:]
+
+
+def test_a_training_run_says_what_it_does(corpus_file, tmp_path):  # noqa: F811
+    """Start-up in a few lines (the table in a file), checkpoints, the ETA and the
+    `stop_after_steps` exit, with no library INFO line (the phase switch: test_train)."""
+    workdir = tmp_path / "run"
+    result = subprocess.run(command_line(corpus_file, str(tmp_path / "cache"), str(workdir), **{
+        "train.total_steps": 4, "long_phase.fraction": 0.0, "train.stop_after_steps": 3,
+        "train.checkpoint_every": 2, "train.log_every": 1}), cwd=REPO_ROOT, env=ENV,
+        capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert_quiet_console(output)
+    assert "Prepared data for phase short (64 tokens): " in result.stderr
+    assert f"full table: {workdir}/startup_report.txt" in result.stdout
+    assert "Bytes per device" in (workdir / "startup_report.txt").read_text()
+    assert f"checkpoint step 2 -> {workdir}/checkpoints/2" in result.stdout
+    assert re.search(r"^step 3/4 \[short L=64\] .* eta \d+m\d\ds$", result.stdout, re.MULTILINE)
+    assert "Stopped after 3 steps (step 3 of 4); rerun the same command to continue" \
+        in result.stdout
+    assert f"{workdir}/config.json: resolved config" in result.stdout
+    assert len(result.stdout.splitlines()) <= 14, result.stdout
