@@ -54,8 +54,8 @@ class FlaxDropout(nn.Module):
         return nn.Dropout(self.rate)(x, deterministic=deterministic)
 
 
-def apply_update_select(state, tx, loss, grads, metrics):
-    """Guard as a select fused into the update (one pass over the state)."""
+def apply_update_select(state, tx, loss, grads, metrics, batch):
+    """Guard as a select fused into the update (one pass over the state; `batch` unused)."""
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)

@@ -61,11 +61,7 @@ def check_data_compatible(found: dict[str, Any] | None, expected: dict[str, Any]
             "once the previous one has finished).")
 
 
-@jax.jit
-def _all_finite(tree: Any) -> jax.Array:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-              if jnp.issubdtype(x.dtype, jnp.inexact)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+_all_finite = jax.jit(steps.all_finite)
 
 
 def check_finite(state: Any, step: int) -> None:

@@ -14,7 +14,7 @@ from absl import logging
 from etils import epath
 from tensorboardX import SummaryWriter
 
-from bertjax import flops, objectives, optim
+from bertjax import flops, objectives, optim, steps
 from bertjax.model import BertConfig
 from bertjax.schedule import Phase
 
@@ -109,14 +109,16 @@ class Progress:
         if metrics["nonfinite"] > 0:
             self.nonfinite_in_a_row += 1
             self.nonfinite_total += 1
-            logging.warning("step %d (%s): non-finite loss or gradient; update skipped "
-                            "(%d in a row, %d in this run)", step, batch,
-                            self.nonfinite_in_a_row, self.nonfinite_total)
-            if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
+            what, advice = steps.NONFINITE_CAUSES.get(int(metrics["nonfinite"]),
+                                                      steps.NONFINITE_CAUSES[2])
+            logging.warning("step %d (%s): non-finite %s; update skipped (%d in a row, %d in "
+                            "this run)", step, batch, what, self.nonfinite_in_a_row,
+                            self.nonfinite_total)
+            if self.nonfinite_in_a_row >= self.max_nonfinite_steps or what == "state":
                 raise TrainingError(
                     f"{self.nonfinite_in_a_row} consecutive non-finite steps ending at step {step} "
-                    f"({batch}); the last checkpoint is intact. Lower "
-                    "optimizer.peak_learning_rate or check the data, then rerun to resume.")
+                    f"({batch}), the last with non-finite {what}; the last checkpoint is intact. "
+                    f"{advice[0].upper()}{advice[1:]}, then rerun to resume.")
             return
         self.nonfinite_in_a_row = 0
         for key, value in metrics.items():
