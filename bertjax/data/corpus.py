@@ -194,19 +194,22 @@ def expand_paths(paths: Sequence[str] | str) -> list[str]:
     return files
 
 
-def content_fingerprint(path: str, blocks: int = 64, block_bytes: int = 64 << 10) -> dict[str, Any]:
+def content_fingerprint(path: str, sample_bytes: int = 4 << 20,
+                        blocks: int = 64) -> dict[str, Any]:
     """A cheap identity of a file's content: its size, mtime and the SHA-256 of `blocks`
-    evenly spaced blocks of `block_bytes` (the whole file when it is smaller than that)."""
+    evenly spaced blocks, `sample_bytes` in all (the whole file when it is no larger)."""
     size = os.path.getsize(path)
     digest = hashlib.sha256()
     with open(path, "rb") as file:
-        if size <= blocks * block_bytes:
+        if size <= sample_bytes:
             digest.update(file.read())
         else:
+            block = sample_bytes // blocks
             for i in range(blocks):
-                file.seek((size - block_bytes) * i // (blocks - 1))
-                digest.update(file.read(block_bytes))
-    return {"bytes": size, "mtime": int(os.path.getmtime(path)), "sampled_sha256": digest.hexdigest()}
+                file.seek((size - block) * i // (blocks - 1))
+                digest.update(file.read(block))
+    return {"bytes": size, "mtime": int(os.path.getmtime(path)),
+            "sampled_sha256": digest.hexdigest()}
 
 
 def _skip_rest_of_line(file: Any) -> int:

@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
 import sys
 import time
 from typing import Any, Iterable, Iterator, Sequence
@@ -187,9 +188,11 @@ def specials_of(tokenizer: tokenization.Tokenizer, whole_word_mask: bool) -> ins
 _worker_tokenizer: tokenization.Tokenizer | None = None
 
 
-def _start_worker(tokenizer: tokenization.Tokenizer) -> None:
+def _start_worker(tokenizer: tokenization.Tokenizer, in_pool: bool = False) -> None:
     global _worker_tokenizer
     _worker_tokenizer = tokenizer
+    if in_pool:  # Ctrl-C is the main process's to handle (workers would print tracebacks)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _encode_document(document: list[str]) -> list[np.ndarray]:
@@ -206,7 +209,7 @@ def tokenizing_pool(tokenizer: tokenization.Tokenizer, num_workers: int):
         yield None
         return
     with multiprocessing.get_context("spawn").Pool(
-            num_workers, initializer=_start_worker, initargs=(tokenizer,)) as pool:
+            num_workers, initializer=_start_worker, initargs=(tokenizer, True)) as pool:
         yield pool
 
 
