@@ -19,6 +19,12 @@ from bertjax import checkpoint, guards, reporting, schedule
 QUARANTINE = "checkpoints_quarantine"
 
 
+def first_line(error: Exception, limit: int = 300) -> str:
+    """The start of an error's message (TensorStore's run to many lines)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class UnusableCheckpoint(checkpoint.CheckpointMismatch):
     """No checkpoint in the workdir can be resumed from; the message names the choices."""
 
@@ -55,9 +61,10 @@ class Resume:
                     return Found(step, meta, position, sealed)
                 except Exception as e:  # noqa: BLE001 (any failure to read it)
                     if sealed:
-                        raise UnusableCheckpoint(f"checkpoint {self.where(step)} cannot be read "
-                                                 f"although its files are intact: {e}") from e
-                    problem = f"its metadata cannot be read ({e})"
+                        raise UnusableCheckpoint(
+                            f"checkpoint {self.where(step)} cannot be read although its files "
+                            f"are intact: {first_line(e)}") from e
+                    problem = f"its metadata cannot be read ({first_line(e)})"
             self._set_aside(step, problem)
         if self.set_aside:
             steps = ", ".join(map(str, self.set_aside))
@@ -98,8 +105,8 @@ class Resume:
             except Exception as e:  # noqa: BLE001 (any failure to restore it)
                 if found.sealed or jax.process_count() > 1:
                     raise UnusableCheckpoint(f"checkpoint {self.where(found.step)} failed to "
-                                             f"restore: {e}") from e
-                self._set_aside(found.step, f"it cannot be restored ({e})")
+                                             f"restore: {first_line(e)}") from e
+                self._set_aside(found.step, f"it cannot be restored ({first_line(e)})")
                 found = self.newest()  # (never None: it raises once any was set aside)
                 check(found)
         if self.set_aside:
