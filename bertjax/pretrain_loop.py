@@ -124,11 +124,10 @@ class Pretraining:
                 if checkpointer.latest_step() != step:
                     save(step, force=True)
                 checkpointer.wait()
-                saved = f"saved a checkpoint at step {step}"
+                saved = f"saved a checkpoint at step {step}, which a rerun resumes from"
             except (checkpoint.CheckpointWriteError, guards.NonFiniteState) as save_error:
                 saved = f"no checkpoint could be saved ({save_error})"
-            raise reporting.TrainingError(f"{failures.os_error_line(e)}; {saved}. Rerun the same "
-                                          "command to resume.") from e
+            raise reporting.TrainingError(f"{failures.os_error_line(e)}; {saved}") from e
         final_step = int(jax.device_get(state.step))
         final_eval = self.eval_and_log(final_step, state.params, current) \
             if final_step == total else {}

@@ -214,3 +214,15 @@ def test_no_usable_checkpoint_names_the_choices(corpus_file, cache_dir, workdir)
                        r"start from step 0"):
         run(tiny_config(corpus_file, cache_dir), workdir)
     assert sorted(os.listdir(workdir / "checkpoints_quarantine")) == ["4", "6"]
+
+
+def test_a_full_disk_under_a_writer_stops_the_run_with_a_checkpoint(corpus_file, cache_dir,
+                                                                     workdir):
+    """metrics.jsonl on a full device (/dev/full: every write fails with ENOSPC): the run
+    stops at its first report with one message naming the file, after saving the step."""
+    (workdir / "metrics.jsonl").unlink()
+    (workdir / "metrics.jsonl").symlink_to("/dev/full")
+    with pytest.raises(reporting.TrainingError, match=rf"No space left on device: {workdir}/"
+                       r"metrics.jsonl \(free some space, .*\); saved a checkpoint at step 7"):
+        run(tiny_config(corpus_file, cache_dir, **{"train.stop_after_steps": 4}), workdir)
+    assert "7" in os.listdir(workdir / "checkpoints")
