@@ -229,6 +229,9 @@ def restore_params(directory: str, abstract_params: Any) -> Any:
         if step is None:
             raise FileNotFoundError(f"no finished checkpoint in init_checkpoint={directory!r}")
         logging.info("Initialising parameters from %s step %d", directory, step)
+        _, problem = verify(f"{manager.directory}/{step}")
+        if problem:
+            raise CheckpointMismatch(f"checkpoint {manager.directory}/{step} is damaged: {problem}")
         _check_param_shapes(f"{manager.directory}/{step}/state", abstract_params)
         item = ocp.PyTreeCheckpointer().restore(
             f"{manager.directory}/{step}/state",
