@@ -74,8 +74,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         raise pipeline.DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but "
                                  f"model.vocab_size={config.model.vocab_size}; raise the latter")
     meta["tokenizer"] = tokenizer.fingerprint()
-    if found:
-        check(found)  # and the tokenizer
+    if found:  # and the tokenizer
+        checkpoint.check_compatible(found.meta, meta, resume_from.where(found.step))
     phase_data = loaders.prepare_data(config.data, phases, config.model.vocab_size, tokenizer,
                                       cache_dir)
     optimizer = optim.optimizer_config(config.optimizer, config.train.total_steps)
