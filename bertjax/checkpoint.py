@@ -60,6 +60,10 @@ class Checkpointer:
         self.directory = _absolute(directory)
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_names=("state", "data", "meta"))
+        # Orbax removes unfinished saves in a background thread (a private future in 0.12):
+        # wait for it, so that it is over before anything reads the directory and an early
+        # exit does not cut it off at interpreter shutdown.
+        getattr(self._manager, "_maybe_await_cleanup_tmp_directory", lambda: None)()
         self._unsealed: list[int] = []  # finished or in-flight saves without checksums yet
 
     def latest_step(self) -> int | None:
