@@ -54,8 +54,8 @@ class FlaxDropout(nn.Module):
         return nn.Dropout(self.rate)(x, deterministic=deterministic)
 
 
-def apply_update_select(state, tx, loss, grads, metrics):
-    """Guard as a select fused into the update (one pass over the state)."""
+def apply_update_select(state, tx, loss, grads, metrics, batch):
+    """Guard as a select fused into the update (one pass over the state; `batch` unused)."""
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -65,6 +65,21 @@ def apply_update_select(state, tx, loss, grads, metrics):
                               opt_state=jax.tree.map(keep, opt_state, state.opt_state))
     return new_state, dict(metrics, grad_norm=grad_norm,
                            nonfinite=1.0 - finite.astype(jnp.float32))
+
+
+def apply_update_loss_guard(state, tx, loss, grads, metrics, batch):
+    """The guard before issue 15: loss and gradient norm only (the update is not checked)."""
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+    def update(_):
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        return optax.apply_updates(state.params, updates), opt_state
+
+    params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state),
+                                     None)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), dict(
+        metrics, grad_norm=grad_norm, nonfinite=1.0 - finite.astype(jnp.float32))
 
 
 def einsum_attention_bf16_probs(q, k, v, mask_bias, dropout):
@@ -78,7 +93,8 @@ def einsum_attention_bf16_probs(q, k, v, mask_bias, dropout):
 # Functions replaced by name in the module that owns them (the model looks them up there).
 OWNERS = {"Dropout": M, "einsum_attention": attention, "_apply_update": steps}
 ORIGINAL = {name: getattr(module, name) for name, module in OWNERS.items()}
-BEFORE = {"Dropout": FlaxDropout}  # the guard was and is the lax.cond of steps.py
+LOSS_ONLY_GUARD = {"_apply_update": apply_update_loss_guard}
+BEFORE = {"Dropout": FlaxDropout, **LOSS_ONLY_GUARD}  # steps.py's lax.cond guard of then
 SELECT = {"_apply_update": apply_update_select}
 
 # name -> (attention_impl, replacements of model/steps functions; the rest as in the product)
@@ -93,6 +109,8 @@ VARIANTS = {
     "einsum + 16-bit dropout + vocab padded to 128": ("einsum", {"vocab_pad_multiple": 128}),
     "einsum + 16-bit dropout + bf16 probabilities": (
         "einsum", {"einsum_attention": einsum_attention_bf16_probs}),
+    "einsum + 16-bit dropout + loss-only guard": ("einsum", LOSS_ONLY_GUARD),
+    "cudnn + 16-bit dropout + loss-only guard": ("cudnn", LOSS_ONLY_GUARD),
 }
 
 

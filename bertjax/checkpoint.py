@@ -4,19 +4,30 @@ A checkpoint step holds three items saved together and atomically: `state` (the 
 TrainState), `data` (the data position: phase and next batch index) and `meta` (a small
 JSON that a resume checks for compatibility: model config, tokenizer fingerprint, ...).
 Saves are asynchronous; unfinished saves (a crash mid-write) are never restored and are
-cleaned up at the next start.
+cleaned up at the next start (which must run under the workdir lock: `bertjax.locks`).
+
+Integrity: once a save is finished, process 0 records every file's size and CRC32 in
+`<step>/bertjax_checksums.json` (`seal`); `verify` compares them before a restore, so a
+truncated, deleted or bit-flipped file is found by name; `quarantine` moves a damaged step
+out of the way (it is never deleted).
 """
 from __future__ import annotations
 
+import json
 import os
+import zlib
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
+from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 META_KEYS_MUST_MATCH = ("model", "tokenizer")
+CHECKSUMS = "bertjax_checksums.json"
 
 
 def _absolute(directory: str) -> str:
@@ -49,9 +60,17 @@ class Checkpointer:
         self.directory = _absolute(directory)
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_names=("state", "data", "meta"))
+        # Orbax removes unfinished saves in a background thread (a private future in 0.12):
+        # wait for it, so that it is over before anything reads the directory and an early
+        # exit does not cut it off at interpreter shutdown.
+        getattr(self._manager, "_maybe_await_cleanup_tmp_directory", lambda: None)()
+        self._unsealed: list[int] = []  # finished or in-flight saves without checksums yet
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
 
     def should_save(self, step: int) -> bool:
         return self._manager.should_save(step)
@@ -64,12 +83,50 @@ class Checkpointer:
     def save(self, step: int, state: Any, data_position: dict, meta: dict, force: bool = False) -> bool:
         """Starts an async save of step `step` if the policies (or `force`) say so."""
         try:
-            return self._manager.save(step, args=ocp.args.Composite(
+            started = self._manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
                 meta=ocp.args.JsonSave(meta)), force=force)
         except Exception as e:  # an earlier async save's failure surfaces here too
             raise CheckpointWriteError(f"saving a checkpoint in {self.directory} failed: {e}; "
                                        "earlier finished checkpoints are intact") from e
+        if started and jax.process_index() == 0:
+            self._unsealed.append(step)
+        return started
+
+    def seal_finished(self) -> None:
+        """Records the checksums of saves that have finished (cheap when none has)."""
+        if self._unsealed and not self._manager.is_saving_in_progress():
+            for step in self._unsealed:
+                if (epath.Path(self.directory) / str(step)).exists():  # not failed or removed
+                    seal(f"{self.directory}/{step}")
+            self._unsealed = []
+
+    def verify(self, step: int) -> tuple[bool, str | None]:
+        """`(sealed, problem)`: whether step `step` has recorded checksums, and what does not
+        match them (None: intact or unsealed). Process 0 checks; every process gets its
+        verdict."""
+        sealed, problem = verify(f"{self.directory}/{step}") if jax.process_index() == 0 \
+            else (True, None)
+        if jax.process_count() > 1:
+            verdict = multihost_utils.broadcast_one_to_all(np.array([sealed, problem is None]))
+            sealed = bool(verdict[0])
+            problem = problem or (None if verdict[1] else "damaged (as found by process 0)")
+        return sealed, problem
+
+    def quarantine(self, step: int, destination: str) -> str:
+        """Moves step `step` to `destination/<step>` (`.1`, `.2`, ... if taken); returns where."""
+        target = epath.Path(destination) / str(step)
+        suffix = 0
+        while target.exists():
+            suffix += 1
+            target = epath.Path(destination) / f"{step}.{suffix}"
+        if jax.process_index() == 0:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            (epath.Path(self.directory) / str(step)).rename(target)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"bertjax quarantine {step}")
+        self._manager.reload()
+        return str(target)
 
     def metadata(self, step: int) -> tuple[dict, dict]:
         """The `(meta, data_position)` JSON items of step `step`, without the state."""
@@ -87,18 +144,69 @@ class Checkpointer:
         return restored["state"], restored["data"], meta
 
     def wait(self) -> None:
-        """Blocks until pending saves are written; raises if the async writer failed."""
+        """Blocks until pending saves are written (and sealed); raises if the async writer
+        failed."""
         try:
             self._manager.wait_until_finished()
         except Exception as e:
             raise CheckpointWriteError(f"writing a checkpoint in {self.directory} failed: {e}; "
                                        "earlier finished checkpoints are intact") from e
+        self.seal_finished()
 
     def close(self) -> None:
         try:
             self.wait()
         finally:
             self._manager.close()
+
+
+def _files(directory: epath.Path) -> list[epath.Path]:
+    found = []
+    for path in directory.iterdir():
+        found.extend(_files(path) if path.is_dir() else [path])
+    return found
+
+
+def _crc32(path: epath.Path) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def seal(step_directory: str) -> None:
+    """Writes `CHECKSUMS` into a finished checkpoint step: size and CRC32 of every file."""
+    root = epath.Path(step_directory)
+    files = {str(p.relative_to(root)): [p.stat().length, _crc32(p)] for p in _files(root)
+             if p.name not in (CHECKSUMS, CHECKSUMS + ".tmp")}
+    (root / (CHECKSUMS + ".tmp")).write_text(json.dumps({"crc32": files}))
+    (root / (CHECKSUMS + ".tmp")).rename(root / CHECKSUMS)
+
+
+def verify(step_directory: str) -> tuple[bool, str | None]:
+    """`(sealed, problem)` of one step directory: what differs from its recorded checksums
+    (missing, resized or changed files), None if nothing does or nothing was recorded."""
+    root = epath.Path(step_directory)
+    if not (root / CHECKSUMS).exists():
+        return False, None
+    try:
+        recorded = json.loads((root / CHECKSUMS).read_text())["crc32"]
+    except (ValueError, KeyError, UnicodeDecodeError) as e:
+        return True, f"its {CHECKSUMS} is unreadable ({e})"
+    problems = []
+    for name, (size, crc) in sorted(recorded.items()):
+        path = root / name
+        if not path.exists():
+            problems.append(f"{name} is missing")
+        elif path.stat().length != size:
+            problems.append(f"{name} has {path.stat().length} bytes, not {size}")
+        elif _crc32(path) != crc:
+            problems.append(f"{name} does not match its checksum")
+    if not problems:
+        return True, None
+    return True, "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)"
+                                             if len(problems) > 3 else "")
 
 
 def check_compatible(found: dict, expected: dict, where: str) -> None:
@@ -125,6 +233,9 @@ def restore_params(directory: str, abstract_params: Any) -> Any:
         if step is None:
             raise FileNotFoundError(f"no finished checkpoint in init_checkpoint={directory!r}")
         logging.info("Initialising parameters from %s step %d", directory, step)
+        _, problem = verify(f"{manager.directory}/{step}")
+        if problem:
+            raise CheckpointMismatch(f"checkpoint {manager.directory}/{step} is damaged: {problem}")
         _check_param_shapes(f"{manager.directory}/{step}/state", abstract_params)
         item = ocp.PyTreeCheckpointer().restore(
             f"{manager.directory}/{step}/state",

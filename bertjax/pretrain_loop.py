@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from bertjax import checkpoint, guards, objectives, reporting, schedule, sharding
+from bertjax import checkpoint, failures, guards, objectives, reporting, schedule, sharding
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
 from bertjax.run import ShardedRun
 from bertjax.schedule import DataPosition
@@ -52,10 +52,11 @@ class Pretraining:
         """Trains from `start_step` at `position` to the end (or train.stop_after_steps);
         returns the state, the next data position and the final evaluation."""
         with sharding.activate(self.run.mesh), \
-                concurrent.futures.ThreadPoolExecutor(1) as prefetcher:
-            return self._loop(state, position, start_step, prefetcher)
+                concurrent.futures.ThreadPoolExecutor(1) as prefetcher, \
+                failures.CtrlC(forward_as_sigterm=jax.process_count() > 1) as ctrl_c:
+            return self._loop(state, position, start_step, prefetcher, ctrl_c)
 
-    def _loop(self, state, position, start_step, prefetcher):
+    def _loop(self, state, position, start_step, prefetcher, ctrl_c):
         cfg, mesh, checkpointer = self.train_cfg, self.run.mesh, self.checkpointer
         total = cfg.total_steps
         phases = [pd.phase for pd in self.phase_data]
@@ -79,42 +80,56 @@ class Pretraining:
 
         stop_at = min(total, start_step + cfg.stop_after_steps) if cfg.stop_after_steps \
             else total
-        for step in range(start_step, stop_at):
-            trained, trained_batch = current, f"batch {batch_index} of phase {current.phase.name}"
-            host_batch = next_batch.result()
-            if step + 1 in nan_steps:  # test-only fault injection
-                host_batch = guards.poison_batch(host_batch)
-            upcoming = schedule.phase_at(phases, step + 1)
-            if upcoming.name != current.phase.name:
-                current, batch_index = by_name[upcoming.name], -1
-                reporting.chief_print(
-                    f"phase {upcoming.name} from step {upcoming.start_step + 1}: "
-                    f"{upcoming.max_seq_length} tokens, {upcoming.max_predictions_per_seq} "
-                    f"predictions per sequence, batch {upcoming.global_batch_size}")
-            batch_index += 1
-            if step + 1 < stop_at:
-                next_batch = prefetcher.submit(current.train.batch, batch_index)
-            state, metrics = self.run.train_step(
-                state, sharding.global_batch_from_host(host_batch, mesh))
-            flush_pending()  # the previous step's metrics: ready by now, so this does not stall
-            done = step + 1
-            pending = (done, metrics, host_batch["input_ids"].size * jax.process_count(),
-                       trained_batch)
-            position = DataPosition(current.phase.name, batch_index)
-            if done % cfg.log_every == 0 or done == stop_at:
-                flush_pending()
-                self.progress.report(done, trained.phase)
-            if cfg.eval_every and done % cfg.eval_every == 0 and done != total:
-                self.eval_and_log(done, state.params, trained)
-            if checkpointer.reached_preemption(done):
-                flush_pending()
-                self.progress.report(done, trained.phase)
-                print(f"Preemption notice: saving a checkpoint at step {done} and exiting",
-                      flush=True)
-                break
-            if checkpointer.should_save(done) and done != stop_at:
-                save(done)
-        flush_pending()
+        try:
+            for step in range(start_step, stop_at):
+                trained = current
+                trained_batch = f"batch {batch_index} of phase {current.phase.name}"
+                host_batch = next_batch.result()
+                if step + 1 in nan_steps:  # test-only fault injection
+                    host_batch = guards.poison_batch(host_batch)
+                upcoming = schedule.phase_at(phases, step + 1)
+                if upcoming.name != current.phase.name:
+                    current, batch_index = by_name[upcoming.name], -1
+                    reporting.chief_print(
+                        f"phase {upcoming.name} from step {upcoming.start_step + 1}: "
+                        f"{upcoming.max_seq_length} tokens, {upcoming.max_predictions_per_seq} "
+                        f"predictions per sequence, batch {upcoming.global_batch_size}")
+                batch_index += 1
+                if step + 1 < stop_at:
+                    next_batch = prefetcher.submit(current.train.batch, batch_index)
+                state, metrics = self.run.train_step(
+                    state, sharding.global_batch_from_host(host_batch, mesh))
+                flush_pending()  # the previous step's metrics: ready by now, so no stall
+                done = step + 1
+                pending = (done, metrics, host_batch["input_ids"].size * jax.process_count(),
+                           trained_batch)
+                position = DataPosition(current.phase.name, batch_index)
+                if done % cfg.log_every == 0 or done == stop_at:
+                    flush_pending()
+                    self.progress.report(done, trained.phase)
+                if cfg.eval_every and done % cfg.eval_every == 0 and done != total:
+                    self.eval_and_log(done, state.params, trained)
+                local_ctrl_c = ctrl_c.requested and not ctrl_c.forward_as_sigterm
+                if checkpointer.reached_preemption(done) or local_ctrl_c:
+                    flush_pending()
+                    self.progress.report(done, trained.phase)
+                    print(f"{'Ctrl-C' if ctrl_c.requested else 'Preemption notice'}: saving a "
+                          f"checkpoint at step {done} and exiting", flush=True)
+                    break
+                if checkpointer.should_save(done) and done != stop_at:
+                    save(done)
+                checkpointer.seal_finished()
+            flush_pending()
+        except OSError as e:  # e.g. a full disk under metrics.jsonl or TensorBoard's events
+            step = int(jax.device_get(state.step))
+            try:
+                if checkpointer.latest_step() != step:
+                    save(step, force=True)
+                checkpointer.wait()
+                saved = f"saved a checkpoint at step {step}, which a rerun resumes from"
+            except (checkpoint.CheckpointWriteError, guards.NonFiniteState) as save_error:
+                saved = f"no checkpoint could be saved ({save_error})"
+            raise reporting.TrainingError(f"{failures.os_error_line(e)}; {saved}") from e
         final_step = int(jax.device_get(state.step))
         final_eval = self.eval_and_log(final_step, state.params, current) \
             if final_step == total else {}

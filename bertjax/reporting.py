@@ -16,7 +16,7 @@ import jax
 from absl import logging
 from etils import epath
 
-from bertjax import flops, objectives, optim, schedule
+from bertjax import flops, objectives, optim, schedule, steps
 from bertjax.model import BertConfig
 from bertjax.schedule import Phase
 
@@ -71,17 +71,20 @@ def write_text(path: str, text: str, append: bool = False) -> None:
     renamed temporary file. Object stores (gs://) cannot append; there an append rewrites
     the object, which each upload replaces whole."""
     if "://" not in path:
-        if append:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, text.encode("utf-8"))
-            finally:
-                os.close(fd)
-        else:
-            temporary = f"{path}.tmp{os.getpid()}"
-            with open(temporary, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(temporary, path)
+        try:
+            if append:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, text.encode("utf-8"))
+                finally:
+                    os.close(fd)
+            else:
+                temporary = f"{path}.tmp{os.getpid()}"
+                with open(temporary, "w", encoding="utf-8") as f:
+                    f.write(text)
+                os.replace(temporary, path)
+        except OSError as e:  # name the file (a failed write does not)
+            raise OSError(e.errno, e.strerror, path) from e
         return
     target = epath.Path(path)
     if append and target.exists():
@@ -111,7 +114,10 @@ def log_scalars(writer: SummaryWriter | None, prefix: str, values: dict[str, flo
         for key, value in values.items():
             writer.add_scalar(f"{prefix}/{key}", value, step)
         if flush:
-            writer.flush()
+            try:
+                writer.flush()
+            except OSError as e:  # name the directory (a failed write does not)
+                raise OSError(e.errno, e.strerror, writer.logdir) from e
 
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -238,14 +244,16 @@ class Progress:
         if metrics["nonfinite"] > 0:
             self.nonfinite_in_a_row += 1
             self.nonfinite_total += 1
-            logging.warning("step %d (%s): non-finite loss or gradient; update skipped "
-                            "(%d in a row, %d in this run)", step, batch,
-                            self.nonfinite_in_a_row, self.nonfinite_total)
-            if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
+            what, advice = steps.NONFINITE_CAUSES.get(int(metrics["nonfinite"]),
+                                                      steps.NONFINITE_CAUSES[2])
+            logging.warning("step %d (%s): non-finite %s; update skipped (%d in a row, %d in "
+                            "this run)", step, batch, what, self.nonfinite_in_a_row,
+                            self.nonfinite_total)
+            if self.nonfinite_in_a_row >= self.max_nonfinite_steps or what == "state":
                 raise TrainingError(
                     f"{self.nonfinite_in_a_row} consecutive non-finite steps ending at step {step} "
-                    f"({batch}); the last checkpoint is intact. Lower "
-                    "optimizer.peak_learning_rate or check the data, then rerun to resume.")
+                    f"({batch}), the last with non-finite {what}; the last checkpoint is intact. "
+                    f"{advice[0].upper()}{advice[1:]}, then rerun to resume.")
             return
         self.nonfinite_in_a_row = 0
         for key, value in metrics.items():

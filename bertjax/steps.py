@@ -77,29 +77,59 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, accum_st
             (loss, metrics, grads), _ = jax.lax.scan(
                 accumulate, (zero_loss, zero_metrics, zero_grads),
                 (micro_batches, jnp.arange(accum_steps)))
-        return _apply_update(state, tx, loss, grads, metrics)
+        return _apply_update(state, tx, loss, grads, metrics, batch)
 
     return train_step
 
 
+# What `metrics["nonfinite"]` says went non-finite (0: nothing, the step was applied), and
+# what to do about it.
+NONFINITE_CAUSES = {
+    1: ("inputs", "the batch holds NaN or Inf: check the data"),
+    2: ("loss or gradients", "lower optimizer.peak_learning_rate or check the data"),
+    3: ("state", "the parameters or optimizer state held NaN or Inf before the step, which is "
+                 "not a learning-rate problem: the checkpoint the run resumed from may be "
+                 "damaged; move it out of WORKDIR/checkpoints to resume from the one before"),
+    4: ("update", "finite gradients gave a non-finite update: lower "
+                  "optimizer.peak_learning_rate or set optimizer.clip_global_norm"),
+}
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """Whether every float in `tree` is finite (a scalar bool array)."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
 def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax.Array, grads: Any,
-                  metrics: Metrics) -> tuple[TrainState, Metrics]:
-    """Clip + update (inside `tx`), skipping non-finite updates; adds grad_norm/nonfinite."""
+                  metrics: Metrics, batch: Batch) -> tuple[TrainState, Metrics]:
+    """Clip + update (inside `tx`), applied only if the loss, the gradients, the new
+    parameters and the new optimizer state are all finite; adds grad_norm and `nonfinite`
+    (0, or the NONFINITE_CAUSES code of a skipped step)."""
     grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    gradients_finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def update(_):
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         return optax.apply_updates(state.params, updates), opt_state
 
-    # A non-finite step leaves params and optimizer state untouched (a `cond`, not a select
-    # over both trees: XLA then updates the donated buffers in place); the host stops the
-    # run after too many in a row (see train.py).
+    # The new state is computed twice: here only to be checked (XLA fuses the arithmetic into
+    # the reductions, nothing is stored), then in the `cond` that applies it, so that XLA
+    # updates the donated buffers in place (a select over old and new trees would hold both).
+    finite = gradients_finite & all_finite(update(None))
+
+    def cause(_):
+        return jnp.select([~all_finite(batch), ~all_finite((state.params, state.opt_state)),
+                           ~gradients_finite], [1.0, 3.0, 2.0], 4.0)
+
+    # A non-finite step leaves params and optimizer state untouched; the host stops the run
+    # after too many in a row, or at once if the state itself is not finite (reporting.py).
     params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state),
                                      None)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    metrics = dict(metrics, grad_norm=grad_norm, nonfinite=1.0 - finite.astype(jnp.float32))
-    return new_state, metrics
+    nonfinite = jax.lax.cond(finite, lambda _: jnp.float32(0.0), cause, None)
+    return new_state, dict(metrics, grad_norm=grad_norm, nonfinite=nonfinite)
 
 
 def make_loss_train_step(loss_fn: Callable[[Any, Batch, jax.Array], tuple[jax.Array, Metrics]],
@@ -112,7 +142,7 @@ def make_loss_train_step(loss_fn: Callable[[Any, Batch, jax.Array], tuple[jax.Ar
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         (loss, metrics), grads = grad_fn(state.params, batch,
                                          jax.random.fold_in(state.rng, state.step))
-        return _apply_update(state, tx, loss, grads, metrics)
+        return _apply_update(state, tx, loss, grads, metrics, batch)
 
     return train_step
 

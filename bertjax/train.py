@@ -14,12 +14,12 @@ from typing import Any
 
 import jax
 import ml_collections
-from absl import flags
+from absl import flags, logging
 from etils import epath
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, cli, distributed, guards, memory, optim, pretrained, reporting,
-                     run, schedule)
+from bertjax import (checkpoint, cli, distributed, failures, guards, locks, memory, optim,
+                     pretrained, reporting, resume, run, schedule)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
 from bertjax.interop.tree import ConversionError
@@ -27,27 +27,34 @@ from bertjax.model import BertConfig
 from bertjax.pretrain_loop import Pretraining
 from bertjax.schedule import DataPosition
 
-def run_metadata(config: ml_collections.ConfigDict, tokenizer, phases) -> dict[str, Any]:
-    """What a checkpoint records about its run; `model` and `tokenizer` must match to resume,
-    `data` within a phase (guards.check_data_compatible)."""
+def run_metadata(config: ml_collections.ConfigDict, data: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint records about its run (with the tokenizer's fingerprint, added once
+    it is loaded): `model` and `tokenizer` must match to resume, `data`
+    (guards.data_identity) and the config's data fields within a phase."""
     fields = bert_model.ARCHITECTURE_FIELDS + bert_model.STORAGE_FIELDS
-    return {"model": {name: config.model[name] for name in fields},
-            "tokenizer": tokenizer.fingerprint(), "config": config.to_json(),
-            "data": guards.data_identity(config.data, phases)}
+    return {"model": {name: config.model[name] for name in fields}, "config": config.to_json(),
+            "data": data}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        devices: list[jax.Device] | None = None) -> dict[str, float]:
-    """Pretrains (or resumes) in `workdir`; returns the final evaluation metrics.
-
-    `devices` defaults to all devices; the mesh in `config.mesh` must cover them exactly.
-    """
-    started = time.time()
-    is_chief = jax.process_index() == 0
-    phases = schedule.phases(config.train, config.data, config.long_phase)
+    """Pretrains (or resumes) in `workdir`, which no other run may use meanwhile (a lock);
+    returns the final evaluation metrics. `devices` defaults to all devices; the mesh in
+    `config.mesh` must cover them exactly."""
+    if not workdir.strip():
+        raise run.ConfigError("--workdir is empty: name the directory of the run")
     if config.train.init_checkpoint and not epath.Path(workdir, "checkpoints").exists():
         pretrained.check_exists(config.train.init_checkpoint, "train.init_checkpoint")
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    with locks.workdir_lock(workdir, jax.process_index()):
+        return _train_and_evaluate(config, workdir, devices)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                        devices: list[jax.Device] | None) -> dict[str, float]:
+    started = time.time()
+    is_chief = jax.process_index() == 0
+    phases = schedule.phases(config.train, config.data, config.long_phase)
     if is_chief:
         reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1)
                              + "\n")
@@ -55,6 +62,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     run.check_batches(mesh, phases, config.train.grad_accum_steps,
                       config.model.max_position_embeddings)  # before preparing any data
     objective = run.pretraining_objective(config.train)
+    checkpointer = checkpoint.Checkpointer(  # (its clean-up of unfinished saves needs the lock)
+        os.path.join(workdir, "checkpoints"), config.train.checkpoint_every,
+        config.train.keep_checkpoints, config.train.keep_every)
+    resume_from = resume.Resume(checkpointer, os.path.join(workdir, resume.QUARANTINE))
+    meta = run_metadata(config, guards.data_identity(config.data, phases))
+    check = lambda found: resume_from.check(found, meta, config.data, phases,
+                                            config.train.allow_changed_data)
+    found = resume_from.newest()
+    if found:
+        check(found)  # model and data, before any preparation
     cache_dir = config.data.cache_dir or (  # prepared data needs a local disk
         os.path.join(tempfile.gettempdir(), "bertjax_data") if "://" in workdir
         else os.path.join(workdir, "data"))
@@ -63,6 +80,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if tokenizer.vocab_size > config.model.vocab_size:
         raise pipeline.DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but "
                                  f"model.vocab_size={config.model.vocab_size}; raise the latter")
+    meta["tokenizer"] = tokenizer.fingerprint()
+    if found:  # and the tokenizer
+        checkpoint.check_compatible(found.meta, meta, resume_from.where(found.step))
     phase_data = loaders.prepare_data(config.data, phases, config.model.vocab_size, tokenizer,
                                       cache_dir, next_sentence_prediction=objective.uses_nsp)
     optimizer = optim.optimizer_config(config.optimizer, config.train.total_steps)
@@ -77,11 +97,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         print(memory.summary(sharded.model, sharded.abstract_state, mesh, phases)
               + (f"; {jax.process_count()} processes" if jax.process_count() > 1 else "")
               + f"; full table: {report_path}", flush=True)
-    checkpointer = checkpoint.Checkpointer(
-        os.path.join(workdir, "checkpoints"), config.train.checkpoint_every,
-        config.train.keep_checkpoints, config.train.keep_every)
-    meta = run_metadata(config, tokenizer, phases)
-    state, position = start_state(config, sharded, checkpointer, meta, phases, tokenizer)
+    if found:
+        state, position = resume_from.restore(found, sharded.abstract_state, meta, check)
+    else:
+        state, position = fresh_state(config, sharded, phases, tokenizer)
     start_step = int(jax.device_get(state.step))
     position = schedule.consistent_position(position, start_step, phases)
     if start_step >= config.train.total_steps:
@@ -103,7 +122,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     finally:
         checkpointer.close()
         if writer:
-            writer.close()
+            try:
+                writer.close()
+            except OSError as e:  # (a full disk: the loop has already stopped and said so)
+                logging.warning("closing TensorBoard's writer: %s", failures.os_error_line(e))
     final_step = int(jax.device_get(state.step))
     if is_chief and final_step >= config.train.total_steps:  # also marks the run as finished
         reporting.write_text(os.path.join(workdir, "final_metrics.json"),
@@ -134,22 +156,9 @@ def outputs_summary(workdir: str, step: int, total_steps: int, final_eval: dict[
     return "\n".join(lines)
 
 
-def start_state(config: ml_collections.ConfigDict, sharded: run.ShardedRun,
-                checkpointer: checkpoint.Checkpointer, meta: dict[str, Any],
+def fresh_state(config: ml_collections.ConfigDict, sharded: run.ShardedRun,
                 phases: list[schedule.Phase], tokenizer) -> tuple[Any, DataPosition]:
-    """The resume policy: the latest checkpoint in the workdir (if its data settings allow),
-    else a fresh state, from `train.init_checkpoint` when set."""
-    latest = checkpointer.latest_step()
-    if latest is not None:
-        found_meta, found_position = checkpointer.metadata(latest)
-        guards.check_data_compatible(found_meta.get("data"), meta["data"], found_position,
-                                     schedule.phase_at(phases, latest).name,
-                                     f"{checkpointer.directory}/{latest}")
-        state, position, _ = checkpointer.restore(latest, sharded.abstract_state, meta)
-        position = DataPosition.from_dict(position)
-        reporting.chief_print(f"Resuming from {checkpointer.directory} at step {latest} "
-                              f"(phase {position.phase}, next batch {position.batch_index})")
-        return state, position
+    """A new state, with the parameters of `train.init_checkpoint` when set."""
     state = sharded.init_state(jax.random.PRNGKey(config.train.seed))
     if config.train.init_checkpoint:  # Google TF, Hugging Face or bertjax
         pretrained.check_run_tokenizer(config.train.init_checkpoint, config.data,
@@ -179,15 +188,22 @@ def define_flags() -> None:
 
 def main(argv: list[str]) -> None:
     del argv
+    failures.one_line_thread_errors()
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                                FLAGS.heartbeat_timeout_seconds)
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    except KeyboardInterrupt:
+        print("error: interrupted (Ctrl-C) outside the training steps; nothing to save (rerun "
+              "to resume from the last checkpoint)", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)  # (without joining worker threads that the interruption left waiting)
     except (distributed.DistributedSetupError, run.ConfigError, pipeline.DataError,
             checkpoint.CheckpointMismatch, checkpoint.CheckpointWriteError,
-            reporting.TrainingError, guards.NonFiniteState, FileNotFoundError,
+            reporting.TrainingError, guards.NonFiniteState, locks.LockHeld, OSError,
             ConversionError, pretrained.PretrainedError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        message = failures.os_error_line(e) if isinstance(e, OSError) else str(e)
+        print(f"error: {message}", file=sys.stderr, flush=True)
         if isinstance(e, checkpoint.CheckpointWriteError):
             # Orbax's writer threads of the failed save wait (for minutes) for signals that
             # will never come, and a normal exit joins them: leave without waiting.

@@ -86,6 +86,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.init_checkpoint = ""  # params to start from: Google TF, Hugging Face or bertjax dir
     c.train.stop_after_steps = 0  # stop this run after N steps (time-limited jobs); 0 = no limit
     c.train.max_nonfinite_steps = 10  # consecutive non-finite steps before the run stops
+    # Resume in the middle of a phase with changed data settings or corpus (refused by
+    # default: the batches would differ from an uninterrupted run's); True accepts the change.
+    c.train.allow_changed_data = False
     c.train.debug_nan_steps = ()  # TEST ONLY: steps (1-based) whose batch is made NaN
     c.train.seed = 42  # parameter init and dropout seed
     # Ablations (paper Table 5). False: no NSP loss, and instances whose B always really

@@ -1,7 +1,11 @@
 """Tests for bertjax.data.corpus: text files, tfds, sentence splitting, default corpus."""
 
 import codecs
+import os
+import pathlib
 import random
+import shutil
+import tempfile
 
 import pytest
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
@@ -164,6 +168,31 @@ def test_glob_is_expanded_sorted_and_must_match(tmp_path):
     assert docs == [["First file."], ["Second file."]]
     with pytest.raises(FileNotFoundError, match="matches no files"):
         corpus.read_text_files([str(tmp_path / "*.json")])
+
+
+def test_directories_and_unreadable_files_are_named(tmp_path):
+    """A directory given or matched as an input file, and a file this user cannot read, are
+    refused by name (as root, read as the user `nobody`, to whom permissions apply)."""
+    (tmp_path / "sub.txt").mkdir()
+    write(tmp_path / "a.txt", "First file.\n")
+    for inputs in ([str(tmp_path)], [str(tmp_path / "*.txt")]):
+        with pytest.raises(IsADirectoryError, match="is a directory; pass its files"):
+            corpus.read_text_files(inputs)
+    directory = tempfile.mkdtemp(dir="/tmp")  # (pytest's directories are closed to others)
+    os.chmod(directory, 0o755)
+    locked = os.path.join(directory, "corpus.txt")
+    write(pathlib.Path(locked), "Private.\n")
+    os.chmod(locked, 0)
+    as_nobody = os.geteuid() == 0
+    try:
+        if as_nobody:
+            os.seteuid(65534)
+        with pytest.raises(PermissionError, match=f"input file '{locked}' is not readable"):
+            corpus.read_text_files([locked])
+    finally:
+        if as_nobody:
+            os.seteuid(0)
+        shutil.rmtree(directory)
 
 
 def test_bad_text_format_is_rejected(tmp_path):

@@ -252,3 +252,45 @@ def test_losing_a_peer_stops_the_survivor_and_a_restart_resumes(corpus_file, cac
     assert records[-1]["step"] == 12 and start < max(lost_steps)
     for m in records:
         assert m["loss"] == lost_steps.get(m["step"], m["loss"]), m
+
+
+def test_a_second_run_in_the_workdir_is_refused_and_ctrl_c_saves(corpus_file, cache_dir,
+                                                                   reference, tmp_path):
+    """While a run trains (held with SIGSTOP after its first step, so that it cannot finish
+    first), a second one in the same workdir exits at once with one line naming it (pid,
+    host). Ctrl-C then makes the first save at the end of its step and exit 0; the rerun
+    resumes, and every loss the two runs logged equals the uninterrupted run's."""
+    args = command_line(corpus_file, cache_dir, str(tmp_path))
+    first = Trainer(args)
+    first.wait_for_step(1)
+    first.proc.send_signal(signal.SIGSTOP)
+    second = Trainer(args)
+    assert second.finish(timeout=120) == 1, second.output()
+    errors = [line for line in second.lines if line.startswith("error: ")]
+    assert len(errors) == 1 and f"is in use by pid {first.proc.pid} on host" in errors[0], \
+        second.output()
+    print(f"\nsecond run: {errors[0].strip()}")
+    first.proc.send_signal(signal.SIGINT)
+    first.proc.send_signal(signal.SIGCONT)
+    assert first.finish(timeout=60) == 0, first.output()
+    saved = re.search(r"Ctrl-C: saving a checkpoint at step (\d+) and exiting", first.output())
+    assert saved and saved.group(1) in os.listdir(tmp_path / "checkpoints"), first.output()
+    assert int(saved.group(1)) < TOTAL_STEPS and "Traceback" not in first.output()
+    output = run_to_end(args)
+    assert resumed_step(output) == int(saved.group(1))
+    steps = assert_matches_reference(tmp_path, reference)
+    print(f"Ctrl-C: saved step {saved.group(1)}; steps logged by the two runs: {steps}")
+
+
+def test_a_second_ctrl_c_exits_at_once():
+    script = ("import os, signal, time\nfrom bertjax import failures\n"
+              "with failures.CtrlC(forward_as_sigterm=False) as ctrl_c:\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(0.1)\n"
+              "    print('requested', ctrl_c.requested, flush=True)\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(60)\n")
+    start = time.time()
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
+                            timeout=60)
+    assert result.returncode == 130 and time.time() - start < 30
+    assert "requested True" in result.stdout and "Second Ctrl-C" in result.stderr

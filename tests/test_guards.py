@@ -1,6 +1,8 @@
 """Run guards: NaN steps skipped and counted, K in a row stop the run, no checkpoint from a
 non-finite state, incompatible resumes refused (an intended phase switch allowed). (A
 failing checkpoint write is tested in test_faults.py: it needs its own process)."""
+import contextlib
+import os
 import shutil
 import types
 
@@ -10,7 +12,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax import checkpoint, guards, reporting, train
+from bertjax import checkpoint, guards, reporting, resume, train
 from test_train import corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
 
 
@@ -86,21 +88,67 @@ def workdir(stopped_run, tmp_path):
     return tmp_path / "run"
 
 
+@contextlib.contextmanager
+def edited(path: str, edit):
+    """`path` rewritten by `edit(text)` for the block, then restored with its mtime (the data
+    cache of the other tests is keyed by it)."""
+    original, stat = open(path).read(), os.stat(path)
+    try:
+        with open(path, "w") as f:
+            f.write(edit(original))
+        yield
+    finally:
+        with open(path, "w") as f:
+            f.write(original)
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+CORPUS_EDITS = {
+    "other corpus": None,
+    "same-size edit": lambda text: text.replace(" the ", " tho ", 1),
+    "appended corpus": lambda text: text + "\nOne more document.\n",
+}
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"train.global_batch_size": 32}, "global_batch_size: 16 -> 32"),
     ({"data.max_seq_length": 32}, "max_seq_length: 64 -> 32"),
-    ({"data.sentencepiece_vocab_size": 400}, "different tokenizer"),
-    ({"data.input_files": "other"}, "data source: {'files': "),
-], ids=["global batch", "sequence length", "vocabulary", "data source"])
-def test_incompatible_resume_says_what_changed(overrides, message, corpus_file, cache_dir,
-                                                workdir):
-    if overrides.get("data.input_files") == "other":
+    ({"data.sentencepiece_vocab_size": 400}, "data.sentencepiece_vocab_size: 512 -> 400"),
+    ({"data.seed": 7}, "data.seed: 12345 -> 7"),
+    ({"data.dupe_factor": 3}, "data.dupe_factor: 2 -> 3"),
+    ({"data.masking": "dynamic"}, "data.masking: 'static' -> 'dynamic'"),
+    ({"data.masked_lm_prob": 0.2}, "data.masked_lm_prob: 0.15 -> 0.2"),
+    ("other corpus", "data source: {'files': "),
+    ("same-size edit", r"corpus file .*corpus.txt: content changed \(same size\)"),
+    ("appended corpus", r"corpus file .*corpus.txt: \d+ -> \d+ bytes"),
+], ids=["global batch", "sequence length", "vocabulary", "data seed", "dupe_factor", "masking",
+        "masked_lm_prob", "other corpus", "same-size edit", "appended corpus"])
+def test_incompatible_resume_is_refused_before_preparation(overrides, message, corpus_file,
+                                                            cache_dir, workdir):
+    """Each change of a phase's batches, masks or corpus in the middle of it is refused,
+    naming it, before any data is prepared (the cache is left as it was)."""
+    config, edit = tiny_config(corpus_file, cache_dir), contextlib.nullcontext()
+    if overrides == "other corpus":
         other = workdir.parent / "other.txt"
         other.write_text(open(corpus_file).read() + "\nOne more document.\n")
-        overrides = {"data.input_files": str(other)}
-    config = tiny_config(corpus_file, cache_dir, **overrides)
-    with pytest.raises(checkpoint.CheckpointMismatch, match=message):
+        config.data.input_files = str(other)
+    elif isinstance(overrides, str):
+        edit = edited(corpus_file, CORPUS_EDITS[overrides])
+    else:
+        config = tiny_config(corpus_file, cache_dir, **overrides)
+    cache = sorted(os.listdir(cache_dir))
+    with edit, pytest.raises(checkpoint.CheckpointMismatch, match=message) as refused:
         run(config, workdir)
+    assert "--config.train.allow_changed_data=True" in str(refused.value)
+    assert sorted(os.listdir(cache_dir)) == cache
+
+
+def test_a_change_can_be_accepted(corpus_file, cache_dir, workdir):
+    """With train.allow_changed_data=True the changed run goes on from the checkpoint."""
+    config = tiny_config(corpus_file, cache_dir, **{
+        "data.seed": 7, "train.allow_changed_data": True, "train.stop_after_steps": 1})
+    run(config, workdir)
+    assert [m["step"] for m in read_metrics(workdir)][-1] == 7
 
 
 def test_a_new_phase_may_change_its_batch(corpus_file, cache_dir, workdir):
@@ -114,3 +162,67 @@ def test_a_new_phase_may_change_its_batch(corpus_file, cache_dir, workdir):
     switched.long_phase.global_batch_size = 8
     with pytest.raises(checkpoint.CheckpointMismatch, match="global_batch_size: 32 -> 8"):
         run(switched, workdir)
+
+
+def flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def largest_file(directory):
+    return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
+DAMAGE = {  # what happens to checkpoint 6 (the latest) before the rerun
+    "truncated": lambda step: truncate(largest_file(step / "state")),
+    "deleted _METADATA": lambda step: (step / "state" / "_METADATA").unlink(),
+    "deleted manifest": lambda step: (step / "state" / "manifest.ocdbt").unlink(),
+    "bit flip": lambda step: flip_a_byte(largest_file(step / "state")),
+    "truncated, no checksums": lambda step: ((step / checkpoint.CHECKSUMS).unlink(),
+                                             truncate(largest_file(step / "state"))),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_checkpoint_is_set_aside_and_the_previous_one_resumed(
+        damage, corpus_file, cache_dir, workdir, capsys):
+    """Damage in the latest checkpoint (6) is found (by its checksums, or for a checkpoint
+    without them by the failed restore), reported by name, moved to checkpoints_quarantine;
+    the run resumes from checkpoint 4, says it costs 2 steps, and steps 5 and 6 get the
+    losses they had before."""
+    DAMAGE[damage](workdir / "checkpoints" / "6")
+    run(tiny_config(corpus_file, cache_dir, **{"train.stop_after_steps": 2}), workdir)
+    out = capsys.readouterr().out
+    assert f"Checkpoint {workdir}/checkpoints/6 is damaged" in out
+    assert "Resuming from step 4 instead of 6: 2 steps will be trained again" in out
+    assert os.listdir(workdir / "checkpoints_quarantine") == ["6"]
+    losses = [(m["step"], m["loss"]) for m in read_metrics(workdir)]
+    assert [step for step, _ in losses] == [1, 2, 3, 4, 5, 6, 5, 6]
+    assert losses[4:6] == losses[6:8]
+
+
+def test_no_usable_checkpoint_names_the_choices(corpus_file, cache_dir, workdir):
+    for step in ("4", "6"):
+        flip_a_byte(largest_file(workdir / "checkpoints" / step / "state"))
+    with pytest.raises(resume.UnusableCheckpoint, match=r"no usable checkpoint .* step\(s\) 6, 4 "
+                       r"were damaged and moved to .*checkpoints_quarantine. Choices: rerun to "
+                       r"start from step 0"):
+        run(tiny_config(corpus_file, cache_dir), workdir)
+    assert sorted(os.listdir(workdir / "checkpoints_quarantine")) == ["4", "6"]
+
+
+def test_a_full_disk_under_a_writer_stops_the_run_with_a_checkpoint(corpus_file, cache_dir,
+                                                                     workdir):
+    """metrics.jsonl on a full device (/dev/full: every write fails with ENOSPC): the run
+    stops at its first report with one message naming the file, after saving the step."""
+    (workdir / "metrics.jsonl").unlink()
+    (workdir / "metrics.jsonl").symlink_to("/dev/full")
+    with pytest.raises(reporting.TrainingError, match=rf"No space left on device: {workdir}/"
+                       r"metrics.jsonl \(free some space, .*\); saved a checkpoint at step 7"):
+        run(tiny_config(corpus_file, cache_dir, **{"train.stop_after_steps": 4}), workdir)
+    assert "7" in os.listdir(workdir / "checkpoints")

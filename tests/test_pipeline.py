@@ -66,6 +66,11 @@ def short_phase(config) -> schedule.Phase:
     return phases_of(config)[0]
 
 
+def entries(cache_dir: pathlib.Path) -> list[pathlib.Path]:
+    """What a cache directory holds, without the hidden lock files (bertjax.locks)."""
+    return sorted(p for p in cache_dir.iterdir() if not p.name.startswith("."))
+
+
 def only_dir(cache_dir: pathlib.Path, pattern: str = "short_*") -> pathlib.Path:
     (directory,) = sorted(cache_dir.glob(pattern))
     return directory
@@ -311,7 +316,7 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
     stamps = [(f.stat().st_mtime_ns, f.read_bytes()) for f in files]
 
     again = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(cache))
-    assert sorted(cache.iterdir()) == [directory]
+    assert entries(cache) == [directory]
     assert [(f.stat().st_mtime_ns, f.read_bytes()) for f in files] == stamps
     for name in pipeline.FEATURES:
         np.testing.assert_array_equal(again["train"].features[name], first["train"].features[name])
@@ -319,13 +324,13 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
     # Each setting that changes the data gets its own directory; none is a temporary leftover.
     more_masks = make_config(corpus_file, **{"data.masked_lm_prob": 0.3})
     prepared = pipeline.prepare(more_masks.data, short_phase(more_masks), sp_tokenizer, str(cache))
-    assert len(list(cache.iterdir())) == 2
+    assert len(entries(cache)) == 2
     lengths = np.asarray(prepared["train"].features["input_mask"]).sum(1)
     counts = np.asarray(prepared["train"].features["masked_lm_weights"]).sum(1)
     np.testing.assert_array_equal(counts, expected_predictions(lengths, 0.3, PREDS))
     reseeded = make_config(corpus_file, **{"data.seed": 7})
     other = pipeline.prepare(reseeded.data, short_phase(reseeded), sp_tokenizer, str(cache))
-    assert len(list(cache.iterdir())) == 3
+    assert len(entries(cache)) == 3
     assert not np.array_equal(other["train"].features["input_ids"][:50],
                               first["train"].features["input_ids"][:50])
     long_phase = phases_of(config)[1]
@@ -339,7 +344,7 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
     extended.write_text(text + "\nOne more document.\nIt is new.\n")
     changed = make_config(str(extended))
     pipeline.prepare(changed.data, short_phase(changed), sp_tokenizer, str(cache))
-    names = [p.name for p in cache.iterdir()]
+    names = [p.name for p in entries(cache)]
     assert len(names) == 5 and not any(".tmp" in n for n in names), names
 
 
@@ -358,7 +363,7 @@ def test_prepare_rebuilds_an_incomplete_cache_directory(config, sp_tokenizer, tm
 def test_prepare_per_process_shards(config, sp_tokenizer, tmp_path):
     shards = [pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path), i, 2)
               for i in range(2)]
-    directories = sorted(tmp_path.iterdir())
+    directories = entries(tmp_path)
     assert len(directories) == 2
     metas = [json.loads((d / "meta.json").read_text()) for d in directories]
     assert sorted(m["documents"] for m in metas) == [NUM_DOCS // 2, NUM_DOCS // 2]

@@ -63,7 +63,10 @@ def test_gradient_accumulation_equals_the_large_batch():
     assert int(accumulated.step) == 3
 
 
-def test_non_finite_step_is_skipped():
+def test_non_finite_steps_are_skipped_and_their_cause_named():
+    """A NaN batch is skipped (cause: inputs). Then one NaN in Adam's second moment (as bit
+    rot in a checkpoint would leave): loss and gradients stay finite but the update would be
+    NaN; it is skipped too, and the cause is the state, not the learning rate."""
     mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
     model, tx, state, shardings = _setup(mesh)
     before = jax.device_get(state.params)
@@ -72,11 +75,25 @@ def test_non_finite_step_is_skipped():
     bad["masked_lm_weights"] = bad["masked_lm_weights"] * np.float32(np.nan)
     with sharding.activate(mesh):
         state, metrics = step(state, sharding.global_batch_from_host(bad, mesh))
-    assert float(metrics["nonfinite"]) == 1.0 and int(state.step) == 1
+    assert steps.NONFINITE_CAUSES[int(metrics["nonfinite"])][0] == "inputs"
+    assert int(state.step) == 1
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), before)
     with sharding.activate(mesh):
         state, metrics = step(state, sharding.global_batch_from_host(_batch(), mesh))
     assert float(metrics["nonfinite"]) == 0.0
+
+    second_moments = [path for path, _ in jax.tree_util.tree_leaves_with_path(state.opt_state)
+                      if ".nu" in jax.tree_util.keystr(path)]
+    opt_state = jax.tree_util.tree_map_with_path(
+        lambda path, x: x.at[(0,) * x.ndim].set(jnp.nan) if path == second_moments[0] else x,
+        state.opt_state)
+    state = jax.device_put(state.replace(opt_state=opt_state), shardings)
+    before = jax.device_get(state.params)
+    with sharding.activate(mesh):
+        state, metrics = step(state, sharding.global_batch_from_host(_batch(), mesh))
+    assert np.isfinite(float(metrics["grad_norm"]))
+    assert steps.NONFINITE_CAUSES[int(metrics["nonfinite"])][0] == "state"
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), before)
 
 
 def test_eval_step_is_deterministic_and_counts_weights():

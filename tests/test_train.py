@@ -169,12 +169,16 @@ def test_pretrains_from_a_tfds_dataset(cache_dir, tmp_path):
      "/no/such/corpus.txt"),
     (["--config.mesh.data=3"], "mesh"),
     (["--config.train.global_batch_size=30", "--config.train.grad_accum_steps=4"], "divisible"),
-])
+    (["--config.data.source=text", "--config.data.input_files=TMP"], "TMP' is a directory"),
+    (["--workdir="], "--workdir is empty"),
+], ids=["missing file", "mesh", "batch", "directory as input file", "empty workdir"])
 def test_command_line_errors_are_one_clear_line(overrides, message, tmp_path):
     """Bad settings end with `error: ...` naming the problem, exit code 1, no traceback."""
+    overrides = [flag.replace("TMP", str(tmp_path)) for flag in overrides]
+    message = message.replace("TMP", str(tmp_path))
     result = subprocess.run(
         [sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py",
-         f"--workdir={tmp_path}", *overrides],
+         f"--workdir={tmp_path / 'run'}", *overrides],
         capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert result.returncode == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr

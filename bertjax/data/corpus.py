@@ -18,6 +18,7 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import glob
+import hashlib
 import os
 import re
 import statistics
@@ -184,15 +185,36 @@ def expand_paths(paths: Sequence[str] | str) -> list[str]:
             if not matches:
                 raise FileNotFoundError(f"Glob pattern {path!r} matches no files. {_FORMAT_HELP}")
             files.extend(matches)
-        elif os.path.isdir(path):
-            raise IsADirectoryError(
-                f"{path!r} is a directory; pass a glob such as {os.path.join(path, '*.txt')!r}."
-            )
         elif not os.path.exists(path):
             raise FileNotFoundError(f"Input file {path!r} does not exist. {_FORMAT_HELP}")
         else:
             files.append(path)
+    for path in files:
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"input {path!r} is a directory; pass its files, e.g. the "
+                                    f"glob {os.path.join(path, '*.txt')!r}.")
+        if not os.access(path, os.R_OK, effective_ids=os.access in os.supports_effective_ids):
+            raise PermissionError(f"input file {path!r} is not readable (permission denied); "
+                                  "check its permissions.")
     return files
+
+
+def content_fingerprint(path: str, sample_bytes: int = 4 << 20,
+                        blocks: int = 64) -> dict[str, Any]:
+    """A cheap identity of a file's content: its size, mtime and the SHA-256 of `blocks`
+    evenly spaced blocks, `sample_bytes` in all (the whole file when it is no larger)."""
+    size = os.path.getsize(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        if size <= sample_bytes:
+            digest.update(file.read())
+        else:
+            block = sample_bytes // blocks
+            for i in range(blocks):
+                file.seek((size - block) * i // (blocks - 1))
+                digest.update(file.read(block))
+    return {"bytes": size, "mtime": int(os.path.getmtime(path)),
+            "sampled_sha256": digest.hexdigest()}
 
 
 def _skip_rest_of_line(file: Any) -> int:

@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
 import sys
 import time
 from typing import Any, Iterable, Iterator, Sequence
@@ -29,6 +30,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
+from bertjax import locks
 from bertjax.data import tokenization
 from bertjax.data import corpus, default_corpus, instances, tfds_source
 from bertjax.schedule import Phase
@@ -113,10 +115,10 @@ def load_or_train_tokenizer(data_cfg: Any, cache_dir: str, process_index: int = 
     key = _hash({"source": _source_fingerprint(data_cfg), "size": data_cfg.sentencepiece_vocab_size,
                  "lower": data_cfg.do_lower_case})
     prefix = os.path.join(cache_dir, f"sentencepiece_{key}")
-    if not os.path.exists(prefix + ".model"):
+
+    def train() -> None:
         logging.info("Training a SentencePiece model (%d tokens) on the corpus -> %s.model",
                      data_cfg.sentencepiece_vocab_size, prefix)
-        os.makedirs(cache_dir, exist_ok=True)
         sentences = (s for doc in read_documents(data_cfg, 0, 1, corpus.CorpusStats())
                      for s in doc)
         tmp_prefix = f"{prefix}.tmp{os.getpid()}"
@@ -128,6 +130,7 @@ def load_or_train_tokenizer(data_cfg: Any, cache_dir: str, process_index: int = 
             raise DataError(f"could not train a SentencePiece model on the corpus: {e}") from e
         for ext in (".model", ".vocab"):
             os.replace(tmp_prefix + ext, prefix + ext)
+    locks.build_once(prefix + ".model", prefix + ".model", train)
     return tokenization.SentencePieceTokenizer(prefix + ".model")
 
 
@@ -185,9 +188,11 @@ def specials_of(tokenizer: tokenization.Tokenizer, whole_word_mask: bool) -> ins
 _worker_tokenizer: tokenization.Tokenizer | None = None
 
 
-def _start_worker(tokenizer: tokenization.Tokenizer) -> None:
+def _start_worker(tokenizer: tokenization.Tokenizer, in_pool: bool = False) -> None:
     global _worker_tokenizer
     _worker_tokenizer = tokenizer
+    if in_pool:  # Ctrl-C is the main process's to handle (workers would print tracebacks)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _encode_document(document: list[str]) -> list[np.ndarray]:
@@ -204,7 +209,7 @@ def tokenizing_pool(tokenizer: tokenization.Tokenizer, num_workers: int):
         yield None
         return
     with multiprocessing.get_context("spawn").Pool(
-            num_workers, initializer=_start_worker, initargs=(tokenizer,)) as pool:
+            num_workers, initializer=_start_worker, initargs=(tokenizer, True)) as pool:
         yield pool
 
 
@@ -364,17 +369,22 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
                                                                  phase.max_predictions_per_seq],
                  "data": key_data, "shard": [process_index, process_count]})
     directory = os.path.join(cache_dir, f"{phase.name}_{phase.max_seq_length}_{key}")
-    if not os.path.exists(os.path.join(directory, "meta.json")):
-        _build(directory, data_cfg, phase, tokenizer, dynamic, process_index, process_count,
-               next_sentence_prediction)
+    locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: _build(
+        directory, data_cfg, phase, tokenizer, dynamic, process_index, process_count,
+        next_sentence_prediction))
     with open(os.path.join(directory, "meta.json")) as f:
         meta = json.load(f)
     records = meta.pop("files")
     logging.info("Prepared data for phase %s (%d tokens): %s training, %s held-out sequences "
                  "in %s", phase.name, phase.max_seq_length, f"{meta.get('train_instances', 0):,}",
                  f"{meta.get('eval_instances', 0):,}", directory)
-    return {"train": _load_split(directory, "train", records, masked=not dynamic),
-            "eval": _load_split(directory, "eval", records, masked=True)}
+    splits = {"train": _load_split(directory, "train", records, masked=not dynamic),
+              "eval": _load_split(directory, "eval", records, masked=True)}
+    for name, split in splits.items():  # every shard made is there
+        if len(split) != meta.get(f"{name}_instances", 0):
+            raise DataError(f"prepared data {directory} holds {len(split)} {name} rows, its meta."
+                            f"json {meta.get(f'{name}_instances', 0)}; delete it to prepare again")
+    return splits
 
 
 def _masking_is_dynamic(data_cfg: Any) -> bool:
@@ -392,7 +402,8 @@ def _build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.
     stats = corpus.CorpusStats()
     specials = specials_of(tokenizer, data_cfg.whole_word_mask)
     for unfinished in glob.glob(glob.escape(directory) + ".tmp*"):  # left by a crashed run
-        shutil.rmtree(unfinished, ignore_errors=True)
+        if not locks.pid_alive(unfinished.rsplit(".tmp", 1)[1]):
+            shutil.rmtree(unfinished, ignore_errors=True)
     tmp = f"{directory}.tmp{os.getpid()}"
     meta = collections.Counter()
     documents = read_documents(data_cfg, process_index, process_count, stats)

@@ -1,0 +1,79 @@
+"""How a run meets the world outside it: Ctrl-C saves like a preemption notice, and an OS
+error (a full disk, a missing permission, a directory where a file belongs) becomes one line
+naming the file, also when it happens in a background writer thread."""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from absl import logging
+
+HINTS = {
+    errno.ENOSPC: "free some space, then rerun the same command to resume",
+    errno.EDQUOT: "free some space, then rerun the same command to resume",
+    errno.EACCES: "check the permissions of the file and the directories above it",
+    errno.EPERM: "check the permissions of the file and the directories above it",
+    errno.EROFS: "the file system is read-only: use a writable directory",
+    errno.EISDIR: "a directory is given where a file is expected",
+    errno.ENOTDIR: "a file is given where a directory is expected",
+}
+
+
+def os_error_line(error: OSError) -> str:
+    """`No space left on device: /w/metrics.jsonl (free some space, ...)`, one line."""
+    if error.errno is None or not error.strerror:  # raised by bertjax with its own message
+        return str(error)
+    where = f": {error.filename}" if error.filename else ""
+    hint = HINTS.get(error.errno)
+    return f"{error.strerror}{where}" + (f" ({hint})" if hint else "")
+
+
+def one_line_thread_errors() -> None:
+    """An OSError that ends a background thread (e.g. TensorBoard's writer on a full disk) is
+    logged as one line instead of a traceback; the main thread meets it at the next flush."""
+    default = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if isinstance(args.exc_value, OSError):
+            logging.error("thread %s stopped: %s", getattr(args.thread, "name", "?"),
+                          os_error_line(args.exc_value))
+        else:
+            default(args)
+
+    threading.excepthook = hook
+
+
+class CtrlC:
+    """While active (a context manager; signals need the main thread), the first SIGINT
+    sets `requested`: the loop then saves at the end of the step and stops. In a
+    multi-process job it is forwarded as SIGTERM, JAX's preemption notice, so that every
+    process saves at the same step. A second SIGINT exits at once (status 130)."""
+
+    def __init__(self, forward_as_sigterm: bool):
+        self.forward_as_sigterm = forward_as_sigterm
+        self.requested = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        del signum, frame
+        if self.requested:
+            print("Second Ctrl-C: exiting without saving", file=sys.stderr, flush=True)
+            os._exit(130)
+        self.requested = True
+        print("Ctrl-C: saving a checkpoint at the end of this step, then exiting (Ctrl-C again "
+              "to exit at once)", flush=True)
+        if self.forward_as_sigterm:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def __enter__(self) -> "CtrlC":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)

@@ -1,0 +1,142 @@
+"""Exclusive file locks: one run per workdir, one preparation per prepared-data cache entry.
+
+A lock is an `fcntl.flock` on a small file that names its holder (host, pid, start time).
+The kernel drops the lock when its process dies, even by kill -9, so a lock file left by a
+dead process is simply taken over (and its old holder reported). Lock files are never
+deleted: a process waiting on a deleted file would lock a file nobody else sees. Where the
+file system has no `flock` (some network and FUSE mounts), the holder's pid is checked
+instead (on the same host). Object-store paths (gs://) are not locked.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from typing import Callable, Iterator
+
+from absl import logging
+
+NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
+class LockHeld(RuntimeError):
+    """Another live process holds the lock."""
+
+
+def pid_alive(pid: int | str) -> bool:
+    """Whether process `pid` exists on this host (False for a `pid` that is not a number)."""
+    if not str(pid).isdigit() or int(pid) <= 0:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by another user
+        return True
+    return True
+
+
+def describe(holder: dict | None) -> str:
+    """`pid 123 on host h (started 2024-05-01 10:00:00)`, or `an unknown process`."""
+    if not holder:
+        return "an unknown process"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
+    return f"pid {holder.get('pid')} on host {holder.get('host')} (started {started})"
+
+
+def _read_holder(fd: int) -> dict | None:
+    try:
+        text = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+        return json.loads(text) if text else None
+    except (OSError, ValueError):
+        return None
+
+
+def _write_holder(fd: int) -> None:
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+
+
+def _holder_alive(holder: dict | None) -> bool:
+    """Without flock: a recorded holder counts as alive unless it ran on this host and its
+    pid is gone (another host's process cannot be checked)."""
+    if not holder or holder.get("pid") == os.getpid():
+        return False
+    return holder.get("host") != socket.gethostname() or pid_alive(int(holder["pid"]))
+
+
+def _acquire(fd: int, path: str, what: str, wait: bool) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        holder = _read_holder(fd)
+    except OSError as e:
+        if e.errno not in NO_FLOCK:
+            raise
+        holder = _read_holder(fd)
+        if not _holder_alive(holder):
+            return
+        if not wait:
+            raise LockHeld(f"{what} is in use by {describe(holder)} (lock file {path}, no flock "
+                           "on this file system: delete it if that process is gone)") from None
+        logging.warning("%s is in use by %s; waiting (lock file %s)", what, describe(holder), path)
+        while _holder_alive(_read_holder(fd)):
+            time.sleep(1.0)
+        return
+    if not wait:
+        raise LockHeld(f"{what} is in use by {describe(holder)} (lock file {path}); wait for "
+                       "that run to end or stop it, or use another directory")
+    logging.warning("%s is in use by %s; waiting for it (lock file %s)", what, describe(holder),
+                    path)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+@contextlib.contextmanager
+def exclusive(path: str, what: str, wait: bool = False) -> Iterator[dict | None]:
+    """Holds an exclusive lock on `path` (created if needed) for the block; yields the
+    previous holder's record if it died holding it (else None). Another live holder raises
+    LockHeld naming it, or, with `wait`, is waited for. `what` names the locked thing in
+    messages."""
+    if "://" in path:
+        yield None
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        _acquire(fd, path, what, wait)
+        stale = _read_holder(fd)
+        if stale:
+            logging.warning("Taking over the lock of %s on %s: %s is no longer running", what,
+                            path, describe(stale))
+        _write_holder(fd)
+        try:
+            yield stale
+        finally:
+            os.ftruncate(fd, 0)  # released cleanly: no holder to report as stale
+    finally:
+        os.close(fd)
+
+
+def workdir_lock(workdir: str, process_index: int = 0) -> contextlib.AbstractContextManager:
+    """The lock of a run's workdir (one per process of a job, so that the processes of one
+    multi-process job on one host do not exclude each other)."""
+    name = "run.lock" if process_index == 0 else f"run.lock.{process_index}"
+    return exclusive(os.path.join(workdir, name), f"workdir {workdir}")
+
+
+def build_once(target: str, done_path: str, build: Callable[[], None]) -> None:
+    """Runs `build` (which makes `target`) unless `done_path` exists, holding the lock
+    `.NAME.lock` beside `target`: a second process waits for the first's build, then finds
+    `done_path` and reuses it."""
+    if os.path.exists(done_path):
+        return
+    parent, name = os.path.split(target)
+    os.makedirs(parent or ".", exist_ok=True)
+    with exclusive(os.path.join(parent, f".{name}.lock"), target, wait=True):
+        if not os.path.exists(done_path):
+            build()

@@ -1,0 +1,120 @@
+"""Which checkpoint a pretraining run continues from, and whether it may.
+
+The newest checkpoint whose files match their recorded checksums wins. A damaged one (a
+checksum mismatch, a missing or unreadable item; for a checkpoint saved without checksums,
+also a failed restore or NaN/Inf in the restored state) is reported by name and moved to
+`WORKDIR/checkpoints_quarantine`, never deleted, and the next older one is tried; the run
+says how many steps that costs. Its settings are checked (`check`) before any data is
+prepared.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+
+from bertjax import checkpoint, guards, reporting, schedule
+
+QUARANTINE = "checkpoints_quarantine"
+
+
+def first_line(error: Exception, limit: int = 300) -> str:
+    """The start of an error's message (TensorStore's run to many lines)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class UnusableCheckpoint(checkpoint.CheckpointMismatch):
+    """No checkpoint in the workdir can be resumed from; the message names the choices."""
+
+
+@dataclasses.dataclass
+class Found:
+    """A checkpoint that verified: its step, `meta` and data position, and whether it had
+    checksums to verify."""
+
+    step: int
+    meta: dict[str, Any]
+    position: dict[str, Any]
+    sealed: bool
+
+
+class Resume:
+    """Finds, checks and restores the checkpoint a run continues from."""
+
+    def __init__(self, checkpointer: checkpoint.Checkpointer, quarantine_directory: str):
+        self.checkpointer, self.quarantine_directory = checkpointer, quarantine_directory
+        self.set_aside: list[int] = []  # damaged steps moved to the quarantine this run
+
+    def where(self, step: int) -> str:
+        return f"{self.checkpointer.directory}/{step}"
+
+    def newest(self) -> Found | None:
+        """The newest checkpoint that verifies and whose metadata reads (damaged newer ones
+        are set aside); None if the workdir has none."""
+        for step in reversed(self.checkpointer.all_steps()):
+            sealed, problem = self.checkpointer.verify(step)
+            if problem is None:
+                try:
+                    meta, position = self.checkpointer.metadata(step)
+                    return Found(step, meta, position, sealed)
+                except Exception as e:  # noqa: BLE001 (any failure to read it)
+                    if sealed:
+                        raise UnusableCheckpoint(
+                            f"checkpoint {self.where(step)} cannot be read although its files "
+                            f"are intact: {first_line(e)}") from e
+                    problem = f"its metadata cannot be read ({first_line(e)})"
+            self._set_aside(step, problem)
+        if self.set_aside:
+            steps = ", ".join(map(str, self.set_aside))
+            raise UnusableCheckpoint(
+                f"no usable checkpoint in {self.checkpointer.directory}: step(s) {steps} were "
+                f"damaged and moved to {self.quarantine_directory}. Choices: rerun to start "
+                "from step 0 in this workdir; move a (repaired) checkpoint back from there to "
+                "resume from it; or use another --workdir.")
+        return None
+
+    def _set_aside(self, step: int, problem: str) -> None:
+        moved = self.checkpointer.quarantine(step, self.quarantine_directory)
+        self.set_aside.append(step)
+        reporting.chief_print(f"Checkpoint {self.where(step)} is damaged: {problem}; moved to "
+                              f"{moved}")
+
+    def check(self, found: Found, expected_meta: dict[str, Any], data_cfg: Any,
+              phases: Sequence[schedule.Phase], allow_changed_data: bool) -> None:
+        """Refuses `found` if this run changes its model (or tokenizer, once in
+        `expected_meta`) or, mid-phase, its data (guards.check_resume)."""
+        checkpoint.check_compatible(found.meta, expected_meta, self.where(found.step))
+        guards.check_resume(found.meta, expected_meta["data"], data_cfg, found.position,
+                            schedule.phase_at(phases, found.step).name, self.where(found.step),
+                            allow_changed_data)
+
+    def restore(self, found: Found, abstract_state: Any, meta: dict[str, Any],
+                check: Callable[[Found], None]) -> tuple[Any, schedule.DataPosition]:
+        """Restores `found` onto `abstract_state`'s shardings; a checkpoint without checksums
+        that fails to restore, or restores NaN/Inf, is set aside and the next one (passed
+        through `check`) tried."""
+        while True:
+            try:
+                state, position, _ = self.checkpointer.restore(found.step, abstract_state, meta)
+                guards.check_finite(state, found.step)
+                break
+            except checkpoint.CheckpointMismatch:
+                raise
+            except Exception as e:  # noqa: BLE001 (any failure to restore it)
+                if found.sealed or jax.process_count() > 1:
+                    raise UnusableCheckpoint(f"checkpoint {self.where(found.step)} failed to "
+                                             f"restore: {first_line(e)}") from e
+                self._set_aside(found.step, f"it cannot be restored ({first_line(e)})")
+                found = self.newest()  # (never None: it raises once any was set aside)
+                check(found)
+        if self.set_aside:
+            reporting.chief_print(f"Resuming from step {found.step} instead of "
+                                  f"{max(self.set_aside)}: {max(self.set_aside) - found.step} "
+                                  "steps will be trained again")
+        position = schedule.DataPosition.from_dict(position)
+        reporting.chief_print(f"Resuming from {self.checkpointer.directory} at step "
+                              f"{found.step} (phase {position.phase}, next batch "
+                              f"{position.batch_index})")
+        return state, position
