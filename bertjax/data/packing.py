@@ -53,28 +53,32 @@ def predictions_per_row(max_seq_length: int, max_predictions_per_seq: int, maske
 def packing_strategies(histogram: np.ndarray, max_length: int,
                        max_instances: int) -> list[tuple[tuple[int, ...], int]]:
     """Best-fit decreasing on a length histogram (`histogram[n]` instances of n tokens): the
-    rows as `(instance lengths, number of such rows)`, longest instances placed first, each into
-    the open rows with the least room that still fits it; at most `max_instances` per row."""
-    open_rows: dict[int, list[list[Any]]] = collections.defaultdict(list)  # room -> [count, lengths]
+    rows as `(instance lengths, number of such rows)`. Instances are placed longest first, each
+    into the open row with the least room that still fits it (a new row if none does), at most
+    `max_instances` per row; equal instances and equal rows are handled as groups."""
+    open_rows: dict[int, list[list[Any]]] = collections.defaultdict(list)  # room -> [rows, lengths]
     full: list[tuple[tuple[int, ...], int]] = []
     for length in range(max_length, 0, -1):
         remaining = int(histogram[length]) if length < len(histogram) else 0
         while remaining:
             room = next((r for r in range(length, max_length + 1) if open_rows.get(r)), None)
             if room is None:
-                count, lengths, room = remaining, (), max_length
+                available, lengths, room = remaining, (), max_length
             else:
-                group = open_rows[room].pop()
-                count, lengths = min(group[0], remaining), group[1]
-                if group[0] > count:
-                    open_rows[room].append([group[0] - count, lengths])
-            remaining -= count
-            lengths += (length,)
-            if len(lengths) == max_instances or room == length:
-                full.append((lengths, count))
+                available, lengths = open_rows[room].pop()
+            # A row stays the best fit while it has room: it takes as many as fit.
+            per_row = min(room // length, max_instances - len(lengths))
+            taken = min(per_row, remaining)
+            rows = min(available, remaining // taken)
+            if available > rows:
+                open_rows[room].append([available - rows, lengths])
+            remaining -= rows * taken
+            lengths, room = lengths + (length,) * taken, room - taken * length
+            if len(lengths) == max_instances or room == 0:
+                full.append((lengths, rows))
             else:
-                open_rows[room - length].append([count, lengths])
-    return full + [(lengths, count) for groups in open_rows.values() for count, lengths in groups]
+                open_rows[room].append([rows, lengths])
+    return full + [(lengths, rows) for groups in open_rows.values() for rows, lengths in groups]
 
 
 def plan_rows(lengths: np.ndarray, order: np.ndarray, max_length: int,
@@ -157,14 +161,18 @@ class PackedLoader:
         rows = plan_rows(self.lengths, order, self.max_seq_length, self.max_instances)
         return np.random.default_rng([seed, epoch, 1]).permutation(rows) if shuffle else rows
 
-    def batch(self, index: int) -> dict[str, np.ndarray]:
-        """The `index`-th batch of packed rows (0-based, counting across epochs)."""
+    def rows_of(self, index: int) -> tuple[int, np.ndarray]:
+        """The epoch of batch `index` and the instances of its rows `[batch, K]` (-1: empty)."""
         epoch, within = divmod(index, self.batches_per_epoch)
         if epoch != self._epoch:
             self._epoch, self._rows = epoch, self._plan(epoch)
-        plan = self._rows[within * self.local_batch_size:(within + 1) * self.local_batch_size]
-        members = plan[plan >= 0]
-        instances = self.source.features(members, epoch)
+        return epoch, self._rows[within * self.local_batch_size:
+                                 (within + 1) * self.local_batch_size]
+
+    def batch(self, index: int) -> dict[str, np.ndarray]:
+        """The `index`-th batch of packed rows (0-based, counting across epochs)."""
+        epoch, plan = self.rows_of(index)
+        instances = self.source.features(plan[plan >= 0], epoch)
         return pack(instances, plan, self.max_predictions, self.pad_id)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
