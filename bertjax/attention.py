@@ -149,21 +149,25 @@ def cudnn_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.A
     """cuDNN flash attention; `dropout_rate` drops attention probabilities with cuDNN's Philox
     generator, seeded by the static `seed` and advanced by XLA at every execution (so it is
     not replayed from the checkpointed JAX RNG on resume). Packed rows run as cuDNN segments
-    (Hopper or later); their padding positions are set to 0, as cuDNN leaves them unwritten."""
+    (Hopper or later, as JAX's own packed-layout test); cuDNN leaves the padding outside the
+    segments unwritten, so it is set to 0 there, in the outputs and in the gradients."""
     # The public jax.nn.dot_product_attention has no dropout argument; this is its cuDNN kernel.
     from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
     batch, length = q_BxLxNxD.shape[:2]
-    attend = functools.partial(
-        dot_product_attention, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD,
-        scale=1.0 / math.sqrt(q_BxLxNxD.shape[-1]), mask_type=MaskType.PADDING,
-        dropout_rate=dropout_rate, seed=seed, qkv_layout="BTNH")
+    attend = functools.partial(dot_product_attention, scale=1.0 / math.sqrt(q_BxLxNxD.shape[-1]),
+                               dropout_rate=dropout_rate, seed=seed, qkv_layout="BTNH")
     if not mask.packed:
-        return attend(q_seqlen=jnp.full((batch,), length, jnp.int32),
+        return attend(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_type=MaskType.PADDING,
+                      q_seqlen=jnp.full((batch,), length, jnp.int32),
                       kv_seqlen=sequence_lengths(mask.ids_BxL))
+    real_BxLx1x1 = (mask.ids_BxL > 0)[:, :, None, None]
+    q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = (jnp.where(real_BxLx1x1, x, 0)
+                                       for x in (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD))
     lengths_BxK, starts_BxK1 = packed_segments(mask.ids_BxL, mask.max_instances)
-    out_BxLxNxD = attend(q_seqlen=lengths_BxK, kv_seqlen=lengths_BxK, q_offsets=starts_BxK1,
-                         kv_offsets=starts_BxK1)
-    return jnp.where((mask.ids_BxL > 0)[:, :, None, None], out_BxLxNxD, 0)
+    out_BxLxNxD = attend(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, q_seqlen=lengths_BxK,
+                         kv_seqlen=lengths_BxK, q_offsets=starts_BxK1, kv_offsets=starts_BxK1,
+                         mask_type=MaskType.NO_MASK)
+    return jnp.where(real_BxLx1x1, out_BxLxNxD, 0)
 
 
 def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.Array,

@@ -32,11 +32,13 @@ class NonFiniteState(RuntimeError):
 
 
 def data_identity(data_cfg: Any, phases: Sequence[Phase]) -> dict[str, Any]:
-    """What a checkpoint records about its data: the corpus and each phase's shape (as it
-    reads back from JSON, so that it compares equal after a restore)."""
-    return json.loads(json.dumps({
-        "source": pipeline.source_identity(data_cfg),
-        "phases": {p.name: {f: getattr(p, f) for f in PHASE_FIELDS} for p in phases}}))
+    """What a checkpoint records about its data: the corpus, each phase's shape and, when on,
+    packing (as it reads back from JSON, so that it compares equal after a restore)."""
+    identity = {"source": pipeline.source_identity(data_cfg),
+                "phases": {p.name: {f: getattr(p, f) for f in PHASE_FIELDS} for p in phases}}
+    if data_cfg.get("packing"):  # absent when off: older checkpoints compare equal
+        identity["packing"] = {"max_instances": data_cfg.packing_max_instances}
+    return json.loads(json.dumps(identity))
 
 
 def check_data_compatible(found: dict[str, Any] | None, expected: dict[str, Any],
@@ -53,6 +55,8 @@ def check_data_compatible(found: dict[str, Any] | None, expected: dict[str, Any]
                if old.get(field) != new[field]]
     if found["source"] != expected["source"]:
         changes.append(f"data source: {found['source']} -> {expected['source']}")
+    if found.get("packing") != expected.get("packing"):
+        changes.append(f"data.packing: {found.get('packing')} -> {expected.get('packing')}")
     if changes:
         raise IncompatibleResume(
             f"checkpoint {where} is in the middle of phase {resume_phase!r}, which this run "

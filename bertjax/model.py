@@ -104,8 +104,9 @@ class BertConfig:
         return self.hidden_size // self.num_attention_heads
 
     def resolved_attention_impl(self, backend: str | None = None) -> str:
-        """The implementation `attention_impl` means on `backend` (default: JAX's default)."""
-        return attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend)
+        """The implementation training uses on `backend` (default: JAX's default)."""
+        return attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend,
+                                      self.attention_probs_dropout_prob)
 
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {

@@ -5,15 +5,17 @@ limits, and packed batches are deterministic and resumable like unpacked ones.
 Instances come from the real preparation code (`pipeline.make_features`: the original NSP
 pairs, short sequences and masking) on random token documents.
 """
-import runpy
 import pathlib
+import runpy
+import shutil
 
 import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
-from bertjax import objectives, steps
+from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)
+from bertjax import guards, objectives, steps, train
 from bertjax.data import instances, loaders, packing, pipeline
 from bertjax.model import BertConfig, BertForPreTraining, example_inputs
 from bertjax.schedule import Phase
@@ -178,3 +180,48 @@ def test_packed_rows_layout():
         assert (ids[masked] > 0).all() and (np.diff(masked) > 0).all()
     stats = loader.stats
     assert stats.padding_packed < stats.padding_unpacked and stats.instances_per_row > 1.5
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def test_a_resume_that_turns_packing_on_or_off_mid_phase_is_refused():
+    phases = [Phase("short", SEQ, PREDS, 8, 0, 10)]
+    unpacked, packed = data_config(source="default"), data_config(source="default", packing=True)
+    before_packing = data_config(source="default")  # a config of a run older than data.packing
+    del before_packing["packing"], before_packing["packing_max_instances"]
+    assert guards.data_identity(unpacked, phases) == guards.data_identity(before_packing, phases)
+    for old, new in ((unpacked, packed), (packed, unpacked),
+                     (packed, data_config(source="default", packing=True,
+                                          packing_max_instances=2))):
+        with pytest.raises(guards.IncompatibleResume, match="data.packing"):
+            guards.check_data_compatible(guards.data_identity(old, phases),
+                                         guards.data_identity(new, phases),
+                                         {"phase": "short", "batch_index": 3}, "short", "ckpt")
+    guards.check_data_compatible(guards.data_identity(unpacked, phases),  # a phase's start
+                                 guards.data_identity(packed, phases),
+                                 {"phase": "short", "batch_index": 0}, "short", "ckpt")
+
+
+@pytest.mark.slow
+def test_packed_pretraining_resumes_exactly_and_refuses_a_packing_change(corpus_file, cache_dir,
+                                                                         tmp_path, capsys):
+    """`bertjax.train` with data.packing prints the packing rate; a run resumed from its step-2
+    checkpoint (the step-4 one lost, as in a crash) logs the uninterrupted run's losses bit for
+    bit; resuming that phase unpacked is refused, naming data.packing."""
+    config = tiny_config(corpus_file, cache_dir, **{
+        "data.packing": True, "train.total_steps": 4, "train.checkpoint_every": 2,
+        "long_phase.fraction": 0.0})
+    train.train_and_evaluate(config, str(tmp_path / "straight"))
+    assert "Packing short train:" in capsys.readouterr().out
+    shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "4")
+    train.train_and_evaluate(config, str(tmp_path / "resumed"))
+    straight = read_metrics(tmp_path / "straight")
+    records = read_metrics(tmp_path / "resumed")
+    assert [m["step"] for m in records] == [1, 2, 3, 4, 3, 4]
+    assert [m["loss"] for m in records[4:]] == [m["loss"] for m in straight[2:]]
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "4")
+    config.data.packing = False
+    with pytest.raises(guards.IncompatibleResume, match="data.packing"):
+        train.train_and_evaluate(config, str(tmp_path / "resumed"))
