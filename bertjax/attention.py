@@ -1,38 +1,98 @@
 """Attention implementations of the BERT layer, and which one runs where.
 
-Shape legend: B batch, L sequence length, N heads, D head size. Inputs are `[B, L, N, D]`; the
-padding mask `[B, L]` is a prefix of ones per row, as in every BERT input.
+Shape legend: B batch, L sequence length, N heads, D head size, K instances per packed row.
+Inputs are `[B, L, N, D]`; `Mask` says which keys each query sees: the padding mask of
+ordinary rows, or the instance ids of packed rows (`data.packing`).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
 # "einsum": explicit softmax(QK^T)V with attention dropout from the JAX RNG (the reference);
-# "cudnn": cuDNN's fused flash attention on GPU (padding as key lengths, attention dropout by
-# cuDNN's own generator); "xla": jax.nn.dot_product_attention's portable path (no attention
-# dropout); "auto": "cudnn" where it runs (GPU, 16-bit compute, head size <= 128), else "einsum".
-ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn")
+# "cudnn": cuDNN's fused flash attention on GPU (padding as key lengths, packed rows as
+# segment offsets on Hopper or later; attention dropout by cuDNN's own generator); "xla":
+# jax.nn.dot_product_attention's portable path; "pallas": the Pallas TPU flash attention
+# (segment ids; TPU interpret mode elsewhere, for tests); "xla" and "pallas" have no attention
+# dropout. "auto": "cudnn" where it runs (GPU, 16-bit compute, head size <= 128), "pallas" on
+# TPU where no attention dropout is applied (evaluation, inference), else "einsum".
+ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
 CUDNN_DTYPES = ("bfloat16", "float16")
 ATTENTION_MASK_VALUE = -10000.0  # the original additive mask, not -inf
+PALLAS_BLOCK = 128  # the TPU kernel's key block: lengths must be a multiple of it
 
 
-def resolve_impl(impl: str, dtype: str, head_size: int, backend: str | None = None) -> str:
-    """The implementation `impl` means on `backend` (default: JAX's default backend)."""
+@flax.struct.dataclass
+class Mask:
+    """Which keys each query attends to; `ids_BxL` is 0 at padding.
+
+    Ordinary rows (`max_instances` 0) hold 1 at real tokens, a prefix of each row as in every
+    BERT input; every query sees every real key (the original). Packed rows hold the number
+    (1..K, in row order) of the instance each token belongs to (`max_instances` K): a token
+    sees only the tokens of its own instance (block-diagonal attention). A `[B, L, L]` mask
+    (causal_mask: train.objective=ltr) gives each query its own keys (einsum only).
+    """
+
+    ids_BxL: jax.Array
+    max_instances: int = flax.struct.field(pytree_node=False, default=0)
+
+    @property
+    def packed(self) -> bool:
+        return self.max_instances > 0
+
+
+def resolve_impl(impl: str, dtype: str, head_size: int, backend: str | None = None,
+                 dropout_rate: float = 0.0, length: int = PALLAS_BLOCK,
+                 packed: bool = False) -> str:
+    """The implementation `impl` means on `backend` (default: JAX's default backend) for a
+    layer applying attention dropout `dropout_rate` to rows of `length` (`packed` or not)."""
     if impl != "auto":
         return impl
     backend = backend or jax.default_backend()
     cudnn_fits = dtype in CUDNN_DTYPES and head_size <= 128 and head_size % 8 == 0
-    return "cudnn" if backend in ("gpu", "cuda") and cudnn_fits else "einsum"
+    if backend in ("gpu", "cuda") and cudnn_fits and (not packed or _gpu_is_hopper_or_later()):
+        return "cudnn"
+    if backend == "tpu" and dropout_rate == 0 and length % PALLAS_BLOCK == 0:
+        return "pallas"
+    return "einsum"
 
 
-def mask_bias(attention_mask: jax.Array) -> jax.Array:
-    """The original additive mask `(1 - mask) * -10000`, broadcastable over heads (and over
-    queries for a padding mask `[B, L]`; a `[B, L, L]` mask gives each query its keys)."""
-    bias = (1.0 - attention_mask.astype(jnp.float32)) * ATTENTION_MASK_VALUE
+def _gpu_is_hopper_or_later() -> bool:
+    """cuDNN runs packed rows (segment offsets) from compute capability 9.0 on."""
+    try:
+        return float(jax.devices("gpu")[0].compute_capability) >= 9.0
+    except (RuntimeError, AttributeError, ValueError):
+        return False
+
+
+def attend(impl: str, dtype: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
+           v_BxLxNxD: jax.Array, mask: Mask, dropout: Callable[[jax.Array], jax.Array],
+           dropout_rate: float, seed: int) -> jax.Array:
+    """Attention by `impl` (resolved for this backend, compute `dtype` and mask): the einsum
+    reference with `dropout` on its probabilities, or a fused kernel applying `dropout_rate`
+    itself (cuDNN: seeded by `seed`)."""
+    if impl == "auto" and mask.ids_BxL.ndim == 3:  # a per-query mask (causal): the reference
+        impl = "einsum"
+    impl = resolve_impl(impl, dtype, q_BxLxNxD.shape[-1], None, dropout_rate,
+                        q_BxLxNxD.shape[1], mask.packed)
+    if impl == "einsum":
+        return einsum_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_bias(mask), dropout)
+    return fused_attention(impl, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, dropout_rate, seed)
+
+
+def mask_bias(mask: Mask) -> jax.Array:
+    """The original additive mask `(1 - mask) * -10000` broadcast over heads (and over queries,
+    `[B, 1, 1, L]`, for a padding mask; a `[B, L, L]` mask such as causal_mask's gives each
+    query its keys); for packed rows `[B, 1, L, L]`, -10000 between different instances."""
+    if mask.packed:
+        same_BxLxL = mask.ids_BxL[:, :, None] == mask.ids_BxL[:, None, :]
+        return jnp.where(same_BxLxL, 0.0, ATTENTION_MASK_VALUE)[:, None].astype(jnp.float32)
+    bias = (1.0 - mask.ids_BxL.astype(jnp.float32)) * ATTENTION_MASK_VALUE
     return bias[:, None, None, :] if bias.ndim == 2 else bias[:, None]
 
 
@@ -45,48 +105,131 @@ def causal_mask(attention_mask_BxL: jax.Array) -> jax.Array:
 
 def sequence_lengths(attention_mask_BxL: jax.Array) -> jax.Array:
     """Real tokens per row of a prefix padding mask: the fused kernels' form of the mask."""
-    if attention_mask_BxL.ndim != 2:
-        raise ValueError("attention_impl 'cudnn' and 'xla' take padding masks only; a causal "
-                         "(train.objective=ltr) model needs model.attention_impl='einsum'")
     return jnp.sum(attention_mask_BxL.astype(jnp.int32), axis=-1)
 
 
 def einsum_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.Array,
-                     mask_bias_Bx1x1xL: jax.Array,
+                     mask_bias_Bx1xQxL: jax.Array,
                      dropout: Callable[[jax.Array], jax.Array]) -> jax.Array:
     """The reference: float32 scores and softmax, the original additive mask, `dropout` on the
     probabilities, then the weighted sum in the compute dtype."""
     scores_BxNxLxL = jnp.einsum("bqnd,bknd->bnqk", q_BxLxNxD, k_BxLxNxD,
                                 preferred_element_type=jnp.float32)
     scores_BxNxLxL = scores_BxNxLxL / jnp.sqrt(jnp.float32(q_BxLxNxD.shape[-1]))
-    probs_BxNxLxL = dropout(jax.nn.softmax(scores_BxNxLxL + mask_bias_Bx1x1xL, axis=-1))
+    probs_BxNxLxL = dropout(jax.nn.softmax(scores_BxNxLxL + mask_bias_Bx1xQxL, axis=-1))
     return jnp.einsum("bnqk,bknd->bqnd", probs_BxNxLxL.astype(v_BxLxNxD.dtype), v_BxLxNxD)
 
 
 def fused_attention(impl: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
-                    v_BxLxNxD: jax.Array, lengths_B: jax.Array, dropout_rate: float,
+                    v_BxLxNxD: jax.Array, mask: Mask, dropout_rate: float,
                     seed: int) -> jax.Array:
-    """`impl` "cudnn" or "xla": keys past each row's length are masked, every query computed
-    (as the einsum path does, so padded positions match it too)."""
+    """`impl` "cudnn", "xla" or "pallas". Every query of a real token gets the einsum path's
+    result; queries at padding are computed too but may differ (nothing reads them)."""
+    if mask.ids_BxL.ndim != 2:
+        raise ValueError(f"attention_impl={impl!r} takes padding or packed masks only; a causal "
+                         "(train.objective=ltr) model needs model.attention_impl='einsum'")
     if impl == "cudnn":
-        return cudnn_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, lengths_B, dropout_rate, seed)
+        return cudnn_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, dropout_rate, seed)
     if dropout_rate > 0:
         raise ValueError(
             f"attention_impl={impl!r} has no attention dropout; train with "
             "attention_probs_dropout_prob=0 or attention_impl='einsum' or 'cudnn'")
+    if impl == "pallas":
+        return pallas_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask.ids_BxL)
+    if mask.packed:
+        same_Bx1xLxL = (mask.ids_BxL[:, :, None] == mask.ids_BxL[:, None, :])[:, None]
+        return jax.nn.dot_product_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask=same_Bx1xLxL,
+                                            implementation=impl)
     return jax.nn.dot_product_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD,
-                                        key_value_seq_lengths=lengths_B, implementation=impl)
+                                        key_value_seq_lengths=sequence_lengths(mask.ids_BxL),
+                                        implementation=impl)
+
+
+def packed_segments(ids_BxL: jax.Array, max_instances: int) -> tuple[jax.Array, jax.Array]:
+    """cuDNN's form of packed rows: each instance's length `[B, K]` and start `[B, K+1]`, -1
+    where a row holds fewer instances (instances are numbered 1..K in row order)."""
+    numbers_K = jnp.arange(1, max_instances + 1, dtype=ids_BxL.dtype)
+    lengths_BxK = jnp.sum(ids_BxL[:, None, :] == numbers_K[None, :, None], axis=-1,
+                          dtype=jnp.int32)
+    starts_BxK = jnp.cumsum(lengths_BxK, axis=-1) - lengths_BxK
+    present_BxK = lengths_BxK > 0
+    starts_BxK1 = jnp.pad(jnp.where(present_BxK, starts_BxK, -1), ((0, 0), (0, 1)),
+                          constant_values=-1)
+    return jnp.where(present_BxK, lengths_BxK, -1), starts_BxK1
 
 
 def cudnn_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.Array,
-                    lengths_B: jax.Array, dropout_rate: float, seed: int) -> jax.Array:
+                    mask: Mask, dropout_rate: float, seed: int) -> jax.Array:
     """cuDNN flash attention; `dropout_rate` drops attention probabilities with cuDNN's Philox
     generator, seeded by the static `seed` and advanced by XLA at every execution (so it is
-    not replayed from the checkpointed JAX RNG on resume)."""
+    not replayed from the checkpointed JAX RNG on resume). Packed rows run as cuDNN segments
+    (Hopper or later, as JAX's own packed-layout test); cuDNN leaves the padding outside the
+    segments unwritten, so it is set to 0 there, in the outputs and in the gradients."""
     # The public jax.nn.dot_product_attention has no dropout argument; this is its cuDNN kernel.
     from jax._src.cudnn.fused_attention_stablehlo import MaskType, dot_product_attention
     batch, length = q_BxLxNxD.shape[:2]
-    return dot_product_attention(
-        q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, q_seqlen=jnp.full((batch,), length, jnp.int32),
-        kv_seqlen=lengths_B, scale=1.0 / math.sqrt(q_BxLxNxD.shape[-1]),
-        mask_type=MaskType.PADDING, dropout_rate=dropout_rate, seed=seed, qkv_layout="BTNH")
+    attend = functools.partial(dot_product_attention, scale=1.0 / math.sqrt(q_BxLxNxD.shape[-1]),
+                               dropout_rate=dropout_rate, seed=seed, qkv_layout="BTNH")
+    if not mask.packed:
+        return attend(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_type=MaskType.PADDING,
+                      q_seqlen=jnp.full((batch,), length, jnp.int32),
+                      kv_seqlen=sequence_lengths(mask.ids_BxL))
+    real_BxLx1x1 = (mask.ids_BxL > 0)[:, :, None, None]
+    q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = (jnp.where(real_BxLx1x1, x, 0)
+                                       for x in (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD))
+    lengths_BxK, starts_BxK1 = packed_segments(mask.ids_BxL, mask.max_instances)
+    out_BxLxNxD = attend(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, q_seqlen=lengths_BxK,
+                         kv_seqlen=lengths_BxK, q_offsets=starts_BxK1, kv_offsets=starts_BxK1,
+                         mask_type=MaskType.NO_MASK)
+    return jnp.where(real_BxLx1x1, out_BxLxNxD, 0)
+
+
+def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.Array,
+                     ids_BxL: jax.Array) -> jax.Array:
+    """JAX's Pallas TPU flash attention (`jax.experimental.pallas.ops.tpu.flash_attention`)
+    with `ids_BxL` as segment ids: a query sees the keys of its own id (at padding: padding).
+    Off TPU it runs in TPU interpret mode, forward and backward (slow: for tests)."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+    length, head_size = q_BxLxNxD.shape[1], q_BxLxNxD.shape[-1]
+    if length % PALLAS_BLOCK:
+        raise ValueError(f"attention_impl='pallas' needs a sequence length that is a multiple "
+                         f"of {PALLAS_BLOCK}, got {length}; use attention_impl='einsum'")
+    block = {name: PALLAS_BLOCK for name in (
+        "block_q", "block_k_major", "block_k", "block_q_major_dkv", "block_k_major_dkv",
+        "block_k_dkv", "block_q_dkv", "block_k_major_dq", "block_k_dq", "block_q_dq")}
+
+    def flash(q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL):
+        return tpu_flash.flash_attention(
+            q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, segment_ids=tpu_flash.SegmentIds(ids_BxL, ids_BxL),
+            sm_scale=1.0 / math.sqrt(head_size),
+            block_sizes=tpu_flash.BlockSizes(block_b=1, **block))
+
+    if jax.default_backend() != "tpu":
+        flash = _in_tpu_interpret_mode(flash)
+    heads_first = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
+    out_BxNxLxD = flash(heads_first(q_BxLxNxD), heads_first(k_BxLxNxD), heads_first(v_BxLxNxD),
+                        ids_BxL.astype(jnp.int32))
+    return heads_first(out_BxNxLxD)
+
+
+def _in_tpu_interpret_mode(fn: Callable) -> Callable:
+    """`fn` with the Pallas TPU kernels of its forward and its backward pass traced in TPU
+    interpret mode (which runs them on the CPU); a custom VJP, so that the backward kernels,
+    traced when the gradient is taken, are interpreted too."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    @jax.custom_vjp
+    def interpreted(*args):
+        with pltpu.force_tpu_interpret_mode():
+            return fn(*args)
+
+    def forward(*args):
+        with pltpu.force_tpu_interpret_mode():
+            return jax.vjp(fn, *args)
+
+    def backward(vjp_fn, cotangent):
+        with pltpu.force_tpu_interpret_mode():
+            return vjp_fn(cotangent)
+
+    interpreted.defvjp(forward, backward)
+    return interpreted

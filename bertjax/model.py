@@ -6,7 +6,7 @@ conversion is a rename plus a transpose-free copy. No mesh axis name appears her
 table in `bertjax.sharding` maps the logical names below to mesh axes.
 
 Shape legend: B batch, L sequence length, H hidden size, N heads, D head size, F FFN size,
-V vocab size, P gathered (masked) positions.
+V vocab size, P gathered (masked) positions, K instances per packed row (`data.packing`).
 """
 from __future__ import annotations
 
@@ -104,8 +104,9 @@ class BertConfig:
         return self.hidden_size // self.num_attention_heads
 
     def resolved_attention_impl(self, backend: str | None = None) -> str:
-        """The implementation `attention_impl` means on `backend` (default: JAX's default)."""
-        return attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend)
+        """The implementation training uses on `backend` (default: JAX's default)."""
+        return attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend,
+                                      self.attention_probs_dropout_prob)
 
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -165,13 +166,14 @@ class BertEmbeddings(nn.Module):
         self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def __call__(self, input_ids_BxL: jax.Array, token_type_ids_BxL: jax.Array,
-                 deterministic: bool) -> jax.Array:
+                 deterministic: bool, position_ids_BxL: jax.Array | None = None) -> jax.Array:
         length = input_ids_BxL.shape[1]
         if length > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {length} exceeds max_position_embeddings="
                              f"{self.config.max_position_embeddings}")
-        x_BxLxH = (jnp.take(self.word_embeddings, input_ids_BxL, axis=0)
-                   + self.position_embeddings[None, :length]
+        positions = self.position_embeddings[None, :length] if position_ids_BxL is None \
+            else jnp.take(self.position_embeddings, position_ids_BxL, axis=0)
+        x_BxLxH = (jnp.take(self.word_embeddings, input_ids_BxL, axis=0) + positions
                    + jnp.take(self.token_type_embeddings, token_type_ids_BxL, axis=0))
         x_BxLxH = self.layer_norm(x_BxLxH)
         x_BxLxH = self.dropout(x_BxLxH, deterministic=deterministic)
@@ -179,13 +181,13 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
-    """Multi-head self-attention over the padding mask `[B, L]` (1 = real token), which must be
-    a prefix of ones per row as in every BERT input; softmax and mask in float32."""
+    """Multi-head self-attention over an `attention.Mask` (padding, or packed instances);
+    softmax and mask in float32."""
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array, attention_mask_BxL: jax.Array,
+    def __call__(self, x_BxLxH: jax.Array, mask: attention.Mask,
                  deterministic: bool) -> jax.Array:
         cfg = self.config
         batch, length, _ = x_BxLxH.shape
@@ -196,18 +198,13 @@ class BertSelfAttention(nn.Module):
             return y_BxLxH.reshape(batch, length, cfg.num_attention_heads, cfg.head_size)
 
         q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = project("query"), project("key"), project("value")
-        impl = cfg.resolved_attention_impl()
         dropout_rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
-        if impl == "einsum":
-            context_BxLxNxD = attention.einsum_attention(
-                q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, attention.mask_bias(attention_mask_BxL),
-                functools.partial(Dropout(dropout_rate), deterministic=deterministic))
-        else:
-            # cuDNN's dropout seed is static: one per layer, from the module's path.
-            seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31
-            context_BxLxNxD = attention.fused_attention(
-                impl, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD,
-                attention.sequence_lengths(attention_mask_BxL), dropout_rate, seed)
+        # cuDNN's dropout seed is static: one per layer, from the module's path.
+        seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31
+        context_BxLxNxD = attention.attend(
+            cfg.attention_impl, cfg.dtype, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask,
+            functools.partial(Dropout(dropout_rate), deterministic=deterministic), dropout_rate,
+            seed)
         return context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
 
 
@@ -230,9 +227,8 @@ class BertAttention(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BxLxH, attention_mask_BxL, deterministic: bool) -> jax.Array:
-        context = BertSelfAttention(self.config, name="self")(
-            x_BxLxH, attention_mask_BxL, deterministic)
+    def __call__(self, x_BxLxH, mask: attention.Mask, deterministic: bool) -> jax.Array:
+        context = BertSelfAttention(self.config, name="self")(x_BxLxH, mask, deterministic)
         return BertDenseOutput(self.config, QKV, name="output")(context, x_BxLxH, deterministic)
 
 
@@ -245,10 +241,9 @@ class BertLayer(nn.Module):
     emit_output: bool = False
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array, attention_mask_BxL: jax.Array):
+    def __call__(self, x_BxLxH: jax.Array, mask: attention.Mask):
         cfg = self.config
-        attended_BxLxH = BertAttention(cfg, name="attention")(
-            x_BxLxH, attention_mask_BxL, self.deterministic)
+        attended_BxLxH = BertAttention(cfg, name="attention")(x_BxLxH, mask, self.deterministic)
         intermediate_BxLxF = BertIntermediate(cfg, name="intermediate")(attended_BxLxH)
         out_BxLxH = BertDenseOutput(cfg, MLP, name="output")(
             intermediate_BxLxF, attended_BxLxH, self.deterministic)
@@ -280,7 +275,7 @@ class BertEncoder(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array, attention_mask_BxL: jax.Array,
+    def __call__(self, x_BxLxH: jax.Array, mask: attention.Mask,
                  deterministic: bool, all_layers: bool = False) -> jax.Array:
         cfg = self.config
         self.sow("intermediates", "embedding_output", x_BxLxH)  # no-op unless made mutable
@@ -295,29 +290,32 @@ class BertEncoder(nn.Module):
                 in_axes=nn.broadcast, length=cfg.num_hidden_layers,
                 metadata_params={nn.PARTITION_NAME: LAYERS})
             x_BxLxH, layers_NxBxLxH = stack(cfg, deterministic, all_layers, name="layers")(
-                x_BxLxH, attention_mask_BxL)
+                x_BxLxH, mask)
             return layers_NxBxLxH if all_layers else x_BxLxH
         outputs = []
         for i in range(cfg.num_hidden_layers):
             x_BxLxH, _ = layer_cls(cfg, deterministic, name=f"layer_{i}")(
-                x_BxLxH, attention_mask_BxL)
+                x_BxLxH, mask)
             outputs.append(x_BxLxH)
         return jnp.stack(outputs) if all_layers else x_BxLxH
 
 
 class BertPooler(nn.Module):
-    """`tanh(Dense(h[:, 0]))`: the [CLS] representation used by NSP and classifiers."""
+    """`tanh(Dense(h[:, 0]))`: the [CLS] representation (each at `cls_positions_BxK`: packed)."""
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
+    def __call__(self, x_BxLxH: jax.Array, cls_positions_BxK: jax.Array | None = None):
         cfg = self.config
-        return jnp.tanh(_dense(cfg, cfg.hidden_size, (EMBED, EMBED_OUT), "dense")(x_BxLxH[:, 0]))
+        first = x_BxLxH[:, 0] if cls_positions_BxK is None \
+            else gather_positions(x_BxLxH, cls_positions_BxK)
+        return jnp.tanh(_dense(cfg, cfg.hidden_size, (EMBED, EMBED_OUT), "dense")(first))
 
 
 class BertModel(nn.Module):
-    """Embeddings, encoder and pooler. Returns `(sequence_output [B,L,H], pooled [B,H])`."""
+    """Embeddings, encoder and pooler. Returns `(sequence_output [B,L,H], pooled [B,H])`; packed
+    rows (`data.packing`: instance ids 1..K, 0 = padding) pool each instance's [CLS], `[B,K,H]`."""
 
     config: BertConfig
 
@@ -327,11 +325,15 @@ class BertModel(nn.Module):
 
     def __call__(self, input_ids_BxL: jax.Array, token_type_ids_BxL: jax.Array,
                  attention_mask_BxL: jax.Array, deterministic: bool = True,
-                 all_layers: bool = False):
+                 all_layers: bool = False, *, position_ids: jax.Array | None = None,
+                 instance_ids: jax.Array | None = None,
+                 next_sentence_positions: jax.Array | None = None):
         """With `all_layers`, returns `(layers [num_layers, B, L, H], pooled)` instead."""
-        x_BxLxH = self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic)
-        x = self.encoder(x_BxLxH, attention_mask_BxL, deterministic, all_layers)
-        return x, self.pooler(x[-1] if all_layers else x)
+        mask = attention.Mask(attention_mask_BxL) if instance_ids is None \
+            else attention.Mask(instance_ids, next_sentence_positions.shape[1])
+        x_BxLxH = self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic, position_ids)
+        x = self.encoder(x_BxLxH, mask, deterministic, all_layers)
+        return x, self.pooler(x[-1] if all_layers else x, next_sentence_positions)
 
 
 class BertPredictionTransform(nn.Module):
@@ -394,11 +396,8 @@ def gather_positions(x_BxLxH: jax.Array, positions_BxP: jax.Array) -> jax.Array:
 
 
 class BertForPreTraining(nn.Module):
-    """BERT with the masked-LM and next-sentence heads.
-
-    `__call__` returns `(mlm_logits [B, P, V], nsp_logits [B, 2])`; the vocabulary
-    projection runs only on the P gathered positions.
-    """
+    """BERT with the masked-LM and next-sentence heads: `(mlm_logits [B, P, V], nsp_logits [B, 2]`
+    (packed rows: `[B, K, 2]`)); the vocabulary projection runs only on the P gathered positions."""
 
     config: BertConfig
 
@@ -409,9 +408,9 @@ class BertForPreTraining(nn.Module):
 
     def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array,
                  attention_mask: jax.Array, masked_lm_positions: jax.Array,
-                 deterministic: bool = True):
+                 deterministic: bool = True, **packed: jax.Array):
         sequence_BxLxH, pooled_BxH = self.bert(input_ids, token_type_ids, attention_mask,
-                                               deterministic)
+                                               deterministic, **packed)
         masked_BxPxH = gather_positions(sequence_BxLxH, masked_lm_positions)
         mlm_logits = self.predictions(masked_BxPxH, self.bert.embeddings.word_embeddings)
         return mlm_logits, self.seq_relationship(pooled_BxH)

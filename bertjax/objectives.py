@@ -59,6 +59,13 @@ def _nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return -jnp.take_along_axis(log_probs, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
+def nsp_count(batch: dict[str, jax.Array]) -> jax.Array | int:
+    """Next-sentence predictions in `batch`: one per row, or per packed instance."""
+    if "next_sentence_weights" in batch:
+        return jnp.sum(batch["next_sentence_weights"].astype(jnp.float32))
+    return batch["next_sentence_labels"].shape[0]
+
+
 def pretraining_loss(mlm_logits_BxPxV: jax.Array, nsp_logits_Bx2: jax.Array,
                      batch: dict[str, jax.Array], mlm_weight_total: jax.Array | None = None,
                      num_sequences_total: jax.Array | float | None = None,
@@ -69,17 +76,19 @@ def pretraining_loss(mlm_logits_BxPxV: jax.Array, nsp_logits_Bx2: jax.Array,
     batch; passing them makes the sum of micro-batch losses equal the full-batch loss, so
     gradient accumulation gives exactly the large-batch gradient. They default to this batch.
     Without `next_sentence_prediction` the loss is the MLM's alone and the NSP sums are 0.
+    Packed rows have `[B, K, 2]` NSP logits and `next_sentence_weights` (0 for empty slots).
     """
     weights_BxP = batch["masked_lm_weights"].astype(jnp.float32)
     mlm_nll_BxP = _nll(mlm_logits_BxPxV, batch["masked_lm_ids"])
     nsp_weight = 1.0 if next_sentence_prediction else 0.0
     nsp_nll_B = nsp_weight * _nll(nsp_logits_Bx2, batch["next_sentence_labels"])
+    nsp_weights_B = batch.get("next_sentence_weights", jnp.ones_like(nsp_nll_B))
     if mlm_weight_total is None:
         mlm_weight_total = jnp.sum(weights_BxP)
     if num_sequences_total is None:
-        num_sequences_total = nsp_nll_B.shape[0]
+        num_sequences_total = nsp_count(batch)
     mlm_loss_sum = jnp.sum(weights_BxP * mlm_nll_BxP)
-    nsp_loss_sum = jnp.sum(nsp_nll_B)
+    nsp_loss_sum = jnp.sum(nsp_weights_B * nsp_nll_B)
     loss = (mlm_loss_sum / (mlm_weight_total + MLM_WEIGHT_EPSILON)
             + nsp_loss_sum / num_sequences_total)
     mlm_correct = jnp.argmax(mlm_logits_BxPxV, axis=-1) == batch["masked_lm_ids"]
@@ -89,8 +98,8 @@ def pretraining_loss(mlm_logits_BxPxV: jax.Array, nsp_logits_Bx2: jax.Array,
         "mlm_correct_sum": jnp.sum(weights_BxP * mlm_correct),
         "mlm_weight_sum": jnp.sum(weights_BxP),
         "nsp_loss_sum": nsp_loss_sum,
-        "nsp_correct_sum": nsp_weight * jnp.sum(nsp_correct.astype(jnp.float32)),
-        "nsp_count": jnp.float32(nsp_weight * nsp_nll_B.shape[0]),
+        "nsp_correct_sum": nsp_weight * jnp.sum(nsp_weights_B * nsp_correct),
+        "nsp_count": jnp.float32(nsp_weight * nsp_count(batch)),
     }
     return loss, metrics
 

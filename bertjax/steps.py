@@ -2,6 +2,8 @@
 
 Batch features are those of the original TFRecords: input_ids, input_mask, segment_ids
 [B, L]; masked_lm_positions, masked_lm_ids, masked_lm_weights [B, P]; next_sentence_labels [B].
+Packed rows (`data.packing`, `bertjax.data.packing`) add PACKED_INPUTS and carry one next
+sentence prediction per instance: next_sentence_labels, next_sentence_weights [B, K].
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from bertjax.state import TrainState
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
+# The extra model inputs of packed rows, passed by name to BertForPreTraining.
+PACKED_INPUTS = ("position_ids", "instance_ids", "next_sentence_positions")
 
 
 def forward(model: nn.Module, params: Any, batch: Batch, deterministic: bool,
@@ -26,8 +30,10 @@ def forward(model: nn.Module, params: Any, batch: Batch, deterministic: bool,
     itself and the positions before it only (the left-to-right objective)."""
     rngs = None if deterministic else {"dropout": dropout_rng}
     mask = attention.causal_mask(batch["input_mask"]) if causal else batch["input_mask"]
+    packed = {name: batch[name] for name in PACKED_INPUTS if name in batch}
     return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], mask,
-                       batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs)
+                       batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs,
+                       **packed)
 
 
 def _split_micro_batches(batch: Batch, accum_steps: int) -> Batch:
@@ -57,7 +63,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, accum_st
             batch = objectives.next_token_batch(batch)
         step_rng = jax.random.fold_in(state.rng, state.step)
         weight_total = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
-        num_sequences = batch["input_ids"].shape[0]
+        num_sequences = objectives.nsp_count(batch)
         if accum_steps == 1:
             (loss, metrics), grads = grad_fn(state.params, batch, step_rng, weight_total,
                                              num_sequences)

@@ -3,13 +3,16 @@ path's outputs and gradients (fp32) and refuses to train with attention dropout 
 apply; the cuDNN path lowers for CUDA to cuDNN's fused kernel with the padding mask and
 attention dropout; `auto` picks per backend; the 16-bit dropout drops the configured rate."""
 import dataclasses
+import functools
 import re
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax import attention
 from bertjax import model as M
 from bertjax.dropout import Dropout
 
@@ -134,3 +137,123 @@ def test_dropout_drops_the_configured_rate_and_keeps_the_mean():
     odd = dropout.apply({}, np.ones((7, 5), np.float32), False,
                         rngs={"dropout": jax.random.PRNGKey(0)})
     assert odd.shape == (7, 5) and 0 < float(np.mean(np.asarray(odd) == 0)) < 0.5
+
+
+# ----------------------------------------------------------------------------- packed rows
+
+
+def _packed_inputs(length=12):
+    """Two packed rows of `length` tokens (three instances + padding, one instance) and the
+    model inputs of `data.packing`: per-instance positions, instance ids, each [CLS]."""
+    rng = np.random.default_rng(1)
+    ids = rng.integers(5, CONFIG.vocab_size, (2, length)).astype(np.int32)
+    sizes = [[length // 3, length // 4, length // 3], [length - 2]]
+    instance_ids = np.zeros((2, length), np.int32)
+    positions = np.zeros((2, length), np.int32)
+    cls = np.zeros((2, 3), np.int32)
+    for row, row_sizes in enumerate(sizes):
+        start = 0
+        for number, size in enumerate(row_sizes, 1):
+            instance_ids[row, start:start + size] = number
+            positions[row, start:start + size] = np.arange(size)
+            cls[row, number - 1] = start
+            start += size
+    segments = (positions > 2).astype(np.int32)
+    masked = np.array([[1, length // 3 + 1, length - 3], [2, 3, 5]], np.int32)
+    packed = {"position_ids": positions, "instance_ids": instance_ids,
+              "next_sentence_positions": cls}
+    return (ids, segments, (instance_ids > 0).astype(np.int32), masked), packed
+
+
+def _outputs_and_grads(config, inputs, packed, params):
+    def loss(params):
+        mlm, nsp = M.BertForPreTraining(config).apply({"params": params}, *inputs, **packed)
+        return (mlm ** 2).mean() + (nsp ** 2).mean(), (mlm, nsp)
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+
+def _assert_same_model(config, impl, inputs, packed):
+    params = nn.meta.unbox(jax.jit(M.BertForPreTraining(config).init)(
+        jax.random.PRNGKey(0), *inputs)["params"])
+    want = _outputs_and_grads(config, inputs, packed, params)
+    got = _outputs_and_grads(dataclasses.replace(config, attention_impl=impl), inputs, packed,
+                             params)
+    for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(got_leaf, want_leaf, rtol=1e-5, atol=1e-6)
+
+
+def test_xla_path_takes_packed_rows():
+    _assert_same_model(dataclasses.replace(CONFIG, num_hidden_layers=1), "xla", *_packed_inputs())
+
+
+def test_pallas_flash_attention_matches_einsum_in_interpret_mode():
+    """The Pallas TPU kernel (TPU interpret mode on the CPU) gives the einsum path's outputs
+    and gradients at every real token, for padded rows and for packed rows (segment ids)."""
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((2, 128, 2, 8)).astype(np.float32) for _ in range(3))
+    (_, _, padding, _), packed = _packed_inputs(128)
+    padding[1, 100:] = 0
+    for mask in (attention.Mask(padding), attention.Mask(packed["instance_ids"], 3)):
+        real = np.asarray(mask.ids_BxL > 0)
+
+        def loss(impl, q, k, v):
+            out = attention.attend(impl, "float32", q, k, v, mask, lambda p: p, 0.0, 0)
+            return jnp.sum(jnp.where(real[:, :, None, None], out, 0) ** 2), out
+
+        results = {impl: jax.jit(jax.value_and_grad(functools.partial(loss, impl), (0, 1, 2),
+                                                    has_aux=True))(q, k, v)
+                   for impl in ("einsum", "pallas")}
+        (_, want), want_grads = results["einsum"]
+        (_, got), got_grads = results["pallas"]
+        np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], rtol=1e-5,
+                                   atol=1e-6)
+        for got_grad, want_grad in zip(got_grads, want_grads):
+            np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_pallas_model_on_packed_rows_matches_einsum():
+    config = dataclasses.replace(CONFIG, num_hidden_layers=1, max_position_embeddings=128)
+    _assert_same_model(config, "pallas", *_packed_inputs(128))
+
+
+def test_cudnn_path_lowers_packed_rows_to_segments(monkeypatch):
+    """Packed rows lower to cuDNN's fused kernel with each row's instance lengths `[B, K]` and
+    starts `[B, K+1]` (JAX's packed layout, Hopper or later) and no padding mask."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+    monkeypatch.setattr(cudnn, "check_cudnn_version", lambda: 90800)
+    monkeypatch.setattr(cudnn, "check_compute_capability", lambda capability: True)
+    config = dataclasses.replace(CONFIG, dtype="bfloat16", attention_impl="cudnn")
+    inputs, packed = _packed_inputs()
+    module = M.BertForPreTraining(config)
+    params = jax.eval_shape(module.init, jax.random.PRNGKey(0), *inputs)
+
+    def loss(params):
+        mlm, nsp = module.apply(params, *inputs, deterministic=False, **packed,
+                                rngs={"dropout": jax.random.PRNGKey(1)})
+        return mlm.astype(np.float32).sum() + nsp.sum()
+
+    hlo = jax.jit(jax.grad(loss)).trace(params).lower(lowering_platforms=("cuda",)).as_text()
+    calls = re.findall(r"custom_call @(__cudnn\$fmha\w+)\((.*?)\)", hlo)
+    assert sorted({name for name, _ in calls}) == ["__cudnn$fmhaSoftmaxDropout",
+                                                   "__cudnn$fmhaSoftmaxDropoutBackward"]
+    # q, k, v, query and key lengths [2, 3], query and key starts [2, 4]
+    assert all(operands.count(",") == 6 for name, operands in calls if name.endswith("Dropout"))
+    assert "tensor<2x3xi32>" in hlo and "tensor<2x4xi32>" in hlo
+    assert "mask_type\\22: \\22NO_MASK" in hlo and "PADDING" not in hlo
+    lengths, starts = jax.jit(attention.packed_segments, static_argnums=1)(
+        packed["instance_ids"], 3)
+    np.testing.assert_array_equal(lengths, [[4, 3, 4], [10, -1, -1]])
+    np.testing.assert_array_equal(starts, [[0, 4, 7, -1], [0, -1, -1, -1]])
+
+
+def test_auto_picks_pallas_on_tpu_where_no_attention_dropout_applies():
+    resolve = functools.partial(attention.resolve_impl, "auto", "bfloat16", 64, "tpu")
+    assert resolve(0.0, 512) == "pallas" and resolve(0.0, 128, True) == "pallas"
+    assert resolve(0.1, 512) == "einsum"  # training with attention dropout: the reference
+    assert resolve(0.0, 100) == "einsum"  # not a multiple of the kernel's 128-token blocks
+    # cuDNN runs packed rows only from Hopper on; this machine has no GPU to ask.
+    assert attention.resolve_impl("auto", "bfloat16", 64, "gpu", 0.1, 128, False) == "cudnn"
+    assert attention.resolve_impl("auto", "bfloat16", 64, "gpu", 0.1, 128, True) == "einsum"
+    with pytest.raises(ValueError, match="multiple of 128"):
+        attention.pallas_attention(*(jnp.zeros((1, 100, 2, 8)),) * 3, jnp.ones((1, 100)))

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from bertjax import flops
@@ -48,3 +49,22 @@ def test_bench_with_hf_comparison(tmp_path):
     assert "bertjax / hf_eager throughput" in result.stdout and "MFU" in result.stdout
     assert record["command"].endswith(f"--out={out}")
 
+
+
+def test_synthetic_packed_batch_has_the_layout_of_packed_rows():
+    """`--packed=3 --padding=0.25`: three instances per row, each with its own positions and
+    [CLS] slot, the last quarter of the row padding; real tokens are counted without it."""
+    from bertjax.tools.bench import synthetic_batch, throughput
+    batch = synthetic_batch(2, 16, 3, 50, padding=0.25, packed=3)
+    np.testing.assert_array_equal(batch["instance_ids"][0], [1] * 4 + [2] * 4 + [3] * 4 + [0] * 4)
+    np.testing.assert_array_equal(batch["position_ids"][1], [0, 1, 2, 3] * 3 + [0] * 4)
+    np.testing.assert_array_equal(batch["next_sentence_positions"], [[0, 4, 8]] * 2)
+    assert batch["masked_lm_ids"].shape == (2, 5)  # packing.predictions_per_row(16, 3, .15, 3)
+    assert (np.take_along_axis(batch["instance_ids"], batch["masked_lm_positions"], 1) > 0).all()
+    assert set(batch["masked_lm_positions"].ravel()).isdisjoint({0, 4, 8})
+    assert (batch["input_ids"][:, 12:] == 0).all() and (batch["input_mask"][:, 12:] == 0).all()
+    assert throughput(2.0, 2, 16, 1, padding=0.25)["real_tokens_per_second"] == 12.0
+    unpacked = synthetic_batch(2, 16, 3, 50)
+    assert "instance_ids" not in unpacked and unpacked["input_mask"].all()
+    with pytest.raises(ValueError, match="too few"):
+        synthetic_batch(2, 16, 3, 50, padding=0.9, packed=3)

@@ -10,7 +10,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from bertjax.data import instances, pipeline, tokenization
+from bertjax.data import instances, packing, pipeline, tokenization
 from bertjax.data.pipeline import DataError, PreparedSplit
 from bertjax.schedule import Phase
 
@@ -49,6 +49,10 @@ class BatchLoader:
     def batch(self, index: int) -> dict[str, np.ndarray]:
         """The `index`-th batch (0-based, counting across epochs)."""
         epoch, rows = self._rows(index)
+        return self.features(rows, epoch)
+
+    def features(self, rows: np.ndarray, epoch: int) -> dict[str, np.ndarray]:
+        """Rows `rows` of the split as trained in `epoch` (masked dynamically if so configured)."""
         batch = self.split.take(rows)
         if not self.split.masked:
             self._mask_dynamically(batch, rows, epoch)
@@ -84,11 +88,42 @@ def fewest_over_processes(count: int) -> int:
     return int(np.min(multihost_utils.process_allgather(np.int64(count))))
 
 
+Loader = BatchLoader | packing.PackedLoader
+
+
 @dataclasses.dataclass
 class PhaseData:
     phase: Phase
-    train: BatchLoader
-    eval: BatchLoader | None
+    train: Loader
+    eval: Loader | None
+
+
+def packed_loaders(train: BatchLoader, held_out: BatchLoader | None, data_cfg: Any,
+                   phase: Phase, pad_id: int) -> tuple[Loader, Loader | None]:
+    """The train and eval loaders' instances packed into rows (`data.packing`), with how full
+    the rows are printed; the eval loader is dropped if it packs into less than one batch."""
+    max_instances = data_cfg.packing_max_instances
+    predictions = packing.predictions_per_row(phase.max_seq_length, phase.max_predictions_per_seq,
+                                              data_cfg.masked_lm_prob, max_instances)
+    loaders = []
+    for name, loader in (("train", train), ("eval", held_out)):
+        if loader is None:
+            loaders.append(None)
+            continue
+        packed = packing.PackedLoader(loader, phase.max_seq_length, max_instances, predictions,
+                                      pad_id)
+        logging.info("Packing %s %s: %s", phase.name, name, packed.stats.summary())
+        if jax.process_index() == 0:
+            print(f"Packing {phase.name} {name}: {packed.stats.summary()}", flush=True)
+        loaders.append(packed)
+    train, held_out = loaders
+    if not train.batches_per_epoch:
+        raise DataError(f"the {phase.name} train split packs into {train.stats.rows} rows, "
+                        f"fewer than one batch of {train.local_batch_size} per process: use a "
+                        "larger corpus, a higher dupe_factor, or a smaller train.global_batch_size")
+    if held_out is not None and not fewest_over_processes(held_out.batches_per_epoch):
+        held_out = None
+    return train, held_out
 
 
 def prepare_data(data_cfg: Any, phases: Sequence[Phase], vocab_size: int,
@@ -119,7 +154,10 @@ def prepare_data(data_cfg: Any, phases: Sequence[Phase], vocab_size: int,
         if fewest_over_processes(len(splits["eval"])) >= local_batch:
             eval_loader = BatchLoader(splits["eval"], local_batch, data_cfg.seed,
                                       shuffle=False, name=f"{phase.name} eval")
-        else:
+        if data_cfg.packing:
+            train_loader, eval_loader = packed_loaders(train_loader, eval_loader, data_cfg,
+                                                       phase, specials.pad_id)
+        if eval_loader is None:
             logging.warning("phase %s: %d held-out sequences, fewer than one batch of %d: "
                             "evaluation skipped (raise data.eval_fraction)", phase.name,
                             len(splits["eval"]), local_batch)

@@ -6,6 +6,11 @@ masked positions) and prints compile time, median step time, sequences/s and tok
 and per chip), model FLOPs per step (`bertjax.flops`), MFU against the device's bf16 peak
 (`--peak_tflops` overrides; CPUs have none) and peak device memory where reported.
 
+`--padding=F` leaves that share of every row's tokens as padding and `--packed=K` makes the
+rows packed (`data.packing`): K instances per row, block-diagonal attention, K next-sentence
+and `packing.predictions_per_row` masked-LM slots; `real_tokens_per_second` counts only the
+tokens that are not padding, so packed and unpacked runs compare at their padding fractions.
+
 `--compare=hf` also trains Hugging Face `BertForPreTraining` (PyTorch) on the same config
 and batch, alternating rounds of steps with bertjax in this process, and prints the
 throughput ratios: eager on the CPU; on a GPU both eager and `torch.compile` (bf16 autocast,
@@ -27,6 +32,7 @@ from absl import app, flags
 
 from bertjax import flops, optim, sharding
 from bertjax import run as run_lib
+from bertjax.data import packing
 from bertjax.model import BertConfig
 from bertjax.state import count_params
 from bertjax.tools.records import machine, versions, write_record
@@ -34,21 +40,39 @@ from bertjax.tools.records import machine, versions, write_record
 FLAGS = flags.FLAGS
 
 
-def synthetic_batch(batch: int, length: int, predictions: int, vocab: int,
-                    seed: int = 0) -> dict[str, np.ndarray]:
-    """Full-length sequence pairs with `predictions` distinct masked positions per row."""
+def synthetic_batch(batch: int, length: int, predictions: int, vocab: int, seed: int = 0,
+                    padding: float = 0.0, packed: int = 0) -> dict[str, np.ndarray]:
+    """Sequence pairs with `predictions` distinct masked positions per row, the last `padding`
+    share of each row's tokens padding; with `packed` = K, packed rows of K equal instances."""
     rng = np.random.default_rng(seed)
-    candidates = np.tile(np.arange(1, length), (batch, 1))
-    return {
-        "input_ids": rng.integers(5, vocab, (batch, length)).astype(np.int32),
-        "input_mask": np.ones((batch, length), np.int32),
-        "segment_ids": (np.arange(length) >= length // 2).astype(np.int32)[None].repeat(batch, 0),
-        "masked_lm_positions": np.sort(rng.permuted(candidates, axis=1)[:, :predictions],
-                                       axis=1).astype(np.int32),
-        "masked_lm_ids": rng.integers(5, vocab, (batch, predictions)).astype(np.int32),
+    real = length - int(round(padding * length))
+    instances = max(packed, 1)
+    if packed:
+        predictions = packing.predictions_per_row(length, predictions, 0.15, packed)
+    if real < 2 * instances or real - instances < predictions:
+        raise ValueError(f"--padding={padding} leaves {real} tokens per row: too few for "
+                         f"{instances} instance(s) and {predictions} predictions")
+    instance_ids = np.minimum(np.arange(length) * instances // real + 1, instances + 1)
+    instance_ids = np.where(np.arange(length) < real, instance_ids, 0).astype(np.int32)
+    starts = np.searchsorted(instance_ids[:real], np.arange(1, instances + 1)).astype(np.int32)
+    positions = (np.arange(length) - starts[np.maximum(instance_ids, 1) - 1]) * (instance_ids > 0)
+    candidates = np.tile(np.setdiff1d(np.arange(real), starts), (batch, 1))
+    rows = {
+        "input_ids": np.where(instance_ids > 0, rng.integers(5, vocab, (batch, length)), 0),
+        "input_mask": (instance_ids > 0)[None].repeat(batch, 0),
+        "segment_ids": (positions >= (real // instances) // 2)[None].repeat(batch, 0),
+        "masked_lm_positions": np.sort(rng.permuted(candidates, axis=1)[:, :predictions], axis=1),
+        "masked_lm_ids": rng.integers(5, vocab, (batch, predictions)),
         "masked_lm_weights": np.ones((batch, predictions), np.float32),
-        "next_sentence_labels": rng.integers(0, 2, (batch,)).astype(np.int32),
+        "next_sentence_labels": rng.integers(0, 2, (batch,) + ((packed,) if packed else ())),
     }
+    if packed:
+        rows.update(position_ids=positions[None].repeat(batch, 0),
+                    instance_ids=instance_ids[None].repeat(batch, 0),
+                    next_sentence_positions=starts[None].repeat(batch, 0),
+                    next_sentence_weights=np.ones((batch, packed), np.float32))
+    return {name: value.astype(np.float32 if name.endswith("weights") else np.int32)
+            for name, value in rows.items()}
 
 
 class BertjaxTrainer:
@@ -91,19 +115,28 @@ def peak_memory_bytes() -> int | None:
     return stats.get("peak_bytes_in_use")
 
 
-def throughput(step_seconds: float, batch: int, length: int, chips: int) -> dict[str, float]:
+def throughput(step_seconds: float, batch: int, length: int, chips: int,
+               padding: float = 0.0) -> dict[str, float]:
+    real_tokens = batch * (length - int(round(padding * length)))
     return {"step_ms": step_seconds * 1e3, "sequences_per_second": batch / step_seconds,
             "tokens_per_second": batch * length / step_seconds,
+            "real_tokens_per_second": real_tokens / step_seconds,
             "sequences_per_second_per_chip": batch / step_seconds / chips,
             "tokens_per_second_per_chip": batch * length / step_seconds / chips}
 
 
 def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, compare: str,
-        peak_tflops: float, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Benchmarks the config's train step (and the reference); returns the result record."""
+        peak_tflops: float, log: Callable[[str], None] = print, padding: float = 0.0,
+        packed: int = 0) -> dict[str, Any]:
+    """Benchmarks the config's train step (and the reference) on rows with `padding` (share
+    of tokens), `packed` with that many instances per row; returns the result record."""
     batch_size, length = config.train.global_batch_size, config.data.max_seq_length
     predictions = config.data.max_predictions_per_seq
-    host_batch = synthetic_batch(batch_size, length, predictions, config.model.vocab_size)
+    if packed and compare:
+        raise ValueError("--compare runs on unpacked rows only; drop --packed")
+    host_batch = synthetic_batch(batch_size, length, predictions, config.model.vocab_size,
+                                 padding=padding, packed=packed)
+    predictions = host_batch["masked_lm_ids"].shape[1]  # packed rows have more slots
     load_before = os.getloadavg()
     bertjax = BertjaxTrainer(config, host_batch)
     compile_seconds = bertjax.step()  # compile + first step
@@ -136,7 +169,8 @@ def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, co
         "versions": versions(), "machine": machine(),
         "load_average_before": load_before,
         "config": {"model": config.model.to_dict(), "batch": batch_size, "length": length,
-                   "predictions": predictions, "grad_accum_steps": config.train.grad_accum_steps,
+                   "predictions": predictions, "padding": padding,
+                   "packed_instances_per_row": packed, "grad_accum_steps": config.train.grad_accum_steps,
                    "mesh": dict(bertjax.mesh.shape)},
         "num_params": bertjax.num_params, "rounds": rounds, "steps_per_round": steps_per_round,
         "compile_and_first_step_s": compile_seconds,
@@ -145,7 +179,8 @@ def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, co
         "peak_tflops_per_chip": peak,
         "mfu": flops.mfu(step_flops / median, chips, peak),
         "peak_memory_bytes": peak_memory_bytes(),
-        "bertjax": {**throughput(median, batch_size, length, chips), "step_times_s": times["bertjax"]},
+        "bertjax": {**throughput(median, batch_size, length, chips, padding),
+                    "step_times_s": times["bertjax"]},
     }
     for name in (n for n in trainers if n.startswith("hf")):
         hf_median = statistics.median(times[name])
@@ -161,10 +196,13 @@ def _print_summary(r: dict[str, Any], log: Callable[[str], None]) -> None:
     m, c, b = r["machine"], r["config"], r["bertjax"]
     log(f"{m['device_kind']} x{m['devices']} ({m['cpu']}, {m['cpu_cores']} cores, load "
         f"{m['load_average'][0]:.2f}); {r['num_params']:,} params, dtype {c['model']['dtype']}; "
-        f"batch {c['batch']} x {c['length']} tokens, {c['predictions']} predictions")
+        f"batch {c['batch']} x {c['length']} tokens, {c['predictions']} predictions, padding "
+        f"{c['padding']:.1%}" + (f", packed {c['packed_instances_per_row']} instances per row"
+                                 if c["packed_instances_per_row"] else ""))
     log(f"compile + first step {r['compile_and_first_step_s']:.1f} s; step {b['step_ms']:.1f} ms "
         f"(median of {len(b['step_times_s'])}); {b['sequences_per_second']:,.1f} seq/s, "
-        f"{b['tokens_per_second']:,.0f} tokens/s ({b['sequences_per_second_per_chip']:,.1f} seq/s, "
+        f"{b['tokens_per_second']:,.0f} tokens/s, {b['real_tokens_per_second']:,.0f} real tokens/s "
+        f"({b['sequences_per_second_per_chip']:,.1f} seq/s, "
         f"{b['tokens_per_second_per_chip']:,.0f} tokens/s per chip)")
     mfu = f"MFU {r['mfu']:.1%}" if r["mfu"] is not None else "MFU n/a (no peak for this " \
         "device; pass --peak_tflops)"
@@ -189,12 +227,16 @@ def define_flags() -> None:
     flags.DEFINE_enum("compare", "", ["", "hf"], "Also time a reference implementation.")
     flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s per chip for MFU (default: the table).")
     flags.DEFINE_string("out", "", "Write the result record as JSON here.")
+    flags.DEFINE_float("padding", 0.0, "Share of every row's tokens left as padding.")
+    flags.DEFINE_integer("packed", 0, "Packed rows (data.packing) of this many instances each; "
+                         "0 = one instance per row, as the original.")
     flags.mark_flags_as_required(["config"])
 
 
 def main(argv: list[str]) -> None:
     del argv
-    result = run(FLAGS.config, FLAGS.steps, FLAGS.rounds, FLAGS.compare, FLAGS.peak_tflops)
+    result = run(FLAGS.config, FLAGS.steps, FLAGS.rounds, FLAGS.compare, FLAGS.peak_tflops,
+                 padding=FLAGS.padding, packed=FLAGS.packed)
     if FLAGS.out:
         write_record(result, FLAGS.out)
 
