@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bertjax import objectives, optim, run, sharding, steps
-from bertjax.data import default_corpus, instances, loaders, pipeline, tokenization
+from bertjax.data import default_corpus, instances, loaders, pipeline, tokenization, tokenize_corpus
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.schedule import Phase
 from bertjax.state import create_train_state
@@ -39,7 +39,7 @@ def tokenizer(documents, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenized(documents, tokenizer):
-    return pipeline.tokenize_documents(documents, tokenizer)[0]
+    return tokenize_corpus.tokenize_documents(documents, tokenizer)[0]
 
 
 def data_config(corpus_file="", **overrides):

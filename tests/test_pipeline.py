@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bertjax import schedule
-from bertjax.data import corpus, default_corpus, loaders, pipeline, tokenization
+from bertjax.data import corpus, default_corpus, loaders, pipeline, tokenization, tokenize_corpus
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 base_config = runpy.run_path(str(REPO_ROOT / "configs" / "base.py"))["get_config"]
@@ -275,7 +275,7 @@ def test_token_ids_fit_the_tokenizer(static, sp_tokenizer):
 def test_prepare_writes_meta_and_holds_out_eval_documents(config, static, static_cache,
                                                           sp_tokenizer):
     meta = json.loads((only_dir(static_cache) / "meta.json").read_text())
-    docs, counts = pipeline.tokenize_documents(
+    docs, counts = tokenize_corpus.tokenize_documents(
         pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats()), sp_tokenizer)
     assert meta["documents"] == len(docs) == NUM_DOCS
     assert meta["eval_documents"] == round(0.1 * NUM_DOCS)
