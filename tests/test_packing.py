@@ -5,6 +5,7 @@ limits, and packed batches are deterministic and resumable like unpacked ones.
 Instances come from the real preparation code (`pipeline.make_features`: the original NSP
 pairs, short sequences and masking) on random token documents.
 """
+import json
 import pathlib
 import runpy
 import shutil
@@ -191,16 +192,21 @@ def test_a_resume_that_turns_packing_on_or_off_mid_phase_is_refused():
     before_packing = data_config(source="default")  # a config of a run older than data.packing
     del before_packing["packing"], before_packing["packing_max_instances"]
     assert guards.data_identity(unpacked, phases) == guards.data_identity(before_packing, phases)
+
+    def resume(old, new, batch_index: int) -> None:  # a checkpoint written with `old`
+        meta = {"data": guards.data_identity(old, phases),
+                "config": json.dumps({"data": json.loads(old.to_json())})}
+        guards.check_resume(meta, guards.data_identity(new, phases), new,
+                            {"phase": "short", "batch_index": batch_index}, "short", "ckpt",
+                            allow_changes=False)
+
     for old, new in ((unpacked, packed), (packed, unpacked),
                      (packed, data_config(source="default", packing=True,
                                           packing_max_instances=2))):
         with pytest.raises(guards.IncompatibleResume, match="data.packing"):
-            guards.check_data_compatible(guards.data_identity(old, phases),
-                                         guards.data_identity(new, phases),
-                                         {"phase": "short", "batch_index": 3}, "short", "ckpt")
-    guards.check_data_compatible(guards.data_identity(unpacked, phases),  # a phase's start
-                                 guards.data_identity(packed, phases),
-                                 {"phase": "short", "batch_index": 0}, "short", "ckpt")
+            resume(old, new, 3)
+    resume(unpacked, packed, 0)  # a phase's start
+    resume(before_packing, unpacked, 3)  # a checkpoint older than data.packing
 
 
 @pytest.mark.slow
