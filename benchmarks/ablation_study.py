@@ -4,7 +4,7 @@ on SST-2, MRPC and CoNLL-2003 with several seeds.
 
     python benchmarks/ablation_study.py --out=STUDY_DIR [--rows=paper,no_nsp,...] \
         [--steps=1500] [--seeds=1,2,3] [--train_examples=1000] [--epochs=3]
-    python benchmarks/ablation_study.py --out=STUDY_DIR --table=benchmarks/ablation_study
+    python benchmarks/ablation_study.py --out=STUDY_DIR --table=benchmarks/ablation_study_table
 
 Each row is one `python -m bertjax.train` (configs/tiny.py on the shared Gutenberg books,
 dynamic masking, length 64) and one `python -m bertjax.finetune` per task (printed and
