@@ -181,7 +181,7 @@ def seal(step_directory: str) -> None:
     files = {str(p.relative_to(root)): [p.stat().length, _crc32(p)] for p in _files(root)
              if p.name not in (CHECKSUMS, CHECKSUMS + ".tmp")}
     (root / (CHECKSUMS + ".tmp")).write_text(json.dumps({"crc32": files}))
-    (root / (CHECKSUMS + ".tmp")).rename(root / CHECKSUMS)
+    (root / (CHECKSUMS + ".tmp")).replace(root / CHECKSUMS)
 
 
 def verify(step_directory: str) -> tuple[bool, str | None]:
