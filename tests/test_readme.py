@@ -1,0 +1,138 @@
+"""The README's commands, top to bottom, on the Quick start's model: pretraining (with small
+step counts appended), the three fine-tuning tasks on small task files, feature extraction,
+the three conversions and the Python snippet, each as written apart from the placeholders.
+Every one must succeed with a quiet console. In the parity stage: it loads the Hugging Face
+export with transformers, and takes a few minutes."""
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from bertjax.data import default_corpus
+from test_finetune import assert_quiet_console
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.parity
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Commands for other models or machines, each tested elsewhere or needing what CI lacks.
+NOT_HERE = {
+    "configs/base.py": "BERT-base pretraining on your corpus (tests/test_train.py: the same code)",
+    "tools.aot": "compiles BERT-large for 16 devices (tests/test_memory.py runs a small one)",
+}
+# Appended to the README's command per module: small step counts, nothing else changed.
+SMALL = {
+    "bertjax.train": ["--config.train.total_steps=6", "--config.train.log_every=3",
+                      "--config.train.eval_every=0", "--config.train.checkpoint_every=3",
+                      "--config.train.eval_batches=2", "--config.train.global_batch_size=8",
+                      "--config.data.dupe_factor=1"],
+    "bertjax.finetune": ["--config.num_train_epochs=1", "--config.max_seq_length=64",
+                         "--config.train_batch_size=8", "--config.eval_batch_size=8"],
+    "squad.py": ["--config.doc_stride=32", "--config.max_query_length=16"],
+    "bertjax.extract_features": ["--max_seq_length=32"],
+}
+
+
+def readme_commands() -> list[str]:
+    """The shell commands of the README's code blocks, continuation lines joined, comments
+    and `pip install ... &&` prefixes dropped, in order."""
+    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
+        blocks = re.findall(r"^```(\w*)\n(.*?)^```", f.read(), re.MULTILINE | re.DOTALL)
+    commands = []
+    for language, block in blocks:
+        if language:  # ```python: the snippet, run on its own
+            continue
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line.split("&& ")[-1]).strip()
+            if line.startswith("python -m bertjax"):
+                commands.append(re.sub(r"\s+", " ", line))
+    return commands
+
+
+def python_snippet() -> str:
+    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
+        (snippet,) = re.findall(r"^```python\n(.*?)^```", f.read(), re.MULTILINE | re.DOTALL)
+    return snippet
+
+
+def task_files(root) -> None:
+    """Small GLUE MRPC, CoNLL-2003 and SQuAD v1.1 files (sentences of the default corpus),
+    the extraction input, in the README's names."""
+    rng = random.Random(0)
+    sentences = [s for d in default_corpus.default_corpus() for s in d if 30 < len(s) < 120]
+    sentences = sentences[:400]
+    os.makedirs(root / "glue_data" / "MRPC")
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+    for split, count in (("train", 48), ("dev", 16), ("test", 8)):
+        rows = []
+        for i in range(count):
+            a = rng.choice(sentences)
+            b = " ".join(w for w in a.split() if rng.random() > 0.2) if i % 2 else \
+                rng.choice(sentences)
+            rows.append(f"{i if split == 'test' else i % 2}\t{i}\t{i + 1}\t{a}\t{b}")
+        (root / "glue_data" / "MRPC" / f"{split}.tsv").write_text(
+            "\n".join([header.replace("Quality", "index") if split == "test" else header]
+                      + rows) + "\n")
+    os.makedirs(root / "conll2003")
+    for split in ("train.txt", "valid.txt", "test.txt"):
+        lines = ["-DOCSTART- -X- -X- O", ""]
+        for _ in range(16):
+            name, place = rng.choice(["John", "Mary", "Guido"]), rng.choice(["Paris", "Oslo"])
+            lines += [f"{name} NNP B-NP B-PER", "lives VBZ B-VP O", "in IN B-PP O",
+                      f"{place} NNP B-NP B-LOC", ". . O O", ""]
+        (root / "conll2003" / split).write_text("\n".join(lines) + "\n")
+    paragraphs = []
+    for i in range(16):
+        context = " ".join(rng.sample(sentences, 3))
+        answer = context.split()[5]
+        paragraphs.append({"context": context, "qas": [{
+            "id": f"q{i}", "question": f"what is the sixth word of {context.split()[0]}?",
+            "answers": [{"text": answer, "answer_start": context.index(answer)}]}]})
+    for name in ("train-v1.1.json", "dev-v1.1.json"):
+        (root / name).write_text(json.dumps({"version": "1.1", "data": [
+            {"title": "t", "paragraphs": paragraphs}]}))
+    (root / "in.txt").write_text("The quick brown fox.\nA sentence ||| and its pair.\n")
+
+
+def test_readme_commands_run_top_to_bottom(tmp_path):
+    task_files(tmp_path)
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    ran = []
+    for number, command in enumerate(readme_commands()):
+        skipped = [why for what, why in NOT_HERE.items() if what in command]
+        if skipped:
+            continue
+        words = command.replace("PRETRAIN_WORKDIR", "workdir/tiny").replace(
+            "--workdir=DIR", f"--workdir=out_{number}").split()
+        assert words[:2] == ["python", "-m"], command
+        if words[2:4] == ["bertjax.convert", "uncased_L-12_H-768_A-12"]:
+            # Google's download stands in: the TF checkpoint the previous command wrote.
+            shutil.copytree(tmp_path / "tiny_tf", tmp_path / "uncased_L-12_H-768_A-12")
+        words = [w.replace("--config=configs/", f"--config={REPO_ROOT}/configs/") for w in words]
+        small = [flag for key, flags in SMALL.items() if key in command for flag in flags]
+        result = subprocess.run([sys.executable, *words[1:], *small],
+                                cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=600)
+        assert result.returncode == 0, (command, result.stdout[-2000:], result.stderr[-3000:])
+        assert_quiet_console(result.stdout + result.stderr)
+        ran.append(words[2])
+    assert ran == ["bertjax.train", "bertjax.finetune", "bertjax.finetune", "bertjax.finetune",
+                   "bertjax.extract_features", "bertjax.convert", "bertjax.convert",
+                   "bertjax.convert"], ran
+    assert json.loads((tmp_path / "workdir" / "tiny" / "final_metrics.json").read_text())[
+        "step"] == 6
+    record = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])
+    assert [layer["index"] for layer in record["features"][0]["layers"]] == [-1, -2]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "tiny_hf"))
+    assert tokenizer("The quick brown fox.")["input_ids"][0] == tokenizer.cls_token_id
+    transformers.BertForPreTraining.from_pretrained(str(tmp_path / "tiny_hf"))
+    snippet = subprocess.run([sys.executable, "-c", python_snippet()], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert snippet.returncode == 0, snippet.stderr[-3000:]
+    transformers.BertForPreTraining.from_pretrained(str(tmp_path / "out"))
