@@ -49,21 +49,23 @@ def synthetic_batch(batch: int, length: int, predictions: int, vocab: int, seed:
     instances = max(packed, 1)
     if packed:
         predictions = packing.predictions_per_row(length, predictions, 0.15, packed)
-    if real < 2 * instances or real - instances < predictions:
+    if real < 2 * instances:
         raise ValueError(f"--padding={padding} leaves {real} tokens per row: too few for "
-                         f"{instances} instance(s) and {predictions} predictions")
+                         f"{instances} instance(s)")
     instance_ids = np.minimum(np.arange(length) * instances // real + 1, instances + 1)
     instance_ids = np.where(np.arange(length) < real, instance_ids, 0).astype(np.int32)
     starts = np.searchsorted(instance_ids[:real], np.arange(1, instances + 1)).astype(np.int32)
     positions = (np.arange(length) - starts[np.maximum(instance_ids, 1) - 1]) * (instance_ids > 0)
     candidates = np.tile(np.setdiff1d(np.arange(real), starts), (batch, 1))
+    chosen = min(predictions, candidates.shape[1])  # the other slots: weight 0, as in short rows
     rows = {
         "input_ids": np.where(instance_ids > 0, rng.integers(5, vocab, (batch, length)), 0),
         "input_mask": (instance_ids > 0)[None].repeat(batch, 0),
         "segment_ids": (positions >= (real // instances) // 2)[None].repeat(batch, 0),
-        "masked_lm_positions": np.sort(rng.permuted(candidates, axis=1)[:, :predictions], axis=1),
+        "masked_lm_positions": np.pad(np.sort(rng.permuted(candidates, axis=1)[:, :chosen], axis=1),
+                                      ((0, 0), (0, predictions - chosen))),
         "masked_lm_ids": rng.integers(5, vocab, (batch, predictions)),
-        "masked_lm_weights": np.ones((batch, predictions), np.float32),
+        "masked_lm_weights": (np.arange(predictions) < chosen)[None].repeat(batch, 0),
         "next_sentence_labels": rng.integers(0, 2, (batch,) + ((packed,) if packed else ())),
     }
     if packed:
@@ -127,13 +129,14 @@ def throughput(step_seconds: float, batch: int, length: int, chips: int,
 
 def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, compare: str,
         peak_tflops: float, log: Callable[[str], None] = print, padding: float = 0.0,
-        packed: int = 0) -> dict[str, Any]:
+        packed: int = 0, unpacked_padding: float = 0.0) -> dict[str, Any]:
     """Benchmarks the config's train step (and the reference) on rows with `padding` (share
-    of tokens), `packed` with that many instances per row; returns the result record."""
+    of tokens), `packed` with that many instances per row; `compare="unpacked"` alternates
+    with unpacked rows of `unpacked_padding`. Returns the result record."""
     batch_size, length = config.train.global_batch_size, config.data.max_seq_length
     predictions = config.data.max_predictions_per_seq
-    if packed and compare:
-        raise ValueError("--compare runs on unpacked rows only; drop --packed")
+    if (packed and compare == "hf") or (compare == "unpacked" and not packed):
+        raise ValueError("--compare=hf runs on unpacked rows; --compare=unpacked needs --packed=K")
     host_batch = synthetic_batch(batch_size, length, predictions, config.model.vocab_size,
                                  padding=padding, packed=packed)
     predictions = host_batch["masked_lm_ids"].shape[1]  # packed rows have more slots
@@ -154,6 +157,12 @@ def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, co
                 opt.eps, opt.clip_global_norm, device=device, compile=compile_model)
             trainers[name].step()  # warm-up (and compilation)
             trainers[name].step()
+    if compare == "unpacked":
+        trainers["unpacked"] = BertjaxTrainer(config, synthetic_batch(
+            batch_size, length, config.data.max_predictions_per_seq, config.model.vocab_size,
+            padding=unpacked_padding))
+        trainers["unpacked"].step()  # compile
+        trainers["unpacked"].step()
     times = _time_rounds(trainers, rounds, steps_per_round)
 
     chips = jax.device_count()
@@ -188,6 +197,14 @@ def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, co
                         "mfu": flops.mfu(step_flops / hf_median, 1, peak),
                         "step_times_s": times[name], **trainers[name].describe()}
         result[f"speedup_vs_{name}"] = hf_median / median
+    if "unpacked" in trainers:
+        result["unpacked"] = {**throughput(statistics.median(times["unpacked"]), batch_size,
+                                           length, chips, unpacked_padding),
+                              "padding": unpacked_padding, "step_times_s": times["unpacked"]}
+        gain = result["bertjax"]["real_tokens_per_second"] / \
+            result["unpacked"]["real_tokens_per_second"]
+        bound = 1.0 / (1.0 - unpacked_padding)
+        result["packing"] = {"real_token_gain": gain, "bound": bound, "share_of_bound": gain / bound}
     _print_summary(result, log)
     return result
 
@@ -216,6 +233,12 @@ def _print_summary(r: dict[str, Any], log: Callable[[str], None]) -> None:
             f"{h['torch_threads']} threads): step {h['step_ms']:.1f} ms (median of "
             f"{len(h['step_times_s'])}), {h['sequences_per_second']:,.1f} seq/s; bertjax / "
             f"{name} throughput {r[f'speedup_vs_{name}']:.2f}x")
+    if "packing" in r:
+        u, p = r["unpacked"], r["packing"]
+        log(f"unpacked rows (padding {u['padding']:.1%}): step {u['step_ms']:.1f} ms (median of "
+            f"{len(u['step_times_s'])}), {u['real_tokens_per_second']:,.0f} real tokens/s; packed "
+            f"/ unpacked real tokens/s {p['real_token_gain']:.3f}x of the {p['bound']:.3f}x the "
+            f"padding allows ({p['share_of_bound']:.1%})")
 
 
 def define_flags() -> None:
@@ -224,10 +247,13 @@ def define_flags() -> None:
                                     lock_config=True)
     flags.DEFINE_integer("steps", 5, "Timed steps per round, after compile and one warm-up.")
     flags.DEFINE_integer("rounds", 3, "Rounds; with --compare each round runs both in turn.")
-    flags.DEFINE_enum("compare", "", ["", "hf"], "Also time a reference implementation.")
+    flags.DEFINE_enum("compare", "", ["", "hf", "unpacked"], "Also time a reference: Hugging "
+                      "Face, or (with --packed) unpacked rows of --unpacked_padding.")
     flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s per chip for MFU (default: the table).")
     flags.DEFINE_string("out", "", "Write the result record as JSON here.")
     flags.DEFINE_float("padding", 0.0, "Share of every row's tokens left as padding.")
+    flags.DEFINE_float("unpacked_padding", 0.0, "Padding share of the unpacked rows that "
+                       "--compare=unpacked times.")
     flags.DEFINE_integer("packed", 0, "Packed rows (data.packing) of this many instances each; "
                          "0 = one instance per row, as the original.")
     flags.mark_flags_as_required(["config"])
@@ -236,7 +262,8 @@ def define_flags() -> None:
 def main(argv: list[str]) -> None:
     del argv
     result = run(FLAGS.config, FLAGS.steps, FLAGS.rounds, FLAGS.compare, FLAGS.peak_tflops,
-                 padding=FLAGS.padding, packed=FLAGS.packed)
+                 padding=FLAGS.padding, packed=FLAGS.packed,
+                 unpacked_padding=FLAGS.unpacked_padding)
     if FLAGS.out:
         write_record(result, FLAGS.out)
 
