@@ -139,13 +139,29 @@ class QuietLibraries(std_logging.Filter):
 
 
 class ConsoleFormat(std_logging.Formatter):
-    """Plain lines: the message alone for INFO, `warning: ...` / `error: ...` above it."""
+    """Plain lines: the message alone for INFO, `warning: ...` / `error: ...` above it; a
+    library's line names the library (`error (orbax): ...`), so that `error: ` starts only
+    bertjax's own one-line account of what went wrong and what to do."""
 
     def format(self, record: std_logging.LogRecord) -> str:
         TERMINAL.clear()
         message = super().format(record)
-        return message if record.levelno < std_logging.WARNING else \
-            f"{'warning' if record.levelno < std_logging.ERROR else 'error'}: {message}"
+        if record.levelno < std_logging.WARNING:
+            return message
+        level = "warning" if record.levelno < std_logging.ERROR else "error"
+        library = library_name(record.pathname)
+        return f"{level} ({library}): {message}" if library else f"{level}: {message}"
+
+
+def library_name(pathname: str) -> str | None:
+    """The top-level package of a log record's source file outside bertjax (None: ours)."""
+    if pathname.startswith(PACKAGE_DIR):
+        return None
+    parts = pathname.replace(os.sep, "/").split("/")
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts and parts.index(marker) + 1 < len(parts):
+            return parts[parts.index(marker) + 1].removesuffix(".py")
+    return os.path.basename(pathname).removesuffix(".py") or None
 
 
 def configure_console(verbosity: int = 0) -> None:

@@ -78,14 +78,16 @@ class Trainer:
             if self.proc.poll() is None:
                 self.proc.kill()
 
-    def output(self) -> str:
-        return "".join(self.lines)[-4000:]
+    def output(self, last_chars: int | None = 4000) -> str:
+        """What the run printed (its end, for assertion messages; None: all of it)."""
+        text = "".join(self.lines)
+        return text if last_chars is None else text[-last_chars:]
 
 
 def run_to_end(args: list[str]) -> str:
     trainer = Trainer(args)
     assert trainer.finish() == 0, trainer.output()
-    return trainer.output()
+    return trainer.output(last_chars=None)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +135,9 @@ def kill_during_a_checkpoint_write(trainer: Trainer, directory: str, timeout: fl
 
 
 def resumed_step(output: str) -> int:
-    return int(re.search(r"Resuming from .* at step (\d+)", output).group(1))
+    resumed = re.search(r"Resuming from .* at step (\d+)", output)
+    assert resumed, f"the run did not resume:\n{output}"
+    return int(resumed.group(1))
 
 
 @contextlib.contextmanager

@@ -71,4 +71,5 @@ def test_console_keeps_our_lines_and_library_warnings_only():
                                    logging.WARNING, "Metadata file does not exist: /x/state"))
     formatter = reporting.ConsoleFormat()
     assert formatter.format(record(ours, logging.INFO, "hello")) == "hello"
-    assert formatter.format(record(orbax, logging.WARNING, "disk")) == "warning: disk"
+    assert formatter.format(record(orbax, logging.WARNING, "disk")) == "warning (orbax): disk"
+    assert formatter.format(record(ours, logging.ERROR, "no space")) == "error: no space"
