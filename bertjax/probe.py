@@ -16,9 +16,9 @@ import json
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
-from bertjax import pretrained
+from bertjax import cli, pretrained
 from bertjax.tasks import features, probing
 
 FLAGS = flags.FLAGS
@@ -69,7 +69,8 @@ def main(argv) -> None:
             record["tasks"].update(probing.run_probes(model, params, tokenizer, [task], options,
                                                       settings))
             summary = record["tasks"][task]
-            best = max(summary["results"], key=lambda n: summary["results"][n][summary["metric"]]["mean"])
+            best = max(summary["results"],
+                       key=lambda n: summary["results"][n][summary["metric"]]["mean"])
             print(f"{task}: best {best} {summary['metric']} "
                   f"{summary['results'][best][summary['metric']]['mean']:.4f}", flush=True)
         os.makedirs(FLAGS.workdir, exist_ok=True)
@@ -86,4 +87,4 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main, config_flag=None)

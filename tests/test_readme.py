@@ -35,6 +35,7 @@ SMALL = {
                          "--config.train_batch_size=8", "--config.eval_batch_size=8"],
     "squad.py": ["--config.doc_stride=32", "--config.max_query_length=16"],
     "bertjax.extract_features": ["--max_seq_length=32"],
+    "bertjax.probe": ["--seeds=1", "--epochs=1", "--max_seq_length=32"],
 }
 
 
@@ -61,7 +62,7 @@ def python_snippet() -> str:
 
 
 def task_files(root) -> None:
-    """Small GLUE MRPC, CoNLL-2003 and SQuAD v1.1 files (sentences of the default corpus),
+    """Small GLUE MRPC and SST-2, CoNLL-2003 and SQuAD v1.1 files (sentences of the default corpus),
     the extraction input, in the README's names."""
     rng = random.Random(0)
     sentences = [s for d in default_corpus.default_corpus() for s in d if 30 < len(s) < 120]
@@ -78,6 +79,12 @@ def task_files(root) -> None:
         (root / "glue_data" / "MRPC" / f"{split}.tsv").write_text(
             "\n".join([header.replace("Quality", "index") if split == "test" else header]
                       + rows) + "\n")
+    os.makedirs(root / "glue_data" / "SST-2")
+    for split, count in (("train", 32), ("dev", 16), ("test", 8)):
+        rows = [f"{i}\t{rng.choice(sentences)}" if split == "test" else
+                f"{rng.choice(sentences)}\t{i % 2}" for i in range(count)]
+        (root / "glue_data" / "SST-2" / f"{split}.tsv").write_text("\n".join(
+            ["index\tsentence" if split == "test" else "sentence\tlabel"] + rows) + "\n")
     os.makedirs(root / "conll2003")
     for split in ("train.txt", "valid.txt", "test.txt"):
         lines = ["-DOCSTART- -X- -X- O", ""]
@@ -123,7 +130,7 @@ def test_readme_commands_run_top_to_bottom(tmp_path):
         assert_quiet_console(result.stdout + result.stderr)
         ran.append(words[2])
     assert ran == ["bertjax.train", "bertjax.finetune", "bertjax.finetune", "bertjax.finetune",
-                   "bertjax.extract_features", "bertjax.convert", "bertjax.convert",
+                   "bertjax.extract_features", "bertjax.probe", "bertjax.convert", "bertjax.convert",
                    "bertjax.convert"], ran
     assert json.loads((tmp_path / "workdir" / "tiny" / "final_metrics.json").read_text())[
         "step"] == 6
