@@ -71,20 +71,19 @@ def write_text(path: str, text: str, append: bool = False) -> None:
     renamed temporary file. Object stores (gs://) cannot append; there an append rewrites
     the object, which each upload replaces whole."""
     if "://" not in path:
-        try:
-            if append:
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                try:
-                    os.write(fd, text.encode("utf-8"))
-                finally:
-                    os.close(fd)
-            else:
-                temporary = f"{path}.tmp{os.getpid()}"
-                with open(temporary, "w", encoding="utf-8") as f:
-                    f.write(text)
-                os.replace(temporary, path)
-        except OSError as e:  # name the file (a failed write does not)
-            raise OSError(e.errno, e.strerror, path) from e
+        if append:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, text.encode("utf-8"))
+            except OSError as e:  # name the file (a failed write does not)
+                raise OSError(e.errno, e.strerror, path) from e
+            finally:
+                os.close(fd)
+        else:
+            temporary = f"{path}.tmp{os.getpid()}"
+            with open(temporary, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(temporary, path)
         return
     target = epath.Path(path)
     if append and target.exists():

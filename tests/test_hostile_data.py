@@ -5,6 +5,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import time
 
 import numpy as np
@@ -118,7 +119,9 @@ def test_interrupted_preparation_is_redone_once(prepared):
         return {str(p.relative_to(directory)): np.load(p) for p in directory.glob("*/*/*.npy")}
 
     before = shards()
-    os.rename(directory, f"{directory}.tmp12345")  # as if killed before the final rename
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that has just ended: its leftovers may go, a live one's never
+    os.rename(directory, f"{directory}.tmp{dead.pid}")  # as if killed before the final rename
     prepare_inputs(tmp_path, input_files)
     assert not [name for name in os.listdir(tmp_path / "cache") if ".tmp" in name]
     after = shards()
