@@ -66,5 +66,8 @@ def test_synthetic_packed_batch_has_the_layout_of_packed_rows():
     assert throughput(2.0, 2, 16, 1, padding=0.25)["real_tokens_per_second"] == 12.0
     unpacked = synthetic_batch(2, 16, 3, 50)
     assert "instance_ids" not in unpacked and unpacked["input_mask"].all()
+    short = synthetic_batch(2, 16, 10, 50, padding=0.5)  # 8 real tokens: 7 can be masked
+    np.testing.assert_array_equal(short["masked_lm_weights"].sum(axis=1), [7, 7])
+    assert (short["masked_lm_positions"][:, :7] > 0).all() and short["masked_lm_positions"].max() < 8
     with pytest.raises(ValueError, match="too few"):
         synthetic_batch(2, 16, 3, 50, padding=0.9, packed=3)
