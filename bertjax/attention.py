@@ -13,6 +13,7 @@ from typing import Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 # "einsum": explicit softmax(QK^T)V with attention dropout from the JAX RNG (the reference);
 # "cudnn": cuDNN's fused flash attention on GPU (padding as key lengths, packed rows as
@@ -72,17 +73,18 @@ def _gpu_is_hopper_or_later() -> bool:
 
 def attend(impl: str, dtype: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
            v_BxLxNxD: jax.Array, mask: Mask, dropout: Callable[[jax.Array], jax.Array],
-           dropout_rate: float, seed: int) -> jax.Array:
+           dropout_rate: float, seed: int, spec: PartitionSpec | None = None) -> jax.Array:
     """Attention by `impl` (resolved for this backend, compute `dtype` and mask): the einsum
     reference with `dropout` on its probabilities, or a fused kernel applying `dropout_rate`
-    itself (cuDNN: seeded by `seed`)."""
+    itself (cuDNN: seeded by `seed`). `spec`: the mesh axes of the batch and the heads (the
+    Pallas kernel runs per shard)."""
     if impl == "auto" and mask.ids_BxL.ndim == 3:  # a per-query mask (causal): the reference
         impl = "einsum"
     impl = resolve_impl(impl, dtype, q_BxLxNxD.shape[-1], None, dropout_rate,
                         q_BxLxNxD.shape[1], mask.packed)
     if impl == "einsum":
         return einsum_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_bias(mask), dropout)
-    return fused_attention(impl, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, dropout_rate, seed)
+    return fused_attention(impl, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, dropout_rate, seed, spec)
 
 
 def mask_bias(mask: Mask) -> jax.Array:
@@ -122,7 +124,7 @@ def einsum_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.
 
 def fused_attention(impl: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
                     v_BxLxNxD: jax.Array, mask: Mask, dropout_rate: float,
-                    seed: int) -> jax.Array:
+                    seed: int, spec: PartitionSpec | None = None) -> jax.Array:
     """`impl` "cudnn", "xla" or "pallas". Every query of a real token gets the einsum path's
     result; queries at padding are computed too but may differ (nothing reads them)."""
     if mask.ids_BxL.ndim != 2:
@@ -135,7 +137,7 @@ def fused_attention(impl: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
             f"attention_impl={impl!r} has no attention dropout; train with "
             "attention_probs_dropout_prob=0 or attention_impl='einsum' or 'cudnn'")
     if impl == "pallas":
-        return pallas_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask.ids_BxL)
+        return pallas_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask.ids_BxL, spec)
     if mask.packed:
         same_Bx1xLxL = (mask.ids_BxL[:, :, None] == mask.ids_BxL[:, None, :])[:, None]
         return jax.nn.dot_product_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask=same_Bx1xLxL,
@@ -185,10 +187,12 @@ def cudnn_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.A
 
 
 def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.Array,
-                     ids_BxL: jax.Array) -> jax.Array:
+                     ids_BxL: jax.Array, spec: PartitionSpec | None = None) -> jax.Array:
     """JAX's Pallas TPU flash attention (`jax.experimental.pallas.ops.tpu.flash_attention`)
     with `ids_BxL` as segment ids: a query sees the keys of its own id (at padding: padding).
-    Off TPU it runs in TPU interpret mode, forward and backward (slow: for tests)."""
+    Under a mesh it runs per shard (`jax.shard_map`; XLA cannot partition a Pallas kernel),
+    batch and heads split over the mesh axes `spec` = (batch axes, head axes). Off TPU it runs
+    in TPU interpret mode, forward and backward (slow: for tests)."""
     from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
     length, head_size = q_BxLxNxD.shape[1], q_BxLxNxD.shape[-1]
     if length % PALLAS_BLOCK:
@@ -206,6 +210,11 @@ def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.
 
     if jax.default_backend() != "tpu":
         flash = _in_tpu_interpret_mode(flash)
+    mesh = jax.sharding.get_abstract_mesh()
+    if spec is not None and not mesh.empty and any(spec):
+        qkv_spec = PartitionSpec(spec[0], spec[1], None, None)  # [B, N, L, D]
+        flash = jax.shard_map(flash, mesh=mesh, in_specs=(qkv_spec,) * 3 + (
+            PartitionSpec(spec[0], None),), out_specs=qkv_spec, check_vma=False)
     heads_first = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
     out_BxNxLxD = flash(heads_first(q_BxLxNxD), heads_first(k_BxLxNxD), heads_first(v_BxLxNxD),
                         ids_BxL.astype(jnp.int32))

@@ -204,7 +204,7 @@ class BertSelfAttention(nn.Module):
         context_BxLxNxD = attention.attend(
             cfg.attention_impl, cfg.dtype, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask,
             functools.partial(Dropout(dropout_rate), deterministic=deterministic), dropout_rate,
-            seed)
+            seed, nn.logical_to_mesh_axes((BATCH, ACT_QKV)))
         return context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
 
 

@@ -2,6 +2,7 @@
 path's outputs and gradients (fp32) and refuses to train with attention dropout it cannot
 apply; the cuDNN path lowers for CUDA to cuDNN's fused kernel with the padding mask and
 attention dropout; `auto` picks per backend; the 16-bit dropout drops the configured rate."""
+import contextlib
 import dataclasses
 import functools
 import re
@@ -12,7 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import attention
+from jax.sharding import PartitionSpec as P
+
+from bertjax import attention, sharding
 from bertjax import model as M
 from bertjax.dropout import Dropout
 
@@ -146,7 +149,7 @@ def _packed_inputs(length=12):
     """Two packed rows of `length` tokens (three instances + padding, one instance) and the
     model inputs of `data.packing`: per-instance positions, instance ids, each [CLS]."""
     rng = np.random.default_rng(1)
-    ids = rng.integers(5, CONFIG.vocab_size, (2, length)).astype(np.int32)
+    ids = rng.integers(5, 90, (2, length)).astype(np.int32)
     sizes = [[length // 3, length // 4, length // 3], [length - 2]]
     instance_ids = np.zeros((2, length), np.int32)
     positions = np.zeros((2, length), np.int32)
@@ -193,16 +196,27 @@ def test_pallas_flash_attention_matches_einsum_in_interpret_mode():
     q, k, v = (rng.standard_normal((2, 128, 2, 8)).astype(np.float32) for _ in range(3))
     (_, _, padding, _), packed = _packed_inputs(128)
     padding[1, 100:] = 0
-    for mask in (attention.Mask(padding), attention.Mask(packed["instance_ids"], 3)):
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 2}, jax.devices()[:4])
+    # Padded rows on one device; packed rows per shard (batch over data, heads over tensor).
+    for mask, spec in ((attention.Mask(padding), None),
+                       (attention.Mask(packed["instance_ids"], 3), P("data", "tensor"))):
         real = np.asarray(mask.ids_BxL > 0)
 
         def loss(impl, q, k, v):
-            out = attention.attend(impl, "float32", q, k, v, mask, lambda p: p, 0.0, 0)
+            out = attention.attend(impl, "float32", q, k, v, mask, lambda p: p, 0.0, 0, spec)
             return jnp.sum(jnp.where(real[:, :, None, None], out, 0) ** 2), out
 
-        results = {impl: jax.jit(jax.value_and_grad(functools.partial(loss, impl), (0, 1, 2),
-                                                    has_aux=True))(q, k, v)
-                   for impl in ("einsum", "pallas")}
+        with sharding.activate(mesh) if spec else contextlib.nullcontext():
+            results = {impl: jax.jit(jax.value_and_grad(functools.partial(loss, impl), (0, 1, 2),
+                                                        has_aux=True))(q, k, v)
+                       for impl in ("einsum", "pallas")}
+            if spec:  # per (batch, head) shard: without shard_map XLA gathers onto one device
+                split = jax.sharding.NamedSharding(mesh, P("data", None, "tensor", None))
+                attend = functools.partial(attention.attend, "pallas", "float32", mask=mask,
+                                           dropout=None, dropout_rate=0.0, seed=0, spec=spec)
+                compiled = jax.jit(attend, out_shardings=split).lower(
+                    *(jax.device_put(x, split) for x in (q, k, v))).compile().as_text()
+                assert "all-gather" not in compiled and "all-reduce" not in compiled
         (_, want), want_grads = results["einsum"]
         (_, got), got_grads = results["pallas"]
         np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], rtol=1e-5,
@@ -213,8 +227,16 @@ def test_pallas_flash_attention_matches_einsum_in_interpret_mode():
 
 @pytest.mark.slow
 def test_pallas_model_on_packed_rows_matches_einsum():
-    config = dataclasses.replace(CONFIG, num_hidden_layers=1, max_position_embeddings=128)
-    _assert_same_model(config, "pallas", *_packed_inputs(128))
+    """The whole model with the Pallas kernel, on one device and per shard on a (2, 1, 2)
+    mesh (batch over data, heads over tensor): about 2 minutes, interpret mode simulates the
+    devices one grid step at a time."""
+    config = dataclasses.replace(CONFIG, num_hidden_layers=1, max_position_embeddings=128,
+                                 vocab_size=96)  # the vocabulary is split over tensor too
+    inputs, packed = _packed_inputs(128)
+    _assert_same_model(config, "pallas", inputs, packed)
+    with sharding.activate(sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 2},
+                                              jax.devices()[:4])):
+        _assert_same_model(config, "pallas", inputs, packed)
 
 
 def test_cudnn_path_lowers_packed_rows_to_segments(monkeypatch):
