@@ -1,5 +1,23 @@
-"""Test setup: 8 fake CPU devices so sharded code runs as on a pod slice."""
+"""Test setup: 8 fake CPU devices so sharded code runs as on a pod slice, and one persistent
+compilation cache per test process (an xdist worker), since many tests compile the same
+tiny models' steps again (a resumed run, the same config in another test)."""
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402 (after the environment it reads)
+
+_CACHE = tempfile.mkdtemp(prefix="bertjax_test_jax_cache_")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", _CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+# The same cache for the `python -m bertjax.*` processes that tests start (their own setting
+# wins where they set one).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
