@@ -71,7 +71,10 @@ def finetune_command(row: str, task: str, args) -> list[str]:
              f"--config.max_seq_length={args.finetune_length}",
              f"--config.init_checkpoint={args.out}/pretrain/{source}",
              f"--workdir={args.out}/finetune/{row}/{task}"]
-            + (["--config.random_init=True"] if row == "random_init" else []))
+            + (["--config.random_init=True"] if row == "random_init" else [])
+            # The paper keeps the LTR model's left-only constraint at fine-tuning (section 5.1).
+            + (["--config.causal_attention=True"]
+               if "--config.train.objective=ltr" in (ROWS[row][0] or []) else []))
 
 
 def _run(cmd: list[str], done_file: str, out: str) -> None:

@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax import attention
 from bertjax.dropout import Dropout
 from bertjax.model import BertConfig, BertModel, output_layer
 
@@ -14,15 +15,27 @@ from bertjax.model import BertConfig, BertModel, output_layer
 class BertForSequenceClassification(nn.Module):
     """run_classifier's model: dropout on the pooled output, then top-level
     `output_weights [C, H]` and `output_bias [C]`.
-    Returns logits `[B, num_labels]` (`num_labels=1` for regression such as STS-B)."""
+    Returns logits `[B, num_labels]` (`num_labels=1` for regression such as STS-B).
+
+    With `causal=True` (a left-to-right model, `train.objective=ltr`: the paper's Table 5 keeps
+    the left-only constraint at fine-tuning) the pooler reads the last real token ([SEP]), as
+    [CLS] at position 0 then sees only itself.
+    """
 
     config: BertConfig
     num_labels: int
+    causal: bool = False
 
     @nn.compact
     def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
-        _, pooled_BxH = BertModel(self.config, name="bert")(
-            input_ids, token_type_ids, attention_mask, deterministic)
+        bert = BertModel(self.config, name="bert")
+        if not self.causal:
+            _, pooled_BxH = bert(input_ids, token_type_ids, attention_mask, deterministic)
+        else:
+            last_Bx1 = jnp.sum(attention_mask, axis=-1, keepdims=True).astype(jnp.int32) - 1
+            _, pooled_Bx1xH = bert(input_ids, token_type_ids, attention.causal_mask(attention_mask),
+                                   deterministic, next_sentence_positions=last_Bx1)
+            pooled_BxH = pooled_Bx1xH[:, 0]
         pooled_BxH = Dropout(self.config.hidden_dropout_prob)(pooled_BxH, deterministic)
         return output_layer(self, self.config, self.num_labels, pooled_BxH)
 
@@ -33,21 +46,25 @@ class BertForTokenClassification(nn.Module):
     With `feature_based=True` (the paper's feature-based NER, section 5.3) the encoder is
     frozen: the last four layers are concatenated `[B, L, 4H]` and a two-layer BiLSTM of
     `lstm_size` units per direction feeds the output layer. Returns logits `[B, L, C]`.
+    `causal=True`: each token attends only to itself and the tokens before it (a left-to-right
+    model, `train.objective=ltr`).
     """
 
     config: BertConfig
     num_labels: int
     feature_based: bool = False
     lstm_size: int = 768
+    causal: bool = False
 
     @nn.compact
     def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
         bert = BertModel(self.config, name="bert")
+        encoder_mask = attention.causal_mask(attention_mask) if self.causal else attention_mask
         if not self.feature_based:
-            x_BxLxH, _ = bert(input_ids, token_type_ids, attention_mask, deterministic)
+            x_BxLxH, _ = bert(input_ids, token_type_ids, encoder_mask, deterministic)
         else:
             # Features of a frozen encoder: no dropout inside it, no gradient into it.
-            layers_NxBxLxH, _ = bert(input_ids, token_type_ids, attention_mask, True,
+            layers_NxBxLxH, _ = bert(input_ids, token_type_ids, encoder_mask, True,
                                      all_layers=True)
             x_BxLxH = jax.lax.stop_gradient(jnp.concatenate(list(layers_NxBxLxH[-4:]), axis=-1))
             lengths_B = jnp.sum(attention_mask, axis=-1).astype(jnp.int32)

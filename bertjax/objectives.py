@@ -105,16 +105,21 @@ def pretraining_loss(mlm_logits_BxPxV: jax.Array, nsp_logits_Bx2: jax.Array,
 
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:
-    """Turns metric sums (host floats) into means: losses, accuracies and the total loss."""
+    """Turns metric sums (host floats) into means: losses, accuracies and the total loss.
+
+    With next-sentence prediction off (`nsp_count` 0) there are no NSP means at all, rather
+    than an accuracy of 0 that reads like a broken head.
+    """
     mlm_weight = max(sums["mlm_weight_sum"], 1e-9)
-    nsp_count = max(sums["nsp_count"], 1e-9)
     out = {
         "mlm_loss": sums["mlm_loss_sum"] / mlm_weight,
         "mlm_accuracy": sums["mlm_correct_sum"] / mlm_weight,
-        "nsp_loss": sums["nsp_loss_sum"] / nsp_count,
-        "nsp_accuracy": sums["nsp_correct_sum"] / nsp_count,
     }
-    out["loss"] = out["mlm_loss"] + out["nsp_loss"]
+    out["loss"] = out["mlm_loss"]
+    if sums["nsp_count"] > 0:
+        out["nsp_loss"] = sums["nsp_loss_sum"] / sums["nsp_count"]
+        out["nsp_accuracy"] = sums["nsp_correct_sum"] / sums["nsp_count"]
+        out["loss"] += out["nsp_loss"]
     return out
 
 

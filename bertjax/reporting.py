@@ -298,7 +298,8 @@ class Progress:
         chief_print((f"step {step}/{self.total_steps} "
                     f"[{phase.name} L={phase.max_seq_length}] "
                     f"loss {means['loss']:.4f} mlm_acc {means['mlm_accuracy']:.4f} "
-                    f"nsp_acc {means['nsp_accuracy']:.4f} lr {means['learning_rate']:.3e} "
+                    + (f"nsp_acc {means['nsp_accuracy']:.4f} " if "nsp_accuracy" in means else "")
+                    + f"lr {means['learning_rate']:.3e} "
                     f"tok/s {means['tokens_per_second']:,.0f} "
                     f"TFLOP/s {means['model_tflops_per_second']:.3g} "
                     + (f"MFU {mfu:.1%} " if mfu is not None else "")

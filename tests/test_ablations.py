@@ -14,7 +14,9 @@ import pytest
 
 from bertjax import objectives, optim, run, sharding, steps
 from bertjax.data import default_corpus, instances, loaders, pipeline, tokenization, tokenize_corpus
+from bertjax.heads import BertForSequenceClassification, BertForTokenClassification
 from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.tasks import features, squad_predict
 from bertjax.schedule import Phase
 from bertjax.state import create_train_state
 
@@ -220,8 +222,11 @@ def test_no_nsp_has_no_nsp_loss():
             assert metrics["nsp_count"] == BATCH and metrics["nsp_loss_sum"] > 0
             assert metrics["nsp_loss_sum"] != flipped_metrics["nsp_loss_sum"]
             assert not np.allclose(bias, flipped_bias)
+            assert "nsp_accuracy" in objectives.summarize(metrics)
         else:
             assert metrics["nsp_count"] == 0 and metrics["nsp_loss_sum"] == 0
+            means = objectives.summarize(metrics)  # what the progress line and eval print
+            assert "nsp_accuracy" not in means and means["loss"] == means["mlm_loss"]
             jax.tree.map(np.testing.assert_array_equal, params, flipped_params)
             # The unused NSP head gets no gradient; its bias (not decayed) stays at 0.
             np.testing.assert_array_equal(bias, 0.0)
@@ -259,6 +264,28 @@ def test_left_to_right_train_step_predicts_every_next_token():
     _, metrics = step(batch)
     assert metrics["mlm_weight_sum"] == batch["input_mask"][:, 1:].sum()
     assert metrics["nsp_count"] == 0 and np.isfinite(metrics["mlm_loss_sum"])
+
+
+def test_left_to_right_fine_tuning_keeps_the_left_only_constraint():
+    """causal_attention (Table 5's LTR row): a tag at i ignores later tokens; a sentence
+    label reads the last real token, so it sees the whole sentence but not the padding."""
+    batch = _batch()
+    inputs = [jnp.asarray(batch[k]) for k in ("input_ids", "segment_ids", "input_mask")]
+    later = [inputs[0].at[:, 7:].set(11)] + inputs[1:]
+    padding = [jnp.where(inputs[2] == 1, inputs[0], 13)] + inputs[1:]
+    for causal in (True, False):  # bidirectional fine-tuning as the control
+        tagger = BertForTokenClassification(MODEL, 3, causal=causal)
+        params = tagger.init(jax.random.PRNGKey(0), *inputs)["params"]
+        tags, tags_later = (tagger.apply({"params": params}, *x) for x in (inputs, later))
+        assert np.allclose(tags[:, :7], tags_later[:, :7], atol=1e-6) == causal
+        classifier = BertForSequenceClassification(MODEL, 2, causal=causal)
+        params = classifier.init(jax.random.PRNGKey(0), *inputs)["params"]
+        labels, labels_later, labels_padding = (classifier.apply({"params": params}, *x)
+                                                for x in (inputs, later, padding))
+        assert not np.allclose(labels, labels_later)  # the last token sees the changed ones
+        np.testing.assert_allclose(labels, labels_padding, atol=1e-6)
+    with pytest.raises(ValueError, match="causal_attention=True: SQuAD"):
+        squad_predict.SquadFinetune(features.TaskOptions(causal_attention=True), None)
 
 
 def test_unknown_objective_is_a_config_error():

@@ -78,6 +78,7 @@ class TaskOptions:
     do_lower_case: bool = True
     feature_based: bool = False  # NER: frozen encoder, BiLSTM tagger on its last 4 layers
     lstm_size: int = 768
+    causal_attention: bool = False  # left-to-right encoder (a train.objective=ltr model)
     train_file: str = ""  # SQuAD: official JSON path or tfds:NAME:SPLIT
     predict_file: str = ""
     version_2_with_negative: bool = False

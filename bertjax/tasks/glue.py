@@ -321,7 +321,8 @@ class GlueFinetune(features.Finetune):
         self.eval_splits, self.test_splits = self.task.eval_splits, self.task.test_splits
 
     def model(self, bert_config: BertConfig) -> nn.Module:
-        return BertForSequenceClassification(bert_config, self.task.num_labels)
+        return BertForSequenceClassification(bert_config, self.task.num_labels,
+                                             self.options.causal_attention)
 
     def load(self, split: str) -> features.SplitData:
         examples, skipped = read_examples(self.task, split, self.options.data_dir,

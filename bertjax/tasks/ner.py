@@ -168,7 +168,7 @@ class NerFinetune(features.Finetune):
 
     def model(self, bert_config: BertConfig) -> nn.Module:
         return BertForTokenClassification(bert_config, len(LABELS), self.options.feature_based,
-                                          self.options.lstm_size)
+                                          self.options.lstm_size, self.options.causal_attention)
 
     def load(self, split: str) -> features.SplitData:
         sentences, skipped = read_sentences(split, self.options.data_dir,

@@ -253,6 +253,9 @@ class SquadFinetune(features.Finetune):
     test_splits: list[str] = []
 
     def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer):
+        if options.causal_attention:
+            raise ValueError("causal_attention=True: SQuAD has no left-to-right model (the "
+                             "paper's LTR SQuAD adds a BiLSTM on top); set it to False")
         self.options, self.tokenizer = options, tokenizer
 
     def model(self, bert_config: BertConfig) -> nn.Module:

@@ -32,6 +32,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.warmup_proportion = 0.1  # fraction of steps of linear warmup, then linear decay to 0
     c.hidden_dropout_prob = 0.1  # dropout in the encoder and on the classifier input
     c.attention_probs_dropout_prob = 0.1  # dropout on attention probabilities
+    # Left-to-right attention, for a model pretrained with train.objective=ltr: the paper's
+    # "LTR & No NSP" row keeps the left-only constraint at fine-tuning (section 5.1).
+    # Sentence tasks then pool the last real token ([SEP]); not for SQuAD.
+    c.causal_attention = False
     c.dtype = "float32"  # compute dtype; "bfloat16" on TPU/GPU
     c.seeds = "1"  # comma-separated seeds: one full run each, summarised (mean/std/median)
     c.max_train_examples = 0  # random subset of the training set (0 = all); for quick studies
