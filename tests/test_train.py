@@ -144,10 +144,11 @@ def test_fine_tuning_takes_the_sentencepiece_model_the_run_recorded(corpus_file,
 
 def test_eight_devices_match_one(corpus_file, cache_dir, tmp_path):
     assert len(jax.devices()) == 8, "conftest sets 8 fake CPU devices"
-    one = tiny_config(corpus_file, cache_dir, **{"train.total_steps": 6})
+    short_only = {"train.total_steps": 6, "long_phase.fraction": 0.0}  # one phase to compile
+    one = tiny_config(corpus_file, cache_dir, **short_only)
     one.mesh.update(data=1, fsdp=1, tensor=1)
     train.train_and_evaluate(one, str(tmp_path / "one"), devices=jax.devices()[:1])
-    eight = tiny_config(corpus_file, cache_dir, **{"train.total_steps": 6})
+    eight = tiny_config(corpus_file, cache_dir, **short_only)
     eight.mesh.update(data=2, fsdp=2, tensor=2)
     train.train_and_evaluate(eight, str(tmp_path / "eight"))
     a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "eight")

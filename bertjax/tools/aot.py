@@ -15,10 +15,10 @@ import sys
 import time
 
 import jax
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from bertjax import memory, optim, run, schedule, sharding
+from bertjax import cli, memory, optim, run, schedule, sharding
 from bertjax.model import BertConfig
 
 
@@ -84,4 +84,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main)

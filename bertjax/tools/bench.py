@@ -28,9 +28,9 @@ from typing import Any, Callable
 import jax
 import ml_collections
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from bertjax import flops, optim, sharding
+from bertjax import cli, flops, optim, sharding
 from bertjax import run as run_lib
 from bertjax.data import packing
 from bertjax.model import BertConfig
@@ -286,4 +286,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main)

@@ -18,10 +18,10 @@ import time
 from typing import Any, Callable
 
 import ml_collections
-from absl import app, flags
+from absl import flags
 
 from bertjax.tools.records import machine, versions, write_record
-from bertjax import schedule
+from bertjax import cli, schedule
 from bertjax.data import loaders, pipeline
 
 FLAGS = flags.FLAGS
@@ -102,4 +102,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main)
