@@ -13,7 +13,6 @@ from bertjax import memory, optim, sharding
 from bertjax.schedule import Phase
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import create_train_state
-from test_finetune import assert_quiet_console
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
@@ -99,7 +98,9 @@ def test_aot_compiles_for_sixteen_fake_devices():
     assert "Mesh {'data': 2, 'fsdp': 4, 'tensor': 2} (16 devices)" in result.stdout
     assert "Phase short (L=128, global batch 16): lowered and compiled in" in result.stdout
     assert "XLA memory analysis per device: argument" in result.stdout
-    assert_quiet_console(result.stdout + result.stderr)  # the shared console (cli.run)
+    # The shared console (cli.run) hides JAX's backend probing; XLA's own C++ warnings (e.g.
+    # a resharding the partitioner cannot do cheaply) stay: they are about the user's mesh.
+    assert "Unable to initialize backend" not in result.stdout + result.stderr
 
 
 def test_aot_names_a_sharding_error():
