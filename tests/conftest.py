@@ -22,12 +22,16 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
-# The files that take longest (seconds of one worker, measured with --durations=0), started
-# first so that the two xdist workers of `-n 2 --dist loadfile` finish together (pytest.ini
-# keeps this order with --no-loadscope-reorder; xdist would otherwise order files by their
-# number of tests). Every other file follows in the usual order.
-LONGEST_FIRST = ("test_faults.py", "test_train.py", "test_finetune.py", "test_multihost.py",
-                 "test_steps.py", "test_probe.py", "test_guards.py", "test_ablations.py")
+# The files that take longest (measured with --durations=0), started first so that the two
+# xdist workers of `-n 2 --dist loadfile` finish together. Every other file follows in the
+# usual order.
+LONGEST_FIRST = ("test_train.py", "test_finetune.py", "test_faults.py", "test_multihost.py",
+                 "test_guards.py", "test_steps.py", "test_model.py", "test_ablations.py")
+
+
+def pytest_configure(config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # xdist: keep LONGEST_FIRST's order, not
+        config.option.loadscopereorder = False      # its own (files by number of tests)
 
 
 def pytest_collection_modifyitems(items: list) -> None:
