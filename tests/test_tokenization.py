@@ -261,6 +261,19 @@ def test_sentencepiece_training_is_deterministic(tmp_path, sp_model):
     )
 
 
+def test_sentencepiece_counts_the_lines_it_leaves_out(tmp_path, caplog, capfd):
+    """A line over max_sentence_length bytes is left out of learning the vocabulary: one
+    bertjax warning counts them, and SentencePiece's own log lines stay off the console."""
+    long_line = " ".join(make_sentences(40, seed=1))
+    sentences = make_sentences() + [long_line, "", long_line]
+    with caplog.at_level("WARNING"):
+        tok.train_sentencepiece(sentences, str(tmp_path / "m"), vocab_size=200,
+                                max_sentence_length=len(long_line.encode()) - 1)
+    assert (f"SentencePiece left 2 of 402 lines longer than {len(long_line.encode()) - 1} bytes"
+            in caplog.text)
+    assert "too long line" not in capfd.readouterr().err.lower()
+
+
 def test_sentencepiece_lowercase_and_fingerprint(tmp_path, sp_model):
     lower = tok.SentencePieceTokenizer(
         tok.train_sentencepiece(make_sentences(), str(tmp_path / "low"), vocab_size=200, do_lower_case=True)

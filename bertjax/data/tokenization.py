@@ -15,6 +15,7 @@ from typing import Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import sentencepiece as spm
+from absl import logging
 from sentencepiece import sentencepiece_model_pb2
 
 from bertjax.data.wordpiece import (  # noqa: F401 (the tokenizers and tokens, in one place)
@@ -130,11 +131,13 @@ class SentencePieceTokenizer:
         return file_fingerprint("sentencepiece", proto.SerializeToString(deterministic=True), "")
 
 
-def _nonblank(sentences: Iterable[str], counter: list[int]) -> Iterator[str]:
-    """Yield non-blank sentences, counting them so an empty corpus gets a clear error."""
+def _nonblank(sentences: Iterable[str], counts: dict[str, int], max_bytes: int) -> Iterator[str]:
+    """Yield non-blank sentences, counting them (an empty corpus gets a clear error) and those
+    over `max_bytes` of UTF-8, which SentencePiece leaves out of training."""
     for sentence in sentences:
         if sentence.strip():
-            counter[0] += 1
+            counts["sentences"] += 1
+            counts["too_long"] += len(sentence.encode("utf-8")) > max_bytes
             yield sentence
 
 
@@ -160,11 +163,11 @@ def train_sentencepiece(
         raise ValueError(f"vocab_size must exceed {len(SPECIAL_TOKENS)}, got {vocab_size}")
     if os.path.dirname(model_prefix):
         os.makedirs(os.path.dirname(model_prefix), exist_ok=True)
-    counter = [0]
+    counts = {"sentences": 0, "too_long": 0}
     spm.set_random_generator_seed(seed)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=_nonblank(sentences, counter),
+            sentence_iterator=_nonblank(sentences, counts, max_sentence_length),
             model_prefix=model_prefix,
             vocab_size=vocab_size,
             model_type=model_type,
@@ -186,12 +189,16 @@ def train_sentencepiece(
             max_sentence_length=max_sentence_length,
             input_sentence_size=max_sentences,
             shuffle_input_sentence=True,
-            minloglevel=1,
+            minloglevel=2,  # errors only: its one warning, long lines skipped, is counted below
         )
     except RuntimeError as e:
-        if counter[0] == 0:
+        if counts["sentences"] == 0:
             raise ValueError("no non-blank sentences to train sentencepiece on") from None
         raise ValueError(f"sentencepiece training failed: {str(e).strip()}") from None
+    if counts["too_long"]:
+        logging.warning("SentencePiece left %d of %d lines longer than %d bytes out of learning "
+                        "its vocabulary (the data pipeline still tokenizes them)",
+                        counts["too_long"], counts["sentences"], max_sentence_length)
     return model_prefix + ".model"
 
 
