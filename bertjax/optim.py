@@ -155,6 +155,15 @@ def learning_rate_at(cfg: Any, step: int) -> float:
     return float(_schedule_from_config(cfg)(step))
 
 
+def at_step(opt_state: Any, step: jax.Array) -> Any:
+    """`opt_state` with every step counter (optax's integer `count`s) set to the train
+    state's `step`: the learning rate applied is then schedule(step), the one the log and
+    the phase switch use, also after skipped non-finite steps (which advance `step` only)."""
+    return jax.tree.map(lambda x: jnp.asarray(step, x.dtype)
+                        if jnp.issubdtype(x.dtype, jnp.integer) and x.ndim == 0 else x,
+                        opt_state)
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
     """What `make_optimizer` reads: a config's `optimizer` section plus the run's step counts."""
