@@ -73,17 +73,23 @@ def optimizer(config: ml_collections.ConfigDict, total_steps: int,
                                                                          "bert")
 
 
+def train_steps(config: ml_collections.ConfigDict, num_examples: int) -> int:
+    """Optimizer steps as run_classifier.py and run_squad.py count them:
+    `int(num_train_examples / train_batch_size * num_train_epochs)`."""
+    return int(num_examples / config.train_batch_size * config.num_train_epochs)
+
+
 def make_trainer(config: ml_collections.ConfigDict, task: features.Finetune,
                  bert_config: BertConfig, num_train: int, mesh) -> finetune_loop.Trainer:
-    steps_per_epoch = num_train // config.train_batch_size  # the original drops the remainder
-    total_steps = int(steps_per_epoch * config.num_train_epochs)
+    """The trainer for `num_train` training examples (task.num_train_examples)."""
+    total_steps = train_steps(config, num_train)
     if total_steps < 1:
         raise FinetuneError(f"{num_train} training examples give no step of batch "
                             f"{config.train_batch_size}")
     model = task.model(bert_config)
     tx = optimizer(config, total_steps,
                    bert_model.abstract_params(model) if task.frozen_encoder else None)
-    return finetune_loop.make_trainer(task, model, tx, mesh, steps_per_epoch, total_steps,
+    return finetune_loop.make_trainer(task, model, tx, mesh, total_steps,
                                       functools.partial(optim.learning_rate_at,
                                                         schedule_config(config, total_steps)))
 
@@ -127,7 +133,8 @@ def run(config: ml_collections.ConfigDict, workdir: str,
                 logging.warning("no %s predictions: %s", name, e)
     except ValueError as e:  # readers' errors name the file and what is wrong
         raise FinetuneError(str(e)) from e
-    trainer = make_trainer(config, task, bert_config, len(data["train"]), mesh)
+    trainer = make_trainer(config, task, bert_config, task.num_train_examples(data["train"]),
+                           mesh)
     settings = typed(finetune_loop.Settings, {**config, "config": config.to_json()})
     os.makedirs(workdir, exist_ok=True)
     if jax.process_index() == 0:

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import flax.linen as nn
 import jax
@@ -61,17 +61,16 @@ def apply_model(model: nn.Module, params: Any, batch: Batch, deterministic: bool
 @dataclasses.dataclass
 class Trainer:
     """What every seed of a run shares: the task, the sharded run (model, optimizer, compiled
-    train and predict steps) and the step counts."""
+    train and predict steps) and the step count."""
 
     task: Finetune
     run: run_lib.ShardedRun
-    steps_per_epoch: int
     total_steps: int
     learning_rate: Callable[[int], float]  # the schedule's value at a step, for the log
 
 
 def make_trainer(task: Finetune, model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
-                 steps_per_epoch: int, total_steps: int,
+                 total_steps: int,
                  learning_rate: Callable[[int], float]) -> Trainer:
     """Builds and compiles `model` + `tx` on `mesh` with the task's loss and outputs."""
 
@@ -83,7 +82,31 @@ def make_trainer(task: Finetune, model: nn.Module, tx: optax.GradientTransformat
 
     sharded = run_lib.build(model, tx, mesh, steps.make_loss_train_step(loss_fn, tx),
                             predict_step)
-    return Trainer(task, sharded, steps_per_epoch, total_steps, learning_rate)
+    return Trainer(task, sharded, total_steps, learning_rate)
+
+
+def shuffled_batches(rng: np.random.Generator, rows: int, batch_size: int
+                     ) -> Iterator[np.ndarray]:
+    """Row indices, `batch_size` at a time, from one permutation of the rows after another (a
+    batch spans two passes where one ends): the original's repeated, shuffled training set."""
+    order = np.zeros(0, np.int64)
+    while True:
+        while len(order) < batch_size:
+            order = np.concatenate([order, rng.permutation(rows)])
+        yield order[:batch_size]
+        order = order[batch_size:]
+
+
+def epoch_ends(rows: int, batch_size: int, total_steps: int) -> list[int]:
+    """The steps after which a dev evaluation runs: where each pass over the `rows` training
+    rows ends, and `total_steps` (the last)."""
+    ends, epoch = [], 1
+    while not ends or ends[-1] < total_steps:
+        end = min(epoch * rows // batch_size, total_steps)
+        if end > (ends[-1] if ends else 0):
+            ends.append(end)
+        epoch += 1
+    return ends
 
 
 def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any:
@@ -103,7 +126,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
     os.makedirs(workdir, exist_ok=True)
     train = data["train"]
     batch_size, task, sharded = settings.train_batch_size, trainer.task, trainer.run
-    steps_per_epoch, total_steps = trainer.steps_per_epoch, trainer.total_steps
+    total_steps = trainer.total_steps
     mesh, abstract_state = sharded.mesh, sharded.abstract_state
     train_step, predict_step = sharded.train_step, sharded.eval_step
     state = sharded.init_state(jax.random.PRNGKey(seed))
@@ -118,13 +141,15 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
     writer = reporting.open_writer(workdir)
     meta = {"task": settings.task, "seed": seed, "config": settings.config}
     best: dict[str, Any] = {"epoch": -1}
-    rng = np.random.default_rng(seed)
+    batches = shuffled_batches(np.random.default_rng(seed), len(train), batch_size)
+    ends = epoch_ends(len(train), batch_size, total_steps)
     jsonl = os.path.join(workdir, "metrics.jsonl") if jax.process_index() == 0 else None
-    reporting.chief_print(f"seed {seed}: {len(train)} training examples, {total_steps} steps "
-                          f"({steps_per_epoch}/epoch), {count_params(state.params):,} parameters")
+    reporting.chief_print(f"seed {seed}: {len(train)} training rows, {total_steps} steps "
+                          f"({len(train) / batch_size:.1f}/epoch), "
+                          f"{count_params(state.params):,} parameters")
     step, sums, steps_summed, started = 0, {}, 0, time.time()
     clock, eval_seconds = reporting.StepClock(), 0.0
-    epochs = int(np.ceil(settings.num_train_epochs))
+    epochs = len(ends)
 
     def eta(epoch: int) -> float | None:
         """Steps left at the measured rate (compile excluded), plus the dev evaluations left."""
@@ -134,12 +159,9 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
 
     try:
         with sharding.activate(mesh):
-            for epoch in range(epochs):
-                order = rng.permutation(len(train))
-                for index in range(steps_per_epoch):
-                    if step >= total_steps:
-                        break
-                    rows = order[index * batch_size:(index + 1) * batch_size]
+            for epoch, end in enumerate(ends):
+                while step < end:
+                    rows = next(batches)
                     batch = sharding.global_batch_from_host(host_batch(train, rows, batch_size),
                                                             mesh)
                     state, metrics = train_step(state, batch)

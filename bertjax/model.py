@@ -58,7 +58,7 @@ class BertConfig:
     num_hidden_layers: int = 12
     num_attention_heads: int = 12
     intermediate_size: int = 3072
-    hidden_act: str = "gelu"  # "gelu" = exact erf (original); "gelu_tanh" approximation; "relu"
+    hidden_act: str = "gelu"  # "gelu" = exact erf (released checkpoints); "gelu_tanh"; "relu"
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 512

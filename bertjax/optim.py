@@ -116,8 +116,16 @@ def bert_schedule(peak_lr: float, warmup_steps: int, total_steps: int) -> optax.
 
 
 def _schedule_from_config(cfg: Any) -> optax.Schedule:
-    """Build the BERT schedule from a config's lr fields."""
-    return bert_schedule(cfg.peak_learning_rate, cfg.warmup_steps, cfg.total_steps)
+    """Build the BERT schedule from a config's lr fields: with a `restart_step`, one schedule
+    to that step and a second one (its own warmup and peak) from it to `total_steps`."""
+    restart = getattr(cfg, "restart_step", 0)
+    if not restart:
+        return bert_schedule(cfg.peak_learning_rate, cfg.warmup_steps, cfg.total_steps)
+    first = bert_schedule(cfg.peak_learning_rate, cfg.warmup_steps, restart)
+    second = bert_schedule(cfg.restart_peak_learning_rate or cfg.peak_learning_rate,
+                           cfg.warmup_steps if cfg.restart_warmup_steps < 0
+                           else cfg.restart_warmup_steps, cfg.total_steps - restart)
+    return lambda step: jnp.where(step < restart, first(step), second(step - restart))
 
 
 def _base_optimizer(cfg: Any, schedule: optax.Schedule) -> optax.GradientTransformation:
@@ -155,6 +163,15 @@ def learning_rate_at(cfg: Any, step: int) -> float:
     return float(_schedule_from_config(cfg)(step))
 
 
+def at_step(opt_state: Any, step: jax.Array) -> Any:
+    """`opt_state` with every step counter (optax's integer `count`s) set to the train
+    state's `step`: the learning rate applied is then schedule(step), the one the log and
+    the phase switch use, also after skipped non-finite steps (which advance `step` only)."""
+    return jax.tree.map(lambda x: jnp.asarray(step, x.dtype)
+                        if jnp.issubdtype(x.dtype, jnp.integer) and x.ndim == 0 else x,
+                        opt_state)
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
     """What `make_optimizer` reads: a config's `optimizer` section plus the run's step counts."""
@@ -168,6 +185,11 @@ class OptimizerConfig:
     b2: float = 0.999
     eps: float = 1e-6
     clip_global_norm: float = 1.0
+    # Restart (long_phase.restart_optimizer): from this step on, the schedule starts again;
+    # 0 = never. Warmup -1 and peak 0 mean the first schedule's.
+    restart_step: int = 0
+    restart_warmup_steps: int = -1
+    restart_peak_learning_rate: float = 0.0
 
 
 def optimizer_config(optimizer: Any, total_steps: int, **overrides: Any) -> OptimizerConfig:

@@ -39,6 +39,7 @@ class Pretraining:
     meta: dict[str, Any]
     progress: reporting.Progress
     writer: Any = None  # reporting.open_writer's TensorBoard writer
+    restart_step: int = 0  # long_phase.restart_optimizer: fresh moments before this step; 0: none
 
     def eval_and_log(self, step: int, params: Any, pd: PhaseData) -> dict[str, float]:
         means = evaluate(self.run.eval_step, params, pd.eval, self.train_cfg.eval_batches,
@@ -82,6 +83,8 @@ class Pretraining:
             else total
         try:
             for step in range(start_step, stop_at):
+                if step == self.restart_step:  # (a checkpoint at this step has the old moments)
+                    state = self.run.restart_optimizer(state)
                 trained = current
                 trained_batch = f"batch {batch_index} of phase {current.phase.name}"
                 host_batch = next_batch.result()

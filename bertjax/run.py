@@ -41,6 +41,11 @@ class ShardedRun:
                                          bert_model.example_inputs(self.model), self.mesh)
         return state
 
+    def restart_optimizer(self, state: TrainState) -> TrainState:
+        """`state` with the optimizer state of a new run from its parameters (zero moments)."""
+        return jax.jit(lambda s: s.replace(opt_state=self.tx.init(s.params)),
+                       out_shardings=self.state_shardings, donate_argnums=0)(state)
+
 
 def make_mesh(mesh_config: Mapping[str, int], devices: Sequence[jax.Device] | None = None
               ) -> Mesh:
@@ -70,6 +75,27 @@ def pretraining_objective(train_cfg: Mapping) -> objectives.PretrainingObjective
                                                bool(train_cfg.get("next_sentence_prediction", True)))
     except ValueError as e:
         raise ConfigError(str(e)) from e
+
+
+def pretraining_optimizer(config: Mapping, phases: Sequence[Phase]) -> optim.OptimizerConfig:
+    """`config.optimizer` over train.total_steps; with long_phase.restart_optimizer, its
+    schedule starts again where the long phase does (the original's second run)."""
+    optimizer = optim.optimizer_config(config.optimizer, config.train.total_steps)
+    long_phase = config.long_phase
+    if not long_phase.get("restart_optimizer", False):
+        return optimizer
+    if len(phases) < 2:
+        raise ConfigError("long_phase.restart_optimizer=True restarts the optimizer between "
+                          "the two phases, but this run has one: set long_phase.fraction "
+                          "between 0 and 1, or restart_optimizer=False")
+    if optimizer.name != "bert_adam":
+        raise ConfigError(f"long_phase.restart_optimizer=True needs optimizer.name='bert_adam' "
+                          f"(the original's, without bias correction), not {optimizer.name!r}, "
+                          "whose bias correction counts the steps of both phases")
+    return dataclasses.replace(
+        optimizer, restart_step=phases[-1].start_step,
+        restart_warmup_steps=long_phase.restart_warmup_steps,
+        restart_peak_learning_rate=long_phase.restart_peak_learning_rate)
 
 
 def check_batches(mesh: Mesh, phases: Sequence[Phase], grad_accum_steps: int,

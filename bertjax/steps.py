@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from bertjax import attention, objectives, sharding
+from bertjax import attention, objectives, optim, sharding
 from bertjax.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -117,7 +117,8 @@ def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax
     gradients_finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def update(_):
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        updates, opt_state = tx.update(grads, optim.at_step(state.opt_state, state.step),
+                                       state.params)
         return optax.apply_updates(state.params, updates), opt_state
 
     # The new state is computed twice: here only to be checked (XLA fuses the arithmetic into

@@ -18,7 +18,7 @@ from absl import flags, logging
 from etils import epath
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, cli, distributed, failures, guards, locks, memory, optim,
+from bertjax import (checkpoint, cli, distributed, failures, guards, locks, memory,
                      pretrained, reporting, resume, run, schedule)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
@@ -85,7 +85,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         checkpoint.check_compatible(found.meta, meta, resume_from.where(found.step))
     phase_data = loaders.prepare_data(config.data, phases, config.model.vocab_size, tokenizer,
                                       cache_dir, next_sentence_prediction=objective.uses_nsp)
-    optimizer = optim.optimizer_config(config.optimizer, config.train.total_steps)
+    optimizer = run.pretraining_optimizer(config, phases)
     model_config = BertConfig.from_dict(config.model.to_dict())
     sharded = run.build_pretraining(model_config, optimizer, mesh, phases,
                                     config.train.grad_accum_steps, report=False,
@@ -118,6 +118,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     try:
         state, position, final_eval = Pretraining(
             config.train, sharded, phase_data, checkpointer, meta, progress, writer,
+            restart_step=optimizer.restart_step,
         ).loop(state, position, start_step)
     finally:
         checkpointer.close()

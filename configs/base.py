@@ -19,7 +19,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.num_hidden_layers = 12  # transformer layers
     c.model.num_attention_heads = 12  # heads per layer
     c.model.intermediate_size = 3072  # FFN units (4 x hidden)
-    c.model.hidden_act = "gelu"  # "gelu" = exact erf as the original; "gelu_tanh"; "relu"
+    # "gelu": exact erf (released checkpoints); "gelu_tanh" (modeling.py since Feb 2019); "relu"
+    c.model.hidden_act = "gelu"
     c.model.hidden_dropout_prob = 0.1  # probability
     c.model.attention_probs_dropout_prob = 0.1  # probability
     c.model.max_position_embeddings = 512  # positions
@@ -78,6 +79,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.long_phase.max_seq_length = 512  # tokens per sequence
     c.long_phase.max_predictions_per_seq = 80  # masked positions per sequence
     c.long_phase.global_batch_size = 0  # sequences per step; 0 = train.global_batch_size
+    # Deviation, off = one optimizer and schedule over both phases (the paper's wording). The
+    # original code ran the long phase as a second run_pretraining from the first's weights:
+    # True starts it like that (fresh Adam moments, a new warmup and linear decay over the long
+    # phase, the short phase's decay ending at the switch); docs/deviations.md.
+    c.long_phase.restart_optimizer = False
+    c.long_phase.restart_warmup_steps = -1  # warmup after the restart; -1 = optimizer.warmup_steps
+    c.long_phase.restart_peak_learning_rate = 0.0  # peak after it; 0 = optimizer.peak_learning_rate
 
     c.train = ml_collections.ConfigDict()
     c.train.global_batch_size = 256  # sequences per optimizer step, summed over all hosts

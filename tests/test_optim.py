@@ -243,3 +243,32 @@ def test_make_optimizer_runs_jitted_update(name):
 def test_make_optimizer_unknown_name():
     with pytest.raises(ValueError, match="bert_adam, adamw, lamb"):
         optim.make_optimizer(_config(name="sgd"))
+
+
+def test_twenty_steps_with_warmup_decay_and_clipping_match_the_original():
+    """make_optimizer over 20 steps of the schedule (4 warmup, decay over 20) with the clip
+    active at every step equals AdamWeightDecayOptimizer in float64 within 1e-6."""
+    grads = [jax.tree_util.tree_map(lambda g: g * 1e4, _grads(i)) for i in range(20)]
+    cfg = _config(peak_learning_rate=1e-2, warmup_steps=4, total_steps=20)
+    actual = _run(optim.make_optimizer(cfg), _params(), grads)
+    lrs = [optim.learning_rate_at(cfg, step) for step in range(20)]
+    expected = _reference_bert_adam(_params(), grads, lrs, clip_norm=1.0)
+    for name, value in _flat(actual).items():
+        np.testing.assert_allclose(value, expected[name], rtol=0, atol=1e-6, err_msg=name)
+    assert not np.allclose(_flat(actual)["output_bias"],
+                           _reference_bert_adam(_params(), grads, lrs)["output_bias"], atol=1e-4)
+
+
+@pytest.mark.parametrize("name", optim.OPTIMIZER_NAMES)
+def test_every_integer_in_the_optimizer_state_counts_steps(name):
+    """at_step sets every integer scalar of the state to the train step: that must be what
+    each of them is (a count of updates), for every optimizer."""
+    tx = optim.make_optimizer(_config(name=name))
+    state = tx.init(_params())
+    for _ in range(3):
+        _, state = tx.update(_grads(0), state, _params())
+    counts = [x for x in jax.tree_util.tree_leaves(state) if jnp.issubdtype(x.dtype, jnp.integer)]
+    assert counts and all(x.ndim == 0 and int(x) == 3 for x in counts)
+    synced = optim.at_step(state, jnp.int32(7))
+    assert all(int(x) == 7 for x in jax.tree_util.tree_leaves(synced)
+               if jnp.issubdtype(x.dtype, jnp.integer))

@@ -6,10 +6,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 
 from bertjax import optim, sharding, steps
 from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.state import create_train_state
+from bertjax.state import TrainState, create_train_state
 
 CONFIG = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                     intermediate_size=32, max_position_embeddings=16, hidden_dropout_prob=0.0,
@@ -122,3 +123,28 @@ def test_scanned_rematerialised_layers_shard_and_match_one_device():
     assert kernel.shape[0] == 2
     assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), one.params, eight.params)
+
+
+def test_after_a_skipped_step_the_applied_learning_rate_is_the_logged_one():
+    """Steps 1 and 3 finite, step 2 NaN (skipped). Step 3's update is measured from the
+    parameters and Adam's moments: its learning rate is schedule(2), the one the log reports
+    for step 3 (optim.learning_rate_at(cfg, step - 1)), not schedule(1)."""
+    cfg = optim.OptimizerConfig(peak_learning_rate=0.1, warmup_steps=4, total_steps=10,
+                                weight_decay_rate=0.0, clip_global_norm=0.0)
+    tx = optim.make_optimizer(cfg)
+    params = {"w": jnp.ones(3)}
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params),
+                       rng=jax.random.PRNGKey(0))
+    step = jax.jit(steps.make_loss_train_step(
+        lambda p, batch, rng: (jnp.sum(p["w"] * batch["x"]), {}), tx))
+    for x in ([1.0, 2.0, 3.0], [np.nan] * 3):
+        state, metrics = step(state, {"x": jnp.array(x)})
+    assert float(metrics["nonfinite"]) == 1.0
+    before = state.params["w"]
+    state, metrics = step(state, {"x": jnp.array([3.0, -1.0, 2.0])})
+    assert float(metrics["nonfinite"]) == 0.0 and int(state.step) == 3
+    mu, nu = (optax.tree_utils.tree_get(state.opt_state, name)["w"] for name in ("mu", "nu"))
+    applied = (before - state.params["w"]) / (mu / (jnp.sqrt(nu) + cfg.eps))
+    logged = optim.learning_rate_at(cfg, 2)
+    assert logged != optim.learning_rate_at(cfg, 1)
+    np.testing.assert_allclose(applied, [logged] * 3, rtol=1e-5)

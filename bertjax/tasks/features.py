@@ -122,6 +122,10 @@ class Finetune:
     scored_test_splits: list[str] = []  # test splits with labels, also scored
     frozen_encoder = False  # train only the head (feature-based)
 
+    def num_train_examples(self, train: SplitData) -> int:
+        """What the step count counts: examples, one row each (as run_classifier.py)."""
+        return len(train)
+
     def outputs(self, model_outputs):
         """Reduces the model outputs on device before they are fetched (default: as is)."""
         return model_outputs

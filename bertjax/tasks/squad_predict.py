@@ -275,6 +275,10 @@ class SquadFinetune(features.Finetune):
             arrays.update(start_positions=feats.start_positions, end_positions=feats.end_positions)
         return features.SplitData(split, arrays, (examples, feats), {**skipped, **counts})
 
+    def num_train_examples(self, train: features.SplitData) -> int:
+        """Questions, not their document windows, as run_squad.py counts `train_examples`."""
+        return len(train.examples[0])
+
     def loss(self, logits, batch):
         start, end = logits
         return objectives.span_loss(start, end, batch["start_positions"], batch["end_positions"],

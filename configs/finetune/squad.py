@@ -1,5 +1,8 @@
-"""SQuAD v1.1 / v2.0 (run_squad defaults: length 384, stride 128, query 64, batch 32, lr 5e-5,
-3 epochs; n-best 20, max answer length 30).
+"""SQuAD v1.1 / v2.0 with run_squad.py's flag defaults (length 384, stride 128, query 64,
+batch 32, lr 5e-5, 3 epochs; n-best 20, max answer length 30) and its step count,
+int(questions / batch * epochs): questions, not their document windows. (Google's README
+fine-tunes BERT-Base on v1.1 with batch 12, lr 3e-5, 2 epochs: --config.train_batch_size=12
+--config.learning_rate=3e-5 --config.num_train_epochs=2.)
 
     python -m bertjax.finetune --config=configs/finetune/squad.py \
         --config.init_checkpoint=PRETRAIN_WORKDIR --config.train_file=train-v1.1.json \
