@@ -114,7 +114,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     writer = reporting.open_writer(workdir)
     progress = reporting.Progress(phases, config.train.max_nonfinite_steps,
                                   optimizer, model_config, writer, start_step,
-                                  os.path.join(workdir, "metrics.jsonl") if is_chief else None)
+                                  os.path.join(workdir, "metrics.jsonl") if is_chief else None,
+                                  resume_from.where(start_step) if found else None)
     try:
         state, position, final_eval = Pretraining(
             config.train, sharded, phase_data, checkpointer, meta, progress, writer,
