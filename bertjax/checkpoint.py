@@ -13,7 +13,7 @@ out of the way (it is never deleted). A save also records in its `meta` an exact
 every array of the state (`state_digest`), which a restore recomputes: a checkpoint that a
 kill left unsealed, or that was damaged before its seal, is checked value by value too
 (`DamagedCheckpoint`). Pruning (keep-latest-N) never removes the checkpoint a run resumed
-from until a newer one of that run is sealed (`keep_until_newer_sealed`).
+from until a newer one of that run is sealed (`keep_until_newer_sealed`), nor a `pin`ned one.
 """
 from __future__ import annotations
 
@@ -94,17 +94,19 @@ def check_digest(state: Any, meta: dict, where: str) -> None:
             f"{', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}"))
 
 
-class _KeepUntilNewerSealed:
-    """A preservation policy: keeps step `anchor` while no later step is in `sealed`."""
+class _Kept:
+    """A preservation policy: keeps step `anchor` while no later step is in `sealed`, and
+    step `pinned` always."""
 
     def __init__(self, sealed: set[int]):
         self.anchor: int | None = None
+        self.pinned: int | None = None
         self.sealed = sealed
 
     def should_preserve(self, checkpoints: Any, *, context: Any) -> list[bool]:
         del context
-        keep = self.anchor is not None and not any(s > self.anchor for s in self.sealed)
-        return [keep and c.step == self.anchor for c in checkpoints]
+        anchor = self.anchor if not any(s > (self.anchor or 0) for s in self.sealed) else None
+        return [c.step in (anchor, self.pinned) for c in checkpoints]
 
 
 class Checkpointer:
@@ -115,8 +117,8 @@ class Checkpointer:
         save_policies = [policies.FixedIntervalPolicy(save_every),
                          policies.PreemptionCheckpointingPolicy()]
         self._sealed: set[int] = set()  # steps this run wrote and sealed
-        self._anchor = _KeepUntilNewerSealed(self._sealed)
-        keep_policies = [policies.LatestN(keep_latest), self._anchor]
+        self._kept = _Kept(self._sealed)
+        keep_policies = [policies.LatestN(keep_latest), self._kept]
         if keep_every:
             keep_policies.append(policies.EveryNSteps(keep_every))
         options = ocp.CheckpointManagerOptions(
@@ -141,7 +143,17 @@ class Checkpointer:
     def keep_until_newer_sealed(self, step: int) -> None:
         """Keeps step `step` (the one this run resumed from, verified) until a later step
         that this run saves is sealed, whatever keep-latest-N says."""
-        self._anchor.anchor = step
+        self._kept.anchor = step
+
+    def pin(self, step: int | None) -> None:
+        """Keeps step `step` (e.g. a fine-tuning run's best epoch) whatever keep-latest-N
+        says, instead of the step pinned before (None: none)."""
+        self._kept.pinned = step
+
+    def delete(self, step: int) -> None:
+        """Removes step `step` (after pending saves have finished)."""
+        self.wait()
+        self._manager.delete(step)
 
     def should_save(self, step: int) -> bool:
         return self._manager.should_save(step)
