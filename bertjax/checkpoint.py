@@ -167,8 +167,9 @@ class Checkpointer:
         """Starts an async save of step `step` if the policies (or `force`) say so; `meta`
         is saved with the state's digest added."""
         meta = {**meta, DIGEST: state_digest(state)}
-        self.wait()  # (as Orbax would) so that the previous save is sealed before pruning
         try:
+            self._manager.wait_until_finished()  # (as Orbax would) so that the previous save
+            self.seal_finished()  # is sealed before this one's pruning is decided
             started = self._manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
                 meta=ocp.args.JsonSave(meta)), force=force)
