@@ -9,7 +9,11 @@ cleaned up at the next start (which must run under the workdir lock: `bertjax.lo
 Integrity: once a save is finished, process 0 records every file's size and CRC32 in
 `<step>/bertjax_checksums.json` (`seal`); `verify` compares them before a restore, so a
 truncated, deleted or bit-flipped file is found by name; `quarantine` moves a damaged step
-out of the way (it is never deleted).
+out of the way (it is never deleted). A save also records in its `meta` an exact digest of
+every array of the state (`state_digest`), which a restore recomputes: a checkpoint that a
+kill left unsealed, or that was damaged before its seal, is checked value by value too
+(`DamagedCheckpoint`). Pruning (keep-latest-N) never removes the checkpoint a run resumed
+from until a newer one of that run is sealed (`keep_until_newer_sealed`), nor a `pin`ned one.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import zlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
@@ -28,6 +33,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 META_KEYS_MUST_MATCH = ("model", "tokenizer")
 CHECKSUMS = "bertjax_checksums.json"
+DIGEST = "state_digest"  # the meta field with state_digest(state)
 
 
 def _absolute(directory: str) -> str:
@@ -43,6 +49,66 @@ class CheckpointWriteError(RuntimeError):
     """Writing a checkpoint failed (possibly in the background writer of an earlier save)."""
 
 
+class DamagedCheckpoint(RuntimeError):
+    """A restored state differs from the digest its checkpoint recorded when it was saved;
+    `problem` says which arrays."""
+
+    def __init__(self, where: str, problem: str):
+        super().__init__(f"checkpoint {where} is damaged: {problem}")
+        self.problem = problem
+
+
+def _leaf_digest(x: jax.Array) -> jax.Array:
+    """The uint32 sum (mod 2**32) of the bits of every element: exact, and independent of
+    the order of the summation (so of the sharding); any single changed bit changes it."""
+    if x.dtype == jnp.bool_:
+        bits = x.astype(jnp.uint32)
+    elif x.dtype.itemsize == 8:
+        bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    else:
+        bits = jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
+    return jnp.sum(bits.astype(jnp.uint32), dtype=jnp.uint32)
+
+
+_digests = jax.jit(lambda tree: jax.tree.map(_leaf_digest, tree))
+
+
+def state_digest(state: Any) -> dict[str, int]:
+    """`{leaf path: digest}` of every array in `state` (see `_leaf_digest`), as JSON ints."""
+    digests = jax.device_get(_digests(state))
+    return {jax.tree_util.keystr(path): int(value)
+            for path, value in jax.tree_util.tree_leaves_with_path(digests)}
+
+
+def check_digest(state: Any, meta: dict, where: str) -> None:
+    """Raises DamagedCheckpoint naming the arrays of the restored `state` whose digest
+    differs from the one `meta` recorded (no-op for checkpoints that recorded none)."""
+    recorded = meta.get(DIGEST)
+    if not recorded:
+        return
+    found = state_digest(state)
+    differ = sorted(name for name, value in found.items() if recorded.get(name) != value)
+    if differ:
+        raise DamagedCheckpoint(where, (
+            f"{len(differ)} restored array(s) differ from the digest recorded at the save: "
+            f"{', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}"))
+
+
+class _Kept:
+    """A preservation policy: keeps step `anchor` while no later step is in `sealed`, and
+    step `pinned` always."""
+
+    def __init__(self, sealed: set[int]):
+        self.anchor: int | None = None
+        self.pinned: int | None = None
+        self.sealed = sealed
+
+    def should_preserve(self, checkpoints: Any, *, context: Any) -> list[bool]:
+        del context
+        anchor = self.anchor if not any(s > (self.anchor or 0) for s in self.sealed) else None
+        return [c.step in (anchor, self.pinned) for c in checkpoints]
+
+
 class Checkpointer:
     """Periodic async saves (plus preemption and forced saves), keep-latest-N + every-K."""
 
@@ -50,7 +116,9 @@ class Checkpointer:
                  async_save: bool = True):
         save_policies = [policies.FixedIntervalPolicy(save_every),
                          policies.PreemptionCheckpointingPolicy()]
-        keep_policies = [policies.LatestN(keep_latest)]
+        self._sealed: set[int] = set()  # steps this run wrote and sealed
+        self._kept = _Kept(self._sealed)
+        keep_policies = [policies.LatestN(keep_latest), self._kept]
         if keep_every:
             keep_policies.append(policies.EveryNSteps(keep_every))
         options = ocp.CheckpointManagerOptions(
@@ -72,6 +140,21 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
 
+    def keep_until_newer_sealed(self, step: int) -> None:
+        """Keeps step `step` (the one this run resumed from, verified) until a later step
+        that this run saves is sealed, whatever keep-latest-N says."""
+        self._kept.anchor = step
+
+    def pin(self, step: int | None) -> None:
+        """Keeps step `step` (e.g. a fine-tuning run's best epoch) whatever keep-latest-N
+        says, instead of the step pinned before (None: none)."""
+        self._kept.pinned = step
+
+    def delete(self, step: int) -> None:
+        """Removes step `step` (after pending saves have finished)."""
+        self.wait()
+        self._manager.delete(step)
+
     def should_save(self, step: int) -> bool:
         return self._manager.should_save(step)
 
@@ -81,15 +164,19 @@ class Checkpointer:
         return self._manager.reached_preemption(step)
 
     def save(self, step: int, state: Any, data_position: dict, meta: dict, force: bool = False) -> bool:
-        """Starts an async save of step `step` if the policies (or `force`) say so."""
+        """Starts an async save of step `step` if the policies (or `force`) say so; `meta`
+        is saved with the state's digest added."""
+        meta = {**meta, DIGEST: state_digest(state)}
         try:
+            self._manager.wait_until_finished()  # (as Orbax would) so that the previous save
+            self.seal_finished()  # is sealed before this one's pruning is decided
             started = self._manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
                 meta=ocp.args.JsonSave(meta)), force=force)
         except Exception as e:  # an earlier async save's failure surfaces here too
             raise CheckpointWriteError(f"saving a checkpoint in {self.directory} failed: {e}; "
                                        "earlier finished checkpoints are intact") from e
-        if started and jax.process_index() == 0:
+        if started:
             self._unsealed.append(step)
         return started
 
@@ -98,7 +185,9 @@ class Checkpointer:
         if self._unsealed and not self._manager.is_saving_in_progress():
             for step in self._unsealed:
                 if (epath.Path(self.directory) / str(step)).exists():  # not failed or removed
-                    seal(f"{self.directory}/{step}")
+                    if jax.process_index() == 0:
+                        seal(f"{self.directory}/{step}")
+                    self._sealed.add(step)
             self._unsealed = []
 
     def verify(self, step: int) -> tuple[bool, str | None]:
@@ -136,11 +225,13 @@ class Checkpointer:
 
     def restore(self, step: int, abstract_state: Any, expected_meta: dict) -> tuple[Any, dict, dict]:
         """Restores `(state, data_position, meta)` onto the shardings in `abstract_state`,
-        after checking that the checkpoint's metadata matches this run."""
+        after checking that the checkpoint's metadata matches this run; DamagedCheckpoint if
+        the state differs from its recorded digest."""
         meta, _ = self.metadata(step)
         check_compatible(meta, expected_meta, f"{self.directory}/{step}")
         restored = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+        check_digest(restored["state"], meta, f"{self.directory}/{step}")
         return restored["state"], restored["data"], meta
 
     def wait(self) -> None:

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -36,6 +37,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
                         help="output format; default: bertjax for TF/HF sources, hf for bertjax")
     parser.add_argument("--scan_layers", action="store_true",
                         help="bertjax output with stacked (scanned) layers")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a non-empty DST whole (otherwise it is refused)")
     parser.add_argument("--verbosity", type=int, default=0,
                         help="1: the libraries' full log (Orbax, JAX)")
     return parser.parse_args(argv)
@@ -114,8 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     reporting.configure_console(args.verbosity)
     start = time.perf_counter()
+    final_dst = args.dst
     try:
         pretrained.check_exists(args.src, "SRC")
+        if os.path.isdir(args.dst) and os.listdir(args.dst) and not args.overwrite:
+            raise FileExistsError(f"DST {args.dst} is not empty: choose another directory, or "
+                                  "pass --overwrite to replace it whole")
+        if "://" not in final_dst:  # written beside it, then moved into place whole
+            args.dst = f"{final_dst.rstrip('/')}.tmp{os.getpid()}"
+            shutil.rmtree(args.dst, ignore_errors=True)
         source_format = pretrained.detect_format(args.src)
         target = args.to or ("hf" if source_format == "bertjax" else "bertjax")
         report = tree.LoadReport()
@@ -132,9 +142,17 @@ def main(argv: list[str] | None = None) -> int:
                 facts += run_facts(args.src)
             hf.write_model_card(args.dst, config, sum(
                 int(np.size(v)) for v in tree.flatten(params).values()), facts)
-    except (tree.ConversionError, FileNotFoundError, pretrained.PretrainedError) as e:
+        if args.dst != final_dst:
+            shutil.rmtree(final_dst, ignore_errors=True)  # (empty, or --overwrite)
+            os.replace(args.dst, final_dst)
+            args.dst = final_dst
+    except (tree.ConversionError, FileNotFoundError, FileExistsError,
+            pretrained.PretrainedError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
+    finally:
+        if args.dst != final_dst:
+            shutil.rmtree(args.dst, ignore_errors=True)
     print(f"wrote {target} checkpoint {args.dst} ({report.mapped} tensors, "
           f"{time.perf_counter() - start:.1f} s)", flush=True)
     return 0

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import sys
 from typing import Any
 
@@ -24,7 +25,8 @@ import optax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import checkpoint, cli, finetune_loop, optim, pretrained, reporting, sharding
+from bertjax import (checkpoint, cli, finetune_loop, locks, optim, pretrained, reporting,
+                     sharding, validate)
 from bertjax import model as bert_model
 from bertjax import run as run_lib
 from bertjax.data import pipeline
@@ -101,10 +103,49 @@ def parse_seeds(seeds: Any) -> list[int]:
         raise FinetuneError(f"seeds={seeds!r}: expected comma-separated integers") from e
 
 
+def check_workdir(config: ml_collections.ConfigDict, workdir: str, overwrite: bool) -> None:
+    """Refuses a `workdir` that holds a fine-tuning run with other settings (naming them);
+    with `overwrite`, empties it instead. The same settings continue (or re-evaluate) it."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return
+    if overwrite:
+        for name in os.listdir(workdir):
+            if not name.startswith("run.lock"):
+                target = os.path.join(workdir, name)
+                shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)
+        return
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except ValueError as e:
+        raise FinetuneError(f"{path} is unreadable ({e}): delete it, or use another "
+                            "--workdir") from e
+    new = json.loads(config.to_json())
+    changed = [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted({*old, *new})
+               if old.get(key) != new.get(key)]
+    if changed:
+        raise FinetuneError(f"{workdir} holds a fine-tuning run with other settings ("
+                            f"{'; '.join(changed[:5])}{'; ...' if len(changed) > 5 else ''}): "
+                            "use a new --workdir, or --overwrite to replace that run")
+
+
 def run(config: ml_collections.ConfigDict, workdir: str,
-        devices: list[jax.Device] | None = None) -> dict[str, Any]:
+        devices: list[jax.Device] | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Fine-tunes every seed in `config.seeds` (each in `workdir/seed_N`) and writes
-    `workdir/summary.json`; returns it."""
+    `workdir/summary.json`; returns it. The same command again resumes an interrupted run,
+    or predicts again with a finished one's best checkpoints; `workdir` is locked meanwhile.
+    A `workdir` of a run with other settings is refused unless `overwrite`."""
+    validate.finetuning(config)
+    os.makedirs(workdir, exist_ok=True)
+    with locks.workdir_lock(workdir, jax.process_index()):
+        if jax.process_index() == 0:
+            check_workdir(config, workdir, overwrite)
+        return _run(config, workdir, devices)
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str,
+         devices: list[jax.Device] | None) -> dict[str, Any]:
     source = typed(pretrained.Source, config)
     pretrain = pretrained.pretraining_run(source)
     bert_config = pretrained.bert_config_of(source, pretrain)
@@ -136,7 +177,6 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     trainer = make_trainer(config, task, bert_config, task.num_train_examples(data["train"]),
                            mesh)
     settings = typed(finetune_loop.Settings, {**config, "config": config.to_json()})
-    os.makedirs(workdir, exist_ok=True)
     if jax.process_index() == 0:
         reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1))
     results = [finetune_loop.train_one_seed(settings, trainer, data, seed,
@@ -175,16 +215,17 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     config_flags.DEFINE_config_file("config", None, "configs/finetune/*.py", lock_config=True)
     flags.DEFINE_string("workdir", None, "output directory (checkpoints, predictions, summary)")
+    flags.DEFINE_bool("overwrite", False, "replace the run in --workdir if it has other settings")
     flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv) -> None:
     del argv
     try:
-        run(FLAGS.config, FLAGS.workdir)
-    except (FinetuneError, pretrained.PretrainedError, features.TaskDataError, pipeline.DataError,
-            checkpoint.CheckpointMismatch, checkpoint.CheckpointWriteError, FileNotFoundError,
-            ConversionError) as e:
+        run(FLAGS.config, FLAGS.workdir, overwrite=FLAGS.overwrite)
+    except (FinetuneError, run_lib.ConfigError, locks.LockHeld, pretrained.PretrainedError,
+            features.TaskDataError, pipeline.DataError, checkpoint.CheckpointMismatch,
+            checkpoint.CheckpointWriteError, FileNotFoundError, ConversionError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 

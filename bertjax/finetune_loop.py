@@ -120,36 +120,81 @@ def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any
     return jax.tree.map(lambda *xs: np.concatenate(xs), *chunks)
 
 
+def _keep_rows_up_to(path: str | None, step: int) -> None:
+    """Drops the rows of `path` (metrics.jsonl) after `step`: a resumed run writes them again."""
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as f:
+        rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+    reporting.write_text(path, "".join(rows))
+
+
+def _finished(workdir: str) -> dict[str, Any] | None:
+    """The summary of a seed that finished in `workdir` (None if it did not)."""
+    try:
+        with open(os.path.join(workdir, "summary.json")) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _fresh_state(settings: Settings, sharded: run_lib.ShardedRun, seed: int) -> Any:
+    state = sharded.init_state(jax.random.PRNGKey(seed))
+    if settings.init_checkpoint and not settings.random_init:
+        params = dict(state.params, **pretrained.load_pretrained(
+            settings.init_checkpoint, {"bert": sharded.abstract_state.params["bert"]},
+            sharded.model.config, reuse=True))
+        state = state.replace(params=params, opt_state=jax.jit(
+            sharded.tx.init, out_shardings=sharded.state_shardings.opt_state)(params))
+    return state
+
+
 def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitData], seed: int,
                    workdir: str) -> dict[str, Any]:
-    """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics."""
+    """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics. Every
+    epoch ends with a checkpoint (the latest and the best one are kept), which a rerun
+    resumes from; a rerun of a finished seed only predicts again with its best checkpoint."""
     os.makedirs(workdir, exist_ok=True)
     train = data["train"]
     batch_size, task, sharded = settings.train_batch_size, trainer.task, trainer.run
     total_steps = trainer.total_steps
     mesh, abstract_state = sharded.mesh, sharded.abstract_state
     train_step, predict_step = sharded.train_step, sharded.eval_step
-    state = sharded.init_state(jax.random.PRNGKey(seed))
-    if settings.init_checkpoint and not settings.random_init:
-        params = dict(state.params, **pretrained.load_pretrained(
-            settings.init_checkpoint, {"bert": abstract_state.params["bert"]},
-            sharded.model.config, reuse=True))
-        state = state.replace(params=params, opt_state=jax.jit(
-            sharded.tx.init, out_shardings=sharded.state_shardings.opt_state)(params))
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            save_every=10 ** 9, keep_latest=1)
-    writer = reporting.open_writer(workdir)
     meta = {"task": settings.task, "seed": seed, "config": settings.config}
     best: dict[str, Any] = {"epoch": -1}
-    batches = shuffled_batches(np.random.default_rng(seed), len(train), batch_size)
-    ends = epoch_ends(len(train), batch_size, total_steps)
     jsonl = os.path.join(workdir, "metrics.jsonl") if jax.process_index() == 0 else None
+    ends = epoch_ends(len(train), batch_size, total_steps)
+    epochs = len(ends)
+    finished, latest = _finished(workdir), checkpointer.latest_step()
+    if finished:
+        start_epoch, best = epochs, {key: finished[f"best_{key}"] for key in ("epoch", "step")}
+        best["dev"] = finished["dev"]
+        state = None
+        reporting.chief_print(f"seed {seed}: finished (best epoch {best['epoch']}); predicting "
+                              "again with its best checkpoint")
+    elif latest is not None:
+        state, position, _ = checkpointer.restore(latest, abstract_state, meta)
+        start_epoch, best = position["epoch"], position["best"]
+        checkpointer.pin(best["step"])
+        reporting.chief_print(f"seed {seed}: resuming from {checkpointer.directory}/{latest} "
+                              f"(epoch {start_epoch} of {epochs})")
+    else:
+        start_epoch, state = 0, _fresh_state(settings, sharded, seed)
+    if not finished:
+        _keep_rows_up_to(jsonl, latest or 0)
+    writer = reporting.open_writer(workdir)
+    step = latest or 0
+    batches = shuffled_batches(np.random.default_rng(seed), len(train), batch_size)
+    for _ in range(step):  # the batches already trained on
+        next(batches)
     reporting.chief_print(f"seed {seed}: {len(train)} training rows, {total_steps} steps "
                           f"({len(train) / batch_size:.1f}/epoch), "
-                          f"{count_params(state.params):,} parameters")
-    step, sums, steps_summed, started = 0, {}, 0, time.time()
+                          f"{count_params(abstract_state.params):,} parameters")
+    first_step = step + 1
+    sums, steps_summed, started = {}, 0, time.time()
     clock, eval_seconds = reporting.StepClock(), 0.0
-    epochs = len(ends)
 
     def eta(epoch: int) -> float | None:
         """Steps left at the measured rate (compile excluded), plus the dev evaluations left."""
@@ -159,8 +204,8 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
 
     try:
         with sharding.activate(mesh):
-            for epoch, end in enumerate(ends):
-                while step < end:
+            for epoch in range(start_epoch, epochs):
+                while step < ends[epoch]:
                     rows = next(batches)
                     batch = sharding.global_batch_from_host(host_batch(train, rows, batch_size),
                                                             mesh)
@@ -169,7 +214,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                     # Summed on the device: the host waits for a step only when it logs.
                     sums = jax.tree.map(jnp.add, sums, metrics) if sums else metrics
                     steps_summed += 1
-                    if step == 1:  # compiled and run: the clock starts here
+                    if step == first_step:  # compiled and run: the clock starts here
                         jax.block_until_ready(metrics)
                         clock.tick("train", step)
                     if step % settings.log_every == 0 or step == total_steps:
@@ -203,12 +248,13 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                 score = dev[task.eval_splits[0]][task.main_metric]
                 if best["epoch"] < 0 or score > best["score"]:
                     best = {"epoch": epoch + 1, "step": step, "score": score, "dev": dev}
-                    checkpointer.save(step, state, {"epoch": epoch + 1}, meta, force=True)
-                    reporting.chief_print(
-                        f"seed {seed} epoch {epoch + 1}: best {task.main_metric} so far; "
-                        f"checkpoint -> {checkpointer.directory}/{step}")
+                    reporting.chief_print(f"seed {seed} epoch {epoch + 1}: best "
+                                          f"{task.main_metric} so far")
+                checkpointer.pin(best["step"])
+                checkpointer.save(step, state, {"epoch": epoch + 1, "best": best}, meta,
+                                  force=True)
             checkpointer.wait()
-            if best["step"] != step:
+            if state is None or best["step"] != step:
                 state, _, _ = checkpointer.restore(best["step"], abstract_state, meta)
             outputs, scored_tests = {}, {}
             os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
@@ -226,15 +272,18 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                     first, predict(predict_step, state.params, first, settings.eval_batch_size,
                                    mesh),
                     os.path.join(workdir, "predictions"))
+            result = {"seed": seed, "best_epoch": best["epoch"], "best_step": best["step"],
+                      "dev": best["dev"], "test": scored_tests, "predictions": outputs,
+                      "seconds": round(time.time() - started, 1)}
+            if jax.process_index() == 0:  # (marks the seed as finished)
+                reporting.write_text(os.path.join(workdir, "summary.json"),
+                                     json.dumps(result, indent=1))
+            for other in set(checkpointer.all_steps()) - {best["step"]}:
+                checkpointer.delete(other)
     finally:
         checkpointer.close()
         if writer:
             writer.close()
-    result = {"seed": seed, "best_epoch": best["epoch"], "best_step": best["step"],
-              "dev": best["dev"], "test": scored_tests, "predictions": outputs,
-              "seconds": round(time.time() - started, 1)}
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(result, f, indent=1)
     return result
 
 

@@ -234,8 +234,11 @@ class Progress:
 
     def __init__(self, phases: Sequence[Phase], max_nonfinite_steps: int,
                  optimizer: optim.OptimizerConfig, model_config: BertConfig,
-                 writer: SummaryWriter | None, start_step: int, jsonl_path: str | None):
+                 writer: SummaryWriter | None, start_step: int, jsonl_path: str | None,
+                 resumed_from: str | None = None):
+        """`resumed_from`: the checkpoint the run resumed from at `start_step`, if any."""
         self.phases, self.total_steps = list(phases), phases[-1].end_step
+        self.start_step, self.resumed_from = start_step, resumed_from
         self.max_nonfinite_steps = max_nonfinite_steps
         self.optimizer, self.model_config = optimizer, model_config
         self.writer, self.jsonl_path = writer, jsonl_path
@@ -264,6 +267,12 @@ class Progress:
             logging.warning("step %d (%s): non-finite %s; update skipped (%d in a row, %d in "
                             "this run)", step, batch, what, self.nonfinite_in_a_row,
                             self.nonfinite_total)
+            if self.resumed_from and self.nonfinite_in_a_row == step - self.start_step \
+                    and what != "inputs":
+                advice = (f"every step since resuming from checkpoint {self.resumed_from} was "
+                          "non-finite, which points at that checkpoint rather than the learning "
+                          "rate: move it out of WORKDIR/checkpoints (e.g. to "
+                          "WORKDIR/checkpoints_quarantine) to resume from the one before")
             if self.nonfinite_in_a_row >= self.max_nonfinite_steps or what == "state":
                 raise TrainingError(
                     f"{self.nonfinite_in_a_row} consecutive non-finite steps ending at step {step} "

@@ -2,7 +2,8 @@
 
 The newest checkpoint whose files match their recorded checksums wins. A damaged one (a
 checksum mismatch, a missing or unreadable item; for a checkpoint saved without checksums,
-also a failed restore or NaN/Inf in the restored state) is reported by name and moved to
+also a failed restore or NaN/Inf in the restored state; for any, values that differ from the
+digest recorded at the save) is reported by name and moved to
 `WORKDIR/checkpoints_quarantine`, never deleted, and the next older one is tried; the run
 says how many steps that costs. Its settings are checked (`check`) before any data is
 prepared.
@@ -102,6 +103,10 @@ class Resume:
                 break
             except checkpoint.CheckpointMismatch:
                 raise
+            except checkpoint.DamagedCheckpoint as e:  # (every process computed the digest)
+                self._set_aside(found.step, e.problem)
+                found = self.newest()
+                check(found)
             except Exception as e:  # noqa: BLE001 (any failure to restore it)
                 if found.sealed or jax.process_count() > 1:
                     raise UnusableCheckpoint(f"checkpoint {self.where(found.step)} failed to "
@@ -114,6 +119,7 @@ class Resume:
                                   f"{max(self.set_aside)}: {max(self.set_aside) - found.step} "
                                   "steps will be trained again")
         position = schedule.DataPosition.from_dict(position)
+        self.checkpointer.keep_until_newer_sealed(found.step)
         reporting.chief_print(f"Resuming from {self.checkpointer.directory} at step "
                               f"{found.step} (phase {position.phase}, next batch "
                               f"{position.batch_index})")

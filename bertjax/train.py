@@ -19,7 +19,7 @@ from etils import epath
 from ml_collections import config_flags
 
 from bertjax import (checkpoint, cli, distributed, failures, guards, locks, memory,
-                     pretrained, reporting, resume, run, schedule)
+                     pretrained, reporting, resume, run, schedule, validate)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
 from bertjax.interop.tree import ConversionError
@@ -43,6 +43,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     `config.mesh` must cover them exactly."""
     if not workdir.strip():
         raise run.ConfigError("--workdir is empty: name the directory of the run")
+    validate.pretraining(config)
     if config.train.init_checkpoint and not epath.Path(workdir, "checkpoints").exists():
         pretrained.check_exists(config.train.init_checkpoint, "train.init_checkpoint")
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
@@ -114,7 +115,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     writer = reporting.open_writer(workdir)
     progress = reporting.Progress(phases, config.train.max_nonfinite_steps,
                                   optimizer, model_config, writer, start_step,
-                                  os.path.join(workdir, "metrics.jsonl") if is_chief else None)
+                                  os.path.join(workdir, "metrics.jsonl") if is_chief else None,
+                                  resume_from.where(start_step) if found else None)
     try:
         state, position, final_eval = Pretraining(
             config.train, sharded, phase_data, checkpointer, meta, progress, writer,

@@ -269,3 +269,28 @@ def test_stacked_params_compute_the_same_in_a_scanned_model():
         np.testing.assert_allclose(scan_encoder["layers"]["hidden_states"][0][i],
                                    encoder[f"layer_{i}"]["hidden_states"][0], atol=1e-5)
     assert not np.allclose(encoder["layer_0"]["hidden_states"][0], encoder["layer_1"]["hidden_states"][0])
+
+
+def test_exports_never_overwrite_unless_asked(tmp_path, capsys):
+    """A non-empty DST (a Hugging Face export with stale files; a bertjax checkpoint) is
+    refused in one line and left as it was; --overwrite replaces it whole (no stale file)."""
+    params = random_params(CONFIG, seed=3)
+    src, hf_dir, native_dir = tmp_path / "src", tmp_path / "hf", tmp_path / "native"
+    write_google_checkpoint(src, CONFIG, params)
+    assert main_ok(str(src), str(native_dir))
+    hf_dir.mkdir()
+    for stale in ("vocab.txt", "tokenizer_config.json", "model.safetensors.index.json",
+                  "config.json"):
+        (hf_dir / stale).write_text("stale")
+    capsys.readouterr()
+    for dst, target in ((hf_dir, "hf"), (native_dir, "bertjax")):
+        before = sorted(p.name for p in dst.iterdir())
+        assert convert.main([str(src), str(dst), "--to", target]) == 1
+        assert capsys.readouterr().err == (f"error: DST {dst} is not empty: choose another "
+                                           "directory, or pass --overwrite to replace it whole\n")
+        assert sorted(p.name for p in dst.iterdir()) == before
+    assert main_ok(str(native_dir), str(hf_dir), "--overwrite")
+    assert not {"vocab.txt", "tokenizer_config.json", "model.safetensors.index.json"} & set(
+        os.listdir(hf_dir))
+    assert_trees_equal(hf.load_hf(str(hf_dir))[1], params)
+    assert not [name for name in os.listdir(tmp_path) if ".tmp" in name]

@@ -271,3 +271,51 @@ def test_google_and_hugging_face_checkpoints_initialise_fine_tuning(data_root, t
     with pytest.raises(ValueError, match="uncased model"):
         pretrained.tokenizer_of(finetune.typed(pretrained.Source, config),
                                 pretrained.PretrainingRun({}))
+
+
+class Killed(Exception):
+    """Stands for a kill -9 in the middle of a fine-tuning run."""
+
+
+def test_fine_tuning_resumes_reruns_and_refuses_other_settings(data_root, tmp_path, monkeypatch):
+    """A run stopped just before its epoch-3 checkpoint (what kill -9 leaves: epoch 3's rows
+    written, checkpoint 2 the latest), rerun with the same config, resumes after epoch 2 and
+    ends as an uninterrupted run, with one row per step; a rerun of the finished run predicts
+    again without training; other settings in that workdir are refused, naming them, and
+    leave it as it was; --overwrite replaces the run."""
+    config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
+                   num_train_epochs=3, log_every=1)
+    one_device = jax.devices()[:1]
+    expected = finetune.run(config, str(tmp_path / "reference"), devices=one_device)
+    reference_rows = (tmp_path / "reference" / "seed_1" / "metrics.jsonl").read_text()
+    save = checkpoint.Checkpointer.save
+
+    def killed_before_epoch_3(self, step, state, position, meta, force=False):
+        if position["epoch"] == 3:
+            raise Killed
+        return save(self, step, state, position, meta, force)
+
+    workdir = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoint.Checkpointer, "save", killed_before_epoch_3)
+        with pytest.raises(Killed):
+            finetune.run(config, str(workdir), devices=one_device)
+    rows = lambda: (workdir / "seed_1" / "metrics.jsonl").read_text()
+    assert '"epoch": 3' in rows()
+    resumed = finetune.run(config, str(workdir), devices=one_device)
+    assert rows() == reference_rows
+    assert resumed["seeds"][0]["dev"] == expected["seeds"][0]["dev"]
+    best = str(expected["seeds"][0]["best_step"])
+    assert os.listdir(workdir / "seed_1" / "checkpoints") == [best]
+    again = finetune.run(config, str(workdir), devices=one_device)
+    assert again["seeds"][0]["dev"] == expected["seeds"][0]["dev"] and rows() == reference_rows
+    before = (workdir / "config.json").read_text()
+    with pytest.raises(finetune.FinetuneError, match=r"holds a fine-tuning run with other "
+                       r"settings \(learning_rate: 0.001 -> 0.002\): use a new --workdir, or "
+                       r"--overwrite"):
+        config.learning_rate = 2e-3
+        finetune.run(config, str(workdir), devices=one_device)
+    assert (workdir / "config.json").read_text() == before
+    assert os.listdir(workdir / "seed_1" / "checkpoints") == [best]
+    finetune.check_workdir(config, str(workdir), overwrite=True)  # (what --overwrite does)
+    assert os.listdir(workdir) == ["run.lock"]

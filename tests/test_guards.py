@@ -12,8 +12,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax import checkpoint, guards, reporting, resume, train
-from test_train import corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
+from bertjax import checkpoint, guards, optim, reporting, resume, schedule, train
+from bertjax.model import BertConfig
+from test_train import (base_config, corpus_file, read_metrics,  # noqa: F401 (fixture)
+                        tiny_config)
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +187,9 @@ DAMAGE = {  # what happens to checkpoint 6 (the latest) before the rerun
     "bit flip": lambda step: flip_a_byte(largest_file(step / "state")),
     "truncated, no checksums": lambda step: ((step / checkpoint.CHECKSUMS).unlink(),
                                              truncate(largest_file(step / "state"))),
+    # (a kill between the save and its seal; the flip still decodes: found by the digest)
+    "bit flip, no checksums": lambda step: ((step / checkpoint.CHECKSUMS).unlink(),
+                                            flip_a_byte(largest_file(step / "state"))),
 }
 
 
@@ -192,7 +197,7 @@ DAMAGE = {  # what happens to checkpoint 6 (the latest) before the rerun
 def test_a_damaged_checkpoint_is_set_aside_and_the_previous_one_resumed(
         damage, corpus_file, cache_dir, workdir, capsys):
     """Damage in the latest checkpoint (6) is found (by its checksums, or for a checkpoint
-    without them by the failed restore), reported by name, moved to checkpoints_quarantine;
+    without them by the failed restore or the state digest), reported by name, moved to checkpoints_quarantine;
     the run resumes from checkpoint 4, says it costs 2 steps, and steps 5 and 6 get the
     losses they had before."""
     DAMAGE[damage](workdir / "checkpoints" / "6")
@@ -204,6 +209,43 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_previous_one_resumed(
     losses = [(m["step"], m["loss"]) for m in read_metrics(workdir)]
     assert [step for step, _ in losses] == [1, 2, 3, 4, 5, 6, 5, 6]
     assert losses[4:6] == losses[6:8]
+
+
+def test_pruning_keeps_the_resumed_checkpoint_until_a_newer_one_is_sealed(corpus_file,
+                                                                         cache_dir, workdir):
+    """keep_checkpoints=1, resumed from 6: saving 8 keeps 6 (8 is not sealed when the pruning
+    decides); saving 10, after 8 was sealed, removes both."""
+    config = tiny_config(corpus_file, cache_dir, **{"train.keep_checkpoints": 1,
+                                                    "train.checkpoint_every": 2,
+                                                    "train.stop_after_steps": 2})
+    run(config, workdir)
+    assert sorted(os.listdir(workdir / "checkpoints"), key=int) == ["6", "8"]
+    config.train.stop_after_steps = 4
+    run(config, workdir)
+    assert os.listdir(workdir / "checkpoints") == ["12"]
+
+
+@pytest.mark.parametrize("resumed_at, blamed", [(6, "checkpoint"), (None, "learning rate"),
+                                                (4, "learning rate")])
+def test_non_finite_steps_right_after_a_resume_name_the_checkpoint(resumed_at, blamed):
+    """Non-finite loss in every step since a resume (at step 6) names the checkpoint resumed
+    from, not the learning rate; in a fresh run, or after finite steps, the learning rate."""
+    config = base_config()
+    phases = schedule.phases(config.train, config.data, config.long_phase)
+    progress = reporting.Progress(
+        phases, 2, optim.optimizer_config(config.optimizer, config.train.total_steps),
+        BertConfig.from_dict(config.model.to_dict()), None, resumed_at or 4, None,
+        resumed_from="/w/checkpoints/6" if resumed_at else None)
+    metrics = {"nonfinite": 0.0, "grad_norm": 1.0, "mlm_loss_sum": 1.0, "mlm_correct_sum": 0.0,
+               "mlm_weight_sum": 1.0, "nsp_loss_sum": 1.0, "nsp_correct_sum": 0.0, "nsp_count": 1.0}
+    for step in range((resumed_at or 4) + 1, 7):
+        progress.add(step, metrics, tokens=1)
+    progress.add(7, {**metrics, "nonfinite": 2.0}, tokens=1)
+    with pytest.raises(reporting.TrainingError) as stopped:
+        progress.add(8, {**metrics, "nonfinite": 2.0}, tokens=1)
+    advice = str(stopped.value).split("intact. ")[1]
+    assert advice.startswith("Every step since resuming from checkpoint /w/checkpoints/6 was "
+                             "non-finite" if blamed == "checkpoint" else "Lower optimizer.peak")
 
 
 def test_no_usable_checkpoint_names_the_choices(corpus_file, cache_dir, workdir):

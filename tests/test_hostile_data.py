@@ -128,3 +128,25 @@ def test_interrupted_preparation_is_redone_once(prepared):
     assert before.keys() == after.keys()
     for name in before:
         np.testing.assert_array_equal(before[name], after[name])
+
+
+def truncate_half(path) -> None:
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damaged, damage", [
+    ("meta.json", truncate_half),
+    ("sentencepiece model", truncate_half),
+    ("sentencepiece model", lambda path: path.write_bytes(b"not a model at all")),
+], ids=["truncated meta.json", "truncated model", "replaced model"])
+def test_a_damaged_cache_file_is_named_with_the_fix(prepared, damaged, damage):
+    """One line naming the damaged file and what to delete, no traceback."""
+    tmp_path, input_files, directory = prepared
+    path = directory / "meta.json" if damaged == "meta.json" else \
+        next((tmp_path / "cache").glob("sentencepiece_*.model"))
+    damage(path)
+    fix = f"delete {directory} to prepare the data again" if damaged == "meta.json" else \
+        f"delete it and {str(path)[:-len('.model')]}.vocab to train it again"
+    with pytest.raises(pipeline.DataError) as error:
+        prepare_inputs(tmp_path, input_files)
+    assert str(path) in str(error.value) and str(error.value).endswith(fix), error.value

@@ -27,7 +27,8 @@ NOT_HERE = {
 }
 # Appended to the README's command per module: small step counts, nothing else changed.
 SMALL = {
-    "bertjax.train": ["--config.train.total_steps=6", "--config.train.log_every=3",
+    "bertjax.train": ["--config.train.total_steps=6", "--config.optimizer.warmup_steps=1",
+                      "--config.train.log_every=3",
                       "--config.train.eval_every=0", "--config.train.checkpoint_every=3",
                       "--config.train.eval_batches=2", "--config.train.global_batch_size=8",
                       "--config.data.dupe_factor=1"],

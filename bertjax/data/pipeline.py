@@ -128,7 +128,11 @@ def load_or_train_tokenizer(data_cfg: Any, cache_dir: str, process_index: int = 
         for ext in (".model", ".vocab"):
             os.replace(tmp_prefix + ext, prefix + ext)
     locks.build_once(prefix + ".model", prefix + ".model", train)
-    return tokenization.SentencePieceTokenizer(prefix + ".model")
+    try:
+        return tokenization.SentencePieceTokenizer(prefix + ".model")
+    except ValueError as e:  # truncated or replaced in the cache
+        raise DataError(f"the cached SentencePiece model {prefix}.model is damaged ({e}); "
+                        f"delete it and {prefix}.vocab to train it again") from e
 
 
 # ----------------------------------------------------------------------------- preparation
@@ -310,9 +314,13 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
     locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: _build(
         directory, data_cfg, phase, tokenizer, dynamic, process_index, process_count,
         next_sentence_prediction))
-    with open(os.path.join(directory, "meta.json")) as f:
-        meta = json.load(f)
-    records = meta.pop("files")
+    try:
+        with open(os.path.join(directory, "meta.json")) as f:
+            meta = json.load(f)
+        records = meta.pop("files")
+    except (ValueError, KeyError, AttributeError) as e:
+        raise DataError(f"prepared data file {directory}/meta.json is damaged ({e!r}); delete "
+                        f"{directory} to prepare the data again") from e
     logging.info("Prepared data for phase %s (%d tokens): %s training, %s held-out sequences "
                  "in %s", phase.name, phase.max_seq_length, f"{meta.get('train_instances', 0):,}",
                  f"{meta.get('eval_instances', 0):,}", directory)

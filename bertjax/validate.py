@@ -1,0 +1,84 @@
+"""One check of every numeric config field against its range, before any work (no file
+written, no data prepared, nothing compiled): pretraining (`pretraining`) and fine-tuning
+(`finetuning`) configs. A refusal is one line naming the field, its value, the allowed range
+and the fix. (A learning rate of 0 is allowed: a run that only evaluates or converts
+starting weights.)"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from bertjax.run import ConfigError
+
+# [CLS] A [SEP] B [SEP]: three special tokens and at least one token of each segment.
+MIN_SEQ_LENGTH = 5
+
+# (field, allowed-range text, test)
+Rule = tuple[str, str, Callable[[Any], bool]]
+
+_positive = ("> 0", lambda v: v > 0)
+_at_least_1 = (">= 1", lambda v: v >= 1)
+_at_least_0 = (">= 0", lambda v: v >= 0)
+_seq_length = (f">= {MIN_SEQ_LENGTH}", lambda v: v >= MIN_SEQ_LENGTH)
+_probability = ("between 0 and 1", lambda v: 0 <= v <= 1)
+
+
+def _rules(*entries: tuple[str, tuple[str, Callable[[Any], bool]]]) -> list[Rule]:
+    return [(field, allowed, test) for field, (allowed, test) in entries]
+
+
+PRETRAINING = _rules(
+    ("optimizer.peak_learning_rate", _at_least_0), ("optimizer.warmup_steps", _at_least_0),
+    ("train.total_steps", _at_least_1), ("train.global_batch_size", _at_least_1),
+    ("train.grad_accum_steps", _at_least_1), ("train.log_every", _at_least_1),
+    ("train.checkpoint_every", _at_least_1), ("train.keep_checkpoints", _at_least_1),
+    ("train.keep_every", _at_least_0), ("train.eval_every", _at_least_0),
+    ("train.eval_batches", _at_least_0), ("train.stop_after_steps", _at_least_0),
+    ("train.max_nonfinite_steps", _at_least_1),
+    ("data.max_seq_length", _seq_length), ("data.max_predictions_per_seq", _at_least_1),
+    ("data.masked_lm_prob", _probability), ("data.dupe_factor", _at_least_1),
+    ("long_phase.fraction", _probability),
+    ("long_phase.global_batch_size", ("> 0, or 0 for train.global_batch_size", lambda v: v >= 0)),
+)
+LONG_PHASE = _rules(("long_phase.max_seq_length", _seq_length),
+                    ("long_phase.max_predictions_per_seq", _at_least_1))
+FINETUNING = _rules(
+    ("learning_rate", _at_least_0), ("warmup_proportion", _probability),
+    ("train_batch_size", _at_least_1), ("eval_batch_size", _at_least_1),
+    ("num_train_epochs", _positive), ("log_every", _at_least_1),
+    ("max_seq_length", _seq_length), ("max_train_examples", _at_least_0),
+)
+
+
+def _value(config: Any, field: str) -> Any:
+    value = config
+    for name in field.split("."):
+        value = value[name]
+    return value
+
+
+def check(config: Any, rules: list[Rule]) -> None:
+    """Raises ConfigError for the first field of `rules` outside its range (or not a finite
+    number)."""
+    for field, allowed, test in rules:
+        value = _value(config, field)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or not test(value):
+            raise ConfigError(f"{field}={value!r} is out of range: it must be {allowed}; set "
+                              f"--config.{field}")
+
+
+def pretraining(config: Any) -> None:
+    """Every range of a pretraining config; the warmup must fit in the run."""
+    check(config, PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else []))
+    warmup, total = config.optimizer.warmup_steps, config.train.total_steps
+    if warmup > total:
+        raise ConfigError(f"optimizer.warmup_steps={warmup} is longer than the run "
+                          f"(train.total_steps={total}): the learning rate would never reach "
+                          "its peak nor decay; set --config.optimizer.warmup_steps <= "
+                          f"{total} (the paper warms up for 1% of the steps)")
+
+
+def finetuning(config: Any) -> None:
+    """Every range of a fine-tuning config."""
+    check(config, FINETUNING)
