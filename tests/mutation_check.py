@@ -115,8 +115,9 @@ def main() -> int:
     mutations = [m for m in MUTATIONS if args.only in (None, m.name)]
     if not mutations:
         sys.exit(f"error: no mutation named {args.only!r}")
-    lines = [f"Command: `python tests/mutation_check.py{' --only ' + repr(args.only) if args.only else ''}`"
-             f" ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs)", ""]
+    command = " ".join(["python", "tests/mutation_check.py", *sys.argv[1:]])
+    lines = [f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+             f"{os.cpu_count()} CPUs)", ""]
     with tempfile.TemporaryDirectory(prefix="bertjax_mutants_") as tmp:
         root = os.path.join(tmp, "repo")
         copy_repository(root)
