@@ -54,7 +54,8 @@ def test_bench_with_hf_comparison(tmp_path):
 def test_synthetic_packed_batch_has_the_layout_of_packed_rows():
     """`--packed=3 --padding=0.25`: three instances per row, each with its own positions and
     [CLS] slot, the last quarter of the row padding; real tokens are counted without it."""
-    from bertjax.tools.bench import synthetic_batch, throughput
+    from bertjax.tools.bench import throughput
+    from bertjax.tools.bench_step import synthetic_batch
     batch = synthetic_batch(2, 16, 3, 50, padding=0.25, packed=3)
     np.testing.assert_array_equal(batch["instance_ids"][0], [1] * 4 + [2] * 4 + [3] * 4 + [0] * 4)
     np.testing.assert_array_equal(batch["position_ids"][1], [0, 1, 2, 3] * 3 + [0] * 4)

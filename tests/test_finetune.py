@@ -1,10 +1,12 @@
 """Fine-tuning end to end on synthetic data: heads, the GLUE CLI (seeds, best checkpoint,
 submission), feature-based NER (frozen encoder), SQuAD, clear errors, extract_features."""
+import collections
 import json
 import os
 import random
 import re
 import runpy
+import string
 import subprocess
 import sys
 
@@ -148,7 +150,12 @@ def test_glue_cli_trains_seeds_keeps_best_and_writes_submission(data_root, tmp_p
     assert stats["median"] == pytest.approx(np.median(accuracies))
     for seed in summary["seeds"]:
         seed_dir = workdir / f"seed_{seed['seed']}"
-        assert os.listdir(seed_dir / "checkpoints") == [str(seed["best_step"])]
+        dev_rows = [json.loads(line) for line in (seed_dir / "metrics.jsonl").open()
+                    if json.loads(line)["split"] == "dev"]
+        best = dev_rows[int(np.argmax([r["accuracy"] for r in dev_rows]))]  # the first best
+        assert os.listdir(seed_dir / "checkpoints") == [str(best["step"])]
+        assert (seed["best_step"], seed["best_epoch"]) == (best["step"], best["epoch"])
+        assert seed["dev"]["dev"]["accuracy"] == best["accuracy"]
         assert any(n.startswith("events.out.tfevents") for n in os.listdir(seed_dir / "tensorboard"))
         lines = (seed_dir / "predictions" / "SST-2.tsv").read_text().splitlines()
         assert lines[0] == "index\tprediction" and len(lines) == 11
@@ -198,9 +205,27 @@ def test_squad_end_to_end(data_root, tmp_path):
                    num_train_epochs=2)
     summary = finetune.run(config, str(tmp_path), devices=jax.devices()[:1])
     dev = summary["seeds"][0]["dev"]["dev"]
-    assert set(dev) >= {"exact_match", "f1"} and 0.0 <= dev["f1"] <= 100.0
     predictions = json.loads((tmp_path / "seed_1" / "predictions" / "predictions.json").read_text())
     assert sorted(predictions) == sorted(f"q{i}" for i in range(40))
+    # The official SQuAD v1.1 scores of the predictions written (each question has one answer).
+    gold = {qa["id"]: qa["answers"][0]["text"] for paragraph in json.loads(
+        open(squad_file).read())["data"][0]["paragraphs"] for qa in paragraph["qas"]}
+    scores = [official_squad_v1(predictions[qid], answer) for qid, answer in gold.items()]
+    assert dev["exact_match"] == pytest.approx(100.0 * np.mean([em for em, _ in scores]))
+    assert dev["f1"] == pytest.approx(100.0 * np.mean([f1 for _, f1 in scores]))
+
+
+def official_squad_v1(prediction: str, answer: str) -> tuple[float, float]:
+    """(exact match, F1) as in the official evaluate-v1.1.py (written out again here)."""
+    def tokens(text):
+        text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+        return re.sub(r"\b(a|an|the)\b", " ", text).split()
+    got, want = tokens(prediction), tokens(answer)
+    common = sum((collections.Counter(got) & collections.Counter(want)).values())
+    if common == 0:
+        return float(got == want), 0.0
+    precision, recall = common / len(got), common / len(want)
+    return float(got == want), 2 * precision * recall / (precision + recall)
 
 
 def test_clear_errors(data_root, tmp_path):

@@ -3,6 +3,7 @@ non-finite state, incompatible resumes refused (an intended phase switch allowed
 failing checkpoint write is tested in test_faults.py: it needs its own process)."""
 import contextlib
 import os
+import re
 import shutil
 import types
 
@@ -54,8 +55,10 @@ def test_nan_steps_are_skipped_counted_never_saved_and_k_in_a_row_stop(corpus_fi
         "train.total_steps": 8, "long_phase.fraction": 0.0, "train.checkpoint_every": 1,
         "train.keep_checkpoints": 8, "train.max_nonfinite_steps": 2,
         "train.debug_nan_steps": (3, 5, 6)})
-    with pytest.raises(reporting.TrainingError, match=r"2 consecutive non-finite steps ending at "
-                                                  r"step 6 \(batch 5 of phase short\)"):
+    with pytest.raises(reporting.TrainingError, match=re.escape(
+            "2 consecutive non-finite steps ending at step 6 (batch 5 of phase short), the last "
+            "with non-finite inputs; the last checkpoint is intact. The batch holds NaN or Inf: "
+            "check the data, then rerun to resume.")):
         run(config, tmp_path)
     records = read_metrics(tmp_path)
     assert [(m["step"], m["nonfinite_steps"]) for m in records] == [(1, 0), (2, 0), (4, 1)]
@@ -65,6 +68,40 @@ def test_nan_steps_are_skipped_counted_never_saved_and_k_in_a_row_stop(corpus_fi
         for x, y in zip(*(jax.tree.leaves(s[name]) for s in (before, after))):
             np.testing.assert_array_equal(x, y)
             assert np.all(np.isfinite(x))
+
+
+def test_host_stops_on_repeated_non_finite_steps_or_at_once_on_a_non_finite_state():
+    """Causes 2 (loss or gradients) and 4 (update) count towards max_nonfinite_steps and the
+    error names the last; cause 3 (state) stops at the first step, whatever the limit."""
+    config = tiny_config("", "", **{"train.total_steps": 10, "long_phase.fraction": 0.0})
+    phases = schedule.phases(config.train, config.data, config.long_phase)
+
+    def progress(limit):
+        return reporting.Progress(phases, limit, optim.optimizer_config(config.optimizer, 10),
+                                  BertConfig.from_dict(config.model.to_dict()), None, 0, None)
+
+    def add(to, step, cause):
+        to.add(step, {"nonfinite": float(cause), "grad_norm": 1.0, "mlm_loss_sum": 1.0,
+                      "mlm_correct_sum": 0.0, "mlm_weight_sum": 1.0, "nsp_loss_sum": 1.0,
+                      "nsp_correct_sum": 0.0, "nsp_count": 1.0}, 16, f"batch {step - 1}")
+
+    repeated = progress(2)
+    add(repeated, 1, 2)  # one skipped step: training goes on
+    add(repeated, 2, 0)
+    add(repeated, 3, 2)
+    with pytest.raises(reporting.TrainingError, match=re.escape(
+            "2 consecutive non-finite steps ending at step 4 (batch 3), the last with non-finite "
+            "update; the last checkpoint is intact. Finite gradients gave a non-finite update: "
+            "lower optimizer.peak_learning_rate or set optimizer.clip_global_norm, then rerun")):
+        add(repeated, 4, 4)
+    at_once = progress(100)
+    add(at_once, 1, 0)
+    with pytest.raises(reporting.TrainingError, match=re.escape(
+            "1 consecutive non-finite steps ending at step 2 (batch 1), the last with "
+            "non-finite state; the last checkpoint is intact. The parameters or optimizer state "
+            "held NaN or Inf before the step")):
+        add(at_once, 2, 3)
+    assert at_once.nonfinite_total == 1
 
 
 def test_no_checkpoint_from_a_non_finite_state():
@@ -123,8 +160,14 @@ CORPUS_EDITS = {
     ("other corpus", "data source: {'files': "),
     ("same-size edit", r"corpus file .*corpus.txt: content changed \(same size\)"),
     ("appended corpus", r"corpus file .*corpus.txt: \d+ -> \d+ bytes"),
+    ({"data.whole_word_mask": True}, "data.whole_word_mask: False -> True"),
+    ({"data.short_seq_prob": 0.2}, "data.short_seq_prob: 0.1 -> 0.2"),
+    ({"data.mask_token_prob": 0.7}, "data.mask_token_prob: 0.8 -> 0.7"),
+    ({"data.random_token_prob": 0.05}, "data.random_token_prob: 0.1 -> 0.05"),
+    ({"data.max_predictions_per_seq": 8}, "max_predictions_per_seq: 10 -> 8"),
 ], ids=["global batch", "sequence length", "vocabulary", "data seed", "dupe_factor", "masking",
-        "masked_lm_prob", "other corpus", "same-size edit", "appended corpus"])
+        "masked_lm_prob", "other corpus", "same-size edit", "appended corpus", "whole_word_mask",
+        "short_seq_prob", "mask token share", "random token share", "predictions per phase"])
 def test_incompatible_resume_is_refused_before_preparation(overrides, message, corpus_file,
                                                             cache_dir, workdir):
     """Each change of a phase's batches, masks or corpus in the middle of it is refused,
@@ -143,6 +186,30 @@ def test_incompatible_resume_is_refused_before_preparation(overrides, message, c
         run(config, workdir)
     assert "--config.train.allow_changed_data=True" in str(refused.value)
     assert sorted(os.listdir(cache_dir)) == cache
+
+
+def test_a_changed_model_is_refused(corpus_file, cache_dir, workdir):
+    """Another architecture cannot resume the checkpoint, even with allow_changed_data; the
+    refusal names both models and comes before any data is prepared."""
+    cache = sorted(os.listdir(cache_dir))
+    config = tiny_config(corpus_file, cache_dir, **{"model.num_hidden_layers": 3,
+                                                    "train.allow_changed_data": True})
+    with pytest.raises(checkpoint.CheckpointMismatch, match=(
+            rf"checkpoint {workdir}/checkpoints/6 was written with a different model:\n"
+            r"  checkpoint: \{.*'num_hidden_layers': 2, .*\n  this run:   \{.*"
+            r"'num_hidden_layers': 3, .*\nUse a new --workdir, or the settings of the run")):
+        run(config, workdir)
+    assert sorted(os.listdir(cache_dir)) == cache
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["4", "6"]
+
+
+def test_where_the_data_is_prepared_and_by_how_many_workers_may_change(
+        corpus_file, cache_dir, workdir, tmp_path):
+    """data.cache_dir and data.num_workers do not change the batches: the run resumes."""
+    run(tiny_config(corpus_file, str(tmp_path / "elsewhere"), **{
+        "data.num_workers": 2, "train.stop_after_steps": 1}), workdir)
+    assert [m["step"] for m in read_metrics(workdir)][-1] == 7
+    assert os.listdir(tmp_path / "elsewhere")
 
 
 def test_a_change_can_be_accepted(corpus_file, cache_dir, workdir):

@@ -4,6 +4,7 @@ redone without duplicates."""
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import time
@@ -24,16 +25,28 @@ def fifty_mb_line() -> bytes:
     return line * (50_000_000 // len(line) + 1)
 
 
-# name -> (file contents, expected: counters that must be > 0 | a DataError message part)
+SENTENCES = sum(len(doc) for doc in DOCS)
+
+
+# name -> (file contents, expected: counters that must be > 0 | {counter: exact value} | a
+# DataError message part)
 HOSTILE = {
     "binary file beside text": ([os.urandom(100_000), NORMAL], ["skipped_binary_files"]),
     "invalid UTF-8": ([NORMAL.replace(b"the ", b"the \xff\xc3(", 40)], ["invalid_utf8_lines"]),
-    "NUL bytes": ([NORMAL.replace(b" a ", b" a\x00\x00 ")], []),
+    # NUL bytes split and drop nothing: the clean corpus's documents and sentences.
+    "NUL bytes": ([NORMAL.replace(b" a ", b" a\x00\x00 ")],
+                  {"documents": len(DOCS), "sentences": SENTENCES}),
     "a 50 MB single line": ([NORMAL, fifty_mb_line()],
                             ["truncated_long_lines", "long_sentences_cut"]),
     "only blank lines": ([b"\n \n\t\r\n" * 5000], "no non-blank sentences"),
-    "one-sentence documents": (["\n\n".join(s for d in DOCS for s in d).encode()], []),
-    "a single document": (["\n".join(s for d in DOCS for s in d).encode()], []),
+    # Every sentence a document: pairs still form (A and a random B from another document).
+    "one-sentence documents": (["\n\n".join(s for d in DOCS for s in d).encode()],
+                               {"documents": SENTENCES, "sentences": SENTENCES,
+                                "eval_documents": round(SENTENCES / 10)}),
+    # One document: trained on, with nothing to hold out (a held-out split needs 2).
+    "a single document": (["\n".join(s for d in DOCS for s in d).encode()],
+                          {"documents": 1, "sentences": SENTENCES, "eval_documents": 0,
+                           "eval_instances": 0}),
     "10,000-character words": ([NORMAL, b"\n".join(b"x" * 10_000 + b" end." for _ in range(20))],
                                ["long_sentences_cut"]),
     "mixed encodings": ([(NORMAL[:20_000].decode() + "Café, naïve.\n").encode("latin-1", "replace"),
@@ -74,7 +87,9 @@ def test_hostile_corpus_gives_counted_skips_or_a_clear_error(name, tmp_path):
         assert len(phase_data.train.split) >= 16
         meta = json.loads((only_dir(tmp_path / "cache") / "meta.json").read_text())
         counters = {**meta["corpus"], **meta}
-        for counter in expected:
+        if isinstance(expected, dict):
+            assert {k: counters.get(k, 0) for k in expected} == expected, counters
+        for counter in [] if isinstance(expected, dict) else expected:
             assert counters[counter] > 0, (counter, counters)
         outcome = {k: v for k, v in counters.items() if isinstance(v, int) and v}
     print(f"\n{name}: {time.time() - start:.1f} s: {outcome}")
@@ -150,3 +165,16 @@ def test_a_damaged_cache_file_is_named_with_the_fix(prepared, damaged, damage):
     with pytest.raises(pipeline.DataError) as error:
         prepare_inputs(tmp_path, input_files)
     assert str(path) in str(error.value) and str(error.value).endswith(fix), error.value
+
+
+def test_meta_json_row_total_is_checked(prepared):
+    """Shards that verify but hold fewer rows than meta.json counts (a shard lost with its
+    record) are refused, naming the directory and both totals."""
+    tmp_path, input_files, directory = prepared
+    meta = json.loads((directory / "meta.json").read_text())
+    rows = meta["train_instances"]
+    (directory / "meta.json").write_text(json.dumps({**meta, "train_instances": rows + 7}))
+    with pytest.raises(pipeline.DataError, match=re.escape(
+            f"prepared data {directory} holds {rows} train rows, its meta.json {rows + 7}; "
+            "delete it to prepare again")):
+        prepare_inputs(tmp_path, input_files)

@@ -1,5 +1,7 @@
-"""TF tensor bundles without TensorFlow: round trips, the real BERT-Tiny index (opt-in),
-damaged files, and (opt-in, when TensorFlow is installed) TensorFlow's own reader/writer."""
+"""TF tensor bundles without TensorFlow: round trips, a committed checkpoint that TensorFlow
+wrote, the real BERT-Tiny index (opt-in), damaged files, and (opt-in, when TensorFlow is
+installed) TensorFlow's own reader/writer."""
+import json
 import os
 
 import ml_dtypes
@@ -7,6 +9,7 @@ import numpy as np
 import pytest
 
 from bertjax.interop import tf as tf_checkpoint
+from bertjax.interop import tree
 
 BERT_TINY_INDEX = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "bert-tiny",
                                "bert_model.ckpt.index")
@@ -88,6 +91,38 @@ def test_real_bert_tiny_index():
     assert all(e.dtype == np.float32 and e.size == 4 * np.prod(e.shape) for e in reader.entries.values())
     last = max(reader.entries.values(), key=lambda e: e.offset)
     assert last.offset + last.size == 17_733_872  # the size of the real .data file
+
+
+TF_WRITTEN = os.path.join(os.path.dirname(__file__), "data", "tf_tiny_bert")
+
+
+def test_reads_a_checkpoint_tensorflow_wrote():
+    """tests/data/tf_tiny_bert: written by TensorFlow's own tf.compat.v1 Saver
+    (tests/data/make_tf_fixture.py), with the values it wrote in values.json. bertjax's reader
+    gets every variable bit for bit, and load_tf maps Google's names to bertjax's parameters,
+    skipping the optimizer slots and the step counter."""
+    with open(os.path.join(TF_WRITTEN, "values.json")) as f:
+        written = json.load(f)
+    reader = tf_checkpoint.BundleReader(tf_checkpoint.resolve_prefix(TF_WRITTEN))
+    assert sorted(reader.entries) == sorted([*written["variables"], "global_step"])
+    for name, values in written["variables"].items():
+        got = reader.read(name)
+        assert got.dtype == np.float32, name
+        np.testing.assert_array_equal(got, np.array(values, np.float32), err_msg=name)
+    assert reader.read("global_step") == written["global_step"]
+    assert reader.read("global_step").dtype == np.int64
+    report = tree.LoadReport()
+    config, params = tf_checkpoint.load_tf(TF_WRITTEN, report)
+    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (12, 4, 1)
+    assert report.skipped == {"bert/pooler/dense/bias/adam_m": "optimizer slot",
+                              "bert/pooler/dense/bias/adam_v": "optimizer slot",
+                              "global_step": "training step counter"}
+    flat = tree.flatten(params)
+    assert len(flat) == len(written["variables"]) - 2
+    for name, values in written["variables"].items():
+        if tf_checkpoint.skip_reason(name) is None:
+            np.testing.assert_array_equal(flat[tf_checkpoint.tf_to_path(name)],
+                                          np.array(values, np.float32), err_msg=name)
 
 
 def test_tensorflow_reads_ours_and_we_read_tensorflows(tmp_path):

@@ -157,6 +157,8 @@ def test_module_sizes():
     lines = {name: len(path.read_text(encoding="utf-8").splitlines())
              for name, path in modules().items()}
     too_long = {n: c for n, c in lines.items() if c > 450}
-    fat_entry_points = {n: lines[n] for n in ("bertjax.train", "bertjax.finetune",
-                                              "bertjax.extract_features") if lines[n] >= 250}
+    # Every command-line module but a library that also has one stays thin.
+    fat_entry_points = {n: lines[n] for n in sorted(ENTRY_POINTS - LIBRARY_WITH_CLI)
+                        if lines[n] >= 250}
+    assert len(ENTRY_POINTS - LIBRARY_WITH_CLI) == 8
     assert too_long == {} and fat_entry_points == {}

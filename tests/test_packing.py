@@ -129,7 +129,7 @@ def test_packed_rows_give_each_instance_its_own_logits_loss_and_gradient():
         np.testing.assert_allclose(sums_packed[name], value, rtol=1e-5, err_msg=name)
     assert float(sums_packed["nsp_count"]) == len(nsp_alone) == real.shape[0]
     for got, want in zip(jax.tree.leaves(grads_packed), jax.tree.leaves(grads_alone)):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- loading

@@ -139,8 +139,17 @@ def test_readme_commands_run_top_to_bottom(tmp_path):
     assert [layer["index"] for layer in record["features"][0]["layers"]] == [-1, -2]
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "tiny_hf"))
     assert tokenizer("The quick brown fox.")["input_ids"][0] == tokenizer.cls_token_id
-    transformers.BertForPreTraining.from_pretrained(str(tmp_path / "tiny_hf"))
+    assert_loads_completely(tmp_path / "tiny_hf")
     snippet = subprocess.run([sys.executable, "-c", python_snippet()], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=300)
     assert snippet.returncode == 0, snippet.stderr[-3000:]
-    transformers.BertForPreTraining.from_pretrained(str(tmp_path / "out"))
+    assert_loads_completely(tmp_path / "out")
+
+
+def assert_loads_completely(directory) -> None:
+    """transformers loads every weight of BertForPreTraining from the export: none missing
+    (left at random init), none unexpected, none of another shape."""
+    _, info = transformers.BertForPreTraining.from_pretrained(str(directory),
+                                                              output_loading_info=True)
+    problems = {key: value for key, value in info.items() if value}
+    assert problems == {}, problems

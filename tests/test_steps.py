@@ -1,5 +1,6 @@
 """The jitted train step: gradient accumulation equals the large batch, non-finite steps
-are skipped, scanned + rematerialised layers shard correctly, and eval is deterministic."""
+are skipped (each cause named), scanned + rematerialised layers shard correctly, and eval
+applies no dropout and matches a numpy computation of the held-out metrics."""
 import dataclasses
 
 import jax
@@ -7,8 +8,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import pytest
 
-from bertjax import optim, sharding, steps
+from bertjax import optim, pretrain_loop, sharding, steps
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import TrainState, create_train_state
 
@@ -97,17 +99,66 @@ def test_non_finite_steps_are_skipped_and_their_cause_named():
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), before)
 
 
-def test_eval_step_is_deterministic_and_counts_weights():
+def _numpy_metric_sums(mlm_logits, nsp_logits, batch):
+    """The original run_pretraining.py metric sums, in float64 numpy."""
+    def nll_and_correct(logits, labels):
+        logits = np.asarray(logits, np.float64)
+        shifted = logits - logits.max(-1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        nll = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+        return nll, logits.argmax(-1) == labels
+    weights = batch["masked_lm_weights"].astype(np.float64)
+    mlm_nll, mlm_correct = nll_and_correct(mlm_logits, batch["masked_lm_ids"])
+    nsp_nll, nsp_correct = nll_and_correct(nsp_logits, batch["next_sentence_labels"])
+    return {"mlm_loss_sum": (weights * mlm_nll).sum(), "mlm_correct_sum": (weights * mlm_correct).sum(),
+            "mlm_weight_sum": weights.sum(), "nsp_loss_sum": nsp_nll.sum(),
+            "nsp_correct_sum": nsp_correct.sum(), "nsp_count": len(nsp_nll)}
+
+
+class _Loader:
+    """A stand-in for a held-out BatchLoader: fixed batches."""
+
+    def __init__(self, batches):
+        self.batches, self.batches_per_epoch = batches, len(batches)
+
+    def batch(self, index):
+        return self.batches[index]
+
+
+def test_eval_is_deterministic_with_dropout_and_matches_numpy():
+    """With dropout 0.1 in the config, evaluation applies none: its metric sums equal numpy's
+    from the logits of the same parameters in a model without dropout, and the held-out means
+    over two batches are the ratios of the summed sums. (tests/mutation_check.py shows this
+    test failing with dropout switched on in the eval step.)"""
     mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
-    model, _, state, shardings = _setup(mesh)
-    evaluate = steps.jit_eval_step(steps.make_eval_step(model), shardings.params, mesh)
-    batch = _batch()
+    _, _, state, shardings = _setup(mesh)  # CONFIG: dropout rates 0
+    with_dropout = BertForPreTraining(dataclasses.replace(
+        CONFIG, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+    evaluate = steps.jit_eval_step(steps.make_eval_step(with_dropout), shardings.params, mesh)
+    batches = [_batch(0), _batch(1)]
     with sharding.activate(mesh):
-        a = evaluate(state.params, sharding.global_batch_from_host(batch, mesh))
-        b = evaluate(state.params, sharding.global_batch_from_host(batch, mesh))
-    assert float(a["mlm_loss_sum"]) == float(b["mlm_loss_sum"])
-    assert float(a["mlm_weight_sum"]) == batch["masked_lm_weights"].sum()
-    assert float(a["nsp_count"]) == BATCH
+        got = [jax.device_get(evaluate(state.params, sharding.global_batch_from_host(b, mesh)))
+               for b in batches]
+        means = pretrain_loop.evaluate(evaluate, state.params, _Loader(batches), 5, mesh)
+    both = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+    mlm, nsp = BertForPreTraining(CONFIG).apply(
+        {"params": state.params}, both["input_ids"], both["segment_ids"], both["input_mask"],
+        both["masked_lm_positions"])
+    total = {}
+    for index, (batch, sums) in enumerate(zip(batches, got)):
+        rows = slice(index * BATCH, (index + 1) * BATCH)
+        want = _numpy_metric_sums(mlm[rows], nsp[rows], batch)
+        for key, value in want.items():
+            np.testing.assert_allclose(float(sums[key]), value, rtol=1e-5, err_msg=key)
+            total[key] = total.get(key, 0.0) + value
+    assert float(got[0]["mlm_weight_sum"]) == batches[0]["masked_lm_weights"].sum()
+    assert float(got[0]["nsp_count"]) == BATCH
+    assert means["mlm_loss"] == pytest.approx(total["mlm_loss_sum"] / total["mlm_weight_sum"],
+                                              rel=1e-5)
+    assert means["mlm_accuracy"] == pytest.approx(total["mlm_correct_sum"] / total["mlm_weight_sum"])
+    assert means["nsp_accuracy"] == pytest.approx(total["nsp_correct_sum"] / (2 * BATCH))
+    assert means["loss"] == pytest.approx(means["mlm_loss"] + total["nsp_loss_sum"] / (2 * BATCH),
+                                          rel=1e-5)
 
 
 def test_scanned_rematerialised_layers_shard_and_match_one_device():
@@ -148,3 +199,35 @@ def test_after_a_skipped_step_the_applied_learning_rate_is_the_logged_one():
     logged = optim.learning_rate_at(cfg, 2)
     assert logged != optim.learning_rate_at(cfg, 1)
     np.testing.assert_allclose(applied, [logged] * 3, rtol=1e-5)
+
+
+def test_non_finite_loss_and_non_finite_update_are_named():
+    """Finite inputs and state, yet a non-finite loss (an embedding of 1e30: LayerNorm's
+    variance overflows) is cause "loss or gradients"; finite gradients with Adam's first
+    moment at 3e38 and its second at 0 divide into an infinite update: cause "update". Both
+    steps leave the parameters as they were."""
+    mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+    model, tx, state, shardings = _setup(mesh)
+    state = jax.device_get(state)  # on the host: each run below puts (and donates) its own copy
+    step = steps.jit_train_step(steps.make_train_step(model, tx), shardings, mesh)
+    batch = _batch()
+
+    def run(state):
+        before = jax.device_get(state.params)
+        state = jax.device_put(state, shardings)
+        with sharding.activate(mesh):
+            state, metrics = step(state, sharding.global_batch_from_host(batch, mesh))
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), before)
+        return state, steps.NONFINITE_CAUSES[int(metrics["nonfinite"])][0]
+
+    huge = jax.tree.map(np.array, jax.device_get(state.params))  # (writable copies)
+    huge["bert"]["embeddings"]["word_embeddings"][batch["input_ids"][0, 0]] = 1e30
+    assert run(state.replace(params=huge))[1] == "loss or gradients"
+
+    def moments(path, x):
+        name = jax.tree_util.keystr(path)
+        return jnp.full_like(x, 3e38) if ".mu" in name else jnp.zeros_like(x) if ".nu" in name \
+            else x
+    opt_state = jax.tree_util.tree_map_with_path(moments, state.opt_state)
+    assert bool(steps.all_finite(opt_state))
+    assert run(state.replace(opt_state=opt_state))[1] == "update"

@@ -59,19 +59,30 @@ def read_metrics(workdir, split: str = "train") -> list[dict]:
         return [row for row in map(json.loads, f) if row["split"] == split]
 
 
-def test_loss_falls_and_checkpoint_written(corpus_file, cache_dir, tmp_path):
+def test_loss_falls_and_checkpoint_written(corpus_file, cache_dir, tmp_path, capsys):
+    """The loss falls; the final evaluation (2 held-out batches of 16) is logged and written;
+    running the finished run again evaluates its last checkpoint only, to the same numbers."""
     config = tiny_config(corpus_file, cache_dir, **{"train.total_steps": 40, "train.log_every": 10,
                                                     "long_phase.fraction": 0.0})
     final = train.train_and_evaluate(config, str(tmp_path))
     losses = [m["loss"] for m in read_metrics(tmp_path)]
     assert len(losses) == 4
     assert losses[-1] < losses[0] - 0.5, losses
-    assert final["mlm_loss"] < losses[0] and 0.0 <= final["nsp_accuracy"] <= 1.0
+    assert final["mlm_loss"] < losses[0]
+    assert final["loss"] == pytest.approx(final["mlm_loss"] + final["nsp_loss"])
+    held_out = 2 * 16  # eval_batches x global_batch_size sequences, one NSP prediction each
+    assert final["nsp_accuracy"] * held_out == pytest.approx(round(final["nsp_accuracy"] * held_out))
+    capsys.readouterr()
+    again = train.train_and_evaluate(config, str(tmp_path))
+    assert "Training already finished (40 steps); evaluating only" in capsys.readouterr().out
+    assert again == final  # from the checkpoint: the same parameters, batches and sums
+    assert [m["step"] for m in read_metrics(tmp_path)] == [10, 20, 30, 40]  # nothing trained
+    assert [m["step"] for m in read_metrics(tmp_path, "eval")] == [40, 40]
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["36", "40"]  # keep latest 2
     assert any(name.startswith("events.out.tfevents") for name in
                os.listdir(tmp_path / "tensorboard"))
     assert json.loads((tmp_path / "final_metrics.json").read_text())["step"] == 40
-    (evaluation,) = read_metrics(tmp_path, "eval")  # eval_every=0: the final one only
+    evaluation = read_metrics(tmp_path, "eval")[0]  # eval_every=0: the final one only
     assert evaluation["step"] == 40 and evaluation["mlm_loss"] == final["mlm_loss"]
     assert json.loads((tmp_path / "config.json").read_text())["train"]["total_steps"] == 40
     assert "Bytes per device" in (tmp_path / "startup_report.txt").read_text()
@@ -162,13 +173,23 @@ def test_pretrains_from_a_tfds_dataset(cache_dir, tmp_path):
         "data.source": "tfds", "data.tfds_name": name, "data.tfds_data_dir": str(tmp_path / "tfds"),
         "train.total_steps": 4, "long_phase.fraction": 0.0})
     final = train.train_and_evaluate(config, str(tmp_path / "run"))
-    assert len(read_metrics(tmp_path / "run")) == 4 and final["mlm_loss"] > 0
+    # The run read the 200 documents, split into paragraphs and sentences as tfds_source does.
+    documents = [doc for doc in default_corpus.default_corpus() if len(doc) >= 2][:200]
+    (meta_file,) = (tmp_path / "cache").glob("short_64_*/meta.json")
+    meta = json.loads(meta_file.read_text())
+    assert (meta["corpus"]["documents"], meta["corpus"]["sentences"]) == (
+        200, sum(len(corpus.split_sentences(" ".join(doc))) for doc in documents))
+    # An untrained model predicts about uniformly: MLM over the 512 tokens plus NSP over 2.
+    losses = [m["loss"] for m in read_metrics(tmp_path / "run")]
+    assert len(losses) == 4 and losses[0] == pytest.approx(np.log(512) + np.log(2), abs=0.05)
+    assert final["loss"] < losses[0]
 
 
 @pytest.mark.parametrize("overrides, message", [
     (["--config.data.source=text", "--config.data.input_files=/no/such/corpus.txt"],
      "/no/such/corpus.txt"),
-    (["--config.mesh.data=3"], "mesh"),
+    (["--config.mesh.data=3"], "mesh {'data': 3, 'fsdp': 1, 'tensor': 1} needs 3 devices but "
+                               "8 are available; set one axis to -1 to fill"),
     (["--config.train.global_batch_size=30", "--config.train.grad_accum_steps=4"], "divisible"),
     (["--config.data.source=text", "--config.data.input_files=TMP"], "TMP' is a directory"),
     (["--workdir="], "--workdir is empty"),

@@ -27,88 +27,13 @@ from typing import Any, Callable
 
 import jax
 import ml_collections
-import numpy as np
 from absl import flags
 
-from bertjax import cli, flops, optim, sharding
-from bertjax import run as run_lib
-from bertjax.data import packing
-from bertjax.model import BertConfig
-from bertjax.state import count_params
+from bertjax import cli, flops
+from bertjax.tools.bench_step import BertjaxTrainer, synthetic_batch
 from bertjax.tools.records import machine, versions, write_record
 
 FLAGS = flags.FLAGS
-
-
-def synthetic_batch(batch: int, length: int, predictions: int, vocab: int, seed: int = 0,
-                    padding: float = 0.0, packed: int = 0) -> dict[str, np.ndarray]:
-    """Sequence pairs with `predictions` distinct masked positions per row, the last `padding`
-    share of each row's tokens padding; with `packed` = K, packed rows of K equal instances."""
-    rng = np.random.default_rng(seed)
-    real = length - int(round(padding * length))
-    instances = max(packed, 1)
-    if packed:
-        predictions = packing.predictions_per_row(length, predictions, 0.15, packed)
-    if real < 2 * instances:
-        raise ValueError(f"--padding={padding} leaves {real} tokens per row: too few for "
-                         f"{instances} instance(s)")
-    instance_ids = np.minimum(np.arange(length) * instances // real + 1, instances + 1)
-    instance_ids = np.where(np.arange(length) < real, instance_ids, 0).astype(np.int32)
-    starts = np.searchsorted(instance_ids[:real], np.arange(1, instances + 1)).astype(np.int32)
-    positions = (np.arange(length) - starts[np.maximum(instance_ids, 1) - 1]) * (instance_ids > 0)
-    candidates = np.tile(np.setdiff1d(np.arange(real), starts), (batch, 1))
-    chosen = min(predictions, candidates.shape[1])  # the other slots: weight 0, as in short rows
-    rows = {
-        "input_ids": np.where(instance_ids > 0, rng.integers(5, vocab, (batch, length)), 0),
-        "input_mask": (instance_ids > 0)[None].repeat(batch, 0),
-        "segment_ids": (positions >= (real // instances) // 2)[None].repeat(batch, 0),
-        "masked_lm_positions": np.pad(np.sort(rng.permuted(candidates, axis=1)[:, :chosen], axis=1),
-                                      ((0, 0), (0, predictions - chosen))),
-        "masked_lm_ids": rng.integers(5, vocab, (batch, predictions)),
-        "masked_lm_weights": (np.arange(predictions) < chosen)[None].repeat(batch, 0),
-        "next_sentence_labels": rng.integers(0, 2, (batch,) + ((packed,) if packed else ())),
-    }
-    if packed:
-        rows.update(position_ids=positions[None].repeat(batch, 0),
-                    instance_ids=instance_ids[None].repeat(batch, 0),
-                    next_sentence_positions=starts[None].repeat(batch, 0),
-                    next_sentence_weights=np.ones((batch, packed), np.float32))
-    return {name: value.astype(np.float32 if name.endswith("weights") else np.int32)
-            for name, value in rows.items()}
-
-
-class BertjaxTrainer:
-    """The jitted, donated, sharded train step of `bertjax.train` on one fixed batch."""
-
-    def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]):
-        self.model_config = BertConfig.from_dict(config.model.to_dict())
-        self.mesh = sharding.make_mesh(config.mesh.to_dict())
-        sharded = run_lib.build_pretraining(
-            self.model_config, optim.optimizer_config(config.optimizer, config.train.total_steps),
-            self.mesh, [], config.train.grad_accum_steps, report=False)
-        self.state = sharded.init_state(jax.random.PRNGKey(0))
-        self.num_params = count_params(self.state.params)
-        self._step = sharded.train_step
-        self._compiled = None  # the step compiled for this batch, by the first step()
-        with sharding.activate(self.mesh):
-            self.batch = sharding.global_batch_from_host(batch, self.mesh)
-
-    def cost(self) -> dict[str, float]:
-        """XLA's cost analysis of the compiled step (after a step()): FLOPs and bytes accessed
-        (noise-free)."""
-        cost = self._compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
-        return {"flops": float(cost["flops"]), "bytes_accessed": float(cost["bytes accessed"])}
-
-    def step(self) -> float:
-        """Runs one step to completion (the first compiles it); returns its wall-clock seconds."""
-        start = time.perf_counter()
-        with sharding.activate(self.mesh):
-            if self._compiled is None:
-                self._compiled = self._step.lower(self.state, self.batch).compile()
-            self.state, metrics = self._compiled(self.state, self.batch)
-        jax.block_until_ready(metrics)
-        return time.perf_counter() - start
 
 
 def _time_rounds(trainers: dict[str, Any], rounds: int, steps_per_round: int,

@@ -1,0 +1,167 @@
+"""Mutation check: plants deliberate bugs in a copy of the repository and shows that the
+tests meant to catch each one fail.
+
+    python tests/mutation_check.py [--only NAME] [--out benchmarks/mutation_check.md]
+
+Each mutation replaces one exact string in one source file (the script stops with an error
+if the string is not found exactly once, so a refactoring cannot silently turn a mutation
+into a no-op), then runs the named tests with PYTHONPATH pointing at the copy. A mutation is
+caught when pytest reports failed tests (exit code 1); a collection or usage error (exit
+codes 2-4) counts as an error of this script, not as a catch. First, the same tests run on
+the unmutated copy and must pass, so every failure below is the planted bug's.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # relative to the repository root
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS = (
+    Mutation("dropout on in eval", "bertjax/steps.py",
+             "forward(model, params, batch, True, causal=objective.causal)",
+             "forward(model, params, batch, False, jax.random.PRNGKey(0), causal=objective.causal)",
+             ("tests/test_steps.py::test_eval_is_deterministic_with_dropout_and_matches_numpy",)),
+    Mutation("MLM loss without its weights", "bertjax/objectives.py",
+             "mlm_loss_sum = jnp.sum(weights_BxP * mlm_nll_BxP)",
+             "mlm_loss_sum = jnp.sum(mlm_nll_BxP)",
+             ("tests/test_steps.py::test_eval_is_deterministic_with_dropout_and_matches_numpy",
+              "tests/test_packing.py::test_packed_rows_give_each_instance_its_own_logits_loss_"
+              "and_gradient")),
+    Mutation("NSP loss dropped", "bertjax/objectives.py",
+             "nsp_weight = 1.0 if next_sentence_prediction else 0.0", "nsp_weight = 0.0",
+             ("tests/test_steps.py::test_eval_is_deterministic_with_dropout_and_matches_numpy",)),
+    Mutation("resume from the oldest checkpoint, not the newest", "bertjax/resume.py",
+             "for step in reversed(self.checkpointer.all_steps()):",
+             "for step in self.checkpointer.all_steps():",
+             ("tests/test_guards.py::test_a_change_can_be_accepted",)),
+    Mutation("resume one batch late", "bertjax/pretrain_loop.py",
+             "batch_index = position.batch_index  #",
+             "batch_index = position.batch_index + 1  #",
+             ("tests/test_guards.py::test_a_damaged_checkpoint_is_set_aside_and_the_previous_one_"
+              "resumed[bit flip]",)),
+    Mutation("non-finite guard disabled", "bertjax/steps.py",
+             "finite = gradients_finite & all_finite(update(None))",
+             "finite = jnp.array(True)",
+             ("tests/test_steps.py::test_non_finite_steps_are_skipped_and_their_cause_named",
+              "tests/test_steps.py::test_non_finite_loss_and_non_finite_update_are_named")),
+    Mutation("a non-finite state does not stop the run at once", "bertjax/reporting.py",
+             'self.nonfinite_in_a_row >= self.max_nonfinite_steps or what == "state"',
+             "self.nonfinite_in_a_row >= self.max_nonfinite_steps",
+             ("tests/test_guards.py::test_host_stops_on_repeated_non_finite_steps_or_at_once_on_"
+              "a_non_finite_state",)),
+    Mutation("weight-decay mask inverted", "bertjax/optim.py",
+             "lambda path, _: _is_decayed(path)", "lambda path, _: not _is_decayed(path)",
+             ("tests/test_optim.py",)),
+    Mutation("a resume ignores a changed short_seq_prob", "bertjax/guards.py",
+             'DATA_FIELDS_NOT_COMPARED = ("cache_dir",',
+             'DATA_FIELDS_NOT_COMPARED = ("short_seq_prob", "cache_dir",',
+             ("tests/test_guards.py::test_incompatible_resume_is_refused_before_preparation"
+              "[short_seq_prob]",)),
+)
+
+
+def copy_repository(target: str) -> None:
+    shutil.copytree(REPO_ROOT, target, ignore=shutil.ignore_patterns(
+        ".git", "__pycache__", ".pytest_cache", "*.egg-info", "build", "dist"))
+
+
+def patch(root: str, mutation: Mutation, forward: bool = True) -> None:
+    """Replaces `old` by `new` (or back); exits if the string is not there exactly once."""
+    path = os.path.join(root, mutation.path)
+    text = open(path, encoding="utf-8").read()
+    old, new = (mutation.old, mutation.new) if forward else (mutation.new, mutation.old)
+    if text.count(old) != 1:
+        sys.exit(f"error: mutation {mutation.name!r}: {mutation.path} holds {text.count(old)} "
+                 f"copies of {old!r}, not 1; update the mutation to the current source")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text.replace(old, new))
+
+
+def run_tests(root: str, tests: tuple[str, ...]) -> tuple[int, str, float]:
+    """pytest on `tests` in the copy: (exit code, its summary line, seconds)."""
+    env = {**os.environ, "PYTHONPATH": root}
+    started = time.time()
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             *tests], cwd=root, env=env, capture_output=True, text=True)
+    lines = [line for line in result.stdout.splitlines() if re.search(
+        r"\d+ (passed|failed|error)", line)]
+    return result.returncode, (lines[-1] if lines else result.stdout[-500:]).strip("= "), \
+        time.time() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="run only the mutation with this name")
+    parser.add_argument("--out", help="also write the markdown record to this file")
+    args = parser.parse_args()
+    mutations = [m for m in MUTATIONS if args.only in (None, m.name)]
+    if not mutations:
+        sys.exit(f"error: no mutation named {args.only!r}")
+    command = " ".join(["python", "tests/mutation_check.py", *sys.argv[1:]])
+    lines = [f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+             f"{os.cpu_count()} CPUs)", ""]
+    with tempfile.TemporaryDirectory(prefix="bertjax_mutants_") as tmp:
+        root = os.path.join(tmp, "repo")
+        copy_repository(root)
+        imported = subprocess.run([sys.executable, "-c", "import bertjax; print(bertjax.__file__)"],
+                                  cwd=root, env={**os.environ, "PYTHONPATH": root},
+                                  capture_output=True, text=True).stdout.strip()
+        if not imported.startswith(root):
+            sys.exit(f"error: the copy imports bertjax from {imported}, not from {root}")
+        for mutation in mutations:  # before any patch: every target string is there
+            patch(root, mutation)
+            patch(root, mutation, forward=False)
+        everything = tuple(dict.fromkeys(t for m in mutations for t in m.tests))
+        code, summary, seconds = run_tests(root, everything)
+        print(f"baseline (no mutation): {summary} in {seconds:.0f} s", flush=True)
+        if code != 0:
+            sys.exit(f"error: the tests fail without any mutation ({summary}); fix them first")
+        lines += [f"Baseline, unmutated copy: {summary} in {seconds:.0f} s.", "",
+                  "| mutation | file | tests run | result | seconds |", "| --- | --- | --- | --- | --- |"]
+        missed = []
+        for mutation in mutations:
+            patch(root, mutation)
+            code, summary, seconds = run_tests(root, mutation.tests)
+            patch(root, mutation, forward=False)
+            if code not in (0, 1):
+                sys.exit(f"error: mutation {mutation.name!r}: pytest exit code {code} "
+                         f"({summary}): not a test failure")
+            verdict = f"caught ({summary})" if code == 1 else f"MISSED ({summary})"
+            if code == 0:
+                missed.append(mutation.name)
+            print(f"{mutation.name}: {verdict} in {seconds:.0f} s", flush=True)
+            tests = "<br>".join(f"`{t.removeprefix('tests/')}`" for t in mutation.tests)
+            lines.append(f"| {mutation.name} | `{mutation.path}` | {tests} | {verdict} | "
+                         f"{seconds:.0f} |")
+    lines += ["", f"{len(mutations) - len(missed)} of {len(mutations)} mutations caught."]
+    record = "\n".join(lines) + "\n"
+    print(record)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write("# Mutation check\n\n" + (__doc__ or "").split("\n\n", 1)[1] + "\n" + record)
+    if missed:
+        print(f"error: not caught: {', '.join(missed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
