@@ -138,7 +138,9 @@ def _finished(workdir: str) -> dict[str, Any] | None:
         return None
 
 
-def _fresh_state(settings: Settings, sharded: run_lib.ShardedRun, seed: int) -> Any:
+def _fresh_state(settings: Settings, trainer: Trainer, seed: int) -> Any:
+    """A new state from `seed`, with the encoder from settings.init_checkpoint if any."""
+    sharded = trainer.run
     state = sharded.init_state(jax.random.PRNGKey(seed))
     if settings.init_checkpoint and not settings.random_init:
         params = dict(state.params, **pretrained.load_pretrained(
@@ -181,7 +183,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
         reporting.chief_print(f"seed {seed}: resuming from {checkpointer.directory}/{latest} "
                               f"(epoch {start_epoch} of {epochs})")
     else:
-        start_epoch, state = 0, _fresh_state(settings, sharded, seed)
+        start_epoch, state = 0, _fresh_state(settings, trainer, seed)
     if not finished:
         _keep_rows_up_to(jsonl, latest or 0)
     writer = reporting.open_writer(workdir)

@@ -77,11 +77,11 @@ def pretraining_objective(train_cfg: Mapping) -> objectives.PretrainingObjective
         raise ConfigError(str(e)) from e
 
 
-def pretraining_optimizer(config: Mapping, phases: Sequence[Phase]) -> optim.OptimizerConfig:
-    """`config.optimizer` over train.total_steps; with long_phase.restart_optimizer, its
-    schedule starts again where the long phase does (the original's second run)."""
-    optimizer = optim.optimizer_config(config.optimizer, config.train.total_steps)
-    long_phase = config.long_phase
+def pretraining_optimizer(optimizer_cfg: Mapping, total_steps: int, long_phase: Mapping,
+                          phases: Sequence[Phase]) -> optim.OptimizerConfig:
+    """`optimizer_cfg` over `total_steps`; with long_phase.restart_optimizer, its schedule
+    starts again where the long phase does (the original's second run)."""
+    optimizer = optim.optimizer_config(optimizer_cfg, total_steps)
     if not long_phase.get("restart_optimizer", False):
         return optimizer
     if len(phases) < 2:

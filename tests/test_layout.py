@@ -102,6 +102,10 @@ def parsed(name: str) -> ast.AST:
     return ast.parse(modules()[name].read_text(encoding="utf-8"))
 
 
+# The one library whose job is the whole config: every field's range checked before any work.
+WHOLE_CONFIG_OWNERS = {"bertjax.validate"}
+
+
 def libraries() -> list[str]:
     return [n for n in KNOWN if (n not in ENTRY_POINTS or n in LIBRARY_WITH_CLI)
             and not n.startswith("bertjax.tools")]
@@ -132,7 +136,8 @@ def test_no_module_reaches_a_private_name_of_another():
 
 
 def test_no_library_function_takes_the_whole_config():
-    offenders = {name: whole_config_uses(parsed(name)) for name in libraries()}
+    offenders = {name: whole_config_uses(parsed(name))
+                 for name in set(libraries()) - WHOLE_CONFIG_OWNERS}
     assert {k: v for k, v in offenders.items() if v} == {}
 
 

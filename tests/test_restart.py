@@ -70,13 +70,16 @@ def test_restart_resumes_exactly_and_equals_the_two_run_original(corpus_file, ca
 def test_restart_needs_two_phases_and_bert_adam(corpus_file):
     config = tiny_config(corpus_file, "", **RESTART)
     phases = schedule.phases(config.train, config.data, config.long_phase)
-    optimizer = run.pretraining_optimizer(config, phases)
+    optimizer = run.pretraining_optimizer(config.optimizer, config.train.total_steps,
+                                  config.long_phase, phases)
     assert (optimizer.restart_step, optimizer.restart_warmup_steps) == (12, 2)
     config.optimizer.name = "adamw"
     with pytest.raises(run.ConfigError, match="needs optimizer.name='bert_adam'"):
-        run.pretraining_optimizer(config, phases)
+        run.pretraining_optimizer(config.optimizer, config.train.total_steps,
+                                  config.long_phase, phases)
     config.optimizer.name = "bert_adam"
     config.long_phase.fraction = 0.0
     with pytest.raises(run.ConfigError, match="set long_phase.fraction between 0 and 1"):
-        run.pretraining_optimizer(config, schedule.phases(config.train, config.data,
-                                                          config.long_phase))
+        run.pretraining_optimizer(
+            config.optimizer, config.train.total_steps, config.long_phase,
+            schedule.phases(config.train, config.data, config.long_phase))
