@@ -87,7 +87,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     phase_data = loaders.prepare_data(config.data, phases, config.model.vocab_size, tokenizer,
                                       cache_dir, next_sentence_prediction=objective.uses_nsp)
     optimizer = run.pretraining_optimizer(config.optimizer, config.train.total_steps,
-                                  config.long_phase, phases)
+                                          config.long_phase, phases)
     model_config = BertConfig.from_dict(config.model.to_dict())
     sharded = run.build_pretraining(model_config, optimizer, mesh, phases,
                                     config.train.grad_accum_steps, report=False,

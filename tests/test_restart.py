@@ -71,7 +71,7 @@ def test_restart_needs_two_phases_and_bert_adam(corpus_file):
     config = tiny_config(corpus_file, "", **RESTART)
     phases = schedule.phases(config.train, config.data, config.long_phase)
     optimizer = run.pretraining_optimizer(config.optimizer, config.train.total_steps,
-                                  config.long_phase, phases)
+                                          config.long_phase, phases)
     assert (optimizer.restart_step, optimizer.restart_warmup_steps) == (12, 2)
     config.optimizer.name = "adamw"
     with pytest.raises(run.ConfigError, match="needs optimizer.name='bert_adam'"):
