@@ -19,7 +19,8 @@ VARIABLE = "BERTJAX_TEST_PAUSE"
 
 
 def _pause(where: str) -> None:
-    print(f"{VARIABLE}: paused at {where}", flush=True)
+    sys.stdout.write(f"{VARIABLE}: paused at {where}\n")  # one write: not split by other threads
+    sys.stdout.flush()
     if sys.stdin is not None:
         sys.stdin.readline()
 
