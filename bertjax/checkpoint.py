@@ -31,6 +31,8 @@ from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
+from bertjax import test_pause
+
 META_KEYS_MUST_MATCH = ("model", "tokenizer")
 CHECKSUMS = "bertjax_checksums.json"
 DIGEST = "state_digest"  # the meta field with state_digest(state)
@@ -121,10 +123,12 @@ class Checkpointer:
         keep_policies = [policies.LatestN(keep_latest), self._kept]
         if keep_every:
             keep_policies.append(policies.EveryNSteps(keep_every))
+        pause = test_pause.in_checkpoint_write() if async_save else None
         options = ocp.CheckpointManagerOptions(
             save_decision_policy=policies.AnySavePolicy(save_policies),
             preservation_policy=policies.AnyPreservationPolicy(keep_policies),
-            cleanup_tmp_directories=True, enable_async_checkpointing=async_save, create=True)
+            cleanup_tmp_directories=True, enable_async_checkpointing=async_save, create=True,
+            async_options=ocp.AsyncOptions(post_finalization_callback=pause) if pause else None)
         self.directory = _absolute(directory)
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_names=("state", "data", "meta"))

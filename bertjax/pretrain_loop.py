@@ -8,7 +8,8 @@ from typing import Any
 
 import jax
 
-from bertjax import checkpoint, failures, guards, objectives, reporting, schedule, sharding
+from bertjax import (checkpoint, failures, guards, objectives, reporting, schedule, sharding,
+                     test_pause)
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
 from bertjax.run import ShardedRun
 from bertjax.schedule import DataPosition
@@ -122,6 +123,7 @@ class Pretraining:
                 if checkpointer.should_save(done) and done != stop_at:
                     save(done)
                 checkpointer.seal_finished()
+                test_pause.after_step(done, checkpointer.wait)
             flush_pending()
         except OSError as e:  # e.g. a full disk under metrics.jsonl or TensorBoard's events
             step = int(jax.device_get(state.step))
