@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.resources
+import os
 import re
 from typing import Iterator
 
@@ -78,6 +79,8 @@ def devices(target: Target) -> list[jax.Device]:
     """The target's compile-only devices; TargetError naming the extra when the compiler
     plugin is missing."""
     from jax.experimental import topologies
+    # Compile-only: no chip to guard, so other compiles (another process) may run meanwhile.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         if target.platform == "tpu":
             topology = topologies.get_topology_desc(
@@ -90,8 +93,8 @@ def devices(target: Target) -> list[jax.Device]:
                 target_config=gpu_target_config(target.topology), topology="1x1x1")
     except (RuntimeError, NotImplementedError, ValueError) as e:
         raise TargetError(
-            f"no compiler for {target.name} ({e}); install it with pip install -e '.[aot]' "
-            "and run with JAX_PLATFORMS=cpu") from e
+            f"the compiler for {target.name} did not start ({e}); it comes with "
+            "pip install -e '.[aot]' and runs with JAX_PLATFORMS=cpu") from e
     return list(topology.devices)
 
 

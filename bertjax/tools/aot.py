@@ -75,17 +75,20 @@ def advice(required: float, available: float, arguments: float, config: Any,
 
 
 def verdict(sizes: dict[str, int] | None, refused: tuple[float, float] | None,
-            available: float | None, config: Any, per_device_batch: int) -> dict[str, Any]:
-    """`{"fits": bool | None, "text": ...}` from the compiled step's memory or the refusal."""
+            available: float | None, config: Any, per_device_batch: int,
+            state_bytes: int) -> dict[str, Any]:
+    """`{"fits": bool | None, "text": ...}` from the compiled step's memory or the refusal;
+    `state_bytes`: the train state's bytes per device (the step's arguments, bar the batch)."""
     if refused:
         required, available = refused
-        arguments = (sizes or {}).get("argument", 0)
+        arguments = state_bytes
         return {"fits": False, "required_bytes": required, "available_bytes": available,
                 "text": f"does NOT fit: the compiler needs {required / GIB:.1f} GiB of "
                         f"{available / GIB:.2f} GiB per device; " + advice(
                             required, available, arguments, config, per_device_batch)}
     if not sizes or available is None:
-        return {"fits": None, "text": "compiled (fake CPU devices: no memory verdict)"}
+        return {"fits": None,
+                "text": "no memory verdict on fake CPU devices (compile for a --target)"}
     peak = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]
     if peak > available:
         return {"fits": False, "required_bytes": peak, "available_bytes": available,
@@ -164,8 +167,9 @@ def compile_phase(sharded: run.ShardedRun, phase: schedule.Phase, config: Any,
             record["compiler_flops_per_device"] = float(cost["flops"])
         if target is not None and target.platform == "cuda":
             record["gpu"] = gpu_estimate(compiled.as_text(), target, model_flops)
-    record["verdict"] = verdict(sizes, refused, target.hbm_bytes if target else None,
-                                config, per_device)
+    record["verdict"] = verdict(
+        sizes, refused, target.hbm_bytes if target else None, config, per_device,
+        memory.per_device_bytes(sharded.abstract_state))
     return record
 
 
