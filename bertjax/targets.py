@@ -29,6 +29,7 @@ class Target:
     hbm_bytes: int  # what one device's compiler may use (TPU: its own figure; GPU: see below)
     peak_tflops: float  # dense bf16 per chip
     hbm_bytes_per_second: float  # per chip, for the roofline estimate
+    device_kind: str  # as `jax.Device.device_kind` says
     chip_config: str = "default"  # TPU: "megacore" for v4 / v5p
 
 
@@ -36,12 +37,16 @@ class Target:
 # program, libtpu 0.0.42); GPU: 75% of the device memory, the share JAX's allocator takes
 # by default (XLA_PYTHON_CLIENT_MEM_FRACTION).
 TARGETS: dict[str, Target] = {t.name: t for t in (
-    Target("tpu-v4-8", "tpu", "v4:2x2x1", int(30.75 * GIB), 275.0, 1.2e12, "megacore"),
-    Target("tpu-v5e-8", "tpu", "v5e:2x4", int(15.75 * GIB), 197.0, 0.819e12),
-    Target("tpu-v5p-8", "tpu", "v5:2x2x1", int(95.74 * GIB), 459.0, 2.765e12, "megacore"),
-    Target("tpu-v6e-8", "tpu", "v6e:2x4", int(31.25 * GIB), 918.0, 1.64e12),
-    Target("h100", "cuda", "h100", int(0.75 * 84942979072), 989.0, 3.35e12),
-    Target("h200", "cuda", "h200", int(0.75 * 151397597184), 989.0, 4.8e12),
+    Target("tpu-v4-8", "tpu", "v4:2x2x1", int(30.75 * GIB), 275.0, 1.2e12, "TPU v4",
+           "megacore"),
+    Target("tpu-v5e-8", "tpu", "v5e:2x4", int(15.75 * GIB), 197.0, 0.819e12, "TPU v5 lite"),
+    Target("tpu-v5p-8", "tpu", "v5:2x2x1", int(95.74 * GIB), 459.0, 2.765e12, "TPU v5",
+           "megacore"),
+    Target("tpu-v6e-8", "tpu", "v6e:2x4", int(31.25 * GIB), 918.0, 1.64e12, "TPU v6 lite"),
+    Target("h100", "cuda", "h100", int(0.75 * 84942979072), 989.0, 3.35e12,
+           "NVIDIA H100 80GB HBM3"),
+    Target("h200", "cuda", "h200", int(0.75 * 151397597184), 989.0, 4.8e12,
+           "NVIDIA H200 141GB HBM3e"),
 )}
 
 
@@ -60,6 +65,11 @@ def parse(name: str) -> Target:
     generation = {"v5p": "v5"}.get(match.group(1), match.group(1))
     base = next(t for t in TARGETS.values() if t.topology.startswith(generation + ":"))
     return dataclasses.replace(base, name=name, topology=f"{generation}:{match.group(2)}")
+
+
+def for_device_kind(device_kind: str) -> Target | None:
+    """The table's target whose chips report `device_kind`, or None."""
+    return next((t for t in TARGETS.values() if t.device_kind == device_kind), None)
 
 
 def _host_bounds(target: Target) -> tuple[int, int, int]:

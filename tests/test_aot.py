@@ -9,10 +9,15 @@ import subprocess
 import sys
 import types
 
+import jax
 import ml_collections
 import pytest
 
-from bertjax import attention, sharding, targets
+from bertjax import attention, autofit, memory, optim, sharding, targets
+from bertjax import model as bert_model
+from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.schedule import Phase
+from bertjax.state import create_train_state
 from bertjax.tools import aot, hlo_census
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -160,6 +165,28 @@ def test_auto_attention_resolves_for_the_target_device_not_the_host():
     mesh = sharding.make_mesh({"data": -1})
     with sharding.activate(mesh):
         assert attention._TARGET_DEVICE.get() is mesh.devices.flat[0]
+
+
+def test_auto_accumulation_fits_the_devices_memory(monkeypatch):
+    config = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    mesh = sharding.make_mesh({"data": -1}, jax.devices()[:2])
+    tx = optim.make_optimizer(ml_collections.ConfigDict(
+        dict(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10)))
+    _, state, _ = create_train_state(BertForPreTraining(config), tx, jax.random.PRNGKey(0),
+                                     bert_model.example_inputs(BertForPreTraining(config)),
+                                     mesh, materialize=False)
+    phases = [Phase("short", 16, 2, 64, 0, 9), Phase("long", 64, 4, 64, 9, 10)]
+    assert autofit.accumulation(0, config, state, mesh, phases) == {"short": 1, "long": 1}  # CPU
+    assert autofit.accumulation(4, config, state, mesh, phases) == {"short": 4, "long": 4}
+    state_bytes = 2 * memory.per_device_bytes(state.params) + memory.per_device_bytes(
+        state.opt_state)
+    long_32 = memory.activation_estimate(config, phases[1], 32, 1).total
+    # Memory for the state and a little more than 8 long sequences' activations per device.
+    budget = (state_bytes + long_32 / 4 * 1.1) / autofit.MEMORY_MARGIN
+    monkeypatch.setattr(autofit, "device_memory", lambda device: budget)
+    chosen = autofit.accumulation(0, config, state, mesh, phases)
+    assert chosen == {"short": 1, "long": 4}  # 32 per device: 8 long ones at a time
 
 
 def _aot(*flags: str, out: str) -> subprocess.CompletedProcess:

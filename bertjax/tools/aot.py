@@ -54,13 +54,12 @@ def parse_refusal(message: str) -> tuple[float, float] | None:
 
 
 def advice(required: float, available: float, arguments: float, config: Any,
-           per_device_batch: int) -> str:
+           per_device_batch: int, steps: int = 1) -> str:
     """What to change so that `required` bytes fit in `available`: shard the state when it
     takes half the memory, else split the batch (accumulation) or recompute (remat)."""
     if arguments > available / 2 and config.mesh.fsdp == 1:
         return "shard parameters and optimizer state: --config.mesh.fsdp=-1 --config.mesh.data=1"
     activations = max(required - arguments, 1.0)
-    steps = config.train.grad_accum_steps
     factor = 2 ** math.ceil(math.log2(max(activations / max(available - arguments, 1.0), 1.0)))
     hints = []
     if per_device_batch % (steps * factor) == 0 and per_device_batch // (steps * factor):
@@ -76,16 +75,17 @@ def advice(required: float, available: float, arguments: float, config: Any,
 
 def verdict(sizes: dict[str, int] | None, refused: tuple[float, float] | None,
             available: float | None, config: Any, per_device_batch: int,
-            state_bytes: int) -> dict[str, Any]:
+            state_bytes: int, steps: int = 1) -> dict[str, Any]:
     """`{"fits": bool | None, "text": ...}` from the compiled step's memory or the refusal;
-    `state_bytes`: the train state's bytes per device (the step's arguments, bar the batch)."""
+    `state_bytes`: the train state's bytes per device (the step's arguments, bar the batch);
+    `steps`: the phase's micro-batches."""
     if refused:
         required, available = refused
         arguments = state_bytes
         return {"fits": False, "required_bytes": required, "available_bytes": available,
                 "text": f"does NOT fit: the compiler needs {required / GIB:.1f} GiB of "
                         f"{available / GIB:.2f} GiB per device; " + advice(
-                            required, available, arguments, config, per_device_batch)}
+                            required, available, arguments, config, per_device_batch, steps)}
     if not sizes or available is None:
         return {"fits": None,
                 "text": "no memory verdict on fake CPU devices (compile for a --target)"}
@@ -94,7 +94,7 @@ def verdict(sizes: dict[str, int] | None, refused: tuple[float, float] | None,
         return {"fits": False, "required_bytes": peak, "available_bytes": available,
                 "text": f"does NOT fit: peak {peak / GIB:.1f} GiB of {available / GIB:.2f} GiB "
                         "per device; " + advice(peak, available, sizes["argument"], config,
-                                                per_device_batch)}
+                                                per_device_batch, steps)}
     return {"fits": True, "required_bytes": peak, "available_bytes": available,
             "text": f"fits: peak {peak / GIB:.1f} GiB of {available / GIB:.2f} GiB per device, "
                     f"{(available - peak) / GIB:.1f} GiB headroom"}
@@ -144,6 +144,7 @@ def compile_phase(sharded: run.ShardedRun, phase: schedule.Phase, config: Any,
     start = time.time()
     record: dict[str, Any] = {"max_seq_length": phase.max_seq_length,
                               "global_batch_size": phase.global_batch_size,
+                              "grad_accum_steps": sharded.grad_accum[phase.name],
                               "per_device_batch": per_device, "model_flops_per_device":
                               model_flops}
     compiled, refused, sizes = None, None, None
@@ -169,14 +170,15 @@ def compile_phase(sharded: run.ShardedRun, phase: schedule.Phase, config: Any,
             record["gpu"] = gpu_estimate(compiled.as_text(), target, model_flops)
     record["verdict"] = verdict(
         sizes, refused, target.hbm_bytes if target else None, config, per_device,
-        memory.per_device_bytes(sharded.abstract_state))
+        memory.per_device_bytes(sharded.abstract_state), sharded.grad_accum[phase.name])
     return record
 
 
 def summary_lines(name: str, record: dict[str, Any]) -> list[str]:
     """The console's lines for one phase: the verdict, and a GPU's estimate."""
     lines = [f"Phase {name} (L={record['max_seq_length']}, global batch "
-             f"{record['global_batch_size']}, {record['per_device_batch']} per device): "
+             f"{record['global_batch_size']}, {record['per_device_batch']} per device in "
+             f"{record['grad_accum_steps']} micro-batches): "
              f"{record['verdict']['text']} [compiled in {record['compile_seconds']:.0f} s]"]
     gpu = record.get("gpu")
     if gpu:
@@ -210,13 +212,11 @@ def compile_train_step(config: Any, devices: list[jax.Device],
         "device_kind": devices[0].device_kind, "devices": len(devices),
         "mesh": dict(mesh.shape), "attention_impl": impl,
         "remat_policy": sharded.model.config.remat_policy,
-        "grad_accum_steps": config.train.grad_accum_steps,
         "startup_report": memory.report(sharded.model, sharded.abstract_state, mesh, phases),
         "phases": {}}
     print(f"{result['target']} ({result['device_kind']}, {len(devices)} devices), mesh "
           + " ".join(f"{k}={v}" for k, v in mesh.shape.items())
-          + f", attention {impl}, remat {result['remat_policy']}, accumulation "
-          f"{result['grad_accum_steps']}", flush=True)
+          + f", attention {impl}, remat {result['remat_policy']}", flush=True)
     for phase in phases:
         record = compile_phase(sharded, phase, config, target)
         result["phases"][phase.name] = record
