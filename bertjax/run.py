@@ -113,10 +113,12 @@ def build_pretraining(model_config: BertConfig, optimizer: optim.OptimizerConfig
     by_phase = (dict(grad_accum_steps) if isinstance(grad_accum_steps, Mapping) else
                 autofit.accumulation(grad_accum_steps, model_config, abstract_state, mesh, phases))
     check_batches(mesh, phases, by_phase, model_config.max_position_embeddings)
-    by_shape = {(p.global_batch_size, p.max_seq_length): by_phase[p.name] for p in phases}
-    run = build(model, tx, mesh, steps.make_train_step(
-        model, tx, by_shape or max(grad_accum_steps or 1, 1), objective),
-        steps.make_eval_step(model, objective))
+    if isinstance(grad_accum_steps, int) and grad_accum_steps:
+        accum: int | dict = grad_accum_steps  # the same for every batch
+    else:  # a phase's batch shape -> its micro-batches
+        accum = {(p.global_batch_size, p.max_seq_length): by_phase[p.name] for p in phases} or 1
+    run = build(model, tx, mesh, steps.make_train_step(model, tx, accum, objective),
+                steps.make_eval_step(model, objective))
     run.grad_accum = by_phase
     try:
         memory.check_shardable(model_config, run.abstract_state.params, mesh)

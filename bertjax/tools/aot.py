@@ -177,8 +177,9 @@ def compile_phase(sharded: run.ShardedRun, phase: schedule.Phase, config: Any,
 def summary_lines(name: str, record: dict[str, Any]) -> list[str]:
     """The console's lines for one phase: the verdict, and a GPU's estimate."""
     lines = [f"Phase {name} (L={record['max_seq_length']}, global batch "
-             f"{record['global_batch_size']}, {record['per_device_batch']} per device in "
-             f"{record['grad_accum_steps']} micro-batches): "
+             f"{record['global_batch_size']}, {record['per_device_batch']} per device"
+             + (f" in {record['grad_accum_steps']} micro-batches"
+                if record["grad_accum_steps"] > 1 else "") + "): "
              f"{record['verdict']['text']} [compiled in {record['compile_seconds']:.0f} s]"]
     gpu = record.get("gpu")
     if gpu:
