@@ -19,11 +19,12 @@ from bertjax import attention, memory, sharding, targets
 from bertjax.model import BertConfig
 from bertjax.schedule import Phase
 
-# Compiled activation bytes / JAX's saved residuals, BERT-large at L=512, 32 sequences per
-# device (with a margin): the TPU compiler needed 23.9 GiB on a v5e (0.59 GiB per sequence
-# beside 5.0 GiB of state) where JAX counts 1.94 GiB (einsum attention): 0.31; the H100
-# compiler 24.2 GiB (0.60 per sequence) where JAX counts 0.93 (cuDNN attention): 0.65.
-ACTIVATION_FACTOR = {"tpu": 0.35, "gpu": 0.75}
+# Compiled activation bytes / JAX's saved residuals (BERT-large, L=512, with a margin). TPU:
+# einsum attention, JAX counts 1.94 GiB per sequence; beside 5.0 GiB of state the compiler
+# needed 23.9 GiB on a v5e for 32 sequences per chip (0.59 GiB each) and 33.5 GiB on a v4
+# for 2 micro-batches of 32 (0.89 each): 0.46 at most. GPU: cuDNN attention, JAX counts
+# 0.93 GiB per sequence, the H100 compiler 24.2 GiB for 32 sequences (0.60 each): 0.65.
+ACTIVATION_FACTOR = {"tpu": 0.5, "gpu": 0.75}
 MEMORY_MARGIN = 0.9  # of the usable memory, for what the estimate misses
 
 
