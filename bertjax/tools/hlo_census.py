@@ -9,7 +9,6 @@ is their sum: a lower bound that ignores launch gaps and imperfect kernels, not 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 from collections import Counter
@@ -210,18 +209,13 @@ class _Analyzer:
                 kind = f"custom-call:{target}"
         elif ins.opcode in ("copy", "copy-start"):
             kind = "copy"
-        result = Census(kernels=Counter({kind: 1}), small_kernels=float(
+        return Census(kernels=Counter({kind: 1}), small_kernels=float(
             nbytes < SMALL_KERNEL_BYTES), flops=flops, bytes=nbytes,
             matmul_bytes=nbytes if kind in ("matmul", "attention") else 0.0,
             seconds=max(flops / self.peak_flops, nbytes / self.bandwidth))
-        return result
 
 
 def census(hlo_text: str, peak_tflops: float, bandwidth_bytes_per_second: float) -> Census:
     """The kernel census and roofline estimate of an optimized HLO module's text."""
     analyzer = _Analyzer(hlo_text, peak_tflops * 1e12, bandwidth_bytes_per_second)
     return analyzer.census(analyzer.entry)
-
-
-def to_json(result: Census) -> str:
-    return json.dumps(result.as_dict(), indent=1)
