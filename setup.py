@@ -14,6 +14,8 @@ setup(
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
     packages=find_packages(include=["bertjax", "bertjax.*"]),
+    # GPU target configs for deviceless compiles (`python -m bertjax.tools.aot --target=h100`).
+    package_data={"bertjax.tools": ["gpu_targets/*.txtpb"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.10.2",
@@ -44,5 +46,8 @@ setup(
         "tensorboard": ["tensorboard"],
         # Opt-in tests against TensorFlow's own checkpoint reader/writer (large; not in CI).
         "tf": ["pytest>=8", "tensorflow-cpu==2.21.0"],
+        # The real compilers for `python -m bertjax.tools.aot --target=...` on a CPU host:
+        # libtpu (TPU slices) and the CUDA PJRT plugin (H100/H200, no GPU or CUDA needed).
+        "aot": ["libtpu==0.0.42.*", "jax-cuda13-plugin==0.10.2", "jax-cuda13-pjrt==0.10.2"],
     },
 )

@@ -6,6 +6,8 @@ ordinary rows, or the instance ids of packed rows (`data.packing`).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 from typing import Callable
@@ -26,6 +28,27 @@ ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
 CUDNN_DTYPES = ("bfloat16", "float16")
 ATTENTION_MASK_VALUE = -10000.0  # the original additive mask, not -inf
 PALLAS_BLOCK = 128  # the TPU kernel's key block: lengths must be a multiple of it
+
+# The device that traced code will run on (`sharding.activate` sets it from the mesh), so that
+# "auto" resolves for the target, not for the host, when compiling for another platform.
+_TARGET_DEVICE: contextvars.ContextVar[jax.Device | None] = contextvars.ContextVar(
+    "bertjax_target_device", default=None)
+
+
+@contextlib.contextmanager
+def target_device(device: jax.Device):
+    """Resolves "auto" (and picks Pallas' interpret mode) for `device` while active."""
+    token = _TARGET_DEVICE.set(device)
+    try:
+        yield
+    finally:
+        _TARGET_DEVICE.reset(token)
+
+
+def target_platform() -> str:
+    """"gpu", "tpu" or "cpu": the target device's platform, else JAX's default backend."""
+    device = _TARGET_DEVICE.get()
+    return device.platform if device is not None else jax.default_backend()
 
 
 @flax.struct.dataclass
@@ -50,11 +73,11 @@ class Mask:
 def resolve_impl(impl: str, dtype: str, head_size: int, backend: str | None = None,
                  dropout_rate: float = 0.0, length: int = PALLAS_BLOCK,
                  packed: bool = False) -> str:
-    """The implementation `impl` means on `backend` (default: JAX's default backend) for a
+    """The implementation `impl` means on `backend` (default: `target_platform()`) for a
     layer applying attention dropout `dropout_rate` to rows of `length` (`packed` or not)."""
     if impl != "auto":
         return impl
-    backend = backend or jax.default_backend()
+    backend = backend or target_platform()
     cudnn_fits = dtype in CUDNN_DTYPES and head_size <= 128 and head_size % 8 == 0
     if backend in ("gpu", "cuda") and cudnn_fits and (not packed or _gpu_is_hopper_or_later()):
         return "cudnn"
@@ -66,7 +89,8 @@ def resolve_impl(impl: str, dtype: str, head_size: int, backend: str | None = No
 def _gpu_is_hopper_or_later() -> bool:
     """cuDNN runs packed rows (segment offsets) from compute capability 9.0 on."""
     try:
-        return float(jax.devices("gpu")[0].compute_capability) >= 9.0
+        device = _TARGET_DEVICE.get() or jax.devices("gpu")[0]
+        return float(device.compute_capability) >= 9.0
     except (RuntimeError, AttributeError, ValueError):
         return False
 
@@ -208,7 +232,7 @@ def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.
             sm_scale=1.0 / math.sqrt(head_size),
             block_sizes=tpu_flash.BlockSizes(block_b=1, **block))
 
-    if jax.default_backend() != "tpu":
+    if target_platform() != "tpu":
         flash = _in_tpu_interpret_mode(flash)
     mesh = jax.sharding.get_abstract_mesh()
     if spec is not None and not mesh.empty and any(spec):

@@ -104,7 +104,7 @@ class BertConfig:
         return self.hidden_size // self.num_attention_heads
 
     def resolved_attention_impl(self, backend: str | None = None) -> str:
-        """The implementation training uses on `backend` (default: JAX's default)."""
+        """The implementation training uses on `backend` (default: the target platform)."""
         return attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend,
                                       self.attention_probs_dropout_prob)
 

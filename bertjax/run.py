@@ -12,7 +12,7 @@ import jax
 import optax
 from jax.sharding import Mesh
 
-from bertjax import memory, objectives, optim, sharding, steps
+from bertjax import autofit, memory, objectives, optim, sharding, steps
 from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.schedule import Phase
@@ -35,6 +35,7 @@ class ShardedRun:
     state_shardings: TrainState
     train_step: Callable  # (state, batch) -> (state, metrics); donates the state
     eval_step: Callable  # (params, batch) -> metrics or outputs
+    grad_accum: dict[str, int] = dataclasses.field(default_factory=dict)  # by phase name
 
     def init_state(self, rng: jax.Array) -> TrainState:
         state, _, _ = create_train_state(self.model, self.tx, rng,
@@ -98,13 +99,17 @@ def pretraining_optimizer(optimizer_cfg: Mapping, total_steps: int, long_phase: 
         restart_peak_learning_rate=long_phase.restart_peak_learning_rate)
 
 
-def check_batches(mesh: Mesh, phases: Sequence[Phase], grad_accum_steps: int,
+def check_batches(mesh: Mesh, phases: Sequence[Phase],
+                  grad_accum: int | Mapping[str, int],
                   max_position_embeddings: int) -> None:
-    """Checks every phase's global batch against the mesh, accumulation and process count,
-    and its length against the model's positions."""
+    """Checks every phase's global batch against the mesh, accumulation (micro-batches, for
+    all phases or by phase name; 0 = auto: checked once chosen) and process count, and its
+    length against the model's positions."""
     dp = sharding.data_parallel_size(mesh)
     for phase in phases:
         size = phase.global_batch_size
+        grad_accum_steps = (grad_accum.get(phase.name, 1) if isinstance(grad_accum, Mapping)
+                            else grad_accum) or 1
         if size % jax.process_count() or size % grad_accum_steps or \
                 (size // grad_accum_steps) % dp:
             raise ConfigError(
@@ -117,18 +122,31 @@ def check_batches(mesh: Mesh, phases: Sequence[Phase], grad_accum_steps: int,
 
 
 def build_pretraining(model_config: BertConfig, optimizer: optim.OptimizerConfig, mesh: Mesh,
-                      phases: Sequence[Phase], grad_accum_steps: int,
+                      phases: Sequence[Phase], grad_accum_steps: int | Mapping[str, int],
                       report: bool = True,
                       objective: objectives.PretrainingObjective = objectives.PretrainingObjective()
                       ) -> ShardedRun:
     """The pretraining run: BertForPreTraining with BERT's optimizer on `mesh`, checked
     against the phases' batches and the mesh's divisibility; the chief prints the memory
-    report of `phases` when `report`."""
+    report of `phases` when `report`. `grad_accum_steps`: micro-batches of every phase, or by
+    phase name; 0 = per phase, the fewest that fit the mesh's devices (`autofit`), in
+    `ShardedRun.grad_accum`."""
     check_batches(mesh, phases, grad_accum_steps, model_config.max_position_embeddings)
     model = BertForPreTraining(model_config)
     tx = optim.make_optimizer(optimizer)
-    run = build(model, tx, mesh, steps.make_train_step(model, tx, grad_accum_steps, objective),
+    _, abstract_state, _ = create_train_state(
+        model, tx, jax.random.PRNGKey(0), bert_model.example_inputs(model), mesh,
+        materialize=False)
+    by_phase = (dict(grad_accum_steps) if isinstance(grad_accum_steps, Mapping) else
+                autofit.accumulation(grad_accum_steps, model_config, abstract_state, mesh, phases))
+    check_batches(mesh, phases, by_phase, model_config.max_position_embeddings)
+    if isinstance(grad_accum_steps, int) and grad_accum_steps:
+        accum: int | dict = grad_accum_steps  # the same for every batch
+    else:  # a phase's batch shape -> its micro-batches
+        accum = {(p.global_batch_size, p.max_seq_length): by_phase[p.name] for p in phases} or 1
+    run = build(model, tx, mesh, steps.make_train_step(model, tx, accum, objective),
                 steps.make_eval_step(model, objective))
+    run.grad_accum = by_phase
     try:
         memory.check_shardable(model_config, run.abstract_state.params, mesh)
     except memory.MeshMismatch as e:

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from bertjax import attention
 from bertjax import model as M
 
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
@@ -94,6 +95,8 @@ def global_batch_from_host(host_batch: Mapping[str, np.ndarray], mesh: Mesh) -> 
 
 @contextlib.contextmanager
 def activate(mesh: Mesh):
-    """Makes `mesh` and the logical rules current, for tracing steps with activation constraints."""
-    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES):
+    """Makes `mesh` and the logical rules current, for tracing steps with activation
+    constraints; "auto" choices resolve for the mesh's devices (`attention.target_device`)."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES), \
+            attention.target_device(mesh.devices.flat[0]):
         yield

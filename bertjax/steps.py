@@ -7,7 +7,7 @@ sentence prediction per instance: next_sentence_labels, next_sentence_weights [B
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -45,10 +45,12 @@ def _split_micro_batches(batch: Batch, accum_steps: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation, accum_steps: int = 1,
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
+                    accum_steps: int | Mapping[tuple[int, int], int] = 1,
                     objective: objectives.PretrainingObjective = objectives.PretrainingObjective()
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
-    """Builds the pure train step: forward, loss, grads (accumulated over micro-batches),
+    """Builds the pure train step: forward, loss, grads (accumulated over `accum_steps`
+    micro-batches, or as many as it gives for the batch's `(rows, length)`: one per phase),
     clip + update (inside `tx`), and a skip of non-finite updates."""
 
     def loss_fn(params, micro: Batch, rng, weight_total, num_sequences):
@@ -59,12 +61,14 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, accum_st
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        micro_batches = accum_steps if isinstance(accum_steps, int) else accum_steps.get(
+            batch["input_ids"].shape, 1)
         if objective.causal:
             batch = objectives.next_token_batch(batch)
         step_rng = jax.random.fold_in(state.rng, state.step)
         weight_total = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
         num_sequences = objectives.nsp_count(batch)
-        if accum_steps == 1:
+        if micro_batches == 1:
             (loss, metrics), grads = grad_fn(state.params, batch, step_rng, weight_total,
                                              num_sequences)
         else:
@@ -75,14 +79,14 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, accum_st
                                                  weight_total, num_sequences)
                 return jax.tree.map(jnp.add, carry, (loss, metrics, grads)), None
 
-            micro_batches = _split_micro_batches(batch, accum_steps)
+            split = _split_micro_batches(batch, micro_batches)
             zero = jax.eval_shape(lambda: grad_fn(state.params, jax.tree.map(
-                lambda x: x[0], micro_batches), step_rng, weight_total, num_sequences))
+                lambda x: x[0], split), step_rng, weight_total, num_sequences))
             (zero_loss, zero_metrics), zero_grads = jax.tree.map(
                 lambda s: jnp.zeros(s.shape, jnp.float32), zero)
             (loss, metrics, grads), _ = jax.lax.scan(
                 accumulate, (zero_loss, zero_metrics, zero_grads),
-                (micro_batches, jnp.arange(accum_steps)))
+                (split, jnp.arange(micro_batches)))
         return _apply_update(state, tx, loss, grads, metrics, batch)
 
     return train_step

@@ -99,6 +99,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         print(memory.summary(sharded.model, sharded.abstract_state, mesh, phases)
               + (f"; {jax.process_count()} processes" if jax.process_count() > 1 else "")
               + f"; full table: {report_path}", flush=True)
+        if any(steps > 1 for steps in sharded.grad_accum.values()):
+            print("Micro-batches per step: " + ", ".join(
+                f"{steps} ({name})" for name, steps in sharded.grad_accum.items())
+                + ("" if config.train.grad_accum_steps else
+                   " (train.grad_accum_steps=0: the fewest that fit the devices' memory)"),
+                flush=True)
     if found:
         state, position = resume_from.restore(found, sharded.abstract_state, meta, check)
     else:

@@ -30,7 +30,7 @@ def _rules(*entries: tuple[str, tuple[str, Callable[[Any], bool]]]) -> list[Rule
 PRETRAINING = _rules(
     ("optimizer.peak_learning_rate", _at_least_0), ("optimizer.warmup_steps", _at_least_0),
     ("train.total_steps", _at_least_1), ("train.global_batch_size", _at_least_1),
-    ("train.grad_accum_steps", _at_least_1), ("train.log_every", _at_least_1),
+    ("train.grad_accum_steps", (">= 1, or 0 for auto", lambda v: v >= 0)), ("train.log_every", _at_least_1),
     ("train.checkpoint_every", _at_least_1), ("train.keep_checkpoints", _at_least_1),
     ("train.keep_every", _at_least_0), ("train.eval_every", _at_least_0),
     ("train.eval_batches", _at_least_0), ("train.stop_after_steps", _at_least_0),

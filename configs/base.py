@@ -89,7 +89,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.train = ml_collections.ConfigDict()
     c.train.global_batch_size = 256  # sequences per optimizer step, summed over all hosts
-    c.train.grad_accum_steps = 1  # micro-batches per step (global batch stays the same)
+    # Micro-batches per step (the global batch stays the same); 0 = auto: per phase, the
+    # fewest that fit the devices' memory (bertjax.autofit; 1 on CPU).
+    c.train.grad_accum_steps = 0
     c.train.total_steps = 1_000_000  # optimizer steps, both phases
     c.train.log_every = 100  # steps between progress lines / TensorBoard scalars
     c.train.eval_every = 10_000  # steps between evaluations; 0 = only at the end

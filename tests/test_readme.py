@@ -23,7 +23,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Commands for other models or machines, each tested elsewhere or needing what CI lacks.
 NOT_HERE = {
     "configs/base.py": "BERT-base pretraining on your corpus (tests/test_train.py: the same code)",
-    "tools.aot": "compiles BERT-large for 16 devices (tests/test_memory.py runs a small one)",
+    "tools.aot": "compiles BERT-large for a TPU slice (tests/test_aot.py: a small one, -m aot)",
 }
 # Appended to the README's command per module: small step counts, nothing else changed.
 SMALL = {

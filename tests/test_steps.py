@@ -59,7 +59,8 @@ def test_gradient_accumulation_equals_the_large_batch():
     mesh = sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 1}, jax.devices()[:2])
     batches = [_batch(i) for i in range(3)]
     big, big_losses = _run(1, batches, mesh)
-    accumulated, accumulated_losses = _run(4, batches, mesh)
+    # 4 micro-batches for batches of this shape (a phase's), as train's auto accumulation gives
+    accumulated, accumulated_losses = _run({(BATCH, LENGTH): 4}, batches, mesh)
     np.testing.assert_allclose(big_losses, accumulated_losses, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), big.params,
                  accumulated.params)

@@ -1,32 +1,140 @@
-"""Compile the train step for a target mesh on fake CPU devices, before renting a TPU:
+"""Compile the exact train step of every phase for a TPU slice or a GPU, from a CPU host:
 
-    python -m bertjax.tools.aot --config=configs/large.py --num_devices=32 \
-        --config.mesh.data=1 --config.mesh.fsdp=-1 [--phases=long]
+    pip install -e '.[aot]'   # libtpu and the CUDA PJRT plugin: the real compilers
+    python -m bertjax.tools.aot --config=configs/large.py --target=tpu-v5e-8 [--phases=long]
+    python -m bertjax.tools.aot --config=configs/large.py --target=h100 --out=h100.json
 
-Nothing is materialised: the train state and the batches are abstract (shapes, dtypes and
-shardings), so BERT-large compiles for 32 devices on a laptop. Prints the start-up memory
-report, XLA's memory analysis of the compiled step (per device, on CPU; TPU layouts differ
-somewhat) and the compile time per phase. A mesh that cannot split the model or the batch
-ends with one `error: ...` line and exit status 1.
+Targets: tpu-v4-8, tpu-v5e-8, tpu-v5p-8, tpu-v6e-8, h100, h200, or a TPU topology such as
+v5e:4x4 (`bertjax.targets`); without `--target`, `--num_devices` fake CPU devices (sharding
+errors are the same; the memory figures are the CPU compiler's). Nothing is materialised.
+
+Per phase one verdict line: fits, with the headroom, or does not fit, with the compiler's own
+numbers (libtpu refuses a program larger than HBM) and what to change; for a GPU one more
+line: the roofline estimate of the step from its kernel census, and the MFU that implies.
+Every figure (memory per device, FLOPs, the census) goes to the JSON file `--out`, the
+compilers' own log lines to the `.log` beside it.
 """
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import sys
+import tempfile
 import time
+from typing import Any, Iterator
 
 import jax
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import cli, memory, optim, run, schedule, sharding
+from bertjax import cli, flops, memory, optim, run, schedule, sharding, targets
 from bertjax.model import BertConfig
+from bertjax.tools import fit_verdict, hlo_census
+
+# Measured step time / roofline estimate of the one version timed on a real H100 (589f15d,
+# BERT-large: 116.4 / 75.3 ms at L=128, 175.4 / 105.5 ms at L=512).
+H100_CALIBRATION = 1.6
 
 
-def compile_train_step(config, devices: list[jax.Device],
-                       phase_names: list[str] | None = None) -> dict[str, dict]:
-    """Lowers and compiles the train step for each phase; prints the memory report and
-    returns `{phase: {"compile_seconds": ..., "memory": {...}}}`."""
-    mesh = sharding.make_mesh(config.mesh.to_dict(), devices)
+@contextlib.contextmanager
+def stderr_to(path: str) -> Iterator[None]:
+    """Sends file descriptor 2 (the compilers' C++ log lines, Python's warnings) to `path`."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "a", encoding="utf-8") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _memory_sizes(compiled: Any) -> dict[str, int]:
+    analysis = compiled.memory_analysis()
+    return {} if analysis is None else {
+        name: int(getattr(analysis, f"{name}_size_in_bytes"))
+        for name in ("argument", "output", "alias", "temp", "generated_code")}
+
+
+def gpu_estimate(hlo_text: str, target: targets.Target, model_flops: float) -> dict[str, Any]:
+    """The kernel census of a GPU step, its roofline time and the MFU estimate that follows
+    with `H100_CALIBRATION` (an estimate, not a measurement)."""
+    result = hlo_census.census(hlo_text, target.peak_tflops, target.hbm_bytes_per_second)
+    step = result.seconds * H100_CALIBRATION
+    return {**result.as_dict(), "calibration": H100_CALIBRATION,
+            "estimated_step_seconds": step,
+            "estimated_mfu": model_flops / step / (target.peak_tflops * 1e12)}
+
+
+def compile_phase(sharded: run.ShardedRun, phase: schedule.Phase, config: Any,
+                  target: targets.Target | None) -> dict[str, Any]:
+    """Compiles the train step of `phase`; the verdict, memory per device, FLOPs and (GPU)
+    the kernel census and estimate."""
+    mesh = sharded.mesh
+    per_device = phase.global_batch_size // sharding.data_parallel_size(mesh)
+    model_flops = flops.train_flops_per_sequence(
+        sharded.model.config, phase.max_seq_length, phase.max_predictions_per_seq
+    ) * phase.global_batch_size / mesh.size
+    start = time.time()
+    record: dict[str, Any] = {"max_seq_length": phase.max_seq_length,
+                              "global_batch_size": phase.global_batch_size,
+                              "grad_accum_steps": sharded.grad_accum[phase.name],
+                              "per_device_batch": per_device, "model_flops_per_device":
+                              model_flops}
+    compiled, refused, sizes = None, None, None
+    with sharding.activate(mesh):
+        lowered = sharded.train_step.lower(sharded.abstract_state, memory.abstract_batch(
+            phase, phase.global_batch_size, sharding.batch_sharding(mesh)))
+        try:
+            compiled = lowered.compile()
+        except Exception as e:  # the TPU compiler's refusal carries its own numbers
+            refused = fit_verdict.parse_refusal(str(e))
+            if refused is None:
+                raise
+            record["compiler_error"] = str(e).splitlines()[0]
+    record["compile_seconds"] = time.time() - start
+    if compiled is not None:
+        sizes = _memory_sizes(compiled)
+        record["memory"] = sizes
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        if cost and "flops" in cost:
+            record["compiler_flops_per_device"] = float(cost["flops"])
+        if target is not None and target.platform == "cuda":
+            record["gpu"] = gpu_estimate(compiled.as_text(), target, model_flops)
+    record["verdict"] = fit_verdict.verdict(
+        sizes, refused, target.hbm_bytes if target else None, config, per_device,
+        memory.per_device_bytes(sharded.abstract_state), sharded.grad_accum[phase.name])
+    return record
+
+
+def summary_lines(name: str, record: dict[str, Any]) -> list[str]:
+    """The console's lines for one phase: the verdict, and a GPU's estimate."""
+    lines = [f"Phase {name} (L={record['max_seq_length']}, global batch "
+             f"{record['global_batch_size']}, {record['per_device_batch']} per device"
+             + (f" in {record['grad_accum_steps']} micro-batches"
+                if record["grad_accum_steps"] > 1 else "") + "): "
+             f"{record['verdict']['text']} [compiled in {record['compile_seconds']:.0f} s]"]
+    gpu = record.get("gpu")
+    if gpu:
+        lines.append(
+            f"  estimate (roofline x {gpu['calibration']} calibration, not measured): "
+            f"{gpu['estimated_step_seconds'] * 1e3:.1f} ms per step, MFU "
+            f"{gpu['estimated_mfu']:.0%}; roofline {gpu['roofline_seconds'] * 1e3:.1f} ms, "
+            f"{gpu['kernels']:,} kernels ({gpu['small_kernels']:,} under 64 KB), "
+            f"non-matmul {gpu['non_matmul_bytes'] / 1e9:.0f} GB")
+    return lines
+
+
+def compile_train_step(config: Any, devices: list[jax.Device],
+                       phase_names: list[str] | None = None,
+                       target: targets.Target | None = None) -> dict[str, Any]:
+    """Lowers and compiles the train step of each phase for `devices` (of `target`); prints
+    each phase's summary and returns the mesh, the start-up report and `{phase: record}`."""
+    mesh = run.make_mesh(config.mesh.to_dict(), devices)
     phases = schedule.phases(config.train, config.data, config.long_phase)
     run.check_batches(mesh, phases, config.train.grad_accum_steps,
                       config.model.max_position_embeddings)
@@ -34,28 +142,25 @@ def compile_train_step(config, devices: list[jax.Device],
     sharded = run.build_pretraining(
         BertConfig.from_dict(config.model.to_dict()),
         optim.optimizer_config(config.optimizer, config.train.total_steps), mesh, phases,
-        config.train.grad_accum_steps)
-    results = {}
+        config.train.grad_accum_steps, report=False)
+    with sharding.activate(mesh):
+        impl = sharded.model.config.resolved_attention_impl()
+    result: dict[str, Any] = {
+        "target": target.name if target else f"cpu x{len(devices)}",
+        "device_kind": devices[0].device_kind, "devices": len(devices),
+        "mesh": dict(mesh.shape), "attention_impl": impl,
+        "remat_policy": sharded.model.config.remat_policy,
+        "startup_report": memory.report(sharded.model, sharded.abstract_state, mesh, phases),
+        "phases": {}}
+    print(f"{result['target']} ({result['device_kind']}, {len(devices)} devices), mesh "
+          + " ".join(f"{k}={v}" for k, v in mesh.shape.items())
+          + f", attention {impl}, remat {result['remat_policy']}", flush=True)
     for phase in phases:
-        start = time.time()
-        with sharding.activate(mesh):
-            compiled = sharded.train_step.lower(sharded.abstract_state, memory.abstract_batch(
-                phase, phase.global_batch_size, sharding.batch_sharding(mesh))).compile()
-        seconds = time.time() - start
-        analysis = compiled.memory_analysis()
-        sizes = {} if analysis is None else {
-            name: getattr(analysis, f"{name}_size_in_bytes")
-            for name in ("argument", "output", "alias", "temp", "generated_code")}
-        results[phase.name] = {"compile_seconds": seconds, "memory": sizes}
-        print(f"Phase {phase.name} (L={phase.max_seq_length}, global batch "
-              f"{phase.global_batch_size}): lowered and compiled in {seconds:.1f} s", flush=True)
-        if sizes:
-            peak = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]
-            print("  XLA memory analysis per device: " + ", ".join(
-                f"{name} {memory.format_bytes(size)}" for name, size in sizes.items())
-                + f"; arguments + outputs - aliased + temporaries = {memory.format_bytes(peak)}",
-                flush=True)
-    return results
+        record = compile_phase(sharded, phase, config, target)
+        result["phases"][phase.name] = record
+        for line in summary_lines(phase.name, record):
+            print(line, flush=True)
+    return result
 
 
 FLAGS = flags.FLAGS
@@ -64,9 +169,13 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     config_flags.DEFINE_config_file("config", None, "Config file with get_config().",
                                     lock_config=True)
-    flags.DEFINE_integer("num_devices", 32, "Fake CPU devices to compile for (the mesh must "
-                         "cover them exactly).")
+    flags.DEFINE_string("target", "", "Compile for: " + ", ".join(targets.TARGETS)
+                        + ", or a TPU topology such as v5e:4x4; empty: fake CPU devices.")
+    flags.DEFINE_integer("num_devices", 32, "Fake CPU devices to compile for, without "
+                         "--target (the mesh must cover them exactly).")
     flags.DEFINE_list("phases", [], "Phases to compile (short, long); default: all.")
+    flags.DEFINE_string("out", "", "JSON file of every figure; default: "
+                        "$TMPDIR/bertjax_aot/TARGET.json. The compilers' log goes beside it.")
     flags.mark_flags_as_required(["config"])
 
 
@@ -74,12 +183,30 @@ def main(argv: list[str]) -> None:
     del argv
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", FLAGS.num_devices)
+    label = FLAGS.target or f"cpu{FLAGS.num_devices}"
+    out = FLAGS.out or os.path.join(tempfile.gettempdir(), "bertjax_aot", f"{label}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    log = os.path.splitext(out)[0] + ".log"
+    open(log, "w").close()
     try:
-        compile_train_step(FLAGS.config, jax.devices()[:FLAGS.num_devices], FLAGS.phases)
-    except Exception as e:  # sharding and shape errors from JAX/XLA included: one clear line
-        print(f"error: compiling the train step for mesh {FLAGS.config.mesh.to_dict()} on "
-              f"{FLAGS.num_devices} devices failed: {e}", file=sys.stderr, flush=True)
+        target = targets.parse(FLAGS.target) if FLAGS.target else None
+        with stderr_to(log):
+            devices = (targets.devices(target) if target
+                       else jax.devices()[:FLAGS.num_devices])
+            with targets.cudnn_for(target, devices[0]) if target else contextlib.nullcontext():
+                result = compile_train_step(FLAGS.config, devices, FLAGS.phases, target)
+    except targets.TargetError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except Exception as e:  # sharding and shape errors from JAX/XLA included: one clear line
+        first_line = (str(e).splitlines() or [repr(e)])[0]
+        print(f"error: compiling the train step for {label}, mesh "
+              f"{FLAGS.config.mesh.to_dict()}, failed: {first_line} (compiler log: {log})",
+              file=sys.stderr, flush=True)
+        sys.exit(1)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    print(f"Details: {out}; compiler log: {log}", flush=True)
 
 
 if __name__ == "__main__":

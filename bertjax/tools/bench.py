@@ -115,7 +115,7 @@ def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, co
         "config": {"model": config.model.to_dict(), "batch": batch_size, "length": length,
                    "predictions": predictions, "padding": padding,
                    "packed_instances_per_row": packed,
-                   "grad_accum_steps": config.train.grad_accum_steps,
+                   "grad_accum_steps": config.train.grad_accum_steps or 1,  # no phase: no auto
                    "mesh": dict(bertjax.mesh.shape)},
         "num_params": bertjax.num_params, "rounds": rounds, "steps_per_round": steps_per_round,
         "compile_and_first_step_s": compile_seconds,

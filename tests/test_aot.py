@@ -1,0 +1,226 @@
+"""`python -m bertjax.tools.aot --target=...`: the kernel census of optimized HLO, the verdict
+and the compiler's refusal, target names, and "auto" resolved for the target's devices.
+
+The cross-compiles themselves (libtpu, the CUDA plugin: `pip install -e '.[aot]'`) are
+marked `aot`: `python -m pytest -m aot tests/test_aot.py` (a stage of .ci/run)."""
+import json
+import os
+import subprocess
+import sys
+import types
+
+import jax
+import ml_collections
+import pytest
+
+from bertjax import attention, autofit, memory, optim, sharding, targets
+from bertjax import model as bert_model
+from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.schedule import Phase
+from bertjax.state import create_train_state
+from bertjax.tools import fit_verdict, hlo_census
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A step in miniature: a gemm fusion and a cuBLAS gemm, cuDNN attention forward and
+# backward, a loop of 3 trips around a small elementwise fusion, a conditional whose costlier
+# branch counts, a copy; parameters, tuples and get-tuple-element launch nothing.
+HLO = """HloModule jit_step, is_scheduled=true
+
+%fused_dot (p0: bf16[64,128], p1: bf16[128,256]) -> bf16[64,256] {
+  %p0 = bf16[64,128]{1,0} parameter(0)
+  %p1 = bf16[128,256]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[64,256]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%fused_add (p0: f32[1024]) -> f32[1024] {
+  %p0 = f32[1024]{0} parameter(0)
+  ROOT %add.1 = f32[1024]{0} add(%p0, %p0)
+}
+
+%body (arg: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %arg = (s32[], f32[1024]{0}) parameter(0)
+  %v = f32[1024]{0} get-tuple-element(%arg), index=1
+  %i = s32[] get-tuple-element(%arg), index=0
+  %add = f32[1024]{0} fusion(%v), kind=kLoop, calls=%fused_add
+  ROOT %t = (s32[], f32[1024]{0}) tuple(%i, %add)
+}
+
+%cond (arg: (s32[], f32[1024])) -> pred[] {
+  %arg = (s32[], f32[1024]{0}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+%cheap (p: f32[1024]) -> f32[1024] {
+  ROOT %p = f32[1024]{0} parameter(0)
+}
+
+%costly (p: f32[1024]) -> f32[1024] {
+  %p = f32[1024]{0} parameter(0)
+  ROOT %twice = f32[1024]{0} fusion(%p), kind=kLoop, calls=%fused_add
+}
+
+ENTRY %main (a: bf16[64,128], b: bf16[128,256], q: bf16[2,128,4,64], w: f32[1024], flag: pred[]) -> f32[1024] {
+  %a = bf16[64,128]{1,0} parameter(0)
+  %b = bf16[128,256]{1,0} parameter(1)
+  %q = bf16[2,128,4,64]{3,2,1,0} parameter(2)
+  %w = f32[1024]{0} parameter(3)
+  %flag = pred[] parameter(4)
+  %gemm = bf16[64,256]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_dot
+  %cublas = (bf16[64,256]{1,0}, s8[4194304]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %fwd = (bf16[2,128,4,64]{3,2,1,0}, f32[2,4,128]{2,1,0}) custom-call(%q, %q, %q), custom_call_target="__cudnn$fmhaSoftmaxDropout"
+  %bwd = (bf16[2,128,4,64]{3,2,1,0}) custom-call(%q, %q, %q), custom_call_target="__cudnn$fmhaSoftmaxDropoutBackward"
+  %init = (s32[], f32[1024]{0}) tuple(%flag, %w)
+  %loop = (s32[], f32[1024]{0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %picked = f32[1024]{0} conditional(%flag, %w, %w), true_computation=%cheap, false_computation=%costly
+  ROOT %copy.1 = f32[1024]{0} copy(%picked)
+}
+"""
+
+
+def test_census_counts_kernels_flops_and_bytes():
+    result = hlo_census.census(HLO, peak_tflops=1.0, bandwidth_bytes_per_second=1e9)
+    assert dict(result.kernels) == {"matmul": 2, "attention": 2, "fusion:kLoop": 4, "copy": 1}
+    matmul_flops = 2 * 64 * 256 * 128
+    attention_flops = (4 + 10) * 2 * 4 * 128 * 128 * 64
+    assert result.flops == 2 * matmul_flops + attention_flops
+    gemm_bytes = 2 * (64 * 128 + 128 * 256 + 64 * 256)
+    qkv = 2 * 128 * 4 * 64 * 2
+    attention_bytes = (3 * qkv + qkv + 2 * 4 * 128 * 4) + (3 * qkv + qkv)
+    elementwise = 4 * 1024 * 2  # f32[1024] in and out
+    assert result.matmul_bytes == 2 * gemm_bytes + 4194304 + attention_bytes
+    assert result.non_matmul_bytes == 5 * elementwise  # 3 loop trips, the costly branch, copy
+    assert result.small_kernels == 5
+    per_head = 2 * 4 * 128 * 128 * 64
+    expected = (max(matmul_flops / 1e12, gemm_bytes / 1e9)  # each kernel's roofline
+                + max(matmul_flops / 1e12, (gemm_bytes + 4194304) / 1e9)  # + the workspace
+                + max(4 * per_head / 1e12, (4 * qkv + 4096) / 1e9)
+                + max(10 * per_head / 1e12, 4 * qkv / 1e9) + 5 * elementwise / 1e9)
+    assert result.seconds == pytest.approx(expected)
+
+
+def test_census_of_a_module_without_entry_is_an_error():
+    with pytest.raises(ValueError, match="no ENTRY"):
+        hlo_census.census("HloModule empty\n", 1.0, 1.0)
+
+
+def test_parse_refusal_reads_the_tpu_compilers_numbers():
+    message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+               "temporaries (23.90G) exceeds available HBM (15.75G).")
+    assert fit_verdict.parse_refusal(message) == (23.90 * 2 ** 30, 15.75 * 2 ** 30)
+    other = "RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. Used 40.31G of 30.75G hbm."
+    assert fit_verdict.parse_refusal(other) == (40.31 * 2 ** 30, 30.75 * 2 ** 30)
+    assert fit_verdict.parse_refusal("INVALID_ARGUMENT: shapes do not match") is None
+
+
+def _config(remat="none", accumulation=1, fsdp=1):
+    return ml_collections.ConfigDict({"mesh": {"data": -1, "fsdp": fsdp, "tensor": 1},
+                                      "train": {"grad_accum_steps": accumulation},
+                                      "model": {"remat_policy": remat}})
+
+
+def test_verdict_fits_or_refused_with_what_to_change():
+    gib = 2 ** 30
+    sizes = {"argument": 4 * gib, "output": 4 * gib, "alias": 4 * gib, "temp": 6 * gib}
+    fits = fit_verdict.verdict(sizes, None, 16 * gib, _config(), 32, 4 * gib)
+    assert fits["fits"] and "peak 10.0 GiB of 16.00 GiB per device, 6.0 GiB headroom" in \
+        fits["text"]
+    refused = fit_verdict.verdict(None, (24 * gib, 15.75 * gib), None, _config(), 32, 4 * gib)
+    assert refused["fits"] is False
+    assert refused["text"] == (
+        "does NOT fit: the compiler needs 24.0 GiB of 15.75 GiB per device; try "
+        "--config.train.grad_accum_steps=2 or --config.model.remat_policy=dots or "
+        "--config.mesh.fsdp=-1 --config.mesh.data=1")
+    # Parameters and optimizer state over half the memory: shard them first.
+    assert "shard parameters" in fit_verdict.verdict(
+        None, (20 * gib, 16 * gib), None, _config(), 32, 10 * gib)["text"]
+    # Already full remat and no batch to split further: the last resort.
+    assert fit_verdict.advice(40 * gib, 16 * gib, gib, _config("full", 1, 8), 1) == "use more devices"
+    assert fit_verdict.verdict({}, None, None, _config(), 32, gib)["fits"] is None  # fake CPU devices
+
+
+def test_targets_by_name_and_raw_topology():
+    assert targets.parse("tpu-v5e-8").topology == "v5e:2x4"
+    raw = targets.parse("v5p:2x2x2")
+    assert (raw.topology, raw.chip_config, raw.hbm_bytes) == (
+        "v5:2x2x2", "megacore", targets.TARGETS["tpu-v5p-8"].hbm_bytes)
+    assert targets._host_bounds(targets.parse("v5e:4x4")) == (2, 4, 1)
+    assert targets._host_bounds(targets.parse("v4:2x2x1")) == (2, 2, 1)
+    with pytest.raises(targets.TargetError, match="choose one of"):
+        targets.parse("v9:2x2")
+    h100 = targets.gpu_target_config("h100")
+    assert "NVIDIA H100 80GB HBM3" in h100 and targets._cudnn_version(h100) == 91000
+
+
+def test_auto_attention_resolves_for_the_target_device_not_the_host():
+    gpu = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+    tpu = types.SimpleNamespace(platform="tpu")
+    assert attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.1) == "einsum"  # host
+    with attention.target_device(gpu):
+        assert attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.1,
+                                      packed=True) == "cudnn"
+    with attention.target_device(tpu):
+        assert attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.0) == "pallas"
+    assert attention.target_platform() == "cpu"
+    mesh = sharding.make_mesh({"data": -1})
+    with sharding.activate(mesh):
+        assert attention._TARGET_DEVICE.get() is mesh.devices.flat[0]
+
+
+def test_auto_accumulation_fits_the_devices_memory(monkeypatch):
+    config = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    mesh = sharding.make_mesh({"data": -1}, jax.devices()[:2])
+    tx = optim.make_optimizer(ml_collections.ConfigDict(
+        dict(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10)))
+    _, state, _ = create_train_state(BertForPreTraining(config), tx, jax.random.PRNGKey(0),
+                                     bert_model.example_inputs(BertForPreTraining(config)),
+                                     mesh, materialize=False)
+    phases = [Phase("short", 16, 2, 64, 0, 9), Phase("long", 64, 4, 64, 9, 10)]
+    assert autofit.accumulation(0, config, state, mesh, phases) == {"short": 1, "long": 1}  # CPU
+    assert autofit.accumulation(4, config, state, mesh, phases) == {"short": 4, "long": 4}
+    state_bytes = 2 * memory.per_device_bytes(state.params) + memory.per_device_bytes(
+        state.opt_state)
+    long_32 = memory.activation_estimate(config, phases[1], 32, 1).total
+    # Memory for the state and a little more than 8 long sequences' activations per device.
+    budget = (state_bytes + long_32 / 4 * 1.1) / autofit.MEMORY_MARGIN
+    monkeypatch.setattr(autofit, "device_memory", lambda device: budget)
+    chosen = autofit.accumulation(0, config, state, mesh, phases)
+    assert chosen == {"short": 1, "long": 4}  # 32 per device: 8 long ones at a time
+
+
+def _aot(*flags: str, out: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    for name in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR"):
+        env.pop(name, None)
+    return subprocess.run(
+        [sys.executable, "-m", "bertjax.tools.aot", "--config=configs/tiny.py",
+         "--config.model.num_hidden_layers=1", "--config.model.hidden_size=64",
+         "--config.model.num_attention_heads=2", "--config.model.intermediate_size=128",
+         "--config.model.vocab_size=512", "--config.model.dtype=bfloat16",
+         "--config.long_phase.fraction=0", f"--out={out}", *flags],
+        capture_output=True, text=True, timeout=600, cwd=REPO_ROOT, env=env)
+
+
+@pytest.mark.aot
+def test_cross_compile_for_h100_and_a_tpu_slice(tmp_path):
+    h100 = _aot("--target=h100", out=str(tmp_path / "h100.json"))
+    assert h100.returncode == 0, h100.stderr[-3000:]
+    lines = h100.stdout.splitlines()
+    assert "attention cudnn" in lines[0]  # resolved for the H100, not for this CPU host
+    assert lines[1].startswith("Phase short (L=128, global batch 16, 16 per device): fits: peak")
+    assert lines[2].startswith("  estimate (roofline x 1.6 calibration, not measured):")
+    assert len(lines) == 4 and not h100.stderr  # the compiler's log went to the file
+    census = json.loads((tmp_path / "h100.json").read_text())["phases"]["short"]["gpu"]
+    assert census["by_kind"]["attention"] == 2 and census["by_kind"]["matmul"] > 0
+    assert 0 < census["estimated_mfu"] < 1
+
+    # 16M x 64 embeddings: 4 GiB of parameters, 16 GiB with gradients and Adam's moments.
+    tpu = _aot("--target=tpu-v5e-8", "--config.model.vocab_size=16000000",
+               out=str(tmp_path / "v5e.json"))
+    assert tpu.returncode == 0, tpu.stderr[-3000:]
+    assert "attention einsum" in tpu.stdout  # the recipe's attention dropout on TPU
+    refused = json.loads((tmp_path / "v5e.json").read_text())["phases"]["short"]["verdict"]
+    assert refused["fits"] is False and refused["available_bytes"] == 15.75 * 2 ** 30
+    assert "does NOT fit: the compiler needs" in tpu.stdout
+    assert "shard parameters and optimizer state: --config.mesh.fsdp=-1" in tpu.stdout
