@@ -3,6 +3,8 @@ polling and retrying. Inert unless the environment variable BERTJAX_TEST_PAUSE i
 
 * `BERTJAX_TEST_PAUSE=step:N`: the pretraining loop pauses once step N is done (its
   checkpoint saves written, JAX's preemption sync point for step N passed);
+* `BERTJAX_TEST_PAUSE=start`: pretraining pauses before its first step (data prepared,
+  state built), where a signal is outside the training steps;
 * `BERTJAX_TEST_PAUSE=save`: every checkpoint write pauses with its files written but its
   temporary directory not yet renamed into place (an unfinished checkpoint).
 
@@ -30,6 +32,12 @@ def after_step(step: int, write_checkpoints: Callable[[], None]) -> None:
     if os.environ.get(VARIABLE) == f"step:{step}":
         write_checkpoints()
         _pause(f"step {step}")
+
+
+def before_training() -> None:
+    """Pauses before the pretraining loop if asked to."""
+    if os.environ.get(VARIABLE) == "start":
+        _pause("the start of training")
 
 
 def in_checkpoint_write() -> Callable[[], None] | None:

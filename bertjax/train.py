@@ -19,7 +19,7 @@ from etils import epath
 from ml_collections import config_flags
 
 from bertjax import (checkpoint, cli, distributed, failures, guards, locks, memory,
-                     pretrained, reporting, resume, run, schedule, validate)
+                     pretrained, reporting, resume, run, schedule, test_pause, validate)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
 from bertjax.interop.tree import ConversionError
@@ -124,6 +124,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                   optimizer, model_config, writer, start_step,
                                   os.path.join(workdir, "metrics.jsonl") if is_chief else None,
                                   resume_from.where(start_step) if found else None)
+    test_pause.before_training()
     try:
         state, position, final_eval = Pretraining(
             config.train, sharded, phase_data, checkpointer, meta, progress, writer,

@@ -322,6 +322,21 @@ def test_a_second_run_in_the_workdir_is_refused_and_ctrl_c_saves(corpus_file, ca
     print(f"Ctrl-C: saved step 2; steps logged by the two runs: {steps}")
 
 
+def test_ctrl_c_before_the_first_step_is_one_line_and_exit_130(corpus_file, cache_dir, tmp_path):
+    """Ctrl-C outside the training steps (here: data prepared, state built, no step run)
+    ends the run with status 130 and one line saying nothing was saved: no traceback, no
+    checkpoint."""
+    trainer = Trainer(command_line(corpus_file, cache_dir, str(tmp_path)), pause="start")
+    assert trainer.wait_for_pause() == "the start of training"
+    trainer.proc.send_signal(signal.SIGINT)
+    assert trainer.finish(timeout=60) == 130, trainer.output()
+    errors = [line.strip() for line in trainer.lines if line.startswith("error: ")]
+    assert errors == ["error: interrupted (Ctrl-C) outside the training steps; nothing to save "
+                      "(rerun to resume from the last checkpoint)"], trainer.output()
+    assert "Traceback" not in trainer.output(None)
+    assert finished(tmp_path / "checkpoints") == []
+
+
 def test_a_second_ctrl_c_exits_at_once():
     """The second SIGINT ends the process (130) at once, not after its 600 s sleep."""
     script = ("import os, signal, time\nfrom bertjax import failures\n"
