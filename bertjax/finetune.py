@@ -137,6 +137,8 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     or predicts again with a finished one's best checkpoints; `workdir` is locked meanwhile.
     A `workdir` of a run with other settings is refused unless `overwrite`."""
     validate.finetuning(config)
+    if config.init_checkpoint:  # (before the workdir is made: a mistake creates nothing)
+        pretrained.check_exists(config.init_checkpoint, "init_checkpoint")
     os.makedirs(workdir, exist_ok=True)
     with locks.workdir_lock(workdir, jax.process_index()):
         if jax.process_index() == 0:
