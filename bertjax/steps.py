@@ -126,9 +126,11 @@ def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax
         return optax.apply_updates(state.params, updates), opt_state
 
     # The new state is computed twice: here only to be checked (XLA fuses the arithmetic into
-    # the reductions, nothing is stored), then in the `cond` that applies it, so that XLA
-    # updates the donated buffers in place (a select over old and new trees would hold both).
-    finite = gradients_finite & all_finite(update(None))
+    # the reductions, nothing is stored), then in the elementwise select that applies it,
+    # which XLA fuses into the update writing the donated buffers in place (a `lax.cond` copied
+    # every float32 leaf of the state first).
+    new_params, new_opt_state = update(None)
+    finite = gradients_finite & all_finite((new_params, new_opt_state))
 
     def cause(_):
         return jnp.select([~all_finite(batch), ~all_finite((state.params, state.opt_state)),
@@ -136,8 +138,8 @@ def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax
 
     # A non-finite step leaves params and optimizer state untouched; the host stops the run
     # after too many in a row, or at once if the state itself is not finite (reporting.py).
-    params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state),
-                                     None)
+    params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                     (new_params, new_opt_state), (state.params, state.opt_state))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     nonfinite = jax.lax.cond(finite, lambda _: jnp.float32(0.0), cause, None)
     return new_state, dict(metrics, grad_norm=grad_norm, nonfinite=nonfinite)
