@@ -7,6 +7,7 @@ sentence prediction per instance: next_sentence_labels, next_sentence_weights [B
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -106,10 +107,11 @@ NONFINITE_CAUSES = {
 
 
 def all_finite(tree: Any) -> jax.Array:
-    """Whether every float in `tree` is finite (a scalar bool array)."""
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-              if jnp.issubdtype(x.dtype, jnp.inexact)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+    """Whether every float in `tree` is finite (a scalar bool array): one reduction per
+    distinct shape, over the elementwise AND of its leaves, not one per leaf."""
+    checks = [jnp.all(functools.reduce(jnp.logical_and, [jnp.isfinite(x) for x in group]))
+              for group in optim.float_leaves_by_shape(tree)]
+    return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
 
 
 def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax.Array, grads: Any,
@@ -117,7 +119,7 @@ def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax
     """Clip + update (inside `tx`), applied only if the loss, the gradients, the new
     parameters and the new optimizer state are all finite; adds grad_norm and `nonfinite`
     (0, or the NONFINITE_CAUSES code of a skipped step)."""
-    grad_norm = optax.tree.norm(grads)
+    grad_norm = optim.global_norm(grads)
     gradients_finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def update(_):
