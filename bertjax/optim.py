@@ -149,13 +149,42 @@ def _base_optimizer(cfg: Any, schedule: optax.Schedule) -> optax.GradientTransfo
     raise ValueError(f"Unknown optimizer {name!r}; valid names: {', '.join(OPTIMIZER_NAMES)}")
 
 
+def float_leaves_by_shape(tree: Any) -> list[list[jax.Array]]:
+    """The float leaves of `tree`, grouped by shape and dtype (e.g. one group for the 24
+    layers' query kernels), so that a reduction over the tree is one kernel per group."""
+    groups: dict[tuple, list[jax.Array]] = {}
+    for x in jax.tree.leaves(tree):
+        if jnp.issubdtype(x.dtype, jnp.inexact):
+            groups.setdefault((x.shape, x.dtype), []).append(x)
+    return list(groups.values())
+
+
+def global_norm(tree: Any) -> jax.Array:
+    """The L2 norm of every float in `tree` (float32): one sum of squares per distinct shape,
+    over its leaves added elementwise, not one per leaf."""
+    sums = [jnp.sum(sum(jnp.square(x.astype(jnp.float32)) for x in group))
+            for group in float_leaves_by_shape(tree)]
+    return jnp.sqrt(sum(sums)) if sums else jnp.float32(0.0)
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """tf.clip_by_global_norm, as the original: `g * max_norm / max(norm, max_norm)`, with
+    the norm of `global_norm` (state as optax's clip_by_global_norm: empty)."""
+    def update(updates, state, params=None):
+        del params
+        scale = max_norm / jnp.maximum(global_norm(updates), max_norm)
+        return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(cfg: Any) -> optax.GradientTransformation:
     """Build global-norm clipping followed by the configured optimizer and schedule."""
     optimizer = _base_optimizer(cfg, _schedule_from_config(cfg))
     clip_norm = getattr(cfg, "clip_global_norm", 1.0)
     if not clip_norm:
         return optimizer
-    return optax.chain(optax.clip_by_global_norm(clip_norm), optimizer)
+    return optax.chain(clip_by_global_norm(clip_norm), optimizer)
 
 
 def learning_rate_at(cfg: Any, step: int) -> float:

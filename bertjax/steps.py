@@ -106,7 +106,9 @@ NONFINITE_CAUSES = {
 
 
 def all_finite(tree: Any) -> jax.Array:
-    """Whether every float in `tree` is finite (a scalar bool array)."""
+    """Whether every float in `tree` is finite (a scalar bool array). One reduction per leaf:
+    grouped by shape like `optim.global_norm`, the H100 compile of BERT-large had 1,400 fewer
+    kernels but 744 copies of the state and a slower roofline (benchmarks/aot/levers.md)."""
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
               if jnp.issubdtype(x.dtype, jnp.inexact)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
@@ -117,7 +119,7 @@ def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax
     """Clip + update (inside `tx`), applied only if the loss, the gradients, the new
     parameters and the new optimizer state are all finite; adds grad_norm and `nonfinite`
     (0, or the NONFINITE_CAUSES code of a skipped step)."""
-    grad_norm = optax.tree.norm(grads)
+    grad_norm = optim.global_norm(grads)
     gradients_finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def update(_):

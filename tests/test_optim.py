@@ -9,7 +9,7 @@ import optax
 import pytest
 from flax.core import FrozenDict
 
-from bertjax import optim
+from bertjax import optim, steps
 
 B1, B2, EPS, WD = 0.9, 0.999, 1e-6, 0.01
 
@@ -272,3 +272,38 @@ def test_every_integer_in_the_optimizer_state_counts_steps(name):
     synced = optim.at_step(state, jnp.int32(7))
     assert all(int(x) == 7 for x in jax.tree_util.tree_leaves(synced)
                if jnp.issubdtype(x.dtype, jnp.integer))
+
+
+def test_global_norm_and_finiteness_by_shape_group_see_every_leaf():
+    """The grouped reductions (one per distinct shape) equal a float64 norm over every leaf,
+    and a single NaN or Inf in any leaf of a group (parameters or a moment) is found."""
+    rng = np.random.default_rng(0)
+    tree = {"layer_0": {"w": rng.normal(size=(3, 4)), "b": rng.normal(size=4)},
+            "layer_1": {"w": rng.normal(size=(3, 4)), "b": rng.normal(size=4)},
+            "emb": rng.normal(size=(5, 3)).astype(np.float32), "count": np.int32(7)}
+    tree = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32) if x.dtype != np.int32 else x,
+                        tree)
+    expected = np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64)))
+                           for x in jax.tree.leaves(tree) if x.dtype == jnp.float32))
+    np.testing.assert_allclose(float(optim.global_norm(tree)), expected, rtol=1e-6)
+    assert bool(steps.all_finite(tree))
+    for path in (("layer_0", "w"), ("layer_1", "b"), ("emb",)):
+        for bad in (np.nan, np.inf):
+            damaged = jax.tree.map(lambda x: x, tree)
+            leaf = damaged
+            for key in path[:-1]:
+                leaf = leaf[key]
+            leaf[path[-1]] = leaf[path[-1]].at[(0,) * leaf[path[-1]].ndim].set(bad)
+            assert not bool(steps.all_finite(damaged)), (path, bad)
+            assert not np.isfinite(float(optim.global_norm(damaged)))
+
+
+def test_clipping_is_the_originals_rule():
+    """tf.clip_by_global_norm: g * c / max(norm, c); under the limit the gradients pass."""
+    grads = {"a": jnp.array([3.0, 4.0]), "b": jnp.array([[12.0]])}  # norm 13
+    clip = optim.clip_by_global_norm(1.0)
+    clipped, _ = clip.update(grads, clip.init(grads))
+    np.testing.assert_allclose(clipped["a"], [3 / 13, 4 / 13], rtol=1e-6)
+    np.testing.assert_allclose(clipped["b"], [[12 / 13]], rtol=1e-6)
+    kept, _ = optim.clip_by_global_norm(20.0).update(grads, clip.init(grads))
+    jax.tree.map(np.testing.assert_array_equal, kept, grads)
