@@ -302,6 +302,7 @@ class Killed(Exception):
     """Stands for a kill -9 in the middle of a fine-tuning run."""
 
 
+@pytest.mark.slow  # (four fine-tuning runs, about 45 s: the `slow` stage of .ci/run)
 def test_fine_tuning_resumes_reruns_and_refuses_other_settings(data_root, tmp_path, monkeypatch):
     """A run stopped just before its epoch-3 checkpoint (what kill -9 leaves: epoch 3's rows
     written, checkpoint 2 the latest), rerun with the same config, resumes after epoch 2 and

@@ -27,6 +27,7 @@ def fit(config, workdir) -> None:
     train.train_and_evaluate(config, str(workdir), devices=jax.devices()[:1])
 
 
+@pytest.mark.slow  # (about 40 s of CPU: the `slow` stage of .ci/run)
 def test_restart_resumes_exactly_and_equals_the_two_run_original(corpus_file, cache_dir,
                                                                  tmp_path):
     """16 steps, the long phase from step 13: the learning rate restarts there (warmup 2 to
