@@ -197,7 +197,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str,
     if jax.process_index() == 0:
         reporting.write_text(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=1))
         lines, warnings = finetune_loop.summary_lines(config.task, summary["summary"],
-                                                      len(results), baselines)
+                                                      len(results), baselines,
+                                                      task.percent_metrics)
         print("\n".join(lines), flush=True)
         for warning in warnings:
             logging.warning("%s", warning)

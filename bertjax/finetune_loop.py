@@ -242,8 +242,9 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                 clock.restart()  # the evaluation was no training step
                 clock.tick("train", step)
                 for name, values in dev.items():
-                    reporting.chief_print(f"seed {seed} epoch {epoch + 1} {name}: " +
-                                          " ".join(f"{k} {v:.4f}" for k, v in values.items()))
+                    reporting.chief_print(f"seed {seed} epoch {epoch + 1} {name}: " + " ".join(
+                        f"{k} {metric_value(k, v, task.percent_metrics)}"
+                        for k, v in values.items()))
                     reporting.log_scalars(writer, f"eval_{name}", values, step)
                     reporting.write_jsonl(jsonl, {"step": step, "epoch": epoch + 1,
                                                   "split": name, **values})
@@ -300,16 +301,25 @@ def summarize_seeds(results: list[dict[str, Any]]) -> dict[str, dict[str, float]
     return {key: metrics.spread(v) for key, v in table.items()}
 
 
+def metric_value(name: str, value: float, percent: frozenset[str] = frozenset()) -> str:
+    """A metric as printed: `88.50%` for one reported in percent (SQuAD's official EM/F1),
+    `0.8850` for a fraction of 1 (GLUE, CoNLL-2003)."""
+    return f"{value:.2f}%" if name in percent else f"{value:.4f}"
+
+
 def summary_lines(task: str, stats: dict[str, dict[str, float]], num_seeds: int,
-                  baselines: dict[str, tuple[str, dict[str, float]]]) -> tuple[list[str], list[str]]:
+                  baselines: dict[str, tuple[str, dict[str, float]]],
+                  percent: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
     """The run's summary lines (each metric over the seeds, beside its split's baseline), and
     per split a warning naming the metrics whose mean does not beat the baseline: `baselines`
-    maps a split to (how the baseline predicts, its metrics)."""
+    maps a split to (how the baseline predicts, its metrics); `percent` names the metrics
+    reported in percent."""
     lines, behind = [], {}
     for key, values in stats.items():
         split, metric = key.split("/", 1)
-        line = (f"{task} {key}: mean {values['mean']:.4f} std {values['std']:.4f} median "
-                f"{values['median']:.4f} over {num_seeds} seeds")
+        mean, std, median = (metric_value(metric, values[k], percent)
+                             for k in ("mean", "std", "median"))
+        line = f"{task} {key}: mean {mean} std {std} median {median} over {num_seeds} seeds"
         if split in baselines and metric in baselines[split][1]:
             baseline = baselines[split][1][metric]
             line += f"; baseline {baseline:.4f}"

@@ -80,7 +80,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                                  jax.process_count())
     if tokenizer.vocab_size > config.model.vocab_size:
         raise pipeline.DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but "
-                                 f"model.vocab_size={config.model.vocab_size}; raise the latter")
+                                 f"model.vocab_size={config.model.vocab_size}; set --config.model.vocab_size="
+                                 f"{tokenizer.vocab_size} (or more)")
     meta["tokenizer"] = tokenizer.fingerprint()
     if found:  # and the tokenizer
         checkpoint.check_compatible(found.meta, meta, resume_from.where(found.step))

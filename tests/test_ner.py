@@ -29,7 +29,7 @@ def test_reader_skips_docstart_and_counts_bad_sentences(tmp_path):
         ner.read_sentences("dev", str(tmp_path))
 
 
-def test_first_sub_token_is_labelled_and_truncation_predicts_o(tmp_path, tokenizer):
+def test_first_sub_token_is_labelled_and_truncation_predicts_o(tmp_path, tokenizer, caplog):
     sentence = ner.Sentence(["John", "lives", "in", "Newark", "."], ["B-PER", "O", "O", "B-LOC", "O"])
     encoded, positions, _ = ner.encode([sentence], tokenizer, max_seq_length=12)
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0][:8].tolist())
@@ -40,8 +40,12 @@ def test_first_sub_token_is_labelled_and_truncation_predicts_o(tmp_path, tokeniz
     assert labels == sentence.tags
     # At length 6, "Newark" (2 pieces) no longer fits after "[CLS] john lives in": it and
     # everything after it are cut, and predicted "O".
-    short, short_positions, counts = ner.encode([sentence], tokenizer, max_seq_length=6)
+    with caplog.at_level("WARNING"):
+        short, short_positions, counts = ner.encode([sentence], tokenizer, max_seq_length=6)
     assert short_positions == [[1, 2, 3]] and counts == {"sentences truncated": 1}
+    # Kept, not skipped, and the flag that keeps them whole named.
+    assert "1 of 1 sentences truncated at max_seq_length=6 (kept;" in caplog.text
+    assert "skipped" not in caplog.text and "--config.max_seq_length" in caplog.text
     predicted = ner.word_tags(short["labels"], short_positions, [sentence])
     assert predicted == [["B-PER", "O", "O", "O", "O"]]
     assert ner.evaluate([sentence], predicted)["recall"] == pytest.approx(0.5)

@@ -274,6 +274,15 @@ def test_sentencepiece_counts_the_lines_it_leaves_out(tmp_path, caplog, capfd):
     assert "too long line" not in capfd.readouterr().err.lower()
 
 
+def test_sentencepiece_says_when_it_makes_fewer_pieces_than_asked(tmp_path, caplog):
+    with caplog.at_level("INFO"):
+        model = tok.train_sentencepiece(make_sentences(), str(tmp_path / "m"), vocab_size=5000)
+    made = tok.SentencePieceTokenizer(model).vocab_size
+    assert made < 5000
+    assert f"SentencePiece: asked for 5000 pieces, made {made}: the corpus holds too few" in (
+        caplog.text)
+
+
 def test_sentencepiece_lowercase_and_fingerprint(tmp_path, sp_model):
     lower = tok.SentencePieceTokenizer(
         tok.train_sentencepiece(make_sentences(), str(tmp_path / "low"), vocab_size=200, do_lower_case=True)

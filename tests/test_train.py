@@ -14,7 +14,7 @@ import pytest
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
 from bertjax import finetune, pretrained, train
-from bertjax.data import corpus, default_corpus
+from bertjax.data import corpus, default_corpus, pipeline
 from bertjax.model import BertConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -206,6 +206,13 @@ def test_command_line_errors_are_one_clear_line(overrides, message, tmp_path):
     assert "Traceback" not in result.stderr
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(error_lines) == 1 and message in error_lines[0], result.stderr[-2000:]
+
+
+def test_a_tokenizer_larger_than_the_model_names_the_flag(corpus_file, cache_dir, tmp_path):
+    config = tiny_config(corpus_file, cache_dir, **{"model.vocab_size": 100})
+    with pytest.raises(pipeline.DataError, match=r"the tokenizer has \d+ tokens but "
+                       r"model.vocab_size=100; set --config.model.vocab_size=\d+ \(or more\)"):
+        train.train_and_evaluate(config, str(tmp_path / "run"))
 
 
 def test_init_checkpoint_from_a_google_tf_checkpoint(corpus_file, cache_dir, tmp_path):

@@ -195,6 +195,11 @@ def train_sentencepiece(
         if counts["sentences"] == 0:
             raise ValueError("no non-blank sentences to train sentencepiece on") from None
         raise ValueError(f"sentencepiece training failed: {str(e).strip()}") from None
+    made = spm.SentencePieceProcessor(model_file=model_prefix + ".model").vocab_size()
+    if made < vocab_size:
+        logging.info("SentencePiece: asked for %d pieces, made %d: the corpus holds too few "
+                     "distinct pieces for more (a larger corpus gives more; ids from %d up are "
+                     "never used)", vocab_size, made, made)
     if counts["too_long"]:
         logging.warning("SentencePiece left %d of %d lines longer than %d bytes out of learning "
                         "its vocabulary (the data pipeline still tokenizes them)",

@@ -121,6 +121,9 @@ class Finetune:
     test_splits: list[str]  # predicted (and written) with the best checkpoint
     scored_test_splits: list[str] = []  # test splits with labels, also scored
     frozen_encoder = False  # train only the head (feature-based)
+    # Metrics in percent (0-100), as the task's official scorer reports them; others are
+    # fractions (0-1), as GLUE's scorers and conlleval's counts give them.
+    percent_metrics: frozenset[str] = frozenset()
 
     def num_train_examples(self, train: SplitData) -> int:
         """What the step count counts: examples, one row each (as run_classifier.py)."""

@@ -3,6 +3,7 @@ with the first sub-token of each word labelled (the paper's setup), and conlleva
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 from typing import Sequence
@@ -106,7 +107,7 @@ def encode(sentences: Sequence[Sentence], tokenizer: tokenization.Tokenizer, max
     `max_seq_length` have none: they are predicted "O"), and counts of truncations."""
     specials = features.special_ids(tokenizer)
     unk = tokenizer.convert_tokens_to_ids([tokenization.UNK])[0]
-    rows, positions, counts = [], [], features.SkipCounter()
+    rows, positions, counts = [], [], collections.Counter()
     for sentence in sentences:
         ids, labels, weights, starts = [specials["cls"]], [0], [0], []
         for word, tag in zip(sentence.words, sentence.tags):
@@ -128,7 +129,12 @@ def encode(sentences: Sequence[Sentence], tokenizer: tokenization.Tokenizer, max
         positions.append(starts)
     columns = [np.stack(c).reshape(len(sentences), max_seq_length) for c in zip(*rows)]
     names = ("input_ids", "input_mask", "segment_ids", "labels", "label_weights")
-    return dict(zip(names, columns)), positions, counts.report("CoNLL-2003 encoding")
+    if counts:  # kept, not skipped: their words past the cut are predicted "O"
+        logging.warning("CoNLL-2003: %d of %d sentences truncated at max_seq_length=%d (kept; "
+                        "their words past it are predicted \"O\"); raise "
+                        "--config.max_seq_length to keep them whole",
+                        counts["sentences truncated"], len(sentences), max_seq_length)
+    return dict(zip(names, columns)), positions, dict(counts)
 
 
 def word_tags(predicted_ids: np.ndarray, positions: Sequence[list[int]],

@@ -251,6 +251,9 @@ class SquadFinetune(features.Finetune):
     main_metric = "f1"
     eval_splits = ["dev"]
     test_splits: list[str] = []
+    percent_metrics = frozenset(  # as the official evaluate-v1.1/v2.0 scripts print them
+        f"{prefix}{name}" for prefix in ("", "HasAns_", "NoAns_", "best_")
+        for name in ("exact_match", "exact", "f1"))
 
     def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer):
         if options.causal_attention:
