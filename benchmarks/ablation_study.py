@@ -25,7 +25,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import finetune_study  # noqa: E402  (the fine-tuning tasks' data and settings)
 
-GUTENBERG = "/work/shared/data/gutenberg/*.txt"
+GUTENBERG = os.path.join(finetune_study.DATA, "gutenberg", "*.txt")
 # Row -> (pretraining overrides, description). "paper" is the paper's recipe.
 ROWS = {
     "paper": ([], "MLM 80/10/10 + NSP (the paper)"),

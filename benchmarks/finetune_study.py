@@ -22,7 +22,8 @@ import shlex
 import subprocess
 import sys
 
-DATA = "/work/shared/data"
+# The shared data sets (glue/, conll2003/, gutenberg/): the directory $DATA names, else ./data.
+DATA = os.environ.get("DATA", "data")
 # The study's settings: the original defaults (batch 32, 3 epochs, 10% warmup, BertAdam,
 # dropout 0.1) except peak lr 1e-4 (the small-BERT recommendation), shorter sequences where the
 # task's texts fit, and a fixed random 8000-example subset of SST-2's 67k (CPU time).

@@ -2,8 +2,8 @@
 preparation path (`data.pipeline.prepare`, the config's masking and instance settings).
 
     nice -n 19 python benchmarks/packing/padding.py \
-        --input_files='/work/shared/data/gutenberg/*.txt' \
-        --vocab_file=/work/shared/data/bert-base-uncased/vocab.txt \
+        --input_files='$DATA/gutenberg/*.txt' \
+        --vocab_file=$DATA/bert-base-uncased/vocab.txt \
         --out=benchmarks/packing/gutenberg_padding.json
 
 Prepares the train split at 128 (20 predictions) and 512 (80) tokens with configs/base.py's data
