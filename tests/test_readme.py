@@ -1,8 +1,12 @@
-"""The README's commands, top to bottom, on the Quick start's model: pretraining (with small
-step counts appended), the three fine-tuning tasks on small task files, feature extraction,
-the three conversions and the Python snippet, each as written apart from the placeholders.
-Every one must succeed with a quiet console. In the parity stage: it loads the Hugging Face
-export with transformers, and takes a few minutes."""
+"""The README and docs/. The walk-through (parity stage, a few minutes): the README's commands,
+top to bottom, on the Quick start's model, then those of the docs it sends fine-tuning,
+probing and conversion readers to (pretraining with small step counts appended, the
+fine-tuning tasks on small task files, feature extraction, probing, the conversions and the
+Python snippet), each as written apart from the placeholders; every one must succeed with a
+quiet console, and transformers loads the Hugging Face exports. The fast checks: the README
+stays a front door (under 200 lines), its and docs/' links resolve, and no README, docs/ or
+benchmarks/ file carries a path of one particular machine."""
+import glob
 import json
 import os
 import random
@@ -16,14 +20,13 @@ import pytest
 from bertjax.data import default_corpus
 from test_finetune import assert_quiet_console
 
-transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.parity
-
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Walked after the README, in this order: their fenced blocks' commands are run too (indented
+# blocks are records of measurements, not run).
+WALKED_DOCS = ["docs/finetuning.md", "docs/probing-and-ablations.md", "docs/interop.md"]
 # Commands for other models or machines, each tested elsewhere or needing what CI lacks.
 NOT_HERE = {
     "configs/base.py": "BERT-base pretraining on your corpus (tests/test_train.py: the same code)",
-    "tools.aot": "compiles BERT-large for a TPU slice (tests/test_aot.py: a small one, -m aot)",
 }
 # Appended to the README's command per module: small step counts, nothing else changed.
 SMALL = {
@@ -40,11 +43,19 @@ SMALL = {
 }
 
 
+def walked_text() -> str:
+    """The README, then the WALKED_DOCS, as one text."""
+    texts = []
+    for name in ["README.md", *WALKED_DOCS]:
+        with open(os.path.join(REPO_ROOT, name), encoding="utf-8") as f:
+            texts.append(f.read())
+    return "\n".join(texts)
+
+
 def readme_commands() -> list[str]:
-    """The shell commands of the README's code blocks, continuation lines joined, comments
-    and `pip install ... &&` prefixes dropped, in order."""
-    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
-        blocks = re.findall(r"^```(\w*)\n(.*?)^```", f.read(), re.MULTILINE | re.DOTALL)
+    """The shell commands of the walked files' fenced code blocks, continuation lines joined,
+    comments and `pip install ... &&` prefixes dropped, in order."""
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", walked_text(), re.MULTILINE | re.DOTALL)
     commands = []
     for language, block in blocks:
         if language:  # ```python: the snippet, run on its own
@@ -57,8 +68,7 @@ def readme_commands() -> list[str]:
 
 
 def python_snippet() -> str:
-    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
-        (snippet,) = re.findall(r"^```python\n(.*?)^```", f.read(), re.MULTILINE | re.DOTALL)
+    (snippet,) = re.findall(r"^```python\n(.*?)^```", walked_text(), re.MULTILINE | re.DOTALL)
     return snippet
 
 
@@ -107,7 +117,9 @@ def task_files(root) -> None:
     (root / "in.txt").write_text("The quick brown fox.\nA sentence ||| and its pair.\n")
 
 
+@pytest.mark.parity
 def test_readme_commands_run_top_to_bottom(tmp_path):
+    transformers = pytest.importorskip("transformers")
     task_files(tmp_path)
     env = {**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
@@ -130,26 +142,95 @@ def test_readme_commands_run_top_to_bottom(tmp_path):
         assert result.returncode == 0, (command, result.stdout[-2000:], result.stderr[-3000:])
         assert_quiet_console(result.stdout + result.stderr)
         ran.append(words[2])
-    assert ran == ["bertjax.train", "bertjax.finetune", "bertjax.finetune", "bertjax.finetune",
-                   "bertjax.extract_features", "bertjax.probe", "bertjax.convert", "bertjax.convert",
-                   "bertjax.convert"], ran
+    assert ran == ["bertjax.train", "bertjax.finetune", "bertjax.extract_features",
+                   "bertjax.convert",  # the README's three jobs
+                   "bertjax.finetune", "bertjax.finetune", "bertjax.finetune",  # finetuning.md
+                   "bertjax.probe", "bertjax.convert", "bertjax.convert"], ran
     assert json.loads((tmp_path / "workdir" / "tiny" / "final_metrics.json").read_text())[
         "step"] == 6
     record = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])
     assert [layer["index"] for layer in record["features"][0]["layers"]] == [-1, -2]
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "tiny_hf"))
     assert tokenizer("The quick brown fox.")["input_ids"][0] == tokenizer.cls_token_id
-    assert_loads_completely(tmp_path / "tiny_hf")
+    assert_loads_completely(transformers, tmp_path / "tiny_hf")
     snippet = subprocess.run([sys.executable, "-c", python_snippet()], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=300)
     assert snippet.returncode == 0, snippet.stderr[-3000:]
-    assert_loads_completely(tmp_path / "out")
+    assert_loads_completely(transformers, tmp_path / "out")
 
 
-def assert_loads_completely(directory) -> None:
+def assert_loads_completely(transformers, directory) -> None:
     """transformers loads every weight of BertForPreTraining from the export: none missing
     (left at random init), none unexpected, none of another shape."""
     _, info = transformers.BertForPreTraining.from_pretrained(str(directory),
                                                               output_loading_info=True)
     problems = {key: value for key, value in info.items() if value}
     assert problems == {}, problems
+
+
+# A path of one particular machine: a workspace, home, root or scratch directory.
+MACHINE_PATH = re.compile(r"/work/|/home/|/root/|/tmp/[a-z]")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def doc_files() -> list[str]:
+    return ["README.md", *sorted(glob.glob("docs/*.md", root_dir=REPO_ROOT))]
+
+
+def anchors(path: str) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings: lower case, punctuation dropped, spaces
+    as hyphens."""
+    with open(path, encoding="utf-8") as f:
+        headings = re.findall(r"^#+ (.+)$", f.read(), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_the_readme_is_a_front_door():
+    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert len(text.splitlines()) < 200
+    assert "## Where to read on" in text
+    listed = set(re.findall(r"\]\((docs/[\w-]+\.md)\)", text.split("## Where to read on")[1]))
+    unlisted = set(glob.glob("docs/*.md", root_dir=REPO_ROOT)) - listed
+    assert unlisted == set(), "docs missing from the README's contents list"
+
+
+def test_every_link_of_the_readme_and_docs_resolves():
+    """Relative links (and their #anchors) of README.md and docs/*.md name files that exist."""
+    broken = []
+    for name in doc_files():
+        with open(os.path.join(REPO_ROOT, name), encoding="utf-8") as f:
+            links = LINK.findall(f.read())
+        for link in links:
+            if "://" in link or link.startswith("mailto:"):
+                continue
+            target, _, anchor = link.partition("#")
+            path = os.path.normpath(os.path.join(REPO_ROOT, os.path.dirname(name),
+                                                 target)) if target else \
+                os.path.join(REPO_ROOT, name)
+            if not os.path.exists(path):
+                broken.append(f"{name}: {link} (no such file)")
+            elif anchor and path.endswith(".md") and anchor not in anchors(path):
+                broken.append(f"{name}: {link} (no such heading)")
+    assert broken == []
+
+
+def test_no_machine_specific_paths_in_readme_docs_or_benchmarks():
+    """Commands and records use placeholders ($DATA, DIR, ...), never one machine's paths."""
+    found = []
+    for root in ("README.md", "docs", "benchmarks"):
+        paths = [root] if os.path.isfile(os.path.join(REPO_ROOT, root)) else sorted(
+            glob.glob(f"{root}/**/*", root_dir=REPO_ROOT, recursive=True))
+        for path in paths:
+            full = os.path.join(REPO_ROOT, path)
+            if not os.path.isfile(full):
+                continue
+            with open(full, "rb") as f:
+                data = f.read()
+            if b"\0" in data[:4096]:  # binary (images)
+                continue
+            for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+                if MACHINE_PATH.search(line):
+                    found.append(f"{path}:{number}: {line.strip()[:120]}")
+    assert found == []
+
