@@ -103,12 +103,16 @@ def table(args) -> None:
     curve_table(record)
 
 
-def curve_table(record: dict) -> None:
-    """Training MLM loss (mean over seeds) and learning rate per logged step near the switch."""
-    steps = [r["step"] for r in next(iter(record["arms"]["continue"]["runs"].values()))["train"]]
-    print("\n| step | " + " | ".join(f"{arm} train MLM loss | {arm} lr" for arm in ARMS)
-          + " |\n|---" * 1 + "|---|---" * len(ARMS) + "|")
-    for index, step in enumerate(steps):
+def curve_table(record: dict, before: int = 50) -> None:
+    """Training MLM loss (mean over seeds) and learning rate per logged step from `before`
+    steps before the switch to the end (the whole curve is in the JSON record)."""
+    rows = next(iter(record["arms"]["continue"]["runs"].values()))["train"]
+    switch = min(r["step"] for r in rows if r["phase"] == "long")
+    print("\n| step (phase) | " + " | ".join(f"{arm}: train MLM loss | {arm}: lr" for arm in ARMS)
+          + " |\n|---" + "|---|---" * len(ARMS) + "|")
+    for index, step in enumerate(r["step"] for r in rows):
+        if step < switch - before:
+            continue
         cells = []
         for arm in ARMS:
             rows = [run["train"][index] for run in record["arms"][arm]["runs"].values()]
