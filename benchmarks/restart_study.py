@@ -3,7 +3,7 @@ configs/tiny.py on the shared Gutenberg books, phase 1 at length 128 then phase 
 `long_phase.restart_optimizer` off ("continue") and on ("restart"), several seeds; the
 held-out MLM accuracy at the end of phase 2 and the loss curve around the switch.
 
-    python benchmarks/restart_study.py --books='$DATA/gutenberg/*.txt' --out=STUDY_DIR \
+    python benchmarks/restart_study.py --books="$DATA/gutenberg/*.txt" --out=STUDY_DIR \
         [--steps=500] [--long_fraction=0.1] [--seeds=1,2,3] [--lr=5e-4]
     python benchmarks/restart_study.py --out=STUDY_DIR --table=benchmarks/restart_study.json
 
@@ -52,7 +52,7 @@ def command(arm: str, seed: int, args) -> list[str]:
 def run(args) -> None:
     if not args.books:
         sys.exit("restart_study.py: --books is required to run (e.g. "
-                 "--books='$DATA/gutenberg/*.txt'); only --table reads finished runs without it")
+                 "--books=\"$DATA/gutenberg/*.txt\"); only --table reads finished runs without it")
     os.makedirs(args.out, exist_ok=True)
     for seed in (int(s) for s in args.seeds.split(",")):
         for arm in ARMS:
