@@ -49,19 +49,29 @@ ROWS = {
 }
 
 
-def pretrain_command(row: str, args) -> list[str]:
+def books_pretrain_command(workdir: str, cache_dir: str, books: str, steps: int,
+                           lr: float) -> list[str]:
+    """The `python -m bertjax.train` flags that the CPU studies on the shared books share:
+    configs/tiny.py, dynamic masking, dropout 0, batch 32, `steps` steps at peak `lr` with 10%
+    warmup, one checkpoint at the end. Each study adds its lengths, phases and evaluation."""
     return [sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py",
-            f"--workdir={args.out}/pretrain/{row}", "--config.data.source=text",
-            f"--config.data.input_files={GUTENBERG}", f"--config.data.cache_dir={args.out}/data",
+            f"--workdir={workdir}", "--config.data.source=text",
+            f"--config.data.input_files={books}", f"--config.data.cache_dir={cache_dir}",
             "--config.data.masking=dynamic", "--config.data.num_workers=1",
-            "--config.data.dupe_factor=2", "--config.data.max_seq_length=64",
-            "--config.data.max_predictions_per_seq=10", "--config.long_phase.fraction=0",
-            "--config.model.hidden_dropout_prob=0", "--config.model.attention_probs_dropout_prob=0",
-            f"--config.train.total_steps={args.steps}", "--config.train.global_batch_size=32",
-            f"--config.optimizer.peak_learning_rate={args.lr}",
-            f"--config.optimizer.warmup_steps={args.steps // 10}", "--config.train.eval_every=0",
-            "--config.train.eval_batches=20", f"--config.train.checkpoint_every={args.steps}",
-            "--config.train.log_every=100", *ROWS[row][0]]
+            "--config.data.dupe_factor=2", "--config.model.hidden_dropout_prob=0",
+            "--config.model.attention_probs_dropout_prob=0",
+            f"--config.train.total_steps={steps}", "--config.train.global_batch_size=32",
+            f"--config.optimizer.peak_learning_rate={lr}",
+            f"--config.optimizer.warmup_steps={steps // 10}",
+            f"--config.train.checkpoint_every={steps}"]
+
+
+def pretrain_command(row: str, args) -> list[str]:
+    return [*books_pretrain_command(f"{args.out}/pretrain/{row}", f"{args.out}/data", GUTENBERG,
+                                    args.steps, args.lr),
+            "--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10",
+            "--config.long_phase.fraction=0", "--config.train.eval_every=0",
+            "--config.train.eval_batches=20", "--config.train.log_every=100", *ROWS[row][0]]
 
 
 def finetune_command(row: str, task: str, args) -> list[str]:
@@ -79,7 +89,8 @@ def finetune_command(row: str, task: str, args) -> list[str]:
                if "--config.train.objective=ltr" in (ROWS[row][0] or []) else []))
 
 
-def _run(cmd: list[str], done_file: str, out: str) -> None:
+def run_once(cmd: list[str], done_file: str, out: str) -> None:
+    """Runs `cmd` (printed and appended to OUT/commands.txt) unless `done_file` exists."""
     if os.path.exists(done_file):
         print(f"= done: {done_file}", flush=True)
         return
@@ -93,10 +104,10 @@ def run(args) -> None:
     os.makedirs(args.out, exist_ok=True)
     for row in args.rows.split(","):
         if ROWS[row][0] is not None:
-            _run(pretrain_command(row, args),
+            run_once(pretrain_command(row, args),
                  f"{args.out}/pretrain/{row}/final_metrics.json", args.out)
         for task in args.tasks.split(","):
-            _run(finetune_command(row, task, args),
+            run_once(finetune_command(row, task, args),
                  f"{args.out}/finetune/{row}/{task}/summary.json", args.out)
 
 
