@@ -17,7 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bertjax import locks, schedule
-from bertjax.data import pipeline
+from bertjax.data import pipeline, shard_job
 
 FLAGS = flags.FLAGS
 
@@ -25,7 +25,7 @@ FLAGS = flags.FLAGS
 def prepare_all(config, output: str) -> list[str]:  # noqa: ANN001 (a ConfigDict, the CLI's)
     """Prepares every phase of `config` into `output`; returns one summary line per phase."""
     from bertjax import run, validate  # not at the top: spawned workers re-import this module
-    validate.pretraining(config)
+    validate.data_preparation(config)
     if config.data.prepared_dir:
         raise run.ConfigError("data.prepared_dir is set: this job writes prepared data, it "
                               "does not read it; unset --config.data.prepared_dir")
@@ -77,7 +77,8 @@ def main(argv: list[str]) -> None:
     try:
         for line in prepare_all(FLAGS.config, FLAGS.output):
             print(line, flush=True)
-    except (run.ConfigError, pipeline.DataError, locks.LockHeld, OSError) as e:
+    except (run.ConfigError, pipeline.DataError, shard_job.GuardMissing, locks.LockHeld,
+            OSError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 

@@ -83,3 +83,11 @@ def pretraining(config: Any) -> None:
 def finetuning(config: Any) -> None:
     """Every range of a fine-tuning config."""
     check(config, FINETUNING)
+
+
+def data_preparation(config: Any) -> None:
+    """The ranges of a pretraining config that its data preparation depends on (the data, the
+    phases' lengths and the schedule that makes them)."""
+    rules = PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
+    check(config, [rule for rule in rules if rule[0].startswith(
+        ("data.", "long_phase.", "train.total_steps", "train.global_batch_size"))])

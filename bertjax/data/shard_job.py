@@ -16,7 +16,6 @@ import multiprocessing
 import os
 import random
 import signal
-import sys
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -37,11 +36,9 @@ GUARD_MESSAGE = ("data preparation started again inside a worker process, which 
 
 
 def check_not_in_spawned_import() -> None:
-    """Raises GuardMissing when called while a spawned child re-runs the parent's script."""
-    main = sys.modules.get("__main__")
-    if getattr(main, "__name__", None) == "__mp_main__" or (
-            multiprocessing.parent_process() is not None
-            and getattr(multiprocessing.current_process(), "_inheriting", False)):
+    """Raises GuardMissing when called while a spawned child, still starting, re-runs its
+    parent's script (multiprocessing marks that phase with `_inheriting`)."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
         raise GuardMissing(GUARD_MESSAGE)
 
 
@@ -153,17 +150,8 @@ def prepare_shard(job: ShardJob, shard: int, raw_documents: list[list[str]]) -> 
     return dict(counts)
 
 
-_worker_job: ShardJob | None = None
-
-
-def _start_worker(job: ShardJob) -> None:
-    global _worker_job
-    _worker_job = job
+def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-
-
-def _run_in_worker(shard: int, raw_documents: list[list[str]]) -> dict[str, int]:
-    return prepare_shard(_worker_job, shard, raw_documents)
 
 
 def run_shards(job: ShardJob, shards: Iterable[list[list[str]]], num_workers: int
@@ -178,19 +166,23 @@ def run_shards(job: ShardJob, shards: Iterable[list[list[str]]], num_workers: in
         return
     with concurrent.futures.ProcessPoolExecutor(
             num_workers, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start_worker, initargs=(job,)) as pool:
+            initializer=_ignore_sigint) as pool:
+        # The job (with the tokenizer) goes with every shard, not to the workers' start: a
+        # start message larger than a pipe's buffer hangs the parent if the child dies early.
         pending: collections.deque = collections.deque()
         try:
             for index, documents in enumerate(shards):
-                pending.append(pool.submit(_run_in_worker, index, documents))
+                pending.append(pool.submit(prepare_shard, job, index, documents))
                 del documents
                 while len(pending) >= 2 * num_workers:
                     yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()
         except concurrent.futures.process.BrokenProcessPool as e:
-            raise GuardMissing(f"a data preparation worker died ({e}); if the worker's output "
-                               f"above says so: {GUARD_MESSAGE}") from e
+            raise GuardMissing(f"a data preparation worker process died ({e}); the usual "
+                               "cause is a script that starts preparation without `if __name__ "
+                               "== \"__main__\":` (spawned workers re-import it; their error "
+                               "is above), else memory: lower data.shard_bytes") from e
         finally:
             for future in pending:
                 future.cancel()
