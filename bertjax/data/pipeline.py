@@ -65,7 +65,14 @@ def read_documents(data_cfg: Any, process_index: int, process_count: int,
 
 
 def source_identity(data_cfg: Any) -> dict[str, Any]:
-    """What identifies the raw corpus: files with their sizes, or the dataset's name."""
+    """What identifies the raw corpus: files with their sizes, or the dataset's name (with
+    `data.prepared_dir`: as recorded there, so the corpus need not be on this host)."""
+    if data_cfg.get("prepared_dir"):
+        found = sorted(glob.glob(os.path.join(glob.escape(data_cfg.prepared_dir), "*", "meta.json")))
+        if not found:
+            raise DataError(f"data.prepared_dir={data_cfg.prepared_dir!r} holds no prepared data "
+                            "(no */meta.json); run python -m bertjax.prepare --output=DIR first")
+        return _read_meta(os.path.dirname(found[0]))[0].get("source", {})
     if data_cfg.source == "text":
         if not data_cfg.input_files:
             raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
@@ -391,6 +398,7 @@ def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.T
     with open(os.path.join(tmp, "meta.json"), "w") as f:
         json.dump({**meta, "corpus": dataclasses.asdict(stats), "masking": data_cfg.masking,
                    "settings": settings(data_cfg, phase, tokenizer, nsp),
+                   "source": source_identity(data_cfg),
                    "seconds": round(time.time() - start, 1), "files": _shard_records(tmp)}, f)
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(tmp, directory)

@@ -157,7 +157,7 @@ def _ignore_sigint() -> None:
 def run_shards(job: ShardJob, shards: Iterable[list[list[str]]], num_workers: int
                ) -> Iterator[dict[str, int]]:
     """Prepares every shard (in `num_workers` processes; 0: one per core), yielding each
-    shard's counts in shard order; at most 2 shards per worker are read ahead."""
+    shard's counts in shard order; one shard is read ahead of the workers."""
     check_not_in_spawned_import()
     num_workers = num_workers or os.cpu_count() or 1
     if num_workers <= 1:
@@ -174,7 +174,7 @@ def run_shards(job: ShardJob, shards: Iterable[list[list[str]]], num_workers: in
             for index, documents in enumerate(shards):
                 pending.append(pool.submit(prepare_shard, job, index, documents))
                 del documents
-                while len(pending) >= 2 * num_workers:
+                while len(pending) > num_workers:
                     yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()
