@@ -106,3 +106,21 @@ def test_a_script_without_the_main_guard_gets_an_error_not_a_hang(wordpiece_corp
     assert result.returncode != 0
     assert 'put the code that starts it under `if __name__ == "__main__":`' in result.stderr
     assert "a data preparation worker process died" in result.stderr.splitlines()[-1]
+
+
+def test_a_new_build_names_the_older_format_beside_it(wordpiece_corpus, wordpiece_vocab,
+                                                      tmp_path, caplog):
+    old = tmp_path / "short_64_0123456789abcdef"
+    old.mkdir()
+    (old / "meta.json").write_text(json.dumps({"train_instances": 5, "files": {}}))
+    config = wordpiece_config(wordpiece_corpus, wordpiece_vocab)
+    tokenizer = tokenization.WordPieceTokenizer(wordpiece_vocab)
+    with caplog.at_level("INFO"):
+        pipeline.prepare(config.data, short_phase(config), tokenizer, str(tmp_path))
+        pipeline.prepare(config.data, short_phase(config), tokenizer, str(tmp_path))
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line for line in lines if "older format" in line] == [
+        f"{old} holds prepared data of an older format (prepared again above); delete it to "
+        "free its space"]
+    assert [line.split(" for phase")[0] for line in lines if " for phase short" in line] == [
+        "Prepared data", "Reusing prepared data"]

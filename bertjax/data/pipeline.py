@@ -294,6 +294,8 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
         meta, records = _read_meta(directory)
         share = (0, 1)
         verb = "Prepared data" if built else "Reusing prepared data"
+        if built:
+            _note_older_formats(cache_dir, phase)
     logging.info("%s for phase %s (%d tokens): %s training, %s held-out sequences (%s) in %s",
                  verb, phase.name, phase.max_seq_length, f"{meta.get('train_instances', 0):,}",
                  f"{meta.get('eval_instances', 0):,}", held_out_route(meta), directory)
@@ -304,6 +306,16 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
             raise DataError(f"prepared data {directory} holds {len(split)} {name} rows, its meta."
                             f"json {meta.get(f'{name}_instances', 0)}; delete it to prepare again")
     return splits
+
+
+def _note_older_formats(cache_dir: str, phase: Phase) -> None:
+    """Names prepared data of an older format beside a new build (never read again)."""
+    pattern = os.path.join(glob.escape(cache_dir), f"{phase.name}_{phase.max_seq_length}_*")
+    for old in sorted(glob.glob(os.path.join(pattern, "meta.json"))):
+        with open(old) as f:
+            if "settings" not in json.load(f):
+                logging.info("%s holds prepared data of an older format (prepared again above); "
+                             "delete it to free its space", os.path.dirname(old))
 
 
 def phase_directory(phase: Phase) -> str:
