@@ -13,8 +13,8 @@ import pytest
 
 from bertjax import prepare
 from bertjax.data import pipeline, tokenization
-from test_pipeline import (REPO_ROOT, make_config, phases_of, short_phase, unmasked_ids,  # noqa: F401
-                           wordpiece_corpus, wordpiece_vocab, write_documents)
+from test_pipeline import (REPO_ROOT, make_config, phases_of, short_phase,  # noqa: F401
+                           unmasked_ids, wordpiece_corpus, wordpiece_vocab, write_documents)
 
 
 def wordpiece_config(corpus: str, vocab: str, **overrides):
@@ -124,3 +124,16 @@ def test_a_new_build_names_the_older_format_beside_it(wordpiece_corpus, wordpiec
         "free its space"]
     assert [line.split(" for phase")[0] for line in lines if " for phase short" in line] == [
         "Prepared data", "Reusing prepared data"]
+
+
+def test_the_command_refuses_to_read_and_write_in_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjax.prepare", "--config=configs/base.py",
+         f"--output={tmp_path / 'out'}", "--config.data.prepared_dir=elsewhere"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: data.prepared_dir is set: this job writes prepared data, it does not read it; "
+        "unset --config.data.prepared_dir")
+    assert not (tmp_path / "out").exists()

@@ -18,10 +18,12 @@ PARAGRAPHS_PER_DOCUMENT = 40
 def documents(book: str) -> list[list[str]]:
     """A book's paragraphs, split into sentences, 40 paragraphs to a document."""
     with open(book, encoding="utf-8", errors="replace") as f:
-        paragraphs = [" ".join(block.split()) for block in f.read().replace("\r\n", "\n").split("\n\n")]
+        blocks = f.read().replace("\r\n", "\n").split("\n\n")
+    paragraphs = [" ".join(block.split()) for block in blocks]
     paragraphs = [p for p in paragraphs if p]
-    return [[s for p in paragraphs[i:i + PARAGRAPHS_PER_DOCUMENT] for s in corpus.split_sentences(p)]
-            for i in range(0, len(paragraphs), PARAGRAPHS_PER_DOCUMENT)]
+    step = PARAGRAPHS_PER_DOCUMENT
+    return [[s for p in paragraphs[i:i + step] for s in corpus.split_sentences(p)]
+            for i in range(0, len(paragraphs), step)]
 
 
 def main() -> None:
@@ -30,8 +32,8 @@ def main() -> None:
     parser.add_argument("output")
     parser.add_argument("--copies", type=int, default=1)
     args = parser.parse_args()
-    text = "\n\n".join("\n".join(doc) for book in sorted(glob.glob(os.path.join(args.books, "pg*.txt")))
-                       for doc in documents(book)) + "\n\n"
+    books = sorted(glob.glob(os.path.join(args.books, "pg*.txt")))
+    text = "\n\n".join("\n".join(doc) for book in books for doc in documents(book)) + "\n\n"
     with open(args.output, "w", encoding="utf-8") as f:
         for _ in range(args.copies):
             f.write(text)

@@ -68,7 +68,8 @@ def source_identity(data_cfg: Any) -> dict[str, Any]:
     """What identifies the raw corpus: files with their sizes, or the dataset's name (with
     `data.prepared_dir`: as recorded there, so the corpus need not be on this host)."""
     if data_cfg.get("prepared_dir"):
-        found = sorted(glob.glob(os.path.join(glob.escape(data_cfg.prepared_dir), "*", "meta.json")))
+        prepared = glob.escape(data_cfg.prepared_dir)
+        found = sorted(glob.glob(os.path.join(prepared, "*", "meta.json")))
         if not found:
             raise DataError(f"data.prepared_dir={data_cfg.prepared_dir!r} holds no prepared data "
                             "(no */meta.json); run python -m bertjax.prepare --output=DIR first")
@@ -256,8 +257,8 @@ def empty_features(phase: Phase) -> dict[str, np.ndarray]:
 def settings(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
              next_sentence_prediction: bool = True) -> dict[str, Any]:
     """What prepared data depends on besides the corpus (recorded in its meta.json)."""
-    key_data = {k: data_cfg[k] for k in ("masked_lm_prob", "short_seq_prob", "dupe_factor", "masking",
-                "whole_word_mask", "eval_fraction", "seed", "shard_bytes")}
+    key_data = {k: data_cfg[k] for k in ("masked_lm_prob", "short_seq_prob", "dupe_factor",
+                "masking", "whole_word_mask", "eval_fraction", "seed", "shard_bytes")}
     if mask_mix(data_cfg) != instances.PAPER_MASK_MIX:  # ablation switches join the key only
         key_data["mask_mix"] = list(mask_mix(data_cfg))  # when off the paper's
     if not next_sentence_prediction:
@@ -341,9 +342,9 @@ def check_settings(found: dict[str, Any], wanted: dict[str, Any], directory: str
     changes = [f"{k}: {found.get(k)!r} there, {wanted.get(k)!r} here"
                for k in sorted(set(found) | set(wanted)) if found.get(k) != wanted.get(k)]
     if changes:
-        raise DataError(f"prepared data {directory} was made with other settings ({'; '.join(changes)}); "
-                        "prepare it again with this config (python -m bertjax.prepare) or unset "
-                        "data.prepared_dir")
+        raise DataError(f"prepared data {directory} was made with other settings "
+                        f"({'; '.join(changes)}); prepare it again with this config (python "
+                        "-m bertjax.prepare) or unset data.prepared_dir")
 
 
 def _read_meta(directory: str) -> tuple[dict[str, Any], dict[str, Any]]:

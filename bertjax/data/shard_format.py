@@ -28,12 +28,14 @@ def _unsigned(largest: int) -> np.dtype:
     return np.dtype(np.uint64)
 
 
-def stored_dtypes(max_seq_length: int, max_predictions: int, vocab_size: int) -> dict[str, np.dtype]:
+def stored_dtypes(max_seq_length: int, max_predictions: int,
+                  vocab_size: int) -> dict[str, np.dtype]:
     """Each stored array's element type for this shape and vocabulary."""
     ids, position = _unsigned(vocab_size - 1), _unsigned(max_seq_length)
     return {"input_ids": ids, "lengths": position, "b_starts": position,
             "masked_lm_positions": position, "masked_lm_ids": ids,
-            "num_predictions": _unsigned(max_predictions), "next_sentence_labels": np.dtype(np.uint8)}
+            "num_predictions": _unsigned(max_predictions),
+            "next_sentence_labels": np.dtype(np.uint8)}
 
 
 def stored_shapes(max_seq_length: int, max_predictions: int) -> dict[str, tuple[int, ...]]:
@@ -125,7 +127,8 @@ def expand(stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
                            if k not in STORED and k not in FEATURES}}
 
 
-def empty_stored(max_seq_length: int, max_predictions: int, vocab_size: int = 2) -> dict[str, np.ndarray]:
+def empty_stored(max_seq_length: int, max_predictions: int,
+                 vocab_size: int = 2) -> dict[str, np.ndarray]:
     """Zero rows of every stored array."""
     return RowBuffer(0, max_seq_length, max_predictions, vocab_size).take()
 
