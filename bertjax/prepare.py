@@ -17,7 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bertjax import locks, schedule
-from bertjax.data import pipeline, shard_job
+from bertjax.data import pipeline
 
 FLAGS = flags.FLAGS
 
@@ -77,8 +77,7 @@ def main(argv: list[str]) -> None:
     try:
         for line in prepare_all(FLAGS.config, FLAGS.output):
             print(line, flush=True)
-    except (run.ConfigError, pipeline.DataError, shard_job.GuardMissing, locks.LockHeld,
-            OSError) as e:
+    except (run.ConfigError, pipeline.DataError, locks.LockHeld, OSError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 

@@ -395,10 +395,13 @@ def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.T
                        tokenizer, process_index, tmp, nsp)
     meta = collections.Counter()
     documents = read_documents(data_cfg, process_index, process_count, stats)
-    for counts in shard_job.run_shards(job, shards_by_bytes(documents, data_cfg.shard_bytes),
-                                       data_cfg.num_workers):
-        meta.update(counts, shards=1)
-        logging.debug("Prepared shard %d (%s): %s", meta["shards"] - 1, phase.name, dict(meta))
+    try:
+        for counts in shard_job.run_shards(job, shards_by_bytes(documents, data_cfg.shard_bytes),
+                                           data_cfg.num_workers):
+            meta.update(counts, shards=1)
+            logging.debug("Prepared shard %d (%s): %s", meta["shards"] - 1, phase.name, dict(meta))
+    except shard_job.WorkerError as e:
+        raise DataError(str(e)) from e
     (logging.info if stats.repaired() else logging.debug)("Corpus: %s", stats.summary())
     if not meta["documents"]:
         raise DataError(f"the corpus ({data_cfg.source}) has no usable documents after reading "

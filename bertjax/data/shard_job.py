@@ -26,8 +26,8 @@ CHUNK_ROWS = 4096  # rows masked and written at a time
 INSTANCE_ROUTE_FACTOR = 3  # whole documents holding more than this x eval_fraction of tokens
 
 
-class GuardMissing(RuntimeError):
-    """Preparation started while a spawned worker imported the user's script."""
+class WorkerError(RuntimeError):
+    """A worker process failed to start or died (e.g. a script without the `__main__` guard)."""
 
 
 GUARD_MESSAGE = ("data preparation started again inside a worker process, which re-imports "
@@ -36,10 +36,10 @@ GUARD_MESSAGE = ("data preparation started again inside a worker process, which 
 
 
 def check_not_in_spawned_import() -> None:
-    """Raises GuardMissing when called while a spawned child, still starting, re-runs its
+    """Raises WorkerError when called while a spawned child, still starting, re-runs its
     parent's script (multiprocessing marks that phase with `_inheriting`)."""
     if getattr(multiprocessing.current_process(), "_inheriting", False):
-        raise GuardMissing(GUARD_MESSAGE)
+        raise WorkerError(GUARD_MESSAGE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +179,7 @@ def run_shards(job: ShardJob, shards: Iterable[list[list[str]]], num_workers: in
             while pending:
                 yield pending.popleft().result()
         except concurrent.futures.process.BrokenProcessPool as e:
-            raise GuardMissing(f"a data preparation worker process died ({e}); the usual "
+            raise WorkerError(f"a data preparation worker process died ({e}); the usual "
                                "cause is a script that starts preparation without `if __name__ "
                                "== \"__main__\":` (spawned workers re-import it; their error "
                                "is above), else memory: lower data.shard_bytes") from e
