@@ -25,8 +25,8 @@ from bertjax.schedule import Phase
 PHASE_FIELDS = ("max_seq_length", "max_predictions_per_seq", "global_batch_size")
 # config.data fields that do not change the data (input_files: compared as the corpus;
 # vocab_file: as the tokenizer's fingerprint; the per-phase fields: as PHASE_FIELDS).
-DATA_FIELDS_NOT_COMPARED = ("cache_dir", "num_workers", "input_files", "vocab_file",
-                            "max_seq_length", "max_predictions_per_seq")
+DATA_FIELDS_NOT_COMPARED = ("cache_dir", "num_workers", "prepared_dir", "input_files",
+                            "vocab_file", "max_seq_length", "max_predictions_per_seq")
 
 # Bytes of the corpus read for its fingerprint (at least 64 KiB per file); files no larger
 # than their share are hashed whole.

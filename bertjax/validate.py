@@ -37,6 +37,7 @@ PRETRAINING = _rules(
     ("train.max_nonfinite_steps", _at_least_1),
     ("data.max_seq_length", _seq_length), ("data.max_predictions_per_seq", _at_least_1),
     ("data.masked_lm_prob", _probability), ("data.dupe_factor", _at_least_1),
+    ("data.shard_bytes", (">= 1024", lambda v: v >= 1024)), ("data.num_workers", _at_least_0),
     ("long_phase.fraction", _probability),
     ("long_phase.global_batch_size", ("> 0, or 0 for train.global_batch_size", lambda v: v >= 0)),
 )
@@ -82,3 +83,11 @@ def pretraining(config: Any) -> None:
 def finetuning(config: Any) -> None:
     """Every range of a fine-tuning config."""
     check(config, FINETUNING)
+
+
+def data_preparation(config: Any) -> None:
+    """The ranges of a pretraining config that its data preparation depends on (the data, the
+    phases' lengths and the schedule that makes them)."""
+    rules = PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
+    check(config, [rule for rule in rules if rule[0].startswith(
+        ("data.", "long_phase.", "train.total_steps", "train.global_batch_size"))])

@@ -68,9 +68,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.packing = False
     c.data.packing_max_instances = 4  # instances per packed row at most (NSP slots per row)
     c.data.eval_fraction = 0.01  # fraction of documents held out for evaluation
-    c.data.documents_per_shard = 100_000  # documents prepared at a time (memory bound); NSP
-    # partners come from the same shard, as the original ran once per input file
-    c.data.num_workers = 0  # processes tokenizing the corpus; 0 = one per CPU core
+    c.data.shard_bytes = 16 << 20  # bytes of text prepared at a time by one worker (memory
+    # bound); documents never span shards, NSP partners come from the same shard, as the
+    # original's come from the same input file (docs/data-preparation.md)
+    c.data.num_workers = 0  # processes preparing shards; 0 = one per CPU core
+    c.data.prepared_dir = ""  # read data made by `python -m bertjax.prepare --output=DIR`
     c.data.cache_dir = ""  # prepared data (local disk); empty = WORKDIR/data (gs://: /tmp/bertjax_data)
     c.data.seed = 12345  # data seed (instances, masks, order); the original's default
 

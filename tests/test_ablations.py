@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from bertjax import objectives, optim, run, sharding, steps
-from bertjax.data import default_corpus, instances, loaders, pipeline, tokenization, tokenize_corpus
+from bertjax.data import (default_corpus, instances, loaders, pipeline, shard_format, tokenization,
+                          tokenize_corpus)
 from bertjax.heads import BertForSequenceClassification, BertForTokenClassification
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tasks import features, squad_predict
@@ -70,7 +71,7 @@ def test_masking_mix_on_real_instances(tokenized, tokenizer, mix):
     cfg = data_config(mask_token_prob=mix[0], random_token_prob=mix[1])
     features = pipeline.make_features(tokenized, PHASE, cfg, pipeline.specials_of(tokenizer, False),
                                       2, mask=True, seed=3)
-    shown, original = shown_tokens(features)
+    shown, original = shown_tokens(shard_format.expand(features))
     assert len(shown) > 1200
     as_mask = shown == tokenizer.mask_id
     kept = shown == original

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from bertjax import schedule
-from bertjax.data import corpus, default_corpus, loaders, pipeline, tokenization, tokenize_corpus
+from bertjax.data import (corpus, default_corpus, instances, loaders, pipeline, shard_job,
+                          tokenization, tokenize_corpus)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 base_config = runpy.run_path(str(REPO_ROOT / "configs" / "base.py"))["get_config"]
@@ -95,7 +96,7 @@ def vocabulary(tokenizer) -> list[str]:
 
 def traced(split: pipeline.PreparedSplit) -> pipeline.PreparedSplit:
     """The same split with an extra "row" feature, so batches say which rows they hold."""
-    return pipeline.PreparedSplit([{**split.features, "row": np.arange(len(split))}], split.masked)
+    return pipeline.PreparedSplit([{**split.stored, "row": np.arange(len(split))}], split.masked)
 
 
 def check_layout(features, tokenizer, seq: int, preds: int) -> np.ndarray:
@@ -493,13 +494,16 @@ def test_loader_does_not_modify_the_prepared_split(static):
 
 
 def test_sharded_preparation_and_loading_across_shards(config, sp_tokenizer, static, tmp_path):
-    """100 documents per shard -> 3 shards; batches gather the right rows across shards."""
-    sharded_config = make_config(config.data.input_files, **{"data.documents_per_shard": 100})
+    """Shards cut by bytes at document boundaries; batches gather the right rows across them."""
+    size = pathlib.Path(config.data.input_files).stat().st_size
+    sharded_config = make_config(config.data.input_files, **{"data.shard_bytes": size // 3})
+    documents = list(pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats()))
+    expected = list(pipeline.shards_by_bytes(documents, size // 3))
+    assert [d for shard in expected for d in shard] == documents and len(expected) >= 3
     sharded = pipeline.prepare(sharded_config.data, short_phase(sharded_config), sp_tokenizer,
                                str(tmp_path))
     train = sharded["train"]
-    assert len(train.shards) == 3 and len(sharded["eval"].shards) == 3
-    assert len(train) == sum(len(shard["input_ids"]) for shard in train.shards)
+    assert len(train.shards) == len(expected) == len(sharded["eval"].shards)
     assert abs(len(train) - len(static["train"])) < 0.2 * len(static["train"])
     all_rows = train.features
     shard_ends = np.cumsum([len(shard["input_ids"]) for shard in train.shards])
@@ -511,16 +515,42 @@ def test_sharded_preparation_and_loading_across_shards(config, sp_tokenizer, sta
         for name in pipeline.FEATURES:
             np.testing.assert_array_equal(batch[name], all_rows[name][rows])
     meta = json.loads(next(tmp_path.glob("short_*/meta.json")).read_text())
-    assert meta["documents"] == NUM_DOCS and meta["eval_documents"] == 30
+    assert meta["documents"] == NUM_DOCS and meta["shards"] == len(expected)
+    assert meta["eval_documents"] == sum(round(0.1 * len(shard)) for shard in expected)
 
 
-def test_parallel_tokenization_gives_identical_data(config, sp_tokenizer, static, tmp_path):
-    parallel = make_config(config.data.input_files, **{"data.num_workers": 2})
-    prepared = pipeline.prepare(parallel.data, short_phase(parallel), sp_tokenizer, str(tmp_path))
-    for split in ("train", "eval"):
-        for name in pipeline.FEATURES:
-            np.testing.assert_array_equal(prepared[split].features[name],
-                                          static[split].features[name])
+def test_two_workers_write_the_same_bytes_as_one(config, sp_tokenizer, tmp_path):
+    """Every shard's whole preparation runs in a worker; the files are identical."""
+    size = pathlib.Path(config.data.input_files).stat().st_size
+    records = []
+    for workers in (1, 2):
+        cfg = make_config(config.data.input_files, **{"data.num_workers": workers,
+                                                      "data.shard_bytes": size // 3})
+        pipeline.prepare(cfg.data, short_phase(cfg), sp_tokenizer, str(tmp_path / str(workers)))
+        meta = json.loads(next((tmp_path / str(workers)).glob("short_*/meta.json")).read_text())
+        assert meta["shards"] >= 3
+        records.append(meta["files"])
+    assert records[0] == records[1]
+
+
+def test_one_shard_holds_the_instances_of_the_original_semantics(config, sp_tokenizer, static):
+    """The stored rows are exactly what the original's steps give for this seed: held-out
+    documents, pairs, then masks drawn from the same RNG in order (the semantics and seeds
+    of preparation before shards were cut by bytes)."""
+    docs, _ = tokenize_corpus.tokenize_documents(
+        pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats()), sp_tokenizer)
+    train_docs, _ = pipeline.split_eval_documents(docs, config.data.eval_fraction, config.data.seed)
+    rng = random.Random(shard_job.hash_seed(config.data.seed, 0, 0, SEQ))
+    specials = pipeline.specials_of(sp_tokenizer, False)
+    rows = []
+    for pair in instances.create_instances(train_docs, SEQ, config.data.short_seq_prob,
+                                           config.data.dupe_factor, rng, specials):
+        tokens, positions, labels = instances.mask_tokens(pair.tokens, rng, 0.15, PREDS, specials)
+        rows.append(instances.to_features(tokens, pair.segment_ids, pair.is_random_next,
+                                          positions, labels, SEQ, PREDS, specials.pad_id))
+    stored = static["train"].features
+    for name in pipeline.FEATURES:
+        np.testing.assert_array_equal(stored[name], np.stack([row[name] for row in rows]), name)
 
 
 def test_dynamic_prepare_stores_unmasked_train_split(dynamic, sp_tokenizer):

@@ -57,8 +57,13 @@ class Instance:
     """One unmasked sentence pair: ``[CLS] A [SEP] B [SEP]`` (compare arrays, not instances)."""
 
     tokens: np.ndarray  # int32 [length]
-    segment_ids: np.ndarray  # int32 [length]: 0 for [CLS] A [SEP], 1 for B [SEP].
+    b_start: int  # where segment B starts (len(tokens) when there is none)
     is_random_next: bool
+
+    @property
+    def segment_ids(self) -> np.ndarray:
+        """int32 [length]: 0 for [CLS] A [SEP], 1 for B [SEP]."""
+        return (np.arange(len(self.tokens)) >= self.b_start).astype(np.int32)
 
 
 # ---------------------------------------------------------------------------
@@ -119,9 +124,8 @@ def _make_instance(
     tokens = [specials.cls_id, *tokens_a, specials.sep_id]
     if tokens_b:
         tokens += [*tokens_b, specials.sep_id]
-    segment_ids = np.zeros(len(tokens), np.int32)
-    segment_ids[len(tokens_a) + 2 :] = 1
-    return Instance(np.asarray(tokens, np.int32), segment_ids, is_random_next)
+    return Instance(np.asarray(tokens, np.int32), min(len(tokens_a) + 2, len(tokens)),
+                    is_random_next)
 
 
 def _instances_from_document(

@@ -15,7 +15,6 @@ import collections
 import dataclasses
 import glob
 import hashlib
-import itertools
 import json
 import os
 import random
@@ -29,12 +28,12 @@ from absl import logging
 
 from bertjax import locks
 from bertjax.data import tokenization
-from bertjax.data import corpus, default_corpus, instances, tfds_source, tokenize_corpus
+from bertjax.data import corpus, default_corpus, instances, shard_format, shard_job, tfds_source
+from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
+from bertjax.data.shard_job import split_eval_documents  # noqa: F401
 from bertjax.schedule import Phase
 
-FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-            "masked_lm_weights", "next_sentence_labels")
-FORMAT_VERSION = 3  # bump when the prepared layout or instance semantics change
+FORMAT_VERSION = 4  # bump when the prepared layout or instance semantics change
 
 
 class DataError(ValueError):
@@ -66,7 +65,15 @@ def read_documents(data_cfg: Any, process_index: int, process_count: int,
 
 
 def source_identity(data_cfg: Any) -> dict[str, Any]:
-    """What identifies the raw corpus: files with their sizes, or the dataset's name."""
+    """What identifies the raw corpus: files with their sizes, or the dataset's name (with
+    `data.prepared_dir`: as recorded there, so the corpus need not be on this host)."""
+    if data_cfg.get("prepared_dir"):
+        prepared = glob.escape(data_cfg.prepared_dir)
+        found = sorted(glob.glob(os.path.join(prepared, "*", "meta.json")))
+        if not found:
+            raise DataError(f"data.prepared_dir={data_cfg.prepared_dir!r} holds no prepared data "
+                            "(no */meta.json); run python -m bertjax.prepare --output=DIR first")
+        return _read_meta(os.path.dirname(found[0]))[0].get("source", {})
     if data_cfg.source == "text":
         if not data_cfg.input_files:
             raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
@@ -138,42 +145,6 @@ def load_or_train_tokenizer(data_cfg: Any, cache_dir: str, process_index: int = 
 # ----------------------------------------------------------------------------- preparation
 
 
-@dataclasses.dataclass
-class PreparedSplit:
-    """Fixed-shape features of one split, as shards of memory-mapped arrays, and whether
-    masks are stored (static masking) or drawn by the loader (dynamic)."""
-
-    shards: list[dict[str, np.ndarray]]
-    masked: bool
-
-    def __post_init__(self):
-        self._offsets = np.cumsum([0] + [len(shard["input_ids"]) for shard in self.shards])
-
-    def __len__(self) -> int:
-        return int(self._offsets[-1])
-
-    @property
-    def features(self) -> dict[str, np.ndarray]:
-        """All rows as one array per feature (copies unless there is a single shard)."""
-        if len(self.shards) == 1:
-            return self.shards[0]
-        return {name: np.concatenate([shard[name] for shard in self.shards])
-                for name in self.shards[0]}
-
-    def take(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Rows `rows` (global indices) of every feature, gathered across shards."""
-        rows = np.asarray(rows)
-        shard_of_row = np.searchsorted(self._offsets, rows, side="right") - 1
-        out = {name: np.empty((len(rows),) + array.shape[1:], array.dtype)
-               for name, array in self.shards[0].items()}
-        for shard_index in np.unique(shard_of_row):
-            selected = shard_of_row == shard_index
-            local_rows = rows[selected] - self._offsets[shard_index]
-            for name, array in self.shards[shard_index].items():
-                out[name][selected] = array[local_rows]
-        return out
-
-
 def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -186,17 +157,6 @@ def specials_of(tokenizer: tokenization.Tokenizer, whole_word_mask: bool) -> ins
         continuation=tokenizer.continuation_mask() if whole_word_mask else None)
 
 
-def split_eval_documents(documents: list, eval_fraction: float, seed: int) -> tuple[list, list]:
-    """Holds out a seeded random `eval_fraction` of documents (at least one if any)."""
-    if eval_fraction <= 0 or len(documents) < 2:
-        return documents, []
-    order = np.random.default_rng([seed, 1]).permutation(len(documents))
-    num_eval = max(1, int(round(len(documents) * eval_fraction)))
-    eval_ids = set(order[:num_eval].tolist())
-    train = [d for i, d in enumerate(documents) if i not in eval_ids]
-    return train, [d for i, d in enumerate(documents) if i in eval_ids]
-
-
 def mask_mix(data_cfg: Any) -> tuple[float, float]:
     """`(data.mask_token_prob, data.random_token_prob)`; DataError if not a valid mix."""
     mix = (data_cfg.mask_token_prob, data_cfg.random_token_prob)
@@ -207,33 +167,33 @@ def mask_mix(data_cfg: Any) -> tuple[float, float]:
     return mix
 
 
+def shard_job_of(data_cfg: Any, phase: Phase, specials: instances.SpecialTokens,
+                 tokenizer: tokenization.Tokenizer | None = None, process_index: int = 0,
+                 output: str = "", next_sentence_prediction: bool = True) -> shard_job.ShardJob:
+    """Every shard's preparation settings, from config.data and the phase."""
+    return shard_job.ShardJob(
+        tokenizer=tokenizer, specials=specials, max_seq_length=phase.max_seq_length,
+        max_predictions=phase.max_predictions_per_seq, masked_lm_prob=data_cfg.masked_lm_prob,
+        short_seq_prob=data_cfg.short_seq_prob, dupe_factor=data_cfg.dupe_factor,
+        whole_word_mask=data_cfg.whole_word_mask, mask_mix=mask_mix(data_cfg),
+        eval_fraction=data_cfg.eval_fraction, seed=data_cfg.seed,
+        shard_seed=(data_cfg.seed, process_index), dynamic=_masking_is_dynamic(data_cfg),
+        next_sentence_prediction=next_sentence_prediction, output=output)
+
+
 def make_features(documents: list[list[np.ndarray]], phase: Phase, data_cfg: Any,
                   specials: instances.SpecialTokens, dupe_factor: int, mask: bool,
                   seed: int, next_sentence_prediction: bool = True) -> dict[str, np.ndarray]:
-    """Instances with the original semantics, masked now (static) or left for the loader."""
+    """Stored rows of tokenized `documents` in memory (for a few documents), masked now
+    (static) or left for the loader, exactly as a prepared shard holds them."""
+    job = dataclasses.replace(shard_job_of(data_cfg, phase, specials,
+                                           next_sentence_prediction=next_sentence_prediction),
+                              dupe_factor=dupe_factor)
     rng = random.Random(seed)
     created = instances.create_instances(documents, phase.max_seq_length, data_cfg.short_seq_prob,
                                          dupe_factor, rng, specials, next_sentence_prediction)
-    rows = []
-    for instance in created:
-        if mask:
-            tokens, positions, labels = instances.mask_tokens(
-                instance.tokens, rng, data_cfg.masked_lm_prob, phase.max_predictions_per_seq,
-                specials, data_cfg.whole_word_mask, mask_mix(data_cfg))
-        else:
-            tokens, positions, labels = instance.tokens, np.zeros(0, np.int32), np.zeros(0, np.int32)
-        rows.append(instances.to_features(tokens, instance.segment_ids, instance.is_random_next,
-                                          positions, labels, phase.max_seq_length,
-                                          phase.max_predictions_per_seq, specials.pad_id))
-    if not rows:
-        return {}
-    return {name: np.stack([row[name] for row in rows]) for name in FEATURES}
-
-
-def _save_shard(directory: str, features: dict[str, np.ndarray]) -> None:
-    os.makedirs(directory, exist_ok=True)
-    for name, array in features.items():
-        np.save(os.path.join(directory, name + ".npy"), array)
+    chunks = list(shard_job.stored_chunks(created, job, rng, mask))
+    return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in shard_format.STORED}
 
 
 def _file_record(path: str) -> dict[str, Any]:
@@ -250,7 +210,7 @@ def _shard_records(directory: str) -> dict[str, dict[str, Any]]:
     records = {}
     for split in ("train", "eval"):
         for shard in sorted(os.listdir(os.path.join(directory, split))):
-            for name in FEATURES:
+            for name in shard_format.STORED:
                 relative = f"{split}/{shard}/{name}.npy"
                 path = os.path.join(directory, relative)
                 rows = len(np.load(path, mmap_mode="r"))
@@ -259,9 +219,10 @@ def _shard_records(directory: str) -> dict[str, dict[str, Any]]:
 
 
 def _load_split(directory: str, split: str, records: dict[str, dict[str, Any]],
-                masked: bool) -> PreparedSplit:
+                masked: bool, process_index: int = 0, process_count: int = 1) -> PreparedSplit:
     """Memory-maps the shards listed in meta.json after checking each file's size, checksum
-    and row count, so a truncated or corrupted shard is named instead of trained on."""
+    and row count, so a truncated or corrupted shard is named instead of trained on; with
+    `process_count` > 1, each shard's rows `process_index` serves (`shard_format.host_share`)."""
     shards: dict[str, dict[str, np.ndarray]] = {}
     for relative, record in records.items():
         if not relative.startswith(split + "/"):
@@ -282,55 +243,121 @@ def _load_split(directory: str, split: str, records: dict[str, dict[str, Any]],
             raise DataError(f"prepared data file {path} is {problem}; delete {directory} to "
                             "prepare the data again")
         _, shard, name = relative.split("/")
-        shards.setdefault(shard, {})[name[:-len(".npy")]] = array
+        shards.setdefault(shard, {})[name[:-len(".npy")]] = shard_format.host_share(
+            array, process_index, process_count)
     return PreparedSplit([shards[name] for name in sorted(shards)], masked)
 
 
 def empty_features(phase: Phase) -> dict[str, np.ndarray]:
     """Zero rows of every feature, with the phase's shapes and dtypes."""
-    row = instances.to_features(np.zeros(0, np.int32), np.zeros(0, np.int32), False,
-                                np.zeros(0, np.int32), np.zeros(0, np.int32),
-                                phase.max_seq_length, phase.max_predictions_per_seq, 0)
-    return {name: np.zeros((0,) + value.shape, value.dtype) for name, value in row.items()}
+    return shard_format.expand(shard_format.empty_stored(phase.max_seq_length,
+                                                         phase.max_predictions_per_seq))
+
+
+def settings(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
+             next_sentence_prediction: bool = True) -> dict[str, Any]:
+    """What prepared data depends on besides the corpus (recorded in its meta.json)."""
+    key_data = {k: data_cfg[k] for k in ("masked_lm_prob", "short_seq_prob", "dupe_factor",
+                "masking", "whole_word_mask", "eval_fraction", "seed", "shard_bytes")}
+    if mask_mix(data_cfg) != instances.PAPER_MASK_MIX:  # ablation switches join the key only
+        key_data["mask_mix"] = list(mask_mix(data_cfg))  # when off the paper's
+    if not next_sentence_prediction:
+        key_data["next_sentence_prediction"] = False
+    return json.loads(json.dumps({
+        "version": FORMAT_VERSION, "tokenizer": tokenizer.fingerprint(),
+        "phase": [phase.max_seq_length, phase.max_predictions_per_seq], "data": key_data},
+        default=str))
 
 
 def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cache_dir: str,
             process_index: int = 0, process_count: int = 1,
             next_sentence_prediction: bool = True) -> dict[str, PreparedSplit]:
-    """Prepared `train` and `eval` splits for `phase` (`data_cfg`: config.data), built once
-    and cached under cache_dir; `next_sentence_prediction=False` makes no random-B pairs."""
+    """Prepared `train` and `eval` splits for `phase` (`data_cfg`: config.data): read from
+    `data.prepared_dir` (this process's share of every shard), or built once and cached under
+    cache_dir; `next_sentence_prediction=False` makes no random-B pairs."""
+    shard_job.check_not_in_spawned_import()
     dynamic = _masking_is_dynamic(data_cfg)
-    key_data = {k: data_cfg[k] for k in ("masked_lm_prob", "short_seq_prob", "dupe_factor", "masking",
-                "whole_word_mask", "eval_fraction", "seed", "documents_per_shard")}
-    if mask_mix(data_cfg) != instances.PAPER_MASK_MIX:  # ablation switches join the key only
-        key_data["mask_mix"] = mask_mix(data_cfg)  # when off the paper's: old caches keep theirs
-    if not next_sentence_prediction:
-        key_data["next_sentence_prediction"] = False
-    key = _hash({"version": FORMAT_VERSION, "source": _source_fingerprint(data_cfg),
-                 "tokenizer": tokenizer.fingerprint(), "phase": [phase.max_seq_length,
-                                                                 phase.max_predictions_per_seq],
-                 "data": key_data, "shard": [process_index, process_count]})
-    directory = os.path.join(cache_dir, f"{phase.name}_{phase.max_seq_length}_{key}")
-    locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: _build(
-        directory, data_cfg, phase, tokenizer, dynamic, process_index, process_count,
-        next_sentence_prediction))
-    try:
-        with open(os.path.join(directory, "meta.json")) as f:
-            meta = json.load(f)
-        records = meta.pop("files")
-    except (ValueError, KeyError, AttributeError) as e:
-        raise DataError(f"prepared data file {directory}/meta.json is damaged ({e!r}); delete "
-                        f"{directory} to prepare the data again") from e
-    logging.info("Prepared data for phase %s (%d tokens): %s training, %s held-out sequences "
-                 "in %s", phase.name, phase.max_seq_length, f"{meta.get('train_instances', 0):,}",
-                 f"{meta.get('eval_instances', 0):,}", directory)
-    splits = {"train": _load_split(directory, "train", records, masked=not dynamic),
-              "eval": _load_split(directory, "eval", records, masked=True)}
+    wanted = settings(data_cfg, phase, tokenizer, next_sentence_prediction)
+    if data_cfg.get("prepared_dir"):
+        directory = os.path.join(data_cfg.prepared_dir, phase_directory(phase))
+        meta, records = _read_meta(directory)
+        check_settings(meta.get("settings", {}), wanted, directory)
+        share = (process_index, process_count)
+        verb = "Reading prepared data"
+    else:
+        key = _hash({**wanted, "source": _source_fingerprint(data_cfg),
+                     "shard": [process_index, process_count]})
+        directory = os.path.join(cache_dir, f"{phase.name}_{phase.max_seq_length}_{key}")
+        built = []
+        locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
+            build(directory, data_cfg, phase, tokenizer, process_index, process_count,
+                  next_sentence_prediction)))
+        meta, records = _read_meta(directory)
+        share = (0, 1)
+        verb = "Prepared data" if built else "Reusing prepared data"
+        if built:
+            _note_older_formats(cache_dir, phase)
+    logging.info("%s for phase %s (%d tokens): %s training, %s held-out sequences (%s) in %s",
+                 verb, phase.name, phase.max_seq_length, f"{meta.get('train_instances', 0):,}",
+                 f"{meta.get('eval_instances', 0):,}", held_out_route(meta), directory)
+    splits = {"train": _load_split(directory, "train", records, not dynamic, *share),
+              "eval": _load_split(directory, "eval", records, True, *share)}
     for name, split in splits.items():  # every shard made is there
-        if len(split) != meta.get(f"{name}_instances", 0):
+        if share == (0, 1) and len(split) != meta.get(f"{name}_instances", 0):
             raise DataError(f"prepared data {directory} holds {len(split)} {name} rows, its meta."
                             f"json {meta.get(f'{name}_instances', 0)}; delete it to prepare again")
     return splits
+
+
+def _note_older_formats(cache_dir: str, phase: Phase) -> None:
+    """Names prepared data of an older format beside a new build (never read again)."""
+    pattern = os.path.join(glob.escape(cache_dir), f"{phase.name}_{phase.max_seq_length}_*")
+    for old in sorted(glob.glob(os.path.join(pattern, "meta.json"))):
+        with open(old) as f:
+            if "settings" not in json.load(f):
+                logging.info("%s holds prepared data of an older format (prepared again above); "
+                             "delete it to free its space", os.path.dirname(old))
+
+
+def phase_directory(phase: Phase) -> str:
+    """A phase's directory under `data.prepared_dir`."""
+    return f"{phase.name}_{phase.max_seq_length}"
+
+
+def held_out_route(meta: dict[str, Any]) -> str:
+    """How the held-out split was made, for the printed split sizes."""
+    by_instances, shards = meta.get("eval_instance_route_shards", 0), meta.get("shards", 0)
+    if not by_instances:
+        return f"held out by whole documents: {meta.get('eval_documents', 0):,}"
+    return (f"held out by instances in {by_instances} of {shards} shards, where whole documents "
+            f"would have held over {shard_job.INSTANCE_ROUTE_FACTOR}x data.eval_fraction of the "
+            "tokens")
+
+
+def check_settings(found: dict[str, Any], wanted: dict[str, Any], directory: str) -> None:
+    """DataError naming every setting in which prepared data differs from this config."""
+    flat = lambda d: {**{k: v for k, v in d.items() if k != "data"},
+                      **{f"data.{k}": v for k, v in d.get("data", {}).items()}}
+    found, wanted = flat(found), flat(wanted)
+    changes = [f"{k}: {found.get(k)!r} there, {wanted.get(k)!r} here"
+               for k in sorted(set(found) | set(wanted)) if found.get(k) != wanted.get(k)]
+    if changes:
+        raise DataError(f"prepared data {directory} was made with other settings "
+                        f"({'; '.join(changes)}); prepare it again with this config (python "
+                        "-m bertjax.prepare) or unset data.prepared_dir")
+
+
+def _read_meta(directory: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        with open(os.path.join(directory, "meta.json")) as f:
+            meta = json.load(f)
+        return meta, meta.pop("files")
+    except FileNotFoundError as e:
+        raise DataError(f"no prepared data at {directory} (no meta.json); run python -m "
+                        "bertjax.prepare with this config and --output") from e
+    except (ValueError, KeyError, AttributeError) as e:
+        raise DataError(f"prepared data file {directory}/meta.json is damaged ({e!r}); delete "
+                        f"{directory} to prepare the data again") from e
 
 
 def _masking_is_dynamic(data_cfg: Any) -> bool:
@@ -339,37 +366,42 @@ def _masking_is_dynamic(data_cfg: Any) -> bool:
     return data_cfg.masking == "dynamic"
 
 
-def _build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
-           dynamic: bool, process_index: int, process_count: int, nsp: bool) -> None:
-    """Reads, tokenizes and instantiates the corpus shard by shard (bounded memory: one shard
-    of `data.documents_per_shard` documents at a time; NSP partners come from the same shard,
-    as the original ran per input file), and writes it atomically."""
+def shards_by_bytes(documents: Iterable[list[str]], shard_bytes: int) -> Iterator[list[list[str]]]:
+    """Groups documents into shards of about `shard_bytes` bytes of UTF-8 text: a shard ends
+    after the document that reaches the size, so documents never span shards."""
+    shard, size = [], 0
+    for document in documents:
+        shard.append(document)
+        size += sum(len(sentence.encode()) + 1 for sentence in document)
+        if size >= shard_bytes:
+            yield shard
+            shard, size = [], 0
+    if shard:
+        yield shard
+
+
+def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
+          process_index: int = 0, process_count: int = 1, nsp: bool = True) -> None:
+    """Reads the corpus (this process's share), cuts it into shards of `data.shard_bytes` and
+    prepares each in a worker (`data.num_workers`; NSP partners come from the same shard, as
+    the original's come from the same input file), written atomically to `directory`."""
     start = time.time()
     stats = corpus.CorpusStats()
-    specials = specials_of(tokenizer, data_cfg.whole_word_mask)
     for unfinished in glob.glob(glob.escape(directory) + ".tmp*"):  # left by a crashed run
         if not locks.pid_alive(unfinished.rsplit(".tmp", 1)[1]):
             shutil.rmtree(unfinished, ignore_errors=True)
     tmp = f"{directory}.tmp{os.getpid()}"
+    job = shard_job_of(data_cfg, phase, specials_of(tokenizer, data_cfg.whole_word_mask),
+                       tokenizer, process_index, tmp, nsp)
     meta = collections.Counter()
     documents = read_documents(data_cfg, process_index, process_count, stats)
-    with tokenize_corpus.tokenizing_pool(tokenizer, data_cfg.num_workers) as pool:
-        for shard, raw_documents in enumerate(_batched(documents, data_cfg.documents_per_shard)):
-            tokenized, counts = tokenize_corpus.tokenize_documents(raw_documents, tokenizer, pool)
-            meta.update(counts, documents=len(tokenized))
-            train_docs, eval_docs = split_eval_documents(tokenized, data_cfg.eval_fraction,
-                                                         data_cfg.seed + shard)
-            seed = hash_seed(data_cfg.seed, process_index, shard, phase.max_seq_length)
-            splits = {"train": make_features(train_docs, phase, data_cfg, specials,
-                                             data_cfg.dupe_factor, not dynamic, seed, nsp),
-                      "eval": make_features(eval_docs, phase, data_cfg, specials, 1, True,
-                                            seed + 1, nsp)}
-            meta.update(eval_documents=len(eval_docs))
-            for name, features in splits.items():
-                if features:
-                    _save_shard(os.path.join(tmp, name, f"shard_{shard:05d}"), features)
-                    meta[f"{name}_instances"] += len(features["input_ids"])
-            logging.debug("Prepared shard %d (%s): %s", shard, phase.name, dict(meta))
+    try:
+        for counts in shard_job.run_shards(job, shards_by_bytes(documents, data_cfg.shard_bytes),
+                                           data_cfg.num_workers):
+            meta.update(counts, shards=1)
+            logging.debug("Prepared shard %d (%s): %s", meta["shards"] - 1, phase.name, dict(meta))
+    except shard_job.WorkerError as e:
+        raise DataError(str(e)) from e
     (logging.info if stats.repaired() else logging.debug)("Corpus: %s", stats.summary())
     if not meta["documents"]:
         raise DataError(f"the corpus ({data_cfg.source}) has no usable documents after reading "
@@ -377,24 +409,15 @@ def _build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.
     if not meta["train_instances"]:
         raise DataError(f"the corpus gave no training instances at length {phase.max_seq_length}")
     if not meta["eval_instances"]:
-        _save_shard(os.path.join(tmp, "eval", "shard_00000"), empty_features(phase))
+        shard_format.ShardWriter(os.path.join(tmp, "eval", "shard_00000"), 0, phase.max_seq_length,
+                                 phase.max_predictions_per_seq, tokenizer.vocab_size).close()
     with open(os.path.join(tmp, "meta.json"), "w") as f:
         json.dump({**meta, "corpus": dataclasses.asdict(stats), "masking": data_cfg.masking,
+                   "settings": settings(data_cfg, phase, tokenizer, nsp),
+                   "source": source_identity(data_cfg),
                    "seconds": round(time.time() - start, 1), "files": _shard_records(tmp)}, f)
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(tmp, directory)
-
-
-def _batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    iterator = iter(items)
-    while batch := list(itertools.islice(iterator, size)):
-        yield batch
-
-
-def hash_seed(*parts: int) -> int:
-    """A 63-bit seed from several integers (stable across processes and runs)."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def check_token_ids(split: PreparedSplit, vocab_size: int, what: str) -> None:

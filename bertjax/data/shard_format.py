@@ -1,0 +1,180 @@
+"""The compact on-disk layout of prepared instances, written as they are made and read back
+memory-mapped as the original's fixed-shape features (`FEATURES`).
+
+A shard stores, per instance: the padded token ids in the narrowest unsigned type that holds
+the vocabulary (uint16 below 65,536 ids), the sequence length and where segment B starts
+(instead of the padded `input_mask` and `segment_ids`), the masked positions and ids, the
+number of predictions (instead of `masked_lm_weights`) and the NSP label: 322 bytes at
+L=128 with 20 predictions, against 1,708 for the int32 features and about 830 for the
+original's TFRecord.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+            "masked_lm_weights", "next_sentence_labels")
+STORED = ("input_ids", "lengths", "b_starts", "masked_lm_positions", "masked_lm_ids",
+          "num_predictions", "next_sentence_labels")
+
+
+def _unsigned(largest: int) -> np.dtype:
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if largest <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    return np.dtype(np.uint64)
+
+
+def stored_dtypes(max_seq_length: int, max_predictions: int,
+                  vocab_size: int) -> dict[str, np.dtype]:
+    """Each stored array's element type for this shape and vocabulary."""
+    ids, position = _unsigned(vocab_size - 1), _unsigned(max_seq_length)
+    return {"input_ids": ids, "lengths": position, "b_starts": position,
+            "masked_lm_positions": position, "masked_lm_ids": ids,
+            "num_predictions": _unsigned(max_predictions),
+            "next_sentence_labels": np.dtype(np.uint8)}
+
+
+def stored_shapes(max_seq_length: int, max_predictions: int) -> dict[str, tuple[int, ...]]:
+    """Each stored array's shape per row."""
+    return {"input_ids": (max_seq_length,), "lengths": (), "b_starts": (),
+            "masked_lm_positions": (max_predictions,), "masked_lm_ids": (max_predictions,),
+            "num_predictions": (), "next_sentence_labels": ()}
+
+
+class RowBuffer:
+    """A chunk of stored rows filled one instance at a time."""
+
+    def __init__(self, rows: int, max_seq_length: int, max_predictions: int, vocab_size: int):
+        dtypes = stored_dtypes(max_seq_length, max_predictions, vocab_size)
+        shapes = stored_shapes(max_seq_length, max_predictions)
+        self.arrays = {name: np.zeros((rows,) + shapes[name], dtypes[name]) for name in STORED}
+        self.count = 0
+
+    def add(self, tokens: np.ndarray, b_start: int, is_random_next: bool,
+            positions: np.ndarray, labels: np.ndarray, pad_id: int) -> None:
+        """One instance: `tokens` unpadded, segment B from `b_start` (its length if none)."""
+        a, i, length = self.arrays, self.count, len(tokens)
+        seq, preds = a["input_ids"].shape[1], a["masked_lm_ids"].shape[1]
+        if length > seq or len(labels) > preds:
+            raise ValueError(f"an instance of {length} tokens and {len(labels)} predictions "
+                             f"does not fit {seq} tokens and {preds} predictions")
+        a["input_ids"][i, :length] = tokens
+        a["input_ids"][i, length:] = pad_id
+        a["lengths"][i], a["b_starts"][i] = length, b_start
+        a["masked_lm_positions"][i, :len(positions)] = positions
+        a["masked_lm_ids"][i, :len(labels)] = labels
+        a["num_predictions"][i], a["next_sentence_labels"][i] = len(labels), is_random_next
+        self.count += 1
+
+    def take(self) -> dict[str, np.ndarray]:
+        """The rows added since the last take (the buffer is then empty again)."""
+        rows = {name: array[:self.count].copy() for name, array in self.arrays.items()}
+        for array in self.arrays.values():
+            array[:self.count] = 0
+        self.count = 0
+        return rows
+
+
+class ShardWriter:
+    """Writes `rows` rows of every stored array to `directory`/NAME.npy, chunk by chunk (the
+    .npy header first, so nothing is held beyond one chunk)."""
+
+    def __init__(self, directory: str, rows: int, max_seq_length: int, max_predictions: int,
+                 vocab_size: int):
+        os.makedirs(directory, exist_ok=True)
+        dtypes = stored_dtypes(max_seq_length, max_predictions, vocab_size)
+        shapes = stored_shapes(max_seq_length, max_predictions)
+        self.rows, self.written, self.files = rows, 0, {}
+        for name in STORED:
+            f = open(os.path.join(directory, name + ".npy"), "wb")
+            np.lib.format.write_array_header_1_0(f, {
+                "descr": np.lib.format.dtype_to_descr(dtypes[name]), "fortran_order": False,
+                "shape": (rows,) + shapes[name]})
+            self.files[name] = f
+
+    def write(self, chunk: dict[str, np.ndarray]) -> None:
+        for name, f in self.files.items():
+            f.write(np.ascontiguousarray(chunk[name]).tobytes())
+        self.written += len(chunk["lengths"])
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        if self.written != self.rows:
+            raise RuntimeError(f"wrote {self.written} rows of {self.rows}")
+
+
+def expand(stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The fixed-shape int32/float32 features of stored rows (other arrays pass through)."""
+    ids = np.asarray(stored["input_ids"]).astype(np.int32)
+    lengths = np.asarray(stored["lengths"]).astype(np.int32)[:, None]
+    b_starts = np.asarray(stored["b_starts"]).astype(np.int32)[:, None]
+    steps = np.arange(ids.shape[1], dtype=np.int32)[None]
+    counts = np.asarray(stored["num_predictions"]).astype(np.int32)[:, None]
+    slots = np.arange(stored["masked_lm_ids"].shape[1], dtype=np.int32)[None]
+    features = {
+        "input_ids": ids, "input_mask": (steps < lengths).astype(np.int32),
+        "segment_ids": ((steps >= b_starts) & (steps < lengths)).astype(np.int32),
+        "masked_lm_positions": np.asarray(stored["masked_lm_positions"]).astype(np.int32),
+        "masked_lm_ids": np.asarray(stored["masked_lm_ids"]).astype(np.int32),
+        "masked_lm_weights": (slots < counts).astype(np.float32),
+        "next_sentence_labels": np.asarray(stored["next_sentence_labels"]).astype(np.int32)}
+    return {**features, **{k: np.asarray(v) for k, v in stored.items()
+                           if k not in STORED and k not in FEATURES}}
+
+
+def empty_stored(max_seq_length: int, max_predictions: int,
+                 vocab_size: int = 2) -> dict[str, np.ndarray]:
+    """Zero rows of every stored array."""
+    return RowBuffer(0, max_seq_length, max_predictions, vocab_size).take()
+
+
+class PreparedSplit:
+    """One split's instances as shards of memory-mapped stored arrays (`rows`: the range of
+    each shard's rows this split serves, e.g. one host's share), and whether masks are stored
+    (static masking) or drawn by the loader (dynamic). `take` and `features` give `FEATURES`."""
+
+    def __init__(self, shards: Sequence[dict[str, np.ndarray]], masked: bool):
+        self.shards, self.masked = list(shards), masked
+        self._offsets = np.cumsum([0] + [len(shard["lengths"]) for shard in self.shards])
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    @property
+    def stored(self) -> dict[str, np.ndarray]:
+        """All rows' stored arrays, concatenated."""
+        return {name: np.concatenate([np.asarray(shard[name]) for shard in self.shards])
+                for name in self.shards[0]}
+
+    @property
+    def features(self) -> dict[str, np.ndarray]:
+        """All rows as one array per feature."""
+        return expand(self.stored)
+
+    def lengths(self) -> np.ndarray:
+        """Real tokens of every row (int64)."""
+        return np.concatenate([np.asarray(shard["lengths"], np.int64) for shard in self.shards])
+
+    def take(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows `rows` (global indices) of every feature, gathered across shards."""
+        rows = np.asarray(rows)
+        shard_of_row = np.searchsorted(self._offsets, rows, side="right") - 1
+        out = {name: np.empty((len(rows),) + array.shape[1:], array.dtype)
+               for name, array in self.shards[0].items()}
+        for shard_index in np.unique(shard_of_row):
+            selected = shard_of_row == shard_index
+            local_rows = rows[selected] - self._offsets[shard_index]
+            for name, array in self.shards[shard_index].items():
+                out[name][selected] = array[local_rows]
+        return expand(out)
+
+
+def host_share(array: Any, process_index: int, process_count: int) -> Any:
+    """Process `process_index`'s contiguous share of a shard's rows (shards are shuffled)."""
+    rows = len(array)
+    return array[rows * process_index // process_count: rows * (process_index + 1) // process_count]

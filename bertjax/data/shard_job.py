@@ -1,0 +1,188 @@
+"""One shard's whole preparation (tokenize, held-out split, pairs, masks, write), run in
+worker processes, one shard per worker, at most a few shards of text in flight.
+
+A shard's result depends only on its documents and its index, so any number of workers
+writes the same bytes. Workers are `spawn`ed (forking a process that may already run JAX's
+threads can deadlock); a script that starts preparation without an
+`if __name__ == "__main__":` guard gets one clear error instead of a hang.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import multiprocessing
+import os
+import random
+import signal
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from bertjax.data import instances, shard_format, tokenization, tokenize_corpus
+
+CHUNK_ROWS = 4096  # rows masked and written at a time
+INSTANCE_ROUTE_FACTOR = 3  # whole documents holding more than this x eval_fraction of tokens
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed to start or died (e.g. a script without the `__main__` guard)."""
+
+
+GUARD_MESSAGE = ("data preparation started again inside a worker process, which re-imports "
+                 "your script: put the code that starts it under `if __name__ == \"__main__\":` "
+                 "(or set data.num_workers=1)")
+
+
+def check_not_in_spawned_import() -> None:
+    """Raises WorkerError when called while a spawned child, still starting, re-runs its
+    parent's script (multiprocessing marks that phase with `_inheriting`)."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise WorkerError(GUARD_MESSAGE)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardJob:
+    """What every shard's preparation needs (sent once to each worker)."""
+
+    tokenizer: tokenization.Tokenizer | None  # None: documents come tokenized
+    specials: instances.SpecialTokens
+    max_seq_length: int
+    max_predictions: int
+    masked_lm_prob: float
+    short_seq_prob: float
+    dupe_factor: int
+    whole_word_mask: bool
+    mask_mix: tuple[float, float]
+    eval_fraction: float
+    seed: int
+    shard_seed: tuple[int, ...]  # (seed, process_index): hashed with the shard index
+    dynamic: bool
+    next_sentence_prediction: bool
+    output: str  # the shards go to output/{train,eval}/shard_NNNNN
+
+
+def hash_seed(*parts: int) -> int:
+    """A 63-bit seed from several integers (stable across processes and runs)."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def split_eval_documents(documents: list, eval_fraction: float, seed: int) -> tuple[list, list]:
+    """Holds out a seeded random `eval_fraction` of documents (at least one if any)."""
+    if eval_fraction <= 0 or len(documents) < 2:
+        return documents, []
+    order = np.random.default_rng([seed, 1]).permutation(len(documents))
+    num_eval = max(1, int(round(len(documents) * eval_fraction)))
+    eval_ids = set(order[:num_eval].tolist())
+    train = [d for i, d in enumerate(documents) if i not in eval_ids]
+    return train, [d for i, d in enumerate(documents) if i in eval_ids]
+
+
+def _tokens(documents: list) -> int:
+    return sum(len(sentence) for document in documents for sentence in document)
+
+
+def stored_chunks(created: list[instances.Instance], job: ShardJob, rng: random.Random,
+                  mask: bool) -> Iterator[dict[str, np.ndarray]]:
+    """Stored rows of `created`, masked (if `mask`) with `rng` in order, CHUNK_ROWS at a time."""
+    buffer = shard_format.RowBuffer(CHUNK_ROWS, job.max_seq_length, job.max_predictions,
+                                    job.specials.vocab_size)
+    none = np.zeros(0, np.int32)
+    for instance in created:
+        tokens, positions, labels = instance.tokens, none, none
+        if mask:
+            tokens, positions, labels = instances.mask_tokens(
+                instance.tokens, rng, job.masked_lm_prob, job.max_predictions, job.specials,
+                job.whole_word_mask, job.mask_mix)
+        buffer.add(tokens, instance.b_start, instance.is_random_next, positions, labels,
+                   job.specials.pad_id)
+        if buffer.count == CHUNK_ROWS:
+            yield buffer.take()
+    yield buffer.take()
+
+
+def write_split(created: list[instances.Instance], job: ShardJob, rng: random.Random, mask: bool,
+                directory: str) -> int:
+    """Writes `created` to `directory` as they are masked; returns how many."""
+    writer = shard_format.ShardWriter(directory, len(created), job.max_seq_length,
+                                      job.max_predictions, job.specials.vocab_size)
+    for chunk in stored_chunks(created, job, rng, mask):
+        writer.write(chunk)
+    writer.close()
+    return len(created)
+
+
+def prepare_shard(job: ShardJob, shard: int, raw_documents: list[list[str]]) -> dict[str, int]:
+    """Writes shard `shard` of both splits; returns its counts."""
+    tokenized, counts = tokenize_corpus.tokenize_documents(raw_documents, job.tokenizer)
+    del raw_documents
+    counts = collections.Counter(counts, documents=len(tokenized))
+    train_docs, eval_docs = split_eval_documents(tokenized, job.eval_fraction, job.seed + shard)
+    by_instances = (job.eval_fraction > 0 and eval_docs and _tokens(eval_docs)
+                    > INSTANCE_ROUTE_FACTOR * job.eval_fraction * counts["tokens"])
+    if by_instances:
+        train_docs, eval_docs = tokenized, []
+    seed = hash_seed(*job.shard_seed, shard, job.max_seq_length)
+    rng = random.Random(seed)
+    created = instances.create_instances(train_docs, job.max_seq_length, job.short_seq_prob,
+                                         job.dupe_factor, rng, job.specials,
+                                         job.next_sentence_prediction)
+    del train_docs, tokenized
+    eval_rng = random.Random(seed + 1)
+    if by_instances:  # a seeded eval_fraction of the instances, masked statically
+        held = np.random.default_rng([job.seed + shard, 2]).random(len(created)) < job.eval_fraction
+        held_out = [instance for instance, h in zip(created, held) if h]
+        created = [instance for instance, h in zip(created, held) if not h]
+        counts["eval_instance_route_shards"] = 1
+    else:
+        held_out = instances.create_instances(eval_docs, job.max_seq_length, job.short_seq_prob,
+                                              1, eval_rng, job.specials,
+                                              job.next_sentence_prediction)
+        counts["eval_documents"] = len(eval_docs)
+    name = f"shard_{shard:05d}"
+    for split, rows, split_rng, mask in (("train", created, rng, not job.dynamic),
+                                         ("eval", held_out, eval_rng, True)):
+        if rows:
+            counts[f"{split}_instances"] = write_split(
+                rows, job, split_rng, mask, os.path.join(job.output, split, name))
+    return dict(counts)
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+
+
+def run_shards(job: ShardJob, shards: Iterable[list[list[str]]], num_workers: int
+               ) -> Iterator[dict[str, int]]:
+    """Prepares every shard (in `num_workers` processes; 0: one per core), yielding each
+    shard's counts in shard order; one shard is read ahead of the workers."""
+    check_not_in_spawned_import()
+    num_workers = num_workers or os.cpu_count() or 1
+    if num_workers <= 1:
+        for index, documents in enumerate(shards):
+            yield prepare_shard(job, index, documents)
+        return
+    with concurrent.futures.ProcessPoolExecutor(
+            num_workers, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_ignore_sigint) as pool:
+        # The job (with the tokenizer) goes with every shard, not to the workers' start: a
+        # start message larger than a pipe's buffer hangs the parent if the child dies early.
+        pending: collections.deque = collections.deque()
+        try:
+            for index, documents in enumerate(shards):
+                pending.append(pool.submit(prepare_shard, job, index, documents))
+                del documents
+                while len(pending) > num_workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        except concurrent.futures.process.BrokenProcessPool as e:
+            raise WorkerError(f"a data preparation worker process died ({e}); the usual "
+                               "cause is a script that starts preparation without `if __name__ "
+                               "== \"__main__\":` (spawned workers re-import it; their error "
+                               "is above), else memory: lower data.shard_bytes") from e
+        finally:
+            for future in pending:
+                future.cancel()

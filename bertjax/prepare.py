@@ -1,0 +1,88 @@
+"""`python -m bertjax.prepare --config=configs/base.py --output=DIR`: pretraining data, offline.
+
+Prepares every phase of the config's schedule into DIR/<phase>_<length>/ (the shards training
+would otherwise prepare and cache itself), with `data.num_workers` local processes, one shard
+of `data.shard_bytes` of text per worker. Train from it with `--config.data.prepared_dir=DIR`:
+each of P training processes reads its share of every shard's rows, and a config whose data
+settings differ from the prepared data's is refused with one line. Running it again into the
+same DIR keeps the phases already prepared with these settings.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+
+from bertjax import locks, schedule
+from bertjax.data import pipeline
+
+FLAGS = flags.FLAGS
+
+
+def prepare_all(config, output: str) -> list[str]:  # noqa: ANN001 (a ConfigDict, the CLI's)
+    """Prepares every phase of `config` into `output`; returns one summary line per phase."""
+    from bertjax import run, validate  # not at the top: spawned workers re-import this module
+    validate.data_preparation(config)
+    if config.data.prepared_dir:
+        raise run.ConfigError("data.prepared_dir is set: this job writes prepared data, it "
+                              "does not read it; unset --config.data.prepared_dir")
+    if "://" in output:
+        raise run.ConfigError(f"--output={output!r}: prepare to a local or mounted directory "
+                              "(copy it to object storage afterwards)")
+    phases = schedule.phases(config.train, config.data, config.long_phase)
+    nsp = run.pretraining_objective(config.train).uses_nsp
+    tokenizer = pipeline.load_or_train_tokenizer(config.data, os.path.join(output, "tokenizer"))
+    lines = []
+    for phase in phases:
+        directory = os.path.join(output, pipeline.phase_directory(phase))
+        wanted = pipeline.settings(config.data, phase, tokenizer, nsp)
+        meta_path = os.path.join(directory, "meta.json")
+        if os.path.exists(meta_path):
+            with open(meta_path) as f:
+                pipeline.check_settings(json.load(f).get("settings", {}), wanted, directory)
+        built = []
+        locks.build_once(directory, meta_path, lambda: built.append(pipeline.build(
+            directory, config.data, phase, tokenizer, nsp=nsp)))
+        lines.append(summary(directory, phase, bool(built)))
+    return lines
+
+
+def summary(directory: str, phase: schedule.Phase, built: bool) -> str:
+    """One line about a prepared phase: sizes, the held-out route, disk and time."""
+    with open(os.path.join(directory, "meta.json")) as f:
+        meta = json.load(f)
+    disk = sum(record["bytes"] for record in meta["files"].values())
+    verb = "Prepared" if built else "Already prepared (kept)"
+    return (f"{verb} phase {phase.name} ({phase.max_seq_length} tokens): "
+            f"{meta.get('train_instances', 0):,} training, {meta.get('eval_instances', 0):,} "
+            f"held-out sequences ({pipeline.held_out_route(meta)}) in {meta.get('shards', 0)} "
+            f"shards, {disk / 1e6:,.1f} MB, {meta.get('seconds', 0)} s -> {directory}")
+
+
+def define_flags() -> None:
+    """Command-line flags; defined only when run as a program."""
+    config_flags.DEFINE_config_file("config", None, "Config file with get_config().",
+                                    lock_config=True)
+    flags.DEFINE_string("output", None, "Directory for the prepared data (train with "
+                        "--config.data.prepared_dir=DIR).")
+    flags.mark_flags_as_required(["config", "output"])
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    from bertjax import run
+    try:
+        for line in prepare_all(FLAGS.config, FLAGS.output):
+            print(line, flush=True)
+    except (run.ConfigError, pipeline.DataError, locks.LockHeld, OSError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    from bertjax import cli  # (imports JAX: not at the top, which spawned workers re-import)
+    define_flags()
+    cli.run(main)
