@@ -342,6 +342,20 @@ def restore_params(directory: str, abstract_params: Any) -> Any:
         return item["params"]
 
 
+def stored_params(directory: str) -> Any:
+    """ShapeDtypeStructs (on the first device) of every parameter that the latest finished
+    checkpoint in `directory` holds, whatever model wrote it: a `restore_params` target."""
+    with ocp.CheckpointManager(_absolute(directory), item_names=("state", "data", "meta")) as manager:
+        step = manager.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no finished checkpoint in {directory!r}")
+        stored = ocp.PyTreeCheckpointer().metadata(
+            f"{manager.directory}/{step}/state").item_metadata.tree["params"]
+    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype,
+                                                          sharding=one_device), stored)
+
+
 def read_meta(directory: str) -> dict:
     """The `meta` item of the latest finished checkpoint in `directory` (what a run recorded
     about its model, tokenizer and config)."""
