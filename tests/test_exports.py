@@ -37,9 +37,9 @@ def write_task_data(root, seed: int = 0) -> None:
                 "\n".join([header] + [row(i) for i in range(count)]) + "\n")
 
 
-def fine_tune(root, task: str, workdir: str, **overrides) -> dict:
-    """A one-epoch fine-tuning run of TINY from random weights (model_config + vocab_file)."""
-    config = config_file("glue.py")
+def fine_tune(root, task: str, workdir: str, config_name: str = "glue.py", **overrides) -> dict:
+    """A one-epoch fine-tuning run of SMALL from random weights (model_config + vocab_file)."""
+    config = config_file(config_name)
     config.update(task=task, data_dir=str(root), model_config=str(root / "bert_config.json"),
                   vocab_file=str(root / "vocab.txt"), max_seq_length=16, train_batch_size=16,
                   eval_batch_size=8, learning_rate=1e-3, num_train_epochs=1.0, seeds="1",
@@ -87,7 +87,7 @@ def test_fine_tuned_model_gives_its_encoder_and_tokenizer(sst2_run):
     with pytest.raises(pretrained.ConversionError, match="has no predictions, seq_relationship"):
         pretrained.load_pretrained(sst2_run, {"bert": None, "predictions": None,  # (pretraining)
                                               "seq_relationship": None},
-                                   dataclasses.replace(TINY, scan_layers=True))
+                                   dataclasses.replace(SMALL, scan_layers=True))
 
 
 @pytest.mark.slow  # (a second fine-tuning run)
