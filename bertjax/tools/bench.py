@@ -140,7 +140,7 @@ def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, co
                     "step_times_s": times["bertjax"]},
     }
     if skipped:
-        result["hf_skipped"] = skipped
+        result["compare_skipped"] = skipped
     for name in (n for n in trainers if n.startswith("hf")):
         hf_median = statistics.median(times[name])
         result[name] = {**throughput(hf_median, batch_size, length, 1),
