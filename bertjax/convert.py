@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             facts.append(("converted from", f"`{args.src}` ({source_format})"))
             if source_format == "bertjax":
                 facts += run_facts(args.src)
-            hf.write_model_card(args.dst, config, num_params, facts, head)
+            hf.write_model_card(args.dst, config, num_params, facts, head,
+                                os.path.basename(os.path.normpath(final_dst)))
         if args.dst != final_dst:
             shutil.rmtree(final_dst, ignore_errors=True)  # (empty, or --overwrite)
             os.replace(args.dst, final_dst)

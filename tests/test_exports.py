@@ -72,7 +72,8 @@ def test_fine_tuned_model_exports_as_sequence_classification(sst2_run, tmp_path,
     np.testing.assert_array_equal(tensors["classifier.weight"], params["output_weights"])
     assert {"tokenizer.json", "vocab.txt", "README.md"} <= set(os.listdir(tmp_path / "hf"))
     card = (tmp_path / "hf" / "README.md").read_text()
-    assert "BertForSequenceClassification.from_pretrained" in card and "sst2, seed 1" in card
+    assert 'BertForSequenceClassification.from_pretrained("hf")' in card  # (not its temporary)
+    assert "| fine-tuning | sst2, seed 1, best epoch 1: dev accuracy" in card
 
 
 def test_fine_tuned_model_gives_its_encoder_and_tokenizer(sst2_run):

@@ -57,7 +57,7 @@ def run_hf(model, features):
 
 def test_mrpc_export_reproduces_the_dev_predictions(tmp_path):
     write_task_data(tmp_path)
-    summary = fine_tune(tmp_path, "mrpc", str(tmp_path / "run"), num_train_epochs=4.0)
+    summary = fine_tune(tmp_path, "mrpc", str(tmp_path / "run"), num_train_epochs=10.0)
     data, logits = bertjax_outputs(tmp_path / "run", "dev")
     out, model = exported(tmp_path / "run", tmp_path / "hf", "AutoModelForSequenceClassification")
     assert model.config.id2label == {0: "0", 1: "1"}
@@ -74,6 +74,7 @@ def test_mrpc_export_reproduces_the_dev_predictions(tmp_path):
         theirs = model(**{k: torch.tensor(v) for k, v in encoded.items()}).logits.numpy()
     assert np.abs(theirs - np.asarray(logits)).max() <= TOLERANCE
     predictions = theirs.argmax(-1)
+    assert len(set(predictions)) == 2  # (a model that predicts one class would check less)
     np.testing.assert_array_equal(predictions, np.asarray(logits).argmax(-1))
     labels = np.array([int(r[0]) for r in rows])
     assert summary["seeds"][0]["dev"]["dev"]["accuracy"] == pytest.approx(

@@ -164,7 +164,8 @@ def save_hf(config: BertConfig, params: dict[str, Any], path: str,
 
 
 def write_model_card(path: str, config: BertConfig, num_params: int,
-                     facts: list[tuple[str, str]], head: HFHead | None = None) -> None:
+                     facts: list[tuple[str, str]], head: HFHead | None = None,
+                     name: str = "") -> None:
     """`README.md`: the architecture, `facts` (tokenizer, data, steps, metrics, ...) and how to
     load the directory with transformers."""
     rows = [("architecture", f"BERT, {config.num_hidden_layers} layers, hidden "
@@ -172,7 +173,7 @@ def write_model_card(path: str, config: BertConfig, num_params: int,
              f"{config.intermediate_size}, vocabulary {config.vocab_size}, "
              f"{config.max_position_embeddings} positions, {TO_HF_ACTIVATION[config.hidden_act]}"),
             ("parameters", f"{num_params:,}"), *facts]
-    name = os.path.basename(os.path.normpath(path))
+    name = name or os.path.basename(os.path.normpath(path))  # what from_pretrained is given
     architecture = head.architecture if head else "BertForPreTraining"
     what = head.description if head else "masked-LM and next-sentence heads"
     text = "\n".join([
