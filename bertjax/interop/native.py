@@ -127,8 +127,14 @@ def save_tokenizer(tokenizer: tokenization.Tokenizer, directory: str) -> list[st
 def tokenizer_beside(path: str) -> tokenization.Tokenizer | None:
     """The tokenizer `save_tokenizer` wrote beside the checkpoint at `path` (in it, or in the
     workdir above a seed's or a `checkpoints/` folder); None if there is none."""
-    for directory in (path, os.path.dirname(path.rstrip("/")),
-                      os.path.dirname(os.path.dirname(path.rstrip("/")))):
+    directories, path = [path], path.rstrip("/")
+    for _ in range(2):  # WORKDIR/seed_N/checkpoints -> WORKDIR/seed_N -> WORKDIR
+        if os.path.basename(path) != "checkpoints" and not os.path.basename(path).startswith(
+                "seed_"):
+            break
+        path = os.path.dirname(path)
+        directories.append(path)
+    for directory in directories:
         spec_path = os.path.join(directory, TOKENIZER_FILE)
         if os.path.isfile(spec_path):
             spec = tree.read_json_config(spec_path, "bertjax tokenizer")
