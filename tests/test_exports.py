@@ -91,7 +91,6 @@ def test_fine_tuned_model_gives_its_encoder_and_tokenizer(sst2_run):
                                    dataclasses.replace(SMALL, scan_layers=True))
 
 
-@pytest.mark.slow  # (a second fine-tuning run)
 def test_fine_tuned_model_starts_another_task(sst2_run, tmp_path, capsys):
     root = os.path.dirname(sst2_run)
     summary = fine_tune(pathlib.Path(root), "mrpc", str(tmp_path / "mrpc"),
