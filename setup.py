@@ -31,6 +31,7 @@ setup(
         "numpy",
         "tensorboardX>=2.6",
         "safetensors>=0.4",  # Hugging Face checkpoints (numpy API; no torch needed)
+        "tokenizers>=0.20",  # tokenizer.json of Hugging Face exports (what AutoTokenizer loads)
         "google-crc32c>=1.5",  # checksums of TF checkpoints
         "ml_dtypes",
         "pyarrow",  # GLUE in the Hugging Face parquet layout
@@ -41,7 +42,7 @@ setup(
         # probe.png and the benchmark plots (`python -m bertjax.probe`); imported lazily.
         "plot": ["matplotlib>=3.8"],
         # Parity tests against PyTorch transformers (`pytest -m parity`); CPU torch, pinned.
-        "parity": ["pytest>=8", "torch==2.13.0", "transformers==5.23.0", "tokenizers"],
+        "parity": ["pytest>=8", "torch==2.13.0", "transformers==5.23.0"],
         # The `tensorboard` command for the event files in WORKDIR/tensorboard.
         "tensorboard": ["tensorboard"],
         # Opt-in tests against TensorFlow's own checkpoint reader/writer (large; not in CI).

@@ -342,6 +342,19 @@ def restore_params(directory: str, abstract_params: Any) -> Any:
         return item["params"]
 
 
+def stored_params(directory: str) -> Any:
+    """ShapeDtypeStructs (on the first device) of every parameter that the latest finished
+    checkpoint in `directory` holds, whatever model wrote it: a `restore_params` target."""
+    with ocp.CheckpointManager(_absolute(directory), item_names=("state", "data", "meta")) as manager:
+        step = manager.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no finished checkpoint in {directory!r}")
+        stored = _stored_tree(f"{manager.directory}/{step}/state")["params"]
+    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype,
+                                                          sharding=one_device), stored)
+
+
 def read_meta(directory: str) -> dict:
     """The `meta` item of the latest finished checkpoint in `directory` (what a run recorded
     about its model, tokenizer and config)."""
@@ -363,10 +376,17 @@ def save_params(directory: str, params: Any, meta: dict) -> None:
         checkpointer.close()
 
 
+def _stored_tree(state_path: str) -> Any:
+    """The array metadata (shapes, dtypes) of a checkpoint's `state` item, read by the item's
+    handler (the checkpointer would first look for a step metadata file that an item folder
+    never has, and log a warning that it does not exist)."""
+    return ocp.PyTreeCheckpointHandler().metadata(epath.Path(state_path)).tree
+
+
 def _check_param_shapes(state_path: str, abstract_params: Any) -> None:
     """Raises CheckpointMismatch naming every wanted parameter that the checkpoint lacks or
     stores with another shape."""
-    stored = ocp.PyTreeCheckpointer().metadata(state_path).item_metadata.tree["params"]
+    stored = _stored_tree(state_path)["params"]
     stored_shapes = {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf
                      in jax.tree_util.tree_leaves_with_path(stored)}
     problems = []

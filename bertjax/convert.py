@@ -5,8 +5,12 @@ between Google TF, Hugging Face and bertjax (formats in `bertjax.interop`).
     python -m bertjax.convert bert_base_bertjax bert_base_hf                 # bertjax -> HF
     python -m bertjax.convert hf_dir out.ckpt --to=tf                        # HF -> TF
 
-A Hugging Face export also holds the checkpoint's tokenizer (what `AutoTokenizer` loads) and
-a model card (`README.md`); a TF export holds the WordPiece `vocab.txt`.
+A fine-tuned model (a `python -m bertjax.finetune` workdir: its best seed) exports to the
+transformers class of its task (`BertForSequenceClassification`, `BertForTokenClassification`,
+`BertForQuestionAnswering`) with its label names. A Hugging Face export also holds the
+checkpoint's tokenizer (what `AutoTokenizer` loads) and a model card (`README.md`); a TF export
+holds the WordPiece `vocab.txt`; a bertjax export holds the tokenizer that every bertjax
+command finds beside it.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import numpy as np
 
 from bertjax import pretrained, reporting
 from bertjax.data import tokenization
-from bertjax.interop import hf, hf_tokenizer, native, tf, tree
+from bertjax.interop import finetuned, hf, hf_tokenizer, native, tf, tree
 
 SAVERS = {"tf": tf.save_tf, "hf": hf.save_hf, "bertjax": native.save_bertjax}
 
@@ -51,7 +55,7 @@ def source_tokenizer(src: str, source_format: str) -> tokenization.Tokenizer:
     if source_format == "bertjax":
         source = pretrained.Source(init_checkpoint=src)
         run = pretrained.pretraining_run(source)
-        if run.config is not None:
+        if run.config is not None or native.tokenizer_beside(src) is not None:
             return pretrained.tokenizer_of(source, run)
     vocab = os.path.join(src if os.path.isdir(src) else os.path.dirname(src), "vocab.txt")
     if not os.path.isfile(vocab):
@@ -83,6 +87,14 @@ def run_facts(src: str) -> list[tuple[str, str]]:
                             + (f" ({run.config.long_phase.fraction:.0%} of the steps at "
                                f"{run.config.long_phase.max_seq_length})"
                                if run.config.long_phase.fraction else ""))]
+    seed_summary = os.path.join(os.path.dirname(directory.rstrip("/")), "summary.json")
+    if run.finetuned_task and os.path.isfile(seed_summary):
+        with open(seed_summary, encoding="utf-8") as f:
+            seed = json.load(f)
+        facts.append(("fine-tuning", f"{run.finetuned_task}, seed {seed['seed']}, best epoch "
+                      f"{seed['best_epoch']}: " + "; ".join(
+                          f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in values.items())
+                          for split, values in seed["dev"].items())))
     final = os.path.join(os.path.dirname(directory.rstrip("/")), "final_metrics.json")
     if os.path.isfile(final):
         with open(final, encoding="utf-8") as f:
@@ -99,6 +111,8 @@ def export_tokenizer(src: str, source_format: str, target: str, dst: str,
         tokenizer = source_tokenizer(src, source_format)
         if target == "hf":
             names = hf_tokenizer.save_tokenizer(tokenizer, dst, max_length)
+        elif target == "bertjax":  # found beside the checkpoint by every bertjax command
+            names = native.save_tokenizer(tokenizer, dst)
         elif isinstance(tokenizer, tokenization.WordPieceTokenizer):  # Google's layout
             names = hf_tokenizer.save_vocab(tokenizer, dst)
         else:
@@ -131,17 +145,26 @@ def main(argv: list[str] | None = None) -> int:
         report = tree.LoadReport()
         config, params = pretrained.LOADERS[source_format](args.src, report)
         print(report.summary(), flush=True)
+        task_config = native.finetuned_config(args.src) if source_format == "bertjax" else None
+        head = finetuned.hf_head(task_config, params) if task_config and target == "hf" else None
         if target == "bertjax":
             config = dataclasses.replace(config, scan_layers=args.scan_layers)
-        SAVERS[target](config, params, args.dst)
+        num_params = sum(int(np.size(v)) for v in tree.flatten(params).values())
+        if head:
+            num_params = hf.save_hf(config, params, args.dst, head)
+            print(f"fine-tuned model: {head.architecture}"
+                  + (f", labels {list(head.config['id2label'].values())}"
+                     if "id2label" in head.config else ""), flush=True)
+        else:
+            SAVERS[target](config, params, args.dst)
         facts = export_tokenizer(args.src, source_format, target, args.dst,
                                  config.max_position_embeddings)
         if target == "hf":
             facts.append(("converted from", f"`{args.src}` ({source_format})"))
             if source_format == "bertjax":
                 facts += run_facts(args.src)
-            hf.write_model_card(args.dst, config, sum(
-                int(np.size(v)) for v in tree.flatten(params).values()), facts)
+            hf.write_model_card(args.dst, config, num_params, facts, head,
+                                os.path.basename(os.path.normpath(final_dst)))
         if args.dst != final_dst:
             shutil.rmtree(final_dst, ignore_errors=True)  # (empty, or --overwrite)
             os.replace(args.dst, final_dst)

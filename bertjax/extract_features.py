@@ -89,7 +89,7 @@ def main(argv) -> None:
     del argv
     source = pretrained.Source(
         init_checkpoint=FLAGS.init_checkpoint, vocab_file=FLAGS.vocab_file,
-        do_lower_case=FLAGS.do_lower_case, hidden_dropout_prob=0.0,
+        do_lower_case=FLAGS.do_lower_case, vocab_flag="--vocab_file", hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0)
     try:
         model, params, tokenizer = pretrained.load_encoder(source)

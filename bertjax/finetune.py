@@ -30,6 +30,7 @@ from bertjax import (checkpoint, cli, finetune_loop, locks, optim, pretrained, r
 from bertjax import model as bert_model
 from bertjax import run as run_lib
 from bertjax.data import pipeline
+from bertjax.interop import native
 from bertjax.interop.tree import ConversionError
 from bertjax.model import BertConfig
 from bertjax.tasks import features, glue, ner, squad_predict
@@ -166,6 +167,10 @@ def _run(config: ml_collections.ConfigDict, workdir: str,
         if size % (sharding.data_parallel_size(mesh) * jax.process_count()):
             raise FinetuneError(f"batch size {size} must be divisible by data*fsdp="
                                 f"{sharding.data_parallel_size(mesh)} times the process count")
+    if pretrain.finetuned_task:
+        reporting.chief_print(f"init_checkpoint {config.init_checkpoint} was fine-tuned on "
+                              f"{pretrain.finetuned_task}: this run starts from its encoder, "
+                              "with a new output layer")
     task = make_task(config, tokenizer)
     try:
         data = {name: task.load(name) for name in ["train", *task.eval_splits]}
@@ -178,9 +183,12 @@ def _run(config: ml_collections.ConfigDict, workdir: str,
         raise FinetuneError(str(e)) from e
     trainer = make_trainer(config, task, bert_config, task.num_train_examples(data["train"]),
                            mesh)
-    settings = typed(finetune_loop.Settings, {**config, "config": config.to_json()})
+    settings = typed(finetune_loop.Settings, {
+        **config, "config": config.to_json(), "bert_config": dataclasses.asdict(bert_config),
+        "tokenizer_fingerprint": tokenizer.fingerprint()})
     if jax.process_index() == 0:
         reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1))
+        native.save_tokenizer(tokenizer, workdir)  # the fine-tuned model stands alone
     results = [finetune_loop.train_one_seed(settings, trainer, data, seed,
                                             os.path.join(workdir, f"seed_{seed}"))
                for seed in parse_seeds(config.seeds)]

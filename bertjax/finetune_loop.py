@@ -37,6 +37,8 @@ class Settings:
     num_train_epochs: float
     log_every: int
     config: str  # the whole fine-tuning config as JSON, recorded in every checkpoint
+    bert_config: dict  # the model's BertConfig fields, recorded in every checkpoint
+    tokenizer_fingerprint: str  # the tokenizer's, recorded in every checkpoint
 
 
 def host_batch(data: SplitData, rows: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
@@ -164,7 +166,9 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
     train_step, predict_step = sharded.train_step, sharded.eval_step
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            save_every=10 ** 9, keep_latest=1)
-    meta = {"task": settings.task, "seed": seed, "config": settings.config}
+    meta = {"task": settings.task, "seed": seed, "config": settings.config,
+            "bert_config": settings.bert_config,
+            "tokenizer_fingerprint": settings.tokenizer_fingerprint}
     best: dict[str, Any] = {"epoch": -1}
     jsonl = os.path.join(workdir, "metrics.jsonl") if jax.process_index() == 0 else None
     ends = epoch_ends(len(train), batch_size, total_steps)

@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 
 from bertjax import checkpoint
 from bertjax import model as bert_model
@@ -42,14 +43,15 @@ def detect_format(path: str) -> str:
             return "hf"
         if any(n.endswith(".index") for n in names):
             return "tf"
-        if "checkpoints" in names or any(n.isdigit() for n in names):
+        if "checkpoints" in names or any(n.isdigit() for n in names) or native.seed_dirs(path):
             return "bertjax"
     if not os.path.exists(path):
         raise ConversionError(f"{path} does not exist")
     raise ConversionError(
         "cannot tell the checkpoint format of " + path + ": expected a Google TF checkpoint "
         "(bert_config.json + bert_model.ckpt.index/.data-*), a Hugging Face directory "
-        "(config.json + model.safetensors or pytorch_model.bin) or a bertjax checkpoint directory")
+        "(config.json + model.safetensors or pytorch_model.bin) or a bertjax checkpoint directory "
+        "(a pretraining or fine-tuning workdir)")
 
 
 def check_exists(path: str, field: str) -> None:
@@ -96,14 +98,21 @@ def load_pretrained(path: str, abstract_params: dict[str, Any], model_config: Be
     checkpoint) or some of its top-level entries (`{"bert": ...}`: a fine-tuned model's
     encoder). A bertjax checkpoint in the same layer layout is read straight into the shards.
     `reuse` keeps the last checkpoint read on the host for the next call (fine-tuning seeds)."""
-    if detect_format(path) == "bertjax":
+    source_format = detect_format(path)
+    if source_format == "bertjax":
         directory = native.checkpoint_dir(path)
         found = native.config_of(directory)
         check_architecture(found, model_config, path)
         if found.scan_layers == model_config.scan_layers:
             return checkpoint.restore_params(directory, abstract_params)
+    logging.info("Initialising parameters from %s (%s checkpoint)", path, source_format)
     found, params = _read_once(path) if reuse else read(path)
     check_architecture(found, model_config, path)
+    missing = sorted(set(abstract_params) - set(params))
+    if missing:
+        raise ConversionError(f"init_checkpoint {path} has no {', '.join(missing)} parameters "
+                              "(a fine-tuned model holds its encoder and a task's output layer): "
+                              "start from a pretraining checkpoint")
     if model_config.scan_layers:
         params = tree.stack_layers(params)
     return jax.tree.map(lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
@@ -128,17 +137,20 @@ class Source:
     tokenizer: str = ""  # "wordpiece" | "sentencepiece" for vocab_file; empty = by extension
     do_lower_case: bool = True
     dtype: str = "float32"
+    vocab_flag: str = "--config.vocab_file"  # the flag that sets vocab_file, for messages
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
 
 
 class PretrainingRun(NamedTuple):
     """What a run takes from `init_checkpoint`: architecture fields, and for a bertjax run
-    its pretraining config and the fingerprint of the tokenizer it was trained with."""
+    its pretraining config and the fingerprint of the tokenizer it was trained with (and for
+    a fine-tuned model, the task it was fine-tuned on: a run takes only its encoder)."""
 
     model: dict
     config: ml_collections.ConfigDict | None = None
     tokenizer_fingerprint: str | None = None
+    finetuned_task: str = ""
 
 
 def pretraining_run(source: Source) -> PretrainingRun:
@@ -148,10 +160,15 @@ def pretraining_run(source: Source) -> PretrainingRun:
     check_exists(source.init_checkpoint, "init_checkpoint")
     if google_or_hf(source.init_checkpoint):  # architecture from bert_config.json/config.json
         return PretrainingRun(dataclasses.asdict(_read_once(source.init_checkpoint)[0]))
+    directory = native.checkpoint_dir(source.init_checkpoint)
     try:
-        meta = checkpoint.read_meta(native.checkpoint_dir(source.init_checkpoint))
+        meta = checkpoint.read_meta(directory)
     except FileNotFoundError as e:
         raise PretrainedError(f"init_checkpoint={source.init_checkpoint!r}: {e}") from e
+    if "task" in meta:  # a fine-tuned model: its encoder and tokenizer
+        return PretrainingRun(dataclasses.asdict(native.config_from_meta(meta, directory)),
+                              tokenizer_fingerprint=meta.get("tokenizer_fingerprint"),
+                              finetuned_task=meta["task"] or json.loads(meta["config"])["kind"])
     config = json.loads(meta["config"]) if "config" in meta else None  # None: params-only
     return PretrainingRun(meta["model"], config and ml_collections.ConfigDict(config),
                           meta.get("tokenizer"))
@@ -165,8 +182,9 @@ def bert_config_of(source: Source, pretrain: PretrainingRun) -> BertConfig:
         with open(source.model_config, encoding="utf-8") as f:
             values.update(json.load(f))
     if not values:
-        raise PretrainedError("set --config.init_checkpoint (a bertjax pretraining run) or "
-                              "--config.model_config (a bert_config.json) to define the model")
+        raise PretrainedError("set --config.init_checkpoint (a bertjax run, a Google TF or a "
+                              "Hugging Face checkpoint) or --config.model_config (a "
+                              "bert_config.json) to define the model")
     values.update(dtype=source.dtype, scan_layers=values.get("scan_layers", False),
                   hidden_dropout_prob=source.hidden_dropout_prob,
                   attention_probs_dropout_prob=source.attention_probs_dropout_prob)
@@ -181,16 +199,12 @@ def tokenizer_of(source: Source, pretrain: PretrainingRun) -> tokenization.Token
                                     else "wordpiece")
         tokenizer = tokenization.load_tokenizer(kind, source.vocab_file, source.do_lower_case)
     elif google_or_hf(source.init_checkpoint):  # Google and HF directories ship vocab.txt
-        path = source.init_checkpoint
-        vocab = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), "vocab.txt")
-        if not os.path.isfile(vocab):
-            raise PretrainedError(f"no vocab.txt beside init_checkpoint={path!r}; pass "
-                                  "--config.vocab_file=PATH")
-        validate_case(path, source.do_lower_case, vocab)
-        return tokenization.load_tokenizer("wordpiece", vocab, source.do_lower_case)
-    elif pretrain.config is None:
-        raise PretrainedError("set --config.vocab_file (no init_checkpoint to take the "
-                              "tokenizer from)")
+        return _vocab_beside(source)
+    elif pretrain.config is None:  # a fine-tuned or converted model: its tokenizer beside it
+        if not source.init_checkpoint:
+            raise PretrainedError(f"set {source.vocab_flag} (no init_checkpoint to take the "
+                                  "tokenizer from)")
+        tokenizer = native.tokenizer_beside(source.init_checkpoint) or _vocab_beside(source)
     else:
         tokenizer = _pretraining_tokenizer(source, pretrain)
     expected = pretrain.tokenizer_fingerprint
@@ -200,9 +214,21 @@ def tokenizer_of(source: Source, pretrain: PretrainingRun) -> tokenization.Token
         raise PretrainedError(f"{what} is not the tokenizer init_checkpoint="
                               f"{source.init_checkpoint!r} was pretrained with (fingerprint "
                               f"{tokenizer.fingerprint()[:12]}, checkpoint {expected[:12]}); "
-                              "pass --config.vocab_file=PATH to that run's vocabulary or .model "
+                              f"pass {source.vocab_flag}=PATH to that run's vocabulary or .model "
                               "file (with its do_lower_case)")
     return tokenizer
+
+
+def _vocab_beside(source: Source) -> tokenization.Tokenizer:
+    """The WordPiece `vocab.txt` beside `source.init_checkpoint` (Google, Hugging Face or a
+    converted directory), cased as `source.do_lower_case` says (checked against the name)."""
+    path = source.init_checkpoint
+    vocab = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), "vocab.txt")
+    if not os.path.isfile(vocab):
+        raise PretrainedError(f"no tokenizer beside init_checkpoint={path!r} (vocab.txt or "
+                              f"{native.TOKENIZER_FILE}); pass {source.vocab_flag}=PATH")
+    validate_case(path, source.do_lower_case, vocab)
+    return tokenization.load_tokenizer("wordpiece", vocab, source.do_lower_case)
 
 
 def _pretraining_tokenizer(source: Source, pretrain: PretrainingRun) -> tokenization.Tokenizer:
@@ -220,13 +246,13 @@ def _pretraining_tokenizer(source: Source, pretrain: PretrainingRun) -> tokeniza
                     return candidate
     if not data.vocab_file and not os.path.isdir(cache_dir):
         raise PretrainedError(f"the pretraining run's SentencePiece model is not in {cache_dir}; "
-                              "pass --config.vocab_file=PATH.model")
+                              f"pass {source.vocab_flag}=PATH.model")
     try:
         return pipeline.load_or_train_tokenizer(data, cache_dir)
     except (pipeline.DataError, OSError) as e:
         raise PretrainedError(f"cannot rebuild the tokenizer of init_checkpoint="
                               f"{source.init_checkpoint!r} ({e}); pass "
-                              "--config.vocab_file=PATH") from e
+                              f"{source.vocab_flag}=PATH") from e
 
 
 def checkpoint_case(path: str) -> bool | None:

@@ -1,6 +1,8 @@
 """`python -m bertjax.tools.bench` end to end: a tiny config, a few steps, the HF comparison."""
+import importlib.util
 import json
 import os
+import runpy
 import subprocess
 import sys
 
@@ -49,6 +51,23 @@ def test_bench_with_hf_comparison(tmp_path):
     assert "bertjax / hf_eager throughput" in result.stdout and "MFU" in result.stdout
     assert record["command"].endswith(f"--out={out}")
 
+
+def test_bench_without_torch_says_how_to_install_it_and_still_measures(monkeypatch):
+    """--compare=hf where torch is missing: one line with the install command, the rest of
+    the record (bertjax's own timings) as usual."""
+    from bertjax.tools import bench
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else find_spec(name, *a))
+    config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
+    config.model.update(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1)
+    config.train.global_batch_size = 8
+    config.data.update(max_seq_length=16, max_predictions_per_seq=2)
+    lines = []
+    record = bench.run(config, 1, 1, "hf", 0.5, log=lines.append)
+    assert record["compare_skipped"] == "torch not installed (pip install -e '.[parity]')"
+    assert "no Hugging Face comparison: torch not installed (pip install -e '.[parity]')" in lines
+    assert "hf_eager" not in record and len(record["bertjax"]["step_times_s"]) == 1
 
 
 def test_synthetic_packed_batch_has_the_layout_of_packed_rows():

@@ -81,9 +81,8 @@ def test_tf_to_bertjax_to_hf_command_line(tmp_path):
     exported = tmp_path / "hf"
     assert (exported / "vocab.txt").read_text().split() == vocab
     config = json.loads((exported / "tokenizer_config.json").read_text())
-    # With `tokenizers` (transformers' own dependency) a tokenizer.json, else BertTokenizer.
-    assert config["tokenizer_class"] == ("PreTrainedTokenizerFast" if (
-        exported / "tokenizer.json").exists() else "BertTokenizer")
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert (exported / "tokenizer.json").exists()
     assert config["do_lower_case"] is True
     assert config["model_max_length"] == CONFIG.max_position_embeddings
     card = (exported / "README.md").read_text()

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -101,15 +102,27 @@ def test_unknown_and_regression_tasks_are_refused():
         probing.task_adapter("nonesuch", features.TaskOptions(), None)
 
 
-def test_probe_cli_writes_json_and_plot(root, tmp_path):
-    out = tmp_path / "out"
+def test_probe_cli_writes_json_table_and_plot(root, tmp_path):
+    """Here without matplotlib (a package that fails to import shadows it): probe.json, the
+    per-layer table and one line about the missing plot, exit 0; the plot drawn from the
+    record where matplotlib is installed."""
+    out, no_matplotlib = tmp_path / "out", tmp_path / "no_matplotlib" / "matplotlib"
+    no_matplotlib.mkdir(parents=True)
+    (no_matplotlib / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
     command = [sys.executable, "-m", "bertjax.probe", f"--init_checkpoint={root}/hf",
                "--task=sst2,conll2003", f"--glue_dir={root}/glue", f"--conll_dir={root}/conll",
                f"--workdir={out}", "--seeds=1,2", "--epochs=30", "--batch_size=16",
                "--learning_rate=1e-2", "--max_seq_length=16"]
-    result = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ,
+                                 "PYTHONPATH": f"{no_matplotlib.parent}{os.pathsep}{REPO_ROOT}"})
     assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Wrote {out}/probe.json; no probe.png: {out}/probe.png needs matplotlib: " \
+        "pip install -e '.[plot]'" in result.stdout
+    for task, metric in (("sst2", "accuracy"), ("conll2003", "f1")):
+        assert f"{task} (dev {metric}, mean ± std over seeds):" in result.stdout
+    assert re.search(r"^  layer_2 +\d\.\d{4} ± \d\.\d{4}", result.stdout, re.MULTILINE)
+    assert result.stdout.count("  best") == 2  # one per task
     record = json.loads((out / "probe.json").read_text())
     assert record["num_layers"] == 2 and not record["random_init"]
     names = ["embeddings", "layer_1", "layer_2", *probing.COMBINATIONS]
@@ -123,4 +136,6 @@ def test_probe_cli_writes_json_and_plot(root, tmp_path):
         assert results["last"] == results["layer_2"]
         # The words carry the labels: every layer of even a random encoder shows them.
         assert results["embeddings"][metric]["mean"] > 0.9, (task, results["embeddings"])
+    pytest.importorskip("matplotlib")
+    probing.plot(record, str(out / "probe.png"), "hf")
     assert (out / "probe.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,6 +11,7 @@ import numpy as np
 
 from bertjax import model as bert_model
 from bertjax.interop import tree
+from bertjax.interop.finetuned import HFHead
 from bertjax.model import BertConfig
 
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -128,17 +129,24 @@ def load_hf(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfi
     return config, params
 
 
-def save_hf(config: BertConfig, params: dict[str, Any], path: str) -> None:
+def save_hf(config: BertConfig, params: dict[str, Any], path: str,
+            head: HFHead | None = None) -> int:
     """Writes `config.json` + `model.safetensors` that `transformers.BertForPreTraining
-    .from_pretrained(path)` loads with no missing or unexpected weights (no torch needed)."""
+    .from_pretrained(path)` loads with no missing or unexpected weights (no torch needed);
+    with `head` (a fine-tuned model's output layer), the class it names instead. Returns the
+    number of parameters written."""
     from safetensors.numpy import save_file
 
     os.makedirs(path, exist_ok=True)
     tensors = {}
     for p, value in tree.flatten(tree.unstack_layers(params)).items():
+        if head and (not p.startswith("bert/") or
+                     (p.startswith("bert/pooler/") and not head.pooler)):
+            continue  # the output layer comes from `head`; no pooler where the class has none
         name, transpose = path_to_hf(p)
         value = np.asarray(value)
         tensors[name] = np.ascontiguousarray(value.T if transpose else value)
+    tensors.update(head.tensors if head else {})
     weights = os.path.join(path, "model.safetensors")
     save_file(tensors, weights, metadata={"format": "pt"})
     umask = os.umask(0)
@@ -149,12 +157,15 @@ def save_hf(config: BertConfig, params: dict[str, Any], path: str) -> None:
                   hidden_dropout_prob=config.hidden_dropout_prob,
                   attention_probs_dropout_prob=config.attention_probs_dropout_prob,
                   initializer_range=config.initializer_range, model_type="bert",
-                  architectures=["BertForPreTraining"], tie_word_embeddings=True, pad_token_id=0)
+                  architectures=[head.architecture if head else "BertForPreTraining"],
+                  tie_word_embeddings=head is None, pad_token_id=0, **(head.config if head else {}))
     tree.write_json(os.path.join(path, "config.json"), values)
+    return sum(int(np.size(v)) for v in tensors.values())
 
 
 def write_model_card(path: str, config: BertConfig, num_params: int,
-                     facts: list[tuple[str, str]]) -> None:
+                     facts: list[tuple[str, str]], head: HFHead | None = None,
+                     name: str = "") -> None:
     """`README.md`: the architecture, `facts` (tokenizer, data, steps, metrics, ...) and how to
     load the directory with transformers."""
     rows = [("architecture", f"BERT, {config.num_hidden_layers} layers, hidden "
@@ -162,13 +173,15 @@ def write_model_card(path: str, config: BertConfig, num_params: int,
              f"{config.intermediate_size}, vocabulary {config.vocab_size}, "
              f"{config.max_position_embeddings} positions, {TO_HF_ACTIVATION[config.hidden_act]}"),
             ("parameters", f"{num_params:,}"), *facts]
-    name = os.path.basename(os.path.normpath(path))
+    name = name or os.path.basename(os.path.normpath(path))  # what from_pretrained is given
+    architecture = head.architecture if head else "BertForPreTraining"
+    what = head.description if head else "masked-LM and next-sentence heads"
     text = "\n".join([
         "---", "library_name: transformers", "tags: [bert, bertjax]", "---", f"# {name}", "",
-        "A BERT model (masked-LM and next-sentence heads) written by bertjax.", "",
+        f"A BERT model ({what}) written by bertjax.", "",
         "| | |", "|---|---|", *[f"| {key} | {value} |" for key, value in rows], "",
-        "```python", "from transformers import AutoTokenizer, BertForPreTraining",
+        "```python", f"from transformers import AutoTokenizer, {architecture}",
         f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
-        f'model = BertForPreTraining.from_pretrained("{name}")', "```", ""])
+        f'model = {architecture}.from_pretrained("{name}")', "```", ""])
     with open(os.path.join(path, "README.md"), "w", encoding="utf-8") as f:
         f.write(text)

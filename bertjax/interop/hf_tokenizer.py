@@ -1,17 +1,17 @@
 """The tokenizer files of a Hugging Face export, so that `transformers.AutoTokenizer
 .from_pretrained(DIR)` gives bertjax's token ids. A `tokenizer.json` built with the
-`tokenizers` library (a dependency of transformers) holds either tokenizer: WordPiece as
-Google's BasicTokenizer + WordpieceTokenizer (same casing, accent stripping and 200-character
-word limit), SentencePiece as a Unigram model from the `.model` (pieces, scores, the model's
-own normalization rules, whitespace handling and dummy prefix); both with BERT's
-`[CLS] A [SEP] B [SEP]` template. WordPiece also gets `vocab.txt`, and without `tokenizers`
-a BertTokenizer config (whose word limit is 100 characters). One known difference: raw text
-that spells a special token (`[MASK]`) is that token for transformers, while SentencePiece
+`tokenizers` library (a dependency of bertjax, as of transformers) holds either tokenizer:
+WordPiece as Google's BasicTokenizer + WordpieceTokenizer (same casing, accent stripping and
+200-character word limit), SentencePiece as a Unigram model from the `.model` (pieces, scores,
+the model's own normalization rules, whitespace handling and dummy prefix); both with BERT's
+`[CLS] A [SEP] B [SEP]` template. WordPiece also gets `vocab.txt`. One known difference: raw
+text that spells a special token (`[MASK]`) is that token for transformers, while SentencePiece
 puts a `▁` piece before it."""
 from __future__ import annotations
 
 import os
 
+import tokenizers as tk
 from sentencepiece import sentencepiece_model_pb2
 
 from bertjax.data.tokenization import (CLS, MASK, PAD, SEP, UNK, SentencePieceTokenizer,
@@ -24,7 +24,7 @@ UNIGRAM = 1  # sentencepiece's TrainerSpec.model_type
 SPECIAL_PIECE_TYPES = (2, 3, 4)  # unknown, control, user-defined
 
 
-def _sentencepiece_model(tokenizer: SentencePieceTokenizer, tk) -> object:
+def _sentencepiece_model(tokenizer: SentencePieceTokenizer) -> tk.Tokenizer:
     """The `tokenizers` Unigram tokenizer (no template yet) of a SentencePiece model."""
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(tokenizer.model_proto())
@@ -50,7 +50,7 @@ def _sentencepiece_model(tokenizer: SentencePieceTokenizer, tk) -> object:
     return hf
 
 
-def _wordpiece_model(tokenizer: WordPieceTokenizer, tk) -> object:
+def _wordpiece_model(tokenizer: WordPieceTokenizer) -> tk.Tokenizer:
     """The `tokenizers` WordPiece tokenizer (no template yet) of Google's tokenizer."""
     tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
     hf = tk.Tokenizer(tk.models.WordPiece(
@@ -68,14 +68,9 @@ def _wordpiece_model(tokenizer: WordPieceTokenizer, tk) -> object:
 
 def tokenizer_json(tokenizer: Tokenizer) -> str:
     """The `tokenizers` tokenizer.json that tokenizes as `tokenizer` does."""
-    try:
-        import tokenizers as tk
-    except ImportError:
-        raise tree.ConversionError("a tokenizer.json needs the `tokenizers` package: "
-                                   "pip install tokenizers") from None
     build = _wordpiece_model if isinstance(tokenizer, WordPieceTokenizer) else \
         _sentencepiece_model
-    hf = build(tokenizer, tk)
+    hf = build(tokenizer)
     hf.post_processor = tk.processors.TemplateProcessing(
         single=f"{CLS} $A {SEP}", pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
         special_tokens=[(CLS, tokenizer.cls_id), (SEP, tokenizer.sep_id)])
@@ -102,16 +97,9 @@ def save_tokenizer(tokenizer: Tokenizer, path: str, model_max_length: int) -> li
         names += save_vocab(tokenizer, path)
         config.update(do_lower_case=tokenizer.do_lower_case,
                       strip_accents=tokenizer.strip_accents)
-    try:
-        text = tokenizer_json(tokenizer)
-    except tree.ConversionError:
-        if not names:  # SentencePiece: tokenizer.json is its only form
-            raise
-        config["tokenizer_class"] = "BertTokenizer"  # from vocab.txt and the case options
-    else:
-        with open(os.path.join(path, "tokenizer.json"), "w", encoding="utf-8") as f:
-            f.write(text)
-        names.append("tokenizer.json")
+    with open(os.path.join(path, "tokenizer.json"), "w", encoding="utf-8") as f:
+        f.write(tokenizer_json(tokenizer))
+    names.append("tokenizer.json")
     tree.write_json(os.path.join(path, "tokenizer_config.json"), config)
     tree.write_json(os.path.join(path, "special_tokens_map.json"), SPECIAL_TOKENS)
     return names + ["tokenizer_config.json", "special_tokens_map.json"]

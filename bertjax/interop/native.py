@@ -1,6 +1,8 @@
 """bertjax's own checkpoints (Orbax, through `bertjax.checkpoint`) as host parameters: a
-pretraining workdir or its `checkpoints/` folder, or a params-only checkpoint written by
-`save_bertjax` (what `python -m bertjax.convert` writes for `train.init_checkpoint`)."""
+pretraining workdir or its `checkpoints/` folder, a fine-tuning workdir (its best seed) or a
+seed's folder, or a params-only checkpoint written by `save_bertjax` (what `python -m
+bertjax.convert` writes for `train.init_checkpoint`). A directory's tokenizer lives beside
+its checkpoints (`save_tokenizer`), so that it stands alone."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,38 +14,82 @@ import jax
 import numpy as np
 
 from bertjax import checkpoint
-from bertjax.interop import tree
+from bertjax.data import tokenization
+from bertjax.interop import hf_tokenizer, tree
 from bertjax.model import BertConfig
+
+TOKENIZER_FILE = "bertjax_tokenizer.json"  # which file beside it is the tokenizer, and how
+SENTENCEPIECE_FILE = "tokenizer.model"
+
+
+def seed_dirs(path: str) -> list[str]:
+    """The `seed_N` folders of a fine-tuning workdir (none for any other path)."""
+    names = os.listdir(path) if os.path.isdir(path) else []
+    return [os.path.join(path, n) for n in sorted(names, key=lambda n: n[5:].zfill(9))
+            if n.startswith("seed_") and os.path.isdir(os.path.join(path, n, "checkpoints"))]
+
+
+def best_seed(workdir: str, seeds: list[str]) -> str:
+    """The seed of a fine-tuning run with the best dev score of the task's main metric (its
+    `summary.json`), else the first."""
+    try:
+        with open(os.path.join(workdir, "summary.json"), encoding="utf-8") as f:
+            summary = json.load(f)
+        scores = {f"seed_{r['seed']}": next(iter(r["dev"].values()))[summary["main_metric"]]
+                  for r in summary["seeds"]}
+    except (OSError, ValueError, KeyError, StopIteration):
+        return seeds[0]
+    ranked = [s for s in seeds if os.path.basename(s) in scores]
+    return max(ranked, key=lambda s: scores[os.path.basename(s)]) if ranked else seeds[0]
 
 
 def checkpoint_dir(path: str) -> str:
-    """A workdir holds its checkpoints in `checkpoints/`; accept both."""
+    """A workdir holds its checkpoints in `checkpoints/`, a fine-tuning workdir in
+    `seed_N/checkpoints/` (the best seed is taken); accept all."""
     inner = os.path.join(path, "checkpoints")
-    return inner if os.path.isdir(inner) else path
+    if os.path.isdir(inner):
+        return inner
+    seeds = seed_dirs(path)
+    return os.path.join(best_seed(path, seeds), "checkpoints") if seeds else path
+
+
+def config_from_meta(meta: dict, directory: str) -> BertConfig:
+    """The model config a checkpoint recorded: a fine-tuning run's `bert_config`, a
+    pretraining run's full model config, else the architecture of a params-only checkpoint."""
+    if "bert_config" in meta:
+        return BertConfig.from_dict(meta["bert_config"])
+    run = json.loads(meta["config"]) if "config" in meta else {}
+    if "model" in run:
+        return BertConfig.from_dict(run["model"])
+    if "model" in meta:
+        return BertConfig.from_dict(meta["model"])
+    raise tree.ConversionError(
+        f"{directory} is a fine-tuning checkpoint from a bertjax that did not record its model "
+        "there; fine-tune again (same command, a new --workdir) to make one that can be read")
 
 
 def config_of(directory: str) -> BertConfig:
-    """The model config a checkpoint directory recorded (a run's full model config, else the
-    architecture of a params-only checkpoint)."""
-    meta = checkpoint.read_meta(directory)
-    if "config" in meta:  # a training run: the full model config
-        return BertConfig.from_dict(json.loads(meta["config"])["model"])
-    return BertConfig.from_dict(meta["model"])
+    """The model config of the latest checkpoint in `directory` (see `config_from_meta`)."""
+    return config_from_meta(checkpoint.read_meta(directory), directory)
+
+
+def finetuned_config(path: str) -> dict | None:
+    """The fine-tuning config (task, kind, ...) of a fine-tuned checkpoint; None for others."""
+    meta = checkpoint.read_meta(checkpoint_dir(path))
+    return json.loads(meta["config"]) if "task" in meta else None
 
 
 def load_bertjax(path: str, report: tree.LoadReport | None = None
                  ) -> tuple[BertConfig, dict[str, Any]]:
-    """Reads the parameters of the latest bertjax checkpoint in a checkpoint directory or
-    workdir onto the host (numpy), with unrolled layers."""
+    """Reads every parameter of the latest bertjax checkpoint in a checkpoint directory or
+    workdir onto the host (numpy), with unrolled layers: BertForPreTraining's, or a fine-tuned
+    model's encoder (`bert`) and output layer."""
     report = report if report is not None else tree.LoadReport()
     directory = checkpoint_dir(path)
     config = config_of(directory)
-    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device),
-                            tree.abstract_params(config))
-    restored = checkpoint.restore_params(directory, abstract)
+    restored = checkpoint.restore_params(directory, checkpoint.stored_params(directory))
     params = tree.unstack_layers(jax.tree.map(np.asarray, restored))
-    report.source, report.format = path, "bertjax"
+    report.source, report.format = directory, "bertjax"
     report.found = report.mapped = len(tree.flatten(params))
     return dataclasses.replace(config, scan_layers=False), params
 
@@ -55,3 +101,49 @@ def save_bertjax(config: BertConfig, params: dict[str, Any], path: str) -> None:
     if config.scan_layers:
         params = tree.stack_layers(params)
     checkpoint.save_params(path, params, {"model": dataclasses.asdict(config)})
+
+
+def save_tokenizer(tokenizer: tokenization.Tokenizer, directory: str) -> list[str]:
+    """Writes the tokenizer (`vocab.txt` or `tokenizer.model`) and `TOKENIZER_FILE` (kind,
+    casing, fingerprint) into `directory`; returns the names written."""
+    os.makedirs(directory, exist_ok=True)
+    spec: dict[str, Any] = {"fingerprint": tokenizer.fingerprint()}
+    if isinstance(tokenizer, tokenization.WordPieceTokenizer):
+        names = hf_tokenizer.save_vocab(tokenizer, directory)
+        spec.update(kind="wordpiece", file=names[0], do_lower_case=tokenizer.do_lower_case,
+                    strip_accents=tokenizer.strip_accents)
+    elif isinstance(tokenizer, tokenization.SentencePieceTokenizer):
+        with open(os.path.join(directory, SENTENCEPIECE_FILE), "wb") as f:
+            f.write(tokenizer.model_proto())
+        names = [SENTENCEPIECE_FILE]
+        spec.update(kind="sentencepiece", file=SENTENCEPIECE_FILE)
+    else:
+        raise tree.ConversionError(f"a {type(tokenizer).__name__} cannot be written beside a "
+                                   "checkpoint")
+    tree.write_json(os.path.join(directory, TOKENIZER_FILE), spec)
+    return names + [TOKENIZER_FILE]
+
+
+def tokenizer_beside(path: str) -> tokenization.Tokenizer | None:
+    """The tokenizer `save_tokenizer` wrote beside the checkpoint at `path` (in it, or in the
+    workdir above a seed's or a `checkpoints/` folder); None if there is none."""
+    directories, path = [path], path.rstrip("/")
+    for _ in range(2):  # WORKDIR/seed_N/checkpoints -> WORKDIR/seed_N -> WORKDIR
+        if os.path.basename(path) != "checkpoints" and not os.path.basename(path).startswith(
+                "seed_"):
+            break
+        path = os.path.dirname(path)
+        directories.append(path)
+    for directory in directories:
+        spec_path = os.path.join(directory, TOKENIZER_FILE)
+        if os.path.isfile(spec_path):
+            spec = tree.read_json_config(spec_path, "bertjax tokenizer")
+            tokenizer = tokenization.load_tokenizer(
+                spec["kind"], os.path.join(directory, spec["file"]),
+                spec.get("do_lower_case", True), spec.get("strip_accents"))
+            if tokenizer.fingerprint() != spec["fingerprint"]:
+                raise tree.ConversionError(f"{os.path.join(directory, spec['file'])} is not the "
+                                           f"tokenizer {spec_path} recorded (its fingerprint "
+                                           "differs): the file was changed or replaced")
+            return tokenizer
+    return None

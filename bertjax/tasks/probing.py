@@ -224,6 +224,17 @@ def run_probes(model: BertModel, params: Any, tokenizer, tasks: Sequence[str],
     return out
 
 
+def table(task: str, entry: dict[str, Any]) -> list[str]:
+    """The console table of one task's probe.json entry: the main metric (mean ± std over
+    seeds) per layer and combination, the best one marked."""
+    results, metric = entry["results"], entry["metric"]
+    best = max(results, key=lambda n: results[n][metric]["mean"])
+    width = max(len(n) for n in results)
+    return [f"{task} ({entry['eval_split']} {metric}, mean ± std over seeds):"] + [
+        f"  {name:<{width}}  {values[metric]['mean']:.4f} ± {values[metric]['std']:.4f}"
+        + ("  best" if name == best else "") for name, values in results.items()]
+
+
 # ----------------------------------------------------------------------------- plot
 
 

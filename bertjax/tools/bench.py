@@ -19,6 +19,7 @@ and machine.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import statistics
 import sys
@@ -62,6 +63,14 @@ def throughput(step_seconds: float, batch: int, length: int, chips: int,
             "tokens_per_second_per_chip": batch * length / step_seconds / chips}
 
 
+def hf_missing() -> str | None:
+    """Why `--compare=hf` cannot run here (torch or transformers missing), or None."""
+    missing = [name for name in ("torch", "transformers")
+               if importlib.util.find_spec(name) is None]
+    return (f"{' and '.join(missing)} not installed (pip install -e '.[parity]')"
+            if missing else None)
+
+
 def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, compare: str,
         peak_tflops: float, log: Callable[[str], None] = print, padding: float = 0.0,
         packed: int = 0, unpacked_padding: float = 0.0) -> dict[str, Any]:
@@ -80,7 +89,10 @@ def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, co
     compile_seconds = bertjax.step()  # compile + first step
     bertjax.step()  # warm-up
     trainers: dict[str, Any] = {"bertjax": bertjax}
-    if compare == "hf":
+    skipped = hf_missing() if compare == "hf" else None
+    if skipped:
+        log(f"no Hugging Face comparison: {skipped}")
+    elif compare == "hf":
         from bertjax.tools import bench_hf  # torch is imported only here
         opt = config.optimizer
         device = "cuda" if jax.default_backend() == "gpu" else "cpu"
@@ -127,6 +139,8 @@ def run(config: ml_collections.ConfigDict, steps_per_round: int, rounds: int, co
         "bertjax": {**throughput(median, batch_size, length, chips, padding),
                     "step_times_s": times["bertjax"]},
     }
+    if skipped:
+        result["compare_skipped"] = skipped
     for name in (n for n in trainers if n.startswith("hf")):
         hf_median = statistics.median(times[name])
         result[name] = {**throughput(hf_median, batch_size, length, 1),

@@ -1,0 +1,122 @@
+"""Models that leave and come back: a fine-tuning workdir exported to the Hugging Face class of
+its task (label maps, output layer, tokenizer), read by extract_features and used to start
+another task (its encoder only); an imported model that finds its tokenizer beside it.
+Logit parity with transformers is in test_parity.py."""
+import dataclasses
+import json
+import os
+import pathlib
+import random
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from bertjax import convert, finetune, pretrained
+from bertjax.interop import hf, native
+from bertjax.model import BertModel
+from test_convert import random_params
+from test_finetune import TINY, VOCAB, config_file, sentence
+
+SMALL = dataclasses.replace(TINY, num_hidden_layers=1)  # fine-tuned here: one layer compiles fast
+
+
+def write_task_data(root, seed: int = 0) -> None:
+    """vocab.txt, bert_config.json (TINY), and SST-2 and MRPC TSVs (a label-deciding word)."""
+    rng = random.Random(seed)
+    (root / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    (root / "bert_config.json").write_text(json.dumps(dataclasses.asdict(SMALL)))
+    for name, header, row in (
+            ("SST-2", "sentence\tlabel", lambda i: f"{sentence(rng, i % 2 == 1)}\t{i % 2}"),
+            ("MRPC", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String",
+             lambda i: f"{i % 2}\t{i}\t{i}\t{sentence(rng, i % 2 == 1)}\t{sentence(rng, True)}")):
+        os.makedirs(root / name)
+        for split, count in (("train", 48), ("dev", 24)):
+            (root / name / f"{split}.tsv").write_text(
+                "\n".join([header] + [row(i) for i in range(count)]) + "\n")
+
+
+def fine_tune(root, task: str, workdir: str, config_name: str = "glue.py", **overrides) -> dict:
+    """A one-epoch fine-tuning run of SMALL from random weights (model_config + vocab_file)."""
+    config = config_file(config_name)
+    config.update(task=task, data_dir=str(root), model_config=str(root / "bert_config.json"),
+                  vocab_file=str(root / "vocab.txt"), max_seq_length=16, train_batch_size=16,
+                  eval_batch_size=8, learning_rate=1e-3, num_train_epochs=1.0, seeds="1",
+                  log_every=3)
+    config.update(**overrides)
+    return finetune.run(config, workdir, devices=jax.devices()[:1])
+
+
+@pytest.fixture(scope="module")
+def sst2_run(tmp_path_factory) -> str:
+    """A one-epoch SST-2 fine-tuning workdir (one seed) on synthetic data."""
+    root = tmp_path_factory.mktemp("data")
+    write_task_data(root)
+    fine_tune(root, "sst2", str(root / "run"))
+    return str(root / "run")
+
+
+def test_fine_tuned_model_exports_as_sequence_classification(sst2_run, tmp_path, capsys):
+    assert convert.main([sst2_run, str(tmp_path / "hf")]) == 0
+    assert "fine-tuned model: BertForSequenceClassification, labels ['0', '1']" in \
+        capsys.readouterr().out
+    values = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert values["architectures"] == ["BertForSequenceClassification"]
+    assert values["id2label"] == {"0": "0", "1": "1"} and values["label2id"] == {"0": 0, "1": 1}
+    assert values["problem_type"] == "single_label_classification"
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    _, params = pretrained.read(sst2_run)
+    encoder = {hf.path_to_hf("bert/" + p)[0] for p in native.tree.flatten(params["bert"])}
+    assert set(tensors) == encoder | {"classifier.weight", "classifier.bias"}
+    np.testing.assert_array_equal(tensors["classifier.weight"], params["output_weights"])
+    assert {"tokenizer.json", "vocab.txt", "README.md"} <= set(os.listdir(tmp_path / "hf"))
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert 'BertForSequenceClassification.from_pretrained("hf")' in card  # (not its temporary)
+    assert "| fine-tuning | sst2, seed 1, best epoch 1: dev accuracy" in card
+
+
+def test_fine_tuned_model_gives_its_encoder_and_tokenizer(sst2_run):
+    """Its encoder (and tokenizer, from the workdir) for extract_features, probe and a new
+    fine-tuning run; not what pretraining from a checkpoint needs."""
+    model, params, tokenizer = pretrained.load_encoder(pretrained.Source(init_checkpoint=sst2_run))
+    _, stored = pretrained.read(sst2_run)
+    jax.tree.map(np.testing.assert_array_equal, params, stored["bert"])
+    assert model.config.hidden_size == TINY.hidden_size and tokenizer.vocab_size == len(VOCAB)
+    run = pretrained.pretraining_run(pretrained.Source(init_checkpoint=sst2_run))
+    assert run.finetuned_task == "sst2" and run.config is None
+    with pytest.raises(pretrained.ConversionError, match="has no predictions, seq_relationship"):
+        pretrained.load_pretrained(sst2_run, {"bert": None, "predictions": None,  # (pretraining)
+                                              "seq_relationship": None},
+                                   dataclasses.replace(SMALL, scan_layers=True))
+
+
+def test_fine_tuned_model_starts_another_task(sst2_run, tmp_path, capsys):
+    root = os.path.dirname(sst2_run)
+    summary = fine_tune(pathlib.Path(root), "mrpc", str(tmp_path / "mrpc"),
+                        init_checkpoint=sst2_run, model_config="", vocab_file="")
+    assert summary["seeds"][0]["best_step"] == 3
+    assert f"init_checkpoint {sst2_run} was fine-tuned on sst2: this run starts from its " \
+        "encoder, with a new output layer" in capsys.readouterr().out
+
+
+def test_imported_model_finds_its_tokenizer_beside_it(tmp_path):
+    """HF -> bertjax writes the tokenizer beside the checkpoint; without one, the message
+    names the flag of the command that reads it."""
+    bert_config, params = TINY, random_params(TINY)
+    hf.save_hf(bert_config, params, str(tmp_path / "hf"))
+    (tmp_path / "hf" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    assert convert.main([str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    assert {"vocab.txt", native.TOKENIZER_FILE} <= set(os.listdir(tmp_path / "imported"))
+    source = pretrained.Source(init_checkpoint=str(tmp_path / "imported"))
+    run = pretrained.pretraining_run(source)
+    assert pretrained.tokenizer_of(source, run).convert_ids_to_tokens([7]) == [VOCAB[7]]
+    assert pretrained.bert_config_of(source, run).hidden_size == TINY.hidden_size
+    native.save_bertjax(bert_config, params, str(tmp_path / "bare"))
+    with pytest.raises(pretrained.PretrainedError, match="pass --vocab_file=PATH"):
+        pretrained.tokenizer_of(pretrained.Source(init_checkpoint=str(tmp_path / "bare"),
+                                                  vocab_flag="--vocab_file"), run)
+    encoder = pretrained.load_pretrained(
+        str(tmp_path / "imported"),
+        {"bert": pretrained.abstract_params_on_one_device(BertModel(TINY))}, TINY)["bert"]
+    jax.tree.map(np.testing.assert_array_equal, encoder, params["bert"])
