@@ -1,5 +1,6 @@
 """Instances of the 7.3 MB corpus by a bertjax checkout, as one hash:
-    PYTHONPATH=CHECKOUT python benchmarks/data_prep/compare_checkouts.py CHECKOUT CACHE_DIR VOCAB
+    PYTHONPATH=CHECKOUT python benchmarks/data_prep/compare_checkouts.py CHECKOUT CACHE_DIR VOCAB CORPUS
+(CORPUS: the 7.3 MB file that make_corpus.py writes with --copies=1.)
 """
 import hashlib, runpy, sys
 import numpy as np
@@ -8,7 +9,7 @@ from bertjax.schedule import Phase
 if __name__ == "__main__":
     config = runpy.run_path(sys.argv[1] + "/configs/base.py")["get_config"]()
     d = config.data
-    d.source, d.input_files, d.text_format = "text", "/tmp/books_x1.txt", "lines"
+    d.source, d.input_files, d.text_format = "text", sys.argv[4], "lines"
     d.vocab_file, d.dupe_factor, d.eval_fraction, d.num_workers = sys.argv[3], 5, 0.0, 1
     tok = tokenization.load_tokenizer("wordpiece", d.vocab_file, True, None)
     splits = pipeline.prepare(d, Phase("short", 128, 20, 256, 0, 10), tok, sys.argv[2])

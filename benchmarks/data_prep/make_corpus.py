@@ -1,8 +1,8 @@
 """The issue-27 benchmark corpus: the twelve shared Gutenberg books in the original format
 (one sentence per line, a blank line between documents of 40 paragraphs), repeated.
 
-    python benchmarks/data_prep/make_corpus.py DATA/gutenberg /tmp/books_x1.txt --copies=1
-    python benchmarks/data_prep/make_corpus.py DATA/gutenberg /tmp/books_x14.txt --copies=14
+    python benchmarks/data_prep/make_corpus.py DATA/gutenberg SCRATCH/books_x1.txt --copies=1
+    python benchmarks/data_prep/make_corpus.py DATA/gutenberg SCRATCH/books_x14.txt --copies=14
 """
 from __future__ import annotations
 
