@@ -76,9 +76,8 @@ class Pretraining:
                 pending = None
 
         def save(step: int, force: bool = False) -> None:
-            guards.check_finite(state, step)
-            if checkpointer.save(step, state, position.as_dict(), self.meta, force=force):
-                reporting.chief_print(f"checkpoint step {step} -> {checkpointer.directory}/{step}")
+            guards.check_finite(state, step)  # (the checkpointer announces it once sealed)
+            checkpointer.save(step, state, position.as_dict(), self.meta, force=force)
 
         stop_at = min(total, start_step + cfg.stop_after_steps) if cfg.stop_after_steps \
             else total

@@ -5,18 +5,20 @@ writer that a kill -9 cannot leave half-written."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging as std_logging
 import os
 import sys
+import threading
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import jax
 from absl import logging
 from etils import epath
 
-from bertjax import flops, objectives, optim, schedule, steps
+from bertjax import failures, flops, objectives, optim, schedule, steps
 from bertjax.model import BertConfig
 from bertjax.schedule import Phase
 
@@ -74,9 +76,8 @@ def write_text(path: str, text: str, append: bool = False) -> None:
         if append:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, text.encode("utf-8"))
-            except OSError as e:  # name the file (a failed write does not)
-                raise OSError(e.errno, e.strerror, path) from e
+                with failures.naming(path):
+                    os.write(fd, text.encode("utf-8"))
             finally:
                 os.close(fd)
         else:
@@ -113,10 +114,8 @@ def log_scalars(writer: SummaryWriter | None, prefix: str, values: dict[str, flo
         for key, value in values.items():
             writer.add_scalar(f"{prefix}/{key}", value, step)
         if flush:
-            try:
+            with failures.naming(writer.logdir):
                 writer.flush()
-            except OSError as e:  # name the directory (a failed write does not)
-                raise OSError(e.errno, e.strerror, writer.logdir) from e
 
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -128,11 +127,19 @@ HARMLESS_WARNINGS = (("/orbax/", "Metadata file does not exist"),)
 class QuietLibraries(std_logging.Filter):
     """The default console: bertjax's own log lines and the libraries' warnings, without the
     libraries' INFO chatter (Orbax: tens of lines per save; JAX probing for TPU/GPU backends;
-    jax.distributed's start-up) or the warnings in HARMLESS_WARNINGS."""
+    jax.distributed's start-up) or the warnings in HARMLESS_WARNINGS. While a run's log file
+    is open (`log_file`), the libraries' errors (with their tracebacks) go there only: bertjax
+    says in one line what failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_file: str | None = None
 
     def filter(self, record: std_logging.LogRecord) -> bool:
-        if record.levelno < std_logging.WARNING:
-            return record.pathname.startswith(PACKAGE_DIR)
+        ours = record.pathname.startswith(PACKAGE_DIR)
+        if record.levelno < std_logging.WARNING or (record.levelno >= std_logging.ERROR
+                                                    and self.log_file):
+            return ours
         return not any(where in record.pathname and record.getMessage().startswith(text)
                        for where, text in HARMLESS_WARNINGS)
 
@@ -161,6 +168,50 @@ def library_name(pathname: str) -> str | None:
         if marker in parts and parts.index(marker) + 1 < len(parts):
             return parts[parts.index(marker) + 1].removesuffix(".py")
     return os.path.basename(pathname).removesuffix(".py") or None
+
+
+@contextlib.contextmanager
+def logging_to(path: str | None) -> Iterator[None]:
+    """Appends every log record at INFO or above, the libraries' with their tracebacks, to
+    `path` for the block (None: nothing; as on object stores); the quiet console leaves the
+    libraries' errors to it."""
+    if path is None or "://" in path:
+        yield
+        return
+    handler = std_logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(std_logging.INFO)
+    handler.setFormatter(std_logging.Formatter(
+        "%(asctime)s %(levelname)s %(pathname)s:%(lineno)d] %(message)s"))
+    quiet = [f for f in logging.get_absl_handler().filters if isinstance(f, QuietLibraries)]
+    root, console = std_logging.getLogger(), sys.stderr
+    root.addHandler(handler)
+    for f in quiet:
+        f.log_file = path
+        sys.stderr = _OtherThreadsTo(handler.stream, console)
+    try:
+        yield
+    finally:
+        for f in quiet:
+            f.log_file = None
+            sys.stderr = console
+        root.removeHandler(handler)
+        handler.close()
+
+
+class _OtherThreadsTo:
+    """sys.stderr for a quiet console with a log file: what the main thread writes (bertjax's
+    messages, warnings) goes to the console, what other threads write (the tracebacks a
+    library's background writer prints itself) to the log file."""
+
+    def __init__(self, log: Any, console: Any):
+        self.log, self.console = log, console
+
+    def write(self, text: str) -> int:
+        main = threading.current_thread() is threading.main_thread()
+        return (self.console if main else self.log).write(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, ...
+        return getattr(self.console, name)
 
 
 def configure_console(verbosity: int = 0) -> None:
@@ -321,10 +372,12 @@ class Progress:
         return means
 
     def log_eval(self, step: int, phase: Phase, means: dict[str, float]) -> None:
-        """Prints, and writes to TensorBoard and metrics.jsonl, a held-out evaluation."""
+        """Prints, and writes to TensorBoard and metrics.jsonl, a held-out evaluation (a
+        rerun of a finished run, which trains no step, prints it only: its row is there)."""
         chief_print(f"eval step {step} [{phase.name}]: " + " ".join(
             f"{k} {v:.4f}" for k, v in sorted(means.items())))
-        log_scalars(self.writer, "eval", means, step, flush=False)
-        write_jsonl(self.jsonl_path, {"step": step, "phase": phase.name, "split": "eval",
-                                      **means})
+        if self.start_step < self.total_steps:
+            log_scalars(self.writer, "eval", means, step, flush=False)
+            write_jsonl(self.jsonl_path, {"step": step, "phase": phase.name, "split": "eval",
+                                          **means})
         self.clock.restart()

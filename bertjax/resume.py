@@ -16,14 +16,9 @@ from typing import Any, Callable, Sequence
 import jax
 
 from bertjax import checkpoint, guards, reporting, schedule
+from bertjax.failures import first_line
 
 QUARANTINE = "checkpoints_quarantine"
-
-
-def first_line(error: Exception, limit: int = 300) -> str:
-    """The start of an error's message (TensorStore's run to many lines)."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class UnusableCheckpoint(checkpoint.CheckpointMismatch):

@@ -5,6 +5,7 @@ Running the same command again resumes from the latest checkpoint in DIR.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -46,26 +47,40 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     validate.pretraining(config)
     if config.train.init_checkpoint and not epath.Path(workdir, "checkpoints").exists():
         pretrained.check_exists(config.train.init_checkpoint, "train.init_checkpoint")
+    created = not epath.Path(workdir).exists()
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-    with locks.workdir_lock(workdir, jax.process_index()):
-        return _train_and_evaluate(config, workdir, devices)
+    try:
+        with locks.workdir_lock(workdir, jax.process_index()), \
+                contextlib.ExitStack() as accepted:
+            return _train_and_evaluate(config, workdir, devices, accepted)
+    except Exception:
+        if created:  # a refused run leaves no new directory behind (nor its lock files)
+            locks.remove_if_only_locks(workdir)
+        raise
+
+
+def log_file(workdir: str) -> str:
+    """The run's log file: every process's log, the libraries' messages included."""
+    index = jax.process_index()
+    return os.path.join(workdir, "log.txt" if index == 0 else f"log.{index}.txt")
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                        devices: list[jax.Device] | None) -> dict[str, float]:
+                        devices: list[jax.Device] | None,
+                        accepted: contextlib.ExitStack) -> dict[str, float]:
+    """The run in its locked `workdir`; once its settings are accepted, it writes config.json
+    and its log file (held open by `accepted`)."""
     started = time.time()
     is_chief = jax.process_index() == 0
     phases = schedule.phases(config.train, config.data, config.long_phase)
-    if is_chief:
-        reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1)
-                             + "\n")
     mesh = run.make_mesh(config.mesh.to_dict(), devices)
     run.check_batches(mesh, phases, config.train.grad_accum_steps,
                       config.model.max_position_embeddings)  # before preparing any data
     objective = run.pretraining_objective(config.train)
     checkpointer = checkpoint.Checkpointer(  # (its clean-up of unfinished saves needs the lock)
         os.path.join(workdir, "checkpoints"), config.train.checkpoint_every,
-        config.train.keep_checkpoints, config.train.keep_every)
+        config.train.keep_checkpoints, config.train.keep_every, on_commit=lambda step:
+        reporting.chief_print(f"checkpoint step {step} -> {workdir}/checkpoints/{step}"))
     resume_from = resume.Resume(checkpointer, os.path.join(workdir, resume.QUARANTINE))
     meta = run_metadata(config, guards.data_identity(config.data, phases))
     check = lambda found: resume_from.check(found, meta, config.data, phases,
@@ -92,7 +107,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     sharded = run.build_pretraining(model_config, optimizer, mesh, phases,
                                     config.train.grad_accum_steps, report=False,
                                     objective=objective)
+    accepted.enter_context(reporting.logging_to(log_file(workdir)))  # (once accepted)
     if is_chief:  # the full table goes to a file, its totals to the console
+        reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1)
+                             + "\n")
         report_path = os.path.join(workdir, "startup_report.txt")
         reporting.write_text(report_path, memory.report(
             sharded.model, sharded.abstract_state, mesh, phases) + "\n")
@@ -214,6 +232,9 @@ def main(argv: list[str]) -> None:
             reporting.TrainingError, guards.NonFiniteState, locks.LockHeld, OSError,
             ConversionError, pretrained.PretrainedError) as e:
         message = failures.os_error_line(e) if isinstance(e, OSError) else str(e)
+        if isinstance(e, (checkpoint.CheckpointWriteError, reporting.TrainingError)) \
+                and os.path.exists(log_file(FLAGS.workdir)):
+            message += f" (the full log: {log_file(FLAGS.workdir)})"
         print(f"error: {message}", file=sys.stderr, flush=True)
         if isinstance(e, checkpoint.CheckpointWriteError):
             # Orbax's writer threads of the failed save wait (for minutes) for signals that

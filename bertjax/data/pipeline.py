@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from absl import logging
 
-from bertjax import locks
+from bertjax import failures, locks
 from bertjax.data import tokenization
 from bertjax.data import corpus, default_corpus, instances, tfds_source, tokenize_corpus
 from bertjax.schedule import Phase
@@ -232,8 +232,11 @@ def make_features(documents: list[list[np.ndarray]], phase: Phase, data_cfg: Any
 
 def _save_shard(directory: str, features: dict[str, np.ndarray]) -> None:
     os.makedirs(directory, exist_ok=True)
-    for name, array in features.items():
-        np.save(os.path.join(directory, name + ".npy"), array)
+    for name, array in features.items():  # (np.save's own write names neither the file nor
+        path = os.path.join(directory, name + ".npy")  # the cause of a failure)
+        with failures.naming(path), open(path, "wb") as f:
+            np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(array))
+            f.write(np.ascontiguousarray(array).data)
 
 
 def _file_record(path: str) -> dict[str, Any]:
@@ -311,9 +314,15 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
                                                                  phase.max_predictions_per_seq],
                  "data": key_data, "shard": [process_index, process_count]})
     directory = os.path.join(cache_dir, f"{phase.name}_{phase.max_seq_length}_{key}")
-    locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: _build(
-        directory, data_cfg, phase, tokenizer, dynamic, process_index, process_count,
-        next_sentence_prediction))
+    try:
+        locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: _build(
+            directory, data_cfg, phase, tokenizer, dynamic, process_index, process_count,
+            next_sentence_prediction))
+    except OSError as e:  # e.g. a full disk: one line, and no half-written data left
+        shutil.rmtree(_unfinished(directory), ignore_errors=True)
+        raise DataError(f"{failures.os_error_line(e)}; preparing the data of phase {phase.name} "
+                        f"stopped and its unfinished files were removed; kept: the tokenizer and "
+                        f"the data prepared before (in {cache_dir})") from e
     try:
         with open(os.path.join(directory, "meta.json")) as f:
             meta = json.load(f)
@@ -350,7 +359,7 @@ def _build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.
     for unfinished in glob.glob(glob.escape(directory) + ".tmp*"):  # left by a crashed run
         if not locks.pid_alive(unfinished.rsplit(".tmp", 1)[1]):
             shutil.rmtree(unfinished, ignore_errors=True)
-    tmp = f"{directory}.tmp{os.getpid()}"
+    tmp = _unfinished(directory)
     meta = collections.Counter()
     documents = read_documents(data_cfg, process_index, process_count, stats)
     with tokenize_corpus.tokenizing_pool(tokenizer, data_cfg.num_workers) as pool:
@@ -383,6 +392,11 @@ def _build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.
                    "seconds": round(time.time() - start, 1), "files": _shard_records(tmp)}, f)
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(tmp, directory)
+
+
+def _unfinished(directory: str) -> str:
+    """Where this process builds `directory` before renaming it into place."""
+    return f"{directory}.tmp{os.getpid()}"
 
 
 def _batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
