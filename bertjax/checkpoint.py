@@ -237,6 +237,7 @@ class Checkpointer:
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"bertjax quarantine {step}")
         self._manager.reload()
+        self._sealed.discard(step)  # (no longer a newer checkpoint that releases the anchor)
         return str(target)
 
     def metadata(self, step: int) -> tuple[dict, dict]:
@@ -248,12 +249,17 @@ class Checkpointer:
     def restore(self, step: int, abstract_state: Any, expected_meta: dict) -> tuple[Any, dict, dict]:
         """Restores `(state, data_position, meta)` onto the shardings in `abstract_state`,
         after checking that the checkpoint's metadata matches this run; DamagedCheckpoint if
-        the state differs from its recorded digest."""
+        the state differs from its recorded digest or holds another step than its name."""
         meta, _ = self.metadata(step)
         check_compatible(meta, expected_meta, f"{self.directory}/{step}")
         restored = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
         check_digest(restored["state"], meta, f"{self.directory}/{step}")
+        held = getattr(restored["state"], "step", None)
+        if held is not None and int(jax.device_get(held)) != step:
+            raise DamagedCheckpoint(f"{self.directory}/{step}", (
+                f"its directory is named {step} but it holds step {int(jax.device_get(held))} "
+                "(renamed?)"))
         return restored["state"], restored["data"], meta
 
     def wait(self) -> None:

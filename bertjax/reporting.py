@@ -30,6 +30,11 @@ class TrainingError(RuntimeError):
     """The run cannot continue (e.g. too many non-finite steps); the message says why."""
 
 
+class NonFiniteAfterResume(TrainingError):
+    """Every step since the run resumed was non-finite (not for its inputs): the checkpoint
+    it resumed from is suspect."""
+
+
 class TerminalLine:
     """A status line redrawn in place (tqdm-style) when stdout is a terminal, never written
     otherwise; printed lines and log records clear it first."""
@@ -168,6 +173,12 @@ def library_name(pathname: str) -> str | None:
         if marker in parts and parts.index(marker) + 1 < len(parts):
             return parts[parts.index(marker) + 1].removesuffix(".py")
     return os.path.basename(pathname).removesuffix(".py") or None
+
+
+def log_file(workdir: str) -> str:
+    """A run's log file (`logging_to`): every record, the libraries' messages included."""
+    index = jax.process_index()
+    return os.path.join(workdir, "log.txt" if index == 0 else f"log.{index}.txt")
 
 
 @contextlib.contextmanager
@@ -318,14 +329,14 @@ class Progress:
             logging.warning("step %d (%s): non-finite %s; update skipped (%d in a row, %d in "
                             "this run)", step, batch, what, self.nonfinite_in_a_row,
                             self.nonfinite_total)
-            if self.resumed_from and self.nonfinite_in_a_row == step - self.start_step \
-                    and what != "inputs":
+            suspect = self.suspect_resume(step) and what != "inputs"
+            if suspect:
                 advice = (f"every step since resuming from checkpoint {self.resumed_from} was "
                           "non-finite, which points at that checkpoint rather than the learning "
                           "rate: move it out of WORKDIR/checkpoints (e.g. to "
                           "WORKDIR/checkpoints_quarantine) to resume from the one before")
             if self.nonfinite_in_a_row >= self.max_nonfinite_steps or what == "state":
-                raise TrainingError(
+                raise (NonFiniteAfterResume if suspect else TrainingError)(
                     f"{self.nonfinite_in_a_row} consecutive non-finite steps ending at step {step} "
                     f"({batch}), the last with non-finite {what}; the last checkpoint is intact. "
                     f"{advice[0].upper()}{advice[1:]}, then rerun to resume.")
@@ -335,6 +346,12 @@ class Progress:
             self.sums[key] = self.sums.get(key, 0.0) + float(value)
         self.sums["steps"] = self.sums.get("steps", 0.0) + 1
         self.tokens += tokens
+
+    def suspect_resume(self, step: int) -> bool:
+        """Whether every step of this run up to `step` (added) was non-finite after a resume:
+        nothing finite has come from the checkpoint yet, so none is saved from it."""
+        return bool(self.resumed_from) and step > self.start_step \
+            and self.nonfinite_in_a_row == step - self.start_step
 
     def report(self, step: int, phase: Phase) -> dict[str, float]:
         """Prints a progress line for the steps since the last report and resets the window."""

@@ -119,3 +119,18 @@ class Resume:
                               f"{found.step} (phase {position.phase}, next batch "
                               f"{position.batch_index})")
         return state, position
+
+    def fall_back(self, found: Found, abstract_state: Any, meta: dict[str, Any],
+                  check: Callable[[Found], None]) -> tuple[Any, schedule.DataPosition, Found]:
+        """After every step since resuming from `found` was non-finite: sets `found` aside
+        (and any later step, none of which a finite step has come from) and restores the
+        newest checkpoint before it (UnusableCheckpoint if there is none)."""
+        self.checkpointer.wait()
+        for step in reversed(self.checkpointer.all_steps()):
+            if step >= found.step:
+                self._set_aside(step, "every step since resuming from it was non-finite; "
+                                      "falling back (once) to the checkpoint before it")
+        previous = self.newest()
+        check(previous)
+        state, position = self.restore(previous, abstract_state, meta, check)
+        return state, position, previous

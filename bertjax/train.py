@@ -20,7 +20,8 @@ from etils import epath
 from ml_collections import config_flags
 
 from bertjax import (checkpoint, cli, distributed, failures, guards, locks, memory,
-                     pretrained, reporting, resume, run, schedule, test_pause, validate)
+                     pretrain_loop, pretrained, reporting, resume, run, schedule, test_pause,
+                     validate)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
 from bertjax.interop.tree import ConversionError
@@ -57,12 +58,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         if created:  # a refused run leaves no new directory behind (nor its lock files)
             locks.remove_if_only_locks(workdir)
         raise
-
-
-def log_file(workdir: str) -> str:
-    """The run's log file: every process's log, the libraries' messages included."""
-    index = jax.process_index()
-    return os.path.join(workdir, "log.txt" if index == 0 else f"log.{index}.txt")
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -107,7 +102,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     sharded = run.build_pretraining(model_config, optimizer, mesh, phases,
                                     config.train.grad_accum_steps, report=False,
                                     objective=objective)
-    accepted.enter_context(reporting.logging_to(log_file(workdir)))  # (once accepted)
+    accepted.enter_context(reporting.logging_to(reporting.log_file(workdir)))  # (once accepted)
     if is_chief:  # the full table goes to a file, its totals to the console
         reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1)
                              + "\n")
@@ -137,17 +132,26 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                           f"{p.global_batch_size} x {p.max_seq_length} tokens"
                                           for p in phases)
                               + f"; progress every {config.train.log_every} steps")
-    writer = reporting.open_writer(workdir)
-    progress = reporting.Progress(phases, config.train.max_nonfinite_steps,
-                                  optimizer, model_config, writer, start_step,
-                                  os.path.join(workdir, "metrics.jsonl") if is_chief else None,
-                                  resume_from.where(start_step) if found else None)
+    writer, fell_back = reporting.open_writer(workdir), False
     test_pause.before_training()
     try:
-        state, position, final_eval = Pretraining(
-            config.train, sharded, phase_data, checkpointer, meta, progress, writer,
-            restart_step=optimizer.restart_step,
-        ).loop(state, position, start_step)
+        while True:
+            progress = reporting.Progress(
+                phases, config.train.max_nonfinite_steps, optimizer, model_config, writer,
+                start_step, os.path.join(workdir, "metrics.jsonl") if is_chief else None,
+                resume_from.where(start_step) if found else None)
+            try:
+                state, position, final_eval = Pretraining(
+                    config.train, sharded, phase_data, checkpointer, meta, progress, writer,
+                    restart_step=optimizer.restart_step).loop(state, position, start_step)
+                break
+            except reporting.NonFiniteAfterResume:
+                if fell_back:  # (once)
+                    raise
+                state, position, found = resume_from.fall_back(found, sharded.abstract_state,
+                                                               meta, check)
+                fell_back, start_step = True, found.step
+                position = schedule.consistent_position(position, start_step, phases)
     finally:
         checkpointer.close()
         if writer:
@@ -164,25 +168,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         reporting.chief_print(f"Stopped after {config.train.stop_after_steps} steps (step "
                               f"{final_step} of {config.train.total_steps}); rerun the same "
                               "command to continue")
-    reporting.chief_print(outputs_summary(workdir, final_step, config.train.total_steps,
+    reporting.chief_print(pretrain_loop.outputs_summary(workdir, final_step, config.train.total_steps,
                                           final_eval, time.time() - started))
     return final_eval
-
-
-def outputs_summary(workdir: str, step: int, total_steps: int, final_eval: dict[str, float],
-                    seconds: float) -> str:
-    """The run's last lines: where it stands, the held-out metrics, and where each output is."""
-    lines = [f"Done in {reporting.duration(seconds)}: step {step} of {total_steps}"
-             + ("; held-out " + " ".join(f"{k} {v:.4f}" for k, v in sorted(final_eval.items()))
-                if final_eval else "")]
-    outputs = [("checkpoints", f"checkpoints (latest: step {step})"),
-               ("metrics.jsonl", "progress and evaluation rows"),
-               ("tensorboard", f"TensorBoard (tensorboard --logdir {workdir})"),
-               ("final_metrics.json", "final evaluation"), ("config.json", "resolved config"),
-               ("startup_report.txt", "parameter shardings and bytes per device")]
-    lines += [f"  {os.path.join(workdir, name)}: {what}" for name, what in outputs
-              if epath.Path(workdir, name).exists()]
-    return "\n".join(lines)
 
 
 def fresh_state(config: ml_collections.ConfigDict, sharded: run.ShardedRun,
@@ -233,8 +221,8 @@ def main(argv: list[str]) -> None:
             ConversionError, pretrained.PretrainedError) as e:
         message = failures.os_error_line(e) if isinstance(e, OSError) else str(e)
         if isinstance(e, (checkpoint.CheckpointWriteError, reporting.TrainingError)) \
-                and os.path.exists(log_file(FLAGS.workdir)):
-            message += f" (the full log: {log_file(FLAGS.workdir)})"
+                and os.path.exists(reporting.log_file(FLAGS.workdir)):
+            message += f" (the full log: {reporting.log_file(FLAGS.workdir)})"
         print(f"error: {message}", file=sys.stderr, flush=True)
         if isinstance(e, checkpoint.CheckpointWriteError):
             # Orbax's writer threads of the failed save wait (for minutes) for signals that

@@ -247,7 +247,7 @@ def test_a_read_only_checkpoint_directory_stops_the_run_at_its_first_save(
         trainer = Trainer(command_line(corpus_file, cache_dir, str(tmp_path)))
         assert trainer.finish(timeout=120) == 1, trainer.output()
     errors = [line for line in trainer.lines if line.startswith("error: ")]
-    assert len(errors) == 1 and f"saving a checkpoint in {directory} failed" in errors[0] \
+    assert len(errors) == 1 and f"saving checkpoint step 4 in {directory} failed" in errors[0] \
         and f"{directory}/{CHECKPOINT_EVERY}.orbax-checkpoint-tmp" in errors[0], trainer.output()
     assert os.listdir(directory) == []
     assert read_metrics(tmp_path)[-1]["step"] <= 2 * CHECKPOINT_EVERY
