@@ -249,17 +249,12 @@ class Checkpointer:
     def restore(self, step: int, abstract_state: Any, expected_meta: dict) -> tuple[Any, dict, dict]:
         """Restores `(state, data_position, meta)` onto the shardings in `abstract_state`,
         after checking that the checkpoint's metadata matches this run; DamagedCheckpoint if
-        the state differs from its recorded digest or holds another step than its name."""
+        the state differs from its recorded digest."""
         meta, _ = self.metadata(step)
         check_compatible(meta, expected_meta, f"{self.directory}/{step}")
         restored = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
         check_digest(restored["state"], meta, f"{self.directory}/{step}")
-        held = getattr(restored["state"], "step", None)
-        if held is not None and int(jax.device_get(held)) != step:
-            raise DamagedCheckpoint(f"{self.directory}/{step}", (
-                f"its directory is named {step} but it holds step {int(jax.device_get(held))} "
-                "(renamed?)"))
         return restored["state"], restored["data"], meta
 
     def wait(self) -> None:

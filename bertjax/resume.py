@@ -89,12 +89,16 @@ class Resume:
     def restore(self, found: Found, abstract_state: Any, meta: dict[str, Any],
                 check: Callable[[Found], None]) -> tuple[Any, schedule.DataPosition]:
         """Restores `found` onto `abstract_state`'s shardings; a checkpoint without checksums
-        that fails to restore, or restores NaN/Inf, is set aside and the next one (passed
-        through `check`) tried."""
+        that fails to restore, or restores NaN/Inf, and any that holds another step than its
+        directory's name, is set aside and the next one (passed through `check`) tried."""
         while True:
             try:
                 state, position, _ = self.checkpointer.restore(found.step, abstract_state, meta)
                 guards.check_finite(state, found.step)
+                if int(jax.device_get(state.step)) != found.step:  # (later saves would be
+                    raise checkpoint.DamagedCheckpoint(self.where(found.step), (  # skipped)
+                        f"its directory is named {found.step} but it holds step "
+                        f"{int(jax.device_get(state.step))} (renamed?)"))
                 break
             except checkpoint.CheckpointMismatch:
                 raise

@@ -312,6 +312,7 @@ def test_a_renamed_step_directory_is_set_aside_and_later_saves_happen(corpus_fil
     assert [m["step"] for m in read_metrics(workdir)][-6:] == [5, 6, 7, 8, 9, 10]
 
 
+@pytest.mark.slow  # (three runs, one compiling another optimizer: about 60 s)
 def test_non_finite_steps_right_after_a_resume_fall_back_once_to_the_checkpoint_before(
         corpus_file, cache_dir, workdir, capsys):
     """Checkpoint 6 replaced by one whose parameters are finite but huge (steps 5-6 trained
