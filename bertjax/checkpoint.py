@@ -140,6 +140,7 @@ class Checkpointer:
         # exit does not cut it off at interpreter shutdown.
         getattr(self._manager, "_maybe_await_cleanup_tmp_directory", lambda: None)()
         self._unsealed: list[int] = []  # finished or in-flight saves without checksums yet
+        self._vanished: list[int] = []  # saves that finished without a step directory
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -181,7 +182,7 @@ class Checkpointer:
                 state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
                 meta=ocp.args.JsonSave(meta)), force=force)
         except Exception as e:  # an earlier async save's failure surfaces here too
-            raise self._write_failure(e) from e
+            raise self._write_failure(e, self._vanished + self._unsealed or [step]) from e
         if started:
             self._unsealed.append(step)
         return started
@@ -190,26 +191,28 @@ class Checkpointer:
         """Records the checksums of saves that have finished (cheap when none has)."""
         if self._unsealed and not self._manager.is_saving_in_progress():
             for step in self._unsealed:
-                if (epath.Path(self.directory) / str(step)).exists():  # not failed or removed
-                    if jax.process_index() == 0:
-                        seal(f"{self.directory}/{step}")
-                    self._sealed.add(step)
-                    if self._on_commit:
-                        self._on_commit(step)
+                if not (epath.Path(self.directory) / str(step)).exists():  # failed: Orbax
+                    self._vanished.append(step)  # raises its error at the next save or wait
+                    continue
+                if jax.process_index() == 0:
+                    seal(f"{self.directory}/{step}")
+                self._sealed.add(step)
+                if self._on_commit:
+                    self._on_commit(step)
             self._unsealed = []
 
-    def _write_failure(self, error: Exception) -> CheckpointWriteError:
-        """One line for a failed save: the step, the cause (a full disk: the file and
-        "No space left on device", also when Orbax reports it as text) and what is kept."""
+    def _write_failure(self, error: Exception, steps: list[int]) -> CheckpointWriteError:
+        """One line for a failed save of `steps`: the cause (a full disk: the file and "No
+        space left on device", also when Orbax reports it as text) and what is kept."""
         cause = error if isinstance(error, OSError) else failures.library_os_error(error)
         what = failures.os_error_line(cause) if cause else failures.first_line(error)
-        steps = ", ".join(map(str, self._unsealed)) or "?"
+        failed = ", ".join(map(str, steps)) or "?"
         kept = sorted(int(p.name) for p in epath.Path(self.directory).iterdir()
                       if p.name.isdigit()) if epath.Path(self.directory).exists() else []
         kept_line = (f"kept: the finished checkpoint(s) {', '.join(map(str, kept))}, a rerun "
                      f"resumes from step {kept[-1]}" if kept else
                      "no finished checkpoint is kept, a rerun starts from step 0")
-        return CheckpointWriteError(f"saving checkpoint step {steps} in {self.directory} "
+        return CheckpointWriteError(f"saving checkpoint step {failed} in {self.directory} "
                                     f"failed: {what}; {kept_line}")
 
     def verify(self, step: int) -> tuple[bool, str | None]:
@@ -263,7 +266,7 @@ class Checkpointer:
         try:
             self._manager.wait_until_finished()
         except Exception as e:
-            raise self._write_failure(e) from e
+            raise self._write_failure(e, self._vanished + self._unsealed) from e
         self.seal_finished()
 
     def close(self) -> None:

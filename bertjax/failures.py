@@ -35,6 +35,11 @@ def os_error_line(error: OSError) -> str:
     return f"{error.strerror}{where}" + (f" ({hint})" if hint else "")
 
 
+def no_space(path: str) -> OSError:
+    """The OSError of a full disk under `path` (for a library that reports none)."""
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+
 def first_line(error: BaseException, limit: int = 300) -> str:
     """The start of an error's message (TensorStore's run to many lines)."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

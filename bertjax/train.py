@@ -168,8 +168,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         reporting.chief_print(f"Stopped after {config.train.stop_after_steps} steps (step "
                               f"{final_step} of {config.train.total_steps}); rerun the same "
                               "command to continue")
-    reporting.chief_print(pretrain_loop.outputs_summary(workdir, final_step, config.train.total_steps,
-                                          final_eval, time.time() - started))
+    reporting.chief_print(pretrain_loop.outputs_summary(
+        workdir, final_step, config.train.total_steps, final_eval, time.time() - started))
     return final_eval
 
 

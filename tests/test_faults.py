@@ -360,7 +360,7 @@ def on_a_small_filesystem(args: list[str], directory, kib: int, then: str = "") 
     if not shutil.which("unshare"):
         pytest.skip("no unshare(1) to mount a small file system")
     namespace = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
-    probe = subprocess.run(namespace + ["sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {directory}"],
+    probe = subprocess.run(namespace + ["sh", "-c", f"mount -t tmpfs tmpfs {directory}"],
                            capture_output=True, text=True)
     if probe.returncode:
         pytest.skip(f"cannot mount a small tmpfs here: {probe.stderr.strip()}")
@@ -406,24 +406,33 @@ def test_a_full_disk_is_one_line_and_the_rerun_resumes_exactly(corpus_file, cach
     assert rows[-1]["step"] == 16  # (12 more steps from 4)
 
 
-def test_a_full_disk_while_preparing_data_is_one_line(corpus_file, tmp_path):
-    """The data cache on a 600 KiB tmpfs: the tokenizer fits, the first shard does not. One
-    line names the shard's file and the cause and says what was kept; no unfinished directory
-    is left, and the workdir holds no trace of the refused run (nor a checkpoint)."""
+FULL_CACHE = {  # the cache's size in KiB, and what no longer fits there
+    "shard": (600, r"{cache}/short_64_\w+\.tmp\d+/train/shard_00000/\w+\.npy .*; preparing the "
+                   r"data of phase short stopped and its unfinished files were removed; kept: the "
+                   r"tokenizer and the data prepared before \(in {cache}\)$"),
+    "tokenizer": (100, r"{cache}/sentencepiece_\w+\.tmp\d+\.model .*; the unfinished "
+                       r"SentencePiece model was removed; kept: the data prepared before "
+                       r"\(in {cache}\)$"),
+}
+
+
+@pytest.mark.parametrize("what", list(FULL_CACHE))
+def test_a_full_disk_while_preparing_data_is_one_line(what, corpus_file, tmp_path):
+    """The data cache on a small tmpfs: 600 KiB hold the tokenizer but not the first shard,
+    100 KiB not even the tokenizer. One line names the file and the cause and says what was
+    kept; nothing unfinished is left, and the new workdir is removed again."""
     cache, workdir = tmp_path / "cache", tmp_path / "workdir"
     cache.mkdir()
+    kib, message = FULL_CACHE[what]
     args = command_line(corpus_file, str(cache), str(workdir))
-    trainer = Trainer(on_a_small_filesystem(args, cache, 600, f"ls -a {cache}"))
+    trainer = Trainer(on_a_small_filesystem(args, cache, kib, f"ls -a {cache}"))
     assert trainer.finish() == 1, trainer.output()
     errors = [line for line in trainer.lines if line.startswith("error")]
     assert len(errors) == 1 and "Traceback" not in trainer.output(None), trainer.output()
-    assert re.match(rf"error: No space left on device: {cache}/short_64_\w+\.tmp\d+/train/"
-                    r"shard_00000/\w+\.npy \(free some space, then rerun the same command to "
-                    r"resume\); preparing the data of phase short stopped and its unfinished "
-                    rf"files were removed; kept: the tokenizer and the data prepared before "
-                    rf"\(in {cache}\)$", errors[0]), errors[0]
-    listing = trainer.lines[trainer.lines.index(errors[0]) + 1:]
-    assert any(name.startswith("sentencepiece_") and name.strip().endswith(".model")
-               for name in listing) and not any(".tmp" in name for name in listing), listing
+    assert re.match(r"error: No space left on device: " + message.format(cache=cache), errors[0]), \
+        errors[0]
+    listing = [name.strip() for name in trainer.lines[trainer.lines.index(errors[0]) + 1:]]
+    assert not any(".tmp" in name for name in listing), listing
+    assert any(name.endswith(".model") for name in listing) == (what == "shard"), listing
     assert not workdir.exists()
     print(f"\n{errors[0].strip()}")

@@ -12,6 +12,7 @@ would have seen.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import glob
 import hashlib
@@ -123,7 +124,15 @@ def load_or_train_tokenizer(data_cfg: Any, cache_dir: str, process_index: int = 
             tokenization.train_sentencepiece(sentences, tmp_prefix,
                                              data_cfg.sentencepiece_vocab_size,
                                              do_lower_case=data_cfg.do_lower_case)
-        except ValueError as e:
+        except ValueError as e:  # (SentencePiece's own writes report no cause: a full disk
+            full = shutil.disk_usage(cache_dir).free < 1 << 20  # is recognised by its space)
+            for ext in (".model", ".vocab"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp_prefix + ext)
+            if full:
+                line = failures.os_error_line(failures.no_space(tmp_prefix + ".model"))
+                raise DataError(f"{line}; the unfinished SentencePiece model was removed; kept: "
+                                f"the data prepared before (in {cache_dir})") from e
             raise DataError(f"could not train a SentencePiece model on the corpus: {e}") from e
         for ext in (".model", ".vocab"):
             os.replace(tmp_prefix + ext, prefix + ext)
