@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +31,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
-from bertjax import test_pause
+from bertjax import failures, test_pause
 
 META_KEYS_MUST_MATCH = ("model", "tokenizer")
 CHECKSUMS = "bertjax_checksums.json"
@@ -115,7 +115,10 @@ class Checkpointer:
     """Periodic async saves (plus preemption and forced saves), keep-latest-N + every-K."""
 
     def __init__(self, directory: str, save_every: int, keep_latest: int, keep_every: int = 0,
-                 async_save: bool = True):
+                 async_save: bool = True, on_commit: Callable[[int], None] | None = None):
+        """`on_commit(step)` is called once a save has finished and is sealed (announce it
+        then: an async save can still fail until it has)."""
+        self._on_commit = on_commit
         save_policies = [policies.FixedIntervalPolicy(save_every),
                          policies.PreemptionCheckpointingPolicy()]
         self._sealed: set[int] = set()  # steps this run wrote and sealed
@@ -137,6 +140,7 @@ class Checkpointer:
         # exit does not cut it off at interpreter shutdown.
         getattr(self._manager, "_maybe_await_cleanup_tmp_directory", lambda: None)()
         self._unsealed: list[int] = []  # finished or in-flight saves without checksums yet
+        self._vanished: list[int] = []  # saves that finished without a step directory
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -178,8 +182,7 @@ class Checkpointer:
                 state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
                 meta=ocp.args.JsonSave(meta)), force=force)
         except Exception as e:  # an earlier async save's failure surfaces here too
-            raise CheckpointWriteError(f"saving a checkpoint in {self.directory} failed: {e}; "
-                                       "earlier finished checkpoints are intact") from e
+            raise self._write_failure(e, self._vanished + self._unsealed or [step]) from e
         if started:
             self._unsealed.append(step)
         return started
@@ -188,11 +191,29 @@ class Checkpointer:
         """Records the checksums of saves that have finished (cheap when none has)."""
         if self._unsealed and not self._manager.is_saving_in_progress():
             for step in self._unsealed:
-                if (epath.Path(self.directory) / str(step)).exists():  # not failed or removed
-                    if jax.process_index() == 0:
-                        seal(f"{self.directory}/{step}")
-                    self._sealed.add(step)
+                if not (epath.Path(self.directory) / str(step)).exists():  # failed: Orbax
+                    self._vanished.append(step)  # raises its error at the next save or wait
+                    continue
+                if jax.process_index() == 0:
+                    seal(f"{self.directory}/{step}")
+                self._sealed.add(step)
+                if self._on_commit:
+                    self._on_commit(step)
             self._unsealed = []
+
+    def _write_failure(self, error: Exception, steps: list[int]) -> CheckpointWriteError:
+        """One line for a failed save of `steps`: the cause (a full disk: the file and "No
+        space left on device", also when Orbax reports it as text) and what is kept."""
+        cause = error if isinstance(error, OSError) else failures.library_os_error(error)
+        what = failures.os_error_line(cause) if cause else failures.first_line(error)
+        failed = ", ".join(map(str, steps)) or "?"
+        kept = sorted(int(p.name) for p in epath.Path(self.directory).iterdir()
+                      if p.name.isdigit()) if epath.Path(self.directory).exists() else []
+        kept_line = (f"kept: the finished checkpoint(s) {', '.join(map(str, kept))}, a rerun "
+                     f"resumes from step {kept[-1]}" if kept else
+                     "no finished checkpoint is kept, a rerun starts from step 0")
+        return CheckpointWriteError(f"saving checkpoint step {failed} in {self.directory} "
+                                    f"failed: {what}; {kept_line}")
 
     def verify(self, step: int) -> tuple[bool, str | None]:
         """`(sealed, problem)`: whether step `step` has recorded checksums, and what does not
@@ -219,6 +240,7 @@ class Checkpointer:
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"bertjax quarantine {step}")
         self._manager.reload()
+        self._sealed.discard(step)  # (no longer a newer checkpoint that releases the anchor)
         return str(target)
 
     def metadata(self, step: int) -> tuple[dict, dict]:
@@ -244,8 +266,7 @@ class Checkpointer:
         try:
             self._manager.wait_until_finished()
         except Exception as e:
-            raise CheckpointWriteError(f"writing a checkpoint in {self.directory} failed: {e}; "
-                                       "earlier finished checkpoints are intact") from e
+            raise self._write_failure(e, self._vanished + self._unsealed) from e
         self.seal_finished()
 
     def close(self) -> None:

@@ -1,14 +1,17 @@
 """How a run meets the world outside it: Ctrl-C saves like a preemption notice, and an OS
 error (a full disk, a missing permission, a directory where a file belongs) becomes one line
-naming the file, also when it happens in a background writer thread."""
+naming the file, also when it happens in a background writer thread or inside a library that
+reports it as text (Orbax's TensorStore)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import re
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 from absl import logging
 
@@ -30,6 +33,44 @@ def os_error_line(error: OSError) -> str:
     where = f": {error.filename}" if error.filename else ""
     hint = HINTS.get(error.errno)
     return f"{error.strerror}{where}" + (f" ({hint})" if hint else "")
+
+
+def no_space(path: str) -> OSError:
+    """The OSError of a full disk under `path` (for a library that reports none)."""
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """The start of an error's message (TensorStore's run to many lines)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+@contextlib.contextmanager
+def naming(path: str) -> Iterator[None]:
+    """Gives an OSError raised in the block without a file name (a failed write names none)
+    the name `path`."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno is not None and e.filename is None:
+            raise OSError(e.errno, e.strerror, path) from e
+        raise
+
+
+# TensorStore's account of a failed write: `Failed writing: "FILE": ... [os_error_code='28']`.
+_LIBRARY_ERRNO = re.compile(r"os_error_code='(\d+)'")
+_LIBRARY_FILE = re.compile(r'Failed writing: "([^"]+)"')
+
+
+def library_os_error(error: BaseException) -> OSError | None:
+    """The OSError (with its file where named) that a library's error text reports, e.g.
+    Orbax's RESOURCE_EXHAUSTED for a full disk; None if it reports none."""
+    code, file = _LIBRARY_ERRNO.search(str(error)), _LIBRARY_FILE.search(str(error))
+    if not code:
+        return None
+    return OSError(int(code.group(1)), os.strerror(int(code.group(1))),
+                   file.group(1) if file else None)
 
 
 def one_line_thread_errors() -> None:

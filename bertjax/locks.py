@@ -129,6 +129,22 @@ def workdir_lock(workdir: str, process_index: int = 0) -> contextlib.AbstractCon
     return exclusive(os.path.join(workdir, name), f"workdir {workdir}")
 
 
+def remove_if_only_locks(workdir: str) -> None:
+    """Removes `workdir` if it holds nothing but `workdir_lock`'s files and empty directories
+    (a run refused in a directory it created leaves none behind); anything else keeps it."""
+    if "://" in workdir or not os.path.isdir(workdir):
+        return
+    paths = [os.path.join(workdir, name) for name in os.listdir(workdir)]
+    locks = [p for p in paths if os.path.basename(p).split(".")[:2] in (["run", "lock"],)]
+    empty = [p for p in paths if os.path.isdir(p) and not os.listdir(p)]
+    if len(locks) + len(empty) == len(paths):
+        for path in locks:
+            os.remove(path)
+        for path in empty:
+            os.rmdir(path)
+        os.rmdir(workdir)
+
+
 def build_once(target: str, done_path: str, build: Callable[[], None]) -> None:
     """Runs `build` (which makes `target`) unless `done_path` exists, holding the lock
     `.NAME.lock` beside `target`: a second process waits for the first's build, then finds

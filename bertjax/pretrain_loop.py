@@ -1,12 +1,15 @@
 """The pretraining step loop: prefetch the next batch, step, fetch metrics one step late,
-switch phases, evaluate, checkpoint (and stop on a preemption notice)."""
+switch phases, evaluate, checkpoint (and stop on a preemption notice); the run's last lines."""
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 from typing import Any
 
 import jax
+from absl import logging
+from etils import epath
 
 from bertjax import (checkpoint, failures, guards, objectives, reporting, schedule, sharding,
                      test_pause)
@@ -76,9 +79,13 @@ class Pretraining:
                 pending = None
 
         def save(step: int, force: bool = False) -> None:
-            guards.check_finite(state, step)
-            if checkpointer.save(step, state, position.as_dict(), self.meta, force=force):
-                reporting.chief_print(f"checkpoint step {step} -> {checkpointer.directory}/{step}")
+            flush_pending()  # (this step's metrics: is it the first finite one since resuming?)
+            if self.progress.suspect_resume(step):
+                logging.warning("step %d: no checkpoint saved, since every step since resuming "
+                                "from %s was non-finite", step, self.progress.resumed_from)
+                return
+            guards.check_finite(state, step)  # (the checkpointer announces it once sealed)
+            checkpointer.save(step, state, position.as_dict(), self.meta, force=force)
 
         stop_at = min(total, start_step + cfg.stop_after_steps) if cfg.stop_after_steps \
             else total
@@ -142,3 +149,20 @@ class Pretraining:
             save(final_step, force=True)
         checkpointer.wait()
         return state, position, final_eval
+
+
+def outputs_summary(workdir: str, step: int, total_steps: int, final_eval: dict[str, float],
+                    seconds: float) -> str:
+    """The run's last lines: where it stands, the held-out metrics, and where each output is."""
+    lines = [f"Done in {reporting.duration(seconds)}: step {step} of {total_steps}"
+             + ("; held-out " + " ".join(f"{k} {v:.4f}" for k, v in sorted(final_eval.items()))
+                if final_eval else "")]
+    outputs = [("checkpoints", f"checkpoints (latest: step {step})"),
+               ("metrics.jsonl", "progress and evaluation rows"),
+               ("tensorboard", f"TensorBoard (tensorboard --logdir {workdir})"),
+               ("final_metrics.json", "final evaluation"), ("config.json", "resolved config"),
+               ("startup_report.txt", "parameter shardings and bytes per device"),
+               ("log.txt", "the full log, the libraries' messages included")]
+    lines += [f"  {os.path.join(workdir, name)}: {what}" for name, what in outputs
+              if epath.Path(workdir, name).exists()]
+    return "\n".join(lines)

@@ -5,18 +5,20 @@ writer that a kill -9 cannot leave half-written."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging as std_logging
 import os
 import sys
+import threading
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import jax
 from absl import logging
 from etils import epath
 
-from bertjax import flops, objectives, optim, schedule, steps
+from bertjax import failures, flops, objectives, optim, schedule, steps
 from bertjax.model import BertConfig
 from bertjax.schedule import Phase
 
@@ -26,6 +28,11 @@ if TYPE_CHECKING:  # importing tensorboardX imports torch when it is installed: 
 
 class TrainingError(RuntimeError):
     """The run cannot continue (e.g. too many non-finite steps); the message says why."""
+
+
+class NonFiniteAfterResume(TrainingError):
+    """Every step since the run resumed was non-finite (not for its inputs): the checkpoint
+    it resumed from is suspect."""
 
 
 class TerminalLine:
@@ -74,9 +81,8 @@ def write_text(path: str, text: str, append: bool = False) -> None:
         if append:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, text.encode("utf-8"))
-            except OSError as e:  # name the file (a failed write does not)
-                raise OSError(e.errno, e.strerror, path) from e
+                with failures.naming(path):
+                    os.write(fd, text.encode("utf-8"))
             finally:
                 os.close(fd)
         else:
@@ -113,10 +119,8 @@ def log_scalars(writer: SummaryWriter | None, prefix: str, values: dict[str, flo
         for key, value in values.items():
             writer.add_scalar(f"{prefix}/{key}", value, step)
         if flush:
-            try:
+            with failures.naming(writer.logdir):
                 writer.flush()
-            except OSError as e:  # name the directory (a failed write does not)
-                raise OSError(e.errno, e.strerror, writer.logdir) from e
 
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -128,11 +132,19 @@ HARMLESS_WARNINGS = (("/orbax/", "Metadata file does not exist"),)
 class QuietLibraries(std_logging.Filter):
     """The default console: bertjax's own log lines and the libraries' warnings, without the
     libraries' INFO chatter (Orbax: tens of lines per save; JAX probing for TPU/GPU backends;
-    jax.distributed's start-up) or the warnings in HARMLESS_WARNINGS."""
+    jax.distributed's start-up) or the warnings in HARMLESS_WARNINGS. While a run's log file
+    is open (`log_file`), the libraries' errors (with their tracebacks) go there only: bertjax
+    says in one line what failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_file: str | None = None
 
     def filter(self, record: std_logging.LogRecord) -> bool:
-        if record.levelno < std_logging.WARNING:
-            return record.pathname.startswith(PACKAGE_DIR)
+        ours = record.pathname.startswith(PACKAGE_DIR)
+        if record.levelno < std_logging.WARNING or (record.levelno >= std_logging.ERROR
+                                                    and self.log_file):
+            return ours
         return not any(where in record.pathname and record.getMessage().startswith(text)
                        for where, text in HARMLESS_WARNINGS)
 
@@ -161,6 +173,56 @@ def library_name(pathname: str) -> str | None:
         if marker in parts and parts.index(marker) + 1 < len(parts):
             return parts[parts.index(marker) + 1].removesuffix(".py")
     return os.path.basename(pathname).removesuffix(".py") or None
+
+
+def log_file(workdir: str) -> str:
+    """A run's log file (`logging_to`): every record, the libraries' messages included."""
+    index = jax.process_index()
+    return os.path.join(workdir, "log.txt" if index == 0 else f"log.{index}.txt")
+
+
+@contextlib.contextmanager
+def logging_to(path: str | None) -> Iterator[None]:
+    """Appends every log record at INFO or above, the libraries' with their tracebacks, to
+    `path` for the block (None: nothing; as on object stores); the quiet console leaves the
+    libraries' errors to it."""
+    if path is None or "://" in path:
+        yield
+        return
+    handler = std_logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(std_logging.INFO)
+    handler.setFormatter(std_logging.Formatter(
+        "%(asctime)s %(levelname)s %(pathname)s:%(lineno)d] %(message)s"))
+    quiet = [f for f in logging.get_absl_handler().filters if isinstance(f, QuietLibraries)]
+    root, console = std_logging.getLogger(), sys.stderr
+    root.addHandler(handler)
+    for f in quiet:
+        f.log_file = path
+        sys.stderr = _OtherThreadsTo(handler.stream, console)
+    try:
+        yield
+    finally:
+        for f in quiet:
+            f.log_file = None
+            sys.stderr = console
+        root.removeHandler(handler)
+        handler.close()
+
+
+class _OtherThreadsTo:
+    """sys.stderr for a quiet console with a log file: what the main thread writes (bertjax's
+    messages, warnings) goes to the console, what other threads write (the tracebacks a
+    library's background writer prints itself) to the log file."""
+
+    def __init__(self, log: Any, console: Any):
+        self.log, self.console = log, console
+
+    def write(self, text: str) -> int:
+        main = threading.current_thread() is threading.main_thread()
+        return (self.console if main else self.log).write(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, ...
+        return getattr(self.console, name)
 
 
 def configure_console(verbosity: int = 0) -> None:
@@ -267,14 +329,14 @@ class Progress:
             logging.warning("step %d (%s): non-finite %s; update skipped (%d in a row, %d in "
                             "this run)", step, batch, what, self.nonfinite_in_a_row,
                             self.nonfinite_total)
-            if self.resumed_from and self.nonfinite_in_a_row == step - self.start_step \
-                    and what != "inputs":
+            suspect = self.suspect_resume(step) and what != "inputs"
+            if suspect:
                 advice = (f"every step since resuming from checkpoint {self.resumed_from} was "
                           "non-finite, which points at that checkpoint rather than the learning "
                           "rate: move it out of WORKDIR/checkpoints (e.g. to "
                           "WORKDIR/checkpoints_quarantine) to resume from the one before")
             if self.nonfinite_in_a_row >= self.max_nonfinite_steps or what == "state":
-                raise TrainingError(
+                raise (NonFiniteAfterResume if suspect else TrainingError)(
                     f"{self.nonfinite_in_a_row} consecutive non-finite steps ending at step {step} "
                     f"({batch}), the last with non-finite {what}; the last checkpoint is intact. "
                     f"{advice[0].upper()}{advice[1:]}, then rerun to resume.")
@@ -284,6 +346,12 @@ class Progress:
             self.sums[key] = self.sums.get(key, 0.0) + float(value)
         self.sums["steps"] = self.sums.get("steps", 0.0) + 1
         self.tokens += tokens
+
+    def suspect_resume(self, step: int) -> bool:
+        """Whether every step of this run up to `step` (added) was non-finite after a resume:
+        nothing finite has come from the checkpoint yet, so none is saved from it."""
+        return bool(self.resumed_from) and step > self.start_step \
+            and self.nonfinite_in_a_row == step - self.start_step
 
     def report(self, step: int, phase: Phase) -> dict[str, float]:
         """Prints a progress line for the steps since the last report and resets the window."""
@@ -321,10 +389,12 @@ class Progress:
         return means
 
     def log_eval(self, step: int, phase: Phase, means: dict[str, float]) -> None:
-        """Prints, and writes to TensorBoard and metrics.jsonl, a held-out evaluation."""
+        """Prints, and writes to TensorBoard and metrics.jsonl, a held-out evaluation (a
+        rerun of a finished run, which trains no step, prints it only: its row is there)."""
         chief_print(f"eval step {step} [{phase.name}]: " + " ".join(
             f"{k} {v:.4f}" for k, v in sorted(means.items())))
-        log_scalars(self.writer, "eval", means, step, flush=False)
-        write_jsonl(self.jsonl_path, {"step": step, "phase": phase.name, "split": "eval",
-                                      **means})
+        if self.start_step < self.total_steps:
+            log_scalars(self.writer, "eval", means, step, flush=False)
+            write_jsonl(self.jsonl_path, {"step": step, "phase": phase.name, "split": "eval",
+                                          **means})
         self.clock.restart()

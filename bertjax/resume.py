@@ -16,14 +16,9 @@ from typing import Any, Callable, Sequence
 import jax
 
 from bertjax import checkpoint, guards, reporting, schedule
+from bertjax.failures import first_line
 
 QUARANTINE = "checkpoints_quarantine"
-
-
-def first_line(error: Exception, limit: int = 300) -> str:
-    """The start of an error's message (TensorStore's run to many lines)."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class UnusableCheckpoint(checkpoint.CheckpointMismatch):
@@ -94,12 +89,16 @@ class Resume:
     def restore(self, found: Found, abstract_state: Any, meta: dict[str, Any],
                 check: Callable[[Found], None]) -> tuple[Any, schedule.DataPosition]:
         """Restores `found` onto `abstract_state`'s shardings; a checkpoint without checksums
-        that fails to restore, or restores NaN/Inf, is set aside and the next one (passed
-        through `check`) tried."""
+        that fails to restore, or restores NaN/Inf, and any that holds another step than its
+        directory's name, is set aside and the next one (passed through `check`) tried."""
         while True:
             try:
                 state, position, _ = self.checkpointer.restore(found.step, abstract_state, meta)
                 guards.check_finite(state, found.step)
+                if int(jax.device_get(state.step)) != found.step:  # (later saves would be
+                    raise checkpoint.DamagedCheckpoint(self.where(found.step), (  # skipped)
+                        f"its directory is named {found.step} but it holds step "
+                        f"{int(jax.device_get(state.step))} (renamed?)"))
                 break
             except checkpoint.CheckpointMismatch:
                 raise
@@ -124,3 +123,18 @@ class Resume:
                               f"{found.step} (phase {position.phase}, next batch "
                               f"{position.batch_index})")
         return state, position
+
+    def fall_back(self, found: Found, abstract_state: Any, meta: dict[str, Any],
+                  check: Callable[[Found], None]) -> tuple[Any, schedule.DataPosition, Found]:
+        """After every step since resuming from `found` was non-finite: sets `found` aside
+        (and any later step, none of which a finite step has come from) and restores the
+        newest checkpoint before it (UnusableCheckpoint if there is none)."""
+        self.checkpointer.wait()
+        for step in reversed(self.checkpointer.all_steps()):
+            if step >= found.step:
+                self._set_aside(step, "every step since resuming from it was non-finite; "
+                                      "falling back (once) to the checkpoint before it")
+        previous = self.newest()
+        check(previous)
+        state, position = self.restore(previous, abstract_state, meta, check)
+        return state, position, previous

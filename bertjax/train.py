@@ -5,6 +5,7 @@ Running the same command again resumes from the latest checkpoint in DIR.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -19,7 +20,8 @@ from etils import epath
 from ml_collections import config_flags
 
 from bertjax import (checkpoint, cli, distributed, failures, guards, locks, memory,
-                     pretrained, reporting, resume, run, schedule, test_pause, validate)
+                     pretrain_loop, pretrained, reporting, resume, run, schedule, test_pause,
+                     validate)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
 from bertjax.interop.tree import ConversionError
@@ -46,26 +48,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     validate.pretraining(config)
     if config.train.init_checkpoint and not epath.Path(workdir, "checkpoints").exists():
         pretrained.check_exists(config.train.init_checkpoint, "train.init_checkpoint")
+    created = not epath.Path(workdir).exists()
     epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-    with locks.workdir_lock(workdir, jax.process_index()):
-        return _train_and_evaluate(config, workdir, devices)
+    try:
+        with locks.workdir_lock(workdir, jax.process_index()), \
+                contextlib.ExitStack() as accepted:
+            return _train_and_evaluate(config, workdir, devices, accepted)
+    except Exception:
+        if created:  # a refused run leaves no new directory behind (nor its lock files)
+            locks.remove_if_only_locks(workdir)
+        raise
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                        devices: list[jax.Device] | None) -> dict[str, float]:
+                        devices: list[jax.Device] | None,
+                        accepted: contextlib.ExitStack) -> dict[str, float]:
+    """The run in its locked `workdir`; once its settings are accepted, it writes config.json
+    and its log file (held open by `accepted`)."""
     started = time.time()
     is_chief = jax.process_index() == 0
     phases = schedule.phases(config.train, config.data, config.long_phase)
-    if is_chief:
-        reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1)
-                             + "\n")
     mesh = run.make_mesh(config.mesh.to_dict(), devices)
     run.check_batches(mesh, phases, config.train.grad_accum_steps,
                       config.model.max_position_embeddings)  # before preparing any data
     objective = run.pretraining_objective(config.train)
     checkpointer = checkpoint.Checkpointer(  # (its clean-up of unfinished saves needs the lock)
         os.path.join(workdir, "checkpoints"), config.train.checkpoint_every,
-        config.train.keep_checkpoints, config.train.keep_every)
+        config.train.keep_checkpoints, config.train.keep_every, on_commit=lambda step:
+        reporting.chief_print(f"checkpoint step {step} -> {workdir}/checkpoints/{step}"))
     resume_from = resume.Resume(checkpointer, os.path.join(workdir, resume.QUARANTINE))
     meta = run_metadata(config, guards.data_identity(config.data, phases))
     check = lambda found: resume_from.check(found, meta, config.data, phases,
@@ -93,7 +103,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     sharded = run.build_pretraining(model_config, optimizer, mesh, phases,
                                     config.train.grad_accum_steps, report=False,
                                     objective=objective)
+    accepted.enter_context(reporting.logging_to(reporting.log_file(workdir)))  # (once accepted)
     if is_chief:  # the full table goes to a file, its totals to the console
+        reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1)
+                             + "\n")
         report_path = os.path.join(workdir, "startup_report.txt")
         reporting.write_text(report_path, memory.report(
             sharded.model, sharded.abstract_state, mesh, phases) + "\n")
@@ -120,17 +133,26 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                           f"{p.global_batch_size} x {p.max_seq_length} tokens"
                                           for p in phases)
                               + f"; progress every {config.train.log_every} steps")
-    writer = reporting.open_writer(workdir)
-    progress = reporting.Progress(phases, config.train.max_nonfinite_steps,
-                                  optimizer, model_config, writer, start_step,
-                                  os.path.join(workdir, "metrics.jsonl") if is_chief else None,
-                                  resume_from.where(start_step) if found else None)
+    writer, fell_back = reporting.open_writer(workdir), False
     test_pause.before_training()
     try:
-        state, position, final_eval = Pretraining(
-            config.train, sharded, phase_data, checkpointer, meta, progress, writer,
-            restart_step=optimizer.restart_step,
-        ).loop(state, position, start_step)
+        while True:
+            progress = reporting.Progress(
+                phases, config.train.max_nonfinite_steps, optimizer, model_config, writer,
+                start_step, os.path.join(workdir, "metrics.jsonl") if is_chief else None,
+                resume_from.where(start_step) if found else None)
+            try:
+                state, position, final_eval = Pretraining(
+                    config.train, sharded, phase_data, checkpointer, meta, progress, writer,
+                    restart_step=optimizer.restart_step).loop(state, position, start_step)
+                break
+            except reporting.NonFiniteAfterResume:
+                if fell_back:  # (once)
+                    raise
+                state, position, found = resume_from.fall_back(found, sharded.abstract_state,
+                                                               meta, check)
+                fell_back, start_step = True, found.step
+                position = schedule.consistent_position(position, start_step, phases)
     finally:
         checkpointer.close()
         if writer:
@@ -147,25 +169,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         reporting.chief_print(f"Stopped after {config.train.stop_after_steps} steps (step "
                               f"{final_step} of {config.train.total_steps}); rerun the same "
                               "command to continue")
-    reporting.chief_print(outputs_summary(workdir, final_step, config.train.total_steps,
-                                          final_eval, time.time() - started))
+    reporting.chief_print(pretrain_loop.outputs_summary(
+        workdir, final_step, config.train.total_steps, final_eval, time.time() - started))
     return final_eval
-
-
-def outputs_summary(workdir: str, step: int, total_steps: int, final_eval: dict[str, float],
-                    seconds: float) -> str:
-    """The run's last lines: where it stands, the held-out metrics, and where each output is."""
-    lines = [f"Done in {reporting.duration(seconds)}: step {step} of {total_steps}"
-             + ("; held-out " + " ".join(f"{k} {v:.4f}" for k, v in sorted(final_eval.items()))
-                if final_eval else "")]
-    outputs = [("checkpoints", f"checkpoints (latest: step {step})"),
-               ("metrics.jsonl", "progress and evaluation rows"),
-               ("tensorboard", f"TensorBoard (tensorboard --logdir {workdir})"),
-               ("final_metrics.json", "final evaluation"), ("config.json", "resolved config"),
-               ("startup_report.txt", "parameter shardings and bytes per device")]
-    lines += [f"  {os.path.join(workdir, name)}: {what}" for name, what in outputs
-              if epath.Path(workdir, name).exists()]
-    return "\n".join(lines)
 
 
 def fresh_state(config: ml_collections.ConfigDict, sharded: run.ShardedRun,
@@ -215,6 +221,9 @@ def main(argv: list[str]) -> None:
             reporting.TrainingError, guards.NonFiniteState, locks.LockHeld, OSError,
             ConversionError, pretrained.PretrainedError) as e:
         message = failures.os_error_line(e) if isinstance(e, OSError) else str(e)
+        if isinstance(e, (checkpoint.CheckpointWriteError, reporting.TrainingError)) \
+                and os.path.exists(reporting.log_file(FLAGS.workdir)):
+            message += f" (the full log: {reporting.log_file(FLAGS.workdir)})"
         print(f"error: {message}", file=sys.stderr, flush=True)
         if isinstance(e, checkpoint.CheckpointWriteError):
             # Orbax's writer threads of the failed save wait (for minutes) for signals that

@@ -101,4 +101,5 @@ def test_a_training_run_says_what_it_does(corpus_file, tmp_path):  # noqa: F811
     assert "Stopped after 3 steps (step 3 of 4); rerun the same command to continue" \
         in result.stdout
     assert f"{workdir}/config.json: resolved config" in result.stdout
-    assert len(result.stdout.splitlines()) <= 14, result.stdout
+    assert f"{workdir}/log.txt: the full log" in result.stdout
+    assert len(result.stdout.splitlines()) <= 15, result.stdout

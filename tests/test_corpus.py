@@ -94,6 +94,18 @@ def test_crlf_line_endings(tmp_path):
     assert all("\r" not in sentence for doc in crlf_docs for sentence in doc)
 
 
+def test_cr_only_line_endings_read_as_lines(tmp_path):
+    """Old-Mac line endings (CR alone): every line and document of the LF original, none cut
+    at max_line_chars (read as one line, the file was truncated there)."""
+    text = LINES_TEXT * 20
+    stats = corpus.CorpusStats()
+    cr_docs = list(corpus.read_text_files([write(tmp_path / "cr.txt", text.replace("\n", "\r"))],
+                                          "auto", stats, max_line_chars=200))
+    assert cr_docs == list(corpus.read_text_files([write(tmp_path / "lf.txt", text)], "auto",
+                                                  max_line_chars=200))
+    assert len(text) > 200 and stats.truncated_long_lines == 0
+
+
 def test_invalid_utf8_is_replaced_and_counted(tmp_path):
     data = b"Good line.\nBad \xff\xfe bytes here.\nAlso \xc3 bad.\n\nCaf\xc3\xa9 is fine.\n"
     stats = corpus.CorpusStats()

@@ -7,6 +7,7 @@ import os
 import queue
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -246,7 +247,7 @@ def test_a_read_only_checkpoint_directory_stops_the_run_at_its_first_save(
         trainer = Trainer(command_line(corpus_file, cache_dir, str(tmp_path)))
         assert trainer.finish(timeout=120) == 1, trainer.output()
     errors = [line for line in trainer.lines if line.startswith("error: ")]
-    assert len(errors) == 1 and f"saving a checkpoint in {directory} failed" in errors[0] \
+    assert len(errors) == 1 and f"saving checkpoint step 4 in {directory} failed" in errors[0] \
         and f"{directory}/{CHECKPOINT_EVERY}.orbax-checkpoint-tmp" in errors[0], trainer.output()
     assert os.listdir(directory) == []
     assert read_metrics(tmp_path)[-1]["step"] <= 2 * CHECKPOINT_EVERY
@@ -350,3 +351,88 @@ def test_a_second_ctrl_c_exits_at_once():
     seconds = time.time() - float(result.stdout.split()[-1])  # since the second SIGINT
     assert result.returncode == 130 and seconds < 60, (result.returncode, seconds)
     assert "requested True" in result.stdout and "Second Ctrl-C" in result.stderr
+
+
+def on_a_small_filesystem(args: list[str], directory, kib: int, then: str = "") -> list[str]:
+    """`args` run with a `kib` KiB tmpfs mounted on `directory` (a private mount namespace:
+    it is gone when they exit, so `then`, a shell command, runs in it afterwards), as root or
+    through an unprivileged user namespace; skips where neither can mount."""
+    if not shutil.which("unshare"):
+        pytest.skip("no unshare(1) to mount a small file system")
+    namespace = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    probe = subprocess.run(namespace + ["sh", "-c", f"mount -t tmpfs tmpfs {directory}"],
+                           capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here: {probe.stderr.strip()}")
+    return namespace + ["sh", "-c", f'mount -t tmpfs -o size={kib}k tmpfs {directory} && '
+                        f'"$@"; code=$?; {then or ":"}; exit $code', "sh", *args]
+
+
+@pytest.mark.slow  # (two runs: about 40 s)
+def test_a_full_disk_is_one_line_and_the_rerun_resumes_exactly(corpus_file, cache_dir, reference,
+                                                               tmp_path):
+    """Checkpoints on a file system with room for one (a 1000 KiB tmpfs; one takes about
+    720 KiB): the save at step 8 fails. The run says so in one line (the file, "No space left
+    on device", the checkpoint kept), with Orbax's errors and tracebacks in WORKDIR/log.txt
+    only, and never announces step 8. With space again (the kept files copied to a normal
+    directory), the rerun resumes from step 4 with the uninterrupted run's losses."""
+    directory, kept = tmp_path / "checkpoints", tmp_path / "kept"
+    directory.mkdir()
+    args = command_line(corpus_file, cache_dir, str(tmp_path), **{"train.stop_after_steps": 12})
+    trainer = Trainer(on_a_small_filesystem(args, directory, 1000, f"cp -a {directory} {kept}"))
+    assert trainer.finish() == 1, trainer.output()
+    output = trainer.output(None)
+    errors = [line for line in trainer.lines if line.startswith("error")]
+    assert len(errors) == 1 and "Traceback" not in output, output
+    assert re.match(rf"error: saving checkpoint step 8 in {directory} failed: No space left on "
+                    rf"device: {directory}/8.orbax-checkpoint-tmp/\S+ \(free some space, then "
+                    r"rerun the same command to resume\); kept: the finished checkpoint\(s\) 4, "
+                    rf"a rerun resumes from step 4 \(the full log: {tmp_path}/log.txt\)$",
+                    errors[0]), errors[0]
+    assert "checkpoint step 4 ->" in output and "checkpoint step 8 ->" not in output
+    log = (tmp_path / "log.txt").read_text()
+    assert "No space left on device" in log and "Traceback" in log
+    print(f"\n{errors[0].strip()}\n({len(trainer.lines)} lines printed, {len(log.splitlines())}"
+          " in the log)")
+
+    shutil.rmtree(directory)
+    shutil.copytree(kept, directory)
+    assert finished(directory) == [4]
+    output = run_to_end(args)
+    assert resumed_step(output) == 4 and "checkpoint step 16 ->" in output
+    rows = read_metrics(tmp_path)
+    for row in rows:
+        assert row["loss"] == reference[row["step"]], row
+    assert rows[-1]["step"] == 16  # (12 more steps from 4)
+
+
+FULL_CACHE = {  # the cache's size in KiB, and what no longer fits there
+    "shard": (600, r"{cache}/short_64_\w+\.tmp\d+/train/shard_00000/\w+\.npy .*; preparing the "
+                   r"data of phase short stopped and its unfinished files were removed; kept: the "
+                   r"tokenizer and the data prepared before \(in {cache}\)$"),
+    "tokenizer": (100, r"{cache}/sentencepiece_\w+\.tmp\d+\.model .*; the unfinished "
+                       r"SentencePiece model was removed; kept: the data prepared before "
+                       r"\(in {cache}\)$"),
+}
+
+
+@pytest.mark.parametrize("what", list(FULL_CACHE))
+def test_a_full_disk_while_preparing_data_is_one_line(what, corpus_file, tmp_path):
+    """The data cache on a small tmpfs: 600 KiB hold the tokenizer but not the first shard,
+    100 KiB not even the tokenizer. One line names the file and the cause and says what was
+    kept; nothing unfinished is left, and the new workdir is removed again."""
+    cache, workdir = tmp_path / "cache", tmp_path / "workdir"
+    cache.mkdir()
+    kib, message = FULL_CACHE[what]
+    args = command_line(corpus_file, str(cache), str(workdir))
+    trainer = Trainer(on_a_small_filesystem(args, cache, kib, f"ls -a {cache}"))
+    assert trainer.finish() == 1, trainer.output()
+    errors = [line for line in trainer.lines if line.startswith("error")]
+    assert len(errors) == 1 and "Traceback" not in trainer.output(None), trainer.output()
+    assert re.match(r"error: No space left on device: " + message.format(cache=cache), errors[0]), \
+        errors[0]
+    listing = [name.strip() for name in trainer.lines[trainer.lines.index(errors[0]) + 1:]]
+    assert not any(".tmp" in name for name in listing), listing
+    assert any(name.endswith(".model") for name in listing) == (what == "shard"), listing
+    assert not workdir.exists()
+    print(f"\n{errors[0].strip()}")

@@ -194,6 +194,7 @@ def test_a_changed_model_is_refused(corpus_file, cache_dir, workdir):
     cache = sorted(os.listdir(cache_dir))
     config = tiny_config(corpus_file, cache_dir, **{"model.num_hidden_layers": 3,
                                                     "train.allow_changed_data": True})
+    before = listing(workdir)
     with pytest.raises(checkpoint.CheckpointMismatch, match=(
             rf"checkpoint {workdir}/checkpoints/6 was written with a different model:\n"
             r"  checkpoint: \{.*'num_hidden_layers': 2, .*\n  this run:   \{.*"
@@ -201,6 +202,24 @@ def test_a_changed_model_is_refused(corpus_file, cache_dir, workdir):
         run(config, workdir)
     assert sorted(os.listdir(cache_dir)) == cache
     assert sorted(os.listdir(workdir / "checkpoints")) == ["4", "6"]
+    assert listing(workdir) == before  # (config.json not rewritten: nothing changed)
+
+
+def listing(directory) -> dict[str, tuple[int, int]]:
+    """`{relative path: (size, mtime_ns)}` of every file under `directory` but the lock's
+    own (which every run writes its pid into while it holds it)."""
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != "run.lock"}
+
+
+def test_a_run_refused_in_a_new_directory_leaves_none(corpus_file, cache_dir, tmp_path):
+    """A mesh that does not fit the devices is refused after the workdir's lock was taken:
+    the directory the run created is removed again (no run.lock, no config.json)."""
+    config = tiny_config(corpus_file, cache_dir)
+    config.mesh.data = 2  # (one device)
+    with pytest.raises(train.run.ConfigError):
+        run(config, tmp_path / "new")
+    assert not (tmp_path / "new").exists()
 
 
 def test_where_the_data_is_prepared_and_by_how_many_workers_may_change(
@@ -276,6 +295,47 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_previous_one_resumed(
     losses = [(m["step"], m["loss"]) for m in read_metrics(workdir)]
     assert [step for step, _ in losses] == [1, 2, 3, 4, 5, 6, 5, 6]
     assert losses[4:6] == losses[6:8]
+
+
+def test_a_renamed_step_directory_is_set_aside_and_later_saves_happen(corpus_file, cache_dir,
+                                                                     workdir, capsys):
+    """Checkpoint 6 renamed to 10 (its name disagrees with the step it holds) is set aside
+    by name; the run resumes from 4 and its saves at 8 and 10 are made, not skipped."""
+    (workdir / "checkpoints" / "6").rename(workdir / "checkpoints" / "10")
+    run(tiny_config(corpus_file, cache_dir, **{"train.stop_after_steps": 6}), workdir)
+    out = capsys.readouterr().out
+    assert (f"Checkpoint {workdir}/checkpoints/10 is damaged: its directory is named 10 but it "
+            "holds step 6 (renamed?); moved to") in out
+    assert os.listdir(workdir / "checkpoints_quarantine") == ["10"]
+    assert {"8", "10"} <= set(os.listdir(workdir / "checkpoints"))
+    assert f"checkpoint step 8 -> {workdir}/checkpoints/8" in out
+    assert [m["step"] for m in read_metrics(workdir)][-6:] == [5, 6, 7, 8, 9, 10]
+
+
+@pytest.mark.slow  # (three runs, one compiling another optimizer: about 60 s)
+def test_non_finite_steps_right_after_a_resume_fall_back_once_to_the_checkpoint_before(
+        corpus_file, cache_dir, workdir, capsys):
+    """Checkpoint 6 replaced by one whose parameters are finite but huge (steps 5-6 trained
+    with a learning rate of 1e30; every later step is non-finite): the rerun's steps 7-9 are
+    non-finite, so step 8 saves nothing (keep_checkpoints=2 would have pruned 4), then it sets
+    6 aside in one line and resumes from 4, where steps 5 and 6 get their original losses."""
+    original = {m["step"]: m["loss"] for m in read_metrics(workdir)}
+    shutil.rmtree(workdir / "checkpoints" / "6")
+    run(tiny_config(corpus_file, cache_dir, **{"train.stop_after_steps": 2,
+                                               "optimizer.peak_learning_rate": 1e30}), workdir)
+    capsys.readouterr()
+    run(tiny_config(corpus_file, cache_dir, **{"train.stop_after_steps": 4,
+                                               "train.max_nonfinite_steps": 3}), workdir)
+    out = capsys.readouterr().out
+    assert (f"Checkpoint {workdir}/checkpoints/6 is damaged: every step since resuming from it "
+            "was non-finite; falling back (once) to the checkpoint before it; moved to "
+            f"{workdir}/checkpoints_quarantine/6") in out, out
+    assert f"Resuming from {workdir}/checkpoints at step 4" in out.split("falling back")[1]
+    assert "checkpoint step 8 ->" in out and "Lower optimizer" not in out
+    assert os.listdir(workdir / "checkpoints_quarantine") == ["6"]
+    assert sorted(os.listdir(workdir / "checkpoints"), key=int) == ["4", "8"]
+    again = {m["step"]: m["loss"] for m in read_metrics(workdir)[-4:]}
+    assert sorted(again) == [5, 6, 7, 8] and (again[5], again[6]) == (original[5], original[6])
 
 
 def test_pruning_keeps_the_resumed_checkpoint_until_a_newer_one_is_sealed(corpus_file,

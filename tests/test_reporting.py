@@ -3,10 +3,12 @@ filter that keeps the libraries' INFO chatter out."""
 import io
 import logging
 import os
+import sys
+import threading
 
 import pytest
 
-from bertjax import reporting
+from bertjax import failures, reporting
 from bertjax.schedule import Phase
 
 PHASES = [Phase("short", 128, 20, 32, 0, 90), Phase("long", 512, 80, 32, 90, 100)]
@@ -73,3 +75,44 @@ def test_console_keeps_our_lines_and_library_warnings_only():
     assert formatter.format(record(ours, logging.INFO, "hello")) == "hello"
     assert formatter.format(record(orbax, logging.WARNING, "disk")) == "warning (orbax): disk"
     assert formatter.format(record(ours, logging.ERROR, "no space")) == "error: no space"
+
+
+def test_with_a_log_file_library_errors_and_other_threads_tracebacks_go_there_only(
+        tmp_path, monkeypatch, capsys):
+    """While a run's log file is open: a library's error (with its traceback) reaches the file
+    and not the console; what another thread writes to stderr (a library printing its own
+    traceback) goes to the file, the main thread's writes to the console. Afterwards the
+    console is as before."""
+    from absl import logging as absl_logging
+    quiet = reporting.QuietLibraries()
+    monkeypatch.setattr(absl_logging.get_absl_handler(), "filters", [quiet])
+    orbax = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
+    ours = os.path.join(reporting.PACKAGE_DIR, "train.py")
+    path = str(tmp_path / "log.txt")
+    with reporting.logging_to(path):
+        assert quiet.log_file == path and not quiet.filter(record(orbax, logging.ERROR, "x"))
+        assert quiet.filter(record(ours, logging.ERROR, "our one line"))
+        try:
+            raise ValueError("RESOURCE_EXHAUSTED [os_error_code='28']")
+        except ValueError:
+            logging.getLogger("orbax").error("save failed", exc_info=True)
+        thread = threading.Thread(target=lambda: sys.stderr.write("Traceback (thread)\n"))
+        thread.start()
+        thread.join()
+        sys.stderr.write("main thread line\n")
+    assert quiet.log_file is None and quiet.filter(record(orbax, logging.ERROR, "x"))
+    log = open(path).read()
+    assert "save failed" in log and "Traceback (most recent call last)" in log
+    assert "Traceback (thread)" in log and "main thread line" not in log
+    assert capsys.readouterr().err == "main thread line\n"
+
+
+def test_a_library_error_text_names_its_os_error():
+    """TensorStore's RESOURCE_EXHAUSTED text becomes the OSError it reports."""
+    error = ValueError('RESOURCE_EXHAUSTED: Error writing "a" in OCDBT database: Failed writing: '
+                       '"/w/checkpoints/8.orbax-checkpoint-tmp/d/3f": Failed to write 25 bytes to '
+                       "file 57: No space left on device [os_error_code='28']")
+    assert failures.os_error_line(failures.library_os_error(error)) == (
+        "No space left on device: /w/checkpoints/8.orbax-checkpoint-tmp/d/3f (free some space, "
+        "then rerun the same command to resume)")
+    assert failures.library_os_error(ValueError("INTERNAL: something else")) is None

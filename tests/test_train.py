@@ -77,7 +77,7 @@ def test_loss_falls_and_checkpoint_written(corpus_file, cache_dir, tmp_path, cap
     assert "Training already finished (40 steps); evaluating only" in capsys.readouterr().out
     assert again == final  # from the checkpoint: the same parameters, batches and sums
     assert [m["step"] for m in read_metrics(tmp_path)] == [10, 20, 30, 40]  # nothing trained
-    assert [m["step"] for m in read_metrics(tmp_path, "eval")] == [40, 40]
+    assert [m["step"] for m in read_metrics(tmp_path, "eval")] == [40]  # not logged again
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["36", "40"]  # keep latest 2
     assert any(name.startswith("events.out.tfevents") for name in
                os.listdir(tmp_path / "tensorboard"))

@@ -260,10 +260,13 @@ def looks_binary(head: bytes) -> bool:
 
 def _decoded_lines(path: str, max_line_chars: int, stats: CorpusStats) -> Iterator[tuple[str, bool]]:
     """Yields `(decoded line with its ending, whether the line went on past what was read)`:
-    UTF-8 (bad bytes replaced and counted), or UTF-16 for a file with its byte-order mark."""
-    if _head(path).startswith(_UTF16_BOMS):
-        stats.utf16_files = 1
-        with open(path, encoding="utf-16", errors="replace") as file:
+    UTF-8 (bad bytes replaced and counted), or UTF-16 for a file with its byte-order mark.
+    Those, and files whose lines end in CR alone (old Mac), are read with universal newlines."""
+    head = _head(path)
+    utf16 = head.startswith(_UTF16_BOMS)
+    if utf16 or (b"\r" in head and b"\n" not in head):
+        stats.utf16_files += utf16
+        with open(path, encoding="utf-16" if utf16 else "utf-8", errors="replace") as file:
             while line := file.readline(max_line_chars + 1):
                 overflow = not line.endswith("\n") and _skip_rest_of_line(file) > 0
                 stats.invalid_utf8_lines += "\ufffd" in line

@@ -1,17 +1,15 @@
 """From a data config to prepared instances: corpus -> tokens -> instances -> shards on disk
 (batches from them: `data.loaders`).
 
-Each process reads its own shard of the documents (document i goes to process i mod P),
-prepares pretraining instances from it once (cached on local disk as .npy files, written
-atomically), and serves fixed-shape batches of `global_batch_size / P` rows. Batch k is a
-pure function of (seed, k): the epoch's permutation comes from (seed, epoch) and dynamic
-masks from (seed, epoch, row). The data position saved in a checkpoint is therefore just
-the next batch index, and a resumed run sees exactly the batches an uninterrupted run
-would have seen.
+Each process prepares its own share of the documents (document i goes to process i mod P) once,
+in shards of `data.shard_bytes` (compact .npy files, written atomically; docs/data-preparation.md),
+or reads `data.prepared_dir`. Batch k is a pure function of (seed, k), so the data position saved
+in a checkpoint is just the next batch index and a resume sees exactly the uninterrupted batches.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import glob
 import hashlib
@@ -26,7 +24,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from absl import logging
 
-from bertjax import locks
+from bertjax import failures, locks
 from bertjax.data import tokenization
 from bertjax.data import corpus, default_corpus, instances, shard_format, shard_job, tfds_source
 from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
@@ -130,7 +128,15 @@ def load_or_train_tokenizer(data_cfg: Any, cache_dir: str, process_index: int = 
             tokenization.train_sentencepiece(sentences, tmp_prefix,
                                              data_cfg.sentencepiece_vocab_size,
                                              do_lower_case=data_cfg.do_lower_case)
-        except ValueError as e:
+        except ValueError as e:  # (SentencePiece's own writes report no cause: a full disk
+            full = shutil.disk_usage(cache_dir).free < 1 << 20  # is recognised by its space)
+            for ext in (".model", ".vocab"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp_prefix + ext)
+            if full:
+                line = failures.os_error_line(failures.no_space(tmp_prefix + ".model"))
+                raise DataError(f"{line}; the unfinished SentencePiece model was removed; kept: "
+                                f"the data prepared before (in {cache_dir})") from e
             raise DataError(f"could not train a SentencePiece model on the corpus: {e}") from e
         for ext in (".model", ".vocab"):
             os.replace(tmp_prefix + ext, prefix + ext)
@@ -289,9 +295,15 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
                      "shard": [process_index, process_count]})
         directory = os.path.join(cache_dir, f"{phase.name}_{phase.max_seq_length}_{key}")
         built = []
-        locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
-            build(directory, data_cfg, phase, tokenizer, process_index, process_count,
-                  next_sentence_prediction)))
+        try:
+            locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
+                build(directory, data_cfg, phase, tokenizer, process_index, process_count,
+                      next_sentence_prediction)))
+        except OSError as e:  # e.g. a full disk: one line, and no half-written data left
+            shutil.rmtree(_unfinished(directory), ignore_errors=True)
+            raise DataError(f"{failures.os_error_line(e)}; preparing the data of phase "
+                            f"{phase.name} stopped and its unfinished files were removed; kept: "
+                            f"the tokenizer and the data prepared before (in {cache_dir})") from e
         meta, records = _read_meta(directory)
         share = (0, 1)
         verb = "Prepared data" if built else "Reusing prepared data"
@@ -390,7 +402,7 @@ def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.T
     for unfinished in glob.glob(glob.escape(directory) + ".tmp*"):  # left by a crashed run
         if not locks.pid_alive(unfinished.rsplit(".tmp", 1)[1]):
             shutil.rmtree(unfinished, ignore_errors=True)
-    tmp = f"{directory}.tmp{os.getpid()}"
+    tmp = _unfinished(directory)
     job = shard_job_of(data_cfg, phase, specials_of(tokenizer, data_cfg.whole_word_mask),
                        tokenizer, process_index, tmp, nsp)
     meta = collections.Counter()
@@ -418,6 +430,11 @@ def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.T
                    "seconds": round(time.time() - start, 1), "files": _shard_records(tmp)}, f)
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(tmp, directory)
+
+
+def _unfinished(directory: str) -> str:
+    """Where this process builds `directory` before renaming it into place."""
+    return f"{directory}.tmp{os.getpid()}"
 
 
 def check_token_ids(split: PreparedSplit, vocab_size: int, what: str) -> None:

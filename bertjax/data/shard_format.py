@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bertjax import failures
+
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
 STORED = ("input_ids", "lengths", "b_starts", "masked_lm_positions", "masked_lm_ids",
@@ -89,21 +91,25 @@ class ShardWriter:
         dtypes = stored_dtypes(max_seq_length, max_predictions, vocab_size)
         shapes = stored_shapes(max_seq_length, max_predictions)
         self.rows, self.written, self.files = rows, 0, {}
-        for name in STORED:
-            f = open(os.path.join(directory, name + ".npy"), "wb")
-            np.lib.format.write_array_header_1_0(f, {
-                "descr": np.lib.format.dtype_to_descr(dtypes[name]), "fortran_order": False,
-                "shape": (rows,) + shapes[name]})
+        for name in STORED:  # (a failed write, e.g. a full disk, names its file)
+            path = os.path.join(directory, name + ".npy")
+            with failures.naming(path):
+                f = open(path, "wb")
+                np.lib.format.write_array_header_1_0(f, {
+                    "descr": np.lib.format.dtype_to_descr(dtypes[name]), "fortran_order": False,
+                    "shape": (rows,) + shapes[name]})
             self.files[name] = f
 
     def write(self, chunk: dict[str, np.ndarray]) -> None:
         for name, f in self.files.items():
-            f.write(np.ascontiguousarray(chunk[name]).tobytes())
+            with failures.naming(f.name):
+                f.write(np.ascontiguousarray(chunk[name]).tobytes())
         self.written += len(chunk["lengths"])
 
     def close(self) -> None:
         for f in self.files.values():
-            f.close()
+            with failures.naming(f.name):
+                f.close()
         if self.written != self.rows:
             raise RuntimeError(f"wrote {self.written} rows of {self.rows}")
 
