@@ -135,7 +135,7 @@ def _dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) 
 def _activated_dense(config: BertConfig, features: int, axes: tuple[str, str],
                      x: jax.Array) -> jax.Array:
     """`activation(Dense(x))` with the Dense named "dense" (call from a compact method)."""
-    return ACTIVATIONS[config.hidden_act](_dense(config, features, axes, "dense")(x))
+    return jax.checkpoint(ACTIVATIONS[config.hidden_act])(_dense(config, features, axes, "dense")(x))
 
 
 def _layer_norm(config: BertConfig, name: str = "LayerNorm") -> nn.LayerNorm:
