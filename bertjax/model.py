@@ -180,6 +180,22 @@ class BertEmbeddings(nn.Module):
         return _constrain(x_BxLxH.astype(self.config.dtype), (BATCH, LENGTH, ACT_EMBED))
 
 
+class _DenseParams(nn.Module):
+    """The kernel and bias of `_dense` (same names, initializers and axes), unapplied."""
+
+    config: BertConfig
+    features: int
+    axes: tuple[str, str]
+
+    @nn.compact
+    def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array]:
+        cfg = self.config
+        kernel = self.param("kernel", _init(cfg, self.axes), (in_features, self.features),
+                            cfg.param_dtype)
+        return kernel, self.param("bias", _zeros(self.axes[1:]), (self.features,),
+                                  cfg.param_dtype)
+
+
 class BertSelfAttention(nn.Module):
     """Multi-head self-attention over an `attention.Mask` (padding, or packed instances);
     softmax and mask in float32."""
@@ -192,12 +208,20 @@ class BertSelfAttention(nn.Module):
         cfg = self.config
         batch, length, _ = x_BxLxH.shape
 
-        def project(name: str) -> jax.Array:
-            y_BxLxH = _dense(cfg, cfg.hidden_size, (EMBED, QKV), name)(x_BxLxH)
-            y_BxLxH = _constrain(y_BxLxH, (BATCH, LENGTH, ACT_QKV))
-            return y_BxLxH.reshape(batch, length, cfg.num_attention_heads, cfg.head_size)
-
-        q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = project("query"), project("key"), project("value")
+        # In 16-bit compute one matmul [H, 3, H] projects query, key and value (the parameters
+        # stay three Dense layers); float32 keeps three, bit-identical to the original.
+        params = [_DenseParams(cfg, cfg.hidden_size, (EMBED, QKV), name=name)(x_BxLxH.shape[-1])
+                  for name in ("query", "key", "value")]
+        groups = [params] if cfg.dtype != "float32" else [[p] for p in params]
+        projected = []
+        for group in groups:
+            kernels, biases = zip(*group)
+            y_BxLxKxH = jnp.einsum("blh,hkn->blkn", x_BxLxH.astype(cfg.dtype),
+                                   jnp.stack(kernels, axis=1).astype(cfg.dtype))
+            y_BxLxKxH += jnp.stack(biases).astype(cfg.dtype)
+            projected += [_constrain(y_BxLxKxH[:, :, i], (BATCH, LENGTH, ACT_QKV)).reshape(
+                batch, length, cfg.num_attention_heads, cfg.head_size) for i in range(len(group))]
+        q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = projected
         dropout_rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
         # cuDNN's dropout seed is static: one per layer, from the module's path.
         seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31
