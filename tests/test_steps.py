@@ -232,3 +232,16 @@ def test_non_finite_loss_and_non_finite_update_are_named():
     opt_state = jax.tree_util.tree_map_with_path(moments, state.opt_state)
     assert bool(steps.all_finite(opt_state))
     assert run(state.replace(opt_state=opt_state))[1] == "update"
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_grouped_finiteness_equals_the_per_leaf_check(bad):
+    """The non-finite cause's grouped check (a sum of x * 0 per shape) agrees with
+    `all_finite`: true for the largest finite floats (whose squares would overflow), false
+    for one bad element in any leaf, the second of two leaves of one shape included."""
+    tree = {"a": jnp.full((3, 4), 3e38), "b": jnp.full((3, 4), -3e38),
+            "c": jnp.ones(5, jnp.bfloat16), "ids": jnp.arange(4)}
+    assert bool(steps.all_finite_grouped(tree)) and bool(steps.all_finite(tree))
+    for name in ("b", "c"):
+        broken = dict(tree, **{name: tree[name].at[1].set(bad)})
+        assert not bool(steps.all_finite_grouped(broken)) and not bool(steps.all_finite(broken))
