@@ -10,17 +10,16 @@ V vocab size, P gathered (masked) positions, K instances per packed row (`data.p
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
 import zlib
-from typing import Any, Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from bertjax import attention
+from bertjax.bert_config import ACTIVATIONS, REMAT_POLICIES, BertConfig
 from bertjax.dropout import Dropout
 
 # Logical axis names: parameters.
@@ -42,80 +41,6 @@ ACT_EMBED = "act_embed"
 ACT_QKV = "act_qkv"
 ACT_MLP = "act_mlp"
 
-REMAT_POLICIES = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-}
-
-@dataclasses.dataclass(frozen=True)
-class BertConfig:
-    """Google's `bert_config.json` fields plus compute/parameter dtypes and layout switches."""
-
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"  # "gelu" = exact erf (released checkpoints); "gelu_tanh"; "relu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    initializer_range: float = 0.02
-    layer_norm_eps: float = 1e-12
-    dtype: str = "float32"  # compute dtype; "bfloat16" on TPU/GPU
-    param_dtype: str = "float32"
-    scan_layers: bool = False  # nn.scan over layers: faster compiles, stacked [layers, ...] params
-    remat_policy: str = "none"  # one of REMAT_POLICIES
-    # One of attention.ATTENTION_IMPLS; "auto" picks per backend when the model is traced.
-    attention_impl: str = "auto"
-    # The MLM output projection runs on the vocabulary padded to a multiple of this (e.g. 128
-    # for aligned GPU/TPU matmuls); parameters and logits keep vocab_size. 1 = no padding.
-    vocab_pad_multiple: int = 1
-
-    def __post_init__(self):
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not divisible by "
-                f"num_attention_heads={self.num_attention_heads}")
-        for field, choices in (("hidden_act", ACTIVATIONS), ("remat_policy", REMAT_POLICIES),
-                               ("attention_impl", attention.ATTENTION_IMPLS)):
-            if getattr(self, field) not in choices:
-                raise ValueError(f"{field}={getattr(self, field)!r}; choose one of {list(choices)}")
-        if self.vocab_pad_multiple < 1:
-            raise ValueError(f"vocab_pad_multiple={self.vocab_pad_multiple} must be >= 1")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "BertConfig":
-        """Builds a config from a dict, ignoring keys this class does not know."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
-
-    @classmethod
-    def from_json_file(cls, path: str) -> "BertConfig":
-        """Reads Google's `bert_config.json`."""
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
-
-    @property
-    def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    def resolved_attention_impl(self, backend: str | None = None) -> str:
-        """The implementation training uses on `backend` (default: the target platform)."""
-        return attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend,
-                                      self.attention_probs_dropout_prob)
-
-
-ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    "gelu": functools.partial(nn.gelu, approximate=False),
-    "gelu_tanh": functools.partial(nn.gelu, approximate=True),
-    "relu": nn.relu,
-}
-
-
 def _init(config: BertConfig, axes: tuple[str, ...]) -> nn.initializers.Initializer:
     """Truncated normal (2 stddev), as TF's truncated_normal_initializer, with logical axes."""
     return nn.with_logical_partitioning(
@@ -135,7 +60,7 @@ def _dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) 
 def _activated_dense(config: BertConfig, features: int, axes: tuple[str, str],
                      x: jax.Array) -> jax.Array:
     """`activation(Dense(x))` with the Dense named "dense" (call from a compact method)."""
-    return ACTIVATIONS[config.hidden_act](_dense(config, features, axes, "dense")(x))
+    return jax.checkpoint(ACTIVATIONS[config.hidden_act])(_dense(config, features, axes, "dense")(x))
 
 
 def _layer_norm(config: BertConfig, name: str = "LayerNorm") -> nn.LayerNorm:
@@ -180,6 +105,22 @@ class BertEmbeddings(nn.Module):
         return _constrain(x_BxLxH.astype(self.config.dtype), (BATCH, LENGTH, ACT_EMBED))
 
 
+class _DenseParams(nn.Module):
+    """The kernel and bias of `_dense` (same names, initializers and axes), unapplied."""
+
+    config: BertConfig
+    features: int
+    axes: tuple[str, str]
+
+    @nn.compact
+    def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array]:
+        cfg = self.config
+        kernel = self.param("kernel", _init(cfg, self.axes), (in_features, self.features),
+                            cfg.param_dtype)
+        return kernel, self.param("bias", _zeros(self.axes[1:]), (self.features,),
+                                  cfg.param_dtype)
+
+
 class BertSelfAttention(nn.Module):
     """Multi-head self-attention over an `attention.Mask` (padding, or packed instances);
     softmax and mask in float32."""
@@ -192,12 +133,20 @@ class BertSelfAttention(nn.Module):
         cfg = self.config
         batch, length, _ = x_BxLxH.shape
 
-        def project(name: str) -> jax.Array:
-            y_BxLxH = _dense(cfg, cfg.hidden_size, (EMBED, QKV), name)(x_BxLxH)
-            y_BxLxH = _constrain(y_BxLxH, (BATCH, LENGTH, ACT_QKV))
-            return y_BxLxH.reshape(batch, length, cfg.num_attention_heads, cfg.head_size)
-
-        q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = project("query"), project("key"), project("value")
+        # In 16-bit compute one matmul [H, 3, H] projects query, key and value (the parameters
+        # stay three Dense layers); float32 keeps three, bit-identical to the original.
+        params = [_DenseParams(cfg, cfg.hidden_size, (EMBED, QKV), name=name)(x_BxLxH.shape[-1])
+                  for name in ("query", "key", "value")]
+        groups = [params] if cfg.dtype != "float32" else [[p] for p in params]
+        projected = []
+        for group in groups:
+            kernels, biases = zip(*group)
+            y_BxLxKxH = jnp.einsum("blh,hkn->blkn", x_BxLxH.astype(cfg.dtype),
+                                   jnp.stack(kernels, axis=1).astype(cfg.dtype))
+            y_BxLxKxH += jnp.stack(biases).astype(cfg.dtype)
+            projected += [_constrain(y_BxLxKxH[:, :, i], (BATCH, LENGTH, ACT_QKV)).reshape(
+                batch, length, cfg.num_attention_heads, cfg.head_size) for i in range(len(group))]
+        q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = projected
         dropout_rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
         # cuDNN's dropout seed is static: one per layer, from the module's path.
         seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31

@@ -55,8 +55,16 @@ def next_token_batch(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
 
 
 def _nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return -jnp.take_along_axis(log_probs, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    """`-log_softmax(logits)[label]` as jax.nn.log_softmax computes it (bit for bit), with the
+    label's logit picked by a compare against an iota rather than a gather: its gradient is
+    elementwise, not a scatter into a zero [..., classes] array."""
+    logits = logits.astype(jnp.float32)
+    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    log_sum = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
+    classes = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    label_shifted = jnp.sum(jnp.where(classes == labels[..., None].astype(jnp.int32), shifted, 0.0),
+                            axis=-1)
+    return -(label_shifted - log_sum)
 
 
 def nsp_count(batch: dict[str, jax.Array]) -> jax.Array | int:

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import optim, pretrain_loop, sharding, steps
+from bertjax import objectives, optim, pretrain_loop, sharding, steps
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import TrainState, create_train_state
 
@@ -232,3 +232,36 @@ def test_non_finite_loss_and_non_finite_update_are_named():
     opt_state = jax.tree_util.tree_map_with_path(moments, state.opt_state)
     assert bool(steps.all_finite(opt_state))
     assert run(state.replace(opt_state=opt_state))[1] == "update"
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_grouped_finiteness_equals_the_per_leaf_check(bad):
+    """The non-finite cause's grouped check (a sum of x * 0 per shape) agrees with
+    `all_finite`: true for the largest finite floats (whose squares would overflow), false
+    for one bad element in any leaf, the second of two leaves of one shape included."""
+    tree = {"a": jnp.full((3, 4), 3e38), "b": jnp.full((3, 4), -3e38),
+            "c": jnp.ones(5, jnp.bfloat16), "ids": jnp.arange(4)}
+    assert bool(steps.all_finite_grouped(tree)) and bool(steps.all_finite(tree))
+    for name in ("b", "c"):
+        broken = dict(tree, **{name: tree[name].at[1].set(bad)})
+        assert not bool(steps.all_finite_grouped(broken)) and not bool(steps.all_finite(broken))
+
+
+def test_loss_equals_log_softmax_and_gather_bit_for_bit():
+    """The pretraining loss's negative log-likelihood (the label picked by an iota compare)
+    and its gradient are those of log_softmax + take_along_axis, bit for bit in float32."""
+    logits = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 1000)) * 8
+    labels = jax.random.randint(jax.random.PRNGKey(1), (3, 5), 0, 1000)
+    weights = jax.random.uniform(jax.random.PRNGKey(2), (3, 5))
+
+    def reference(x):
+        log_probs = jax.nn.log_softmax(x, axis=-1)
+        return -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+
+    def value_and_grad(nll):
+        return jax.jit(jax.value_and_grad(lambda x: jnp.sum(weights * nll(x))))(logits)
+
+    expected = value_and_grad(reference)
+    actual = value_and_grad(lambda x: objectives._nll(x, labels))
+    for a, b in zip(actual, expected):
+        np.testing.assert_array_equal(a, b)

@@ -1,0 +1,86 @@
+"""BERT's hyperparameters (Google's `bert_config.json` plus dtypes and layout switches), the
+activations and the remat policies they name."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+
+from bertjax import attention
+
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Google's `bert_config.json` fields plus compute/parameter dtypes and layout switches."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"  # "gelu" = exact erf (released checkpoints); "gelu_tanh"; "relu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    dtype: str = "float32"  # compute dtype; "bfloat16" on TPU/GPU
+    param_dtype: str = "float32"
+    scan_layers: bool = False  # nn.scan over layers: faster compiles, stacked [layers, ...] params
+    remat_policy: str = "none"  # one of REMAT_POLICIES
+    # One of attention.ATTENTION_IMPLS; "auto" picks per backend when the model is traced.
+    attention_impl: str = "auto"
+    # The MLM output projection runs on the vocabulary padded to a multiple of this (e.g. 128
+    # for aligned GPU/TPU matmuls); parameters and logits keep vocab_size. 1 = no padding.
+    vocab_pad_multiple: int = 1
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}")
+        for field, choices in (("hidden_act", ACTIVATIONS), ("remat_policy", REMAT_POLICIES),
+                               ("attention_impl", attention.ATTENTION_IMPLS)):
+            if getattr(self, field) not in choices:
+                raise ValueError(f"{field}={getattr(self, field)!r}; choose one of {list(choices)}")
+        if self.vocab_pad_multiple < 1:
+            raise ValueError(f"vocab_pad_multiple={self.vocab_pad_multiple} must be >= 1")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "BertConfig":
+        """Builds a config from a dict, ignoring keys this class does not know."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+    @classmethod
+    def from_json_file(cls, path: str) -> "BertConfig":
+        """Reads Google's `bert_config.json`."""
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def resolved_attention_impl(self, backend: str | None = None) -> str:
+        """The implementation training uses on `backend` (default: the target platform)."""
+        return attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend,
+                                      self.attention_probs_dropout_prob)
+
+
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "gelu": functools.partial(nn.gelu, approximate=False),
+    "gelu_tanh": functools.partial(nn.gelu, approximate=True),
+    "relu": nn.relu,
+}
