@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import jax
 from absl import logging
-from etils import epath
 
-from bertjax import flops, objectives, optim, schedule, steps
+from bertjax import files, flops, objectives, optim, schedule, steps
 from bertjax.model import BertConfig
 from bertjax.schedule import Phase
 
@@ -70,25 +69,18 @@ def write_text(path: str, text: str, append: bool = False) -> None:
     is one O_APPEND write (earlier lines are never rewritten) and a rewrite goes through a
     renamed temporary file. Object stores (gs://) cannot append; there an append rewrites
     the object, which each upload replaces whole."""
-    if "://" not in path:
-        if append:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, text.encode("utf-8"))
-            except OSError as e:  # name the file (a failed write does not)
-                raise OSError(e.errno, e.strerror, path) from e
-            finally:
-                os.close(fd)
-        else:
-            temporary = f"{path}.tmp{os.getpid()}"
-            with open(temporary, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(temporary, path)
+    if append and not files.is_remote(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, text.encode("utf-8"))
+        except OSError as e:  # name the file (a failed write does not)
+            raise OSError(e.errno, e.strerror, path) from e
+        finally:
+            os.close(fd)
         return
-    target = epath.Path(path)
-    if append and target.exists():
-        text = target.read_text() + text
-    target.write_text(text)
+    if append and files.exists(path):
+        text = files.read_text(path) + text
+    files.write_text(path, text)
 
 
 def duration(seconds: float) -> str:

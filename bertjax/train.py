@@ -15,10 +15,9 @@ from typing import Any
 import jax
 import ml_collections
 from absl import flags, logging
-from etils import epath
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, cli, distributed, failures, guards, locks, memory,
+from bertjax import (checkpoint, cli, distributed, failures, files, guards, locks, memory,
                      pretrained, reporting, resume, run, schedule, test_pause, validate)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
@@ -44,9 +43,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if not workdir.strip():
         raise run.ConfigError("--workdir is empty: name the directory of the run")
     validate.pretraining(config)
-    if config.train.init_checkpoint and not epath.Path(workdir, "checkpoints").exists():
+    if config.train.init_checkpoint and not files.exists(os.path.join(workdir, "checkpoints")):
         pretrained.check_exists(config.train.init_checkpoint, "train.init_checkpoint")
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    files.makedirs(workdir)
     with locks.workdir_lock(workdir, jax.process_index()):
         return _train_and_evaluate(config, workdir, devices)
 
@@ -74,7 +73,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if found:
         check(found)  # model and data, before any preparation
     cache_dir = config.data.cache_dir or (  # prepared data needs a local disk
-        os.path.join(tempfile.gettempdir(), "bertjax_data") if "://" in workdir
+        os.path.join(tempfile.gettempdir(), "bertjax_data") if files.is_remote(workdir)
         else os.path.join(workdir, "data"))
     tokenizer = pipeline.load_or_train_tokenizer(config.data, cache_dir, jax.process_index(),
                                                  jax.process_count())
@@ -163,7 +162,7 @@ def outputs_summary(workdir: str, step: int, total_steps: int, final_eval: dict[
                ("final_metrics.json", "final evaluation"), ("config.json", "resolved config"),
                ("startup_report.txt", "parameter shardings and bytes per device")]
     lines += [f"  {os.path.join(workdir, name)}: {what}" for name, what in outputs
-              if epath.Path(workdir, name).exists()]
+              if files.exists(os.path.join(workdir, name))]
     return "\n".join(lines)
 
 
