@@ -90,10 +90,41 @@ def duration(seconds: float) -> str:
         f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+class _ObjectEventFile:
+    """TensorBoard's event file on an object store, written through bertjax.files: objects
+    cannot be appended, so each flush uploads the whole file (once, whatever tensorboardX's
+    own GCS writer would repeat when garbage-collected)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.buffer, self.pending = path, bytearray(), False
+
+    def write(self, data: bytes) -> None:
+        self.buffer += data
+        self.pending = True
+
+    def flush(self) -> None:
+        if self.pending:
+            with files.open(self.path, "wb") as f:
+                f.write(bytes(self.buffer))
+            self.pending = False
+
+    close = flush
+
+
+class _ObjectEventFiles:
+    """tensorboardX's writer factory for a URL scheme."""
+    open = staticmethod(_ObjectEventFile)
+
+    def directory_check(self, path: str) -> None:
+        del path  # object stores need no directories
+
+
 def open_writer(workdir: str) -> SummaryWriter | None:
     """TensorBoard event writer in `workdir/tensorboard`, on process 0 only."""
-    from tensorboardX import SummaryWriter
+    from tensorboardX import SummaryWriter, record_writer
 
+    if files.is_remote(workdir):
+        record_writer.register_writer_factory(workdir.split(":")[0], _ObjectEventFiles())
     return SummaryWriter(os.path.join(workdir, "tensorboard")) if jax.process_index() == 0 \
         else None
 
