@@ -17,6 +17,7 @@ import glob as _glob
 import io
 import os
 import shutil
+import tempfile
 from typing import IO, Any
 
 
@@ -174,6 +175,14 @@ def remove(path: str) -> None:
         return
     fs, fs_path = _fs(path)
     fs.rm(fs_path, recursive=True)
+
+
+def local_cache_dir(workdir: str) -> str:
+    """Where a run's prepared data goes by default: on local disk, `WORKDIR/data`, or for a
+    remote workdir the temporary directory (prepared again on a new machine)."""
+    if is_remote(workdir):
+        return os.path.join(tempfile.gettempdir(), "bertjax_data")
+    return os.path.join(workdir, "data")
 
 
 def abspath(path: str) -> str:

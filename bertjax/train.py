@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -72,9 +71,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     found = resume_from.newest()
     if found:
         check(found)  # model and data, before any preparation
-    cache_dir = config.data.cache_dir or (  # prepared data needs a local disk
-        os.path.join(tempfile.gettempdir(), "bertjax_data") if files.is_remote(workdir)
-        else os.path.join(workdir, "data"))
+    cache_dir = config.data.cache_dir or files.local_cache_dir(workdir)
     tokenizer = pipeline.load_or_train_tokenizer(config.data, cache_dir, jax.process_index(),
                                                  jax.process_count())
     if tokenizer.vocab_size > config.model.vocab_size:

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bertjax import checkpoint
+from bertjax import checkpoint, files
 from bertjax.interop import tree
 from bertjax.model import BertConfig
 
@@ -19,7 +19,7 @@ from bertjax.model import BertConfig
 def checkpoint_dir(path: str) -> str:
     """A workdir holds its checkpoints in `checkpoints/`; accept both."""
     inner = os.path.join(path, "checkpoints")
-    return inner if os.path.isdir(inner) else path
+    return inner if files.isdir(inner) else path
 
 
 def config_of(directory: str) -> BertConfig:
