@@ -299,8 +299,8 @@ def write_submission(task: GlueTask, split_name: str, examples: Sequence[Example
                      predictions: np.ndarray, directory: str) -> str:
     """Writes the leaderboard file `<directory>/<TASK>.tsv` (`index<TAB>prediction`)."""
     path = os.path.join(directory, task.split(split_name).submission)
-    os.makedirs(directory, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    files.makedirs(directory)
+    with files.open(path, "w", encoding="utf-8") as f:
         f.write("index\tprediction\n")
         for example, prediction in zip(examples, predictions, strict=True):
             value = (f"{float(np.clip(prediction, 0.0, 5.0)):.3f}" if task.is_regression

@@ -144,7 +144,7 @@ def evaluate(sentences: Sequence[Sentence], predicted: Sequence[list[str]]) -> d
 
 def write_predictions(path: str, sentences: Sequence[Sentence], predicted: Sequence[list[str]]) -> None:
     """conlleval input: `word gold predicted` per line, a blank line after each sentence."""
-    with open(path, "w", encoding="utf-8") as f:
+    with files.open(path, "w", encoding="utf-8") as f:
         for sentence, tags in zip(sentences, predicted, strict=True):
             for word, gold, tag in zip(sentence.words, sentence.tags, tags):
                 f.write(f"{word} {gold} {tag}\n")
