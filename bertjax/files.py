@@ -35,7 +35,7 @@ _emulator_defaults()
 
 def is_remote(path: str) -> bool:
     """Whether `path` is a URL (`gs://...`) rather than a local path."""
-    return "://" in str(path) and not str(path).startswith("file://")
+    return "://" in str(path)
 
 
 def _fs(path: str) -> tuple[Any, str]:
