@@ -18,7 +18,6 @@ from until a newer one of that run is sealed (`keep_until_newer_sealed`), nor a 
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from typing import Any, Callable
 
@@ -32,6 +31,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from bertjax import failures, test_pause
+from bertjax import files as file_layer
 
 META_KEYS_MUST_MATCH = ("model", "tokenizer")
 CHECKSUMS = "bertjax_checksums.json"
@@ -40,7 +40,7 @@ DIGEST = "state_digest"  # the meta field with state_digest(state)
 
 def _absolute(directory: str) -> str:
     """Orbax needs absolute paths; remote ones (gs://...) already are."""
-    return directory if "://" in directory else os.path.abspath(directory)
+    return file_layer.abspath(directory)
 
 
 class CheckpointMismatch(ValueError):
@@ -236,7 +236,7 @@ class Checkpointer:
             target = epath.Path(destination) / f"{step}.{suffix}"
         if jax.process_index() == 0:
             target.parent.mkdir(parents=True, exist_ok=True)
-            (epath.Path(self.directory) / str(step)).rename(target)
+            file_layer.rename(f"{self.directory}/{step}", str(target))
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"bertjax quarantine {step}")
         self._manager.reload()
@@ -294,10 +294,9 @@ def _crc32(path: epath.Path) -> int:
 def seal(step_directory: str) -> None:
     """Writes `CHECKSUMS` into a finished checkpoint step: size and CRC32 of every file."""
     root = epath.Path(step_directory)
-    files = {str(p.relative_to(root)): [p.stat().length, _crc32(p)] for p in _files(root)
-             if p.name not in (CHECKSUMS, CHECKSUMS + ".tmp")}
-    (root / (CHECKSUMS + ".tmp")).write_text(json.dumps({"crc32": files}))
-    (root / (CHECKSUMS + ".tmp")).replace(root / CHECKSUMS)
+    sums = {str(p.relative_to(root)): [p.stat().length, _crc32(p)] for p in _files(root)
+            if not p.name.startswith(CHECKSUMS)}  # (and a crashed write's temporary)
+    file_layer.write_text(f"{step_directory.rstrip('/')}/{CHECKSUMS}", json.dumps({"crc32": sums}))
 
 
 def verify(step_directory: str) -> tuple[bool, str | None]:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from bertjax import cli, pretrained
+from bertjax import cli, files, pretrained
 from bertjax.data import tokenization
 from bertjax.model import BertModel
 from bertjax.tasks import features
@@ -26,7 +26,7 @@ from bertjax.tasks import features
 
 def _read_lines(path: str) -> list[tuple[str, str | None]]:
     pairs = []
-    with open(path, encoding="utf-8") as f:
+    with files.open(path, encoding="utf-8") as f:
         for line in f:
             line = line.strip()
             if line:
@@ -99,7 +99,7 @@ def main(argv) -> None:
         if any(not -num_layers <= layer < num_layers for layer in layers):
             raise ValueError(f"--layers={FLAGS.layers}: the model has {num_layers} layers")
         texts = _read_lines(FLAGS.input_file)
-        with open(FLAGS.output_file, "w", encoding="utf-8") as out:
+        with files.open(FLAGS.output_file, "w", encoding="utf-8") as out:
             for record in extract(model, params, tokenizer, texts, layers, FLAGS.max_seq_length,
                                   FLAGS.batch_size):
                 out.write(json.dumps(record) + "\n")

@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import json
 import os
-import shutil
 import sys
 from typing import Any
 
@@ -25,7 +24,7 @@ import optax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, cli, finetune_loop, locks, optim, pretrained, reporting,
+from bertjax import (checkpoint, cli, files, finetune_loop, locks, optim, pretrained, reporting,
                      sharding, validate)
 from bertjax import model as bert_model
 from bertjax import run as run_lib
@@ -108,17 +107,15 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str, overwrite: bo
     """Refuses a `workdir` that holds a fine-tuning run with other settings (naming them);
     with `overwrite`, empties it instead. The same settings continue (or re-evaluate) it."""
     path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
+    if not files.exists(path):
         return
     if overwrite:
-        for name in os.listdir(workdir):
+        for name in files.listdir(workdir):
             if not name.startswith("run.lock"):
-                target = os.path.join(workdir, name)
-                shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)
+                files.remove(os.path.join(workdir, name))
         return
     try:
-        with open(path) as f:
-            old = json.load(f)
+        old = json.loads(files.read_text(path))
     except ValueError as e:
         raise FinetuneError(f"{path} is unreadable ({e}): delete it, or use another "
                             "--workdir") from e
@@ -140,7 +137,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     validate.finetuning(config)
     if config.init_checkpoint:  # (before the workdir is made: a mistake creates nothing)
         pretrained.check_exists(config.init_checkpoint, "init_checkpoint")
-    os.makedirs(workdir, exist_ok=True)
+    files.makedirs(workdir)
     with locks.workdir_lock(workdir, jax.process_index()):
         if jax.process_index() == 0:
             check_workdir(config, workdir, overwrite)

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from bertjax import checkpoint, pretrained, reporting, sharding, steps
+from bertjax import checkpoint, files, pretrained, reporting, sharding, steps
 from bertjax import run as run_lib
 from bertjax.state import count_params
 from bertjax.tasks import metrics
@@ -124,9 +124,9 @@ def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any
 
 def _keep_rows_up_to(path: str | None, step: int) -> None:
     """Drops the rows of `path` (metrics.jsonl) after `step`: a resumed run writes them again."""
-    if not path or not os.path.exists(path):
+    if not path or not files.exists(path):
         return
-    with open(path) as f:
+    with files.open(path) as f:
         rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
     reporting.write_text(path, "".join(rows))
 
@@ -134,8 +134,7 @@ def _keep_rows_up_to(path: str | None, step: int) -> None:
 def _finished(workdir: str) -> dict[str, Any] | None:
     """The summary of a seed that finished in `workdir` (None if it did not)."""
     try:
-        with open(os.path.join(workdir, "summary.json")) as f:
-            return json.load(f)
+        return json.loads(files.read_text(os.path.join(workdir, "summary.json")))
     except (FileNotFoundError, ValueError):
         return None
 
@@ -158,7 +157,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
     """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics. Every
     epoch ends with a checkpoint (the latest and the best one are kept), which a rerun
     resumes from; a rerun of a finished seed only predicts again with its best checkpoint."""
-    os.makedirs(workdir, exist_ok=True)
+    files.makedirs(workdir)
     train = data["train"]
     batch_size, task, sharded = settings.train_batch_size, trainer.task, trainer.run
     total_steps = trainer.total_steps
@@ -264,7 +263,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
             if state is None or best["step"] != step:
                 state, _, _ = checkpointer.restore(best["step"], abstract_state, meta)
             outputs, scored_tests = {}, {}
-            os.makedirs(os.path.join(workdir, "predictions"), exist_ok=True)
+            files.makedirs(os.path.join(workdir, "predictions"))
             for name in [n for n in task.test_splits if n in data]:
                 test = data[name]
                 test_outputs = predict(predict_step, state.params, test,

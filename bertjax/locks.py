@@ -5,7 +5,10 @@ The kernel drops the lock when its process dies, even by kill -9, so a lock file
 dead process is simply taken over (and its old holder reported). Lock files are never
 deleted: a process waiting on a deleted file would lock a file nobody else sees. Where the
 file system has no `flock` (some network and FUSE mounts), the holder's pid is checked
-instead (on the same host). Object-store paths (gs://) are not locked.
+instead (on the same host). A workdir on an object store (gs://) is not locked: object
+stores have no lock that a killed process (a preempted spot VM) releases, so the run says
+so in one line and one job at a time must use it (the TPU launcher deletes a slice before
+it recreates one).
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ import time
 from typing import Callable, Iterator
 
 from absl import logging
+
+from bertjax import files
 
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
@@ -103,9 +108,6 @@ def exclusive(path: str, what: str, wait: bool = False) -> Iterator[dict | None]
     previous holder's record if it died holding it (else None). Another live holder raises
     LockHeld naming it, or, with `wait`, is waited for. `what` names the locked thing in
     messages."""
-    if "://" in path:
-        yield None
-        return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         _acquire(fd, path, what, wait)
@@ -125,6 +127,11 @@ def exclusive(path: str, what: str, wait: bool = False) -> Iterator[dict | None]
 def workdir_lock(workdir: str, process_index: int = 0) -> contextlib.AbstractContextManager:
     """The lock of a run's workdir (one per process of a job, so that the processes of one
     multi-process job on one host do not exclude each other)."""
+    if files.is_remote(workdir):
+        if process_index == 0:
+            logging.warning("workdir %s is on an object store: not locked; run one job at a "
+                            "time into it", workdir)
+        return contextlib.nullcontext()
     name = "run.lock" if process_index == 0 else f"run.lock.{process_index}"
     return exclusive(os.path.join(workdir, name), f"workdir {workdir}")
 

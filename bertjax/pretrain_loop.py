@@ -9,10 +9,9 @@ from typing import Any
 
 import jax
 from absl import logging
-from etils import epath
 
-from bertjax import (checkpoint, failures, guards, objectives, reporting, schedule, sharding,
-                     test_pause)
+from bertjax import (checkpoint, failures, files, guards, objectives, reporting, schedule,
+                     sharding, test_pause)
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
 from bertjax.run import ShardedRun
 from bertjax.schedule import DataPosition
@@ -164,5 +163,5 @@ def outputs_summary(workdir: str, step: int, total_steps: int, final_eval: dict[
                ("startup_report.txt", "parameter shardings and bytes per device"),
                ("log.txt", "the full log, the libraries' messages included")]
     lines += [f"  {os.path.join(workdir, name)}: {what}" for name, what in outputs
-              if epath.Path(workdir, name).exists()]
+              if files.exists(os.path.join(workdir, name))]
     return "\n".join(lines)

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from bertjax import checkpoint
+from bertjax import checkpoint, files
 from bertjax import model as bert_model
 from bertjax.data import pipeline, tokenization
 from bertjax.interop import hf, native, tf, tree
@@ -35,17 +35,17 @@ class PretrainedError(ValueError):
 
 def detect_format(path: str) -> str:
     """'tf', 'hf' or 'bertjax', from the files at `path`."""
-    if os.path.isfile(path + ".index") or path.endswith(".index"):
+    if files.isfile(path + ".index") or path.endswith(".index"):
         return "tf"
-    if os.path.isdir(path):
-        names = set(os.listdir(path))
+    if files.isdir(path):
+        names = set(files.listdir(path))
         if "config.json" in names and names & set(hf.HF_WEIGHT_FILES):
             return "hf"
         if any(n.endswith(".index") for n in names):
             return "tf"
         if "checkpoints" in names or any(n.isdigit() for n in names) or native.seed_dirs(path):
             return "bertjax"
-    if not os.path.exists(path):
+    if not files.exists(path):
         raise ConversionError(f"{path} does not exist")
     raise ConversionError(
         "cannot tell the checkpoint format of " + path + ": expected a Google TF checkpoint "
@@ -55,9 +55,9 @@ def detect_format(path: str) -> str:
 
 
 def check_exists(path: str, field: str) -> None:
-    """Refuses a local checkpoint path that does not exist, before anything reads (or creates)
+    """Refuses a checkpoint path that does not exist, before anything reads (or creates)
     it; `field` names the config field in the message."""
-    if "://" not in path and not (os.path.exists(path) or os.path.exists(path + ".index")):
+    if not (files.exists(path) or files.exists(path + ".index")):
         raise PretrainedError(f"{field}={path!r} does not exist; give a bertjax pretraining "
                               "workdir, a Google TF or a Hugging Face checkpoint directory")
 
@@ -237,7 +237,7 @@ def _pretraining_tokenizer(source: Source, pretrain: PretrainingRun) -> tokeniza
     moved or been touched), else one trained again from the corpus."""
     data = pretrain.config.data
     workdir = os.path.dirname(native.checkpoint_dir(source.init_checkpoint).rstrip("/"))
-    cache_dir = data.cache_dir or os.path.join(workdir, "data")
+    cache_dir = data.cache_dir or files.local_cache_dir(workdir)
     if not data.vocab_file and pretrain.tokenizer_fingerprint and os.path.isdir(cache_dir):
         for name in sorted(os.listdir(cache_dir)):
             if name.startswith("sentencepiece_") and name.endswith(".model"):

@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import jax
 from absl import logging
-from etils import epath
 
-from bertjax import failures, flops, objectives, optim, schedule, steps
+from bertjax import failures, files, flops, objectives, optim, schedule, steps
 from bertjax.model import BertConfig
 from bertjax.schedule import Phase
 
@@ -77,7 +76,7 @@ def write_text(path: str, text: str, append: bool = False) -> None:
     is one O_APPEND write (earlier lines are never rewritten) and a rewrite goes through a
     renamed temporary file. Object stores (gs://) cannot append; there an append rewrites
     the object, which each upload replaces whole."""
-    if "://" not in path:
+    if not files.is_remote(path):
         if append:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -91,10 +90,9 @@ def write_text(path: str, text: str, append: bool = False) -> None:
                 f.write(text)
             os.replace(temporary, path)
         return
-    target = epath.Path(path)
-    if append and target.exists():
-        text = target.read_text() + text
-    target.write_text(text)
+    if append and files.exists(path):
+        text = files.read_text(path) + text
+    files.write_text(path, text)
 
 
 def duration(seconds: float) -> str:
@@ -104,10 +102,41 @@ def duration(seconds: float) -> str:
         f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+class _ObjectEventFile:
+    """TensorBoard's event file on an object store, written through bertjax.files: objects
+    cannot be appended, so each flush uploads the whole file (once, whatever tensorboardX's
+    own GCS writer would repeat when garbage-collected)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.buffer, self.pending = path, bytearray(), False
+
+    def write(self, data: bytes) -> None:
+        self.buffer += data
+        self.pending = True
+
+    def flush(self) -> None:
+        if self.pending:
+            with files.open(self.path, "wb") as f:
+                f.write(bytes(self.buffer))
+            self.pending = False
+
+    close = flush
+
+
+class _ObjectEventFiles:
+    """tensorboardX's writer factory for a URL scheme."""
+    open = staticmethod(_ObjectEventFile)
+
+    def directory_check(self, path: str) -> None:
+        del path  # object stores need no directories
+
+
 def open_writer(workdir: str) -> SummaryWriter | None:
     """TensorBoard event writer in `workdir/tensorboard`, on process 0 only."""
-    from tensorboardX import SummaryWriter
+    from tensorboardX import SummaryWriter, record_writer
 
+    if files.is_remote(workdir):
+        record_writer.register_writer_factory(workdir.split(":")[0], _ObjectEventFiles())
     return SummaryWriter(os.path.join(workdir, "tensorboard")) if jax.process_index() == 0 \
         else None
 

@@ -9,17 +9,15 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 from typing import Any
 
 import jax
 import ml_collections
 from absl import flags, logging
-from etils import epath
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, cli, distributed, failures, guards, locks, memory,
+from bertjax import (checkpoint, cli, distributed, failures, files, guards, locks, memory,
                      pretrain_loop, pretrained, reporting, resume, run, schedule, test_pause,
                      validate)
 from bertjax import model as bert_model
@@ -46,16 +44,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if not workdir.strip():
         raise run.ConfigError("--workdir is empty: name the directory of the run")
     validate.pretraining(config)
-    if config.train.init_checkpoint and not epath.Path(workdir, "checkpoints").exists():
+    if config.train.init_checkpoint and not files.exists(os.path.join(workdir, "checkpoints")):
         pretrained.check_exists(config.train.init_checkpoint, "train.init_checkpoint")
-    created = not epath.Path(workdir).exists()
-    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    created = not files.exists(workdir)
+    files.makedirs(workdir)
     try:
         with locks.workdir_lock(workdir, jax.process_index()), \
                 contextlib.ExitStack() as accepted:
             return _train_and_evaluate(config, workdir, devices, accepted)
     except Exception:
-        if created:  # a refused run leaves no new directory behind (nor its lock files)
+        if created and not files.is_remote(workdir):  # a refused run leaves no new directory behind (nor its lock files)
             locks.remove_if_only_locks(workdir)
         raise
 
@@ -83,9 +81,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     found = resume_from.newest()
     if found:
         check(found)  # model and data, before any preparation
-    cache_dir = config.data.cache_dir or (  # prepared data needs a local disk
-        os.path.join(tempfile.gettempdir(), "bertjax_data") if "://" in workdir
-        else os.path.join(workdir, "data"))
+    cache_dir = config.data.cache_dir or files.local_cache_dir(workdir)
     tokenizer = pipeline.load_or_train_tokenizer(config.data, cache_dir, jax.process_index(),
                                                  jax.process_count())
     if tokenizer.vocab_size > config.model.vocab_size:

@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# Cloud TPU VM launcher for bertjax: create a slice, install, train on every worker, follow,
-# supervise (recreate a preempted spot slice and relaunch; training resumes from the
-# checkpoints in the gs:// workdir by itself), delete.
+# Cloud TPU VM launcher for bertjax: create a slice, install, run a job on every worker,
+# follow, supervise (recreate a preempted slice as it was created and relaunch: every
+# relaunch is the first launch again, and the job resumes from its gs:// workdir), delete.
 #
-#   launch/tpu_vm.sh SUBCOMMAND --name NAME --zone ZONE [options] [-- TRAIN_ARGS...]
+#   launch/tpu_vm.sh SUBCOMMAND --name NAME --zone ZONE [options] [-- JOB_ARGS...]
 #
 # Subcommands:
 #   create     create the slice: on demand, --spot, or --queued (queued resources; waits
-#              until ACTIVE)
-#   setup      copy this checkout (git archive of HEAD) to every worker, install jax[tpu],
-#              gcsfs, google-cloud-storage and bertjax
-#   train      on every worker: stop stale training processes, remove /tmp/libtpu_lockfile,
-#              start `python3 -m bertjax.train --workdir=WORKDIR TRAIN_ARGS` detached
-#              (setsid nohup; output in ~/bertjax_train.log)
-#   logs       follow worker 0's training log
+#              until ACTIVE); records its kind (accelerator, version, spot, queued) in
+#              $BERTJAX_LAUNCH_STATE/NAME (default ~/.bertjax/launch) for recreations
+#   setup      copy this checkout (git archive of HEAD; refused with uncommitted changes
+#              unless --allow-dirty) to every worker, install jax[tpu], gcsfs,
+#              google-cloud-storage and bertjax, and copy each --stage gs:// path into
+#              /tmp/bertjax_data/ on every worker
+#   run        on every worker: stop stale processes of the job, remove /tmp/libtpu_lockfile,
+#              start `python3 -m bertjax.JOB [--workdir=WORKDIR] JOB_ARGS` detached
+#              (setsid nohup; output in ~/bertjax_JOB.log)
+#   train      run --job train
+#   logs       follow worker 0's log of the job
 #   status     print the slice's state (READY, PREEMPTED, ...; nothing if it does not exist)
 #   delete     delete the slice (and its queued resource with --queued)
-#   supervise  loop: while WORKDIR/final_metrics.json is absent, recreate the slice if it is
-#              preempted or gone (create, setup, train), and relaunch training if a worker
-#              has no training process
+#   supervise  loop (train and finetune): while the job's end marker is absent
+#              (WORKDIR/final_metrics.json, WORKDIR/summary.json), recreate the slice if it is
+#              preempted or gone (create as recorded, setup with its data, run), and
+#              relaunch the job if a worker has no process of it
 #
 # Options:
 #   --name NAME            TPU VM name ($TPU_NAME)
@@ -29,7 +34,12 @@
 #                          v4 tpu-ubuntu2204-base, v5e v2-alpha-tpuv5-lite, v5p v2-alpha-tpuv5,
 #                          v6e v2-alpha-tpuv6e)
 #   --spot | --queued      spot capacity; queued resources (both may be given)
-#   --workdir gs://...     run directory (train, supervise)
+#   --job JOB              bertjax module to run: train (default), finetune, probe,
+#                          extract_features, tools.bench, tools.aot, ...
+#   --workdir gs://...     run directory (train, finetune, probe, supervise)
+#   --stage gs://...       setup: copy this object or prefix into /tmp/bertjax_data/ on every
+#                          worker (repeatable); or name gs:// inputs in JOB_ARGS directly
+#   --allow-dirty          setup: ship uncommitted changes to tracked files too
 #   --jax-version V        jax[tpu] version to install (default 0.10.2)
 #   --interval SECONDS     supervise: seconds between checks (default 300)
 #   --max-checks N         supervise: stop after N checks (default 0 = until training ends)
@@ -39,10 +49,9 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Expanded on the workers, not here.
 # shellcheck disable=SC2016
-LOG_FILE='$HOME/bertjax_train.log'
-TRAIN_COMMAND='python3 -m bertjax.train'
-# Matches the training processes but not a shell whose command line holds this pattern.
-TRAIN_PATTERN='[p]ython3 -m bertjax[.]train'
+LOG_DIR='$HOME'
+STAGE_DIR=/tmp/bertjax_data
+STATE_DIR="${BERTJAX_LAUNCH_STATE:-${HOME}/.bertjax/launch}"
 
 NAME="${TPU_NAME:-}"
 ZONE="${TPU_ZONE:-}"
@@ -52,6 +61,9 @@ VERSION=""
 SPOT=0
 QUEUED=0
 WORKDIR=""
+JOB="train"
+STAGE=()
+ALLOW_DIRTY=0
 JAX_VERSION="0.10.2"
 INTERVAL=300
 MAX_CHECKS=0
@@ -125,6 +137,55 @@ tpu() {
   run gcloud compute tpus tpu-vm "${action}" "$@" "${scope[@]}"
 }
 
+# The job's log on a worker, and a pattern that matches its processes but not a shell whose
+# command line holds the pattern.
+job_log() { echo "${LOG_DIR}/bertjax_${JOB}.log"; }
+job_pattern() {
+  local module="bertjax.${JOB}"
+  printf '[p]ython3 -m %s' "${module//./[.]}"
+}
+
+takes_workdir() {
+  case "${JOB}" in
+    train | finetune | probe) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
+# The file a finished run leaves in its workdir (jobs that resume from their workdir only).
+end_marker() {
+  case "${JOB}" in
+    train) echo final_metrics.json ;;
+    finetune) echo summary.json ;;
+    *) return 1 ;;
+  esac
+}
+
+# The slice's kind as created, for recreating it the same (not under --dry-run).
+save_kind() {
+  ((DRY_RUN)) && return
+  mkdir -p "${STATE_DIR}"
+  printf 'ACCELERATOR=%s\nVERSION=%s\nSPOT=%s\nQUEUED=%s\n' "${ACCELERATOR}" \
+    "$(runtime_version)" "${SPOT}" "${QUEUED}" > "${STATE_DIR}/${NAME}"
+}
+
+load_kind() {
+  local key value
+  if [[ ! -f "${STATE_DIR}/${NAME}" ]]; then
+    echo "supervise: no record of how ${NAME} was created (${STATE_DIR}/${NAME}); recreating" \
+      "it from this command's options" >&2
+    return
+  fi
+  while IFS='=' read -r key value; do
+    case "${key}" in
+      ACCELERATOR) ACCELERATOR="${value}" ;;
+      VERSION) VERSION="${value}" ;;
+      SPOT) SPOT="${value}" ;;
+      QUEUED) QUEUED="${value}" ;;
+    esac
+  done < "${STATE_DIR}/${NAME}"
+}
+
 ssh_workers() {
   local workers="$1" command="$2"
   tpu ssh "${NAME}" "--worker=${workers}" "--command=${command}"
@@ -151,27 +212,67 @@ cmd_create() {
   else
     tpu create "${NAME}" "--accelerator-type=${ACCELERATOR}" "--version=${version}" "${spot[@]}"
   fi
+  save_kind
+}
+
+# HEAD, or with --allow-dirty a commit of the working tree's tracked files; refuses a
+# checkout with uncommitted changes otherwise (printed, not checked, under --dry-run).
+shipped_tree() {
+  if ((DRY_RUN)); then
+    run git -C "${REPO_ROOT}" status --porcelain
+    echo HEAD
+  elif [[ -z "$(git -C "${REPO_ROOT}" status --porcelain)" ]]; then
+    echo HEAD
+  elif ((ALLOW_DIRTY)); then
+    echo "setup: shipping uncommitted changes to tracked files (--allow-dirty); untracked" \
+      "files stay behind" >&2
+    git -C "${REPO_ROOT}" stash create
+  else
+    die "${REPO_ROOT} has uncommitted changes, which setup (git archive of HEAD) would leave" \
+      "behind: commit them, or pass --allow-dirty to ship changes to tracked files"
+  fi
 }
 
 cmd_setup() {
-  local archive="/tmp/bertjax-${NAME}.tar.gz"
-  run git -C "${REPO_ROOT}" archive --format=tar.gz "--output=${archive}" HEAD
+  local archive="/tmp/bertjax-${NAME}.tar.gz" tree
+  tree="$(shipped_tree)"
+  run git -C "${REPO_ROOT}" archive --format=tar.gz "--output=${archive}" "${tree:-HEAD}"
   tpu scp "${archive}" "${NAME}:~/bertjax.tar.gz" --worker=all
   ssh_workers all "set -e; rm -rf ~/bertjax && mkdir -p ~/bertjax && tar xzf ~/bertjax.tar.gz -C ~/bertjax \
 && python3 -m pip install -q 'jax[tpu]==${JAX_VERSION}' gcsfs google-cloud-storage \
 && python3 -m pip install -q -e ~/bertjax"
+  stage_data
+}
+
+# Copies every --stage path into STAGE_DIR on every worker (part of each recreation).
+stage_data() {
+  local source copies=""
+  ((${#STAGE[@]})) || return 0
+  for source in "${STAGE[@]}"; do
+    copies+=" && gcloud storage cp -r $(printf '%q' "${source%/}") ${STAGE_DIR}/"
+  done
+  ssh_workers all "set -e; mkdir -p ${STAGE_DIR}${copies}"
+}
+
+cmd_run() {
+  local args=() quoted=""
+  if takes_workdir; then
+    [[ "${WORKDIR}" == gs://* ]] || die "${JOB} needs --workdir gs://BUCKET/PATH (every worker must see it)"
+    args=("--workdir=${WORKDIR}")
+  fi
+  args+=("${TRAIN_ARGS[@]}")
+  if ((${#args[@]})); then quoted="$(printf ' %q' "${args[@]}")"; fi
+  ssh_workers all "pkill -f '$(job_pattern)' || true; sleep 2; sudo rm -f /tmp/libtpu_lockfile; \
+cd ~/bertjax && setsid nohup python3 -m bertjax.${JOB}${quoted} > $(job_log) 2>&1 < /dev/null &"
 }
 
 cmd_train() {
-  [[ "${WORKDIR}" == gs://* ]] || die "train needs --workdir gs://BUCKET/PATH (every worker must see it)"
-  local args
-  args="$(printf ' %q' "--workdir=${WORKDIR}" "${TRAIN_ARGS[@]}")"
-  ssh_workers all "pkill -f '${TRAIN_PATTERN}' || true; sleep 2; sudo rm -f /tmp/libtpu_lockfile; \
-cd ~/bertjax && setsid nohup ${TRAIN_COMMAND}${args} > ${LOG_FILE} 2>&1 < /dev/null &"
+  JOB=train
+  cmd_run
 }
 
 cmd_logs() {
-  ssh_workers 0 "tail -n 100 -F ${LOG_FILE}"
+  ssh_workers 0 "tail -n 100 -F $(job_log)"
 }
 
 slice_state() {
@@ -195,47 +296,51 @@ cmd_delete() {
   fi
 }
 
-training_finished() {
-  query gcloud storage ls "${WORKDIR}/final_metrics.json" > /dev/null
+job_finished() {
+  query gcloud storage ls "${WORKDIR}/$(end_marker)" > /dev/null
 }
 
-# True when every worker runs a training process.
-training_running() {
-  local check="pgrep -f '${TRAIN_PATTERN}' > /dev/null"
+# True when every worker runs a process of the job.
+job_running() {
+  local check
+  check="pgrep -f '$(job_pattern)' > /dev/null"
   if ((DRY_RUN)); then ssh_workers all "${check}"; return; fi
   ssh_workers all "${check}" > /dev/null 2>&1
 }
 
+# The first launch again: the slice as it was created, the code, the data, the job.
 recreate() {
-  SPOT=1
   cmd_create
   cmd_setup
-  cmd_train
+  cmd_run
 }
 
 cmd_supervise() {
+  end_marker > /dev/null || die "supervise relaunches train or finetune (jobs that resume from" \
+    "their workdir); start --job ${JOB} with run"
   [[ "${WORKDIR}" == gs://* ]] || die "supervise needs --workdir gs://BUCKET/PATH"
+  load_kind
   if ((DRY_RUN)); then  # one check and the recovery round after a preemption
-    training_finished || true
+    job_finished || true
     slice_state
     cmd_delete
     recreate
-    training_running || true
+    job_running || true
     return
   fi
   local checks=0 state
   while ((MAX_CHECKS == 0 || checks < MAX_CHECKS)); do
     checks=$((checks + 1))
-    if training_finished; then
-      echo "supervise: ${WORKDIR}/final_metrics.json exists; training is done"
+    if job_finished; then
+      echo "supervise: ${WORKDIR}/$(end_marker) exists; ${JOB} is done"
       return 0
     fi
     state="$(slice_state)"
     case "${state}" in
       READY)
-        if ! training_running; then
-          echo "supervise: a worker has no training process; relaunching"
-          cmd_train
+        if ! job_running; then
+          echo "supervise: a worker has no ${JOB} process; relaunching"
+          cmd_run
         fi
         ;;
       "" | PREEMPTED | TERMINATED | STOPPED)
@@ -261,6 +366,9 @@ main() {
       --accelerator) ACCELERATOR="$2"; shift 2 ;;
       --version) VERSION="$2"; shift 2 ;;
       --workdir) WORKDIR="$2"; shift 2 ;;
+      --job) JOB="$2"; shift 2 ;;
+      --stage) STAGE+=("$2"); shift 2 ;;
+      --allow-dirty) ALLOW_DIRTY=1; shift ;;
       --jax-version) JAX_VERSION="$2"; shift 2 ;;
       --interval) INTERVAL="$2"; shift 2 ;;
       --max-checks) MAX_CHECKS="$2"; shift 2 ;;
@@ -273,10 +381,15 @@ main() {
     esac
   done
   case "${subcommand}" in
-    create | setup | train | logs | status | delete | supervise) ;;
+    create | setup | run | train | logs | status | delete | supervise) ;;
     -h | --help) usage; exit 0 ;;
-    *) die "unknown subcommand ${subcommand}; one of create setup train logs status delete supervise" ;;
+    *) die "unknown subcommand ${subcommand}; one of create setup run train logs status delete supervise" ;;
   esac
+  [[ "${JOB}" =~ ^[a-z_]+([.][a-z_]+)?$ ]] || die "--job ${JOB}: name a bertjax module, e.g. finetune or tools.bench"
+  local source
+  for source in "${STAGE[@]}"; do
+    [[ "${source}" == gs://* ]] || die "--stage ${source}: name a gs:// object or prefix"
+  done
   [[ -n "${NAME}" ]] || die "--name NAME (or \$TPU_NAME) is required"
   [[ -n "${ZONE}" ]] || die "--zone ZONE (or \$TPU_ZONE) is required"
   "cmd_${subcommand}"

@@ -1,6 +1,7 @@
 """launch/tpu_vm.sh: the exact gcloud commands (--dry-run), the order and workers of real runs
-against a stub `gcloud` that records its arguments, the supervise loop through a preemption,
-and shellcheck."""
+against a stub `gcloud` that records its arguments, the supervise loop through a preemption
+(the slice recreated as it was created, data staged again), setup's refusal of uncommitted
+changes (a real git repository), any bertjax job on the slice, and shellcheck."""
 import os
 import importlib.metadata
 import subprocess
@@ -29,13 +30,14 @@ exit 0
 """
 
 
-def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, timeout=60,
-                          cwd=REPO_ROOT, env=env or os.environ.copy())
+def _run(*args: str, env: dict | None = None, script: str = SCRIPT) -> subprocess.CompletedProcess:
+    env = env or {**os.environ, "BERTJAX_LAUNCH_STATE": "/nonexistent/bertjax-launch"}
+    return subprocess.run(["bash", script, *args], capture_output=True, text=True, timeout=60,
+                          cwd=REPO_ROOT, env=env)
 
 
-def _dry(subcommand: str, *args: str) -> list[str]:
-    result = _run(subcommand, "--dry-run", *args)
+def _dry(subcommand: str, *args: str, env: dict | None = None) -> list[str]:
+    result = _run(subcommand, "--dry-run", *args, env=env)
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
 
@@ -56,12 +58,14 @@ def test_create_variants_dry_run():
 
 def test_every_subcommand_dry_run():
     setup = _dry("setup", *COMMON)
-    assert setup[0] == f"git -C {REPO_ROOT} archive --format=tar.gz " \
-                       "--output=/tmp/bertjax-bert.tar.gz HEAD"
-    assert setup[1] == "gcloud compute tpus tpu-vm scp /tmp/bertjax-bert.tar.gz " \
+    assert setup[:2] == [f"git -C {REPO_ROOT} status --porcelain",
+                         f"git -C {REPO_ROOT} archive --format=tar.gz "
+                         "--output=/tmp/bertjax-bert.tar.gz HEAD"]
+    assert setup[2] == "gcloud compute tpus tpu-vm scp /tmp/bertjax-bert.tar.gz " \
                        f"bert:~/bertjax.tar.gz --worker=all {ZONE}"
-    assert setup[2].startswith("gcloud compute tpus tpu-vm ssh bert --worker=all '--command=")
-    assert "'\\''jax[tpu]==0.10.2'\\'' gcsfs" in setup[2] and "pip install -q -e ~/bertjax" in setup[2]
+    assert setup[3].startswith("gcloud compute tpus tpu-vm ssh bert --worker=all '--command=")
+    assert "'\\''jax[tpu]==0.10.2'\\'' gcsfs" in setup[3] and "pip install -q -e ~/bertjax" in setup[3]
+    assert len(setup) == 4  # no --stage: nothing copied
 
     [train] = _dry("train", *COMMON, "--workdir", "gs://b/run", *TRAIN_ARGS)
     assert train.startswith("gcloud compute tpus tpu-vm ssh bert --worker=all '--command=")
@@ -83,11 +87,34 @@ def test_every_subcommand_dry_run():
     assert [" ".join(line.split()[:6]) for line in supervise[1:4]] == [
         "gcloud compute tpus tpu-vm describe bert", "gcloud compute tpus tpu-vm delete bert",
         "gcloud compute tpus tpu-vm create bert"]
-    assert "--spot" in supervise[3] and supervise[5:7] == setup[1:] and supervise[7] == train
+    assert "--spot" not in supervise[3]  # as the options say: no record of a create
+    assert supervise[4:8] == setup and supervise[8] == train
+
+
+def test_any_job_runs_on_the_slice_dry_run():
+    [finetune] = _dry("run", *COMMON, "--job", "finetune", "--workdir", "gs://b/mrpc", "--",
+                      "--config=configs/finetune/glue.py", "--config.init_checkpoint=gs://b/run")
+    assert "pkill -f '\\''[p]ython3 -m bertjax[.]finetune'\\''" in finetune
+    assert "setsid nohup python3 -m bertjax.finetune --workdir=gs://b/mrpc " \
+           "--config=configs/finetune/glue.py --config.init_checkpoint=gs://b/run " \
+           "> $HOME/bertjax_finetune.log" in finetune
+    [bench] = _dry("run", *COMMON, "--job", "tools.bench", "--", "--config=configs/base.py")
+    assert "pkill -f '\\''[p]ython3 -m bertjax[.]tools[.]bench'\\''" in bench
+    assert "nohup python3 -m bertjax.tools.bench --config=configs/base.py > " \
+           "$HOME/bertjax_tools.bench.log" in bench  # no --workdir: bench takes none
+    [aot] = _dry("run", *COMMON, "--job", "tools.aot")
+    assert "nohup python3 -m bertjax.tools.aot > $HOME/bertjax_tools.aot.log" in aot
+    assert _dry("logs", *COMMON, "--job", "probe") == [
+        "gcloud compute tpus tpu-vm ssh bert --worker=0 "
+        f"'--command=tail -n 100 -F $HOME/bertjax_probe.log' {ZONE}"]
 
 
 @pytest.mark.parametrize("args, message", [
     (["train", *COMMON, "--workdir", "/local/dir"], "--workdir gs://"),
+    (["run", *COMMON, "--job", "probe"], "probe needs --workdir gs://"),
+    (["supervise", *COMMON, "--job", "probe", "--workdir", "gs://b/p"], "train or finetune"),
+    (["setup", *COMMON, "--stage", "/data/corpus"], "--stage /data/corpus: name a gs://"),
+    (["run", *COMMON, "--job", "train; rm"], "--job train; rm: name a bertjax module"),
     (["create", "--zone", "z"], "--name NAME"),
     (["create", *COMMON, "--accelerator", "x9-8"], "no default --version"),
     (["launch", *COMMON], "unknown subcommand launch"),
@@ -104,7 +131,8 @@ def stub_env(tmp_path):
     for name in ("gcloud", "git"):
         (bin_dir / name).write_text(STUB)
         (bin_dir / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_DIR": str(tmp_path)}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_DIR": str(tmp_path),
+           "BERTJAX_LAUNCH_STATE": str(tmp_path / "state")}
     return env, tmp_path
 
 
@@ -119,9 +147,10 @@ def test_real_run_against_stub_gcloud(stub_env):
         assert _run(subcommand, *COMMON, "--workdir", "gs://b/run", *TRAIN_ARGS,
                     env=env).returncode == 0
     calls = _calls(stub_dir)
-    assert [c[0] for c in calls] == ["git", "gcloud", "gcloud", "gcloud"]
-    assert calls[1][1:5] == ["compute", "tpus", "tpu-vm", "scp"] and "--worker=all" in calls[1]
-    train = calls[3]
+    assert [c[0] for c in calls] == ["git", "git", "gcloud", "gcloud", "gcloud"]
+    assert calls[0][3:] == ["status", "--porcelain"]
+    assert calls[2][1:5] == ["compute", "tpus", "tpu-vm", "scp"] and "--worker=all" in calls[2]
+    train = calls[4]
     assert train[1:6] == ["compute", "tpus", "tpu-vm", "ssh", "bert"]
     assert "--worker=all" in train and ZONE in train
     command = next(arg for arg in train if arg.startswith("--command="))
@@ -129,16 +158,20 @@ def test_real_run_against_stub_gcloud(stub_env):
 
 
 def test_supervise_recreates_a_preempted_slice(stub_env):
-    """Check 1: READY, training runs -> nothing. Check 2: PREEMPTED -> delete, create (spot),
-    setup, train. Check 3: READY, a worker lost its process -> relaunch. Check 4: done."""
+    """The slice was created spot (recorded). Check 1: READY, training runs -> nothing.
+    Check 2: PREEMPTED -> delete, create (spot again, though supervise is not told), setup,
+    the data staged, train. Check 3: READY, a worker lost its process -> relaunch. Check 4:
+    done."""
     env, stub_dir = stub_env
+    assert _run("create", *COMMON, "--spot", "--accelerator", "v5p-64", env=env).returncode == 0
+    (stub_dir / "calls").unlink()
     (stub_dir / "states").write_text("READY\nPREEMPTED\nREADY\n")
     (stub_dir / "finished").write_text("1\n1\n1\n0\n")
     (stub_dir / "running").write_text("0\n1\n")
-    result = _run("supervise", *COMMON, "--workdir", "gs://b/run", "--interval", "0", *TRAIN_ARGS,
-                  env=env)
+    result = _run("supervise", *COMMON, "--workdir", "gs://b/run", "--interval", "0",
+                  "--stage", "gs://b/corpus", *TRAIN_ARGS, env=env)
     assert result.returncode == 0, result.stderr
-    assert "training is done" in result.stdout
+    assert "final_metrics.json exists; train is done" in result.stdout
     actions = [" ".join(c[1:6]) if c[0] == "gcloud" else "git" for c in _calls(stub_dir)]
     ssh_kinds = iter(next(a[len("--command="):].split()[0] for a in c if a.startswith("--command="))
                      for c in _calls(stub_dir) if "ssh" in c)
@@ -147,14 +180,65 @@ def test_supervise_recreates_a_preempted_slice(stub_env):
         "storage ls gs://b/run/final_metrics.json", "compute tpus tpu-vm describe bert",
         "compute tpus tpu-vm ssh bert [pgrep]",
         "storage ls gs://b/run/final_metrics.json", "compute tpus tpu-vm describe bert",
-        "compute tpus tpu-vm delete bert", "compute tpus tpu-vm create bert", "git",
+        "compute tpus tpu-vm delete bert", "compute tpus tpu-vm create bert", "git", "git",
         "compute tpus tpu-vm scp /tmp/bertjax-bert.tar.gz", "compute tpus tpu-vm ssh bert [set]",
-        "compute tpus tpu-vm ssh bert [pkill]",
+        "compute tpus tpu-vm ssh bert [set]", "compute tpus tpu-vm ssh bert [pkill]",
         "storage ls gs://b/run/final_metrics.json", "compute tpus tpu-vm describe bert",
         "compute tpus tpu-vm ssh bert [pgrep]", "compute tpus tpu-vm ssh bert [pkill]",
         "storage ls gs://b/run/final_metrics.json"]
     create = next(c for c in _calls(stub_dir) if c[1:5] == ["compute", "tpus", "tpu-vm", "create"])
-    assert "--spot" in create
+    assert "--spot" in create and "--accelerator-type=v5p-64" in create
+    stage = [c for c in _calls(stub_dir) if "ssh" in c][2]
+    assert "--command=set -e; mkdir -p /tmp/bertjax_data && gcloud storage cp -r gs://b/corpus " \
+           "/tmp/bertjax_data/" in stage
+
+
+def test_dry_run_relaunch_keeps_the_recorded_kind_and_stages_the_data(stub_env):
+    """A slice created on demand is recreated on demand, with the same accelerator, whatever
+    supervise's own options; the relaunch copies the code, installs, stages the data, runs."""
+    env, stub_dir = stub_env
+    assert _run("create", *COMMON, "--accelerator", "v5p-64", env=env).returncode == 0
+    assert (stub_dir / "state" / "bert").read_text() == \
+        "ACCELERATOR=v5p-64\nVERSION=v2-alpha-tpuv5\nSPOT=0\nQUEUED=0\n"
+    lines = _dry("supervise", *COMMON, "--spot", "--workdir", "gs://b/run", "--stage",
+                 "gs://b/corpus/", *TRAIN_ARGS, env=env)
+    create = f"gcloud compute tpus tpu-vm create bert --accelerator-type=v5p-64 " \
+             f"--version=v2-alpha-tpuv5 {ZONE}"
+    assert lines[2:4] == [f"gcloud compute tpus tpu-vm delete bert --quiet {ZONE}", create]
+    assert lines[4].endswith("status --porcelain") and " archive " in lines[5]
+    assert "pip install" in lines[7] and "gcloud storage cp -r gs://b/corpus /tmp/bertjax_data/" \
+        in lines[8] and "nohup python3 -m bertjax.train --workdir=gs://b/run" in lines[9]
+
+
+def _git(repo, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_setup_refuses_uncommitted_changes_unless_allowed(stub_env):
+    """In a real git checkout: a modified tracked file stops setup (naming --allow-dirty);
+    with --allow-dirty the archive holds the modification."""
+    env, stub_dir = stub_env
+    repo = stub_dir / "repo"
+    (repo / "launch").mkdir(parents=True)
+    script = repo / "launch" / "tpu_vm.sh"
+    script.write_text(open(SCRIPT).read())
+    (repo / "a.txt").write_text("committed\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    (repo / "a.txt").write_text("edited\n")
+    env = {**env, "PATH": env["PATH"].split(":", 1)[1]}
+    (stub_dir / "bin" / "git").unlink()
+    env["PATH"] = f"{stub_dir / 'bin'}:{env['PATH']}"  # the stub gcloud, the real git
+    refused = _run("setup", *COMMON, env=env, script=str(script))
+    assert refused.returncode == 1 and "uncommitted changes" in refused.stderr \
+        and "--allow-dirty" in refused.stderr
+    allowed = _run("setup", *COMMON, "--allow-dirty", env=env, script=str(script))
+    assert allowed.returncode == 0, allowed.stderr
+    listing = subprocess.run(["tar", "xzOf", "/tmp/bertjax-bert.tar.gz", "a.txt"],
+                             capture_output=True, text=True, check=True).stdout
+    assert listing == "edited\n"
 
 
 def shellcheck_binary() -> str:

@@ -2,8 +2,8 @@
 
 A document is a ``list[str]`` of non-empty, stripped sentences. Three sources:
 
-* ``read_text_files``: local text files, either the original BERT format (one
-  sentence per line, blank line between documents) or plain paragraphs.
+* ``read_text_files``: text files, local or URLs (gs://), either the original BERT format
+  (one sentence per line, blank line between documents) or plain paragraphs.
 * ``tfds_source.read_tfds``: a tensorflow-datasets dataset prepared in
   ``array_record`` format, read by random access without TensorFlow.
 * ``default_corpus.default_corpus``: an offline corpus of real English assembled from the
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
-import glob
 import hashlib
 import os
 import re
@@ -26,6 +25,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from absl import logging
+
+from bertjax import files
 
 Document = list[str]
 
@@ -178,34 +179,35 @@ def expand_paths(paths: Sequence[str] | str) -> list[str]:
         paths = [paths]
     if not paths:
         raise ValueError(f"No input files given. {_FORMAT_HELP}")
-    files = []
+    found = []
     for path in paths:
         if _GLOB_CHARS.search(path):
-            matches = sorted(glob.glob(path))
+            matches = files.glob(path)
             if not matches:
                 raise FileNotFoundError(f"Glob pattern {path!r} matches no files. {_FORMAT_HELP}")
-            files.extend(matches)
-        elif not os.path.exists(path):
+            found.extend(matches)
+        elif not files.exists(path):
             raise FileNotFoundError(f"Input file {path!r} does not exist. {_FORMAT_HELP}")
         else:
-            files.append(path)
-    for path in files:
-        if os.path.isdir(path):
+            found.append(path)
+    for path in found:
+        if files.isdir(path):
             raise IsADirectoryError(f"input {path!r} is a directory; pass its files, e.g. the "
                                     f"glob {os.path.join(path, '*.txt')!r}.")
-        if not os.access(path, os.R_OK, effective_ids=os.access in os.supports_effective_ids):
+        if not files.is_remote(path) and not os.access(
+                path, os.R_OK, effective_ids=os.access in os.supports_effective_ids):
             raise PermissionError(f"input file {path!r} is not readable (permission denied); "
                                   "check its permissions.")
-    return files
+    return found
 
 
 def content_fingerprint(path: str, sample_bytes: int = 4 << 20,
                         blocks: int = 64) -> dict[str, Any]:
     """A cheap identity of a file's content: its size, mtime and the SHA-256 of `blocks`
     evenly spaced blocks, `sample_bytes` in all (the whole file when it is no larger)."""
-    size = os.path.getsize(path)
+    size = files.getsize(path)
     digest = hashlib.sha256()
-    with open(path, "rb") as file:
+    with files.open(path, "rb") as file:
         if size <= sample_bytes:
             digest.update(file.read())
         else:
@@ -213,7 +215,7 @@ def content_fingerprint(path: str, sample_bytes: int = 4 << 20,
             for i in range(blocks):
                 file.seek((size - block) * i // (blocks - 1))
                 digest.update(file.read(block))
-    return {"bytes": size, "mtime": int(os.path.getmtime(path)),
+    return {"bytes": size, "mtime": int(files.getmtime(path)),
             "sampled_sha256": digest.hexdigest()}
 
 
@@ -245,7 +247,7 @@ _UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
 
 
 def _head(path: str) -> bytes:
-    with open(path, "rb") as file:
+    with files.open(path, "rb") as file:
         return file.read(_SNIFF_BYTES)
 
 
@@ -266,14 +268,14 @@ def _decoded_lines(path: str, max_line_chars: int, stats: CorpusStats) -> Iterat
     utf16 = head.startswith(_UTF16_BOMS)
     if utf16 or (b"\r" in head and b"\n" not in head):
         stats.utf16_files += utf16
-        with open(path, encoding="utf-16" if utf16 else "utf-8", errors="replace") as file:
+        with files.open(path, encoding="utf-16" if utf16 else "utf-8", errors="replace") as file:
             while line := file.readline(max_line_chars + 1):
                 overflow = not line.endswith("\n") and _skip_rest_of_line(file) > 0
                 stats.invalid_utf8_lines += "\ufffd" in line
                 yield line, overflow
         return
     max_bytes = 4 * max_line_chars  # UTF-8 needs at most 4 bytes per character.
-    with open(path, "rb") as file:
+    with files.open(path, "rb") as file:
         while raw := file.readline(max_bytes):
             overflow = not raw.endswith(b"\n") and _skip_rest_of_line(file) > 0
             yield _decode(raw, final=not overflow, stats=stats), overflow
@@ -349,7 +351,7 @@ def detect_text_format(path: str, max_line_chars: int = 1_000_000, sample_lines:
 def _read_one_file(
     path: str, text_format: str, file_stats: CorpusStats, max_line_chars: int
 ) -> Iterator[Document]:
-    file_stats.empty_files = int(os.path.getsize(path) == 0)
+    file_stats.empty_files = int(files.getsize(path) == 0)
     if looks_binary(_head(path)):
         file_stats.skipped_binary_files = 1
         return iter(())
@@ -397,11 +399,11 @@ def read_text_files(
     """
     if text_format not in TEXT_FORMATS:
         raise ValueError(f"text_format must be one of {TEXT_FORMATS}, got {text_format!r}.")
-    files = expand_paths(paths)
+    paths = expand_paths(paths)
     stats = stats if stats is not None else CorpusStats()
 
     def generate() -> Iterator[Document]:
-        for path in files:
+        for path in paths:
             file_stats = CorpusStats(files=1)
             documents = _read_one_file(path, text_format, file_stats, max_line_chars)
             yield from counted(path, documents, file_stats, stats)

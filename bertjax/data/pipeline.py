@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from absl import logging
 
-from bertjax import failures, locks
+from bertjax import failures, files, locks
 from bertjax.data import tokenization
 from bertjax.data import corpus, default_corpus, instances, shard_format, shard_job, tfds_source
 from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
@@ -75,8 +75,8 @@ def source_identity(data_cfg: Any) -> dict[str, Any]:
     if data_cfg.source == "text":
         if not data_cfg.input_files:
             raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
-        files = corpus.expand_paths(data_cfg.input_files.split(","))
-        return {"files": [(os.path.abspath(f), os.path.getsize(f)) for f in files],
+        paths = corpus.expand_paths(data_cfg.input_files.split(","))
+        return {"files": [(files.abspath(f), files.getsize(f)) for f in paths],
                 "format": data_cfg.text_format}
     if data_cfg.source == "tfds":
         return {"tfds": [data_cfg.tfds_name, data_cfg.tfds_split, data_cfg.tfds_data_dir,
@@ -88,7 +88,7 @@ def _source_fingerprint(data_cfg: Any) -> dict[str, Any]:
     """The prepared-data cache key's view of the corpus: its identity plus file times."""
     identity = source_identity(data_cfg)
     if "files" in identity:
-        identity["mtimes"] = [int(os.path.getmtime(f)) for f, _ in identity["files"]]
+        identity["mtimes"] = [int(files.getmtime(f)) for f, _ in identity["files"]]
     return identity
 
 
@@ -106,7 +106,7 @@ def load_or_train_tokenizer(data_cfg: Any, cache_dir: str, process_index: int = 
     corpus (once, cached) so the default run needs no download. Every process trains on the
     whole corpus, not its shard, so that all processes get the same vocabulary."""
     if data_cfg.vocab_file:
-        if not os.path.exists(data_cfg.vocab_file):
+        if not files.exists(data_cfg.vocab_file):
             raise DataError(f"data.vocab_file={data_cfg.vocab_file!r} does not exist; pass a "
                             "Google vocab.txt (wordpiece) or a SentencePiece .model")
         return tokenization.load_tokenizer(data_cfg.tokenizer, data_cfg.vocab_file,

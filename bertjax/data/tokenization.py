@@ -18,6 +18,8 @@ import sentencepiece as spm
 from absl import logging
 from sentencepiece import sentencepiece_model_pb2
 
+from bertjax import files
+
 from bertjax.data.wordpiece import (  # noqa: F401 (the tokenizers and tokens, in one place)
     CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, WordPieceTokenizer, basic_tokenize, check_id,
     file_fingerprint, read_bytes, to_text)
@@ -225,7 +227,7 @@ def load_tokenizer(
 def _read_lines(paths: Sequence[str]) -> Iterator[str]:
     """Stream stripped lines of UTF-8 text files, bad bytes replaced."""
     for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with files.open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 yield line.strip()
 
@@ -237,7 +239,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
         raise ValueError("--input names no files")
     for path in paths:
         # Check up front: an error raised inside the trainer's iterator loses its message.
-        if not os.path.isfile(path):
+        if not files.isfile(path):
             raise FileNotFoundError(f"input file not found: {path}")
     model = train_sentencepiece(
         _read_lines(paths),

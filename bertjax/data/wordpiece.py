@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import unicodedata
 from typing import Iterable
 
 import numpy as np
+
+from bertjax import files
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -40,10 +41,9 @@ def to_text(text: str | bytes) -> str:
 
 def read_bytes(path: str, what: str) -> bytes:
     """Read a whole file, failing with a message that names it."""
-    if not os.path.isfile(path):
+    if not files.isfile(path):
         raise FileNotFoundError(f"{what} not found: {path}")
-    with open(path, "rb") as f:
-        data = f.read()
+    data = files.read_bytes(path)
     if not data:
         raise ValueError(f"{what} is empty: {path}")
     return data

@@ -14,6 +14,7 @@ import os
 import tokenizers as tk
 from sentencepiece import sentencepiece_model_pb2
 
+from bertjax import files
 from bertjax.data.tokenization import (CLS, MASK, PAD, SEP, UNK, SentencePieceTokenizer,
                                        Tokenizer, WordPieceTokenizer)
 from bertjax.interop import tree
@@ -80,7 +81,7 @@ def tokenizer_json(tokenizer: Tokenizer) -> str:
 def save_vocab(tokenizer: WordPieceTokenizer, path: str) -> list[str]:
     """Writes the WordPiece vocabulary as `vocab.txt` (one token a line, in id order)."""
     tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
-    with open(os.path.join(path, "vocab.txt"), "w", encoding="utf-8") as f:
+    with files.open(os.path.join(path, "vocab.txt"), "w", encoding="utf-8") as f:
         f.write("".join(t + "\n" for t in tokens))
     return ["vocab.txt"]
 

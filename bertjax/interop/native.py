@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bertjax import checkpoint
+from bertjax import checkpoint, files
 from bertjax.data import tokenization
 from bertjax.interop import hf_tokenizer, tree
 from bertjax.model import BertConfig
@@ -24,16 +24,16 @@ SENTENCEPIECE_FILE = "tokenizer.model"
 
 def seed_dirs(path: str) -> list[str]:
     """The `seed_N` folders of a fine-tuning workdir (none for any other path)."""
-    names = os.listdir(path) if os.path.isdir(path) else []
+    names = files.listdir(path) if files.isdir(path) else []
     return [os.path.join(path, n) for n in sorted(names, key=lambda n: n[5:].zfill(9))
-            if n.startswith("seed_") and os.path.isdir(os.path.join(path, n, "checkpoints"))]
+            if n.startswith("seed_") and files.isdir(os.path.join(path, n, "checkpoints"))]
 
 
 def best_seed(workdir: str, seeds: list[str]) -> str:
     """The seed of a fine-tuning run with the best dev score of the task's main metric (its
     `summary.json`), else the first."""
     try:
-        with open(os.path.join(workdir, "summary.json"), encoding="utf-8") as f:
+        with files.open(os.path.join(workdir, "summary.json"), encoding="utf-8") as f:
             summary = json.load(f)
         scores = {f"seed_{r['seed']}": next(iter(r["dev"].values()))[summary["main_metric"]]
                   for r in summary["seeds"]}
@@ -47,7 +47,7 @@ def checkpoint_dir(path: str) -> str:
     """A workdir holds its checkpoints in `checkpoints/`, a fine-tuning workdir in
     `seed_N/checkpoints/` (the best seed is taken); accept all."""
     inner = os.path.join(path, "checkpoints")
-    if os.path.isdir(inner):
+    if files.isdir(inner):
         return inner
     seeds = seed_dirs(path)
     return os.path.join(best_seed(path, seeds), "checkpoints") if seeds else path
@@ -106,14 +106,14 @@ def save_bertjax(config: BertConfig, params: dict[str, Any], path: str) -> None:
 def save_tokenizer(tokenizer: tokenization.Tokenizer, directory: str) -> list[str]:
     """Writes the tokenizer (`vocab.txt` or `tokenizer.model`) and `TOKENIZER_FILE` (kind,
     casing, fingerprint) into `directory`; returns the names written."""
-    os.makedirs(directory, exist_ok=True)
+    files.makedirs(directory)
     spec: dict[str, Any] = {"fingerprint": tokenizer.fingerprint()}
     if isinstance(tokenizer, tokenization.WordPieceTokenizer):
         names = hf_tokenizer.save_vocab(tokenizer, directory)
         spec.update(kind="wordpiece", file=names[0], do_lower_case=tokenizer.do_lower_case,
                     strip_accents=tokenizer.strip_accents)
     elif isinstance(tokenizer, tokenization.SentencePieceTokenizer):
-        with open(os.path.join(directory, SENTENCEPIECE_FILE), "wb") as f:
+        with files.open(os.path.join(directory, SENTENCEPIECE_FILE), "wb") as f:
             f.write(tokenizer.model_proto())
         names = [SENTENCEPIECE_FILE]
         spec.update(kind="sentencepiece", file=SENTENCEPIECE_FILE)
@@ -136,7 +136,7 @@ def tokenizer_beside(path: str) -> tokenization.Tokenizer | None:
         directories.append(path)
     for directory in directories:
         spec_path = os.path.join(directory, TOKENIZER_FILE)
-        if os.path.isfile(spec_path):
+        if files.isfile(spec_path):
             spec = tree.read_json_config(spec_path, "bertjax tokenizer")
             tokenizer = tokenization.load_tokenizer(
                 spec["kind"], os.path.join(directory, spec["file"]),

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from flax import traverse_util
 
+from bertjax import files
 from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
 
@@ -140,13 +141,13 @@ def read_json_config(path: str, what: str) -> dict[str, Any]:
         raise ConversionError(f"{path} not found: a {what} checkpoint needs its config next to "
                               "the weights")
     try:
-        with open(path, encoding="utf-8") as f:
+        with files.open(path, encoding="utf-8") as f:
             return json.load(f)
     except (ValueError, OSError) as e:
         raise ConversionError(f"cannot read {path}: {e}") from None
 
 
 def write_json(path: str, values: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    with files.open(path, "w", encoding="utf-8") as f:
         json.dump(values, f, indent=2, sort_keys=True)
         f.write("\n")

@@ -16,7 +16,7 @@ import flax.linen as nn
 import numpy as np
 from absl import logging
 
-from bertjax import objectives
+from bertjax import files, objectives
 from bertjax.heads import BertForSequenceClassification
 from bertjax.model import BertConfig
 
@@ -147,12 +147,12 @@ class Example:
 def _task_dir(data_dir: str, task: GlueTask) -> str:
     """`data_dir` may be the GLUE root (holding MRPC/, ...) or the task's own folder."""
     nested = os.path.join(data_dir, task.directory)
-    return nested if os.path.isdir(nested) else data_dir
+    return nested if files.isdir(nested) else data_dir
 
 
 def _read_tsv(path: str) -> Iterable[list[str]]:
     # The GLUE TSVs have no quoting; utf-8-sig drops MRPC's byte-order mark.
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with files.open(path, encoding="utf-8-sig", newline="") as f:
         yield from csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
 
 
@@ -219,7 +219,8 @@ def _record_examples(task: GlueTask, split: Split, records: Iterable[dict],
 
 def _read_parquet(path: str) -> list[dict]:
     import pyarrow.parquet as pq  # only for Hugging Face parquet layouts
-    return pq.read_table(path).to_pylist()
+    with files.open(path, "rb") as f:
+        return pq.read_table(f).to_pylist()
 
 
 def read_examples(task: GlueTask, split_name: str, data_dir: str = "", tfds_data_dir: str = ""
@@ -242,10 +243,10 @@ def read_examples(task: GlueTask, split_name: str, data_dir: str = "", tfds_data
         parquet = os.path.join(directory, f"{split.hf}.parquet")
         tsvs = next((paths for paths in ([os.path.join(directory, p) for p in files]
                                          for files in split.tsv)
-                     if all(os.path.exists(p) for p in paths)), None)
+                     if all(files.exists(p) for p in paths)), None)
         if tsvs:
             examples, where = _tsv_examples(task, split, tsvs, skips), ", ".join(tsvs)
-        elif os.path.exists(parquet):
+        elif files.exists(parquet):
             examples, where = _record_examples(task, split, _read_parquet(parquet), skips), parquet
         else:
             raise features.TaskDataError(
@@ -298,8 +299,8 @@ def write_submission(task: GlueTask, split_name: str, examples: Sequence[Example
                      predictions: np.ndarray, directory: str) -> str:
     """Writes the leaderboard file `<directory>/<TASK>.tsv` (`index<TAB>prediction`)."""
     path = os.path.join(directory, task.split(split_name).submission)
-    os.makedirs(directory, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    files.makedirs(directory)
+    with files.open(path, "w", encoding="utf-8") as f:
         f.write("index\tprediction\n")
         for example, prediction in zip(examples, predictions, strict=True):
             value = (f"{float(np.clip(prediction, 0.0, 5.0)):.3f}" if task.is_regression

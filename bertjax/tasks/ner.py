@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from bertjax import objectives
+from bertjax import files, objectives
 from bertjax.heads import BertForTokenClassification
 from bertjax.model import BertConfig
 
@@ -47,7 +47,7 @@ def read_conll_file(path: str, skips: features.SkipCounter) -> list[Sentence]:
             sentences.append(Sentence(words, tags))
         words, tags, bad = [], [], None
 
-    with open(path, encoding="utf-8") as f:
+    with files.open(path, encoding="utf-8") as f:
         for line in f:
             fields = line.split()
             if not fields:
@@ -86,7 +86,7 @@ def read_sentences(split: str, data_dir: str = "", tfds_data_dir: str = ""
     skips = features.SkipCounter()
     if data_dir:
         path = next((os.path.join(data_dir, name) for name in FILES[split]
-                     if os.path.exists(os.path.join(data_dir, name))), None)
+                     if files.exists(os.path.join(data_dir, name))), None)
         if path is None:
             raise features.TaskDataError(f"CoNLL-2003 {split}: none of {list(FILES[split])} in "
                                          f"{data_dir}")
@@ -150,7 +150,7 @@ def evaluate(sentences: Sequence[Sentence], predicted: Sequence[list[str]]) -> d
 
 def write_predictions(path: str, sentences: Sequence[Sentence], predicted: Sequence[list[str]]) -> None:
     """conlleval input: `word gold predicted` per line, a blank line after each sentence."""
-    with open(path, "w", encoding="utf-8") as f:
+    with files.open(path, "w", encoding="utf-8") as f:
         for sentence, tags in zip(sentences, predicted, strict=True):
             for word, gold, tag in zip(sentence.words, sentence.tags, tags):
                 f.write(f"{word} {gold} {tag}\n")

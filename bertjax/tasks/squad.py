@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from absl import logging
 
+from bertjax import files
 from bertjax.data import tfds_source
 from bertjax.data.tokenization import CLS, SEP, Tokenizer
 
@@ -108,7 +109,7 @@ def split_context(context: str) -> tuple[list[str], list[int]]:
 def _json_questions(path: str) -> Iterator[_Question]:
     """Questions of an official SQuAD JSON file (v1.1 or v2.0)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with files.open(path, encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError:
         raise FileNotFoundError(f"SQuAD file not found: {path}") from None

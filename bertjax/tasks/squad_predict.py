@@ -22,7 +22,7 @@ import flax.linen as nn
 import numpy as np
 from absl import logging
 
-from bertjax import objectives
+from bertjax import files, objectives
 from bertjax.data import tokenization
 from bertjax.data.tokenization import basic_tokenize
 from bertjax.heads import BertForQuestionAnswering
@@ -231,12 +231,12 @@ def write_predictions(
     null_odds: Mapping[str, float],
 ) -> None:
     """Writes predictions.json, nbest_predictions.json and (v2.0: null_odds non-empty) null_odds.json."""
-    os.makedirs(directory, exist_ok=True)
+    files.makedirs(directory)
     outputs = {"predictions.json": predictions, "nbest_predictions.json": nbest}
     if null_odds:
         outputs["null_odds.json"] = null_odds
     for name, content in outputs.items():
-        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+        with files.open(os.path.join(directory, name), "w", encoding="utf-8") as f:
             json.dump(content, f, indent=4)
             f.write("\n")
 

@@ -1,0 +1,190 @@
+"""One file layer for local paths and remote URLs (`gs://bucket/...`, or any fsspec URL).
+
+Local paths go to the standard library unchanged; a path with `://` goes through fsspec
+(gcsfs for `gs://`, installed by the `gcs` extra). Orbax reads and writes `gs://`
+checkpoints itself (etils epath and tensorstore); everything else the runs read (corpus
+files and globs, vocab and SentencePiece files, init checkpoints, task files) or write
+in a workdir (config, metrics, summaries) comes through here.
+
+`STORAGE_EMULATOR_HOST` (a local GCS emulator) points gcsfs, tensorstore and tensorboardX's
+GCS client at the emulator; this module then also turns off gcsfs's bucket-type probe over
+gRPC, which an emulator does not answer (60 s per call before the fallback).
+"""
+from __future__ import annotations
+
+import builtins
+import glob as _glob
+import io
+import os
+import shutil
+import tempfile
+from typing import IO, Any
+
+
+def _emulator_defaults() -> None:
+    host = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    if host in ("", "default"):
+        return
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", host if "://" in host else f"http://{host}")
+    os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")  # tensorstore: no auth
+
+
+_emulator_defaults()
+
+
+def is_remote(path: str) -> bool:
+    """Whether `path` is a URL (`gs://...`) rather than a local path."""
+    return "://" in str(path)
+
+
+def _fs(path: str) -> tuple[Any, str]:
+    _emulator_defaults()  # (an emulator named after this module was imported)
+    try:
+        import fsspec
+        return fsspec.core.url_to_fs(path)
+    except ImportError as e:  # fsspec's message names the protocol's package
+        raise ImportError(f"cannot read {path}: {e}; pip install 'bertjax[gcs]'") from None
+
+
+def _url(fs: Any, fs_path: str) -> str:
+    """fsspec's bare path (`bucket/key`) back to a URL."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return fs_path if "://" in fs_path else f"{protocol}://{fs_path}"
+
+
+def open(path: str, mode: str = "r", encoding: str | None = None,  # noqa: A001
+         errors: str | None = None, newline: str | None = None) -> IO:
+    """`builtins.open` for local paths; for URLs a buffered (binary) or text file that
+    supports `readline(size)`. A remote file opened for writing is uploaded on close."""
+    if not is_remote(path):
+        return builtins.open(path, mode, encoding=encoding, errors=errors, newline=newline)
+    fs, fs_path = _fs(path)
+    if "r" in mode and not fs.exists(fs_path):
+        raise FileNotFoundError(2, "No such file", path)
+    raw = fs.open(fs_path, mode.replace("t", "").replace("b", "") + "b")
+    binary = io.BufferedReader(raw, 1 << 20) if "r" in mode else raw
+    if "b" in mode:
+        return binary
+    return io.TextIOWrapper(binary, encoding=encoding or "utf-8", errors=errors, newline=newline)
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole file's bytes."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def read_text(path: str, encoding: str = "utf-8") -> str:
+    """The whole file's text."""
+    with open(path, encoding=encoding) as f:
+        return f.read()
+
+
+def write_text(path: str, text: str) -> None:
+    """Replaces a small text file whole, never leaving it half-written: locally through a
+    renamed temporary file, on an object store by one upload (objects are replaced whole)."""
+    if is_remote(path):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    temporary = f"{path}.tmp{os.getpid()}"
+    with builtins.open(temporary, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(temporary, path)
+
+
+def exists(path: str) -> bool:
+    """Whether a file or directory (a prefix with objects under it) exists."""
+    if not is_remote(path):
+        return os.path.exists(path)
+    fs, fs_path = _fs(path)
+    return fs.exists(fs_path)
+
+
+def isfile(path: str) -> bool:
+    """Whether `path` is a file (an object)."""
+    if not is_remote(path):
+        return os.path.isfile(path)
+    fs, fs_path = _fs(path)
+    return fs.isfile(fs_path)
+
+
+def isdir(path: str) -> bool:
+    """Whether `path` is a directory (a prefix with objects under it)."""
+    if not is_remote(path):
+        return os.path.isdir(path)
+    fs, fs_path = _fs(path)
+    return fs.isdir(fs_path)
+
+
+def getsize(path: str) -> int:
+    """The file's size in bytes."""
+    if not is_remote(path):
+        return os.path.getsize(path)
+    fs, fs_path = _fs(path)
+    return int(fs.size(fs_path))
+
+
+def getmtime(path: str) -> float:
+    """The file's modification time (seconds since the epoch)."""
+    if not is_remote(path):
+        return os.path.getmtime(path)
+    fs, fs_path = _fs(path)
+    return fs.modified(fs_path).timestamp()
+
+
+def glob(pattern: str) -> list[str]:
+    """The paths matching a glob pattern, sorted (URLs keep their scheme)."""
+    if not is_remote(pattern):
+        return sorted(_glob.glob(pattern))
+    fs, fs_path = _fs(pattern)
+    return sorted(_url(fs, p) for p in fs.glob(fs_path))
+
+
+def listdir(path: str) -> list[str]:
+    """The names in a directory (`os.listdir`)."""
+    if not is_remote(path):
+        return os.listdir(path)
+    fs, fs_path = _fs(path)
+    return [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(fs_path, detail=False)]
+
+
+def makedirs(path: str) -> None:
+    """Creates a directory and its parents if missing (object stores need none)."""
+    if not is_remote(path):
+        os.makedirs(path, exist_ok=True)
+
+
+def rename(source: str, target: str) -> None:
+    """Moves a file or directory: `os.replace` locally, copy then delete on object stores
+    (which have no rename; gcsfs's single-call move is not used, emulators lack it)."""
+    if not is_remote(source):
+        os.replace(source, target)
+        return
+    fs, fs_source = _fs(source)
+    fs_target = _fs(target)[1]
+    fs.copy(fs_source, fs_target, recursive=fs.isdir(fs_source))
+    fs.rm(fs_source, recursive=True)
+
+
+def remove(path: str) -> None:
+    """Deletes a file, or a directory with everything under it."""
+    if not is_remote(path):
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        return
+    fs, fs_path = _fs(path)
+    fs.rm(fs_path, recursive=True)
+
+
+def local_cache_dir(workdir: str) -> str:
+    """Where a run's prepared data goes by default: on local disk, `WORKDIR/data`, or for a
+    remote workdir the temporary directory (prepared again on a new machine)."""
+    if is_remote(workdir):
+        return os.path.join(tempfile.gettempdir(), "bertjax_data")
+    return os.path.join(workdir, "data")
+
+
+def abspath(path: str) -> str:
+    """`os.path.abspath` for local paths; URLs unchanged."""
+    return path if is_remote(path) else os.path.abspath(path)
