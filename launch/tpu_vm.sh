@@ -12,7 +12,7 @@
 #   setup      copy this checkout (git archive of HEAD; refused with uncommitted changes
 #              unless --allow-dirty) to every worker, install jax[tpu], gcsfs,
 #              google-cloud-storage and bertjax, and copy each --stage gs:// path into
-#              /tmp/bertjax_data/ on every worker
+#              ~/bertjax/staged/ on every worker
 #   run        on every worker: stop stale processes of the job, remove /tmp/libtpu_lockfile,
 #              start `python3 -m bertjax.JOB [--workdir=WORKDIR] JOB_ARGS` detached
 #              (setsid nohup; output in ~/bertjax_JOB.log)
@@ -37,7 +37,7 @@
 #   --job JOB              bertjax module to run: train (default), finetune, probe,
 #                          extract_features, tools.bench, tools.aot, ...
 #   --workdir gs://...     run directory (train, finetune, probe, supervise)
-#   --stage gs://...       setup: copy this object or prefix into /tmp/bertjax_data/ on every
+#   --stage gs://...       setup: copy this object or prefix into ~/bertjax/staged/ on every
 #                          worker (repeatable); or name gs:// inputs in JOB_ARGS directly
 #   --allow-dirty          setup: ship uncommitted changes to tracked files too
 #   --jax-version V        jax[tpu] version to install (default 0.10.2)
@@ -50,7 +50,9 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Expanded on the workers, not here.
 # shellcheck disable=SC2016
 LOG_DIR='$HOME'
-STAGE_DIR=/tmp/bertjax_data
+# Staged data lives in the code directory, where jobs run: they name it staged/...
+# shellcheck disable=SC2016
+STAGE_DIR='$HOME/bertjax/staged'
 STATE_DIR="${BERTJAX_LAUNCH_STATE:-${HOME}/.bertjax/launch}"
 
 NAME="${TPU_NAME:-}"

@@ -189,8 +189,8 @@ def test_supervise_recreates_a_preempted_slice(stub_env):
     create = next(c for c in _calls(stub_dir) if c[1:5] == ["compute", "tpus", "tpu-vm", "create"])
     assert "--spot" in create and "--accelerator-type=v5p-64" in create
     stage = [c for c in _calls(stub_dir) if "ssh" in c][2]
-    assert "--command=set -e; mkdir -p /tmp/bertjax_data && gcloud storage cp -r gs://b/corpus " \
-           "/tmp/bertjax_data/" in stage
+    assert "--command=set -e; mkdir -p $HOME/bertjax/staged && gcloud storage cp -r gs://b/corpus " \
+           "$HOME/bertjax/staged/" in stage
 
 
 def test_dry_run_relaunch_keeps_the_recorded_kind_and_stages_the_data(stub_env):
@@ -206,7 +206,7 @@ def test_dry_run_relaunch_keeps_the_recorded_kind_and_stages_the_data(stub_env):
              f"--version=v2-alpha-tpuv5 {ZONE}"
     assert lines[2:4] == [f"gcloud compute tpus tpu-vm delete bert --quiet {ZONE}", create]
     assert lines[4].endswith("status --porcelain") and " archive " in lines[5]
-    assert "pip install" in lines[7] and "gcloud storage cp -r gs://b/corpus /tmp/bertjax_data/" \
+    assert "pip install" in lines[7] and "gcloud storage cp -r gs://b/corpus $HOME/bertjax/staged/" \
         in lines[8] and "nohup python3 -m bertjax.train --workdir=gs://b/run" in lines[9]
 
 
