@@ -233,7 +233,8 @@ def main(argv) -> None:
         run(FLAGS.config, FLAGS.workdir, overwrite=FLAGS.overwrite)
     except (FinetuneError, run_lib.ConfigError, locks.LockHeld, pretrained.PretrainedError,
             features.TaskDataError, pipeline.DataError, checkpoint.CheckpointMismatch,
-            checkpoint.CheckpointWriteError, FileNotFoundError, ConversionError) as e:
+            checkpoint.CheckpointWriteError, checkpoint.DamagedCheckpoint, FileNotFoundError,
+            ConversionError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 

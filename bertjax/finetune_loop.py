@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from bertjax import checkpoint, files, pretrained, reporting, sharding, steps
+from bertjax import checkpoint, failures, files, pretrained, reporting, sharding, steps
 from bertjax import run as run_lib
 from bertjax.state import count_params
 from bertjax.tasks import metrics
@@ -85,6 +85,23 @@ def make_trainer(task: Finetune, model: nn.Module, tx: optax.GradientTransformat
     sharded = run_lib.build(model, tx, mesh, steps.make_loss_train_step(loss_fn, tx),
                             predict_step)
     return Trainer(task, sharded, total_steps, learning_rate)
+
+
+def restore(checkpointer: checkpoint.Checkpointer, step: int, abstract_state: Any,
+            meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """`(state, position)` of checkpoint `step`; a checkpoint that fails to restore or to
+    match its digest is one DamagedCheckpoint error naming it and the way on."""
+    try:
+        state, position, _ = checkpointer.restore(step, abstract_state, meta)
+    except checkpoint.CheckpointMismatch:
+        raise
+    except Exception as e:  # noqa: BLE001 (any failure to restore it)
+        problem = e.problem if isinstance(e, checkpoint.DamagedCheckpoint) else (
+            f"it cannot be restored ({failures.first_line(e)})")
+        raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", (
+            f"{problem}; move it out of {checkpointer.directory} and rerun to resume from the "
+            "checkpoint before it, or start this fine-tuning again with --overwrite")) from e
+    return state, position
 
 
 def shuffled_batches(rng: np.random.Generator, rows: int, batch_size: int
@@ -180,7 +197,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
         reporting.chief_print(f"seed {seed}: finished (best epoch {best['epoch']}); predicting "
                               "again with its best checkpoint")
     elif latest is not None:
-        state, position, _ = checkpointer.restore(latest, abstract_state, meta)
+        state, position = restore(checkpointer, latest, abstract_state, meta)
         start_epoch, best = position["epoch"], position["best"]
         checkpointer.pin(best["step"])
         reporting.chief_print(f"seed {seed}: resuming from {checkpointer.directory}/{latest} "
@@ -261,7 +278,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                                   force=True)
             checkpointer.wait()
             if state is None or best["step"] != step:
-                state, _, _ = checkpointer.restore(best["step"], abstract_state, meta)
+                state, _ = restore(checkpointer, best["step"], abstract_state, meta)
             outputs, scored_tests = {}, {}
             files.makedirs(os.path.join(workdir, "predictions"))
             for name in [n for n in task.test_splits if n in data]:

@@ -6,6 +6,7 @@ import os
 import random
 import re
 import runpy
+import shutil
 import string
 import subprocess
 import sys
@@ -305,7 +306,8 @@ class Killed(Exception):
 @pytest.mark.slow  # (four fine-tuning runs, about 45 s: the `slow` stage of .ci/run)
 def test_fine_tuning_resumes_reruns_and_refuses_other_settings(data_root, tmp_path, monkeypatch):
     """A run stopped just before its epoch-3 checkpoint (what kill -9 leaves: epoch 3's rows
-    written, checkpoint 2 the latest), rerun with the same config, resumes after epoch 2 and
+    written, checkpoint 2 the latest; a copy with that checkpoint truncated is one error naming
+    it and the way on), rerun with the same config, resumes after epoch 2 and
     ends as an uninterrupted run, with one row per step; a rerun of the finished run predicts
     again without training; other settings in that workdir are refused, naming them, and
     leave it as it was; --overwrite replaces the run."""
@@ -328,6 +330,15 @@ def test_fine_tuning_resumes_reruns_and_refuses_other_settings(data_root, tmp_pa
             finetune.run(config, str(workdir), devices=one_device)
     rows = lambda: (workdir / "seed_1" / "metrics.jsonl").read_text()
     assert '"epoch": 3' in rows()
+    damaged = tmp_path / "damaged"  # (a copy: its latest checkpoint truncated)
+    shutil.copytree(workdir, damaged)
+    latest = max((damaged / "seed_1" / "checkpoints").iterdir(), key=lambda p: int(p.name))
+    state_file = max((p for p in (latest / "state").rglob("*") if p.is_file()),
+                     key=lambda p: p.stat().st_size)
+    state_file.write_bytes(state_file.read_bytes()[:state_file.stat().st_size // 2])
+    with pytest.raises(checkpoint.DamagedCheckpoint, match=rf"{latest.name} is damaged: .*; "
+                       r"move it out of .* and rerun to resume from the checkpoint before it"):
+        finetune.run(config, str(damaged), devices=one_device)
     resumed = finetune.run(config, str(workdir), devices=one_device)
     assert rows() == reference_rows
     assert resumed["seeds"][0]["dev"] == expected["seeds"][0]["dev"]
