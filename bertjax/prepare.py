@@ -5,25 +5,31 @@ would otherwise prepare and cache itself), with `data.num_workers` local process
 of `data.shard_bytes` of text per worker. Train from it with `--config.data.prepared_dir=DIR`:
 each of P training processes reads its share of every shard's rows, and a config whose data
 settings differ from the prepared data's is refused with one line. Running it again into the
-same DIR keeps the phases already prepared with these settings.
+same DIR keeps the phases already prepared with these settings. With `--runner=beam` the shards
+are prepared by an Apache Beam pipeline instead (`--beam_options`, e.g. '--runner=FlinkRunner
+...'; the `beam` extra, in its own environment), writing the same files.
 """
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 
 from absl import flags
 from ml_collections import config_flags
 
 from bertjax import locks, schedule
-from bertjax.data import pipeline
+from bertjax.data import beam_prepare, pipeline, shard_job
 
 FLAGS = flags.FLAGS
 
 
-def prepare_all(config, output: str) -> list[str]:  # noqa: ANN001 (a ConfigDict, the CLI's)
-    """Prepares every phase of `config` into `output`; returns one summary line per phase."""
+def prepare_all(config, output: str, runner: str = "local",  # noqa: ANN001 (a ConfigDict)
+                beam_options: str = "--runner=DirectRunner") -> list[str]:
+    """Prepares every phase of `config` into `output` with local worker processes, or with
+    `runner="beam"` in a Beam pipeline run with `beam_options` (one string, split as a shell
+    would); returns one summary line per phase."""
     from bertjax import run, validate  # not at the top: spawned workers re-import this module
     validate.data_preparation(config)
     if config.data.prepared_dir:
@@ -32,6 +38,11 @@ def prepare_all(config, output: str) -> list[str]:  # noqa: ANN001 (a ConfigDict
     if "://" in output:
         raise run.ConfigError(f"--output={output!r}: prepare to a local or mounted directory "
                               "(copy it to object storage afterwards)")
+    run_shards = shard_job.run_shards
+    if runner == "beam":
+        run_shards = beam_prepare.shard_runner(shlex.split(beam_options))
+    elif runner != "local":
+        raise run.ConfigError(f"--runner={runner!r}; choose local or beam")
     phases = schedule.phases(config.train, config.data, config.long_phase)
     nsp = run.pretraining_objective(config.train).uses_nsp
     tokenizer = pipeline.load_or_train_tokenizer(config.data, os.path.join(output, "tokenizer"))
@@ -45,7 +56,7 @@ def prepare_all(config, output: str) -> list[str]:  # noqa: ANN001 (a ConfigDict
                 pipeline.check_settings(json.load(f).get("settings", {}), wanted, directory)
         built = []
         locks.build_once(directory, meta_path, lambda: built.append(pipeline.build(
-            directory, config.data, phase, tokenizer, nsp=nsp)))
+            directory, config.data, phase, tokenizer, nsp=nsp, run_shards=run_shards)))
         lines.append(summary(directory, phase, bool(built)))
     return lines
 
@@ -68,6 +79,11 @@ def define_flags() -> None:
                                     lock_config=True)
     flags.DEFINE_string("output", None, "Directory for the prepared data (train with "
                         "--config.data.prepared_dir=DIR).")
+    flags.DEFINE_enum("runner", "local", ["local", "beam"], "local: data.num_workers local "
+                      "processes; beam: an Apache Beam pipeline (pip install -e '.[beam]').")
+    flags.DEFINE_string("beam_options", "--runner=DirectRunner", "With --runner=beam: Beam's "
+                        "pipeline options, one string (e.g. '--runner=DirectRunner "
+                        "--direct_num_workers=2 --direct_running_mode=multi_processing').")
     flags.mark_flags_as_required(["config", "output"])
 
 
@@ -75,9 +91,11 @@ def main(argv: list[str]) -> None:
     del argv
     from bertjax import run
     try:
-        for line in prepare_all(FLAGS.config, FLAGS.output):
+        for line in prepare_all(FLAGS.config, FLAGS.output, FLAGS.runner,
+                                FLAGS.beam_options):
             print(line, flush=True)
-    except (run.ConfigError, pipeline.DataError, locks.LockHeld, OSError) as e:
+    except (run.ConfigError, pipeline.DataError, locks.LockHeld, OSError,
+            beam_prepare.BeamMissing) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 

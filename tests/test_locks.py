@@ -128,11 +128,12 @@ def test_two_processes_preparing_one_cache_entry_prepare_it_once(config, tmp_pat
     tokenizer = pipeline.load_or_train_tokenizer(config.data, cache)  # both find it there
     script = ("import sys\nsys.path.insert(0, 'tests')\n"
               "import test_pipeline as t\nfrom bertjax.data import pipeline\n"
-              "records = pipeline._shard_records\n"
+              "from bertjax.data import prepared_files\n"
+              "records = prepared_files.shard_records\n"
               "def pause(directory):\n"
               "    print(directory, flush=True)\n    sys.stdin.readline()\n"
               "    return records(directory)\n"
-              "pipeline._shard_records = pause\n"
+              "prepared_files.shard_records = pause\n"
               "c = t.make_config(sys.argv[1])\n"
               "tok = pipeline.load_or_train_tokenizer(c.data, sys.argv[2])\n"
               "print(len(pipeline.prepare(c.data, t.short_phase(c), tok, sys.argv[2])['train']))\n")

@@ -19,14 +19,15 @@ import random
 import shutil
 import sys
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 from absl import logging
 
 from bertjax import failures, files, locks
 from bertjax.data import tokenization
-from bertjax.data import corpus, default_corpus, instances, shard_format, shard_job, tfds_source
+from bertjax.data import (corpus, default_corpus, instances, prepared_files, shard_format,
+                          shard_job, tfds_source)
 from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
 from bertjax.data.shard_job import split_eval_documents  # noqa: F401
 from bertjax.schedule import Phase
@@ -202,28 +203,6 @@ def make_features(documents: list[list[np.ndarray]], phase: Phase, data_cfg: Any
     return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in shard_format.STORED}
 
 
-def _file_record(path: str) -> dict[str, Any]:
-    """Size and SHA-256 of a prepared file, as recorded in meta.json and checked on load."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    return {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
-
-
-def _shard_records(directory: str) -> dict[str, dict[str, Any]]:
-    """{"train/shard_00000/input_ids.npy": {rows, bytes, sha256}, ...} for every prepared file."""
-    records = {}
-    for split in ("train", "eval"):
-        for shard in sorted(os.listdir(os.path.join(directory, split))):
-            for name in shard_format.STORED:
-                relative = f"{split}/{shard}/{name}.npy"
-                path = os.path.join(directory, relative)
-                rows = len(np.load(path, mmap_mode="r"))
-                records[relative] = {"rows": rows, **_file_record(path)}
-    return records
-
-
 def _load_split(directory: str, split: str, records: dict[str, dict[str, Any]],
                 masked: bool, process_index: int = 0, process_count: int = 1) -> PreparedSplit:
     """Memory-maps the shards listed in meta.json after checking each file's size, checksum
@@ -235,7 +214,7 @@ def _load_split(directory: str, split: str, records: dict[str, dict[str, Any]],
             continue
         path = os.path.join(directory, relative)
         problem = "missing" if not os.path.exists(path) else None
-        if problem is None and _file_record(path) != {k: record[k] for k in ("bytes", "sha256")}:
+        if problem is None and prepared_files.file_record(path) != {k: record[k] for k in ("bytes", "sha256")}:
             problem = f"changed since preparation ({record['bytes']} bytes, sha256 {record['sha256'][:12]}...)"
         if problem is None:
             try:
@@ -393,10 +372,12 @@ def shards_by_bytes(documents: Iterable[list[str]], shard_bytes: int) -> Iterato
 
 
 def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
-          process_index: int = 0, process_count: int = 1, nsp: bool = True) -> None:
+          process_index: int = 0, process_count: int = 1, nsp: bool = True,
+          run_shards: Callable[..., Iterable[dict[str, int]]] = shard_job.run_shards) -> None:
     """Reads the corpus (this process's share), cuts it into shards of `data.shard_bytes` and
     prepares each in a worker (`data.num_workers`; NSP partners come from the same shard, as
-    the original's come from the same input file), written atomically to `directory`."""
+    the original's come from the same input file), written atomically to `directory`;
+    `run_shards`: local processes, or another engine's (`beam_prepare.shard_runner`)."""
     start = time.time()
     stats = corpus.CorpusStats()
     for unfinished in glob.glob(glob.escape(directory) + ".tmp*"):  # left by a crashed run
@@ -408,7 +389,7 @@ def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.T
     meta = collections.Counter()
     documents = read_documents(data_cfg, process_index, process_count, stats)
     try:
-        for counts in shard_job.run_shards(job, shards_by_bytes(documents, data_cfg.shard_bytes),
+        for counts in run_shards(job, shards_by_bytes(documents, data_cfg.shard_bytes),
                                            data_cfg.num_workers):
             meta.update(counts, shards=1)
             logging.debug("Prepared shard %d (%s): %s", meta["shards"] - 1, phase.name, dict(meta))
@@ -423,13 +404,10 @@ def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.T
     if not meta["eval_instances"]:
         shard_format.ShardWriter(os.path.join(tmp, "eval", "shard_00000"), 0, phase.max_seq_length,
                                  phase.max_predictions_per_seq, tokenizer.vocab_size).close()
-    with open(os.path.join(tmp, "meta.json"), "w") as f:
-        json.dump({**meta, "corpus": dataclasses.asdict(stats), "masking": data_cfg.masking,
-                   "settings": settings(data_cfg, phase, tokenizer, nsp),
-                   "source": source_identity(data_cfg),
-                   "seconds": round(time.time() - start, 1), "files": _shard_records(tmp)}, f)
-    shutil.rmtree(directory, ignore_errors=True)
-    os.replace(tmp, directory)
+    prepared_files.commit(tmp, directory, {
+        **meta, "corpus": dataclasses.asdict(stats), "masking": data_cfg.masking,
+        "settings": settings(data_cfg, phase, tokenizer, nsp), "source": source_identity(data_cfg),
+        "seconds": round(time.time() - start, 1)})
 
 
 def _unfinished(directory: str) -> str:
