@@ -52,11 +52,11 @@ setup(
         "tf": ["pytest>=8", "tensorflow-cpu==2.21.0"],
         # The real compilers for `python -m bertjax.tools.aot --target=...` on a CPU host:
         # libtpu (TPU slices) and the CUDA PJRT plugin (H100/H200, no GPU or CUDA needed).
+        "aot": ["libtpu==0.0.42.*", "jax-cuda13-plugin==0.10.2", "jax-cuda13-pjrt==0.10.2"],
         # `python -m bertjax.prepare --runner=beam` (an Apache Beam pipeline). Beam pins
         # protobuf<7 and pyarrow<26 (downgrading this environment's): install it in its own
         # virtual environment (.ci/run's last stage does). sentencepiece 0.2.3's generated
         # code needs protobuf>=7: the last before it, there.
         "beam": ["apache-beam>=2.77", "sentencepiece>=0.2.0,<0.2.3"],
-        "aot": ["libtpu==0.0.42.*", "jax-cuda13-plugin==0.10.2", "jax-cuda13-pjrt==0.10.2"],
     },
 )
