@@ -110,9 +110,13 @@ def test_a_script_without_the_main_guard_gets_an_error_not_a_hang(wordpiece_corp
 
 def test_a_new_build_names_the_older_format_beside_it(wordpiece_corpus, wordpiece_vocab,
                                                       tmp_path, caplog):
+    """...and neither reads nor names another process's unfinished build beside it."""
     old = tmp_path / "short_64_0123456789abcdef"
     old.mkdir()
     (old / "meta.json").write_text(json.dumps({"train_instances": 5, "files": {}}))
+    unfinished = tmp_path / "short_64_fedcba9876543210.tmp4242"  # another process, writing
+    unfinished.mkdir()
+    (unfinished / "meta.json").write_text('{"train_instances": 5, "fi')
     config = wordpiece_config(wordpiece_corpus, wordpiece_vocab)
     tokenizer = tokenization.WordPieceTokenizer(wordpiece_vocab)
     with caplog.at_level("INFO"):

@@ -304,10 +304,16 @@ def _note_older_formats(cache_dir: str, phase: Phase) -> None:
     """Names prepared data of an older format beside a new build (never read again)."""
     pattern = os.path.join(glob.escape(cache_dir), f"{phase.name}_{phase.max_seq_length}_*")
     for old in sorted(glob.glob(os.path.join(pattern, "meta.json"))):
-        with open(old) as f:
-            if "settings" not in json.load(f):
-                logging.info("%s holds prepared data of an older format (prepared again above); "
-                             "delete it to free its space", os.path.dirname(old))
+        if ".tmp" in os.path.basename(os.path.dirname(old)):
+            continue  # another process's unfinished build (its meta.json perhaps half written)
+        try:
+            with open(old) as f:
+                older = "settings" not in json.load(f)
+        except (OSError, ValueError):
+            continue
+        if older:
+            logging.info("%s holds prepared data of an older format (prepared again above); "
+                         "delete it to free its space", os.path.dirname(old))
 
 
 def phase_directory(phase: Phase) -> str:
