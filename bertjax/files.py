@@ -18,7 +18,7 @@ import io
 import os
 import shutil
 import tempfile
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 
 def _emulator_defaults() -> None:
@@ -94,44 +94,37 @@ def write_text(path: str, text: str) -> None:
     os.replace(temporary, path)
 
 
+def _local_or_remote(path: str, local: Callable[[str], Any],
+                     remote: Callable[[Any, str], Any]) -> Any:
+    """`local(path)` for a local path, else `remote(filesystem, fsspec path)`."""
+    if not is_remote(path):
+        return local(path)
+    return remote(*_fs(path))
+
+
 def exists(path: str) -> bool:
     """Whether a file or directory (a prefix with objects under it) exists."""
-    if not is_remote(path):
-        return os.path.exists(path)
-    fs, fs_path = _fs(path)
-    return fs.exists(fs_path)
+    return _local_or_remote(path, os.path.exists, lambda fs, p: fs.exists(p))
 
 
 def isfile(path: str) -> bool:
     """Whether `path` is a file (an object)."""
-    if not is_remote(path):
-        return os.path.isfile(path)
-    fs, fs_path = _fs(path)
-    return fs.isfile(fs_path)
+    return _local_or_remote(path, os.path.isfile, lambda fs, p: fs.isfile(p))
 
 
 def isdir(path: str) -> bool:
     """Whether `path` is a directory (a prefix with objects under it)."""
-    if not is_remote(path):
-        return os.path.isdir(path)
-    fs, fs_path = _fs(path)
-    return fs.isdir(fs_path)
+    return _local_or_remote(path, os.path.isdir, lambda fs, p: fs.isdir(p))
 
 
 def getsize(path: str) -> int:
     """The file's size in bytes."""
-    if not is_remote(path):
-        return os.path.getsize(path)
-    fs, fs_path = _fs(path)
-    return int(fs.size(fs_path))
+    return _local_or_remote(path, os.path.getsize, lambda fs, p: int(fs.size(p)))
 
 
 def getmtime(path: str) -> float:
     """The file's modification time (seconds since the epoch)."""
-    if not is_remote(path):
-        return os.path.getmtime(path)
-    fs, fs_path = _fs(path)
-    return fs.modified(fs_path).timestamp()
+    return _local_or_remote(path, os.path.getmtime, lambda fs, p: fs.modified(p).timestamp())
 
 
 def glob(pattern: str) -> list[str]:

@@ -130,16 +130,12 @@ def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax
     grad_norm = optim.global_norm(grads)
     gradients_finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
-    def update(_):
-        updates, opt_state = tx.update(grads, optim.at_step(state.opt_state, state.step),
+    updates, new_opt_state = tx.update(grads, optim.at_step(state.opt_state, state.step),
                                        state.params)
-        return optax.apply_updates(state.params, updates), opt_state
-
-    # The new state is computed twice: here only to be checked (XLA fuses the arithmetic into
-    # the reductions, nothing is stored), then in the elementwise select that applies it,
-    # which XLA fuses into the update writing the donated buffers in place (a `lax.cond` copied
-    # every float32 leaf of the state first).
-    new_params, new_opt_state = update(None)
+    new_params = optax.apply_updates(state.params, updates)
+    # The new state is checked, then applied by an elementwise select, which XLA fuses into
+    # the update writing the donated buffers in place (a `lax.cond` copied every float32 leaf
+    # of the state first).
     finite = gradients_finite & all_finite((new_params, new_opt_state))
 
     def cause(_):

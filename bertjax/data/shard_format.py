@@ -4,7 +4,7 @@ memory-mapped as the original's fixed-shape features (`FEATURES`).
 A shard stores, per instance: the padded token ids in the narrowest unsigned type that holds
 the vocabulary (uint16 below 65,536 ids), the sequence length and where segment B starts
 (instead of the padded `input_mask` and `segment_ids`), the masked positions and ids, the
-number of predictions (instead of `masked_lm_weights`) and the NSP label: 322 bytes at
+number of predictions (instead of `masked_lm_weights`) and the NSP label: 320 bytes at
 L=128 with 20 predictions, against 1,708 for the int32 features and about 830 for the
 original's TFRecord.
 """
