@@ -49,25 +49,16 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def source_tokenizer(src: str, source_format: str) -> tokenization.Tokenizer:
-    """The tokenizer of the checkpoint at `src`: a bertjax run's own, else the WordPiece
-    `vocab.txt` beside the weights (Google, Hugging Face or a converted bertjax checkpoint),
-    lower-cased unless the directory's name or the vocabulary says it is cased."""
+    """The tokenizer of the checkpoint at `src`: a bertjax run's own, else the `vocab.txt` or
+    SentencePiece model beside the weights (Google, Hugging Face or a converted bertjax
+    checkpoint), WordPiece lower-cased unless the directory's name or the vocabulary says it
+    is cased."""
     if source_format == "bertjax":
         source = pretrained.Source(init_checkpoint=src)
         run = pretrained.pretraining_run(source)
         if run.config is not None or native.tokenizer_beside(src) is not None:
             return pretrained.tokenizer_of(source, run)
-    vocab = os.path.join(src if os.path.isdir(src) else os.path.dirname(src), "vocab.txt")
-    if not os.path.isfile(vocab):
-        raise pretrained.PretrainedError(f"no vocab.txt beside {src}")
-    lowered = pretrained.checkpoint_case(src)
-    if lowered is None:
-        try:
-            pretrained.validate_case(src, True, vocab)
-            lowered = True
-        except tree.ConversionError:  # upper-case tokens: a cased vocabulary
-            lowered = False
-    return tokenization.load_tokenizer("wordpiece", vocab, lowered)
+    return pretrained.checkpoint_tokenizer(src, None)
 
 
 def run_facts(src: str) -> list[tuple[str, str]]:
@@ -143,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         source_format = pretrained.detect_format(args.src)
         target = args.to or ("hf" if source_format == "bertjax" else "bertjax")
         report = tree.LoadReport()
-        config, params = pretrained.LOADERS[source_format](args.src, report)
+        config, params = pretrained.read(args.src, report)
         print(report.summary(), flush=True)
         task_config = native.finetuned_config(args.src) if source_format == "bertjax" else None
         head = finetuned.hf_head(task_config, params) if task_config and target == "hf" else None

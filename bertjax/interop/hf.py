@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from bertjax import files
 from bertjax import model as bert_model
 from bertjax.interop import tree
 from bertjax.interop.finetuned import HFHead
@@ -55,9 +56,23 @@ def hf_config(values: dict[str, Any], where: str) -> BertConfig:
     return BertConfig.from_dict({**values, "hidden_act": HF_ACTIVATIONS[act]})
 
 
+def weight_files(directory: str) -> list[str]:
+    """The files a HF model directory's weights are read from (local or a URL):
+    `model.safetensors`, else the shard index and its shards, else `pytorch_model.bin`."""
+    if files.isfile(os.path.join(directory, "model.safetensors")):
+        return ["model.safetensors"]
+    index_path = os.path.join(directory, "model.safetensors.index.json")
+    if files.isfile(index_path):
+        shards = tree.read_json_config(index_path, "sharded")["weight_map"].values()
+        return ["model.safetensors.index.json", *sorted(set(shards))]
+    if files.isfile(os.path.join(directory, "pytorch_model.bin")):
+        return ["pytorch_model.bin"]
+    raise tree.ConversionError(f"{directory}: no Hugging Face weights ({', '.join(HF_WEIGHT_FILES)})")
+
+
 def read_tensors(directory: str) -> dict[str, np.ndarray]:
-    """All tensors of a HF model directory: safetensors (single or sharded) or, with torch,
-    `pytorch_model.bin`."""
+    """All tensors of a local HF model directory: safetensors (single or sharded) or, with
+    torch, `pytorch_model.bin`."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
@@ -69,27 +84,22 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
             raise tree.ConversionError(f"cannot read {path} ({e}): the file is missing, truncated or "
                                   "not safetensors; download it again") from None
 
-    if os.path.isfile(os.path.join(directory, "model.safetensors")):
-        return load("model.safetensors")
-    index_path = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.isfile(index_path):
-        shards = sorted(set(tree.read_json_config(index_path, "sharded")["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load(shard).items()}
+    names = weight_files(directory)
+    if names != ["pytorch_model.bin"]:
+        return {k: v for name in names if name.endswith(".safetensors") for k, v in load(name).items()}
     bin_path = os.path.join(directory, "pytorch_model.bin")
-    if os.path.isfile(bin_path):
-        try:
-            import torch
-        except ImportError:
-            raise tree.ConversionError(f"{bin_path} needs PyTorch to read (pip install torch==2.13.0), "
-                                  "or convert it to model.safetensors") from None
-        try:
-            state = torch.load(bin_path, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises several types for damaged files
-            raise tree.ConversionError(f"cannot read {bin_path}: {e}") from None
-        # numpy has no bfloat16: such tensors are widened to float32.
-        return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
-                for k, v in state.items()}
-    raise tree.ConversionError(f"{directory}: no Hugging Face weights ({', '.join(HF_WEIGHT_FILES)})")
+    try:
+        import torch
+    except ImportError:
+        raise tree.ConversionError(f"{bin_path} needs PyTorch to read (pip install torch==2.13.0), "
+                              "or convert it to model.safetensors") from None
+    try:
+        state = torch.load(bin_path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for damaged files
+        raise tree.ConversionError(f"cannot read {bin_path}: {e}") from None
+    # numpy has no bfloat16: such tensors are widened to float32.
+    return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+            for k, v in state.items()}
 
 
 def load_hf(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfig, dict[str, Any]]:

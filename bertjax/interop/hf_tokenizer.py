@@ -9,6 +9,7 @@ text that spells a special token (`[MASK]`) is that token for transformers, whil
 puts a `▁` piece before it."""
 from __future__ import annotations
 
+import json
 import os
 
 import tokenizers as tk
@@ -21,6 +22,8 @@ from bertjax.interop import tree
 
 SPECIAL_TOKENS = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,
                   "mask_token": MASK}
+# SentencePiece models beside a checkpoint: bertjax's and transformers' usual names.
+SENTENCEPIECE_FILES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
 UNIGRAM = 1  # sentencepiece's TrainerSpec.model_type
 SPECIAL_PIECE_TYPES = (2, 3, 4)  # unknown, control, user-defined
 
@@ -93,14 +96,39 @@ def save_tokenizer(tokenizer: Tokenizer, path: str, model_max_length: int) -> li
     config: dict = {**SPECIAL_TOKENS, "model_max_length": model_max_length,
                     "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
                     "tokenizer_class": "PreTrainedTokenizerFast"}
-    names = []
     if isinstance(tokenizer, WordPieceTokenizer):
-        names += save_vocab(tokenizer, path)
+        names = save_vocab(tokenizer, path)
         config.update(do_lower_case=tokenizer.do_lower_case,
                       strip_accents=tokenizer.strip_accents)
+    else:  # the model itself too, from which bertjax reads it back exactly
+        names = [SENTENCEPIECE_FILES[0]]
+        with files.open(os.path.join(path, names[0]), "wb") as f:
+            f.write(tokenizer.model_proto())
     with open(os.path.join(path, "tokenizer.json"), "w", encoding="utf-8") as f:
         f.write(tokenizer_json(tokenizer))
     names.append("tokenizer.json")
     tree.write_json(os.path.join(path, "tokenizer_config.json"), config)
     tree.write_json(os.path.join(path, "special_tokens_map.json"), SPECIAL_TOKENS)
     return names + ["tokenizer_config.json", "special_tokens_map.json"]
+
+
+def tokenizer_file(directory: str) -> tuple[str, str]:
+    """The tokenizer bertjax reads beside a Google TF or Hugging Face checkpoint, as `(kind,
+    path)`: the WordPiece `vocab.txt`, else a SentencePiece model (`SENTENCEPIECE_FILES`).
+    Raises ConversionError saying what is there instead."""
+    for kind, names in (("wordpiece", ("vocab.txt",)), ("sentencepiece", SENTENCEPIECE_FILES)):
+        for name in names:
+            if files.isfile(os.path.join(directory, name)):
+                return kind, os.path.join(directory, name)
+    json_path = os.path.join(directory, "tokenizer.json")
+    if files.isfile(json_path):
+        try:
+            model = json.loads(files.read_text(json_path))["model"]["type"]
+        except (ValueError, KeyError, TypeError):
+            model = "unreadable"
+        raise tree.ConversionError(
+            f"{directory} has only tokenizer.json (a {model} tokenizer), which bertjax cannot "
+            f"reproduce: it reads vocab.txt (WordPiece) or a SentencePiece model "
+            f"({', '.join(SENTENCEPIECE_FILES)})")
+    raise tree.ConversionError(f"no tokenizer beside {directory} (vocab.txt or a SentencePiece "
+                               f"model: {', '.join(SENTENCEPIECE_FILES)})")

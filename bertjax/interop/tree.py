@@ -137,7 +137,7 @@ def check_vocab_file(directory: str, config: BertConfig) -> None:
 
 def read_json_config(path: str, what: str) -> dict[str, Any]:
     """A checkpoint's JSON config (`bert_config.json`, `config.json`, a shard index)."""
-    if not os.path.isfile(path):
+    if not files.isfile(path):
         raise ConversionError(f"{path} not found: a {what} checkpoint needs its config next to "
                               "the weights")
     try:
