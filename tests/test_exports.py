@@ -1,12 +1,15 @@
 """Models that leave and come back: a fine-tuning workdir exported to the Hugging Face class of
 its task (label maps, output layer, tokenizer), read by extract_features and used to start
-another task (its encoder only); an imported model that finds its tokenizer beside it.
+another task (its encoder only); an imported model (WordPiece or SentencePiece) that finds
+its tokenizer beside it.
 Logit parity with transformers is in test_parity.py."""
 import dataclasses
 import json
 import os
 import pathlib
 import random
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -14,10 +17,12 @@ import pytest
 from safetensors.numpy import load_file
 
 from bertjax import convert, finetune, pretrained
+from bertjax.data import tokenization
 from bertjax.interop import hf, native
 from bertjax.model import BertModel
 from test_convert import random_params
-from test_finetune import TINY, VOCAB, config_file, sentence
+from test_finetune import REPO_ROOT, TINY, VOCAB, config_file, sentence
+from test_tokenization import make_sentences
 
 SMALL = dataclasses.replace(TINY, num_hidden_layers=1)  # fine-tuned here: one layer compiles fast
 
@@ -120,3 +125,38 @@ def test_imported_model_finds_its_tokenizer_beside_it(tmp_path):
         str(tmp_path / "imported"),
         {"bert": pretrained.abstract_params_on_one_device(BertModel(TINY))}, TINY)["bert"]
     jax.tree.map(np.testing.assert_array_equal, encoder, params["bert"])
+
+
+def test_sentencepiece_model_leaves_and_comes_back(tmp_path):
+    """bertjax (SentencePiece) -> HF -> bertjax: the HF export carries the model itself, so
+    the HF directory (as init_checkpoint) and the imported one tokenize exactly as the
+    original, and extract_features reads the imported one with no tokenizer flag. An HF
+    directory with only a Unigram tokenizer.json says what to pass."""
+    tokenizer = tokenization.SentencePieceTokenizer(tokenization.train_sentencepiece(
+        make_sentences(), str(tmp_path / "sp"), vocab_size=200))
+    config = dataclasses.replace(TINY, vocab_size=tokenizer.vocab_size)
+    native.save_bertjax(config, random_params(config), str(tmp_path / "bertjax"))
+    native.save_tokenizer(tokenizer, str(tmp_path / "bertjax"))
+    assert convert.main([str(tmp_path / "bertjax"), str(tmp_path / "hf")]) == 0
+    assert convert.main([str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    texts = make_sentences(20, seed=1) + ["Unseen wörds, [MASK] and   spaces."]
+    for directory in ("hf", "imported"):
+        source = pretrained.Source(init_checkpoint=str(tmp_path / directory))
+        found = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
+        assert found.fingerprint() == tokenizer.fingerprint(), directory
+        assert [found.encode(t) for t in texts] == [tokenizer.encode(t) for t in texts]
+    (tmp_path / "in.txt").write_text("Unseen wörds and spaces.\n")
+    command = [sys.executable, "-m", "bertjax.extract_features", f"--input_file={tmp_path}/in.txt",
+               f"--output_file={tmp_path}/out.jsonl", f"--init_checkpoint={tmp_path}/imported",
+               "--max_seq_length=32", "--layers=-1"]
+    result = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tokens = [f["token"] for f in json.loads((tmp_path / "out.jsonl").read_text())["features"]]
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer.encode("Unseen wörds and spaces."))
+    assert tokens == ["[CLS]", *pieces, "[SEP]"]
+    os.remove(tmp_path / "hf" / native.SENTENCEPIECE_FILE)
+    source = pretrained.Source(init_checkpoint=str(tmp_path / "hf"))
+    with pytest.raises(pretrained.PretrainedError, match=r"has only tokenizer.json \(a Unigram "
+                       r"tokenizer\), which bertjax cannot reproduce.*pass --config.vocab_file="):
+        pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
