@@ -165,7 +165,10 @@ def pretraining_run(source: Source) -> PretrainingRun:
         return PretrainingRun({})
     check_exists(source.init_checkpoint, "init_checkpoint")
     if google_or_hf(source.init_checkpoint):  # architecture from bert_config.json/config.json
-        return PretrainingRun(dataclasses.asdict(_read_once(source.init_checkpoint)[0]))
+        hf_task = (hf.finetuned_task(source.init_checkpoint)
+                   if detect_format(source.init_checkpoint) == "hf" else "")
+        return PretrainingRun(dataclasses.asdict(_read_once(source.init_checkpoint)[0]),
+                              finetuned_task=hf_task)
     directory = native.checkpoint_dir(source.init_checkpoint)
     try:
         meta = checkpoint.read_meta(directory)

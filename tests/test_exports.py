@@ -14,7 +14,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from bertjax import convert, finetune, pretrained
 from bertjax.data import tokenization
@@ -160,3 +160,36 @@ def test_sentencepiece_model_leaves_and_comes_back(tmp_path):
     with pytest.raises(pretrained.PretrainedError, match=r"has only tokenizer.json \(a Unigram "
                        r"tokenizer\), which bertjax cannot reproduce.*pass --config.vocab_file="):
         pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
+
+
+def test_hugging_face_fine_tuned_model_gives_its_encoder(sst2_run, tmp_path, capsys):
+    """A fine-tuned HF directory (bertjax's SST-2 export; as a token classifier, without a
+    pooler, as transformers saves one) starts another task from its encoder only, said in
+    the same line as for a bertjax workdir; `convert` imports its encoder."""
+    assert convert.main([sst2_run, str(tmp_path / "hf")]) == 0
+    _, stored = pretrained.read(sst2_run)
+    root = os.path.dirname(sst2_run)
+    summary = fine_tune(pathlib.Path(root), "mrpc", str(tmp_path / "mrpc"),
+                        init_checkpoint=str(tmp_path / "hf"), model_config="", vocab_file="")
+    assert summary["seeds"][0]["best_step"] == 3
+    assert f"init_checkpoint {tmp_path / 'hf'} was fine-tuned on BertForSequenceClassification "\
+        "(labels 0, 1): this run starts from its encoder, with a new output layer" in \
+        capsys.readouterr().out
+    _, encoder, _ = pretrained.load_encoder(pretrained.Source(init_checkpoint=str(tmp_path / "hf")))
+    jax.tree.map(np.testing.assert_array_equal, encoder, stored["bert"])
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if not k.startswith("bert.pooler.")},
+              str(tmp_path / "hf" / "model.safetensors"))
+    values = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(
+        {**values, "architectures": ["BertForTokenClassification"]}))
+    run = pretrained.pretraining_run(pretrained.Source(init_checkpoint=str(tmp_path / "hf")))
+    assert run.finetuned_task == "BertForTokenClassification (labels 0, 1)"
+    assert convert.main([str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    assert "skipped (a task's output layer, not carried over): classifier.bias, " \
+        "classifier.weight" in capsys.readouterr().out
+    _, imported = native.load_bertjax(str(tmp_path / "imported"))
+    pooler = imported["bert"].pop("pooler")
+    assert np.std(pooler["dense"]["kernel"]) == pytest.approx(SMALL.initializer_range, rel=0.2)
+    stored["bert"].pop("pooler")
+    jax.tree.map(np.testing.assert_array_equal, imported, {"bert": stored["bert"]})

@@ -104,7 +104,9 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
 
 def load_hf(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfig, dict[str, Any]]:
     """Reads a Hugging Face BERT directory (`config.json` + `model.safetensors`, sharded
-    safetensors, or `pytorch_model.bin` when torch is installed)."""
+    safetensors, or `pytorch_model.bin` when torch is installed). A directory without BERT's
+    pretraining heads (a fine-tuned BertFor... class, or BertModel) gives its encoder only
+    (`{"bert": ...}`), with a fresh pooler where it has none."""
     report = report if report is not None else tree.LoadReport()
     config = hf_config(tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face"), path)
     tensors = read_tensors(path)
@@ -115,6 +117,7 @@ def load_hf(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfi
                       re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)): v
                for k, v in tensors.items()}
     report.source, report.format, report.found = path, "Hugging Face", len(tensors)
+    encoder_only = not any(k.startswith("cls.") for k in tensors)  # fine-tuned, or BertModel
     by_hf_name = {path_to_hf(p)[0]: p for p in tree.param_shapes(config)}
     mapped = {}
     for name, value in tensors.items():
@@ -133,10 +136,35 @@ def load_hf(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfi
         elif name.startswith(("bert.", "cls.")):
             mapped[name] = value  # reported by _collect as not fitting the config
         else:
-            report.skipped[name] = "not a BertForPreTraining weight"
-    params = tree.collect(mapped, config, path, report)
+            report.skipped[name] = ("a task's output layer, not carried over" if encoder_only
+                                    else "not a BertForPreTraining weight")
+    if encoder_only and not any(p.startswith("bert/pooler/") for p in mapped):
+        mapped.update(fresh_pooler(config))  # token classification, QA: no pooler
+        report.skipped["bert.pooler"] = "not in the checkpoint: initialised fresh"
+    params = tree.collect(mapped, config, path, report, encoder_only)
     tree.check_vocab_file(path, config)
     return config, params
+
+
+def fresh_pooler(config: BertConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """BERT's pooler as initialised for training (normal(initializer_range) kernel, zero
+    bias), for an encoder saved without one."""
+    kernel = np.random.default_rng(seed).normal(0.0, config.initializer_range,
+                                                (config.hidden_size, config.hidden_size))
+    return {"bert/pooler/dense/kernel": kernel.astype(np.float32),
+            "bert/pooler/dense/bias": np.zeros(config.hidden_size, np.float32)}
+
+
+def finetuned_task(path: str) -> str:
+    """What the Hugging Face model at `path` was fine-tuned for (its transformers class and
+    labels), or "" for a pretrained model (BertForPreTraining, BertForMaskedLM, BertModel)."""
+    values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
+    architecture = (values.get("architectures") or [""])[0]
+    if architecture in ("", "BertForPreTraining", "BertForMaskedLM", "BertModel"):
+        return ""
+    labels = list((values.get("id2label") or {}).values())
+    return architecture + (f" (labels {', '.join(map(str, labels))})"
+                           if architecture != "BertForQuestionAnswering" and labels else "")
 
 
 def save_hf(config: BertConfig, params: dict[str, Any], path: str,

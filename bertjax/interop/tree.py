@@ -96,9 +96,11 @@ def is_model_name(path: str) -> bool:
 
 
 def collect(tensors: dict[str, np.ndarray], config: BertConfig, where: str,
-            report: LoadReport) -> dict[str, Any]:
-    """Checks mapped tensors against the shapes `config` implies; returns the param tree."""
-    expected = param_shapes(config)
+            report: LoadReport, encoder_only: bool = False) -> dict[str, Any]:
+    """Checks mapped tensors against the shapes `config` implies (for `encoder_only`, those of
+    the encoder, `bert/...`); returns the param tree."""
+    expected = {path: shape for path, shape in param_shapes(config).items()
+                if not encoder_only or path.startswith("bert/")}
     unknown = sorted(set(tensors) - set(expected))
     missing = sorted(set(expected) - set(tensors))
     if missing or unknown:
