@@ -138,12 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         print(report.summary(), flush=True)
         task_config = native.finetuned_config(args.src) if source_format == "bertjax" else None
         head = finetuned.hf_head(task_config, params) if task_config and target == "hf" else None
+        if target == "hf" and not task_config and "predictions" not in params:
+            head = finetuned.ENCODER_ONLY  # (an encoder imported from a fine-tuned model)
         if target == "bertjax":
             config = dataclasses.replace(config, scan_layers=args.scan_layers)
         num_params = sum(int(np.size(v)) for v in tree.flatten(params).values())
         if head:
             num_params = hf.save_hf(config, params, args.dst, head)
-            print(f"fine-tuned model: {head.architecture}"
+            print(f"{'fine-tuned model' if task_config else 'encoder only'}: {head.architecture}"
                   + (f", labels {list(head.config['id2label'].values())}"
                      if "id2label" in head.config else ""), flush=True)
         else:
