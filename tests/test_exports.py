@@ -8,8 +8,6 @@ import json
 import os
 import pathlib
 import random
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -21,7 +19,7 @@ from bertjax.data import tokenization
 from bertjax.interop import hf, native
 from bertjax.model import BertModel
 from test_convert import random_params
-from test_finetune import REPO_ROOT, TINY, VOCAB, config_file, sentence
+from test_finetune import TINY, VOCAB, config_file, run_extract_features, sentence
 from test_tokenization import make_sentences
 
 SMALL = dataclasses.replace(TINY, num_hidden_layers=1)  # fine-tuned here: one layer compiles fast
@@ -146,11 +144,8 @@ def test_sentencepiece_model_leaves_and_comes_back(tmp_path):
         assert found.fingerprint() == tokenizer.fingerprint(), directory
         assert [found.encode(t) for t in texts] == [tokenizer.encode(t) for t in texts]
     (tmp_path / "in.txt").write_text("Unseen wörds and spaces.\n")
-    command = [sys.executable, "-m", "bertjax.extract_features", f"--input_file={tmp_path}/in.txt",
-               f"--output_file={tmp_path}/out.jsonl", f"--init_checkpoint={tmp_path}/imported",
-               "--max_seq_length=32", "--layers=-1"]
-    result = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
-                            capture_output=True, text=True, timeout=300)
+    result = run_extract_features(tmp_path, f"{tmp_path}/imported", "--max_seq_length=32",
+                                  "--layers=-1")
     assert result.returncode == 0, result.stderr[-3000:]
     tokens = [f["token"] for f in json.loads((tmp_path / "out.jsonl").read_text())["features"]]
     pieces = tokenizer.convert_ids_to_tokens(tokenizer.encode("Unseen wörds and spaces."))
