@@ -188,7 +188,7 @@ def bert_config_of(source: Source, pretrain: PretrainingRun) -> BertConfig:
     values = dict(pretrain.config.model.to_dict()) if pretrain.config else {}
     values.update(pretrain.model)
     if source.model_config:
-        with open(source.model_config, encoding="utf-8") as f:
+        with files.open(source.model_config, encoding="utf-8") as f:
             values.update(json.load(f))
     if not values:
         raise PretrainedError("set --config.init_checkpoint (a bertjax run, a Google TF or a "
@@ -304,7 +304,7 @@ def validate_case(path: str, do_lower_case: bool, vocab_file: str = "") -> None:
             f"init_checkpoint {path} is {kind} model but data.do_lower_case={do_lower_case}; "
             f"set --config.data.do_lower_case={lowered}")
     if do_lower_case and vocab_file and vocab_file.endswith(".txt"):
-        with open(vocab_file, encoding="utf-8", errors="replace") as f:
+        with files.open(vocab_file, encoding="utf-8", errors="replace") as f:
             upper = sum(1 for t in f if not t.startswith("[") and t.strip().lower() != t.strip())
         if upper > 100:
             raise ConversionError(

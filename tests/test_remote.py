@@ -8,16 +8,19 @@ import gc
 import importlib.util
 import json
 import os
+import shutil
 import socket
 
 import jax
 import pytest
 
 from bertjax import convert, files, pretrained, probe, train
+from bertjax.data import tokenization
 from bertjax.interop import hf, native, staging
 from bertjax.tasks import probing
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
 from test_probe import TINY, VOCAB
+from test_tokenization import make_sentences
 from test_guards import compilation_cache  # noqa: F401 (autouse fixture)
 from test_train import corpus_file, tiny_config  # noqa: F401 (fixture)
 
@@ -125,7 +128,8 @@ def upload(directory, url: str) -> None:
 def test_google_and_hf_checkpoints_on_gcs_read_as_their_local_copies(gcs, tmp_path, capsys):
     """A Hugging Face directory and a Google TF checkpoint (directory or prefix) on gs://:
     detected, and read as `init_checkpoint` and by `convert` to the same weights and tokenizer
-    as the same files on local disk; only the files their readers need are fetched."""
+    (WordPiece, or a SentencePiece model) as the same files on local disk; only the files
+    their readers need are fetched."""
     params = random_params(TINY)
     hf.save_hf(TINY, params, str(tmp_path / "hf"))
     write_google_checkpoint(tmp_path / "google", TINY, params)
@@ -147,6 +151,13 @@ def test_google_and_hf_checkpoints_on_gcs_read_as_their_local_copies(gcs, tmp_pa
     assert sorted(os.listdir(os.path.dirname(staged))) == [
         "bert_config.json", "bert_model.ckpt.data-00000-of-00001", "bert_model.ckpt.index",
         "vocab.txt"]
+    sentencepiece = tokenization.train_sentencepiece(make_sentences(), str(tmp_path / "sp"),
+                                                     vocab_size=200)
+    os.replace(tmp_path / "hf" / "vocab.txt", tmp_path / "vocab.txt")
+    shutil.copy(sentencepiece, tmp_path / "hf" / "tokenizer.model")
+    upload(tmp_path / "hf", f"{gcs}/models/hf_sentencepiece")
+    assert pretrained.checkpoint_tokenizer(f"{gcs}/models/hf_sentencepiece", True).fingerprint() \
+        == tokenization.SentencePieceTokenizer(sentencepiece).fingerprint()
     assert convert.main([f"{gcs}/models/hf", str(tmp_path / "out")]) == 0
     assert f"{gcs}/models/hf: Hugging Face checkpoint" in capsys.readouterr().out
     config, converted = native.load_bertjax(str(tmp_path / "out"))
