@@ -128,8 +128,9 @@ def test_imported_model_finds_its_tokenizer_beside_it(tmp_path):
 def test_sentencepiece_model_leaves_and_comes_back(tmp_path):
     """bertjax (SentencePiece) -> HF -> bertjax: the HF export carries the model itself, so
     the HF directory (as init_checkpoint) and the imported one tokenize exactly as the
-    original, and extract_features reads the imported one with no tokenizer flag. An HF
-    directory with only a Unigram tokenizer.json says what to pass."""
+    original, and extract_features reads the imported one with no tokenizer flag. Without
+    the model, it is rebuilt from the Unigram tokenizer.json; a tokenizer.json of another
+    kind says what to pass."""
     tokenizer = tokenization.SentencePieceTokenizer(tokenization.train_sentencepiece(
         make_sentences(), str(tmp_path / "sp"), vocab_size=200))
     config = dataclasses.replace(TINY, vocab_size=tokenizer.vocab_size)
@@ -137,7 +138,7 @@ def test_sentencepiece_model_leaves_and_comes_back(tmp_path):
     native.save_tokenizer(tokenizer, str(tmp_path / "bertjax"))
     assert convert.main([str(tmp_path / "bertjax"), str(tmp_path / "hf")]) == 0
     assert convert.main([str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
-    texts = make_sentences(20, seed=1) + ["Unseen wörds, [MASK] and   spaces."]
+    texts = make_sentences(20, seed=1) + ["Unseen wörds, [MASK] and   spaces.", " ＦＵＬＬ\twidth ① ", ""]
     for directory in ("hf", "imported"):
         source = pretrained.Source(init_checkpoint=str(tmp_path / directory))
         found = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
@@ -150,9 +151,15 @@ def test_sentencepiece_model_leaves_and_comes_back(tmp_path):
     tokens = [f["token"] for f in json.loads((tmp_path / "out.jsonl").read_text())["features"]]
     pieces = tokenizer.convert_ids_to_tokens(tokenizer.encode("Unseen wörds and spaces."))
     assert tokens == ["[CLS]", *pieces, "[SEP]"]
-    os.remove(tmp_path / "hf" / native.SENTENCEPIECE_FILE)
+    os.remove(tmp_path / "hf" / native.SENTENCEPIECE_FILE)  # (as exports before it had)
     source = pretrained.Source(init_checkpoint=str(tmp_path / "hf"))
-    with pytest.raises(pretrained.PretrainedError, match=r"has only tokenizer.json \(a Unigram "
+    rebuilt = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
+    assert [rebuilt.encode(t) for t in texts] == [tokenizer.encode(t) for t in texts]
+    assert rebuilt.continuation_mask().tolist() == tokenizer.continuation_mask().tolist()
+    spec = json.loads((tmp_path / "hf" / "tokenizer.json").read_text())
+    (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps(
+        {**spec, "model": {**spec["model"], "type": "BPE"}}))
+    with pytest.raises(pretrained.PretrainedError, match=r"has only tokenizer.json \(a BPE "
                        r"tokenizer\), which bertjax cannot reproduce.*pass --config.vocab_file="):
         pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
 
