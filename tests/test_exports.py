@@ -138,7 +138,8 @@ def test_sentencepiece_model_leaves_and_comes_back(tmp_path):
     native.save_tokenizer(tokenizer, str(tmp_path / "bertjax"))
     assert convert.main([str(tmp_path / "bertjax"), str(tmp_path / "hf")]) == 0
     assert convert.main([str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
-    texts = make_sentences(20, seed=1) + ["Unseen wörds, [MASK] and   spaces.", " ＦＵＬＬ\twidth ① ", ""]
+    texts = make_sentences(20, seed=1) + ["Unseen wörds, [MASK] and   spaces.",
+                                          " ＦＵＬＬ\twidth ① ", ""]
     for directory in ("hf", "imported"):
         source = pretrained.Source(init_checkpoint=str(tmp_path / directory))
         found = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
@@ -157,11 +158,13 @@ def test_sentencepiece_model_leaves_and_comes_back(tmp_path):
     assert [rebuilt.encode(t) for t in texts] == [tokenizer.encode(t) for t in texts]
     assert rebuilt.continuation_mask().tolist() == tokenizer.continuation_mask().tolist()
     spec = json.loads((tmp_path / "hf" / "tokenizer.json").read_text())
-    (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps(
-        {**spec, "model": {**spec["model"], "type": "BPE"}}))
-    with pytest.raises(pretrained.PretrainedError, match=r"has only tokenizer.json \(a BPE "
-                       r"tokenizer\), which bertjax cannot reproduce.*pass --config.vocab_file="):
-        pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
+    lower = {"type": "Sequence", "normalizers": [{"type": "Lowercase"}]}
+    for kind, changed in (("BPE", {"model": {**spec["model"], "type": "BPE"}}),
+                          ("Unigram", {"normalizer": lower})):  # (rules bertjax does not apply)
+        (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps({**spec, **changed}))
+        with pytest.raises(pretrained.PretrainedError, match=rf"only tokenizer.json \(a {kind} "
+                           r"tokenizer\), which bertjax cannot reproduce.*pass --config.vocab_"):
+            pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
 
 
 def test_hugging_face_fine_tuned_model_gives_its_encoder(sst2_run, tmp_path, capsys):

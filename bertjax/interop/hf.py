@@ -67,7 +67,8 @@ def weight_files(directory: str) -> list[str]:
         return ["model.safetensors.index.json", *sorted(set(shards))]
     if files.isfile(os.path.join(directory, "pytorch_model.bin")):
         return ["pytorch_model.bin"]
-    raise tree.ConversionError(f"{directory}: no Hugging Face weights ({', '.join(HF_WEIGHT_FILES)})")
+    raise tree.ConversionError(f"{directory}: no Hugging Face weights "
+                               f"({', '.join(HF_WEIGHT_FILES)})")
 
 
 def read_tensors(directory: str) -> dict[str, np.ndarray]:
@@ -86,7 +87,8 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
 
     names = weight_files(directory)
     if names != ["pytorch_model.bin"]:
-        return {k: v for name in names if name.endswith(".safetensors") for k, v in load(name).items()}
+        return {k: v for name in names if name.endswith(".safetensors")
+                for k, v in load(name).items()}
     bin_path = os.path.join(directory, "pytorch_model.bin")
     try:
         import torch

@@ -150,7 +150,9 @@ def _unigram_proto(spec: dict) -> bytes | None:
     steps = (spec.get("normalizer") or {}).get("normalizers", [])
     pre = spec.get("pre_tokenizer") or {}
     if pre.get("type") != "Metaspace" or pre.get("prepend_scheme") not in ("always", "never") \
-            or any(s.get("type") not in ("Precompiled", "Strip", "Replace") for s in steps):
+            or any(s.get("type") not in ("Precompiled", "Strip", "Replace") or s["type"] ==
+                   "Replace" and (s.get("pattern"), s.get("content")) != ({"Regex": " {2,}"}, " ")
+                   for s in steps):
         return None
     model, added = spec["model"], {t["content"] for t in spec.get("added_tokens", [])}
     proto = sentencepiece_model_pb2.ModelProto()
