@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from bertjax import pretrained, reporting
+from bertjax import files, pretrained, reporting
 from bertjax.data import tokenization
 from bertjax.interop import finetuned, hf, hf_tokenizer, native, tf, tree
 
@@ -71,7 +71,7 @@ def run_facts(src: str) -> list[tuple[str, str]]:
         corpus = {"default": "the embedded default corpus (Python standard library "
                              "documentation)", "text": f"text files `{data.input_files}`",
                   "tfds": f"tfds `{data.tfds_name}`"}.get(data.source, data.source)
-        steps = max((int(n) for n in os.listdir(directory) if n.isdigit()), default=0)
+        steps = max((int(n) for n in files.listdir(directory) if n.isdigit()), default=0)
         facts += [("pretraining data", corpus),
                   ("steps", f"{steps:,} of {train.total_steps:,}, global batch "
                             f"{train.global_batch_size}, sequence length {data.max_seq_length}"
@@ -79,16 +79,16 @@ def run_facts(src: str) -> list[tuple[str, str]]:
                                f"{run.config.long_phase.max_seq_length})"
                                if run.config.long_phase.fraction else ""))]
     seed_summary = os.path.join(os.path.dirname(directory.rstrip("/")), "summary.json")
-    if run.finetuned_task and os.path.isfile(seed_summary):
-        with open(seed_summary, encoding="utf-8") as f:
+    if run.finetuned_task and files.isfile(seed_summary):
+        with files.open(seed_summary, encoding="utf-8") as f:
             seed = json.load(f)
         facts.append(("fine-tuning", f"{run.finetuned_task}, seed {seed['seed']}, best epoch "
                       f"{seed['best_epoch']}: " + "; ".join(
                           f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in values.items())
                           for split, values in seed["dev"].items())))
     final = os.path.join(os.path.dirname(directory.rstrip("/")), "final_metrics.json")
-    if os.path.isfile(final):
-        with open(final, encoding="utf-8") as f:
+    if files.isfile(final):
+        with files.open(final, encoding="utf-8") as f:
             values = json.load(f)
         facts.append(("final held-out metrics", ", ".join(
             f"{k} {v:.4f}" for k, v in sorted(values.items()) if k != "step")))

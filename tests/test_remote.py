@@ -116,6 +116,8 @@ def test_pretraining_from_and_into_gcs_resumes_exactly(gcs, corpus_file, tmp_pat
     assert {"config.json", "final_metrics.json", "tensorboard", "checkpoints"} <= set(outputs)
     assert files.glob(f"{workdir}/tensorboard/events.out.tfevents.*")
     assert {"5", "8"} <= set(files.listdir(f"{workdir}/checkpoints"))
+    assert convert.main([workdir, str(tmp_path / "hf")]) == 0  # (its model card's facts too)
+    assert "| steps | 8 of 8," in (tmp_path / "hf" / "README.md").read_text()
 
 
 def upload(directory, url: str) -> None:
