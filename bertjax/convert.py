@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from bertjax import pretrained, reporting
+from bertjax import files, pretrained, reporting
 from bertjax.data import tokenization
 from bertjax.interop import finetuned, hf, hf_tokenizer, native, tf, tree
 
@@ -49,25 +49,16 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def source_tokenizer(src: str, source_format: str) -> tokenization.Tokenizer:
-    """The tokenizer of the checkpoint at `src`: a bertjax run's own, else the WordPiece
-    `vocab.txt` beside the weights (Google, Hugging Face or a converted bertjax checkpoint),
-    lower-cased unless the directory's name or the vocabulary says it is cased."""
+    """The tokenizer of the checkpoint at `src`: a bertjax run's own, else the `vocab.txt` or
+    SentencePiece model beside the weights (Google, Hugging Face or a converted bertjax
+    checkpoint), WordPiece lower-cased unless the directory's name or the vocabulary says it
+    is cased."""
     if source_format == "bertjax":
         source = pretrained.Source(init_checkpoint=src)
         run = pretrained.pretraining_run(source)
         if run.config is not None or native.tokenizer_beside(src) is not None:
             return pretrained.tokenizer_of(source, run)
-    vocab = os.path.join(src if os.path.isdir(src) else os.path.dirname(src), "vocab.txt")
-    if not os.path.isfile(vocab):
-        raise pretrained.PretrainedError(f"no vocab.txt beside {src}")
-    lowered = pretrained.checkpoint_case(src)
-    if lowered is None:
-        try:
-            pretrained.validate_case(src, True, vocab)
-            lowered = True
-        except tree.ConversionError:  # upper-case tokens: a cased vocabulary
-            lowered = False
-    return tokenization.load_tokenizer("wordpiece", vocab, lowered)
+    return pretrained.checkpoint_tokenizer(src, None)
 
 
 def run_facts(src: str) -> list[tuple[str, str]]:
@@ -80,7 +71,7 @@ def run_facts(src: str) -> list[tuple[str, str]]:
         corpus = {"default": "the embedded default corpus (Python standard library "
                              "documentation)", "text": f"text files `{data.input_files}`",
                   "tfds": f"tfds `{data.tfds_name}`"}.get(data.source, data.source)
-        steps = max((int(n) for n in os.listdir(directory) if n.isdigit()), default=0)
+        steps = max((int(n) for n in files.listdir(directory) if n.isdigit()), default=0)
         facts += [("pretraining data", corpus),
                   ("steps", f"{steps:,} of {train.total_steps:,}, global batch "
                             f"{train.global_batch_size}, sequence length {data.max_seq_length}"
@@ -88,16 +79,16 @@ def run_facts(src: str) -> list[tuple[str, str]]:
                                f"{run.config.long_phase.max_seq_length})"
                                if run.config.long_phase.fraction else ""))]
     seed_summary = os.path.join(os.path.dirname(directory.rstrip("/")), "summary.json")
-    if run.finetuned_task and os.path.isfile(seed_summary):
-        with open(seed_summary, encoding="utf-8") as f:
+    if run.finetuned_task and files.isfile(seed_summary):
+        with files.open(seed_summary, encoding="utf-8") as f:
             seed = json.load(f)
         facts.append(("fine-tuning", f"{run.finetuned_task}, seed {seed['seed']}, best epoch "
                       f"{seed['best_epoch']}: " + "; ".join(
                           f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in values.items())
                           for split, values in seed["dev"].items())))
     final = os.path.join(os.path.dirname(directory.rstrip("/")), "final_metrics.json")
-    if os.path.isfile(final):
-        with open(final, encoding="utf-8") as f:
+    if files.isfile(final):
+        with files.open(final, encoding="utf-8") as f:
             values = json.load(f)
         facts.append(("final held-out metrics", ", ".join(
             f"{k} {v:.4f}" for k, v in sorted(values.items()) if k != "step")))
@@ -143,16 +134,18 @@ def main(argv: list[str] | None = None) -> int:
         source_format = pretrained.detect_format(args.src)
         target = args.to or ("hf" if source_format == "bertjax" else "bertjax")
         report = tree.LoadReport()
-        config, params = pretrained.LOADERS[source_format](args.src, report)
+        config, params = pretrained.read(args.src, report)
         print(report.summary(), flush=True)
         task_config = native.finetuned_config(args.src) if source_format == "bertjax" else None
         head = finetuned.hf_head(task_config, params) if task_config and target == "hf" else None
+        if target == "hf" and not task_config and "predictions" not in params:
+            head = finetuned.ENCODER_ONLY  # (an encoder imported from a fine-tuned model)
         if target == "bertjax":
             config = dataclasses.replace(config, scan_layers=args.scan_layers)
         num_params = sum(int(np.size(v)) for v in tree.flatten(params).values())
         if head:
             num_params = hf.save_hf(config, params, args.dst, head)
-            print(f"fine-tuned model: {head.architecture}"
+            print(f"{'fine-tuned model' if task_config else 'encoder only'}: {head.architecture}"
                   + (f", labels {list(head.config['id2label'].values())}"
                      if "id2label" in head.config else ""), flush=True)
         else:

@@ -12,13 +12,15 @@ gRPC, which an emulator does not answer (60 s per call before the fallback).
 """
 from __future__ import annotations
 
+import atexit
 import builtins
+import functools
 import glob as _glob
 import io
 import os
 import shutil
 import tempfile
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterable
 
 
 def _emulator_defaults() -> None:
@@ -176,6 +178,28 @@ def local_cache_dir(workdir: str) -> str:
     if is_remote(workdir):
         return os.path.join(tempfile.gettempdir(), "bertjax_data")
     return os.path.join(workdir, "data")
+
+
+def local_copy(directory: str, names: Iterable[str]) -> str:
+    """A local directory holding the files `names` of `directory`: the directory itself when
+    local; for a URL a copy downloaded (once per process, deleted at exit) into a temporary
+    folder of the same last name, so that readers that need local files (safetensors, torch,
+    a TF bundle) and names that carry meaning (`uncased_L-12_H-768_A-12`) work unchanged."""
+    if not is_remote(directory):
+        return directory
+    return _downloaded(directory.rstrip("/"), tuple(sorted(set(names))))
+
+
+@functools.lru_cache(maxsize=8)
+def _downloaded(directory: str, names: tuple[str, ...]) -> str:
+    root = tempfile.mkdtemp(prefix="bertjax_remote_")
+    atexit.register(shutil.rmtree, root, True)
+    local = os.path.join(root, directory.rsplit("/", 1)[-1] or "remote")
+    os.makedirs(local)
+    fs = _fs(directory)[0]
+    for name in names:
+        fs.get(_fs(f"{directory}/{name}")[1], os.path.join(local, name))
+    return local
 
 
 def abspath(path: str) -> str:

@@ -21,7 +21,7 @@ from absl import logging
 from bertjax import checkpoint, files
 from bertjax import model as bert_model
 from bertjax.data import pipeline, tokenization
-from bertjax.interop import hf, native, tf, tree
+from bertjax.interop import hf, hf_tokenizer, native, staging, tf, tree
 from bertjax.interop.tree import ConversionError
 from bertjax.model import BertConfig, BertModel
 
@@ -71,8 +71,14 @@ def google_or_hf(path: str) -> bool:
 
 
 def read(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfig, dict[str, Any]]:
-    """Any supported checkpoint (format detected) as `(config, numpy params)`, unrolled layers."""
-    return LOADERS[detect_format(path)](path, report)
+    """Any supported checkpoint (format detected; local or a URL) as `(config, numpy params)`,
+    unrolled layers."""
+    report = report if report is not None else tree.LoadReport()
+    source_format = detect_format(path)
+    local = staging.local_checkpoint(path, source_format)
+    found = LOADERS[source_format](local, report)
+    report.source = path if local != path else report.source
+    return found
 
 
 @functools.lru_cache(maxsize=1)
@@ -159,7 +165,10 @@ def pretraining_run(source: Source) -> PretrainingRun:
         return PretrainingRun({})
     check_exists(source.init_checkpoint, "init_checkpoint")
     if google_or_hf(source.init_checkpoint):  # architecture from bert_config.json/config.json
-        return PretrainingRun(dataclasses.asdict(_read_once(source.init_checkpoint)[0]))
+        hf_task = (hf.finetuned_task(source.init_checkpoint)
+                   if detect_format(source.init_checkpoint) == "hf" else "")
+        return PretrainingRun(dataclasses.asdict(_read_once(source.init_checkpoint)[0]),
+                              finetuned_task=hf_task)
     directory = native.checkpoint_dir(source.init_checkpoint)
     try:
         meta = checkpoint.read_meta(directory)
@@ -179,7 +188,7 @@ def bert_config_of(source: Source, pretrain: PretrainingRun) -> BertConfig:
     values = dict(pretrain.config.model.to_dict()) if pretrain.config else {}
     values.update(pretrain.model)
     if source.model_config:
-        with open(source.model_config, encoding="utf-8") as f:
+        with files.open(source.model_config, encoding="utf-8") as f:
             values.update(json.load(f))
     if not values:
         raise PretrainedError("set --config.init_checkpoint (a bertjax run, a Google TF or a "
@@ -220,15 +229,34 @@ def tokenizer_of(source: Source, pretrain: PretrainingRun) -> tokenization.Token
 
 
 def _vocab_beside(source: Source) -> tokenization.Tokenizer:
-    """The WordPiece `vocab.txt` beside `source.init_checkpoint` (Google, Hugging Face or a
-    converted directory), cased as `source.do_lower_case` says (checked against the name)."""
-    path = source.init_checkpoint
-    vocab = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), "vocab.txt")
-    if not os.path.isfile(vocab):
-        raise PretrainedError(f"no tokenizer beside init_checkpoint={path!r} (vocab.txt or "
-                              f"{native.TOKENIZER_FILE}); pass {source.vocab_flag}=PATH")
-    validate_case(path, source.do_lower_case, vocab)
-    return tokenization.load_tokenizer("wordpiece", vocab, source.do_lower_case)
+    """The tokenizer beside `source.init_checkpoint` (Google, Hugging Face or a converted
+    directory); WordPiece cased as `source.do_lower_case` says (checked against the name)."""
+    return checkpoint_tokenizer(source.init_checkpoint, source.do_lower_case, source.vocab_flag)
+
+
+def checkpoint_tokenizer(path: str, do_lower_case: bool | None,
+                         vocab_flag: str = "") -> tokenization.Tokenizer:
+    """The `vocab.txt` or SentencePiece model beside the Google / Hugging Face checkpoint at
+    `path` (local or a URL). WordPiece is lower-cased as `do_lower_case` says (checked against
+    the checkpoint's name), or for None as the name or else the vocabulary says."""
+    try:
+        local = staging.local_checkpoint(path, detect_format(path))
+        kind, vocab = hf_tokenizer.tokenizer_file(local if files.isdir(local)
+                                                  else os.path.dirname(local))
+    except ConversionError as e:
+        raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) from None
+    if kind == "sentencepiece":
+        return tokenization.SentencePieceTokenizer(vocab)
+    if do_lower_case is None:
+        do_lower_case = checkpoint_case(path)
+    if do_lower_case is None:
+        try:
+            validate_case(path, True, vocab)
+            do_lower_case = True
+        except ConversionError:  # upper-case tokens: a cased vocabulary
+            do_lower_case = False
+    validate_case(path, do_lower_case, vocab)
+    return tokenization.load_tokenizer("wordpiece", vocab, do_lower_case)
 
 
 def _pretraining_tokenizer(source: Source, pretrain: PretrainingRun) -> tokenization.Tokenizer:
@@ -276,7 +304,7 @@ def validate_case(path: str, do_lower_case: bool, vocab_file: str = "") -> None:
             f"init_checkpoint {path} is {kind} model but data.do_lower_case={do_lower_case}; "
             f"set --config.data.do_lower_case={lowered}")
     if do_lower_case and vocab_file and vocab_file.endswith(".txt"):
-        with open(vocab_file, encoding="utf-8", errors="replace") as f:
+        with files.open(vocab_file, encoding="utf-8", errors="replace") as f:
             upper = sum(1 for t in f if not t.startswith("[") and t.strip().lower() != t.strip())
         if upper > 100:
             raise ConversionError(

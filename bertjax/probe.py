@@ -18,7 +18,7 @@ import sys
 
 from absl import flags
 
-from bertjax import cli, pretrained
+from bertjax import cli, files, pretrained
 from bertjax.tasks import features, probing
 
 FLAGS = flags.FLAGS
@@ -42,6 +42,18 @@ def define_flags() -> None:
     flags.DEFINE_float("learning_rate", 1e-3, "probe learning rate (Adam)")
     flags.DEFINE_integer("hidden_size", 0, "0: linear probes; else one ReLU hidden layer")
     flags.mark_flags_as_required(["init_checkpoint", "workdir"])
+
+
+def write_outputs(record: dict, workdir: str, title: str) -> str:
+    """Writes `probe.json` and (with matplotlib) `probe.png` into `workdir` (a local path or a
+    URL, through `bertjax.files`); returns the line saying what was written."""
+    files.makedirs(workdir)
+    files.write_text(os.path.join(workdir, "probe.json"), json.dumps(record, indent=1))
+    try:
+        probing.plot(record, os.path.join(workdir, "probe.png"), title)
+    except ImportError as e:  # the plot is optional; the numbers are in probe.json
+        return f"Wrote {workdir}/probe.json; no probe.png: {e}"
+    return f"Wrote {workdir}/probe.json and probe.png"
 
 
 def main(argv) -> None:
@@ -70,16 +82,9 @@ def main(argv) -> None:
             record["tasks"].update(probing.run_probes(model, params, tokenizer, [task], options,
                                                       settings))
             print("\n".join(probing.table(task, record["tasks"][task])), flush=True)
-        os.makedirs(FLAGS.workdir, exist_ok=True)
-        with open(os.path.join(FLAGS.workdir, "probe.json"), "w") as f:
-            json.dump(record, f, indent=1)
-        try:
-            probing.plot(record, os.path.join(FLAGS.workdir, "probe.png"),
-                         f"{os.path.basename(FLAGS.init_checkpoint.rstrip('/'))}"
-                         f"{' (random init)' if FLAGS.random_init else ''}")
-            print(f"Wrote {FLAGS.workdir}/probe.json and probe.png", flush=True)
-        except ImportError as e:  # the plot is optional; the numbers are in probe.json
-            print(f"Wrote {FLAGS.workdir}/probe.json; no probe.png: {e}", flush=True)
+        title = os.path.basename(FLAGS.init_checkpoint.rstrip("/"))
+        print(write_outputs(record, FLAGS.workdir,
+                            title + (" (random init)" if FLAGS.random_init else "")), flush=True)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -1,6 +1,7 @@
 """Models that leave and come back: a fine-tuning workdir exported to the Hugging Face class of
 its task (label maps, output layer, tokenizer), read by extract_features and used to start
-another task (its encoder only); an imported model that finds its tokenizer beside it.
+another task (its encoder only); an imported model (WordPiece or SentencePiece) that finds
+its tokenizer beside it.
 Logit parity with transformers is in test_parity.py."""
 import dataclasses
 import json
@@ -11,13 +12,15 @@ import random
 import jax
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from bertjax import convert, finetune, pretrained
+from bertjax.data import tokenization
 from bertjax.interop import hf, native
 from bertjax.model import BertModel
 from test_convert import random_params
-from test_finetune import TINY, VOCAB, config_file, sentence
+from test_finetune import TINY, VOCAB, config_file, run_extract_features, sentence
+from test_tokenization import make_sentences
 
 SMALL = dataclasses.replace(TINY, num_hidden_layers=1)  # fine-tuned here: one layer compiles fast
 
@@ -120,3 +123,78 @@ def test_imported_model_finds_its_tokenizer_beside_it(tmp_path):
         str(tmp_path / "imported"),
         {"bert": pretrained.abstract_params_on_one_device(BertModel(TINY))}, TINY)["bert"]
     jax.tree.map(np.testing.assert_array_equal, encoder, params["bert"])
+
+
+def test_sentencepiece_model_leaves_and_comes_back(tmp_path):
+    """bertjax (SentencePiece) -> HF -> bertjax: the HF export carries the model itself, so
+    the HF directory (as init_checkpoint) and the imported one tokenize exactly as the
+    original, and extract_features reads the imported one with no tokenizer flag. Without
+    the model, it is rebuilt from the Unigram tokenizer.json; a tokenizer.json of another
+    kind says what to pass."""
+    tokenizer = tokenization.SentencePieceTokenizer(tokenization.train_sentencepiece(
+        make_sentences(), str(tmp_path / "sp"), vocab_size=200))
+    config = dataclasses.replace(TINY, vocab_size=tokenizer.vocab_size)
+    native.save_bertjax(config, random_params(config), str(tmp_path / "bertjax"))
+    native.save_tokenizer(tokenizer, str(tmp_path / "bertjax"))
+    assert convert.main([str(tmp_path / "bertjax"), str(tmp_path / "hf")]) == 0
+    assert convert.main([str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    texts = make_sentences(20, seed=1) + ["Unseen wörds, [MASK] and   spaces.",
+                                          " ＦＵＬＬ\twidth ① ", ""]
+    for directory in ("hf", "imported"):
+        source = pretrained.Source(init_checkpoint=str(tmp_path / directory))
+        found = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
+        assert found.fingerprint() == tokenizer.fingerprint(), directory
+        assert [found.encode(t) for t in texts] == [tokenizer.encode(t) for t in texts]
+    (tmp_path / "in.txt").write_text("Unseen wörds and spaces.\n")
+    result = run_extract_features(tmp_path, f"{tmp_path}/imported", "--max_seq_length=32",
+                                  "--layers=-1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    tokens = [f["token"] for f in json.loads((tmp_path / "out.jsonl").read_text())["features"]]
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer.encode("Unseen wörds and spaces."))
+    assert tokens == ["[CLS]", *pieces, "[SEP]"]
+    os.remove(tmp_path / "hf" / native.SENTENCEPIECE_FILE)  # (as exports before it had)
+    source = pretrained.Source(init_checkpoint=str(tmp_path / "hf"))
+    rebuilt = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
+    assert [rebuilt.encode(t) for t in texts] == [tokenizer.encode(t) for t in texts]
+    assert rebuilt.continuation_mask().tolist() == tokenizer.continuation_mask().tolist()
+    spec = json.loads((tmp_path / "hf" / "tokenizer.json").read_text())
+    lower = {"type": "Sequence", "normalizers": [{"type": "Lowercase"}]}
+    for kind, changed in (("BPE", {"model": {**spec["model"], "type": "BPE"}}),
+                          ("Unigram", {"normalizer": lower})):  # (rules bertjax does not apply)
+        (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps({**spec, **changed}))
+        with pytest.raises(pretrained.PretrainedError, match=rf"only tokenizer.json \(a {kind} "
+                           r"tokenizer\), which bertjax cannot reproduce.*pass --config.vocab_"):
+            pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
+
+
+def test_hugging_face_fine_tuned_model_gives_its_encoder(sst2_run, tmp_path, capsys):
+    """A fine-tuned HF directory (bertjax's SST-2 export; as a token classifier, without a
+    pooler, as transformers saves one) starts another task from its encoder only, said in
+    the same line as for a bertjax workdir; `convert` imports its encoder."""
+    assert convert.main([sst2_run, str(tmp_path / "hf")]) == 0
+    _, stored = pretrained.read(sst2_run)
+    root = os.path.dirname(sst2_run)
+    summary = fine_tune(pathlib.Path(root), "mrpc", str(tmp_path / "mrpc"),
+                        init_checkpoint=str(tmp_path / "hf"), model_config="", vocab_file="")
+    assert summary["seeds"][0]["best_step"] == 3
+    assert f"init_checkpoint {tmp_path / 'hf'} was fine-tuned on BertForSequenceClassification "\
+        "(labels 0, 1): this run starts from its encoder, with a new output layer" in \
+        capsys.readouterr().out
+    _, encoder, _ = pretrained.load_encoder(pretrained.Source(init_checkpoint=str(tmp_path / "hf")))
+    jax.tree.map(np.testing.assert_array_equal, encoder, stored["bert"])
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if not k.startswith("bert.pooler.")},
+              str(tmp_path / "hf" / "model.safetensors"))
+    values = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(
+        {**values, "architectures": ["BertForTokenClassification"]}))
+    run = pretrained.pretraining_run(pretrained.Source(init_checkpoint=str(tmp_path / "hf")))
+    assert run.finetuned_task == "BertForTokenClassification (labels 0, 1)"
+    assert convert.main([str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    assert "skipped (a task's output layer, not carried over): classifier.bias, " \
+        "classifier.weight" in capsys.readouterr().out
+    _, imported = native.load_bertjax(str(tmp_path / "imported"))
+    pooler = imported["bert"].pop("pooler")
+    assert np.std(pooler["dense"]["kernel"]) == pytest.approx(SMALL.initializer_range, rel=0.2)
+    stored["bert"].pop("pooler")
+    jax.tree.map(np.testing.assert_array_equal, imported, {"bert": stored["bert"]})

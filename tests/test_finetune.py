@@ -246,13 +246,20 @@ def test_clear_errors(data_root, tmp_path):
         finetune.run(config, str(tmp_path / "b"), devices=jax.devices()[:1])
 
 
+def run_extract_features(directory, init_checkpoint: str, *flags: str
+                         ) -> subprocess.CompletedProcess:
+    """`python -m bertjax.extract_features` from `directory/in.txt` to `directory/out.jsonl`."""
+    command = [sys.executable, "-m", "bertjax.extract_features", f"--input_file={directory}/in.txt",
+               f"--output_file={directory}/out.jsonl", f"--init_checkpoint={init_checkpoint}",
+               *flags]
+    return subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
+                          capture_output=True, text=True, timeout=300)
+
+
 def test_extract_features_original_format(data_root, tmp_path):
     (tmp_path / "in.txt").write_text("the movie was good .\nacme film ||| paris story bad .\n")
-    command = [sys.executable, "-m", "bertjax.extract_features", f"--input_file={tmp_path}/in.txt",
-               f"--output_file={tmp_path}/out.jsonl", f"--init_checkpoint={data_root}/pretrain",
-               "--max_seq_length=16", "--batch_size=4"]
-    result = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
-                            capture_output=True, text=True, timeout=300)
+    result = run_extract_features(tmp_path, f"{data_root}/pretrain", "--max_seq_length=16",
+                                  "--batch_size=4")
     assert result.returncode == 0, result.stderr[-3000:]
     assert_quiet_console(result.stdout + result.stderr)
     assert "Wrote 2 records (layers -1,-2,-3,-4)" in result.stdout  # the default: the last 4

@@ -9,6 +9,7 @@ Needs the `parity` extra (pip install -e '.[parity]'); deselected by default, ru
 import csv
 import json
 import random
+import shutil
 
 import ml_collections
 import numpy as np
@@ -133,3 +134,36 @@ def test_ner_and_squad_exports_give_bertjax_logits(tmp_path):
     real = data.features["input_mask"].astype(bool)
     assert np.abs(theirs.start_logits.numpy()[real] - np.asarray(start)[real]).max() <= TOLERANCE
     assert np.abs(theirs.end_logits.numpy()[real] - np.asarray(end)[real]).max() <= TOLERANCE
+
+
+def test_transformers_fine_tuned_models_give_their_encoder(tmp_path):
+    """A token classifier and a QA model saved by transformers (no pooler): as
+    init_checkpoint, their encoder's outputs are transformers'; `convert` imports the
+    encoder, and its HF export loads in transformers' BertModel with the same outputs."""
+    config = transformers.BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=32,
+                                     max_position_embeddings=32, num_labels=3)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 30, (2, 12))
+    features = {"input_ids": ids, "segment_ids": np.tile([0] * 6 + [1] * 6, (2, 1)),
+                "input_mask": np.ones_like(ids)}
+    for cls in (transformers.BertForTokenClassification, transformers.BertForQuestionAnswering):
+        torch.manual_seed(0)
+        directory = tmp_path / cls.__name__
+        cls(config).eval().save_pretrained(str(directory))
+        (directory / "vocab.txt").write_text("\n".join(
+            ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(25)]) + "\n")
+        expected = run_hf(cls.from_pretrained(str(directory)).bert.eval(), features)
+        model, params, _ = pretrained.load_encoder(pretrained.Source(
+            init_checkpoint=str(directory), hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0))
+        sequence, _ = model.apply({"params": params}, ids, features["segment_ids"],
+                                  features["input_mask"])
+        theirs = expected.last_hidden_state.numpy()
+        assert np.abs(np.asarray(sequence) - theirs).max() <= TOLERANCE
+        assert convert.main([str(directory), str(tmp_path / "imported")]) == 0
+        _, bert_model = exported(tmp_path / "imported", tmp_path / "hf", "BertModel")
+        assert np.abs(run_hf(bert_model, features).last_hidden_state.numpy() - theirs).max() \
+            <= TOLERANCE
+        for out in ("imported", "hf"):
+            shutil.rmtree(tmp_path / out)

@@ -1,17 +1,26 @@
 """gs:// end to end against a real local GCS emulator (gcp-storage-emulator over HTTP, not a
-mock): the file layer, and a tiny pretraining that reads a gs:// corpus glob, writes its
+mock): the file layer; Google TF and Hugging Face checkpoints read from gs://; probe's
+outputs written there; and a tiny pretraining that reads a gs:// corpus glob, writes its
 workdir (metrics, config, checkpoints through Orbax and tensorstore, TensorBoard events)
 to gs://, stops, and resumes there to the losses of an uninterrupted local run.
 `pip install -e '.[gcs]'`; the `gcs` stage of .ci/run (`pytest -m gcs`)."""
 import gc
+import importlib.util
 import json
 import os
+import shutil
 import socket
 
 import jax
 import pytest
 
-from bertjax import files, train
+from bertjax import convert, files, pretrained, probe, train
+from bertjax.data import tokenization
+from bertjax.interop import hf, native, staging
+from bertjax.tasks import probing
+from test_convert import assert_trees_equal, random_params, write_google_checkpoint
+from test_probe import TINY, VOCAB
+from test_tokenization import make_sentences
 from test_guards import compilation_cache  # noqa: F401 (autouse fixture)
 from test_train import corpus_file, tiny_config  # noqa: F401 (fixture)
 
@@ -107,3 +116,67 @@ def test_pretraining_from_and_into_gcs_resumes_exactly(gcs, corpus_file, tmp_pat
     assert {"config.json", "final_metrics.json", "tensorboard", "checkpoints"} <= set(outputs)
     assert files.glob(f"{workdir}/tensorboard/events.out.tfevents.*")
     assert {"5", "8"} <= set(files.listdir(f"{workdir}/checkpoints"))
+    assert convert.main([workdir, str(tmp_path / "hf")]) == 0  # (its model card's facts too)
+    assert "| steps | 8 of 8," in (tmp_path / "hf" / "README.md").read_text()
+
+
+def upload(directory, url: str) -> None:
+    """Every file of a local directory as an object under `url`."""
+    for name in os.listdir(directory):
+        with files.open(f"{url}/{name}", "wb") as f:
+            f.write((directory / name).read_bytes())
+
+
+def test_google_and_hf_checkpoints_on_gcs_read_as_their_local_copies(gcs, tmp_path, capsys):
+    """A Hugging Face directory and a Google TF checkpoint (directory or prefix) on gs://:
+    detected, and read as `init_checkpoint` and by `convert` to the same weights and tokenizer
+    (WordPiece, or a SentencePiece model) as the same files on local disk; only the files
+    their readers need are fetched."""
+    params = random_params(TINY)
+    hf.save_hf(TINY, params, str(tmp_path / "hf"))
+    write_google_checkpoint(tmp_path / "google", TINY, params)
+    for model in ("hf", "google"):
+        (tmp_path / model / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    (tmp_path / "hf" / "flax_model.msgpack").write_bytes(b"not needed")
+    upload(tmp_path / "hf", f"{gcs}/models/hf")
+    upload(tmp_path / "google", f"{gcs}/models/google")
+    for url, local in ((f"{gcs}/models/hf", tmp_path / "hf"),
+                       (f"{gcs}/models/google", tmp_path / "google"),
+                       (f"{gcs}/models/google/bert_model.ckpt", tmp_path / "google")):
+        remote = pretrained.load_encoder(pretrained.Source(init_checkpoint=url))
+        straight = pretrained.load_encoder(pretrained.Source(init_checkpoint=str(local)))
+        assert_trees_equal(remote[1], straight[1])
+        assert remote[2].fingerprint() == straight[2].fingerprint()
+    staged = staging.local_checkpoint(f"{gcs}/models/hf", "hf")
+    assert sorted(os.listdir(staged)) == ["config.json", "model.safetensors", "vocab.txt"]
+    staged = staging.local_checkpoint(f"{gcs}/models/google", "tf")
+    assert sorted(os.listdir(os.path.dirname(staged))) == [
+        "bert_config.json", "bert_model.ckpt.data-00000-of-00001", "bert_model.ckpt.index",
+        "vocab.txt"]
+    sentencepiece = tokenization.train_sentencepiece(make_sentences(), str(tmp_path / "sp"),
+                                                     vocab_size=200)
+    os.replace(tmp_path / "hf" / "vocab.txt", tmp_path / "vocab.txt")
+    shutil.copy(sentencepiece, tmp_path / "hf" / "tokenizer.model")
+    upload(tmp_path / "hf", f"{gcs}/models/hf_sentencepiece")
+    assert pretrained.checkpoint_tokenizer(f"{gcs}/models/hf_sentencepiece", True).fingerprint() \
+        == tokenization.SentencePieceTokenizer(sentencepiece).fingerprint()
+    assert convert.main([f"{gcs}/models/hf", str(tmp_path / "out")]) == 0
+    assert f"{gcs}/models/hf: Hugging Face checkpoint" in capsys.readouterr().out
+    config, converted = native.load_bertjax(str(tmp_path / "out"))
+    assert_trees_equal(converted, params)
+    assert native.tokenizer_beside(str(tmp_path / "out")).fingerprint() == \
+        remote[2].fingerprint()
+
+
+def test_probe_outputs_written_to_gcs(gcs):
+    """`probe`'s probe.json and probe.png into a gs:// workdir."""
+    results = {name: {"accuracy": {"mean": 0.5 + 0.1 * i, "std": 0.01}} for i, name in
+               enumerate(["embeddings", "layer_1", "layer_2", *probing.COMBINATIONS])}
+    record = {"num_layers": 2, "tasks": {"sst2": {"metric": "accuracy", "results": results}}}
+    line = probe.write_outputs(record, f"{gcs}/probe/out", "tiny")
+    assert json.loads(files.read_text(f"{gcs}/probe/out/probe.json")) == record
+    if importlib.util.find_spec("matplotlib") is None:
+        assert line.startswith(f"Wrote {gcs}/probe/out/probe.json; no probe.png:")
+    else:
+        assert line == f"Wrote {gcs}/probe/out/probe.json and probe.png"
+        assert files.read_bytes(f"{gcs}/probe/out/probe.png")[:8] == b"\x89PNG\r\n\x1a\n"

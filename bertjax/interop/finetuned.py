@@ -25,6 +25,10 @@ class HFHead:
     description: str  # for the model card
 
 
+# An encoder without pretraining or task heads (imported from a fine-tuned HF model).
+ENCODER_ONLY = HFHead("BertModel", {}, {}, True, "the encoder only: no pretraining or task heads")
+
+
 def label_maps(labels: tuple[str, ...]) -> dict[str, Any]:
     return {"num_labels": len(labels), "id2label": {str(i): name for i, name in enumerate(labels)},
             "label2id": {name: i for i, name in enumerate(labels)}}

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from bertjax import files
 from bertjax import model as bert_model
 from bertjax.interop import tree
 from bertjax.interop.finetuned import HFHead
@@ -55,9 +56,24 @@ def hf_config(values: dict[str, Any], where: str) -> BertConfig:
     return BertConfig.from_dict({**values, "hidden_act": HF_ACTIVATIONS[act]})
 
 
+def weight_files(directory: str) -> list[str]:
+    """The files a HF model directory's weights are read from (local or a URL):
+    `model.safetensors`, else the shard index and its shards, else `pytorch_model.bin`."""
+    if files.isfile(os.path.join(directory, "model.safetensors")):
+        return ["model.safetensors"]
+    index_path = os.path.join(directory, "model.safetensors.index.json")
+    if files.isfile(index_path):
+        shards = tree.read_json_config(index_path, "sharded")["weight_map"].values()
+        return ["model.safetensors.index.json", *sorted(set(shards))]
+    if files.isfile(os.path.join(directory, "pytorch_model.bin")):
+        return ["pytorch_model.bin"]
+    raise tree.ConversionError(f"{directory}: no Hugging Face weights "
+                               f"({', '.join(HF_WEIGHT_FILES)})")
+
+
 def read_tensors(directory: str) -> dict[str, np.ndarray]:
-    """All tensors of a HF model directory: safetensors (single or sharded) or, with torch,
-    `pytorch_model.bin`."""
+    """All tensors of a local HF model directory: safetensors (single or sharded) or, with
+    torch, `pytorch_model.bin`."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
@@ -69,32 +85,30 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
             raise tree.ConversionError(f"cannot read {path} ({e}): the file is missing, truncated or "
                                   "not safetensors; download it again") from None
 
-    if os.path.isfile(os.path.join(directory, "model.safetensors")):
-        return load("model.safetensors")
-    index_path = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.isfile(index_path):
-        shards = sorted(set(tree.read_json_config(index_path, "sharded")["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load(shard).items()}
+    names = weight_files(directory)
+    if names != ["pytorch_model.bin"]:
+        return {k: v for name in names if name.endswith(".safetensors")
+                for k, v in load(name).items()}
     bin_path = os.path.join(directory, "pytorch_model.bin")
-    if os.path.isfile(bin_path):
-        try:
-            import torch
-        except ImportError:
-            raise tree.ConversionError(f"{bin_path} needs PyTorch to read (pip install torch==2.13.0), "
-                                  "or convert it to model.safetensors") from None
-        try:
-            state = torch.load(bin_path, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises several types for damaged files
-            raise tree.ConversionError(f"cannot read {bin_path}: {e}") from None
-        # numpy has no bfloat16: such tensors are widened to float32.
-        return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
-                for k, v in state.items()}
-    raise tree.ConversionError(f"{directory}: no Hugging Face weights ({', '.join(HF_WEIGHT_FILES)})")
+    try:
+        import torch
+    except ImportError:
+        raise tree.ConversionError(f"{bin_path} needs PyTorch to read (pip install torch==2.13.0), "
+                              "or convert it to model.safetensors") from None
+    try:
+        state = torch.load(bin_path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for damaged files
+        raise tree.ConversionError(f"cannot read {bin_path}: {e}") from None
+    # numpy has no bfloat16: such tensors are widened to float32.
+    return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+            for k, v in state.items()}
 
 
 def load_hf(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfig, dict[str, Any]]:
     """Reads a Hugging Face BERT directory (`config.json` + `model.safetensors`, sharded
-    safetensors, or `pytorch_model.bin` when torch is installed)."""
+    safetensors, or `pytorch_model.bin` when torch is installed). A directory without BERT's
+    pretraining heads (a fine-tuned BertFor... class, or BertModel) gives its encoder only
+    (`{"bert": ...}`), with a fresh pooler where it has none."""
     report = report if report is not None else tree.LoadReport()
     config = hf_config(tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face"), path)
     tensors = read_tensors(path)
@@ -105,6 +119,7 @@ def load_hf(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfi
                       re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)): v
                for k, v in tensors.items()}
     report.source, report.format, report.found = path, "Hugging Face", len(tensors)
+    encoder_only = not any(k.startswith("cls.") for k in tensors)  # fine-tuned, or BertModel
     by_hf_name = {path_to_hf(p)[0]: p for p in tree.param_shapes(config)}
     mapped = {}
     for name, value in tensors.items():
@@ -123,10 +138,35 @@ def load_hf(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfi
         elif name.startswith(("bert.", "cls.")):
             mapped[name] = value  # reported by _collect as not fitting the config
         else:
-            report.skipped[name] = "not a BertForPreTraining weight"
-    params = tree.collect(mapped, config, path, report)
+            report.skipped[name] = ("a task's output layer, not carried over" if encoder_only
+                                    else "not a BertForPreTraining weight")
+    if encoder_only and not any(p.startswith("bert/pooler/") for p in mapped):
+        mapped.update(fresh_pooler(config))  # token classification, QA: no pooler
+        report.skipped["bert.pooler"] = "not in the checkpoint: initialised fresh"
+    params = tree.collect(mapped, config, path, report, encoder_only)
     tree.check_vocab_file(path, config)
     return config, params
+
+
+def fresh_pooler(config: BertConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """BERT's pooler as initialised for training (normal(initializer_range) kernel, zero
+    bias), for an encoder saved without one."""
+    kernel = np.random.default_rng(seed).normal(0.0, config.initializer_range,
+                                                (config.hidden_size, config.hidden_size))
+    return {"bert/pooler/dense/kernel": kernel.astype(np.float32),
+            "bert/pooler/dense/bias": np.zeros(config.hidden_size, np.float32)}
+
+
+def finetuned_task(path: str) -> str:
+    """What the Hugging Face model at `path` was fine-tuned for (its transformers class and
+    labels), or "" for a pretrained model (BertForPreTraining, BertForMaskedLM, BertModel)."""
+    values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
+    architecture = (values.get("architectures") or [""])[0]
+    if architecture in ("", "BertForPreTraining", "BertForMaskedLM", "BertModel"):
+        return ""
+    labels = list((values.get("id2label") or {}).values())
+    return architecture + (f" (labels {', '.join(map(str, labels))})"
+                           if architecture != "BertForQuestionAnswering" and labels else "")
 
 
 def save_hf(config: BertConfig, params: dict[str, Any], path: str,

@@ -19,7 +19,7 @@ from bertjax.interop import hf_tokenizer, tree
 from bertjax.model import BertConfig
 
 TOKENIZER_FILE = "bertjax_tokenizer.json"  # which file beside it is the tokenizer, and how
-SENTENCEPIECE_FILE = "tokenizer.model"
+SENTENCEPIECE_FILE = hf_tokenizer.SENTENCEPIECE_FILES[0]
 
 
 def seed_dirs(path: str) -> list[str]:

@@ -13,7 +13,6 @@ the raw little-endian tensor bytes. Every block checksum and every tensor checks
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
 import re
 import struct
@@ -24,6 +23,7 @@ import google_crc32c
 import ml_dtypes
 import numpy as np
 
+from bertjax import files
 from bertjax import model as bert_model
 from bertjax.interop import tree
 from bertjax.model import BertConfig
@@ -252,18 +252,18 @@ def data_file(prefix: str, shard_id: int, num_shards: int) -> str:
 
 def resolve_prefix(path: str) -> str:
     """The checkpoint prefix for a prefix, an `.index` file, or a directory (its TF
-    `checkpoint` file's latest checkpoint, else its only `*.index`)."""
+    `checkpoint` file's latest checkpoint, else its only `*.index`); local or a URL."""
     if path.endswith(".index"):
         return path[:-len(".index")]
-    if not os.path.isdir(path):
+    if not files.isdir(path):
         return path
     state_file = os.path.join(path, "checkpoint")
-    if os.path.isfile(state_file):
-        with open(state_file, encoding="utf-8") as f:
+    if files.isfile(state_file):
+        with files.open(state_file, encoding="utf-8") as f:
             match = re.search(r'^model_checkpoint_path:\s*"(.*)"', f.read(), re.MULTILINE)
         if match:
             return os.path.join(path, match.group(1))
-    indexes = sorted(glob.glob(os.path.join(path, "*.index")))
+    indexes = files.glob(os.path.join(path, "*.index"))
     if len(indexes) != 1:
         found = ", ".join(os.path.basename(i) for i in indexes) or "none"
         raise CheckpointFormatError(f"{path}: expected exactly one TF checkpoint (*.index), found "

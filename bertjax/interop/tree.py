@@ -96,9 +96,11 @@ def is_model_name(path: str) -> bool:
 
 
 def collect(tensors: dict[str, np.ndarray], config: BertConfig, where: str,
-            report: LoadReport) -> dict[str, Any]:
-    """Checks mapped tensors against the shapes `config` implies; returns the param tree."""
-    expected = param_shapes(config)
+            report: LoadReport, encoder_only: bool = False) -> dict[str, Any]:
+    """Checks mapped tensors against the shapes `config` implies (for `encoder_only`, those of
+    the encoder, `bert/...`); returns the param tree."""
+    expected = {path: shape for path, shape in param_shapes(config).items()
+                if not encoder_only or path.startswith("bert/")}
     unknown = sorted(set(tensors) - set(expected))
     missing = sorted(set(expected) - set(tensors))
     if missing or unknown:
@@ -137,7 +139,7 @@ def check_vocab_file(directory: str, config: BertConfig) -> None:
 
 def read_json_config(path: str, what: str) -> dict[str, Any]:
     """A checkpoint's JSON config (`bert_config.json`, `config.json`, a shard index)."""
-    if not os.path.isfile(path):
+    if not files.isfile(path):
         raise ConversionError(f"{path} not found: a {what} checkpoint needs its config next to "
                               "the weights")
     try:

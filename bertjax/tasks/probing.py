@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bertjax import files
 from bertjax.model import BertModel
 from bertjax.tasks import features, glue, metrics, ner
 
@@ -273,5 +274,6 @@ def plot(record: dict[str, Any], path: str, title: str = "") -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with files.open(path, "wb") as f:  # (a local path or a URL)
+        fig.savefig(f, dpi=110, format="png")
     plt.close(fig)
