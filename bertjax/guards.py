@@ -125,12 +125,13 @@ def check_resume(found_meta: dict[str, Any], expected: dict[str, Any], data_cfg:
 _all_finite = jax.jit(steps.all_finite)
 
 
-def check_finite(state: Any, step: int) -> None:
-    """Raises NonFiniteState unless every float in params and optimizer state is finite."""
+def check_finite(state: Any, step: int, advice: str = "") -> None:
+    """Raises NonFiniteState unless every float in params and optimizer state is finite;
+    `advice` ends its message."""
     for name in ("params", "opt_state"):
         if not bool(jax.device_get(_all_finite(getattr(state, name)))):
             raise NonFiniteState(f"step {step}: the {name} hold NaN or Inf; refusing to write a "
-                                 "checkpoint (the last finished checkpoint is intact)")
+                                 "checkpoint (the last finished checkpoint is intact)" + advice)
 
 
 def poison_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -11,7 +11,7 @@ import jax
 from absl import logging
 
 from bertjax import (checkpoint, failures, files, guards, objectives, reporting, schedule,
-                     sharding, test_pause)
+                     sharding, steps, test_pause)
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
 from bertjax.run import ShardedRun
 from bertjax.schedule import DataPosition
@@ -83,7 +83,9 @@ class Pretraining:
                 logging.warning("step %d: no checkpoint saved, since every step since resuming "
                                 "from %s was non-finite", step, self.progress.resumed_from)
                 return
-            guards.check_finite(state, step)  # (the checkpointer announces it once sealed)
+            guards.check_finite(  # (a restored state is checked: only an update makes it so)
+                state, step, "; " + steps.NONFINITE_CAUSES[4][1])
+            # (the checkpointer announces the save once sealed)
             checkpointer.save(step, state, position.as_dict(), self.meta, force=force)
 
         stop_at = min(total, start_step + cfg.stop_after_steps) if cfg.stop_after_steps \

@@ -336,7 +336,7 @@ class Progress:
         self.sums: dict[str, float] = {}
         self.tokens = 0
         self.window_start, self.window_start_step = time.time(), start_step
-        self.nonfinite_in_a_row = self.nonfinite_total = 0
+        self.nonfinite_in_a_row = self.nonfinite_total = self.finite_steps = 0
         self.peak_tflops = flops.peak_tflops(jax.devices()[0].device_kind)
         self.clock = StepClock()
         self.flops_per_step = {p.name: float(p.global_batch_size * flops.train_flops_per_sequence(
@@ -353,8 +353,10 @@ class Progress:
         if metrics["nonfinite"] > 0:
             self.nonfinite_in_a_row += 1
             self.nonfinite_total += 1
-            what, advice = steps.NONFINITE_CAUSES.get(int(metrics["nonfinite"]),
-                                                      steps.NONFINITE_CAUSES[2])
+            cause = int(metrics["nonfinite"])
+            if cause == 3 and self.finite_steps:  # (restored states are checked: an update
+                cause = 4                          # of this run made it non-finite)
+            what, advice = steps.NONFINITE_CAUSES.get(cause, steps.NONFINITE_CAUSES[2])
             logging.warning("step %d (%s): non-finite %s; update skipped (%d in a row, %d in "
                             "this run)", step, batch, what, self.nonfinite_in_a_row,
                             self.nonfinite_total)
@@ -364,13 +366,14 @@ class Progress:
                           "non-finite, which points at that checkpoint rather than the learning "
                           "rate: move it out of WORKDIR/checkpoints (e.g. to "
                           "WORKDIR/checkpoints_quarantine) to resume from the one before")
-            if self.nonfinite_in_a_row >= self.max_nonfinite_steps or what == "state":
+            if self.nonfinite_in_a_row >= self.max_nonfinite_steps or cause in (3, 4):
                 raise (NonFiniteAfterResume if suspect else TrainingError)(
                     f"{self.nonfinite_in_a_row} consecutive non-finite steps ending at step {step} "
                     f"({batch}), the last with non-finite {what}; the last checkpoint is intact. "
                     f"{advice[0].upper()}{advice[1:]}, then rerun to resume.")
             return
         self.nonfinite_in_a_row = 0
+        self.finite_steps += 1
         for key, value in metrics.items():
             self.sums[key] = self.sums.get(key, 0.0) + float(value)
         self.sums["steps"] = self.sums.get("steps", 0.0) + 1

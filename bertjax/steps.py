@@ -100,15 +100,14 @@ NONFINITE_CAUSES = {
     3: ("state", "the parameters or optimizer state held NaN or Inf before the step, which is "
                  "not a learning-rate problem: the checkpoint the run resumed from may be "
                  "damaged; move it out of WORKDIR/checkpoints to resume from the one before"),
-    4: ("update", "finite gradients gave a non-finite update: lower "
-                  "optimizer.peak_learning_rate or set optimizer.clip_global_norm"),
+    4: ("update", "an update of this run made the state non-finite from finite gradients: "
+                  "lower optimizer.peak_learning_rate or set optimizer.clip_global_norm"),
 }
 
 
 def all_finite(tree: Any) -> jax.Array:
-    """Whether every float in `tree` is finite (a scalar bool array). One reduction per leaf:
-    grouped by shape like `optim.global_norm`, the H100 compile of BERT-large had 1,400 fewer
-    kernels but 744 copies of the state and a slower roofline (benchmarks/aot/levers.md)."""
+    """Whether every float in `tree` is finite (a scalar bool array), one reduction per leaf:
+    the host's check of a restored state and of a state about to be saved (`guards`)."""
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
               if jnp.issubdtype(x.dtype, jnp.inexact)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
@@ -124,31 +123,36 @@ def all_finite_grouped(tree: Any) -> jax.Array:
 
 def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax.Array, grads: Any,
                   metrics: Metrics, batch: Batch) -> tuple[TrainState, Metrics]:
-    """Clip + update (inside `tx`), applied only if the loss, the gradients, the new
-    parameters and the new optimizer state are all finite; adds grad_norm and `nonfinite`
-    (0, or the NONFINITE_CAUSES code of a skipped step)."""
+    """Clip + update (inside `tx`), applied only if the loss and the gradients' global norm
+    are finite; adds grad_norm and `nonfinite` (0, or the NONFINITE_CAUSES code of a skipped
+    step: 1-3; `reporting` names a 3 after finite steps of the run 4).
+
+    The new state is not checked here (a check per leaf cost the H100 compile of BERT-large
+    750 kernels and 2 ms a step: benchmarks/aot/levers.md). It needs none: the state is
+    finite at every restore (`guards.check_finite`), and from a finite state, a finite norm
+    (so every gradient's square is finite) gives finite Adam moments, convex combinations of
+    finite values. Only an overflowing parameter update (an absurd learning rate or moment)
+    can leave a non-finite state; the next step then finds it, and no checkpoint is written
+    from it (`guards.check_finite`)."""
     grad_norm = optim.global_norm(grads)
     gradients_finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     updates, new_opt_state = tx.update(grads, optim.at_step(state.opt_state, state.step),
                                        state.params)
     new_params = optax.apply_updates(state.params, updates)
-    # The new state is checked, then applied by an elementwise select, which XLA fuses into
-    # the update writing the donated buffers in place (a `lax.cond` copied every float32 leaf
-    # of the state first).
-    finite = gradients_finite & all_finite((new_params, new_opt_state))
 
     def cause(_):
         return jnp.select([~all_finite_grouped(batch),
-                           ~all_finite_grouped((state.params, state.opt_state)),
-                           ~gradients_finite], [1.0, 3.0, 2.0], 4.0)
+                           ~all_finite_grouped((state.params, state.opt_state))], [1.0, 3.0], 2.0)
 
-    # A non-finite step leaves params and optimizer state untouched; the host stops the run
-    # after too many in a row, or at once if the state itself is not finite (reporting.py).
-    params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+    # A non-finite step leaves params and optimizer state untouched (an elementwise select,
+    # which XLA fuses into the update writing the donated buffers in place: a `lax.cond`
+    # copied every float32 leaf first); the host stops the run after too many in a row, or
+    # at once if the state itself is not finite (reporting.py).
+    params, opt_state = jax.tree.map(lambda new, old: jnp.where(gradients_finite, new, old),
                                      (new_params, new_opt_state), (state.params, state.opt_state))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    nonfinite = jax.lax.cond(finite, lambda _: jnp.float32(0.0), cause, None)
+    nonfinite = jax.lax.cond(gradients_finite, lambda _: jnp.float32(0.0), cause, None)
     return new_state, dict(metrics, grad_norm=grad_norm, nonfinite=nonfinite)
 
 

@@ -71,8 +71,10 @@ def test_nan_steps_are_skipped_counted_never_saved_and_k_in_a_row_stop(corpus_fi
 
 
 def test_host_stops_on_repeated_non_finite_steps_or_at_once_on_a_non_finite_state():
-    """Causes 2 (loss or gradients) and 4 (update) count towards max_nonfinite_steps and the
-    error names the last; cause 3 (state) stops at the first step, whatever the limit."""
+    """Cause 2 (loss or gradients) counts towards max_nonfinite_steps and the error names it;
+    cause 3 (a non-finite state before the step) stops at once, whatever the limit: named
+    "state" (a damaged checkpoint) on the run's first step, "update" (the learning rate)
+    after a finite step of this run, since restored states are checked."""
     config = tiny_config("", "", **{"train.total_steps": 10, "long_phase.fraction": 0.0})
     phases = schedule.phases(config.train, config.data, config.long_phase)
 
@@ -91,17 +93,23 @@ def test_host_stops_on_repeated_non_finite_steps_or_at_once_on_a_non_finite_stat
     add(repeated, 3, 2)
     with pytest.raises(reporting.TrainingError, match=re.escape(
             "2 consecutive non-finite steps ending at step 4 (batch 3), the last with non-finite "
-            "update; the last checkpoint is intact. Finite gradients gave a non-finite update: "
-            "lower optimizer.peak_learning_rate or set optimizer.clip_global_norm, then rerun")):
-        add(repeated, 4, 4)
-    at_once = progress(100)
-    add(at_once, 1, 0)
+            "loss or gradients; the last checkpoint is intact. Lower "
+            "optimizer.peak_learning_rate or check the data, then rerun")):
+        add(repeated, 4, 2)
     with pytest.raises(reporting.TrainingError, match=re.escape(
-            "1 consecutive non-finite steps ending at step 2 (batch 1), the last with "
+            "1 consecutive non-finite steps ending at step 1 (batch 0), the last with "
             "non-finite state; the last checkpoint is intact. The parameters or optimizer state "
             "held NaN or Inf before the step")):
-        add(at_once, 2, 3)
-    assert at_once.nonfinite_total == 1
+        add(progress(100), 1, 3)
+    after_finite = progress(100)
+    add(after_finite, 1, 0)
+    with pytest.raises(reporting.TrainingError, match=re.escape(
+            "1 consecutive non-finite steps ending at step 2 (batch 1), the last with "
+            "non-finite update; the last checkpoint is intact. An update of this run made the "
+            "state non-finite from finite gradients: lower optimizer.peak_learning_rate or set "
+            "optimizer.clip_global_norm, then rerun")):
+        add(after_finite, 2, 3)
+    assert after_finite.nonfinite_total == 1
 
 
 def test_no_checkpoint_from_a_non_finite_state():

@@ -241,3 +241,24 @@ def test_vocab_padding_keeps_parameters_and_logits():
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="vocab_pad_multiple"):
         M.BertConfig(vocab_pad_multiple=0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_gathered_positions_and_their_gradient_equal_the_gather(dtype):
+    """`gather_positions` (a one-hot matmul in 16-bit compute) picks exactly what
+    take_along_axis picks, and its gradient is the gather's scatter-add, repeated positions
+    (padding's 0s) included."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(3, 7, 5)) * 100, dtype)
+    positions = jnp.asarray([[0, 3, 3, 6], [1, 1, 0, 0], [6, 5, 4, 2]], jnp.int32)
+    cotangent = jnp.asarray(rng.normal(size=(3, 4, 5)), dtype)
+
+    def reference(x):
+        return jnp.take_along_axis(x, positions[:, :, None], axis=1)
+
+    assert M.gather_positions(x, positions).dtype == dtype
+    np.testing.assert_array_equal(np.asarray(M.gather_positions(x, positions), np.float32),
+                                  np.asarray(reference(x), np.float32))
+    grad = jax.vjp(lambda x: M.gather_positions(x, positions), x)[1](cotangent)[0]
+    expected = jax.vjp(reference, x)[1](cotangent)[0]
+    np.testing.assert_array_equal(np.asarray(grad, np.float32), np.asarray(expected, np.float32))
