@@ -107,3 +107,31 @@ def test_pretraining_from_and_into_gcs_resumes_exactly(gcs, corpus_file, tmp_pat
     assert {"config.json", "final_metrics.json", "tensorboard", "checkpoints"} <= set(outputs)
     assert files.glob(f"{workdir}/tensorboard/events.out.tfevents.*")
     assert {"5", "8"} <= set(files.listdir(f"{workdir}/checkpoints"))
+
+
+def test_prepare_to_gcs_then_train_from_it_as_from_a_local_directory(gcs, corpus_file, tmp_path,
+                                                                     monkeypatch):
+    """`bertjax.prepare --output=gs://...` uploads each phase's shard files, then its meta.json
+    (and the SentencePiece model it trained); training with data.prepared_dir=gs://... reads a
+    local copy and logs the losses of a training from the same data prepared locally."""
+    from bertjax import prepare
+    uploaded = []
+    copy = files.copy
+    monkeypatch.setattr(files, "copy", lambda s, t: (uploaded.append(t), copy(s, t)))
+    config = tiny_config(corpus_file, str(tmp_path / "cache"), **{
+        "train.total_steps": 4, "long_phase.fraction": 0.0})
+    output = f"{gcs}/prepared"
+    line, = prepare.prepare_all(config, output)
+    assert line.startswith("Prepared phase ") and f"-> {output}/" in line
+    assert uploaded[-3].endswith("/meta.json") and uploaded[-2].endswith(".model")
+    assert all(not target.endswith("meta.json") for target in uploaded[:-3])
+    model, = files.glob(f"{output}/tokenizer/*.model")
+    config.data.vocab_file = model
+    prepare.prepare_all(config, str(tmp_path / "prepared"))
+    losses = {}
+    for where in (str(tmp_path / "prepared"), output):
+        config.data.prepared_dir = where
+        train.train_and_evaluate(config, str(tmp_path / where[-8:]), devices=jax.devices()[:1])
+        losses[where] = read_losses(str(tmp_path / where[-8:]))
+    assert losses[output] == losses[str(tmp_path / "prepared")] and len(losses[output]) == 4
+    assert len(list((tmp_path / "cache").glob("prepared_short_64_*/train/shard_00000"))) == 1

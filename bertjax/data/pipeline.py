@@ -74,8 +74,9 @@ def source_identity(data_cfg: Any) -> dict[str, Any]:
     """What identifies the raw corpus: files with their sizes, or the dataset's name (with
     `data.prepared_dir`: as recorded there, so the corpus need not be on this host)."""
     if data_cfg.get("prepared_dir"):
-        prepared = glob.escape(data_cfg.prepared_dir)
-        found = sorted(glob.glob(os.path.join(prepared, "*", "meta.json")))
+        prepared = data_cfg.prepared_dir
+        found = files.glob(os.path.join(prepared if files.is_remote(prepared)
+                                        else glob.escape(prepared), "*", "meta.json"))
         if not found:
             raise DataError(f"data.prepared_dir={data_cfg.prepared_dir!r} holds no prepared data "
                             "(no */meta.json); run python -m bertjax.prepare --output=DIR first")
@@ -274,6 +275,8 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
         directory = os.path.join(data_cfg.prepared_dir, phase_directory(phase))
         meta, records = _read_meta(directory)
         check_settings(meta.get("settings", {}), wanted, directory)
+        if files.is_remote(directory):  # training memory-maps a local copy
+            directory = prepared_files.local_copy(directory, records, cache_dir)
         share = (process_index, process_count)
         verb = "Reading prepared data"
     else:
@@ -353,7 +356,7 @@ def check_settings(found: dict[str, Any], wanted: dict[str, Any], directory: str
 
 def _read_meta(directory: str) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
-        with open(os.path.join(directory, "meta.json")) as f:
+        with files.open(os.path.join(directory, "meta.json")) as f:
             meta = json.load(f)
         return meta, meta.pop("files")
     except FileNotFoundError as e:
