@@ -1,4 +1,5 @@
 """`python -m bertjax.prepare --config=configs/base.py --output=DIR`: pretraining data, offline.
+DIR may be a URL (gs://bucket/dir): the phases are prepared locally, then uploaded, meta.json last.
 
 Prepares every phase of the config's schedule into DIR/<phase>_<length>/ (the shards training
 would otherwise prepare and cache itself), with `data.num_workers` local processes, one shard

@@ -1,5 +1,5 @@
-"""One shard's whole preparation (tokenize, held-out split, pairs, masks, write), run in
-worker processes, one shard per worker, at most a few shards of text in flight.
+"""One shard's whole preparation (read its documents from its descriptor, tokenize, held-out
+split, pairs, masks, write), run in worker processes, one shard per worker.
 
 A shard's result depends only on its documents and its index, so any number of workers
 writes the same bytes. Workers are `spawn`ed (forking a process that may already run JAX's
