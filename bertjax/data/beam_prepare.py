@@ -5,11 +5,12 @@ The driver reads the corpus once, a document at a time, and cuts it into shards 
 its first document is, how many documents: `shard_sources.ShardSource`), so its memory does not
 grow with the corpus; Beam runs `shard_job.prepare_shard` on each descriptor, spread over its
 workers by a Reshuffle, and each worker reads its shard's documents itself, from the corpus
-files (which every worker must therefore see). A shard's files depend only on its documents
-and index, so they equal the local job's byte for byte. Each worker writes its shard, and its
+files (which every worker must therefore see). A shard's files depend only on its documents and
+index, so they equal the local job's byte for byte. Each worker writes its shard, and its
 counts as a small JSON, into the job's unfinished directory, which must therefore be on a
-filesystem every worker sees (a local disk for the DirectRunner, a shared mount for Flink or Spark workers); the driver
-then reads the counts back and finishes as the local job does (`pipeline.build`).
+filesystem every worker sees (a local disk for the DirectRunner, a shared mount for Flink or
+Spark workers); the driver then reads the counts back and finishes as the local job does
+(`pipeline.build`).
 """
 from __future__ import annotations
 
