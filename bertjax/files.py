@@ -163,6 +163,15 @@ def rename(source: str, target: str) -> None:
     fs.rm(fs_source, recursive=True)
 
 
+def copy(source: str, target: str) -> None:
+    """Copies one file, either side local or a URL (a remote target is uploaded whole on
+    close; a local target's parent directories are made)."""
+    if not is_remote(target):
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+    with open(source, "rb") as reader, open(target, "wb") as writer:
+        shutil.copyfileobj(reader, writer, 1 << 24)
+
+
 def remove(path: str) -> None:
     """Deletes a file, or a directory with everything under it."""
     if not is_remote(path):

@@ -1,4 +1,5 @@
 """`python -m bertjax.prepare --config=configs/base.py --output=DIR`: pretraining data, offline.
+DIR may be a URL (gs://bucket/dir): the phases are prepared locally, then uploaded, meta.json last.
 
 Prepares every phase of the config's schedule into DIR/<phase>_<length>/ (the shards training
 would otherwise prepare and cache itself), with `data.num_workers` local processes, one shard
@@ -14,56 +15,81 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import sys
+import tempfile
+from typing import Callable, Iterable
 
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import locks, schedule
-from bertjax.data import beam_prepare, pipeline, shard_job
+from bertjax import files, locks, schedule
+from bertjax.data import beam_prepare, pipeline, prepared_files, shard_job
 
 FLAGS = flags.FLAGS
 
 
 def prepare_all(config, output: str, runner: str = "local",  # noqa: ANN001 (a ConfigDict)
                 beam_options: str = "--runner=DirectRunner") -> list[str]:
-    """Prepares every phase of `config` into `output` with local worker processes, or with
-    `runner="beam"` in a Beam pipeline run with `beam_options` (one string, split as a shell
-    would); returns one summary line per phase."""
+    """Prepares every phase of `config` into `output` (a directory or a URL such as
+    gs://bucket/dir) with local worker processes, or with `runner="beam"` in a Beam pipeline run
+    with `beam_options` (one string, split as a shell would); returns one summary line per
+    phase. A URL's phases are prepared in a local temporary directory, then uploaded."""
     from bertjax import run, validate  # not at the top: spawned workers re-import this module
     validate.data_preparation(config)
     if config.data.prepared_dir:
         raise run.ConfigError("data.prepared_dir is set: this job writes prepared data, it "
                               "does not read it; unset --config.data.prepared_dir")
-    if "://" in output:
-        raise run.ConfigError(f"--output={output!r}: prepare to a local or mounted directory "
-                              "(copy it to object storage afterwards)")
     run_shards = shard_job.run_shards
     if runner == "beam":
         run_shards = beam_prepare.shard_runner(shlex.split(beam_options))
     elif runner != "local":
         raise run.ConfigError(f"--runner={runner!r}; choose local or beam")
+    remote = files.is_remote(output)
+    local = tempfile.mkdtemp(prefix="bertjax_prepare_") if remote else output
+    try:
+        return _prepare_phases(config, output, local, run_shards)
+    finally:
+        if remote:
+            shutil.rmtree(local, ignore_errors=True)
+
+
+def _prepare_phases(config, output: str, local: str,  # noqa: ANN001 (a ConfigDict)
+                    run_shards: Callable[..., Iterable[dict[str, int]]]) -> list[str]:
+    """Every phase into `output`, prepared in `local` (the same directory, or a temporary one
+    from which a URL's phases are uploaded, meta.json last, when prepared)."""
+    from bertjax import run
     phases = schedule.phases(config.train, config.data, config.long_phase)
     nsp = run.pretraining_objective(config.train).uses_nsp
-    tokenizer = pipeline.load_or_train_tokenizer(config.data, os.path.join(output, "tokenizer"))
+    tokenizer = pipeline.load_or_train_tokenizer(config.data, os.path.join(local, "tokenizer"))
     lines = []
     for phase in phases:
-        directory = os.path.join(output, pipeline.phase_directory(phase))
+        name = pipeline.phase_directory(phase)
+        directory, target = os.path.join(local, name), f"{output.rstrip('/')}/{name}"
         wanted = pipeline.settings(config.data, phase, tokenizer, nsp)
-        meta_path = os.path.join(directory, "meta.json")
-        if os.path.exists(meta_path):
-            with open(meta_path) as f:
-                pipeline.check_settings(json.load(f).get("settings", {}), wanted, directory)
+        meta_path = os.path.join(target, "meta.json")
+        if files.exists(meta_path):
+            with files.open(meta_path) as f:
+                pipeline.check_settings(json.load(f).get("settings", {}), wanted, target)
+            lines.append(summary(target, phase, False))
+            continue
         built = []
-        locks.build_once(directory, meta_path, lambda: built.append(pipeline.build(
-            directory, config.data, phase, tokenizer, nsp=nsp, run_shards=run_shards)))
-        lines.append(summary(directory, phase, bool(built)))
+        locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
+            pipeline.build(directory, config.data, phase, tokenizer, nsp=nsp,
+                           run_shards=run_shards)))
+        if target != directory:
+            prepared_files.upload(directory, target)
+        lines.append(summary(target, phase, bool(built)))
+    tokenizer_files = os.path.join(local, "tokenizer")
+    if files.is_remote(output) and os.path.isdir(tokenizer_files):
+        for name in sorted(n for n in os.listdir(tokenizer_files) if not n.startswith(".")):
+            files.copy(os.path.join(tokenizer_files, name), f"{output}/tokenizer/{name}")
     return lines
 
 
 def summary(directory: str, phase: schedule.Phase, built: bool) -> str:
     """One line about a prepared phase: sizes, the held-out route, disk and time."""
-    with open(os.path.join(directory, "meta.json")) as f:
+    with files.open(f"{directory}/meta.json") as f:
         meta = json.load(f)
     disk = sum(record["bytes"] for record in meta["files"].values())
     verb = "Prepared" if built else "Already prepared (kept)"
@@ -77,8 +103,8 @@ def define_flags() -> None:
     """Command-line flags; defined only when run as a program."""
     config_flags.DEFINE_config_file("config", None, "Config file with get_config().",
                                     lock_config=True)
-    flags.DEFINE_string("output", None, "Directory for the prepared data (train with "
-                        "--config.data.prepared_dir=DIR).")
+    flags.DEFINE_string("output", None, "Directory or URL (gs://bucket/dir) for the prepared "
+                        "data (train with --config.data.prepared_dir=DIR_OR_URL).")
     flags.DEFINE_enum("runner", "local", ["local", "beam"], "local: data.num_workers local "
                       "processes; beam: an Apache Beam pipeline (pip install -e '.[beam]').")
     flags.DEFINE_string("beam_options", "--runner=DirectRunner", "With --runner=beam: Beam's "

@@ -15,7 +15,7 @@ import pytest
 
 from bertjax import schedule
 from bertjax.data import (corpus, default_corpus, instances, loaders, pipeline, shard_job,
-                          tokenization, tokenize_corpus)
+                          shard_sources, tokenization, tokenize_corpus)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 base_config = runpy.run_path(str(REPO_ROOT / "configs" / "base.py"))["get_config"]
@@ -498,7 +498,8 @@ def test_sharded_preparation_and_loading_across_shards(config, sp_tokenizer, sta
     size = pathlib.Path(config.data.input_files).stat().st_size
     sharded_config = make_config(config.data.input_files, **{"data.shard_bytes": size // 3})
     documents = list(pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats()))
-    expected = list(pipeline.shards_by_bytes(documents, size // 3))
+    reader = pipeline.corpus_reader(config.data, 0, 1)
+    expected = [reader.read(s) for s in shard_sources.cut(reader, corpus.CorpusStats(), size // 3)]
     assert [d for shard in expected for d in shard] == documents and len(expected) >= 3
     sharded = pipeline.prepare(sharded_config.data, short_phase(sharded_config), sp_tokenizer,
                                str(tmp_path))

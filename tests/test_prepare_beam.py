@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from bertjax import prepare
-from bertjax.data import beam_prepare
+from bertjax.data import beam_prepare, shard_sources
 from test_pipeline import make_config, wordpiece_corpus, wordpiece_vocab  # noqa: F401
 
 BEAM_OPTIONS = "--runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing"
@@ -15,7 +15,10 @@ BEAM_OPTIONS = "--runner=DirectRunner --direct_num_workers=2 --direct_running_mo
 
 @pytest.mark.beam
 def test_the_direct_runner_writes_the_local_jobs_shards(wordpiece_corpus, wordpiece_vocab,
-                                                         tmp_path):
+                                                         tmp_path, monkeypatch):
+    import apache_beam as beam
+    created, create = [], beam.Create  # what the driver puts into the pipeline
+    monkeypatch.setattr(beam, "Create", lambda values: (created.extend(values), create(values))[1])
     config = make_config(wordpiece_corpus, **{
         "data.tokenizer": "wordpiece", "data.vocab_file": wordpiece_vocab,
         "data.shard_bytes": 3000})  # several shards, so the workers share them
@@ -34,6 +37,10 @@ def test_the_direct_runner_writes_the_local_jobs_shards(wordpiece_corpus, wordpi
                 "eval_documents", "settings")
         assert {k: beam.get(k) for k in keys} == {k: local.get(k) for k in keys}
     assert not list(tmp_path.glob("beam/*/counts"))  # the workers' counts are gone
+    # The driver sent descriptors (a position and a count), not text: the workers read it.
+    assert {type(shard) for shard in created} == {shard_sources.ShardSource}
+    assert sum(shard.documents for shard in created) == sum(
+        meta["documents"] for meta in metas["beam"].values())
 
 
 def test_without_beam_the_runner_names_the_install(monkeypatch):

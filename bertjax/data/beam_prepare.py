@@ -1,12 +1,16 @@
 """Shards prepared by an Apache Beam pipeline (`python -m bertjax.prepare --runner=beam`).
 
-The driver reads the corpus and cuts it into shards of `data.shard_bytes` exactly as the local
-job does; Beam runs `shard_job.prepare_shard` on each (index, documents) element, spread over
-its workers by a Reshuffle. A shard's files depend only on its documents and index, so they
-equal the local job's byte for byte. Each worker writes its shard, and its counts as a small
-JSON, into the job's unfinished directory, which must therefore be on a filesystem every worker
-sees (a local disk for the DirectRunner, a shared mount for Flink or Spark workers); the driver
-then reads the counts back and finishes as the local job does (`pipeline.build`).
+The driver reads the corpus once, a document at a time, and cuts it into shards of
+`data.shard_bytes` exactly as the local job does, keeping only each shard's descriptor (where
+its first document is, how many documents: `shard_sources.ShardSource`), so its memory does not
+grow with the corpus; Beam runs `shard_job.prepare_shard` on each descriptor, spread over its
+workers by a Reshuffle, and each worker reads its shard's documents itself, from the corpus
+files (which every worker must therefore see). A shard's files depend only on its documents and
+index, so they equal the local job's byte for byte. Each worker writes its shard, and its
+counts as a small JSON, into the job's unfinished directory, which must therefore be on a
+filesystem every worker sees (a local disk for the DirectRunner, a shared mount for Flink or
+Spark workers); the driver then reads the counts back and finishes as the local job does
+(`pipeline.build`).
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import os
 import shutil
 from typing import Any, Callable, Iterable, Iterator
 
-from bertjax.data import shard_job
+from bertjax.data import shard_job, shard_sources
 
 INSTALL = ("--runner=beam needs Apache Beam: pip install -e '.[beam]' in its own virtual "
            "environment (Beam pins protobuf<7 and pyarrow<26, older than this project's other "
@@ -30,20 +34,19 @@ def _counts_path(output: str, index: int) -> str:
     return os.path.join(output, "counts", f"shard_{index:05d}.json")
 
 
-def _prepare(element: tuple[int, list[list[str]]], job: shard_job.ShardJob) -> int:
+def _prepare(shard: shard_sources.ShardSource, job: shard_job.ShardJob) -> int:
     """One shard on a Beam worker: its files, then its counts beside them; returns its index."""
-    index, documents = element
-    counts = shard_job.prepare_shard(job, index, documents)
-    path = _counts_path(job.output, index)
+    counts = shard_job.prepare_shard(job, shard)
+    path = _counts_path(job.output, shard.index)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump(counts, f)
     os.replace(path + ".tmp", path)  # a retried bundle rewrites the same bytes
-    return index
+    return shard.index
 
 
 def shard_runner(beam_options: list[str]
-                 ) -> Callable[[shard_job.ShardJob, Iterable[list[list[str]]], Any],
+                 ) -> Callable[[shard_job.ShardJob, Iterable[shard_sources.ShardSource], Any],
                                Iterator[dict[str, int]]]:
     """A `pipeline.build(run_shards=...)` that prepares the shards with Beam, run with
     `beam_options` (e.g. ["--runner=DirectRunner", "--direct_num_workers=2"]); BeamMissing
@@ -54,10 +57,10 @@ def shard_runner(beam_options: list[str]
     except ImportError as e:
         raise BeamMissing(INSTALL) from e
 
-    def run(job: shard_job.ShardJob, shards: Iterable[list[list[str]]],
+    def run(job: shard_job.ShardJob, shards: Iterable[shard_sources.ShardSource],
             num_workers: Any = None) -> Iterator[dict[str, int]]:
         del num_workers  # the runner's options say how many workers
-        elements = list(enumerate(shards))
+        elements = list(shards)  # descriptors only: a few numbers per shard
         try:
             with beam.Pipeline(options=PipelineOptions(beam_options)) as p:
                 _ = (p | "Shards" >> beam.Create(elements) | beam.Reshuffle()

@@ -260,14 +260,26 @@ def looks_binary(head: bytes) -> bool:
     return control + invalid > _BINARY_FRACTION * len(head)
 
 
-def _decoded_lines(path: str, max_line_chars: int, stats: CorpusStats) -> Iterator[tuple[str, bool]]:
+@dataclasses.dataclass
+class Cursor:
+    """Where a file's reading starts (a byte offset), advanced past every line read (not for
+    files read as text, UTF-16 or CR line ends: `seekable` False)."""
+
+    offset: int = 0
+    seekable: bool = True
+
+
+def _decoded_lines(path: str, max_line_chars: int, stats: CorpusStats,
+                   cursor: Cursor) -> Iterator[tuple[str, bool]]:
     """Yields `(decoded line with its ending, whether the line went on past what was read)`:
     UTF-8 (bad bytes replaced and counted), or UTF-16 for a file with its byte-order mark.
-    Those, and files whose lines end in CR alone (old Mac), are read with universal newlines."""
+    Those, and files whose lines end in CR alone (old Mac), are read with universal newlines
+    from their start; UTF-8 files from `cursor.offset`."""
     head = _head(path)
     utf16 = head.startswith(_UTF16_BOMS)
     if utf16 or (b"\r" in head and b"\n" not in head):
         stats.utf16_files += utf16
+        cursor.seekable = False
         with files.open(path, encoding="utf-16" if utf16 else "utf-8", errors="replace") as file:
             while line := file.readline(max_line_chars + 1):
                 overflow = not line.endswith("\n") and _skip_rest_of_line(file) > 0
@@ -276,14 +288,17 @@ def _decoded_lines(path: str, max_line_chars: int, stats: CorpusStats) -> Iterat
         return
     max_bytes = 4 * max_line_chars  # UTF-8 needs at most 4 bytes per character.
     with files.open(path, "rb") as file:
+        file.seek(cursor.offset)
         while raw := file.readline(max_bytes):
-            overflow = not raw.endswith(b"\n") and _skip_rest_of_line(file) > 0
-            yield _decode(raw, final=not overflow, stats=stats), overflow
+            skipped = 0 if raw.endswith(b"\n") else _skip_rest_of_line(file)
+            cursor.offset += len(raw) + skipped
+            yield _decode(raw, final=not skipped, stats=stats), skipped > 0
 
 
-def _read_lines(path: str, max_line_chars: int, stats: CorpusStats) -> Iterator[str]:
+def _read_lines(path: str, max_line_chars: int, stats: CorpusStats,
+                cursor: Cursor | None = None) -> Iterator[str]:
     """Yields decoded lines without their line ending, each at most max_line_chars long."""
-    for line, overflow in _decoded_lines(path, max_line_chars, stats):
+    for line, overflow in _decoded_lines(path, max_line_chars, stats, cursor or Cursor()):
         line = line.rstrip("\r\n")
         if overflow or len(line) > max_line_chars:
             stats.truncated_long_lines += 1
@@ -349,7 +364,7 @@ def detect_text_format(path: str, max_line_chars: int = 1_000_000, sample_lines:
 
 
 def _read_one_file(
-    path: str, text_format: str, file_stats: CorpusStats, max_line_chars: int
+    path: str, text_format: str, file_stats: CorpusStats, max_line_chars: int, cursor: Cursor
 ) -> Iterator[Document]:
     file_stats.empty_files = int(files.getsize(path) == 0)
     if looks_binary(_head(path)):
@@ -358,7 +373,7 @@ def _read_one_file(
     if text_format == "auto":
         text_format = detect_text_format(path, max_line_chars)
         logging.debug("Reading %s as %r text.", path, text_format)
-    lines = _read_lines(path, max_line_chars, file_stats)
+    lines = _read_lines(path, max_line_chars, file_stats, cursor)
     parse = _documents_from_lines if text_format == "lines" else _documents_from_paragraphs
     return parse(lines)
 
@@ -397,15 +412,39 @@ def read_text_files(
     invalid UTF-8 never raises (see ``CorpusStats``). Paths are checked when this
     is called: a missing file or a glob matching nothing raises FileNotFoundError.
     """
+    positioned = positioned_documents(expand_paths(paths), text_format, stats, max_line_chars)
+    return (document for _, document in positioned)
+
+
+TextPosition = tuple[int, int, int, int]  # document number, file index, byte offset, skip
+
+
+def positioned_documents(paths: Sequence[str], text_format: str = "auto",
+                         stats: CorpusStats | None = None, max_line_chars: int = 1_000_000,
+                         start: TextPosition | None = None
+                         ) -> Iterator[tuple[TextPosition, Document]]:
+    """`(position, document)` of the files `paths` (as `read_text_files`), from the first
+    (counted into `stats`) or, not counted again, from a `start` that this returned: (the
+    document's number, its file's index, the byte offset to read from, documents to skip)."""
     if text_format not in TEXT_FORMATS:
         raise ValueError(f"text_format must be one of {TEXT_FORMATS}, got {text_format!r}.")
-    paths = expand_paths(paths)
-    stats = stats if stats is not None else CorpusStats()
+    number, first_file, offset, skip = start or (0, 0, 0, 0)
 
-    def generate() -> Iterator[Document]:
-        for path in paths:
-            file_stats = CorpusStats(files=1)
-            documents = _read_one_file(path, text_format, file_stats, max_line_chars)
-            yield from counted(path, documents, file_stats, stats)
+    def generate() -> Iterator[tuple[TextPosition, Document]]:
+        nonlocal number
+        for file_index, path in enumerate(paths[first_file:], first_file):
+            begin, to_skip = (offset, skip) if file_index == first_file else (0, 0)
+            cursor, file_stats = Cursor(begin), CorpusStats(files=1)
+            documents = _read_one_file(path, text_format, file_stats, max_line_chars, cursor)
+            if start is None:
+                documents = counted(path, documents, file_stats,
+                                    stats if stats is not None else CorpusStats())
+            position = (number, file_index, begin, to_skip)
+            for in_file, document in enumerate(documents, 1):
+                if in_file > to_skip:
+                    yield position, document
+                    number += 1
+                position = ((number, file_index, cursor.offset, 0) if cursor.seekable
+                            else (number, file_index, 0, in_file))
 
     return generate()

@@ -26,8 +26,8 @@ from absl import logging
 
 from bertjax import failures, files, locks
 from bertjax.data import tokenization
-from bertjax.data import (corpus, default_corpus, instances, prepared_files, shard_format,
-                          shard_job, tfds_source)
+from bertjax.data import (corpus, instances, prepared_files, shard_format, shard_job,
+                          shard_sources)
 from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
 from bertjax.data.shard_job import split_eval_documents  # noqa: F401
 from bertjax.schedule import Phase
@@ -42,33 +42,41 @@ class DataError(ValueError):
 # ----------------------------------------------------------------------------- corpus
 
 
-def read_documents(data_cfg: Any, process_index: int, process_count: int,
-                   stats: corpus.CorpusStats) -> Iterator[list[str]]:
-    """Documents of this process's shard, from the configured source."""
+def corpus_reader(data_cfg: Any, process_index: int, process_count: int
+                  ) -> shard_sources.CorpusReader:
+    """This process's documents of the configured source (its files checked now)."""
     if data_cfg.source == "tfds":
         if not data_cfg.tfds_name:
             raise DataError("data.source=tfds needs --config.data.tfds_name=NAME")
-        return tfds_source.read_tfds(data_cfg.tfds_name, data_cfg.tfds_split,
-                                data_cfg.tfds_data_dir or None, data_cfg.tfds_text_key,
-                                process_index, process_count, stats)
+        return shard_sources.CorpusReader("tfds", tfds=(
+            data_cfg.tfds_name, data_cfg.tfds_split, data_cfg.tfds_data_dir or None,
+            data_cfg.tfds_text_key), process_index=process_index, process_count=process_count)
     if data_cfg.source == "text":
         if not data_cfg.input_files:
             raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
-        documents = corpus.read_text_files(data_cfg.input_files.split(","),
-                                           data_cfg.text_format, stats)
-    elif data_cfg.source == "default":
-        documents = default_corpus.default_corpus(stats)
-    else:
+        paths = tuple(corpus.expand_paths(data_cfg.input_files.split(",")))
+        return shard_sources.CorpusReader("text", paths, data_cfg.text_format,
+                                          process_index=process_index, process_count=process_count)
+    if data_cfg.source != "default":
         raise DataError(f"data.source={data_cfg.source!r}; choose 'default', 'text' or 'tfds'")
-    return (doc for i, doc in enumerate(documents) if i % process_count == process_index)
+    return shard_sources.CorpusReader("default", process_index=process_index,
+                                      process_count=process_count)
+
+
+def read_documents(data_cfg: Any, process_index: int, process_count: int,
+                   stats: corpus.CorpusStats) -> Iterator[list[str]]:
+    """Documents of this process's shard, from the configured source."""
+    reader = corpus_reader(data_cfg, process_index, process_count)
+    return (document for _, document in reader.documents(stats))
 
 
 def source_identity(data_cfg: Any) -> dict[str, Any]:
     """What identifies the raw corpus: files with their sizes, or the dataset's name (with
     `data.prepared_dir`: as recorded there, so the corpus need not be on this host)."""
     if data_cfg.get("prepared_dir"):
-        prepared = glob.escape(data_cfg.prepared_dir)
-        found = sorted(glob.glob(os.path.join(prepared, "*", "meta.json")))
+        prepared = data_cfg.prepared_dir
+        found = files.glob(os.path.join(prepared if files.is_remote(prepared)
+                                        else glob.escape(prepared), "*", "meta.json"))
         if not found:
             raise DataError(f"data.prepared_dir={data_cfg.prepared_dir!r} holds no prepared data "
                             "(no */meta.json); run python -m bertjax.prepare --output=DIR first")
@@ -267,6 +275,8 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
         directory = os.path.join(data_cfg.prepared_dir, phase_directory(phase))
         meta, records = _read_meta(directory)
         check_settings(meta.get("settings", {}), wanted, directory)
+        if files.is_remote(directory):  # training memory-maps a local copy
+            directory = prepared_files.local_copy(directory, records, cache_dir)
         share = (process_index, process_count)
         verb = "Reading prepared data"
     else:
@@ -346,7 +356,7 @@ def check_settings(found: dict[str, Any], wanted: dict[str, Any], directory: str
 
 def _read_meta(directory: str) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
-        with open(os.path.join(directory, "meta.json")) as f:
+        with files.open(os.path.join(directory, "meta.json")) as f:
             meta = json.load(f)
         return meta, meta.pop("files")
     except FileNotFoundError as e:
@@ -363,20 +373,6 @@ def _masking_is_dynamic(data_cfg: Any) -> bool:
     return data_cfg.masking == "dynamic"
 
 
-def shards_by_bytes(documents: Iterable[list[str]], shard_bytes: int) -> Iterator[list[list[str]]]:
-    """Groups documents into shards of about `shard_bytes` bytes of UTF-8 text: a shard ends
-    after the document that reaches the size, so documents never span shards."""
-    shard, size = [], 0
-    for document in documents:
-        shard.append(document)
-        size += sum(len(sentence.encode()) + 1 for sentence in document)
-        if size >= shard_bytes:
-            yield shard
-            shard, size = [], 0
-    if shard:
-        yield shard
-
-
 def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
           process_index: int = 0, process_count: int = 1, nsp: bool = True,
           run_shards: Callable[..., Iterable[dict[str, int]]] = shard_job.run_shards) -> None:
@@ -390,13 +386,13 @@ def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.T
         if not locks.pid_alive(unfinished.rsplit(".tmp", 1)[1]):
             shutil.rmtree(unfinished, ignore_errors=True)
     tmp = _unfinished(directory)
-    job = shard_job_of(data_cfg, phase, specials_of(tokenizer, data_cfg.whole_word_mask),
-                       tokenizer, process_index, tmp, nsp)
+    reader = corpus_reader(data_cfg, process_index, process_count)
+    job = dataclasses.replace(shard_job_of(data_cfg, phase, specials_of(
+        tokenizer, data_cfg.whole_word_mask), tokenizer, process_index, tmp, nsp), reader=reader)
     meta = collections.Counter()
-    documents = read_documents(data_cfg, process_index, process_count, stats)
     try:
-        for counts in run_shards(job, shards_by_bytes(documents, data_cfg.shard_bytes),
-                                           data_cfg.num_workers):
+        for counts in run_shards(job, shard_sources.cut(reader, stats, data_cfg.shard_bytes),
+                                 data_cfg.num_workers):
             meta.update(counts, shards=1)
             logging.debug("Prepared shard %d (%s): %s", meta["shards"] - 1, phase.name, dict(meta))
     except shard_job.WorkerError as e:

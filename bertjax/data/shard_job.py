@@ -1,5 +1,5 @@
-"""One shard's whole preparation (tokenize, held-out split, pairs, masks, write), run in
-worker processes, one shard per worker, at most a few shards of text in flight.
+"""One shard's whole preparation (read its documents from its descriptor, tokenize, held-out
+split, pairs, masks, write), run in worker processes, one shard per worker.
 
 A shard's result depends only on its documents and its index, so any number of workers
 writes the same bytes. Workers are `spawn`ed (forking a process that may already run JAX's
@@ -20,7 +20,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from bertjax.data import instances, shard_format, tokenization, tokenize_corpus
+from bertjax.data import instances, shard_format, shard_sources, tokenization, tokenize_corpus
 
 CHUNK_ROWS = 4096  # rows masked and written at a time
 INSTANCE_ROUTE_FACTOR = 3  # whole documents holding more than this x eval_fraction of tokens
@@ -61,6 +61,7 @@ class ShardJob:
     dynamic: bool
     next_sentence_prediction: bool
     output: str  # the shards go to output/{train,eval}/shard_NNNNN
+    reader: shard_sources.CorpusReader | None = None  # where each shard reads its documents
 
 
 def hash_seed(*parts: int) -> int:
@@ -114,10 +115,11 @@ def write_split(created: list[instances.Instance], job: ShardJob, rng: random.Ra
     return len(created)
 
 
-def prepare_shard(job: ShardJob, shard: int, raw_documents: list[list[str]]) -> dict[str, int]:
-    """Writes shard `shard` of both splits; returns its counts."""
-    tokenized, counts = tokenize_corpus.tokenize_documents(raw_documents, job.tokenizer)
-    del raw_documents
+def prepare_shard(job: ShardJob, source: shard_sources.ShardSource) -> dict[str, int]:
+    """Reads the documents of shard `source` (with `job.reader`) and writes the shard of both
+    splits; returns its counts."""
+    shard = source.index
+    tokenized, counts = tokenize_corpus.tokenize_documents(job.reader.read(source), job.tokenizer)
     counts = collections.Counter(counts, documents=len(tokenized))
     train_docs, eval_docs = split_eval_documents(tokenized, job.eval_fraction, job.seed + shard)
     by_instances = (job.eval_fraction > 0 and eval_docs and _tokens(eval_docs)
@@ -154,15 +156,15 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
 
 
-def run_shards(job: ShardJob, shards: Iterable[list[list[str]]], num_workers: int
+def run_shards(job: ShardJob, shards: Iterable[shard_sources.ShardSource], num_workers: int
                ) -> Iterator[dict[str, int]]:
-    """Prepares every shard (in `num_workers` processes; 0: one per core), yielding each
-    shard's counts in shard order; one shard is read ahead of the workers."""
+    """Prepares every shard (in `num_workers` processes; 0: one per core; each reads its own
+    documents), yielding each shard's counts in shard order."""
     check_not_in_spawned_import()
     num_workers = num_workers or os.cpu_count() or 1
     if num_workers <= 1:
-        for index, documents in enumerate(shards):
-            yield prepare_shard(job, index, documents)
+        for shard in shards:
+            yield prepare_shard(job, shard)
         return
     with concurrent.futures.ProcessPoolExecutor(
             num_workers, mp_context=multiprocessing.get_context("spawn"),
@@ -171,9 +173,8 @@ def run_shards(job: ShardJob, shards: Iterable[list[list[str]]], num_workers: in
         # start message larger than a pipe's buffer hangs the parent if the child dies early.
         pending: collections.deque = collections.deque()
         try:
-            for index, documents in enumerate(shards):
-                pending.append(pool.submit(prepare_shard, job, index, documents))
-                del documents
+            for shard in shards:
+                pending.append(pool.submit(prepare_shard, job, shard))
                 while len(pending) > num_workers:
                     yield pending.popleft().result()
             while pending:
