@@ -11,11 +11,11 @@ The model architecture and the tokenizer come from the pretraining run that wrot
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
-import sys
 from typing import Any
 
 import jax
@@ -24,7 +24,7 @@ import optax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, cli, files, finetune_loop, locks, optim, pretrained, reporting,
+from bertjax import (checkpoint, cli, failures, files, finetune_loop, locks, optim, pretrained, reporting,
                      sharding, validate)
 from bertjax import model as bert_model
 from bertjax import run as run_lib
@@ -137,15 +137,16 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     validate.finetuning(config)
     if config.init_checkpoint:  # (before the workdir is made: a mistake creates nothing)
         pretrained.check_exists(config.init_checkpoint, "init_checkpoint")
-    files.makedirs(workdir)
-    with locks.workdir_lock(workdir, jax.process_index()):
+    with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
         if jax.process_index() == 0:
             check_workdir(config, workdir, overwrite)
-        return _run(config, workdir, devices)
+        return _run(config, workdir, devices, accepted)
 
 
-def _run(config: ml_collections.ConfigDict, workdir: str,
-         devices: list[jax.Device] | None) -> dict[str, Any]:
+def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Device] | None,
+         accepted: contextlib.ExitStack) -> dict[str, Any]:
+    """The run in its locked `workdir`; once its settings and inputs are accepted, it writes
+    config.json and its log file (held open by `accepted`)."""
     source = typed(pretrained.Source, config)
     pretrain = pretrained.pretraining_run(source)
     bert_config = pretrained.bert_config_of(source, pretrain)
@@ -183,6 +184,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str,
     settings = typed(finetune_loop.Settings, {
         **config, "config": config.to_json(), "bert_config": dataclasses.asdict(bert_config),
         "tokenizer_fingerprint": tokenizer.fingerprint()})
+    accepted.enter_context(reporting.logging_to(reporting.log_file(workdir)))  # (once accepted)
     if jax.process_index() == 0:
         reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1))
         native.save_tokenizer(tokenizer, workdir)  # the fine-tuned model stands alone
@@ -229,15 +231,17 @@ def define_flags() -> None:
 
 def main(argv) -> None:
     del argv
+    failures.one_line_thread_errors()
     try:
         run(FLAGS.config, FLAGS.workdir, overwrite=FLAGS.overwrite)
+    except KeyboardInterrupt:
+        failures.leave("interrupted (Ctrl-C); rerun the same command to resume from the last "
+                       "epoch's checkpoint", 130, at_once=True)
     except (FinetuneError, run_lib.ConfigError, locks.LockHeld, pretrained.PretrainedError,
             features.TaskDataError, pipeline.DataError, checkpoint.CheckpointMismatch,
-            checkpoint.CheckpointWriteError, checkpoint.DamagedCheckpoint, FileNotFoundError,
+            checkpoint.CheckpointWriteError, checkpoint.DamagedCheckpoint, OSError,
             ConversionError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
-
+        cli.leave_on(e, FLAGS.workdir)
 
 if __name__ == "__main__":
     define_flags()

@@ -180,8 +180,10 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
     total_steps = trainer.total_steps
     mesh, abstract_state = sharded.mesh, sharded.abstract_state
     train_step, predict_step = sharded.train_step, sharded.eval_step
-    checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                           save_every=10 ** 9, keep_latest=1)
+    checkpointer = checkpoint.Checkpointer(
+        os.path.join(workdir, "checkpoints"), save_every=10 ** 9, keep_latest=1,
+        on_commit=reporting.announce_commit(os.path.join(workdir, "checkpoints"),
+                                            f"seed {seed}: "))
     meta = {"task": settings.task, "seed": seed, "config": settings.config,
             "bert_config": settings.bert_config,
             "tokenizer_fingerprint": settings.tokenizer_fingerprint}

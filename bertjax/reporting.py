@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import jax
 from absl import logging
@@ -62,6 +62,11 @@ def chief_print(line: str) -> None:
     if jax.process_index() == 0:
         TERMINAL.clear()
         print(line, flush=True)
+
+
+def announce_commit(directory: str, prefix: str = "") -> Callable[[int], None]:
+    """A Checkpointer's `on_commit`: `checkpoint step N -> DIRECTORY/N` once step N is sealed."""
+    return lambda step: chief_print(f"{prefix}checkpoint step {step} -> {directory}/{step}")
 
 
 def status_bar(step: int, total: int, eta: float | None, width: int = 24) -> str:

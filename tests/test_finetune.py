@@ -10,6 +10,7 @@ import shutil
 import string
 import subprocess
 import sys
+import time
 
 import flax.linen as nn
 import jax
@@ -23,6 +24,7 @@ from bertjax.interop.tree import ConversionError
 from bertjax.heads import (BertForQuestionAnswering, BertForSequenceClassification,
                            BertForTokenClassification)
 from bertjax.model import BertConfig, BertModel
+from test_faults import Trainer, on_a_small_filesystem
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POSITIVE, NEGATIVE = ["good", "great", "fun", "lovely"], ["bad", "awful", "dull", "boring"]
@@ -356,3 +358,58 @@ def test_fine_tuning_resumes_reruns_and_refuses_other_settings(data_root, tmp_pa
     assert os.listdir(workdir / "seed_1" / "checkpoints") == [best]
     finetune.check_workdir(config, str(workdir), overwrite=True)  # (what --overwrite does)
     assert os.listdir(workdir) == ["run.lock"]
+
+
+def finetune_command(data_root: str, workdir, **overrides) -> list[str]:
+    """`python -m bertjax.finetune` on SST-2 with `small`'s settings (and `overrides`)."""
+    config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
+                   **overrides)
+    defaults = config_file("glue.py")
+    return [sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/glue.py",
+            f"--workdir={workdir}"] + [f"--config.{key}={value}" for key, value in config.items()
+                                       if value != defaults[key]]
+
+
+@pytest.mark.slow  # (three fine-tuning runs, about 30 s)
+def test_a_full_disk_while_fine_tuning_is_one_line_and_the_rerun_resumes_exactly(data_root,
+                                                                                 tmp_path):
+    """A seed's checkpoints on a tmpfs with room for one (1200 KiB; one takes about
+    800 KiB): the save of epoch 2 (step 6) fails. One
+    `error:` line names the step, the file, "No space left on device" and the checkpoint kept,
+    with Orbax's tracebacks in WORKDIR/log.txt only, and the process exits at once without
+    announcing the failed save. With space again, the same command resumes from epoch 1 (step 3) and
+    ends with the metrics of an uninterrupted run."""
+    overrides = {"num_train_epochs": 3, "log_every": 1}
+    reference = Trainer(finetune_command(data_root, tmp_path / "reference", **overrides))
+    assert reference.finish() == 0, reference.output()
+    workdir = tmp_path / "run"
+    directory, kept = workdir / "seed_1" / "checkpoints", tmp_path / "kept"
+    directory.mkdir(parents=True)
+    args = finetune_command(data_root, workdir, **overrides)
+    started = time.time()
+    run = Trainer(on_a_small_filesystem(args, directory, 1200, f"cp -a {directory} {kept}"))
+    assert run.finish() == 1, run.output()
+    seconds, output = time.time() - started, run.output(None)
+    errors = [line for line in run.lines if line.startswith("error")]
+    assert len(errors) == 1 and "Traceback" not in output, output
+    assert re.match(rf"error: saving checkpoint step 6 in {directory} failed: No space left on "
+                    rf"device: {directory}/6.orbax-checkpoint-tmp/\S+ \(free some space, then "
+                    r"rerun the same command to resume\); kept: the finished checkpoint\(s\) 3, "
+                    rf"a rerun resumes from step 3 \(the full log: {workdir}/log.txt\)$",
+                    errors[0]), errors[0]
+    assert f"seed 1: checkpoint step 3 -> {directory}/3" in output
+    assert "checkpoint step 6 ->" not in output
+    log = (workdir / "log.txt").read_text()
+    assert "No space left on device" in log and "Traceback" in log
+    print(f"\n{errors[0].strip()}\n({len(run.lines)} lines printed, {len(log.splitlines())} in "
+          f"the log; {seconds:.1f} s)")
+
+    shutil.rmtree(directory)
+    shutil.copytree(kept, directory)
+    resumed = Trainer(args)
+    assert resumed.finish() == 0, resumed.output()
+    assert "seed 1: resuming from" in resumed.output(None)
+    summary = lambda path: json.loads((path / "summary.json").read_text())["seeds"][0]["dev"]
+    assert summary(workdir) == summary(tmp_path / "reference")
+    assert (workdir / "seed_1" / "metrics.jsonl").read_text() == \
+        (tmp_path / "reference" / "seed_1" / "metrics.jsonl").read_text()
