@@ -24,8 +24,8 @@ import optax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, cli, failures, files, finetune_loop, locks, optim, pretrained, reporting,
-                     sharding, validate)
+from bertjax import (checkpoint, cli, failures, finetune_loop, locks, optim, pretrained,
+                     reporting, sharding, validate)
 from bertjax import model as bert_model
 from bertjax import run as run_lib
 from bertjax.data import pipeline
@@ -52,8 +52,7 @@ def make_task(config: ml_collections.ConfigDict, tokenizer) -> features.Finetune
     if config.kind not in TASK_KINDS:
         raise FinetuneError(f"kind={config.kind!r}; choose one of {sorted(TASK_KINDS)}")
     try:
-        return TASK_KINDS[config.kind](typed(features.TaskOptions, config),
-                                       tokenizer)
+        return TASK_KINDS[config.kind](typed(features.TaskOptions, config), tokenizer)
     except ValueError as e:
         raise FinetuneError(str(e)) from e
 
@@ -103,31 +102,6 @@ def parse_seeds(seeds: Any) -> list[int]:
         raise FinetuneError(f"seeds={seeds!r}: expected comma-separated integers") from e
 
 
-def check_workdir(config: ml_collections.ConfigDict, workdir: str, overwrite: bool) -> None:
-    """Refuses a `workdir` that holds a fine-tuning run with other settings (naming them);
-    with `overwrite`, empties it instead. The same settings continue (or re-evaluate) it."""
-    path = os.path.join(workdir, "config.json")
-    if not files.exists(path):
-        return
-    if overwrite:
-        for name in files.listdir(workdir):
-            if not name.startswith("run.lock"):
-                files.remove(os.path.join(workdir, name))
-        return
-    try:
-        old = json.loads(files.read_text(path))
-    except ValueError as e:
-        raise FinetuneError(f"{path} is unreadable ({e}): delete it, or use another "
-                            "--workdir") from e
-    new = json.loads(config.to_json())
-    changed = [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted({*old, *new})
-               if old.get(key) != new.get(key)]
-    if changed:
-        raise FinetuneError(f"{workdir} holds a fine-tuning run with other settings ("
-                            f"{'; '.join(changed[:5])}{'; ...' if len(changed) > 5 else ''}): "
-                            "use a new --workdir, or --overwrite to replace that run")
-
-
 def run(config: ml_collections.ConfigDict, workdir: str,
         devices: list[jax.Device] | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Fine-tunes every seed in `config.seeds` (each in `workdir/seed_N`) and writes
@@ -139,7 +113,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         pretrained.check_exists(config.init_checkpoint, "init_checkpoint")
     with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
         if jax.process_index() == 0:
-            check_workdir(config, workdir, overwrite)
+            finetune_loop.check_workdir(config.to_json(), workdir, overwrite)
         return _run(config, workdir, devices, accepted)
 
 
@@ -150,6 +124,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
     source = typed(pretrained.Source, config)
     pretrain = pretrained.pretraining_run(source)
     bert_config = pretrained.bert_config_of(source, pretrain)
+    if pretrain.model and not config.random_init:  # (the weights must fit: before any work)
+        pretrained.check_architecture(BertConfig.from_dict(pretrain.model), bert_config,
+                                      config.init_checkpoint)
     tokenizer = pretrained.tokenizer_of(source, pretrain)
     if tokenizer.vocab_size > bert_config.vocab_size:
         raise FinetuneError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "

@@ -169,6 +169,32 @@ def _fresh_state(settings: Settings, trainer: Trainer, seed: int) -> Any:
     return state
 
 
+def check_workdir(config_json: str, workdir: str, overwrite: bool) -> None:
+    """Refuses a `workdir` that holds a fine-tuning run with settings other than `config_json`
+    (naming them); with `overwrite`, empties it instead. The same settings continue (or
+    re-evaluate) it."""
+    path = os.path.join(workdir, "config.json")
+    if not files.exists(path):
+        return
+    if overwrite:
+        for name in files.listdir(workdir):
+            if not name.startswith("run.lock"):
+                files.remove(os.path.join(workdir, name))
+        return
+    try:
+        old = json.loads(files.read_text(path))
+    except ValueError as e:
+        raise run_lib.ConfigError(f"{path} is unreadable ({e}): delete it, or use another "
+                                  "--workdir") from e
+    new = json.loads(config_json)
+    changed = [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted({*old, *new})
+               if old.get(key) != new.get(key)]
+    if changed:
+        raise run_lib.ConfigError(f"{workdir} holds a fine-tuning run with other settings ("
+                                  f"{'; '.join(changed[:5])}"
+                                  f"{'; ...' if len(changed) > 5 else ''}): use a new "
+                                  "--workdir, or --overwrite to replace that run")
+
 def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitData], seed: int,
                    workdir: str) -> dict[str, Any]:
     """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics. Every

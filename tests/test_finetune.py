@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, extract_features, finetune, pretrained, train
+from bertjax import checkpoint, extract_features, finetune, finetune_loop, pretrained, train
+from bertjax import run as run_lib
 from bertjax.interop import hf, tf
 from bertjax.interop.tree import ConversionError
 from bertjax.heads import (BertForQuestionAnswering, BertForSequenceClassification,
@@ -164,6 +165,8 @@ def test_glue_cli_trains_seeds_keeps_best_and_writes_submission(data_root, tmp_p
         assert lines[0] == "index\tprediction" and len(lines) == 11
         assert {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
     assert "sst2 dev/accuracy: mean" in result.stdout
+    assert f"seed 1: checkpoint step 3 -> {workdir}/seed_1/checkpoints/3" in result.stdout
+    assert "orbax" in (workdir / "log.txt").read_text()  # the libraries' INFO lines go there
     # The console: the libraries' INFO quiet, the learning rate, ETA, baseline and outputs.
     assert_quiet_console(result.stdout + result.stderr)
     assert re.search(r"seed 1 step \d+/\d+ loss [\d.]+ lr [\d.e-]+ \(\d+s, eta \d+m\d+s\)",
@@ -246,6 +249,7 @@ def test_clear_errors(data_root, tmp_path):
                    model_config=str(tmp_path / "bigger.json"))
     with pytest.raises(ConversionError, match="hidden_size: checkpoint 32, config.model 64"):
         finetune.run(config, str(tmp_path / "b"), devices=jax.devices()[:1])
+    assert not (tmp_path / "b").exists()  # refused after taking its lock: no log.txt, config.json
 
 
 def test_extract_features_original_format(data_root, tmp_path):
@@ -349,14 +353,14 @@ def test_fine_tuning_resumes_reruns_and_refuses_other_settings(data_root, tmp_pa
     again = finetune.run(config, str(workdir), devices=one_device)
     assert again["seeds"][0]["dev"] == expected["seeds"][0]["dev"] and rows() == reference_rows
     before = (workdir / "config.json").read_text()
-    with pytest.raises(finetune.FinetuneError, match=r"holds a fine-tuning run with other "
+    with pytest.raises(run_lib.ConfigError, match=r"holds a fine-tuning run with other "
                        r"settings \(learning_rate: 0.001 -> 0.002\): use a new --workdir, or "
                        r"--overwrite"):
         config.learning_rate = 2e-3
         finetune.run(config, str(workdir), devices=one_device)
     assert (workdir / "config.json").read_text() == before
     assert os.listdir(workdir / "seed_1" / "checkpoints") == [best]
-    finetune.check_workdir(config, str(workdir), overwrite=True)  # (what --overwrite does)
+    finetune_loop.check_workdir(config.to_json(), str(workdir), overwrite=True)  # --overwrite
     assert os.listdir(workdir) == ["run.lock"]
 
 
@@ -386,9 +390,10 @@ def test_a_full_disk_while_fine_tuning_is_one_line_and_the_rerun_resumes_exactly
     directory, kept = workdir / "seed_1" / "checkpoints", tmp_path / "kept"
     directory.mkdir(parents=True)
     args = finetune_command(data_root, workdir, **overrides)
-    started = time.time()
     run = Trainer(on_a_small_filesystem(args, directory, 1200, f"cp -a {directory} {kept}"))
-    assert run.finish() == 1, run.output()
+    run.wait_for("^error: ")
+    started = time.time()
+    assert run.finish(timeout=30) == 1, run.output()  # (not held by Orbax's writer threads)
     seconds, output = time.time() - started, run.output(None)
     errors = [line for line in run.lines if line.startswith("error")]
     assert len(errors) == 1 and "Traceback" not in output, output
@@ -402,7 +407,7 @@ def test_a_full_disk_while_fine_tuning_is_one_line_and_the_rerun_resumes_exactly
     log = (workdir / "log.txt").read_text()
     assert "No space left on device" in log and "Traceback" in log
     print(f"\n{errors[0].strip()}\n({len(run.lines)} lines printed, {len(log.splitlines())} in "
-          f"the log; {seconds:.1f} s)")
+          f"the log; exit {seconds:.1f} s after the error line)")
 
     shutil.rmtree(directory)
     shutil.copytree(kept, directory)
