@@ -95,13 +95,6 @@ def make_trainer(config: ml_collections.ConfigDict, task: features.Finetune,
                                                         schedule_config(config, total_steps)))
 
 
-def parse_seeds(seeds: Any) -> list[int]:
-    try:
-        return [int(s) for s in str(seeds).replace(" ", "").split(",") if s]
-    except ValueError as e:
-        raise FinetuneError(f"seeds={seeds!r}: expected comma-separated integers") from e
-
-
 def run(config: ml_collections.ConfigDict, workdir: str,
         devices: list[jax.Device] | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Fine-tunes every seed in `config.seeds` (each in `workdir/seed_N`) and writes
@@ -167,7 +160,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
         native.save_tokenizer(tokenizer, workdir)  # the fine-tuned model stands alone
     results = [finetune_loop.train_one_seed(settings, trainer, data, seed,
                                             os.path.join(workdir, f"seed_{seed}"))
-               for seed in parse_seeds(config.seeds)]
+               for seed in validate.seeds(config.seeds)]
     baselines = {name: task.baseline(data["train"], data[name]) for name in task.eval_splits}
     baselines = {name: found for name, found in baselines.items() if found}
     summary = {"task": config.task, "init_checkpoint": config.init_checkpoint,

@@ -49,6 +49,10 @@ FINETUNING = _rules(
     ("num_train_epochs", _positive), ("log_every", _at_least_1),
     ("max_seq_length", _seq_length), ("max_train_examples", _at_least_0),
 )
+FINETUNING_TASKS = _rules(  # the fields of some tasks' configs (squad.py, ner.py)
+    ("doc_stride", _at_least_1), ("max_query_length", _at_least_1), ("n_best_size", _at_least_1),
+    ("max_answer_length", _at_least_1), ("lstm_size", _at_least_1),
+)
 
 
 def _value(config: Any, field: str) -> Any:
@@ -81,8 +85,21 @@ def pretraining(config: Any) -> None:
 
 
 def finetuning(config: Any) -> None:
-    """Every range of a fine-tuning config."""
-    check(config, FINETUNING)
+    """Every range of a fine-tuning config (and of its task's fields), and its seeds."""
+    check(config, FINETUNING + [rule for rule in FINETUNING_TASKS if rule[0] in config])
+    seeds(config.seeds)
+
+
+def seeds(value: Any) -> list[int]:
+    """The seeds of a fine-tuning config's comma-separated `seeds` (at least one)."""
+    try:
+        found = [int(s) for s in str(value).replace(" ", "").split(",") if s]
+    except ValueError:
+        found = []
+    if not found:
+        raise ConfigError(f"seeds={value!r} is not a comma-separated list of integers (e.g. "
+                          "1,2,3); set --config.seeds")
+    return found
 
 
 def data_preparation(config: Any) -> None:

@@ -50,17 +50,33 @@ def test_warmup_longer_than_the_run_is_refused():
     validate.pretraining(config_of("large.py"))
 
 
-@pytest.mark.parametrize("field, value, allowed", [
-    ("learning_rate", -5e-5, ">= 0"), ("train_batch_size", 0, ">= 1"),
-    ("num_train_epochs", 0.0, "> 0"), ("log_every", 0, ">= 1"), ("max_seq_length", 2, ">= 5"),
-    ("warmup_proportion", 1.5, "between 0 and 1"),
+@pytest.mark.parametrize("file, field, value, allowed", [
+    ("glue", "learning_rate", -5e-5, ">= 0"), ("glue", "train_batch_size", 0, ">= 1"),
+    ("glue", "eval_batch_size", 0, ">= 1"), ("glue", "num_train_epochs", 0.0, "> 0"),
+    ("glue", "num_train_epochs", -1.0, "> 0"), ("glue", "log_every", 0, ">= 1"),
+    ("glue", "max_seq_length", 2, ">= 5"), ("glue", "warmup_proportion", 1.5, "between 0 and 1"),
+    # SQuAD's doc_stride 0 (or below) looped for ever; the others silently predicted nothing.
+    ("squad", "doc_stride", 0, ">= 1"), ("squad", "doc_stride", -8, ">= 1"),
+    ("squad", "max_query_length", 0, ">= 1"), ("squad", "n_best_size", 0, ">= 1"),
+    ("squad", "max_answer_length", 0, ">= 1"), ("ner", "lstm_size", 0, ">= 1"),
 ])
-def test_fine_tuning_values_out_of_range_are_refused_before_any_work(field, value, allowed,
+def test_fine_tuning_values_out_of_range_are_refused_before_any_work(file, field, value, allowed,
                                                                      tmp_path):
-    config = config_of("finetune/glue.py")
+    config = config_of(f"finetune/{file}.py")
     config[field] = value
     with pytest.raises(ConfigError, match=rf"^{field}=.* is out of range: it must be {allowed}; "
                        rf"set --config.{field}$"):
         finetune.run(config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
-    validate.finetuning(config_of("finetune/glue.py"))
+    validate.finetuning(config_of(f"finetune/{file}.py"))
+
+
+@pytest.mark.parametrize("seeds", ["", "1,x", " , "])
+def test_fine_tuning_seeds_that_are_not_integers_are_refused_before_any_work(seeds, tmp_path):
+    config = config_of("finetune/glue.py")
+    config.seeds = seeds
+    with pytest.raises(ConfigError, match=r"is not a comma-separated list of integers .*; set "
+                       r"--config.seeds$"):
+        finetune.run(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    assert validate.seeds(" 1, 2,3") == [1, 2, 3]
