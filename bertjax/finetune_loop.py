@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import logging
 from jax.sharding import Mesh
 
 from bertjax import checkpoint, failures, files, pretrained, reporting, sharding, steps
@@ -89,9 +90,13 @@ def make_trainer(task: Finetune, model: nn.Module, tx: optax.GradientTransformat
 
 def restore(checkpointer: checkpoint.Checkpointer, step: int, abstract_state: Any,
             meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """`(state, position)` of checkpoint `step`; a checkpoint that fails to restore or to
-    match its digest is one DamagedCheckpoint error naming it and the way on."""
+    """`(state, position)` of checkpoint `step`; a checkpoint that differs from its recorded
+    checksums (e.g. its epoch or best-so-far in the position edited), fails to restore or
+    does not match its digest is one DamagedCheckpoint error naming it and the way on."""
     try:
+        problem = checkpointer.verify(step)[1]
+        if problem:
+            raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", problem)
         state, position, _ = checkpointer.restore(step, abstract_state, meta)
     except checkpoint.CheckpointMismatch:
         raise
@@ -140,11 +145,19 @@ def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any
 
 
 def _keep_rows_up_to(path: str | None, step: int) -> None:
-    """Drops the rows of `path` (metrics.jsonl) after `step`: a resumed run writes them again."""
+    """Drops the rows of `path` (metrics.jsonl) after `step`: a resumed run writes them again;
+    and rows that are not JSON (a damaged file), with a warning naming them."""
     if not path or not files.exists(path):
         return
+    rows, damaged = [], 0
     with files.open(path) as f:
-        rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        for line in filter(str.strip, f):
+            try:
+                rows += [line] if json.loads(line)["step"] <= step else []
+            except (ValueError, TypeError, KeyError):
+                damaged += 1
+    if damaged:
+        logging.warning("%s: dropped %d damaged row(s)", path, damaged)
     reporting.write_text(path, "".join(rows))
 
 

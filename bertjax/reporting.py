@@ -78,15 +78,19 @@ def status_bar(step: int, total: int, eta: float | None, width: int = 24) -> str
 
 def write_text(path: str, text: str, append: bool = False) -> None:
     """Writes a small text file so that a kill -9 never loses what it held. Locally, an append
-    is one O_APPEND write (earlier lines are never rewritten) and a rewrite goes through a
-    renamed temporary file. Object stores (gs://) cannot append; there an append rewrites
+    is one O_APPEND write (earlier lines are never rewritten; one that does not fit is taken
+    back) and a rewrite goes through a renamed temporary file. Object stores (gs://) cannot append; there an append rewrites
     the object, which each upload replaces whole."""
     if not files.is_remote(path):
         if append:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd, data = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), \
+                text.encode("utf-8")
             try:
                 with failures.naming(path):
-                    os.write(fd, text.encode("utf-8"))
+                    written = os.write(fd, data)
+                    if written < len(data):  # a full disk: no partial line is left behind
+                        os.ftruncate(fd, os.fstat(fd).st_size - written)
+                        raise failures.no_space(path)
             finally:
                 os.close(fd)
         else:

@@ -345,6 +345,13 @@ def test_fine_tuning_resumes_reruns_and_refuses_other_settings(data_root, tmp_pa
     with pytest.raises(checkpoint.DamagedCheckpoint, match=rf"{latest.name} is damaged: .*; "
                        r"move it out of .* and rerun to resume from the checkpoint before it"):
         finetune.run(config, str(damaged), devices=one_device)
+    shutil.rmtree(damaged)  # (a copy whose position says epoch 3 instead of 2: before, it
+    shutil.copytree(workdir, damaged)  # resumed as if finished, without a word)
+    position = damaged / "seed_1" / "checkpoints" / latest.name / "data" / "metadata"
+    position.write_text(position.read_text().replace('"epoch": 2', '"epoch": 3', 1))
+    with pytest.raises(checkpoint.DamagedCheckpoint, match=rf"{latest.name} is damaged: "
+                       r"data/metadata does not match its checksum; move it out"):
+        finetune.run(config, str(damaged), devices=one_device)
     resumed = finetune.run(config, str(workdir), devices=one_device)
     assert rows() == reference_rows
     assert resumed["seeds"][0]["dev"] == expected["seeds"][0]["dev"]

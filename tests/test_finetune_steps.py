@@ -78,3 +78,13 @@ def test_the_loop_takes_every_step_and_evaluates_at_each_pass_end():
     for start in (0, 110):
         assert sorted(stream[start:start + 110]) == list(range(110))
     assert len(set(stream[220:])) == 100  # the third pass, 100 of its 110 rows
+
+
+def test_a_resume_keeps_the_rows_up_to_its_step_and_drops_damaged_ones(tmp_path, caplog):
+    """metrics.jsonl with a row cut short (before: a JSONDecodeError traceback at the resume)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "lo\n{"step": 3, "loss": 0.5}\n'
+                    '{"step": 4, "loss": 0.4}\n')
+    finetune_loop._keep_rows_up_to(str(path), 3)
+    assert path.read_text() == '{"step": 1, "loss": 1.0}\n{"step": 3, "loss": 0.5}\n'
+    assert "dropped 1 damaged row(s)" in caplog.text
