@@ -162,11 +162,14 @@ def _keep_rows_up_to(path: str | None, step: int) -> None:
 
 
 def _finished(workdir: str) -> dict[str, Any] | None:
-    """The summary of a seed that finished in `workdir` (None if it did not)."""
+    """The summary of a seed that finished in `workdir` (None if it did not, or if its
+    summary.json is damaged: the seed then resumes from its best checkpoint, exactly)."""
     try:
-        return json.loads(files.read_text(os.path.join(workdir, "summary.json")))
+        summary = json.loads(files.read_text(os.path.join(workdir, "summary.json")))
     except (FileNotFoundError, ValueError):
         return None
+    return summary if isinstance(summary, dict) and {"best_epoch", "best_step", "dev"} <= \
+        set(summary) else None
 
 
 def _fresh_state(settings: Settings, trainer: Trainer, seed: int) -> Any:

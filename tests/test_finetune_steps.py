@@ -88,3 +88,13 @@ def test_a_resume_keeps_the_rows_up_to_its_step_and_drops_damaged_ones(tmp_path,
     finetune_loop._keep_rows_up_to(str(path), 3)
     assert path.read_text() == '{"step": 1, "loss": 1.0}\n{"step": 3, "loss": 0.5}\n'
     assert "dropped 1 damaged row(s)" in caplog.text
+
+
+@pytest.mark.parametrize("text", ['{"seed": 1, "best_ep', '{"seed": 1}', "[1]"])
+def test_a_damaged_seed_summary_is_not_a_finished_seed(text, tmp_path):
+    """A truncated summary.json or one without its fields (before: a KeyError traceback at
+    the rerun) marks no finished seed: the rerun resumes from the seed's checkpoint."""
+    (tmp_path / "summary.json").write_text(text)
+    assert finetune_loop._finished(str(tmp_path)) is None
+    (tmp_path / "summary.json").write_text('{"best_epoch": 1, "best_step": 3, "dev": {}}')
+    assert finetune_loop._finished(str(tmp_path))["best_step"] == 3
