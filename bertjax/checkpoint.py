@@ -191,7 +191,8 @@ class Checkpointer:
     def seal_finished(self) -> None:
         """Records the checksums of saves that have finished (cheap when none has)."""
         if self._unsealed and not self._manager.is_saving_in_progress():
-            for step in self._unsealed:
+            while self._unsealed:  # (each step taken off first: a Ctrl-C in an announcement
+                step = self._unsealed.pop(0)  # does not make the close announce it again)
                 if not (epath.Path(self.directory) / str(step)).exists():  # failed: Orbax
                     self._vanished.append(step)  # raises its error at the next save or wait
                     continue
@@ -200,7 +201,6 @@ class Checkpointer:
                 self._sealed.add(step)
                 if self._on_commit:
                     self._on_commit(step)
-            self._unsealed = []
 
     def _write_failure(self, error: Exception, steps: list[int]) -> CheckpointWriteError:
         """One line for a failed save of `steps`: the cause (a full disk: the file and "No
