@@ -93,6 +93,9 @@ def restore(checkpointer: checkpoint.Checkpointer, step: int, abstract_state: An
     """`(state, position)` of checkpoint `step`; a checkpoint that differs from its recorded
     checksums (e.g. its epoch or best-so-far in the position edited), fails to restore or
     does not match its digest is one DamagedCheckpoint error naming it and the way on."""
+    if step not in checkpointer.all_steps():  # (deleted: no checkpoint before it helps)
+        raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", (
+            "it is missing; start this fine-tuning again with --overwrite"))
     try:
         problem = checkpointer.verify(step)[1]
         if problem:

@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import finetune, finetune_loop
+from bertjax import checkpoint, finetune, finetune_loop
 from bertjax.data import tokenization
 from bertjax.tasks import features, glue, ner, squad_predict
 
@@ -98,3 +98,13 @@ def test_a_damaged_seed_summary_is_not_a_finished_seed(text, tmp_path):
     assert finetune_loop._finished(str(tmp_path)) is None
     (tmp_path / "summary.json").write_text('{"best_epoch": 1, "best_step": 3, "dev": {}}')
     assert finetune_loop._finished(str(tmp_path))["best_step"] == 3
+
+
+def test_a_missing_checkpoint_is_named_with_the_way_on(tmp_path):
+    """A finished seed's best checkpoint deleted (before: "cannot be restored ... move it out
+    ... and rerun to resume from the checkpoint before it", of which there is none)."""
+    checkpointer = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=1)
+    with pytest.raises(checkpoint.DamagedCheckpoint, match=rf"checkpoint {tmp_path}/3 is damaged: "
+                       r"it is missing; start this fine-tuning again with --overwrite$"):
+        finetune_loop.restore(checkpointer, 3, None, {})
+    checkpointer.close()
