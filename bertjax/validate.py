@@ -21,6 +21,7 @@ _at_least_1 = (">= 1", lambda v: v >= 1)
 _at_least_0 = (">= 0", lambda v: v >= 0)
 _seq_length = (f">= {MIN_SEQ_LENGTH}", lambda v: v >= MIN_SEQ_LENGTH)
 _probability = ("between 0 and 1", lambda v: 0 <= v <= 1)
+_below_1 = (">= 0 and < 1", lambda v: 0 <= v < 1)  # (a dropout rate of 1 drops everything)
 
 
 def _rules(*entries: tuple[str, tuple[str, Callable[[Any], bool]]]) -> list[Rule]:
@@ -41,6 +42,13 @@ PRETRAINING = _rules(
     ("long_phase.fraction", _probability),
     ("long_phase.global_batch_size", ("> 0, or 0 for train.global_batch_size", lambda v: v >= 0)),
 )
+OPTIMIZER = _rules(  # (both kinds of run)
+    ("optimizer.weight_decay_rate", _at_least_0), ("optimizer.b1", _below_1),
+    ("optimizer.b2", _below_1), ("optimizer.eps", _positive),
+    ("optimizer.clip_global_norm", (">= 0 (0 disables clipping)", lambda v: v >= 0)),
+)
+PRETRAINING += OPTIMIZER + _rules(("model.hidden_dropout_prob", _below_1),
+                                  ("model.attention_probs_dropout_prob", _below_1))
 LONG_PHASE = _rules(("long_phase.max_seq_length", _seq_length),
                     ("long_phase.max_predictions_per_seq", _at_least_1))
 FINETUNING = _rules(
@@ -48,7 +56,8 @@ FINETUNING = _rules(
     ("train_batch_size", _at_least_1), ("eval_batch_size", _at_least_1),
     ("num_train_epochs", _positive), ("log_every", _at_least_1),
     ("max_seq_length", _seq_length), ("max_train_examples", _at_least_0),
-)
+    ("hidden_dropout_prob", _below_1), ("attention_probs_dropout_prob", _below_1),
+) + OPTIMIZER
 FINETUNING_TASKS = _rules(  # the fields of some tasks' configs (squad.py, ner.py)
     ("doc_stride", _at_least_1), ("max_query_length", _at_least_1), ("n_best_size", _at_least_1),
     ("max_answer_length", _at_least_1), ("lstm_size", _at_least_1),

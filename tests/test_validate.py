@@ -1,6 +1,7 @@
 """Every out-of-range config value is refused before any work, in one line naming the field,
 its value, the allowed range and the flag to set (pretraining and fine-tuning)."""
 import os
+import re
 import runpy
 
 import pytest
@@ -24,6 +25,11 @@ config_of = lambda path: runpy.run_path(os.path.join(REPO_ROOT, "configs", path)
     ("train.keep_checkpoints", 0, ">= 1"),
     ("long_phase.fraction", 1.5, "between 0 and 1"),
     ("optimizer.peak_learning_rate", float("nan"), ">= 0"),
+    ("optimizer.b1", 1.5, ">= 0 and < 1"), ("optimizer.b2", -0.9, ">= 0 and < 1"),
+    ("optimizer.eps", 0.0, "> 0"), ("optimizer.weight_decay_rate", -0.01, ">= 0"),
+    ("optimizer.clip_global_norm", -1.0, r">= 0 (0 disables clipping)"),
+    ("model.hidden_dropout_prob", 1.0, ">= 0 and < 1"),
+    ("model.attention_probs_dropout_prob", -0.1, ">= 0 and < 1"),
 ])
 def test_pretraining_values_out_of_range_are_refused_before_any_work(field, value, allowed,
                                                                      tmp_path):
@@ -59,13 +65,17 @@ def test_warmup_longer_than_the_run_is_refused():
     ("squad", "doc_stride", 0, ">= 1"), ("squad", "doc_stride", -8, ">= 1"),
     ("squad", "max_query_length", 0, ">= 1"), ("squad", "n_best_size", 0, ">= 1"),
     ("squad", "max_answer_length", 0, ">= 1"), ("ner", "lstm_size", 0, ">= 1"),
+    ("glue", "hidden_dropout_prob", 1.0, ">= 0 and < 1"),
+    ("glue", "attention_probs_dropout_prob", 1.5, ">= 0 and < 1"),
+    ("glue", "optimizer.b2", 1.0, ">= 0 and < 1"), ("glue", "optimizer.eps", -1e-6, "> 0"),
 ])
 def test_fine_tuning_values_out_of_range_are_refused_before_any_work(file, field, value, allowed,
                                                                      tmp_path):
     config = config_of(f"finetune/{file}.py")
-    config[field] = value
-    with pytest.raises(ConfigError, match=rf"^{field}=.* is out of range: it must be {allowed}; "
-                       rf"set --config.{field}$"):
+    *section, name = field.split(".")
+    (config[section[0]] if section else config)[name] = value
+    with pytest.raises(ConfigError, match=rf"^{re.escape(field)}=.* is out of range: it must be "
+                       rf"{re.escape(allowed)}; set --config.{re.escape(field)}$"):
         finetune.run(config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
     validate.finetuning(config_of(f"finetune/{file}.py"))
