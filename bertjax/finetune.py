@@ -86,7 +86,9 @@ def make_trainer(config: ml_collections.ConfigDict, task: features.Finetune,
     total_steps = train_steps(config, num_train)
     if total_steps < 1:
         raise FinetuneError(f"{num_train} training examples give no step of batch "
-                            f"{config.train_batch_size}")
+                            f"{config.train_batch_size} in {config.num_train_epochs} epochs: "
+                            "raise --config.num_train_epochs or lower "
+                            "--config.train_batch_size")
     model = task.model(bert_config)
     tx = optimizer(config, total_steps,
                    bert_model.abstract_params(model) if task.frozen_encoder else None)

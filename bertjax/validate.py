@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from absl import logging
+
 from bertjax.run import ConfigError
 
 # [CLS] A [SEP] B [SEP]: three special tokens and at least one token of each segment.
@@ -97,6 +99,9 @@ def finetuning(config: Any) -> None:
     """Every range of a fine-tuning config (and of its task's fields), and its seeds."""
     check(config, FINETUNING + [rule for rule in FINETUNING_TASKS if rule[0] in config])
     seeds(config.seeds)
+    if config.warmup_proportion >= 1:
+        logging.warning("warmup_proportion=%s: the learning rate climbs for the whole run and "
+                        "never decays (the recipe warms up for 0.1)", config.warmup_proportion)
 
 
 def seeds(value: Any) -> list[int]:

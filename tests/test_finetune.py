@@ -250,6 +250,13 @@ def test_clear_errors(data_root, tmp_path):
     with pytest.raises(ConversionError, match="hidden_size: checkpoint 32, config.model 64"):
         finetune.run(config, str(tmp_path / "b"), devices=jax.devices()[:1])
     assert not (tmp_path / "b").exists()  # refused after taking its lock: no log.txt, config.json
+    config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
+                   max_train_examples=1)
+    with pytest.raises(finetune.FinetuneError, match=r"^1 training examples give no step of "
+                       r"batch 32 in 3.0 epochs: raise --config.num_train_epochs or lower "
+                       r"--config.train_batch_size$"):
+        finetune.run(config, str(tmp_path / "c"), devices=jax.devices()[:1])
+    assert not (tmp_path / "c").exists()
 
 
 def test_extract_features_original_format(data_root, tmp_path):

@@ -90,3 +90,10 @@ def test_fine_tuning_seeds_that_are_not_integers_are_refused_before_any_work(see
         finetune.run(config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
     assert validate.seeds(" 1, 2,3") == [1, 2, 3]
+
+
+def test_a_warmup_over_the_whole_fine_tuning_is_a_warning(caplog):
+    config = config_of("finetune/glue.py")
+    config.warmup_proportion = 1.0
+    validate.finetuning(config)  # (legal: a warning)
+    assert "warmup_proportion=1.0: the learning rate climbs for the whole run" in caplog.text
