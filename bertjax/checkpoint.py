@@ -141,6 +141,7 @@ class Checkpointer:
         getattr(self._manager, "_maybe_await_cleanup_tmp_directory", lambda: None)()
         self._unsealed: list[int] = []  # finished or in-flight saves without checksums yet
         self._vanished: list[int] = []  # saves that finished without a step directory
+        self._failure: CheckpointWriteError | None = None  # the first failed save's error
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -190,7 +191,8 @@ class Checkpointer:
     def seal_finished(self) -> None:
         """Records the checksums of saves that have finished (cheap when none has)."""
         if self._unsealed and not self._manager.is_saving_in_progress():
-            for step in self._unsealed:
+            while self._unsealed:  # (each step taken off first: a Ctrl-C in an announcement
+                step = self._unsealed.pop(0)  # does not make the close announce it again)
                 if not (epath.Path(self.directory) / str(step)).exists():  # failed: Orbax
                     self._vanished.append(step)  # raises its error at the next save or wait
                     continue
@@ -199,11 +201,13 @@ class Checkpointer:
                 self._sealed.add(step)
                 if self._on_commit:
                     self._on_commit(step)
-            self._unsealed = []
 
     def _write_failure(self, error: Exception, steps: list[int]) -> CheckpointWriteError:
         """One line for a failed save of `steps`: the cause (a full disk: the file and "No
-        space left on device", also when Orbax reports it as text) and what is kept."""
+        space left on device", also when Orbax reports it as text) and what is kept. Later
+        failures (Orbax's errors of the same save, met again at close) give the first one's."""
+        if self._failure:
+            return self._failure
         cause = error if isinstance(error, OSError) else failures.library_os_error(error)
         what = failures.os_error_line(cause) if cause else failures.first_line(error)
         failed = ", ".join(map(str, steps)) or "?"
@@ -212,8 +216,9 @@ class Checkpointer:
         kept_line = (f"kept: the finished checkpoint(s) {', '.join(map(str, kept))}, a rerun "
                      f"resumes from step {kept[-1]}" if kept else
                      "no finished checkpoint is kept, a rerun starts from step 0")
-        return CheckpointWriteError(f"saving checkpoint step {failed} in {self.directory} "
-                                    f"failed: {what}; {kept_line}")
+        self._failure = CheckpointWriteError(f"saving checkpoint step {failed} in "
+                                             f"{self.directory} failed: {what}; {kept_line}")
+        return self._failure
 
     def verify(self, step: int) -> tuple[bool, str | None]:
         """`(sealed, problem)`: whether step `step` has recorded checksums, and what does not

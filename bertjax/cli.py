@@ -9,12 +9,12 @@ import glob
 import os
 import runpy
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import ml_collections
 from absl import app, flags
 
-from bertjax import reporting
+from bertjax import checkpoint, failures, reporting
 
 
 def _config_arguments(argv: Sequence[str], flag: str) -> tuple[str | None, list[str]]:
@@ -100,3 +100,15 @@ def run(main: Callable[[list[str]], None], config_flag: str | None = "config") -
         main(argv)
 
     app.run(configured_main)
+
+
+def leave_on(error: Exception, workdir: str) -> NoReturn:
+    """Ends a run in `workdir` on `error` with one `error:` line and exit 1: an OSError as
+    `failures.os_error_line`; a failed checkpoint save or training error pointing to the
+    run's log file (where the libraries' tracebacks went); after a failed save at once."""
+    message = failures.os_error_line(error) if isinstance(error, OSError) else str(error)
+    log = reporting.log_file(workdir)
+    if isinstance(error, (checkpoint.CheckpointWriteError, reporting.TrainingError)) \
+            and os.path.exists(log):
+        message += f" (the full log: {log})"
+    failures.leave(message, at_once=isinstance(error, checkpoint.CheckpointWriteError))

@@ -11,7 +11,7 @@ import re
 import signal
 import sys
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 from absl import logging
 
@@ -71,6 +71,17 @@ def library_os_error(error: BaseException) -> OSError | None:
         return None
     return OSError(int(code.group(1)), os.strerror(int(code.group(1))),
                    file.group(1) if file else None)
+
+
+def leave(message: str, status: int = 1, at_once: bool = False) -> NoReturn:
+    """Ends the program with `error: message` on stderr and exit `status`; `at_once` without
+    joining other threads (Orbax's writers of a failed save, or the workers a Ctrl-C left,
+    wait for minutes for signals that never come, and a normal exit joins them)."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    if at_once:
+        sys.stdout.flush()
+        os._exit(status)
+    sys.exit(status)
 
 
 def one_line_thread_errors() -> None:

@@ -11,11 +11,11 @@ The model architecture and the tokenizer come from the pretraining run that wrot
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
-import sys
 from typing import Any
 
 import jax
@@ -24,8 +24,8 @@ import optax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, cli, files, finetune_loop, locks, optim, pretrained, reporting,
-                     sharding, validate)
+from bertjax import (checkpoint, cli, failures, finetune_loop, locks, optim, pretrained,
+                     reporting, sharding, validate)
 from bertjax import model as bert_model
 from bertjax import run as run_lib
 from bertjax.data import pipeline
@@ -52,8 +52,7 @@ def make_task(config: ml_collections.ConfigDict, tokenizer) -> features.Finetune
     if config.kind not in TASK_KINDS:
         raise FinetuneError(f"kind={config.kind!r}; choose one of {sorted(TASK_KINDS)}")
     try:
-        return TASK_KINDS[config.kind](typed(features.TaskOptions, config),
-                                       tokenizer)
+        return TASK_KINDS[config.kind](typed(features.TaskOptions, config), tokenizer)
     except ValueError as e:
         raise FinetuneError(str(e)) from e
 
@@ -87,45 +86,15 @@ def make_trainer(config: ml_collections.ConfigDict, task: features.Finetune,
     total_steps = train_steps(config, num_train)
     if total_steps < 1:
         raise FinetuneError(f"{num_train} training examples give no step of batch "
-                            f"{config.train_batch_size}")
+                            f"{config.train_batch_size} in {config.num_train_epochs} epochs: "
+                            "raise --config.num_train_epochs or lower "
+                            "--config.train_batch_size")
     model = task.model(bert_config)
     tx = optimizer(config, total_steps,
                    bert_model.abstract_params(model) if task.frozen_encoder else None)
     return finetune_loop.make_trainer(task, model, tx, mesh, total_steps,
                                       functools.partial(optim.learning_rate_at,
                                                         schedule_config(config, total_steps)))
-
-
-def parse_seeds(seeds: Any) -> list[int]:
-    try:
-        return [int(s) for s in str(seeds).replace(" ", "").split(",") if s]
-    except ValueError as e:
-        raise FinetuneError(f"seeds={seeds!r}: expected comma-separated integers") from e
-
-
-def check_workdir(config: ml_collections.ConfigDict, workdir: str, overwrite: bool) -> None:
-    """Refuses a `workdir` that holds a fine-tuning run with other settings (naming them);
-    with `overwrite`, empties it instead. The same settings continue (or re-evaluate) it."""
-    path = os.path.join(workdir, "config.json")
-    if not files.exists(path):
-        return
-    if overwrite:
-        for name in files.listdir(workdir):
-            if not name.startswith("run.lock"):
-                files.remove(os.path.join(workdir, name))
-        return
-    try:
-        old = json.loads(files.read_text(path))
-    except ValueError as e:
-        raise FinetuneError(f"{path} is unreadable ({e}): delete it, or use another "
-                            "--workdir") from e
-    new = json.loads(config.to_json())
-    changed = [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted({*old, *new})
-               if old.get(key) != new.get(key)]
-    if changed:
-        raise FinetuneError(f"{workdir} holds a fine-tuning run with other settings ("
-                            f"{'; '.join(changed[:5])}{'; ...' if len(changed) > 5 else ''}): "
-                            "use a new --workdir, or --overwrite to replace that run")
 
 
 def run(config: ml_collections.ConfigDict, workdir: str,
@@ -137,18 +106,22 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     validate.finetuning(config)
     if config.init_checkpoint:  # (before the workdir is made: a mistake creates nothing)
         pretrained.check_exists(config.init_checkpoint, "init_checkpoint")
-    files.makedirs(workdir)
-    with locks.workdir_lock(workdir, jax.process_index()):
+    with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
         if jax.process_index() == 0:
-            check_workdir(config, workdir, overwrite)
-        return _run(config, workdir, devices)
+            finetune_loop.check_workdir(config.to_json(), workdir, overwrite)
+        return _run(config, workdir, devices, accepted)
 
 
-def _run(config: ml_collections.ConfigDict, workdir: str,
-         devices: list[jax.Device] | None) -> dict[str, Any]:
+def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Device] | None,
+         accepted: contextlib.ExitStack) -> dict[str, Any]:
+    """The run in its locked `workdir`; once its settings and inputs are accepted, it writes
+    config.json and its log file (held open by `accepted`)."""
     source = typed(pretrained.Source, config)
     pretrain = pretrained.pretraining_run(source)
     bert_config = pretrained.bert_config_of(source, pretrain)
+    if pretrain.model and not config.random_init:  # (the weights must fit: before any work)
+        pretrained.check_architecture(BertConfig.from_dict(pretrain.model), bert_config,
+                                      config.init_checkpoint)
     tokenizer = pretrained.tokenizer_of(source, pretrain)
     if tokenizer.vocab_size > bert_config.vocab_size:
         raise FinetuneError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
@@ -183,12 +156,13 @@ def _run(config: ml_collections.ConfigDict, workdir: str,
     settings = typed(finetune_loop.Settings, {
         **config, "config": config.to_json(), "bert_config": dataclasses.asdict(bert_config),
         "tokenizer_fingerprint": tokenizer.fingerprint()})
+    accepted.enter_context(reporting.logging_to(reporting.log_file(workdir)))  # (once accepted)
     if jax.process_index() == 0:
         reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1))
         native.save_tokenizer(tokenizer, workdir)  # the fine-tuned model stands alone
     results = [finetune_loop.train_one_seed(settings, trainer, data, seed,
                                             os.path.join(workdir, f"seed_{seed}"))
-               for seed in parse_seeds(config.seeds)]
+               for seed in validate.seeds(config.seeds)]
     baselines = {name: task.baseline(data["train"], data[name]) for name in task.eval_splits}
     baselines = {name: found for name, found in baselines.items() if found}
     summary = {"task": config.task, "init_checkpoint": config.init_checkpoint,
@@ -229,15 +203,17 @@ def define_flags() -> None:
 
 def main(argv) -> None:
     del argv
+    failures.one_line_thread_errors()
     try:
         run(FLAGS.config, FLAGS.workdir, overwrite=FLAGS.overwrite)
+    except KeyboardInterrupt:
+        failures.leave("interrupted (Ctrl-C); rerun the same command to resume from the last "
+                       "epoch's checkpoint", 130, at_once=True)
     except (FinetuneError, run_lib.ConfigError, locks.LockHeld, pretrained.PretrainedError,
             features.TaskDataError, pipeline.DataError, checkpoint.CheckpointMismatch,
-            checkpoint.CheckpointWriteError, checkpoint.DamagedCheckpoint, FileNotFoundError,
+            checkpoint.CheckpointWriteError, checkpoint.DamagedCheckpoint, OSError,
             ConversionError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
-
+        cli.leave_on(e, FLAGS.workdir)
 
 if __name__ == "__main__":
     define_flags()

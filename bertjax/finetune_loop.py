@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import logging
 from jax.sharding import Mesh
 
 from bertjax import checkpoint, failures, files, pretrained, reporting, sharding, steps
@@ -89,9 +90,16 @@ def make_trainer(task: Finetune, model: nn.Module, tx: optax.GradientTransformat
 
 def restore(checkpointer: checkpoint.Checkpointer, step: int, abstract_state: Any,
             meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """`(state, position)` of checkpoint `step`; a checkpoint that fails to restore or to
-    match its digest is one DamagedCheckpoint error naming it and the way on."""
+    """`(state, position)` of checkpoint `step`; a checkpoint that differs from its recorded
+    checksums (e.g. its epoch or best-so-far in the position edited), fails to restore or
+    does not match its digest is one DamagedCheckpoint error naming it and the way on."""
+    if step not in checkpointer.all_steps():  # (deleted: no checkpoint before it helps)
+        raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", (
+            "it is missing; start this fine-tuning again with --overwrite"))
     try:
+        problem = checkpointer.verify(step)[1]
+        if problem:
+            raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", problem)
         state, position, _ = checkpointer.restore(step, abstract_state, meta)
     except checkpoint.CheckpointMismatch:
         raise
@@ -140,20 +148,31 @@ def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any
 
 
 def _keep_rows_up_to(path: str | None, step: int) -> None:
-    """Drops the rows of `path` (metrics.jsonl) after `step`: a resumed run writes them again."""
+    """Drops the rows of `path` (metrics.jsonl) after `step`: a resumed run writes them again;
+    and rows that are not JSON (a damaged file), with a warning naming them."""
     if not path or not files.exists(path):
         return
+    rows, damaged = [], 0
     with files.open(path) as f:
-        rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+        for line in filter(str.strip, f):
+            try:
+                rows += [line] if json.loads(line)["step"] <= step else []
+            except (ValueError, TypeError, KeyError):
+                damaged += 1
+    if damaged:
+        logging.warning("%s: dropped %d damaged row(s)", path, damaged)
     reporting.write_text(path, "".join(rows))
 
 
 def _finished(workdir: str) -> dict[str, Any] | None:
-    """The summary of a seed that finished in `workdir` (None if it did not)."""
+    """The summary of a seed that finished in `workdir` (None if it did not, or if its
+    summary.json is damaged: the seed then resumes from its best checkpoint, exactly)."""
     try:
-        return json.loads(files.read_text(os.path.join(workdir, "summary.json")))
+        summary = json.loads(files.read_text(os.path.join(workdir, "summary.json")))
     except (FileNotFoundError, ValueError):
         return None
+    return summary if isinstance(summary, dict) and {"best_epoch", "best_step", "dev"} <= \
+        set(summary) else None
 
 
 def _fresh_state(settings: Settings, trainer: Trainer, seed: int) -> Any:
@@ -169,6 +188,32 @@ def _fresh_state(settings: Settings, trainer: Trainer, seed: int) -> Any:
     return state
 
 
+def check_workdir(config_json: str, workdir: str, overwrite: bool) -> None:
+    """Refuses a `workdir` that holds a fine-tuning run with settings other than `config_json`
+    (naming them); with `overwrite`, empties it instead. The same settings continue (or
+    re-evaluate) it."""
+    path = os.path.join(workdir, "config.json")
+    if not files.exists(path):
+        return
+    if overwrite:
+        for name in files.listdir(workdir):
+            if not name.startswith("run.lock"):
+                files.remove(os.path.join(workdir, name))
+        return
+    try:
+        old = json.loads(files.read_text(path))
+    except ValueError as e:
+        raise run_lib.ConfigError(f"{path} is unreadable ({e}): delete it, or use another "
+                                  "--workdir") from e
+    new = json.loads(config_json)
+    changed = [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted({*old, *new})
+               if old.get(key) != new.get(key)]
+    if changed:
+        raise run_lib.ConfigError(f"{workdir} holds a fine-tuning run with other settings ("
+                                  f"{'; '.join(changed[:5])}"
+                                  f"{'; ...' if len(changed) > 5 else ''}): use a new "
+                                  "--workdir, or --overwrite to replace that run")
+
 def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitData], seed: int,
                    workdir: str) -> dict[str, Any]:
     """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics. Every
@@ -180,8 +225,10 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
     total_steps = trainer.total_steps
     mesh, abstract_state = sharded.mesh, sharded.abstract_state
     train_step, predict_step = sharded.train_step, sharded.eval_step
-    checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                           save_every=10 ** 9, keep_latest=1)
+    checkpointer = checkpoint.Checkpointer(
+        os.path.join(workdir, "checkpoints"), save_every=10 ** 9, keep_latest=1,
+        on_commit=reporting.announce_commit(os.path.join(workdir, "checkpoints"),
+                                            f"seed {seed}: "))
     meta = {"task": settings.task, "seed": seed, "config": settings.config,
             "bert_config": settings.bert_config,
             "tokenizer_fingerprint": settings.tokenizer_fingerprint}

@@ -136,6 +136,21 @@ def workdir_lock(workdir: str, process_index: int = 0) -> contextlib.AbstractCon
     return exclusive(os.path.join(workdir, name), f"workdir {workdir}")
 
 
+@contextlib.contextmanager
+def held_workdir(workdir: str, process_index: int = 0) -> Iterator[None]:
+    """Makes `workdir` (if missing) and holds its `workdir_lock` for the block; a block that
+    fails in a directory it made (a refused run) removes it again if only the lock is in it."""
+    created = not files.exists(workdir)
+    files.makedirs(workdir)
+    try:
+        with workdir_lock(workdir, process_index):
+            yield
+    except Exception:
+        if created and not files.is_remote(workdir):
+            remove_if_only_locks(workdir)
+        raise
+
+
 def remove_if_only_locks(workdir: str) -> None:
     """Removes `workdir` if it holds nothing but `workdir_lock`'s files and empty directories
     (a run refused in a directory it created leaves none behind); anything else keeps it."""

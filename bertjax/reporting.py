@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import jax
 from absl import logging
@@ -64,6 +64,11 @@ def chief_print(line: str) -> None:
         print(line, flush=True)
 
 
+def announce_commit(directory: str, prefix: str = "") -> Callable[[int], None]:
+    """A Checkpointer's `on_commit`: `checkpoint step N -> DIRECTORY/N` once step N is sealed."""
+    return lambda step: chief_print(f"{prefix}checkpoint step {step} -> {directory}/{step}")
+
+
 def status_bar(step: int, total: int, eta: float | None, width: int = 24) -> str:
     """`137/500 |######......| 27% eta 1m05s`."""
     filled = int(width * step / max(total, 1))
@@ -73,15 +78,19 @@ def status_bar(step: int, total: int, eta: float | None, width: int = 24) -> str
 
 def write_text(path: str, text: str, append: bool = False) -> None:
     """Writes a small text file so that a kill -9 never loses what it held. Locally, an append
-    is one O_APPEND write (earlier lines are never rewritten) and a rewrite goes through a
-    renamed temporary file. Object stores (gs://) cannot append; there an append rewrites
+    is one O_APPEND write (earlier lines are never rewritten; one that does not fit is taken
+    back) and a rewrite goes through a renamed temporary file. Object stores (gs://) cannot append; there an append rewrites
     the object, which each upload replaces whole."""
     if not files.is_remote(path):
         if append:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd, data = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), \
+                text.encode("utf-8")
             try:
                 with failures.naming(path):
-                    os.write(fd, text.encode("utf-8"))
+                    written = os.write(fd, data)
+                    if written < len(data):  # a full disk: no partial line is left behind
+                        os.ftruncate(fd, os.fstat(fd).st_size - written)
+                        raise failures.no_space(path)
             finally:
                 os.close(fd)
         else:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import time
 from typing import Any
 
@@ -46,16 +45,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     validate.pretraining(config)
     if config.train.init_checkpoint and not files.exists(os.path.join(workdir, "checkpoints")):
         pretrained.check_exists(config.train.init_checkpoint, "train.init_checkpoint")
-    created = not files.exists(workdir)
-    files.makedirs(workdir)
-    try:
-        with locks.workdir_lock(workdir, jax.process_index()), \
-                contextlib.ExitStack() as accepted:
-            return _train_and_evaluate(config, workdir, devices, accepted)
-    except Exception:
-        if created and not files.is_remote(workdir):  # a refused run leaves no new directory behind (nor its lock files)
-            locks.remove_if_only_locks(workdir)
-        raise
+    with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
+        return _train_and_evaluate(config, workdir, devices, accepted)
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -72,8 +63,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     objective = run.pretraining_objective(config.train)
     checkpointer = checkpoint.Checkpointer(  # (its clean-up of unfinished saves needs the lock)
         os.path.join(workdir, "checkpoints"), config.train.checkpoint_every,
-        config.train.keep_checkpoints, config.train.keep_every, on_commit=lambda step:
-        reporting.chief_print(f"checkpoint step {step} -> {workdir}/checkpoints/{step}"))
+        config.train.keep_checkpoints, config.train.keep_every,
+        on_commit=reporting.announce_commit(os.path.join(workdir, "checkpoints")))
     resume_from = resume.Resume(checkpointer, os.path.join(workdir, resume.QUARANTINE))
     meta = run_metadata(config, guards.data_identity(config.data, phases))
     check = lambda found: resume_from.check(found, meta, config.data, phases,
@@ -208,26 +199,13 @@ def main(argv: list[str]) -> None:
                                FLAGS.heartbeat_timeout_seconds)
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except KeyboardInterrupt:
-        print("error: interrupted (Ctrl-C) outside the training steps; nothing to save (rerun "
-              "to resume from the last checkpoint)", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(130)  # (without joining worker threads that the interruption left waiting)
+        failures.leave("interrupted (Ctrl-C) outside the training steps; nothing to save (rerun "
+                       "to resume from the last checkpoint)", 130, at_once=True)
     except (distributed.DistributedSetupError, run.ConfigError, pipeline.DataError,
             checkpoint.CheckpointMismatch, checkpoint.CheckpointWriteError,
             reporting.TrainingError, guards.NonFiniteState, locks.LockHeld, OSError,
             ConversionError, pretrained.PretrainedError) as e:
-        message = failures.os_error_line(e) if isinstance(e, OSError) else str(e)
-        if isinstance(e, (checkpoint.CheckpointWriteError, reporting.TrainingError)) \
-                and os.path.exists(reporting.log_file(FLAGS.workdir)):
-            message += f" (the full log: {reporting.log_file(FLAGS.workdir)})"
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        if isinstance(e, checkpoint.CheckpointWriteError):
-            # Orbax's writer threads of the failed save wait (for minutes) for signals that
-            # will never come, and a normal exit joins them: leave without waiting.
-            sys.stdout.flush()
-            os._exit(1)
-        sys.exit(1)
-
+        cli.leave_on(e, FLAGS.workdir)
 
 if __name__ == "__main__":
     define_flags()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from absl import logging
+
 from bertjax.run import ConfigError
 
 # [CLS] A [SEP] B [SEP]: three special tokens and at least one token of each segment.
@@ -21,6 +23,7 @@ _at_least_1 = (">= 1", lambda v: v >= 1)
 _at_least_0 = (">= 0", lambda v: v >= 0)
 _seq_length = (f">= {MIN_SEQ_LENGTH}", lambda v: v >= MIN_SEQ_LENGTH)
 _probability = ("between 0 and 1", lambda v: 0 <= v <= 1)
+_below_1 = (">= 0 and < 1", lambda v: 0 <= v < 1)  # (a dropout rate of 1 drops everything)
 
 
 def _rules(*entries: tuple[str, tuple[str, Callable[[Any], bool]]]) -> list[Rule]:
@@ -41,6 +44,13 @@ PRETRAINING = _rules(
     ("long_phase.fraction", _probability),
     ("long_phase.global_batch_size", ("> 0, or 0 for train.global_batch_size", lambda v: v >= 0)),
 )
+OPTIMIZER = _rules(  # (both kinds of run)
+    ("optimizer.weight_decay_rate", _at_least_0), ("optimizer.b1", _below_1),
+    ("optimizer.b2", _below_1), ("optimizer.eps", _positive),
+    ("optimizer.clip_global_norm", (">= 0 (0 disables clipping)", lambda v: v >= 0)),
+)
+PRETRAINING += OPTIMIZER + _rules(("model.hidden_dropout_prob", _below_1),
+                                  ("model.attention_probs_dropout_prob", _below_1))
 LONG_PHASE = _rules(("long_phase.max_seq_length", _seq_length),
                     ("long_phase.max_predictions_per_seq", _at_least_1))
 FINETUNING = _rules(
@@ -48,6 +58,11 @@ FINETUNING = _rules(
     ("train_batch_size", _at_least_1), ("eval_batch_size", _at_least_1),
     ("num_train_epochs", _positive), ("log_every", _at_least_1),
     ("max_seq_length", _seq_length), ("max_train_examples", _at_least_0),
+    ("hidden_dropout_prob", _below_1), ("attention_probs_dropout_prob", _below_1),
+) + OPTIMIZER
+FINETUNING_TASKS = _rules(  # the fields of some tasks' configs (squad.py, ner.py)
+    ("doc_stride", _at_least_1), ("max_query_length", _at_least_1), ("n_best_size", _at_least_1),
+    ("max_answer_length", _at_least_1), ("lstm_size", _at_least_1),
 )
 
 
@@ -81,8 +96,24 @@ def pretraining(config: Any) -> None:
 
 
 def finetuning(config: Any) -> None:
-    """Every range of a fine-tuning config."""
-    check(config, FINETUNING)
+    """Every range of a fine-tuning config (and of its task's fields), and its seeds."""
+    check(config, FINETUNING + [rule for rule in FINETUNING_TASKS if rule[0] in config])
+    seeds(config.seeds)
+    if config.warmup_proportion >= 1:
+        logging.warning("warmup_proportion=%s: the learning rate climbs for the whole run and "
+                        "never decays (the recipe warms up for 0.1)", config.warmup_proportion)
+
+
+def seeds(value: Any) -> list[int]:
+    """The seeds of a fine-tuning config's comma-separated `seeds` (at least one)."""
+    try:
+        found = [int(s) for s in str(value).replace(" ", "").split(",") if s]
+    except ValueError:
+        found = []
+    if not found:
+        raise ConfigError(f"seeds={value!r} is not a comma-separated list of integers (e.g. "
+                          "1,2,3); set --config.seeds")
+    return found
 
 
 def data_preparation(config: Any) -> None:

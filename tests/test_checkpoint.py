@@ -112,3 +112,23 @@ def test_older_checkpoints_are_compared_on_the_model_fields_they_record():
         checkpoint.check_compatible({"model": {"hidden_size": 16}, "tokenizer": "abc"}, run, "old")
     with pytest.raises(checkpoint.CheckpointMismatch, match="different tokenizer"):
         checkpoint.check_compatible({"model": {"hidden_size": 8}, "tokenizer": "xyz"}, run, "old")
+
+
+def test_a_save_interrupted_in_its_announcement_is_announced_once(tmp_path):
+    """Ctrl-C while `on_commit` prints (before: the close that follows sealed and announced
+    the step a second time)."""
+    announced = []
+
+    def on_commit(step):
+        announced.append(step)
+        if len(announced) == 1:
+            raise KeyboardInterrupt
+
+    state, _, _ = _state(sharding.make_mesh({"data": -1}))
+    ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=1,
+                                   on_commit=on_commit)
+    ckpt.save(1, state, {"phase": "short", "batch_index": 1}, META)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.wait()
+    ckpt.close()
+    assert announced == [1] and checkpoint.verify(f"{tmp_path}/1") == (True, None)

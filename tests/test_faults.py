@@ -368,6 +368,25 @@ def on_a_small_filesystem(args: list[str], directory, kib: int, then: str = "") 
                         f'"$@"; code=$?; {then or ":"}; exit $code', "sh", *args]
 
 
+def assert_one_full_disk_line(trainer: Trainer, directory, failed: int, kept: int,
+                              workdir) -> str:
+    """The one `error:` line of a run whose save of step `failed` in `directory` met a full
+    disk: the file, the cause, checkpoint `kept` kept, `workdir`'s log file (which holds
+    Orbax's tracebacks; none on the console), and no announcement of step `failed`."""
+    output = trainer.output(None)
+    errors = [line for line in trainer.lines if line.startswith("error")]
+    assert len(errors) == 1 and "Traceback" not in output, output
+    assert re.match(rf"error: saving checkpoint step {failed} in {directory} failed: No space "
+                    rf"left on device: {directory}/{failed}.orbax-checkpoint-tmp/\S+ \(free some "
+                    r"space, then rerun the same command to resume\); kept: the finished "
+                    rf"checkpoint\(s\) {kept}, a rerun resumes from step {kept} \(the full log: "
+                    rf"{workdir}/log.txt\)$", errors[0]), errors[0]
+    assert f"checkpoint step {failed} ->" not in output
+    log = (workdir / "log.txt").read_text()
+    assert "No space left on device" in log and "Traceback" in log
+    return errors[0]
+
+
 @pytest.mark.slow  # (two runs: about 40 s)
 def test_a_full_disk_is_one_line_and_the_rerun_resumes_exactly(corpus_file, cache_dir, reference,
                                                                tmp_path):
@@ -381,19 +400,10 @@ def test_a_full_disk_is_one_line_and_the_rerun_resumes_exactly(corpus_file, cach
     args = command_line(corpus_file, cache_dir, str(tmp_path), **{"train.stop_after_steps": 12})
     trainer = Trainer(on_a_small_filesystem(args, directory, 1000, f"cp -a {directory} {kept}"))
     assert trainer.finish() == 1, trainer.output()
-    output = trainer.output(None)
-    errors = [line for line in trainer.lines if line.startswith("error")]
-    assert len(errors) == 1 and "Traceback" not in output, output
-    assert re.match(rf"error: saving checkpoint step 8 in {directory} failed: No space left on "
-                    rf"device: {directory}/8.orbax-checkpoint-tmp/\S+ \(free some space, then "
-                    r"rerun the same command to resume\); kept: the finished checkpoint\(s\) 4, "
-                    rf"a rerun resumes from step 4 \(the full log: {tmp_path}/log.txt\)$",
-                    errors[0]), errors[0]
-    assert "checkpoint step 4 ->" in output and "checkpoint step 8 ->" not in output
-    log = (tmp_path / "log.txt").read_text()
-    assert "No space left on device" in log and "Traceback" in log
-    print(f"\n{errors[0].strip()}\n({len(trainer.lines)} lines printed, {len(log.splitlines())}"
-          " in the log)")
+    error = assert_one_full_disk_line(trainer, directory, 8, 4, tmp_path)
+    assert "checkpoint step 4 ->" in trainer.output(None)
+    print(f"\n{error.strip()}\n({len(trainer.lines)} lines printed, "
+          f"{len((tmp_path / 'log.txt').read_text().splitlines())} in the log)")
 
     shutil.rmtree(directory)
     shutil.copytree(kept, directory)

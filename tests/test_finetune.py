@@ -10,6 +10,7 @@ import shutil
 import string
 import subprocess
 import sys
+import time
 
 import flax.linen as nn
 import jax
@@ -17,12 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, extract_features, finetune, pretrained, train
+from bertjax import checkpoint, extract_features, finetune, finetune_loop, pretrained, train
+from bertjax import run as run_lib
 from bertjax.interop import hf, tf
 from bertjax.interop.tree import ConversionError
 from bertjax.heads import (BertForQuestionAnswering, BertForSequenceClassification,
                            BertForTokenClassification)
 from bertjax.model import BertConfig, BertModel
+from test_faults import Trainer, assert_one_full_disk_line, on_a_small_filesystem
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POSITIVE, NEGATIVE = ["good", "great", "fun", "lovely"], ["bad", "awful", "dull", "boring"]
@@ -162,6 +165,8 @@ def test_glue_cli_trains_seeds_keeps_best_and_writes_submission(data_root, tmp_p
         assert lines[0] == "index\tprediction" and len(lines) == 11
         assert {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
     assert "sst2 dev/accuracy: mean" in result.stdout
+    assert f"seed 1: checkpoint step 3 -> {workdir}/seed_1/checkpoints/3" in result.stdout
+    assert "orbax" in (workdir / "log.txt").read_text()  # the libraries' INFO lines go there
     # The console: the libraries' INFO quiet, the learning rate, ETA, baseline and outputs.
     assert_quiet_console(result.stdout + result.stderr)
     assert re.search(r"seed 1 step \d+/\d+ loss [\d.]+ lr [\d.e-]+ \(\d+s, eta \d+m\d+s\)",
@@ -244,6 +249,14 @@ def test_clear_errors(data_root, tmp_path):
                    model_config=str(tmp_path / "bigger.json"))
     with pytest.raises(ConversionError, match="hidden_size: checkpoint 32, config.model 64"):
         finetune.run(config, str(tmp_path / "b"), devices=jax.devices()[:1])
+    assert not (tmp_path / "b").exists()  # refused after taking its lock: no log.txt, config.json
+    config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
+                   max_train_examples=1)
+    with pytest.raises(finetune.FinetuneError, match=r"^1 training examples give no step of "
+                       r"batch 32 in 3.0 epochs: raise --config.num_train_epochs or lower "
+                       r"--config.train_batch_size$"):
+        finetune.run(config, str(tmp_path / "c"), devices=jax.devices()[:1])
+    assert not (tmp_path / "c").exists()
 
 
 def run_extract_features(directory, init_checkpoint: str, *flags: str
@@ -346,6 +359,13 @@ def test_fine_tuning_resumes_reruns_and_refuses_other_settings(data_root, tmp_pa
     with pytest.raises(checkpoint.DamagedCheckpoint, match=rf"{latest.name} is damaged: .*; "
                        r"move it out of .* and rerun to resume from the checkpoint before it"):
         finetune.run(config, str(damaged), devices=one_device)
+    shutil.rmtree(damaged)  # (a copy whose position says epoch 3 instead of 2: before, it
+    shutil.copytree(workdir, damaged)  # resumed as if finished, without a word)
+    position = damaged / "seed_1" / "checkpoints" / latest.name / "data" / "metadata"
+    position.write_text(position.read_text().replace('"epoch": 2', '"epoch": 3', 1))
+    with pytest.raises(checkpoint.DamagedCheckpoint, match=rf"{latest.name} is damaged: "
+                       r"data/metadata does not match its checksum; move it out"):
+        finetune.run(config, str(damaged), devices=one_device)
     resumed = finetune.run(config, str(workdir), devices=one_device)
     assert rows() == reference_rows
     assert resumed["seeds"][0]["dev"] == expected["seeds"][0]["dev"]
@@ -354,12 +374,60 @@ def test_fine_tuning_resumes_reruns_and_refuses_other_settings(data_root, tmp_pa
     again = finetune.run(config, str(workdir), devices=one_device)
     assert again["seeds"][0]["dev"] == expected["seeds"][0]["dev"] and rows() == reference_rows
     before = (workdir / "config.json").read_text()
-    with pytest.raises(finetune.FinetuneError, match=r"holds a fine-tuning run with other "
+    with pytest.raises(run_lib.ConfigError, match=r"holds a fine-tuning run with other "
                        r"settings \(learning_rate: 0.001 -> 0.002\): use a new --workdir, or "
                        r"--overwrite"):
         config.learning_rate = 2e-3
         finetune.run(config, str(workdir), devices=one_device)
     assert (workdir / "config.json").read_text() == before
     assert os.listdir(workdir / "seed_1" / "checkpoints") == [best]
-    finetune.check_workdir(config, str(workdir), overwrite=True)  # (what --overwrite does)
+    finetune_loop.check_workdir(config.to_json(), str(workdir), overwrite=True)  # --overwrite
     assert os.listdir(workdir) == ["run.lock"]
+
+
+def finetune_command(data_root: str, workdir, **overrides) -> list[str]:
+    """`python -m bertjax.finetune` on SST-2 with `small`'s settings (and `overrides`)."""
+    config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
+                   **overrides)
+    defaults = config_file("glue.py")
+    return [sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/glue.py",
+            f"--workdir={workdir}"] + [f"--config.{key}={value}" for key, value in config.items()
+                                       if value != defaults[key]]
+
+
+@pytest.mark.slow  # (three fine-tuning runs, about 30 s)
+def test_a_full_disk_while_fine_tuning_is_one_line_and_the_rerun_resumes_exactly(data_root,
+                                                                                 tmp_path):
+    """A seed's checkpoints on a tmpfs with room for one (1200 KiB; one takes about
+    800 KiB): the save of epoch 2 (step 6) fails. One
+    `error:` line names the step, the file, "No space left on device" and the checkpoint kept,
+    with Orbax's tracebacks in WORKDIR/log.txt only, and the process exits at once without
+    announcing the failed save. With space again, the same command resumes from epoch 1 (step 3) and
+    ends with the metrics of an uninterrupted run."""
+    overrides = {"num_train_epochs": 3, "log_every": 1}
+    reference = Trainer(finetune_command(data_root, tmp_path / "reference", **overrides))
+    assert reference.finish() == 0, reference.output()
+    workdir = tmp_path / "run"
+    directory, kept = workdir / "seed_1" / "checkpoints", tmp_path / "kept"
+    directory.mkdir(parents=True)
+    args = finetune_command(data_root, workdir, **overrides)
+    run = Trainer(on_a_small_filesystem(args, directory, 1200, f"cp -a {directory} {kept}"))
+    run.wait_for("^error: ")
+    started = time.time()
+    assert run.finish(timeout=30) == 1, run.output()  # (not held by Orbax's writer threads)
+    seconds, output = time.time() - started, run.output(None)
+    error = assert_one_full_disk_line(run, directory, 6, 3, workdir)
+    assert f"seed 1: checkpoint step 3 -> {directory}/3" in output
+    print(f"\n{error.strip()}\n({len(run.lines)} lines printed, "
+          f"{len((workdir / 'log.txt').read_text().splitlines())} in the log; exit "
+          f"{seconds:.1f} s after the error line)")
+
+    shutil.rmtree(directory)
+    shutil.copytree(kept, directory)
+    resumed = Trainer(args)
+    assert resumed.finish() == 0, resumed.output()
+    assert "seed 1: resuming from" in resumed.output(None)
+    summary = lambda path: json.loads((path / "summary.json").read_text())["seeds"][0]["dev"]
+    assert summary(workdir) == summary(tmp_path / "reference")
+    assert (workdir / "seed_1" / "metrics.jsonl").read_text() == \
+        (tmp_path / "reference" / "seed_1" / "metrics.jsonl").read_text()

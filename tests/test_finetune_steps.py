@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import finetune, finetune_loop
+from bertjax import checkpoint, finetune, finetune_loop
 from bertjax.data import tokenization
 from bertjax.tasks import features, glue, ner, squad_predict
 
@@ -78,3 +78,33 @@ def test_the_loop_takes_every_step_and_evaluates_at_each_pass_end():
     for start in (0, 110):
         assert sorted(stream[start:start + 110]) == list(range(110))
     assert len(set(stream[220:])) == 100  # the third pass, 100 of its 110 rows
+
+
+def test_a_resume_keeps_the_rows_up_to_its_step_and_drops_damaged_ones(tmp_path, caplog):
+    """metrics.jsonl with a row cut short (before: a JSONDecodeError traceback at the resume)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "lo\n{"step": 3, "loss": 0.5}\n'
+                    '{"step": 4, "loss": 0.4}\n')
+    finetune_loop._keep_rows_up_to(str(path), 3)
+    assert path.read_text() == '{"step": 1, "loss": 1.0}\n{"step": 3, "loss": 0.5}\n'
+    assert "dropped 1 damaged row(s)" in caplog.text
+
+
+@pytest.mark.parametrize("text", ['{"seed": 1, "best_ep', '{"seed": 1}', "[1]"])
+def test_a_damaged_seed_summary_is_not_a_finished_seed(text, tmp_path):
+    """A truncated summary.json or one without its fields (before: a KeyError traceback at
+    the rerun) marks no finished seed: the rerun resumes from the seed's checkpoint."""
+    (tmp_path / "summary.json").write_text(text)
+    assert finetune_loop._finished(str(tmp_path)) is None
+    (tmp_path / "summary.json").write_text('{"best_epoch": 1, "best_step": 3, "dev": {}}')
+    assert finetune_loop._finished(str(tmp_path))["best_step"] == 3
+
+
+def test_a_missing_checkpoint_is_named_with_the_way_on(tmp_path):
+    """A finished seed's best checkpoint deleted (before: "cannot be restored ... move it out
+    ... and rerun to resume from the checkpoint before it", of which there is none)."""
+    checkpointer = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=1)
+    with pytest.raises(checkpoint.DamagedCheckpoint, match=rf"checkpoint {tmp_path}/3 is damaged: "
+                       r"it is missing; start this fine-tuning again with --overwrite$"):
+        finetune_loop.restore(checkpointer, 3, None, {})
+    checkpointer.close()

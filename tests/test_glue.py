@@ -36,6 +36,15 @@ def test_mrpc_tsv_counts_bad_rows_and_keeps_quotes(tmp_path):
     assert skipped == {"unknown label": 1, "missing column": 1}
 
 
+def test_a_file_that_is_not_utf8_is_named(tmp_path):
+    """Latin-1 bytes in a TSV (before: a UnicodeDecodeError naming no file)."""
+    (tmp_path / "SST-2").mkdir()
+    (tmp_path / "SST-2" / "train.tsv").write_bytes("sentence\tlabel\ncaf\xe9\t1\n".encode("latin-1"))
+    with pytest.raises(features.TaskDataError, match=r"SST-2/train.tsv is not UTF-8 text \(byte "
+                       r"18: invalid continuation byte\); convert it to UTF-8"):
+        glue.read_examples(glue.get_task("sst2"), "train", str(tmp_path))
+
+
 def test_cola_raw_layout_dev_is_in_plus_out_of_domain(tmp_path):
     raw = tmp_path / "CoLA" / "cola_public" / "raw"
     write(raw / "in_domain_dev.tsv", ["src\t1\t\ta b .", "src\t0\t*\tb a ."])

@@ -27,6 +27,9 @@ def test_reader_skips_docstart_and_counts_bad_sentences(tmp_path):
     assert skipped == {"unknown label": 1}
     with pytest.raises(features.TaskDataError, match="valid.txt"):
         ner.read_sentences("dev", str(tmp_path))
+    (tmp_path / "valid.txt").write_bytes(b"Jos\xe9 NNP B-NP B-PER\n")  # Latin-1: named
+    with pytest.raises(features.TaskDataError, match=r"valid.txt is not UTF-8 text"):
+        ner.read_sentences("dev", str(tmp_path))
 
 
 def test_first_sub_token_is_labelled_and_truncation_predicts_o(tmp_path, tokenizer, caplog):

@@ -116,3 +116,18 @@ def test_a_library_error_text_names_its_os_error():
         "No space left on device: /w/checkpoints/8.orbax-checkpoint-tmp/d/3f (free some space, "
         "then rerun the same command to resume)")
     assert failures.library_os_error(ValueError("INTERNAL: something else")) is None
+
+
+def test_an_append_that_does_not_fit_leaves_no_partial_line(tmp_path, monkeypatch):
+    """A full disk takes half of an appended row (os.write writes part of it and returns the
+    count, no error): before, the half line stayed and a resumed fine-tuning then failed to
+    read metrics.jsonl with a traceback. Now the part is taken back, and it is ENOSPC."""
+    path = tmp_path / "metrics.jsonl"
+    reporting.write_text(str(path), '{"step": 1}\n', append=True)
+    write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: write(fd, data[:len(data) // 2]))
+    with pytest.raises(OSError) as raised:
+        reporting.write_text(str(path), '{"step": 2, "loss": 0.5}\n', append=True)
+    monkeypatch.undo()
+    assert failures.os_error_line(raised.value).startswith(f"No space left on device: {path} (")
+    assert path.read_text() == '{"step": 1}\n'

@@ -10,7 +10,7 @@ from tensorflow_datasets.datasets.squad import squad_dataset_builder
 from tensorflow_datasets.question_answering import qa_utils
 
 from bertjax.data import tokenization
-from bertjax.tasks import squad, squad_eval, squad_predict
+from bertjax.tasks import features, squad, squad_eval, squad_predict
 from bertjax.tasks.squad import SquadExample
 
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
@@ -137,6 +137,33 @@ def test_read_errors_name_the_problem(tmp_path):
         squad.read_squad(str(bad), False, False)
     with pytest.raises(ValueError, match="tfds:squad/v1.1:validation"):
         squad.read_squad("tfds:squad", False, False)
+
+
+@pytest.mark.parametrize("field, damage", [
+    ("context", lambda p: p.update(context=5)),
+    ("question", lambda p: p["qas"][0].update(question=None)),
+    ("text", lambda p: p["qas"][0]["answers"][0].update(text=3)),
+    ("has no attribute", lambda p: p.update(qas={"q": 1})),  # (a dict, not a list)
+])
+def test_wrongly_typed_entries_are_named_not_tracebacks(field, damage, tmp_path):
+    """Values of the wrong type (before: a TypeError or AttributeError traceback) are one
+    ValueError naming the file, the paragraph and the field."""
+    data = _squad_json([_qa("q", [("Steve", 0)])], "Steve Smith was born.")
+    damage(data["data"][0]["paragraphs"][0])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=rf"bad.json: data\[0\].paragraphs\[0\]: malformed "
+                       rf"SQuAD entry.*{field}"):
+        squad.read_squad(str(bad), True, False)
+
+
+def test_a_file_without_usable_questions_is_refused(tmp_path, tokenizer):
+    """No feature at all (before: a traceback after the run had started) is one error."""
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"version": "1.1", "data": []}))
+    options = features.TaskOptions(task="squad", train_file=str(empty), predict_file=str(empty))
+    with pytest.raises(features.TaskDataError, match=r"SQuAD dev: no usable questions in .*empty"):
+        squad_predict.SquadFinetune(options, tokenizer).load("dev")
 
 
 class BertjaxTinySquad(squad_dataset_builder.Builder):

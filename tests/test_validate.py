@@ -1,6 +1,7 @@
 """Every out-of-range config value is refused before any work, in one line naming the field,
 its value, the allowed range and the flag to set (pretraining and fine-tuning)."""
 import os
+import re
 import runpy
 
 import pytest
@@ -24,6 +25,11 @@ config_of = lambda path: runpy.run_path(os.path.join(REPO_ROOT, "configs", path)
     ("train.keep_checkpoints", 0, ">= 1"),
     ("long_phase.fraction", 1.5, "between 0 and 1"),
     ("optimizer.peak_learning_rate", float("nan"), ">= 0"),
+    ("optimizer.b1", 1.5, ">= 0 and < 1"), ("optimizer.b2", -0.9, ">= 0 and < 1"),
+    ("optimizer.eps", 0.0, "> 0"), ("optimizer.weight_decay_rate", -0.01, ">= 0"),
+    ("optimizer.clip_global_norm", -1.0, r">= 0 (0 disables clipping)"),
+    ("model.hidden_dropout_prob", 1.0, ">= 0 and < 1"),
+    ("model.attention_probs_dropout_prob", -0.1, ">= 0 and < 1"),
 ])
 def test_pretraining_values_out_of_range_are_refused_before_any_work(field, value, allowed,
                                                                      tmp_path):
@@ -50,17 +56,44 @@ def test_warmup_longer_than_the_run_is_refused():
     validate.pretraining(config_of("large.py"))
 
 
-@pytest.mark.parametrize("field, value, allowed", [
-    ("learning_rate", -5e-5, ">= 0"), ("train_batch_size", 0, ">= 1"),
-    ("num_train_epochs", 0.0, "> 0"), ("log_every", 0, ">= 1"), ("max_seq_length", 2, ">= 5"),
-    ("warmup_proportion", 1.5, "between 0 and 1"),
+@pytest.mark.parametrize("file, field, value, allowed", [
+    ("glue", "learning_rate", -5e-5, ">= 0"), ("glue", "train_batch_size", 0, ">= 1"),
+    ("glue", "eval_batch_size", 0, ">= 1"), ("glue", "num_train_epochs", 0.0, "> 0"),
+    ("glue", "num_train_epochs", -1.0, "> 0"), ("glue", "log_every", 0, ">= 1"),
+    ("glue", "max_seq_length", 2, ">= 5"), ("glue", "warmup_proportion", 1.5, "between 0 and 1"),
+    # SQuAD's doc_stride 0 (or below) looped for ever; the others silently predicted nothing.
+    ("squad", "doc_stride", 0, ">= 1"), ("squad", "doc_stride", -8, ">= 1"),
+    ("squad", "max_query_length", 0, ">= 1"), ("squad", "n_best_size", 0, ">= 1"),
+    ("squad", "max_answer_length", 0, ">= 1"), ("ner", "lstm_size", 0, ">= 1"),
+    ("glue", "hidden_dropout_prob", 1.0, ">= 0 and < 1"),
+    ("glue", "attention_probs_dropout_prob", 1.5, ">= 0 and < 1"),
+    ("glue", "optimizer.b2", 1.0, ">= 0 and < 1"), ("glue", "optimizer.eps", -1e-6, "> 0"),
 ])
-def test_fine_tuning_values_out_of_range_are_refused_before_any_work(field, value, allowed,
+def test_fine_tuning_values_out_of_range_are_refused_before_any_work(file, field, value, allowed,
                                                                      tmp_path):
-    config = config_of("finetune/glue.py")
-    config[field] = value
-    with pytest.raises(ConfigError, match=rf"^{field}=.* is out of range: it must be {allowed}; "
-                       rf"set --config.{field}$"):
+    config = config_of(f"finetune/{file}.py")
+    *section, name = field.split(".")
+    (config[section[0]] if section else config)[name] = value
+    with pytest.raises(ConfigError, match=rf"^{re.escape(field)}=.* is out of range: it must be "
+                       rf"{re.escape(allowed)}; set --config.{re.escape(field)}$"):
         finetune.run(config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
-    validate.finetuning(config_of("finetune/glue.py"))
+    validate.finetuning(config_of(f"finetune/{file}.py"))
+
+
+@pytest.mark.parametrize("seeds", ["", "1,x", " , "])
+def test_fine_tuning_seeds_that_are_not_integers_are_refused_before_any_work(seeds, tmp_path):
+    config = config_of("finetune/glue.py")
+    config.seeds = seeds
+    with pytest.raises(ConfigError, match=r"is not a comma-separated list of integers .*; set "
+                       r"--config.seeds$"):
+        finetune.run(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    assert validate.seeds(" 1, 2,3") == [1, 2, 3]
+
+
+def test_a_warmup_over_the_whole_fine_tuning_is_a_warning(caplog):
+    config = config_of("finetune/glue.py")
+    config.warmup_proportion = 1.0
+    validate.finetuning(config)  # (legal: a warning)
+    assert "warmup_proportion=1.0: the learning rate climbs for the whole run" in caplog.text

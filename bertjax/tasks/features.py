@@ -4,8 +4,9 @@ bad-input counter every reader uses, and the fine-tuning adapter interface (`Fin
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from absl import logging
@@ -15,6 +16,16 @@ from bertjax.data import tokenization
 
 class TaskDataError(ValueError):
     """Task data that cannot be read (missing file, no usable rows); the message says why."""
+
+
+@contextlib.contextmanager
+def decoding(path: str) -> Iterator[None]:
+    """Names `path` when reading it in the block meets bytes that are not UTF-8."""
+    try:
+        yield
+    except UnicodeDecodeError as e:
+        raise TaskDataError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); convert it "
+                            "to UTF-8 or replace it") from None
 
 
 class SkipCounter(collections.Counter):

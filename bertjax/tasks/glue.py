@@ -152,7 +152,7 @@ def _task_dir(data_dir: str, task: GlueTask) -> str:
 
 def _read_tsv(path: str) -> Iterable[list[str]]:
     # The GLUE TSVs have no quoting; utf-8-sig drops MRPC's byte-order mark.
-    with files.open(path, encoding="utf-8-sig", newline="") as f:
+    with files.open(path, encoding="utf-8-sig", newline="") as f, features.decoding(path):
         yield from csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
 
 

@@ -47,7 +47,7 @@ def read_conll_file(path: str, skips: features.SkipCounter) -> list[Sentence]:
             sentences.append(Sentence(words, tags))
         words, tags, bad = [], [], None
 
-    with files.open(path, encoding="utf-8") as f:
+    with files.open(path, encoding="utf-8") as f, features.decoding(path):
         for line in f:
             fields = line.split()
             if not fields:

@@ -126,14 +126,20 @@ def _json_questions(path: str) -> Iterator[_Question]:
         for paragraph_index, paragraph in enumerate(paragraphs):
             where = f"{path}: data[{article_index}].paragraphs[{paragraph_index}]"
             try:
-                context = paragraph["context"]
+                context = _string(paragraph["context"], "context")
                 for qa in paragraph["qas"]:
-                    answers = [(a["text"], int(a["answer_start"])) for a in qa.get("answers", [])]
-                    yield _Question(
-                        qa["id"], qa["question"], context, answers, bool(qa.get("is_impossible", False))
-                    )
-            except (KeyError, TypeError, ValueError) as e:
+                    answers = [(_string(a["text"], "text"), int(a["answer_start"]))
+                               for a in qa.get("answers", [])]
+                    yield _Question(qa["id"], _string(qa["question"], "question"), context,
+                                    answers, bool(qa.get("is_impossible", False)))
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise ValueError(f"{where}: malformed SQuAD entry, missing or bad field {e}") from None
+
+
+def _string(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{field!r} is {type(value).__name__}, not text")
+    return value
 
 
 def _text(value: Any) -> str:

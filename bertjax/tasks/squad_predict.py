@@ -272,6 +272,9 @@ class SquadFinetune(features.Finetune):
         examples = features.subset(examples, c.max_train_examples, split)
         feats, counts = squad.convert_examples_to_features(
             examples, self.tokenizer, c.max_seq_length, c.doc_stride, c.max_query_length, training)
+        if not len(feats.input_ids):
+            raise features.TaskDataError(f"SQuAD {split}: no usable questions in {source} "
+                                         f"({ {**skipped, **counts} })")
         arrays = {"input_ids": feats.input_ids, "input_mask": feats.input_mask,
                   "segment_ids": feats.segment_ids}
         if training:
