@@ -24,7 +24,7 @@ import optax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, cli, failures, finetune_loop, locks, optim, pretrained,
+from bertjax import (checkpoint, cli, failures, finetune_loop, guards, locks, optim, pretrained,
                      reporting, sharding, validate)
 from bertjax import model as bert_model
 from bertjax import run as run_lib
@@ -212,7 +212,7 @@ def main(argv) -> None:
     except (FinetuneError, run_lib.ConfigError, locks.LockHeld, pretrained.PretrainedError,
             features.TaskDataError, pipeline.DataError, checkpoint.CheckpointMismatch,
             checkpoint.CheckpointWriteError, checkpoint.DamagedCheckpoint, OSError,
-            ConversionError) as e:
+            ConversionError, guards.NonFiniteState) as e:
         cli.leave_on(e, FLAGS.workdir)
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import optax
 from absl import logging
 from jax.sharding import Mesh
 
-from bertjax import checkpoint, failures, files, pretrained, reporting, sharding, steps
+from bertjax import checkpoint, failures, files, guards, pretrained, reporting, sharding, steps
 from bertjax import run as run_lib
 from bertjax.state import count_params
 from bertjax.tasks import metrics
@@ -281,6 +281,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                     state, metrics = train_step(state, batch)
                     step += 1
                     # Summed on the device: the host waits for a step only when it logs.
+                    metrics = dict(metrics, skipped=(metrics["nonfinite"] > 0).astype(jnp.int32))
                     sums = jax.tree.map(jnp.add, sums, metrics) if sums else metrics
                     steps_summed += 1
                     if step == first_step:  # compiled and run: the clock starts here
@@ -297,6 +298,11 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                             f"seed {seed} step {step}/{total_steps} loss {means['loss']:.4f} "
                             f"lr {means['learning_rate']:.3e} ({time.time() - started:.0f}s"
                             + (f", eta {reporting.duration(left)})" if left is not None else ")"))
+                        if sums["skipped"]:
+                            logging.warning(
+                                "seed %d: %d of the %d steps up to step %d skipped: their loss "
+                                "or gradients held NaN or Inf", seed, sums["skipped"],
+                                steps_summed, step)
                         reporting.log_scalars(writer, "train", means, step)
                         reporting.write_jsonl(jsonl, {"step": step, "split": "train", **means})
                         sums, steps_summed = {}, 0
@@ -321,6 +327,8 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                     reporting.chief_print(f"seed {seed} epoch {epoch + 1}: best "
                                           f"{task.main_metric} so far")
                 checkpointer.pin(best["step"])
+                guards.check_finite(state, step, "; an update of this run made them so from "
+                                    "finite gradients: lower --config.learning_rate")
                 checkpointer.save(step, state, {"epoch": epoch + 1, "best": best}, meta,
                                   force=True)
             checkpointer.wait()

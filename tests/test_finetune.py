@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, extract_features, finetune, finetune_loop, pretrained, train
+from bertjax import checkpoint, extract_features, finetune, finetune_loop, guards, pretrained, train
 from bertjax import run as run_lib
 from bertjax.interop import hf, tf
 from bertjax.interop.tree import ConversionError
@@ -257,6 +257,20 @@ def test_clear_errors(data_root, tmp_path):
                        r"--config.train_batch_size$"):
         finetune.run(config, str(tmp_path / "c"), devices=jax.devices()[:1])
     assert not (tmp_path / "c").exists()
+
+
+def test_an_overflowing_update_is_never_saved_and_skipped_steps_are_named(data_root, tmp_path,
+                                                                          caplog):
+    """A learning rate of 3e38 with no warmup overflows the parameters in the first update
+    (Adam's first ratio is about 3): the steps after it are skipped (and said so), and the
+    epoch's checkpoint is refused, naming the flag."""
+    config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
+                   learning_rate=3e38, warmup_proportion=0.0, num_train_epochs=1.0)
+    with pytest.raises(guards.NonFiniteState, match=r"the params hold NaN or Inf; refusing to "
+                       r"write a checkpoint .*: lower --config.learning_rate$"):
+        finetune.run(config, str(tmp_path / "run"), devices=jax.devices()[:1])
+    assert "steps up to step 3 skipped: their loss or gradients held NaN or Inf" in caplog.text
+    assert not list((tmp_path / "run").glob("**/checkpoints/[0-9]*"))
 
 
 def run_extract_features(directory, init_checkpoint: str, *flags: str
