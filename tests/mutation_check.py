@@ -67,6 +67,14 @@ MUTATIONS = (
              "self.nonfinite_in_a_row >= self.max_nonfinite_steps",
              ("tests/test_guards.py::test_host_stops_on_repeated_non_finite_steps_or_at_once_on_"
               "a_non_finite_state",)),
+    Mutation("fine-tuning saves a non-finite state", "bertjax/finetune_loop.py",
+             "guards.check_finite(state, step, ", "(lambda *_: None)(state, step, ",
+             ("tests/test_finetune.py::test_an_overflowing_update_is_never_saved_and_skipped_"
+              "steps_are_named",)),
+    Mutation("masked positions picked one off", "bertjax/model.py",
+             "positions_BxP[:, :, None] == jnp.arange(x_BxLxH.shape[1])",
+             "positions_BxP[:, :, None] == jnp.arange(x_BxLxH.shape[1]) + 1",
+             ("tests/test_model.py::test_gathered_positions_and_their_gradient_equal_the_gather",)),
     Mutation("weight-decay mask inverted", "bertjax/optim.py",
              "lambda path, _: _is_decayed(path)", "lambda path, _: not _is_decayed(path)",
              ("tests/test_optim.py",)),
