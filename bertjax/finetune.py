@@ -215,6 +215,7 @@ def main(argv) -> None:
             ConversionError, guards.NonFiniteState) as e:
         cli.leave_on(e, FLAGS.workdir)
 
+
 if __name__ == "__main__":
     define_flags()
     cli.run(main)

@@ -214,6 +214,7 @@ def check_workdir(config_json: str, workdir: str, overwrite: bool) -> None:
                                   f"{'; ...' if len(changed) > 5 else ''}): use a new "
                                   "--workdir, or --overwrite to replace that run")
 
+
 def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitData], seed: int,
                    workdir: str) -> dict[str, Any]:
     """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics. Every

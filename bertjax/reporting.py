@@ -79,8 +79,8 @@ def status_bar(step: int, total: int, eta: float | None, width: int = 24) -> str
 def write_text(path: str, text: str, append: bool = False) -> None:
     """Writes a small text file so that a kill -9 never loses what it held. Locally, an append
     is one O_APPEND write (earlier lines are never rewritten; one that does not fit is taken
-    back) and a rewrite goes through a renamed temporary file. Object stores (gs://) cannot append; there an append rewrites
-    the object, which each upload replaces whole."""
+    back) and a rewrite goes through a renamed temporary file. Object stores (gs://) cannot
+    append; there an append rewrites the object, which each upload replaces whole."""
     if not files.is_remote(path):
         if append:
             fd, data = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), \

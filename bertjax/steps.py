@@ -125,15 +125,15 @@ def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax
                   metrics: Metrics, batch: Batch) -> tuple[TrainState, Metrics]:
     """Clip + update (inside `tx`), applied only if the loss and the gradients' global norm
     are finite; adds grad_norm and `nonfinite` (0, or the NONFINITE_CAUSES code of a skipped
-    step: 1-3; `reporting` names a 3 after finite steps of the run 4).
+    step: 1-3; after finite steps of the run, `reporting` names a 3 as 4, the update).
 
     The new state is not checked here (a check per leaf cost the H100 compile of BERT-large
-    750 kernels and 2 ms a step: benchmarks/aot/levers.md). It needs none: the state is
-    finite at every restore (`guards.check_finite`), and from a finite state, a finite norm
-    (so every gradient's square is finite) gives finite Adam moments, convex combinations of
-    finite values. Only an overflowing parameter update (an absurd learning rate or moment)
-    can leave a non-finite state; the next step then finds it, and no checkpoint is written
-    from it (`guards.check_finite`)."""
+    1,055 kernels and 2.1 ms a step: benchmarks/aot/levers.md, lever 13). It needs none: the
+    state is finite at every restore (`guards.check_finite`), and from a finite state, a
+    finite norm (so every gradient's square is finite) gives finite Adam moments, convex
+    combinations of finite values. Only an overflowing parameter update (an absurd learning
+    rate or moment) can leave a non-finite state; the next step then finds it, and no
+    checkpoint is written from it (`guards.check_finite`)."""
     grad_norm = optim.global_norm(grads)
     gradients_finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
