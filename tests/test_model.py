@@ -1,6 +1,7 @@
 """The model against an independent numpy implementation of the original BERT equations,
 plus the architecture's fixed facts (sizes, init, masking, dtypes, scan/remat layouts)."""
 import math
+import types
 
 import flax.linen as nn
 import jax
@@ -262,3 +263,33 @@ def test_gathered_positions_and_their_gradient_equal_the_gather(dtype):
     grad = jax.vjp(lambda x: M.gather_positions(x, positions), x)[1](cotangent)[0]
     expected = jax.vjp(reference, x)[1](cotangent)[0]
     np.testing.assert_array_equal(np.asarray(grad, np.float32), np.asarray(expected, np.float32))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_gpu_targets_rematerialised_activation_changes_no_parameter_value_or_gradient(dtype):
+    """On a GPU target the FFN's bias add and GELU are rematerialised from the matmul's output
+    (`_RematActivatedDense`, levers 6 and 15): same parameter tree and init, and the same
+    outputs and gradients (same ops) as the host's nn.Dense path."""
+    config = M.BertConfig(**{**SMALL.__dict__, "dtype": dtype, "attention_impl": "einsum"})
+    ids, segments, mask, positions = _inputs()
+    model = M.BertForPreTraining(config)
+    gpu = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+
+    def loss_and_grads(params):
+        def loss(params):
+            mlm, nsp = model.apply({"params": params}, ids, segments, mask, positions,
+                                   deterministic=False, rngs={"dropout": jax.random.PRNGKey(3)})
+            return jnp.sum(mlm.astype(jnp.float32) ** 2) + jnp.sum(nsp.astype(jnp.float32))
+        return jax.value_and_grad(loss)(params)
+
+    host_params = _init(config)
+    host = loss_and_grads(_randomize(host_params))
+    with attention.target_device(gpu):
+        gpu_params = _init(config)
+        jaxpr = str(jax.make_jaxpr(loss_and_grads)(_randomize(gpu_params)))
+        on_gpu = loss_and_grads(_randomize(gpu_params))
+    assert "checkpoint" in jaxpr or "remat" in jaxpr  # the GPU path did run
+    jax.tree.map(np.testing.assert_array_equal, gpu_params, host_params)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a, np.float32),
+                                                            np.asarray(b, np.float32)),
+                 on_gpu, host)
