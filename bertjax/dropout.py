@@ -1,15 +1,21 @@
-"""Dropout for the BERT layers: the original's inverted dropout on cheaper random bits."""
+"""Dropout for the BERT layers: the original's inverted dropout, its keep mask drawn from 16
+random bits per element and kept packed, 8 elements a byte."""
 from __future__ import annotations
+
+import functools
+import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.extend.random import threefry2x32_p
 
 
 class Dropout(nn.Module):
-    """Inverted dropout on 16 random bits per element, two elements per 32-bit draw: half the
-    generator work of `nn.Dropout` (whose partitionable threefry hashes once per element),
-    with the drop rate rounded to a multiple of 2**-16 (0.1 -> 0.100006)."""
+    """Inverted dropout (kept values scaled by 1 / (1 - rate), as the original). The drop
+    rate is rounded to a multiple of 2**-16 (0.1 -> 0.100006). The mask is one kernel's
+    output of 1 bit per element, which the forward and backward passes read (lever 16 of
+    benchmarks/aot/levers.md), instead of 32-bit draws then a byte per element."""
 
     rate: float
 
@@ -17,15 +23,57 @@ class Dropout(nn.Module):
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         if deterministic or self.rate == 0.0:
             return x
-        keep = random_16_bits(self.make_rng("dropout"), x.shape) >= round(self.rate * 2**16)
-        return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
+        packed = packed_keep_mask(self.make_rng("dropout"), x.shape, self.rate)
+        return apply_packed_mask(x, packed, self.rate)
 
 
-def random_16_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    """Uniform integers in [0, 2**16) (as int32), the low and high halves of each 32-bit draw
-    filling neighbouring elements of the last axis."""
-    if not shape or shape[-1] % 2:
-        return jax.random.bits(key, shape, jnp.uint16).astype(jnp.int32)
-    words = jax.random.bits(key, shape[:-1] + (shape[-1] // 2,), jnp.uint32)
-    halves = jnp.stack([words & 0xFFFF, words >> 16], axis=-1)
-    return halves.reshape(shape).astype(jnp.int32)
+def _hash_words(key: jax.Array, shape: tuple[int, ...]) -> list[jax.Array]:
+    """Four uint32 arrays of `shape` of random bits: for a threefry key, both outputs of two
+    hashes per element (counters: the flat index and 0 or 1), half the hashing of
+    `jax.random.bits` (which keeps 32 of each hash's 64 bits); other keys through it."""
+    data = jax.random.key_data(key)
+    if data.shape != (2,):
+        words = jax.random.bits(key, shape + (4,), jnp.uint32)
+        return [words[..., j] for j in range(4)]
+    index = jnp.arange(math.prod(shape), dtype=jnp.uint32).reshape(shape)
+    words = []
+    for lane in range(2):
+        words += threefry2x32_p.bind(data[0], data[1], index,
+                                     jnp.full(shape, lane, jnp.uint32))
+    return words
+
+
+def packed_keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
+    """uint8 `[..., ceil(shape[-1] / 8)]`: bit i of byte j keeps element 8j + i of the last
+    axis, kept when its 16 random bits are >= round(rate * 2**16)."""
+    packed_shape = tuple(shape[:-1]) + (-(-shape[-1] // 8),)
+    threshold = jnp.uint32(round(rate * 2**16))
+    byte = jnp.zeros(packed_shape, jnp.uint32)
+    for j, word in enumerate(_hash_words(key, packed_shape)):
+        for half, bits in enumerate((word & 0xFFFF, word >> 16)):
+            byte |= (bits >= threshold).astype(jnp.uint32) << (2 * j + half)
+    return byte.astype(jnp.uint8)
+
+
+def _unpacked(packed: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    bits = (packed[..., None] >> jnp.arange(8, dtype=jnp.uint8)) & 1
+    return bits.reshape(packed.shape[:-1] + (-1,))[..., :shape[-1]].astype(jnp.bool_)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def apply_packed_mask(x: jax.Array, packed: jax.Array, rate: float) -> jax.Array:
+    """`x / (1 - rate)` where the packed mask keeps, 0 elsewhere; its backward pass reads the
+    packed mask again (autodiff would keep the unpacked one)."""
+    return jnp.where(_unpacked(packed, x.shape), x / jnp.asarray(1.0 - rate, x.dtype),
+                     jnp.zeros_like(x))
+
+
+def _apply_forward(x: jax.Array, packed: jax.Array, rate: float):
+    return apply_packed_mask(x, packed, rate), packed
+
+
+def _apply_backward(rate: float, packed: jax.Array, cotangent: jax.Array):
+    return apply_packed_mask(cotangent, packed, rate), None
+
+
+apply_packed_mask.defvjp(_apply_forward, _apply_backward)

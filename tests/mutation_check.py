@@ -86,6 +86,11 @@ MUTATIONS = (
              'DATA_FIELDS_NOT_COMPARED = ("short_seq_prob", "cache_dir",',
              ("tests/test_guards.py::test_incompatible_resume_is_refused_before_preparation"
               "[short_seq_prob]",)),
+    Mutation("two dropout elements share a mask bit", "bertjax/dropout.py",
+             "<< (2 * j + half)", "<< (2 * j)", ("tests/test_dropout.py",)),
+    Mutation("the gradient ignores the dropout mask", "bertjax/dropout.py",
+             "return apply_packed_mask(cotangent, packed, rate), None",
+             "return cotangent, None", ("tests/test_dropout.py",)),
 )
 
 
