@@ -91,6 +91,10 @@ MUTATIONS = (
     Mutation("the gradient ignores the dropout mask", "bertjax/dropout.py",
              "return apply_packed_mask(cotangent, packed, rate), None",
              "return cotangent, None", ("tests/test_dropout.py",)),
+    Mutation("the GPU path drops the FFN's bias", "bertjax/model.py",
+             "self.activation(y + b))(y, bias)", "self.activation(y))(y, bias)",
+             ("tests/test_model.py::test_the_gpu_targets_rematerialised_activation_changes_"
+              "no_parameter_value_or_gradient",)),
 )
 
 
