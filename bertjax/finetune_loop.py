@@ -215,6 +215,14 @@ def check_workdir(config_json: str, workdir: str, overwrite: bool) -> None:
                                   "--workdir, or --overwrite to replace that run")
 
 
+@jax.jit
+def _add_metrics(sums: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+    """`sums` (empty: none yet) plus one step's metrics, `skipped` counting the steps whose
+    update a non-finite loss or gradient skipped; one dispatch, no wait for the step."""
+    metrics = dict(metrics, skipped=(metrics["nonfinite"] > 0).astype(jnp.int32))
+    return jax.tree.map(jnp.add, sums, metrics) if sums else metrics
+
+
 def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitData], seed: int,
                    workdir: str) -> dict[str, Any]:
     """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics. Every
@@ -282,8 +290,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                     state, metrics = train_step(state, batch)
                     step += 1
                     # Summed on the device: the host waits for a step only when it logs.
-                    metrics = dict(metrics, skipped=(metrics["nonfinite"] > 0).astype(jnp.int32))
-                    sums = jax.tree.map(jnp.add, sums, metrics) if sums else metrics
+                    sums = _add_metrics(sums, metrics)
                     steps_summed += 1
                     if step == first_step:  # compiled and run: the clock starts here
                         jax.block_until_ready(metrics)
