@@ -51,10 +51,11 @@ def _zeros(axes: tuple[str, ...]) -> nn.initializers.Initializer:
     return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
-def _dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
-    return nn.Dense(
+def _dense(config: BertConfig, features: int, axes: tuple[str, str], name: str,
+           cls: type[nn.Dense] = nn.Dense, **fields: Any) -> nn.Dense:
+    return cls(
         features, dtype=config.dtype, param_dtype=config.param_dtype,
-        kernel_init=_init(config, axes), bias_init=_zeros(axes[1:]), name=name)
+        kernel_init=_init(config, axes), bias_init=_zeros(axes[1:]), name=name, **fields)
 
 
 def _activated_dense(config: BertConfig, features: int, axes: tuple[str, str],
@@ -66,10 +67,8 @@ def _activated_dense(config: BertConfig, features: int, axes: tuple[str, str],
     levers 6 and 15). Same ops either way: identical values."""
     activation = ACTIVATIONS[config.hidden_act]
     if attention.target_platform() in ("gpu", "cuda"):
-        return _RematActivatedDense(
-            features, dtype=config.dtype, param_dtype=config.param_dtype,
-            kernel_init=_init(config, axes), bias_init=_zeros(axes[1:]), name="dense",
-            activation=activation)(x)
+        return _dense(config, features, axes, "dense", _RematActivatedDense,
+                      activation=activation)(x)
     return activation(_dense(config, features, axes, "dense")(x))
 
 
