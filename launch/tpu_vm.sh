@@ -10,8 +10,9 @@
 #              until ACTIVE); records its kind (accelerator, version, spot, queued) in
 #              $BERTJAX_LAUNCH_STATE/NAME (default ~/.bertjax/launch) for recreations
 #   setup      copy this checkout (git archive of HEAD; refused with uncommitted changes
-#              unless --allow-dirty) to every worker, install jax[tpu], gcsfs,
-#              google-cloud-storage and bertjax, and copy each --stage gs:// path into
+#              unless --allow-dirty) to every worker, install bertjax with its `tpu`
+#              extra (the jax[tpu] release setup.py pins), gcsfs and google-cloud-storage,
+#              and copy each --stage gs:// path into
 #              ~/bertjax/staged/ on every worker
 #   run        on every worker: stop stale processes of the job, remove /tmp/libtpu_lockfile,
 #              start `python3 -m bertjax.JOB [--workdir=WORKDIR] JOB_ARGS` detached
@@ -40,7 +41,6 @@
 #   --stage gs://...       setup: copy this object or prefix into ~/bertjax/staged/ on every
 #                          worker (repeatable); or name gs:// inputs in JOB_ARGS directly
 #   --allow-dirty          setup: ship uncommitted changes to tracked files too
-#   --jax-version V        jax[tpu] version to install (default 0.10.2)
 #   --interval SECONDS     supervise: seconds between checks (default 300)
 #   --max-checks N         supervise: stop after N checks (default 0 = until training ends)
 #   --dry-run              print the gcloud commands instead of running them
@@ -66,7 +66,6 @@ WORKDIR=""
 JOB="train"
 STAGE=()
 ALLOW_DIRTY=0
-JAX_VERSION="0.10.2"
 INTERVAL=300
 MAX_CHECKS=0
 DRY_RUN=0
@@ -241,8 +240,7 @@ cmd_setup() {
   run git -C "${REPO_ROOT}" archive --format=tar.gz "--output=${archive}" "${tree:-HEAD}"
   tpu scp "${archive}" "${NAME}:~/bertjax.tar.gz" --worker=all
   ssh_workers all "set -e; rm -rf ~/bertjax && mkdir -p ~/bertjax && tar xzf ~/bertjax.tar.gz -C ~/bertjax \
-&& python3 -m pip install -q 'jax[tpu]==${JAX_VERSION}' gcsfs google-cloud-storage \
-&& python3 -m pip install -q -e ~/bertjax"
+&& python3 -m pip install -q -e ~/bertjax'[tpu]' gcsfs google-cloud-storage"
   stage_data
 }
 
@@ -371,7 +369,6 @@ main() {
       --job) JOB="$2"; shift 2 ;;
       --stage) STAGE+=("$2"); shift 2 ;;
       --allow-dirty) ALLOW_DIRTY=1; shift ;;
-      --jax-version) JAX_VERSION="$2"; shift 2 ;;
       --interval) INTERVAL="$2"; shift 2 ;;
       --max-checks) MAX_CHECKS="$2"; shift 2 ;;
       --spot) SPOT=1; shift ;;

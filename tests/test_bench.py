@@ -52,21 +52,24 @@ def test_bench_with_hf_comparison(tmp_path):
     assert record["command"].endswith(f"--out={out}")
 
 
-def test_bench_without_torch_says_how_to_install_it_and_still_measures(monkeypatch):
-    """--compare=hf where torch is missing: one line with the install command, the rest of
-    the record (bertjax's own timings) as usual."""
+def test_bench_without_torch_or_transformers_says_how_to_install_them_and_still_measures(monkeypatch):
+    """--compare=hf where torch and transformers are missing (a fresh `.[test]` environment;
+    both are hidden here, whatever this environment has): one line with the install command,
+    the rest of the record (bertjax's own timings) as usual."""
     from bertjax.tools import bench
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "torch" else find_spec(name, *a))
+                        lambda name, *a: None if name in ("torch", "transformers")
+                        else find_spec(name, *a))
     config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
     config.model.update(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1)
     config.train.global_batch_size = 8
     config.data.update(max_seq_length=16, max_predictions_per_seq=2)
     lines = []
     record = bench.run(config, 1, 1, "hf", 0.5, log=lines.append)
-    assert record["compare_skipped"] == "torch not installed (pip install -e '.[parity]')"
-    assert "no Hugging Face comparison: torch not installed (pip install -e '.[parity]')" in lines
+    missing = "torch and transformers not installed (pip install -e '.[parity]')"
+    assert record["compare_skipped"] == missing
+    assert f"no Hugging Face comparison: {missing}" in lines
     assert "hf_eager" not in record and len(record["bertjax"]["step_times_s"]) == 1
 
 

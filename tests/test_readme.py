@@ -234,3 +234,28 @@ def test_no_machine_specific_paths_in_readme_docs_or_benchmarks():
                     found.append(f"{path}:{number}: {line.strip()[:120]}")
     assert found == []
 
+
+
+def test_ci_runs_the_readme_test_command_first_each_stage_in_a_fresh_environment():
+    """.ci/run's first stage is the README's test command verbatim; it and every later stage
+    run in a virtual environment made from nothing (no package left on a machine can stand in
+    for a missing install step); the script is shellcheck-clean."""
+    from test_launch import shellcheck_binary
+    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
+        quick_start = re.search(r"## Quick start\n\n```\n(.*?)```", f.read(), re.DOTALL).group(1)
+    install_and_run, test_command = quick_start.strip().splitlines()
+    assert install_and_run.startswith("pip install -e . && python -m bertjax.train")
+    script = os.path.join(REPO_ROOT, ".ci", "run")
+    with open(script, encoding="utf-8") as f:
+        text = f.read()
+    assert 'python3 -m venv "${ENVS}/${name}"' in text
+    assert 'PATH="${ENVS}/${name}/bin:${PATH}"' in text
+    stages = re.findall(r'^in_fresh_env (\w+) "(.*)"$', text, re.MULTILINE)
+    assert stages[0] == ("test", test_command)
+    assert [name for name, _ in stages] == ["test", "slow", "gcs", "parity", "aot", "beam"]
+    assert all(command.startswith("pip install ") for _, command in stages)
+    commands = [line for line in text.splitlines() if line and not line.startswith(("#", " "))]
+    assert not [line for line in commands
+                if re.search(r"\bpip\b", line) and not line.startswith("in_fresh_env")]
+    result = subprocess.run([shellcheck_binary(), script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
