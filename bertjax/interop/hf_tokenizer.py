@@ -169,7 +169,9 @@ def _wordpiece_vocab(directory: str, spec: dict) -> tuple[str, Casing]:
     `[CLS] A [SEP] B [SEP]` post-processor. Raises ConversionError naming what differs."""
     json_path = os.path.join(directory, "tokenizer.json")
     model, normalizer = spec["model"], spec.get("normalizer") or {}
-    vocab = model.get("vocab") or {}
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+        vocab = {}  # (not a WordPiece vocab: refused below, lacking the special tokens)
     tokens = sorted(vocab, key=vocab.get)
     added = {t.get("content") for t in spec.get("added_tokens") or []} - set(
         SPECIAL_TOKENS.values())
@@ -191,7 +193,7 @@ def _wordpiece_vocab(directory: str, spec: dict) -> tuple[str, Casing]:
     ]
     problems = [what for ok, what in checks if not ok]
     if not problems:
-        problems = _template_problems(files.read_text(json_path), tokens)
+        problems = _template_problems(files.read_text(json_path), spec, tokens)
     if problems:
         raise tree.ConversionError(f"{json_path} is a WordPiece tokenizer bertjax cannot "
                                    f"reproduce: {'; '.join(problems)}")
@@ -199,7 +201,7 @@ def _wordpiece_vocab(directory: str, spec: dict) -> tuple[str, Casing]:
     return _temporary_file("vocab.txt", vocab_txt), _casing(directory, normalizer, model)
 
 
-def _template_problems(text: str, tokens: list[str]) -> list[str]:
+def _template_problems(text: str, spec: dict, tokens: list[str]) -> list[str]:
     """What keeps the json's post-processor from giving BERT's `[CLS] A [SEP] B [SEP]` (segment
     0, then 1), found by encoding a pair; empty if it gives that."""
     ids = {t: i for i, t in enumerate(tokens)}
@@ -212,8 +214,8 @@ def _template_problems(text: str, tokens: list[str]) -> list[str]:
     if pair.ids == [ids[CLS], *a, ids[SEP], *b, ids[SEP]] and \
             pair.type_ids == [0] * (len(a) + 2) + [1] * (len(b) + 1):
         return []
-    return [f"its post_processor ({(json.loads(text).get('post_processor') or {}).get('type')}) "
-            f"does not give {CLS} A {SEP} B {SEP}"]
+    return [f"its post_processor ({(spec.get('post_processor') or {}).get('type')}) does not "
+            f"give {CLS} A {SEP} B {SEP}"]
 
 
 def _casing(directory: str, normalizer: dict, model: dict) -> Casing:
@@ -232,14 +234,15 @@ def _casing(directory: str, normalizer: dict, model: dict) -> Casing:
     config_lower = bool(config.get("do_lower_case", True))
     config_strip = config_lower if config.get("strip_accents") is None \
         else bool(config["strip_accents"])
-    if (config_lower, config_strip) != (lower, strip) or \
-            not config.get("tokenize_chinese_chars", True):
+    chinese = config.get("tokenize_chinese_chars", True)
+    if (config_lower, config_strip, chinese) != (lower, strip, True):
         raise tree.ConversionError(
             f"{directory}'s tokenizer.json (lowercase {lower}, strip_accents {strip}) and "
             f"tokenizer_config.json (do_lower_case {config_lower}, strip_accents {config_strip}"
-            f"{'' if config else ': absent'}, which transformers' BertTokenizer applies) "
-            "disagree, so the casing the model was trained with is unknown; set do_lower_case "
-            "and strip_accents in tokenizer_config.json to the model's")
+            f"{'' if chinese else ', tokenize_chinese_chars false'}{'' if config else ': absent'}"
+            ", which transformers' BertTokenizer applies) disagree, so the casing the model was "
+            "trained with is unknown; set do_lower_case and strip_accents in "
+            "tokenizer_config.json to the model's")
     return Casing(lower, strip, 100)
 
 
