@@ -157,13 +157,14 @@ def assert_console_in_order(stdout: str, workdir, seeds: list[dict]) -> None:
                            stdout, re.M)
     assert [(int(s), int(e), int(step)) for s, e, step, _ in announced] == [
         (seed["seed"], seed["best_epoch"], seed["best_step"]) for seed in seeds]
-    assert all(os.path.isdir(path) for *_, path in announced)
+    assert all(path == f"{workdir}/seed_{s}/checkpoints/{step}" and os.path.isdir(path)
+               for s, _, step, path in announced)
     assert len(re.findall(r"checkpoint step \d+ ->", stdout)) == len(seeds)  # (no other)
     start = lines.index(f"Outputs in {workdir}: summary.json, config.json, log.txt, tokenizer "
                         "vocab.txt + bertjax_tokenizer.json")
     for name in ("summary.json", "config.json", "log.txt", "vocab.txt", "bertjax_tokenizer.json"):
         assert (workdir / name).is_file(), name
-    for line, seed in zip(lines[start + 1:], seeds, strict=False):
+    for line, seed in zip(lines[start + 1:], seeds):
         folder, listed = line.strip().split(": ", 1)
         assert folder == f"seed_{seed['seed']}/"
         names = [item.split(" (")[0] for item in listed.split(", ")]
