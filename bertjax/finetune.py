@@ -159,7 +159,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
     accepted.enter_context(reporting.logging_to(reporting.log_file(workdir)))  # (once accepted)
     if jax.process_index() == 0:
         reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1))
-        native.save_tokenizer(tokenizer, workdir)  # the fine-tuned model stands alone
+        tokenizer_files = native.save_tokenizer(tokenizer, workdir)  # (the model stands alone)
     results = [finetune_loop.train_one_seed(settings, trainer, data, seed,
                                             os.path.join(workdir, f"seed_{seed}"))
                for seed in validate.seeds(config.seeds)]
@@ -181,13 +181,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
         print("\n".join(lines), flush=True)
         for warning in warnings:
             logging.warning("%s", warning)
-        print(f"Outputs: {os.path.join(workdir, 'summary.json')}, config.json", flush=True)
-        for result in results:
-            print(f"  {os.path.join(workdir, 'seed_' + str(result['seed']))}: checkpoints/"
-                  f"{result['best_step']} (best epoch {result['best_epoch']}), "
-                  + "".join(f"{os.path.relpath(path, workdir)}, " for path in
-                            result["predictions"].values())
-                  + "metrics.jsonl, tensorboard", flush=True)
+        print(finetune_loop.outputs_listing(workdir, results, tokenizer_files), flush=True)
     return summary
 
 

@@ -227,17 +227,18 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                    workdir: str) -> dict[str, Any]:
     """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics. Every
     epoch ends with a checkpoint (the latest and the best one are kept), which a rerun
-    resumes from; a rerun of a finished seed only predicts again with its best checkpoint."""
+    resumes from; at the end only the best one is kept (and named on the console). A rerun
+    of a finished seed only predicts again with its best checkpoint."""
     files.makedirs(workdir)
     train = data["train"]
     batch_size, task, sharded = settings.train_batch_size, trainer.task, trainer.run
     total_steps = trainer.total_steps
     mesh, abstract_state = sharded.mesh, sharded.abstract_state
     train_step, predict_step = sharded.train_step, sharded.eval_step
-    checkpointer = checkpoint.Checkpointer(
-        os.path.join(workdir, "checkpoints"), save_every=10 ** 9, keep_latest=1,
-        on_commit=reporting.announce_commit(os.path.join(workdir, "checkpoints"),
-                                            f"seed {seed}: "))
+    # (Not announced per epoch: all but the best epoch's are deleted; the kept one is named
+    # once the others are gone.)
+    checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                           save_every=10 ** 9, keep_latest=1)
     meta = {"task": settings.task, "seed": seed, "config": settings.config,
             "bert_config": settings.bert_config,
             "tokenizer_fingerprint": settings.tokenizer_fingerprint}
@@ -366,11 +367,30 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                                      json.dumps(result, indent=1))
             for other in set(checkpointer.all_steps()) - {best["step"]}:
                 checkpointer.delete(other)
+            reporting.chief_print(f"seed {seed}: best epoch {best['epoch']} kept, checkpoint "
+                                  f"step {best['step']} -> {checkpointer.directory}/{best['step']}")
     finally:
         checkpointer.close()
         if writer:
             writer.close()
     return result
+
+
+def outputs_listing(workdir: str, results: list[dict[str, Any]], tokenizer_files: list[str]
+                    ) -> str:
+    """The run's outputs, each named once: the workdir's files, then per seed its folder's
+    (the best epoch's checkpoint, the predictions, its summary and logs)."""
+    lines = [f"Outputs in {workdir}: summary.json, config.json, "
+             f"{os.path.basename(reporting.log_file(workdir))}, tokenizer "
+             f"{' + '.join(tokenizer_files)}"]
+    for result in results:
+        folder = f"seed_{result['seed']}"
+        lines.append(f"  {folder}/: checkpoints/{result['best_step']} (best epoch "
+                     f"{result['best_epoch']}), " + "".join(
+                         f"{os.path.relpath(path, os.path.join(workdir, folder))}, "
+                         for path in result["predictions"].values())
+                     + "summary.json, metrics.jsonl, tensorboard/")
+    return "\n".join(lines)
 
 
 def summarize_seeds(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

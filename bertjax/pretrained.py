@@ -207,7 +207,7 @@ def tokenizer_of(source: Source, pretrain: PretrainingRun) -> tokenization.Token
         kind = source.tokenizer or ("sentencepiece" if source.vocab_file.endswith(".model")
                                     else "wordpiece")
         tokenizer = tokenization.load_tokenizer(kind, source.vocab_file, source.do_lower_case)
-    elif google_or_hf(source.init_checkpoint):  # Google and HF directories ship vocab.txt
+    elif google_or_hf(source.init_checkpoint):  # Google and HF: the tokenizer beside it
         return _vocab_beside(source)
     elif pretrain.config is None:  # a fine-tuned or converted model: its tokenizer beside it
         if not source.init_checkpoint:
@@ -236,17 +236,25 @@ def _vocab_beside(source: Source) -> tokenization.Tokenizer:
 
 def checkpoint_tokenizer(path: str, do_lower_case: bool | None,
                          vocab_flag: str = "") -> tokenization.Tokenizer:
-    """The `vocab.txt` or SentencePiece model beside the Google / Hugging Face checkpoint at
-    `path` (local or a URL). WordPiece is lower-cased as `do_lower_case` says (checked against
-    the checkpoint's name), or for None as the name or else the vocabulary says."""
+    """The `vocab.txt`, SentencePiece model or `tokenizer.json` beside the Google / Hugging Face
+    checkpoint at `path` (local or a URL). WordPiece from `vocab.txt` is lower-cased as
+    `do_lower_case` says (checked against the checkpoint's name), or for None as the name or
+    else the vocabulary says; a `tokenizer.json` cases as it says (`do_lower_case` must agree)."""
     try:
         local = staging.local_checkpoint(path, detect_format(path))
-        kind, vocab = hf_tokenizer.tokenizer_file(local if files.isdir(local)
-                                                  else os.path.dirname(local))
+        kind, vocab, casing = hf_tokenizer.tokenizer_file(local if files.isdir(local)
+                                                          else os.path.dirname(local))
     except ConversionError as e:
         raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) from None
     if kind == "sentencepiece":
         return tokenization.SentencePieceTokenizer(vocab)
+    if casing is not None:  # a tokenizer.json, which says how it cases text
+        if do_lower_case is not None and do_lower_case != casing.do_lower_case:
+            flag = (vocab_flag or "--vocab_file").replace("vocab_file", "do_lower_case")
+            raise PretrainedError(
+                f"the tokenizer.json of {path} is {'un' if casing.do_lower_case else ''}cased "
+                f"but do_lower_case={do_lower_case}; set {flag}={casing.do_lower_case}")
+        return tokenization.WordPieceTokenizer(vocab, **casing._asdict())
     if do_lower_case is None:
         do_lower_case = checkpoint_case(path)
     if do_lower_case is None:

@@ -12,6 +12,7 @@ import random
 import jax
 import numpy as np
 import pytest
+import tokenizers
 from safetensors.numpy import load_file, save_file
 
 from bertjax import convert, finetune, pretrained
@@ -165,6 +166,101 @@ def test_sentencepiece_model_leaves_and_comes_back(tmp_path):
         with pytest.raises(pretrained.PretrainedError, match=rf"only tokenizer.json \(a {kind} "
                            r"tokenizer\), which bertjax cannot reproduce.*pass --config.vocab_"):
             pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
+
+
+WORDPIECE_TEXTS = ["Crème Brûlée, naïve CAFÉ! Ångström's résumé?", "中文分词：我爱北京。 漢字 and 한국어",
+                   "Punctuation!!! ((quotes)) \"x\" $5 @home #tag", "MiXeD CaSe, unaffable",
+                   "x" * 150 + " spaces\tand\nnewlines\u00a0nbsp", ""]
+
+
+def wordpiece_json_dir(path, tokens: list[str], lower: bool, tokenizer_config: dict | None,
+                       **normalizer) -> tokenizers.Tokenizer:
+    """A Hugging Face directory (random TINY-shaped weights) whose tokenizer is only a WordPiece
+    tokenizer.json as the `tokenizers` library builds Google's (lower-cased or not), with
+    `tokenizer_config` (None: no tokenizer_config.json); returns that tokenizer."""
+    ids = {t: i for i, t in enumerate(tokens)}
+    built = tokenizers.Tokenizer(tokenizers.models.WordPiece(ids, unk_token="[UNK]"))
+    built.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=lower, **normalizer)
+    built.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    built.post_processor = tokenizers.processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+    built.add_special_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    config = dataclasses.replace(TINY, vocab_size=len(tokens))
+    hf.save_hf(config, random_params(config), str(path))
+    built.save(str(path / "tokenizer.json"))
+    if tokenizer_config is not None:
+        (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return built
+
+
+def wordpiece_vocab(texts: list[str], lower: bool) -> list[str]:
+    """BERT's special tokens, every character of `texts` (as a word and as a `##` piece) and
+    their short words, lower-cased or not."""
+    words = {w for t in texts for w in tokenization.basic_tokenize(t, do_lower_case=lower)}
+    chars = sorted({c for w in words for c in w})
+    return list(dict.fromkeys(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars,
+                               *("##" + c for c in chars), *sorted(w for w in words if len(w) < 8),
+                               "un", "##aff", "##able"]))
+
+
+@pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
+def test_hugging_face_wordpiece_tokenizer_json_alone_is_read(lower, tmp_path):
+    """A Hugging Face directory whose tokenizer is only a WordPiece tokenizer.json (BertNormalizer,
+    BertPreTokenizer, `##` pieces: Google's) is read as bertjax's WordPiece with the json's
+    vocabulary and casing: the same ids and segments as `tokenizers` gives for text pairs, for
+    fine-tuning (init_checkpoint) and `convert` (which writes it beside the import)."""
+    tokens = wordpiece_vocab(WORDPIECE_TEXTS, lower)
+    built = wordpiece_json_dir(tmp_path / "hf", tokens, lower,
+                               None if lower else {"do_lower_case": False})
+    source = pretrained.Source(init_checkpoint=str(tmp_path / "hf"), do_lower_case=lower)
+    ours = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
+    assert (ours.do_lower_case, ours.vocab_size, ours.max_input_chars_per_word) == (
+        lower, len(tokens), 100)  # (transformers' BertTokenizer: 100 characters a word)
+    pieces = 0
+    for a, b in zip(WORDPIECE_TEXTS, WORDPIECE_TEXTS[1:]):
+        expected = built.encode(a, b)
+        assert [ours.cls_id, *ours.encode(a), ours.sep_id, *ours.encode(b), ours.sep_id] \
+            == expected.ids, (a, b)
+        assert expected.type_ids == [0] * (len(ours.encode(a)) + 2) + [1] * (len(ours.encode(b)) + 1)
+        pieces += sum(t.startswith("##") for t in ours.convert_ids_to_tokens(ours.encode(a)))
+    assert pieces > 10 and ours.encode("CAFÉ") == built.encode("CAFÉ", add_special_tokens=False).ids
+    assert convert.main([str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
+    imported = pretrained.Source(init_checkpoint=str(tmp_path / "imported"), do_lower_case=lower)
+    assert pretrained.tokenizer_of(imported, pretrained.pretraining_run(imported)).fingerprint() \
+        == ours.fingerprint()
+
+
+def test_hugging_face_wordpiece_tokenizer_json_bertjax_cannot_reproduce(tmp_path):
+    """A WordPiece tokenizer.json of another form, or cased differently than transformers would
+    apply it or than the run says, gets one line saying what differs."""
+    tokens = wordpiece_vocab(WORDPIECE_TEXTS, False)
+    source = pretrained.Source(init_checkpoint=str(tmp_path / "hf"), do_lower_case=False)
+
+    def refused(pattern: str) -> None:
+        with pytest.raises(pretrained.PretrainedError, match=pattern) as error:
+            pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
+        assert "\n" not in str(error.value) and "pass --config.vocab_file=PATH" in str(error.value)
+
+    wordpiece_json_dir(tmp_path / "hf", tokens, False, None)  # transformers would lower-case it
+    refused(r"tokenizer.json \(lowercase False, strip_accents False\) and tokenizer_config.json "
+            r"\(do_lower_case True, strip_accents True: absent, which transformers' BertTokenizer "
+            r"applies\) disagree")
+    (tmp_path / "hf" / "tokenizer_config.json").write_text('{"do_lower_case": false}')
+    spec = json.loads((tmp_path / "hf" / "tokenizer.json").read_text())
+    for changed, pattern in (
+            ({"normalizer": {"type": "Lowercase"}}, "its normalizer is Lowercase, not BertNormalizer"),
+            ({"pre_tokenizer": {"type": "Whitespace"}}, "its pre_tokenizer is not BertPreTokenizer"),
+            ({"model": {**spec["model"], "vocab": {t: i * 2 for i, t in enumerate(tokens)}}},
+             r"its vocab's ids are not 0, 1, 2, ... \(holes or repeats\)"),
+            ({"post_processor": None}, r"its post_processor \(None\) does not give \[CLS\] A")):
+        (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps({**spec, **changed}))
+        refused(r"tokenizer.json is a WordPiece tokenizer bertjax cannot reproduce: " + pattern)
+    (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps(spec))
+    source = dataclasses.replace(source, do_lower_case=True)
+    with pytest.raises(pretrained.PretrainedError, match=r"the tokenizer.json of .*/hf is cased "
+                       r"but do_lower_case=True; set --config.do_lower_case=False$"):
+        pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
 
 
 def test_hugging_face_fine_tuned_model_gives_its_encoder(sst2_run, tmp_path, capsys):

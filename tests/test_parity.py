@@ -18,6 +18,7 @@ from bertjax.interop import hf
 from bertjax.data import tokenization
 from bertjax.model import BertConfig, BertForPreTraining
 from test_convert import assert_trees_equal, random_params
+from test_exports import wordpiece_json_dir
 from test_train import corpus_file, tiny_config  # noqa: F401 (fixture)
 
 torch = pytest.importorskip("torch")
@@ -160,6 +161,34 @@ def test_wordpiece_matches_transformers(lower, tmp_path):
         assert ours.encode(text) == rust.convert_tokens_to_ids(tokens)
         pieces += sum(t.startswith("##") for t in tokens)
     assert pieces > 20  # words really were split into pieces
+
+
+@pytest.mark.parametrize("lower,strip,config", [
+    (True, None, {"do_lower_case": True}), (False, None, {"do_lower_case": False}),
+    (True, False, {"tokenizer_class": "PreTrainedTokenizerFast",  # (the json as it is)
+                   "model_input_names": ["input_ids", "token_type_ids", "attention_mask"]})],
+    ids=["uncased", "cased", "lower-cased-with-accents"])
+def test_wordpiece_tokenizer_json_alone_matches_transformers(lower, strip, config, corpus_file,
+                                                              tmp_path):
+    """A Hugging Face directory whose tokenizer is only a WordPiece tokenizer.json (Google's
+    uncased vocab): AutoTokenizer gives bertjax's ids and segments for text pairs."""
+    path = BERT_BASE_VOCAB if os.path.exists(BERT_BASE_VOCAB) else built_vocab(
+        tmp_path / "v.txt", lower)
+    with open(path, encoding="utf-8") as f:
+        tokens = list(dict.fromkeys(line.rstrip("\n") for line in f))  # (a json has no repeats)
+    (tmp_path / "hf").mkdir()
+    wordpiece_json_dir(tmp_path / "hf", tokens, lower, config, strip_accents=strip)
+    ours = pretrained.checkpoint_tokenizer(str(tmp_path / "hf"), None)
+    assert (ours.do_lower_case, ours.strip_accents) == (lower, lower if strip is None else strip)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    texts = [t for t in TEXTS if t] + [  # transformers reads an empty second text as none
+        line.strip() for line in open(corpus_file, encoding="utf-8").readlines()[:200:10]]
+    for a, b in zip(texts, texts[1:]):
+        encoded = theirs(a, b)
+        assert encoded["input_ids"] == [ours.cls_id, *ours.encode(a), ours.sep_id,
+                                        *ours.encode(b), ours.sep_id], (a, b)
+        assert encoded["token_type_ids"] == [0] * (len(ours.encode(a)) + 2) + [1] * (
+            len(ours.encode(b)) + 1)
 
 
 def corpus_vocab(path, corpus_file: str) -> str:

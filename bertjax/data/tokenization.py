@@ -210,11 +210,14 @@ def train_sentencepiece(
 
 
 def load_tokenizer(
-    kind: str, path: str, do_lower_case: bool = True, strip_accents: bool | None = None
+    kind: str, path: str, do_lower_case: bool = True, strip_accents: bool | None = None,
+    max_input_chars_per_word: int = 200,
 ) -> Tokenizer:
-    """Build a tokenizer; case options apply to WordPiece (SentencePiece models carry their own)."""
+    """Build a tokenizer; case options and the word limit apply to WordPiece (SentencePiece
+    models carry their own)."""
     if kind == "wordpiece":
-        return WordPieceTokenizer(path, do_lower_case=do_lower_case, strip_accents=strip_accents)
+        return WordPieceTokenizer(path, do_lower_case=do_lower_case, strip_accents=strip_accents,
+                                  max_input_chars_per_word=max_input_chars_per_word)
     if kind == "sentencepiece":
         return SentencePieceTokenizer(path)
     raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'wordpiece' or 'sentencepiece'")

@@ -111,7 +111,8 @@ def save_tokenizer(tokenizer: tokenization.Tokenizer, directory: str) -> list[st
     if isinstance(tokenizer, tokenization.WordPieceTokenizer):
         names = hf_tokenizer.save_vocab(tokenizer, directory)
         spec.update(kind="wordpiece", file=names[0], do_lower_case=tokenizer.do_lower_case,
-                    strip_accents=tokenizer.strip_accents)
+                    strip_accents=tokenizer.strip_accents,
+                    max_input_chars_per_word=tokenizer.max_input_chars_per_word)
     elif isinstance(tokenizer, tokenization.SentencePieceTokenizer):
         with files.open(os.path.join(directory, SENTENCEPIECE_FILE), "wb") as f:
             f.write(tokenizer.model_proto())
@@ -140,7 +141,8 @@ def tokenizer_beside(path: str) -> tokenization.Tokenizer | None:
             spec = tree.read_json_config(spec_path, "bertjax tokenizer")
             tokenizer = tokenization.load_tokenizer(
                 spec["kind"], os.path.join(directory, spec["file"]),
-                spec.get("do_lower_case", True), spec.get("strip_accents"))
+                spec.get("do_lower_case", True), spec.get("strip_accents"),
+                spec.get("max_input_chars_per_word", 200))
             if tokenizer.fingerprint() != spec["fingerprint"]:
                 raise tree.ConversionError(f"{os.path.join(directory, spec['file'])} is not the "
                                            f"tokenizer {spec_path} recorded (its fingerprint "
