@@ -248,9 +248,9 @@ def checkpoint_tokenizer(path: str, do_lower_case: bool | None,
         raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) from None
     if kind == "sentencepiece":
         return tokenization.SentencePieceTokenizer(vocab)
+    flag = (vocab_flag or "--vocab_file").replace("vocab_file", "do_lower_case")
     if casing is not None:  # a tokenizer.json, which says how it cases text
         if do_lower_case is not None and do_lower_case != casing.do_lower_case:
-            flag = (vocab_flag or "--vocab_file").replace("vocab_file", "do_lower_case")
             raise PretrainedError(
                 f"the tokenizer.json of {path} is {'un' if casing.do_lower_case else ''}cased "
                 f"but do_lower_case={do_lower_case}; set {flag}={casing.do_lower_case}")
@@ -259,11 +259,11 @@ def checkpoint_tokenizer(path: str, do_lower_case: bool | None,
         do_lower_case = checkpoint_case(path)
     if do_lower_case is None:
         try:
-            validate_case(path, True, vocab)
+            validate_case(path, True, vocab, flag)
             do_lower_case = True
         except ConversionError:  # upper-case tokens: a cased vocabulary
             do_lower_case = False
-    validate_case(path, do_lower_case, vocab)
+    validate_case(path, do_lower_case, vocab, flag)
     return tokenization.load_tokenizer("wordpiece", vocab, do_lower_case)
 
 
@@ -301,24 +301,26 @@ def checkpoint_case(path: str) -> bool | None:
     return None
 
 
-def validate_case(path: str, do_lower_case: bool, vocab_file: str = "") -> None:
+def validate_case(path: str, do_lower_case: bool, vocab_file: str = "",
+                  case_flag: str = "--config.data.do_lower_case") -> None:
     """Google's `validate_case_matches_checkpoint`: an uncased model with a cased tokenizer
     (or the reverse) trains on text it never saw. Also refuses lower-casing with a vocab
-    that holds upper-case tokens (those could never be produced)."""
+    that holds upper-case tokens (those could never be produced). `case_flag`: the entry
+    point's flag for do_lower_case, named in the messages."""
+    field = case_flag.removeprefix("--config.").removeprefix("--")
     lowered = checkpoint_case(path)
     if lowered is not None and lowered != do_lower_case:
         kind = "an uncased" if lowered else "a cased"
         raise ConversionError(
-            f"init_checkpoint {path} is {kind} model but data.do_lower_case={do_lower_case}; "
-            f"set --config.data.do_lower_case={lowered}")
+            f"init_checkpoint {path} is {kind} model but {field}={do_lower_case}; "
+            f"set {case_flag}={lowered}")
     if do_lower_case and vocab_file and vocab_file.endswith(".txt"):
         with files.open(vocab_file, encoding="utf-8", errors="replace") as f:
             upper = sum(1 for t in f if not t.startswith("[") and t.strip().lower() != t.strip())
         if upper > 100:
             raise ConversionError(
                 f"{vocab_file} is a cased vocab ({upper} tokens with upper-case letters) but "
-                "data.do_lower_case=True would never produce them; set "
-                "--config.data.do_lower_case=False")
+                f"{field}=True would never produce them; set {case_flag}=False")
 
 
 def check_run_tokenizer(path: str, data_config: Any, tokenizer_vocab_size: int,
