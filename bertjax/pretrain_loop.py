@@ -10,8 +10,8 @@ from typing import Any
 import jax
 from absl import logging
 
-from bertjax import (checkpoint, failures, files, guards, objectives, reporting, schedule,
-                     sharding, steps, test_pause)
+from bertjax import (checkpoint, distributed, failures, files, guards, objectives, reporting,
+                     schedule, sharding, steps, test_pause)
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
 from bertjax.run import ShardedRun
 from bertjax.schedule import DataPosition
@@ -113,6 +113,7 @@ class Pretraining:
                     state, sharding.global_batch_from_host(host_batch, mesh))
                 flush_pending()  # the previous step's metrics: ready by now, so no stall
                 done = step + 1
+                distributed.reached_step(done)
                 pending = (done, metrics, host_batch["input_ids"].size * jax.process_count(),
                            trained_batch)
                 position = DataPosition(current.phase.name, batch_index)

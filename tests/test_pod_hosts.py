@@ -1,0 +1,162 @@
+"""Hosts agree or stop: several local processes (jax.distributed over CPU) started like the
+hosts of a pod slice, with one host given another setting, corpus or tokenizer, or killed
+mid-run. Every process must stop with the same one line naming what differs (or which process
+was lost), with no traceback and no C++ abort; the rerun resumes exactly."""
+import json
+import os
+import signal
+import string
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bertjax import agreement, distributed
+from bertjax.data import default_corpus
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(REPO_ROOT, "configs", "tiny.py")
+TINY = {
+    "model.vocab_size": 512, "model.hidden_size": 32, "model.num_hidden_layers": 1,
+    "model.num_attention_heads": 4, "model.intermediate_size": 64,
+    "model.max_position_embeddings": 64, "data.source": "text",
+    "data.sentencepiece_vocab_size": 512, "data.max_seq_length": 64,
+    "data.max_predictions_per_seq": 10, "data.dupe_factor": 2, "data.eval_fraction": 0.0,
+    "long_phase.fraction": 0.0, "train.global_batch_size": 16, "train.total_steps": 8,
+    "train.log_every": 1, "train.eval_every": 0, "train.eval_batches": 1,
+    "train.checkpoint_every": 4, "optimizer.warmup_steps": 2,
+}
+NOISE = ("Traceback", "Fatal Python error", "Check failure", "coordination_service")
+
+
+def _corpus(path, documents: int = 120, skip: int = 0) -> None:
+    docs = [d for d in default_corpus.default_corpus() if len(d) >= 2][skip:skip + documents]
+    with open(path, "w") as f:
+        f.write("\n\n".join("\n".join(doc) for doc in docs) + "\n")
+
+
+def _start(tmp_path, count: int, overrides: dict, per_process: dict | None = None,
+           cwds: list | None = None, devices: int = 1, heartbeat: int = 10,
+           port: int | None = None, env_of: dict | None = None) -> list[subprocess.Popen]:
+    """`count` processes of `python -m bertjax.train` as the hosts of one job; process i
+    also gets the flags `per_process[i]` (later flags win) and runs in `cwds[i]`."""
+    port = port or distributed.free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
+           "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    flags = [f"--config.{k}={v}" for k, v in {**TINY, **overrides}.items()]
+    return [subprocess.Popen(
+        [sys.executable, "-m", "bertjax.train", f"--config={CONFIG}",
+         f"--workdir={tmp_path / 'run'}", f"--coordinator_address=localhost:{port}",
+         f"--num_processes={count}", f"--process_id={i}",
+         f"--heartbeat_timeout_seconds={heartbeat}", *flags,
+         *[f"--config.{k}={v}" for k, v in (per_process or {}).get(i, {}).items()]],
+        cwd=(cwds[i] if cwds else REPO_ROOT), env={**env, **(env_of or {}).get(i, {})},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(count)]
+
+
+def _finish(procs, timeout: float = 240) -> list[tuple[int, str, str]]:
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            results.append((proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            proc.kill()
+    return results
+
+
+def _assert_all_stop_with(results, line: str) -> None:
+    for i, (code, out, err) in enumerate(results):
+        assert code == 1, f"process {i} exit {code}:\n{out[-2000:]}\n{err[-3000:]}"
+        errors = [l for l in err.splitlines() if l.startswith("error:")]
+        assert errors == [line], f"process {i}:\n{err[-3000:]}"
+        assert not any(n in err + out for n in NOISE), f"process {i}:\n{err[-3000:]}"
+
+
+def test_disagreement_names_the_field_and_the_processes():
+    same = {"a": "1", "b": "'x'"}
+    assert agreement.disagreement([same, same, same]) is None
+    line = agreement.disagreement([same, {**same, "b": "'y'"}, same, {**same, "b": "'y'"},
+                                   {"a": "1", "b": "'z'", "c": "3"}])
+    assert line == ("the hosts disagree on b (and 1 more): processes 1, 3 have 'y'; process 4 "
+                    "has 'z', process 0 'x'; run the same command on every host")
+    assert "(nothing)" in agreement.disagreement([same, {"a": "1"}])
+    fields = agreement.config_fields({"data": {"cache_dir": "/local", "seed": 1}}, "gs://b/r")
+    assert fields == {"data.seed": "1", "--workdir": "'gs://b/r'"}  # the cache is per host
+
+
+def test_hosts_with_another_setting_stop(tmp_path):
+    """The adversary's case: one host given another corpus file (and its own cache
+    directory, which may differ): both stop before any data work, naming the field."""
+    for name in ("a.txt", "b.txt"):
+        _corpus(tmp_path / name)
+    started = time.time()
+    results = _finish(_start(tmp_path, 2, {"data.input_files": tmp_path / "a.txt"},
+                             {1: {"data.input_files": tmp_path / "b.txt",
+                                  "data.cache_dir": tmp_path / "cache1"}}), timeout=120)
+    _assert_all_stop_with(results, f"error: the hosts disagree on data.input_files: process 1 "
+                                   f"has '{tmp_path / 'b.txt'}', process 0 "
+                                   f"'{tmp_path / 'a.txt'}'; run the same command on every host")
+    assert not os.path.exists(tmp_path / "run" / "data")  # no tokenizer trained, nothing prepared
+    assert not os.path.exists(tmp_path / "cache1")
+    print(f"stopped in {time.time() - started:.1f} s")
+
+
+def _hosts(tmp_path, count: int) -> list[str]:
+    """A working directory per host, in which the same relative path names its own file."""
+    cwds = [tmp_path / f"host{i}" for i in range(count)]
+    for cwd in cwds:
+        cwd.mkdir()
+    return cwds
+
+
+def test_hosts_with_another_corpus_at_the_same_path_stop(tmp_path):
+    """The same command, but one host's copy of the corpus file differs."""
+    cwds = _hosts(tmp_path, 2)
+    _corpus(cwds[0] / "corpus.txt")
+    _corpus(cwds[1] / "corpus.txt", skip=1)
+    results = _finish(_start(tmp_path, 2, {"data.input_files": "corpus.txt"}, cwds=cwds),
+                      timeout=120)
+    line = results[0][2].splitlines()[-1]
+    assert line.startswith("error: the hosts disagree on the corpus file corpus.txt: process 1 "
+                           "has "), results[0][2][-3000:]
+    assert line.endswith("; give every host the same files (the same corpus, vocab_file and "
+                         "config)")
+    _assert_all_stop_with(results, line)
+    assert not os.path.exists(tmp_path / "run" / "data")  # before the tokenizer is trained
+
+
+def _vocab(path, extra: str) -> None:
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase,
+              *(f"##{c}" for c in string.ascii_lowercase), extra]
+    path.write_text("\n".join(tokens) + "\n")
+
+
+def test_hosts_with_another_vocabulary_at_the_same_path_stop(tmp_path):
+    """The same command and corpus, but one host's vocab.txt differs."""
+    cwds = _hosts(tmp_path, 2)
+    _corpus(tmp_path / "corpus.txt")
+    _vocab(cwds[0] / "vocab.txt", "the")
+    _vocab(cwds[1] / "vocab.txt", "and")
+    results = _finish(_start(tmp_path, 2, {"data.input_files": tmp_path / "corpus.txt",
+                                           "data.tokenizer": "wordpiece",
+                                           "data.vocab_file": "vocab.txt"}, cwds=cwds),
+                      timeout=120)
+    line = results[0][2].splitlines()[-1]
+    assert line.startswith("error: the hosts disagree on the tokenizer: process 1 has 58 "
+                           "tokens, fingerprint "), results[0][2][-3000:]
+    _assert_all_stop_with(results, line)
+    assert not [d for d in os.listdir(tmp_path / "run" / "data") if d.startswith("short_")]
+
+
+@pytest.mark.slow
+def test_four_hosts_two_disagreeing(tmp_path):
+    _corpus(tmp_path / "corpus.txt")
+    results = _finish(_start(tmp_path, 4, {"data.input_files": tmp_path / "corpus.txt"},
+                             {1: {"train.seed": 7}, 3: {"train.seed": 7}}), timeout=240)
+    _assert_all_stop_with(results, "error: the hosts disagree on train.seed: processes 1, 3 "
+                                   "have 7, process 0 42; run the same command on every host")
