@@ -6,7 +6,7 @@ They compare, through the key-value store of JAX's coordination service (no devi
 collective): at the start, the config (less `PER_HOST_FIELDS`) and `--workdir`; before any
 data work, the corpus (its files and their sampled content: `guards.data_identity`); once the
 tokenizer is loaded or trained, its fingerprint. A process that stops with an error first
-announces its line (`distributed.announce_failure`), so that the others, waiting at a
+announces its line (`peers.announce_failure`), so that the others, waiting at a
 comparison, stop with it instead of waiting for it.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from bertjax import distributed
+from bertjax import peers
 
 # Fields that may differ between hosts: where a host keeps its own share of the prepared data
 # (its local disk); the data itself is compared as the corpus and the tokenizer.
@@ -107,7 +107,7 @@ def _gather(stage: str, payload: str) -> list[str]:
     """Every process's `payload` for `stage`, in process order; PeerFailed if another
     process announced an error meanwhile. (A lost process stops this one through
     distributed's heartbeat callback.)"""
-    client, count = distributed.client(), jax.process_count()
+    client, count = peers.client(), jax.process_count()
     directory = f"{_PREFIX}/{stage}/"
     client.key_value_set(f"{directory}{jax.process_index()}", payload)
     while True:
@@ -115,7 +115,7 @@ def _gather(stage: str, payload: str) -> list[str]:
                  for key, value in client.key_value_dir_get(directory)}
         if len(found) == count:
             return [found[str(i)] for i in range(count)]
-        failed = distributed.announced_failure()
+        failed = peers.announced_failure()
         if failed:
             raise PeerFailed(f"{failed}; {RERUN}")
         time.sleep(_POLL_S)

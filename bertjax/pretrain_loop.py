@@ -10,7 +10,7 @@ from typing import Any
 import jax
 from absl import logging
 
-from bertjax import (checkpoint, distributed, failures, files, guards, objectives, reporting,
+from bertjax import (checkpoint, failures, files, guards, objectives, peers, reporting,
                      schedule, sharding, steps, test_pause)
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
 from bertjax.run import ShardedRun
@@ -75,6 +75,7 @@ class Pretraining:
             nonlocal pending
             if pending is not None:
                 self.progress.add(pending[0], jax.device_get(pending[1]), pending[2], pending[3])
+                peers.reached_step(pending[0])  # (its results on the host: finished)
                 pending = None
 
         def save(step: int, force: bool = False) -> None:
@@ -113,7 +114,6 @@ class Pretraining:
                     state, sharding.global_batch_from_host(host_batch, mesh))
                 flush_pending()  # the previous step's metrics: ready by now, so no stall
                 done = step + 1
-                distributed.reached_step(done)
                 pending = (done, metrics, host_batch["input_ids"].size * jax.process_count(),
                            trained_batch)
                 position = DataPosition(current.phase.name, batch_index)

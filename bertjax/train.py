@@ -16,9 +16,9 @@ import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (agreement, checkpoint, cli, distributed, failures, files, guards, locks, memory,
-                     pretrain_loop, pretrained, reporting, resume, run, schedule, test_pause,
-                     validate)
+from bertjax import (agreement, checkpoint, cli, distributed, failures, files, guards, locks,
+                     memory, peers, pretrain_loop, pretrained, reporting, resume, run, schedule,
+                     test_pause, validate)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
 from bertjax.interop.tree import ConversionError
@@ -200,6 +200,7 @@ def main(argv: list[str]) -> None:
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                                FLAGS.heartbeat_timeout_seconds)
+        peers.watch(reporting.log_file(FLAGS.workdir), FLAGS.heartbeat_timeout_seconds)
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except KeyboardInterrupt:
         failures.leave("interrupted (Ctrl-C) outside the training steps; nothing to save (rerun "
@@ -209,10 +210,10 @@ def main(argv: list[str]) -> None:
             checkpoint.CheckpointMismatch, checkpoint.CheckpointWriteError,
             reporting.TrainingError, guards.NonFiniteState, locks.LockHeld, OSError,
             ConversionError, pretrained.PretrainedError) as e:
-        distributed.announce_failure(str(e))  # (peers waiting for this process stop too)
+        peers.announce_failure(str(e))  # (peers waiting for this process stop too)
         cli.leave_on(e, FLAGS.workdir)
     except jax.errors.JaxRuntimeError as e:  # a collective failed: a peer lost?
-        distributed.leave_if_peer_lost(e)
+        peers.leave_if_peer_lost(e)
         raise
 
 if __name__ == "__main__":

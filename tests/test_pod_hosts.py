@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from bertjax import agreement, distributed
+from bertjax import agreement, distributed, peers
 from bertjax.data import default_corpus
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,6 +114,7 @@ def _hosts(tmp_path, count: int) -> list[str]:
     return cwds
 
 
+@pytest.mark.slow
 def test_hosts_with_another_corpus_at_the_same_path_stop(tmp_path):
     """The same command, but one host's copy of the corpus file differs."""
     cwds = _hosts(tmp_path, 2)
@@ -136,6 +137,7 @@ def _vocab(path, extra: str) -> None:
     path.write_text("\n".join(tokens) + "\n")
 
 
+@pytest.mark.slow
 def test_hosts_with_another_vocabulary_at_the_same_path_stop(tmp_path):
     """The same command and corpus, but one host's vocab.txt differs."""
     cwds = _hosts(tmp_path, 2)
@@ -150,7 +152,7 @@ def test_hosts_with_another_vocabulary_at_the_same_path_stop(tmp_path):
     assert line.startswith("error: the hosts disagree on the tokenizer: process 1 has 58 "
                            "tokens, fingerprint "), results[0][2][-3000:]
     _assert_all_stop_with(results, line)
-    assert not [d for d in os.listdir(tmp_path / "run" / "data") if d.startswith("short_")]
+    assert not os.path.exists(tmp_path / "run" / "data")  # nothing prepared
 
 
 @pytest.mark.slow
@@ -160,3 +162,52 @@ def test_four_hosts_two_disagreeing(tmp_path):
                              {1: {"train.seed": 7}, 3: {"train.seed": 7}}), timeout=240)
     _assert_all_stop_with(results, "error: the hosts disagree on train.seed: processes 1, 3 "
                                    "have 7, process 0 42; run the same command on every host")
+
+
+def _train_rows(workdir) -> list[dict]:
+    with open(workdir / "metrics.jsonl") as f:
+        return [row for row in map(json.loads, f) if row["split"] == "train"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("count, killed, devices", [(2, 1, 2), (4, 0, 1)])
+def test_lost_host_stops_the_others_and_the_rerun_resumes_exactly(tmp_path, count, killed,
+                                                                  devices):
+    """kill -9 of one process after step 6 (checkpoint at 4; of 8 steps): every other stops
+    within the heartbeat timeout (10 s, plus start-up slack) with one line naming the lost
+    process and its step; the same command rerun on every host resumes from step 4, with the
+    losses of steps 5 and 6 equal to those the first run logged."""
+    _corpus(tmp_path / "corpus.txt")
+    overrides = {"data.input_files": tmp_path / "corpus.txt"}
+    procs = _start(tmp_path, count, overrides, devices=devices,
+                   env_of={killed: {"BERTJAX_TEST_PAUSE": "step:6"}})
+    try:
+        for line in procs[killed].stdout:
+            if "paused at step 6" in line:
+                break
+        procs[killed].send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        survivors = _finish([p for i, p in enumerate(procs) if i != killed], timeout=120)
+    finally:
+        for proc in procs:
+            proc.kill()
+    waited = time.time() - killed_at
+    assert waited < 10 + 30, waited
+    lost = (f"process {killed} of {count} (no heartbeat for 10 s)" if killed else
+            f"process 0 of {count} (the coordinator)")
+    for index, (code, out, err) in zip([i for i in range(count) if i != killed], survivors):
+        assert code == peers.LOST_PEER_STATUS, f"process {index}: {code}\n{err[-3000:]}"
+        assert err.splitlines()[-1] == (
+            f"error: lost {lost}; this process {index} "
+            "stopped after step 6; rerun the same command on every host to resume from the "
+            "last checkpoint"), err[-3000:]
+        assert not any(n in err + out for n in NOISE), f"process {index}:\n{err[-3000:]}"
+    first = {row["step"]: row["loss"] for row in _train_rows(tmp_path / "run")}
+    assert 6 in first
+
+    results = _finish(_start(tmp_path, count, overrides, devices=devices), timeout=300)
+    for index, (code, out, err) in enumerate(results):
+        assert code == 0, f"process {index}:\n{out[-2000:]}\n{err[-3000:]}"
+    rerun = _train_rows(tmp_path / "run")[len(first):]
+    assert [row["step"] for row in rerun] == [5, 6, 7, 8]
+    assert [row["loss"] for row in rerun[:2]] == [first[5], first[6]]
