@@ -25,6 +25,8 @@ from typing import Any, NoReturn
 import jax
 from absl import logging
 
+from bertjax import failures
+
 JAX_HEARTBEAT_TIMEOUT_SECONDS = 100  # jax.distributed.initialize's default
 LOST_PEER_STATUS = 75  # EX_TEMPFAIL: run again
 RERUN_ALL = "rerun the same command on every host"
@@ -118,11 +120,12 @@ def client() -> Any:
     return jax_distributed.global_state.client
 
 
-def announce_failure(message: str) -> None:
-    """Tells the other processes that this one stops with `message` (best effort: the
+def announce_failure(error: BaseException) -> None:
+    """Tells the other processes that this one stops with `error` (best effort: the
     coordinator may be gone)."""
     if not jax.distributed.is_initialized() or jax.process_count() == 1:
         return
+    message = failures.os_error_line(error) if isinstance(error, OSError) else str(error)
     try:
         client().key_value_set(f"{_FAILED}{jax.process_index()}", message, allow_overwrite=True)
     except Exception:  # noqa: BLE001 (the coordinator itself lost: nothing to tell)
@@ -130,8 +133,12 @@ def announce_failure(message: str) -> None:
 
 
 def announced_failure() -> str | None:
-    """`process N stopped: MESSAGE` for the first process that announced a failure, if any."""
-    failed = client().key_value_dir_get(_FAILED)
+    """`process N stopped: MESSAGE` for the first process that announced a failure, if any
+    (None also when the coordinator cannot be asked)."""
+    try:
+        failed = client().key_value_dir_get(_FAILED)
+    except Exception:  # noqa: BLE001 (the coordinator lost: JAX's abort follows)
+        return None
     if not failed:
         return None
     key, message = sorted(failed)[0]

@@ -210,7 +210,7 @@ def main(argv: list[str]) -> None:
             checkpoint.CheckpointMismatch, checkpoint.CheckpointWriteError,
             reporting.TrainingError, guards.NonFiniteState, locks.LockHeld, OSError,
             ConversionError, pretrained.PretrainedError) as e:
-        peers.announce_failure(str(e))  # (peers waiting for this process stop too)
+        peers.announce_failure(e)  # (peers waiting for this process stop too)
         cli.leave_on(e, FLAGS.workdir)
     except jax.errors.JaxRuntimeError as e:  # a collective failed: a peer lost?
         peers.leave_if_peer_lost(e)

@@ -131,6 +131,22 @@ def test_hosts_with_another_corpus_at_the_same_path_stop(tmp_path):
     assert not os.path.exists(tmp_path / "run" / "data")  # before the tokenizer is trained
 
 
+def test_a_host_that_stops_with_an_error_stops_the_others(tmp_path):
+    """One host lacks the corpus file: it stops with its own line, and the other, waiting
+    for it at the corpus check, stops with that line instead of waiting for ever."""
+    cwds = _hosts(tmp_path, 2)
+    _corpus(cwds[0] / "corpus.txt")
+    results = _finish(_start(tmp_path, 2, {"data.input_files": "corpus.txt"}, cwds=cwds),
+                      timeout=120)
+    own = [l for l in results[1][2].splitlines() if l.startswith("error:")]
+    assert len(own) == 1 and "corpus.txt" in own[0], results[1][2][-3000:]
+    assert results[1][0] == 1
+    assert results[0][0] == 1, results[0][2][-3000:]
+    assert results[0][2].splitlines()[-1] == (f"error: process 1 stopped: {own[0][7:]}; run "
+                                              "the same command on every host")
+    assert not any(n in results[0][2] for n in NOISE), results[0][2][-3000:]
+
+
 def _vocab(path, extra: str) -> None:
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase,
               *(f"##{c}" for c in string.ascii_lowercase), extra]
