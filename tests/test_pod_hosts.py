@@ -89,6 +89,35 @@ def test_disagreement_names_the_field_and_the_processes():
     assert fields == {"data.seed": "1", "--workdir": "'gs://b/r'"}  # the cache is per host
 
 
+# The end of a log file where JAX's abort on a lost process 1 went (as written by jaxlib 0.10).
+JAX_ABORT_LOG = """\
+E1126 22:25:53.245480   32738 coordination_service_agent.cc:289] Polled an error from coordination service (this can be an error from this or another task).
+F1126 22:25:53.245677   32738 client.h:80] Terminating process because the JAX distributed service detected fatal errors. This most likely indicates that another task died; see the other task logs for more details. Disable Python buffering, i.e. `python -u`, to be sure to see all the previous output. absl::Status: UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):
+1
+The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, eviction) to debug further.
+
+RPC: /xla.coordination.CoordinationService/PollForError [type.googleapis.com/tensorflow.CoordinationServiceError='']
+*** Check failure stack trace: ***
+    @     0x7f3360840634  absl::lts_20260107::log_internal::LogMessage::SendToLog()
+"""
+
+
+def test_the_lost_process_is_read_from_jax_abort(tmp_path, monkeypatch):
+    import jax
+    log = tmp_path / "log.txt"
+    log.write_text("earlier lines\n" + JAX_ABORT_LOG)
+    monkeypatch.setattr(jax, "process_count", lambda: 4)
+    monkeypatch.setitem(peers._state, "step", 6)
+    assert peers.lost_peer_line(peers._abort_reason(str(log))) == (
+        "lost process 1 of 4 (no heartbeat for 100 s); this process 0 stopped after step 6; "
+        "rerun the same command on every host to resume from the last checkpoint")
+    monkeypatch.setattr(jax, "process_index", lambda: 2)  # the coordinator's socket closed
+    assert peers.lost_peer_line("UNAVAILABLE: Socket closed").startswith(
+        "lost process 0 of 4 (the coordinator); this process 2 stopped after step 6")
+    log.write_text("no abort here\n")
+    assert peers._abort_reason(str(log)) is None
+
+
 def test_hosts_with_another_setting_stop(tmp_path):
     """The adversary's case: one host given another corpus file (and its own cache
     directory, which may differ): both stop before any data work, naming the field."""
