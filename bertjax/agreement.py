@@ -5,7 +5,8 @@ every process with one line naming the field or file and the processes that diff
 They compare, through the key-value store of JAX's coordination service (no device, no
 collective): at the start, the config (less `PER_HOST_FIELDS`) and `--workdir`; before any
 data work, the corpus (its files and their sampled content: `guards.data_identity`); once the
-tokenizer is loaded or trained, its fingerprint. A process that stops with an error first
+tokenizer is loaded or trained, its fingerprint; and they meet once more when the data is
+prepared. A process that stops with an error first
 announces its line (`peers.announce_failure`), so that the others, waiting at a
 comparison, stop with it instead of waiting for it.
 """

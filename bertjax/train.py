@@ -87,6 +87,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         checkpoint.check_compatible(found.meta, meta, resume_from.where(found.step))
     phase_data = loaders.prepare_data(config.data, phases, config.model.vocab_size, tokenizer,
                                       cache_dir, next_sentence_prediction=objective.uses_nsp)
+    agreement.check("prepared", {})  # (where a host that failed to prepare stops the others)
     optimizer = run.pretraining_optimizer(config.optimizer, config.train.total_steps,
                                           config.long_phase, phases)
     model_config = BertConfig.from_dict(config.model.to_dict())
