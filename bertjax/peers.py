@@ -72,11 +72,15 @@ def _abort_reason(log_path: str) -> str | None:
 def _on_abort(signum: int) -> None:
     """SIGABRT (on the aborting thread): one line on the console, then exit at once."""
     del signum
-    reason = _abort_reason(_state["log"])
-    line = (lost_peer_line(reason) if reason is not None else
-            f"aborted in native code (the details: {_state['log']})")
-    os.write(_state["console"], f"error: {line}\n".encode())
-    os._exit(LOST_PEER_STATUS if reason is not None else 134)
+    reason = None
+    try:
+        sys.stdout.flush()
+        reason = _abort_reason(_state["log"])
+        line = (lost_peer_line(reason) if reason is not None else
+                f"aborted in native code (the details: {_state['log']})")
+        os.write(_state["console"], f"error: {line}\n".encode())
+    finally:  # (whatever happened above: no C++ abort after it)
+        os._exit(LOST_PEER_STATUS if reason is not None else 134)
 
 
 def native_log_path(log_file: str) -> str:
@@ -90,8 +94,8 @@ def watch(log_file: str, heartbeat_timeout_seconds: int | None) -> None:
     """In a multi-process run: native stderr to `log_file` (see the module's note), Python's
     stderr kept on the console, and a lost peer reported as one line."""
     _state["heartbeat_s"] = heartbeat_timeout_seconds or JAX_HEARTBEAT_TIMEOUT_SECONDS
-    if jax.process_count() == 1 or _state["log"]:
-        return
+    if jax.process_count() == 1 or _state["log"] or not os.path.dirname(log_file):
+        return  # (no workdir named: the run stops with that error)
     path = native_log_path(log_file)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     native = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
