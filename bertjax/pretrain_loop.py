@@ -10,8 +10,8 @@ from typing import Any
 import jax
 from absl import logging
 
-from bertjax import (checkpoint, failures, files, guards, objectives, reporting, schedule,
-                     sharding, steps, test_pause)
+from bertjax import (checkpoint, failures, files, guards, objectives, peers, reporting,
+                     schedule, sharding, steps, test_pause)
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
 from bertjax.run import ShardedRun
 from bertjax.schedule import DataPosition
@@ -75,6 +75,7 @@ class Pretraining:
             nonlocal pending
             if pending is not None:
                 self.progress.add(pending[0], jax.device_get(pending[1]), pending[2], pending[3])
+                peers.reached_step(pending[0])  # (its results on the host: finished)
                 pending = None
 
         def save(step: int, force: bool = False) -> None:

@@ -16,9 +16,9 @@ import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, cli, distributed, failures, files, guards, locks, memory,
-                     pretrain_loop, pretrained, reporting, resume, run, schedule, test_pause,
-                     validate)
+from bertjax import (agreement, checkpoint, cli, distributed, failures, files, guards, locks,
+                     memory, peers, pretrain_loop, pretrained, reporting, resume, run, schedule,
+                     test_pause, validate)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
 from bertjax.interop.tree import ConversionError
@@ -42,6 +42,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     `config.mesh` must cover them exactly."""
     if not workdir.strip():
         raise run.ConfigError("--workdir is empty: name the directory of the run")
+    agreement.check("config", agreement.config_fields(config.to_dict(), workdir))
     validate.pretraining(config)
     if config.train.init_checkpoint and not files.exists(os.path.join(workdir, "checkpoints")):
         pretrained.check_exists(config.train.init_checkpoint, "train.init_checkpoint")
@@ -67,6 +68,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         on_commit=reporting.announce_commit(os.path.join(workdir, "checkpoints")))
     resume_from = resume.Resume(checkpointer, os.path.join(workdir, resume.QUARANTINE))
     meta = run_metadata(config, guards.data_identity(config.data, phases))
+    agreement.check("corpus", agreement.data_fields(meta["data"]), agreement.SAME_FILES)
     check = lambda found: resume_from.check(found, meta, config.data, phases,
                                             config.train.allow_changed_data)
     found = resume_from.newest()
@@ -80,10 +82,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                  f"model.vocab_size={config.model.vocab_size}; set --config.model.vocab_size="
                                  f"{tokenizer.vocab_size} (or more)")
     meta["tokenizer"] = tokenizer.fingerprint()
+    agreement.check("tokenizer", agreement.tokenizer_fields(tokenizer), agreement.SAME_FILES)
     if found:  # and the tokenizer
         checkpoint.check_compatible(found.meta, meta, resume_from.where(found.step))
     phase_data = loaders.prepare_data(config.data, phases, config.model.vocab_size, tokenizer,
                                       cache_dir, next_sentence_prediction=objective.uses_nsp)
+    agreement.check("prepared", {})  # (where a host that failed to prepare stops the others)
     optimizer = run.pretraining_optimizer(config.optimizer, config.train.total_steps,
                                           config.long_phase, phases)
     model_config = BertConfig.from_dict(config.model.to_dict())
@@ -197,15 +201,21 @@ def main(argv: list[str]) -> None:
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                                FLAGS.heartbeat_timeout_seconds)
+        peers.watch(reporting.log_file(FLAGS.workdir), FLAGS.heartbeat_timeout_seconds)
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except KeyboardInterrupt:
         failures.leave("interrupted (Ctrl-C) outside the training steps; nothing to save (rerun "
                        "to resume from the last checkpoint)", 130, at_once=True)
-    except (distributed.DistributedSetupError, run.ConfigError, pipeline.DataError,
+    except (agreement.HostsDisagree, agreement.PeerFailed,
+            distributed.DistributedSetupError, run.ConfigError, pipeline.DataError,
             checkpoint.CheckpointMismatch, checkpoint.CheckpointWriteError,
             reporting.TrainingError, guards.NonFiniteState, locks.LockHeld, OSError,
             ConversionError, pretrained.PretrainedError) as e:
+        peers.announce_failure(e)  # (peers waiting for this process stop too)
         cli.leave_on(e, FLAGS.workdir)
+    except jax.errors.JaxRuntimeError as e:  # a collective failed: a peer lost?
+        peers.leave_if_peer_lost(e)
+        raise
 
 if __name__ == "__main__":
     define_flags()

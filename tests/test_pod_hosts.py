@@ -1,0 +1,259 @@
+"""Hosts agree or stop: several local processes (jax.distributed over CPU) started like the
+hosts of a pod slice, with one host given another setting, corpus or tokenizer, or killed
+mid-run. Every process must stop with the same one line naming what differs (or which process
+was lost), with no traceback and no C++ abort; the rerun resumes exactly."""
+import json
+import os
+import signal
+import string
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bertjax import agreement, distributed, peers
+from bertjax.data import default_corpus
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(REPO_ROOT, "configs", "tiny.py")
+TINY = {
+    "model.vocab_size": 512, "model.hidden_size": 32, "model.num_hidden_layers": 1,
+    "model.num_attention_heads": 4, "model.intermediate_size": 64,
+    "model.max_position_embeddings": 64, "data.source": "text",
+    "data.sentencepiece_vocab_size": 512, "data.max_seq_length": 64,
+    "data.max_predictions_per_seq": 10, "data.dupe_factor": 2, "data.eval_fraction": 0.0,
+    "long_phase.fraction": 0.0, "train.global_batch_size": 16, "train.total_steps": 8,
+    "train.log_every": 1, "train.eval_every": 0, "train.eval_batches": 1,
+    "train.checkpoint_every": 4, "optimizer.warmup_steps": 2,
+}
+NOISE = ("Traceback", "Fatal Python error", "Check failure", "coordination_service")
+
+
+def _corpus(path, documents: int = 120, skip: int = 0) -> None:
+    docs = [d for d in default_corpus.default_corpus() if len(d) >= 2][skip:skip + documents]
+    with open(path, "w") as f:
+        f.write("\n\n".join("\n".join(doc) for doc in docs) + "\n")
+
+
+def _start(tmp_path, count: int, overrides: dict, per_process: dict | None = None,
+           cwds: list | None = None, devices: int = 1, heartbeat: int = 10,
+           port: int | None = None, env_of: dict | None = None) -> list[subprocess.Popen]:
+    """`count` processes of `python -m bertjax.train` as the hosts of one job; process i
+    also gets the flags `per_process[i]` (later flags win) and runs in `cwds[i]`."""
+    port = port or distributed.free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
+           "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    flags = [f"--config.{k}={v}" for k, v in {**TINY, **overrides}.items()]
+    return [subprocess.Popen(
+        [sys.executable, "-m", "bertjax.train", f"--config={CONFIG}",
+         f"--workdir={tmp_path / 'run'}", f"--coordinator_address=localhost:{port}",
+         f"--num_processes={count}", f"--process_id={i}",
+         f"--heartbeat_timeout_seconds={heartbeat}", *flags,
+         *[f"--config.{k}={v}" for k, v in (per_process or {}).get(i, {}).items()]],
+        cwd=(cwds[i] if cwds else REPO_ROOT), env={**env, **(env_of or {}).get(i, {})},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(count)]
+
+
+def _finish(procs, timeout: float = 240) -> list[tuple[int, str, str]]:
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            results.append((proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            proc.kill()
+    return results
+
+
+def _assert_all_stop_with(results, line: str) -> None:
+    for i, (code, out, err) in enumerate(results):
+        assert code == 1, f"process {i} exit {code}:\n{out[-2000:]}\n{err[-3000:]}"
+        errors = [l for l in err.splitlines() if l.startswith("error:")]
+        assert errors == [line], f"process {i}:\n{err[-3000:]}"
+        assert not any(n in err + out for n in NOISE), f"process {i}:\n{err[-3000:]}"
+
+
+def test_disagreement_names_the_field_and_the_processes():
+    same = {"a": "1", "b": "'x'"}
+    assert agreement.disagreement([same, same, same]) is None
+    line = agreement.disagreement([same, {**same, "b": "'y'"}, same, {**same, "b": "'y'"},
+                                   {"a": "1", "b": "'z'", "c": "3"}])
+    assert line == ("the hosts disagree on b (and 1 more): processes 1, 3 have 'y'; process 4 "
+                    "has 'z', process 0 'x'; run the same command on every host")
+    assert "(nothing)" in agreement.disagreement([same, {"a": "1"}])
+    fields = agreement.config_fields({"data": {"cache_dir": "/local", "seed": 1}}, "gs://b/r")
+    assert fields == {"data.seed": "1", "--workdir": "'gs://b/r'"}  # the cache is per host
+
+
+# The end of a log file where JAX's abort on a lost process 1 went (as written by jaxlib 0.10).
+JAX_ABORT_LOG = """\
+E1126 22:25:53.245480   32738 coordination_service_agent.cc:289] Polled an error from coordination service (this can be an error from this or another task).
+F1126 22:25:53.245677   32738 client.h:80] Terminating process because the JAX distributed service detected fatal errors. This most likely indicates that another task died; see the other task logs for more details. Disable Python buffering, i.e. `python -u`, to be sure to see all the previous output. absl::Status: UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):
+1
+The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, eviction) to debug further.
+
+RPC: /xla.coordination.CoordinationService/PollForError [type.googleapis.com/tensorflow.CoordinationServiceError='']
+*** Check failure stack trace: ***
+    @     0x7f3360840634  absl::lts_20260107::log_internal::LogMessage::SendToLog()
+"""
+
+
+def test_the_lost_process_is_read_from_jax_abort(tmp_path, monkeypatch):
+    import jax
+    log = tmp_path / "log.txt"
+    log.write_text("earlier lines\n" + JAX_ABORT_LOG)
+    monkeypatch.setattr(jax, "process_count", lambda: 4)
+    monkeypatch.setitem(peers._state, "step", 6)
+    assert peers.lost_peer_line(peers._abort_reason(str(log))) == (
+        "lost process 1 of 4 (no heartbeat for 100 s); this process 0 stopped after step 6; "
+        "rerun the same command on every host to resume from the last checkpoint")
+    monkeypatch.setattr(jax, "process_index", lambda: 2)  # the coordinator's socket closed
+    assert peers.lost_peer_line("UNAVAILABLE: Socket closed").startswith(
+        "lost process 0 of 4 (the coordinator); this process 2 stopped after step 6")
+    log.write_text("no abort here\n")
+    assert peers._abort_reason(str(log)) is None
+
+
+def test_hosts_with_another_setting_stop(tmp_path):
+    """The adversary's case: one host given another corpus file (and its own cache
+    directory, which may differ): both stop before any data work, naming the field."""
+    for name in ("a.txt", "b.txt"):
+        _corpus(tmp_path / name)
+    started = time.time()
+    results = _finish(_start(tmp_path, 2, {"data.input_files": tmp_path / "a.txt"},
+                             {1: {"data.input_files": tmp_path / "b.txt",
+                                  "data.cache_dir": tmp_path / "cache1"}}), timeout=120)
+    _assert_all_stop_with(results, f"error: the hosts disagree on data.input_files: process 1 "
+                                   f"has '{tmp_path / 'b.txt'}', process 0 "
+                                   f"'{tmp_path / 'a.txt'}'; run the same command on every host")
+    assert not os.path.exists(tmp_path / "run" / "data")  # no tokenizer trained, nothing prepared
+    assert not os.path.exists(tmp_path / "cache1")
+    print(f"stopped in {time.time() - started:.1f} s")
+
+
+def _hosts(tmp_path, count: int) -> list[str]:
+    """A working directory per host, in which the same relative path names its own file."""
+    cwds = [tmp_path / f"host{i}" for i in range(count)]
+    for cwd in cwds:
+        cwd.mkdir()
+    return cwds
+
+
+@pytest.mark.slow
+def test_hosts_with_another_corpus_at_the_same_path_stop(tmp_path):
+    """The same command, but one host's copy of the corpus file differs."""
+    cwds = _hosts(tmp_path, 2)
+    _corpus(cwds[0] / "corpus.txt")
+    _corpus(cwds[1] / "corpus.txt", skip=1)
+    results = _finish(_start(tmp_path, 2, {"data.input_files": "corpus.txt"}, cwds=cwds),
+                      timeout=120)
+    line = results[0][2].splitlines()[-1]
+    assert line.startswith("error: the hosts disagree on the corpus file corpus.txt: process 1 "
+                           "has "), results[0][2][-3000:]
+    assert line.endswith("; give every host the same files (the same corpus, vocab_file and "
+                         "config)")
+    _assert_all_stop_with(results, line)
+    assert not os.path.exists(tmp_path / "run" / "data")  # before the tokenizer is trained
+
+
+def test_a_host_that_stops_with_an_error_stops_the_others(tmp_path):
+    """One host lacks the corpus file: it stops with its own line, and the other, waiting
+    for it at the corpus check, stops with that line instead of waiting for ever."""
+    cwds = _hosts(tmp_path, 2)
+    _corpus(cwds[0] / "corpus.txt")
+    results = _finish(_start(tmp_path, 2, {"data.input_files": "corpus.txt"}, cwds=cwds),
+                      timeout=120)
+    own = [l for l in results[1][2].splitlines() if l.startswith("error:")]
+    assert len(own) == 1 and "corpus.txt" in own[0], results[1][2][-3000:]
+    assert results[1][0] == 1
+    assert results[0][0] == 1, results[0][2][-3000:]
+    assert results[0][2].splitlines()[-1] == (f"error: process 1 stopped: {own[0][7:]}; run "
+                                              "the same command on every host")
+    assert not any(n in results[0][2] for n in NOISE), results[0][2][-3000:]
+
+
+def _vocab(path, extra: str) -> None:
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase,
+              *(f"##{c}" for c in string.ascii_lowercase), extra]
+    path.write_text("\n".join(tokens) + "\n")
+
+
+@pytest.mark.slow
+def test_hosts_with_another_vocabulary_at_the_same_path_stop(tmp_path):
+    """The same command and corpus, but one host's vocab.txt differs."""
+    cwds = _hosts(tmp_path, 2)
+    _corpus(tmp_path / "corpus.txt")
+    _vocab(cwds[0] / "vocab.txt", "the")
+    _vocab(cwds[1] / "vocab.txt", "and")
+    results = _finish(_start(tmp_path, 2, {"data.input_files": tmp_path / "corpus.txt",
+                                           "data.tokenizer": "wordpiece",
+                                           "data.vocab_file": "vocab.txt"}, cwds=cwds),
+                      timeout=120)
+    line = results[0][2].splitlines()[-1]
+    assert line.startswith("error: the hosts disagree on the tokenizer: process 1 has 58 "
+                           "tokens, fingerprint "), results[0][2][-3000:]
+    _assert_all_stop_with(results, line)
+    assert not os.path.exists(tmp_path / "run" / "data")  # nothing prepared
+
+
+@pytest.mark.slow
+def test_four_hosts_two_disagreeing(tmp_path):
+    _corpus(tmp_path / "corpus.txt")
+    results = _finish(_start(tmp_path, 4, {"data.input_files": tmp_path / "corpus.txt"},
+                             {1: {"train.seed": 7}, 3: {"train.seed": 7}}), timeout=240)
+    _assert_all_stop_with(results, "error: the hosts disagree on train.seed: processes 1, 3 "
+                                   "have 7, process 0 42; run the same command on every host")
+
+
+def _train_rows(workdir) -> list[dict]:
+    with open(workdir / "metrics.jsonl") as f:
+        return [row for row in map(json.loads, f) if row["split"] == "train"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("count, killed, devices", [(2, 1, 2), (4, 0, 1)])
+def test_lost_host_stops_the_others_and_the_rerun_resumes_exactly(tmp_path, count, killed,
+                                                                  devices):
+    """kill -9 of one process after step 6 (checkpoint at 4; of 8 steps): every other stops
+    within the heartbeat timeout (10 s, plus start-up slack) with one line naming the lost
+    process and its step; the same command rerun on every host resumes from step 4, with the
+    losses of steps 5 and 6 equal to those the first run logged."""
+    _corpus(tmp_path / "corpus.txt")
+    overrides = {"data.input_files": tmp_path / "corpus.txt"}
+    procs = _start(tmp_path, count, overrides, devices=devices,
+                   env_of={killed: {"BERTJAX_TEST_PAUSE": "step:6"}})
+    try:
+        for line in procs[killed].stdout:
+            if "paused at step 6" in line:
+                break
+        procs[killed].send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        survivors = _finish([p for i, p in enumerate(procs) if i != killed], timeout=120)
+    finally:
+        for proc in procs:
+            proc.kill()
+    waited = time.time() - killed_at
+    print(f"survivors stopped {waited:.1f} s after the kill")
+    assert waited < 10 + 30, waited
+    lost = (f"process {killed} of {count} (no heartbeat for 10 s)" if killed else
+            f"process 0 of {count} (the coordinator)")
+    for index, (code, out, err) in zip([i for i in range(count) if i != killed], survivors):
+        assert code == peers.LOST_PEER_STATUS, f"process {index}: {code}\n{err[-3000:]}"
+        assert err.splitlines()[-1] == (
+            f"error: lost {lost}; this process {index} "
+            "stopped after step 6; rerun the same command on every host to resume from the "
+            "last checkpoint"), err[-3000:]
+        assert not any(n in err + out for n in NOISE), f"process {index}:\n{err[-3000:]}"
+    first = {row["step"]: row["loss"] for row in _train_rows(tmp_path / "run")}
+    assert 6 in first
+
+    results = _finish(_start(tmp_path, count, overrides, devices=devices), timeout=300)
+    for index, (code, out, err) in enumerate(results):
+        assert code == 0, f"process {index}:\n{out[-2000:]}\n{err[-3000:]}"
+    rerun = _train_rows(tmp_path / "run")[len(first):]
+    assert [row["step"] for row in rerun] == [5, 6, 7, 8]
+    assert [row["loss"] for row in rerun[:2]] == [first[5], first[6]]
