@@ -1,4 +1,4 @@
-"""The command line of every entry point (bertjax/cli.py, reporting.configure_console): a
+"""The command line of every entry point (bertjax/cli.py, console.configure_console): a
 config typo or a missing `.py` is one line naming the nearest valid names; a missing
 checkpoint is named and nothing is created; the default console holds no library INFO line
 and no traceback, and `--verbosity=1` brings the libraries' log back."""

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from bertjax import failures, reporting
+from bertjax import console, failures, reporting
 from bertjax.schedule import Phase
 
 PHASES = [Phase("short", 128, 20, 32, 0, 90), Phase("long", 512, 80, 32, 90, 100)]
@@ -45,7 +45,7 @@ class Terminal(io.StringIO):
 
 
 def test_status_line_only_on_a_terminal(monkeypatch, capsys):
-    line = reporting.TerminalLine()
+    line = console.TerminalLine()
     line.show("hidden")  # pytest's captured stdout is not a terminal
     assert capsys.readouterr().out == "" and not line.shown
     terminal = Terminal()
@@ -61,8 +61,8 @@ def record(pathname: str, level: int, message: str) -> logging.LogRecord:
 
 
 def test_console_keeps_our_lines_and_library_warnings_only():
-    quiet = reporting.QuietLibraries()
-    ours = os.path.join(reporting.PACKAGE_DIR, "data", "pipeline.py")
+    quiet = console.QuietLibraries()
+    ours = os.path.join(console.PACKAGE_DIR, "data", "pipeline.py")
     orbax = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
     assert quiet.filter(record(ours, logging.INFO, "Prepared data for phase short"))
     assert not quiet.filter(record(orbax, logging.INFO, "CheckpointManager created"))
@@ -71,7 +71,7 @@ def test_console_keeps_our_lines_and_library_warnings_only():
     assert quiet.filter(record(orbax, logging.WARNING, "Checkpoint write failed"))
     assert not quiet.filter(record("/site-packages/orbax/checkpoint/_src/checkpoint.py",
                                    logging.WARNING, "Metadata file does not exist: /x/state"))
-    formatter = reporting.ConsoleFormat()
+    formatter = console.ConsoleFormat()
     assert formatter.format(record(ours, logging.INFO, "hello")) == "hello"
     assert formatter.format(record(orbax, logging.WARNING, "disk")) == "warning (orbax): disk"
     assert formatter.format(record(ours, logging.ERROR, "no space")) == "error: no space"
@@ -84,12 +84,12 @@ def test_with_a_log_file_library_errors_and_other_threads_tracebacks_go_there_on
     traceback) goes to the file, the main thread's writes to the console. Afterwards the
     console is as before."""
     from absl import logging as absl_logging
-    quiet = reporting.QuietLibraries()
+    quiet = console.QuietLibraries()
     monkeypatch.setattr(absl_logging.get_absl_handler(), "filters", [quiet])
     orbax = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
-    ours = os.path.join(reporting.PACKAGE_DIR, "train.py")
+    ours = os.path.join(console.PACKAGE_DIR, "train.py")
     path = str(tmp_path / "log.txt")
-    with reporting.logging_to(path):
+    with console.logging_to(path):
         assert quiet.log_file == path and not quiet.filter(record(orbax, logging.ERROR, "x"))
         assert quiet.filter(record(ours, logging.ERROR, "our one line"))
         try:
