@@ -265,6 +265,7 @@ def test_a_read_only_checkpoint_directory_stops_the_run_at_its_first_save(
         and f"{directory}/{CHECKPOINT_EVERY}.orbax-checkpoint-tmp" in errors[0], trainer.output()
     assert os.listdir(directory) == []
     assert read_metrics(tmp_path)[-1]["step"] <= 2 * CHECKPOINT_EVERY
+    assert_console_in_log(trainer.output(None), tmp_path / "log.txt")  # the error line too
     print(f"\nread-only checkpoints: {errors[0].strip()}")
 
 
