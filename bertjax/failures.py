@@ -128,8 +128,13 @@ class CtrlC:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Gives SIGINT back to the handler before (a KeyboardInterrupt) before the block ends."""
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 # The signals that stop a run with a checkpoint saved, as its last line names them.

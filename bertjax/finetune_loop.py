@@ -288,12 +288,13 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                             "gradients: lower --config.learning_rate")
         checkpointer.save(step, state, {"epoch": epoch, "best": best}, meta, force=True)
 
-    def stop_if_asked(ctrl_c: failures.CtrlC, epoch: int) -> None:
-        """After Ctrl-C: saves at `step` (unless saved), says how to continue and stops."""
-        if ctrl_c.requested and step < total_steps:
-            if checkpointer.latest_step() != step:
+    def stop_if_asked(ctrl_c: failures.CtrlC, epochs_done: int, saved: bool) -> None:
+        """After Ctrl-C: saves at `step` with `epochs_done` epochs done (unless `saved`),
+        says how to continue and stops."""
+        if ctrl_c.requested:
+            if not saved:
                 reporting.chief_print(f"Ctrl-C: saving a checkpoint at step {step} and exiting")
-                save(epoch)
+                save(epochs_done)
             checkpointer.wait()
             reporting.chief_print(failures.stopped_line(
                 f"seed {seed} step {step} of {total_steps}", signal.SIGINT))
@@ -334,7 +335,8 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                         reporting.write_jsonl(jsonl, {"step": step, "split": "train", **means})
                         sums, steps_summed = {}, 0
                     console.TERMINAL.show(reporting.status_bar(step, total_steps, eta(epoch)))
-                    stop_if_asked(ctrl_c, epoch)
+                    if step < ends[epoch]:  # (an epoch's last step is saved after its evaluation)
+                        stop_if_asked(ctrl_c, epoch, saved=False)
                     test_pause.after_step(step, checkpointer.wait)
                 evaluated = time.time()
                 dev = {name: task.evaluate(data[name], predict(
@@ -357,7 +359,8 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                                           f"{task.main_metric} so far")
                 checkpointer.pin(best["step"])
                 save(epoch + 1)
-                stop_if_asked(ctrl_c, epoch + 1)
+                stop_if_asked(ctrl_c, epoch + 1, saved=True)  # (a rerun predicts after the last)
+            ctrl_c.release()  # predicting: Ctrl-C interrupts (KeyboardInterrupt)
             checkpointer.wait()
             if state is None or best["step"] != step:
                 state, _ = restore(checkpointer, best["step"], abstract_state, meta)

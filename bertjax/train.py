@@ -17,9 +17,9 @@ import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, cli, console, distributed, failures, files, guards, locks, memory,
-                     pretrain_loop, pretrained, reporting, resume, run, schedule, test_pause,
-                     validate)
+from bertjax import (checkpoint, cli, console, distributed, failures, files, guards, locks,
+                     memory, pretrain_loop, pretrained, reporting, resume, run, schedule,
+                     test_pause, validate)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
 from bertjax.interop.tree import ConversionError
