@@ -3,6 +3,7 @@ filter that keeps the libraries' INFO chatter out."""
 import io
 import logging
 import os
+import re
 import sys
 import threading
 
@@ -131,3 +132,25 @@ def test_an_append_that_does_not_fit_leaves_no_partial_line(tmp_path, monkeypatc
     monkeypatch.undo()
     assert failures.os_error_line(raised.value).startswith(f"No space left on device: {path} (")
     assert path.read_text() == '{"step": 1}\n'
+
+
+def test_the_log_file_keeps_every_printed_line_and_the_last_one(tmp_path, capsys):
+    """While a run's log file is open, each line printed (also in pieces, or several in one
+    write) is in it with its time, the terminal's status line is not; the console shows the
+    same as without it; a line noted after the file closed (the run's `error:`) goes at its
+    end."""
+    path = tmp_path / "log.txt"
+    with console.logging_to(str(path)):
+        print("Model: 1,234 parameters", flush=True)
+        sys.stdout.write("step 1/4 loss 9.7")
+        sys.stdout.write("\r\033[K1/4 |##......| 25%")  # (a status line is never mid-line)
+        sys.stdout.write("\nDone in 0m01s\n  /w/log.txt: the full log\n")
+    console.note("error: no space left")
+    assert capsys.readouterr().out == ("Model: 1,234 parameters\nstep 1/4 loss 9.7"
+                                       "\r\033[K1/4 |##......| 25%\nDone in 0m01s\n"
+                                       "  /w/log.txt: the full log\n")
+    lines = path.read_text().splitlines()
+    assert [line.split(" console] ", 1)[1] for line in lines] == [
+        "Model: 1,234 parameters", "step 1/4 loss 9.7", "Done in 0m01s",
+        "  /w/log.txt: the full log", "error: no space left"]
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} console] ", line) for line in lines)
