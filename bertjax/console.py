@@ -120,6 +120,18 @@ def printed(line: str) -> std_logging.LogRecord:
                                       "levelname": "INFO"})
 
 
+class _LogFile(std_logging.FileHandler):
+    """The run's log file. A write that fails (a full disk) is dropped without a traceback:
+    the console has shown what matters, and the run's own writers name the disk's state."""
+
+    def handleError(self, record: std_logging.LogRecord) -> None:
+        del record
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # (its last flush)
+            super().close()
+
+
 class _RunLog:
     """Where a run's lines go besides the console: the open log file's handler; before it
     opens (from `configure_console` on), a buffer that it then receives first; after it
@@ -178,7 +190,7 @@ def logging_to(path: str | None) -> Iterator[None]:
     if path is None or "://" in path:
         yield
         return
-    handler = std_logging.FileHandler(path, encoding="utf-8")
+    handler = _LogFile(path, encoding="utf-8")
     handler.setLevel(std_logging.INFO)
     handler.setFormatter(LogFileFormat())
     for record in RUN_LOG.early or ():
@@ -208,8 +220,9 @@ def note(line: str) -> None:
     """Appends `line` (already shown on the console: a run's last one, e.g. its `error:`
     line) to the log file this process's run has written and closed, if any."""
     if RUN_LOG.last_path and RUN_LOG.handler is None:
-        with open(RUN_LOG.last_path, "a", encoding="utf-8") as f:
-            f.write(LogFileFormat().format(printed(line)) + "\n")
+        with contextlib.suppress(OSError):  # (a full disk: the console has it)
+            with open(RUN_LOG.last_path, "a", encoding="utf-8") as f:
+                f.write(LogFileFormat().format(printed(line)) + "\n")
 
 
 class _OtherThreadsTo:

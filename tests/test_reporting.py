@@ -154,3 +154,14 @@ def test_the_log_file_keeps_every_printed_line_and_the_last_one(tmp_path, capsys
         "Model: 1,234 parameters", "step 1/4 loss 9.7", "Done in 0m01s",
         "  /w/log.txt: the full log", "error: no space left"]
     assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} console] ", line) for line in lines)
+
+
+def test_a_log_file_on_a_full_disk_costs_the_console_nothing(capsys):
+    """/dev/full (every write fails with ENOSPC) as the log file: the printed lines reach the
+    console, with no `--- Logging error ---` traceback, and noting the last line is silent."""
+    with console.logging_to("/dev/full"):
+        print("step 1/4 loss 9.7", flush=True)
+        logging.getLogger("orbax").info("Saving checkpoint at step 4")
+    console.note("error: no space left")
+    captured = capsys.readouterr()
+    assert captured.out == "step 1/4 loss 9.7\n" and captured.err == "", captured
