@@ -1,7 +1,7 @@
 """What the `python -m bertjax.*` entry points share around their own work: the config file
 and its `--config.a.b=value` overrides checked before absl parses them (a typo or a missing
 `.py` is one line with the nearest valid names, not a traceback), and the console set up for
-absl's `--verbosity` (`reporting.configure_console`)."""
+absl's `--verbosity` (`console.configure_console`)."""
 from __future__ import annotations
 
 import difflib
@@ -14,7 +14,7 @@ from typing import Any, Callable, NoReturn, Sequence
 import ml_collections
 from absl import app, flags
 
-from bertjax import checkpoint, failures, reporting
+from bertjax import checkpoint, console, failures, reporting
 
 
 def _config_arguments(argv: Sequence[str], flag: str) -> tuple[str | None, list[str]]:
@@ -96,7 +96,7 @@ def run(main: Callable[[list[str]], None], config_flag: str | None = "config") -
         sys.exit(1)
 
     def configured_main(argv: list[str]) -> None:
-        reporting.configure_console(flags.FLAGS.verbosity)
+        console.configure_console(flags.FLAGS.verbosity)
         main(argv)
 
     app.run(configured_main)
@@ -107,8 +107,15 @@ def leave_on(error: Exception, workdir: str) -> NoReturn:
     `failures.os_error_line`; a failed checkpoint save or training error pointing to the
     run's log file (where the libraries' tracebacks went); after a failed save at once."""
     message = failures.os_error_line(error) if isinstance(error, OSError) else str(error)
-    log = reporting.log_file(workdir)
+    log = console.log_file(workdir)
     if isinstance(error, (checkpoint.CheckpointWriteError, reporting.TrainingError)) \
             and os.path.exists(log):
         message += f" (the full log: {log})"
-    failures.leave(message, at_once=isinstance(error, checkpoint.CheckpointWriteError))
+    leave(message, at_once=isinstance(error, checkpoint.CheckpointWriteError))
+
+
+def leave(message: str, status: int = 1, at_once: bool = False) -> NoReturn:
+    """`failures.leave`, with the `error:` line also at the end of the run's log file, if it
+    wrote one."""
+    console.note(f"error: {message}")
+    failures.leave(message, status, at_once)

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from bertjax import files, pretrained, reporting
+from bertjax import console, files, pretrained
 from bertjax.data import tokenization
 from bertjax.interop import finetuned, hf, hf_tokenizer, native, tf, tree
 
@@ -120,7 +120,7 @@ def export_tokenizer(src: str, source_format: str, target: str, dst: str,
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(sys.argv[1:] if argv is None else argv)
-    reporting.configure_console(args.verbosity)
+    console.configure_console(args.verbosity)
     start = time.perf_counter()
     final_dst = args.dst
     try:

@@ -1,4 +1,5 @@
-"""How a run meets the world outside it: Ctrl-C saves like a preemption notice, and an OS
+"""How a run meets the world outside it: Ctrl-C saves like a preemption notice (and the run
+then exits with the signal's status, `Stopped`), and an OS
 error (a full disk, a missing permission, a directory where a file belongs) becomes one line
 naming the file, also when it happens in a background writer thread or inside a library that
 reports it as text (Orbax's TensorStore)."""
@@ -113,7 +114,7 @@ class CtrlC:
     def _handle(self, signum: int, frame: Any) -> None:
         del signum, frame
         if self.requested:
-            print("Second Ctrl-C: exiting without saving", file=sys.stderr, flush=True)
+            print("Second Ctrl-C: exiting without saving", flush=True)
             os._exit(130)
         self.requested = True
         print("Ctrl-C: saving a checkpoint at the end of this step, then exiting (Ctrl-C again "
@@ -127,5 +128,32 @@ class CtrlC:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Gives SIGINT back to the handler before (a KeyboardInterrupt) before the block ends."""
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
+# The signals that stop a run with a checkpoint saved, as its last line names them.
+STOPPING = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "preemption notice, SIGTERM"}
+
+
+class Stopped(Exception):
+    """The run stopped before its end on `signum` (Ctrl-C, or a preemption notice) after
+    saving, and printed `stopped_line`: the process exits with `status`, 128 + the signal's
+    number (130 for Ctrl-C, 143 for SIGTERM), as a shell reports a process the signal ended,
+    so that nothing reads the unfinished run as done and a supervisor restarts it."""
+
+    def __init__(self, signum: int):
+        super().__init__(STOPPING[signum])
+        self.status = 128 + signum
+
+
+def stopped_line(where: str, signum: int) -> str:
+    """A stopped run's last line: `Stopped at step 53 of 120 (Ctrl-C): checkpoint saved;
+    rerun the same command to continue`."""
+    return (f"Stopped at {where} ({STOPPING[signum]}): checkpoint saved; rerun the same "
+            "command to continue")

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 from typing import Any
 
 import jax
@@ -24,8 +25,8 @@ import optax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, cli, failures, finetune_loop, guards, locks, optim, pretrained,
-                     reporting, sharding, validate)
+from bertjax import (checkpoint, cli, console, failures, finetune_loop, guards, locks, optim,
+                     pretrained, reporting, sharding, validate)
 from bertjax import model as bert_model
 from bertjax import run as run_lib
 from bertjax.data import pipeline
@@ -156,7 +157,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
     settings = typed(finetune_loop.Settings, {
         **config, "config": config.to_json(), "bert_config": dataclasses.asdict(bert_config),
         "tokenizer_fingerprint": tokenizer.fingerprint()})
-    accepted.enter_context(reporting.logging_to(reporting.log_file(workdir)))  # (once accepted)
+    accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
     if jax.process_index() == 0:
         reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1))
         tokenizer_files = native.save_tokenizer(tokenizer, workdir)  # (the model stands alone)
@@ -200,9 +201,11 @@ def main(argv) -> None:
     failures.one_line_thread_errors()
     try:
         run(FLAGS.config, FLAGS.workdir, overwrite=FLAGS.overwrite)
+    except failures.Stopped as e:  # (its last line said so)
+        sys.exit(e.status)
     except KeyboardInterrupt:
-        failures.leave("interrupted (Ctrl-C); rerun the same command to resume from the last "
-                       "epoch's checkpoint", 130, at_once=True)
+        cli.leave("interrupted (Ctrl-C) outside the training steps; rerun the same command to "
+                  "resume from the last checkpoint", 130, at_once=True)
     except (FinetuneError, run_lib.ConfigError, locks.LockHeld, pretrained.PretrainedError,
             features.TaskDataError, pipeline.DataError, checkpoint.CheckpointMismatch,
             checkpoint.CheckpointWriteError, checkpoint.DamagedCheckpoint, OSError,

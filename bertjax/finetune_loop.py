@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import time
 from typing import Any, Callable, Iterator
 
@@ -17,7 +18,8 @@ import optax
 from absl import logging
 from jax.sharding import Mesh
 
-from bertjax import checkpoint, failures, files, guards, pretrained, reporting, sharding, steps
+from bertjax import (checkpoint, console, failures, files, guards, pretrained, reporting,
+                     sharding, steps, test_pause)
 from bertjax import run as run_lib
 from bertjax.state import count_params
 from bertjax.tasks import metrics
@@ -256,7 +258,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
     elif latest is not None:
         state, position = restore(checkpointer, latest, abstract_state, meta)
         start_epoch, best = position["epoch"], position["best"]
-        checkpointer.pin(best["step"])
+        checkpointer.pin(best.get("step"))  # (none before the first epoch's end)
         reporting.chief_print(f"seed {seed}: resuming from {checkpointer.directory}/{latest} "
                               f"(epoch {start_epoch} of {epochs})")
     else:
@@ -281,8 +283,26 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
         return None if seconds is None else \
             seconds * (total_steps - step) + eval_seconds * (epochs - epoch)
 
+    def save(epoch: int) -> None:
+        """Saves the state at `step` with `epoch` epochs done (a stop within the next one)."""
+        guards.check_finite(state, step, "; an update of this run made them so from finite "
+                            "gradients: lower --config.learning_rate")
+        checkpointer.save(step, state, {"epoch": epoch, "best": best}, meta, force=True)
+
+    def stop_if_asked(ctrl_c: failures.CtrlC, epochs_done: int, saved: bool) -> None:
+        """After Ctrl-C: saves at `step` with `epochs_done` epochs done (unless `saved`),
+        says how to continue and stops."""
+        if ctrl_c.requested:
+            if not saved:
+                reporting.chief_print(f"Ctrl-C: saving a checkpoint at step {step} and exiting")
+                save(epochs_done)
+            checkpointer.wait()
+            reporting.chief_print(failures.stopped_line(
+                f"seed {seed} step {step} of {total_steps}", signal.SIGINT))
+            raise failures.Stopped(signal.SIGINT)
+
     try:
-        with sharding.activate(mesh):
+        with sharding.activate(mesh), failures.CtrlC(forward_as_sigterm=False) as ctrl_c:
             for epoch in range(start_epoch, epochs):
                 while step < ends[epoch]:
                     rows = next(batches)
@@ -315,7 +335,10 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                         reporting.log_scalars(writer, "train", means, step)
                         reporting.write_jsonl(jsonl, {"step": step, "split": "train", **means})
                         sums, steps_summed = {}, 0
-                    reporting.TERMINAL.show(reporting.status_bar(step, total_steps, eta(epoch)))
+                    console.TERMINAL.show(reporting.status_bar(step, total_steps, eta(epoch)))
+                    if step < ends[epoch]:  # (an epoch's last step is saved after its evaluation)
+                        stop_if_asked(ctrl_c, epoch, saved=False)
+                    test_pause.after_step(step, checkpointer.wait)
                 evaluated = time.time()
                 dev = {name: task.evaluate(data[name], predict(
                     predict_step, state.params, data[name], settings.eval_batch_size, mesh))
@@ -336,10 +359,9 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                     reporting.chief_print(f"seed {seed} epoch {epoch + 1}: best "
                                           f"{task.main_metric} so far")
                 checkpointer.pin(best["step"])
-                guards.check_finite(state, step, "; an update of this run made them so from "
-                                    "finite gradients: lower --config.learning_rate")
-                checkpointer.save(step, state, {"epoch": epoch + 1, "best": best}, meta,
-                                  force=True)
+                save(epoch + 1)
+                stop_if_asked(ctrl_c, epoch + 1, saved=True)  # (a rerun predicts after the last)
+            ctrl_c.release()  # predicting: Ctrl-C interrupts (KeyboardInterrupt)
             checkpointer.wait()
             if state is None or best["step"] != step:
                 state, _ = restore(checkpointer, best["step"], abstract_state, meta)
@@ -381,7 +403,7 @@ def outputs_listing(workdir: str, results: list[dict[str, Any]], tokenizer_files
     """The run's outputs, each named once: the workdir's files, then per seed its folder's
     (the best epoch's checkpoint, the predictions, its summary and logs)."""
     lines = [f"Outputs in {workdir}: summary.json, config.json, "
-             f"{os.path.basename(reporting.log_file(workdir))}, tokenizer "
+             f"{os.path.basename(console.log_file(workdir))}, tokenizer "
              f"{' + '.join(tokenizer_files)}"]
     for result in results:
         folder = f"seed_{result['seed']}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import signal
 from typing import Any
 
 import jax
@@ -43,6 +44,7 @@ class Pretraining:
     progress: reporting.Progress
     writer: Any = None  # reporting.open_writer's TensorBoard writer
     restart_step: int = 0  # long_phase.restart_optimizer: fresh moments before this step; 0: none
+    stopped_by: int = 0  # set by `loop`: the signal (SIGINT, SIGTERM) that stopped it; 0: none
 
     def eval_and_log(self, step: int, params: Any, pd: PhaseData) -> dict[str, float]:
         means = evaluate(self.run.eval_step, params, pd.eval, self.train_cfg.eval_batches,
@@ -128,6 +130,7 @@ class Pretraining:
                     self.progress.report(done, trained.phase)
                     print(f"{'Ctrl-C' if ctrl_c.requested else 'Preemption notice'}: saving a "
                           f"checkpoint at step {done} and exiting", flush=True)
+                    self.stopped_by = signal.SIGINT if ctrl_c.requested else signal.SIGTERM
                     break
                 if checkpointer.should_save(done) and done != stop_at:
                     save(done)
@@ -154,9 +157,11 @@ class Pretraining:
 
 
 def outputs_summary(workdir: str, step: int, total_steps: int, final_eval: dict[str, float],
-                    seconds: float) -> str:
-    """The run's last lines: where it stands, the held-out metrics, and where each output is."""
-    lines = [f"Done in {reporting.duration(seconds)}: step {step} of {total_steps}"
+                    seconds: float, last_line: str = "") -> str:
+    """The run's last lines: where it stands (`Done` only once finished), the held-out
+    metrics, where each output is, and `last_line` (e.g. how to continue a stopped run)."""
+    lines = [f"{'Done in' if step >= total_steps else 'Ran for'} {reporting.duration(seconds)}: "
+             f"step {step} of {total_steps}"
              + ("; held-out " + " ".join(f"{k} {v:.4f}" for k, v in sorted(final_eval.items()))
                 if final_eval else "")]
     outputs = [("checkpoints", f"checkpoints (latest: step {step})"),
@@ -164,7 +169,7 @@ def outputs_summary(workdir: str, step: int, total_steps: int, final_eval: dict[
                ("tensorboard", f"TensorBoard (tensorboard --logdir {workdir})"),
                ("final_metrics.json", "final evaluation"), ("config.json", "resolved config"),
                ("startup_report.txt", "parameter shardings and bytes per device"),
-               ("log.txt", "the full log, the libraries' messages included")]
+               ("log.txt", "the full log: every console line and the libraries' messages")]
     lines += [f"  {os.path.join(workdir, name)}: {what}" for name, what in outputs
               if files.exists(os.path.join(workdir, name))]
-    return "\n".join(lines)
+    return "\n".join(lines + ([last_line] if last_line else []))

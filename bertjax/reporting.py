@@ -1,23 +1,19 @@
-"""What a run tells its operator: progress lines with throughput, MFU and a steady ETA, a
-status line on terminals, TensorBoard scalars, metrics.jsonl, chief-only printing, the
-console's library log filters (`configure_console`, every entry point), and the small-file
-writer that a kill -9 cannot leave half-written."""
+"""What a run tells its operator: progress lines with throughput, MFU and a steady ETA,
+TensorBoard scalars, metrics.jsonl, chief-only printing, and the small-file writer that a
+kill -9 cannot leave half-written (the console's filters and the log file: bertjax.console)."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
-import logging as std_logging
 import os
 import sys
-import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import jax
 from absl import logging
 
-from bertjax import failures, files, flops, objectives, optim, schedule, steps
+from bertjax import console, failures, files, flops, objectives, optim, schedule, steps
 from bertjax.model import BertConfig
 from bertjax.schedule import Phase
 
@@ -34,33 +30,10 @@ class NonFiniteAfterResume(TrainingError):
     it resumed from is suspect."""
 
 
-class TerminalLine:
-    """A status line redrawn in place (tqdm-style) when stdout is a terminal, never written
-    otherwise; printed lines and log records clear it first."""
-
-    def __init__(self) -> None:
-        self.shown = False
-
-    def show(self, text: str) -> None:
-        if jax.process_index() == 0 and sys.stdout.isatty():
-            sys.stdout.write("\r\033[K" + text)
-            sys.stdout.flush()
-            self.shown = True
-
-    def clear(self) -> None:
-        if self.shown:
-            sys.stdout.write("\r\033[K")
-            sys.stdout.flush()
-            self.shown = False
-
-
-TERMINAL = TerminalLine()  # the process's one console
-
-
 def chief_print(line: str) -> None:
     """Progress lines come from process 0 only (every process computes the same values)."""
     if jax.process_index() == 0:
-        TERMINAL.clear()
+        console.TERMINAL.clear()
         print(line, flush=True)
 
 
@@ -161,121 +134,6 @@ def log_scalars(writer: SummaryWriter | None, prefix: str, values: dict[str, flo
                 writer.flush()
 
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# Library warnings that describe nothing wrong: Orbax reading one item of a checkpoint alone
-# (the metadata file is the whole checkpoint's, one directory up).
-HARMLESS_WARNINGS = (("/orbax/", "Metadata file does not exist"),)
-
-
-class QuietLibraries(std_logging.Filter):
-    """The default console: bertjax's own log lines and the libraries' warnings, without the
-    libraries' INFO chatter (Orbax: tens of lines per save; JAX probing for TPU/GPU backends;
-    jax.distributed's start-up) or the warnings in HARMLESS_WARNINGS. While a run's log file
-    is open (`log_file`), the libraries' errors (with their tracebacks) go there only: bertjax
-    says in one line what failed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.log_file: str | None = None
-
-    def filter(self, record: std_logging.LogRecord) -> bool:
-        ours = record.pathname.startswith(PACKAGE_DIR)
-        if record.levelno < std_logging.WARNING or (record.levelno >= std_logging.ERROR
-                                                    and self.log_file):
-            return ours
-        return not any(where in record.pathname and record.getMessage().startswith(text)
-                       for where, text in HARMLESS_WARNINGS)
-
-
-class ConsoleFormat(std_logging.Formatter):
-    """Plain lines: the message alone for INFO, `warning: ...` / `error: ...` above it; a
-    library's line names the library (`error (orbax): ...`), so that `error: ` starts only
-    bertjax's own one-line account of what went wrong and what to do."""
-
-    def format(self, record: std_logging.LogRecord) -> str:
-        TERMINAL.clear()
-        message = super().format(record)
-        if record.levelno < std_logging.WARNING:
-            return message
-        level = "warning" if record.levelno < std_logging.ERROR else "error"
-        library = library_name(record.pathname)
-        return f"{level} ({library}): {message}" if library else f"{level}: {message}"
-
-
-def library_name(pathname: str) -> str | None:
-    """The top-level package of a log record's source file outside bertjax (None: ours)."""
-    if pathname.startswith(PACKAGE_DIR):
-        return None
-    parts = pathname.replace(os.sep, "/").split("/")
-    for marker in ("site-packages", "dist-packages"):
-        if marker in parts and parts.index(marker) + 1 < len(parts):
-            return parts[parts.index(marker) + 1].removesuffix(".py")
-    return os.path.basename(pathname).removesuffix(".py") or None
-
-
-def log_file(workdir: str) -> str:
-    """A run's log file (`logging_to`): every record, the libraries' messages included."""
-    index = jax.process_index()
-    return os.path.join(workdir, "log.txt" if index == 0 else f"log.{index}.txt")
-
-
-@contextlib.contextmanager
-def logging_to(path: str | None) -> Iterator[None]:
-    """Appends every log record at INFO or above, the libraries' with their tracebacks, to
-    `path` for the block (None: nothing; as on object stores); the quiet console leaves the
-    libraries' errors to it."""
-    if path is None or "://" in path:
-        yield
-        return
-    handler = std_logging.FileHandler(path, encoding="utf-8")
-    handler.setLevel(std_logging.INFO)
-    handler.setFormatter(std_logging.Formatter(
-        "%(asctime)s %(levelname)s %(pathname)s:%(lineno)d] %(message)s"))
-    quiet = [f for f in logging.get_absl_handler().filters if isinstance(f, QuietLibraries)]
-    root, console = std_logging.getLogger(), sys.stderr
-    root.addHandler(handler)
-    for f in quiet:
-        f.log_file = path
-        sys.stderr = _OtherThreadsTo(handler.stream, console)
-    try:
-        yield
-    finally:
-        for f in quiet:
-            f.log_file = None
-            sys.stderr = console
-        root.removeHandler(handler)
-        handler.close()
-
-
-class _OtherThreadsTo:
-    """sys.stderr for a quiet console with a log file: what the main thread writes (bertjax's
-    messages, warnings) goes to the console, what other threads write (the tracebacks a
-    library's background writer prints itself) to the log file."""
-
-    def __init__(self, log: Any, console: Any):
-        self.log, self.console = log, console
-
-    def write(self, text: str) -> int:
-        main = threading.current_thread() is threading.main_thread()
-        return (self.console if main else self.log).write(text)
-
-    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, ...
-        return getattr(self.console, name)
-
-
-def configure_console(verbosity: int = 0) -> None:
-    """The one place that decides what the libraries may print (every entry point calls it).
-    Verbosity 0 (the default): QuietLibraries and plain lines; 1 or more (`--verbosity=1`):
-    absl's full log of every library, DEBUG included."""
-    logging.use_absl_handler()
-    handler = logging.get_absl_handler()
-    if verbosity >= 1:
-        logging.set_verbosity(logging.DEBUG)
-    elif not any(isinstance(f, QuietLibraries) for f in handler.filters):
-        handler.addFilter(QuietLibraries())
-        handler.setFormatter(ConsoleFormat())
-
-
 class StepClock:
     """Seconds per training step, measured per phase with compilation excluded: the first
     step a process trains in each phase (which compiles) only starts that phase's clock. The
@@ -358,7 +216,7 @@ class Progress:
         """Adds one step's metrics (already on the host); stops on repeated non-finite steps.
         `batch` names the step's batch in messages."""
         self.clock.tick(schedule.phase_at(self.phases, step - 1).name, step)
-        TERMINAL.show(status_bar(step, self.total_steps, self.eta(step)))
+        console.TERMINAL.show(status_bar(step, self.total_steps, self.eta(step)))
         if metrics["nonfinite"] > 0:
             self.nonfinite_in_a_row += 1
             self.nonfinite_total += 1

@@ -1,8 +1,8 @@
 """Test-only pauses, so that a fault test lands its signal exactly where it must instead of
 polling and retrying. Inert unless the environment variable BERTJAX_TEST_PAUSE is set:
 
-* `BERTJAX_TEST_PAUSE=step:N`: the pretraining loop pauses once step N is done (its
-  checkpoint saves written, JAX's preemption sync point for step N passed);
+* `BERTJAX_TEST_PAUSE=step:N`: the pretraining or fine-tuning loop pauses once step N is
+  done (its checkpoint saves written, JAX's preemption sync point for step N passed);
 * `BERTJAX_TEST_PAUSE=start`: pretraining pauses before its first step (data prepared,
   state built), where a signal is outside the training steps;
 * `BERTJAX_TEST_PAUSE=save`: every checkpoint write pauses with its files written but its

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -16,8 +17,9 @@ import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (agreement, checkpoint, cli, distributed, failures, files, guards, locks,
-                     memory, peers, pretrain_loop, pretrained, reporting, resume, run, schedule,
+from bertjax import (agreement, checkpoint, cli, console, distributed, failures, files, guards,
+                     locks, memory, peers, pretrain_loop, pretrained, reporting, resume, run,
+                     schedule,
                      test_pause, validate)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
@@ -94,7 +96,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     sharded = run.build_pretraining(model_config, optimizer, mesh, phases,
                                     config.train.grad_accum_steps, report=False,
                                     objective=objective)
-    accepted.enter_context(reporting.logging_to(reporting.log_file(workdir)))  # (once accepted)
+    accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
     if is_chief:  # the full table goes to a file, its totals to the console
         reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1)
                              + "\n")
@@ -133,9 +135,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                 start_step, os.path.join(workdir, "metrics.jsonl") if is_chief else None,
                 resume_from.where(start_step) if found else None)
             try:
-                state, position, final_eval = Pretraining(
-                    config.train, sharded, phase_data, checkpointer, meta, progress, writer,
-                    restart_step=optimizer.restart_step).loop(state, position, start_step)
+                pretraining = Pretraining(config.train, sharded, phase_data, checkpointer, meta,
+                                          progress, writer, restart_step=optimizer.restart_step)
+                state, position, final_eval = pretraining.loop(state, position, start_step)
                 break
             except reporting.NonFiniteAfterResume:
                 if fell_back:  # (once)
@@ -155,13 +157,19 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if is_chief and final_step >= config.train.total_steps:  # also marks the run as finished
         reporting.write_text(os.path.join(workdir, "final_metrics.json"),
                              json.dumps({"step": final_step, **final_eval}, indent=1))
-    if config.train.stop_after_steps and final_step == start_step + config.train.stop_after_steps \
+    stopped = pretraining.stopped_by if final_step < config.train.total_steps else 0
+    last_line = failures.stopped_line(f"step {final_step} of {config.train.total_steps}",
+                                      stopped) if stopped else ""
+    if not stopped and config.train.stop_after_steps \
+            and final_step == start_step + config.train.stop_after_steps \
             and final_step < config.train.total_steps:
-        reporting.chief_print(f"Stopped after {config.train.stop_after_steps} steps (step "
-                              f"{final_step} of {config.train.total_steps}); rerun the same "
-                              "command to continue")
+        last_line = (f"Stopped after {config.train.stop_after_steps} steps (step {final_step} of "
+                     f"{config.train.total_steps}); rerun the same command to continue")
     reporting.chief_print(pretrain_loop.outputs_summary(
-        workdir, final_step, config.train.total_steps, final_eval, time.time() - started))
+        workdir, final_step, config.train.total_steps, final_eval, time.time() - started,
+        last_line))
+    if stopped:  # (the exit status says so: 130 or 143)
+        raise failures.Stopped(stopped)
     return final_eval
 
 
@@ -201,11 +209,13 @@ def main(argv: list[str]) -> None:
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                                FLAGS.heartbeat_timeout_seconds)
-        peers.watch(reporting.log_file(FLAGS.workdir), FLAGS.heartbeat_timeout_seconds)
+        peers.watch(console.log_file(FLAGS.workdir), FLAGS.heartbeat_timeout_seconds)
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    except failures.Stopped as e:  # (its last line said so)
+        sys.exit(e.status)
     except KeyboardInterrupt:
-        failures.leave("interrupted (Ctrl-C) outside the training steps; nothing to save (rerun "
-                       "to resume from the last checkpoint)", 130, at_once=True)
+        cli.leave("interrupted (Ctrl-C) outside the training steps; nothing to save (rerun to "
+                  "resume from the last checkpoint)", 130, at_once=True)
     except (agreement.HostsDisagree, agreement.PeerFailed,
             distributed.DistributedSetupError, run.ConfigError, pipeline.DataError,
             checkpoint.CheckpointMismatch, checkpoint.CheckpointWriteError,

@@ -3,6 +3,7 @@ and the compiler's refusal, target names, and "auto" resolved for the target's d
 
 The cross-compiles themselves (libtpu, the CUDA plugin: `pip install -e '.[aot]'`) are
 marked `aot`: `python -m pytest -m aot tests/test_aot.py` (a stage of .ci/run)."""
+import glob
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import jax
 import ml_collections
 import pytest
 
-from bertjax import attention, autofit, memory, optim, sharding, targets
+from bertjax import attention, autofit, console, memory, optim, sharding, targets
 from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.schedule import Phase
@@ -224,3 +225,30 @@ def test_cross_compile_for_h100_and_a_tpu_slice(tmp_path):
     assert refused["fits"] is False and refused["available_bytes"] == 15.75 * 2 ** 30
     assert "does NOT fit: the compiler needs" in tpu.stdout
     assert "shard parameters and optimizer state: --config.mesh.fsdp=-1" in tpu.stdout
+
+
+@pytest.mark.aot
+@pytest.mark.parametrize("module, args", [
+    ("bertjax.train", ["--config=configs/tiny.py", "--config.train.init_checkpoint={m}"]),
+    ("bertjax.finetune", ["--config=configs/finetune/glue.py", "--config.init_checkpoint={m}"]),
+])
+def test_the_aot_extra_changes_nothing_an_entry_point_prints(module, args, tmp_path):
+    """With libtpu and the CUDA plugin installed, an entry point on a host without
+    accelerators prints what it prints with JAX_PLATFORMS=cpu: here its one error line (a
+    missing checkpoint), not the plugins' start-up tracebacks before it."""
+    pytest.importorskip("libtpu")
+    if any(glob.glob(pattern) for pattern in console.ACCELERATOR_FILES):
+        pytest.skip("this host has an accelerator: its plugins start")
+    names = {"m": tmp_path / "missing"}
+    command = [sys.executable, "-m", module, f"--workdir={tmp_path}/w",
+               *(a.format(**names) for a in args)]
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env["PYTHONPATH"] = REPO_ROOT
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                            cwd=REPO_ROOT, env=env)
+    cpu = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+                         env={**env, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == cpu.returncode == 1, result.stderr[-3000:]
+    assert (result.stdout, result.stderr) == (cpu.stdout, cpu.stderr), result.stderr[-3000:]
+    assert result.stdout == "" and result.stderr.startswith("error: ") \
+        and result.stderr.count("\n") == 1, result.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""The command line of every entry point (bertjax/cli.py, reporting.configure_console): a
+"""The command line of every entry point (bertjax/cli.py, console.configure_console): a
 config typo or a missing `.py` is one line naming the nearest valid names; a missing
 checkpoint is named and nothing is created; the default console holds no library INFO line
 and no traceback, and `--verbosity=1` brings the libraries' log back."""
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from bertjax import cli
-from test_faults import command_line
+from test_faults import assert_console_in_log, command_line
 from test_finetune import assert_quiet_console
 from test_train import corpus_file  # noqa: F401 (fixture)
 
@@ -103,3 +103,7 @@ def test_a_training_run_says_what_it_does(corpus_file, tmp_path):  # noqa: F811
     assert f"{workdir}/config.json: resolved config" in result.stdout
     assert f"{workdir}/log.txt: the full log" in result.stdout
     assert len(result.stdout.splitlines()) <= 15, result.stdout
+    assert result.stdout.splitlines()[-1] == \
+        "Stopped after 3 steps (step 3 of 4); rerun the same command to continue"
+    assert "Done in" not in result.stdout and "Ran for " in result.stdout  # (not finished)
+    assert_console_in_log(output, workdir / "log.txt")  # every line, those before it opened

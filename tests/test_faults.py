@@ -102,6 +102,16 @@ class Trainer:
         return text if last_chars is None else text[-last_chars:]
 
 
+def assert_console_in_log(output: str, log_path) -> None:
+    """Every line the console showed (`output`: stdout and stderr) is in the run's log file;
+    a log record's without the console's `warning: ` or `error (library): ` (the file's
+    `LEVEL FILE:LINE] ` in its place)."""
+    log = open(log_path, encoding="utf-8").read()
+    for line in output.splitlines():
+        text = re.sub(r"^(warning|error)( \([\w.]+\))?: ", "", line)
+        assert text in log, f"{line!r} is not in {log_path}:\n{log[-3000:]}"
+
+
 def run_to_end(args: list[str]) -> str:
     trainer = Trainer(args)
     assert trainer.finish() == 0, trainer.output()
@@ -178,7 +188,8 @@ def read_only(directory: str):
 
 def test_sigterm_and_kill_9_anywhere_resume_exactly(corpus_file, cache_dir, reference, tmp_path):
     """One work directory, five runs: SIGTERM (a preemption notice) after step 3 saves at step
-    4 and exits 0; the next run is killed with -9 while writing its first checkpoint (step 8),
+    4 and exits 143 (128 + SIGTERM: unfinished), its last line saying how to continue; the
+    next run is killed with -9 while writing its first checkpoint (step 8),
     the next two after a step drawn at random from the short phase, then from the long one
     (its last step included); the last runs to the end. Each run resumes from exactly the
     newest finished checkpoint, and every loss any of them logged equals the uninterrupted
@@ -198,12 +209,16 @@ def test_sigterm_and_kill_9_anywhere_resume_exactly(corpus_file, cache_dir, refe
     agreed = trainer.wait_for(r"Preemption sync counter is set: (\d+)")  # jaxlib's log line
     released = time.time()
     trainer.release()
-    assert trainer.finish(timeout=60) == 0, trainer.output()
+    assert trainer.finish(timeout=60) == 143, trainer.output()
     seconds = time.time() - released
     saved = re.search(r"Preemption notice: saving a checkpoint at step (\d+)", trainer.output())
     assert saved and int(saved.group(1)) == int(agreed.group(1)) == PREEMPTED, trainer.output()
+    ours = [line for line in trainer.lines if not re.match(r"[IWEF]\d{4} ", line)]  # (C++'s)
+    assert ours[-1] == (f"Stopped at step {PREEMPTED} of {TOTAL_STEPS} (preemption notice, "
+                        "SIGTERM): checkpoint saved; rerun the same command to continue\n"), \
+        trainer.output()
     assert finished(directory) == [PREEMPTED] and read_metrics(tmp_path)[-1]["step"] == PREEMPTED
-    print(f"SIGTERM after step {PREEMPTED - 1}: checkpoint at step {PREEMPTED}, exit 0 "
+    print(f"SIGTERM after step {PREEMPTED - 1}: checkpoint at step {PREEMPTED}, exit 143 "
           f"{seconds:.2f} s after going on")
 
     trainer = Trainer(args, pause="save")  # pauses its first write (step 8) before the rename
@@ -251,6 +266,7 @@ def test_a_read_only_checkpoint_directory_stops_the_run_at_its_first_save(
         and f"{directory}/{CHECKPOINT_EVERY}.orbax-checkpoint-tmp" in errors[0], trainer.output()
     assert os.listdir(directory) == []
     assert read_metrics(tmp_path)[-1]["step"] <= 2 * CHECKPOINT_EVERY
+    assert_console_in_log(trainer.output(None), tmp_path / "log.txt")  # the error line too
     print(f"\nread-only checkpoints: {errors[0].strip()}")
 
 
@@ -300,8 +316,9 @@ def test_a_second_run_in_the_workdir_is_refused_and_ctrl_c_saves(corpus_file, ca
                                                                    reference, tmp_path):
     """While a run trains (paused after its first step, so that it cannot finish first), a
     second one in the same workdir exits at once with one line naming it (pid, host). Ctrl-C
-    then makes the first save at the end of its next step (2) and exit 0; the rerun resumes
-    from step 2, and every loss the two runs logged equals the uninterrupted run's."""
+    then makes the first save at the end of its next step (2) and exit 130 (as a shell
+    expects of Ctrl-C), its last line (in log.txt too) saying how to continue; the rerun
+    resumes from step 2, and every loss the two runs logged equals the uninterrupted run's."""
     args = command_line(corpus_file, cache_dir, str(tmp_path))
     first = Trainer(args, pause="step:1")
     first.wait_for_pause()
@@ -314,8 +331,13 @@ def test_a_second_run_in_the_workdir_is_refused_and_ctrl_c_saves(corpus_file, ca
     first.proc.send_signal(signal.SIGINT)
     first.wait_for("Ctrl-C: saving a checkpoint at the end of this step")  # handled
     first.release()
-    assert first.finish(timeout=60) == 0, first.output()
+    assert first.finish(timeout=60) == 130, first.output()
     assert "Ctrl-C: saving a checkpoint at step 2 and exiting" in first.output(), first.output()
+    stopped = (f"Stopped at step 2 of {TOTAL_STEPS} (Ctrl-C): checkpoint saved; rerun the same "
+               "command to continue")
+    assert first.lines[-1] == stopped + "\n", first.output()
+    assert "Done in" not in first.output(None) and "Ran for " in first.output(None)
+    assert_console_in_log(first.output(None), tmp_path / "log.txt")
     assert finished(tmp_path / "checkpoints") == [2] and "Traceback" not in first.output()
     output = run_to_end(args)
     assert resumed_step(output) == 2
@@ -348,9 +370,10 @@ def test_a_second_ctrl_c_exits_at_once():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
                             timeout=300)
-    seconds = time.time() - float(result.stdout.split()[-1])  # since the second SIGINT
+    sent = re.search(r"requested True ([\d.]+)", result.stdout)
+    seconds = time.time() - float(sent.group(1))  # since the second SIGINT
     assert result.returncode == 130 and seconds < 60, (result.returncode, seconds)
-    assert "requested True" in result.stdout and "Second Ctrl-C" in result.stderr
+    assert "Second Ctrl-C" in result.stdout
 
 
 def on_a_small_filesystem(args: list[str], directory, kib: int, then: str = "") -> list[str]:

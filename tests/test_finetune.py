@@ -7,6 +7,7 @@ import random
 import re
 import runpy
 import shutil
+import signal
 import string
 import subprocess
 import sys
@@ -25,7 +26,8 @@ from bertjax.interop.tree import ConversionError
 from bertjax.heads import (BertForQuestionAnswering, BertForSequenceClassification,
                            BertForTokenClassification)
 from bertjax.model import BertConfig, BertModel
-from test_faults import Trainer, assert_one_full_disk_line, on_a_small_filesystem
+from test_faults import (Trainer, assert_console_in_log, assert_one_full_disk_line,
+                         on_a_small_filesystem)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POSITIVE, NEGATIVE = ["good", "great", "fun", "lovely"], ["bad", "awful", "dull", "boring"]
@@ -207,6 +209,7 @@ def test_glue_cli_trains_seeds_keeps_best_and_writes_submission(data_root, tmp_p
     assert "sst2 dev/accuracy: mean" in result.stdout
     assert_console_in_order(result.stdout, workdir, summary["seeds"])
     assert "orbax" in (workdir / "log.txt").read_text()  # the libraries' INFO lines go there
+    assert_console_in_log(result.stdout + result.stderr, workdir / "log.txt")  # and ours
     # The console: the libraries' INFO quiet, the learning rate, ETA, baseline and outputs.
     assert_quiet_console(result.stdout + result.stderr)
     assert re.search(r"seed 1 step \d+/\d+ loss [\d.]+ lr [\d.e-]+ \(\d+s, eta \d+m\d+s\)",
@@ -480,6 +483,39 @@ def test_a_full_disk_while_fine_tuning_is_one_line_and_the_rerun_resumes_exactly
     resumed = Trainer(args)
     assert resumed.finish() == 0, resumed.output()
     assert "seed 1: resuming from" in resumed.output(None)
+    summary = lambda path: json.loads((path / "summary.json").read_text())["seeds"][0]["dev"]
+    assert summary(workdir) == summary(tmp_path / "reference")
+    assert (workdir / "seed_1" / "metrics.jsonl").read_text() == \
+        (tmp_path / "reference" / "seed_1" / "metrics.jsonl").read_text()
+
+
+@pytest.mark.slow  # (three fine-tuning runs, about 30 s)
+def test_ctrl_c_while_fine_tuning_saves_at_the_step_and_the_rerun_resumes_exactly(data_root,
+                                                                                  tmp_path):
+    """Ctrl-C after step 4 (within epoch 2 of 3, 3 steps each) saves at the end of step 5,
+    exits 130 (as a shell expects of Ctrl-C) and says as its last line, also in log.txt, how
+    to continue; the same command resumes from step 5 and ends with the uninterrupted run's
+    `metrics.jsonl` and dev metrics."""
+    overrides = {"num_train_epochs": 3, "log_every": 1}
+    reference = Trainer(finetune_command(data_root, tmp_path / "reference", **overrides))
+    assert reference.finish() == 0, reference.output()
+    workdir = tmp_path / "run"
+    args = finetune_command(data_root, workdir, **overrides)
+    run = Trainer(args, pause="step:4")
+    run.wait_for_pause()
+    run.proc.send_signal(signal.SIGINT)
+    run.wait_for("Ctrl-C: saving a checkpoint at the end of this step")
+    run.release()
+    assert run.finish(timeout=60) == 130, run.output()
+    assert run.lines[-1] == ("Stopped at seed 1 step 5 of 9 (Ctrl-C): checkpoint saved; rerun "
+                             "the same command to continue\n"), run.output()
+    assert "5" in os.listdir(workdir / "seed_1" / "checkpoints")
+    assert "Traceback" not in run.output(None)
+    assert_console_in_log(run.output(None), workdir / "log.txt")
+
+    resumed = Trainer(args)
+    assert resumed.finish() == 0, resumed.output()
+    assert f"seed 1: resuming from {workdir}/seed_1/checkpoints/5" in resumed.output(None)
     summary = lambda path: json.loads((path / "summary.json").read_text())["seeds"][0]["dev"]
     assert summary(workdir) == summary(tmp_path / "reference")
     assert (workdir / "seed_1" / "metrics.jsonl").read_text() == \

@@ -3,12 +3,13 @@ filter that keeps the libraries' INFO chatter out."""
 import io
 import logging
 import os
+import re
 import sys
 import threading
 
 import pytest
 
-from bertjax import failures, reporting
+from bertjax import console, failures, reporting
 from bertjax.schedule import Phase
 
 PHASES = [Phase("short", 128, 20, 32, 0, 90), Phase("long", 512, 80, 32, 90, 100)]
@@ -45,7 +46,7 @@ class Terminal(io.StringIO):
 
 
 def test_status_line_only_on_a_terminal(monkeypatch, capsys):
-    line = reporting.TerminalLine()
+    line = console.TerminalLine()
     line.show("hidden")  # pytest's captured stdout is not a terminal
     assert capsys.readouterr().out == "" and not line.shown
     terminal = Terminal()
@@ -61,8 +62,8 @@ def record(pathname: str, level: int, message: str) -> logging.LogRecord:
 
 
 def test_console_keeps_our_lines_and_library_warnings_only():
-    quiet = reporting.QuietLibraries()
-    ours = os.path.join(reporting.PACKAGE_DIR, "data", "pipeline.py")
+    quiet = console.QuietLibraries()
+    ours = os.path.join(console.PACKAGE_DIR, "data", "pipeline.py")
     orbax = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
     assert quiet.filter(record(ours, logging.INFO, "Prepared data for phase short"))
     assert not quiet.filter(record(orbax, logging.INFO, "CheckpointManager created"))
@@ -71,7 +72,7 @@ def test_console_keeps_our_lines_and_library_warnings_only():
     assert quiet.filter(record(orbax, logging.WARNING, "Checkpoint write failed"))
     assert not quiet.filter(record("/site-packages/orbax/checkpoint/_src/checkpoint.py",
                                    logging.WARNING, "Metadata file does not exist: /x/state"))
-    formatter = reporting.ConsoleFormat()
+    formatter = console.ConsoleFormat()
     assert formatter.format(record(ours, logging.INFO, "hello")) == "hello"
     assert formatter.format(record(orbax, logging.WARNING, "disk")) == "warning (orbax): disk"
     assert formatter.format(record(ours, logging.ERROR, "no space")) == "error: no space"
@@ -84,12 +85,12 @@ def test_with_a_log_file_library_errors_and_other_threads_tracebacks_go_there_on
     traceback) goes to the file, the main thread's writes to the console. Afterwards the
     console is as before."""
     from absl import logging as absl_logging
-    quiet = reporting.QuietLibraries()
+    quiet = console.QuietLibraries()
     monkeypatch.setattr(absl_logging.get_absl_handler(), "filters", [quiet])
     orbax = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
-    ours = os.path.join(reporting.PACKAGE_DIR, "train.py")
+    ours = os.path.join(console.PACKAGE_DIR, "train.py")
     path = str(tmp_path / "log.txt")
-    with reporting.logging_to(path):
+    with console.logging_to(path):
         assert quiet.log_file == path and not quiet.filter(record(orbax, logging.ERROR, "x"))
         assert quiet.filter(record(ours, logging.ERROR, "our one line"))
         try:
@@ -131,3 +132,36 @@ def test_an_append_that_does_not_fit_leaves_no_partial_line(tmp_path, monkeypatc
     monkeypatch.undo()
     assert failures.os_error_line(raised.value).startswith(f"No space left on device: {path} (")
     assert path.read_text() == '{"step": 1}\n'
+
+
+def test_the_log_file_keeps_every_printed_line_and_the_last_one(tmp_path, capsys):
+    """While a run's log file is open, each line printed (also in pieces, or several in one
+    write) is in it with its time, the terminal's status line is not; the console shows the
+    same as without it; a line noted after the file closed (the run's `error:`) goes at its
+    end."""
+    path = tmp_path / "log.txt"
+    with console.logging_to(str(path)):
+        print("Model: 1,234 parameters", flush=True)
+        sys.stdout.write("step 1/4 loss 9.7")
+        sys.stdout.write("\r\033[K1/4 |##......| 25%")  # (a status line is never mid-line)
+        sys.stdout.write("\nDone in 0m01s\n  /w/log.txt: the full log\n")
+    console.note("error: no space left")
+    assert capsys.readouterr().out == ("Model: 1,234 parameters\nstep 1/4 loss 9.7"
+                                       "\r\033[K1/4 |##......| 25%\nDone in 0m01s\n"
+                                       "  /w/log.txt: the full log\n")
+    lines = path.read_text().splitlines()
+    assert [line.split(" console] ", 1)[1] for line in lines] == [
+        "Model: 1,234 parameters", "step 1/4 loss 9.7", "Done in 0m01s",
+        "  /w/log.txt: the full log", "error: no space left"]
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} console] ", line) for line in lines)
+
+
+def test_a_log_file_on_a_full_disk_costs_the_console_nothing(capsys):
+    """/dev/full (every write fails with ENOSPC) as the log file: the printed lines reach the
+    console, with no `--- Logging error ---` traceback, and noting the last line is silent."""
+    with console.logging_to("/dev/full"):
+        print("step 1/4 loss 9.7", flush=True)
+        logging.getLogger("orbax").info("Saving checkpoint at step 4")
+    console.note("error: no space left")
+    captured = capsys.readouterr()
+    assert captured.out == "step 1/4 loss 9.7\n" and captured.err == "", captured
