@@ -16,7 +16,7 @@ import jax
 import pytest
 
 from bertjax import convert, files, pretrained, probe, train
-from bertjax.data import prepared_files, tokenization
+from bertjax.data import pipeline, prepared_files, tokenization
 from bertjax.interop import hf, native, staging
 from bertjax.tasks import probing
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
@@ -270,3 +270,27 @@ def test_a_killed_gcs_prepare_leaves_nothing_the_next_one_keeps(gcs, corpus_file
     assert not scratch.exists() and os.listdir(tmp_path / "bertjax_prepare") == []
     assert not files.generations(f"{output}/short_64/_claims")
     assert files.exists(f"{output}/short_64/meta.json")
+
+
+def test_gcs_prepared_data_that_does_not_match_its_meta_json_is_named_as_downloaded(
+        gcs, corpus_file, tmp_path):
+    """A shard object replaced at the URL (as two unclaimed preparations left it): the
+    download names the gs:// object and says to prepare again; no local copy is kept (so a
+    rerun does not find, nor advise deleting, a copy of the same mix)."""
+    from bertjax import prepare
+    config = tiny_config(corpus_file, str(tmp_path / "cache"), **{"train.total_steps": 4,
+                                                                  "long_phase.fraction": 0.0})
+    output = f"{gcs}/prepared_mixed"
+    prepare.prepare_all(config, output)
+    shard = f"{output}/short_64/train/shard_00000/input_ids.npy"
+    damaged = bytearray(files.read_bytes(shard))
+    damaged[-1] ^= 1
+    with files.open(shard, "wb") as f:
+        f.write(bytes(damaged))
+    config.data.update(prepared_dir=output, vocab_file=files.glob(f"{output}/tokenizer/*.model")[0])
+    with pytest.raises(pipeline.DataError) as error:
+        train.train_and_evaluate(config, str(tmp_path / "run"), devices=jax.devices()[:1])
+    assert str(error.value).startswith(f"{shard} does not match its record in "
+                                       f"{output}/short_64/meta.json"), error.value
+    assert "\n" not in str(error.value) and "into a new --output" in str(error.value)
+    assert not list((tmp_path / "cache").glob("prepared_short_64_*"))
