@@ -11,7 +11,7 @@ original's TFRecord.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -179,8 +179,3 @@ class PreparedSplit:
                 out[name][selected] = array[local_rows]
         return expand(out)
 
-
-def host_share(array: Any, process_index: int, process_count: int) -> Any:
-    """Process `process_index`'s contiguous share of a shard's rows (shards are shuffled)."""
-    rows = len(array)
-    return array[rows * process_index // process_count: rows * (process_index + 1) // process_count]

@@ -102,8 +102,9 @@ def load(path: str, record: dict[str, Any], name: str, dtype: np.dtype,
          row_shape: tuple[int, ...], share: tuple[int, int], what_to_do: str
          ) -> np.ndarray | RowFile:
     """Shard file `path` (stored array `name`) checked against its meta.json `record` and the
-    `dtype` and `row_shape` this run expects; process `share[0]` of `share[1]`'s rows
-    (`shard_format.host_share`): in memory for a `NARROW` array, else a `RowFile`."""
+    `dtype` and `row_shape` this run expects; the contiguous share of its rows that process
+    `share[0]` of `share[1]` serves (shards are shuffled): in memory for a `NARROW` array,
+    else a `RowFile`."""
     def fail(problem: str) -> DataError:
         return DataError(f"prepared data file {path} {problem}; {what_to_do}")
     try:
