@@ -214,3 +214,16 @@ def _downloaded(directory: str, names: tuple[str, ...]) -> str:
 def abspath(path: str) -> str:
     """`os.path.abspath` for local paths; URLs unchanged."""
     return path if is_remote(path) else os.path.abspath(path)
+
+
+def generations(directory: str) -> dict[str, int]:
+    """The objects directly in the remote `directory`, each with its generation (GCS numbers
+    an object's writes by their time: the order of commits), listed afresh (fsspec's listing
+    cache does not see other processes' writes); {} if there are none."""
+    fs, fs_path = _fs(directory)
+    try:
+        listed = fs.ls(fs_path, detail=True, refresh=True)
+    except FileNotFoundError:
+        return {}
+    return {entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry.get("generation") or 0)
+            for entry in listed if entry.get("type") == "file"}

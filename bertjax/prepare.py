@@ -1,5 +1,6 @@
 """`python -m bertjax.prepare --config=configs/base.py --output=DIR`: pretraining data, offline.
-DIR may be a URL (gs://bucket/dir): the phases are prepared locally, then uploaded, meta.json last.
+DIR may be a URL (gs://bucket/dir): the phases are prepared locally, then uploaded, meta.json last;
+one preparation at a time writes a phase there (a second one started meanwhile stops with one line).
 
 Prepares every phase of the config's schedule into DIR/<phase>_<length>/ (the shards training
 would otherwise prepare and cache itself), with `data.num_workers` local processes, one shard
@@ -12,12 +13,12 @@ are prepared by an Apache Beam pipeline instead (`--beam_options`, e.g. '--runne
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import shutil
 import sys
-import tempfile
 from typing import Callable, Iterable
 
 from absl import flags
@@ -46,7 +47,7 @@ def prepare_all(config, output: str, runner: str = "local",  # noqa: ANN001 (a C
     elif runner != "local":
         raise run.ConfigError(f"--runner={runner!r}; choose local or beam")
     remote = files.is_remote(output)
-    local = tempfile.mkdtemp(prefix="bertjax_prepare_") if remote else output
+    local = prepared_files.scratch() if remote else output
     try:
         return _prepare_phases(config, output, local, run_shards)
     finally:
@@ -74,11 +75,13 @@ def _prepare_phases(config, output: str, local: str,  # noqa: ANN001 (a ConfigDi
             lines.append(summary(target, phase, False))
             continue
         built = []
-        locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
-            pipeline.build(directory, config.data, phase, tokenizer, nsp=nsp,
-                           run_shards=run_shards)))
-        if target != directory:
-            prepared_files.upload(directory, target)
+        with prepared_files.claimed(target) if target != directory \
+                else contextlib.nullcontext(None) as still_claimed:
+            locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
+                pipeline.build(directory, config.data, phase, tokenizer, nsp=nsp,
+                               run_shards=run_shards)))
+            if still_claimed:
+                prepared_files.upload(directory, target, still_claimed)
         lines.append(summary(target, phase, bool(built)))
     tokenizer_files = os.path.join(local, "tokenizer")
     if files.is_remote(output) and os.path.isdir(tokenizer_files):

@@ -6,7 +6,9 @@ polling and retrying. Inert unless the environment variable BERTJAX_TEST_PAUSE i
 * `BERTJAX_TEST_PAUSE=start`: pretraining pauses before its first step (data prepared,
   state built), where a signal is outside the training steps;
 * `BERTJAX_TEST_PAUSE=save`: every checkpoint write pauses with its files written but its
-  temporary directory not yet renamed into place (an unfinished checkpoint).
+  temporary directory not yet renamed into place (an unfinished checkpoint);
+* `BERTJAX_TEST_PAUSE=upload`: a preparation into object storage pauses with a phase claimed
+  and its shards uploaded, before its meta.json.
 
 A paused process prints `BERTJAX_TEST_PAUSE: paused at <where>` and goes on when a line (or
 end of file) arrives on its stdin.
@@ -45,3 +47,9 @@ def in_checkpoint_write() -> Callable[[], None] | None:
     if os.environ.get(VARIABLE) != "save":
         return None
     return lambda: _pause("a checkpoint write")
+
+
+def before_meta_upload() -> None:
+    """Pauses a preparation into object storage before a phase's meta.json if asked to."""
+    if os.environ.get(VARIABLE) == "upload":
+        _pause("an upload's meta.json")

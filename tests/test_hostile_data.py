@@ -175,6 +175,6 @@ def test_meta_json_row_total_is_checked(prepared):
     rows = meta["train_instances"]
     (directory / "meta.json").write_text(json.dumps({**meta, "train_instances": rows + 7}))
     with pytest.raises(pipeline.DataError, match=re.escape(
-            f"prepared data {directory} holds {rows} train rows, its meta.json {rows + 7}; "
-            "delete it to prepare again")):
+            f"prepared data {directory} holds {rows} train rows, its meta.json says {rows + 7}; "
+            f"delete {directory} to prepare it again")):
         prepare_inputs(tmp_path, input_files)

@@ -9,19 +9,21 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
 
 import jax
 import pytest
 
 from bertjax import convert, files, pretrained, probe, train
-from bertjax.data import tokenization
+from bertjax.data import pipeline, prepared_files, tokenization
 from bertjax.interop import hf, native, staging
 from bertjax.tasks import probing
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
 from test_probe import TINY, VOCAB
 from test_tokenization import make_sentences
 from test_guards import compilation_cache  # noqa: F401 (autouse fixture)
+from test_faults import Trainer, command_line
 from test_train import corpus_file, tiny_config  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.gcs
@@ -190,8 +192,10 @@ def test_prepare_to_gcs_then_train_from_it_as_from_a_local_directory(gcs, corpus
     training from the same data prepared locally."""
     from bertjax import prepare
     uploaded = []
-    copy = files.copy
+    copy, open_file = files.copy, files.open
     monkeypatch.setattr(files, "copy", lambda s, t: (uploaded.append(t), copy(s, t)))
+    monkeypatch.setattr(files, "open", lambda path, mode="r", *a, **k: (
+        uploaded.append(path) if "x" in mode else None, open_file(path, mode, *a, **k))[1])
     files.write_text(f"{gcs}/books.txt", open(corpus_file, encoding="utf-8").read())
     config = tiny_config(f"{gcs}/books.txt", str(tmp_path / "cache"), **{
         "train.total_steps": 4, "long_phase.fraction": 0.0,  # shards read from byte offsets:
@@ -211,3 +215,82 @@ def test_prepare_to_gcs_then_train_from_it_as_from_a_local_directory(gcs, corpus
         losses[where] = read_losses(str(tmp_path / where[-8:]))
     assert losses[output] == losses[str(tmp_path / "prepared")] and len(losses[output]) == 4
     assert len(list((tmp_path / "cache").glob("prepared_short_64_*/train/shard_0000[0-2]"))) == 3
+
+
+def prepare_command(corpus_file: str, output: str, seed: int) -> list[str]:
+    """`python -m bertjax.prepare` of test_train's tiny config (one phase) into `output`."""
+    flags = command_line(corpus_file, "unused", "unused", **{"long_phase.fraction": 0.0,
+                                                             "data.seed": seed})[5:]
+    return [*command_line(corpus_file, "", "")[:2], "bertjax.prepare", "--config=configs/base.py",
+            f"--output={output}", *[f for f in flags if ".cache_dir=" not in f]]
+
+
+def error_lines(trainer: Trainer) -> list[str]:
+    return [line for line in trainer.output(None).splitlines() if line.startswith("error:")]
+
+
+def test_two_prepares_into_one_gcs_output_one_succeeds(gcs, corpus_file, tmp_path):
+    """Issue 34: a second `prepare --output=gs://...` (another data.seed) started while the
+    first has its phase claimed and uploaded but no meta.json yet stops with one line naming
+    the first; the first finishes, and its phase downloads as it was made (seed 1 only)."""
+    output = f"{gcs}/prepared_twice"
+    env = {"TMPDIR": str(tmp_path)}
+    first = Trainer(prepare_command(corpus_file, output, 1), pause="upload", extra_env=env)
+    assert first.wait_for_pause() == "an upload's meta.json"
+    second = Trainer(prepare_command(corpus_file, output, 2), extra_env=env)
+    assert second.finish() == 1, second.output()
+    line, = error_lines(second)
+    assert "is being prepared by another preparation (pid " in line, line
+    assert f"pid {first.proc.pid} on host " in line and f"{output}/short_64/_claims/" in line
+    first.release()
+    assert first.finish() == 0, first.output()
+    assert "Prepared phase short (64 tokens)" in first.output()
+    meta = json.loads(files.read_text(f"{output}/short_64/meta.json"))
+    assert meta["settings"]["data"]["seed"] == 1
+    assert not files.generations(f"{output}/short_64/_claims")  # (both claims deleted)
+    records = meta["files"]
+    local = prepared_files.local_copy(f"{output}/short_64", records, str(tmp_path / "cache"))
+    assert sorted(os.listdir(local)) == ["eval", "meta.json", "train"]
+
+
+def test_a_killed_gcs_prepare_leaves_nothing_the_next_one_keeps(gcs, corpus_file, tmp_path):
+    """A `prepare --output=gs://...` killed (kill -9) mid-upload leaves its local scratch copy
+    and its claim; the next one on this host removes both and prepares the phase."""
+    output = f"{gcs}/prepared_killed"
+    env = {"TMPDIR": str(tmp_path)}
+    killed = Trainer(prepare_command(corpus_file, output, 1), pause="upload", extra_env=env)
+    killed.wait_for_pause()
+    scratch = tmp_path / "bertjax_prepare" / str(killed.proc.pid)
+    assert (scratch / "short_64" / "meta.json").exists()
+    killed.proc.send_signal(signal.SIGKILL)
+    killed.finish()
+    assert len(files.generations(f"{output}/short_64/_claims")) == 1
+    again = Trainer(prepare_command(corpus_file, output, 1), extra_env=env)
+    assert again.finish() == 0, again.output()
+    assert not scratch.exists() and os.listdir(tmp_path / "bertjax_prepare") == []
+    assert not files.generations(f"{output}/short_64/_claims")
+    assert files.exists(f"{output}/short_64/meta.json")
+
+
+def test_gcs_prepared_data_that_does_not_match_its_meta_json_is_named_as_downloaded(
+        gcs, corpus_file, tmp_path):
+    """A shard object replaced at the URL (as two unclaimed preparations left it): the
+    download names the gs:// object and says to prepare again; no local copy is kept (so a
+    rerun does not find, nor advise deleting, a copy of the same mix)."""
+    from bertjax import prepare
+    config = tiny_config(corpus_file, str(tmp_path / "cache"), **{"train.total_steps": 4,
+                                                                  "long_phase.fraction": 0.0})
+    output = f"{gcs}/prepared_mixed"
+    prepare.prepare_all(config, output)
+    shard = f"{output}/short_64/train/shard_00000/input_ids.npy"
+    damaged = bytearray(files.read_bytes(shard))
+    damaged[-1] ^= 1
+    with files.open(shard, "wb") as f:
+        f.write(bytes(damaged))
+    config.data.update(prepared_dir=output, vocab_file=files.glob(f"{output}/tokenizer/*.model")[0])
+    with pytest.raises(pipeline.DataError) as error:
+        train.train_and_evaluate(config, str(tmp_path / "run"), devices=jax.devices()[:1])
+    assert str(error.value).startswith(f"{shard} does not match its record in "
+                                       f"{output}/short_64/meta.json"), error.value
+    assert "\n" not in str(error.value) and "into a new --output" in str(error.value)
+    assert not list((tmp_path / "cache").glob("prepared_short_64_*"))

@@ -27,16 +27,13 @@ from absl import logging
 from bertjax import failures, files, locks
 from bertjax.data import tokenization
 from bertjax.data import (corpus, instances, prepared_files, shard_format, shard_job,
-                          shard_sources)
+                          shard_reader, shard_sources)
+from bertjax.data.errors import DataError
 from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
 from bertjax.data.shard_job import split_eval_documents  # noqa: F401
 from bertjax.schedule import Phase
 
 FORMAT_VERSION = 4  # bump when the prepared layout or instance semantics change
-
-
-class DataError(ValueError):
-    """Input data that cannot be used, with a message saying what to change."""
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -211,36 +208,6 @@ def make_features(documents: list[list[np.ndarray]], phase: Phase, data_cfg: Any
     return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in shard_format.STORED}
 
 
-def _load_split(directory: str, split: str, records: dict[str, dict[str, Any]],
-                masked: bool, process_index: int = 0, process_count: int = 1) -> PreparedSplit:
-    """Memory-maps the shards listed in meta.json after checking each file's size, checksum
-    and row count, so a truncated or corrupted shard is named instead of trained on; with
-    `process_count` > 1, each shard's rows `process_index` serves (`shard_format.host_share`)."""
-    shards: dict[str, dict[str, np.ndarray]] = {}
-    for relative, record in records.items():
-        if not relative.startswith(split + "/"):
-            continue
-        path = os.path.join(directory, relative)
-        problem = "missing" if not os.path.exists(path) else None
-        if problem is None and prepared_files.file_record(path) != {k: record[k] for k in ("bytes", "sha256")}:
-            problem = f"changed since preparation ({record['bytes']} bytes, sha256 {record['sha256'][:12]}...)"
-        if problem is None:
-            try:
-                array = np.load(path, mmap_mode="r")
-            except ValueError as e:
-                problem = f"unreadable ({e})"
-            else:
-                if len(array) != record["rows"]:
-                    problem = f"holds {len(array)} rows, not {record['rows']}"
-        if problem:
-            raise DataError(f"prepared data file {path} is {problem}; delete {directory} to "
-                            "prepare the data again")
-        _, shard, name = relative.split("/")
-        shards.setdefault(shard, {})[name[:-len(".npy")]] = shard_format.host_share(
-            array, process_index, process_count)
-    return PreparedSplit([shards[name] for name in sorted(shards)], masked)
-
-
 def empty_features(phase: Phase) -> dict[str, np.ndarray]:
     """Zero rows of every feature, with the phase's shapes and dtypes."""
     return shard_format.expand(shard_format.empty_stored(phase.max_seq_length,
@@ -275,8 +242,10 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
         directory = os.path.join(data_cfg.prepared_dir, phase_directory(phase))
         meta, records = _read_meta(directory)
         check_settings(meta.get("settings", {}), wanted, directory)
-        if files.is_remote(directory):  # training memory-maps a local copy
-            directory = prepared_files.local_copy(directory, records, cache_dir)
+        fix = f"prepare it again (python -m bertjax.prepare --output={data_cfg.prepared_dir})"
+        if files.is_remote(directory):  # training reads a local copy
+            remote, directory = directory, prepared_files.local_copy(directory, records, cache_dir)
+            fix = f"delete {directory} (the local copy of {remote}) to download it again"
         share = (process_index, process_count)
         verb = "Reading prepared data"
     else:
@@ -294,19 +263,23 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
                             f"{phase.name} stopped and its unfinished files were removed; kept: "
                             f"the tokenizer and the data prepared before (in {cache_dir})") from e
         meta, records = _read_meta(directory)
-        share = (0, 1)
+        share, fix = (0, 1), f"delete {directory} to prepare it again"
         verb = "Prepared data" if built else "Reusing prepared data"
         if built:
             _note_older_formats(cache_dir, phase)
     logging.info("%s for phase %s (%d tokens): %s training, %s held-out sequences (%s) in %s",
                  verb, phase.name, phase.max_seq_length, f"{meta.get('train_instances', 0):,}",
                  f"{meta.get('eval_instances', 0):,}", held_out_route(meta), directory)
-    splits = {"train": _load_split(directory, "train", records, not dynamic, *share),
-              "eval": _load_split(directory, "eval", records, True, *share)}
-    for name, split in splits.items():  # every shard made is there
-        if share == (0, 1) and len(split) != meta.get(f"{name}_instances", 0):
-            raise DataError(f"prepared data {directory} holds {len(split)} {name} rows, its meta."
-                            f"json {meta.get(f'{name}_instances', 0)}; delete it to prepare again")
+    expected = (phase.max_seq_length, phase.max_predictions_per_seq, tokenizer.vocab_size)
+    splits = {name: shard_reader.load_split(directory, name, records, masked, expected, share,
+                                            fix + ", then rerun (it resumes)")
+              for name, masked in (("train", not dynamic), ("eval", True))}
+    for name in splits:  # every shard made is there
+        rows = sum(r["rows"] for k, r in records.items()
+                   if k.startswith(f"{name}/") and k.endswith("/lengths.npy"))
+        if rows != meta.get(f"{name}_instances", 0):
+            raise DataError(f"prepared data {directory} holds {rows} {name} rows, its meta.json "
+                            f"says {meta.get(f'{name}_instances', 0)}; {fix}")
     return splits
 
 

@@ -1,19 +1,27 @@
 """A prepared phase's files: their records in meta.json (bytes, SHA-256, rows), checked on
 load, and the last step of every preparation, local or Beam: meta.json written beside the
 shards, then the unfinished directory renamed into place. On object storage (`gs://...`), a
-phase is uploaded with its meta.json last and read from a local copy (memory-mapped)."""
+phase is prepared in a local scratch directory under a claim (one preparation per phase at a
+time), uploaded with its meta.json last, and read from a local copy checked as downloaded."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
-from typing import Any
+import socket
+import tempfile
+import uuid
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from bertjax import files, locks
+from bertjax import files, locks, test_pause
 from bertjax.data import shard_format
+from bertjax.data.errors import DataError
+
+CLAIMS = "_claims"  # under a remote phase: one object per preparation writing it
 
 
 def file_record(path: str) -> dict[str, Any]:
@@ -47,19 +55,80 @@ def commit(tmp: str, directory: str, meta: dict[str, Any]) -> None:
     os.replace(tmp, directory)
 
 
-def upload(local: str, remote: str) -> None:
-    """Uploads the prepared phase `local` to the URL `remote`: every shard file, then meta.json,
-    so that a reader (which starts from meta.json) never sees a phase half uploaded."""
+def upload(local: str, remote: str, still_claimed: Callable[[str], None]) -> None:
+    """Uploads the prepared phase `local` to the URL `remote`: every shard file, then meta.json
+    (created only if absent: on GCS, `ifGenerationMatch=0`), so that a reader (which starts
+    from meta.json) never sees a phase half uploaded; `still_claimed` (`claimed`'s check)
+    runs before the upload and again before meta.json."""
     with open(os.path.join(local, "meta.json")) as f:
         relatives = list(json.load(f)["files"])
-    for relative in [*relatives, "meta.json"]:
+    still_claimed("before its upload")
+    for relative in relatives:
         files.copy(os.path.join(local, relative), f"{remote}/{relative}")
+    test_pause.before_meta_upload()
+    still_claimed("at the end of its upload")
+    with open(os.path.join(local, "meta.json"), "rb") as reader, \
+            files.open(f"{remote}/meta.json", "xb") as writer:
+        shutil.copyfileobj(reader, writer)
+
+
+@contextlib.contextmanager
+def claimed(remote: str) -> Iterator[Callable[[str], None]]:
+    """Claims the phase at the URL `remote` for this preparation for the block: a claim object
+    under `remote`/_claims, deleted at the end. Yields a check (raising DataError) that this
+    claim is still the oldest there and no meta.json has appeared, run now and by `upload`.
+    Claims are ordered by their generation (the order GCS committed them), so of several
+    preparations started at once exactly one goes on; a claim of a preparation no longer
+    running on this host (killed) is removed, another host's named with what to do."""
+    name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    mine = f"{remote}/{CLAIMS}/{name}"
+    files.write_text(mine, "")
+
+    def check(when: str) -> None:
+        claims = files.generations(f"{remote}/{CLAIMS}")
+        if name not in claims:
+            raise DataError(f"the claim {mine} of this preparation of {remote} was deleted "
+                            f"{when}: another preparation may be writing there; rerun it")
+        for other in sorted(n for n in claims if (claims[n], n) < (claims[name], name)):
+            host, pid, _ = other.rsplit("-", 2)
+            if host == socket.gethostname() and not locks.pid_alive(pid):
+                with contextlib.suppress(FileNotFoundError):
+                    files.remove(f"{remote}/{CLAIMS}/{other}")
+                continue
+            raise DataError(
+                f"{remote} is being prepared by another preparation (pid {pid} on host {host}, "
+                f"claim {remote}/{CLAIMS}/{other}): wait for it to finish and rerun (a phase "
+                "prepared with this config is kept), or use another --output; if that "
+                f"preparation is gone (killed), delete {remote}/{CLAIMS}/{other} and rerun")
+        if "meta.json" in files.generations(remote):
+            raise DataError(f"{remote}/meta.json was written by another preparation {when}; "
+                            "rerun to keep it if its settings are this config's")
+    try:
+        check("before this one started")
+        yield check
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            files.remove(mine)
+
+
+def scratch() -> str:
+    """A new local directory in which to prepare phases bound for object storage
+    (TMP/bertjax_prepare/PID); those left by preparations no longer running (killed) go."""
+    root = os.path.join(tempfile.gettempdir(), "bertjax_prepare")
+    os.makedirs(root, exist_ok=True)
+    for name in os.listdir(root):
+        if name == str(os.getpid()) or not locks.pid_alive(name):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    path = os.path.join(root, str(os.getpid()))
+    os.makedirs(path)
+    return path
 
 
 def local_copy(remote: str, records: dict[str, dict[str, Any]], cache_dir: str) -> str:
     """A local copy of the prepared phase at the URL `remote` whose meta.json lists `records`,
     downloaded once into `cache_dir` under a name from the records (every file's SHA-256, so
-    prepared data replaced at the same URL is downloaded again); returns its directory."""
+    prepared data replaced at the same URL is downloaded again), each file checked against its
+    record as downloaded (DataError naming the object); returns its directory."""
     key = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:16]
     directory = os.path.join(cache_dir, f"prepared_{remote.rstrip('/').rsplit('/', 1)[-1]}_{key}")
 
@@ -68,6 +137,13 @@ def local_copy(remote: str, records: dict[str, dict[str, Any]], cache_dir: str) 
         try:
             for relative in [*records, "meta.json"]:
                 files.copy(f"{remote}/{relative}", os.path.join(tmp, relative))
+                if relative in records and file_record(os.path.join(tmp, relative)) != {
+                        k: records[relative][k] for k in ("bytes", "sha256")}:
+                    raise DataError(
+                        f"{remote}/{relative} does not match its record in {remote}/meta.json: "
+                        "the prepared data there was changed or mixed (two preparations into "
+                        "one --output?); prepare it again (python -m bertjax.prepare) into a new "
+                        "--output, or delete it first")
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

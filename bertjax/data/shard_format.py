@@ -1,5 +1,5 @@
 """The compact on-disk layout of prepared instances, written as they are made and read back
-memory-mapped as the original's fixed-shape features (`FEATURES`).
+(`shard_reader`: checked as read) as the original's fixed-shape features (`FEATURES`).
 
 A shard stores, per instance: the padded token ids in the narrowest unsigned type that holds
 the vocabulary (uint16 below 65,536 ids), the sequence length and where segment B starts
@@ -11,7 +11,7 @@ original's TFRecord.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -140,9 +140,10 @@ def empty_stored(max_seq_length: int, max_predictions: int,
 
 
 class PreparedSplit:
-    """One split's instances as shards of memory-mapped stored arrays (`rows`: the range of
-    each shard's rows this split serves, e.g. one host's share), and whether masks are stored
-    (static masking) or drawn by the loader (dynamic). `take` and `features` give `FEATURES`."""
+    """One split's instances as shards of stored arrays (in memory, or `shard_reader.RowFile`s
+    read on demand: the rows of each shard this split serves, e.g. one host's share), and
+    whether masks are stored (static masking) or drawn by the loader (dynamic). `take` and
+    `features` give `FEATURES`."""
 
     def __init__(self, shards: Sequence[dict[str, np.ndarray]], masked: bool):
         self.shards, self.masked = list(shards), masked
@@ -179,8 +180,3 @@ class PreparedSplit:
                 out[name][selected] = array[local_rows]
         return expand(out)
 
-
-def host_share(array: Any, process_index: int, process_count: int) -> Any:
-    """Process `process_index`'s contiguous share of a shard's rows (shards are shuffled)."""
-    rows = len(array)
-    return array[rows * process_index // process_count: rows * (process_index + 1) // process_count]

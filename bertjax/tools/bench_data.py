@@ -3,7 +3,7 @@
 Measures, on one CPU core (one process, no tokenizing workers), with the config's corpus and
 tokenizer and dynamic masking:
   prepare - raw text -> tokenized sentences -> pretraining instances -> shards on disk;
-  load    - `BatchLoader` batches from the prepared (memory-mapped) shards, masks drawn per
+  load    - `BatchLoader` batches from the prepared shards (rows checked as read), masks drawn per
             row as the training loop draws them.
 Tokenizer training (SentencePiece on the corpus, when no vocab_file) is timed separately.
 Per-core rates divide by this process's CPU time (`time.process_time`), so they hold on a
