@@ -182,8 +182,25 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
         print("\n".join(lines), flush=True)
         for warning in warnings:
             logging.warning("%s", warning)
-        print(finetune_loop.outputs_listing(workdir, results, tokenizer_files), flush=True)
+        print(outputs_listing(workdir, results, tokenizer_files), flush=True)
     return summary
+
+
+def outputs_listing(workdir: str, results: list[dict[str, Any]], tokenizer_files: list[str]
+                    ) -> str:
+    """The run's outputs, each named once: the workdir's files, then per seed its folder's
+    (the best epoch's checkpoint, the predictions, its summary and logs)."""
+    lines = [f"Outputs in {workdir}: summary.json, config.json, "
+             f"{os.path.basename(console.log_file(workdir))}, tokenizer "
+             f"{' + '.join(tokenizer_files)}"]
+    for result in results:
+        folder = f"seed_{result['seed']}"
+        lines.append(f"  {folder}/: checkpoints/{result['best_step']} (best epoch "
+                     f"{result['best_epoch']}), " + "".join(
+                         f"{os.path.relpath(path, os.path.join(workdir, folder))}, "
+                         for path in result["predictions"].values())
+                     + "summary.json, metrics.jsonl, tensorboard/")
+    return "\n".join(lines)
 
 
 FLAGS = flags.FLAGS

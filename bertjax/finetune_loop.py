@@ -398,23 +398,6 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
     return result
 
 
-def outputs_listing(workdir: str, results: list[dict[str, Any]], tokenizer_files: list[str]
-                    ) -> str:
-    """The run's outputs, each named once: the workdir's files, then per seed its folder's
-    (the best epoch's checkpoint, the predictions, its summary and logs)."""
-    lines = [f"Outputs in {workdir}: summary.json, config.json, "
-             f"{os.path.basename(console.log_file(workdir))}, tokenizer "
-             f"{' + '.join(tokenizer_files)}"]
-    for result in results:
-        folder = f"seed_{result['seed']}"
-        lines.append(f"  {folder}/: checkpoints/{result['best_step']} (best epoch "
-                     f"{result['best_epoch']}), " + "".join(
-                         f"{os.path.relpath(path, os.path.join(workdir, folder))}, "
-                         for path in result["predictions"].values())
-                     + "summary.json, metrics.jsonl, tensorboard/")
-    return "\n".join(lines)
-
-
 def summarize_seeds(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Mean, standard deviation (ddof 0) and median of every dev (and labelled test) metric
     over the seeds."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
