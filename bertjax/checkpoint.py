@@ -30,8 +30,10 @@ from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
-from bertjax import failures, test_pause
+from bertjax import failures, storage, test_pause
 from bertjax import files as file_layer
+
+storage.install_gcsfs()  # (before etils epath caches its gs:// file system)
 
 META_KEYS_MUST_MATCH = ("model", "tokenizer")
 CHECKSUMS = "bertjax_checksums.json"
@@ -39,7 +41,9 @@ DIGEST = "state_digest"  # the meta field with state_digest(state)
 
 
 def _absolute(directory: str) -> str:
-    """Orbax needs absolute paths; remote ones (gs://...) already are."""
+    """Orbax needs absolute paths; remote ones (gs://...) already are. (Also sets the retries
+    of the tensorstore contexts Orbax makes from now on.)"""
+    storage.install_tensorstore()
     return file_layer.abspath(directory)
 
 

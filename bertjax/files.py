@@ -22,6 +22,8 @@ import shutil
 import tempfile
 from typing import IO, Any, Callable, Iterable
 
+from bertjax import storage
+
 
 def _emulator_defaults() -> None:
     host = os.environ.get("STORAGE_EMULATOR_HOST", "")
@@ -42,6 +44,7 @@ def is_remote(path: str) -> bool:
 
 def _fs(path: str) -> tuple[Any, str]:
     _emulator_defaults()  # (an emulator named after this module was imported)
+    storage.install_gcsfs()
     try:
         import fsspec
         return fsspec.core.url_to_fs(path)

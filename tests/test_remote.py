@@ -18,6 +18,7 @@ from bertjax import convert, files, pretrained, probe, train
 from bertjax.data import tokenization
 from bertjax.interop import hf, native, staging
 from bertjax.tasks import probing
+import gcs_faults
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
 from test_probe import TINY, VOCAB
 from test_tokenization import make_sentences
@@ -40,9 +41,11 @@ def _send_generation(download):
 
 
 @pytest.fixture(scope="module")
-def gcs():
-    """An in-memory emulator on a free port with one bucket; only STORAGE_EMULATOR_HOST is
-    set (bertjax.files points gcsfs and tensorstore at it)."""
+def proxy():
+    """An in-memory emulator on a free port with one bucket, behind a fault-injecting proxy
+    (tests/gcs_faults.py: it forwards everything until a test adds a rule); only
+    STORAGE_EMULATOR_HOST is set, to the proxy (bertjax.files points gcsfs and tensorstore
+    there)."""
     from gcp_storage_emulator import server as emulator
     from gcp_storage_emulator.handlers import objects
 
@@ -57,15 +60,23 @@ def gcs():
     server = emulator.create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET[5:])
     server.start()
     saved = dict(os.environ)
-    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
-    yield BUCKET
-    gc.collect()  # (tensorboardX's GCS writers upload again when collected)
+    with gcs_faults.FaultProxy(f"http://127.0.0.1:{port}") as faults:
+        os.environ["STORAGE_EMULATOR_HOST"] = faults.url
+        yield faults
+        gc.collect()  # (tensorboardX's GCS writers upload again when collected)
     os.environ.clear()
     os.environ.update(saved)
     server.stop()
     objects.download = original
     for _, methods in emulator.HANDLERS:
         methods.update({m: original for m, h in methods.items() if h is patched})
+
+
+@pytest.fixture
+def gcs(proxy):
+    """The bucket's URL; the proxy's rules are removed after the test."""
+    yield BUCKET
+    proxy.clear()
 
 
 def test_file_layer_reads_writes_globs_and_moves_objects(gcs):
@@ -211,3 +222,29 @@ def test_prepare_to_gcs_then_train_from_it_as_from_a_local_directory(gcs, corpus
         losses[where] = read_losses(str(tmp_path / where[-8:]))
     assert losses[output] == losses[str(tmp_path / "prepared")] and len(losses[output]) == 4
     assert len(list((tmp_path / "cache").glob("prepared_short_64_*/train/shard_0000[0-2]"))) == 3
+
+
+@pytest.mark.parametrize("fault", ["status 503", "status 429", "reset", "truncate"])
+def test_transient_storage_faults_are_retried_and_an_outage_is_one_line(gcs, proxy, fault,
+                                                                         monkeypatch):
+    """Reads, listings and uploads that fail transiently three times in a row (gcsfs alone
+    gave up on a listing or an upload) succeed; a fault without end fails after the allowed
+    time (BERTJAX_STORAGE_RETRY_SECONDS) as one line naming the object and the status."""
+    monkeypatch.setenv("BERTJAX_STORAGE_RETRY_SECONDS", "30")
+    kind, _, status = fault.partition(" ")
+    rule = dict(fault=kind, status=int(status or 503), count=3)
+    proxy.add(path="transient/a.txt", **rule)
+    files.write_text(f"{gcs}/transient/a.txt", "alpha\n")
+    proxy.add(path="transient/a.txt", **rule)
+    assert files.read_text(f"{gcs}/transient/a.txt") == "alpha\n"
+    proxy.add(path="/o/?.*prefix=transient", **rule)
+    assert files.listdir(f"{gcs}/transient") == ["a.txt"]
+    assert len(proxy.faults()) >= 6
+    if kind != "status":
+        return
+    monkeypatch.setenv("BERTJAX_STORAGE_RETRY_SECONDS", "2")
+    proxy.add(path="transient/a.txt", status=503)
+    with pytest.raises(OSError) as raised:
+        files.read_text(f"{gcs}/transient/a.txt")
+    assert str(raised.value).startswith(f"{gcs}/transient/a.txt: HTTP 503 (injected fault")
+    assert "still after retrying for 2 s" in str(raised.value)
