@@ -310,21 +310,22 @@ def seal(step_directory: str) -> None:
 
 def verify(step_directory: str) -> tuple[bool, str | None]:
     """`(sealed, problem)` of one step directory: what differs from its recorded checksums
-    (missing, resized or changed files), None if nothing does or nothing was recorded."""
-    root = epath.Path(step_directory)
-    if not (root / CHECKSUMS).exists():
+    (missing, resized or changed files), None if nothing does or nothing was recorded. A
+    read that fails (storage.StorageUnavailable) raises: it proves nothing."""
+    root = step_directory.rstrip("/")
+    if not file_layer.exists(f"{root}/{CHECKSUMS}"):  # (raises if the storage cannot say)
         return False, None
     try:
-        recorded = json.loads((root / CHECKSUMS).read_text())["crc32"]
+        recorded = json.loads(file_layer.read_text(f"{root}/{CHECKSUMS}"))["crc32"]
     except (ValueError, KeyError, UnicodeDecodeError) as e:
         return True, f"its {CHECKSUMS} is unreadable ({e})"
     problems = []
     for name, (size, crc) in sorted(recorded.items()):
-        path = root / name
-        if not path.exists():
+        path = epath.Path(root) / name
+        if not file_layer.exists(str(path)):
             problems.append(f"{name} is missing")
-        elif path.stat().length != size:
-            problems.append(f"{name} has {path.stat().length} bytes, not {size}")
+        elif file_layer.getsize(str(path)) != size:
+            problems.append(f"{name} has {file_layer.getsize(str(path))} bytes, not {size}")
         elif _crc32(path) != crc:
             problems.append(f"{name} does not match its checksum")
     if not problems:

@@ -65,7 +65,7 @@ def open(path: str, mode: str = "r", encoding: str | None = None,  # noqa: A001
     if not is_remote(path):
         return builtins.open(path, mode, encoding=encoding, errors=errors, newline=newline)
     fs, fs_path = _fs(path)
-    if "r" in mode and not fs.exists(fs_path):
+    if "r" in mode and not _exists_remote(fs, fs_path):
         raise FileNotFoundError(2, "No such file", path)
     raw = fs.open(fs_path, mode.replace("t", "").replace("b", "") + "b")
     binary = io.BufferedReader(raw, 1 << 20) if "r" in mode else raw
@@ -108,8 +108,18 @@ def _local_or_remote(path: str, local: Callable[[str], Any],
 
 
 def exists(path: str) -> bool:
-    """Whether a file or directory (a prefix with objects under it) exists."""
-    return _local_or_remote(path, os.path.exists, lambda fs, p: fs.exists(p))
+    """Whether a file or directory (a prefix with objects under it) exists. On an object
+    store, False only when the store says so: a request that fails raises (fsspec's own
+    `exists` would answer False)."""
+    return _local_or_remote(path, os.path.exists, _exists_remote)
+
+
+def _exists_remote(fs: Any, fs_path: str) -> bool:
+    try:
+        fs.info(fs_path)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def isfile(path: str) -> bool:

@@ -76,6 +76,23 @@ def transient(error: BaseException) -> str | None:
     return None
 
 
+# How tensorstore (Orbax's arrays) reports a request that failed after its retries.
+_TENSORSTORE_UNAVAILABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED: HTTP",
+                            "HTTP response code: 5", "HTTP response code: 429")
+
+
+def unavailable(error: BaseException) -> bool:
+    """Whether `error` (or an error it was raised from) is a storage request that failed
+    transiently: no proof that what it read is damaged or absent."""
+    seen = 0
+    while error is not None and seen < 20:
+        if isinstance(error, StorageUnavailable) or transient(error) is not None or any(
+                text in str(error) for text in _TENSORSTORE_UNAVAILABLE):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
 def _delay(attempt: int, remaining: float) -> float:
     return min(FIRST_DELAY * 2 ** attempt * (0.5 + random.random() / 2), MAX_DELAY, remaining)
 

@@ -14,7 +14,7 @@ import socket
 import jax
 import pytest
 
-from bertjax import convert, files, pretrained, probe, train
+from bertjax import convert, files, pretrained, probe, resume, train
 from bertjax.data import tokenization
 from bertjax.interop import hf, native, staging
 from bertjax.tasks import probing
@@ -248,3 +248,50 @@ def test_transient_storage_faults_are_retried_and_an_outage_is_one_line(gcs, pro
         files.read_text(f"{gcs}/transient/a.txt")
     assert str(raised.value).startswith(f"{gcs}/transient/a.txt: HTTP 503 (injected fault")
     assert "still after retrying for 2 s" in str(raised.value)
+
+
+@pytest.fixture(scope="module")
+def straight_12(corpus_file, tmp_path_factory):
+    """The losses of an uninterrupted local 12-step run (checkpoints every 4 steps), and a
+    function that makes the same run's config for another workdir."""
+    cache = str(tmp_path_factory.mktemp("cache12"))
+    make = lambda: tiny_config(corpus_file, cache, **{"train.total_steps": 12,
+                                                      "long_phase.fraction": 0.0})
+    workdir = str(tmp_path_factory.mktemp("straight12"))
+    train.train_and_evaluate(make(), workdir, devices=jax.devices()[:1])
+    return read_losses(workdir), make
+
+
+def run_tiny(make, workdir: str, stop_after: int = 0) -> None:
+    config = make()
+    config.train.stop_after_steps = stop_after
+    train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
+
+
+def test_failed_checkpoint_reads_are_errors_not_damage(gcs, proxy, straight_12, monkeypatch,
+                                                       capsys):
+    """An unsealed step 8 (killed between its save and its seal) whose reads fail: while
+    they fail without end, the resume stops with one line and moves nothing; six 503s in a
+    row (one gcsfs retry cycle, which used to quarantine it) are retried, and the run
+    resumes from step 8 to the losses of an uninterrupted run."""
+    straight, make = straight_12
+    workdir = f"{gcs}/runs/reads"
+    run_tiny(make, workdir, stop_after=8)
+    files.remove(f"{workdir}/checkpoints/8/bertjax_checksums.json")
+    monkeypatch.setenv("BERTJAX_STORAGE_RETRY_SECONDS", "2")
+    proxy.add(path="checkpoints/8/", method="GET")
+    with pytest.raises(resume.CheckpointUnreadable) as raised:
+        run_tiny(make, workdir)
+    assert str(raised.value).startswith(f"cannot read checkpoint {workdir}/checkpoints/8: ")
+    assert "HTTP 503" in str(raised.value) and "a rerun resumes from it" in str(raised.value)
+    assert not files.exists(f"{workdir}/checkpoints_quarantine")
+    proxy.clear()
+    proxy.add(path="checkpoints/8/", method="GET", count=6)
+    monkeypatch.setenv("BERTJAX_STORAGE_RETRY_SECONDS", "60")
+    capsys.readouterr()
+    run_tiny(make, workdir)
+    out = capsys.readouterr().out
+    assert len(proxy.faults()) == 6 and "damaged" not in out
+    assert f"Resuming from {workdir}/checkpoints at step 8 " in out
+    assert not files.exists(f"{workdir}/checkpoints_quarantine")
+    assert read_losses(workdir) == straight
