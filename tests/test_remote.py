@@ -14,7 +14,7 @@ import socket
 import jax
 import pytest
 
-from bertjax import convert, files, pretrained, probe, resume, train
+from bertjax import checkpoint, convert, files, pretrained, probe, resume, train
 from bertjax.data import tokenization
 from bertjax.interop import hf, native, staging
 from bertjax.tasks import probing
@@ -295,3 +295,23 @@ def test_failed_checkpoint_reads_are_errors_not_damage(gcs, proxy, straight_12, 
     assert f"Resuming from {workdir}/checkpoints at step 8 " in out
     assert not files.exists(f"{workdir}/checkpoints_quarantine")
     assert read_losses(workdir) == straight
+
+
+def test_ambiguous_checkpoint_uploads_are_checked_and_the_run_continues(gcs, proxy, straight_12,
+                                                                        capsys):
+    """Every 3rd upload under checkpoints/ reaches the storage but is answered 503 (did it
+    commit?): the run goes on to the losses of an uninterrupted run, and the checkpoints it
+    announced and kept carry Orbax's commit marker and verify."""
+    straight, make = straight_12
+    workdir = f"{gcs}/runs/ambiguous"
+    proxy.add(path=r"/upload/.*checkpoints/", method="POST", every=3, forward_first=True)
+    run_tiny(make, workdir)
+    out = capsys.readouterr().out
+    assert proxy.faults() and read_losses(workdir) == straight
+    announced = [line.rsplit("/", 1)[1] for line in out.splitlines()
+                 if line.startswith("checkpoint step ")]
+    assert announced == ["4", "8", "12"]
+    assert sorted(files.listdir(f"{workdir}/checkpoints"), key=int) == ["8", "12"]  # (kept 2)
+    for step in ("8", "12"):
+        assert files.exists(f"{workdir}/checkpoints/{step}/commit_success.txt")
+        assert checkpoint.verify(f"{workdir}/checkpoints/{step}") == (True, None)
