@@ -144,7 +144,7 @@ class Checkpointer:
         # exit does not cut it off at interpreter shutdown.
         getattr(self._manager, "_maybe_await_cleanup_tmp_directory", lambda: None)()
         self._unsealed: list[int] = []  # finished or in-flight saves without checksums yet
-        self._vanished: list[int] = []  # saves that finished without a step directory
+        self._vanished: list[int] = []  # saves that ended without Orbax's commit
         self._failure: CheckpointWriteError | None = None  # the first failed save's error
 
     def latest_step(self) -> int | None:
@@ -197,14 +197,19 @@ class Checkpointer:
         if self._unsealed and not self._manager.is_saving_in_progress():
             while self._unsealed:  # (each step taken off first: a Ctrl-C in an announcement
                 step = self._unsealed.pop(0)  # does not make the close announce it again)
-                if not (epath.Path(self.directory) / str(step)).exists():  # failed: Orbax
-                    self._vanished.append(step)  # raises its error at the next save or wait
-                    continue
+                if not self._committed(step):  # failed (on GCS Orbax writes into the final
+                    self._vanished.append(step)  # directory, so its commit marker decides):
+                    continue  # Orbax raises its error at the next save or wait
                 if jax.process_index() == 0:
                     seal(f"{self.directory}/{step}")
                 self._sealed.add(step)
                 if self._on_commit:
                     self._on_commit(step)
+
+    def _committed(self, step: int) -> bool:
+        """Whether Orbax finished step `step`: renamed from its temporary directory (local
+        disks) or marked with `commit_success.txt` (GCS)."""
+        return ocp.path.step.is_path_finalized(epath.Path(self.directory) / str(step))
 
     def _write_failure(self, error: Exception, steps: list[int]) -> CheckpointWriteError:
         """One line for a failed save of `steps`: the cause (a full disk: the file and "No
@@ -215,11 +220,18 @@ class Checkpointer:
         cause = error if isinstance(error, OSError) else failures.library_os_error(error)
         what = failures.os_error_line(cause) if cause else failures.first_line(error)
         failed = ", ".join(map(str, steps)) or "?"
-        kept = sorted(int(p.name) for p in epath.Path(self.directory).iterdir()
-                      if p.name.isdigit()) if epath.Path(self.directory).exists() else []
+        try:
+            kept = sorted(int(p.name) for p in epath.Path(self.directory).iterdir()
+                          if p.name.isdigit() and self._committed(int(p.name)))
+        except FileNotFoundError:
+            kept = []
+        except OSError:  # (the storage cannot say now)
+            kept = None
         kept_line = (f"kept: the finished checkpoint(s) {', '.join(map(str, kept))}, a rerun "
                      f"resumes from step {kept[-1]}" if kept else
-                     "no finished checkpoint is kept, a rerun starts from step 0")
+                     "no finished checkpoint is kept, a rerun starts from step 0"
+                     if kept == [] else "a rerun resumes from the newest finished checkpoint "
+                     "there (the storage could not list them now)")
         self._failure = CheckpointWriteError(f"saving checkpoint step {failed} in "
                                              f"{self.directory} failed: {what}; {kept_line}")
         return self._failure
@@ -279,10 +291,15 @@ class Checkpointer:
         self.seal_finished()
 
     def close(self) -> None:
+        """Waits for pending saves (raising a failed one's error), then closes Orbax's
+        manager; a failure there is a failed save too (its first error is the one raised)."""
         try:
             self.wait()
         finally:
-            self._manager.close()
+            try:
+                self._manager.close()
+            except Exception as e:
+                raise self._write_failure(e, self._vanished + self._unsealed) from e
 
 
 def _files(directory: epath.Path) -> list[epath.Path]:

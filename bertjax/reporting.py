@@ -9,7 +9,9 @@ import contextlib
 import json
 import logging as std_logging
 import os
+import re
 import sys
+import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
@@ -214,8 +216,14 @@ def library_name(pathname: str) -> str | None:
 
 
 def log_file(workdir: str) -> str:
-    """A run's log file (`logging_to`): every record, the libraries' messages included."""
+    """A run's log file (`logging_to`): every record, the libraries' messages included. For
+    a workdir on an object store (which cannot append) a local file under the temporary
+    directory, named after the workdir."""
     index = jax.process_index()
+    if files.is_remote(workdir):
+        workdir = os.path.join(tempfile.gettempdir(), "bertjax_logs",
+                               re.sub(r"[^A-Za-z0-9._-]+", "_", workdir))
+        os.makedirs(workdir, exist_ok=True)
     return os.path.join(workdir, "log.txt" if index == 0 else f"log.{index}.txt")
 
 

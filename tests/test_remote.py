@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+import time
 
 import jax
 import pytest
@@ -19,6 +20,7 @@ from bertjax.data import tokenization
 from bertjax.interop import hf, native, staging
 from bertjax.tasks import probing
 import gcs_faults
+import test_faults
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
 from test_probe import TINY, VOCAB
 from test_tokenization import make_sentences
@@ -315,3 +317,35 @@ def test_ambiguous_checkpoint_uploads_are_checked_and_the_run_continues(gcs, pro
     for step in ("8", "12"):
         assert files.exists(f"{workdir}/checkpoints/{step}/commit_success.txt")
         assert checkpoint.verify(f"{workdir}/checkpoints/{step}") == (True, None)
+
+
+def test_a_checkpoint_upload_outage_ends_the_run_with_one_true_line(gcs, proxy, straight_12,
+                                                                     tmp_path):
+    """Every upload of step 8 fails (503) for longer than the retries last: the process
+    (`python -m bertjax.train`) ends within the retry time plus a margin, with one `error:`
+    line naming the step, the status and what is kept; step 8 is neither sealed nor
+    announced, and the rerun resumes from step 4 to the losses of an uninterrupted run."""
+    straight, make = straight_12
+    workdir = f"{gcs}/runs/outage"
+    config = make()
+    args = test_faults.command_line(config.data.input_files, config.data.cache_dir, workdir,
+                                    **{"train.total_steps": 12, "long_phase.fraction": 0.0})
+    proxy.add(path=r"/upload/.*checkpoints/8/", method="POST")
+    trainer = test_faults.Trainer(args, extra_env={"BERTJAX_STORAGE_RETRY_SECONDS": "3"})
+    trainer.wait_for("checkpoint step 4 -> ")
+    started = time.monotonic()
+    assert trainer.proc.wait(timeout=120) == 1
+    output = trainer.output(None)
+    assert time.monotonic() - started < 60
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in output
+    assert errors[0].startswith(f"error: saving checkpoint step 8 in {workdir}/checkpoints "
+                                "failed: ") and "HTTP 503" in errors[0]
+    assert "; kept: the finished checkpoint(s) 4, a rerun resumes from step 4 (the full log: " \
+        in errors[0]
+    assert "checkpoint step 8 -> " not in output
+    assert not files.exists(f"{workdir}/checkpoints/8/{checkpoint.CHECKSUMS}")
+    proxy.clear()
+    run_tiny(make, workdir)
+    open("/tmp/outage_metrics.txt", "w").write(files.read_text(f"{workdir}/metrics.jsonl"))
+    assert read_losses(workdir) == straight
