@@ -375,17 +375,28 @@ def restore_params(directory: str, abstract_params: Any) -> Any:
         if step is None:
             raise FileNotFoundError(f"no finished checkpoint in init_checkpoint={directory!r}")
         logging.info("Initialising parameters from %s step %d", directory, step)
-        _, problem = verify(f"{manager.directory}/{step}")
+        where = f"{manager.directory}/{step}"
+        sealed, problem = verify(where)
         if problem:
-            raise CheckpointMismatch(f"checkpoint {manager.directory}/{step} is damaged: {problem}")
-        _check_param_shapes(f"{manager.directory}/{step}/state", abstract_params)
-        item = ocp.PyTreeCheckpointer().restore(
-            f"{manager.directory}/{step}/state",
-            args=ocp.args.PyTreeRestore(
-                item={"params": abstract_params},
-                restore_args=jax.tree.map(
-                    lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), {"params": abstract_params}),
-                partial_restore=True))
+            raise CheckpointMismatch(f"checkpoint {where} is damaged: {problem}")
+        try:
+            _check_param_shapes(f"{where}/state", abstract_params)
+            item = ocp.PyTreeCheckpointer().restore(
+                f"{where}/state", args=ocp.args.PyTreeRestore(
+                    item={"params": abstract_params},
+                    restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding),
+                                              {"params": abstract_params}),
+                    partial_restore=True))
+        except CheckpointMismatch:
+            raise
+        except Exception as e:  # noqa: BLE001 (half written, or unreadable)
+            if storage.unavailable(e):
+                raise
+            raise CheckpointMismatch(
+                f"init_checkpoint {directory}: its latest checkpoint {where} cannot be read ("
+                f"{failures.first_line(e, 160)})" + ("" if sealed else
+                "; it has no checksums, so its save may never have finished: move it out of "
+                "the way to start from the step before it, or finish that run")) from e
         return item["params"]
 
 
