@@ -6,9 +6,9 @@ JSON that a resume checks for compatibility: model config, tokenizer fingerprint
 Saves are asynchronous; unfinished saves (a crash mid-write) are never restored and are
 cleaned up at the next start (which must run under the workdir lock: `bertjax.locks`).
 
-Integrity: once a save is finished, process 0 records every file's size and CRC32 in
-`<step>/bertjax_checksums.json` (`seal`); `verify` compares them before a restore, so a
-truncated, deleted or bit-flipped file is found by name; `quarantine` moves a damaged step
+Integrity: once Orbax has committed a save, process 0 records every file's size and CRC32
+in `<step>/bertjax_checksums.json` (`seal`, bertjax.checksums); `verify` compares them
+before a restore, so a truncated, deleted or bit-flipped file is found by name; `quarantine` moves a damaged step
 out of the way (it is never deleted). A save also records in its `meta` an exact digest of
 every array of the state (`state_digest`), which a restore recomputes: a checkpoint that a
 kill left unsealed, or that was damaged before its seal, is checked value by value too
@@ -17,8 +17,6 @@ from until a newer one of that run is sealed (`keep_until_newer_sealed`), nor a 
 """
 from __future__ import annotations
 
-import json
-import zlib
 from typing import Any, Callable
 
 import jax
@@ -32,11 +30,11 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from bertjax import failures, storage, test_pause
 from bertjax import files as file_layer
+from bertjax.checksums import CHECKSUMS, seal, verify  # noqa: F401 (this module's API too)
 
 storage.install_gcsfs()  # (before etils epath caches its gs:// file system)
 
 META_KEYS_MUST_MATCH = ("model", "tokenizer")
-CHECKSUMS = "bertjax_checksums.json"
 DIGEST = "state_digest"  # the meta field with state_digest(state)
 
 
@@ -300,55 +298,6 @@ class Checkpointer:
                 self._manager.close()
             except Exception as e:
                 raise self._write_failure(e, self._vanished + self._unsealed) from e
-
-
-def _files(directory: epath.Path) -> list[epath.Path]:
-    found = []
-    for path in directory.iterdir():
-        found.extend(_files(path) if path.is_dir() else [path])
-    return found
-
-
-def _crc32(path: epath.Path) -> int:
-    crc = 0
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 24):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
-def seal(step_directory: str) -> None:
-    """Writes `CHECKSUMS` into a finished checkpoint step: size and CRC32 of every file."""
-    root = epath.Path(step_directory)
-    sums = {str(p.relative_to(root)): [p.stat().length, _crc32(p)] for p in _files(root)
-            if not p.name.startswith(CHECKSUMS)}  # (and a crashed write's temporary)
-    file_layer.write_text(f"{step_directory.rstrip('/')}/{CHECKSUMS}", json.dumps({"crc32": sums}))
-
-
-def verify(step_directory: str) -> tuple[bool, str | None]:
-    """`(sealed, problem)` of one step directory: what differs from its recorded checksums
-    (missing, resized or changed files), None if nothing does or nothing was recorded. A
-    read that fails (storage.StorageUnavailable) raises: it proves nothing."""
-    root = step_directory.rstrip("/")
-    if not file_layer.exists(f"{root}/{CHECKSUMS}"):  # (raises if the storage cannot say)
-        return False, None
-    try:
-        recorded = json.loads(file_layer.read_text(f"{root}/{CHECKSUMS}"))["crc32"]
-    except (ValueError, KeyError, UnicodeDecodeError) as e:
-        return True, f"its {CHECKSUMS} is unreadable ({e})"
-    problems = []
-    for name, (size, crc) in sorted(recorded.items()):
-        path = epath.Path(root) / name
-        if not file_layer.exists(str(path)):
-            problems.append(f"{name} is missing")
-        elif file_layer.getsize(str(path)) != size:
-            problems.append(f"{name} has {file_layer.getsize(str(path))} bytes, not {size}")
-        elif _crc32(path) != crc:
-            problems.append(f"{name} does not match its checksum")
-    if not problems:
-        return True, None
-    return True, "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)"
-                                             if len(problems) > 3 else "")
 
 
 def check_compatible(found: dict, expected: dict, where: str) -> None:
