@@ -8,8 +8,8 @@ cleaned up at the next start (which must run under the workdir lock: `bertjax.lo
 
 Integrity: once Orbax has committed a save, process 0 records every file's size and CRC32
 in `<step>/bertjax_checksums.json` (`seal`, bertjax.checksums); `verify` compares them
-before a restore, so a truncated, deleted or bit-flipped file is found by name; `quarantine` moves a damaged step
-out of the way (it is never deleted). A save also records in its `meta` an exact digest of
+before a restore, so a truncated, deleted or bit-flipped file is found by name;
+`quarantine` moves a damaged step out of the way (it is never deleted). A save also records in its `meta` an exact digest of
 every array of the state (`state_digest`), which a restore recomputes: a checkpoint that a
 kill left unsealed, or that was damaged before its seal, is checked value by value too
 (`DamagedCheckpoint`). Pruning (keep-latest-N) never removes the checkpoint a run resumed

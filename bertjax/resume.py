@@ -6,8 +6,8 @@ also a failed restore or NaN/Inf in the restored state; for any, values that dif
 digest recorded at the save) is reported by name and moved to
 `WORKDIR/checkpoints_quarantine`, never deleted, and the next older one is tried; the run
 says how many steps that costs. A read that the storage failed (after its retries,
-`bertjax.storage`) proves nothing: the run stops with one line and moves nothing. Its settings are checked (`check`) before any data is
-prepared.
+`bertjax.storage`) proves nothing: the run stops with one line and moves nothing. Its
+settings are checked (`check`) before any data is prepared.
 """
 from __future__ import annotations
 
