@@ -1,19 +1,20 @@
 """Checkpoints: the only module that uses Orbax.
 
 A checkpoint step holds three items saved together and atomically: `state` (the sharded
-TrainState), `data` (the data position: phase and next batch index) and `meta` (a small
-JSON that a resume checks for compatibility: model config, tokenizer fingerprint, ...).
-Saves are asynchronous; unfinished saves (a crash mid-write) are never restored and are
-cleaned up at the next start (which must run under the workdir lock: `bertjax.locks`).
+TrainState), `data` (the data position: phase and next batch index) and `meta` (a small JSON
+that a resume checks for compatibility: model config, tokenizer fingerprint, ...). Saves are
+asynchronous; unfinished saves (a crash mid-write) are never restored and are cleaned up at
+the next start (which must run under the workdir lock: `bertjax.locks`).
 
-Integrity: once Orbax has committed a save, process 0 records every file's size and CRC32
-in `<step>/bertjax_checksums.json` (`seal`, bertjax.checksums); `verify` compares them
-before a restore, so a truncated, deleted or bit-flipped file is found by name;
-`quarantine` moves a damaged step out of the way (it is never deleted). A save also records in its `meta` an exact digest of
-every array of the state (`state_digest`), which a restore recomputes: a checkpoint that a
-kill left unsealed, or that was damaged before its seal, is checked value by value too
-(`DamagedCheckpoint`). Pruning (keep-latest-N) never removes the checkpoint a run resumed
-from until a newer one of that run is sealed (`keep_until_newer_sealed`), nor a `pin`ned one.
+Integrity: once Orbax has committed a save, process 0 records every file's size and CRC32 in
+`<step>/bertjax_checksums.json` (`seal`, bertjax.checksums); `verify` compares them before a
+restore, so a truncated, deleted or bit-flipped file is found by name; `quarantine` moves a
+damaged step out of the way (it is never deleted). A save also records in its `meta` an
+exact digest of every array of the state (`state_digest`), which a restore recomputes: a
+checkpoint that a kill left unsealed, or that was damaged before its seal, is checked value
+by value too (`DamagedCheckpoint`). Pruning (keep-latest-N) never removes the checkpoint a
+run resumed from until a newer one of that run is sealed (`keep_until_newer_sealed`), nor a
+`pin`ned one.
 """
 from __future__ import annotations
 
