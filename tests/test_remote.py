@@ -229,9 +229,10 @@ def test_prepare_to_gcs_then_train_from_it_as_from_a_local_directory(gcs, corpus
 @pytest.mark.parametrize("fault", ["status 503", "status 429", "reset", "truncate"])
 def test_transient_storage_faults_are_retried_and_an_outage_is_one_line(gcs, proxy, fault,
                                                                          monkeypatch):
-    """Reads, listings and uploads that fail transiently three times in a row (gcsfs alone
-    gave up on a listing or an upload) succeed; a fault without end fails after the allowed
-    time (BERTJAX_STORAGE_RETRY_SECONDS) as one line naming the object and the status."""
+    """Reads, listings and uploads that fail transiently three times in a row succeed (an
+    upload whose last chunk's answer was cut short used to fail: `FileNotFoundError: <upload
+    URL>`); a fault without end fails after the allowed time (BERTJAX_STORAGE_RETRY_SECONDS)
+    as an OSError whose one line names the object and the status (was gcsfs's HttpError)."""
     monkeypatch.setenv("BERTJAX_STORAGE_RETRY_SECONDS", "30")
     kind, _, status = fault.partition(" ")
     rule = dict(fault=kind, status=int(status or 503), count=3)
