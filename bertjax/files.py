@@ -4,7 +4,9 @@ Local paths go to the standard library unchanged; a path with `://` goes through
 (gcsfs for `gs://`, installed by the `gcs` extra). Orbax reads and writes `gs://`
 checkpoints itself (etils epath and tensorstore); everything else the runs read (corpus
 files and globs, vocab and SentencePiece files, init checkpoints, task files) or write
-in a workdir (config, metrics, summaries) comes through here.
+in a workdir (config, metrics, summaries) comes through here. Remote requests that fail
+transiently (429, 5xx, a reset, a cut-short body) are retried for a bounded time
+(`bertjax.storage`, which also sets Orbax's retries).
 
 `STORAGE_EMULATOR_HOST` (a local GCS emulator) points gcsfs, tensorstore and tensorboardX's
 GCS client at the emulator; this module then also turns off gcsfs's bucket-type probe over
