@@ -1,24 +1,23 @@
 """Checkpoints: the only module that uses Orbax.
 
 A checkpoint step holds three items saved together and atomically: `state` (the sharded
-TrainState), `data` (the data position: phase and next batch index) and `meta` (a small
-JSON that a resume checks for compatibility: model config, tokenizer fingerprint, ...).
-Saves are asynchronous; unfinished saves (a crash mid-write) are never restored and are
-cleaned up at the next start (which must run under the workdir lock: `bertjax.locks`).
+TrainState), `data` (the data position: phase and next batch index) and `meta` (a small JSON
+that a resume checks for compatibility: model config, tokenizer fingerprint, ...). Saves are
+asynchronous; unfinished saves (a crash mid-write) are never restored and are cleaned up at
+the next start (which must run under the workdir lock: `bertjax.locks`).
 
-Integrity: once a save is finished, process 0 records every file's size and CRC32 in
-`<step>/bertjax_checksums.json` (`seal`); `verify` compares them before a restore, so a
-truncated, deleted or bit-flipped file is found by name; `quarantine` moves a damaged step
-out of the way (it is never deleted). A save also records in its `meta` an exact digest of
-every array of the state (`state_digest`), which a restore recomputes: a checkpoint that a
-kill left unsealed, or that was damaged before its seal, is checked value by value too
-(`DamagedCheckpoint`). Pruning (keep-latest-N) never removes the checkpoint a run resumed
-from until a newer one of that run is sealed (`keep_until_newer_sealed`), nor a `pin`ned one.
+Integrity: once Orbax has committed a save, process 0 records every file's size and CRC32 in
+`<step>/bertjax_checksums.json` (`seal`, bertjax.checksums); `verify` compares them before a
+restore, so a truncated, deleted or bit-flipped file is found by name; `quarantine` moves a
+damaged step out of the way (it is never deleted). A save also records in its `meta` an
+exact digest of every array of the state (`state_digest`), which a restore recomputes: a
+checkpoint that a kill left unsealed, or that was damaged before its seal, is checked value
+by value too (`DamagedCheckpoint`). Pruning (keep-latest-N) never removes the checkpoint a
+run resumed from until a newer one of that run is sealed (`keep_until_newer_sealed`), nor a
+`pin`ned one.
 """
 from __future__ import annotations
 
-import json
-import zlib
 from typing import Any, Callable
 
 import jax
@@ -30,16 +29,20 @@ from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
-from bertjax import failures, test_pause
+from bertjax import failures, storage, test_pause
 from bertjax import files as file_layer
+from bertjax.checksums import CHECKSUMS, seal, verify  # noqa: F401 (this module's API too)
+
+storage.install_gcsfs()  # (before etils epath caches its gs:// file system)
 
 META_KEYS_MUST_MATCH = ("model", "tokenizer")
-CHECKSUMS = "bertjax_checksums.json"
 DIGEST = "state_digest"  # the meta field with state_digest(state)
 
 
 def _absolute(directory: str) -> str:
-    """Orbax needs absolute paths; remote ones (gs://...) already are."""
+    """Orbax needs absolute paths; remote ones (gs://...) already are. (Also sets the retries
+    of the tensorstore contexts Orbax makes from now on.)"""
+    storage.install_tensorstore()
     return file_layer.abspath(directory)
 
 
@@ -140,7 +143,7 @@ class Checkpointer:
         # exit does not cut it off at interpreter shutdown.
         getattr(self._manager, "_maybe_await_cleanup_tmp_directory", lambda: None)()
         self._unsealed: list[int] = []  # finished or in-flight saves without checksums yet
-        self._vanished: list[int] = []  # saves that finished without a step directory
+        self._vanished: list[int] = []  # saves that ended without Orbax's commit
         self._failure: CheckpointWriteError | None = None  # the first failed save's error
 
     def latest_step(self) -> int | None:
@@ -193,14 +196,19 @@ class Checkpointer:
         if self._unsealed and not self._manager.is_saving_in_progress():
             while self._unsealed:  # (each step taken off first: a Ctrl-C in an announcement
                 step = self._unsealed.pop(0)  # does not make the close announce it again)
-                if not (epath.Path(self.directory) / str(step)).exists():  # failed: Orbax
-                    self._vanished.append(step)  # raises its error at the next save or wait
-                    continue
+                if not self._committed(step):  # failed (on GCS Orbax writes into the final
+                    self._vanished.append(step)  # directory, so its commit marker decides):
+                    continue  # Orbax raises its error at the next save or wait
                 if jax.process_index() == 0:
                     seal(f"{self.directory}/{step}")
                 self._sealed.add(step)
                 if self._on_commit:
                     self._on_commit(step)
+
+    def _committed(self, step: int) -> bool:
+        """Whether Orbax finished step `step`: renamed from its temporary directory (local
+        disks) or marked with `commit_success.txt` (GCS)."""
+        return ocp.path.step.is_path_finalized(epath.Path(self.directory) / str(step))
 
     def _write_failure(self, error: Exception, steps: list[int]) -> CheckpointWriteError:
         """One line for a failed save of `steps`: the cause (a full disk: the file and "No
@@ -211,11 +219,18 @@ class Checkpointer:
         cause = error if isinstance(error, OSError) else failures.library_os_error(error)
         what = failures.os_error_line(cause) if cause else failures.first_line(error)
         failed = ", ".join(map(str, steps)) or "?"
-        kept = sorted(int(p.name) for p in epath.Path(self.directory).iterdir()
-                      if p.name.isdigit()) if epath.Path(self.directory).exists() else []
+        try:
+            kept = sorted(int(p.name) for p in epath.Path(self.directory).iterdir()
+                          if p.name.isdigit() and self._committed(int(p.name)))
+        except FileNotFoundError:
+            kept = []
+        except OSError:  # (the storage cannot say now)
+            kept = None
         kept_line = (f"kept: the finished checkpoint(s) {', '.join(map(str, kept))}, a rerun "
                      f"resumes from step {kept[-1]}" if kept else
-                     "no finished checkpoint is kept, a rerun starts from step 0")
+                     "no finished checkpoint is kept, a rerun starts from step 0"
+                     if kept == [] else "a rerun resumes from the newest finished checkpoint "
+                     "there (the storage could not list them now)")
         self._failure = CheckpointWriteError(f"saving checkpoint step {failed} in "
                                              f"{self.directory} failed: {what}; {kept_line}")
         return self._failure
@@ -275,58 +290,15 @@ class Checkpointer:
         self.seal_finished()
 
     def close(self) -> None:
+        """Waits for pending saves (raising a failed one's error), then closes Orbax's
+        manager; a failure there is a failed save too (its first error is the one raised)."""
         try:
             self.wait()
         finally:
-            self._manager.close()
-
-
-def _files(directory: epath.Path) -> list[epath.Path]:
-    found = []
-    for path in directory.iterdir():
-        found.extend(_files(path) if path.is_dir() else [path])
-    return found
-
-
-def _crc32(path: epath.Path) -> int:
-    crc = 0
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 24):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
-def seal(step_directory: str) -> None:
-    """Writes `CHECKSUMS` into a finished checkpoint step: size and CRC32 of every file."""
-    root = epath.Path(step_directory)
-    sums = {str(p.relative_to(root)): [p.stat().length, _crc32(p)] for p in _files(root)
-            if not p.name.startswith(CHECKSUMS)}  # (and a crashed write's temporary)
-    file_layer.write_text(f"{step_directory.rstrip('/')}/{CHECKSUMS}", json.dumps({"crc32": sums}))
-
-
-def verify(step_directory: str) -> tuple[bool, str | None]:
-    """`(sealed, problem)` of one step directory: what differs from its recorded checksums
-    (missing, resized or changed files), None if nothing does or nothing was recorded."""
-    root = epath.Path(step_directory)
-    if not (root / CHECKSUMS).exists():
-        return False, None
-    try:
-        recorded = json.loads((root / CHECKSUMS).read_text())["crc32"]
-    except (ValueError, KeyError, UnicodeDecodeError) as e:
-        return True, f"its {CHECKSUMS} is unreadable ({e})"
-    problems = []
-    for name, (size, crc) in sorted(recorded.items()):
-        path = root / name
-        if not path.exists():
-            problems.append(f"{name} is missing")
-        elif path.stat().length != size:
-            problems.append(f"{name} has {path.stat().length} bytes, not {size}")
-        elif _crc32(path) != crc:
-            problems.append(f"{name} does not match its checksum")
-    if not problems:
-        return True, None
-    return True, "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)"
-                                             if len(problems) > 3 else "")
+            try:
+                self._manager.close()
+            except Exception as e:
+                raise self._write_failure(e, self._vanished + self._unsealed) from e
 
 
 def check_compatible(found: dict, expected: dict, where: str) -> None:
@@ -353,17 +325,28 @@ def restore_params(directory: str, abstract_params: Any) -> Any:
         if step is None:
             raise FileNotFoundError(f"no finished checkpoint in init_checkpoint={directory!r}")
         logging.info("Initialising parameters from %s step %d", directory, step)
-        _, problem = verify(f"{manager.directory}/{step}")
+        where = f"{manager.directory}/{step}"
+        sealed, problem = verify(where)
         if problem:
-            raise CheckpointMismatch(f"checkpoint {manager.directory}/{step} is damaged: {problem}")
-        _check_param_shapes(f"{manager.directory}/{step}/state", abstract_params)
-        item = ocp.PyTreeCheckpointer().restore(
-            f"{manager.directory}/{step}/state",
-            args=ocp.args.PyTreeRestore(
-                item={"params": abstract_params},
-                restore_args=jax.tree.map(
-                    lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), {"params": abstract_params}),
-                partial_restore=True))
+            raise CheckpointMismatch(f"checkpoint {where} is damaged: {problem}")
+        try:
+            _check_param_shapes(f"{where}/state", abstract_params)
+            item = ocp.PyTreeCheckpointer().restore(
+                f"{where}/state", args=ocp.args.PyTreeRestore(
+                    item={"params": abstract_params},
+                    restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding),
+                                              {"params": abstract_params}),
+                    partial_restore=True))
+        except CheckpointMismatch:
+            raise
+        except Exception as e:  # noqa: BLE001 (half written, or unreadable)
+            if storage.unavailable(e):
+                raise
+            raise CheckpointMismatch(
+                f"init_checkpoint {directory}: its latest checkpoint {where} cannot be read ("
+                f"{failures.first_line(e, 160)})" + ("" if sealed else
+                "; it has no checksums, so its save may never have finished: move it out of "
+                "the way to start from the step before it, or finish that run")) from e
         return item["params"]
 
 

@@ -8,12 +8,16 @@ import contextlib
 import glob
 import logging as std_logging
 import os
+import re
 import sys
+import tempfile
 import threading
 from typing import Any, Iterator
 
 import jax
 from absl import logging
+
+from bertjax import files
 
 
 class TerminalLine:
@@ -93,8 +97,13 @@ def library_name(pathname: str) -> str | None:
 
 def log_file(workdir: str) -> str:
     """A run's log file (`logging_to`): every console line, and every record at INFO or above
-    (the libraries' included)."""
+    (the libraries' included). For a workdir on an object store (which cannot append) a local
+    file under the temporary directory, named after the workdir."""
     index = jax.process_index()
+    if files.is_remote(workdir):
+        workdir = os.path.join(tempfile.gettempdir(), "bertjax_logs",
+                               re.sub(r"[^A-Za-z0-9._-]+", "_", workdir))
+        os.makedirs(workdir, exist_ok=True)
     return os.path.join(workdir, "log.txt" if index == 0 else f"log.{index}.txt")
 
 

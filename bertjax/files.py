@@ -4,7 +4,9 @@ Local paths go to the standard library unchanged; a path with `://` goes through
 (gcsfs for `gs://`, installed by the `gcs` extra). Orbax reads and writes `gs://`
 checkpoints itself (etils epath and tensorstore); everything else the runs read (corpus
 files and globs, vocab and SentencePiece files, init checkpoints, task files) or write
-in a workdir (config, metrics, summaries) comes through here.
+in a workdir (config, metrics, summaries) comes through here. Remote requests that fail
+transiently (429, 5xx, a reset, a cut-short body) are retried for a bounded time
+(`bertjax.storage`, which also sets Orbax's retries).
 
 `STORAGE_EMULATOR_HOST` (a local GCS emulator) points gcsfs, tensorstore and tensorboardX's
 GCS client at the emulator; this module then also turns off gcsfs's bucket-type probe over
@@ -21,6 +23,8 @@ import os
 import shutil
 import tempfile
 from typing import IO, Any, Callable, Iterable
+
+from bertjax import storage
 
 
 def _emulator_defaults() -> None:
@@ -42,6 +46,7 @@ def is_remote(path: str) -> bool:
 
 def _fs(path: str) -> tuple[Any, str]:
     _emulator_defaults()  # (an emulator named after this module was imported)
+    storage.install_gcsfs()
     try:
         import fsspec
         return fsspec.core.url_to_fs(path)
@@ -62,7 +67,7 @@ def open(path: str, mode: str = "r", encoding: str | None = None,  # noqa: A001
     if not is_remote(path):
         return builtins.open(path, mode, encoding=encoding, errors=errors, newline=newline)
     fs, fs_path = _fs(path)
-    if "r" in mode and not fs.exists(fs_path):
+    if "r" in mode and not _exists_remote(fs, fs_path):
         raise FileNotFoundError(2, "No such file", path)
     raw = fs.open(fs_path, mode.replace("t", "").replace("b", "") + "b")
     binary = io.BufferedReader(raw, 1 << 20) if "r" in mode else raw
@@ -105,8 +110,18 @@ def _local_or_remote(path: str, local: Callable[[str], Any],
 
 
 def exists(path: str) -> bool:
-    """Whether a file or directory (a prefix with objects under it) exists."""
-    return _local_or_remote(path, os.path.exists, lambda fs, p: fs.exists(p))
+    """Whether a file or directory (a prefix with objects under it) exists. On an object
+    store, False only when the store says so: a request that fails raises (fsspec's own
+    `exists` would answer False)."""
+    return _local_or_remote(path, os.path.exists, _exists_remote)
+
+
+def _exists_remote(fs: Any, fs_path: str) -> bool:
+    try:
+        fs.info(fs_path)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def isfile(path: str) -> bool:

@@ -5,24 +5,31 @@ checksum mismatch, a missing or unreadable item; for a checkpoint saved without 
 also a failed restore or NaN/Inf in the restored state; for any, values that differ from the
 digest recorded at the save) is reported by name and moved to
 `WORKDIR/checkpoints_quarantine`, never deleted, and the next older one is tried; the run
-says how many steps that costs. Its settings are checked (`check`) before any data is
-prepared.
+says how many steps that costs. A read that the storage failed (after its retries,
+`bertjax.storage`) proves nothing: the run stops with one line and moves nothing. Its
+settings are checked (`check`) before any data is prepared.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import jax
 
-from bertjax import checkpoint, guards, reporting, schedule
+from bertjax import checkpoint, guards, reporting, schedule, storage
 from bertjax.failures import first_line
 
 QUARANTINE = "checkpoints_quarantine"
+T = TypeVar("T")
 
 
 class UnusableCheckpoint(checkpoint.CheckpointMismatch):
     """No checkpoint in the workdir can be resumed from; the message names the choices."""
+
+
+class CheckpointUnreadable(UnusableCheckpoint):
+    """A checkpoint could not be read because the storage failed (not because it is
+    damaged); it is left where it is."""
 
 
 @dataclasses.dataclass
@@ -50,12 +57,14 @@ class Resume:
         """The newest checkpoint that verifies and whose metadata reads (damaged newer ones
         are set aside); None if the workdir has none."""
         for step in reversed(self.checkpointer.all_steps()):
-            sealed, problem = self.checkpointer.verify(step)
+            sealed, problem = self._read(step, lambda: self.checkpointer.verify(step))
             if problem is None:
                 try:
-                    meta, position = self.checkpointer.metadata(step)
+                    meta, position = self._read(step, lambda: self.checkpointer.metadata(step))
                     return Found(step, meta, position, sealed)
-                except Exception as e:  # noqa: BLE001 (any failure to read it)
+                except UnusableCheckpoint:
+                    raise
+                except Exception as e:  # noqa: BLE001 (any other failure to read it)
                     if sealed:
                         raise UnusableCheckpoint(
                             f"checkpoint {self.where(step)} cannot be read although its files "
@@ -70,6 +79,19 @@ class Resume:
                 "from step 0 in this workdir; move a (repaired) checkpoint back from there to "
                 "resume from it; or use another --workdir.")
         return None
+
+    def _read(self, step: int, read: Callable[[], T]) -> T:
+        """`read()`; a read of checkpoint `step` that failed for the storage (after its
+        retries) proves no damage: CheckpointUnreadable, and the checkpoint stays."""
+        try:
+            return read()
+        except Exception as e:
+            if not storage.unavailable(e):
+                raise
+            raise CheckpointUnreadable(
+                f"cannot read checkpoint {self.where(step)}: {first_line(e)}; it was left in "
+                f"place, and a rerun resumes from it (or from a newer one) once the storage "
+                "answers") from e
 
     def _set_aside(self, step: int, problem: str) -> None:
         moved = self.checkpointer.quarantine(step, self.quarantine_directory)
@@ -93,7 +115,8 @@ class Resume:
         directory's name, is set aside and the next one (passed through `check`) tried."""
         while True:
             try:
-                state, position, _ = self.checkpointer.restore(found.step, abstract_state, meta)
+                state, position, _ = self._read(found.step, lambda: self.checkpointer.restore(
+                    found.step, abstract_state, meta))
                 guards.check_finite(state, found.step)
                 if int(jax.device_get(state.step)) != found.step:  # (later saves would be
                     raise checkpoint.DamagedCheckpoint(self.where(found.step), (  # skipped)

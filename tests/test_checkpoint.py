@@ -1,6 +1,7 @@
 """Orbax checkpoints: round trip onto another mesh, compatibility checks, params-only
 restore for init_checkpoint, and unfinished saves are never restored."""
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -132,3 +133,25 @@ def test_a_save_interrupted_in_its_announcement_is_announced_once(tmp_path):
         ckpt.wait()
     ckpt.close()
     assert announced == [1] and checkpoint.verify(f"{tmp_path}/1") == (True, None)
+
+
+def test_half_written_init_checkpoint_is_one_line(tmp_path):
+    """An init_checkpoint whose latest step lost its state files before its seal (a kill
+    mid-save on an object store, where Orbax writes into the final directory): one line
+    naming the step and what to do, not TensorStore's traceback."""
+    mesh = sharding.make_mesh({"data": -1})
+    source, abstract, _ = _state(mesh, seed=1)
+    ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=2)
+    for step in (3, 6):
+        ckpt.save(step, source, {"phase": "short", "batch_index": step}, META)
+    ckpt.close()
+    os.remove(tmp_path / "6" / checkpoint.CHECKSUMS)
+    shutil.rmtree(tmp_path / "6" / "state" / "d")
+    with pytest.raises(checkpoint.CheckpointMismatch) as raised:
+        checkpoint.restore_params(str(tmp_path), abstract.params)
+    message = str(raised.value)
+    assert message.startswith(f"init_checkpoint {tmp_path}: its latest checkpoint {tmp_path}/6 "
+                              "cannot be read (") and "\n" not in message
+    assert message.endswith("; it has no checksums, so its save may never have finished: move "
+                            "it out of the way to start from the step before it, or finish "
+                            "that run")
