@@ -103,3 +103,21 @@ def test_a_training_run_says_what_it_does(corpus_file, tmp_path):  # noqa: F811
     assert f"{workdir}/config.json: resolved config" in result.stdout
     assert f"{workdir}/log.txt: the full log" in result.stdout
     assert len(result.stdout.splitlines()) <= 15, result.stdout
+
+
+def test_a_run_refused_while_preparing_data_leaves_no_workdir_behind(tmp_path):
+    """A corpus of blank lines is refused once the tokenizer trains on it: a workdir the run
+    made is gone (no lock file left); one that was there keeps what the user put in it."""
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n\n   \n\n")
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine")
+    for workdir in (tmp_path / "new", existing):
+        result = run("bertjax.train", "--config=configs/tiny.py", f"--workdir={workdir}",
+                     "--config.data.source=text", f"--config.data.input_files={blank}")
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+        assert result.returncode == 1 and len(errors) == 1, result.stderr[-3000:]
+        assert "could not train a SentencePiece model" in errors[0], errors
+    assert not (tmp_path / "new").exists()
+    assert (existing / "notes.txt").read_text() == "mine"
