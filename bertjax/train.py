@@ -72,6 +72,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     found = resume_from.newest()
     if found:
         check(found)  # model and data, before any preparation
+    optimizer = run.pretraining_optimizer(config.optimizer, config.train.total_steps,
+                                          config.long_phase, phases)
+    model_config = BertConfig.from_dict(config.model.to_dict())
     cache_dir = config.data.cache_dir or files.local_cache_dir(workdir)
     tokenizer = pipeline.load_or_train_tokenizer(config.data, cache_dir, jax.process_index(),
                                                  jax.process_count())
@@ -84,9 +87,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         checkpoint.check_compatible(found.meta, meta, resume_from.where(found.step))
     phase_data = loaders.prepare_data(config.data, phases, config.model.vocab_size, tokenizer,
                                       cache_dir, next_sentence_prediction=objective.uses_nsp)
-    optimizer = run.pretraining_optimizer(config.optimizer, config.train.total_steps,
-                                          config.long_phase, phases)
-    model_config = BertConfig.from_dict(config.model.to_dict())
     sharded = run.build_pretraining(model_config, optimizer, mesh, phases,
                                     config.train.grad_accum_steps, report=False,
                                     objective=objective)

@@ -209,10 +209,17 @@ def test_command_line_errors_are_one_clear_line(overrides, message, tmp_path):
 
 
 def test_a_tokenizer_larger_than_the_model_names_the_flag(corpus_file, cache_dir, tmp_path):
-    config = tiny_config(corpus_file, cache_dir, **{"model.vocab_size": 100})
-    with pytest.raises(pipeline.DataError, match=r"the tokenizer has \d+ tokens but "
-                       r"model.vocab_size=100; set --config.model.vocab_size=\d+ \(or more\)"):
+    """A vocabulary file larger than the model (a SentencePiece model the run would train is
+    checked from the config, before it trains: test_cli.py)."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+                               + [f"word{i}" for i in range(115)]) + "\n")
+    config = tiny_config(corpus_file, cache_dir, **{
+        "model.vocab_size": 100, "data.tokenizer": "wordpiece", "data.vocab_file": str(vocab)})
+    with pytest.raises(pipeline.DataError, match=r"the tokenizer has 120 tokens but "
+                       r"model.vocab_size=100; set --config.model.vocab_size=120 \(or more\)"):
         train.train_and_evaluate(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
 
 
 def test_init_checkpoint_from_a_google_tf_checkpoint(corpus_file, cache_dir, tmp_path):
