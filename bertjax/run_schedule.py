@@ -33,12 +33,12 @@ class Plan:
     """The phases (with their step ranges) and the optimizer with its learning rate."""
 
     phases: list[Phase]
-    optimizer: optim.OptimizerConfig
+    optimizer_config: optim.OptimizerConfig
 
     def record(self) -> dict[str, Any]:
         """What a checkpoint's `meta["schedule"]` holds (JSON values)."""
         return {"phases": [dataclasses.asdict(p) for p in self.phases],
-                "optimizer": self.optimizer.to_json()}
+                "optimizer": self.optimizer_config.to_json()}
 
 
 def planned(train: Any, data: Any, long_phase: Any, optimizer: Any) -> Plan:
@@ -87,7 +87,7 @@ def resumed(meta: Mapping[str, Any], where: str, train: Any, data: Any, long_pha
     if not changes:
         return Plan([dataclasses.replace(shapes[p.name], start_step=p.start_step,
                                          end_step=p.end_step) for p in before.phases],
-                    before.optimizer)
+                    before.optimizer_config)
     if not train.get("extend", False):
         raise ScheduleChanged(
             f"checkpoint {where} was trained on a schedule this run changes ({'; '.join(changes)})"
@@ -105,6 +105,6 @@ def resumed(meta: Mapping[str, Any], where: str, train: Any, data: Any, long_pha
               for p in before.phases]
     phases[-1] = dataclasses.replace(phases[-1], end_step=train.total_steps)
     extension = run.pretraining_optimizer(optimizer, train.total_steps, long_phase, phases)
-    earlier = before.optimizer.earlier + ((end, dataclasses.replace(before.optimizer,
-                                                                   earlier=())),)
+    recorded_config = before.optimizer_config
+    earlier = recorded_config.earlier + ((end, dataclasses.replace(recorded_config, earlier=())),)
     return Plan(phases, dataclasses.replace(extension, earlier=earlier))

@@ -71,7 +71,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     sections = (config.train, config.data, config.long_phase, config.optimizer)
     plan = (run_schedule.resumed(found.meta, resume_from.where(found.step), *sections)
             if found else run_schedule.planned(*sections))  # (refuses a changed schedule)
-    phases, optimizer = plan.phases, plan.optimizer
+    phases, optimizer = plan.phases, plan.optimizer_config
     meta = {**run_metadata(config, guards.data_identity(config.data, phases)),
             "schedule": plan.record()}
     check = lambda found: resume_from.check(found, meta, config.data, phases,
