@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from bertjax import checkpoint, optim, run, schedule
+from bertjax import checkpoint, optim, reporting, run, schedule
 from bertjax.schedule import Phase
 
 # The config fields that set the phases' step ranges or the learning rate of a step.
@@ -107,4 +107,8 @@ def resumed(meta: Mapping[str, Any], where: str, train: Any, data: Any, long_pha
     extension = run.pretraining_optimizer(optimizer, train.total_steps, long_phase, phases)
     recorded_config = before.optimizer_config
     earlier = recorded_config.earlier + ((end, dataclasses.replace(recorded_config, earlier=())),)
-    return Plan(phases, dataclasses.replace(extension, earlier=earlier))
+    extended = dataclasses.replace(extension, earlier=earlier)
+    reporting.chief_print(f"Extending the run past step {end} (train.extend): steps "
+                          f"{end + 1}-{train.total_steps} train in phase {phases[-1].name}, the "
+                          f"learning rate from {optim.learning_rate_at(extended, end):.3e}")
+    return Plan(phases, extended)

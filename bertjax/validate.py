@@ -176,3 +176,5 @@ def data_preparation(config: Any) -> None:
     rules = PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
     check(config, [rule for rule in rules if rule[0].startswith(
         ("data.", "long_phase.", "train.total_steps", "train.global_batch_size"))])
+    check_choices(config, {field: allowed for field, allowed in CHOICES.items()
+                           if field.startswith("data.")})

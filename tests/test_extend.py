@@ -31,7 +31,7 @@ def finished(corpus_file, cache_dir, tmp_path_factory):  # noqa: F811
     return workdir, config
 
 
-def test_another_schedule_is_refused_and_extend_trains_on_as_documented(finished):
+def test_another_schedule_is_refused_and_extend_trains_on_as_documented(finished, capsys):
     workdir, config = finished
     before = files_under(workdir)
     config.train.total_steps = 12
@@ -47,7 +47,10 @@ def test_another_schedule_is_refused_and_extend_trains_on_as_documented(finished
     assert files_under(workdir) == before  # nothing written, config.json included
 
     config.train.extend = True
+    capsys.readouterr()
     train.train_and_evaluate(config, str(workdir))
+    assert "Extending the run past step 8 (train.extend): steps 9-12 train in phase long, the " \
+        "learning rate from 6.667e-04" in capsys.readouterr().out  # 2e-3 * (1 - 8 / 12)
     rows = read_metrics(workdir)
     assert [m["step"] for m in rows] == list(range(1, 13))
     # Step s applies the rate at s - 1: steps 1-8 the 8-step schedule's (warmup 4, linear
@@ -63,8 +66,9 @@ def test_a_partly_run_workdir_extended_trains_the_planned_steps_bit_for_bit(fini
     """Stopped at step 5 of 8, then extended to 12: every step's loss and learning rate are
     those of the finished run extended to 12."""
     workdir, config = finished
-    if len(read_metrics(workdir)) < 12:  # (run alone)
-        test_another_schedule_is_refused_and_extend_trains_on_as_documented(finished)
+    if len(read_metrics(workdir)) < 12:  # (run without the test before)
+        config.train.update(total_steps=12, extend=True)
+        train.train_and_evaluate(config, str(workdir))
     partly = tmp_path / "partly"
     config.train.update(total_steps=8, extend=False, stop_after_steps=5)
     train.train_and_evaluate(config, str(partly))

@@ -133,3 +133,13 @@ def test_a_warmup_over_the_whole_fine_tuning_is_a_warning(caplog):
     config.warmup_proportion = 1.0
     validate.finetuning(config)  # (legal: a warning)
     assert "warmup_proportion=1.0: the learning rate climbs for the whole run" in caplog.text
+
+
+def test_data_preparation_refuses_a_data_choice_it_does_not_know():
+    """`python -m bertjax.prepare` read `text_format='line'` as paragraphs, without a word."""
+    config = config_of("base.py")
+    validate.data_preparation(config)
+    config.data.text_format = "line"
+    with pytest.raises(ConfigError, match=r"^data.text_format='line' is not one of 'auto', "
+                       r"'lines', 'paragraphs'; set --config.data.text_format$"):
+        validate.data_preparation(config)
