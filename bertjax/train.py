@@ -29,8 +29,7 @@ from bertjax.schedule import DataPosition
 def run_metadata(config: ml_collections.ConfigDict, data: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint records about its run (with the tokenizer's fingerprint, added once
     it is loaded, and its `schedule`: run_schedule): `model` and `tokenizer` must match to
-    resume, `data`
-    (guards.data_identity) and the config's data fields within a phase."""
+    resume, `data` (guards.data_identity) and the config's data fields within a phase."""
     fields = bert_model.ARCHITECTURE_FIELDS + bert_model.STORAGE_FIELDS
     return {"model": {name: config.model[name] for name in fields}, "config": config.to_json(),
             "data": data}
