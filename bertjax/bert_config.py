@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from typing import Any, Callable
+import numbers
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -46,16 +47,7 @@ class BertConfig:
     vocab_pad_multiple: int = 1
 
     def __post_init__(self):
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not divisible by "
-                f"num_attention_heads={self.num_attention_heads}")
-        for field, choices in (("hidden_act", ACTIVATIONS), ("remat_policy", REMAT_POLICIES),
-                               ("attention_impl", attention.ATTENTION_IMPLS)):
-            if getattr(self, field) not in choices:
-                raise ValueError(f"{field}={getattr(self, field)!r}; choose one of {list(choices)}")
-        if self.vocab_pad_multiple < 1:
-            raise ValueError(f"vocab_pad_multiple={self.vocab_pad_multiple} must be >= 1")
+        check(dataclasses.asdict(self))
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "BertConfig":
@@ -77,6 +69,47 @@ class BertConfig:
         """The implementation training uses on `backend` (default: the target platform)."""
         return attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend,
                                       self.attention_probs_dropout_prob)
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+# Sizes a model needs at least 1 of.
+SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "intermediate_size", "max_position_embeddings", "type_vocab_size",
+               "vocab_pad_multiple")
+
+
+def check(values: Mapping[str, Any], prefix: str = "", flag: str = "") -> None:
+    """Raises ValueError for the first of BertConfig's fields in `values` (absent ones at
+    their defaults) that cannot build a model, in one line naming the field(s) and the fix.
+    Names are written `{prefix}{field}` and the fix's setting `{flag}{prefix}{field}` (e.g.
+    prefix "model.", flag "--config." for a pretraining config)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(BertConfig)}
+    value = {**defaults, **{k: v for k, v in values.items() if k in defaults}}
+    name, setting = (lambda f: f"{prefix}{f}"), (lambda f: f"{flag}{prefix}{f}")
+    for field in SIZE_FIELDS:
+        if not isinstance(value[field], numbers.Integral) or value[field] < 1:
+            raise ValueError(f"{name(field)}={value[field]!r} is out of range: it must be an "
+                             f"integer >= 1; set {setting(field)}")
+    hidden, heads = value["hidden_size"], value["num_attention_heads"]
+    if hidden % heads:
+        near = sorted((d for d in range(1, hidden + 1) if hidden % d == 0),
+                      key=lambda d: (abs(d - heads), d))[:2]
+        raise ValueError(f"{name('hidden_size')}={hidden} is not divisible by "
+                         f"{name('num_attention_heads')}={heads} (each head gets hidden_size / "
+                         f"num_attention_heads units): set {setting('num_attention_heads')} to "
+                         f"a divisor of {hidden} (e.g. {' or '.join(map(str, sorted(near)))}), "
+                         f"or {setting('hidden_size')} to a multiple of {heads}")
+    for field in ("initializer_range", "layer_norm_eps"):
+        number = isinstance(value[field], numbers.Real) and not isinstance(value[field], bool)
+        if not number or not value[field] > 0 or value[field] == float("inf"):
+            raise ValueError(f"{name(field)}={value[field]!r} is out of range: it must be a "
+                             f"number > 0; set {setting(field)}")
+    for field, choices in (("hidden_act", ACTIVATIONS), ("remat_policy", REMAT_POLICIES),
+                           ("attention_impl", attention.ATTENTION_IMPLS), ("dtype", DTYPES),
+                           ("param_dtype", DTYPES)):
+        if value[field] not in choices:
+            raise ValueError(f"{name(field)}={value[field]!r} is not one of "
+                             f"{', '.join(map(repr, choices))}; set {setting(field)}")
 
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {

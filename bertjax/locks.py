@@ -3,7 +3,8 @@
 A lock is an `fcntl.flock` on a small file that names its holder (host, pid, start time).
 The kernel drops the lock when its process dies, even by kill -9, so a lock file left by a
 dead process is simply taken over (and its old holder reported). Lock files are never
-deleted: a process waiting on a deleted file would lock a file nobody else sees. Where the
+deleted (a process waiting on a deleted file would lock a file nobody else sees), except by a
+run that fails in a workdir it made, under its workdir lock (`held_workdir`). Where the
 file system has no `flock` (some network and FUSE mounts), the holder's pid is checked
 instead (on the same host). A workdir on an object store (gs://) is not locked: object
 stores have no lock that a killed process (a preempted spot VM) releases, so the run says
@@ -139,32 +140,33 @@ def workdir_lock(workdir: str, process_index: int = 0) -> contextlib.AbstractCon
 @contextlib.contextmanager
 def held_workdir(workdir: str, process_index: int = 0) -> Iterator[None]:
     """Makes `workdir` (if missing) and holds its `workdir_lock` for the block; a block that
-    fails in a directory it made (a refused run) removes it again if only the lock is in it."""
+    fails in a directory it made (a refused run) leaves no lock file there, and no directory
+    that only locks were in (`remove_own_locks`)."""
     created = not files.exists(workdir)
     files.makedirs(workdir)
-    try:
-        with workdir_lock(workdir, process_index):
+    with workdir_lock(workdir, process_index):
+        try:
             yield
-    except Exception:
-        if created and not files.is_remote(workdir):
-            remove_if_only_locks(workdir)
-        raise
+        except BaseException:
+            if created and not files.is_remote(workdir):
+                remove_own_locks(workdir, process_index)  # (still holding the lock)
+            raise
 
 
-def remove_if_only_locks(workdir: str) -> None:
-    """Removes `workdir` if it holds nothing but `workdir_lock`'s files and empty directories
-    (a run refused in a directory it created leaves none behind); anything else keeps it."""
-    if "://" in workdir or not os.path.isdir(workdir):
-        return
-    paths = [os.path.join(workdir, name) for name in os.listdir(workdir)]
-    locks = [p for p in paths if os.path.basename(p).split(".")[:2] in (["run", "lock"],)]
-    empty = [p for p in paths if os.path.isdir(p) and not os.listdir(p)]
-    if len(locks) + len(empty) == len(paths):
-        for path in locks:
-            os.remove(path)
-        for path in empty:
-            os.rmdir(path)
-        os.rmdir(workdir)
+def remove_own_locks(workdir: str, process_index: int = 0) -> None:
+    """In a `workdir` its failed run made: removes this process's `workdir_lock` file and the
+    cache locks (`build_once`'s `.NAME.lock`) under it, then every directory left empty, the
+    workdir included. Anything else (a trained tokenizer, prepared data, another process's
+    lock) stays, and so does its directory."""
+    own = "run.lock" if process_index == 0 else f"run.lock.{process_index}"
+    for root, directories, names in os.walk(workdir, topdown=False):
+        for name in names:
+            if (root == workdir and name == own) or (
+                    root != workdir and name.startswith(".") and name.endswith(".lock")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(root, name))
+        with contextlib.suppress(OSError):  # (not empty: something else is in it)
+            os.rmdir(root)
 
 
 def build_once(target: str, done_path: str, build: Callable[[], None]) -> None:

@@ -116,6 +116,25 @@ def bert_schedule(peak_lr: float, warmup_steps: int, total_steps: int) -> optax.
 
 
 def _schedule_from_config(cfg: Any) -> optax.Schedule:
+    """The schedule of `cfg` (`_run_schedule`), after those of the steps it extends
+    (`cfg.earlier`: each holds for the steps before its end step)."""
+    earlier = getattr(cfg, "earlier", ())
+    current = _run_schedule(cfg)
+    if not earlier:
+        return current
+    ends = [end for end, _ in earlier]
+    before = [_run_schedule(config) for _, config in earlier]
+
+    def schedule(step):
+        value = current(step)
+        for end, rate in reversed(list(zip(ends, before))):
+            value = jnp.where(step < end, rate(step), value)
+        return value
+
+    return schedule
+
+
+def _run_schedule(cfg: Any) -> optax.Schedule:
     """Build the BERT schedule from a config's lr fields: with a `restart_step`, one schedule
     to that step and a second one (its own warmup and peak) from it to `total_steps`."""
     restart = getattr(cfg, "restart_step", 0)
@@ -219,6 +238,20 @@ class OptimizerConfig:
     restart_step: int = 0
     restart_warmup_steps: int = -1
     restart_peak_learning_rate: float = 0.0
+    # An extended run (train.extend): the schedules of the steps it had been planned for,
+    # oldest first, each as (end step, its config): it holds for the steps before its end
+    # not covered by an older one; this config's own schedule for the steps after.
+    earlier: tuple[tuple[int, "OptimizerConfig"], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """This config as JSON values (a checkpoint's `meta`); `from_json` reads it back."""
+        return {**dataclasses.asdict(self),
+                "earlier": [[end, config.to_json()] for end, config in self.earlier]}
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> "OptimizerConfig":
+        return cls(**{**values, "earlier": tuple((end, cls.from_json(config))
+                                                 for end, config in values.get("earlier", []))})
 
 
 def optimizer_config(optimizer: Any, total_steps: int, **overrides: Any) -> OptimizerConfig:

@@ -197,7 +197,12 @@ def bert_config_of(source: Source, pretrain: PretrainingRun) -> BertConfig:
     values.update(dtype=source.dtype, scan_layers=values.get("scan_layers", False),
                   hidden_dropout_prob=source.hidden_dropout_prob,
                   attention_probs_dropout_prob=source.attention_probs_dropout_prob)
-    return BertConfig.from_dict(values)
+    try:
+        return BertConfig.from_dict(values)
+    except ValueError as e:  # (its fields name the file's keys)
+        where = (f"model_config {source.model_config}" if source.model_config
+                 else f"the model of init_checkpoint {source.init_checkpoint}")
+        raise PretrainedError(f"{where}: {e}") from e
 
 
 def tokenizer_of(source: Source, pretrain: PretrainingRun) -> tokenization.Tokenizer:

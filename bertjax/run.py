@@ -5,6 +5,7 @@ nothing here reads data or touches a checkpoint."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Mapping, Sequence
 
 import flax.linen as nn
@@ -12,7 +13,7 @@ import jax
 import optax
 from jax.sharding import Mesh
 
-from bertjax import autofit, memory, objectives, optim, sharding, steps
+from bertjax import autofit, memory, objectives, optim, schedule, sharding, steps
 from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.schedule import Phase
@@ -112,10 +113,13 @@ def check_batches(mesh: Mesh, phases: Sequence[Phase],
                             else grad_accum) or 1
         if size % jax.process_count() or size % grad_accum_steps or \
                 (size // grad_accum_steps) % dp:
+            field = schedule.BATCH_FIELDS.get(phase.name, "train.global_batch_size")
+            multiple = math.lcm(jax.process_count(), grad_accum_steps * dp)
             raise ConfigError(
                 f"global batch {size} (phase {phase.name}) must be divisible by the process count "
                 f"({jax.process_count()}), and batch / grad_accum_steps ({grad_accum_steps}) by "
-                f"the data-parallel size data*fsdp={dp}")
+                f"the data-parallel size data*fsdp={dp}: set --config.{field} to a multiple of "
+                f"{multiple}, or change train.grad_accum_steps or config.mesh")
         if phase.max_seq_length > max_position_embeddings:
             raise ConfigError(f"phase {phase.name}: max_seq_length {phase.max_seq_length} > "
                               f"model.max_position_embeddings {max_position_embeddings}")

@@ -20,6 +20,10 @@ class Phase:
     end_step: int
 
 
+# The config field that sets each phase's global batch (the long phase's: 0 = the short's).
+BATCH_FIELDS = {"short": "train.global_batch_size", "long": "long_phase.global_batch_size"}
+
+
 def phases(train: Any, data: Any, long_phase: Any) -> list[Phase]:
     """The paper's schedule from the config sections `train`, `data` and `long_phase`:
     `1 - long_phase.fraction` of the steps at data.max_seq_length, the rest at

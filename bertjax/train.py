@@ -19,7 +19,7 @@ from ml_collections import config_flags
 
 from bertjax import (agreement, checkpoint, cli, console, distributed, failures, files, guards,
                      locks, memory, peers, pretrain_loop, pretrained, reporting, resume, run,
-                     schedule,
+                     run_schedule, schedule,
                      test_pause, validate)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
@@ -30,8 +30,8 @@ from bertjax.schedule import DataPosition
 
 def run_metadata(config: ml_collections.ConfigDict, data: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint records about its run (with the tokenizer's fingerprint, added once
-    it is loaded): `model` and `tokenizer` must match to resume, `data`
-    (guards.data_identity) and the config's data fields within a phase."""
+    it is loaded, and its `schedule`: run_schedule): `model` and `tokenizer` must match to
+    resume, `data` (guards.data_identity) and the config's data fields within a phase."""
     fields = bert_model.ARCHITECTURE_FIELDS + bert_model.STORAGE_FIELDS
     return {"model": {name: config.model[name] for name in fields}, "config": config.to_json(),
             "data": data}
@@ -69,13 +69,19 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         config.train.keep_checkpoints, config.train.keep_every,
         on_commit=reporting.announce_commit(os.path.join(workdir, "checkpoints")))
     resume_from = resume.Resume(checkpointer, os.path.join(workdir, resume.QUARANTINE))
-    meta = run_metadata(config, guards.data_identity(config.data, phases))
+    found = resume_from.newest()
+    sections = (config.train, config.data, config.long_phase, config.optimizer)
+    plan = (run_schedule.resumed(found.meta, resume_from.where(found.step), *sections)
+            if found else run_schedule.planned(*sections))  # (refuses a changed schedule)
+    phases, optimizer = plan.phases, plan.optimizer_config
+    meta = {**run_metadata(config, guards.data_identity(config.data, phases)),
+            "schedule": plan.record()}
     agreement.check("corpus", agreement.data_fields(meta["data"]), agreement.SAME_FILES)
     check = lambda found: resume_from.check(found, meta, config.data, phases,
                                             config.train.allow_changed_data)
-    found = resume_from.newest()
     if found:
         check(found)  # model and data, before any preparation
+    model_config = BertConfig.from_dict(config.model.to_dict())
     cache_dir = config.data.cache_dir or files.local_cache_dir(workdir)
     tokenizer = pipeline.load_or_train_tokenizer(config.data, cache_dir, jax.process_index(),
                                                  jax.process_count())
@@ -90,9 +96,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     phase_data = loaders.prepare_data(config.data, phases, config.model.vocab_size, tokenizer,
                                       cache_dir, next_sentence_prediction=objective.uses_nsp)
     agreement.check("prepared", {})  # (where a host that failed to prepare stops the others)
-    optimizer = run.pretraining_optimizer(config.optimizer, config.train.total_steps,
-                                          config.long_phase, phases)
-    model_config = BertConfig.from_dict(config.model.to_dict())
     sharded = run.build_pretraining(model_config, optimizer, mesh, phases,
                                     config.train.grad_accum_steps, report=False,
                                     objective=objective)

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from absl import logging
 
+from bertjax import bert_config, optim, schedule
 from bertjax.run import ConfigError
 
 # [CLS] A [SEP] B [SEP]: three special tokens and at least one token of each segment.
@@ -66,6 +67,14 @@ FINETUNING_TASKS = _rules(  # the fields of some tasks' configs (squad.py, ner.p
 )
 
 
+# The settings that name one of a few choices (the model's: bert_config.check).
+CHOICES = {
+    "data.source": ("default", "text", "tfds"), "data.tokenizer": ("wordpiece", "sentencepiece"),
+    "data.text_format": ("auto", "lines", "paragraphs"), "data.masking": ("static", "dynamic"),
+    "data.strip_accents": ("auto", "true", "false"), "optimizer.name": optim.OPTIMIZER_NAMES,
+}
+
+
 def _value(config: Any, field: str) -> Any:
     value = config
     for name in field.split("."):
@@ -84,9 +93,22 @@ def check(config: Any, rules: list[Rule]) -> None:
                               f"--config.{field}")
 
 
+def check_choices(config: Any, choices: dict[str, tuple[str, ...]]) -> None:
+    """Raises ConfigError for the first field of `choices` whose value is not one of its
+    choices (compared as lower-case text)."""
+    for field, allowed in choices.items():
+        value = _value(config, field)
+        if str(value).lower() not in allowed:
+            raise ConfigError(f"{field}={value!r} is not one of {', '.join(map(repr, allowed))}; "
+                              f"set --config.{field}")
+
+
 def pretraining(config: Any) -> None:
-    """Every range of a pretraining config; the warmup must fit in the run."""
+    """Every check a pretraining config allows before any data is read: ranges, choices,
+    the model's shape (`pretraining_model`); the warmup must fit in the run."""
     check(config, PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else []))
+    check_choices(config, CHOICES)
+    pretraining_model(config)
     warmup, total = config.optimizer.warmup_steps, config.train.total_steps
     if warmup > total:
         raise ConfigError(f"optimizer.warmup_steps={warmup} is longer than the run "
@@ -95,9 +117,41 @@ def pretraining(config: Any) -> None:
                           f"{total} (the paper warms up for 1% of the steps)")
 
 
+def pretraining_model(config: Any) -> None:
+    """The model of a pretraining config: its shape (bert_config.check), two segment types,
+    positions for every phase's length, and room for the SentencePiece model it trains."""
+    try:
+        bert_config.check(config.model.to_dict(), "model.", "--config.")
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    model = config.model
+    if model.type_vocab_size < 2:
+        raise ConfigError(f"model.type_vocab_size={model.type_vocab_size} is out of range: "
+                          "pretraining needs 2 segment types (sentences A and B); set "
+                          "--config.model.type_vocab_size=2")
+    for phase in schedule.phases(config.train, config.data, config.long_phase):
+        if phase.max_seq_length > model.max_position_embeddings:
+            field = "data.max_seq_length" if phase.name == "short" else "long_phase.max_seq_length"
+            raise ConfigError(f"{field}={phase.max_seq_length} (phase {phase.name}) is longer than "
+                              f"model.max_position_embeddings={model.max_position_embeddings}; "
+                              f"set --config.model.max_position_embeddings >= "
+                              f"{phase.max_seq_length}, or --config.{field} <= "
+                              f"{model.max_position_embeddings}")
+    data = config.data
+    trains_sentencepiece = data.tokenizer == "sentencepiece" and not data.vocab_file \
+        and not data.get("prepared_dir")
+    if trains_sentencepiece and data.sentencepiece_vocab_size > model.vocab_size:
+        raise ConfigError(f"data.sentencepiece_vocab_size={data.sentencepiece_vocab_size} is "
+                          f"larger than model.vocab_size={model.vocab_size}: the tokenizer "
+                          "the run trains would not fit the model; set "
+                          f"--config.model.vocab_size >= {data.sentencepiece_vocab_size}, or "
+                          f"--config.data.sentencepiece_vocab_size <= {model.vocab_size}")
+
+
 def finetuning(config: Any) -> None:
     """Every range of a fine-tuning config (and of its task's fields), and its seeds."""
     check(config, FINETUNING + [rule for rule in FINETUNING_TASKS if rule[0] in config])
+    check_choices(config, {"dtype": bert_config.DTYPES, "optimizer.name": optim.OPTIMIZER_NAMES})
     seeds(config.seeds)
     if config.warmup_proportion >= 1:
         logging.warning("warmup_proportion=%s: the learning rate climbs for the whole run and "
@@ -122,3 +176,5 @@ def data_preparation(config: Any) -> None:
     rules = PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
     check(config, [rule for rule in rules if rule[0].startswith(
         ("data.", "long_phase.", "train.total_steps", "train.global_batch_size"))])
+    check_choices(config, {field: allowed for field, allowed in CHOICES.items()
+                           if field.startswith("data.")})

@@ -107,6 +107,12 @@ def get_config() -> ml_collections.ConfigDict:
     # Resume in the middle of a phase with changed data settings or corpus (refused by
     # default: the batches would differ from an uninterrupted run's); True accepts the change.
     c.train.allow_changed_data = False
+    # Rerun a workdir with another schedule (a larger total_steps, another peak learning rate,
+    # warmup or restart setting: run_schedule.SCHEDULE_FIELDS; refused by default). True
+    # continues the run past the end of its recorded schedule: its steps keep their phases and
+    # learning rates; the added steps train in its last phase at the learning rate this
+    # config's schedule gives them (docs/pretraining.md, "Extending a run").
+    c.train.extend = False
     c.train.debug_nan_steps = ()  # TEST ONLY: steps (1-based) whose batch is made NaN
     c.train.seed = 42  # parameter init and dropout seed
     # Ablations (paper Table 5). False: no NSP loss, and instances whose B always really

@@ -53,6 +53,17 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
     ("bertjax.train", ["--config=configs/tiny.py", "--workdir={w}",
                        "--config.train.init_checkpoint={m}"],
      "train.init_checkpoint='{m}' does not exist"),
+    # Checked from the config before any data work (no SentencePiece model trained first):
+    ("bertjax.train", ["--config=configs/tiny.py", "--workdir={w}",
+                       "--config.model.num_attention_heads=3"],
+     "error: model.hidden_size=128 is not divisible by model.num_attention_heads=3 (each head "
+     "gets hidden_size / num_attention_heads units): set --config.model.num_attention_heads to "
+     "a divisor of 128 (e.g. 2 or 4), or --config.model.hidden_size to a multiple of 3"),
+    ("bertjax.train", ["--config=configs/tiny.py", "--workdir={w}", "--config.optimizer.name=adam"],
+     "error: optimizer.name='adam' is not one of 'bert_adam', 'adamw', 'lamb'; set "
+     "--config.optimizer.name"),
+    ("bertjax.train", ["--config=configs/tiny.py", "--workdir={w}", "--config.model.vocab_size=4000"],
+     "error: data.sentencepiece_vocab_size=8000 is larger than model.vocab_size=4000"),
     ("bertjax.finetune", ["--config=configs/finetune/glue.py", "--workdir={w}",
                           "--config.learning_rte=1e-4"], "did you mean --config.learning_rate?"),
     ("bertjax.finetune", ["--config=configs/finetune/glue", "--workdir={w}"],
@@ -107,3 +118,38 @@ def test_a_training_run_says_what_it_does(corpus_file, tmp_path):  # noqa: F811
         "Stopped after 3 steps (step 3 of 4); rerun the same command to continue"
     assert "Done in" not in result.stdout and "Ran for " in result.stdout  # (not finished)
     assert_console_in_log(output, workdir / "log.txt")  # every line, those before it opened
+
+
+def test_a_run_refused_while_preparing_data_leaves_no_workdir_behind(tmp_path):
+    """A corpus of blank lines is refused once the tokenizer trains on it: a workdir the run
+    made is gone (no lock file left); one that was there keeps what the user put in it."""
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n\n   \n\n")
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine")
+    for workdir in (tmp_path / "new", existing):
+        result = run("bertjax.train", "--config=configs/tiny.py", f"--workdir={workdir}",
+                     "--config.data.source=text", f"--config.data.input_files={blank}")
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+        assert result.returncode == 1 and len(errors) == 1, result.stderr[-3000:]
+        assert "could not train a SentencePiece model" in errors[0], errors
+    assert not (tmp_path / "new").exists()
+    assert (existing / "notes.txt").read_text() == "mine"
+
+
+def test_a_model_config_file_that_builds_no_model_is_one_line(tmp_path):
+    """Fine-tuning's model from `model_config`: named with the file, before any data work."""
+    model_config = tmp_path / "bert_config.json"
+    model_config.write_text('{"hidden_size": 128, "num_attention_heads": 3}')
+    result = run("bertjax.finetune", "--config=configs/finetune/glue.py",
+                 f"--workdir={tmp_path / 'w'}", "--config.task=sst2",
+                 f"--config.model_config={model_config}")
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr[-3000:]
+    assert_quiet_console(result.stdout + result.stderr)
+    assert errors[0] == (f"error: model_config {model_config}: hidden_size=128 is not divisible "
+                         "by num_attention_heads=3 (each head gets hidden_size / "
+                         "num_attention_heads units): set num_attention_heads to a divisor of "
+                         "128 (e.g. 2 or 4), or hidden_size to a multiple of 3")
+    assert not (tmp_path / "w").exists()

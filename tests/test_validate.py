@@ -56,6 +56,42 @@ def test_warmup_longer_than_the_run_is_refused():
     validate.pretraining(config_of("large.py"))
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("model.hidden_act", "swish", "model.hidden_act='swish' is not one of 'gelu', 'gelu_tanh', "
+                                  "'relu'; set --config.model.hidden_act"),
+    ("model.dtype", "float33", "model.dtype='float33' is not one of 'float32', 'bfloat16', "
+                               "'float16'; set --config.model.dtype"),
+    ("model.num_hidden_layers", 0, "model.num_hidden_layers=0 is out of range: it must be an "
+                                   "integer >= 1; set --config.model.num_hidden_layers"),
+    ("model.layer_norm_eps", 0.0, "model.layer_norm_eps=0.0 is out of range: it must be a "
+                                  "number > 0; set --config.model.layer_norm_eps"),
+    ("model.type_vocab_size", 1, "model.type_vocab_size=1 is out of range: pretraining needs 2 "
+                                 "segment types (sentences A and B); set "
+                                 "--config.model.type_vocab_size=2"),
+    ("model.max_position_embeddings", 200,
+     "long_phase.max_seq_length=256 (phase long) is longer than "
+     "model.max_position_embeddings=200; set --config.model.max_position_embeddings >= 256, "
+     "or --config.long_phase.max_seq_length <= 200"),
+    ("data.masking", "foo", "data.masking='foo' is not one of 'static', 'dynamic'; set "
+                            "--config.data.masking"),
+    ("data.text_format", "line", "data.text_format='line' is not one of 'auto', 'lines', "
+                                 "'paragraphs'; set --config.data.text_format"),
+    ("data.strip_accents", "maybe", "data.strip_accents='maybe' is not one of 'auto', 'true', "
+                                    "'false'; set --config.data.strip_accents"),
+])
+def test_a_config_that_builds_no_model_or_names_no_choice_is_refused_before_any_work(
+        field, value, message, tmp_path):
+    """Before, these were found after the tokenizer and the data were prepared (a traceback
+    from BertConfig, optax or numpy), or never (text_format, strip_accents were ignored)."""
+    config = config_of("tiny.py")
+    section, name = field.split(".")
+    config[section][name] = value
+    with pytest.raises(ConfigError) as refused:
+        train.train_and_evaluate(config, str(tmp_path / "run"))
+    assert str(refused.value) == message
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("file, field, value, allowed", [
     ("glue", "learning_rate", -5e-5, ">= 0"), ("glue", "train_batch_size", 0, ">= 1"),
     ("glue", "eval_batch_size", 0, ">= 1"), ("glue", "num_train_epochs", 0.0, "> 0"),
@@ -97,3 +133,13 @@ def test_a_warmup_over_the_whole_fine_tuning_is_a_warning(caplog):
     config.warmup_proportion = 1.0
     validate.finetuning(config)  # (legal: a warning)
     assert "warmup_proportion=1.0: the learning rate climbs for the whole run" in caplog.text
+
+
+def test_data_preparation_refuses_a_data_choice_it_does_not_know():
+    """`python -m bertjax.prepare` read `text_format='line'` as paragraphs, without a word."""
+    config = config_of("base.py")
+    validate.data_preparation(config)
+    config.data.text_format = "line"
+    with pytest.raises(ConfigError, match=r"^data.text_format='line' is not one of 'auto', "
+                       r"'lines', 'paragraphs'; set --config.data.text_format$"):
+        validate.data_preparation(config)

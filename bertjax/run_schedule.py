@@ -1,0 +1,114 @@
+"""The schedule a pretraining run follows in its workdir: the phases' step ranges and the
+learning rate of every step. A new run plans it from its config; a resumed run keeps the
+schedule its checkpoint recorded (`meta["schedule"]`), so that a rerun never moves the phases
+or the learning rate under steps already trained. A rerun that changes a field of
+`SCHEDULE_FIELDS` is refused, unless it asks to extend the run (`train.extend`): the steps the
+run had been planned for keep their schedule; the steps added after them train in its last
+phase, at the learning rate this config's schedule gives them (docs/pretraining.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping
+
+import ml_collections
+
+from bertjax import checkpoint, optim, reporting, run, schedule
+from bertjax.schedule import Phase
+
+# The config fields that set the phases' step ranges or the learning rate of a step.
+SCHEDULE_FIELDS = ("train.total_steps", "optimizer.peak_learning_rate",
+                   "optimizer.warmup_steps", "long_phase.fraction",
+                   "long_phase.restart_optimizer", "long_phase.restart_warmup_steps",
+                   "long_phase.restart_peak_learning_rate")
+
+
+class ScheduleChanged(checkpoint.CheckpointMismatch):
+    """A rerun would change the schedule of steps its checkpoint trained or planned."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The phases (with their step ranges) and the optimizer with its learning rate."""
+
+    phases: list[Phase]
+    optimizer_config: optim.OptimizerConfig
+
+    def record(self) -> dict[str, Any]:
+        """What a checkpoint's `meta["schedule"]` holds (JSON values)."""
+        return {"phases": [dataclasses.asdict(p) for p in self.phases],
+                "optimizer": self.optimizer_config.to_json()}
+
+
+def planned(train: Any, data: Any, long_phase: Any, optimizer: Any) -> Plan:
+    """A run's schedule from the config sections `train`, `data`, `long_phase`, `optimizer`."""
+    phases = schedule.phases(train, data, long_phase)
+    return Plan(phases, run.pretraining_optimizer(optimizer, train.total_steps, long_phase,
+                                                  phases))
+
+
+def recorded(meta: Mapping[str, Any]) -> Plan:
+    """The schedule a checkpoint's `meta` records (for older checkpoints, planned from the
+    config it records)."""
+    if "schedule" in meta:
+        return Plan([Phase(**p) for p in meta["schedule"]["phases"]],
+                    optim.OptimizerConfig.from_json(meta["schedule"]["optimizer"]))
+    sections = ml_collections.ConfigDict(json.loads(meta["config"]))
+    return planned(sections.train, sections.data, sections.long_phase, sections.optimizer)
+
+
+def _field(sections: Mapping[str, Any], field: str) -> Any:
+    section, name = field.split(".")
+    return json.loads(json.dumps(sections[section].get(name)))
+
+
+def resumed(meta: Mapping[str, Any], where: str, train: Any, data: Any, long_phase: Any,
+            optimizer: Any) -> Plan:
+    """The schedule of a run resuming from the checkpoint `where` with `meta`: the recorded
+    one (the phases with this config's lengths and batches) if this config keeps every
+    field of SCHEDULE_FIELDS; with `train.extend`, the recorded one extended to this config's
+    total_steps; else ScheduleChanged, naming the changes and the choices."""
+    old = json.loads(meta["config"])
+    new = {"train": train, "long_phase": long_phase, "optimizer": optimizer}
+    changes = [f"{field}: {_field(old, field)!r} -> {_field(new, field)!r}"
+               for field in SCHEDULE_FIELDS if _field(old, field) != _field(new, field)]
+    before = recorded(meta)
+    end = before.phases[-1].end_step
+    shapes = {p.name: p for p in schedule.phases(train, data, long_phase)}
+    if sorted(shapes) != sorted(p.name for p in before.phases):
+        changes = changes or [f"phases: {[p.name for p in before.phases]} -> {sorted(shapes)}"]
+        if train.get("extend", False):
+            raise ScheduleChanged(
+                f"checkpoint {where}: train.extend=True continues the run's phases "
+                f"({', '.join(p.name for p in before.phases)}) but this config has "
+                f"{', '.join(shapes)}: keep --config.long_phase.fraction as it was "
+                f"({_field(old, 'long_phase.fraction')}), or use another --workdir")
+    if not changes:
+        return Plan([dataclasses.replace(shapes[p.name], start_step=p.start_step,
+                                         end_step=p.end_step) for p in before.phases],
+                    before.optimizer_config)
+    if not train.get("extend", False):
+        raise ScheduleChanged(
+            f"checkpoint {where} was trained on a schedule this run changes ({'; '.join(changes)})"
+            ": resuming would move the phases and the learning rate under the steps it "
+            f"trained. Use another --workdir for a new run; or extend this one past step "
+            f"{end} with --config.train.extend=True (steps 1-{end} keep their schedule, the "
+            f"added ones train in phase {before.phases[-1].name} at the learning rate this "
+            "config gives them: docs/pretraining.md); or rerun with the settings it recorded.")
+    if train.total_steps <= end:
+        raise ScheduleChanged(
+            f"checkpoint {where}: train.extend=True continues a run past the end of its "
+            f"schedule (step {end}), but train.total_steps={train.total_steps}; set "
+            f"--config.train.total_steps > {end}, or use another --workdir")
+    phases = [dataclasses.replace(shapes[p.name], start_step=p.start_step, end_step=p.end_step)
+              for p in before.phases]
+    phases[-1] = dataclasses.replace(phases[-1], end_step=train.total_steps)
+    extension = run.pretraining_optimizer(optimizer, train.total_steps, long_phase, phases)
+    recorded_config = before.optimizer_config
+    earlier = recorded_config.earlier + ((end, dataclasses.replace(recorded_config, earlier=())),)
+    extended = dataclasses.replace(extension, earlier=earlier)
+    reporting.chief_print(f"Extending the run past step {end} (train.extend): steps "
+                          f"{end + 1}-{train.total_steps} train in phase {phases[-1].name}, the "
+                          f"learning rate from {optim.learning_rate_at(extended, end):.3e}")
+    return Plan(phases, extended)
