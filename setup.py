@@ -59,7 +59,9 @@ setup(
         "parity": ["pytest>=8", "torch==2.13.0", "transformers==5.23.0"],
         # gs:// paths (any fsspec URL needs its fsspec package) and the local GCS emulator
         # of the tests marked `gcs`.
-        "gcs": ["gcsfs>=2025.3", "gcp-storage-emulator>=2024.8"],
+        # aiohttp and requests (gcsfs's own clients): bertjax.storage tells their transient
+        # errors from the rest.
+        "gcs": ["gcsfs>=2025.3", "aiohttp", "requests", "gcp-storage-emulator>=2024.8"],
         # The `tensorboard` command for the event files in WORKDIR/tensorboard.
         "tensorboard": ["tensorboard"],
         # Opt-in tests against TensorFlow's own checkpoint reader/writer (large; not in CI).

@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import random
+import sys
 import time
 import urllib.parse
 from typing import Any, Awaitable, Callable, TypeVar
@@ -56,22 +57,26 @@ def retry_seconds() -> float:
 def transient(error: BaseException) -> str | None:
     """What made `error` transient ("HTTP 503 ...", "connection reset", ...); None if it is
     not (a 404, a 403, a bad request: retrying would not help)."""
-    import aiohttp
-    import requests
-    from gcsfs import retry as gcs_retry
-    if isinstance(error, gcs_retry.HttpError):
-        return f"HTTP {error.code} ({error.message})" if gcs_retry.is_retriable(error) else None
-    if isinstance(error, requests.exceptions.ProxyError):  # (gcsfs's account of a 502)
-        return "HTTP 502 (bad gateway)"
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
         return f"no answer for {STALL_SECONDS:.0f} s"
-    if isinstance(error, aiohttp.ClientResponseError):
-        return f"HTTP {error.status}" if error.status in (408, 429) or error.status >= 500 \
-            else None
-    if isinstance(error, aiohttp.ClientPayloadError):
-        return "the answer was cut short"
-    if isinstance(error, (aiohttp.ClientError, ConnectionError, gcs_retry.ChecksumError,
-                          requests.exceptions.ConnectionError)):
+    connection_errors: tuple[type, ...] = (ConnectionError,)
+    if "gcsfs" in sys.modules:  # (otherwise no gs:// request was made: none of its errors)
+        import aiohttp
+        import requests
+        from gcsfs import retry as gcs_retry
+        if isinstance(error, gcs_retry.HttpError):
+            return f"HTTP {error.code} ({error.message})" if gcs_retry.is_retriable(error) \
+                else None
+        if isinstance(error, requests.exceptions.ProxyError):  # (gcsfs's account of a 502)
+            return "HTTP 502 (bad gateway)"
+        if isinstance(error, aiohttp.ClientResponseError):
+            return f"HTTP {error.status}" if error.status in (408, 429) or error.status >= 500 \
+                else None
+        if isinstance(error, aiohttp.ClientPayloadError):
+            return "the answer was cut short"
+        connection_errors += (aiohttp.ClientError, gcs_retry.ChecksumError,
+                              requests.exceptions.ConnectionError)
+    if isinstance(error, connection_errors):
         return f"connection failed ({type(error).__name__}: {error})"
     return None
 
