@@ -2,6 +2,7 @@
 non-finite state, incompatible resumes refused (an intended phase switch allowed). (A
 failing checkpoint write is tested in test_faults.py: it needs its own process)."""
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -320,17 +321,39 @@ def test_a_renamed_step_directory_is_set_aside_and_later_saves_happen(corpus_fil
     assert [m["step"] for m in read_metrics(workdir)][-6:] == [5, 6, 7, 8, 9, 10]
 
 
+def record_peak_learning_rate(step_dir, rate: float) -> float:
+    """Rewrites the peak learning rate that the checkpoint in `step_dir` records for its
+    schedule (unsealing it: its checksums no longer hold); returns the one it recorded."""
+    path = step_dir / "meta" / "metadata"
+    meta = json.loads(path.read_text())
+    config = json.loads(meta["config"])
+    recorded = config["optimizer"]["peak_learning_rate"]
+    config["optimizer"]["peak_learning_rate"] = rate
+    meta["config"] = json.dumps(config)
+    meta["schedule"]["optimizer"]["peak_learning_rate"] = rate
+    path.write_text(json.dumps(meta))
+    (step_dir / checkpoint.CHECKSUMS).unlink(missing_ok=True)
+    return recorded
+
+
 @pytest.mark.slow  # (three runs, one compiling another optimizer: about 60 s)
 def test_non_finite_steps_right_after_a_resume_fall_back_once_to_the_checkpoint_before(
-        corpus_file, cache_dir, workdir, capsys):
+        corpus_file, cache_dir, workdir, tmp_path, capsys):
     """Checkpoint 6 replaced by one whose parameters are finite but huge (steps 5-6 trained
-    with a learning rate of 1e30; every later step is non-finite): the rerun's steps 7-9 are
-    non-finite, so step 8 saves nothing (keep_checkpoints=2 would have pruned 4), then it sets
-    6 aside in one line and resumes from 4, where steps 5 and 6 get their original losses."""
+    with a learning rate of 1e30 in a copy of the run whose checkpoint 4 was made to record
+    that rate, since a run refuses another schedule; copied back recording the run's own):
+    the rerun's steps 7-9 are non-finite, so step 8 saves nothing (keep_checkpoints=2 would
+    have pruned 4), then it sets 6 aside in one line and resumes from 4, where steps 5 and 6
+    get their original losses."""
     original = {m["step"]: m["loss"] for m in read_metrics(workdir)}
     shutil.rmtree(workdir / "checkpoints" / "6")
+    side = tmp_path / "huge_rate"
+    shutil.copytree(workdir, side)
+    rate = record_peak_learning_rate(side / "checkpoints" / "4", 1e30)
     run(tiny_config(corpus_file, cache_dir, **{"train.stop_after_steps": 2,
-                                               "optimizer.peak_learning_rate": 1e30}), workdir)
+                                               "optimizer.peak_learning_rate": 1e30}), side)
+    shutil.copytree(side / "checkpoints" / "6", workdir / "checkpoints" / "6")
+    record_peak_learning_rate(workdir / "checkpoints" / "6", rate)
     capsys.readouterr()
     run(tiny_config(corpus_file, cache_dir, **{"train.stop_after_steps": 4,
                                                "train.max_nonfinite_steps": 3}), workdir)
