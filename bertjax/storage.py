@@ -138,7 +138,11 @@ def _final_chunk(method: str, url: str, headers: dict | None) -> tuple[int, int]
     if method != "POST" or "upload_id=" not in url or "/" not in found:
         return None
     first_last, _, total = found.removeprefix("bytes ").partition("/")
-    if total == "*" or int(first_last.split("-")[1]) != int(total) - 1:
+    if total == "*":
+        return None
+    if first_last == "*":  # (no bytes in this request: it finalizes the object at `total`)
+        return int(total), int(total)
+    if int(first_last.split("-")[1]) != int(total) - 1:
         return None
     return int(first_last.split("-")[0]), int(total)
 
