@@ -29,7 +29,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
-from bertjax import failures, storage, test_pause
+from bertjax import failures, stopping, storage, test_pause
 from bertjax import files as file_layer
 from bertjax.checksums import CHECKSUMS, seal, verify  # noqa: F401 (this module's API too)
 
@@ -180,8 +180,9 @@ class Checkpointer:
         is saved with the state's digest added."""
         meta = {**meta, DIGEST: state_digest(state)}
         try:
-            self._manager.wait_until_finished()  # (as Orbax would) so that the previous save
-            self.seal_finished()  # is sealed before this one's pruning is decided
+            with stopping.doing("writing the previous checkpoint"):
+                self._manager.wait_until_finished()  # (as Orbax would) so that the previous
+            self.seal_finished()  # save is sealed before this one's pruning is decided
             started = self._manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
                 meta=ocp.args.JsonSave(meta)), force=force)
@@ -284,7 +285,8 @@ class Checkpointer:
         """Blocks until pending saves are written (and sealed); raises if the async writer
         failed."""
         try:
-            self._manager.wait_until_finished()
+            with stopping.doing("writing checkpoint " + ", ".join(map(str, self._unsealed))):
+                self._manager.wait_until_finished()
         except Exception as e:
             raise self._write_failure(e, self._vanished + self._unsealed) from e
         self.seal_finished()

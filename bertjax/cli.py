@@ -14,7 +14,7 @@ from typing import Any, Callable, NoReturn, Sequence
 import ml_collections
 from absl import app, flags
 
-from bertjax import checkpoint, console, failures, reporting
+from bertjax import checkpoint, console, failures, reporting, stopping
 
 
 def _config_arguments(argv: Sequence[str], flag: str) -> tuple[str | None, list[str]]:
@@ -97,6 +97,10 @@ def run(main: Callable[[list[str]], None], config_flag: str | None = "config") -
 
     def configured_main(argv: list[str]) -> None:
         console.configure_console(flags.FLAGS.verbosity)
+        try:
+            stopping.watch()
+        except ValueError as e:  # (a malformed BERTJAX_STOP_SECONDS)
+            leave(str(e))
         main(argv)
 
     app.run(configured_main)

@@ -104,7 +104,8 @@ class CtrlC:
     """While active (a context manager; signals need the main thread), the first SIGINT
     sets `requested`: the loop then saves at the end of the step and stops. In a
     multi-process job it is forwarded as SIGTERM, JAX's preemption notice, so that every
-    process saves at the same step. A second SIGINT exits at once (status 130)."""
+    process saves at the same step. A second SIGINT exits at once (status 130: `stopping`'s
+    watchdog, which also sees it while the main thread is stuck in native code)."""
 
     def __init__(self, forward_as_sigterm: bool):
         self.forward_as_sigterm = forward_as_sigterm
@@ -114,8 +115,7 @@ class CtrlC:
     def _handle(self, signum: int, frame: Any) -> None:
         del signum, frame
         if self.requested:
-            print("Second Ctrl-C: exiting without saving", flush=True)
-            os._exit(130)
+            return
         self.requested = True
         print("Ctrl-C: saving a checkpoint at the end of this step, then exiting (Ctrl-C again "
               "to exit at once)", flush=True)

@@ -12,7 +12,7 @@ import jax
 from absl import logging
 
 from bertjax import (checkpoint, failures, files, guards, objectives, peers, reporting,
-                     schedule, sharding, steps, test_pause)
+                     schedule, sharding, steps, stopping, test_pause)
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
 from bertjax.run import ShardedRun
 from bertjax.schedule import DataPosition
@@ -97,6 +97,7 @@ class Pretraining:
             for step in range(start_step, stop_at):
                 if step == self.restart_step:  # (a checkpoint at this step has the old moments)
                     state = self.run.restart_optimizer(state)
+                stopping.now_doing(f"training step {step + 1}")
                 trained = current
                 trained_batch = f"batch {batch_index} of phase {current.phase.name}"
                 host_batch = next_batch.result()

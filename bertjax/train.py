@@ -19,8 +19,7 @@ from ml_collections import config_flags
 
 from bertjax import (agreement, checkpoint, cli, console, distributed, failures, files, guards,
                      locks, memory, peers, pretrain_loop, pretrained, reporting, resume, run,
-                     run_schedule, schedule,
-                     test_pause, validate)
+                     run_schedule, schedule, stopping, test_pause, validate)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
 from bertjax.interop.tree import ConversionError
@@ -93,9 +92,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     agreement.check("tokenizer", agreement.tokenizer_fields(tokenizer), agreement.SAME_FILES)
     if found:  # and the tokenizer
         checkpoint.check_compatible(found.meta, meta, resume_from.where(found.step))
+    stopping.now_doing("preparing data")
     phase_data = loaders.prepare_data(config.data, phases, config.model.vocab_size, tokenizer,
                                       cache_dir, next_sentence_prediction=objective.uses_nsp)
     agreement.check("prepared", {})  # (where a host that failed to prepare stops the others)
+    stopping.now_doing("building the model (compiling)")
     sharded = run.build_pretraining(model_config, optimizer, mesh, phases,
                                     config.train.grad_accum_steps, report=False,
                                     objective=objective)
@@ -115,6 +116,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                 + ("" if config.train.grad_accum_steps else
                    " (train.grad_accum_steps=0: the fewest that fit the devices' memory)"),
                 flush=True)
+    stopping.now_doing(f"restoring checkpoint {found.step}" if found else
+                       "building the initial state")
     if found:
         state, position = resume_from.restore(found, sharded.abstract_state, meta, check)
     else:
@@ -212,6 +215,7 @@ def main(argv: list[str]) -> None:
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                                FLAGS.heartbeat_timeout_seconds)
+        stopping.take_sigterm()  # (JAX's preemption notice, seen also while stuck)
         peers.watch(console.log_file(FLAGS.workdir), FLAGS.heartbeat_timeout_seconds)
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except failures.Stopped as e:  # (its last line said so)

@@ -90,8 +90,12 @@ class Trainer:
         self.proc.stdin.flush()
 
     def finish(self, timeout: float = 240) -> int:
+        """The process's exit status once it ended (killed, and the test failed with its
+        output, if it did not within `timeout` seconds)."""
         try:
             return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout} s:\n{self.output()}") from None
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
@@ -349,10 +353,11 @@ def test_ctrl_c_before_the_first_step_is_one_line_and_exit_130(corpus_file, cach
     """Ctrl-C outside the training steps (here: data prepared, state built, no step run)
     ends the run with status 130 and one line saying nothing was saved: no traceback, no
     checkpoint."""
-    trainer = Trainer(command_line(corpus_file, cache_dir, str(tmp_path)), pause="start")
-    assert trainer.wait_for_pause() == "the start of training"
+    trainer = Trainer(command_line(corpus_file, cache_dir, str(tmp_path)), pause="start",
+                      extra_env={"BERTJAX_STOP_SECONDS": "30"})  # (once, in CI's whole suite,
+    assert trainer.wait_for_pause() == "the start of training"  # it ran past 60 s: where?)
     trainer.proc.send_signal(signal.SIGINT)
-    assert trainer.finish(timeout=60) == 130, trainer.output()
+    assert trainer.finish(timeout=120) == 130, trainer.output()
     errors = [line.strip() for line in trainer.lines if line.startswith("error: ")]
     assert errors == ["error: interrupted (Ctrl-C) outside the training steps; nothing to save "
                       "(rerun to resume from the last checkpoint)"], trainer.output()
@@ -362,8 +367,8 @@ def test_ctrl_c_before_the_first_step_is_one_line_and_exit_130(corpus_file, cach
 
 def test_a_second_ctrl_c_exits_at_once():
     """The second SIGINT ends the process (130) at once, not after its 600 s sleep."""
-    script = ("import os, signal, time\nfrom bertjax import failures\n"
-              "with failures.CtrlC(forward_as_sigterm=False) as ctrl_c:\n"
+    script = ("import os, signal, time\nfrom bertjax import failures, stopping\n"
+              "stopping.watch()\nwith failures.CtrlC(forward_as_sigterm=False) as ctrl_c:\n"
               "    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(0.1)\n"
               "    print('requested', ctrl_c.requested, time.time(), flush=True)\n"
               "    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(600)\n")

@@ -439,6 +439,47 @@ def test_a_checkpoint_upload_outage_ends_the_run_with_one_true_line(gcs, proxy, 
     assert read_losses(workdir) == pytest.approx(straight, rel=1e-6, abs=0)
 
 
+def test_a_stalled_checkpoint_upload_does_not_keep_a_stopped_run_alive(gcs, proxy, straight_12,
+                                                                       capsys):
+    """Every upload of step 8 stalls (nothing answered for 10 minutes), then SIGTERM: the
+    process (`python -m bertjax.train`) ends within BERTJAX_STOP_SECONDS (5 s) plus a margin,
+    exit 143, with one line saying what it was stuck in; step 8 is neither sealed nor
+    announced, and the rerun resumes from step 4 to the losses of an uninterrupted run.
+    Before, a stuck save held the process past SIGTERM for as long as the storage stalled."""
+    straight, make = straight_12
+    workdir = f"{gcs}/runs/stalled"
+    config = make()
+    args = test_faults.command_line(config.data.input_files, config.data.cache_dir, workdir,
+                                    **{"train.total_steps": 12, "long_phase.fraction": 0.0})
+    proxy.add(path=r"/upload/.*checkpoints/8/", method="POST", fault="stall", stall_s=600)
+    trainer = test_faults.Trainer(args, extra_env={"BERTJAX_STOP_SECONDS": "5"})
+    trainer.wait_for("checkpoint step 4 -> ")
+    deadline = time.monotonic() + 120
+    while not proxy.faults() and time.monotonic() < deadline:  # (step 8's upload stalls)
+        time.sleep(0.2)
+    assert proxy.faults(), trainer.output()
+    time.sleep(2)
+    sent = time.monotonic()
+    trainer.proc.send_signal(signal.SIGTERM)
+    assert trainer.finish(timeout=120) == 143, trainer.output()
+    assert time.monotonic() - sent < 30
+    output = trainer.output(None)
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in output, output
+    assert errors[0].startswith("error: stop requested (SIGTERM) 5 s ago, but this process is "
+                                "still writing "), errors[0]
+    assert errors[0].endswith("exiting without finishing it: a rerun of the same command "
+                              "resumes from the last complete checkpoint (to wait longer, set "
+                              "BERTJAX_STOP_SECONDS)"), errors[0]
+    assert "checkpoint step 8 -> " not in output
+    assert not files.exists(f"{workdir}/checkpoints/8/{checkpoint.CHECKSUMS}")
+    proxy.clear()
+    capsys.readouterr()
+    run_tiny(make, workdir)
+    assert f"Resuming from {workdir}/checkpoints at step 4 " in capsys.readouterr().out
+    assert read_losses(workdir) == pytest.approx(straight, rel=1e-6, abs=0)  # (see above)
+
+
 def test_an_ambiguous_upload_is_checked_not_repeated(gcs, proxy, tmp_path, monkeypatch):
     """The last chunk of an upload (files.copy, as `prepare --output=gs://` uploads shards)
     reaches the storage but is answered 503: the object is looked up, found whole (size and

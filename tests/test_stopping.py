@@ -1,0 +1,120 @@
+"""Every process can be stopped (issue 34): SIGTERM and Ctrl-C end a process whose main thread
+is stuck in native code, where Python's signal handlers never run, within BERTJAX_STOP_SECONDS,
+with one line naming what it was stuck in; and JAX's preemption notifier, whose SIGTERM
+handler bertjax.stopping takes over, still sees every notice."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Blocks the main thread in native code as XLA's waits do: a futex that a signal does not
+# interrupt (POSIX: pthread_mutex_timedlock never fails with EINTR), so no Python signal handler
+# runs until it returns. BLOCK_S seconds (or without end).
+PRELUDE = """
+import ctypes, os, sys, time
+from bertjax import distributed, stopping
+libc = ctypes.CDLL(None, use_errno=True)
+mutex = ctypes.create_string_buffer(64)  # (zeroed: PTHREAD_MUTEX_INITIALIZER on glibc)
+libc.pthread_mutex_lock(mutex)
+
+class Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+def block_natively(seconds):
+    until = Timespec(int(time.time() + seconds), 0)
+    libc.pthread_mutex_timedlock(mutex, ctypes.byref(until))
+
+stopping.watch()
+print("ready", flush=True)
+"""
+
+
+def start(body: str, grace_s: float) -> subprocess.Popen:
+    """A Python process running PRELUDE then `body`, with BERTJAX_STOP_SECONDS=grace_s, once it
+    printed `ready` (the watchdog started)."""
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + body], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                            env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
+                                 "BERTJAX_STOP_SECONDS": str(grace_s)})
+    assert proc.stdout.readline().strip() == "ready", proc.communicate()
+    return proc
+
+
+def stop_stuck(proc: subprocess.Popen, signum: int) -> tuple[int, float, str, str]:
+    """Sends `signum` once the process says it is stuck; its status, the seconds it took to
+    end, stdout and stderr."""
+    assert proc.stdout.readline().strip() == "stuck"
+    time.sleep(0.5)  # (in the native wait by now)
+    sent = time.monotonic()
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, time.monotonic() - sent, out, err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_process_stuck_in_native_code_stops_within_the_grace_time(signum):
+    """The main thread blocked without end in a native wait (as in a stalled save or a hung
+    compilation): the signal ends the process after BERTJAX_STOP_SECONDS (3 s) with one line
+    naming what it was doing and what a rerun does, and 128 + the signal's number. Before
+    bertjax.stopping, both waited for ever."""
+    proc = start("distributed.initialize()\nstopping.take_sigterm()\n"
+                 "stopping.now_doing('building the model (compiling)')\n"
+                 "print('stuck', flush=True)\nlibc.pthread_mutex_lock(mutex)\n", grace_s=3)
+    status, seconds, out, err = stop_stuck(proc, signum)
+    assert status == 128 + signum, (status, out, err)
+    assert 3 <= seconds < 30, seconds
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    assert errors == [f"error: stop requested ({name}) 3 s ago, but this process is still "
+                      "building the model (compiling) (outside bertjax's code); exiting "
+                      "without finishing it: a rerun of the same command resumes from the "
+                      "last complete checkpoint (to wait longer, set BERTJAX_STOP_SECONDS)"], err
+    assert "Traceback" not in err
+
+
+def test_a_second_ctrl_c_ends_a_stuck_process_at_once():
+    """A second Ctrl-C does not wait for the grace time (600 s here)."""
+    proc = start("stopping.now_doing('writing checkpoint 8')\nprint('stuck', flush=True)\n"
+                 "libc.pthread_mutex_lock(mutex)\n", grace_s=600)
+    assert proc.stdout.readline().strip() == "stuck"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - sent < 10, (proc.returncode, err)
+    assert "Second Ctrl-C: exiting without saving" in out
+    assert "error: stopped by a second Ctrl-C while writing checkpoint 8; a rerun of the same " \
+        "command resumes from the last complete checkpoint" in err
+
+
+def test_jax_still_sees_a_sigterm_that_arrives_while_the_main_thread_is_stuck():
+    """SIGTERM while the main thread is in a native wait for 2 s: once it returns, JAX's
+    preemption sync point (where a run saves and stops) is reached: the watchdog passed the
+    notice on to JAX's own handler. The process then ends normally, within the grace time."""
+    proc = start("distributed.initialize()\nstopping.take_sigterm()\n"
+                 "from jax.experimental import multihost_utils\n"
+                 "print('stuck', flush=True)\nblock_natively(2)\n"
+                 "for step in range(1, 200):\n"
+                 "    if multihost_utils.reached_preemption_sync_point(step):\n"
+                 "        print('sync point at step', step, flush=True)\n        break\n"
+                 "    time.sleep(0.1)\n", grace_s=60)
+    status, seconds, out, err = stop_stuck(proc, signal.SIGTERM)
+    assert status == 0 and seconds < 30, (status, out, err)
+    assert "sync point at step" in out, (out, err)
+
+
+def test_a_malformed_grace_time_is_one_line():
+    result = subprocess.run([sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py",
+                             "--workdir=unused"], capture_output=True, text=True, cwd=REPO_ROOT,
+                            env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
+                                 "BERTJAX_STOP_SECONDS": "soon"}, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip() == ("error: environment variable BERTJAX_STOP_SECONDS='soon' "
+                                     "is not a number of seconds"), result.stderr
