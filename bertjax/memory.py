@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import io
 import re
+import resource
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -36,6 +37,10 @@ class MeshMismatch(ValueError):
     """The mesh cannot split the model as the logical-axis rules ask."""
 
 
+class WontFit(ValueError):
+    """The training state cannot be allocated in this host's memory (CPU devices)."""
+
+
 def _path_name(path: tuple) -> str:
     return "/".join(str(getattr(key, "key", getattr(key, "name", key))) for key in path)
 
@@ -50,6 +55,52 @@ def per_device_bytes(tree: Any) -> int:
     """Bytes one device holds of a tree of sharded abstract (or real) arrays."""
     return sum(int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
                for leaf in jax.tree.leaves(tree))
+
+
+def _proc_kib(path: str, field: str) -> int | None:
+    """A `Field:   N kB` line of a /proc file, in KiB (None off Linux)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def allocatable_host_bytes() -> tuple[int, str] | None:
+    """What this process can still allocate, and which limit says so: its address-space
+    limit (`ulimit -v`) less what it maps now, or the host's available memory and free
+    swap, whichever is less; None where neither is known."""
+    found = []
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = _proc_kib("/proc/self/status", "VmSize")
+    if soft != resource.RLIM_INFINITY and mapped is not None:
+        found.append((soft - mapped * 1024, "its address-space limit, ulimit -v"))
+    available, swap = (_proc_kib("/proc/meminfo", f) for f in ("MemAvailable", "SwapFree"))
+    if available is not None:
+        found.append(((available + (swap or 0)) * 1024, "the host's available memory"))
+    return min(found) if found else None
+
+
+def check_host_memory(abstract_state: TrainState, mesh: Mesh) -> None:
+    """Raises `WontFit` when the state (parameters and optimizer moments) of this process's
+    CPU devices, which share the host's memory, cannot be allocated there: XLA's CPU client
+    then waits for ever instead of failing."""
+    cpus = [d for d in mesh.devices.flat
+            if d.platform == "cpu" and d.process_index == jax.process_index()]
+    allocatable = allocatable_host_bytes()
+    if not cpus or allocatable is None:
+        return
+    needed = per_device_bytes(abstract_state) * len(cpus)
+    if needed > allocatable[0]:
+        raise WontFit(
+            f"the training state (parameters and optimizer moments) needs {format_bytes(needed)}"
+            f" on this host's {len(cpus)} CPU device{'s' if len(cpus) > 1 else ''}, but this "
+            f"process can allocate only {format_bytes(max(0, allocatable[0]))} more "
+            f"({allocatable[1]}); use a smaller model (configs/tiny.py), raise the limit, or "
+            "run on an accelerator")
 
 
 def check_shardable(config: BertConfig, abstract_params: Any, mesh: Mesh) -> None:

@@ -153,7 +153,8 @@ def build_pretraining(model_config: BertConfig, optimizer: optim.OptimizerConfig
     run.grad_accum = by_phase
     try:
         memory.check_shardable(model_config, run.abstract_state.params, mesh)
-    except memory.MeshMismatch as e:
+        memory.check_host_memory(run.abstract_state, mesh)
+    except (memory.MeshMismatch, memory.WontFit) as e:
         raise ConfigError(str(e)) from e
     if report and jax.process_index() == 0:
         print(memory.report(model, run.abstract_state, mesh, phases), flush=True)

@@ -118,3 +118,49 @@ def test_aot_names_a_sharding_error():
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "does not divide model.num_attention_heads=2" in errors[0], \
         result.stderr[-2000:]
+
+
+def test_a_state_beyond_the_address_space_limit_is_one_line_before_allocating():
+    """Under `ulimit -v` (set to what the process maps now plus 1 GiB), the state of a model
+    whose parameters and Adam moments take 1.5 GiB is refused before it is allocated, naming
+    both figures and the limit (XLA's CPU client waited for ever on it, past SIGTERM); the
+    tiny model's passes."""
+    script = """
+import resource
+import jax, ml_collections
+import jax.numpy as jnp
+from bertjax import memory, optim, sharding
+from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.state import create_train_state
+mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1])
+tx = optim.make_optimizer(ml_collections.ConfigDict(dict(peak_learning_rate=1e-3,
+                                                         warmup_steps=1, total_steps=10)))
+states = {}
+for hidden in (32, 2048):  # 0.04 MiB, then 1.2 GiB of parameters and moments
+    config = BertConfig(vocab_size=128, hidden_size=hidden, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=4 * hidden,
+                        max_position_embeddings=32)
+    states[hidden] = create_train_state(
+        BertForPreTraining(config), tx, jax.random.PRNGKey(0),
+        (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),), mesh,
+        materialize=False)[1]
+mapped = memory._proc_kib('/proc/self/status', 'VmSize') * 1024
+resource.setrlimit(resource.RLIMIT_AS, (mapped + (1 << 30), resource.RLIM_INFINITY))
+for hidden, abstract in states.items():
+    try:
+        memory.check_host_memory(abstract, mesh)
+        print(hidden, 'fits')
+    except memory.WontFit as e:
+        print(hidden, 'error:', e)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=REPO_ROOT, timeout=300,
+                            env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
+                                 "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    lines = result.stdout.splitlines()
+    assert lines[:1] == ["32 fits"], result.stdout + result.stderr
+    assert re.fullmatch(r"2048 error: the training state \(parameters and optimizer moments\) "
+                        r"needs 1\.\d+ GiB on this host's 1 CPU device, but this process can "
+                        r"allocate only (1\.00 GiB|10\d\d\.\d+ MiB) more \(its address-space limit, ulimit "
+                        r"-v\); use a smaller model \(configs/tiny\.py\), raise the limit, or run "
+                        r"on an accelerator", lines[1]), lines
