@@ -25,8 +25,10 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # The files that take longest (measured with --durations=0), started first so that the two
 # xdist workers of `-n 2 --dist loadfile` finish together. Every other file follows in the
 # usual order.
-LONGEST_FIRST = ("test_train.py", "test_finetune.py", "test_faults.py", "test_multihost.py",
-                 "test_guards.py", "test_steps.py", "test_model.py", "test_ablations.py")
+LONGEST_FIRST = ("test_cli.py", "test_faults.py", "test_model.py", "test_train.py",
+                 "test_guards.py", "test_steps.py", "test_multihost.py", "test_dropout.py",
+                 "test_attention_impl.py", "test_convert.py", "test_exports.py",
+                 "test_checkpoint.py", "test_finetune.py", "test_bench.py")
 
 
 def pytest_configure(config) -> None:

@@ -211,6 +211,7 @@ def _train_step(objective):
     return run_on
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_no_nsp_has_no_nsp_loss():
     """NSP labels change the loss and the update with NSP on, nothing with NSP off."""
     batch = _batch()
@@ -245,6 +246,7 @@ def test_next_token_batch_restores_masks_and_shifts():
     np.testing.assert_array_equal(lm["masked_lm_weights"], batch["input_mask"][:, 1:])
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_left_to_right_logits_ignore_later_tokens():
     model = BertForPreTraining(MODEL)
     params = model.init(jax.random.PRNGKey(0), *(jnp.zeros((1, 8), jnp.int32),) * 3,
@@ -267,6 +269,7 @@ def test_left_to_right_train_step_predicts_every_next_token():
     assert metrics["nsp_count"] == 0 and np.isfinite(metrics["mlm_loss_sum"])
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_left_to_right_fine_tuning_keeps_the_left_only_constraint():
     """causal_attention (Table 5's LTR row): a tag at i ignores later tokens; a sentence
     label reads the last real token, so it sees the whole sentence but not the padding."""

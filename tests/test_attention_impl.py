@@ -167,6 +167,7 @@ def test_xla_path_takes_packed_rows():
     _assert_same_model(dataclasses.replace(CONFIG, num_hidden_layers=1), "xla", *_packed_inputs())
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_pallas_flash_attention_matches_einsum_in_interpret_mode():
     """The Pallas TPU kernel (TPU interpret mode on the CPU) gives the einsum path's outputs
     and gradients at every real token, for padded rows and for packed rows (segment ids)."""

@@ -61,6 +61,7 @@ def sst2_run(tmp_path_factory) -> str:
     return str(root / "run")
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_fine_tuned_model_exports_as_sequence_classification(sst2_run, tmp_path, capsys):
     assert convert.main([sst2_run, str(tmp_path / "hf")]) == 0
     assert "fine-tuned model: BertForSequenceClassification, labels ['0', '1']" in \

@@ -176,6 +176,7 @@ def assert_console_in_order(stdout: str, workdir, seeds: list[dict]) -> None:
     assert len(lines) == start + 1 + len(seeds)
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_glue_cli_trains_seeds_keeps_best_and_writes_submission(data_root, tmp_path):
     workdir = tmp_path / "sst2"
     command = [sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune/glue.py",
@@ -222,6 +223,7 @@ def test_glue_cli_trains_seeds_keeps_best_and_writes_submission(data_root, tmp_p
     assert all(r["learning_rate"] > 0 for r in rows if r["split"] == "train")
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_feature_based_ner_trains_only_the_tagger(data_root, tmp_path):
     config = small(config_file("ner.py"), data_root, data_dir=os.path.join(data_root, "conll"),
                    feature_based=True, lstm_size=16, num_train_epochs=6, learning_rate=1e-2,

@@ -47,6 +47,7 @@ def run(config, workdir) -> None:
     train.train_and_evaluate(config, str(workdir), devices=jax.devices()[:1])
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_nan_steps_are_skipped_counted_never_saved_and_k_in_a_row_stop(corpus_file, cache_dir,
                                                                        tmp_path):
     """NaN batches at steps 3, 5 and 6 with max_nonfinite_steps=2: step 3's update is skipped
@@ -248,6 +249,7 @@ def test_a_change_can_be_accepted(corpus_file, cache_dir, workdir):
     assert [m["step"] for m in read_metrics(workdir)][-1] == 7
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_a_new_phase_may_change_its_batch(corpus_file, cache_dir, workdir):
     """Continuing to the end of the short phase (step 12), then starting the long phase with
     another global batch is an intended phase switch; changing it mid-phase is refused."""

@@ -90,6 +90,7 @@ def _aot(*flags: str, out: str = "") -> subprocess.CompletedProcess:
         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env=env)
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_aot_compiles_for_sixteen_fake_devices(tmp_path):
     out = tmp_path / "aot.json"
     result = _aot("--num_devices=16", "--config.mesh.data=2", "--config.mesh.fsdp=4",

@@ -265,6 +265,7 @@ def test_gathered_positions_and_their_gradient_equal_the_gather(dtype):
     np.testing.assert_array_equal(np.asarray(grad, np.float32), np.asarray(expected, np.float32))
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_gpu_targets_rematerialised_activation_changes_no_parameter_value_or_gradient(dtype):
     """On a GPU target the FFN's bias add and GELU are rematerialised from the matmul's output

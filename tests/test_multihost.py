@@ -94,8 +94,14 @@ def one_device_losses() -> list[float]:
     return _train(mesh, state, step, _batches(3))[1]
 
 
-@pytest.mark.parametrize("axes", [dict(data=8), dict(data=2, fsdp=2, tensor=2), dict(fsdp=8),
-                                  dict(tensor=8)], ids=["8-1-1", "2-2-2", "1-8-1", "1-1-8"])
+SLOW = pytest.mark.slow  # (CI's `slow` stage: 2-2-2, every axis at once, stays in the default)
+
+
+@pytest.mark.parametrize("axes", [pytest.param(dict(data=8), marks=SLOW),
+                                  dict(data=2, fsdp=2, tensor=2),
+                                  pytest.param(dict(fsdp=8), marks=SLOW),
+                                  pytest.param(dict(tensor=8), marks=SLOW)],
+                         ids=["8-1-1", "2-2-2", "1-8-1", "1-1-8"])
 def test_sharded_equals_unsharded(axes, one_device_losses):
     mesh, state, _, step = _setup(axes)
     boxed = jax.eval_shape(lambda: BertForPreTraining(MODEL).init(
@@ -115,6 +121,7 @@ def test_sharded_equals_unsharded(axes, one_device_losses):
     np.testing.assert_allclose(losses, one_device_losses, rtol=2e-5)
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_restore_onto_other_meshes_and_device_counts(tmp_path):
     """Saved on 8 devices (2,2,2) after two steps; restored on 4, 2, 1 devices and on another
     8-device layout: params and optimizer state identical, and the next steps' losses equal

@@ -102,6 +102,7 @@ def test_unknown_and_regression_tasks_are_refused():
         probing.task_adapter("nonesuch", features.TaskOptions(), None)
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_probe_cli_writes_json_table_and_plot(root, tmp_path):
     """Here without matplotlib (a package that fails to import shadows it): probe.json, the
     per-layer table and one line about the missing plot, exit 0; the plot drawn from the

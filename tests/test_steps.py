@@ -157,6 +157,7 @@ def test_eval_is_deterministic_with_dropout_and_matches_numpy():
                                           rel=1e-5)
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_scanned_rematerialised_layers_shard_and_match_one_device():
     """scan_layers + remat on a (data=2, fsdp=2, tensor=2) mesh equals one device."""
     config = dataclasses.replace(CONFIG, scan_layers=True, remat_policy="full",

@@ -88,6 +88,7 @@ def test_loss_falls_and_checkpoint_written(corpus_file, cache_dir, tmp_path, cap
     assert "Bytes per device" in (tmp_path / "startup_report.txt").read_text()
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_stop_and_resume_equals_uninterrupted(corpus_file, cache_dir, tmp_path, capsys):
     """A run stopped at step 6 that lost its step-6 checkpoint (as a crash between
     checkpoints would) restarts from step 4; another stop lands in the long phase. Every
@@ -153,6 +154,7 @@ def test_fine_tuning_takes_the_sentencepiece_model_the_run_recorded(corpus_file,
         pretrained.tokenizer_of(source(), pretrain)
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_eight_devices_match_one(corpus_file, cache_dir, tmp_path):
     assert len(jax.devices()) == 8, "conftest sets 8 fake CPU devices"
     short_only = {"train.total_steps": 6, "long_phase.fraction": 0.0}  # one phase to compile
