@@ -122,10 +122,14 @@ def _watch(reader: socket.socket) -> None:
 
 def watch() -> None:
     """Starts the watchdog (once per process, from the main thread): from now on a Ctrl-C or
-    a SIGTERM that Python handles ends the process within `grace_seconds()`."""
+    a SIGTERM that Python handles ends the process within `grace_seconds()`. A process started
+    with SIGINT ignored (as a non-interactive shell starts `cmd &`) takes it back: Ctrl-C and
+    `kill -INT` stop every bertjax process."""
     if _state["watching"] or threading.current_thread() is not threading.main_thread():
         return
     grace_seconds()  # (a malformed setting: said now, not when a stop needs it)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # (inherited, e.g. from a shell's
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # `cmd &`: Ctrl-C stops it)
     reader, writer = socket.socketpair()
     writer.setblocking(False)
     signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)

@@ -29,8 +29,10 @@ def block_natively(seconds):
     until = Timespec(int(time.time() + seconds), 0)
     libc.pthread_mutex_timedlock(mutex, ctypes.byref(until))
 
+masks = [line.split()[1] for line in open("/proc/self/status")  # (blocked, ignored: as
+         if line.startswith(("SigBlk", "SigIgn"))]                # started, before the watch)
 stopping.watch()
-print("ready", flush=True)
+print("ready", masks, flush=True)
 """
 
 
@@ -41,7 +43,9 @@ def start(body: str, grace_s: float) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
                             env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
                                  "BERTJAX_STOP_SECONDS": str(grace_s)})
-    assert proc.stdout.readline().strip() == "ready", proc.communicate()
+    ready = proc.stdout.readline().strip()
+    assert ready.startswith("ready"), proc.communicate()
+    proc.signal_masks = ready  # (blocked, ignored: for the messages below)
     return proc
 
 
@@ -52,7 +56,12 @@ def stop_stuck(proc: subprocess.Popen, signum: int) -> tuple[int, float, str, st
     time.sleep(0.5)  # (in the native wait by now)
     sent = time.monotonic()
     proc.send_signal(signum)
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"signal {signum} did not end the process; its signal masks at "
+                             f"the start: {proc.signal_masks}") from None
     return proc.returncode, time.monotonic() - sent, out, err
 
 
@@ -108,6 +117,22 @@ def test_jax_still_sees_a_sigterm_that_arrives_while_the_main_thread_is_stuck():
     status, seconds, out, err = stop_stuck(proc, signal.SIGTERM)
     assert status == 0 and seconds < 30, (status, out, err)
     assert "sync point at step" in out, (out, err)
+
+
+def test_a_process_started_with_ctrl_c_ignored_still_stops_on_it():
+    """A non-interactive shell starts `cmd &` with SIGINT ignored, and the child inherits
+    that (here: the preexec step): the watchdog takes SIGINT back, so Ctrl-C stops it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PRELUDE + "print('stuck', flush=True)\n"
+         "libc.pthread_mutex_lock(mutex)\n"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=REPO_ROOT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
+             "BERTJAX_STOP_SECONDS": "2"})
+    ready = proc.stdout.readline()
+    assert ready.startswith("ready") and int(eval(ready[5:])[1], 16) & 2, ready  # (ignored)
+    proc.signal_masks = ready
+    status, seconds, _, err = stop_stuck(proc, signal.SIGINT)
+    assert status == 130 and "error: stop requested (Ctrl-C) 2 s ago" in err, (status, err)
 
 
 def test_a_malformed_grace_time_is_one_line():
