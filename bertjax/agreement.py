@@ -21,6 +21,7 @@ from typing import Any
 import jax
 
 from bertjax import peers
+from bertjax.errors import UserError
 
 # Fields that may differ between hosts: where a host keeps its own share of the prepared data
 # (its local disk); the data itself is compared as the corpus and the tokenizer.
@@ -32,11 +33,11 @@ _SHOWN = 80  # a longer value is shown by a hash of it
 _POLL_S = 0.2
 
 
-class HostsDisagree(ValueError):
+class HostsDisagree(UserError, ValueError):
     """The processes of a run differ in a setting, a file or the tokenizer."""
 
 
-class PeerFailed(RuntimeError):
+class PeerFailed(UserError, RuntimeError):
     """Another process stopped with an error while this one waited for it."""
 
 

@@ -32,6 +32,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from bertjax import failures, stopping, storage, test_pause
 from bertjax import files as file_layer
 from bertjax.checksums import CHECKSUMS, seal, verify  # noqa: F401 (this module's API too)
+from bertjax.errors import UserError
 
 storage.install_gcsfs()  # (before etils epath caches its gs:// file system)
 
@@ -46,15 +47,15 @@ def _absolute(directory: str) -> str:
     return file_layer.abspath(directory)
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(UserError, ValueError):
     """A checkpoint in the workdir was written by an incompatible configuration."""
 
 
-class CheckpointWriteError(RuntimeError):
+class CheckpointWriteError(UserError, RuntimeError):
     """Writing a checkpoint failed (possibly in the background writer of an earlier save)."""
 
 
-class DamagedCheckpoint(RuntimeError):
+class DamagedCheckpoint(UserError, RuntimeError):
     """A restored state differs from the digest its checkpoint recorded when it was saved;
     `problem` says which arrays."""
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from bertjax import console, files, pretrained
 from bertjax.data import tokenization
+from bertjax.errors import UserError
 from bertjax.interop import finetuned, hf, hf_tokenizer, native, tf, tree
 
 SAVERS = {"tf": tf.save_tf, "hf": hf.save_hf, "bertjax": native.save_bertjax}
@@ -162,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(final_dst, ignore_errors=True)  # (empty, or --overwrite)
             os.replace(args.dst, final_dst)
             args.dst = final_dst
-    except (tree.ConversionError, FileNotFoundError, FileExistsError,
-            pretrained.PretrainedError) as e:
+    except (UserError, FileNotFoundError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     finally:

@@ -19,11 +19,13 @@ import socket
 import jax
 from absl import logging
 
+from bertjax.errors import UserError
+
 
 LOCAL_HEARTBEAT_TIMEOUT_SECONDS = 7 * 24 * 3600
 
 
-class DistributedSetupError(ValueError):
+class DistributedSetupError(UserError, ValueError):
     """The coordinator settings are incomplete or malformed."""
 
 

@@ -25,18 +25,17 @@ import optax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (checkpoint, cli, console, failures, finetune_loop, guards, locks, optim,
-                     pretrained, reporting, sharding, validate)
+from bertjax import (cli, console, failures, finetune_loop, locks, optim, pretrained, reporting,
+                     sharding, validate)
 from bertjax import model as bert_model
 from bertjax import run as run_lib
-from bertjax.data import pipeline
 from bertjax.interop import native
-from bertjax.interop.tree import ConversionError
 from bertjax.model import BertConfig
+from bertjax.errors import UserError
 from bertjax.tasks import features, glue, ner, squad_predict
 
 
-class FinetuneError(ValueError):
+class FinetuneError(UserError, ValueError):
     """A configuration or input that cannot run; the message says what to change."""
 
 
@@ -223,10 +222,7 @@ def main(argv) -> None:
     except KeyboardInterrupt:
         cli.leave("interrupted (Ctrl-C) outside the training steps; rerun the same command to "
                   "resume from the last checkpoint", 130, at_once=True)
-    except (FinetuneError, run_lib.ConfigError, locks.LockHeld, pretrained.PretrainedError,
-            features.TaskDataError, pipeline.DataError, checkpoint.CheckpointMismatch,
-            checkpoint.CheckpointWriteError, checkpoint.DamagedCheckpoint, OSError,
-            ConversionError, guards.NonFiniteState) as e:
+    except (UserError, OSError) as e:
         cli.leave_on(e, FLAGS.workdir)
 
 

@@ -20,6 +20,7 @@ from absl import logging
 from bertjax import checkpoint, steps
 from bertjax.data import corpus, pipeline
 from bertjax.schedule import Phase
+from bertjax.errors import UserError
 
 # Per-phase settings that a resume within the same phase must keep.
 PHASE_FIELDS = ("max_seq_length", "max_predictions_per_seq", "global_batch_size")
@@ -37,7 +38,7 @@ class IncompatibleResume(checkpoint.CheckpointMismatch):
     """The workdir's checkpoint was written with data settings this run changes."""
 
 
-class NonFiniteState(RuntimeError):
+class NonFiniteState(UserError, RuntimeError):
     """The train state holds NaN or Inf; it must not be checkpointed."""
 
 

@@ -25,11 +25,12 @@ from typing import Callable, Iterator
 from absl import logging
 
 from bertjax import files
+from bertjax.errors import UserError
 
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
-class LockHeld(RuntimeError):
+class LockHeld(UserError, RuntimeError):
     """Another live process holds the lock."""
 
 

@@ -31,13 +31,14 @@ from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.schedule import Phase
 from bertjax.state import TrainState
+from bertjax.errors import UserError
 
 
-class MeshMismatch(ValueError):
+class MeshMismatch(UserError, ValueError):
     """The mesh cannot split the model as the logical-axis rules ask."""
 
 
-class WontFit(ValueError):
+class WontFit(UserError, ValueError):
     """The training state cannot be allocated in this host's memory (CPU devices)."""
 
 

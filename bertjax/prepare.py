@@ -26,6 +26,7 @@ from ml_collections import config_flags
 
 from bertjax import files, locks, schedule
 from bertjax.data import beam_prepare, pipeline, prepared_files, shard_job
+from bertjax.errors import UserError
 
 FLAGS = flags.FLAGS
 
@@ -118,13 +119,11 @@ def define_flags() -> None:
 
 def main(argv: list[str]) -> None:
     del argv
-    from bertjax import run
     try:
         for line in prepare_all(FLAGS.config, FLAGS.output, FLAGS.runner,
                                 FLAGS.beam_options):
             print(line, flush=True)
-    except (run.ConfigError, pipeline.DataError, locks.LockHeld, OSError,
-            beam_prepare.BeamMissing) as e:
+    except (UserError, OSError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
 

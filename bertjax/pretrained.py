@@ -24,12 +24,13 @@ from bertjax.data import pipeline, tokenization
 from bertjax.interop import hf, hf_tokenizer, native, staging, tf, tree
 from bertjax.interop.tree import ConversionError
 from bertjax.model import BertConfig, BertModel
+from bertjax.errors import UserError
 
 FORMATS = ("tf", "hf", "bertjax")
 LOADERS = {"tf": tf.load_tf, "hf": hf.load_hf, "bertjax": native.load_bertjax}
 
 
-class PretrainedError(ValueError):
+class PretrainedError(UserError, ValueError):
     """No model or tokenizer can be taken from the given sources; the message says what to set."""
 
 

@@ -15,12 +15,13 @@ from absl import logging
 from bertjax import console, failures, files, flops, objectives, optim, schedule, steps
 from bertjax.model import BertConfig
 from bertjax.schedule import Phase
+from bertjax.errors import UserError
 
 if TYPE_CHECKING:  # importing tensorboardX imports torch when it is installed: seconds
     from tensorboardX import SummaryWriter
 
 
-class TrainingError(RuntimeError):
+class TrainingError(UserError, RuntimeError):
     """The run cannot continue (e.g. too many non-finite steps); the message says why."""
 
 

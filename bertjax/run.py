@@ -18,9 +18,10 @@ from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.schedule import Phase
 from bertjax.state import TrainState, create_train_state
+from bertjax.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config that cannot run on these devices (mesh, batch sizes, lengths)."""
 
 

@@ -16,6 +16,8 @@ from typing import Iterator
 
 import jax
 
+from bertjax.errors import UserError
+
 GIB = 1024 ** 3
 
 
@@ -50,7 +52,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
 )}
 
 
-class TargetError(ValueError):
+class TargetError(UserError, ValueError):
     """An unknown target, or a compiler for it that is not installed."""
 
 

@@ -22,7 +22,7 @@ from bertjax import (agreement, checkpoint, cli, console, distributed, failures,
                      run_schedule, schedule, stopping, test_pause, validate)
 from bertjax import model as bert_model
 from bertjax.data import loaders, pipeline
-from bertjax.interop.tree import ConversionError
+from bertjax.errors import UserError
 from bertjax.model import BertConfig
 from bertjax.pretrain_loop import Pretraining
 from bertjax.schedule import DataPosition
@@ -223,11 +223,7 @@ def main(argv: list[str]) -> None:
     except KeyboardInterrupt:
         cli.leave("interrupted (Ctrl-C) outside the training steps; nothing to save (rerun to "
                   "resume from the last checkpoint)", 130, at_once=True)
-    except (agreement.HostsDisagree, agreement.PeerFailed,
-            distributed.DistributedSetupError, run.ConfigError, pipeline.DataError,
-            checkpoint.CheckpointMismatch, checkpoint.CheckpointWriteError,
-            reporting.TrainingError, guards.NonFiniteState, locks.LockHeld, OSError,
-            ConversionError, pretrained.PretrainedError) as e:
+    except (UserError, OSError) as e:
         peers.announce_failure(e)  # (peers waiting for this process stop too)
         cli.leave_on(e, FLAGS.workdir)
     except jax.errors.JaxRuntimeError as e:  # a collective failed: a peer lost?

@@ -20,13 +20,14 @@ import shutil
 from typing import Any, Callable, Iterable, Iterator
 
 from bertjax.data import shard_job, shard_sources
+from bertjax.errors import UserError
 
 INSTALL = ("--runner=beam needs Apache Beam: pip install -e '.[beam]' in its own virtual "
            "environment (Beam pins protobuf<7 and pyarrow<26, older than this project's other "
            "packages want)")
 
 
-class BeamMissing(ImportError):
+class BeamMissing(UserError, ImportError):
     """apache_beam is not installed (the message says how to install it)."""
 
 

@@ -21,12 +21,13 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from bertjax.data import instances, shard_format, shard_sources, tokenization, tokenize_corpus
+from bertjax.errors import UserError
 
 CHUNK_ROWS = 4096  # rows masked and written at a time
 INSTANCE_ROUTE_FACTOR = 3  # whole documents holding more than this x eval_fraction of tokens
 
 
-class WorkerError(RuntimeError):
+class WorkerError(UserError, RuntimeError):
     """A worker process failed to start or died (e.g. a script without the `__main__` guard)."""
 
 

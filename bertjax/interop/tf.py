@@ -27,6 +27,7 @@ from bertjax import files
 from bertjax import model as bert_model
 from bertjax.interop import tree
 from bertjax.model import BertConfig
+from bertjax.errors import UserError
 
 TABLE_MAGIC = 0xDB4775248B80FB57
 FOOTER_SIZE = 48  # two block handles padded to 40 bytes, then the 8-byte magic
@@ -43,7 +44,7 @@ DTYPE_ENUMS = {dtype: enum for enum, dtype in DTYPES.items()}
 DT_STRING = 7
 
 
-class CheckpointFormatError(ValueError):
+class CheckpointFormatError(UserError, ValueError):
     """A TF checkpoint file is missing, truncated, corrupt or of an unsupported kind."""
 
 

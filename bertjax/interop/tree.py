@@ -15,11 +15,12 @@ from flax import traverse_util
 from bertjax import files
 from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.errors import UserError
 
 LAYER_PATH = re.compile(r"^bert/encoder/layer_(\d+)/(.*)$")
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError, ValueError):
     """A checkpoint that cannot be read or does not fit; the message names file and fix."""
 
 

@@ -12,9 +12,10 @@ import numpy as np
 from absl import logging
 
 from bertjax.data import tokenization
+from bertjax.errors import UserError
 
 
-class TaskDataError(ValueError):
+class TaskDataError(UserError, ValueError):
     """Task data that cannot be read (missing file, no usable rows); the message says why."""
 
 
