@@ -87,7 +87,7 @@ class Pretraining:
                                 "from %s was non-finite", step, self.progress.resumed_from)
                 return
             guards.check_finite(  # (a restored state is checked: only an update makes it so)
-                state, step, "; " + steps.NONFINITE_CAUSES[4][1])
+                state, step, "; " + steps.NonFinite.UPDATE.advice)
             # (the checkpointer announces the save once sealed)
             checkpointer.save(step, state, position.as_dict(), self.meta, force=force)
 

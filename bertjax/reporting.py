@@ -220,10 +220,10 @@ class Progress:
         if metrics["nonfinite"] > 0:
             self.nonfinite_in_a_row += 1
             self.nonfinite_total += 1
-            cause = int(metrics["nonfinite"])
-            if cause == 3 and self.finite_steps:  # (restored states are checked: an update
-                cause = 4                          # of this run made it non-finite)
-            what, advice = steps.NONFINITE_CAUSES.get(cause, steps.NONFINITE_CAUSES[2])
+            cause = steps.NonFinite(int(metrics["nonfinite"]))
+            if cause == steps.NonFinite.STATE and self.finite_steps:  # (restored states are
+                cause = steps.NonFinite.UPDATE  # checked: an update of this run made it so)
+            what, advice = cause.what, cause.advice
             logging.warning("step %d (%s): non-finite %s; update skipped (%d in a row, %d in "
                             "this run)", step, batch, what, self.nonfinite_in_a_row,
                             self.nonfinite_total)
@@ -233,7 +233,8 @@ class Progress:
                           "non-finite, which points at that checkpoint rather than the learning "
                           "rate: move it out of WORKDIR/checkpoints (e.g. to "
                           "WORKDIR/checkpoints_quarantine) to resume from the one before")
-            if self.nonfinite_in_a_row >= self.max_nonfinite_steps or cause in (3, 4):
+            if self.nonfinite_in_a_row >= self.max_nonfinite_steps or cause in (
+                    steps.NonFinite.STATE, steps.NonFinite.UPDATE):
                 raise (NonFiniteAfterResume if suspect else TrainingError)(
                     f"{self.nonfinite_in_a_row} consecutive non-finite steps ending at step {step} "
                     f"({batch}), the last with non-finite {what}; the last checkpoint is intact. "

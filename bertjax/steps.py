@@ -7,6 +7,7 @@ sentence prediction per instance: next_sentence_labels, next_sentence_weights [B
 """
 from __future__ import annotations
 
+import enum
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -92,16 +93,32 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     return train_step
 
 
-# What `metrics["nonfinite"]` says went non-finite (0: nothing, the step was applied), and
-# what to do about it.
-NONFINITE_CAUSES = {
-    1: ("inputs", "the batch holds NaN or Inf: check the data"),
-    2: ("loss or gradients", "lower optimizer.peak_learning_rate or check the data"),
-    3: ("state", "the parameters or optimizer state held NaN or Inf before the step, which is "
-                 "not a learning-rate problem: the checkpoint the run resumed from may be "
-                 "damaged; move it out of WORKDIR/checkpoints to resume from the one before"),
-    4: ("update", "an update of this run made the state non-finite from finite gradients: "
-                  "lower optimizer.peak_learning_rate or set optimizer.clip_global_norm"),
+class NonFinite(enum.IntEnum):
+    """What `metrics["nonfinite"]` says went non-finite in a skipped step (0: nothing, the step
+    was applied): `what` names it, `advice` says what to do about it."""
+
+    INPUTS = 1
+    LOSS_OR_GRADIENTS = 2
+    STATE = 3  # (before the step: a restored state; `reporting` names it UPDATE once this run
+    UPDATE = 4  # has made finite steps, since then only an update of this run can have)
+
+    @property
+    def what(self) -> str:
+        return self.name.lower().replace("_", " ")
+
+    @property
+    def advice(self) -> str:
+        return _ADVICE[self]
+
+
+_ADVICE = {
+    NonFinite.INPUTS: "the batch holds NaN or Inf: check the data",
+    NonFinite.LOSS_OR_GRADIENTS: "lower optimizer.peak_learning_rate or check the data",
+    NonFinite.STATE: "the parameters or optimizer state held NaN or Inf before the step, which "
+                     "is not a learning-rate problem: the checkpoint the run resumed from may be "
+                     "damaged; move it out of WORKDIR/checkpoints to resume from the one before",
+    NonFinite.UPDATE: "an update of this run made the state non-finite from finite gradients: "
+                      "lower optimizer.peak_learning_rate or set optimizer.clip_global_norm",
 }
 
 
@@ -124,8 +141,9 @@ def all_finite_grouped(tree: Any) -> jax.Array:
 def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax.Array, grads: Any,
                   metrics: Metrics, batch: Batch) -> tuple[TrainState, Metrics]:
     """Clip + update (inside `tx`), applied only if the loss and the gradients' global norm
-    are finite; adds grad_norm and `nonfinite` (0, or the NONFINITE_CAUSES code of a skipped
-    step: 1-3; after finite steps of the run, `reporting` names a 3 as 4, the update).
+    are finite; adds grad_norm and `nonfinite` (0, or the `NonFinite` of a skipped step:
+    INPUTS, LOSS_OR_GRADIENTS or STATE; after finite steps of the run, `reporting` names a
+    STATE as UPDATE).
 
     The new state is not checked here (a check per leaf cost the H100 compile of BERT-large
     1,055 kernels and 2.1 ms a step: benchmarks/aot/levers.md, lever 13). It needs none: the
@@ -143,7 +161,9 @@ def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax
 
     def cause(_):
         return jnp.select([~all_finite_grouped(batch),
-                           ~all_finite_grouped((state.params, state.opt_state))], [1.0, 3.0], 2.0)
+                           ~all_finite_grouped((state.params, state.opt_state))],
+                          [float(NonFinite.INPUTS), float(NonFinite.STATE)],
+                          float(NonFinite.LOSS_OR_GRADIENTS))
 
     # A non-finite step leaves params and optimizer state untouched (an elementwise select,
     # which XLA fuses into the update writing the donated buffers in place: a `lax.cond`
