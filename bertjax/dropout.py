@@ -14,7 +14,7 @@ from jax.extend.random import threefry2x32_p
 class Dropout(nn.Module):
     """Inverted dropout (kept values scaled by 1 / (1 - rate), as the original). The drop
     rate is rounded to a multiple of 2**-16 (0.1 -> 0.100006). The mask is one kernel's
-    output of 1 bit per element, which the forward and backward passes read (lever 16 of
+    output of 1 bit per element, which the forward and backward passes read (measured in
     benchmarks/aot/levers.md), instead of 32-bit draws then a byte per element."""
 
     rate: float

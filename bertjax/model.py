@@ -62,9 +62,9 @@ def _activated_dense(config: BertConfig, features: int, axes: tuple[str, str],
                      x: jax.Array) -> jax.Array:
     """`activation(Dense(x))` with the Dense named "dense" (call from a compact method). On a
     GPU the bias add and the activation are rematerialised in the backward pass from the
-    matmul's output (`_RematActivatedDense`): for the H100 compiler that saves 1 GiB of peak
-    and 0.7 ms at 4 layers; libtpu's step grows by 0.7 GiB with it (benchmarks/aot/levers.md,
-    levers 6 and 15). Same ops either way: identical values."""
+    matmul's output (`_RematActivatedDense`): it lowers the H100 compiler's peak memory and
+    step time, and raises libtpu's peak, hence GPU only (measured in benchmarks/aot/levers.md).
+    Same ops either way: identical values."""
     activation = ACTIVATIONS[config.hidden_act]
     if attention.target_platform() in ("gpu", "cuda"):
         return _dense(config, features, axes, "dense", _RematActivatedDense,
@@ -76,7 +76,7 @@ class _RematActivatedDense(nn.Dense):
     """`activation(x @ kernel + bias)` with nn.Dense's parameters, the bias add and the
     activation under `jax.checkpoint`: the backward pass keeps only the matmul's output
     (which exists anyway), so the forward fusion writes the activation alone, not the biased
-    pre-activation beside it (lever 15)."""
+    pre-activation beside it (benchmarks/aot/levers.md)."""
 
     activation: Callable[[jax.Array], jax.Array] = ACTIVATIONS["gelu"]
 

@@ -145,8 +145,8 @@ def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax
     INPUTS, LOSS_OR_GRADIENTS or STATE; after finite steps of the run, `reporting` names a
     STATE as UPDATE).
 
-    The new state is not checked here (a check per leaf cost the H100 compile of BERT-large
-    1,055 kernels and 2.1 ms a step: benchmarks/aot/levers.md, lever 13). It needs none: the
+    The new state is not checked here (a check per leaf added kernels and step time to the
+    H100 compile of BERT-large, as measured in benchmarks/aot/levers.md). It needs none: the
     state is finite at every restore (`guards.check_finite`), and from a finite state, a
     finite norm (so every gradient's square is finite) gives finite Adam moments, convex
     combinations of finite values. Only an overflowing parameter update (an absurd learning
