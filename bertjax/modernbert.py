@@ -267,11 +267,23 @@ class ModernBertForMaskedLM(nn.Module):
             sequence_BxLxH = gather_positions(sequence_BxLxH, masked_lm_positions)
         h_BxPxH = ModernBertPredictionHead(cfg, name="head")(sequence_BxLxH)
         embeddings_VxH = encoder.variables["params"]["embeddings"]["tok_embeddings"]
+        return ModernBertDecoder(cfg, name="decoder")(h_BxPxH, nn.meta.unbox(embeddings_VxH))
+
+
+class ModernBertDecoder(nn.Module):
+    """The vocabulary projection by the tied token embeddings, plus a bias with
+    `decoder_bias` (transformers' `decoder`): float32 logits."""
+
+    config: ModernBertConfig
+
+    @nn.compact
+    def __call__(self, h_BxPxH: jax.Array, embeddings_VxH: jax.Array) -> jax.Array:
+        cfg = self.config
         logits_BxPxV = jnp.einsum("bph,vh->bpv", h_BxPxH.astype(cfg.dtype),
-                                  nn.meta.unbox(embeddings_VxH).astype(cfg.dtype),
+                                  embeddings_VxH.astype(cfg.dtype),
                                   preferred_element_type=jnp.float32)
         if cfg.decoder_bias:
-            logits_BxPxV += self.param("decoder_bias", _zeros((VOCAB,)), (cfg.vocab_size,),
+            logits_BxPxV += self.param("bias", _zeros((VOCAB,)), (cfg.vocab_size,),
                                        cfg.param_dtype).astype(jnp.float32)
         return logits_BxPxV
 

@@ -27,8 +27,6 @@ def path_to_hf(path: str) -> tuple[str, str]:
     """The transformers name of a bertjax ModernBERT path, and how the tensor converts:
     "copy", "linear" (transposed) or "split" (a `[H, parts, F]` kernel or `[parts, F]` bias
     of transformers' fused `[parts * F, H]` weight or `[parts * F]` bias)."""
-    if path == "decoder_bias":
-        return "decoder.bias", "copy"
     name = re.sub(r"/layer_(\d+)/", r"/layers/\1/", path)
     kind = "split" if re.search(r"/(Wqkv|Wi)/", name) else \
         "linear" if name.endswith("/kernel") else "copy"
