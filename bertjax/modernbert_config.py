@@ -63,6 +63,12 @@ class ModernBertConfig:
     def head_size(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    @property
+    def attention_probs_dropout_prob(self) -> float:
+        """BertConfig's name of `attention_dropout`, read by the shared machinery (autofit's
+        choice of attention kernel)."""
+        return self.attention_dropout
+
     def is_global(self, layer: int) -> bool:
         """Whether layer `layer` attends over the whole row (else over its sliding window)."""
         return layer % self.global_attn_every_n_layers == 0

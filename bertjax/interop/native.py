@@ -56,6 +56,10 @@ def checkpoint_dir(path: str) -> str:
 def config_from_meta(meta: dict, directory: str) -> BertConfig:
     """The model config a checkpoint recorded: a fine-tuning run's `bert_config`, a
     pretraining run's full model config, else the architecture of a params-only checkpoint."""
+    if meta.get("model", {}).get("family", "bert") != "bert":
+        raise tree.ConversionError(
+            f"{directory} holds a {meta['model']['family']} model, which bertjax cannot yet "
+            "fine-tune, convert or start a run from (docs/modernbert.md)")
     if "bert_config" in meta:
         return BertConfig.from_dict(meta["bert_config"])
     run = json.loads(meta["config"]) if "config" in meta else {}
