@@ -42,10 +42,12 @@ def model_config(model: Mapping[str, Any]) -> ModelConfig:
 
 def recorded_fields(model: Mapping[str, Any]) -> dict[str, Any]:
     """What a checkpoint records of the model (a resume must match it): its architecture and
-    storage fields, and for ModernBERT the family (BERT's record is as before families)."""
+    storage fields, and for ModernBERT the family and the padding id (BERT's record is as
+    before families)."""
     if family(model) == "modernbert":
         config = model_config(model)
         return {"family": "modernbert", **modernbert_config.architecture(config),
+                "pad_token_id": config.pad_token_id,  # (what an export's embeddings name)
                 "param_dtype": config.param_dtype}
     return {name: model[name] for name in bert_model.ARCHITECTURE_FIELDS
             + bert_model.STORAGE_FIELDS}

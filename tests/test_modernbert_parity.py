@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import modernbert
+from bertjax import convert, modernbert
 from bertjax.interop import hf_modernbert, tree
 
 torch = pytest.importorskip("torch")
@@ -116,3 +116,16 @@ def test_an_encoder_without_its_head_is_refused(tmp_path):
     with pytest.raises(tree.ConversionError, match="ModernBertForMaskedLM directory") as error:
         hf_modernbert.load_hf(str(tmp_path))
     assert "\n" not in str(error.value)
+
+
+def test_a_converted_bertjax_checkpoint_gives_transformers_the_same_logits(tmp_path):
+    """`python -m bertjax.convert` of a bertjax ModernBERT checkpoint: transformers' logits
+    equal bertjax's on the same weights."""
+    from test_modernbert_train import modernbert_checkpoint
+    from test_modernbert import TINY
+    params = modernbert_checkpoint(tmp_path / "run")
+    assert convert.main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    model = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+    ids, mask = padded_batch(TINY.vocab_size)
+    assert_close_at_real_tokens(bertjax_logits(TINY, params, ids, mask), hf_logits(model, ids, mask),
+                                mask)

@@ -1,6 +1,7 @@
 """ModernBERT on the pretraining machinery (`config.model.family="modernbert"`,
 configs/modernbert_tiny.py): its config's checks, its model FLOPs, its weight decay, and
 (slow) a real run of `train.train_and_evaluate` that learns, stops and resumes exactly."""
+import dataclasses
 import os
 import runpy
 import shutil
@@ -9,11 +10,13 @@ import flax.linen as nn
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, families, flops, optim, train, validate
-from bertjax.interop import native, tree
+from bertjax import (checkpoint, convert, families, flops, optim, pretrained, train,
+                     validate)
+from bertjax.interop import hf_modernbert, tree
+from bertjax.model import BertConfig
 from bertjax.modernbert_config import ModernBertConfig
 from bertjax.run import ConfigError
-from test_modernbert import TINY, abstract
+from test_modernbert import TINY, abstract, init
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,22 +93,58 @@ def test_weight_decay_spares_norms_and_biases():
     assert all(mask[path] for path in mask if path.endswith("/kernel"))
 
 
-def test_a_modernbert_checkpoint_is_not_read_as_bert():
-    with pytest.raises(tree.ConversionError, match="holds a modernbert model") as error:
-        native.config_from_meta({"model": {"family": "modernbert"}}, "/runs/modern")
+def modernbert_checkpoint(path, config: ModernBertConfig = TINY) -> dict:
+    """A params-only bertjax checkpoint of a random ModernBERT, recorded as a run records it;
+    returns the params."""
+    params = init(config)
+    checkpoint.save_params(str(path), params, {"model": families.recorded_fields(
+        {"family": "modernbert", **dataclasses.asdict(config)})})
+    return params
+
+
+def test_convert_exports_a_modernbert_checkpoint_to_hugging_face(tmp_path, capsys):
+    params = modernbert_checkpoint(tmp_path / "run")
+    assert convert.main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    config, exported = hf_modernbert.load_hf(str(tmp_path / "hf"))
+    assert config == TINY
+    for path, value in tree.flatten(params).items():
+        np.testing.assert_array_equal(tree.flatten(exported)[path], value, err_msg=path)
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "ModernBertForMaskedLM.from_pretrained" in card and "ModernBERT, 4 layers" in card
+    capsys.readouterr()
+    assert convert.main([str(tmp_path / "run"), str(tmp_path / "tf"), "--to=tf"]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and "converts to Hugging Face only" in error
+    assert "\n" not in error
+
+
+def test_bert_runs_refuse_a_modernbert_checkpoint(tmp_path):
+    modernbert_checkpoint(tmp_path / "run")
+    source = pretrained.Source(init_checkpoint=str(tmp_path / "run"))
+    with pytest.raises(pretrained.PretrainedError, match="holds a ModernBERT model") as error:
+        pretrained.bert_config_of(source, pretrained.pretraining_run(source))
     assert "\n" not in str(error.value)
+    abstract_bert = {"bert": {}}
+    with pytest.raises(tree.ConversionError, match="holds a ModernBERT model"):
+        pretrained.load_pretrained(str(tmp_path / "run"), abstract_bert, BertConfig())
 
 
 @pytest.mark.slow  # three tiny runs: about a minute of CPU
 def test_pretrains_and_resumes_exactly(corpus_file, cache_dir, tmp_path):  # noqa: F811
-    """The MLM-only run learns; one stopped at step 5, which lost its step-5 checkpoint,
-    resumes from step 4 with every logged loss equal to the uninterrupted run's, bit for bit;
-    its checkpoint records the family, and a BERT config is refused in its workdir."""
+    """The MLM-only run learns and exports to Hugging Face with its tokenizer; one stopped at
+    step 5, which lost its step-5 checkpoint, resumes from step 4 with every logged loss
+    equal to the uninterrupted run's, bit for bit; its checkpoint records the family, and a
+    BERT config is refused in its workdir."""
     config = small_config(corpus_file, cache_dir)
     final = train.train_and_evaluate(config, str(tmp_path / "straight"))
     straight = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "straight")}
     assert np.mean([straight[s] for s in (10, 11, 12)]) < np.mean([straight[s] for s in (1, 2, 3)])
     assert "nsp_loss" not in final and final["mlm_accuracy"] > 0
+    assert convert.main([str(tmp_path / "straight"), str(tmp_path / "hf")]) == 0
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= set(
+        os.listdir(tmp_path / "hf"))
+    assert hf_modernbert.load_hf(str(tmp_path / "hf"))[0] == families.model_config(
+        config.model.to_dict())
     resumed = tmp_path / "resumed"
     config.train.stop_after_steps = 5
     train.train_and_evaluate(config, str(resumed))

@@ -152,7 +152,8 @@ def load_hf(path: str, report: tree.LoadReport | None = None
 def save_hf(config: ModernBertConfig, params: dict[str, Any], path: str) -> int:
     """Writes `config.json` + `model.safetensors` that `transformers.AutoModelForMaskedLM
     .from_pretrained(path)` loads as a ModernBertForMaskedLM with no missing or unexpected
-    weights (no torch needed). Returns the number of parameters written."""
+    weights (no torch needed); the special tokens' ids are left to the tokenizer's files.
+    Returns the number of parameters written."""
     from safetensors.numpy import save_file
 
     os.makedirs(path, exist_ok=True)
@@ -175,6 +176,9 @@ def save_hf(config: ModernBertConfig, params: dict[str, Any], path: str) -> int:
         rope_parameters={layer_type: {"rope_type": "default", "rope_theta": getattr(config, field)}
                          for layer_type, field in ROPE_TYPES.items()},
         model_type="modernbert", architectures=["ModernBertForMaskedLM"],
-        tie_word_embeddings=True)
+        tie_word_embeddings=True,
+        # Not transformers' defaults (ModernBERT-base's ids, outside a smaller vocabulary):
+        # the tokenizer written beside the weights names its special tokens.
+        bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)
     tree.write_json(os.path.join(path, "config.json"), values)
     return sum(int(np.size(v)) for v in tensors.values())
