@@ -8,7 +8,7 @@ import numbers
 from typing import Any
 
 from bertjax import attention
-from bertjax.bert_config import ACTIVATIONS, DTYPES, REMAT_POLICIES
+from bertjax.bert_config import ACTIVATIONS, DTYPES, REMAT_POLICIES, FieldChecks, FromDict
 
 SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                "num_attention_heads", "max_position_embeddings", "global_attn_every_n_layers",
@@ -18,7 +18,7 @@ RATES = ("attention_dropout", "embedding_dropout", "mlp_dropout")
 
 
 @dataclasses.dataclass(frozen=True)
-class ModernBertConfig:
+class ModernBertConfig(FromDict):
     """ModernBERT's architecture (defaults: ModernBERT-base) and bertjax's compute switches."""
 
     vocab_size: int = 50368
@@ -53,12 +53,6 @@ class ModernBertConfig:
     def __post_init__(self):
         check(dataclasses.asdict(self))
 
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "ModernBertConfig":
-        """Builds a config from a dict, ignoring keys this class does not know."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
-
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_attention_heads
@@ -91,40 +85,25 @@ def check(values: dict[str, Any], prefix: str = "", flag: str = "") -> None:
     """Raises ValueError for the first field in `values` (absent ones at their defaults) that
     cannot build a model, in one line naming `{prefix}{field}` and the setting
     `{flag}{prefix}{field}` that fixes it."""
-    defaults = {f.name: f.default for f in dataclasses.fields(ModernBertConfig)}
-    value = {**defaults, **{k: v for k, v in values.items() if k in defaults}}
-    name, setting = (lambda f: f"{prefix}{f}"), (lambda f: f"{flag}{prefix}{f}")
-    for field in SIZE_FIELDS:
-        if not isinstance(value[field], numbers.Integral) or value[field] < 1:
-            raise ValueError(f"{name(field)}={value[field]!r} is out of range: it must be an "
-                             f"integer >= 1; set {setting(field)}")
-    if value["hidden_size"] % value["num_attention_heads"]:
-        raise ValueError(f"{name('hidden_size')}={value['hidden_size']} is not divisible by "
-                         f"{name('num_attention_heads')}={value['num_attention_heads']}; set "
-                         f"{setting('num_attention_heads')} to a divisor of it")
-    if (value["hidden_size"] // value["num_attention_heads"]) % 2:
-        raise ValueError(f"the head size {name('hidden_size')} / {name('num_attention_heads')} "
-                         "must be even (RoPE rotates pairs of units); set "
-                         f"{setting('num_attention_heads')}")
-    for field in ("initializer_range", "initializer_cutoff_factor", "norm_eps",
-                  "global_rope_theta", "local_rope_theta"):
-        number = isinstance(value[field], numbers.Real) and not isinstance(value[field], bool)
-        if not number or not 0 < value[field] < float("inf"):
-            raise ValueError(f"{name(field)}={value[field]!r} is out of range: it must be a "
-                             f"number > 0; set {setting(field)}")
+    fields = FieldChecks(ModernBertConfig, values, prefix, flag)
+    fields.sizes(SIZE_FIELDS)
+    fields.heads_divide_hidden()
+    if (fields.value["hidden_size"] // fields.value["num_attention_heads"]) % 2:
+        raise ValueError(f"the head size {fields.name('hidden_size')} / "
+                         f"{fields.name('num_attention_heads')} must be even (RoPE rotates "
+                         f"pairs of units); set {fields.setting('num_attention_heads')}")
+    fields.positive(("initializer_range", "initializer_cutoff_factor", "norm_eps",
+                     "global_rope_theta", "local_rope_theta"))
     for field in RATES:
-        if not isinstance(value[field], numbers.Real) or not 0 <= value[field] < 1:
-            raise ValueError(f"{name(field)}={value[field]!r} is out of range: it must be in "
-                             f"[0, 1); set {setting(field)}")
+        value = fields.value[field]
+        if not isinstance(value, numbers.Real) or not 0 <= value < 1:
+            raise ValueError(f"{fields.name(field)}={value!r} is out of range: it must be in "
+                             f"[0, 1); set {fields.setting(field)}")
     for field in SWITCHES:
-        if not isinstance(value[field], bool):
-            raise ValueError(f"{name(field)}={value[field]!r} must be True or False; set "
-                             f"{setting(field)}")
-    for field, choices in (("hidden_activation", ACTIVATIONS),
-                           ("classifier_activation", ACTIVATIONS),
-                           ("remat_policy", REMAT_POLICIES),
-                           ("attention_impl", attention.ATTENTION_IMPLS), ("dtype", DTYPES),
-                           ("param_dtype", DTYPES)):
-        if value[field] not in choices:
-            raise ValueError(f"{name(field)}={value[field]!r} is not one of "
-                             f"{', '.join(map(repr, choices))}; set {setting(field)}")
+        if not isinstance(fields.value[field], bool):
+            raise ValueError(f"{fields.name(field)}={fields.value[field]!r} must be True or "
+                             f"False; set {fields.setting(field)}")
+    fields.choices((("hidden_activation", ACTIVATIONS), ("classifier_activation", ACTIVATIONS),
+                    ("remat_policy", REMAT_POLICIES),
+                    ("attention_impl", attention.ATTENTION_IMPLS), ("dtype", DTYPES),
+                    ("param_dtype", DTYPES)))
