@@ -63,6 +63,15 @@ class ModernBertConfig(FromDict):
         choice of attention kernel)."""
         return self.attention_dropout
 
+    def resolved_attention_impl(self, backend: str | None = None) -> str:
+        """The implementation training uses on `backend` (default: the target platform): the
+        global layers' choice, and the einsum reference in the sliding-window layers."""
+        impl = attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend,
+                                      self.attention_dropout)
+        local = any(not self.is_global(i) for i in range(self.num_hidden_layers))
+        return f"{impl} (global layers), einsum (sliding windows)" if local and impl != "einsum" \
+            else impl
+
     def is_global(self, layer: int) -> bool:
         """Whether layer `layer` attends over the whole row (else over its sliding window)."""
         return layer % self.global_attn_every_n_layers == 0

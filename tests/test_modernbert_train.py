@@ -2,9 +2,12 @@
 configs/modernbert_tiny.py): its config's checks, its model FLOPs, its weight decay, and
 (slow) a real run of `train.train_and_evaluate` that learns, stops and resumes exactly."""
 import dataclasses
+import json
 import os
 import runpy
 import shutil
+import subprocess
+import sys
 
 import flax.linen as nn
 import numpy as np
@@ -161,3 +164,28 @@ def test_pretrains_and_resumes_exactly(corpus_file, cache_dir, tmp_path):  # noq
     bert.model = tiny_config(corpus_file, cache_dir).model
     with pytest.raises(checkpoint.CheckpointMismatch, match="different model"):
         train.train_and_evaluate(bert, str(resumed))
+
+
+@pytest.mark.slow  # a subprocess compiling the sharded step: about 30 s of CPU
+def test_aot_compiles_the_modernbert_step_for_fake_devices(tmp_path):
+    out = tmp_path / "aot.json"
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    env.pop("XLA_FLAGS", None)  # the tool sets its own device count
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjax.tools.aot", "--config=configs/modernbert_tiny.py",
+         f"--out={out}", "--num_devices=8", "--config.mesh.data=2", "--config.mesh.fsdp=2",
+         "--config.mesh.tensor=2", "--config.model.num_hidden_layers=2",
+         "--config.model.hidden_size=32", "--config.model.intermediate_size=48",
+         "--config.model.vocab_size=512", "--config.train.global_batch_size=16",
+         "--config.long_phase.fraction=0"],
+        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("cpu x8 (cpu, 8 devices), mesh data=2 fsdp=2 tensor=2, "
+                                    "attention einsum")
+    details = json.loads(out.read_text())
+    assert "model/layer_*/attn/Wqkv/kernel" in details["startup_report"]
+    config = ModernBertConfig(vocab_size=512, hidden_size=32, intermediate_size=48,
+                              num_hidden_layers=2, num_attention_heads=2,
+                              max_position_embeddings=512, local_attention=64, pad_token_id=0)
+    assert details["phases"]["short"]["model_flops_per_device"] == \
+        flops.train_flops_per_sequence(config, 128, 40) * 16 / 8
