@@ -60,10 +60,13 @@ class Mask:
     (1..K, in row order) of the instance each token belongs to (`max_instances` K): a token
     sees only the tokens of its own instance (block-diagonal attention). A `[B, L, L]` mask
     (causal_mask: train.objective=ltr) gives each query its own keys (einsum only).
+    `half_window` > 0 restricts each query further to the keys at most that many rows away
+    (ModernBERT's sliding-window attention; einsum only for now).
     """
 
     ids_BxL: jax.Array
     max_instances: int = flax.struct.field(pytree_node=False, default=0)
+    half_window: int = flax.struct.field(pytree_node=False, default=0)
 
     @property
     def packed(self) -> bool:
@@ -102,8 +105,8 @@ def attend(impl: str, dtype: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
     reference with `dropout` on its probabilities, or a fused kernel applying `dropout_rate`
     itself (cuDNN: seeded by `seed`). `spec`: the mesh axes of the batch and the heads (the
     Pallas kernel runs per shard)."""
-    if impl == "auto" and mask.ids_BxL.ndim == 3:  # a per-query mask (causal): the reference
-        impl = "einsum"
+    if impl == "auto" and (mask.ids_BxL.ndim == 3 or mask.half_window):
+        impl = "einsum"  # a per-query mask (causal, sliding window): the reference
     impl = resolve_impl(impl, dtype, q_BxLxNxD.shape[-1], None, dropout_rate,
                         q_BxLxNxD.shape[1], mask.packed)
     if impl == "einsum":
@@ -114,7 +117,16 @@ def attend(impl: str, dtype: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
 def mask_bias(mask: Mask) -> jax.Array:
     """The original additive mask `(1 - mask) * -10000` broadcast over heads (and over queries,
     `[B, 1, 1, L]`, for a padding mask; a `[B, L, L]` mask such as causal_mask's gives each
-    query its keys); for packed rows `[B, 1, L, L]`, -10000 between different instances."""
+    query its keys); for packed rows `[B, 1, L, L]`, -10000 between different instances; with
+    a `half_window`, `[B, 1, L, L]`, -10000 also between rows further apart than it."""
+    if mask.half_window:
+        ids = mask.ids_BxL
+        keys_BxQxL = (ids[:, :, None] == ids[:, None, :] if mask.packed
+                      else ids > 0 if ids.ndim == 3 else (ids > 0)[:, None, :])
+        rows_L = jnp.arange(ids.shape[-1])
+        band_LxL = jnp.abs(rows_L[:, None] - rows_L[None, :]) <= mask.half_window
+        return jnp.where(keys_BxQxL & band_LxL, 0.0, ATTENTION_MASK_VALUE)[:, None].astype(
+            jnp.float32)
     if mask.packed:
         same_BxLxL = mask.ids_BxL[:, :, None] == mask.ids_BxL[:, None, :]
         return jnp.where(same_BxLxL, 0.0, ATTENTION_MASK_VALUE)[:, None].astype(jnp.float32)
@@ -154,6 +166,9 @@ def fused_attention(impl: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
     if mask.ids_BxL.ndim != 2:
         raise ValueError(f"attention_impl={impl!r} takes padding or packed masks only; a causal "
                          "(train.objective=ltr) model needs model.attention_impl='einsum'")
+    if mask.half_window:
+        raise ValueError(f"attention_impl={impl!r} has no sliding window yet; a ModernBERT "
+                         "model needs model.attention_impl='einsum' (or 'auto')")
     if impl == "cudnn":
         return cudnn_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, dropout_rate, seed)
     if dropout_rate > 0:

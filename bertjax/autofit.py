@@ -16,7 +16,7 @@ import jax
 from jax.sharding import Mesh
 
 from bertjax import attention, memory, sharding, targets
-from bertjax.model import BertConfig
+from bertjax.families import ModelConfig
 from bertjax.schedule import Phase
 
 # Compiled activation bytes / JAX's saved residuals (BERT-large, L=512, with a margin). TPU:
@@ -40,7 +40,7 @@ def device_memory(device: jax.Device) -> int | None:
         return target.hbm_bytes if target else None
 
 
-def _micro_batch_fits(config: BertConfig, phase: Phase, micro: int, tensor: int,
+def _micro_batch_fits(config: ModelConfig, phase: Phase, micro: int, tensor: int,
                       state_bytes: int, budget: float, platform: str) -> bool:
     impl = attention.resolve_impl(config.attention_impl, config.dtype, config.head_size,
                                   platform, config.attention_probs_dropout_prob,
@@ -50,7 +50,7 @@ def _micro_batch_fits(config: BertConfig, phase: Phase, micro: int, tensor: int,
     return state_bytes + ACTIVATION_FACTOR.get(platform, 1.0) * per_device <= budget
 
 
-def accumulation(setting: int, config: BertConfig, abstract_state, mesh: Mesh,
+def accumulation(setting: int, config: ModelConfig, abstract_state, mesh: Mesh,
                  phases: Sequence[Phase]) -> dict[str, int]:
     """Micro-batches per phase: `setting` for every phase, or when it is 0 the smallest power
     of two dividing the per-device batch whose estimate fits the mesh's devices."""

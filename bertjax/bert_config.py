@@ -20,8 +20,18 @@ REMAT_POLICIES = {
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
 
+
+class FromDict:
+    """`from_dict` for a dataclass config: built from a dict, ignoring keys it does not know."""
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
+class BertConfig(FromDict):
     """Google's `bert_config.json` fields plus compute/parameter dtypes and layout switches."""
 
     vocab_size: int = 30522
@@ -48,12 +58,6 @@ class BertConfig:
 
     def __post_init__(self):
         check(dataclasses.asdict(self))
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "BertConfig":
-        """Builds a config from a dict, ignoring keys this class does not know."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
 
     @classmethod
     def from_json_file(cls, path: str) -> "BertConfig":
@@ -83,33 +87,62 @@ def check(values: Mapping[str, Any], prefix: str = "", flag: str = "") -> None:
     their defaults) that cannot build a model, in one line naming the field(s) and the fix.
     Names are written `{prefix}{field}` and the fix's setting `{flag}{prefix}{field}` (e.g.
     prefix "model.", flag "--config." for a pretraining config)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(BertConfig)}
-    value = {**defaults, **{k: v for k, v in values.items() if k in defaults}}
-    name, setting = (lambda f: f"{prefix}{f}"), (lambda f: f"{flag}{prefix}{f}")
-    for field in SIZE_FIELDS:
-        if not isinstance(value[field], numbers.Integral) or value[field] < 1:
-            raise ValueError(f"{name(field)}={value[field]!r} is out of range: it must be an "
-                             f"integer >= 1; set {setting(field)}")
-    hidden, heads = value["hidden_size"], value["num_attention_heads"]
-    if hidden % heads:
-        near = sorted((d for d in range(1, hidden + 1) if hidden % d == 0),
-                      key=lambda d: (abs(d - heads), d))[:2]
-        raise ValueError(f"{name('hidden_size')}={hidden} is not divisible by "
-                         f"{name('num_attention_heads')}={heads} (each head gets hidden_size / "
-                         f"num_attention_heads units): set {setting('num_attention_heads')} to "
-                         f"a divisor of {hidden} (e.g. {' or '.join(map(str, sorted(near)))}), "
-                         f"or {setting('hidden_size')} to a multiple of {heads}")
-    for field in ("initializer_range", "layer_norm_eps"):
-        number = isinstance(value[field], numbers.Real) and not isinstance(value[field], bool)
-        if not number or not value[field] > 0 or value[field] == float("inf"):
-            raise ValueError(f"{name(field)}={value[field]!r} is out of range: it must be a "
-                             f"number > 0; set {setting(field)}")
-    for field, choices in (("hidden_act", ACTIVATIONS), ("remat_policy", REMAT_POLICIES),
-                           ("attention_impl", attention.ATTENTION_IMPLS), ("dtype", DTYPES),
-                           ("param_dtype", DTYPES)):
-        if value[field] not in choices:
-            raise ValueError(f"{name(field)}={value[field]!r} is not one of "
-                             f"{', '.join(map(repr, choices))}; set {setting(field)}")
+    fields = FieldChecks(BertConfig, values, prefix, flag)
+    fields.sizes(SIZE_FIELDS)
+    fields.heads_divide_hidden()
+    fields.positive(("initializer_range", "layer_norm_eps"))
+    fields.choices((("hidden_act", ACTIVATIONS), ("remat_policy", REMAT_POLICIES),
+                    ("attention_impl", attention.ATTENTION_IMPLS), ("dtype", DTYPES),
+                    ("param_dtype", DTYPES)))
+
+
+class FieldChecks:
+    """The checks a model config's fields share (BertConfig's, ModernBertConfig's): `values`
+    over the class's defaults, each refusal one line naming `{prefix}{field}` and the setting
+    `{flag}{prefix}{field}` that fixes it."""
+
+    def __init__(self, cls: type, values: Mapping[str, Any], prefix: str, flag: str):
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        self.value = {**defaults, **{k: v for k, v in values.items() if k in defaults}}
+        self.prefix, self.flag = prefix, flag
+
+    def name(self, field: str) -> str:
+        return f"{self.prefix}{field}"
+
+    def setting(self, field: str) -> str:
+        return f"{self.flag}{self.prefix}{field}"
+
+    def sizes(self, fields: tuple[str, ...]) -> None:
+        for field in fields:
+            if not isinstance(self.value[field], numbers.Integral) or self.value[field] < 1:
+                raise ValueError(f"{self.name(field)}={self.value[field]!r} is out of range: it "
+                                 f"must be an integer >= 1; set {self.setting(field)}")
+
+    def heads_divide_hidden(self) -> None:
+        hidden, heads = self.value["hidden_size"], self.value["num_attention_heads"]
+        if hidden % heads:
+            near = sorted((d for d in range(1, hidden + 1) if hidden % d == 0),
+                          key=lambda d: (abs(d - heads), d))[:2]
+            raise ValueError(
+                f"{self.name('hidden_size')}={hidden} is not divisible by "
+                f"{self.name('num_attention_heads')}={heads} (each head gets hidden_size / "
+                f"num_attention_heads units): set {self.setting('num_attention_heads')} to a "
+                f"divisor of {hidden} (e.g. {' or '.join(map(str, sorted(near)))}), or "
+                f"{self.setting('hidden_size')} to a multiple of {heads}")
+
+    def positive(self, fields: tuple[str, ...]) -> None:
+        for field in fields:
+            value = self.value[field]
+            number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            if not number or not value > 0 or value == float("inf"):
+                raise ValueError(f"{self.name(field)}={value!r} is out of range: it must be a "
+                                 f"number > 0; set {self.setting(field)}")
+
+    def choices(self, table: tuple[tuple[str, Any], ...]) -> None:
+        for field, choices in table:
+            if self.value[field] not in choices:
+                raise ValueError(f"{self.name(field)}={self.value[field]!r} is not one of "
+                                 f"{', '.join(map(repr, choices))}; set {self.setting(field)}")
 
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {

@@ -5,6 +5,8 @@ between Google TF, Hugging Face and bertjax (formats in `bertjax.interop`).
     python -m bertjax.convert bert_base_bertjax bert_base_hf                 # bertjax -> HF
     python -m bertjax.convert hf_dir out.ckpt --to=tf                        # HF -> TF
 
+A ModernBERT run (`config.model.family="modernbert"`) exports to Hugging Face as a
+`ModernBertForMaskedLM` (docs/modernbert.md).
 A fine-tuned model (a `python -m bertjax.finetune` workdir: its best seed) exports to the
 transformers class of its task (`BertForSequenceClassification`, `BertForTokenClassification`,
 `BertForQuestionAnswering`) with its label names. A Hugging Face export also holds the
@@ -27,7 +29,8 @@ import numpy as np
 from bertjax import console, files, pretrained
 from bertjax.data import tokenization
 from bertjax.errors import UserError
-from bertjax.interop import finetuned, hf, hf_tokenizer, native, tf, tree
+from bertjax.interop import finetuned, hf, hf_modernbert, hf_tokenizer, native, tf, tree
+from bertjax.modernbert_config import ModernBertConfig
 
 SAVERS = {"tf": tf.save_tf, "hf": hf.save_hf, "bertjax": native.save_bertjax}
 
@@ -137,9 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         report = tree.LoadReport()
         config, params = pretrained.read(args.src, report)
         print(report.summary(), flush=True)
+        modern = isinstance(config, ModernBertConfig)
+        if modern and target != "hf":
+            raise tree.ConversionError(f"{args.src} holds a ModernBERT model, which converts to "
+                                       "Hugging Face only: drop --to or pass --to=hf")
         task_config = native.finetuned_config(args.src) if source_format == "bertjax" else None
         head = finetuned.hf_head(task_config, params) if task_config and target == "hf" else None
-        if target == "hf" and not task_config and "predictions" not in params:
+        if target == "hf" and not task_config and "predictions" not in params and not modern:
             head = finetuned.ENCODER_ONLY  # (an encoder imported from a fine-tuned model)
         if target == "bertjax":
             config = dataclasses.replace(config, scan_layers=args.scan_layers)
@@ -150,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (f", labels {list(head.config['id2label'].values())}"
                      if "id2label" in head.config else ""), flush=True)
         else:
-            SAVERS[target](config, params, args.dst)
+            (hf_modernbert.save_hf if modern else SAVERS[target])(config, params, args.dst)
         facts = export_tokenizer(args.src, source_format, target, args.dst,
                                  config.max_position_embeddings)
         if target == "hf":

@@ -25,10 +25,9 @@ import numpy as np
 from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import Mesh
 
-from bertjax import objectives, sharding
+from bertjax import families, objectives, sharding, steps
 from bertjax.data.pipeline import empty_features
-from bertjax import model as bert_model
-from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.families import ModelConfig
 from bertjax.schedule import Phase
 from bertjax.state import TrainState
 from bertjax.errors import UserError
@@ -104,7 +103,7 @@ def check_host_memory(abstract_state: TrainState, mesh: Mesh) -> None:
             "run on an accelerator")
 
 
-def check_shardable(config: BertConfig, abstract_params: Any, mesh: Mesh) -> None:
+def check_shardable(config: ModelConfig, abstract_params: Any, mesh: Mesh) -> None:
     """Raises `MeshMismatch` when a mesh axis does not divide a dimension it shards, or when
     the tensor axis does not divide the attention heads (each device needs whole heads)."""
     tensor = mesh.shape[sharding.TENSOR]
@@ -137,17 +136,15 @@ def abstract_batch(phase: Phase, batch_size: int, placement: Any = None) -> dict
 
 
 @functools.lru_cache(maxsize=32)
-def saved_residuals(config: BertConfig, phase: Phase, batch_size: int) -> list[tuple[tuple, int]]:
+def saved_residuals(config: ModelConfig, phase: Phase, batch_size: int) -> list[tuple[tuple, int]]:
     """`(shape, bytes)` of every array that autodiff keeps from the forward pass for the
     backward pass of one training loss over `batch_size` sequences (JAX's own account, from
     `jax.ad_checkpoint.print_saved_residuals`; parameters and batch themselves excluded)."""
-    model = BertForPreTraining(config)
-    params = bert_model.abstract_params(model)
+    model = families.pretraining_model(config)
+    params = families.abstract_params(model)
 
     def loss(params, batch, rng):
-        mlm_logits, nsp_logits = model.apply(
-            {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-            batch["masked_lm_positions"], deterministic=False, rngs={"dropout": rng})
+        mlm_logits, nsp_logits = steps.forward(model, params, batch, False, rng)
         return objectives.pretraining_loss(mlm_logits, nsp_logits, batch)[0]
 
     text = io.StringIO()
@@ -163,7 +160,7 @@ def saved_residuals(config: BertConfig, phase: Phase, batch_size: int) -> list[t
     return result
 
 
-def _split_over_tensor(shape: tuple, config: BertConfig, batch: int) -> bool:
+def _split_over_tensor(shape: tuple, config: ModelConfig, batch: int) -> bool:
     """Whether an activation of this shape is split over the tensor axis: it has the FFN or
     vocabulary dimension, or it is per head ([B, N, ...] or [B, L, N, D])."""
     heads = config.num_attention_heads
@@ -180,7 +177,7 @@ class ActivationEstimate:
     total: int
 
 
-def activation_estimate(config: BertConfig, phase: Phase, batch: int,
+def activation_estimate(config: ModelConfig, phase: Phase, batch: int,
                         tensor: int) -> ActivationEstimate:
     """Activations per device for `batch` sequences of `phase` under the config's remat policy;
     per-head, FFN and vocabulary tensors are divided by the tensor-parallel size."""
@@ -200,7 +197,7 @@ def activation_estimate(config: BertConfig, phase: Phase, batch: int,
 
 
 def _logical_specs(model: nn.Module) -> Any:
-    return nn.get_partition_spec(bert_model.abstract_params(model, boxed=True))
+    return nn.get_partition_spec(families.abstract_params(model, boxed=True))
 
 
 def format_bytes(num_bytes: float) -> str:
@@ -239,7 +236,7 @@ def parameter_rows(model: nn.Module, abstract_params: Any) -> list[tuple[str, st
 def summary(model: nn.Module, abstract_state: TrainState, mesh: Mesh,
             phases: Sequence[Phase]) -> str:
     """The report's totals in one line: parameters, mesh, and bytes per device per phase."""
-    config: BertConfig = model.config
+    config: ModelConfig = model.config
     params = per_device_bytes(abstract_state.params)
     opt = per_device_bytes(abstract_state.opt_state)
     count = sum(leaf.size for leaf in jax.tree.leaves(abstract_state.params))
@@ -257,7 +254,7 @@ def summary(model: nn.Module, abstract_state: TrainState, mesh: Mesh,
 def report(model: nn.Module, abstract_state: TrainState, mesh: Mesh,
            phases: Sequence[Phase]) -> str:
     """The start-up report; each phase's global batch is split over data x fsdp."""
-    config: BertConfig = model.config
+    config: ModelConfig = model.config
     rows = parameter_rows(model, abstract_state.params)
     width = max(len(r[0]) for r in rows)
     lines = [f"Mesh {dict(mesh.shape)} ({mesh.size} devices); parameters "

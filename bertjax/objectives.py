@@ -74,7 +74,7 @@ def nsp_count(batch: dict[str, jax.Array]) -> jax.Array | int:
     return batch["next_sentence_labels"].shape[0]
 
 
-def pretraining_loss(mlm_logits_BxPxV: jax.Array, nsp_logits_Bx2: jax.Array,
+def pretraining_loss(mlm_logits_BxPxV: jax.Array, nsp_logits_Bx2: jax.Array | None,
                      batch: dict[str, jax.Array], mlm_weight_total: jax.Array | None = None,
                      num_sequences_total: jax.Array | float | None = None,
                      next_sentence_prediction: bool = True):
@@ -85,7 +85,11 @@ def pretraining_loss(mlm_logits_BxPxV: jax.Array, nsp_logits_Bx2: jax.Array,
     gradient accumulation gives exactly the large-batch gradient. They default to this batch.
     Without `next_sentence_prediction` the loss is the MLM's alone and the NSP sums are 0.
     Packed rows have `[B, K, 2]` NSP logits and `next_sentence_weights` (0 for empty slots).
+    A model without an NSP head (ModernBERT) passes `nsp_logits_Bx2=None`: as NSP switched off.
     """
+    if nsp_logits_Bx2 is None:
+        next_sentence_prediction = False
+        nsp_logits_Bx2 = jnp.zeros(batch["next_sentence_labels"].shape + (2,), jnp.float32)
     weights_BxP = batch["masked_lm_weights"].astype(jnp.float32)
     mlm_nll_BxP = _nll(mlm_logits_BxPxV, batch["masked_lm_ids"])
     nsp_weight = 1.0 if next_sentence_prediction else 0.0

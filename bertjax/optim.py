@@ -15,6 +15,8 @@ import optax
 # `exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"]`.
 _NO_DECAY_ANYWHERE = ("LayerNorm", "layer_norm")
 _NO_DECAY_LEAF = "bias"
+# ModernBERT's LayerNorms (bertjax.modernbert, transformers' names), excluded as BERT's are.
+_NO_DECAY_MODULES = ("norm", "attn_norm", "mlp_norm", "final_norm")
 
 OPTIMIZER_NAMES = ("bert_adam", "adamw", "lamb")
 
@@ -65,13 +67,15 @@ def _key_name(entry: Any) -> str:
 def _is_decayed(path: tuple) -> bool:
     """Apply the original exclusion rule to one parameter path."""
     names = [_key_name(entry) for entry in path]
-    if any(word in name for name in names for word in _NO_DECAY_ANYWHERE):
+    if any(word in name for name in names for word in _NO_DECAY_ANYWHERE) or \
+            any(name in _NO_DECAY_MODULES for name in names):
         return False
     return not (names and _NO_DECAY_LEAF in names[-1])
 
 
 def decay_mask(params: optax.Params) -> Any:
-    """Return a bool pytree: True where weight decay applies (not LayerNorm, not bias)."""
+    """Return a bool pytree: True where weight decay applies (not LayerNorm, not bias; not
+    ModernBERT's norms)."""
     return jax.tree_util.tree_map_with_path(lambda path, _: _is_decayed(path), params)
 
 

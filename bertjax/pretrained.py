@@ -25,9 +25,16 @@ from bertjax.interop import hf, hf_tokenizer, native, staging, tf, tree
 from bertjax.interop.tree import ConversionError
 from bertjax.model import BertConfig, BertModel
 from bertjax.errors import UserError
+from bertjax.modernbert_config import ModernBertConfig
 
 FORMATS = ("tf", "hf", "bertjax")
 LOADERS = {"tf": tf.load_tf, "hf": hf.load_hf, "bertjax": native.load_bertjax}
+
+
+# What a BERT run (fine-tuning, features, a pretraining init) says of a ModernBERT checkpoint.
+MODERNBERT_REFUSED = ("init_checkpoint {} holds a ModernBERT model: bertjax cannot yet fine-tune "
+                      "it or start a run from it (python -m bertjax.convert exports it to "
+                      "Hugging Face; docs/modernbert.md)")
 
 
 class PretrainedError(UserError, ValueError):
@@ -88,8 +95,12 @@ def _read_once(path: str) -> tuple[BertConfig, dict[str, Any]]:
     return read(path)
 
 
-def check_architecture(found: BertConfig, run: BertConfig, where: str) -> None:
-    """Refuses a checkpoint whose architecture differs from the run's model config."""
+def check_architecture(found: BertConfig | ModernBertConfig, run: BertConfig,
+                       where: str) -> None:
+    """Refuses a checkpoint whose architecture differs from the run's model config (or of
+    another family: a ModernBERT one for a BERT run)."""
+    if isinstance(found, ModernBertConfig):
+        raise ConversionError(MODERNBERT_REFUSED.format(where))
     diffs = [f"{f}: checkpoint {getattr(found, f)!r}, config.model {getattr(run, f)!r}"
              for f in bert_model.ARCHITECTURE_FIELDS if getattr(found, f) != getattr(run, f)]
     if diffs:
@@ -188,6 +199,8 @@ def bert_config_of(source: Source, pretrain: PretrainingRun) -> BertConfig:
     """Architecture from the checkpoint (or `model_config` JSON), dropout/dtype from `source`."""
     values = dict(pretrain.config.model.to_dict()) if pretrain.config else {}
     values.update(pretrain.model)
+    if values.get("family", "bert") != "bert":
+        raise PretrainedError(MODERNBERT_REFUSED.format(source.init_checkpoint))
     if source.model_config:
         with files.open(source.model_config, encoding="utf-8") as f:
             values.update(json.load(f))

@@ -13,9 +13,8 @@ import jax
 import optax
 from jax.sharding import Mesh
 
-from bertjax import autofit, memory, objectives, optim, schedule, sharding, steps
-from bertjax import model as bert_model
-from bertjax.model import BertConfig, BertForPreTraining
+from bertjax import autofit, families, memory, objectives, optim, schedule, sharding, steps
+from bertjax.families import ModelConfig
 from bertjax.schedule import Phase
 from bertjax.state import TrainState, create_train_state
 from bertjax.errors import UserError
@@ -41,7 +40,7 @@ class ShardedRun:
 
     def init_state(self, rng: jax.Array) -> TrainState:
         state, _, _ = create_train_state(self.model, self.tx, rng,
-                                         bert_model.example_inputs(self.model), self.mesh)
+                                         families.example_inputs(self.model), self.mesh)
         return state
 
     def restart_optimizer(self, state: TrainState) -> TrainState:
@@ -64,7 +63,7 @@ def build(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
     """Abstract state and shardings of `model` + `tx` on `mesh`, and the steps compiled for
     them (`train_step(state, batch)`, `eval_step(params, batch)`, not yet jitted)."""
     _, abstract_state, shardings = create_train_state(
-        model, tx, jax.random.PRNGKey(0), bert_model.example_inputs(model), mesh,
+        model, tx, jax.random.PRNGKey(0), families.example_inputs(model), mesh,
         materialize=False)
     return ShardedRun(mesh, model, tx, abstract_state, shardings,
                       steps.jit_train_step(train_step, shardings, mesh),
@@ -126,21 +125,22 @@ def check_batches(mesh: Mesh, phases: Sequence[Phase],
                               f"model.max_position_embeddings {max_position_embeddings}")
 
 
-def build_pretraining(model_config: BertConfig, optimizer: optim.OptimizerConfig, mesh: Mesh,
+def build_pretraining(model_config: ModelConfig, optimizer: optim.OptimizerConfig, mesh: Mesh,
                       phases: Sequence[Phase], grad_accum_steps: int | Mapping[str, int],
                       report: bool = True,
                       objective: objectives.PretrainingObjective = objectives.PretrainingObjective()
                       ) -> ShardedRun:
-    """The pretraining run: BertForPreTraining with BERT's optimizer on `mesh`, checked
+    """The pretraining run: the family's model (`families.pretraining_model`) with the
+    configured optimizer on `mesh`, checked
     against the phases' batches and the mesh's divisibility; the chief prints the memory
     report of `phases` when `report`. `grad_accum_steps`: micro-batches of every phase, or by
     phase name; 0 = per phase, the fewest that fit the mesh's devices (`autofit`), in
     `ShardedRun.grad_accum`."""
     check_batches(mesh, phases, grad_accum_steps, model_config.max_position_embeddings)
-    model = BertForPreTraining(model_config)
+    model = families.pretraining_model(model_config)
     tx = optim.make_optimizer(optimizer)
     _, abstract_state, _ = create_train_state(
-        model, tx, jax.random.PRNGKey(0), bert_model.example_inputs(model), mesh,
+        model, tx, jax.random.PRNGKey(0), families.example_inputs(model), mesh,
         materialize=False)
     by_phase = (dict(grad_accum_steps) if isinstance(grad_accum_steps, Mapping) else
                 autofit.accumulation(grad_accum_steps, model_config, abstract_state, mesh, phases))

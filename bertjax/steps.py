@@ -17,6 +17,7 @@ import optax
 from jax.sharding import Mesh
 
 from bertjax import attention, objectives, optim, sharding
+from bertjax.modernbert import ModernBertForMaskedLM
 from bertjax.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -27,10 +28,16 @@ PACKED_INPUTS = ("position_ids", "instance_ids", "next_sentence_positions")
 
 def forward(model: nn.Module, params: Any, batch: Batch, deterministic: bool,
             dropout_rng: jax.Array | None = None, causal: bool = False):
-    """`(mlm_logits, nsp_logits)` of BertForPreTraining; `causal`: each position attends to
+    """`(mlm_logits, nsp_logits)` of BertForPreTraining, `(mlm_logits, None)` of
+    ModernBertForMaskedLM (no segments, no NSP head); `causal`: each position attends to
     itself and the positions before it only (the left-to-right objective)."""
     rngs = None if deterministic else {"dropout": dropout_rng}
     mask = attention.causal_mask(batch["input_mask"]) if causal else batch["input_mask"]
+    if isinstance(model, ModernBertForMaskedLM):
+        packed = {name: batch[name] for name in PACKED_INPUTS[:2] if name in batch}
+        return model.apply({"params": params}, batch["input_ids"], mask,
+                           batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs,
+                           **packed), None
     packed = {name: batch[name] for name in PACKED_INPUTS if name in batch}
     return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], mask,
                        batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs,

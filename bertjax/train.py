@@ -17,13 +17,11 @@ import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (agreement, checkpoint, cli, console, distributed, failures, files, guards,
-                     locks, memory, peers, pretrain_loop, pretrained, reporting, resume, run,
-                     run_schedule, schedule, stopping, test_pause, validate)
-from bertjax import model as bert_model
+from bertjax import (agreement, checkpoint, cli, console, distributed, failures, families,
+                     files, guards, locks, memory, peers, pretrain_loop, pretrained, reporting,
+                     resume, run, run_schedule, schedule, stopping, test_pause, validate)
 from bertjax.data import loaders, pipeline
 from bertjax.errors import UserError
-from bertjax.model import BertConfig
 from bertjax.pretrain_loop import Pretraining
 from bertjax.schedule import DataPosition
 
@@ -31,8 +29,7 @@ def run_metadata(config: ml_collections.ConfigDict, data: dict[str, Any]) -> dic
     """What a checkpoint records about its run (with the tokenizer's fingerprint, added once
     it is loaded, and its `schedule`: run_schedule): `model` and `tokenizer` must match to
     resume, `data` (guards.data_identity) and the config's data fields within a phase."""
-    fields = bert_model.ARCHITECTURE_FIELDS + bert_model.STORAGE_FIELDS
-    return {"model": {name: config.model[name] for name in fields}, "config": config.to_json(),
+    return {"model": families.recorded_fields(config.model), "config": config.to_json(),
             "data": data}
 
 
@@ -80,7 +77,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                             config.train.allow_changed_data)
     if found:
         check(found)  # model and data, before any preparation
-    model_config = BertConfig.from_dict(config.model.to_dict())
+    model_config = families.model_config(config.model.to_dict())
     cache_dir = config.data.cache_dir or files.local_cache_dir(workdir)
     tokenizer = pipeline.load_or_train_tokenizer(config.data, cache_dir, jax.process_index(),
                                                  jax.process_count())

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from absl import logging
 
-from bertjax import bert_config, optim, schedule
+from bertjax import bert_config, families, optim, schedule
 from bertjax.run import ConfigError
 
 # [CLS] A [SEP] B [SEP]: three special tokens and at least one token of each segment.
@@ -50,8 +50,9 @@ OPTIMIZER = _rules(  # (both kinds of run)
     ("optimizer.b2", _below_1), ("optimizer.eps", _positive),
     ("optimizer.clip_global_norm", (">= 0 (0 disables clipping)", lambda v: v >= 0)),
 )
-PRETRAINING += OPTIMIZER + _rules(("model.hidden_dropout_prob", _below_1),
-                                  ("model.attention_probs_dropout_prob", _below_1))
+PRETRAINING += OPTIMIZER
+BERT_DROPOUT = _rules(("model.hidden_dropout_prob", _below_1),  # (ModernBERT's: its check)
+                      ("model.attention_probs_dropout_prob", _below_1))
 LONG_PHASE = _rules(("long_phase.max_seq_length", _seq_length),
                     ("long_phase.max_predictions_per_seq", _at_least_1))
 FINETUNING = _rules(
@@ -106,7 +107,8 @@ def check_choices(config: Any, choices: dict[str, tuple[str, ...]]) -> None:
 def pretraining(config: Any) -> None:
     """Every check a pretraining config allows before any data is read: ranges, choices,
     the model's shape (`pretraining_model`); the warmup must fit in the run."""
-    check(config, PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else []))
+    check(config, PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
+          + (BERT_DROPOUT if families.family(config.model) == "bert" else []))
     check_choices(config, CHOICES)
     pretraining_model(config)
     warmup, total = config.optimizer.warmup_steps, config.train.total_steps
@@ -118,14 +120,17 @@ def pretraining(config: Any) -> None:
 
 
 def pretraining_model(config: Any) -> None:
-    """The model of a pretraining config: its shape (bert_config.check), two segment types,
-    positions for every phase's length, and room for the SentencePiece model it trains."""
+    """The model of a pretraining config: its family and shape (`families.check`), two
+    segment types (BERT), positions for every phase's length, and room for the SentencePiece
+    model it trains. ModernBERT trains the masked LM alone, from its own initialisation."""
     try:
-        bert_config.check(config.model.to_dict(), "model.", "--config.")
+        families.check(config.model.to_dict())
     except ValueError as e:
         raise ConfigError(str(e)) from e
     model = config.model
-    if model.type_vocab_size < 2:
+    if families.family(model) == "modernbert":
+        modernbert_run(config)
+    elif model.type_vocab_size < 2:
         raise ConfigError(f"model.type_vocab_size={model.type_vocab_size} is out of range: "
                           "pretraining needs 2 segment types (sentences A and B); set "
                           "--config.model.type_vocab_size=2")
@@ -146,6 +151,22 @@ def pretraining_model(config: Any) -> None:
                           "the run trains would not fit the model; set "
                           f"--config.model.vocab_size >= {data.sentencepiece_vocab_size}, or "
                           f"--config.data.sentencepiece_vocab_size <= {model.vocab_size}")
+
+
+def modernbert_run(config: Any) -> None:
+    """What a ModernBERT pretraining run cannot have yet: an NSP head, a left-to-right
+    objective, an init_checkpoint."""
+    train = config.train
+    if train.get("next_sentence_prediction", True):
+        raise ConfigError("model.family='modernbert' has no next-sentence head; set "
+                          "--config.train.next_sentence_prediction=False")
+    if train.get("objective", "mlm") != "mlm":
+        raise ConfigError(f"model.family='modernbert' trains objective 'mlm' only, not "
+                          f"{train.objective!r}; set --config.train.objective=mlm")
+    if train.get("init_checkpoint"):
+        raise ConfigError("model.family='modernbert' cannot start from train.init_checkpoint "
+                          "yet (a pretraining run starts from its own initialisation); unset "
+                          "--config.train.init_checkpoint")
 
 
 def finetuning(config: Any) -> None:

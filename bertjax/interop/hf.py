@@ -14,6 +14,7 @@ from bertjax import model as bert_model
 from bertjax.interop import tree
 from bertjax.interop.finetuned import HFHead
 from bertjax.model import BertConfig
+from bertjax.modernbert_config import ModernBertConfig
 
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                   "relu": "relu"}
@@ -42,6 +43,10 @@ def path_to_hf(path: str) -> tuple[str, bool]:
 
 
 def hf_config(values: dict[str, Any], where: str) -> BertConfig:
+    if values.get("model_type", "bert") == "modernbert":
+        raise tree.ConversionError(f"{where}: a ModernBERT model; bertjax reads it in Python "
+                                   "(bertjax.interop.hf_modernbert.load_hf), not yet as a "
+                                   "checkpoint of a run or a convert source")
     if values.get("model_type", "bert") != "bert":
         raise tree.ConversionError(f"{where}: model_type={values['model_type']!r}; only BERT is "
                               "supported")
@@ -203,22 +208,30 @@ def save_hf(config: BertConfig, params: dict[str, Any], path: str,
     return sum(int(np.size(v)) for v in tensors.values())
 
 
-def write_model_card(path: str, config: BertConfig, num_params: int,
+def write_model_card(path: str, config: BertConfig | ModernBertConfig, num_params: int,
                      facts: list[tuple[str, str]], head: HFHead | None = None,
                      name: str = "") -> None:
     """`README.md`: the architecture, `facts` (tokenizer, data, steps, metrics, ...) and how to
     load the directory with transformers."""
-    rows = [("architecture", f"BERT, {config.num_hidden_layers} layers, hidden "
+    modern = isinstance(config, ModernBertConfig)
+    family = "ModernBERT" if modern else "BERT"
+    rows = [("architecture", f"{family}, {config.num_hidden_layers} layers, hidden "
              f"{config.hidden_size}, {config.num_attention_heads} heads, feed-forward "
              f"{config.intermediate_size}, vocabulary {config.vocab_size}, "
-             f"{config.max_position_embeddings} positions, {TO_HF_ACTIVATION[config.hidden_act]}"),
+             f"{config.max_position_embeddings} positions, " + (
+                 f"GeGLU ({TO_HF_ACTIVATION[config.hidden_activation]}), global attention every "
+                 f"{config.global_attn_every_n_layers} layers, sliding windows of "
+                 f"{config.local_attention} tokens between" if modern
+                 else TO_HF_ACTIVATION[config.hidden_act])),
             ("parameters", f"{num_params:,}"), *facts]
     name = name or os.path.basename(os.path.normpath(path))  # what from_pretrained is given
-    architecture = head.architecture if head else "BertForPreTraining"
-    what = head.description if head else "masked-LM and next-sentence heads"
+    architecture = head.architecture if head else (
+        "ModernBertForMaskedLM" if modern else "BertForPreTraining")
+    what = head.description if head else (
+        "masked-LM head" if modern else "masked-LM and next-sentence heads")
     text = "\n".join([
-        "---", "library_name: transformers", "tags: [bert, bertjax]", "---", f"# {name}", "",
-        f"A BERT model ({what}) written by bertjax.", "",
+        "---", "library_name: transformers", f"tags: [{family.lower()}, bertjax]", "---",
+        f"# {name}", "", f"A {family} model ({what}) written by bertjax.", "",
         "| | |", "|---|---|", *[f"| {key} | {value} |" for key, value in rows], "",
         "```python", f"from transformers import AutoTokenizer, {architecture}",
         f'tokenizer = AutoTokenizer.from_pretrained("{name}")',

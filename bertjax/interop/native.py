@@ -17,6 +17,7 @@ from bertjax import checkpoint, files
 from bertjax.data import tokenization
 from bertjax.interop import hf_tokenizer, tree
 from bertjax.model import BertConfig
+from bertjax.modernbert_config import ModernBertConfig
 
 TOKENIZER_FILE = "bertjax_tokenizer.json"  # which file beside it is the tokenizer, and how
 SENTENCEPIECE_FILE = hf_tokenizer.SENTENCEPIECE_FILES[0]
@@ -53,9 +54,13 @@ def checkpoint_dir(path: str) -> str:
     return os.path.join(best_seed(path, seeds), "checkpoints") if seeds else path
 
 
-def config_from_meta(meta: dict, directory: str) -> BertConfig:
+def config_from_meta(meta: dict, directory: str) -> BertConfig | ModernBertConfig:
     """The model config a checkpoint recorded: a fine-tuning run's `bert_config`, a
-    pretraining run's full model config, else the architecture of a params-only checkpoint."""
+    pretraining run's full model config, else the architecture of a params-only checkpoint;
+    a ModernBertConfig for a ModernBERT run (model.family)."""
+    if meta.get("model", {}).get("family") == "modernbert":  # (recorded since families)
+        return ModernBertConfig.from_dict(json.loads(meta["config"])["model"]
+                                          if "config" in meta else meta["model"])
     if "bert_config" in meta:
         return BertConfig.from_dict(meta["bert_config"])
     run = json.loads(meta["config"]) if "config" in meta else {}
@@ -68,7 +73,7 @@ def config_from_meta(meta: dict, directory: str) -> BertConfig:
         "there; fine-tune again (same command, a new --workdir) to make one that can be read")
 
 
-def config_of(directory: str) -> BertConfig:
+def config_of(directory: str) -> BertConfig | ModernBertConfig:
     """The model config of the latest checkpoint in `directory` (see `config_from_meta`)."""
     return config_from_meta(checkpoint.read_meta(directory), directory)
 
@@ -80,10 +85,10 @@ def finetuned_config(path: str) -> dict | None:
 
 
 def load_bertjax(path: str, report: tree.LoadReport | None = None
-                 ) -> tuple[BertConfig, dict[str, Any]]:
+                 ) -> tuple[BertConfig | ModernBertConfig, dict[str, Any]]:
     """Reads every parameter of the latest bertjax checkpoint in a checkpoint directory or
-    workdir onto the host (numpy), with unrolled layers: BertForPreTraining's, or a fine-tuned
-    model's encoder (`bert`) and output layer."""
+    workdir onto the host (numpy), with unrolled layers: BertForPreTraining's (or
+    ModernBertForMaskedLM's), or a fine-tuned model's encoder (`bert`) and output layer."""
     report = report if report is not None else tree.LoadReport()
     directory = checkpoint_dir(path)
     config = config_of(directory)
@@ -91,6 +96,8 @@ def load_bertjax(path: str, report: tree.LoadReport | None = None
     params = tree.unstack_layers(jax.tree.map(np.asarray, restored))
     report.source, report.format = directory, "bertjax"
     report.found = report.mapped = len(tree.flatten(params))
+    if isinstance(config, ModernBertConfig):
+        return config, params
     return dataclasses.replace(config, scan_layers=False), params
 
 

@@ -28,8 +28,7 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import cli, flops, memory, optim, run, schedule, sharding, targets
-from bertjax.model import BertConfig
+from bertjax import cli, families, flops, memory, optim, run, schedule, sharding, targets
 from bertjax.tools import fit_verdict, hlo_census
 
 # Measured step time / roofline estimate of the one version timed on a real H100 (589f15d,
@@ -140,7 +139,7 @@ def compile_train_step(config: Any, devices: list[jax.Device],
                       config.model.max_position_embeddings)
     phases = [p for p in phases if not phase_names or p.name in phase_names]
     sharded = run.build_pretraining(
-        BertConfig.from_dict(config.model.to_dict()),
+        families.model_config(config.model.to_dict()),
         optim.optimizer_config(config.optimizer, config.train.total_steps), mesh, phases,
         config.train.grad_accum_steps, report=False)
     with sharding.activate(mesh):

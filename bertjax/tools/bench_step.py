@@ -8,10 +8,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import optim, sharding
+from bertjax import families, optim, sharding
 from bertjax import run as run_lib
 from bertjax.data import packing
-from bertjax.model import BertConfig
 from bertjax.state import count_params
 
 
@@ -56,7 +55,7 @@ class BertjaxTrainer:
     """The jitted, donated, sharded train step of `bertjax.train` on one fixed batch."""
 
     def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]):
-        self.model_config = BertConfig.from_dict(config.model.to_dict())
+        self.model_config = families.model_config(config.model.to_dict())
         self.mesh = sharding.make_mesh(config.mesh.to_dict())
         sharded = run_lib.build_pretraining(
             self.model_config, optim.optimizer_config(config.optimizer, config.train.total_steps),
