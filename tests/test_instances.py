@@ -38,14 +38,6 @@ def pairs(corpus):
     return inst.create_instances(corpus, SEQ, 0.1, 5, random.Random(12345), SPECIALS)
 
 
-@pytest.fixture(scope="module")
-def masked(pairs):
-    return [
-        inst.mask_tokens(p.tokens, inst.instance_rng(7, 0, i), 0.15, PREDS, SPECIALS)
-        for i, p in enumerate(pairs)
-    ]
-
-
 def split_pair(instance):
     """Returns (A, B) of a ``[CLS] A [SEP] B [SEP]`` instance."""
     first_sep = int(np.flatnonzero(instance.tokens == SEP)[0])
@@ -247,113 +239,16 @@ def test_empty_corpus_and_bad_input():
 
 
 # ---------------------------------------------------------------------------
-# Masking
-# ---------------------------------------------------------------------------
-
-
-def test_mask_counts_positions_and_labels(pairs, masked):
-    for p, (tokens, positions, labels) in zip(pairs, masked):
-        assert len(positions) == min(PREDS, max(1, round(0.15 * len(p.tokens))))
-        assert (np.diff(positions) > 0).all()
-        assert np.array_equal(labels, p.tokens[positions])
-        assert not np.isin(labels, [CLS, SEP, PAD, UNK]).any()
-        unmasked = np.ones(len(tokens), bool)
-        unmasked[positions] = False
-        assert np.array_equal(tokens[unmasked], p.tokens[unmasked])
-        assert tokens.dtype == positions.dtype == labels.dtype == np.int32
-
-
-def test_mask_replacement_split_is_80_10_10(masked):
-    replaced = np.concatenate([tokens[positions] for tokens, positions, _ in masked])
-    labels = np.concatenate([labels for _, _, labels in masked])
-    is_mask = replaced == MASK
-    kept = (replaced == labels) & ~is_mask
-    random_ids = replaced[~is_mask & ~kept]
-    assert len(labels) > 30_000
-    assert abs(is_mask.mean() - 0.8) < 0.03
-    assert abs(kept.mean() - 0.1) < 0.03
-    assert abs(len(random_ids) / len(labels) - 0.1) < 0.03
-    # Random ids come from the whole vocabulary, special tokens included.
-    assert random_ids.min() < 5 and random_ids.max() >= VOCAB - 10
-
-
-def test_prediction_cap_is_respected(pairs):
-    for i, p in enumerate(pairs[:200]):
-        _, positions, _ = inst.mask_tokens(p.tokens, random.Random(i), 0.5, 7, SPECIALS)
-        assert len(positions) == min(7, round(0.5 * len(p.tokens)))
-
-
-def word_groups(tokens, continuation):
-    """Candidate positions grouped into words: continuation pieces join the previous candidate."""
-    groups = []
-    for i, token in enumerate(tokens.tolist()):
-        if token in (CLS, SEP, PAD, UNK):
-            continue
-        if groups and continuation[token]:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
-
-
-def test_whole_word_masking_masks_whole_words(pairs):
-    continuation = np.arange(VOCAB) % 3 == 0
-    specials = inst.SpecialTokens(CLS, SEP, MASK, PAD, VOCAB, frozenset({PAD, UNK}), continuation)
-    multi_piece_words_masked = 0
-    for i, p in enumerate(pairs[:500]):
-        _, positions, _ = inst.mask_tokens(p.tokens, random.Random(i), 0.15, PREDS, specials, True)
-        chosen = set(positions.tolist())
-        # May be empty: a short sequence can have only multi-piece words, all too long to fit.
-        assert len(chosen) <= min(PREDS, max(1, round(0.15 * len(p.tokens))))
-        for group in word_groups(p.tokens, continuation):
-            assert set(group) <= chosen or not set(group) & chosen
-            multi_piece_words_masked += len(group) > 1 and set(group) <= chosen
-    assert multi_piece_words_masked > 100
-    with pytest.raises(ValueError, match="continuation"):
-        inst.mask_tokens(pairs[0].tokens, random.Random(0), 0.15, PREDS, SPECIALS, True)
-
-
-def test_mask_rng_call_order():
-    tokens = np.array([CLS, 5, 6, 7, 8, 9, SEP], np.int32)
-    rng = ScriptedRandom([
-        (("shuffle", 5), None),
-        (("random",), 0.1),  # Position 1 -> [MASK].
-        (("random",), 0.9), (("random",), 0.7), (("randint", 0, VOCAB - 1), 42),  # 2 -> random.
-    ])
-    out, positions, labels = inst.mask_tokens(tokens, rng, 0.3, PREDS, SPECIALS)
-    assert not rng.script
-    assert out.tolist() == [CLS, MASK, 42, 7, 8, 9, SEP]
-    assert positions.tolist() == [1, 2] and labels.tolist() == [5, 6]
-
-    # Whole words: [5 6 7] is one word and would overshoot 2 predictions, so it is skipped.
-    continuation = np.isin(np.arange(VOCAB), [6, 7])
-    specials = inst.SpecialTokens(CLS, SEP, MASK, PAD, VOCAB, continuation=continuation)
-    rng = ScriptedRandom([
-        (("shuffle", 3), None),
-        (("random",), 0.0),  # Position 4 -> [MASK].
-        (("random",), 0.85), (("random",), 0.2),  # 5 keeps its token.
-    ])
-    out, positions, labels = inst.mask_tokens(tokens, rng, 0.3, PREDS, specials, True)
-    assert not rng.script
-    assert out.tolist() == [CLS, 5, 6, 7, MASK, 9, SEP]
-    assert positions.tolist() == [4, 5] and labels.tolist() == [8, 9]
-
-
-def test_instance_rng_is_deterministic_per_example():
-    draws = lambda rng: [rng.random() for _ in range(5)]  # noqa: E731
-    assert draws(inst.instance_rng(1, 2, 3)) == draws(inst.instance_rng(1, 2, 3))
-    variants = [(1, 2, 3), (1, 3, 2), (2, 2, 3), (1, 2, 4), (12, 3, 4), (1, 23, 4)]
-    assert len({tuple(draws(inst.instance_rng(*v))) for v in variants}) == len(variants)
-
-
-# ---------------------------------------------------------------------------
 # Features
 # ---------------------------------------------------------------------------
 
 
-def test_to_features_shapes_and_padding(pairs, masked):
+def test_to_features_shapes_and_padding(pairs):
     p = pairs[0]
-    tokens, positions, labels = masked[0]
+    positions = np.array([1, 3], np.int32)
+    labels = p.tokens[positions]
+    tokens = p.tokens.copy()
+    tokens[positions] = MASK
     features = inst.to_features(
         tokens, p.segment_ids, p.is_random_next, positions, labels, SEQ, PREDS, PAD
     )

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from bertjax import schedule
-from bertjax.data import (corpus, default_corpus, instances, loaders, pipeline, shard_job,
-                          shard_sources, tokenization, tokenize_corpus)
+from bertjax.data import (corpus, default_corpus, instances, loaders, masking, pipeline,
+                          shard_job, shard_sources, tokenization, tokenize_corpus)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 base_config = runpy.run_path(str(REPO_ROOT / "configs" / "base.py"))["get_config"]
@@ -536,19 +536,24 @@ def test_two_workers_write_the_same_bytes_as_one(config, sp_tokenizer, tmp_path)
 
 def test_one_shard_holds_the_instances_of_the_original_semantics(config, sp_tokenizer, static):
     """The stored rows are exactly what the original's steps give for this seed: held-out
-    documents, pairs, then masks drawn from the same RNG in order (the semantics and seeds
-    of preparation before shards were cut by bytes)."""
+    documents, pairs from the seeded RNG, then masks by the rule from the shard's masking
+    stream (row i of the split is row i of the stream)."""
     docs, _ = tokenize_corpus.tokenize_documents(
         pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats()), sp_tokenizer)
     train_docs, _ = pipeline.split_eval_documents(docs, config.data.eval_fraction, config.data.seed)
-    rng = random.Random(shard_job.hash_seed(config.data.seed, 0, 0, SEQ))
+    seed = shard_job.hash_seed(config.data.seed, 0, 0, SEQ)
     specials = pipeline.specials_of(sp_tokenizer, False)
-    rows = []
-    for pair in instances.create_instances(train_docs, SEQ, config.data.short_seq_prob,
-                                           config.data.dupe_factor, rng, specials):
-        tokens, positions, labels = instances.mask_tokens(pair.tokens, rng, 0.15, PREDS, specials)
-        rows.append(instances.to_features(tokens, pair.segment_ids, pair.is_random_next,
-                                          positions, labels, SEQ, PREDS, specials.pad_id))
+    pairs = instances.create_instances(train_docs, SEQ, config.data.short_seq_prob,
+                                       config.data.dupe_factor, random.Random(seed), specials)
+    padded = np.full((len(pairs), SEQ), specials.pad_id, np.int32)
+    for i, pair in enumerate(pairs):
+        padded[i, :len(pair.tokens)] = pair.tokens
+    lengths = np.array([len(pair.tokens) for pair in pairs])
+    ids, positions, labels, counts = masking.MaskingRule(specials, 0.15, PREDS).apply(
+        padded, lengths, shard_job.mask_key(seed), np.arange(len(pairs)))
+    rows = [instances.to_features(ids[i, :lengths[i]], pair.segment_ids, pair.is_random_next,
+                                  positions[i, :counts[i]], labels[i, :counts[i]], SEQ, PREDS,
+                                  specials.pad_id) for i, pair in enumerate(pairs)]
     stored = static["train"].features
     for name in pipeline.FEATURES:
         np.testing.assert_array_equal(stored[name], np.stack([row[name] for row in rows]), name)

@@ -1,12 +1,11 @@
 """Pretraining instances with the semantics of Google's original ``create_pretraining_data.py``.
 
 Everything works on token ids. ``create_instances`` makes the sentence pairs
-(segment A, segment B, is-random-next label) and ``mask_tokens`` applies masked-LM
-masking to one pair; both draw from a ``random.Random`` in exactly the order the
-original does, so the same seed gives the same structure. The one difference:
-the original masks each pair right after creating it, with the same RNG; here
-masking is separate so it can be redone every epoch ("dynamic masking") with
-``instance_rng``. The pair structure equals the original's run with the masking
+(segment A, segment B, is-random-next label), drawing from a ``random.Random`` in exactly
+the order the original does, so the same seed gives the same structure. The one difference:
+the original masks each pair right after creating it, with the same RNG; here masking is
+separate (``data.masking``: whole chunks of pairs at once, statically or again every epoch),
+with its own random stream. The pair structure equals the original's run with the masking
 draws left out of the RNG stream.
 """
 
@@ -222,101 +221,6 @@ def create_instances(
             )
     rng.shuffle(instances)
     return instances
-
-
-# ---------------------------------------------------------------------------
-# Masked LM
-# ---------------------------------------------------------------------------
-
-
-PAPER_MASK_MIX = (0.8, 0.1)  # (P[MASK], P[random token]); the rest keep the original token
-
-
-def check_mask_mix(mask_token_prob: float, random_token_prob: float) -> None:
-    """Raises ValueError unless both are probabilities with a sum of at most 1."""
-    if not (0 <= mask_token_prob <= 1 and 0 <= random_token_prob <= 1
-            and mask_token_prob + random_token_prob <= 1 + 1e-9):
-        raise ValueError(
-            f"mask_token_prob={mask_token_prob} and random_token_prob={random_token_prob} must "
-            "be in [0, 1] with a sum of at most 1 (the rest keep the original token)")
-
-
-def _keep_probability(mask_token_prob: float, random_token_prob: float) -> float:
-    """P(keep | not [MASK]): the original's second draw, 0.5 for the paper's 80/10/10."""
-    check_mask_mix(mask_token_prob, random_token_prob)
-    if mask_token_prob >= 1:
-        return 1.0  # never reached: every chosen token becomes [MASK]
-    keep = max(0.0, 1.0 - mask_token_prob - random_token_prob)
-    return round(keep / (1.0 - mask_token_prob), 12)  # 0.5 exactly for 80/10/10
-
-
-def _candidate_groups(
-    tokens: np.ndarray, specials: SpecialTokens, whole_word_mask: bool
-) -> list[list[int]]:
-    """Positions that may be masked, grouped into words for whole-word masking."""
-    candidates = np.flatnonzero(~np.isin(tokens, list(specials.unmaskable)))
-    if not whole_word_mask or not len(candidates):
-        return [[index] for index in candidates.tolist()]
-    if specials.continuation is None:
-        raise ValueError("whole_word_mask needs SpecialTokens.continuation.")
-    # A continuation piece joins the group of the previous candidate, even across a
-    # skipped [SEP], exactly as the original's "##" rule does.
-    starts_word = ~specials.continuation[tokens[candidates]]
-    starts_word[0] = True
-    return [group.tolist() for group in np.split(candidates, np.flatnonzero(starts_word)[1:])]
-
-
-def mask_tokens(
-    tokens: np.ndarray,
-    rng: random.Random,
-    masked_lm_prob: float,
-    max_predictions_per_seq: int,
-    specials: SpecialTokens,
-    whole_word_mask: bool = False,
-    mask_mix: tuple[float, float] = PAPER_MASK_MIX,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Applies the original masked-LM masking; returns (masked tokens, positions, labels).
-
-    ``round(len(tokens) * masked_lm_prob)`` positions (at least 1, at most
-    ``max_predictions_per_seq``; the length counts [CLS] and [SEP]) are chosen
-    among maskable tokens in random word order, skipping words that would
-    overshoot (so whole-word masking may choose fewer, even none). With
-    ``mask_mix=(m, r)`` each becomes [MASK] with probability m (0.8), a uniformly
-    random id from the whole vocabulary with probability r (0.1), and stays
-    unchanged otherwise; the paper's mix draws exactly as the original does.
-    Positions are sorted ascending; labels are the original ids.
-    """
-    keep_if_not_masked = _keep_probability(*mask_mix)
-    tokens = np.asarray(tokens)
-    groups = _candidate_groups(tokens, specials, whole_word_mask)
-    rng.shuffle(groups)
-    num_to_predict = min(max_predictions_per_seq, max(1, int(round(len(tokens) * masked_lm_prob))))
-
-    output = np.array(tokens, np.int32)
-    positions: list[int] = []
-    # Groups are disjoint, so the original's "already covered" check never fires.
-    for group in groups:
-        if len(positions) >= num_to_predict:
-            break
-        if len(positions) + len(group) > num_to_predict:
-            continue
-        for index in group:
-            if rng.random() < mask_mix[0]:
-                output[index] = specials.mask_id
-            elif rng.random() < keep_if_not_masked:
-                pass  # Keep the original token.
-            else:
-                output[index] = rng.randint(0, specials.vocab_size - 1)
-            positions.append(index)
-
-    sorted_positions = np.array(sorted(positions), np.int32)
-    return output, sorted_positions, tokens[sorted_positions].astype(np.int32)
-
-
-def instance_rng(seed: int, epoch: int, index: int) -> random.Random:
-    """A deterministic RNG for masking example ``index`` in ``epoch`` (dynamic masking)."""
-    # String seeds are hashed with SHA-512, so they are stable across processes and runs.
-    return random.Random(f"{seed}:{epoch}:{index}")
 
 
 # ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from absl import logging
 
 from bertjax import failures, files, locks
 from bertjax.data import tokenization
-from bertjax.data import (corpus, instances, prepared_files, shard_format, shard_job,
+from bertjax.data import (corpus, instances, masking, prepared_files, shard_format, shard_job,
                           shard_reader, shard_sources)
 from bertjax.data.errors import DataError
 from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
@@ -173,7 +173,7 @@ def mask_mix(data_cfg: Any) -> tuple[float, float]:
     """`(data.mask_token_prob, data.random_token_prob)`; DataError if not a valid mix."""
     mix = (data_cfg.mask_token_prob, data_cfg.random_token_prob)
     try:
-        instances.check_mask_mix(*mix)
+        masking.check_mask_mix(*mix)
     except ValueError as e:
         raise DataError(f"data.{e}") from e
     return mix
@@ -201,10 +201,10 @@ def make_features(documents: list[list[np.ndarray]], phase: Phase, data_cfg: Any
     job = dataclasses.replace(shard_job_of(data_cfg, phase, specials,
                                            next_sentence_prediction=next_sentence_prediction),
                               dupe_factor=dupe_factor)
-    rng = random.Random(seed)
     created = instances.create_instances(documents, phase.max_seq_length, data_cfg.short_seq_prob,
-                                         dupe_factor, rng, specials, next_sentence_prediction)
-    chunks = list(shard_job.stored_chunks(created, job, rng, mask))
+                                         dupe_factor, random.Random(seed), specials,
+                                         next_sentence_prediction)
+    chunks = list(shard_job.stored_chunks(created, job, shard_job.mask_key(seed) if mask else None))
     return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in shard_format.STORED}
 
 
@@ -219,7 +219,7 @@ def settings(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
     """What prepared data depends on besides the corpus (recorded in its meta.json)."""
     key_data = {k: data_cfg[k] for k in ("masked_lm_prob", "short_seq_prob", "dupe_factor",
                 "masking", "whole_word_mask", "eval_fraction", "seed", "shard_bytes")}
-    if mask_mix(data_cfg) != instances.PAPER_MASK_MIX:  # ablation switches join the key only
+    if mask_mix(data_cfg) != masking.PAPER_MASK_MIX:  # ablation switches join the key only
         key_data["mask_mix"] = list(mask_mix(data_cfg))  # when off the paper's
     if not next_sentence_prediction:
         key_data["next_sentence_prediction"] = False
