@@ -112,6 +112,29 @@ def test_short_seq_prob_shortens_about_that_fraction_of_targets(corpus):
     assert mean_length(1.0) < 0.8 * mean_length(0.0)
 
 
+def test_truncation_draws_and_trims_as_the_original_loop():
+    """The original trims one token at a time (the longer segment, B on ties, at the front
+    if rng.random() < 0.5); the batched trim gives the same segments and RNG state."""
+    def original(a, b, max_num_tokens, rng):
+        a, b = a.tolist(), b.tolist()
+        while len(a) + len(b) > max_num_tokens:
+            trunc = a if len(a) > len(b) else b
+            if rng.random() < 0.5:
+                del trunc[0]
+            else:
+                trunc.pop()
+        return [a, b]
+    sizes = random.Random(0)
+    for seed in range(300):
+        a = np.arange(sizes.randint(1, 90), dtype=np.int32)
+        b = np.arange(100, 100 + sizes.randint(0, 90), dtype=np.int32)
+        limit = sizes.randint(max(1, len(a) // 2), 130)
+        ours, theirs = random.Random(seed), random.Random(seed)
+        got = inst._truncate_seq_pair(a, b, limit, ours)
+        want = original(a, b, limit, theirs)
+        assert [x.tolist() for x in got] == want and ours.random() == theirs.random()
+
+
 def test_truncation_fits_and_cuts_front_and_back():
     # Ids are unique and increasing, so sentence starts/ends are recognizable.
     rng = random.Random(5)

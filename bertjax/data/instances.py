@@ -70,16 +70,16 @@ class Instance:
 # ---------------------------------------------------------------------------
 
 
-def _concat(segments: Sequence[Sentence]) -> list[int]:
-    tokens: list[int] = []
-    for segment in segments:
-        tokens.extend(segment)
-    return tokens
+def _concat(segments: Sequence[Sentence]) -> np.ndarray:
+    """The segments' ids end to end (int32)."""
+    if not len(segments):
+        return np.zeros(0, np.int32)
+    return np.concatenate(segments).astype(np.int32, copy=False)
 
 
 def _random_segments(
     documents: Sequence[TokenDocument], document_index: int, target_length: int, rng: random.Random
-) -> list[int]:
+) -> np.ndarray:
     """Segment B for a random next: consecutive sentences of another document.
 
     Like the original, this tries 10 times to draw a different document; with a
@@ -92,39 +92,47 @@ def _random_segments(
             break
     random_document = documents[random_index]
     start = rng.randint(0, len(random_document) - 1)
-    tokens: list[int] = []
+    taken, length = [], 0
     for segment in random_document[start:]:
-        tokens.extend(segment)
-        if len(tokens) >= target_length:
+        taken.append(segment)
+        length += len(segment)
+        if length >= target_length:
             break
-    return tokens
+    return _concat(taken)
 
 
 def _truncate_seq_pair(
-    tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random
-) -> tuple[list[int], list[int]]:
-    """Trims the longer segment (B on ties) at a random end until the pair fits."""
-    a_start, a_stop, b_start, b_stop = 0, len(tokens_a), 0, len(tokens_b)
-    # Moving slice bounds instead of deleting list items keeps this linear.
-    while (a_stop - a_start) + (b_stop - b_start) > max_num_tokens:
-        from_front = rng.random() < 0.5
-        if a_stop - a_start > b_stop - b_start:
-            a_start, a_stop = (a_start + 1, a_stop) if from_front else (a_start, a_stop - 1)
-        else:
-            b_start, b_stop = (b_start + 1, b_stop) if from_front else (b_start, b_stop - 1)
-    return tokens_a[a_start:a_stop], tokens_b[b_start:b_stop]
+    tokens_a: np.ndarray, tokens_b: np.ndarray, max_num_tokens: int, rng: random.Random
+) -> tuple[np.ndarray, np.ndarray]:
+    """Trims the longer segment (B on ties) at a random end, a token at a time, until the
+    pair fits: one ``rng.random()`` per token, as the original draws."""
+    a_length, b_length = len(tokens_a), len(tokens_b)
+    trims = a_length + b_length - max_num_tokens
+    if trims <= 0:
+        return tokens_a, tokens_b
+    from_front = [rng.random() < 0.5 for _ in range(trims)]
+    # Which segment loses each token follows from the lengths alone: the longer one until
+    # both are equal, then B and A in turn.
+    lead = min(abs(a_length - b_length), trims)
+    leading, rest_b, rest_a = from_front[:lead], from_front[lead::2], from_front[lead + 1::2]
+    a_draws, b_draws = (leading + rest_a, rest_b) if a_length > b_length else \
+        (rest_a, leading + rest_b)
+    a_front, b_front = sum(a_draws), sum(b_draws)
+    return (tokens_a[a_front:a_length - (len(a_draws) - a_front)],
+            tokens_b[b_front:b_length - (len(b_draws) - b_front)])
 
 
 def _make_instance(
-    tokens_a: list[int], tokens_b: list[int], is_random_next: bool, specials: SpecialTokens
+    tokens_a: np.ndarray, tokens_b: np.ndarray, is_random_next: bool, specials: SpecialTokens
 ) -> Instance:
     """``[CLS] A [SEP] B [SEP]``, or ``[CLS] A [SEP]`` (one segment) when B is empty."""
-    assert tokens_a, "segment A must keep at least one token"
-    tokens = [specials.cls_id, *tokens_a, specials.sep_id]
-    if tokens_b:
-        tokens += [*tokens_b, specials.sep_id]
-    return Instance(np.asarray(tokens, np.int32), min(len(tokens_a) + 2, len(tokens)),
-                    is_random_next)
+    assert len(tokens_a), "segment A must keep at least one token"
+    tokens = np.empty(len(tokens_a) + len(tokens_b) + (3 if len(tokens_b) else 2), np.int32)
+    tokens[0], tokens[len(tokens_a) + 1], tokens[-1] = specials.cls_id, specials.sep_id, \
+        specials.sep_id
+    tokens[1:len(tokens_a) + 1] = tokens_a
+    tokens[len(tokens_a) + 2:len(tokens) - 1] = tokens_b
+    return Instance(tokens, min(len(tokens_a) + 2, len(tokens)), is_random_next)
 
 
 def _instances_from_document(
