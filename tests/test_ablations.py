@@ -113,7 +113,9 @@ def test_switches_are_part_of_the_cache_key(documents, tokenizer, tmp_path):
                       True),
                      (data_config(str(corpus_file)), False)):
         prepared = pipeline.prepare(cfg, PHASE, tokenizer, str(cache), next_sentence_prediction=nsp)
-    assert len([p for p in cache.iterdir() if not p.name.startswith(".")]) == 3  # (not locks)
+    prepared_dirs = [p for p in cache.iterdir() if not p.name.startswith((".", "tokens_"))]
+    assert len(prepared_dirs) == 3  # (not locks, nor the one tokenization all three read)
+    assert len(list(cache.glob("tokens_*"))) == 1
     assert not prepared["train"].features["next_sentence_labels"].any()
 
 

@@ -68,8 +68,9 @@ def short_phase(config) -> schedule.Phase:
 
 
 def entries(cache_dir: pathlib.Path) -> list[pathlib.Path]:
-    """What a cache directory holds, without the hidden lock files (bertjax.locks)."""
-    return sorted(p for p in cache_dir.iterdir() if not p.name.startswith("."))
+    """The prepared data a cache directory holds, without the hidden lock files (bertjax.locks)
+    and the token ids kept for every phase (`tokens_*`, bertjax.data.token_cache)."""
+    return sorted(p for p in cache_dir.iterdir() if not p.name.startswith((".", "tokens_")))
 
 
 def only_dir(cache_dir: pathlib.Path, pattern: str = "short_*") -> pathlib.Path:
@@ -347,6 +348,9 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
     pipeline.prepare(changed.data, short_phase(changed), sp_tokenizer, str(cache))
     names = [p.name for p in entries(cache)]
     assert len(names) == 5 and not any(".tmp" in n for n in names), names
+    # The corpus was tokenized once for the first four (other masks, seed, phase), once more
+    # when it changed.
+    assert len(list(cache.glob("tokens_*"))) == 2
 
 
 def test_prepare_rebuilds_an_incomplete_cache_directory(config, sp_tokenizer, tmp_path):

@@ -27,7 +27,7 @@ from absl import logging
 from bertjax import failures, files, locks
 from bertjax.data import tokenization
 from bertjax.data import (corpus, instances, masking, prepared_files, shard_format, shard_job,
-                          shard_reader, shard_sources)
+                          shard_reader, shard_sources, token_cache)
 from bertjax.data.errors import DataError
 from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
 from bertjax.data.shard_job import split_eval_documents  # noqa: F401
@@ -361,7 +361,8 @@ def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.T
     tmp = _unfinished(directory)
     reader = corpus_reader(data_cfg, process_index, process_count)
     job = dataclasses.replace(shard_job_of(data_cfg, phase, specials_of(
-        tokenizer, data_cfg.whole_word_mask), tokenizer, process_index, tmp, nsp), reader=reader)
+        tokenizer, data_cfg.whole_word_mask), tokenizer, process_index, tmp, nsp), reader=reader,
+        tokens=tokens_directory(directory, data_cfg, tokenizer, process_index, process_count))
     meta = collections.Counter()
     try:
         for counts in run_shards(job, shard_sources.cut(reader, stats, data_cfg.shard_bytes),
@@ -383,6 +384,16 @@ def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.T
         **meta, "corpus": dataclasses.asdict(stats), "masking": data_cfg.masking,
         "settings": settings(data_cfg, phase, tokenizer, nsp), "source": source_identity(data_cfg),
         "seconds": round(time.time() - start, 1)})
+
+
+def tokens_directory(directory: str, data_cfg: Any, tokenizer: tokenization.Tokenizer,
+                     process_index: int, process_count: int) -> str:
+    """Where the shards' token ids are kept for every phase, beside `directory` (a phase's):
+    named by the corpus, the tokenizer, the shard size and this process's share."""
+    key = _hash({"source": _source_fingerprint(data_cfg), "tokenizer": tokenizer.fingerprint(),
+                 "shard_bytes": data_cfg.shard_bytes, "share": [process_index, process_count],
+                 "version": token_cache.VERSION})
+    return os.path.join(os.path.dirname(directory), f"tokens_{key}")
 
 
 def _unfinished(directory: str) -> str:

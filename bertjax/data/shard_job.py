@@ -20,7 +20,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from bertjax.data import instances, masking, shard_format, shard_sources, tokenization, tokenize_corpus
+from bertjax.data import instances, masking, shard_format, shard_sources, token_cache, tokenization
 
 CHUNK_ROWS = 4096  # rows masked and written at a time
 MASK_STREAM = 1  # hashed with a split's seed: its masking stream
@@ -63,6 +63,7 @@ class ShardJob:
     next_sentence_prediction: bool
     output: str  # the shards go to output/{train,eval}/shard_NNNNN
     reader: shard_sources.CorpusReader | None = None  # where each shard reads its documents
+    tokens: str = ""  # where each shard's token ids are kept for every phase ("": not kept)
 
     def masking_rule(self) -> masking.MaskingRule:
         """How this job's instances are masked."""
@@ -143,7 +144,8 @@ def prepare_shard(job: ShardJob, source: shard_sources.ShardSource) -> dict[str,
     """Reads the documents of shard `source` (with `job.reader`) and writes the shard of both
     splits; returns its counts."""
     shard = source.index
-    tokenized, counts = tokenize_corpus.tokenize_documents(job.reader.read(source), job.tokenizer)
+    tokenized, counts = token_cache.tokenized_shard(job.tokens, shard,
+                                                    lambda: job.reader.read(source), job.tokenizer)
     counts = collections.Counter(counts, documents=len(tokenized))
     train_docs, eval_docs = split_eval_documents(tokenized, job.eval_fraction, job.seed + shard)
     by_instances = (job.eval_fraction > 0 and eval_docs and _tokens(eval_docs)
