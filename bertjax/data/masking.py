@@ -11,7 +11,8 @@ unchanged otherwise. Without whole-word masking every candidate is its own word,
 is a uniformly random subset of that size.
 
 The random stream is counter-based (docs/deviations.md): every draw is a splitmix64 hash of
-(key, row, position, purpose), so an instance's masks depend only on the key and its row
+(key, row, position, purpose): one orders the candidates, one picks [MASK], random id (the
+same draw, rescaled, picks which id) or kept; so an instance's masks depend only on the key and its row
 number, not on the chunk or batch that holds it, nor on how many processes prepare the data.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ PAPER_MASK_MIX = (0.8, 0.1)  # (P[MASK], P[random token]); the rest keep the ori
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _LAST = np.uint64(0xFFFFFFFFFFFFFFFF)
 _POSITION_BITS = np.uint64(0xFFFF)  # an order key's low bits: its position (keys unique per row)
-_ORDER, _CHOICE, _RANDOM_ID = 1, 2, 3  # what a draw is for
+_ORDER, _CHOICE = 1, 2  # what a draw is for
 
 
 def check_mask_mix(mask_token_prob: float, random_token_prob: float) -> None:
@@ -85,16 +86,16 @@ class MaskingRule:
         positions [N, max_predictions] ascending, then 0; labels, the original ids there, then
         0; counts [N]). `tokens` is not modified."""
         tokens, lengths = np.asarray(tokens), np.asarray(lengths, np.int64)
-        num, width = tokens.shape
+        width = int(lengths.max(initial=1))  # (no candidate after the longest instance)
         steps = np.arange(width)
-        candidate = (steps[None] < lengths[:, None]) & self._maskable[tokens]
+        candidate = (steps[None] < lengths[:, None]) & self._maskable[tokens[:, :width]]
         wanted = np.minimum(self.max_predictions, np.maximum(1, np.rint(
             lengths * self.masked_lm_prob).astype(np.int64)))
-        row_bases = _mix(_mix(np.asarray(rows, np.uint64) * _GOLDEN + np.uint64(key)) ^ _GOLDEN)
+        row_bases = _mix(np.asarray(rows, np.uint64) * _GOLDEN + np.uint64(key))
         keys = (_draws(row_bases[:, None], steps[None], _ORDER) & ~_POSITION_BITS) | \
             steps.astype(np.uint64)[None]
         if self.whole_word_mask:
-            chosen = self._whole_words(tokens, candidate, keys, wanted)
+            chosen = self._whole_words(tokens[:, :width], candidate, keys, wanted)
         else:
             chosen = candidate & (keys <= self._kth_smallest(np.where(candidate, keys, _LAST),
                                                              wanted))
@@ -145,8 +146,10 @@ class MaskingRule:
         choice = _uniform(_draws(row_bases[rows], columns, _CHOICE))
         as_mask = choice < self.mask_mix[0]
         as_random = ~as_mask & (choice < self.mask_mix[0] + self.mask_mix[1])
-        random_ids = (_uniform(_draws(row_bases[rows[as_random]], columns[as_random], _RANDOM_ID))
-                      * self.specials.vocab_size).astype(np.int64)
+        # Within [m, m + r) the draw is uniform again: rescaled, it picks the random id.
+        scaled = (choice[as_random] - self.mask_mix[0]) / max(self.mask_mix[1], 1e-300)
+        random_ids = np.minimum((scaled * self.specials.vocab_size).astype(np.int64),
+                                self.specials.vocab_size - 1)
         masked = tokens.copy()
         masked[rows[as_mask], columns[as_mask]] = self.specials.mask_id
         masked[rows[as_random], columns[as_random]] = random_ids

@@ -396,6 +396,13 @@ def tokens_directory(directory: str, data_cfg: Any, tokenizer: tokenization.Toke
     return os.path.join(os.path.dirname(directory), f"tokens_{key}")
 
 
+def remove_tokens(parent: str) -> None:
+    """Deletes the token ids kept beside the phases in `parent` (`tokens_directory`): for a
+    job whose every phase is prepared."""
+    for path in glob.glob(os.path.join(glob.escape(parent), "tokens_*")):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _unfinished(directory: str) -> str:
     """Where this process builds `directory` before renaming it into place."""
     return f"{directory}.tmp{os.getpid()}"
