@@ -12,7 +12,7 @@ import runpy
 import sys
 import time
 
-from bertjax.data import instances, masking, shard_format, shard_job, tokenize_corpus
+from bertjax.data import instances, masking, shard_format, token_cache, tokenize_corpus
 
 SECONDS: collections.Counter = collections.Counter()
 _stack: list[str] = []
@@ -39,7 +39,8 @@ def timed(owner, name: str, stage: str) -> None:
 
 _resume: list[float] = []
 STAGES = [(tokenize_corpus, "tokenize_documents", "tokenizing"),
-          (shard_job, "read_tokenized", "tokenizing"),
+          (token_cache, "_store", "token ids stored, read back"),
+          (token_cache, "_load", "token ids stored, read back"),
           (instances, "create_instances", "instance creation"),
           (masking.MaskingRule, "apply", "masking"),
           (shard_format.RowBuffer, "add", "rows (filling the buffer)"),

@@ -233,6 +233,8 @@ def _decode(raw: bytes, final: bool, stats: CorpusStats) -> str:
     # A non-final decode drops an incomplete trailing character left by truncation
     # instead of reporting it as invalid UTF-8.
     try:
+        if final:  # (the same as a final incremental decode, without making a decoder)
+            return raw.decode("utf-8")
         return codecs.getincrementaldecoder("utf-8")().decode(raw, final)
     except UnicodeDecodeError:
         stats.invalid_utf8_lines += 1
