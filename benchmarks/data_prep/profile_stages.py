@@ -43,8 +43,7 @@ STAGES = [(tokenize_corpus, "tokenize_documents", "tokenizing"),
           (token_cache, "_load", "token ids stored, read back"),
           (instances, "create_instances", "instance creation"),
           (masking.MaskingRule, "apply", "masking"),
-          (shard_format.RowBuffer, "add", "rows (filling the buffer)"),
-          (shard_format.RowBuffer, "take", "rows (filling the buffer)"),
+          (shard_format, "unmasked_rows", "rows (filling the buffer)"),
           (shard_format.ShardWriter, "write", "writing")]
 
 

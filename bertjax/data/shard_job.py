@@ -101,18 +101,14 @@ def stored_chunks(created: list[instances.Instance], job: ShardJob, key: int | N
                   ) -> Iterator[dict[str, np.ndarray]]:
     """Stored rows of `created`, CHUNK_ROWS at a time, each chunk masked at once with the
     random stream `key` (row i of `created` is row i of the stream); None: unmasked."""
-    buffer = shard_format.RowBuffer(CHUNK_ROWS, job.max_seq_length, job.max_predictions,
-                                    job.specials.vocab_size)
     rule = None if key is None else job.masking_rule()
-    none = np.zeros(0, np.int32)
-    first_row = 0
-    for instance in created:
-        buffer.add(instance.tokens, instance.b_start, instance.is_random_next, none, none,
-                   job.specials.pad_id)
-        if buffer.count == CHUNK_ROWS:
-            yield _masked(buffer.take(), rule, key, first_row)
-            first_row += CHUNK_ROWS
-    yield _masked(buffer.take(), rule, key, first_row)
+    for first_row in range(0, max(len(created), 1), CHUNK_ROWS):
+        chunk = created[first_row:first_row + CHUNK_ROWS]
+        rows = shard_format.unmasked_rows(
+            [i.tokens for i in chunk], [i.b_start for i in chunk],
+            [i.is_random_next for i in chunk], job.max_seq_length, job.max_predictions,
+            job.specials.vocab_size, job.specials.pad_id)
+        yield _masked(rows, rule, key, first_row)
 
 
 def _masked(chunk: dict[str, np.ndarray], rule: masking.MaskingRule | None, key: int | None,
