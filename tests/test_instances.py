@@ -130,7 +130,8 @@ def test_truncation_draws_and_trims_as_the_original_loop():
         b = np.arange(100, 100 + sizes.randint(0, 90), dtype=np.int32)
         limit = sizes.randint(max(1, len(a) // 2), 130)
         ours, theirs = random.Random(seed), random.Random(seed)
-        got = inst._truncate_seq_pair(a, b, limit, ours)
+        a_front, a_back, b_front, b_back = inst._trims(len(a), len(b), limit, ours)
+        got = a[a_front:len(a) - a_back], b[b_front:len(b) - b_back]
         want = original(a, b, limit, theirs)
         assert [x.tolist() for x in got] == want and ours.random() == theirs.random()
 

@@ -70,17 +70,10 @@ class Instance:
 # ---------------------------------------------------------------------------
 
 
-def _concat(segments: Sequence[Sentence]) -> np.ndarray:
-    """The segments' ids end to end (int32)."""
-    if not len(segments):
-        return np.zeros(0, np.int32)
-    return np.concatenate(segments).astype(np.int32, copy=False)
-
-
 def _random_segments(
     documents: Sequence[TokenDocument], document_index: int, target_length: int, rng: random.Random
-) -> np.ndarray:
-    """Segment B for a random next: consecutive sentences of another document.
+) -> list[Sentence]:
+    """Segment B's sentences for a random next: consecutive sentences of another document.
 
     Like the original, this tries 10 times to draw a different document; with a
     single-document corpus it therefore uses the same document (still labelled
@@ -98,18 +91,17 @@ def _random_segments(
         length += len(segment)
         if length >= target_length:
             break
-    return _concat(taken)
+    return taken
 
 
-def _truncate_seq_pair(
-    tokens_a: np.ndarray, tokens_b: np.ndarray, max_num_tokens: int, rng: random.Random
-) -> tuple[np.ndarray, np.ndarray]:
-    """Trims the longer segment (B on ties) at a random end, a token at a time, until the
-    pair fits: one ``rng.random()`` per token, as the original draws."""
-    a_length, b_length = len(tokens_a), len(tokens_b)
+def _trims(a_length: int, b_length: int, max_num_tokens: int, rng: random.Random
+           ) -> tuple[int, int, int, int]:
+    """How many tokens the original's truncation takes from the front and back of A, then of
+    B: it trims the longer segment (B on ties) at a random end, a token at a time, until the
+    pair fits, with one ``rng.random()`` per token, as drawn here."""
     trims = a_length + b_length - max_num_tokens
     if trims <= 0:
-        return tokens_a, tokens_b
+        return 0, 0, 0, 0
     from_front = [rng.random() < 0.5 for _ in range(trims)]
     # Which segment loses each token follows from the lengths alone: the longer one until
     # both are equal, then B and A in turn.
@@ -118,21 +110,25 @@ def _truncate_seq_pair(
     a_draws, b_draws = (leading + rest_a, rest_b) if a_length > b_length else \
         (rest_a, leading + rest_b)
     a_front, b_front = sum(a_draws), sum(b_draws)
-    return (tokens_a[a_front:a_length - (len(a_draws) - a_front)],
-            tokens_b[b_front:b_length - (len(b_draws) - b_front)])
+    return a_front, len(a_draws) - a_front, b_front, len(b_draws) - b_front
 
 
-def _make_instance(
-    tokens_a: np.ndarray, tokens_b: np.ndarray, is_random_next: bool, specials: SpecialTokens
-) -> Instance:
-    """``[CLS] A [SEP] B [SEP]``, or ``[CLS] A [SEP]`` (one segment) when B is empty."""
-    assert len(tokens_a), "segment A must keep at least one token"
-    tokens = np.empty(len(tokens_a) + len(tokens_b) + (3 if len(tokens_b) else 2), np.int32)
-    tokens[0], tokens[len(tokens_a) + 1], tokens[-1] = specials.cls_id, specials.sep_id, \
-        specials.sep_id
-    tokens[1:len(tokens_a) + 1] = tokens_a
-    tokens[len(tokens_a) + 2:len(tokens) - 1] = tokens_b
-    return Instance(tokens, min(len(tokens_a) + 2, len(tokens)), is_random_next)
+def _make_instance(segments_a: list[Sentence], segments_b: list[Sentence], is_random_next: bool,
+                   max_num_tokens: int, rng: random.Random, specials: SpecialTokens) -> Instance:
+    """``[CLS] A [SEP] B [SEP]`` of the sentences, truncated to fit (`_trims`), or
+    ``[CLS] A [SEP]`` (one segment) when B is empty."""
+    a_length = sum(map(len, segments_a))
+    b_length = sum(map(len, segments_b))
+    a_front, a_back, b_front, b_back = _trims(a_length, b_length, max_num_tokens, rng)
+    joined = np.concatenate([*segments_a, *segments_b])
+    a = joined[a_front:a_length - a_back]
+    b = joined[a_length + b_front:a_length + b_length - b_back]
+    assert len(a), "segment A must keep at least one token"
+    tokens = np.empty(len(a) + len(b) + (3 if len(b) else 2), np.int32)
+    tokens[0], tokens[len(a) + 1], tokens[-1] = specials.cls_id, specials.sep_id, specials.sep_id
+    tokens[1:len(a) + 1] = a
+    tokens[len(a) + 2:len(tokens) - 1] = b
+    return Instance(tokens, min(len(a) + 2, len(tokens)), is_random_next)
 
 
 def _instances_from_document(
@@ -165,17 +161,17 @@ def _instances_from_document(
         chunk_length += len(document[i])
         if i == len(document) - 1 or chunk_length >= target_seq_length:
             a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-            tokens_a = _concat(chunk[:a_end])
+            segments_a = chunk[:a_end]
             is_random_next = next_sentence_prediction and (len(chunk) == 1 or rng.random() < 0.5)
             if is_random_next:
-                target_b_length = target_seq_length - len(tokens_a)
-                tokens_b = _random_segments(documents, document_index, target_b_length, rng)
+                target_b_length = target_seq_length - sum(map(len, segments_a))
+                segments_b = _random_segments(documents, document_index, target_b_length, rng)
                 # B came from elsewhere, so the chunk's unused sentences start the next pair.
                 i -= len(chunk) - a_end
             else:
-                tokens_b = _concat(chunk[a_end:])
-            tokens_a, tokens_b = _truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-            instances.append(_make_instance(tokens_a, tokens_b, is_random_next, specials))
+                segments_b = chunk[a_end:]
+            instances.append(_make_instance(segments_a, segments_b, is_random_next,
+                                            max_num_tokens, rng, specials))
             chunk = []
             chunk_length = 0
         i += 1
