@@ -30,7 +30,7 @@ _CJK_RANGES = (
 # BERT counts every non-alphanumeric printable ASCII char as punctuation,
 # including "$", "^", "`" which Unicode files under symbols.
 _ASCII_PUNCT_RANGES = ((33, 47), (58, 64), (91, 96), (123, 126))
-WORDS_REMEMBERED = 1 << 18  # distinct words whose ids `encode` keeps (some 40 MB at most)
+WORDS_REMEMBERED = 1 << 18  # distinct words whose ids `encode` keeps (43 MB when full)
 
 
 def to_text(text: str | bytes) -> str:
