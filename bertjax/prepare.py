@@ -84,6 +84,7 @@ def _prepare_phases(config, output: str, local: str,  # noqa: ANN001 (a ConfigDi
             if still_claimed:
                 prepared_files.upload(directory, target, still_claimed)
         lines.append(summary(target, phase, bool(built)))
+    pipeline.remove_tokens(local)  # every phase read the corpus's one tokenization
     tokenizer_files = os.path.join(local, "tokenizer")
     if files.is_remote(output) and os.path.isdir(tokenizer_files):
         for name in sorted(n for n in os.listdir(tokenizer_files) if not n.startswith(".")):

@@ -38,14 +38,6 @@ def pairs(corpus):
     return inst.create_instances(corpus, SEQ, 0.1, 5, random.Random(12345), SPECIALS)
 
 
-@pytest.fixture(scope="module")
-def masked(pairs):
-    return [
-        inst.mask_tokens(p.tokens, inst.instance_rng(7, 0, i), 0.15, PREDS, SPECIALS)
-        for i, p in enumerate(pairs)
-    ]
-
-
 def split_pair(instance):
     """Returns (A, B) of a ``[CLS] A [SEP] B [SEP]`` instance."""
     first_sep = int(np.flatnonzero(instance.tokens == SEP)[0])
@@ -118,6 +110,30 @@ def test_short_seq_prob_shortens_about_that_fraction_of_targets(corpus):
         return np.mean([len(p.tokens) for p in pairs])
 
     assert mean_length(1.0) < 0.8 * mean_length(0.0)
+
+
+def test_truncation_draws_and_trims_as_the_original_loop():
+    """The original trims one token at a time (the longer segment, B on ties, at the front
+    if rng.random() < 0.5); the batched trim gives the same segments and RNG state."""
+    def original(a, b, max_num_tokens, rng):
+        a, b = a.tolist(), b.tolist()
+        while len(a) + len(b) > max_num_tokens:
+            trunc = a if len(a) > len(b) else b
+            if rng.random() < 0.5:
+                del trunc[0]
+            else:
+                trunc.pop()
+        return [a, b]
+    sizes = random.Random(0)
+    for seed in range(300):
+        a = np.arange(sizes.randint(1, 90), dtype=np.int32)
+        b = np.arange(100, 100 + sizes.randint(0, 90), dtype=np.int32)
+        limit = sizes.randint(max(1, len(a) // 2), 130)
+        ours, theirs = random.Random(seed), random.Random(seed)
+        a_front, a_back, b_front, b_back = inst._trims(len(a), len(b), limit, ours)
+        got = a[a_front:len(a) - a_back], b[b_front:len(b) - b_back]
+        want = original(a, b, limit, theirs)
+        assert [x.tolist() for x in got] == want and ours.random() == theirs.random()
 
 
 def test_truncation_fits_and_cuts_front_and_back():
@@ -247,113 +263,16 @@ def test_empty_corpus_and_bad_input():
 
 
 # ---------------------------------------------------------------------------
-# Masking
-# ---------------------------------------------------------------------------
-
-
-def test_mask_counts_positions_and_labels(pairs, masked):
-    for p, (tokens, positions, labels) in zip(pairs, masked):
-        assert len(positions) == min(PREDS, max(1, round(0.15 * len(p.tokens))))
-        assert (np.diff(positions) > 0).all()
-        assert np.array_equal(labels, p.tokens[positions])
-        assert not np.isin(labels, [CLS, SEP, PAD, UNK]).any()
-        unmasked = np.ones(len(tokens), bool)
-        unmasked[positions] = False
-        assert np.array_equal(tokens[unmasked], p.tokens[unmasked])
-        assert tokens.dtype == positions.dtype == labels.dtype == np.int32
-
-
-def test_mask_replacement_split_is_80_10_10(masked):
-    replaced = np.concatenate([tokens[positions] for tokens, positions, _ in masked])
-    labels = np.concatenate([labels for _, _, labels in masked])
-    is_mask = replaced == MASK
-    kept = (replaced == labels) & ~is_mask
-    random_ids = replaced[~is_mask & ~kept]
-    assert len(labels) > 30_000
-    assert abs(is_mask.mean() - 0.8) < 0.03
-    assert abs(kept.mean() - 0.1) < 0.03
-    assert abs(len(random_ids) / len(labels) - 0.1) < 0.03
-    # Random ids come from the whole vocabulary, special tokens included.
-    assert random_ids.min() < 5 and random_ids.max() >= VOCAB - 10
-
-
-def test_prediction_cap_is_respected(pairs):
-    for i, p in enumerate(pairs[:200]):
-        _, positions, _ = inst.mask_tokens(p.tokens, random.Random(i), 0.5, 7, SPECIALS)
-        assert len(positions) == min(7, round(0.5 * len(p.tokens)))
-
-
-def word_groups(tokens, continuation):
-    """Candidate positions grouped into words: continuation pieces join the previous candidate."""
-    groups = []
-    for i, token in enumerate(tokens.tolist()):
-        if token in (CLS, SEP, PAD, UNK):
-            continue
-        if groups and continuation[token]:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
-
-
-def test_whole_word_masking_masks_whole_words(pairs):
-    continuation = np.arange(VOCAB) % 3 == 0
-    specials = inst.SpecialTokens(CLS, SEP, MASK, PAD, VOCAB, frozenset({PAD, UNK}), continuation)
-    multi_piece_words_masked = 0
-    for i, p in enumerate(pairs[:500]):
-        _, positions, _ = inst.mask_tokens(p.tokens, random.Random(i), 0.15, PREDS, specials, True)
-        chosen = set(positions.tolist())
-        # May be empty: a short sequence can have only multi-piece words, all too long to fit.
-        assert len(chosen) <= min(PREDS, max(1, round(0.15 * len(p.tokens))))
-        for group in word_groups(p.tokens, continuation):
-            assert set(group) <= chosen or not set(group) & chosen
-            multi_piece_words_masked += len(group) > 1 and set(group) <= chosen
-    assert multi_piece_words_masked > 100
-    with pytest.raises(ValueError, match="continuation"):
-        inst.mask_tokens(pairs[0].tokens, random.Random(0), 0.15, PREDS, SPECIALS, True)
-
-
-def test_mask_rng_call_order():
-    tokens = np.array([CLS, 5, 6, 7, 8, 9, SEP], np.int32)
-    rng = ScriptedRandom([
-        (("shuffle", 5), None),
-        (("random",), 0.1),  # Position 1 -> [MASK].
-        (("random",), 0.9), (("random",), 0.7), (("randint", 0, VOCAB - 1), 42),  # 2 -> random.
-    ])
-    out, positions, labels = inst.mask_tokens(tokens, rng, 0.3, PREDS, SPECIALS)
-    assert not rng.script
-    assert out.tolist() == [CLS, MASK, 42, 7, 8, 9, SEP]
-    assert positions.tolist() == [1, 2] and labels.tolist() == [5, 6]
-
-    # Whole words: [5 6 7] is one word and would overshoot 2 predictions, so it is skipped.
-    continuation = np.isin(np.arange(VOCAB), [6, 7])
-    specials = inst.SpecialTokens(CLS, SEP, MASK, PAD, VOCAB, continuation=continuation)
-    rng = ScriptedRandom([
-        (("shuffle", 3), None),
-        (("random",), 0.0),  # Position 4 -> [MASK].
-        (("random",), 0.85), (("random",), 0.2),  # 5 keeps its token.
-    ])
-    out, positions, labels = inst.mask_tokens(tokens, rng, 0.3, PREDS, specials, True)
-    assert not rng.script
-    assert out.tolist() == [CLS, 5, 6, 7, MASK, 9, SEP]
-    assert positions.tolist() == [4, 5] and labels.tolist() == [8, 9]
-
-
-def test_instance_rng_is_deterministic_per_example():
-    draws = lambda rng: [rng.random() for _ in range(5)]  # noqa: E731
-    assert draws(inst.instance_rng(1, 2, 3)) == draws(inst.instance_rng(1, 2, 3))
-    variants = [(1, 2, 3), (1, 3, 2), (2, 2, 3), (1, 2, 4), (12, 3, 4), (1, 23, 4)]
-    assert len({tuple(draws(inst.instance_rng(*v))) for v in variants}) == len(variants)
-
-
-# ---------------------------------------------------------------------------
 # Features
 # ---------------------------------------------------------------------------
 
 
-def test_to_features_shapes_and_padding(pairs, masked):
+def test_to_features_shapes_and_padding(pairs):
     p = pairs[0]
-    tokens, positions, labels = masked[0]
+    positions = np.array([1, 3], np.int32)
+    labels = p.tokens[positions]
+    tokens = p.tokens.copy()
+    tokens[positions] = MASK
     features = inst.to_features(
         tokens, p.segment_ids, p.is_random_next, positions, labels, SEQ, PREDS, PAD
     )

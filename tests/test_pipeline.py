@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from bertjax import schedule
-from bertjax.data import (corpus, default_corpus, instances, loaders, pipeline, shard_job,
-                          shard_sources, tokenization, tokenize_corpus)
+from bertjax.data import (corpus, default_corpus, instances, loaders, masking, pipeline,
+                          shard_job, shard_sources, tokenization, tokenize_corpus)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 base_config = runpy.run_path(str(REPO_ROOT / "configs" / "base.py"))["get_config"]
@@ -68,8 +68,9 @@ def short_phase(config) -> schedule.Phase:
 
 
 def entries(cache_dir: pathlib.Path) -> list[pathlib.Path]:
-    """What a cache directory holds, without the hidden lock files (bertjax.locks)."""
-    return sorted(p for p in cache_dir.iterdir() if not p.name.startswith("."))
+    """The prepared data a cache directory holds, without the hidden lock files (bertjax.locks)
+    and the token ids kept for every phase (`tokens_*`, bertjax.data.token_cache)."""
+    return sorted(p for p in cache_dir.iterdir() if not p.name.startswith((".", "tokens_")))
 
 
 def only_dir(cache_dir: pathlib.Path, pattern: str = "short_*") -> pathlib.Path:
@@ -347,6 +348,9 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
     pipeline.prepare(changed.data, short_phase(changed), sp_tokenizer, str(cache))
     names = [p.name for p in entries(cache)]
     assert len(names) == 5 and not any(".tmp" in n for n in names), names
+    # The corpus was tokenized once for the first four (other masks, seed, phase), once more
+    # when it changed.
+    assert len(list(cache.glob("tokens_*"))) == 2
 
 
 def test_prepare_rebuilds_an_incomplete_cache_directory(config, sp_tokenizer, tmp_path):
@@ -536,19 +540,24 @@ def test_two_workers_write_the_same_bytes_as_one(config, sp_tokenizer, tmp_path)
 
 def test_one_shard_holds_the_instances_of_the_original_semantics(config, sp_tokenizer, static):
     """The stored rows are exactly what the original's steps give for this seed: held-out
-    documents, pairs, then masks drawn from the same RNG in order (the semantics and seeds
-    of preparation before shards were cut by bytes)."""
+    documents, pairs from the seeded RNG, then masks by the rule from the shard's masking
+    stream (row i of the split is row i of the stream)."""
     docs, _ = tokenize_corpus.tokenize_documents(
         pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats()), sp_tokenizer)
     train_docs, _ = pipeline.split_eval_documents(docs, config.data.eval_fraction, config.data.seed)
-    rng = random.Random(shard_job.hash_seed(config.data.seed, 0, 0, SEQ))
+    seed = shard_job.hash_seed(config.data.seed, 0, 0, SEQ)
     specials = pipeline.specials_of(sp_tokenizer, False)
-    rows = []
-    for pair in instances.create_instances(train_docs, SEQ, config.data.short_seq_prob,
-                                           config.data.dupe_factor, rng, specials):
-        tokens, positions, labels = instances.mask_tokens(pair.tokens, rng, 0.15, PREDS, specials)
-        rows.append(instances.to_features(tokens, pair.segment_ids, pair.is_random_next,
-                                          positions, labels, SEQ, PREDS, specials.pad_id))
+    pairs = instances.create_instances(train_docs, SEQ, config.data.short_seq_prob,
+                                       config.data.dupe_factor, random.Random(seed), specials)
+    padded = np.full((len(pairs), SEQ), specials.pad_id, np.int32)
+    for i, pair in enumerate(pairs):
+        padded[i, :len(pair.tokens)] = pair.tokens
+    lengths = np.array([len(pair.tokens) for pair in pairs])
+    ids, positions, labels, counts = masking.MaskingRule(specials, 0.15, PREDS).apply(
+        padded, lengths, shard_job.mask_key(seed), np.arange(len(pairs)))
+    rows = [instances.to_features(ids[i, :lengths[i]], pair.segment_ids, pair.is_random_next,
+                                  positions[i, :counts[i]], labels[i, :counts[i]], SEQ, PREDS,
+                                  specials.pad_id) for i, pair in enumerate(pairs)]
     stored = static["train"].features
     for name in pipeline.FEATURES:
         np.testing.assert_array_equal(stored[name], np.stack([row[name] for row in rows]), name)

@@ -29,6 +29,8 @@ def test_training_reads_the_prepared_job_and_refuses_other_settings(wordpiece_co
     lines = prepare.prepare_all(config, output)
     assert len(lines) == len(phases_of(config)) == 2
     assert lines[0].startswith("Prepared phase short (64 tokens): ") and output in lines[0]
+    # Both phases read one tokenization of the corpus, removed when they were prepared.
+    assert not list(pathlib.Path(output).glob("tokens_*"))
     tokenizer = tokenization.WordPieceTokenizer(wordpiece_vocab)
     cached = pipeline.prepare(config.data, short_phase(config), tokenizer, str(tmp_path / "cache"))
     config.data.prepared_dir = output

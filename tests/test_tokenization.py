@@ -2,6 +2,7 @@
 import importlib.util
 import os
 import pathlib
+import pickle
 import random
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import tokenization as tok
+from bertjax.data import wordpiece
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARITY_VOCAB = REPO_ROOT.parent / "shared" / "data" / "bert-base-uncased" / "vocab.txt"
@@ -145,6 +147,23 @@ def test_ids_round_trip(wp):
         wp.convert_ids_to_tokens([len(VOCAB)])
     with pytest.raises(IndexError):
         wp.convert_ids_to_tokens([-1])
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_encode_remembers_words_without_changing_ids(vocab_file, monkeypatch, lower):
+    """encode looks remembered words up (the same ids as splitting them again), stops
+    remembering at WORDS_REMEMBERED, and a pickled tokenizer (sent to a worker) forgets them."""
+    wp = tok.WordPieceTokenizer(vocab_file, do_lower_case=lower)
+    lines = ["Hello, the unaffable 中文 [MASK]!", "héllo\x00 HÉLLO\u3000a\tb\x0b¿que?",
+             "the the THE unaffable, — no!", "aaa ##a b,b,b 文中 \ufffd"] * 3
+    expected = [wp.convert_tokens_to_ids(wp.tokenize(line)) for line in lines]
+    assert [wp.encode(line) for line in lines] == expected
+    assert [wp.encode(line) for line in lines] == expected  # now from the remembered words
+    assert 0 < len(wp._word_ids) < 30
+    monkeypatch.setattr(wordpiece, "WORDS_REMEMBERED", 3)
+    small = tok.WordPieceTokenizer(vocab_file, do_lower_case=lower)
+    assert [small.encode(line) for line in lines] == expected and len(small._word_ids) == 3
+    assert pickle.loads(pickle.dumps(wp))._word_ids == {}
 
 
 def test_continuation_mask(wp):

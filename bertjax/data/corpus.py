@@ -230,10 +230,10 @@ def _skip_rest_of_line(file: Any) -> int:
 
 
 def _decode(raw: bytes, final: bool, stats: CorpusStats) -> str:
-    # A non-final decode drops an incomplete trailing character left by truncation
-    # instead of reporting it as invalid UTF-8.
+    # A non-final decode drops an incomplete trailing character left by truncation instead
+    # of reporting it as invalid UTF-8; a final one is bytes.decode (no decoder to make).
     try:
-        return codecs.getincrementaldecoder("utf-8")().decode(raw, final)
+        return raw.decode("utf-8") if final else codecs.getincrementaldecoder("utf-8")().decode(raw)
     except UnicodeDecodeError:
         stats.invalid_utf8_lines += 1
         return codecs.getincrementaldecoder("utf-8")("replace").decode(raw, final)

@@ -1,12 +1,11 @@
 """Pretraining instances with the semantics of Google's original ``create_pretraining_data.py``.
 
 Everything works on token ids. ``create_instances`` makes the sentence pairs
-(segment A, segment B, is-random-next label) and ``mask_tokens`` applies masked-LM
-masking to one pair; both draw from a ``random.Random`` in exactly the order the
-original does, so the same seed gives the same structure. The one difference:
-the original masks each pair right after creating it, with the same RNG; here
-masking is separate so it can be redone every epoch ("dynamic masking") with
-``instance_rng``. The pair structure equals the original's run with the masking
+(segment A, segment B, is-random-next label), drawing from a ``random.Random`` in exactly
+the order the original does, so the same seed gives the same structure. The one difference:
+the original masks each pair right after creating it, with the same RNG; here masking is
+separate (``data.masking``: whole chunks of pairs at once, statically or again every epoch),
+with its own random stream. The pair structure equals the original's run with the masking
 draws left out of the RNG stream.
 """
 
@@ -71,17 +70,10 @@ class Instance:
 # ---------------------------------------------------------------------------
 
 
-def _concat(segments: Sequence[Sentence]) -> list[int]:
-    tokens: list[int] = []
-    for segment in segments:
-        tokens.extend(segment)
-    return tokens
-
-
 def _random_segments(
     documents: Sequence[TokenDocument], document_index: int, target_length: int, rng: random.Random
-) -> list[int]:
-    """Segment B for a random next: consecutive sentences of another document.
+) -> list[Sentence]:
+    """Segment B's sentences for a random next: consecutive sentences of another document.
 
     Like the original, this tries 10 times to draw a different document; with a
     single-document corpus it therefore uses the same document (still labelled
@@ -93,39 +85,50 @@ def _random_segments(
             break
     random_document = documents[random_index]
     start = rng.randint(0, len(random_document) - 1)
-    tokens: list[int] = []
+    taken, length = [], 0
     for segment in random_document[start:]:
-        tokens.extend(segment)
-        if len(tokens) >= target_length:
+        taken.append(segment)
+        length += len(segment)
+        if length >= target_length:
             break
-    return tokens
+    return taken
 
 
-def _truncate_seq_pair(
-    tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random
-) -> tuple[list[int], list[int]]:
-    """Trims the longer segment (B on ties) at a random end until the pair fits."""
-    a_start, a_stop, b_start, b_stop = 0, len(tokens_a), 0, len(tokens_b)
-    # Moving slice bounds instead of deleting list items keeps this linear.
-    while (a_stop - a_start) + (b_stop - b_start) > max_num_tokens:
-        from_front = rng.random() < 0.5
-        if a_stop - a_start > b_stop - b_start:
-            a_start, a_stop = (a_start + 1, a_stop) if from_front else (a_start, a_stop - 1)
-        else:
-            b_start, b_stop = (b_start + 1, b_stop) if from_front else (b_start, b_stop - 1)
-    return tokens_a[a_start:a_stop], tokens_b[b_start:b_stop]
+def _trims(a_length: int, b_length: int, max_num_tokens: int, rng: random.Random
+           ) -> tuple[int, int, int, int]:
+    """How many tokens the original's truncation takes from the front and back of A, then of
+    B: it trims the longer segment (B on ties) at a random end, a token at a time, until the
+    pair fits, with one ``rng.random()`` per token, as drawn here."""
+    trims = a_length + b_length - max_num_tokens
+    if trims <= 0:
+        return 0, 0, 0, 0
+    from_front = [rng.random() < 0.5 for _ in range(trims)]
+    # Which segment loses each token follows from the lengths alone: the longer one until
+    # both are equal, then B and A in turn.
+    lead = min(abs(a_length - b_length), trims)
+    leading, rest_b, rest_a = from_front[:lead], from_front[lead::2], from_front[lead + 1::2]
+    a_draws, b_draws = (leading + rest_a, rest_b) if a_length > b_length else \
+        (rest_a, leading + rest_b)
+    a_front, b_front = sum(a_draws), sum(b_draws)
+    return a_front, len(a_draws) - a_front, b_front, len(b_draws) - b_front
 
 
-def _make_instance(
-    tokens_a: list[int], tokens_b: list[int], is_random_next: bool, specials: SpecialTokens
-) -> Instance:
-    """``[CLS] A [SEP] B [SEP]``, or ``[CLS] A [SEP]`` (one segment) when B is empty."""
-    assert tokens_a, "segment A must keep at least one token"
-    tokens = [specials.cls_id, *tokens_a, specials.sep_id]
-    if tokens_b:
-        tokens += [*tokens_b, specials.sep_id]
-    return Instance(np.asarray(tokens, np.int32), min(len(tokens_a) + 2, len(tokens)),
-                    is_random_next)
+def _make_instance(segments_a: list[Sentence], segments_b: list[Sentence], is_random_next: bool,
+                   max_num_tokens: int, rng: random.Random, specials: SpecialTokens) -> Instance:
+    """``[CLS] A [SEP] B [SEP]`` of the sentences, truncated to fit (`_trims`), or
+    ``[CLS] A [SEP]`` (one segment) when B is empty."""
+    a_length = sum(map(len, segments_a))
+    b_length = sum(map(len, segments_b))
+    a_front, a_back, b_front, b_back = _trims(a_length, b_length, max_num_tokens, rng)
+    joined = np.concatenate([*segments_a, *segments_b])
+    a = joined[a_front:a_length - a_back]
+    b = joined[a_length + b_front:a_length + b_length - b_back]
+    assert len(a), "segment A must keep at least one token"
+    tokens = np.empty(len(a) + len(b) + (3 if len(b) else 2), np.int32)
+    tokens[0], tokens[len(a) + 1], tokens[-1] = specials.cls_id, specials.sep_id, specials.sep_id
+    tokens[1:len(a) + 1] = a
+    tokens[len(a) + 2:len(tokens) - 1] = b
+    return Instance(tokens, min(len(a) + 2, len(tokens)), is_random_next)
 
 
 def _instances_from_document(
@@ -158,17 +161,17 @@ def _instances_from_document(
         chunk_length += len(document[i])
         if i == len(document) - 1 or chunk_length >= target_seq_length:
             a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-            tokens_a = _concat(chunk[:a_end])
+            segments_a = chunk[:a_end]
             is_random_next = next_sentence_prediction and (len(chunk) == 1 or rng.random() < 0.5)
             if is_random_next:
-                target_b_length = target_seq_length - len(tokens_a)
-                tokens_b = _random_segments(documents, document_index, target_b_length, rng)
+                target_b_length = target_seq_length - sum(map(len, segments_a))
+                segments_b = _random_segments(documents, document_index, target_b_length, rng)
                 # B came from elsewhere, so the chunk's unused sentences start the next pair.
                 i -= len(chunk) - a_end
             else:
-                tokens_b = _concat(chunk[a_end:])
-            tokens_a, tokens_b = _truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-            instances.append(_make_instance(tokens_a, tokens_b, is_random_next, specials))
+                segments_b = chunk[a_end:]
+            instances.append(_make_instance(segments_a, segments_b, is_random_next,
+                                            max_num_tokens, rng, specials))
             chunk = []
             chunk_length = 0
         i += 1
@@ -222,101 +225,6 @@ def create_instances(
             )
     rng.shuffle(instances)
     return instances
-
-
-# ---------------------------------------------------------------------------
-# Masked LM
-# ---------------------------------------------------------------------------
-
-
-PAPER_MASK_MIX = (0.8, 0.1)  # (P[MASK], P[random token]); the rest keep the original token
-
-
-def check_mask_mix(mask_token_prob: float, random_token_prob: float) -> None:
-    """Raises ValueError unless both are probabilities with a sum of at most 1."""
-    if not (0 <= mask_token_prob <= 1 and 0 <= random_token_prob <= 1
-            and mask_token_prob + random_token_prob <= 1 + 1e-9):
-        raise ValueError(
-            f"mask_token_prob={mask_token_prob} and random_token_prob={random_token_prob} must "
-            "be in [0, 1] with a sum of at most 1 (the rest keep the original token)")
-
-
-def _keep_probability(mask_token_prob: float, random_token_prob: float) -> float:
-    """P(keep | not [MASK]): the original's second draw, 0.5 for the paper's 80/10/10."""
-    check_mask_mix(mask_token_prob, random_token_prob)
-    if mask_token_prob >= 1:
-        return 1.0  # never reached: every chosen token becomes [MASK]
-    keep = max(0.0, 1.0 - mask_token_prob - random_token_prob)
-    return round(keep / (1.0 - mask_token_prob), 12)  # 0.5 exactly for 80/10/10
-
-
-def _candidate_groups(
-    tokens: np.ndarray, specials: SpecialTokens, whole_word_mask: bool
-) -> list[list[int]]:
-    """Positions that may be masked, grouped into words for whole-word masking."""
-    candidates = np.flatnonzero(~np.isin(tokens, list(specials.unmaskable)))
-    if not whole_word_mask or not len(candidates):
-        return [[index] for index in candidates.tolist()]
-    if specials.continuation is None:
-        raise ValueError("whole_word_mask needs SpecialTokens.continuation.")
-    # A continuation piece joins the group of the previous candidate, even across a
-    # skipped [SEP], exactly as the original's "##" rule does.
-    starts_word = ~specials.continuation[tokens[candidates]]
-    starts_word[0] = True
-    return [group.tolist() for group in np.split(candidates, np.flatnonzero(starts_word)[1:])]
-
-
-def mask_tokens(
-    tokens: np.ndarray,
-    rng: random.Random,
-    masked_lm_prob: float,
-    max_predictions_per_seq: int,
-    specials: SpecialTokens,
-    whole_word_mask: bool = False,
-    mask_mix: tuple[float, float] = PAPER_MASK_MIX,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Applies the original masked-LM masking; returns (masked tokens, positions, labels).
-
-    ``round(len(tokens) * masked_lm_prob)`` positions (at least 1, at most
-    ``max_predictions_per_seq``; the length counts [CLS] and [SEP]) are chosen
-    among maskable tokens in random word order, skipping words that would
-    overshoot (so whole-word masking may choose fewer, even none). With
-    ``mask_mix=(m, r)`` each becomes [MASK] with probability m (0.8), a uniformly
-    random id from the whole vocabulary with probability r (0.1), and stays
-    unchanged otherwise; the paper's mix draws exactly as the original does.
-    Positions are sorted ascending; labels are the original ids.
-    """
-    keep_if_not_masked = _keep_probability(*mask_mix)
-    tokens = np.asarray(tokens)
-    groups = _candidate_groups(tokens, specials, whole_word_mask)
-    rng.shuffle(groups)
-    num_to_predict = min(max_predictions_per_seq, max(1, int(round(len(tokens) * masked_lm_prob))))
-
-    output = np.array(tokens, np.int32)
-    positions: list[int] = []
-    # Groups are disjoint, so the original's "already covered" check never fires.
-    for group in groups:
-        if len(positions) >= num_to_predict:
-            break
-        if len(positions) + len(group) > num_to_predict:
-            continue
-        for index in group:
-            if rng.random() < mask_mix[0]:
-                output[index] = specials.mask_id
-            elif rng.random() < keep_if_not_masked:
-                pass  # Keep the original token.
-            else:
-                output[index] = rng.randint(0, specials.vocab_size - 1)
-            positions.append(index)
-
-    sorted_positions = np.array(sorted(positions), np.int32)
-    return output, sorted_positions, tokens[sorted_positions].astype(np.int32)
-
-
-def instance_rng(seed: int, epoch: int, index: int) -> random.Random:
-    """A deterministic RNG for masking example ``index`` in ``epoch`` (dynamic masking)."""
-    # String seeds are hashed with SHA-512, so they are stable across processes and runs.
-    return random.Random(f"{seed}:{epoch}:{index}")
 
 
 # ---------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from bertjax.data import instances, packing, pipeline, tokenization
+from bertjax.data import instances, packing, pipeline, shard_job, tokenization
+from bertjax.data import masking as mask_rules
 from bertjax.data.pipeline import DataError, PreparedSplit
 from bertjax.schedule import Phase
 
@@ -25,7 +26,7 @@ class BatchLoader:
     def __init__(self, split: PreparedSplit, local_batch_size: int, seed: int, shuffle: bool = True,
                  masking: tuple[instances.SpecialTokens, float, int, bool] | None = None,
                  name: str = "train",
-                 mask_mix: tuple[float, float] = instances.PAPER_MASK_MIX):
+                 mask_mix: tuple[float, float] = mask_rules.PAPER_MASK_MIX):
         if len(split) < local_batch_size:
             raise DataError(
                 f"the {name} split has {len(split)} sequences, fewer than one batch of "
@@ -34,7 +35,8 @@ class BatchLoader:
         if not split.masked and masking is None:
             raise ValueError("an unmasked split needs masking parameters (dynamic masking)")
         self.split, self.local_batch_size, self.seed = split, local_batch_size, seed
-        self.shuffle, self.masking, self.mask_mix = shuffle, masking, mask_mix
+        self.shuffle = shuffle
+        self.rule = None if masking is None else mask_rules.MaskingRule(*masking, mask_mix)
         self.batches_per_epoch = len(split) // local_batch_size
         self._order_epoch, self._order = -1, np.arange(len(split))
 
@@ -59,19 +61,14 @@ class BatchLoader:
         return batch
 
     def _mask_dynamically(self, batch: dict[str, np.ndarray], rows: np.ndarray, epoch: int) -> None:
-        specials, prob, max_predictions, whole_word = self.masking
-        for i, row in enumerate(rows):
-            length = int(batch["input_mask"][i].sum())
-            tokens, positions, labels = instances.mask_tokens(
-                batch["input_ids"][i, :length], instances.instance_rng(self.seed, epoch, int(row)),
-                prob, max_predictions, specials, whole_word, self.mask_mix)
-            batch["input_ids"][i, :length] = tokens
-            count = len(positions)
-            for name, values in (("masked_lm_positions", positions), ("masked_lm_ids", labels)):
-                batch[name][i] = 0
-                batch[name][i, :count] = values
-            batch["masked_lm_weights"][i] = 0.0
-            batch["masked_lm_weights"][i, :count] = 1.0
+        """Masks `batch` in place: row r of epoch e draws from the stream (seed, e) at r."""
+        ids, positions, labels, counts = self.rule.apply(
+            batch["input_ids"], batch["input_mask"].sum(axis=1),
+            shard_job.hash_seed(self.seed, epoch), rows)
+        batch["input_ids"] = ids
+        batch["masked_lm_positions"], batch["masked_lm_ids"] = positions, labels
+        slots = np.arange(positions.shape[1])[None]
+        batch["masked_lm_weights"] = (slots < counts[:, None]).astype(np.float32)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         index = 0

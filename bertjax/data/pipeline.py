@@ -26,8 +26,8 @@ from absl import logging
 
 from bertjax import failures, files, locks
 from bertjax.data import tokenization
-from bertjax.data import (corpus, instances, prepared_files, shard_format, shard_job,
-                          shard_reader, shard_sources)
+from bertjax.data import (corpus, instances, masking, prepared_files, shard_format, shard_job,
+                          shard_reader, shard_sources, token_cache)
 from bertjax.data.errors import DataError
 from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
 from bertjax.data.shard_job import split_eval_documents  # noqa: F401
@@ -173,7 +173,7 @@ def mask_mix(data_cfg: Any) -> tuple[float, float]:
     """`(data.mask_token_prob, data.random_token_prob)`; DataError if not a valid mix."""
     mix = (data_cfg.mask_token_prob, data_cfg.random_token_prob)
     try:
-        instances.check_mask_mix(*mix)
+        masking.check_mask_mix(*mix)
     except ValueError as e:
         raise DataError(f"data.{e}") from e
     return mix
@@ -201,10 +201,10 @@ def make_features(documents: list[list[np.ndarray]], phase: Phase, data_cfg: Any
     job = dataclasses.replace(shard_job_of(data_cfg, phase, specials,
                                            next_sentence_prediction=next_sentence_prediction),
                               dupe_factor=dupe_factor)
-    rng = random.Random(seed)
     created = instances.create_instances(documents, phase.max_seq_length, data_cfg.short_seq_prob,
-                                         dupe_factor, rng, specials, next_sentence_prediction)
-    chunks = list(shard_job.stored_chunks(created, job, rng, mask))
+                                         dupe_factor, random.Random(seed), specials,
+                                         next_sentence_prediction)
+    chunks = list(shard_job.stored_chunks(created, job, shard_job.mask_key(seed) if mask else None))
     return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in shard_format.STORED}
 
 
@@ -219,7 +219,7 @@ def settings(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
     """What prepared data depends on besides the corpus (recorded in its meta.json)."""
     key_data = {k: data_cfg[k] for k in ("masked_lm_prob", "short_seq_prob", "dupe_factor",
                 "masking", "whole_word_mask", "eval_fraction", "seed", "shard_bytes")}
-    if mask_mix(data_cfg) != instances.PAPER_MASK_MIX:  # ablation switches join the key only
+    if mask_mix(data_cfg) != masking.PAPER_MASK_MIX:  # ablation switches join the key only
         key_data["mask_mix"] = list(mask_mix(data_cfg))  # when off the paper's
     if not next_sentence_prediction:
         key_data["next_sentence_prediction"] = False
@@ -361,7 +361,8 @@ def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.T
     tmp = _unfinished(directory)
     reader = corpus_reader(data_cfg, process_index, process_count)
     job = dataclasses.replace(shard_job_of(data_cfg, phase, specials_of(
-        tokenizer, data_cfg.whole_word_mask), tokenizer, process_index, tmp, nsp), reader=reader)
+        tokenizer, data_cfg.whole_word_mask), tokenizer, process_index, tmp, nsp), reader=reader,
+        tokens=tokens_directory(directory, data_cfg, tokenizer, process_index, process_count))
     meta = collections.Counter()
     try:
         for counts in run_shards(job, shard_sources.cut(reader, stats, data_cfg.shard_bytes),
@@ -383,6 +384,23 @@ def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.T
         **meta, "corpus": dataclasses.asdict(stats), "masking": data_cfg.masking,
         "settings": settings(data_cfg, phase, tokenizer, nsp), "source": source_identity(data_cfg),
         "seconds": round(time.time() - start, 1)})
+
+
+def tokens_directory(directory: str, data_cfg: Any, tokenizer: tokenization.Tokenizer,
+                     process_index: int, process_count: int) -> str:
+    """Where the shards' token ids are kept for every phase, beside `directory` (a phase's):
+    named by the corpus, the tokenizer, the shard size and this process's share."""
+    key = _hash({"source": _source_fingerprint(data_cfg), "tokenizer": tokenizer.fingerprint(),
+                 "shard_bytes": data_cfg.shard_bytes, "share": [process_index, process_count],
+                 "version": token_cache.VERSION})
+    return os.path.join(os.path.dirname(directory), f"tokens_{key}")
+
+
+def remove_tokens(parent: str) -> None:
+    """Deletes the token ids kept beside the phases in `parent` (`tokens_directory`): for a
+    job whose every phase is prepared."""
+    for path in glob.glob(os.path.join(glob.escape(parent), "tokens_*")):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _unfinished(directory: str) -> str:

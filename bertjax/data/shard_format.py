@@ -47,38 +47,26 @@ def stored_shapes(max_seq_length: int, max_predictions: int) -> dict[str, tuple[
             "num_predictions": (), "next_sentence_labels": ()}
 
 
-class RowBuffer:
-    """A chunk of stored rows filled one instance at a time."""
-
-    def __init__(self, rows: int, max_seq_length: int, max_predictions: int, vocab_size: int):
-        dtypes = stored_dtypes(max_seq_length, max_predictions, vocab_size)
-        shapes = stored_shapes(max_seq_length, max_predictions)
-        self.arrays = {name: np.zeros((rows,) + shapes[name], dtypes[name]) for name in STORED}
-        self.count = 0
-
-    def add(self, tokens: np.ndarray, b_start: int, is_random_next: bool,
-            positions: np.ndarray, labels: np.ndarray, pad_id: int) -> None:
-        """One instance: `tokens` unpadded, segment B from `b_start` (its length if none)."""
-        a, i, length = self.arrays, self.count, len(tokens)
-        seq, preds = a["input_ids"].shape[1], a["masked_lm_ids"].shape[1]
-        if length > seq or len(labels) > preds:
-            raise ValueError(f"an instance of {length} tokens and {len(labels)} predictions "
-                             f"does not fit {seq} tokens and {preds} predictions")
-        a["input_ids"][i, :length] = tokens
-        a["input_ids"][i, length:] = pad_id
-        a["lengths"][i], a["b_starts"][i] = length, b_start
-        a["masked_lm_positions"][i, :len(positions)] = positions
-        a["masked_lm_ids"][i, :len(labels)] = labels
-        a["num_predictions"][i], a["next_sentence_labels"][i] = len(labels), is_random_next
-        self.count += 1
-
-    def take(self) -> dict[str, np.ndarray]:
-        """The rows added since the last take (the buffer is then empty again)."""
-        rows = {name: array[:self.count].copy() for name, array in self.arrays.items()}
-        for array in self.arrays.values():
-            array[:self.count] = 0
-        self.count = 0
-        return rows
+def unmasked_rows(tokens: Sequence[np.ndarray], b_starts: Sequence[int],
+                  is_random_next: Sequence[bool], max_seq_length: int, max_predictions: int,
+                  vocab_size: int, pad_id: int) -> dict[str, np.ndarray]:
+    """Stored rows of instances (`tokens` unpadded, segment B from `b_starts`, their length
+    if none), without predictions yet (masking fills them in)."""
+    dtypes = stored_dtypes(max_seq_length, max_predictions, vocab_size)
+    shapes = stored_shapes(max_seq_length, max_predictions)
+    rows = {name: np.zeros((len(tokens),) + shapes[name], dtypes[name]) for name in STORED}
+    lengths = np.fromiter(map(len, tokens), np.int64, len(tokens))
+    if len(tokens) and lengths.max() > max_seq_length:
+        raise ValueError(f"an instance of {lengths.max()} tokens does not fit "
+                         f"{max_seq_length} tokens")
+    ids = rows["input_ids"]
+    ids[:] = pad_id
+    if len(tokens):
+        ids[np.arange(max_seq_length)[None] < lengths[:, None]] = np.concatenate(tokens)
+    rows["lengths"][:] = lengths
+    rows["b_starts"][:] = b_starts
+    rows["next_sentence_labels"][:] = is_random_next
+    return rows
 
 
 class ShardWriter:
@@ -136,7 +124,7 @@ def expand(stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def empty_stored(max_seq_length: int, max_predictions: int,
                  vocab_size: int = 2) -> dict[str, np.ndarray]:
     """Zero rows of every stored array."""
-    return RowBuffer(0, max_seq_length, max_predictions, vocab_size).take()
+    return unmasked_rows([], [], [], max_seq_length, max_predictions, vocab_size, 0)
 
 
 class PreparedSplit:

@@ -20,10 +20,11 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from bertjax.data import instances, shard_format, shard_sources, tokenization, tokenize_corpus
+from bertjax.data import instances, masking, shard_format, shard_sources, token_cache, tokenization
 from bertjax.errors import UserError
 
 CHUNK_ROWS = 4096  # rows masked and written at a time
+MASK_STREAM = 1  # hashed with a split's seed: its masking stream
 INSTANCE_ROUTE_FACTOR = 3  # whole documents holding more than this x eval_fraction of tokens
 
 
@@ -63,6 +64,12 @@ class ShardJob:
     next_sentence_prediction: bool
     output: str  # the shards go to output/{train,eval}/shard_NNNNN
     reader: shard_sources.CorpusReader | None = None  # where each shard reads its documents
+    tokens: str = ""  # where each shard's token ids are kept for every phase ("": not kept)
+
+    def masking_rule(self) -> masking.MaskingRule:
+        """How this job's instances are masked."""
+        return masking.MaskingRule(self.specials, self.masked_lm_prob, self.max_predictions,
+                                   self.whole_word_mask, self.mask_mix)
 
 
 def hash_seed(*parts: int) -> int:
@@ -82,35 +89,49 @@ def split_eval_documents(documents: list, eval_fraction: float, seed: int) -> tu
     return train, [d for i, d in enumerate(documents) if i in eval_ids]
 
 
+def mask_key(seed: int) -> int:
+    """The masking stream of the instances made with random.Random(`seed`)."""
+    return hash_seed(seed, MASK_STREAM)
+
+
 def _tokens(documents: list) -> int:
     return sum(len(sentence) for document in documents for sentence in document)
 
 
-def stored_chunks(created: list[instances.Instance], job: ShardJob, rng: random.Random,
-                  mask: bool) -> Iterator[dict[str, np.ndarray]]:
-    """Stored rows of `created`, masked (if `mask`) with `rng` in order, CHUNK_ROWS at a time."""
-    buffer = shard_format.RowBuffer(CHUNK_ROWS, job.max_seq_length, job.max_predictions,
-                                    job.specials.vocab_size)
-    none = np.zeros(0, np.int32)
-    for instance in created:
-        tokens, positions, labels = instance.tokens, none, none
-        if mask:
-            tokens, positions, labels = instances.mask_tokens(
-                instance.tokens, rng, job.masked_lm_prob, job.max_predictions, job.specials,
-                job.whole_word_mask, job.mask_mix)
-        buffer.add(tokens, instance.b_start, instance.is_random_next, positions, labels,
-                   job.specials.pad_id)
-        if buffer.count == CHUNK_ROWS:
-            yield buffer.take()
-    yield buffer.take()
+def stored_chunks(created: list[instances.Instance], job: ShardJob, key: int | None
+                  ) -> Iterator[dict[str, np.ndarray]]:
+    """Stored rows of `created`, CHUNK_ROWS at a time, each chunk masked at once with the
+    random stream `key` (row i of `created` is row i of the stream); None: unmasked."""
+    rule = None if key is None else job.masking_rule()
+    for first_row in range(0, max(len(created), 1), CHUNK_ROWS):
+        chunk = created[first_row:first_row + CHUNK_ROWS]
+        rows = shard_format.unmasked_rows(
+            [i.tokens for i in chunk], [i.b_start for i in chunk],
+            [i.is_random_next for i in chunk], job.max_seq_length, job.max_predictions,
+            job.specials.vocab_size, job.specials.pad_id)
+        yield _masked(rows, rule, key, first_row)
 
 
-def write_split(created: list[instances.Instance], job: ShardJob, rng: random.Random, mask: bool,
+def _masked(chunk: dict[str, np.ndarray], rule: masking.MaskingRule | None, key: int | None,
+            first_row: int) -> dict[str, np.ndarray]:
+    """Stored rows `chunk` (rows `first_row`... of the stream `key`) masked by `rule`."""
+    if rule is None:
+        return chunk
+    rows = np.arange(first_row, first_row + len(chunk["lengths"]))
+    ids, positions, labels, counts = rule.apply(chunk["input_ids"], chunk["lengths"], key, rows)
+    for name, values in (("input_ids", ids), ("masked_lm_positions", positions),
+                         ("masked_lm_ids", labels), ("num_predictions", counts)):
+        chunk[name] = values.astype(chunk[name].dtype, copy=False)
+    return chunk
+
+
+def write_split(created: list[instances.Instance], job: ShardJob, key: int | None,
                 directory: str) -> int:
-    """Writes `created` to `directory` as they are masked; returns how many."""
+    """Writes `created` to `directory` as they are masked (see `stored_chunks`); returns how
+    many."""
     writer = shard_format.ShardWriter(directory, len(created), job.max_seq_length,
                                       job.max_predictions, job.specials.vocab_size)
-    for chunk in stored_chunks(created, job, rng, mask):
+    for chunk in stored_chunks(created, job, key):
         writer.write(chunk)
     writer.close()
     return len(created)
@@ -120,7 +141,8 @@ def prepare_shard(job: ShardJob, source: shard_sources.ShardSource) -> dict[str,
     """Reads the documents of shard `source` (with `job.reader`) and writes the shard of both
     splits; returns its counts."""
     shard = source.index
-    tokenized, counts = tokenize_corpus.tokenize_documents(job.reader.read(source), job.tokenizer)
+    tokenized, counts = token_cache.tokenized_shard(job.tokens, shard,
+                                                    lambda: job.reader.read(source), job.tokenizer)
     counts = collections.Counter(counts, documents=len(tokenized))
     train_docs, eval_docs = split_eval_documents(tokenized, job.eval_fraction, job.seed + shard)
     by_instances = (job.eval_fraction > 0 and eval_docs and _tokens(eval_docs)
@@ -145,11 +167,11 @@ def prepare_shard(job: ShardJob, source: shard_sources.ShardSource) -> dict[str,
                                               job.next_sentence_prediction)
         counts["eval_documents"] = len(eval_docs)
     name = f"shard_{shard:05d}"
-    for split, rows, split_rng, mask in (("train", created, rng, not job.dynamic),
-                                         ("eval", held_out, eval_rng, True)):
+    for split, rows, key in (("train", created, None if job.dynamic else mask_key(seed)),
+                             ("eval", held_out, mask_key(seed + 1))):
         if rows:
             counts[f"{split}_instances"] = write_split(
-                rows, job, split_rng, mask, os.path.join(job.output, split, name))
+                rows, job, key, os.path.join(job.output, split, name))
     return dict(counts)
 
 

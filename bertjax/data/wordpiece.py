@@ -30,6 +30,7 @@ _CJK_RANGES = (
 # BERT counts every non-alphanumeric printable ASCII char as punctuation,
 # including "$", "^", "`" which Unicode files under symbols.
 _ASCII_PUNCT_RANGES = ((33, 47), (58, 64), (91, 96), (123, 126))
+WORDS_REMEMBERED = 1 << 18  # distinct words whose ids `encode` keeps (43 MB when full)
 
 
 def to_text(text: str | bytes) -> str:
@@ -100,14 +101,24 @@ def _clean_char(char: str) -> str:
     return " " if _is_whitespace(char) else char
 
 
+class _CleanTable(dict):
+    """str.translate's table for `_clean_text`: each char as `_clean_char` leaves it, a CJK
+    ideograph with a space on each side; filled with each distinct char when first seen."""
+
+    def __missing__(self, codepoint: int) -> str:
+        char = chr(codepoint)
+        cleaned = _clean_char(char)
+        self[codepoint] = f" {cleaned} " if cleaned and _is_cjk(char) else cleaned
+        return self[codepoint]
+
+
+_CLEAN_TABLE = _CleanTable()
+
+
 def _clean_text(text: str) -> str:
-    """Drop NUL, U+FFFD and control chars; turn every whitespace into ' '."""
-    return "".join(map(_clean_char, text))
-
-
-def _space_cjk(text: str) -> str:
-    """Surround CJK ideographs with spaces so each becomes its own word."""
-    return "".join(f" {c} " if _is_cjk(c) else c for c in text)
+    """Drop NUL, U+FFFD and control chars, turn every whitespace into ' ', and surround CJK
+    ideographs with spaces so each becomes its own word (one pass over the text)."""
+    return text.translate(_CLEAN_TABLE)
 
 
 def _strip_accents(text: str) -> str:
@@ -134,20 +145,30 @@ def _split_on_punctuation(word: str) -> list[str]:
     return pieces
 
 
+def _words(text: str | bytes) -> list[str]:
+    """The cleaned text split on whitespace (before lower-casing and punctuation)."""
+    # str.split (not _is_whitespace) is what the original splits on; it also
+    # splits on U+2028/U+2029, which _clean_text keeps.
+    return _clean_text(to_text(text)).split()
+
+
+def _word_tokens(word: str, do_lower_case: bool, strip: bool) -> list[str]:
+    """One whitespace-separated word lower-cased, stripped and split at punctuation."""
+    if do_lower_case:
+        word = word.lower()
+    if strip:
+        word = _strip_accents(word)
+    # The original re-splits on whitespace here; lower()+NFD never create
+    # whitespace, and an emptied word yields no pieces, so that is a no-op.
+    return _split_on_punctuation(word)
+
+
 def basic_tokenize(text: str | bytes, do_lower_case: bool = True, strip_accents: bool | None = None) -> list[str]:
     """Google BERT's BasicTokenizer: clean, split CJK/whitespace/punctuation, normalize."""
     strip = do_lower_case if strip_accents is None else strip_accents
     tokens = []
-    # str.split (not _is_whitespace) is what the original splits on; it also
-    # splits on U+2028/U+2029, which _clean_text keeps.
-    for word in _space_cjk(_clean_text(to_text(text))).split():
-        if do_lower_case:
-            word = word.lower()
-        if strip:
-            word = _strip_accents(word)
-        # The original re-splits on whitespace here; lower()+NFD never create
-        # whitespace, and an emptied word yields no pieces, so that is a no-op.
-        tokens.extend(_split_on_punctuation(word))
+    for word in _words(text):
+        tokens.extend(_word_tokens(word, do_lower_case, strip))
     return tokens
 
 
@@ -192,6 +213,7 @@ class WordPieceTokenizer:
         self._longest_token = max(len(t) for t in self._tokens)
         self.vocab_size = len(self._tokens)
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (self._ids[t] for t in SPECIAL_TOKENS)
+        self._word_ids: dict[str, tuple[int, ...]] = {}  # encode's remembered words
 
     def _longest_match(self, word: str, start: int) -> int:
         """End of the longest vocab piece starting at word[start], or start if none."""
@@ -223,8 +245,23 @@ class WordPieceTokenizer:
         return tokens
 
     def encode(self, text: str | bytes) -> list[int]:
-        """Split text into token ids."""
-        return self.convert_tokens_to_ids(self.tokenize(text))
+        """Split text into token ids (each distinct word's ids are remembered: natural text
+        repeats its words, so most are looked up, not split again)."""
+        ids: list[int] = []
+        remembered = self._word_ids
+        for word in _words(text):
+            found = remembered.get(word)
+            if found is None:
+                found = tuple(self.convert_tokens_to_ids(
+                    piece for token in _word_tokens(word, self.do_lower_case, self.strip_accents)
+                    for piece in self.wordpiece(token)))
+                if len(remembered) < WORDS_REMEMBERED:
+                    remembered[word] = found
+            ids.extend(found)
+        return ids
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_word_ids": {}}  # (sent to workers without what it saw)
 
     def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
         """Map tokens to ids; tokens not in the vocab map to unk_id."""
