@@ -14,6 +14,7 @@ from bertjax.interop import hf_modernbert, tree
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+from test_parity import randomized  # noqa: E402 (after the skips)
 
 pytestmark = pytest.mark.parity
 TOLERANCE = 1e-5
@@ -42,14 +43,7 @@ def random_hf_model(name):
         num_attention_heads=heads, intermediate_size=intermediate, local_attention=window,
         global_attn_every_n_layers=every, max_position_embeddings=64, pad_token_id=0,
         bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, **switches)
-    model = transformers.ModernBertForMaskedLM(config).eval()
-    with torch.no_grad():
-        for param_name, param in model.named_parameters():
-            if "norm.weight" in param_name:
-                param.copy_(1 + 0.2 * torch.randn_like(param))
-            else:
-                param.normal_(0.0, 0.2 if "bias" in param_name or "norm" in param_name else 0.1)
-    return model
+    return randomized(transformers.ModernBertForMaskedLM(config).eval(), "norm", 0.1)
 
 
 def padded_batch(vocab):

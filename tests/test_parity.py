@@ -46,13 +46,18 @@ def random_hf_model(layers, hidden, heads, intermediate, vocab, type_vocab, act)
         vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
         intermediate_size=intermediate, type_vocab_size=type_vocab, hidden_act=act,
         max_position_embeddings=64, attn_implementation="eager")
-    model = transformers.BertForPreTraining(config).eval()
+    return randomized(transformers.BertForPreTraining(config).eval(), "LayerNorm", 0.05)
+
+
+def randomized(model, norm: str, weight_std: float):
+    """`model` with random weights: its norms' scales (parameters named `norm`...`weight`)
+    near 1, biases and norm offsets N(0, 0.2), other weights N(0, weight_std)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "LayerNorm.weight" in name:
+            if norm in name and name.endswith("weight"):
                 param.copy_(1 + 0.2 * torch.randn_like(param))
             else:
-                param.normal_(0.0, 0.2 if "bias" in name or "LayerNorm" in name else 0.05)
+                param.normal_(0.0, 0.2 if "bias" in name or norm in name else weight_std)
     return model
 
 
