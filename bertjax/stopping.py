@@ -30,6 +30,8 @@ import threading
 import time
 from typing import Any, Iterator
 
+from bertjax import console, failures
+
 VARIABLE = "BERTJAX_STOP_SECONDS"
 DEFAULT_SECONDS = 60.0
 _NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
@@ -79,11 +81,9 @@ def _where_main_is() -> str:
 
 
 def _leave(line: str, status: int) -> None:
-    from bertjax import console  # (console imports nothing of this module's users)
+    """`cli.leave(line, status, at_once=True)` (which cli, importing this module, owns)."""
     console.note(f"error: {line}")
-    sys.stdout.flush()
-    os.write(2, f"error: {line}\n".encode())
-    os._exit(status)
+    failures.leave(line, status, at_once=True)
 
 
 def _call_native_sigterm() -> None:
