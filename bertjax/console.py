@@ -235,16 +235,18 @@ def note(line: str) -> None:
 
 
 class _OtherThreadsTo:
-    """sys.stderr for a quiet console with a log file: what the main thread writes (bertjax's
-    messages, warnings) goes to the console, what other threads write (the tracebacks a
-    library's background writer prints itself) to the log file."""
+    """sys.stderr for a quiet console with a log file: what the main thread and bertjax's own
+    threads (named `bertjax-...`, e.g. the stop watchdog's exit line) write goes to the
+    console, what other threads write (the tracebacks a library's background writer prints
+    itself) to the log file."""
 
     def __init__(self, log: Any, console: Any):
         self.log, self.console = log, console
 
     def write(self, text: str) -> int:
-        main = threading.current_thread() is threading.main_thread()
-        return (self.console if main else self.log).write(text)
+        thread = threading.current_thread()
+        ours = thread is threading.main_thread() or thread.name.startswith("bertjax-")
+        return (self.console if ours else self.log).write(text)
 
     def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, ...
         return getattr(self.console, name)
