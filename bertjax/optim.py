@@ -1,8 +1,9 @@
-"""Optimizers and learning-rate schedule for BERT pretraining and fine-tuning.
+"""Optimizers and learning-rate schedules for BERT pretraining and fine-tuning.
 
 `bert_adam` reproduces Google BERT's `AdamWeightDecayOptimizer`: Adam moments
 without bias correction, decoupled weight decay added to the Adam ratio, and the
-linear-warmup / linear-decay schedule of `optimization.py`.
+linear-warmup / linear-decay schedule of `optimization.py`. The modern recipe's
+`stable_adamw` (per-tensor update clipping) and warmup-stable-decay schedule sit beside them.
 """
 import dataclasses
 from typing import Any, NamedTuple, Optional
@@ -18,7 +19,9 @@ _NO_DECAY_LEAF = "bias"
 # ModernBERT's LayerNorms (bertjax.modernbert, transformers' names), excluded as BERT's are.
 _NO_DECAY_MODULES = ("norm", "attn_norm", "mlp_norm", "final_norm")
 
-OPTIMIZER_NAMES = ("bert_adam", "adamw", "lamb")
+OPTIMIZER_NAMES = ("bert_adam", "adamw", "lamb", "stable_adamw")
+SCHEDULE_NAMES = ("linear", "wsd")  # BERT's warmup + linear decay | warmup-stable-decay
+DECAY_SHAPES = ("linear", "1-sqrt")  # how "wsd" decays to 0
 
 
 class ScaleByAdamNoBiasCorrectionState(NamedTuple):
@@ -101,6 +104,52 @@ def bert_adam(
     )
 
 
+class ScaleByStableAdamState(NamedTuple):
+    """Bias-corrected Adam moments (float32) and the step count."""
+
+    count: jax.Array
+    mu: optax.Updates
+    nu: optax.Updates
+
+
+def scale_by_stable_adam(b1: float = 0.9, b2: float = 0.98, eps: float = 1e-6,
+                         weight_decay_rate: float = 0.0,
+                         decay_mask: Optional[Any] = None) -> optax.GradientTransformation:
+    """StableAdamW's direction before the learning rate (Wortsman et al. 2023, "Stable and
+    low-precision training for large-scale vision-language models", Algorithm 2; ModernBERT's
+    optimizer): AdamW's bias-corrected `m / (sqrt(v) + eps) + weight_decay * param`, each
+    tensor's scaled by `1 / max(1, RMS)` with `RMS = sqrt(mean(g^2 / max(v, eps^2)))`: a
+    tensor whose gradient jumps far above its running second moment takes a smaller step
+    (update clipping, in place of global-norm gradient clipping)."""
+    mask = _default_decay_mask if decay_mask is None else decay_mask
+
+    def init_fn(params: optax.Params) -> ScaleByStableAdamState:
+        zeros = optax.tree_utils.tree_zeros_like(params, dtype=jnp.float32)
+        return ScaleByStableAdamState(jnp.zeros([], jnp.int32), zeros, zeros)
+
+    def update_fn(updates, state, params=None):
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32), updates)
+        mu = jax.tree.map(lambda m, g: b1 * m + (1.0 - b1) * g, state.mu, grads)
+        nu = jax.tree.map(lambda v, g: b2 * v + (1.0 - b2) * jnp.square(g), state.nu, grads)
+        count = optax.safe_increment(state.count)
+        step = count.astype(jnp.float32)
+        mu_scale, nu_scale = 1.0 / (1.0 - b1 ** step), 1.0 / (1.0 - b2 ** step)
+        decayed = mask(params) if callable(mask) else mask
+
+        def direction(g, m, v, p, decay):
+            v_hat = v * nu_scale
+            rms = jnp.sqrt(jnp.mean(jnp.square(g) / jnp.maximum(v_hat, eps * eps)))
+            update = m * mu_scale / (jnp.sqrt(v_hat) + eps)
+            if decay and weight_decay_rate:
+                update = update + weight_decay_rate * p.astype(jnp.float32)
+            return update / jnp.maximum(1.0, rms)
+
+        out = jax.tree.map(direction, grads, mu, nu, params, decayed)
+        return out, ScaleByStableAdamState(count, mu, nu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
 def bert_schedule(peak_lr: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
     """Linear warmup to `peak_lr`, then linear decay of peak*(1 - step/total) to 0."""
     if total_steps <= 0:
@@ -115,6 +164,29 @@ def bert_schedule(peak_lr: float, warmup_steps: int, total_steps: int) -> optax.
         decayed = peak_lr * (1.0 - jnp.minimum(step, total_steps) / total_steps)
         warmup = peak_lr * step / max(warmup_steps, 1)
         return jnp.where(step < warmup_steps, warmup, decayed).astype(jnp.float32)
+
+    return schedule
+
+
+def wsd_schedule(peak_lr: float, warmup_steps: int, total_steps: int,
+                 decay_fraction: float = 0.1, decay_shape: str = "1-sqrt") -> optax.Schedule:
+    """Warmup-stable-decay (the "trapezoidal" schedule; Xing et al. 2018, Hu et al. 2024;
+    ModernBERT's, with its 1-sqrt decay of Hägele et al. 2024): linear warmup to `peak_lr`,
+    `peak_lr` until the last `decay_fraction` of `total_steps`, then down to 0 at
+    `total_steps`, linearly or as `1 - sqrt(fraction of the decay done)`."""
+    if total_steps <= 0:
+        raise ValueError(f"total_steps must be positive, got {total_steps}")
+    if decay_shape not in DECAY_SHAPES:
+        raise ValueError(f"decay_shape {decay_shape!r} is not one of {', '.join(DECAY_SHAPES)}")
+    decay_steps = max(1, round(decay_fraction * total_steps))
+    decay_start = total_steps - decay_steps
+
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        done = jnp.clip((step - decay_start) / decay_steps, 0.0, 1.0)
+        factor = 1.0 - (jnp.sqrt(done) if decay_shape == "1-sqrt" else done)
+        warmup = peak_lr * step / max(warmup_steps, 1)
+        return jnp.where(step < warmup_steps, warmup, peak_lr * factor).astype(jnp.float32)
 
     return schedule
 
@@ -142,6 +214,9 @@ def _run_schedule(cfg: Any) -> optax.Schedule:
     """Build the BERT schedule from a config's lr fields: with a `restart_step`, one schedule
     to that step and a second one (its own warmup and peak) from it to `total_steps`."""
     restart = getattr(cfg, "restart_step", 0)
+    if getattr(cfg, "schedule", "linear") == "wsd":
+        return wsd_schedule(cfg.peak_learning_rate, cfg.warmup_steps, cfg.total_steps,
+                            cfg.decay_fraction, cfg.decay_shape)
     if not restart:
         return bert_schedule(cfg.peak_learning_rate, cfg.warmup_steps, cfg.total_steps)
     first = bert_schedule(cfg.peak_learning_rate, cfg.warmup_steps, restart)
@@ -165,6 +240,9 @@ def _base_optimizer(cfg: Any, schedule: optax.Schedule) -> optax.GradientTransfo
             schedule, b1=b1, b2=b2, eps=eps, mu_dtype=jnp.float32,
             weight_decay=weight_decay, mask=decay_mask,
         )
+    if name == "stable_adamw":
+        return optax.chain(scale_by_stable_adam(b1, b2, eps, weight_decay),
+                           optax.scale_by_learning_rate(schedule))
     if name == "lamb":
         return optax.lamb(
             schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask
@@ -237,6 +315,9 @@ class OptimizerConfig:
     b2: float = 0.999
     eps: float = 1e-6
     clip_global_norm: float = 1.0
+    schedule: str = "linear"  # one of SCHEDULE_NAMES
+    decay_fraction: float = 0.1  # "wsd": the last fraction of the steps, decaying to 0
+    decay_shape: str = "1-sqrt"  # "wsd": one of DECAY_SHAPES
     # Restart (long_phase.restart_optimizer): from this step on, the schedule starts again;
     # 0 = never. Warmup -1 and peak 0 mean the first schedule's.
     restart_step: int = 0

@@ -21,7 +21,8 @@ from bertjax.schedule import Phase
 SCHEDULE_FIELDS = ("train.total_steps", "optimizer.peak_learning_rate",
                    "optimizer.warmup_steps", "long_phase.fraction",
                    "long_phase.restart_optimizer", "long_phase.restart_warmup_steps",
-                   "long_phase.restart_peak_learning_rate")
+                   "long_phase.restart_peak_learning_rate", "optimizer.schedule",
+                   "optimizer.decay_fraction", "optimizer.decay_shape")
 
 
 class ScheduleChanged(checkpoint.CheckpointMismatch):
@@ -60,7 +61,10 @@ def recorded(meta: Mapping[str, Any]) -> Plan:
 
 def _field(sections: Mapping[str, Any], field: str) -> Any:
     section, name = field.split(".")
-    return json.loads(json.dumps(sections[section].get(name)))
+    value = sections[section].get(name)
+    if value is None and section == "optimizer":  # (a field older checkpoints lack: its default)
+        value = getattr(optim.OptimizerConfig, name)
+    return json.loads(json.dumps(value))
 
 
 def resumed(meta: Mapping[str, Any], where: str, train: Any, data: Any, long_phase: Any,

@@ -42,7 +42,7 @@ PRETRAINING = _rules(
     ("data.max_seq_length", _seq_length), ("data.max_predictions_per_seq", _at_least_1),
     ("data.masked_lm_prob", _probability), ("data.dupe_factor", _at_least_1),
     ("data.shard_bytes", (">= 1024", lambda v: v >= 1024)), ("data.num_workers", _at_least_0),
-    ("long_phase.fraction", _probability),
+    ("long_phase.fraction", _probability), ("optimizer.decay_fraction", _probability),
     ("long_phase.global_batch_size", ("> 0, or 0 for train.global_batch_size", lambda v: v >= 0)),
 )
 OPTIMIZER = _rules(  # (both kinds of run)
@@ -73,6 +73,7 @@ CHOICES = {
     "data.source": ("default", "text", "tfds"), "data.tokenizer": ("wordpiece", "sentencepiece"),
     "data.text_format": ("auto", "lines", "paragraphs"), "data.masking": ("static", "dynamic"),
     "data.strip_accents": ("auto", "true", "false"), "optimizer.name": optim.OPTIMIZER_NAMES,
+    "optimizer.schedule": optim.SCHEDULE_NAMES, "optimizer.decay_shape": optim.DECAY_SHAPES,
 }
 
 
@@ -117,6 +118,11 @@ def pretraining(config: Any) -> None:
                           f"(train.total_steps={total}): the learning rate would never reach "
                           "its peak nor decay; set --config.optimizer.warmup_steps <= "
                           f"{total} (the paper warms up for 1% of the steps)")
+    if config.optimizer.schedule == "wsd" and config.long_phase.restart_optimizer:
+        raise ConfigError("long_phase.restart_optimizer=True restarts BERT's linear schedule; "
+                          "optimizer.schedule='wsd' holds its peak through the phases instead: "
+                          "set --config.long_phase.restart_optimizer=False or "
+                          "--config.optimizer.schedule=linear")
 
 
 def pretraining_model(config: Any) -> None:

@@ -123,9 +123,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.objective = "mlm"
 
     c.optimizer = ml_collections.ConfigDict()
-    c.optimizer.name = "bert_adam"  # "bert_adam" (original) | "adamw" (bias-corrected) | "lamb"
+    # "bert_adam" (original) | "adamw" (bias-corrected) | "lamb" | "stable_adamw" (AdamW with
+    # per-tensor update clipping: Wortsman et al. 2023; ModernBERT's)
+    c.optimizer.name = "bert_adam"
     c.optimizer.peak_learning_rate = 1e-4  # learning rate after warmup
     c.optimizer.warmup_steps = 10_000  # steps of linear warmup
+    # "linear" (the paper's: decays from the peak to 0 at the last step) | "wsd"
+    # (warmup-stable-decay: the peak until the last decay_fraction of the steps; ModernBERT's)
+    c.optimizer.schedule = "linear"
+    c.optimizer.decay_fraction = 0.1  # "wsd": the last fraction of the steps, decaying to 0
+    c.optimizer.decay_shape = "1-sqrt"  # "wsd": "linear" | "1-sqrt" (Hägele et al. 2024)
     c.optimizer.weight_decay_rate = 0.01  # decoupled decay (x lr); not on LayerNorm or biases
     c.optimizer.b1 = 0.9  # Adam beta1
     c.optimizer.b2 = 0.999  # Adam beta2

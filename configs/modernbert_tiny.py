@@ -56,5 +56,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.masked_lm_prob = 0.3  # fraction of tokens masked
     c.data.max_predictions_per_seq = 40  # >= 0.3 x 128
     c.long_phase.max_predictions_per_seq = 80  # >= 0.3 x 256
-    c.optimizer.name = "adamw"  # bias-corrected AdamW (the family's optimizer)
+    recipe(c)
     return c
+
+
+def recipe(c: ml_collections.ConfigDict) -> None:
+    """ModernBERT's optimizer and schedule (Warner et al. 2024, section 2.2.2 and table 3):
+    StableAdamW (AdamW whose per-tensor update is clipped, Wortsman et al. 2023) with betas
+    (0.9, 0.98) and no global-norm clipping, and a warmup-stable-decay schedule whose last
+    10% decays as 1 - sqrt (Hägele et al. 2024)."""
+    c.optimizer.update(name="stable_adamw", b2=0.98, clip_global_norm=0.0, schedule="wsd",
+                       decay_fraction=0.1, decay_shape="1-sqrt")
