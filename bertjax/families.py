@@ -67,7 +67,9 @@ def pretraining_model(config: ModelConfig) -> nn.Module:
 def example_inputs(model: nn.Module) -> tuple:
     """Inputs for `model.init` (either family)."""
     if isinstance(model, modernbert.ModernBertForMaskedLM):
-        return modernbert.example_inputs()
+        # (128 tokens where the model allows them: TPU's Pallas kernel, which "auto" picks
+        # for this family's dropout-free attention, takes multiples of 128 only)
+        return modernbert.example_inputs(min(128, model.config.max_position_embeddings))
     return bert_model.example_inputs(model)
 
 

@@ -154,8 +154,9 @@ class ModernBertAttention(nn.Module):
                                 for x in (q_BxLxNxD, k_BxLxNxD))
         rate = 0.0 if self.deterministic else cfg.attention_dropout
         seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31
+        impl = cfg.attention_impl if self.is_global else "einsum"  # (windowed kernels: later)
         context_BxLxNxD = attention.attend(
-            cfg.attention_impl, cfg.dtype, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask,
+            impl, cfg.dtype, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask,
             lambda p: Dropout(rate)(p, deterministic=self.deterministic), rate, seed,
             nn.logical_to_mesh_axes((BATCH, ACT_QKV)))
         context_BxLxH = context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
@@ -288,7 +289,7 @@ class ModernBertDecoder(nn.Module):
         return logits_BxPxV
 
 
-def example_inputs() -> tuple[jax.Array, ...]:
-    """Inputs for `ModernBertForMaskedLM.init`: ids and mask `[1, 8]` (the parameters depend on
-    neither batch size nor length)."""
-    return (jnp.zeros((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32))
+def example_inputs(length: int = 8) -> tuple[jax.Array, ...]:
+    """Inputs for `ModernBertForMaskedLM.init`: ids and mask `[1, length]` (the parameters
+    depend on neither batch size nor length)."""
+    return (jnp.zeros((1, length), jnp.int32), jnp.ones((1, length), jnp.int32))

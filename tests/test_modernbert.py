@@ -234,3 +234,18 @@ def test_trains_on_the_sharded_machinery():
             losses.append(float(metrics["loss_sum"] / metrics["count"]))
     np.testing.assert_allclose(losses[0], float(one_device), rtol=1e-5)
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_a_fused_kernel_runs_the_global_layers_and_the_windows_stay_einsum():
+    """attention_impl='xla' (JAX's fused path, which runs on CPU; 'pallas' and 'cudnn' alike,
+    which "auto" picks on TPU and GPU): the global layers take it, the sliding-window ones
+    the einsum reference, and the logits equal the all-einsum model's."""
+    params = init(TINY)
+    ids = np.arange(2 * 12).reshape(2, 12) % TINY.vocab_size
+    mask = np.ones_like(ids)
+    mask[1, 9:] = 0
+    fused = dataclasses.replace(TINY, attention_impl="xla")
+    real = mask[..., None] > 0
+    np.testing.assert_allclose(np.where(real, logits(fused, params, ids, mask), 0),
+                               np.where(real, logits(TINY, params, ids, mask), 0),
+                               rtol=1e-5, atol=1e-5)
