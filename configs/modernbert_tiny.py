@@ -61,9 +61,10 @@ def get_config() -> ml_collections.ConfigDict:
 
 
 def recipe(c: ml_collections.ConfigDict) -> None:
-    """ModernBERT's optimizer and schedule (Warner et al. 2024, section 2.2.2 and table 3):
-    StableAdamW (AdamW whose per-tensor update is clipped, Wortsman et al. 2023) with betas
+    """ModernBERT's packed rows, optimizer and schedule (Warner et al. 2024, section 2.2 and
+    table 3): rows packed with whole instances (its unpadding); StableAdamW (AdamW whose per-tensor update is clipped, Wortsman et al. 2023) with betas
     (0.9, 0.98) and no global-norm clipping, and a warmup-stable-decay schedule whose last
     10% decays as 1 - sqrt (Hägele et al. 2024)."""
+    c.data.packing = True
     c.optimizer.update(name="stable_adamw", b2=0.98, clip_global_norm=0.0, schedule="wsd",
                        decay_fraction=0.1, decay_shape="1-sqrt")
