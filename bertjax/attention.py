@@ -61,7 +61,7 @@ class Mask:
     sees only the tokens of its own instance (block-diagonal attention). A `[B, L, L]` mask
     (causal_mask: train.objective=ltr) gives each query its own keys (einsum only).
     `half_window` > 0 restricts each query further to the keys at most that many rows away
-    (ModernBERT's sliding-window attention; einsum only for now).
+    (ModernBERT's sliding-window attention: `window_impl` says which kernels take it).
     """
 
     ids_BxL: jax.Array
@@ -105,13 +105,20 @@ def attend(impl: str, dtype: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
     reference with `dropout` on its probabilities, or a fused kernel applying `dropout_rate`
     itself (cuDNN: seeded by `seed`). `spec`: the mesh axes of the batch and the heads (the
     Pallas kernel runs per shard)."""
-    if impl == "auto" and (mask.ids_BxL.ndim == 3 or mask.half_window):
-        impl = "einsum"  # a per-query mask (causal, sliding window): the reference
-    impl = resolve_impl(impl, dtype, q_BxLxNxD.shape[-1], None, dropout_rate,
-                        q_BxLxNxD.shape[1], mask.packed)
+    if impl == "auto" and mask.ids_BxL.ndim == 3:
+        impl = "einsum"  # a per-query mask (causal): the reference
+    impl = window_impl(resolve_impl(impl, dtype, q_BxLxNxD.shape[-1], None, dropout_rate,
+                                    q_BxLxNxD.shape[1], mask.packed), mask.half_window)
     if impl == "einsum":
         return einsum_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_bias(mask), dropout)
     return fused_attention(impl, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, dropout_rate, seed, spec)
+
+
+def window_impl(impl: str, half_window: int) -> str:
+    """What runs a sliding-window layer whose model asks for `impl` (resolved): the Pallas
+    splash kernel for "pallas", JAX's XLA path for "xla", else the einsum reference (cuDNN,
+    through JAX, has causal windows only; a bidirectional encoder needs both sides)."""
+    return impl if not half_window or impl in ("pallas", "xla") else "einsum"
 
 
 def mask_bias(mask: Mask) -> jax.Array:
@@ -166,9 +173,9 @@ def fused_attention(impl: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
     if mask.ids_BxL.ndim != 2:
         raise ValueError(f"attention_impl={impl!r} takes padding or packed masks only; a causal "
                          "(train.objective=ltr) model needs model.attention_impl='einsum'")
-    if mask.half_window:
-        raise ValueError(f"attention_impl={impl!r} has no sliding window yet; a ModernBERT "
-                         "model needs model.attention_impl='einsum' (or 'auto')")
+    if window_impl(impl, mask.half_window) != impl:
+        raise ValueError(f"attention_impl={impl!r} has no two-sided sliding window; a "
+                         "ModernBERT model's windows need 'pallas', 'xla' or 'einsum'")
     if impl == "cudnn":
         return cudnn_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, dropout_rate, seed)
     if dropout_rate > 0:
@@ -176,14 +183,16 @@ def fused_attention(impl: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
             f"attention_impl={impl!r} has no attention dropout; train with "
             "attention_probs_dropout_prob=0 or attention_impl='einsum' or 'cudnn'")
     if impl == "pallas":
-        return pallas_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask.ids_BxL, spec)
+        return pallas_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask.ids_BxL, spec,
+                                mask.half_window)
+    window = (mask.half_window,) * 2 if mask.half_window else None
     if mask.packed:
         same_Bx1xLxL = (mask.ids_BxL[:, :, None] == mask.ids_BxL[:, None, :])[:, None]
         return jax.nn.dot_product_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask=same_Bx1xLxL,
-                                            implementation=impl)
+                                            local_window_size=window, implementation=impl)
     return jax.nn.dot_product_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD,
                                         key_value_seq_lengths=sequence_lengths(mask.ids_BxL),
-                                        implementation=impl)
+                                        local_window_size=window, implementation=impl)
 
 
 def packed_segments(ids_BxL: jax.Array, max_instances: int) -> tuple[jax.Array, jax.Array]:
@@ -226,12 +235,15 @@ def cudnn_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.A
 
 
 def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.Array,
-                     ids_BxL: jax.Array, spec: PartitionSpec | None = None) -> jax.Array:
+                     ids_BxL: jax.Array, spec: PartitionSpec | None = None,
+                     half_window: int = 0) -> jax.Array:
     """JAX's Pallas TPU flash attention (`jax.experimental.pallas.ops.tpu.flash_attention`)
-    with `ids_BxL` as segment ids: a query sees the keys of its own id (at padding: padding).
-    Under a mesh it runs per shard (`jax.shard_map`; XLA cannot partition a Pallas kernel),
-    batch and heads split over the mesh axes `spec` = (batch axes, head axes). Off TPU it runs
-    in TPU interpret mode, forward and backward (slow: for tests)."""
+    with `ids_BxL` as segment ids: a query sees the keys of its own id (at padding: padding);
+    with a `half_window`, the splash kernel (`splash_attention`) with a local mask, keys at
+    most that many rows away. Under a mesh it runs per shard (`jax.shard_map`; XLA cannot
+    partition a Pallas kernel), batch and heads split over the mesh axes `spec` = (batch
+    axes, head axes). Off TPU it runs in TPU interpret mode, forward and backward (slow: for
+    tests)."""
     from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
     length, head_size = q_BxLxNxD.shape[1], q_BxLxNxD.shape[-1]
     if length % PALLAS_BLOCK:
@@ -247,7 +259,9 @@ def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.
             sm_scale=1.0 / math.sqrt(head_size),
             block_sizes=tpu_flash.BlockSizes(block_b=1, **block))
 
-    if target_platform() != "tpu":
+    if half_window:
+        flash = functools.partial(_splash_window, half_window=half_window)
+    elif target_platform() != "tpu":
         flash = _in_tpu_interpret_mode(flash)
     mesh = jax.sharding.get_abstract_mesh()
     if spec is not None and not mesh.empty and any(spec):
@@ -258,6 +272,25 @@ def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.
     out_BxNxLxD = flash(heads_first(q_BxLxNxD), heads_first(k_BxLxNxD), heads_first(v_BxLxNxD),
                         ids_BxL.astype(jnp.int32))
     return heads_first(out_BxNxLxD)
+
+
+def _splash_window(q_BxNxLxD: jax.Array, k_BxNxLxD: jax.Array, v_BxNxLxD: jax.Array,
+                   ids_BxL: jax.Array, half_window: int) -> jax.Array:
+    """The splash kernel with a two-sided local mask of `half_window` rows and `ids_BxL` as
+    segment ids, one row of the batch at a time (the kernel takes `[N, L, D]`)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+    heads, length, head_size = q_BxNxLxD.shape[1:]
+    local = masks.LocalMask((length, length), (half_window, half_window), offset=0)
+    sizes = {name: PALLAS_BLOCK for name in (
+        "block_q", "block_kv", "block_kv_compute", "block_q_dkv", "block_kv_dkv",
+        "block_kv_dkv_compute", "block_q_dq", "block_kv_dq")}
+    kernel = splash.make_splash_mha(masks.MultiHeadMask([local] * heads), head_shards=1,
+                                    q_seq_shards=1, block_sizes=splash.BlockSizes(**sizes),
+                                    interpret=target_platform() != "tpu")
+    scaled_BxNxLxD = q_BxNxLxD * jnp.asarray(1.0 / math.sqrt(head_size), q_BxNxLxD.dtype)
+    return jax.vmap(lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids)))(
+        scaled_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL)
 
 
 def _in_tpu_interpret_mode(fn: Callable) -> Callable:

@@ -154,9 +154,8 @@ class ModernBertAttention(nn.Module):
                                 for x in (q_BxLxNxD, k_BxLxNxD))
         rate = 0.0 if self.deterministic else cfg.attention_dropout
         seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31
-        impl = cfg.attention_impl if self.is_global else "einsum"  # (windowed kernels: later)
         context_BxLxNxD = attention.attend(
-            impl, cfg.dtype, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask,
+            cfg.attention_impl, cfg.dtype, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask,
             lambda p: Dropout(rate)(p, deterministic=self.deterministic), rate, seed,
             nn.logical_to_mesh_axes((BATCH, ACT_QKV)))
         context_BxLxH = context_BxLxNxD.reshape(batch, length, cfg.hidden_size)

@@ -65,12 +65,13 @@ class ModernBertConfig(FromDict):
 
     def resolved_attention_impl(self, backend: str | None = None) -> str:
         """The implementation training uses on `backend` (default: the target platform): the
-        global layers' choice, and the einsum reference in the sliding-window layers."""
+        global layers' choice, and the sliding-window layers' (`attention.window_impl`)."""
         impl = attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend,
                                       self.attention_dropout)
+        window = attention.window_impl(impl, self.local_attention // 2)
         local = any(not self.is_global(i) for i in range(self.num_hidden_layers))
-        return f"{impl} (global layers), einsum (sliding windows)" if local and impl != "einsum" \
-            else impl
+        return f"{impl} (global layers), {window} (sliding windows)" \
+            if local and window != impl else impl
 
     def is_global(self, layer: int) -> bool:
         """Whether layer `layer` attends over the whole row (else over its sliding window)."""

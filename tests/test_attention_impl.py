@@ -258,3 +258,31 @@ def test_auto_picks_pallas_on_tpu_where_no_attention_dropout_applies():
     assert attention.resolve_impl("auto", "bfloat16", 64, "gpu", 0.1, 128, True) == "einsum"
     with pytest.raises(ValueError, match="multiple of 128"):
         attention.pallas_attention(*(jnp.zeros((1, 100, 2, 8)),) * 3, jnp.ones((1, 100)))
+
+
+@pytest.mark.parametrize("impl", ["xla", pytest.param("pallas", marks=pytest.mark.slow)])
+def test_sliding_windows_in_the_fused_paths_match_einsum(impl):
+    """ModernBERT's two-sided window (keys at most 16 rows away) in JAX's XLA path and in the
+    Pallas splash kernel (TPU interpret mode on the CPU), on padded and on packed rows: the
+    outputs and gradients at every real token equal the einsum reference's band mask."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 128, 2, 8)).astype(np.float32) for _ in range(3))
+    (_, _, padding, _), packed = _packed_inputs(128)
+    padding[1, 100:] = 0
+    for mask in (attention.Mask(padding, 0, 16), attention.Mask(packed["instance_ids"], 3, 16)):
+        real = np.asarray(mask.ids_BxL > 0)
+
+        def loss(impl, q, k, v):
+            out = attention.attend(impl, "float32", q, k, v, mask, lambda p: p, 0.0, 0)
+            return jnp.sum(jnp.where(real[:, :, None, None], out, 0) ** 2), out
+
+        results = {name: jax.jit(jax.value_and_grad(functools.partial(loss, name), (0, 1, 2),
+                                                    has_aux=True))(q, k, v)
+                   for name in ("einsum", impl)}
+        (_, want), want_grads = results["einsum"]
+        (_, got), got_grads = results[impl]
+        np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], rtol=1e-5,
+                                   atol=1e-5)
+        for got_grad, want_grad in zip(got_grads, want_grads):
+            np.testing.assert_allclose(got_grad, want_grad, rtol=1e-4, atol=1e-5)
+    assert attention.window_impl("cudnn", 16) == "einsum" and attention.window_impl("cudnn", 0)

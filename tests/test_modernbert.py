@@ -99,10 +99,12 @@ def test_band_mask_padding_and_packed():
     assert attention.mask_bias(attention.Mask(real)).shape == (1, 1, 1, 6)
 
 
-def test_fused_attention_refuses_a_window():
+def test_cudnn_refuses_a_window():
+    """JAX's cuDNN path has causal windows only: asked for a two-sided one, one line."""
     q = jnp.zeros((1, 128, 2, 8))
-    with pytest.raises(ValueError, match="no sliding window"):
-        attention.fused_attention("xla", q, q, q, attention.Mask(jnp.ones((1, 128)), 0, 4), 0.0, 0)
+    with pytest.raises(ValueError, match="no two-sided sliding window"):
+        attention.fused_attention("cudnn", q, q, q, attention.Mask(jnp.ones((1, 128)), 0, 4),
+                                  0.0, 0)
 
 
 def test_rope_against_a_hand_computation():
@@ -236,10 +238,10 @@ def test_trains_on_the_sharded_machinery():
     assert losses[-1] < 0.8 * losses[0], losses
 
 
-def test_a_fused_kernel_runs_the_global_layers_and_the_windows_stay_einsum():
-    """attention_impl='xla' (JAX's fused path, which runs on CPU; 'pallas' and 'cudnn' alike,
-    which "auto" picks on TPU and GPU): the global layers take it, the sliding-window ones
-    the einsum reference, and the logits equal the all-einsum model's."""
+def test_the_xla_path_runs_every_layer_with_the_all_einsum_model_s_logits():
+    """attention_impl='xla' (JAX's fused path, which runs on CPU) runs the global layers and
+    the sliding windows (test_attention_impl: the windows of each kernel), and the model's
+    logits equal the all-einsum model's."""
     params = init(TINY)
     ids = np.arange(2 * 12).reshape(2, 12) % TINY.vocab_size
     mask = np.ones_like(ids)
