@@ -4,6 +4,7 @@ Everything runs on real components: the first documents of the offline default c
 written as a text file in the original format (one sentence per line, blank line between
 documents), a small SentencePiece model trained on it, and a hand-written WordPiece vocab.
 """
+import dataclasses
 import itertools
 import json
 import pathlib
@@ -13,7 +14,8 @@ import runpy
 import numpy as np
 import pytest
 
-from bertjax import schedule
+from bertjax import memory, schedule
+from bertjax import batch as batch_spec
 from bertjax.data import (corpus, default_corpus, instances, loaders, masking, pipeline,
                           shard_job, shard_sources, tokenization, tokenize_corpus)
 from bertjax.data.settings import DataSettings
@@ -251,6 +253,27 @@ def dynamic_loader(split, tokenizer, seed=12345, batch=32, shuffle=True, whole_w
 
 
 # ----------------------------------------------------------------------------- prepare
+
+
+def test_batches_hold_what_bertjax_batch_defines(config, sp_tokenizer, static_cache):
+    """The loaders' batches of a real prepared dataset, unpacked and packed (`data.packing`),
+    hold exactly the features `bertjax.batch.specs` names, with its dtypes and shapes; the
+    memory report's abstract batch is the same."""
+    phase, data = short_phase(config), DataSettings.of(config.data)
+    for packed in (False, True):
+        (prepared,) = loaders.prepare_data(dataclasses.replace(data, packing=packed), [phase],
+                                           SP_VOCAB, sp_tokenizer, str(static_cache), 0, 1)
+        for loader in (prepared.train, prepared.eval):
+            batch = loader.batch(0)
+            spec = (batch_spec.specs(BATCH, SEQ, loader.max_predictions, loader.max_instances)
+                    if packed else batch_spec.specs(BATCH, SEQ, PREDS))
+            assert {name: (array.shape, array.dtype) for name, array in batch.items()} == spec
+            assert list(batch) == list(spec)
+    abstract = memory.abstract_batch(phase, BATCH)
+    assert {name: (a.shape, a.dtype) for name, a in abstract.items()} == batch_spec.specs(
+        BATCH, SEQ, PREDS)
+
+
 
 
 @pytest.mark.parametrize("split", ["train", "eval"])
