@@ -776,6 +776,7 @@ def test_check_token_ids_rejects_a_small_model_vocab(static, sp_tokenizer):
 
 @pytest.mark.parametrize("field, value, allowed", [
     ("source", "hdfs", "'default', 'text', 'tfds'"), ("masking", "random", "'static', 'dynamic'"),
+    ("masking", "Dynamic", "'static', 'dynamic'"),
     ("strip_accents", "sometimes", "'auto', 'true', 'false'"),
     ("text_format", "line", "'auto', 'lines', 'paragraphs'"),
     ("tokenizer", "bpe", "'wordpiece', 'sentencepiece'")])

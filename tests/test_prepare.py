@@ -96,6 +96,7 @@ def test_a_script_without_the_main_guard_gets_an_error_not_a_hang(wordpiece_corp
     script.write_text(textwrap.dedent(f"""
         import runpy
         from bertjax.data import pipeline, tokenization
+        from bertjax.data.settings import DataSettings
         from bertjax.schedule import Phase
         config = runpy.run_path({str(REPO_ROOT / "configs" / "base.py")!r})["get_config"]()
         config.data.source, config.data.input_files = "text", {wordpiece_corpus!r}

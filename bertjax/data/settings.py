@@ -61,7 +61,7 @@ class DataSettings:
                           else missing(f.name) for f in dataclasses.fields(cls)})
         for field, allowed in CHOICES.items():
             value = getattr(settings, field)
-            if str(value).lower() not in allowed:
+            if (str(value).lower() if field in CASE_FREE else value) not in allowed:
                 raise DataError(f"data.{field}={value!r} is not one of "
                                 f"{', '.join(map(repr, allowed))}; set --config.data.{field}")
         try:
@@ -79,7 +79,7 @@ class DataSettings:
     @property
     def dynamic(self) -> bool:
         """Masks drawn by the loader each epoch (`masking=dynamic`), not stored when prepared."""
-        return str(self.masking).lower() == "dynamic"
+        return self.masking == "dynamic"
 
     @property
     def strip_accents_option(self) -> bool | None:
@@ -92,6 +92,8 @@ class DataSettings:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
 
 
-# The fields that name one of a few choices, read off their Literal types.
+# The fields that name one of a few choices, read off their Literal types; compared exactly,
+# but for a truth value written as text in any case (True, true).
 CHOICES = {name: typing.get_args(kind) for name, kind in
            typing.get_type_hints(DataSettings).items() if typing.get_origin(kind) is Literal}
+CASE_FREE = {"strip_accents"}
