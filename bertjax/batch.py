@@ -62,7 +62,8 @@ def zeros(rows: int, max_seq_length: int, max_predictions: int, packed_instances
             specs(rows, max_seq_length, max_predictions, packed_instances).items()}
 
 
-def abstract(phase: PhaseShape, rows: int, placement: Any = None) -> dict[str, jax.ShapeDtypeStruct]:
+def abstract(phase: PhaseShape, rows: int, placement: Any = None
+             ) -> dict[str, jax.ShapeDtypeStruct]:
     """An unpacked batch of `phase` with `rows` rows as abstract arrays (optionally placed
     with the sharding `placement`)."""
     return {name: jax.ShapeDtypeStruct(shape, dtype, sharding=placement) for name, (shape, dtype)

@@ -205,8 +205,8 @@ def settings(data: DataSettings, phase: PhaseShape, tokenizer: tokenization.Toke
         default=str))
 
 
-def prepare(data: DataSettings, phase: PhaseShape, tokenizer: tokenization.Tokenizer, cache_dir: str,
-            process_index: int = 0, process_count: int = 1,
+def prepare(data: DataSettings, phase: PhaseShape, tokenizer: tokenization.Tokenizer,
+            cache_dir: str, process_index: int = 0, process_count: int = 1,
             next_sentence_prediction: bool = True) -> dict[str, PreparedSplit]:
     """Prepared `train` and `eval` splits for `phase`: read from
     `data.prepared_dir` (this process's share of every shard), or built once and cached under
