@@ -19,6 +19,7 @@ from absl import logging
 
 from bertjax import checkpoint, steps
 from bertjax.data import corpus, pipeline
+from bertjax.data.settings import DataSettings
 from bertjax.schedule import Phase
 from bertjax.errors import UserError
 
@@ -42,7 +43,7 @@ class NonFiniteState(UserError, RuntimeError):
     """The train state holds NaN or Inf; it must not be checkpointed."""
 
 
-def data_identity(data_cfg: Any, phases: Sequence[Phase]) -> dict[str, Any]:
+def data_identity(data_cfg: DataSettings, phases: Sequence[Phase]) -> dict[str, Any]:
     """What a checkpoint records about its data: the corpus (with a content fingerprint of
     each text file) and each phase's shape, as it reads back from JSON (so that it compares
     equal after a restore)."""
@@ -81,7 +82,7 @@ def _json(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def resume_changes(found_meta: dict[str, Any], expected: dict[str, Any], data_cfg: Any,
+def resume_changes(found_meta: dict[str, Any], expected: dict[str, Any], data_cfg: DataSettings,
                    phase: str) -> list[str]:
     """Every difference between the checkpoint's data (its `meta`) and this run's
     (`expected`: data_identity, `data_cfg`: config.data) that changes phase `phase`'s
@@ -91,13 +92,13 @@ def resume_changes(found_meta: dict[str, Any], expected: dict[str, Any], data_cf
     changes = [f"{field}: {old_phase[field]} -> {new_phase[field]}" for field in PHASE_FIELDS
                if field in old_phase and old_phase[field] != new_phase[field]]
     old_data = json.loads(found_meta.get("config") or "{}").get("data", {})
-    changes += [f"data.{field}: {old_data[field]!r} -> {_json(data_cfg[field])!r}"
-                for field in data_cfg.keys() if field not in DATA_FIELDS_NOT_COMPARED
-                and field in old_data and old_data[field] != _json(data_cfg[field])]
+    changes += [f"data.{field}: {old_data[field]!r} -> {_json(value)!r}"
+                for field, value in data_cfg.items() if field not in DATA_FIELDS_NOT_COMPARED
+                and field in old_data and old_data[field] != _json(value)]
     return changes + (_corpus_changes(found, expected) if found.get("source") else [])
 
 
-def check_resume(found_meta: dict[str, Any], expected: dict[str, Any], data_cfg: Any,
+def check_resume(found_meta: dict[str, Any], expected: dict[str, Any], data_cfg: DataSettings,
                  position: dict[str, Any], run_phase: str, where: str, allow_changes: bool) -> None:
     """Raises IncompatibleResume if this run continues a phase the checkpoint is in the
     middle of (its data `position` is past the first batch of `run_phase`, this run's phase

@@ -26,7 +26,7 @@ from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import Mesh
 
 from bertjax import families, objectives, sharding, steps
-from bertjax.data.pipeline import empty_features
+from bertjax import batch as batch_spec
 from bertjax.families import ModelConfig
 from bertjax.schedule import Phase
 from bertjax.state import TrainState
@@ -130,9 +130,7 @@ _DTYPE_BYTES = {"bool": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16
 
 def abstract_batch(phase: Phase, batch_size: int, placement: Any = None) -> dict[str, Any]:
     """A batch of `phase` with `batch_size` rows as abstract arrays (optionally sharded)."""
-    return {name: jax.ShapeDtypeStruct((batch_size,) + row.shape[1:], row.dtype,
-                                       sharding=placement)
-            for name, row in empty_features(phase).items()}
+    return batch_spec.abstract(phase, batch_size, placement)
 
 
 @functools.lru_cache(maxsize=32)

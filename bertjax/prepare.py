@@ -26,6 +26,7 @@ from ml_collections import config_flags
 
 from bertjax import files, locks, schedule
 from bertjax.data import beam_prepare, pipeline, prepared_files, shard_job
+from bertjax.data.settings import DataSettings
 from bertjax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -38,7 +39,7 @@ def prepare_all(config, output: str, runner: str = "local",  # noqa: ANN001 (a C
     with `beam_options` (one string, split as a shell would); returns one summary line per
     phase. A URL's phases are prepared in a local temporary directory, then uploaded."""
     from bertjax import run, validate  # not at the top: spawned workers re-import this module
-    validate.data_preparation(config)
+    data = validate.data_preparation(config)
     if config.data.prepared_dir:
         raise run.ConfigError("data.prepared_dir is set: this job writes prepared data, it "
                               "does not read it; unset --config.data.prepared_dir")
@@ -50,25 +51,25 @@ def prepare_all(config, output: str, runner: str = "local",  # noqa: ANN001 (a C
     remote = files.is_remote(output)
     local = prepared_files.scratch() if remote else output
     try:
-        return _prepare_phases(config, output, local, run_shards)
+        return _prepare_phases(config, data, output, local, run_shards)
     finally:
         if remote:
             shutil.rmtree(local, ignore_errors=True)
 
 
-def _prepare_phases(config, output: str, local: str,  # noqa: ANN001 (a ConfigDict)
-                    run_shards: Callable[..., Iterable[dict[str, int]]]) -> list[str]:
+def _prepare_phases(config, data: DataSettings, output: str,  # noqa: ANN001 (a ConfigDict)
+                    local: str, run_shards: Callable[..., Iterable[dict[str, int]]]) -> list[str]:
     """Every phase into `output`, prepared in `local` (the same directory, or a temporary one
     from which a URL's phases are uploaded, meta.json last, when prepared)."""
     from bertjax import run
-    phases = schedule.phases(config.train, config.data, config.long_phase)
+    phases = schedule.phases(config.train, data, config.long_phase)
     nsp = run.pretraining_objective(config.train).uses_nsp
-    tokenizer = pipeline.load_or_train_tokenizer(config.data, os.path.join(local, "tokenizer"))
+    tokenizer = pipeline.load_or_train_tokenizer(data, os.path.join(local, "tokenizer"))
     lines = []
     for phase in phases:
         name = pipeline.phase_directory(phase)
         directory, target = os.path.join(local, name), f"{output.rstrip('/')}/{name}"
-        wanted = pipeline.settings(config.data, phase, tokenizer, nsp)
+        wanted = pipeline.settings(data, phase, tokenizer, nsp)
         meta_path = os.path.join(target, "meta.json")
         if files.exists(meta_path):
             with files.open(meta_path) as f:
@@ -79,8 +80,8 @@ def _prepare_phases(config, output: str, local: str,  # noqa: ANN001 (a ConfigDi
         with prepared_files.claimed(target) if target != directory \
                 else contextlib.nullcontext(None) as still_claimed:
             locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
-                pipeline.build(directory, config.data, phase, tokenizer, nsp=nsp,
-                               run_shards=run_shards)))
+                pipeline.build(directory, data, phase, tokenizer, nsp=nsp,
+                               run_shards=run_shards, wanted=wanted)))
             if still_claimed:
                 prepared_files.upload(directory, target, still_claimed)
         lines.append(summary(target, phase, bool(built)))

@@ -21,6 +21,7 @@ from absl import logging
 from bertjax import checkpoint, files
 from bertjax import model as bert_model
 from bertjax.data import pipeline, tokenization
+from bertjax.data.settings import DataSettings
 from bertjax.interop import hf, hf_tokenizer, native, staging, tf, tree
 from bertjax.interop.tree import ConversionError
 from bertjax.model import BertConfig, BertModel
@@ -303,7 +304,7 @@ def _pretraining_tokenizer(source: Source, pretrain: PretrainingRun) -> tokeniza
         raise PretrainedError(f"the pretraining run's SentencePiece model is not in {cache_dir}; "
                               f"pass {source.vocab_flag}=PATH.model")
     try:
-        return pipeline.load_or_train_tokenizer(data, cache_dir)
+        return pipeline.load_or_train_tokenizer(DataSettings.of(data, recorded=True), cache_dir)
     except (pipeline.DataError, OSError) as e:
         raise PretrainedError(f"cannot rebuild the tokenizer of init_checkpoint="
                               f"{source.init_checkpoint!r} ({e}); pass "
@@ -342,10 +343,10 @@ def validate_case(path: str, do_lower_case: bool, vocab_file: str = "",
                 f"{field}=True would never produce them; set {case_flag}=False")
 
 
-def check_run_tokenizer(path: str, data_config: Any, tokenizer_vocab_size: int,
+def check_run_tokenizer(path: str, data_config: DataSettings, tokenizer_vocab_size: int,
                         model_vocab_size: int) -> None:
     """A run from a pretrained checkpoint must tokenize as the checkpoint was trained: the
-    same vocabulary size and, for WordPiece, the same casing (`data_config`: config.data)."""
+    same vocabulary size and, for WordPiece, the same casing."""
     if tokenizer_vocab_size != model_vocab_size:
         raise ConversionError(
             f"the tokenizer has {tokenizer_vocab_size} tokens but config.model.vocab_size (and "

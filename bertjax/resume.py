@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import jax
 
 from bertjax import checkpoint, guards, reporting, schedule, storage
+from bertjax.data.settings import DataSettings
 from bertjax.failures import first_line
 
 QUARANTINE = "checkpoints_quarantine"
@@ -99,12 +100,12 @@ class Resume:
         reporting.chief_print(f"Checkpoint {self.where(step)} is damaged: {problem}; moved to "
                               f"{moved}")
 
-    def check(self, found: Found, expected_meta: dict[str, Any], data_cfg: Any,
+    def check(self, found: Found, expected_meta: dict[str, Any], data: DataSettings,
               phases: Sequence[schedule.Phase], allow_changed_data: bool) -> None:
         """Refuses `found` if this run changes its model (or tokenizer, once in
         `expected_meta`) or, mid-phase, its data (guards.check_resume)."""
         checkpoint.check_compatible(found.meta, expected_meta, self.where(found.step))
-        guards.check_resume(found.meta, expected_meta["data"], data_cfg, found.position,
+        guards.check_resume(found.meta, expected_meta["data"], data, found.position,
                             schedule.phase_at(phases, found.step).name, self.where(found.step),
                             allow_changed_data)
 

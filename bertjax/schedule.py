@@ -7,15 +7,15 @@ from typing import Any, Sequence
 
 from absl import logging
 
+from bertjax.batch import PhaseShape
+
 
 @dataclasses.dataclass(frozen=True)
-class Phase:
-    """A contiguous range of steps trained at one sequence length."""
+class Phase(PhaseShape):
+    """A contiguous range of steps trained at one sequence length: its batches' shape
+    (`batch.PhaseShape`: name, max_seq_length, max_predictions_per_seq, global_batch_size)
+    and its steps."""
 
-    name: str
-    max_seq_length: int
-    max_predictions_per_seq: int
-    global_batch_size: int
     start_step: int
     end_step: int
 

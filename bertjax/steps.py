@@ -1,9 +1,7 @@
 """Pure, jittable pretraining steps: `train_step(state, batch)` and `eval_step(params, batch)`.
 
-Batch features are those of the original TFRecords: input_ids, input_mask, segment_ids
-[B, L]; masked_lm_positions, masked_lm_ids, masked_lm_weights [B, P]; next_sentence_labels [B].
-Packed rows (`data.packing`, `bertjax.data.packing`) add PACKED_INPUTS and carry one next
-sentence prediction per instance: next_sentence_labels, next_sentence_weights [B, K].
+Batch features are those of the original TFRecords, unpacked or packed (`data.packing`);
+`bertjax.batch` defines them.
 """
 from __future__ import annotations
 
@@ -17,13 +15,12 @@ import optax
 from jax.sharding import Mesh
 
 from bertjax import attention, objectives, optim, sharding
+from bertjax import batch as batch_spec
 from bertjax.modernbert import ModernBertForMaskedLM
 from bertjax.state import TrainState
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
-# The extra model inputs of packed rows, passed by name to BertForPreTraining.
-PACKED_INPUTS = ("position_ids", "instance_ids", "next_sentence_positions")
 
 
 def forward(model: nn.Module, params: Any, batch: Batch, deterministic: bool,
@@ -34,11 +31,11 @@ def forward(model: nn.Module, params: Any, batch: Batch, deterministic: bool,
     rngs = None if deterministic else {"dropout": dropout_rng}
     mask = attention.causal_mask(batch["input_mask"]) if causal else batch["input_mask"]
     if isinstance(model, ModernBertForMaskedLM):
-        packed = {name: batch[name] for name in PACKED_INPUTS[:2] if name in batch}
+        packed = {name: batch[name] for name in batch_spec.PACKED_INPUTS[:2] if name in batch}
         return model.apply({"params": params}, batch["input_ids"], mask,
                            batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs,
                            **packed), None
-    packed = {name: batch[name] for name in PACKED_INPUTS if name in batch}
+    packed = {name: batch[name] for name in batch_spec.PACKED_INPUTS if name in batch}
     return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], mask,
                        batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs,
                        **packed)

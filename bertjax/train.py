@@ -21,6 +21,7 @@ from bertjax import (agreement, checkpoint, cli, console, distributed, failures,
                      files, guards, locks, memory, peers, pretrain_loop, pretrained, reporting,
                      resume, run, run_schedule, schedule, stopping, test_pause, validate)
 from bertjax.data import loaders, pipeline
+from bertjax.data.settings import DataSettings
 from bertjax.errors import UserError
 from bertjax.pretrain_loop import Pretraining
 from bertjax.schedule import DataPosition
@@ -41,21 +42,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if not workdir.strip():
         raise run.ConfigError("--workdir is empty: name the directory of the run")
     agreement.check("config", agreement.config_fields(config.to_dict(), workdir))
-    validate.pretraining(config)
+    data = validate.pretraining(config)  # (config.data as typed settings, built once)
     if config.train.init_checkpoint and not files.exists(os.path.join(workdir, "checkpoints")):
         pretrained.check_exists(config.train.init_checkpoint, "train.init_checkpoint")
     with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
-        return _train_and_evaluate(config, workdir, devices, accepted)
+        return _train_and_evaluate(config, workdir, devices, accepted, data)
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                         devices: list[jax.Device] | None,
-                        accepted: contextlib.ExitStack) -> dict[str, float]:
+                        accepted: contextlib.ExitStack, data: DataSettings) -> dict[str, float]:
     """The run in its locked `workdir`; once its settings are accepted, it writes config.json
     and its log file (held open by `accepted`)."""
     started = time.time()
     is_chief = jax.process_index() == 0
-    phases = schedule.phases(config.train, config.data, config.long_phase)
+    phases = schedule.phases(config.train, data, config.long_phase)
     mesh = run.make_mesh(config.mesh.to_dict(), devices)
     run.check_batches(mesh, phases, config.train.grad_accum_steps,
                       config.model.max_position_embeddings)  # before preparing any data
@@ -66,20 +67,20 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         on_commit=reporting.announce_commit(os.path.join(workdir, "checkpoints")))
     resume_from = resume.Resume(checkpointer, os.path.join(workdir, resume.QUARANTINE))
     found = resume_from.newest()
-    sections = (config.train, config.data, config.long_phase, config.optimizer)
+    sections = (config.train, data, config.long_phase, config.optimizer)
     plan = (run_schedule.resumed(found.meta, resume_from.where(found.step), *sections)
             if found else run_schedule.planned(*sections))  # (refuses a changed schedule)
     phases, optimizer = plan.phases, plan.optimizer_config
-    meta = {**run_metadata(config, guards.data_identity(config.data, phases)),
+    meta = {**run_metadata(config, guards.data_identity(data, phases)),
             "schedule": plan.record()}
     agreement.check("corpus", agreement.data_fields(meta["data"]), agreement.SAME_FILES)
-    check = lambda found: resume_from.check(found, meta, config.data, phases,
+    check = lambda found: resume_from.check(found, meta, data, phases,
                                             config.train.allow_changed_data)
     if found:
         check(found)  # model and data, before any preparation
     model_config = families.model_config(config.model.to_dict())
-    cache_dir = config.data.cache_dir or files.local_cache_dir(workdir)
-    tokenizer = pipeline.load_or_train_tokenizer(config.data, cache_dir, jax.process_index(),
+    cache_dir = data.cache_dir or files.local_cache_dir(workdir)
+    tokenizer = pipeline.load_or_train_tokenizer(data, cache_dir, jax.process_index(),
                                                  jax.process_count())
     if tokenizer.vocab_size > config.model.vocab_size:
         raise pipeline.DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but "
@@ -90,7 +91,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if found:  # and the tokenizer
         checkpoint.check_compatible(found.meta, meta, resume_from.where(found.step))
     stopping.now_doing("preparing data")
-    phase_data = loaders.prepare_data(config.data, phases, config.model.vocab_size, tokenizer,
+    phase_data = loaders.prepare_data(data, phases, config.model.vocab_size, tokenizer,
                                       cache_dir, next_sentence_prediction=objective.uses_nsp)
     agreement.check("prepared", {})  # (where a host that failed to prepare stops the others)
     stopping.now_doing("building the model (compiling)")
@@ -118,7 +119,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if found:
         state, position = resume_from.restore(found, sharded.abstract_state, meta, check)
     else:
-        state, position = fresh_state(config, sharded, phases, tokenizer)
+        state, position = fresh_state(config, sharded, phases, tokenizer, data)
     start_step = int(jax.device_get(state.step))
     position = schedule.consistent_position(position, start_step, phases)
     if start_step >= config.train.total_steps:
@@ -177,11 +178,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def fresh_state(config: ml_collections.ConfigDict, sharded: run.ShardedRun,
-                phases: list[schedule.Phase], tokenizer) -> tuple[Any, DataPosition]:
+                phases: list[schedule.Phase], tokenizer,
+                data: DataSettings) -> tuple[Any, DataPosition]:
     """A new state, with the parameters of `train.init_checkpoint` when set."""
     state = sharded.init_state(jax.random.PRNGKey(config.train.seed))
     if config.train.init_checkpoint:  # Google TF, Hugging Face or bertjax
-        pretrained.check_run_tokenizer(config.train.init_checkpoint, config.data,
+        pretrained.check_run_tokenizer(config.train.init_checkpoint, data,
                                        tokenizer.vocab_size, config.model.vocab_size)
         state = state.replace(params=pretrained.load_pretrained(
             config.train.init_checkpoint, sharded.abstract_state.params, sharded.model.config))

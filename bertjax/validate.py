@@ -11,6 +11,8 @@ from typing import Any, Callable
 from absl import logging
 
 from bertjax import bert_config, families, optim, schedule
+from bertjax.data.errors import DataError
+from bertjax.data.settings import DataSettings
 from bertjax.run import ConfigError
 
 # [CLS] A [SEP] B [SEP]: three special tokens and at least one token of each segment.
@@ -68,13 +70,10 @@ FINETUNING_TASKS = _rules(  # the fields of some tasks' configs (squad.py, ner.p
 )
 
 
-# The settings that name one of a few choices (the model's: bert_config.check).
-CHOICES = {
-    "data.source": ("default", "text", "tfds"), "data.tokenizer": ("wordpiece", "sentencepiece"),
-    "data.text_format": ("auto", "lines", "paragraphs"), "data.masking": ("static", "dynamic"),
-    "data.strip_accents": ("auto", "true", "false"), "optimizer.name": optim.OPTIMIZER_NAMES,
-    "optimizer.schedule": optim.SCHEDULE_NAMES, "optimizer.decay_shape": optim.DECAY_SHAPES,
-}
+# The settings that name one of a few choices (the model's: bert_config.check; the data's:
+# DataSettings, checked as it is built).
+CHOICES = {"optimizer.name": optim.OPTIMIZER_NAMES, "optimizer.schedule": optim.SCHEDULE_NAMES,
+           "optimizer.decay_shape": optim.DECAY_SHAPES}
 
 
 def _value(config: Any, field: str) -> Any:
@@ -105,12 +104,22 @@ def check_choices(config: Any, choices: dict[str, tuple[str, ...]]) -> None:
                               f"set --config.{field}")
 
 
-def pretraining(config: Any) -> None:
+def data_settings(config: Any) -> DataSettings:
+    """`config.data` as typed settings (its choices and mask mix checked: ConfigError)."""
+    try:
+        return DataSettings.of(config.data)
+    except DataError as e:
+        raise ConfigError(str(e)) from e
+
+
+def pretraining(config: Any) -> DataSettings:
     """Every check a pretraining config allows before any data is read: ranges, choices,
-    the model's shape (`pretraining_model`); the warmup must fit in the run."""
+    the model's shape (`pretraining_model`); the warmup must fit in the run. Returns the
+    data's settings, built once here."""
     check(config, PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
           + (BERT_DROPOUT if families.family(config.model) == "bert" else []))
     check_choices(config, CHOICES)
+    data = data_settings(config)
     pretraining_model(config)
     warmup, total = config.optimizer.warmup_steps, config.train.total_steps
     if warmup > total:
@@ -123,6 +132,7 @@ def pretraining(config: Any) -> None:
                           "optimizer.schedule='wsd' holds its peak through the phases instead: "
                           "set --config.long_phase.restart_optimizer=False or "
                           "--config.optimizer.schedule=linear")
+    return data
 
 
 def pretraining_model(config: Any) -> None:
@@ -197,11 +207,10 @@ def seeds(value: Any) -> list[int]:
     return found
 
 
-def data_preparation(config: Any) -> None:
+def data_preparation(config: Any) -> DataSettings:
     """The ranges of a pretraining config that its data preparation depends on (the data, the
-    phases' lengths and the schedule that makes them)."""
+    phases' lengths and the schedule that makes them); returns the data's settings."""
     rules = PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
     check(config, [rule for rule in rules if rule[0].startswith(
         ("data.", "long_phase.", "train.total_steps", "train.global_batch_size"))])
-    check_choices(config, {field: allowed for field, allowed in CHOICES.items()
-                           if field.startswith("data.")})
+    return data_settings(config)

@@ -20,6 +20,7 @@ from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tasks import features, squad_predict
 from bertjax.schedule import Phase
 from bertjax.state import create_train_state
+from bertjax.data.settings import DataSettings
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 base_config = runpy.run_path(str(REPO_ROOT / "configs" / "base.py"))["get_config"]
@@ -50,7 +51,7 @@ def data_config(corpus_file="", **overrides):
     c.update(source="text", input_files=corpus_file, text_format="lines", dupe_factor=2,
              max_seq_length=SEQ, max_predictions_per_seq=PREDS, eval_fraction=0.1, num_workers=1,
              **overrides)
-    return c
+    return DataSettings.of(c)
 
 
 def shown_tokens(features):
@@ -99,9 +100,8 @@ def test_dynamic_masks_follow_the_mix(tokenized, tokenizer):
 
 @pytest.mark.parametrize("mix", [(0.9, 0.2), (-0.1, 0.5), (0.5, 1.5)])
 def test_invalid_mix_is_one_clear_error(mix):
-    cfg = data_config(mask_token_prob=mix[0], random_token_prob=mix[1])
     with pytest.raises(pipeline.DataError, match=r"data.mask_token_prob=.* sum of at most 1"):
-        pipeline.mask_mix(cfg)
+        data_config(mask_token_prob=mix[0], random_token_prob=mix[1])
 
 
 def test_switches_are_part_of_the_cache_key(documents, tokenizer, tmp_path):

@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
 from bertjax import convert, pretrained
+from bertjax.data.settings import DataSettings
 from bertjax.interop import hf, native, tree
 from bertjax.interop import tf as tf_checkpoint
 from bertjax.model import BertConfig, BertForPreTraining
@@ -216,8 +216,8 @@ def test_case_and_vocab_checks(tmp_path):
     pretrained.validate_case(str(tmp_path / "model"), do_lower_case=False, vocab_file=str(cased_vocab))
     with pytest.raises(tree.ConversionError, match="is a cased vocab .200 tokens with upper-case"):
         pretrained.validate_case(str(tmp_path / "model"), do_lower_case=True, vocab_file=str(cased_vocab))
-    data = ml_collections.ConfigDict({"tokenizer": "wordpiece", "do_lower_case": True,
-                                      "vocab_file": str(cased_vocab)})
+    data = DataSettings.of({"tokenizer": "wordpiece", "do_lower_case": True,
+                            "vocab_file": str(cased_vocab)}, recorded=True)
     with pytest.raises(tree.ConversionError, match="the tokenizer has 402 tokens but"):
         pretrained.check_run_tokenizer("ckpt", data, 402, 30522)
     with pytest.raises(tree.ConversionError, match="is a cased vocab"):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import corpus, default_corpus, loaders, pipeline
+from bertjax.data.settings import DataSettings
 from test_pipeline import make_config, only_dir, phases_of
 
 DOCS = [doc for doc in default_corpus.default_corpus() if len(doc) >= 2][:60]
@@ -69,8 +70,8 @@ def prepare_inputs(tmp_path, input_files: str) -> list[loaders.PhaseData]:
         "long_phase.fraction": 0.0, "data.text_format": "auto", "data.dupe_factor": 1,
         "data.sentencepiece_vocab_size": 300, "model.vocab_size": 300})
     cache = str(tmp_path / "cache")
-    tokenizer = pipeline.load_or_train_tokenizer(config.data, cache)
-    return loaders.prepare_data(config.data, phases_of(config), config.model.vocab_size,
+    tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), cache)
+    return loaders.prepare_data(DataSettings.of(config.data), phases_of(config), config.model.vocab_size,
                                 tokenizer, cache)
 
 

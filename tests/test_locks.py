@@ -17,6 +17,7 @@ from absl import logging as absl_logging
 
 from bertjax import locks
 from bertjax.data import pipeline
+from bertjax.data.settings import DataSettings
 from test_pipeline import config, corpus_file, documents, short_phase  # noqa: F401 (fixtures)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,9 +126,10 @@ def test_two_processes_preparing_one_cache_entry_prepare_it_once(config, tmp_pat
     preparation (the first's directory, renamed in place), the same rows in both, as many
     as meta.json counts. The first pauses with its data written, before meta.json."""
     cache = str(tmp_path / "cache")
-    tokenizer = pipeline.load_or_train_tokenizer(config.data, cache)  # both find it there
+    tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), cache)  # both find it there
     script = ("import sys\nsys.path.insert(0, 'tests')\n"
               "import test_pipeline as t\nfrom bertjax.data import pipeline\n"
+              "from bertjax.data.settings import DataSettings\n"
               "from bertjax.data import prepared_files\n"
               "records = prepared_files.shard_records\n"
               "def pause(directory):\n"
@@ -135,14 +137,14 @@ def test_two_processes_preparing_one_cache_entry_prepare_it_once(config, tmp_pat
               "    return records(directory)\n"
               "prepared_files.shard_records = pause\n"
               "c = t.make_config(sys.argv[1])\n"
-              "tok = pipeline.load_or_train_tokenizer(c.data, sys.argv[2])\n"
-              "print(len(pipeline.prepare(c.data, t.short_phase(c), tok, sys.argv[2])['train']))\n")
+              "tok = pipeline.load_or_train_tokenizer(DataSettings.of(c.data), sys.argv[2])\n"
+              "print(len(pipeline.prepare(DataSettings.of(c.data), t.short_phase(c), tok, sys.argv[2])['train']))\n")
     first = start(["-c", script, config.data.input_files, cache])
     building = first.stdout.readline().strip()
     assert building.endswith(f".tmp{first.pid}") and os.path.isdir(building), building
     inode = os.stat(building).st_ino
     with warnings() as logged:
-        thread, result = in_thread(lambda: pipeline.prepare(config.data, short_phase(config),
+        thread, result = in_thread(lambda: pipeline.prepare(DataSettings.of(config.data), short_phase(config),
                                                             tokenizer, cache))
         assert logged.seen(f"is in use by pid {first.pid} on host "), logged.messages
         assert thread.is_alive()  # waiting for the first
@@ -155,6 +157,6 @@ def test_two_processes_preparing_one_cache_entry_prepare_it_once(config, tmp_pat
     assert os.stat(os.path.join(cache, directory)).st_ino == inode  # the first's preparation
     meta = json.load(open(os.path.join(cache, directory, "meta.json")))
     assert meta["train_instances"] == len(second["train"])
-    again = pipeline.prepare(config.data, short_phase(config), tokenizer, cache)
+    again = pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, cache)
     np.testing.assert_array_equal(again["train"].features["input_ids"],
                                   second["train"].features["input_ids"])

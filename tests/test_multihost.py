@@ -22,6 +22,7 @@ from bertjax.data import corpus, default_corpus, pipeline
 from bertjax.data.loaders import prepare_data
 from bertjax.model import BertConfig, BertForPreTraining, example_inputs
 from bertjax.state import create_train_state
+from bertjax.data.settings import DataSettings
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -177,7 +178,7 @@ def test_two_processes_train_like_one(tmp_path):
     corpus_file.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n")
     cache_dir, workdir = str(tmp_path / "cache"), str(tmp_path / "run")
     config = _tiny_config(str(corpus_file), cache_dir)
-    tokenizer = pipeline.load_or_train_tokenizer(config.data, cache_dir)  # shared by both
+    tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), cache_dir)  # shared by both
 
     port = distributed.free_port()
     flags = [f"--config.{k}={v}" for k, v in {**TINY_OVERRIDES, "data.input_files": corpus_file,
@@ -209,9 +210,9 @@ def test_two_processes_train_like_one(tmp_path):
         assert json.load(f)["step"] == 4
 
     # Each process prepared its own, disjoint share of the documents.
-    shares = [list(pipeline.read_documents(config.data, i, 2, corpus.CorpusStats()))
+    shares = [list(pipeline.read_documents(DataSettings.of(config.data), i, 2, corpus.CorpusStats()))
               for i in range(2)]
-    everything = list(pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats()))
+    everything = list(pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()))
     assert sorted(map(str, shares[0] + shares[1])) == sorted(map(str, everything))
     assert not {str(d) for d in shares[0]} & {str(d) for d in shares[1]}
     prepared = [d for d in os.listdir(cache_dir) if d.startswith("short_") and
@@ -222,7 +223,7 @@ def test_two_processes_train_like_one(tmp_path):
 
     # One process, 8 devices, the same global batches (process 0's rows, then process 1's).
     phases = schedule.phases(config.train, config.data, config.long_phase)
-    loaders = [pd[0].train for pd in (prepare_data(config.data, phases, config.model.vocab_size,
+    loaders = [pd[0].train for pd in (prepare_data(DataSettings.of(config.data), phases, config.model.vocab_size,
                                                    tokenizer, cache_dir, i, 2)
                                       for i in range(2))]
     mesh = sharding.make_mesh(config.mesh.to_dict())

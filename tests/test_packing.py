@@ -17,9 +17,11 @@ import pytest
 
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)
 from bertjax import guards, objectives, steps, train
+from bertjax import batch as batch_spec
 from bertjax.data import instances, loaders, packing, pipeline
 from bertjax.model import BertConfig, BertForPreTraining, example_inputs
 from bertjax.schedule import Phase
+from bertjax.data.settings import DataSettings
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB, SEQ, PREDS, MAX_INSTANCES = 97, 64, 10, 4
@@ -42,7 +44,7 @@ def prepared_split(masked: bool, dupe_factor: int = 2) -> pipeline.PreparedSplit
     documents = [[rng.integers(5, VOCAB, rng.integers(2, 15)).astype(np.int32)
                   for _ in range(rng.integers(3, 13))] for _ in range(40)]
     features = pipeline.make_features(documents, Phase("short", SEQ, PREDS, 8, 0, 10),
-                                      data_config(), SPECIALS, dupe_factor, masked, seed=7)
+                                      DataSettings.of(data_config()), SPECIALS, dupe_factor, masked, seed=7)
     return pipeline.PreparedSplit([features], masked)
 
 
@@ -110,7 +112,7 @@ def test_packed_rows_give_each_instance_its_own_logits_loss_and_gradient():
     @jax.jit
     def run(params, batch):
         def loss_fn(params):
-            extra = {name: batch[name] for name in steps.PACKED_INPUTS if name in batch}
+            extra = {name: batch[name] for name in batch_spec.PACKED_INPUTS if name in batch}
             mlm, nsp = model.apply(params, batch["input_ids"], batch["segment_ids"],
                                    batch["input_mask"], batch["masked_lm_positions"], **extra)
             loss, sums = objectives.pretraining_loss(mlm, nsp, batch)
@@ -191,11 +193,13 @@ def test_a_resume_that_turns_packing_on_or_off_mid_phase_is_refused():
     unpacked, packed = data_config(source="default"), data_config(source="default", packing=True)
     before_packing = data_config(source="default")  # a config of a run older than data.packing
     del before_packing["packing"], before_packing["packing_max_instances"]
-    assert guards.data_identity(unpacked, phases) == guards.data_identity(before_packing, phases)
+    assert guards.data_identity(DataSettings.of(unpacked), phases) == guards.data_identity(
+        DataSettings.of(before_packing, recorded=True), phases)
 
     def resume(old, new, batch_index: int) -> None:  # a checkpoint written with `old`
-        meta = {"data": guards.data_identity(old, phases),
+        meta = {"data": guards.data_identity(DataSettings.of(old, recorded=True), phases),
                 "config": json.dumps({"data": json.loads(old.to_json())})}
+        new = DataSettings.of(new)
         guards.check_resume(meta, guards.data_identity(new, phases), new,
                             {"phase": "short", "batch_index": batch_index}, "short", "ckpt",
                             allow_changes=False)

@@ -4,6 +4,7 @@ Everything runs on real components: the first documents of the offline default c
 written as a text file in the original format (one sentence per line, blank line between
 documents), a small SentencePiece model trained on it, and a hand-written WordPiece vocab.
 """
+import dataclasses
 import itertools
 import json
 import pathlib
@@ -13,9 +14,11 @@ import runpy
 import numpy as np
 import pytest
 
-from bertjax import schedule
+from bertjax import memory, schedule
+from bertjax import batch as batch_spec
 from bertjax.data import (corpus, default_corpus, instances, loaders, masking, pipeline,
                           shard_job, shard_sources, tokenization, tokenize_corpus)
+from bertjax.data.settings import DataSettings
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 base_config = runpy.run_path(str(REPO_ROOT / "configs" / "base.py"))["get_config"]
@@ -224,13 +227,13 @@ def config(corpus_file):
 @pytest.fixture(scope="module")
 def static_cache(config, sp_tokenizer, tmp_path_factory) -> pathlib.Path:
     cache = tmp_path_factory.mktemp("static_cache")
-    pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(cache))
+    pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(cache))
     return cache
 
 
 @pytest.fixture(scope="module")
 def static(config, sp_tokenizer, static_cache):
-    return pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(static_cache))
+    return pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(static_cache))
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +244,7 @@ def dynamic_config(corpus_file):
 @pytest.fixture(scope="module")
 def dynamic(dynamic_config, sp_tokenizer, tmp_path_factory):
     cache = tmp_path_factory.mktemp("dynamic_cache")
-    return pipeline.prepare(dynamic_config.data, short_phase(dynamic_config), sp_tokenizer, str(cache))
+    return pipeline.prepare(DataSettings.of(dynamic_config.data), short_phase(dynamic_config), sp_tokenizer, str(cache))
 
 
 def dynamic_loader(split, tokenizer, seed=12345, batch=32, shuffle=True, whole_word=False):
@@ -250,6 +253,27 @@ def dynamic_loader(split, tokenizer, seed=12345, batch=32, shuffle=True, whole_w
 
 
 # ----------------------------------------------------------------------------- prepare
+
+
+def test_batches_hold_what_bertjax_batch_defines(config, sp_tokenizer, static_cache):
+    """The loaders' batches of a real prepared dataset, unpacked and packed (`data.packing`),
+    hold exactly the features `bertjax.batch.specs` names, with its dtypes and shapes; the
+    memory report's abstract batch is the same."""
+    phase, data = short_phase(config), DataSettings.of(config.data)
+    for packed in (False, True):
+        (prepared,) = loaders.prepare_data(dataclasses.replace(data, packing=packed), [phase],
+                                           SP_VOCAB, sp_tokenizer, str(static_cache), 0, 1)
+        for loader in (prepared.train, prepared.eval):
+            batch = loader.batch(0)
+            spec = (batch_spec.specs(BATCH, SEQ, loader.max_predictions, loader.max_instances)
+                    if packed else batch_spec.specs(BATCH, SEQ, PREDS))
+            assert {name: (array.shape, array.dtype) for name, array in batch.items()} == spec
+            assert list(batch) == list(spec)
+    abstract = memory.abstract_batch(phase, BATCH)
+    assert {name: (a.shape, a.dtype) for name, a in abstract.items()} == batch_spec.specs(
+        BATCH, SEQ, PREDS)
+
+
 
 
 @pytest.mark.parametrize("split", ["train", "eval"])
@@ -278,7 +302,7 @@ def test_prepare_writes_meta_and_holds_out_eval_documents(config, static, static
                                                           sp_tokenizer):
     meta = json.loads((only_dir(static_cache) / "meta.json").read_text())
     docs, counts = tokenize_corpus.tokenize_documents(
-        pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats()), sp_tokenizer)
+        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()), sp_tokenizer)
     assert meta["documents"] == len(docs) == NUM_DOCS
     assert meta["eval_documents"] == round(0.1 * NUM_DOCS)
     assert meta["train_instances"] == len(static["train"])
@@ -311,13 +335,13 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
                                                                 tmp_path):
     config = make_config(corpus_file)
     cache = tmp_path / "cache"
-    first = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(cache))
+    first = pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(cache))
     directory = only_dir(cache)
     files = [directory / "meta.json", directory / "train" / "shard_00000" / "input_ids.npy",
              directory / "eval" / "shard_00000" / "masked_lm_ids.npy"]
     stamps = [(f.stat().st_mtime_ns, f.read_bytes()) for f in files]
 
-    again = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(cache))
+    again = pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(cache))
     assert entries(cache) == [directory]
     assert [(f.stat().st_mtime_ns, f.read_bytes()) for f in files] == stamps
     for name in pipeline.FEATURES:
@@ -325,18 +349,18 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
 
     # Each setting that changes the data gets its own directory; none is a temporary leftover.
     more_masks = make_config(corpus_file, **{"data.masked_lm_prob": 0.3})
-    prepared = pipeline.prepare(more_masks.data, short_phase(more_masks), sp_tokenizer, str(cache))
+    prepared = pipeline.prepare(DataSettings.of(more_masks.data), short_phase(more_masks), sp_tokenizer, str(cache))
     assert len(entries(cache)) == 2
     lengths = np.asarray(prepared["train"].features["input_mask"]).sum(1)
     counts = np.asarray(prepared["train"].features["masked_lm_weights"]).sum(1)
     np.testing.assert_array_equal(counts, expected_predictions(lengths, 0.3, PREDS))
     reseeded = make_config(corpus_file, **{"data.seed": 7})
-    other = pipeline.prepare(reseeded.data, short_phase(reseeded), sp_tokenizer, str(cache))
+    other = pipeline.prepare(DataSettings.of(reseeded.data), short_phase(reseeded), sp_tokenizer, str(cache))
     assert len(entries(cache)) == 3
     assert not np.array_equal(other["train"].features["input_ids"][:50],
                               first["train"].features["input_ids"][:50])
     long_phase = phases_of(config)[1]
-    long = pipeline.prepare(config.data, long_phase, sp_tokenizer, str(cache))
+    long = pipeline.prepare(DataSettings.of(config.data), long_phase, sp_tokenizer, str(cache))
     assert long["train"].features["input_ids"].shape[1] == LONG_SEQ
     assert long["train"].features["masked_lm_ids"].shape[1] == LONG_PREDS
     only_dir(cache, "long_128_*")
@@ -345,7 +369,7 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
     text = pathlib.Path(corpus_file).read_text()
     extended.write_text(text + "\nOne more document.\nIt is new.\n")
     changed = make_config(str(extended))
-    pipeline.prepare(changed.data, short_phase(changed), sp_tokenizer, str(cache))
+    pipeline.prepare(DataSettings.of(changed.data), short_phase(changed), sp_tokenizer, str(cache))
     names = [p.name for p in entries(cache)]
     assert len(names) == 5 and not any(".tmp" in n for n in names), names
     # The corpus was tokenized once for the first four (other masks, seed, phase), once more
@@ -354,19 +378,19 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
 
 
 def test_prepare_rebuilds_an_incomplete_cache_directory(config, sp_tokenizer, tmp_path):
-    first = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path))
+    first = pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path))
     directory = only_dir(tmp_path)
     expected = np.array(first["train"].features["input_ids"])
     del first
     (directory / "meta.json").unlink()  # as if the build had been interrupted
     (directory / "train" / "shard_00000" / "input_ids.npy").write_bytes(b"garbage")
-    again = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path))
+    again = pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path))
     assert (directory / "meta.json").exists()
     np.testing.assert_array_equal(again["train"].features["input_ids"], expected)
 
 
 def test_prepare_per_process_shards(config, sp_tokenizer, tmp_path):
-    shards = [pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path), i, 2)
+    shards = [pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path), i, 2)
               for i in range(2)]
     directories = entries(tmp_path)
     assert len(directories) == 2
@@ -381,7 +405,7 @@ def test_prepare_per_process_shards(config, sp_tokenizer, tmp_path):
 def test_single_document_corpus_gives_empty_eval_split(sp_tokenizer, documents, tmp_path):
     path = write_documents(tmp_path / "one.txt", [max(documents, key=len)])
     config = make_config(path)
-    splits = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
+    splits = pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
     assert len(splits["train"]) > 0 and len(splits["eval"]) == 0
     assert splits["eval"].features["input_ids"].shape == (0, SEQ)
     assert splits["eval"].features["masked_lm_ids"].shape == (0, PREDS)
@@ -391,9 +415,9 @@ def test_single_document_corpus_gives_empty_eval_split(sp_tokenizer, documents, 
 
 
 def test_read_documents_partitions_documents_between_processes(config, documents):
-    full = list(pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats()))
+    full = list(pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()))
     assert full == documents
-    shards = [list(pipeline.read_documents(config.data, i, 3, corpus.CorpusStats()))
+    shards = [list(pipeline.read_documents(DataSettings.of(config.data), i, 3, corpus.CorpusStats()))
               for i in range(3)]
     for i, shard in enumerate(shards):
         assert shard == full[i::3]
@@ -402,9 +426,9 @@ def test_read_documents_partitions_documents_between_processes(config, documents
 
 def test_read_documents_default_source_is_sharded_too(corpus_file):
     config = make_config(corpus_file, **{"data.source": "default"})
-    first = list(itertools.islice(pipeline.read_documents(config.data, 0, 1,
+    first = list(itertools.islice(pipeline.read_documents(DataSettings.of(config.data), 0, 1,
                                                           corpus.CorpusStats()), 8))
-    second_shard = list(itertools.islice(pipeline.read_documents(config.data, 1, 2,
+    second_shard = list(itertools.islice(pipeline.read_documents(DataSettings.of(config.data), 1, 2,
                                                                  corpus.CorpusStats()), 4))
     assert first == list(itertools.islice(default_corpus.default_corpus(), 8))
     assert second_shard == first[1::2]
@@ -501,11 +525,11 @@ def test_sharded_preparation_and_loading_across_shards(config, sp_tokenizer, sta
     """Shards cut by bytes at document boundaries; batches gather the right rows across them."""
     size = pathlib.Path(config.data.input_files).stat().st_size
     sharded_config = make_config(config.data.input_files, **{"data.shard_bytes": size // 3})
-    documents = list(pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats()))
-    reader = pipeline.corpus_reader(config.data, 0, 1)
+    documents = list(pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()))
+    reader = pipeline.corpus_reader(DataSettings.of(config.data), 0, 1)
     expected = [reader.read(s) for s in shard_sources.cut(reader, corpus.CorpusStats(), size // 3)]
     assert [d for shard in expected for d in shard] == documents and len(expected) >= 3
-    sharded = pipeline.prepare(sharded_config.data, short_phase(sharded_config), sp_tokenizer,
+    sharded = pipeline.prepare(DataSettings.of(sharded_config.data), short_phase(sharded_config), sp_tokenizer,
                                str(tmp_path))
     train = sharded["train"]
     assert len(train.shards) == len(expected) == len(sharded["eval"].shards)
@@ -531,7 +555,7 @@ def test_two_workers_write_the_same_bytes_as_one(config, sp_tokenizer, tmp_path)
     for workers in (1, 2):
         cfg = make_config(config.data.input_files, **{"data.num_workers": workers,
                                                       "data.shard_bytes": size // 3})
-        pipeline.prepare(cfg.data, short_phase(cfg), sp_tokenizer, str(tmp_path / str(workers)))
+        pipeline.prepare(DataSettings.of(cfg.data), short_phase(cfg), sp_tokenizer, str(tmp_path / str(workers)))
         meta = json.loads(next((tmp_path / str(workers)).glob("short_*/meta.json")).read_text())
         assert meta["shards"] >= 3
         records.append(meta["files"])
@@ -543,7 +567,7 @@ def test_one_shard_holds_the_instances_of_the_original_semantics(config, sp_toke
     documents, pairs from the seeded RNG, then masks by the rule from the shard's masking
     stream (row i of the split is row i of the stream)."""
     docs, _ = tokenize_corpus.tokenize_documents(
-        pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats()), sp_tokenizer)
+        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()), sp_tokenizer)
     train_docs, _ = pipeline.split_eval_documents(docs, config.data.eval_fraction, config.data.seed)
     seed = shard_job.hash_seed(config.data.seed, 0, 0, SEQ)
     specials = pipeline.specials_of(sp_tokenizer, False)
@@ -638,7 +662,7 @@ def test_dynamic_masks_follow_the_masking_rules(dynamic, sp_tokenizer):
 
 
 def test_load_or_train_tokenizer_trains_once_and_caches(config, sp_tokenizer, tmp_path):
-    tokenizer = pipeline.load_or_train_tokenizer(config.data, str(tmp_path))
+    tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
     (model,) = tmp_path.glob("sentencepiece_*.model")
     assert list(tmp_path.glob("*.tmp*")) == []
     stamp = model.stat().st_mtime_ns
@@ -647,19 +671,19 @@ def test_load_or_train_tokenizer_trains_once_and_caches(config, sp_tokenizer, tm
             tokenizer.mask_id) == (0, 1, 2, 3, 4)
     # Same corpus, size and casing as the fixture's model: the same deterministic training.
     assert vocabulary(tokenizer) == vocabulary(sp_tokenizer)
-    again = pipeline.load_or_train_tokenizer(config.data, str(tmp_path))
+    again = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
     assert again.fingerprint() == tokenizer.fingerprint() and model.stat().st_mtime_ns == stamp
     smaller = make_config(config.data.input_files, **{"data.sentencepiece_vocab_size": 300})
-    assert pipeline.load_or_train_tokenizer(smaller.data, str(tmp_path)).vocab_size == 300
+    assert pipeline.load_or_train_tokenizer(DataSettings.of(smaller.data), str(tmp_path)).vocab_size == 300
     assert len(list(tmp_path.glob("sentencepiece_*.model"))) == 2
     # The trained tokenizer feeds prepare directly.
-    splits = pipeline.prepare(config.data, short_phase(config), tokenizer, str(tmp_path))
+    splits = pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, str(tmp_path))
     pipeline.check_token_ids(splits["train"], tokenizer.vocab_size, "train")
 
 
 def test_every_process_trains_the_same_tokenizer(config, sp_tokenizer, tmp_path):
     """Hosts train on their own disks; they must agree on the vocabulary the model uses."""
-    hosts = [pipeline.load_or_train_tokenizer(config.data, str(tmp_path / f"host{i}"), i, 2)
+    hosts = [pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path / f"host{i}"), i, 2)
              for i in range(2)]
     assert vocabulary(hosts[0]) == vocabulary(hosts[1]) == vocabulary(sp_tokenizer)
     text = "Return a new list containing all items from the iterable in ascending order."
@@ -667,8 +691,8 @@ def test_every_process_trains_the_same_tokenizer(config, sp_tokenizer, tmp_path)
 
 
 def test_retrained_tokenizer_keeps_its_fingerprint(config, tmp_path):
-    first = pipeline.load_or_train_tokenizer(config.data, str(tmp_path / "a"))
-    second = pipeline.load_or_train_tokenizer(config.data, str(tmp_path / "b"))
+    first = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path / "a"))
+    second = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path / "b"))
     assert vocabulary(first) == vocabulary(second)
     assert first.fingerprint() == second.fingerprint()
 
@@ -677,7 +701,7 @@ def test_load_tokenizer_from_a_sentencepiece_vocab_file(config, sp_tokenizer, tm
     model = tmp_path / "given.model"
     model.write_bytes(sp_tokenizer._model_bytes)  # noqa: SLF001
     given = make_config(config.data.input_files, **{"data.vocab_file": str(model)})
-    tokenizer = pipeline.load_or_train_tokenizer(given.data, str(tmp_path / "cache"))
+    tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(given.data), str(tmp_path / "cache"))
     assert tokenizer.fingerprint() == sp_tokenizer.fingerprint()
     assert not (tmp_path / "cache").exists()  # nothing trained
 
@@ -688,7 +712,7 @@ def test_load_tokenizer_from_a_sentencepiece_vocab_file(config, sp_tokenizer, tm
 def test_corpus_too_small_for_one_batch(sp_tokenizer, documents, tmp_path):
     path = write_documents(tmp_path / "small.txt", documents[:3])
     config = make_config(path, **{"train.global_batch_size": 256})
-    splits = pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
+    splits = pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
     assert 0 < len(splits["train"]) < 256
     with pytest.raises(pipeline.DataError, match=r"fewer than one batch of 256 per process"):
         loaders.BatchLoader(splits["train"], 256, seed=0)
@@ -698,45 +722,37 @@ def test_text_source_without_input_files(sp_tokenizer, tmp_path):
     config = make_config("")
     message = r"data.source=text needs --config.data.input_files"
     with pytest.raises(pipeline.DataError, match=message):
-        pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats())
+        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
     with pytest.raises(pipeline.DataError, match=message):
-        pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path))
+        pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path))
     with pytest.raises(pipeline.DataError, match=message):
-        pipeline.load_or_train_tokenizer(config.data, str(tmp_path))
+        pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
 
 
 def test_missing_input_file_is_named(sp_tokenizer, tmp_path):
     config = make_config(str(tmp_path / "nope.txt"))
     with pytest.raises(FileNotFoundError, match="nope.txt"):
-        pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path))
-
-
-def test_unknown_source(corpus_file, sp_tokenizer, tmp_path):
-    config = make_config(corpus_file, **{"data.source": "hdfs"})
-    with pytest.raises(pipeline.DataError, match=r"data.source='hdfs'; choose 'default', 'text'"):
-        pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path))
-    with pytest.raises(pipeline.DataError, match=r"data.source='hdfs'"):
-        pipeline.load_or_train_tokenizer(config.data, str(tmp_path))
+        pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path))
 
 
 def test_tfds_source_without_a_name(corpus_file):
     config = make_config(corpus_file, **{"data.source": "tfds"})
     with pytest.raises(pipeline.DataError, match="needs --config.data.tfds_name"):
-        pipeline.read_documents(config.data, 0, 1, corpus.CorpusStats())
+        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
 
 
 def test_wordpiece_needs_a_vocab_file(corpus_file, tmp_path):
     config = make_config(corpus_file, **{"data.tokenizer": "wordpiece"})
     with pytest.raises(pipeline.DataError, match=r"data.tokenizer=wordpiece needs "
                                                  r"--config.data.vocab_file"):
-        pipeline.load_or_train_tokenizer(config.data, str(tmp_path))
+        pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
 
 
 def test_nonexistent_vocab_file(corpus_file, tmp_path):
     config = make_config(corpus_file, **{"data.tokenizer": "wordpiece",
                                          "data.vocab_file": str(tmp_path / "vocab.txt")})
     with pytest.raises(pipeline.DataError, match=r"vocab.txt' does not exist"):
-        pipeline.load_or_train_tokenizer(config.data, str(tmp_path))
+        pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
 
 
 @pytest.mark.parametrize("text", ["", "\n\n   \n\t\n"])
@@ -745,7 +761,7 @@ def test_empty_corpus_file(sp_tokenizer, tmp_path, text):
     path.write_text(text)
     config = make_config(str(path))
     with pytest.raises(pipeline.DataError, match="no usable documents"):
-        pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
+        pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
     assert not list((tmp_path / "cache").glob("*/meta.json"))
 
 
@@ -758,13 +774,19 @@ def test_check_token_ids_rejects_a_small_model_vocab(static, sp_tokenizer):
         pipeline.check_token_ids(static["train"], 100, "train data (short)")
 
 
-def test_bad_strip_accents(wordpiece_vocab, corpus_file, tmp_path):
-    config = make_config(corpus_file, **{"data.tokenizer": "wordpiece",
-                                         "data.vocab_file": wordpiece_vocab,
-                                         "data.strip_accents": "sometimes"})
-    with pytest.raises(pipeline.DataError, match=r"data.strip_accents='sometimes'; use auto, true "
-                                                 r"or false"):
-        pipeline.load_or_train_tokenizer(config.data, str(tmp_path))
+@pytest.mark.parametrize("field, value, allowed", [
+    ("source", "hdfs", "'default', 'text', 'tfds'"), ("masking", "random", "'static', 'dynamic'"),
+    ("masking", "Dynamic", "'static', 'dynamic'"),
+    ("strip_accents", "sometimes", "'auto', 'true', 'false'"),
+    ("text_format", "line", "'auto', 'lines', 'paragraphs'"),
+    ("tokenizer", "bpe", "'wordpiece', 'sentencepiece'")])
+def test_a_bad_choice_is_one_line_when_the_settings_are_built(corpus_file, field, value, allowed):
+    """Checked once, where config.data becomes DataSettings (before any data is touched)."""
+    config = make_config(corpus_file, **{f"data.{field}": value})
+    with pytest.raises(pipeline.DataError) as refused:
+        DataSettings.of(config.data)
+    assert str(refused.value) == (f"data.{field}={value!r} is not one of {allowed}; "
+                                  f"set --config.data.{field}")
 
 
 @pytest.mark.parametrize("value, expected", [("auto", None), ("true", True), ("False", False),
@@ -772,15 +794,7 @@ def test_bad_strip_accents(wordpiece_vocab, corpus_file, tmp_path):
 def test_strip_accents_option(corpus_file, value, expected):
     config = make_config(corpus_file)
     config.data.strip_accents = value if isinstance(value, str) else str(value)
-    assert pipeline.strip_accents_option(config.data) is expected
-
-
-def test_bad_masking(corpus_file, sp_tokenizer, tmp_path):
-    config = make_config(corpus_file, **{"data.masking": "random"})
-    with pytest.raises(pipeline.DataError, match=r"data.masking='random'; choose 'static' or "
-                                                 r"'dynamic'"):
-        pipeline.prepare(config.data, short_phase(config), sp_tokenizer, str(tmp_path))
-    assert not list(tmp_path.iterdir())
+    assert DataSettings.of(config.data).strip_accents_option is expected
 
 
 # ----------------------------------------------------------------------------- whole words
@@ -858,9 +872,9 @@ def test_whole_word_masking_with_wordpiece(wordpiece_vocab, wordpiece_corpus, tm
     config = make_config(wordpiece_corpus, **{"data.tokenizer": "wordpiece",
                                               "data.vocab_file": wordpiece_vocab,
                                               "data.whole_word_mask": True})
-    loaded = pipeline.load_or_train_tokenizer(config.data, str(tmp_path))
+    loaded = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
     assert loaded.fingerprint() == tokenizer.fingerprint()
-    splits = pipeline.prepare(config.data, short_phase(config), tokenizer, str(tmp_path))
+    splits = pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, str(tmp_path))
     for split in splits.values():
         features = split.features
         original = check_layout(features, tokenizer, SEQ, PREDS)
@@ -874,7 +888,7 @@ def test_whole_word_masking_with_wordpiece(wordpiece_vocab, wordpiece_corpus, tm
                                                       "data.vocab_file": wordpiece_vocab,
                                                       "data.whole_word_mask": True,
                                                       "data.masking": "dynamic"})
-    train = pipeline.prepare(dynamic_config.data, short_phase(dynamic_config), tokenizer,
+    train = pipeline.prepare(DataSettings.of(dynamic_config.data), short_phase(dynamic_config), tokenizer,
                              str(tmp_path))["train"]
     loader = dynamic_loader(train, tokenizer, whole_word=True)
     batches = [loader.batch(k) for k in range(6)]

@@ -13,6 +13,7 @@ import pytest
 
 from bertjax import prepare
 from bertjax.data import pipeline, tokenization
+from bertjax.data.settings import DataSettings
 from test_pipeline import (REPO_ROOT, make_config, phases_of, short_phase,  # noqa: F401
                            unmasked_ids, wordpiece_corpus, wordpiece_vocab, write_documents)
 
@@ -32,14 +33,14 @@ def test_training_reads_the_prepared_job_and_refuses_other_settings(wordpiece_co
     # Both phases read one tokenization of the corpus, removed when they were prepared.
     assert not list(pathlib.Path(output).glob("tokens_*"))
     tokenizer = tokenization.WordPieceTokenizer(wordpiece_vocab)
-    cached = pipeline.prepare(config.data, short_phase(config), tokenizer, str(tmp_path / "cache"))
+    cached = pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, str(tmp_path / "cache"))
     config.data.prepared_dir = output
-    read = pipeline.prepare(config.data, short_phase(config), tokenizer, "")
+    read = pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, "")
     for split in ("train", "eval"):
         for name, array in cached[split].features.items():
             np.testing.assert_array_equal(read[split].features[name], array)
     # Three processes read disjoint shares that together are every row, in order.
-    shares = [pipeline.prepare(config.data, short_phase(config), tokenizer, "", p, 3)
+    shares = [pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, "", p, 3)
               for p in range(3)]
     assert all(len(share["train"]) > 0 for share in shares)
     np.testing.assert_array_equal(
@@ -51,7 +52,7 @@ def test_training_reads_the_prepared_job_and_refuses_other_settings(wordpiece_co
     config.data.dupe_factor = 3
     with pytest.raises(pipeline.DataError, match=r"made with other settings \(data.dupe_factor: "
                        r"2 there, 3 here\); prepare it again"):
-        pipeline.prepare(config.data, short_phase(config), tokenizer, "")
+        pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, "")
     with pytest.raises(pipeline.DataError, match="data.dupe_factor: 2 there, 3 here"):
         prepare.prepare_all(config_without_dir(config), output)
 
@@ -72,7 +73,7 @@ def test_a_two_document_corpus_holds_out_instances(wordpiece_corpus, wordpiece_v
     splits = {}
     for fraction in (0.1, 0.0):
         config = wordpiece_config(two, wordpiece_vocab, **{"data.eval_fraction": fraction})
-        splits[fraction] = pipeline.prepare(config.data, short_phase(config), tokenizer,
+        splits[fraction] = pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer,
                                             str(tmp_path / str(fraction)))
     meta = json.loads(next((tmp_path / "0.1").glob("short_*/meta.json")).read_text())
     assert meta["eval_instance_route_shards"] == 1 and "eval_documents" not in meta
@@ -95,12 +96,13 @@ def test_a_script_without_the_main_guard_gets_an_error_not_a_hang(wordpiece_corp
     script.write_text(textwrap.dedent(f"""
         import runpy
         from bertjax.data import pipeline, tokenization
+        from bertjax.data.settings import DataSettings
         from bertjax.schedule import Phase
         config = runpy.run_path({str(REPO_ROOT / "configs" / "base.py")!r})["get_config"]()
         config.data.source, config.data.input_files = "text", {wordpiece_corpus!r}
         config.data.num_workers, config.data.shard_bytes = 2, 4096
         tokenizer = tokenization.WordPieceTokenizer({str(vocab)!r})
-        pipeline.prepare(config.data, Phase("short", 64, 10, 8, 0, 10), tokenizer,
+        pipeline.prepare(DataSettings.of(config.data), Phase("short", 64, 10, 8, 0, 10), tokenizer,
                          {str(tmp_path / "cache")!r})
         """))
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
@@ -122,8 +124,8 @@ def test_a_new_build_names_the_older_format_beside_it(wordpiece_corpus, wordpiec
     config = wordpiece_config(wordpiece_corpus, wordpiece_vocab)
     tokenizer = tokenization.WordPieceTokenizer(wordpiece_vocab)
     with caplog.at_level("INFO"):
-        pipeline.prepare(config.data, short_phase(config), tokenizer, str(tmp_path))
-        pipeline.prepare(config.data, short_phase(config), tokenizer, str(tmp_path))
+        pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, str(tmp_path))
+        pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, str(tmp_path))
     lines = [r.getMessage() for r in caplog.records]
     assert [line for line in lines if "older format" in line] == [
         f"{old} holds prepared data of an older format (prepared again above); delete it to "

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import pipeline, token_cache, tokenize_corpus
+from bertjax.data.settings import DataSettings
 from test_pipeline import (config, corpus_file, documents, make_config, phases_of,  # noqa: F401
                            sp_tokenizer)
 
@@ -34,7 +35,7 @@ def build_phases(cfg, tokenizer, parent: pathlib.Path, phases) -> dict[str, dict
     out = {}
     for phase in phases:
         directory = parent / f"{phase.name}_{phase.max_seq_length}"
-        pipeline.build(str(directory), cfg.data, phase, tokenizer)
+        pipeline.build(str(directory), DataSettings.of(cfg.data), phase, tokenizer)
         out[phase.name] = prepared_files(directory)
     return out
 
@@ -57,7 +58,7 @@ def test_every_phase_reads_the_tokens_of_one_tokenization(config, sp_tokenizer, 
     # Another shard size (shards of other documents) or tokenizer: other entries.
     other = make_config(config.data.input_files, **{"data.shard_bytes": size // 2})
     named = lambda c, share=(0, 1): pipeline.tokens_directory(  # noqa: E731
-        str(tmp_path / "both" / "short_64"), c.data, sp_tokenizer, *share)
+        str(tmp_path / "both" / "short_64"), DataSettings.of(c.data), sp_tokenizer, *share)
     assert named(cfg) == str(tokens)
     assert len({named(cfg), named(other), named(cfg, (1, 2))}) == 3
 

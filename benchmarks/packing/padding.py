@@ -23,6 +23,7 @@ import time
 from absl import app, flags
 
 from bertjax.data import loaders, packing, pipeline
+from bertjax.data.settings import DataSettings
 from bertjax.schedule import Phase
 
 FLAGS = flags.FLAGS
@@ -41,19 +42,20 @@ def main(argv):
     data_cfg = base["get_config"]().data
     data_cfg.update(source="text", input_files=FLAGS.input_files, tokenizer="wordpiece",
                     vocab_file=FLAGS.vocab_file, num_workers=1)
-    tokenizer = pipeline.load_or_train_tokenizer(data_cfg, FLAGS.cache_dir)
+    tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(data_cfg), FLAGS.cache_dir)
     specials = pipeline.specials_of(tokenizer, data_cfg.whole_word_mask)
     results = {"command": " ".join(["python"] + sys.argv), "date_utc": time.strftime(
         "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "data": data_cfg.to_dict(), "text_formats": {}}
     for text_format in FLAGS.text_formats:
         data_cfg.text_format = text_format
-        results["text_formats"][text_format] = measure(data_cfg, tokenizer, specials.pad_id)
+        results["text_formats"][text_format] = measure(DataSettings.of(data_cfg), tokenizer,
+                                                       specials.pad_id)
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
             json.dump(results, f, indent=1)
 
 
-def measure(data_cfg, tokenizer, pad_id):
+def measure(data_cfg: DataSettings, tokenizer, pad_id):
     """Padding unpacked and packed at 128 and 512 tokens for one text format."""
     results = {}
     for length, predictions in ((128, 20), (512, 80)):

@@ -31,8 +31,13 @@ from bertjax.data import loaders, pipeline
 config.data.masking, config.data.num_workers = sys.argv[3], 1
 config.train.global_batch_size = int(sys.argv[5]) or config.train.global_batch_size
 phase = schedule.phases(config.train, config.data, config.long_phase)[0]
-tokenizer = pipeline.load_or_train_tokenizer(config.data, sys.argv[2])
-split = pipeline.prepare(config.data, phase, tokenizer, sys.argv[2])["train"]
+try:  # (a checkout with typed data settings, or one before them)
+    from bertjax.data.settings import DataSettings
+    data = DataSettings.of(config.data)
+except ImportError:
+    data = config.data
+tokenizer = pipeline.load_or_train_tokenizer(data, sys.argv[2])
+split = pipeline.prepare(data, phase, tokenizer, sys.argv[2])["train"]
 masking = (pipeline.specials_of(tokenizer, config.data.whole_word_mask),
            config.data.masked_lm_prob, phase.max_predictions_per_seq, config.data.whole_word_mask)
 loader = loaders.BatchLoader(split, phase.global_batch_size, config.data.seed, masking=masking)

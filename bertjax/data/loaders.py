@@ -3,17 +3,18 @@ masking per row) and `prepare_data` (every phase's train/eval loaders for this p
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import jax
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
+from bertjax.batch import PhaseShape
 from bertjax.data import instances, packing, pipeline, shard_job, tokenization
 from bertjax.data import masking as mask_rules
 from bertjax.data.pipeline import DataError, PreparedSplit
-from bertjax.schedule import Phase
+from bertjax.data.settings import DataSettings
 
 
 class BatchLoader:
@@ -90,18 +91,18 @@ Loader = BatchLoader | packing.PackedLoader
 
 @dataclasses.dataclass
 class PhaseData:
-    phase: Phase
+    phase: PhaseShape
     train: Loader
     eval: Loader | None
 
 
-def packed_loaders(train: BatchLoader, held_out: BatchLoader | None, data_cfg: Any,
-                   phase: Phase, pad_id: int) -> tuple[Loader, Loader | None]:
+def packed_loaders(train: BatchLoader, held_out: BatchLoader | None, data: DataSettings,
+                   phase: PhaseShape, pad_id: int) -> tuple[Loader, Loader | None]:
     """The train and eval loaders' instances packed into rows (`data.packing`), with how full
     the rows are printed; the eval loader is dropped if it packs into less than one batch."""
-    max_instances = data_cfg.packing_max_instances
+    max_instances = data.packing_max_instances
     predictions = packing.predictions_per_row(phase.max_seq_length, phase.max_predictions_per_seq,
-                                              data_cfg.masked_lm_prob, max_instances)
+                                              data.masked_lm_prob, max_instances)
     loaders = []
     for name, loader in (("train", train), ("eval", held_out)):
         if loader is None:
@@ -123,36 +124,36 @@ def packed_loaders(train: BatchLoader, held_out: BatchLoader | None, data_cfg: A
     return train, held_out
 
 
-def prepare_data(data_cfg: Any, phases: Sequence[Phase], vocab_size: int,
+def prepare_data(data: DataSettings, phases: Sequence[PhaseShape], vocab_size: int,
                  tokenizer: tokenization.Tokenizer, cache_dir: str,
                  process_index: int | None = None,
                  process_count: int | None = None,
                  next_sentence_prediction: bool = True) -> list[PhaseData]:
     """Prepares (or loads from cache) every phase's splits of this process's share of the
-    documents (default: this process's index and count; `data_cfg`: config.data) and checks
+    documents (default: this process's index and count) and checks
     their token ids against the model's `vocab_size`. `next_sentence_prediction=False`:
     instances without random-B pairs (pipeline.prepare)."""
     if process_index is None:
         process_index, process_count = jax.process_index(), jax.process_count()
-    specials = pipeline.specials_of(tokenizer, data_cfg.whole_word_mask)
+    specials = pipeline.specials_of(tokenizer, data.whole_word_mask)
     result = []
     for phase in phases:
-        splits = pipeline.prepare(data_cfg, phase, tokenizer, cache_dir, process_index,
+        splits = pipeline.prepare(data, phase, tokenizer, cache_dir, process_index,
                                   process_count, next_sentence_prediction)
         for name, split in splits.items():
             pipeline.check_token_ids(split, vocab_size, f"{name} data ({phase.name})")
         local_batch = phase.global_batch_size // process_count
-        masking = (specials, data_cfg.masked_lm_prob, phase.max_predictions_per_seq,
-                   data_cfg.whole_word_mask)
-        train_loader = BatchLoader(splits["train"], local_batch, data_cfg.seed,
+        masking = (specials, data.masked_lm_prob, phase.max_predictions_per_seq,
+                   data.whole_word_mask)
+        train_loader = BatchLoader(splits["train"], local_batch, data.seed,
                                    masking=masking, name=f"{phase.name} train",
-                                   mask_mix=pipeline.mask_mix(data_cfg))
+                                   mask_mix=data.mask_mix)
         eval_loader = None
         if fewest_over_processes(len(splits["eval"])) >= local_batch:
-            eval_loader = BatchLoader(splits["eval"], local_batch, data_cfg.seed,
+            eval_loader = BatchLoader(splits["eval"], local_batch, data.seed,
                                       shuffle=False, name=f"{phase.name} eval")
-        if data_cfg.packing:
-            train_loader, eval_loader = packed_loaders(train_loader, eval_loader, data_cfg,
+        if data.packing:
+            train_loader, eval_loader = packed_loaders(train_loader, eval_loader, data,
                                                        phase, specials.pad_id)
         if eval_loader is None:
             logging.warning("phase %s: %d held-out sequences, fewer than one batch of %d: "

@@ -24,10 +24,8 @@ from typing import Any, Iterator, Protocol
 
 import numpy as np
 
+from bertjax import batch as batch_spec
 from bertjax.data.pipeline import DataError, PreparedSplit
-
-PACKED_FEATURES = ("position_ids", "instance_ids", "next_sentence_positions",
-                   "next_sentence_weights")
 
 
 class InstanceSource(Protocol):
@@ -187,15 +185,8 @@ def pack(instances: dict[str, np.ndarray], plan: np.ndarray, max_predictions: in
     rows of `plan` `[R, K]`: tokens one instance after another, MLM positions shifted."""
     num_rows, max_instances = plan.shape
     length = instances["input_ids"].shape[1]
-    out = {name: np.zeros((num_rows, length), np.int32) for name in
-           ("input_ids", "input_mask", "segment_ids", "position_ids", "instance_ids")}
+    out = batch_spec.zeros(num_rows, length, max_predictions, max_instances)
     out["input_ids"][:] = pad_id
-    for name, dtype in (("masked_lm_positions", np.int32), ("masked_lm_ids", np.int32),
-                        ("masked_lm_weights", np.float32)):
-        out[name] = np.zeros((num_rows, max_predictions), dtype)
-    for name, dtype in (("next_sentence_positions", np.int32), ("next_sentence_labels", np.int32),
-                        ("next_sentence_weights", np.float32)):
-        out[name] = np.zeros((num_rows, max_instances), dtype)
     real = instances["input_mask"].sum(axis=1)
     member = 0
     for row, slots in enumerate(plan):

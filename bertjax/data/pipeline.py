@@ -25,13 +25,14 @@ import numpy as np
 from absl import logging
 
 from bertjax import failures, files, locks
+from bertjax.batch import PhaseShape
 from bertjax.data import tokenization
 from bertjax.data import (corpus, instances, masking, prepared_files, shard_format, shard_job,
                           shard_reader, shard_sources, token_cache)
 from bertjax.data.errors import DataError
 from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
+from bertjax.data.settings import DataSettings
 from bertjax.data.shard_job import split_eval_documents  # noqa: F401
-from bertjax.schedule import Phase
 
 FORMAT_VERSION = 4  # bump when the prepared layout or instance semantics change
 
@@ -39,101 +40,91 @@ FORMAT_VERSION = 4  # bump when the prepared layout or instance semantics change
 # ----------------------------------------------------------------------------- corpus
 
 
-def corpus_reader(data_cfg: Any, process_index: int, process_count: int
+def corpus_reader(data: DataSettings, process_index: int, process_count: int
                   ) -> shard_sources.CorpusReader:
     """This process's documents of the configured source (its files checked now)."""
-    if data_cfg.source == "tfds":
-        if not data_cfg.tfds_name:
+    if data.source == "tfds":
+        if not data.tfds_name:
             raise DataError("data.source=tfds needs --config.data.tfds_name=NAME")
         return shard_sources.CorpusReader("tfds", tfds=(
-            data_cfg.tfds_name, data_cfg.tfds_split, data_cfg.tfds_data_dir or None,
-            data_cfg.tfds_text_key), process_index=process_index, process_count=process_count)
-    if data_cfg.source == "text":
-        if not data_cfg.input_files:
+            data.tfds_name, data.tfds_split, data.tfds_data_dir or None,
+            data.tfds_text_key), process_index=process_index, process_count=process_count)
+    if data.source == "text":
+        if not data.input_files:
             raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
-        paths = tuple(corpus.expand_paths(data_cfg.input_files.split(",")))
-        return shard_sources.CorpusReader("text", paths, data_cfg.text_format,
+        paths = tuple(corpus.expand_paths(data.input_files.split(",")))
+        return shard_sources.CorpusReader("text", paths, data.text_format,
                                           process_index=process_index, process_count=process_count)
-    if data_cfg.source != "default":
-        raise DataError(f"data.source={data_cfg.source!r}; choose 'default', 'text' or 'tfds'")
     return shard_sources.CorpusReader("default", process_index=process_index,
                                       process_count=process_count)
 
 
-def read_documents(data_cfg: Any, process_index: int, process_count: int,
+def read_documents(data: DataSettings, process_index: int, process_count: int,
                    stats: corpus.CorpusStats) -> Iterator[list[str]]:
     """Documents of this process's shard, from the configured source."""
-    reader = corpus_reader(data_cfg, process_index, process_count)
+    reader = corpus_reader(data, process_index, process_count)
     return (document for _, document in reader.documents(stats))
 
 
-def source_identity(data_cfg: Any) -> dict[str, Any]:
+def source_identity(data: DataSettings) -> dict[str, Any]:
     """What identifies the raw corpus: files with their sizes, or the dataset's name (with
     `data.prepared_dir`: as recorded there, so the corpus need not be on this host)."""
-    if data_cfg.get("prepared_dir"):
-        prepared = data_cfg.prepared_dir
+    if data.prepared_dir:
+        prepared = data.prepared_dir
         found = files.glob(os.path.join(prepared if files.is_remote(prepared)
                                         else glob.escape(prepared), "*", "meta.json"))
         if not found:
-            raise DataError(f"data.prepared_dir={data_cfg.prepared_dir!r} holds no prepared data "
+            raise DataError(f"data.prepared_dir={data.prepared_dir!r} holds no prepared data "
                             "(no */meta.json); run python -m bertjax.prepare --output=DIR first")
         return _read_meta(os.path.dirname(found[0]))[0].get("source", {})
-    if data_cfg.source == "text":
-        if not data_cfg.input_files:
+    if data.source == "text":
+        if not data.input_files:
             raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
-        paths = corpus.expand_paths(data_cfg.input_files.split(","))
+        paths = corpus.expand_paths(data.input_files.split(","))
         return {"files": [(files.abspath(f), files.getsize(f)) for f in paths],
-                "format": data_cfg.text_format}
-    if data_cfg.source == "tfds":
-        return {"tfds": [data_cfg.tfds_name, data_cfg.tfds_split, data_cfg.tfds_data_dir,
-                         data_cfg.tfds_text_key]}
+                "format": data.text_format}
+    if data.source == "tfds":
+        return {"tfds": [data.tfds_name, data.tfds_split, data.tfds_data_dir,
+                         data.tfds_text_key]}
     return {"default": sys.version}
 
 
-def _source_fingerprint(data_cfg: Any) -> dict[str, Any]:
+def _source_fingerprint(data: DataSettings) -> dict[str, Any]:
     """The prepared-data cache key's view of the corpus: its identity plus file times."""
-    identity = source_identity(data_cfg)
+    identity = source_identity(data)
     if "files" in identity:
         identity["mtimes"] = [int(files.getmtime(f)) for f, _ in identity["files"]]
     return identity
 
 
-def strip_accents_option(data_cfg: Any) -> bool | None:
-    """`data.strip_accents`: "auto" follows do_lower_case (the original), else true/false."""
-    value = str(data_cfg.strip_accents).lower()
-    if value not in ("auto", "true", "false"):
-        raise DataError(f"data.strip_accents={data_cfg.strip_accents!r}; use auto, true or false")
-    return None if value == "auto" else value == "true"
-
-
-def load_or_train_tokenizer(data_cfg: Any, cache_dir: str, process_index: int = 0,
+def load_or_train_tokenizer(data: DataSettings, cache_dir: str, process_index: int = 0,
                             process_count: int = 1) -> tokenization.Tokenizer:
     """The configured tokenizer; with sentencepiece and no vocab_file, one is trained on the
     corpus (once, cached) so the default run needs no download. Every process trains on the
     whole corpus, not its shard, so that all processes get the same vocabulary."""
-    if data_cfg.vocab_file:
-        if not files.exists(data_cfg.vocab_file):
-            raise DataError(f"data.vocab_file={data_cfg.vocab_file!r} does not exist; pass a "
+    if data.vocab_file:
+        if not files.exists(data.vocab_file):
+            raise DataError(f"data.vocab_file={data.vocab_file!r} does not exist; pass a "
                             "Google vocab.txt (wordpiece) or a SentencePiece .model")
-        return tokenization.load_tokenizer(data_cfg.tokenizer, data_cfg.vocab_file,
-                                           data_cfg.do_lower_case, strip_accents_option(data_cfg))
-    if data_cfg.tokenizer != "sentencepiece":
+        return tokenization.load_tokenizer(data.tokenizer, data.vocab_file,
+                                           data.do_lower_case, data.strip_accents_option)
+    if data.tokenizer != "sentencepiece":
         raise DataError("data.tokenizer=wordpiece needs --config.data.vocab_file=vocab.txt "
                         "(or use data.tokenizer=sentencepiece to train one on the corpus)")
-    key = _hash({"source": _source_fingerprint(data_cfg), "size": data_cfg.sentencepiece_vocab_size,
-                 "lower": data_cfg.do_lower_case})
+    key = _hash({"source": _source_fingerprint(data), "size": data.sentencepiece_vocab_size,
+                 "lower": data.do_lower_case})
     prefix = os.path.join(cache_dir, f"sentencepiece_{key}")
 
     def train() -> None:
         logging.info("Training a SentencePiece model (%d tokens) on the corpus -> %s.model",
-                     data_cfg.sentencepiece_vocab_size, prefix)
-        sentences = (s for doc in read_documents(data_cfg, 0, 1, corpus.CorpusStats())
+                     data.sentencepiece_vocab_size, prefix)
+        sentences = (s for doc in read_documents(data, 0, 1, corpus.CorpusStats())
                      for s in doc)
         tmp_prefix = f"{prefix}.tmp{os.getpid()}"
         try:
             tokenization.train_sentencepiece(sentences, tmp_prefix,
-                                             data_cfg.sentencepiece_vocab_size,
-                                             do_lower_case=data_cfg.do_lower_case)
+                                             data.sentencepiece_vocab_size,
+                                             do_lower_case=data.do_lower_case)
         except ValueError as e:  # (SentencePiece's own writes report no cause: a full disk
             full = shutil.disk_usage(cache_dir).free < 1 << 20  # is recognised by its space)
             for ext in (".model", ".vocab"):
@@ -169,58 +160,43 @@ def specials_of(tokenizer: tokenization.Tokenizer, whole_word_mask: bool) -> ins
         continuation=tokenizer.continuation_mask() if whole_word_mask else None)
 
 
-def mask_mix(data_cfg: Any) -> tuple[float, float]:
-    """`(data.mask_token_prob, data.random_token_prob)`; DataError if not a valid mix."""
-    mix = (data_cfg.mask_token_prob, data_cfg.random_token_prob)
-    try:
-        masking.check_mask_mix(*mix)
-    except ValueError as e:
-        raise DataError(f"data.{e}") from e
-    return mix
-
-
-def shard_job_of(data_cfg: Any, phase: Phase, specials: instances.SpecialTokens,
+def shard_job_of(data: DataSettings, phase: PhaseShape, specials: instances.SpecialTokens,
                  tokenizer: tokenization.Tokenizer | None = None, process_index: int = 0,
                  output: str = "", next_sentence_prediction: bool = True) -> shard_job.ShardJob:
     """Every shard's preparation settings, from config.data and the phase."""
     return shard_job.ShardJob(
         tokenizer=tokenizer, specials=specials, max_seq_length=phase.max_seq_length,
-        max_predictions=phase.max_predictions_per_seq, masked_lm_prob=data_cfg.masked_lm_prob,
-        short_seq_prob=data_cfg.short_seq_prob, dupe_factor=data_cfg.dupe_factor,
-        whole_word_mask=data_cfg.whole_word_mask, mask_mix=mask_mix(data_cfg),
-        eval_fraction=data_cfg.eval_fraction, seed=data_cfg.seed,
-        shard_seed=(data_cfg.seed, process_index), dynamic=_masking_is_dynamic(data_cfg),
+        max_predictions=phase.max_predictions_per_seq, masked_lm_prob=data.masked_lm_prob,
+        short_seq_prob=data.short_seq_prob, dupe_factor=data.dupe_factor,
+        whole_word_mask=data.whole_word_mask, mask_mix=data.mask_mix,
+        eval_fraction=data.eval_fraction, seed=data.seed,
+        shard_seed=(data.seed, process_index), dynamic=data.dynamic,
         next_sentence_prediction=next_sentence_prediction, output=output)
 
 
-def make_features(documents: list[list[np.ndarray]], phase: Phase, data_cfg: Any,
+def make_features(documents: list[list[np.ndarray]], phase: PhaseShape, data: DataSettings,
                   specials: instances.SpecialTokens, dupe_factor: int, mask: bool,
                   seed: int, next_sentence_prediction: bool = True) -> dict[str, np.ndarray]:
     """Stored rows of tokenized `documents` in memory (for a few documents), masked now
     (static) or left for the loader, exactly as a prepared shard holds them."""
-    job = dataclasses.replace(shard_job_of(data_cfg, phase, specials,
+    job = dataclasses.replace(shard_job_of(data, phase, specials,
                                            next_sentence_prediction=next_sentence_prediction),
                               dupe_factor=dupe_factor)
-    created = instances.create_instances(documents, phase.max_seq_length, data_cfg.short_seq_prob,
+    created = instances.create_instances(documents, phase.max_seq_length, data.short_seq_prob,
                                          dupe_factor, random.Random(seed), specials,
                                          next_sentence_prediction)
     chunks = list(shard_job.stored_chunks(created, job, shard_job.mask_key(seed) if mask else None))
     return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in shard_format.STORED}
 
 
-def empty_features(phase: Phase) -> dict[str, np.ndarray]:
-    """Zero rows of every feature, with the phase's shapes and dtypes."""
-    return shard_format.expand(shard_format.empty_stored(phase.max_seq_length,
-                                                         phase.max_predictions_per_seq))
-
-
-def settings(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
+def settings(data: DataSettings, phase: PhaseShape, tokenizer: tokenization.Tokenizer,
              next_sentence_prediction: bool = True) -> dict[str, Any]:
     """What prepared data depends on besides the corpus (recorded in its meta.json)."""
-    key_data = {k: data_cfg[k] for k in ("masked_lm_prob", "short_seq_prob", "dupe_factor",
-                "masking", "whole_word_mask", "eval_fraction", "seed", "shard_bytes")}
-    if mask_mix(data_cfg) != masking.PAPER_MASK_MIX:  # ablation switches join the key only
-        key_data["mask_mix"] = list(mask_mix(data_cfg))  # when off the paper's
+    key_data = {k: getattr(data, k) for k in ("masked_lm_prob", "short_seq_prob",
+                "dupe_factor", "masking", "whole_word_mask", "eval_fraction", "seed",
+                "shard_bytes")}
+    if data.mask_mix != masking.PAPER_MASK_MIX:  # ablation switches join the key only
+        key_data["mask_mix"] = list(data.mask_mix)  # when off the paper's
     if not next_sentence_prediction:
         key_data["next_sentence_prediction"] = False
     return json.loads(json.dumps({
@@ -229,34 +205,33 @@ def settings(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
         default=str))
 
 
-def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cache_dir: str,
-            process_index: int = 0, process_count: int = 1,
+def prepare(data: DataSettings, phase: PhaseShape, tokenizer: tokenization.Tokenizer,
+            cache_dir: str, process_index: int = 0, process_count: int = 1,
             next_sentence_prediction: bool = True) -> dict[str, PreparedSplit]:
-    """Prepared `train` and `eval` splits for `phase` (`data_cfg`: config.data): read from
+    """Prepared `train` and `eval` splits for `phase`: read from
     `data.prepared_dir` (this process's share of every shard), or built once and cached under
     cache_dir; `next_sentence_prediction=False` makes no random-B pairs."""
     shard_job.check_not_in_spawned_import()
-    dynamic = _masking_is_dynamic(data_cfg)
-    wanted = settings(data_cfg, phase, tokenizer, next_sentence_prediction)
-    if data_cfg.get("prepared_dir"):
-        directory = os.path.join(data_cfg.prepared_dir, phase_directory(phase))
+    wanted = settings(data, phase, tokenizer, next_sentence_prediction)
+    if data.prepared_dir:
+        directory = os.path.join(data.prepared_dir, phase_directory(phase))
         meta, records = _read_meta(directory)
         check_settings(meta.get("settings", {}), wanted, directory)
-        fix = f"prepare it again (python -m bertjax.prepare --output={data_cfg.prepared_dir})"
+        fix = f"prepare it again (python -m bertjax.prepare --output={data.prepared_dir})"
         if files.is_remote(directory):  # training reads a local copy
             remote, directory = directory, prepared_files.local_copy(directory, records, cache_dir)
             fix = f"delete {directory} (the local copy of {remote}) to download it again"
         share = (process_index, process_count)
         verb = "Reading prepared data"
     else:
-        key = _hash({**wanted, "source": _source_fingerprint(data_cfg),
+        key = _hash({**wanted, "source": _source_fingerprint(data),
                      "shard": [process_index, process_count]})
         directory = os.path.join(cache_dir, f"{phase.name}_{phase.max_seq_length}_{key}")
         built = []
         try:
             locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
-                build(directory, data_cfg, phase, tokenizer, process_index, process_count,
-                      next_sentence_prediction)))
+                build(directory, data, phase, tokenizer, process_index, process_count,
+                      next_sentence_prediction, wanted=wanted)))
         except OSError as e:  # e.g. a full disk: one line, and no half-written data left
             shutil.rmtree(_unfinished(directory), ignore_errors=True)
             raise DataError(f"{failures.os_error_line(e)}; preparing the data of phase "
@@ -273,7 +248,7 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
     expected = (phase.max_seq_length, phase.max_predictions_per_seq, tokenizer.vocab_size)
     splits = {name: shard_reader.load_split(directory, name, records, masked, expected, share,
                                             fix + ", then rerun (it resumes)")
-              for name, masked in (("train", not dynamic), ("eval", True))}
+              for name, masked in (("train", not data.dynamic), ("eval", True))}
     for name in splits:  # every shard made is there
         rows = sum(r["rows"] for k, r in records.items()
                    if k.startswith(f"{name}/") and k.endswith("/lengths.npy"))
@@ -283,7 +258,7 @@ def prepare(data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer, cach
     return splits
 
 
-def _note_older_formats(cache_dir: str, phase: Phase) -> None:
+def _note_older_formats(cache_dir: str, phase: PhaseShape) -> None:
     """Names prepared data of an older format beside a new build (never read again)."""
     pattern = os.path.join(glob.escape(cache_dir), f"{phase.name}_{phase.max_seq_length}_*")
     for old in sorted(glob.glob(os.path.join(pattern, "meta.json"))):
@@ -299,7 +274,7 @@ def _note_older_formats(cache_dir: str, phase: Phase) -> None:
                          "delete it to free its space", os.path.dirname(old))
 
 
-def phase_directory(phase: Phase) -> str:
+def phase_directory(phase: PhaseShape) -> str:
     """A phase's directory under `data.prepared_dir`."""
     return f"{phase.name}_{phase.max_seq_length}"
 
@@ -340,40 +315,37 @@ def _read_meta(directory: str) -> tuple[dict[str, Any], dict[str, Any]]:
                         f"{directory} to prepare the data again") from e
 
 
-def _masking_is_dynamic(data_cfg: Any) -> bool:
-    if data_cfg.masking not in ("static", "dynamic"):
-        raise DataError(f"data.masking={data_cfg.masking!r}; choose 'static' or 'dynamic'")
-    return data_cfg.masking == "dynamic"
-
-
-def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.Tokenizer,
-          process_index: int = 0, process_count: int = 1, nsp: bool = True,
-          run_shards: Callable[..., Iterable[dict[str, int]]] = shard_job.run_shards) -> None:
+def build(directory: str, data: DataSettings, phase: PhaseShape,
+          tokenizer: tokenization.Tokenizer, process_index: int = 0, process_count: int = 1,
+          nsp: bool = True,
+          run_shards: Callable[..., Iterable[dict[str, int]]] = shard_job.run_shards,
+          wanted: dict[str, Any] | None = None) -> None:
     """Reads the corpus (this process's share), cuts it into shards of `data.shard_bytes` and
     prepares each in a worker (`data.num_workers`; NSP partners come from the same shard, as
     the original's come from the same input file), written atomically to `directory`;
-    `run_shards`: local processes, or another engine's (`beam_prepare.shard_runner`)."""
+    `run_shards`: local processes, or another engine's (`beam_prepare.shard_runner`);
+    `wanted`: its `settings`, where the caller has them."""
     start = time.time()
     stats = corpus.CorpusStats()
     for unfinished in glob.glob(glob.escape(directory) + ".tmp*"):  # left by a crashed run
         if not locks.pid_alive(unfinished.rsplit(".tmp", 1)[1]):
             shutil.rmtree(unfinished, ignore_errors=True)
     tmp = _unfinished(directory)
-    reader = corpus_reader(data_cfg, process_index, process_count)
-    job = dataclasses.replace(shard_job_of(data_cfg, phase, specials_of(
-        tokenizer, data_cfg.whole_word_mask), tokenizer, process_index, tmp, nsp), reader=reader,
-        tokens=tokens_directory(directory, data_cfg, tokenizer, process_index, process_count))
+    reader = corpus_reader(data, process_index, process_count)
+    job = dataclasses.replace(shard_job_of(data, phase, specials_of(
+        tokenizer, data.whole_word_mask), tokenizer, process_index, tmp, nsp), reader=reader,
+        tokens=tokens_directory(directory, data, tokenizer, process_index, process_count))
     meta = collections.Counter()
     try:
-        for counts in run_shards(job, shard_sources.cut(reader, stats, data_cfg.shard_bytes),
-                                 data_cfg.num_workers):
+        for counts in run_shards(job, shard_sources.cut(reader, stats, data.shard_bytes),
+                                 data.num_workers):
             meta.update(counts, shards=1)
             logging.debug("Prepared shard %d (%s): %s", meta["shards"] - 1, phase.name, dict(meta))
     except shard_job.WorkerError as e:
         raise DataError(str(e)) from e
     (logging.info if stats.repaired() else logging.debug)("Corpus: %s", stats.summary())
     if not meta["documents"]:
-        raise DataError(f"the corpus ({data_cfg.source}) has no usable documents after reading "
+        raise DataError(f"the corpus ({data.source}) has no usable documents after reading "
                         f"and tokenizing ({stats.summary()}); check data.input_files / tfds_name")
     if not meta["train_instances"]:
         raise DataError(f"the corpus gave no training instances at length {phase.max_seq_length}")
@@ -381,17 +353,18 @@ def build(directory: str, data_cfg: Any, phase: Phase, tokenizer: tokenization.T
         shard_format.ShardWriter(os.path.join(tmp, "eval", "shard_00000"), 0, phase.max_seq_length,
                                  phase.max_predictions_per_seq, tokenizer.vocab_size).close()
     prepared_files.commit(tmp, directory, {
-        **meta, "corpus": dataclasses.asdict(stats), "masking": data_cfg.masking,
-        "settings": settings(data_cfg, phase, tokenizer, nsp), "source": source_identity(data_cfg),
+        **meta, "corpus": dataclasses.asdict(stats), "masking": data.masking,
+        "settings": wanted or settings(data, phase, tokenizer, nsp),
+        "source": source_identity(data),
         "seconds": round(time.time() - start, 1)})
 
 
-def tokens_directory(directory: str, data_cfg: Any, tokenizer: tokenization.Tokenizer,
+def tokens_directory(directory: str, data: DataSettings, tokenizer: tokenization.Tokenizer,
                      process_index: int, process_count: int) -> str:
     """Where the shards' token ids are kept for every phase, beside `directory` (a phase's):
     named by the corpus, the tokenizer, the shard size and this process's share."""
-    key = _hash({"source": _source_fingerprint(data_cfg), "tokenizer": tokenizer.fingerprint(),
-                 "shard_bytes": data_cfg.shard_bytes, "share": [process_index, process_count],
+    key = _hash({"source": _source_fingerprint(data), "tokenizer": tokenizer.fingerprint(),
+                 "shard_bytes": data.shard_bytes, "share": [process_index, process_count],
                  "version": token_cache.VERSION})
     return os.path.join(os.path.dirname(directory), f"tokens_{key}")
 

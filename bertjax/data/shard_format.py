@@ -1,5 +1,5 @@
 """The compact on-disk layout of prepared instances, written as they are made and read back
-(`shard_reader`: checked as read) as the original's fixed-shape features (`FEATURES`).
+(`shard_reader`: checked as read) as the original's fixed-shape features (`bertjax.batch`).
 
 A shard stores, per instance: the padded token ids in the narrowest unsigned type that holds
 the vocabulary (uint16 below 65,536 ids), the sequence length and where segment B starts
@@ -16,9 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from bertjax import failures
-
-FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-            "masked_lm_weights", "next_sentence_labels")
+from bertjax.batch import FEATURES
 STORED = ("input_ids", "lengths", "b_starts", "masked_lm_positions", "masked_lm_ids",
           "num_predictions", "next_sentence_labels")
 

@@ -11,6 +11,7 @@ shared machine; wall-clock seconds are recorded beside them.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -23,23 +24,22 @@ from absl import flags
 from bertjax.tools.records import machine, versions, write_record
 from bertjax import cli, schedule
 from bertjax.data import loaders, pipeline
+from bertjax.data.settings import DataSettings
 
 FLAGS = flags.FLAGS
 
 
 def run(config: ml_collections.ConfigDict, batches: int, cache_dir: str) -> dict[str, Any]:
     """Times preparation and dynamic-masking loading of the config's first phase."""
-    config = ml_collections.ConfigDict(config.to_dict())
-    config.data.masking, config.data.num_workers = "dynamic", 1
-    phase = schedule.phases(config.train, config.data, config.long_phase)[0]
+    data = dataclasses.replace(DataSettings.of(config.data), masking="dynamic", num_workers=1)
+    phase = schedule.phases(config.train, data, config.long_phase)[0]
     tokenizer, tokenizer_seconds = _timed(
-        lambda: pipeline.load_or_train_tokenizer(config.data, cache_dir))
-    splits, prepare_seconds = _timed(lambda: pipeline.prepare(config.data, phase, tokenizer, cache_dir))
+        lambda: pipeline.load_or_train_tokenizer(data, cache_dir))
+    splits, prepare_seconds = _timed(lambda: pipeline.prepare(data, phase, tokenizer, cache_dir))
     prepared = len(splits["train"]) + len(splits["eval"])
-    masking = (pipeline.specials_of(tokenizer, config.data.whole_word_mask),
-               config.data.masked_lm_prob, phase.max_predictions_per_seq,
-               config.data.whole_word_mask)
-    loader = loaders.BatchLoader(splits["train"], phase.global_batch_size, config.data.seed,
+    masking = (pipeline.specials_of(tokenizer, data.whole_word_mask), data.masked_lm_prob,
+               phase.max_predictions_per_seq, data.whole_word_mask)
+    loader = loaders.BatchLoader(splits["train"], phase.global_batch_size, data.seed,
                                   masking=masking)
     loader.batch(0)  # the epoch's permutation
     _, load_seconds = _timed(lambda: [loader.batch(i) for i in range(1, batches + 1)])

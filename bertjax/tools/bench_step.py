@@ -9,6 +9,7 @@ import ml_collections
 import numpy as np
 
 from bertjax import families, optim, sharding
+from bertjax import batch as batch_spec
 from bertjax import run as run_lib
 from bertjax.data import packing
 from bertjax.state import count_params
@@ -47,8 +48,7 @@ def synthetic_batch(batch: int, length: int, predictions: int, vocab: int, seed:
                     instance_ids=instance_ids[None].repeat(batch, 0),
                     next_sentence_positions=starts[None].repeat(batch, 0),
                     next_sentence_weights=np.ones((batch, packed), np.float32))
-    return {name: value.astype(np.float32 if name.endswith("weights") else np.int32)
-            for name, value in rows.items()}
+    return {name: value.astype(batch_spec.DTYPES[name]) for name, value in rows.items()}
 
 
 class BertjaxTrainer:
