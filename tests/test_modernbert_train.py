@@ -57,7 +57,6 @@ def test_the_tiny_config_validates_and_documents_every_field():
 @pytest.mark.parametrize("field, value, words", [
     ("train.next_sentence_prediction", True, "next_sentence_prediction=False"),
     ("train.objective", "ltr", "objective=mlm"),
-    ("train.init_checkpoint", "/some/run", "unset --config.train.init_checkpoint"),
     ("model.family", "gpt", "model.family='gpt' is not one of 'bert', 'modernbert'"),
     ("model.local_attention", 0, "model.local_attention=0 is out of range"),
 ])

@@ -16,6 +16,7 @@ import numpy as np
 
 from bertjax import modernbert
 from bertjax.interop import tree
+from bertjax.interop.finetuned import HFHead
 from bertjax.interop.hf import HF_ACTIVATIONS, TO_HF_ACTIVATION, read_tensors
 from bertjax.modernbert_config import ModernBertConfig
 
@@ -149,11 +150,14 @@ def load_hf(path: str, report: tree.LoadReport | None = None
     return config, tree.unflatten(mapped)
 
 
-def save_hf(config: ModernBertConfig, params: dict[str, Any], path: str) -> int:
+def save_hf(config: ModernBertConfig, params: dict[str, Any], path: str,
+            head: HFHead | None = None) -> int:
     """Writes `config.json` + `model.safetensors` that `transformers.AutoModelForMaskedLM
     .from_pretrained(path)` loads as a ModernBertForMaskedLM with no missing or unexpected
-    weights (no torch needed); the special tokens' ids are left to the tokenizer's files.
-    Returns the number of parameters written."""
+    weights (no torch needed); with `head` (a fine-tuned model: `model`, `head` and
+    `classifier` parameters), the `ModernBertFor...` class it names, with its label maps. The
+    special tokens' ids are left to the tokenizer's files. Returns the number of parameters
+    written."""
     from safetensors.numpy import save_file
 
     os.makedirs(path, exist_ok=True)
@@ -175,8 +179,9 @@ def save_hf(config: ModernBertConfig, params: dict[str, Any], path: str) -> int:
                      for i in range(config.num_hidden_layers)],
         rope_parameters={layer_type: {"rope_type": "default", "rope_theta": getattr(config, field)}
                          for layer_type, field in ROPE_TYPES.items()},
-        model_type="modernbert", architectures=["ModernBertForMaskedLM"],
-        tie_word_embeddings=True,
+        model_type="modernbert",
+        architectures=[head.architecture if head else "ModernBertForMaskedLM"],
+        tie_word_embeddings=head is None, **(head.config if head else {}),
         # Not transformers' defaults (ModernBERT-base's ids, outside a smaller vocabulary):
         # the tokenizer written beside the weights names its special tokens.
         bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)
