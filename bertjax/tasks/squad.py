@@ -32,7 +32,7 @@ from absl import logging
 from bertjax import files
 from bertjax.data import tfds_source
 from bertjax.data.tokenization import CLS, SEP, Tokenizer
-from bertjax.tasks import features
+from bertjax.tasks.features import word_tokenizer
 
 @dataclasses.dataclass
 class SquadExample:
@@ -291,7 +291,7 @@ def _answer_tokens(
     start = word_to_token[example.start_position]
     after = example.end_position + 1
     end = word_to_token[after] - 1 if after < len(word_to_token) else len(doc) - 1
-    return _improve_answer_span(doc, start, end, features.word_tokenizer(tokenizer),
+    return _improve_answer_span(doc, start, end, word_tokenizer(tokenizer),
                                 example.orig_answer_text)
 
 
@@ -310,7 +310,7 @@ def convert_examples_to_features(
     (answer not fully inside, target [CLS]) and impossible_features.
     """
     # Contexts repeat across questions.
-    tokenize_word = functools.cache(features.word_tokenizer(tokenizer))
+    tokenize_word = functools.cache(word_tokenizer(tokenizer))
     counts = {"examples": len(examples), "truncated_queries": 0, "multi_window_examples": 0}
     counts.update(examples_without_features=0, out_of_window_features=0, impossible_features=0)
     rows: dict[str, list[Any]] = collections.defaultdict(list)
