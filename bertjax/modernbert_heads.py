@@ -68,15 +68,12 @@ class ModernBertForTokenClassification(nn.Module):
         return classifier(self.config, self.num_labels, x_BxLxH, deterministic)
 
 
-class ModernBertForQuestionAnswering(nn.Module):
-    """Span prediction: `(start_logits [B, L], end_logits [B, L])`."""
+class ModernBertForQuestionAnswering(ModernBertForTokenClassification):
+    """Span prediction: the token classifier with two outputs, returned as
+    `(start_logits [B, L], end_logits [B, L])`."""
 
-    config: ModernBertConfig
+    num_labels: int = 2
 
-    @nn.compact
     def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
-        del token_type_ids
-        x_BxLxH = ModernBertModel(self.config, name="model")(input_ids, attention_mask,
-                                                              deterministic)
-        logits_BxLx2 = classifier(self.config, 2, x_BxLxH, deterministic)
+        logits_BxLx2 = super().__call__(input_ids, token_type_ids, attention_mask, deterministic)
         return logits_BxLx2[..., 0], logits_BxLx2[..., 1]
