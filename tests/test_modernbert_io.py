@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import tokenizers as tk
 
-from bertjax import convert, extract_features, families, finetune, modernbert, pretrained
+from bertjax import (convert, extract_features, families, finetune, modernbert,
+                     modernbert_heads, pretrained)
 from bertjax.interop import hf_bpe, hf_modernbert, native, tree
 from bertjax.modernbert_config import ModernBertConfig
 from bertjax.tasks import features, squad
@@ -181,6 +182,20 @@ def test_a_modernbert_fine_tunes_on_glue_and_exports_to_its_transformers_class(s
             "model.final_norm.weight"} <= names
     assert not any(name.startswith("decoder.") for name in names)
     assert os.path.isfile(tmp_path / "hf" / "tokenizer.json")
+    # The export as the init_checkpoint of another fine-tuning: its encoder and head.
+    source = pretrained.Source(init_checkpoint=str(tmp_path / "hf"))
+    run = pretrained.pretraining_run(source)
+    assert run.finetuned_task == "ModernBertForSequenceClassification (labels 0, 1)"
+    config = pretrained.bert_config_of(source, run)
+    model = modernbert_heads.ModernBertForSequenceClassification(config, 2)
+    abstract = pretrained.abstract_params_on_one_device(model)
+    loaded = pretrained.load_pretrained(str(tmp_path / "hf"),
+                                        {"model": abstract["model"], "head": abstract["head"]},
+                                        config)
+    tuned = native.load_bertjax(sst2_run)[1]
+    for path, value in tree.flatten(loaded).items():
+        np.testing.assert_array_equal(np.asarray(value), tree.flatten(tuned)[path], path)
+    assert convert.main([str(tmp_path / "hf"), str(tmp_path / "again")]) == 1
 
 
 def test_extract_features_of_a_modernbert(hf_dir, tmp_path):

@@ -21,6 +21,8 @@ from bertjax.interop.hf import HF_ACTIVATIONS, TO_HF_ACTIVATION, read_tensors
 from bertjax.modernbert_config import ModernBertConfig
 
 HF_TIED = {"decoder.weight": "model.embeddings.tok_embeddings.weight"}
+FINETUNED_CLASSES = ("ModernBertForSequenceClassification", "ModernBertForTokenClassification",
+                     "ModernBertForQuestionAnswering", "ModernBertForMultipleChoice")
 ROPE_TYPES = {"full_attention": "global_rope_theta", "sliding_attention": "local_rope_theta"}
 
 
@@ -108,15 +110,18 @@ def hf_config(values: dict[str, Any], where: str) -> ModernBertConfig:
 def load_hf(path: str, report: tree.LoadReport | None = None
             ) -> tuple[ModernBertConfig, dict[str, Any]]:
     """Reads a transformers ModernBERT directory (`config.json` + `model.safetensors`, sharded
-    safetensors, or `pytorch_model.bin` with torch): ModernBertForMaskedLM's parameters (a
-    directory saved from ModernBertModel gets the `model/` prefix; one without the MLM head
-    is refused)."""
+    safetensors, or `pytorch_model.bin` with torch): ModernBertForMaskedLM's parameters; of a
+    fine-tuned `ModernBertFor...` class, its encoder and prediction head (`model`, `head`:
+    what a fine-tuning run takes), its output layer skipped. One without the prediction head
+    (ModernBertModel) is refused."""
     report = report if report is not None else tree.LoadReport()
-    config = hf_config(tree.read_json_config(os.path.join(path, "config.json"),
-                                             "Hugging Face"), path)
+    values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
+    config = hf_config(values, path)
     tensors = read_tensors(path)
     report.source, report.format, report.found = path, "Hugging Face ModernBERT", len(tensors)
     shapes = param_shapes(config)
+    if (values.get("architectures") or [""])[0] in FINETUNED_CLASSES:
+        shapes = {p: shape for p, shape in shapes.items() if not p.startswith("decoder/")}
     by_hf_name = {path_to_hf(p)[0]: p for p in shapes}
     mapped = {}
     for name, value in tensors.items():
@@ -132,6 +137,8 @@ def load_hf(path: str, report: tree.LoadReport | None = None
             report.skipped[name] = f"tied to {HF_TIED[name]}"
         elif name.startswith(("model.", "head.", "decoder.")):
             mapped[name] = value  # reported by _collect as not fitting the config
+        elif name.startswith("classifier.") and not any(p.startswith("decoder/") for p in shapes):
+            report.skipped[name] = "a task's output layer, not carried over"
         else:
             report.skipped[name] = "not a ModernBertForMaskedLM weight"
     missing = sorted(set(shapes) - set(mapped))
