@@ -290,12 +290,12 @@ def checkpoint_tokenizer(path: str, do_lower_case: bool | None,
         local = staging.local_checkpoint(path, detect_format(path))
         kind, vocab, casing = hf_tokenizer.tokenizer_file(local if files.isdir(local)
                                                           else os.path.dirname(local))
+        if kind == "bpe":
+            return hf_bpe.BpeTokenizer(vocab)
     except ConversionError as e:
         raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) from None
     if kind == "sentencepiece":
         return tokenization.SentencePieceTokenizer(vocab)
-    if kind == "bpe":
-        return hf_bpe.BpeTokenizer(vocab)
     flag = (vocab_flag or "--vocab_file").replace("vocab_file", "do_lower_case")
     if casing is not None:  # a tokenizer.json, which says how it cases text
         if do_lower_case is not None and do_lower_case != casing.do_lower_case:

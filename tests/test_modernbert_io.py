@@ -167,6 +167,7 @@ def sst2_run(hf_dir, tmp_path_factory) -> str:
     return str(root / "run")
 
 
+@pytest.mark.slow  # a real fine-tuning run: about 40 s of CPU
 def test_a_modernbert_fine_tunes_on_glue_and_exports_to_its_transformers_class(sst2_run,
                                                                                 hf_dir,
                                                                                 tmp_path):
