@@ -7,6 +7,8 @@ import dataclasses
 import json
 import os
 import random
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -19,7 +21,7 @@ from bertjax import (convert, extract_features, families, finetune, modernbert,
 from bertjax.interop import hf_bpe, hf_modernbert, native, tree
 from bertjax.modernbert_config import ModernBertConfig
 from bertjax.tasks import features, squad
-from test_finetune import config_file, sentence
+from test_finetune import REPO_ROOT, config_file, run_extract_features, sentence
 
 SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 TEXTS = ["the movie was good .", "a plot and very bad film", "what a lovely story ?",
@@ -200,18 +202,33 @@ def test_a_modernbert_fine_tunes_on_glue_and_exports_to_its_transformers_class(s
 
 
 def test_extract_features_of_a_modernbert(hf_dir, tmp_path):
+    """The CLI on a transformers ModernBERT directory: its BPE tokens and layers' vectors, the
+    last one the encoder's output."""
     (tmp_path / "in.txt").write_text("the movie was good .\njohn ||| paris\n")
-    source = pretrained.Source(init_checkpoint=hf_dir)
-    model, params, tokenizer = pretrained.load_encoder(source)
-    records = list(extract_features.extract(model, params, tokenizer,
-                                            [("the movie was good .", None)], [-1, -3], 16, 2))
+    result = run_extract_features(tmp_path, hf_dir, "--max_seq_length=16", "--layers=-1,-3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Wrote 2 records (layers -1,-3)" in result.stdout
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    model, params, tokenizer = pretrained.load_encoder(pretrained.Source(init_checkpoint=hf_dir))
     ids = np.array([[tokenizer.cls_id, *tokenizer.encode("the movie was good ."),
                      tokenizer.sep_id]])
-    expected = model.apply({"params": params}, ids, np.ones_like(ids))
+    assert [f["token"] for f in records[0]["features"]] == tokenizer.convert_ids_to_tokens(ids[0])
+    expected = np.asarray(model.apply({"params": params}, ids, np.ones_like(ids)))[0]
     got = np.array([f["layers"][0]["values"] for f in records[0]["features"]])
-    np.testing.assert_allclose(got, np.asarray(expected[0]), atol=1e-5)
-    assert [f["token"] for f in records[0]["features"]][0] == "[CLS]"
-    assert len(records[0]["features"][0]["layers"]) == 2
+    np.testing.assert_allclose(got, expected, atol=2e-6)
+    assert [layer["index"] for layer in records[0]["features"][0]["layers"]] == [-1, -3]
+    assert [f["token"] for f in records[1]["features"]] == [
+        "[CLS]", *tokenizer.tokenize("john"), "[SEP]", *tokenizer.tokenize("paris"), "[SEP]"]
+
+
+def test_probes_refuse_a_modernbert_in_one_line(hf_dir, tmp_path):
+    command = [sys.executable, "-m", "bertjax.probe", f"--init_checkpoint={hf_dir}",
+               "--task=sst2", f"--workdir={tmp_path}"]
+    result = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --init_checkpoint=")
+    assert "holds a ModernBERT model; the probes read BERT's layers only" in result.stderr
 
 
 def test_bert_options_are_refused_for_a_modernbert(hf_dir, tmp_path):
