@@ -20,7 +20,7 @@ from bertjax import (convert, extract_features, families, finetune, modernbert,
                      modernbert_heads, pretrained)
 from bertjax.interop import hf_bpe, hf_modernbert, native, tree
 from bertjax.modernbert_config import ModernBertConfig
-from bertjax.tasks import features, squad
+from bertjax.tasks import features, glue, ner, squad, squad_predict
 from test_finetune import REPO_ROOT, config_file, run_extract_features, sentence
 
 SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
@@ -241,3 +241,24 @@ def test_bert_options_are_refused_for_a_modernbert(hf_dir, tmp_path):
     config.update(causal_attention=False, classifier_pooling="max")
     with pytest.raises(pretrained.PretrainedError, match="classifier_pooling='max' is not one"):
         finetune.run(config, str(tmp_path / "run"))
+
+
+def test_each_task_builds_the_transformers_head_of_a_modernbert(hf_dir):
+    tokenizer = pretrained.checkpoint_tokenizer(hf_dir, None)
+    config = hf_modernbert.load_hf(hf_dir)[0]
+    tasks = {glue.GlueFinetune(features.TaskOptions(task="mrpc"), tokenizer):
+             modernbert_heads.ModernBertForSequenceClassification,
+             ner.NerFinetune(features.TaskOptions(), tokenizer):
+             modernbert_heads.ModernBertForTokenClassification,
+             squad_predict.SquadFinetune(features.TaskOptions(), tokenizer):
+             modernbert_heads.ModernBertForQuestionAnswering}
+    for task, cls in tasks.items():
+        model = task.model(config)
+        assert type(model) is cls
+        assert set(families.abstract_params(model)) == {"model", "head", "classifier"}
+    # CoNLL words take their pieces inside running text.
+    rows, _, _ = ner.encode([ner.Sentence(["john", "was", "good"], ["B-PER", "O", "O"])],
+                            tokenizer, 16)
+    pieces = tokenizer.encode(" john was good")
+    assert rows["input_ids"][0][:len(pieces) + 2].tolist() == [tokenizer.cls_id, *pieces,
+                                                                tokenizer.sep_id]
