@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from bertjax import checkpoint, families, files, modernbert
+from bertjax import checkpoint, families, files, modernbert, modernbert_config
 from bertjax import model as bert_model
 from bertjax.data import pipeline, tokenization
 from bertjax.interop import hf, hf_bpe, hf_modernbert, hf_tokenizer, native, staging, tf, tree
@@ -27,7 +27,6 @@ from bertjax.interop.tree import ConversionError
 from bertjax.model import BertConfig, BertModel
 from bertjax.errors import UserError
 from bertjax.modernbert_config import ModernBertConfig
-from bertjax import modernbert_config
 
 FORMATS = ("tf", "hf", "bertjax")
 
@@ -127,8 +126,8 @@ def load_pretrained(path: str, abstract_params: dict[str, Any],
     """The parameters of the checkpoint at `path` (any format) for a model of `model_config`,
     placed like `abstract_params`: the whole BertForPreTraining (ModernBertForMaskedLM) tree
     (pretraining from a checkpoint) or some of its top-level entries (`{"bert": ...}`, for
-    ModernBERT `{"model": ..., "head": ...}`: a fine-tuned model's encoder). A bertjax checkpoint in the same layer layout is read straight into the shards.
-    `reuse` keeps the last checkpoint read on the host for the next call (fine-tuning seeds)."""
+    ModernBERT `{"model": ..., "head": ...}`: a fine-tuned model's encoder). A bertjax
+    checkpoint in the same layer layout is read straight into the shards. `reuse` keeps the last checkpoint read on the host for the next call (fine-tuning seeds)."""
     source_format = detect_format(path)
     if source_format == "bertjax":
         directory = native.checkpoint_dir(path)
