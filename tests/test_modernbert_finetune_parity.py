@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import families, modernbert, modernbert_heads, pretrained
+from bertjax import convert, families, modernbert, modernbert_heads, pretrained
 from bertjax.interop import finetuned, hf_modernbert, tree
 from test_modernbert_io import bpe_tokenizer
 from test_modernbert_parity import (TOLERANCE, assert_close_at_real_tokens, padded_batch,
@@ -140,3 +140,12 @@ def test_a_transformers_modernbert_with_its_bpe_tokenizer_reads_as_init_checkpoi
     with torch.no_grad():
         theirs = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
     assert_close_at_real_tokens(ours, theirs.numpy(), mask)
+    # Converted to bertjax and exported again: AutoTokenizer and AutoModelForMaskedLM load it.
+    assert convert.main([str(directory), str(tmp_path / "bertjax")]) == 0
+    assert convert.main([str(tmp_path / "bertjax"), str(tmp_path / "export")]) == 0
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    assert [exported(t)["input_ids"] for t in texts] == [auto(t)["input_ids"] for t in texts]
+    again = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "export").eval()
+    with torch.no_grad():
+        again_logits = again(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+    assert_close_at_real_tokens(again_logits.numpy(), theirs.numpy(), mask)
