@@ -6,7 +6,9 @@ between Google TF, Hugging Face and bertjax (formats in `bertjax.interop`).
     python -m bertjax.convert hf_dir out.ckpt --to=tf                        # HF -> TF
 
 A ModernBERT run (`config.model.family="modernbert"`) exports to Hugging Face as a
-`ModernBertForMaskedLM` (docs/modernbert.md).
+`ModernBertForMaskedLM` (a fine-tuned one as its task's `ModernBertFor...` class); a
+Hugging Face ModernBERT directory converts to a bertjax checkpoint with its BPE
+`tokenizer.json` (docs/modernbert.md). ModernBERT has no TF form.
 A fine-tuned model (a `python -m bertjax.finetune` workdir: its best seed) exports to the
 transformers class of its task (`BertForSequenceClassification`, `BertForTokenClassification`,
 `BertForQuestionAnswering`) with its label names. A Hugging Face export also holds the
@@ -141,23 +143,32 @@ def main(argv: list[str] | None = None) -> int:
         config, params = pretrained.read(args.src, report)
         print(report.summary(), flush=True)
         modern = isinstance(config, ModernBertConfig)
-        if modern and target != "hf":
-            raise tree.ConversionError(f"{args.src} holds a ModernBERT model, which converts to "
-                                       "Hugging Face only: drop --to or pass --to=hf")
+        if modern and (target == "tf" or args.scan_layers):
+            raise tree.ConversionError(f"{args.src} holds a ModernBERT model, which has no TF "
+                                       "form and no scanned layers: pass --to=hf or --to=bertjax"
+                                       ", without --scan_layers")
+        if modern and source_format == "hf" and hf.finetuned_task(args.src):
+            raise tree.ConversionError(f"{args.src} is a fine-tuned ModernBERT "
+                                       f"({hf.finetuned_task(args.src)}): bertjax reads its "
+                                       "encoder as a fine-tuning init_checkpoint, but does not "
+                                       "convert it; use it as --config.init_checkpoint")
         task_config = native.finetuned_config(args.src) if source_format == "bertjax" else None
-        head = finetuned.hf_head(task_config, params) if task_config and target == "hf" else None
+        head = finetuned.hf_head(task_config, params, modern) \
+            if task_config and target == "hf" else None
         if target == "hf" and not task_config and "predictions" not in params and not modern:
             head = finetuned.ENCODER_ONLY  # (an encoder imported from a fine-tuned model)
-        if target == "bertjax":
+        if target == "bertjax" and not modern:
             config = dataclasses.replace(config, scan_layers=args.scan_layers)
         num_params = sum(int(np.size(v)) for v in tree.flatten(params).values())
         if head:
-            num_params = hf.save_hf(config, params, args.dst, head)
+            num_params = (hf_modernbert.save_hf if modern else hf.save_hf)(
+                config, params, args.dst, head)
             print(f"{'fine-tuned model' if task_config else 'encoder only'}: {head.architecture}"
                   + (f", labels {list(head.config['id2label'].values())}"
                      if "id2label" in head.config else ""), flush=True)
         else:
-            (hf_modernbert.save_hf if modern else SAVERS[target])(config, params, args.dst)
+            (hf_modernbert.save_hf if modern and target == "hf" else SAVERS[target])(
+                config, params, args.dst)
         facts = export_tokenizer(args.src, source_format, target, args.dst,
                                  config.max_position_embeddings)
         if target == "hf":

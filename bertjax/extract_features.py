@@ -5,7 +5,8 @@ format of the original extract_features.py:
     {"linex_index": 0, "features": [{"token": "[CLS]",
         "layers": [{"index": -1, "values": [0.1, ...]}, ...]}, ...]}
 
-Input: one text per line; `text_a ||| text_b` for a pair. Layer -1 is the last encoder layer.
+Input: one text per line; `text_a ||| text_b` for a pair. Layer -1 is the last encoder layer
+(of a ModernBERT model: after its final norm, the output its heads read).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from absl import flags
 from bertjax import cli, files, pretrained
 from bertjax.data import tokenization
 from bertjax.model import BertModel
+from bertjax.modernbert import ModernBertModel
 from bertjax.tasks import features
 
 
@@ -35,7 +37,7 @@ def _read_lines(path: str) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def extract(model: BertModel, params: dict, tokenizer: tokenization.Tokenizer,
+def extract(model: BertModel | ModernBertModel, params: dict, tokenizer: tokenization.Tokenizer,
             texts: Sequence[tuple[str, str | None]], layers: Sequence[int], max_seq_length: int,
             batch_size: int) -> Iterator[dict]:
     """One original-format record per text: every real token's vectors at `layers`."""
@@ -45,8 +47,12 @@ def extract(model: BertModel, params: dict, tokenizer: tokenization.Tokenizer,
 
     @jax.jit
     def all_layers(input_ids, input_mask, segment_ids):
-        stacked, _ = model.apply({"params": params}, input_ids, segment_ids, input_mask, True,
-                                 all_layers=True)
+        if isinstance(model, ModernBertModel):  # (no segment embeddings)
+            stacked = model.apply({"params": params}, input_ids, input_mask, True,
+                                  all_layers=True)
+        else:
+            stacked, _ = model.apply({"params": params}, input_ids, segment_ids, input_mask,
+                                     True, all_layers=True)
         return stacked[jnp.array(layers)]
 
     for start in range(0, len(encoded), batch_size):

@@ -4,6 +4,7 @@
 records; the rest of the machinery (mesh, state, steps, data, checkpoints) is shared."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -57,6 +58,20 @@ def is_modernbert(config: ModelConfig) -> bool:
     return isinstance(config, ModernBertConfig)
 
 
+def as_record(config: ModelConfig) -> dict[str, Any]:
+    """A model config's fields as a dict, with `family` for ModernBERT (so `family` and
+    `model_config` read it back as the same family)."""
+    values = dataclasses.asdict(config)
+    return {"family": "modernbert", **values} if is_modernbert(config) else values
+
+
+def pretrained_parts(config: ModelConfig) -> tuple[str, ...]:
+    """The top-level parameters a fine-tuned model takes from a pretrained checkpoint: BERT's
+    encoder (`bert`); ModernBERT's encoder and its prediction head (`model`, `head`), as
+    transformers' ModernBertFor... classes load them from a ModernBertForMaskedLM."""
+    return ("model", "head") if is_modernbert(config) else ("bert",)
+
+
 def pretraining_model(config: ModelConfig) -> nn.Module:
     """The module pretraining trains: BertForPreTraining (MLM + NSP heads) or
     ModernBertForMaskedLM (MLM only)."""
@@ -66,7 +81,7 @@ def pretraining_model(config: ModelConfig) -> nn.Module:
 
 def example_inputs(model: nn.Module) -> tuple:
     """Inputs for `model.init` (either family)."""
-    if isinstance(model, modernbert.ModernBertForMaskedLM):
+    if isinstance(model, (modernbert.ModernBertForMaskedLM, modernbert.ModernBertModel)):
         # (128 tokens where the model allows them: TPU's Pallas kernel, which "auto" picks
         # for this family's dropout-free attention, takes multiples of 128 only)
         return modernbert.example_inputs(min(128, model.config.max_position_embeddings))

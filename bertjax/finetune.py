@@ -25,12 +25,13 @@ import optax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (cli, console, failures, finetune_loop, locks, optim, pretrained, reporting,
-                     sharding, validate)
+from bertjax import (cli, console, failures, families, finetune_loop, locks, optim, pretrained,
+                     reporting, sharding, validate)
 from bertjax import model as bert_model
 from bertjax import run as run_lib
 from bertjax.interop import native
 from bertjax.model import BertConfig
+from bertjax.modernbert_config import ModernBertConfig
 from bertjax.errors import UserError
 from bertjax.tasks import features, glue, ner, squad_predict
 
@@ -120,8 +121,15 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
     pretrain = pretrained.pretraining_run(source)
     bert_config = pretrained.bert_config_of(source, pretrain)
     if pretrain.model and not config.random_init:  # (the weights must fit: before any work)
-        pretrained.check_architecture(BertConfig.from_dict(pretrain.model), bert_config,
-                                      config.init_checkpoint)
+        found = (ModernBertConfig if families.family(pretrain.model) == "modernbert"
+                 else BertConfig).from_dict(pretrain.model)
+        pretrained.check_architecture(found, bert_config, config.init_checkpoint)
+    if families.is_modernbert(bert_config):
+        modernbert_options(config)
+    elif config.get("classifier_pooling"):
+        raise FinetuneError("classifier_pooling is ModernBERT's; init_checkpoint "
+                            f"{config.init_checkpoint} holds a BERT model (it pools with its "
+                            "pooler): unset --config.classifier_pooling")
     tokenizer = pretrained.tokenizer_of(source, pretrain)
     if tokenizer.vocab_size > bert_config.vocab_size:
         raise FinetuneError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
@@ -154,7 +162,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
     trainer = make_trainer(config, task, bert_config, task.num_train_examples(data["train"]),
                            mesh)
     settings = typed(finetune_loop.Settings, {
-        **config, "config": config.to_json(), "bert_config": dataclasses.asdict(bert_config),
+        **config, "config": config.to_json(), "bert_config": families.as_record(bert_config),
         "tokenizer_fingerprint": tokenizer.fingerprint()})
     accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
     if jax.process_index() == 0:
@@ -183,6 +191,15 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
             logging.warning("%s", warning)
         print(outputs_listing(workdir, results, tokenizer_files), flush=True)
     return summary
+
+
+def modernbert_options(config: ml_collections.ConfigDict) -> None:
+    """Refuses the BERT-only fine-tuning options for a ModernBERT model, in one line."""
+    for field in ("causal_attention", "feature_based"):
+        if config.get(field):
+            raise FinetuneError(f"{field}=True is for BERT models; init_checkpoint "
+                                f"{config.init_checkpoint} holds a ModernBERT model: set "
+                                f"--config.{field}=False")
 
 
 def outputs_listing(workdir: str, results: list[dict[str, Any]], tokenizer_files: list[str]

@@ -18,8 +18,8 @@ import optax
 from absl import logging
 from jax.sharding import Mesh
 
-from bertjax import (checkpoint, console, failures, files, guards, pretrained, reporting,
-                     sharding, steps, test_pause)
+from bertjax import (checkpoint, console, failures, families, files, guards, pretrained,
+                     reporting, sharding, steps, test_pause)
 from bertjax import run as run_lib
 from bertjax.state import count_params
 from bertjax.tasks import metrics
@@ -178,12 +178,15 @@ def _finished(workdir: str) -> dict[str, Any] | None:
 
 
 def _fresh_state(settings: Settings, trainer: Trainer, seed: int) -> Any:
-    """A new state from `seed`, with the encoder from settings.init_checkpoint if any."""
+    """A new state from `seed`, with the encoder (`families.pretrained_parts`) from
+    settings.init_checkpoint if any."""
     sharded = trainer.run
     state = sharded.init_state(jax.random.PRNGKey(seed))
     if settings.init_checkpoint and not settings.random_init:
+        parts = families.pretrained_parts(sharded.model.config)
         params = dict(state.params, **pretrained.load_pretrained(
-            settings.init_checkpoint, {"bert": sharded.abstract_state.params["bert"]},
+            settings.init_checkpoint, {name: sharded.abstract_state.params[name]
+                                       for name in parts},
             sharded.model.config, reuse=True))
         state = state.replace(params=params, opt_state=jax.jit(
             sharded.tx.init, out_shardings=sharded.state_shardings.opt_state)(params))

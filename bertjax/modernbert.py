@@ -208,7 +208,8 @@ class ModernBertModel(nn.Module):
     """Embeddings, the layer stack (`layer_0`, `layer_1`, ...) and the final norm: `[B, L, H]`.
 
     `attention_mask_BxL` is 1 at real tokens (a prefix of each row or not: any padding is
-    masked as a key). Packed rows (`data.packing`) give `instance_ids` (1..K, 0 = padding) and
+    masked as a key). `all_layers`: every layer's output `[N, B, L, H]` instead, the last one
+    after the final norm (the features of `extract_features`). Packed rows (`data.packing`) give `instance_ids` (1..K, 0 = padding) and
     `position_ids` (each instance's own positions) instead: a token sees its own instance's
     tokens only, the role of transformers' unpadding."""
 
@@ -217,7 +218,7 @@ class ModernBertModel(nn.Module):
     @nn.compact
     def __call__(self, input_ids_BxL: jax.Array, attention_mask_BxL: jax.Array,
                  deterministic: bool = True, *, position_ids: jax.Array | None = None,
-                 instance_ids: jax.Array | None = None) -> jax.Array:
+                 instance_ids: jax.Array | None = None, all_layers: bool = False) -> jax.Array:
         cfg = self.config
         batch, length = input_ids_BxL.shape
         if position_ids is None:
@@ -230,10 +231,13 @@ class ModernBertModel(nn.Module):
         layer_cls = ModernBertLayer
         if cfg.remat_policy != "none":
             layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat_policy])
+        outputs = []
         for i in range(cfg.num_hidden_layers):
             x_BxLxH = layer_cls(cfg, i, deterministic, name=f"layer_{i}")(
                 x_BxLxH, global_mask, local_mask, position_ids)
-        return _layer_norm(cfg, "final_norm")(x_BxLxH).astype(cfg.dtype)
+            outputs.append(x_BxLxH)
+        outputs[-1] = _layer_norm(cfg, "final_norm")(x_BxLxH).astype(cfg.dtype)
+        return jnp.stack(outputs) if all_layers else outputs[-1]
 
 
 class ModernBertPredictionHead(nn.Module):

@@ -14,7 +14,8 @@ SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_lay
                "num_attention_heads", "max_position_embeddings", "global_attn_every_n_layers",
                "local_attention")
 SWITCHES = ("norm_bias", "attention_bias", "mlp_bias", "decoder_bias", "classifier_bias")
-RATES = ("attention_dropout", "embedding_dropout", "mlp_dropout")
+RATES = ("attention_dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout")
+POOLINGS = ("cls", "mean")  # classifier_pooling: the [CLS] vector, or the mean of the real tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,8 @@ class ModernBertConfig(FromDict):
     attention_dropout: float = 0.0  # on the attention probabilities and the attention output
     embedding_dropout: float = 0.0
     mlp_dropout: float = 0.0  # inside the GeGLU, before Wo
+    classifier_dropout: float = 0.0  # fine-tuning: on the head's output, before the classifier
+    classifier_pooling: str = "cls"  # fine-tuning, sequence tasks: one of POOLINGS
     pad_token_id: int = 50283
     dtype: str = "float32"  # compute dtype; "bfloat16" on TPU/GPU
     param_dtype: str = "float32"
@@ -82,7 +85,8 @@ class ModernBertConfig(FromDict):
 ARCHITECTURE_FIELDS = tuple(f.name for f in dataclasses.fields(ModernBertConfig)
                             if f.name not in ("dtype", "param_dtype", "remat_policy",
                                               "attention_impl", "initializer_range",
-                                              "initializer_cutoff_factor", "pad_token_id")
+                                              "initializer_cutoff_factor", "pad_token_id",
+                                              "classifier_pooling")
                             and f.name not in RATES)
 
 
@@ -114,6 +118,7 @@ def check(values: dict[str, Any], prefix: str = "", flag: str = "") -> None:
             raise ValueError(f"{fields.name(field)}={fields.value[field]!r} must be True or "
                              f"False; set {fields.setting(field)}")
     fields.choices((("hidden_activation", ACTIVATIONS), ("classifier_activation", ACTIVATIONS),
+                    ("classifier_pooling", POOLINGS),
                     ("remat_policy", REMAT_POLICIES),
                     ("attention_impl", attention.ATTENTION_IMPLS), ("dtype", DTYPES),
                     ("param_dtype", DTYPES)))

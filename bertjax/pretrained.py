@@ -1,7 +1,8 @@
-"""Load a pretrained BERT and its tokenizer from any checkpoint: a bertjax pretraining run
-(workdir or `checkpoints/`), a params-only bertjax checkpoint, a Google TF checkpoint or a
-Hugging Face directory. The one place that reads pretrained weights (`load_pretrained`) and
-decides which architecture (`bert_config_of`) and tokenizer (`tokenizer_of`) go with them.
+"""Load a pretrained BERT or ModernBERT and its tokenizer from any checkpoint: a bertjax
+pretraining run (workdir or `checkpoints/`), a params-only bertjax checkpoint, a Google TF
+checkpoint or a Hugging Face directory (BERT or ModernBERT, told by config.json's
+`model_type`). The one place that reads pretrained weights (`load_pretrained`) and decides
+which architecture (`bert_config_of`) and tokenizer (`tokenizer_of`) go with them.
 """
 from __future__ import annotations
 
@@ -18,24 +19,28 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from bertjax import checkpoint, files
+from bertjax import checkpoint, families, files, modernbert, modernbert_config
 from bertjax import model as bert_model
 from bertjax.data import pipeline, tokenization
 from bertjax.data.settings import DataSettings
-from bertjax.interop import hf, hf_tokenizer, native, staging, tf, tree
+from bertjax.interop import hf, hf_bpe, hf_modernbert, hf_tokenizer, native, staging, tf, tree
 from bertjax.interop.tree import ConversionError
 from bertjax.model import BertConfig, BertModel
 from bertjax.errors import UserError
 from bertjax.modernbert_config import ModernBertConfig
 
 FORMATS = ("tf", "hf", "bertjax")
-LOADERS = {"tf": tf.load_tf, "hf": hf.load_hf, "bertjax": native.load_bertjax}
 
 
-# What a BERT run (fine-tuning, features, a pretraining init) says of a ModernBERT checkpoint.
-MODERNBERT_REFUSED = ("init_checkpoint {} holds a ModernBERT model: bertjax cannot yet fine-tune "
-                      "it or start a run from it (python -m bertjax.convert exports it to "
-                      "Hugging Face; docs/modernbert.md)")
+def load_hf(path: str, report: tree.LoadReport | None = None
+            ) -> tuple[BertConfig | ModernBertConfig, dict[str, Any]]:
+    """A Hugging Face directory of either family (config.json's `model_type`)."""
+    values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
+    modern = values.get("model_type") == "modernbert"
+    return (hf_modernbert.load_hf if modern else hf.load_hf)(path, report)
+
+
+LOADERS = {"tf": tf.load_tf, "hf": load_hf, "bertjax": native.load_bertjax}
 
 
 class PretrainedError(UserError, ValueError):
@@ -96,33 +101,40 @@ def _read_once(path: str) -> tuple[BertConfig, dict[str, Any]]:
     return read(path)
 
 
-def check_architecture(found: BertConfig | ModernBertConfig, run: BertConfig,
+def check_architecture(found: families.ModelConfig, run: families.ModelConfig,
                        where: str) -> None:
     """Refuses a checkpoint whose architecture differs from the run's model config (or of
-    another family: a ModernBERT one for a BERT run)."""
-    if isinstance(found, ModernBertConfig):
-        raise ConversionError(MODERNBERT_REFUSED.format(where))
+    another family: a ModernBERT one for a BERT run, or the reverse)."""
+    if families.is_modernbert(found) != families.is_modernbert(run):
+        found_family, run_family = (("ModernBERT", "BERT") if families.is_modernbert(found)
+                                    else ("BERT", "ModernBERT"))
+        raise ConversionError(f"init_checkpoint {where} holds a {found_family} model but the "
+                              f"run's model is {run_family}: set config.model.family="
+                              f"{'modernbert' if families.is_modernbert(found) else 'bert'} "
+                              "(and its fields) to the checkpoint's")
+    fields = modernbert_config.ARCHITECTURE_FIELDS if families.is_modernbert(found) \
+        else bert_model.ARCHITECTURE_FIELDS
     diffs = [f"{f}: checkpoint {getattr(found, f)!r}, config.model {getattr(run, f)!r}"
-             for f in bert_model.ARCHITECTURE_FIELDS if getattr(found, f) != getattr(run, f)]
+             for f in fields if getattr(found, f) != getattr(run, f)]
     if diffs:
         raise ConversionError(f"init_checkpoint {where} does not fit the model config:\n  "
                               + "\n  ".join(diffs)
                               + "\nSet config.model.* to the checkpoint's values.")
 
 
-def load_pretrained(path: str, abstract_params: dict[str, Any], model_config: BertConfig,
-                    reuse: bool = False) -> Any:
+def load_pretrained(path: str, abstract_params: dict[str, Any],
+                    model_config: families.ModelConfig, reuse: bool = False) -> Any:
     """The parameters of the checkpoint at `path` (any format) for a model of `model_config`,
-    placed like `abstract_params`: the whole BertForPreTraining tree (pretraining from a
-    checkpoint) or some of its top-level entries (`{"bert": ...}`: a fine-tuned model's
-    encoder). A bertjax checkpoint in the same layer layout is read straight into the shards.
-    `reuse` keeps the last checkpoint read on the host for the next call (fine-tuning seeds)."""
+    placed like `abstract_params`: the whole BertForPreTraining (ModernBertForMaskedLM) tree
+    (pretraining from a checkpoint) or some of its top-level entries (`{"bert": ...}`, for
+    ModernBERT `{"model": ..., "head": ...}`: a fine-tuned model's encoder). A bertjax
+    checkpoint in the same layer layout is read straight into the shards. `reuse` keeps the last checkpoint read on the host for the next call (fine-tuning seeds)."""
     source_format = detect_format(path)
     if source_format == "bertjax":
         directory = native.checkpoint_dir(path)
         found = native.config_of(directory)
         check_architecture(found, model_config, path)
-        if found.scan_layers == model_config.scan_layers:
+        if getattr(found, "scan_layers", False) == getattr(model_config, "scan_layers", False):
             return checkpoint.restore_params(directory, abstract_params)
     logging.info("Initialising parameters from %s (%s checkpoint)", path, source_format)
     found, params = _read_once(path) if reuse else read(path)
@@ -132,7 +144,7 @@ def load_pretrained(path: str, abstract_params: dict[str, Any], model_config: Be
         raise ConversionError(f"init_checkpoint {path} has no {', '.join(missing)} parameters "
                               "(a fine-tuned model holds its encoder and a task's output layer): "
                               "start from a pretraining checkpoint")
-    if model_config.scan_layers:
+    if getattr(model_config, "scan_layers", False):
         params = tree.stack_layers(params)
     return jax.tree.map(lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
                         {name: params[name] for name in abstract_params}, abstract_params)
@@ -142,7 +154,7 @@ def abstract_params_on_one_device(model: nn.Module) -> Any:
     """The model's parameter shapes, placed on the first device (a restore target)."""
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                        bert_model.abstract_params(model))
+                        families.abstract_params(model))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +171,7 @@ class Source:
     vocab_flag: str = "--config.vocab_file"  # the flag that sets vocab_file, for messages
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
+    classifier_pooling: str = ""  # ModernBERT: "cls" | "mean"; empty = the checkpoint's
 
 
 class PretrainingRun(NamedTuple):
@@ -180,7 +193,7 @@ def pretraining_run(source: Source) -> PretrainingRun:
     if google_or_hf(source.init_checkpoint):  # architecture from bert_config.json/config.json
         hf_task = (hf.finetuned_task(source.init_checkpoint)
                    if detect_format(source.init_checkpoint) == "hf" else "")
-        return PretrainingRun(dataclasses.asdict(_read_once(source.init_checkpoint)[0]),
+        return PretrainingRun(families.as_record(_read_once(source.init_checkpoint)[0]),
                               finetuned_task=hf_task)
     directory = native.checkpoint_dir(source.init_checkpoint)
     try:
@@ -188,7 +201,7 @@ def pretraining_run(source: Source) -> PretrainingRun:
     except FileNotFoundError as e:
         raise PretrainedError(f"init_checkpoint={source.init_checkpoint!r}: {e}") from e
     if "task" in meta:  # a fine-tuned model: its encoder and tokenizer
-        return PretrainingRun(dataclasses.asdict(native.config_from_meta(meta, directory)),
+        return PretrainingRun(families.as_record(native.config_from_meta(meta, directory)),
                               tokenizer_fingerprint=meta.get("tokenizer_fingerprint"),
                               finetuned_task=meta["task"] or json.loads(meta["config"])["kind"])
     config = json.loads(meta["config"]) if "config" in meta else None  # None: params-only
@@ -196,12 +209,25 @@ def pretraining_run(source: Source) -> PretrainingRun:
                           meta.get("tokenizer"))
 
 
-def bert_config_of(source: Source, pretrain: PretrainingRun) -> BertConfig:
-    """Architecture from the checkpoint (or `model_config` JSON), dropout/dtype from `source`."""
+def bert_config_of(source: Source, pretrain: PretrainingRun) -> families.ModelConfig:
+    """Architecture from the checkpoint (or `model_config` JSON), dropout/dtype from `source`;
+    a ModernBERT checkpoint keeps its own dropout rates (as transformers fine-tunes it)."""
     values = dict(pretrain.config.model.to_dict()) if pretrain.config else {}
     values.update(pretrain.model)
-    if values.get("family", "bert") != "bert":
-        raise PretrainedError(MODERNBERT_REFUSED.format(source.init_checkpoint))
+    if families.family(values) == "modernbert":
+        values.update(dtype=source.dtype, remat_policy="none")
+        if source.classifier_pooling:
+            if source.classifier_pooling not in modernbert_config.POOLINGS:
+                flag = source.vocab_flag.replace("vocab_file", "classifier_pooling")
+                raise PretrainedError(f"classifier_pooling={source.classifier_pooling!r} is not "
+                                      f"one of {', '.join(map(repr, modernbert_config.POOLINGS))}"
+                                      f"; set {flag}")
+            values["classifier_pooling"] = source.classifier_pooling
+        try:
+            return ModernBertConfig.from_dict(values)
+        except ValueError as e:
+            raise PretrainedError(f"the model of init_checkpoint {source.init_checkpoint}: "
+                                  f"{e}") from e
     if source.model_config:
         with files.open(source.model_config, encoding="utf-8") as f:
             values.update(json.load(f))
@@ -264,6 +290,8 @@ def checkpoint_tokenizer(path: str, do_lower_case: bool | None,
         local = staging.local_checkpoint(path, detect_format(path))
         kind, vocab, casing = hf_tokenizer.tokenizer_file(local if files.isdir(local)
                                                           else os.path.dirname(local))
+        if kind == "bpe":
+            return hf_bpe.BpeTokenizer(vocab)
     except ConversionError as e:
         raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) from None
     if kind == "sentencepiece":
@@ -356,16 +384,19 @@ def check_run_tokenizer(path: str, data_config: DataSettings, tokenizer_vocab_si
 
 
 def load_encoder(source: Source, random_init: bool = False, seed: int = 0
-                 ) -> tuple[BertModel, dict, tokenization.Tokenizer]:
-    """The encoder (BertModel) with the checkpoint's parameters on one device, and the
-    tokenizer; `random_init`: the checkpoint's architecture and tokenizer, fresh weights."""
+                 ) -> tuple[BertModel | modernbert.ModernBertModel, dict, tokenization.Tokenizer]:
+    """The encoder (BertModel or ModernBertModel) with the checkpoint's parameters on one
+    device, and the tokenizer; `random_init`: the checkpoint's architecture and tokenizer,
+    fresh weights."""
     pretrain = pretraining_run(source)
     bert_config = bert_config_of(source, pretrain)
-    model = BertModel(bert_config)
+    modern = families.is_modernbert(bert_config)
+    model = modernbert.ModernBertModel(bert_config) if modern else BertModel(bert_config)
+    name = "model" if modern else "bert"
     if random_init:
-        params = model.init(jax.random.PRNGKey(seed), *bert_model.example_inputs(model))["params"]
+        params = model.init(jax.random.PRNGKey(seed), *families.example_inputs(model))["params"]
         params = nn.meta.unbox(params)
     else:
         params = load_pretrained(source.init_checkpoint,
-                                 {"bert": abstract_params_on_one_device(model)}, bert_config)["bert"]
+                                 {name: abstract_params_on_one_device(model)}, bert_config)[name]
     return model, params, tokenizer_of(source, pretrain)

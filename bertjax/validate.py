@@ -170,8 +170,8 @@ def pretraining_model(config: Any) -> None:
 
 
 def modernbert_run(config: Any) -> None:
-    """What a ModernBERT pretraining run cannot have yet: an NSP head, a left-to-right
-    objective, an init_checkpoint."""
+    """What a ModernBERT pretraining run cannot have: an NSP head, a left-to-right
+    objective."""
     train = config.train
     if train.get("next_sentence_prediction", True):
         raise ConfigError("model.family='modernbert' has no next-sentence head; set "
@@ -179,10 +179,6 @@ def modernbert_run(config: Any) -> None:
     if train.get("objective", "mlm") != "mlm":
         raise ConfigError(f"model.family='modernbert' trains objective 'mlm' only, not "
                           f"{train.objective!r}; set --config.train.objective=mlm")
-    if train.get("init_checkpoint"):
-        raise ConfigError("model.family='modernbert' cannot start from train.init_checkpoint "
-                          "yet (a pretraining run starts from its own initialisation); unset "
-                          "--config.train.init_checkpoint")
 
 
 def finetuning(config: Any) -> None:

@@ -44,6 +44,8 @@ def get_config() -> ml_collections.ConfigDict:
     m.attention_dropout = 0.0  # on attention probabilities and output (ModernBERT: 0)
     m.embedding_dropout = 0.0  # probability
     m.mlp_dropout = 0.0  # probability
+    m.classifier_dropout = 0.0  # fine-tuning: before the classifier (transformers' default 0)
+    m.classifier_pooling = "cls"  # fine-tuning's sentence tasks: "cls" | "mean" (real tokens)
     m.pad_token_id = 0  # the tokenizer's padding id (the SentencePiece model's [PAD])
     m.dtype = "float32"  # compute dtype; "bfloat16" on TPU/GPU
     m.param_dtype = "float32"  # parameter and optimizer-state dtype

@@ -57,7 +57,6 @@ def test_the_tiny_config_validates_and_documents_every_field():
 @pytest.mark.parametrize("field, value, words", [
     ("train.next_sentence_prediction", True, "next_sentence_prediction=False"),
     ("train.objective", "ltr", "objective=mlm"),
-    ("train.init_checkpoint", "/some/run", "unset --config.train.init_checkpoint"),
     ("model.family", "gpt", "model.family='gpt' is not one of 'bert', 'modernbert'"),
     ("model.local_attention", 0, "model.local_attention=0 is out of range"),
 ])
@@ -117,19 +116,20 @@ def test_convert_exports_a_modernbert_checkpoint_to_hugging_face(tmp_path, capsy
     capsys.readouterr()
     assert convert.main([str(tmp_path / "run"), str(tmp_path / "tf"), "--to=tf"]) == 1
     error = capsys.readouterr().err.strip()
-    assert error.startswith("error: ") and "converts to Hugging Face only" in error
+    assert error.startswith("error: ") and "which has no TF form" in error
     assert "\n" not in error
 
 
 def test_bert_runs_refuse_a_modernbert_checkpoint(tmp_path):
     modernbert_checkpoint(tmp_path / "run")
     source = pretrained.Source(init_checkpoint=str(tmp_path / "run"))
-    with pytest.raises(pretrained.PretrainedError, match="holds a ModernBERT model") as error:
-        pretrained.bert_config_of(source, pretrained.pretraining_run(source))
-    assert "\n" not in str(error.value)
+    assert pretrained.bert_config_of(source, pretrained.pretraining_run(source)) == \
+        dataclasses.replace(TINY, remat_policy="none")  # (a fine-tuning run's model)
     abstract_bert = {"bert": {}}
-    with pytest.raises(tree.ConversionError, match="holds a ModernBERT model"):
+    with pytest.raises(tree.ConversionError, match="holds a ModernBERT model but the run's "
+                       "model is BERT: set config.model.family=modernbert") as error:
         pretrained.load_pretrained(str(tmp_path / "run"), abstract_bert, BertConfig())
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.slow  # three tiny runs: about a minute of CPU
@@ -189,3 +189,22 @@ def test_aot_compiles_the_modernbert_step_for_fake_devices(tmp_path):
                               max_position_embeddings=512, local_attention=64, pad_token_id=0)
     assert details["phases"]["short"]["model_flops_per_device"] == \
         flops.train_flops_per_sequence(config, 128, 40) * 16 / 8
+
+
+@pytest.mark.slow  # a one-step run: about 20 s of CPU
+def test_a_run_starts_from_a_modernbert_checkpoint(corpus_file, cache_dir, tmp_path):  # noqa: F811
+    """`train.init_checkpoint` of the same architecture: the run's first step starts from its
+    weights (random normals of stddev 0.3, far from the run's own initialisation)."""
+    config = small_config(corpus_file, cache_dir)
+    config.long_phase.fraction = 0.0
+    config.train.update(total_steps=1, checkpoint_every=1, eval_batches=1)
+    config.optimizer.warmup_steps = 1
+    start = modernbert_checkpoint(tmp_path / "start", families.model_config(
+        config.model.to_dict()))
+    config.train.init_checkpoint = str(tmp_path / "start")
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+    after = tree.flatten(checkpoint.restore_params(
+        str(tmp_path / "run" / "checkpoints"),
+        checkpoint.stored_params(str(tmp_path / "run" / "checkpoints"))))
+    for path, value in tree.flatten(start).items():  # one step of at most the peak rate
+        np.testing.assert_allclose(np.asarray(after[path]), value, atol=5e-3, err_msg=path)

@@ -2,7 +2,9 @@
 `BertForSequenceClassification` (`classifier`, label maps, `problem_type`), CoNLL-2003 NER ->
 `BertForTokenClassification`, SQuAD -> `BertForQuestionAnswering` (`qa_outputs`). The output
 layers are stored `[labels, hidden]`, as a torch Linear's weight; the pooler goes only where
-the transformers class has one (sequence classification)."""
+the transformers class has one (sequence classification). A ModernBERT model gets the
+`ModernBertFor...` class of its task, whose weights (`head`, `classifier`) are its own
+parameters' names (`hf_modernbert` writes them)."""
 from __future__ import annotations
 
 import dataclasses
@@ -39,22 +41,28 @@ def _linear(prefix: str, output: dict[str, Any]) -> dict[str, np.ndarray]:
             f"{prefix}.bias": np.asarray(output["output_bias"])}
 
 
-def hf_head(task_config: dict[str, Any], params: dict[str, Any]) -> HFHead:
+def hf_head(task_config: dict[str, Any], params: dict[str, Any], modern: bool = False) -> HFHead:
     """The transformers form of the output layer in `params`, fine-tuned with `task_config`
-    (the fine-tuning config a checkpoint recorded)."""
+    (the fine-tuning config a checkpoint recorded); `modern`: of a ModernBERT model."""
     kind, task = task_config.get("kind"), task_config.get("task", "")
+    family = "ModernBert" if modern else "Bert"
+
+    def linear(prefix: str, output: Any) -> dict[str, np.ndarray]:
+        return {} if modern else _linear(prefix, output)
+
     if task_config.get("causal_attention"):
         raise ConversionError("a left-to-right (causal_attention) model has no transformers "
                               "BERT class (they attend both ways); convert --to=bertjax or tf")
     if kind == "squad":
-        return HFHead("BertForQuestionAnswering", _linear("qa_outputs", params["cls"]["squad"]),
-                      {}, False, "fine-tuned for SQuAD span prediction")
+        return HFHead(f"{family}ForQuestionAnswering",
+                      linear("qa_outputs", params.get("cls", {}).get("squad")), {}, False,
+                      "fine-tuned for SQuAD span prediction")
     if kind == "ner":
         if task_config.get("feature_based"):
             raise ConversionError("a feature-based tagger (a BiLSTM on the frozen encoder's "
                                   "last four layers) has no transformers class; convert "
                                   "--to=bertjax or tf")
-        return HFHead("BertForTokenClassification", _linear("classifier", params),
+        return HFHead(f"{family}ForTokenClassification", linear("classifier", params),
                       label_maps(ner.LABELS), False, "fine-tuned for CoNLL-2003 NER")
     if kind == "glue":
         spec = glue.get_task(task)
@@ -62,6 +70,6 @@ def hf_head(task_config: dict[str, Any], params: dict[str, Any]) -> HFHead:
             config = {**label_maps(("score",)), "problem_type": "regression"}
         else:
             config = {**label_maps(spec.labels), "problem_type": "single_label_classification"}
-        return HFHead("BertForSequenceClassification", _linear("classifier", params), config,
-                      True, f"fine-tuned on GLUE {spec.name}")
+        return HFHead(f"{family}ForSequenceClassification", linear("classifier", params),
+                      config, not modern, f"fine-tuned on GLUE {spec.name}")
     raise ConversionError(f"fine-tuning kind {kind!r} has no Hugging Face form here")

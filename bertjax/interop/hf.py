@@ -44,9 +44,9 @@ def path_to_hf(path: str) -> tuple[str, bool]:
 
 def hf_config(values: dict[str, Any], where: str) -> BertConfig:
     if values.get("model_type", "bert") == "modernbert":
-        raise tree.ConversionError(f"{where}: a ModernBERT model; bertjax reads it in Python "
-                                   "(bertjax.interop.hf_modernbert.load_hf), not yet as a "
-                                   "checkpoint of a run or a convert source")
+        raise tree.ConversionError(f"{where}: a ModernBERT model, which "
+                                   "bertjax.interop.hf_modernbert reads (pretrained.read "
+                                   "chooses it by model_type)")
     if values.get("model_type", "bert") != "bert":
         raise tree.ConversionError(f"{where}: model_type={values['model_type']!r}; only BERT is "
                               "supported")
@@ -167,7 +167,8 @@ def finetuned_task(path: str) -> str:
     labels), or "" for a pretrained model (BertForPreTraining, BertForMaskedLM, BertModel)."""
     values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
     architecture = (values.get("architectures") or [""])[0]
-    if architecture in ("", "BertForPreTraining", "BertForMaskedLM", "BertModel"):
+    if architecture in ("", "BertForPreTraining", "BertForMaskedLM", "BertModel",
+                        "ModernBertForMaskedLM", "ModernBertModel"):
         return ""
     labels = list((values.get("id2label") or {}).values())
     return architecture + (f" (labels {', '.join(map(str, labels))})"

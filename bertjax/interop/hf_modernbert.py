@@ -16,10 +16,13 @@ import numpy as np
 
 from bertjax import modernbert
 from bertjax.interop import tree
+from bertjax.interop.finetuned import HFHead
 from bertjax.interop.hf import HF_ACTIVATIONS, TO_HF_ACTIVATION, read_tensors
 from bertjax.modernbert_config import ModernBertConfig
 
 HF_TIED = {"decoder.weight": "model.embeddings.tok_embeddings.weight"}
+FINETUNED_CLASSES = ("ModernBertForSequenceClassification", "ModernBertForTokenClassification",
+                     "ModernBertForQuestionAnswering", "ModernBertForMultipleChoice")
 ROPE_TYPES = {"full_attention": "global_rope_theta", "sliding_attention": "local_rope_theta"}
 
 
@@ -107,15 +110,18 @@ def hf_config(values: dict[str, Any], where: str) -> ModernBertConfig:
 def load_hf(path: str, report: tree.LoadReport | None = None
             ) -> tuple[ModernBertConfig, dict[str, Any]]:
     """Reads a transformers ModernBERT directory (`config.json` + `model.safetensors`, sharded
-    safetensors, or `pytorch_model.bin` with torch): ModernBertForMaskedLM's parameters (a
-    directory saved from ModernBertModel gets the `model/` prefix; one without the MLM head
-    is refused)."""
+    safetensors, or `pytorch_model.bin` with torch): ModernBertForMaskedLM's parameters; of a
+    fine-tuned `ModernBertFor...` class, its encoder and prediction head (`model`, `head`:
+    what a fine-tuning run takes), its output layer skipped. One without the prediction head
+    (ModernBertModel) is refused."""
     report = report if report is not None else tree.LoadReport()
-    config = hf_config(tree.read_json_config(os.path.join(path, "config.json"),
-                                             "Hugging Face"), path)
+    values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
+    config = hf_config(values, path)
     tensors = read_tensors(path)
     report.source, report.format, report.found = path, "Hugging Face ModernBERT", len(tensors)
     shapes = param_shapes(config)
+    if (values.get("architectures") or [""])[0] in FINETUNED_CLASSES:
+        shapes = {p: shape for p, shape in shapes.items() if not p.startswith("decoder/")}
     by_hf_name = {path_to_hf(p)[0]: p for p in shapes}
     mapped = {}
     for name, value in tensors.items():
@@ -131,6 +137,8 @@ def load_hf(path: str, report: tree.LoadReport | None = None
             report.skipped[name] = f"tied to {HF_TIED[name]}"
         elif name.startswith(("model.", "head.", "decoder.")):
             mapped[name] = value  # reported by _collect as not fitting the config
+        elif name.startswith("classifier.") and not any(p.startswith("decoder/") for p in shapes):
+            report.skipped[name] = "a task's output layer, not carried over"
         else:
             report.skipped[name] = "not a ModernBertForMaskedLM weight"
     missing = sorted(set(shapes) - set(mapped))
@@ -149,11 +157,14 @@ def load_hf(path: str, report: tree.LoadReport | None = None
     return config, tree.unflatten(mapped)
 
 
-def save_hf(config: ModernBertConfig, params: dict[str, Any], path: str) -> int:
+def save_hf(config: ModernBertConfig, params: dict[str, Any], path: str,
+            head: HFHead | None = None) -> int:
     """Writes `config.json` + `model.safetensors` that `transformers.AutoModelForMaskedLM
     .from_pretrained(path)` loads as a ModernBertForMaskedLM with no missing or unexpected
-    weights (no torch needed); the special tokens' ids are left to the tokenizer's files.
-    Returns the number of parameters written."""
+    weights (no torch needed); with `head` (a fine-tuned model: `model`, `head` and
+    `classifier` parameters), the `ModernBertFor...` class it names, with its label maps. The
+    special tokens' ids are left to the tokenizer's files. Returns the number of parameters
+    written."""
     from safetensors.numpy import save_file
 
     os.makedirs(path, exist_ok=True)
@@ -175,8 +186,9 @@ def save_hf(config: ModernBertConfig, params: dict[str, Any], path: str) -> int:
                      for i in range(config.num_hidden_layers)],
         rope_parameters={layer_type: {"rope_type": "default", "rope_theta": getattr(config, field)}
                          for layer_type, field in ROPE_TYPES.items()},
-        model_type="modernbert", architectures=["ModernBertForMaskedLM"],
-        tie_word_embeddings=True,
+        model_type="modernbert",
+        architectures=[head.architecture if head else "ModernBertForMaskedLM"],
+        tie_word_embeddings=head is None, **(head.config if head else {}),
         # Not transformers' defaults (ModernBERT-base's ids, outside a smaller vocabulary):
         # the tokenizer written beside the weights names its special tokens.
         bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)

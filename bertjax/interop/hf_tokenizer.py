@@ -28,7 +28,7 @@ from sentencepiece import sentencepiece_model_pb2
 from bertjax import files
 from bertjax.data.tokenization import (CLS, MASK, PAD, SEP, UNK, SentencePieceTokenizer,
                                        Tokenizer, WordPieceTokenizer)
-from bertjax.interop import tree
+from bertjax.interop import hf_bpe, tree
 
 SPECIAL_TOKENS = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,
                   "mask_token": MASK}
@@ -102,13 +102,19 @@ def save_vocab(tokenizer: WordPieceTokenizer, path: str) -> list[str]:
 
 
 def save_tokenizer(tokenizer: Tokenizer, path: str, model_max_length: int) -> list[str]:
-    """Writes the tokenizer files for `AutoTokenizer` into `path`; returns their names."""
-    if not isinstance(tokenizer, (WordPieceTokenizer, SentencePieceTokenizer)):
+    """Writes the tokenizer files for `AutoTokenizer` into `path`; returns their names (a BPE
+    tokenizer.json is written as it was read, with ModernBERT's model inputs)."""
+    if not isinstance(tokenizer, (WordPieceTokenizer, SentencePieceTokenizer,
+                                  hf_bpe.BpeTokenizer)):
         raise tree.ConversionError(f"no Hugging Face form for a {type(tokenizer).__name__}")
+    bpe = isinstance(tokenizer, hf_bpe.BpeTokenizer)
     config: dict = {**SPECIAL_TOKENS, "model_max_length": model_max_length,
-                    "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+                    "model_input_names": ["input_ids", "attention_mask"] if bpe
+                    else ["input_ids", "token_type_ids", "attention_mask"],
                     "tokenizer_class": "PreTrainedTokenizerFast"}
-    if isinstance(tokenizer, WordPieceTokenizer):
+    if bpe:
+        names = hf_bpe.save(tokenizer, path)
+    elif isinstance(tokenizer, WordPieceTokenizer):
         names = save_vocab(tokenizer, path)
         config.update(do_lower_case=tokenizer.do_lower_case,
                       strip_accents=tokenizer.strip_accents)
@@ -116,9 +122,10 @@ def save_tokenizer(tokenizer: Tokenizer, path: str, model_max_length: int) -> li
         names = [SENTENCEPIECE_FILES[0]]
         with files.open(os.path.join(path, names[0]), "wb") as f:
             f.write(tokenizer.model_proto())
-    with open(os.path.join(path, "tokenizer.json"), "w", encoding="utf-8") as f:
-        f.write(tokenizer_json(tokenizer))
-    names.append("tokenizer.json")
+    if not bpe:
+        with open(os.path.join(path, "tokenizer.json"), "w", encoding="utf-8") as f:
+            f.write(tokenizer_json(tokenizer))
+        names.append("tokenizer.json")
     tree.write_json(os.path.join(path, "tokenizer_config.json"), config)
     tree.write_json(os.path.join(path, "special_tokens_map.json"), SPECIAL_TOKENS)
     return names + ["tokenizer_config.json", "special_tokens_map.json"]
@@ -136,7 +143,8 @@ def tokenizer_file(directory: str) -> tuple[str, str, Casing | None]:
     """The tokenizer bertjax reads beside a Google TF or Hugging Face checkpoint, as `(kind,
     path, casing)`: the WordPiece `vocab.txt`, else a SentencePiece model
     (`SENTENCEPIECE_FILES`), else one rebuilt from a `tokenizer.json` of Google's WordPiece
-    form (then `casing` is the json's) or of the Unigram form bertjax exports. Raises
+    form (then `casing` is the json's) or of the Unigram form bertjax exports, else a BPE
+    `tokenizer.json` (kind "bpe": ModernBERT's, read by the tokenizers library). Raises
     ConversionError saying what is there instead."""
     for kind, names in (("wordpiece", ("vocab.txt",)), ("sentencepiece", SENTENCEPIECE_FILES)):
         for name in names:
@@ -151,13 +159,15 @@ def tokenizer_file(directory: str) -> tuple[str, str, Casing | None]:
             spec, model = {}, "unreadable"
         if model == "WordPiece":
             return "wordpiece", *_wordpiece_vocab(directory, spec)
+        if model == "BPE":
+            return "bpe", json_path, None
         proto = _unigram_proto(spec) if model == "Unigram" else None
         if proto is not None:
             return "sentencepiece", _temporary_file(SENTENCEPIECE_FILES[0], proto), None
         raise tree.ConversionError(
             f"{directory} has only tokenizer.json (a {model} tokenizer), which bertjax cannot "
-            f"reproduce: it reads vocab.txt (WordPiece) or a SentencePiece model "
-            f"({', '.join(SENTENCEPIECE_FILES)})")
+            f"reproduce: it reads vocab.txt (WordPiece), a SentencePiece model "
+            f"({', '.join(SENTENCEPIECE_FILES)}) or a BPE tokenizer.json")
     raise tree.ConversionError(f"no tokenizer beside {directory} (vocab.txt or a SentencePiece "
                                f"model: {', '.join(SENTENCEPIECE_FILES)})")
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from bertjax import checkpoint, files
 from bertjax.data import tokenization
-from bertjax.interop import hf_tokenizer, tree
+from bertjax.interop import hf_bpe, hf_tokenizer, tree
 from bertjax.model import BertConfig
 from bertjax.modernbert_config import ModernBertConfig
 
@@ -61,6 +61,8 @@ def config_from_meta(meta: dict, directory: str) -> BertConfig | ModernBertConfi
     if meta.get("model", {}).get("family") == "modernbert":  # (recorded since families)
         return ModernBertConfig.from_dict(json.loads(meta["config"])["model"]
                                           if "config" in meta else meta["model"])
+    if meta.get("bert_config", {}).get("family") == "modernbert":  # fine-tuned
+        return ModernBertConfig.from_dict(meta["bert_config"])
     if "bert_config" in meta:
         return BertConfig.from_dict(meta["bert_config"])
     run = json.loads(meta["config"]) if "config" in meta else {}
@@ -101,13 +103,18 @@ def load_bertjax(path: str, report: tree.LoadReport | None = None
     return dataclasses.replace(config, scan_layers=False), params
 
 
-def save_bertjax(config: BertConfig, params: dict[str, Any], path: str) -> None:
+def save_bertjax(config: BertConfig | ModernBertConfig, params: dict[str, Any], path: str
+                 ) -> None:
     """Writes a params-only bertjax checkpoint that `train.init_checkpoint` (and
-    `pretrained.load_pretrained`) reads, in the layer layout of `config.scan_layers`."""
+    `pretrained.load_pretrained`) reads, in the layer layout of `config.scan_layers` (a
+    ModernBERT model: unrolled, its record naming the family)."""
     params = tree.unstack_layers(params)
-    if config.scan_layers:
-        params = tree.stack_layers(params)
-    checkpoint.save_params(path, params, {"model": dataclasses.asdict(config)})
+    if isinstance(config, ModernBertConfig):
+        record = {"family": "modernbert", **dataclasses.asdict(config)}
+    else:
+        record = dataclasses.asdict(config)
+        params = tree.stack_layers(params) if config.scan_layers else params
+    checkpoint.save_params(path, params, {"model": record})
 
 
 def save_tokenizer(tokenizer: tokenization.Tokenizer, directory: str) -> list[str]:
@@ -120,6 +127,9 @@ def save_tokenizer(tokenizer: tokenization.Tokenizer, directory: str) -> list[st
         spec.update(kind="wordpiece", file=names[0], do_lower_case=tokenizer.do_lower_case,
                     strip_accents=tokenizer.strip_accents,
                     max_input_chars_per_word=tokenizer.max_input_chars_per_word)
+    elif isinstance(tokenizer, hf_bpe.BpeTokenizer):
+        names = hf_bpe.save(tokenizer, directory)
+        spec.update(kind="bpe", file=names[0])
     elif isinstance(tokenizer, tokenization.SentencePieceTokenizer):
         with files.open(os.path.join(directory, SENTENCEPIECE_FILE), "wb") as f:
             f.write(tokenizer.model_proto())
@@ -146,7 +156,8 @@ def tokenizer_beside(path: str) -> tokenization.Tokenizer | None:
         spec_path = os.path.join(directory, TOKENIZER_FILE)
         if files.isfile(spec_path):
             spec = tree.read_json_config(spec_path, "bertjax tokenizer")
-            tokenizer = tokenization.load_tokenizer(
+            tokenizer = hf_bpe.BpeTokenizer(os.path.join(directory, spec["file"])) \
+                if spec["kind"] == "bpe" else tokenization.load_tokenizer(
                 spec["kind"], os.path.join(directory, spec["file"]),
                 spec.get("do_lower_case", True), spec.get("strip_accents"),
                 spec.get("max_input_chars_per_word", 200))

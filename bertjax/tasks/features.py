@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from absl import logging
@@ -42,6 +42,16 @@ def truncate_pair(tokens_a: list, tokens_b: list, max_length: int) -> None:
     """The original `_truncate_seq_pair`: pop from the end of the longer list until they fit."""
     while len(tokens_a) + len(tokens_b) > max_length:
         (tokens_a if len(tokens_a) > len(tokens_b) else tokens_b).pop()
+
+
+def word_tokenizer(tokenizer: tokenization.Tokenizer, ids: bool = False
+                   ) -> Callable[[str], list]:
+    """How a word tokenized alone (CoNLL's, a SQuAD context's) is split: as the tokenizer
+    splits it inside running text (a BPE tokenizer.json's pieces after a space,
+    `hf_bpe.BpeTokenizer.tokenize_word`), else as text of its own. `ids`: ids, not pieces."""
+    if ids:
+        return getattr(tokenizer, "encode_word", tokenizer.encode)
+    return getattr(tokenizer, "tokenize_word", tokenizer.tokenize)
 
 
 def special_ids(tokenizer: tokenization.Tokenizer) -> dict[str, int]:

@@ -18,7 +18,9 @@ from absl import logging
 
 from bertjax import files, objectives
 from bertjax.heads import BertForSequenceClassification
+from bertjax.modernbert_heads import ModernBertForSequenceClassification
 from bertjax.model import BertConfig
+from bertjax.modernbert_config import ModernBertConfig
 
 from bertjax.data import tfds_source, tokenization
 from bertjax.tasks import features, metrics
@@ -321,7 +323,9 @@ class GlueFinetune(features.Finetune):
         self.main_metric = self.task.metric_names[0]
         self.eval_splits, self.test_splits = self.task.eval_splits, self.task.test_splits
 
-    def model(self, bert_config: BertConfig) -> nn.Module:
+    def model(self, bert_config: BertConfig | ModernBertConfig) -> nn.Module:
+        if isinstance(bert_config, ModernBertConfig):
+            return ModernBertForSequenceClassification(bert_config, self.task.num_labels)
         return BertForSequenceClassification(bert_config, self.task.num_labels,
                                              self.options.causal_attention)
 

@@ -16,6 +16,8 @@ from absl import logging
 from bertjax import files, objectives
 from bertjax.heads import BertForTokenClassification
 from bertjax.model import BertConfig
+from bertjax.modernbert_config import ModernBertConfig
+from bertjax.modernbert_heads import ModernBertForTokenClassification
 
 from bertjax.data import tfds_source, tokenization
 from bertjax.tasks import features, metrics
@@ -107,11 +109,12 @@ def encode(sentences: Sequence[Sentence], tokenizer: tokenization.Tokenizer, max
     `max_seq_length` have none: they are predicted "O"), and counts of truncations."""
     specials = features.special_ids(tokenizer)
     unk = tokenizer.convert_tokens_to_ids([tokenization.UNK])[0]
+    encode_word = features.word_tokenizer(tokenizer, ids=True)
     rows, positions, counts = [], [], collections.Counter()
     for sentence in sentences:
         ids, labels, weights, starts = [specials["cls"]], [0], [0], []
         for word, tag in zip(sentence.words, sentence.tags):
-            pieces = tokenizer.encode(word) or [unk]
+            pieces = encode_word(word) or [unk]
             if len(ids) + len(pieces) > max_seq_length - 1:
                 counts["sentences truncated"] += 1
                 break
@@ -172,7 +175,9 @@ class NerFinetune(features.Finetune):
         self.options, self.tokenizer = options, tokenizer
         self.frozen_encoder = bool(options.feature_based)
 
-    def model(self, bert_config: BertConfig) -> nn.Module:
+    def model(self, bert_config: BertConfig | ModernBertConfig) -> nn.Module:
+        if isinstance(bert_config, ModernBertConfig):
+            return ModernBertForTokenClassification(bert_config, len(LABELS))
         return BertForTokenClassification(bert_config, len(LABELS), self.options.feature_based,
                                           self.options.lstm_size, self.options.causal_attention)
 

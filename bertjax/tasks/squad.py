@@ -32,6 +32,7 @@ from absl import logging
 from bertjax import files
 from bertjax.data import tfds_source
 from bertjax.data.tokenization import CLS, SEP, Tokenizer
+from bertjax.tasks.features import word_tokenizer
 
 @dataclasses.dataclass
 class SquadExample:
@@ -290,7 +291,8 @@ def _answer_tokens(
     start = word_to_token[example.start_position]
     after = example.end_position + 1
     end = word_to_token[after] - 1 if after < len(word_to_token) else len(doc) - 1
-    return _improve_answer_span(doc, start, end, tokenizer.tokenize, example.orig_answer_text)
+    return _improve_answer_span(doc, start, end, word_tokenizer(tokenizer),
+                                example.orig_answer_text)
 
 
 def convert_examples_to_features(
@@ -307,7 +309,8 @@ def convert_examples_to_features(
     examples_without_features (empty documents), and when training out_of_window_features
     (answer not fully inside, target [CLS]) and impossible_features.
     """
-    tokenize_word = functools.cache(tokenizer.tokenize)  # Contexts repeat across questions.
+    # Contexts repeat across questions.
+    tokenize_word = functools.cache(word_tokenizer(tokenizer))
     counts = {"examples": len(examples), "truncated_queries": 0, "multi_window_examples": 0}
     counts.update(examples_without_features=0, out_of_window_features=0, impossible_features=0)
     rows: dict[str, list[Any]] = collections.defaultdict(list)

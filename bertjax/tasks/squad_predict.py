@@ -26,7 +26,10 @@ from bertjax import files, objectives
 from bertjax.data import tokenization
 from bertjax.data.tokenization import basic_tokenize
 from bertjax.heads import BertForQuestionAnswering
+from bertjax.interop.hf_bpe import BYTE_LEVEL_SPACE
 from bertjax.model import BertConfig
+from bertjax.modernbert_config import ModernBertConfig
+from bertjax.modernbert_heads import ModernBertForQuestionAnswering
 from bertjax.tasks import features, squad, squad_eval
 from bertjax.tasks.squad import SquadExample, SquadFeatures
 
@@ -36,9 +39,13 @@ NO_SPAN_NULL_ODDS = 1e6
 
 
 def _join_pieces(pieces: Sequence[str]) -> str:
-    """Text of sub-tokens: WordPiece drops "##" continuations, SentencePiece turns "▁" into spaces."""
+    """Text of sub-tokens: WordPiece drops "##" continuations, SentencePiece turns "▁" into
+    spaces, byte-level BPE "Ġ" (bytes outside ASCII stay in its byte alphabet: the answer is
+    then the whole words, `get_final_text`'s fallback)."""
     if any(p.startswith("\u2581") for p in pieces):
         text = "".join(pieces).replace("\u2581", " ")
+    elif any(p.startswith(BYTE_LEVEL_SPACE) for p in pieces):
+        text = "".join(pieces).replace(BYTE_LEVEL_SPACE, " ")
     else:
         text = " ".join(pieces).replace(" ##", "").replace("##", "")
     return " ".join(text.split())
@@ -261,7 +268,9 @@ class SquadFinetune(features.Finetune):
                              "paper's LTR SQuAD adds a BiLSTM on top); set it to False")
         self.options, self.tokenizer = options, tokenizer
 
-    def model(self, bert_config: BertConfig) -> nn.Module:
+    def model(self, bert_config: BertConfig | ModernBertConfig) -> nn.Module:
+        if isinstance(bert_config, ModernBertConfig):
+            return ModernBertForQuestionAnswering(bert_config)
         return BertForQuestionAnswering(bert_config)
 
     def load(self, split: str) -> features.SplitData:

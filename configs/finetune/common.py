@@ -32,6 +32,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.warmup_proportion = 0.1  # fraction of steps of linear warmup, then linear decay to 0
     c.hidden_dropout_prob = 0.1  # dropout in the encoder and on the classifier input
     c.attention_probs_dropout_prob = 0.1  # dropout on attention probabilities
+    # A ModernBERT init_checkpoint keeps its own dropout rates (its config's, as transformers
+    # fine-tunes it); the two above are BERT's. Sentence tasks pool its output with
+    # classifier_pooling: "cls" (the [CLS] vector) or "mean" (the mean over the real tokens);
+    # empty = the checkpoint's (config.json's classifier_pooling, else "cls").
+    c.classifier_pooling = ""
     # Left-to-right attention, for a model pretrained with train.objective=ltr: the paper's
     # "LTR & No NSP" row keeps the left-only constraint at fine-tuning (section 5.1).
     # Sentence tasks then pool the last real token ([SEP]); not for SQuAD.

@@ -1,0 +1,103 @@
+"""A Hugging Face BPE `tokenizer.json` (ModernBERT's: byte-level BPE) as a bertjax `Tokenizer`,
+through the `tokenizers` library, so that fine-tuning, features and pretraining from such a
+checkpoint tokenize exactly as `transformers.AutoTokenizer` does. Its special tokens are
+BERT's names ([CLS] [SEP] [MASK] [PAD] [UNK]), which ModernBERT's tokenizer.json defines.
+
+Words tokenized alone (a CoNLL word, a SQuAD context word: `tokenize_word`) get the space
+that precedes them in running text, as transformers' `is_split_into_words` with
+`add_prefix_space` does, so a word's pieces are the ones it has inside a sentence."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable
+
+import numpy as np
+import tokenizers as tk
+
+from bertjax import files
+from bertjax.data.tokenization import CLS, MASK, PAD, SEP, UNK
+from bertjax.data.wordpiece import check_id, file_fingerprint
+from bertjax.interop import tree
+
+BYTE_LEVEL_SPACE = "\u0120"  # "Ġ": byte-level BPE's piece for a space before a word
+
+
+def is_bpe(path: str) -> bool:
+    """Whether the tokenizer.json at `path` holds a BPE model."""
+    try:
+        return json.loads(files.read_text(path))["model"]["type"] == "BPE"
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+class BpeTokenizer:
+    """The tokenizer of a BPE `tokenizer.json` (its normalizer, pre-tokenizer and merges)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self._text = path, files.read_text(path)
+        try:
+            self._hf = tk.Tokenizer.from_str(self._text)
+        except Exception as e:  # (tokenizers raises plain Exception)
+            raise tree.ConversionError(f"{path} is not a tokenizer.json the tokenizers library "
+                                       f"reads ({e})") from None
+        self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
+        missing = [t for t in (PAD, UNK, CLS, SEP, MASK) if self._hf.token_to_id(t) is None]
+        if missing:
+            raise tree.ConversionError(f"{path} lacks the special tokens {', '.join(missing)} "
+                                       "that bertjax's tasks put around and into the text "
+                                       "(ModernBERT's tokenizer.json has them)")
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            self._hf.token_to_id(t) for t in (PAD, UNK, CLS, SEP, MASK))
+
+    def tokenize(self, text: str) -> list[str]:
+        return self._hf.encode(text, add_special_tokens=False).tokens
+
+    def encode(self, text: str) -> list[int]:
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def tokenize_word(self, word: str) -> list[str]:
+        """The pieces of `word` inside running text (after a space)."""
+        return self.tokenize(" " + word)
+
+    def encode_word(self, word: str) -> list[int]:
+        """The ids of `word` inside running text (after a space)."""
+        return self.encode(" " + word)
+
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+        ids = (self._hf.token_to_id(t) for t in tokens)
+        return [self.unk_id if i is None else i for i in ids]
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        return [self._hf.id_to_token(check_id(i, self.vocab_size)) for i in ids]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._hf.decode(list(ids))
+
+    def continuation_mask(self) -> np.ndarray:
+        """Bool [vocab_size]: True for a byte-level piece that does not start a word (no
+        leading `Ġ`); special and added tokens never continue one."""
+        added = set(self._hf.get_added_tokens_decoder())
+        mask = np.zeros(self.vocab_size, dtype=bool)
+        for token, i in self._hf.get_vocab(with_added_tokens=True).items():
+            mask[i] = i not in added and not token.startswith(BYTE_LEVEL_SPACE)
+        return mask
+
+    def special_ids(self) -> frozenset[int]:
+        return frozenset((self.pad_id, self.cls_id, self.sep_id, self.mask_id))
+
+    def json_text(self) -> str:
+        """The tokenizer.json as read (what an export writes again)."""
+        return self._text
+
+    def fingerprint(self) -> str:
+        """Sha256 hex of the tokenizer (its json, canonical: key order and spacing aside)."""
+        canonical = json.dumps(json.loads(self._text), sort_keys=True, separators=(",", ":"))
+        return file_fingerprint("bpe", canonical.encode("utf-8"), "")
+
+
+def save(tokenizer: BpeTokenizer, directory: str, name: str = "tokenizer.json") -> list[str]:
+    """Writes the tokenizer.json into `directory` as `name`; returns the names written."""
+    with files.open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+        f.write(tokenizer.json_text())
+    return [name]

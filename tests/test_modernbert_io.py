@@ -1,0 +1,264 @@
+"""Hugging Face ModernBERT directories into bertjax (no torch): read as `init_checkpoint` and
+as a `python -m bertjax.convert` source with their BPE `tokenizer.json`; bertjax's export read
+back with identical parameters; a tiny ModernBERT fine-tuned on a GLUE-like task through
+`bertjax.finetune`, exported as `ModernBertForSequenceClassification`; feature extraction.
+Against transformers itself: tests/test_modernbert_finetune_parity.py (`parity`)."""
+import dataclasses
+import json
+import os
+import random
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+import tokenizers as tk
+
+from bertjax import (convert, extract_features, families, finetune, modernbert,
+                     modernbert_heads, pretrained)
+from bertjax.interop import hf_bpe, hf_modernbert, native, tree
+from bertjax.modernbert_config import ModernBertConfig
+from bertjax.tasks import features, glue, ner, squad, squad_predict
+from test_finetune import REPO_ROOT, config_file, run_extract_features, sentence
+
+SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+TEXTS = ["the movie was good .", "a plot and very bad film", "what a lovely story ?",
+         "john went to paris", "acme was dull and boring", "café naïve – déjà vu"] * 20
+
+
+def bpe_tokenizer(path: str, vocab_size: int = 300) -> str:
+    """A byte-level BPE tokenizer.json of ModernBERT's form (no prefix space, BERT's special
+    tokens, `[CLS] A [SEP] B [SEP]`), trained on TEXTS; returns its path."""
+    hf = tk.Tokenizer(tk.models.BPE(unk_token="[UNK]"))
+    hf.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = tk.decoders.ByteLevel()
+    hf.train_from_iterator(TEXTS, tk.trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS,
+        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet()))
+    cls, sep = hf.token_to_id("[CLS]"), hf.token_to_id("[SEP]")
+    hf.post_processor = tk.processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    hf.save(path)
+    return path
+
+
+def tiny_config(vocab_size: int, **overrides) -> ModernBertConfig:
+    return ModernBertConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=48,
+                            num_hidden_layers=3, num_attention_heads=2, local_attention=8,
+                            max_position_embeddings=64, pad_token_id=3, **overrides)
+
+
+def random_params(config: ModernBertConfig, seed: int = 0) -> dict:
+    model = modernbert.ModernBertForMaskedLM(config)
+    params = model.init(jax.random.PRNGKey(seed), *modernbert.example_inputs())["params"]
+    return jax.tree.map(np.asarray, nn.meta.unbox(params))
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> str:
+    """A transformers-layout ModernBertForMaskedLM directory (bertjax's writer, random
+    weights) with a BPE tokenizer.json beside it, as a Hugging Face download has."""
+    directory = str(tmp_path_factory.mktemp("hf") / "modernbert")
+    bpe = bpe_tokenizer(os.path.join(directory, "tokenizer.json"))
+    config = tiny_config(hf_bpe.BpeTokenizer(bpe).vocab_size)
+    hf_modernbert.save_hf(config, random_params(config), directory)
+    return directory
+
+
+def test_the_bpe_tokenizer_tokenizes_as_the_tokenizers_library(tmp_path):
+    path = bpe_tokenizer(str(tmp_path / "tokenizer.json"))
+    reference, ours = tk.Tokenizer.from_file(path), hf_bpe.BpeTokenizer(path)
+    for text in ("the movie was good .", "café naïve – déjà vu", "unseen wordz!"):
+        assert ours.encode(text) == reference.encode(text, add_special_tokens=False).ids
+        assert ours.tokenize(text) == reference.encode(text, add_special_tokens=False).tokens
+    assert (ours.cls_id, ours.sep_id, ours.mask_id, ours.pad_id, ours.unk_id) == tuple(
+        reference.token_to_id(t) for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]", "[UNK]"))
+    # A word alone is split as inside a sentence (after a space), for CoNLL and SQuAD words.
+    words = "the movie was good".split()
+    assert ours.tokenize(words[0]) + [p for w in words[1:] for p in ours.tokenize_word(w)] == \
+        ours.tokenize("the movie was good")
+    assert ours.tokenize_word("movie") != ours.tokenize("movie")
+    assert features.word_tokenizer(ours, ids=True)("movie") == ours.encode(" movie")
+    mask = ours.continuation_mask()
+    assert not mask[ours.cls_id] and not mask[ours.convert_tokens_to_ids(["\u0120the"])[0]]
+    assert mask[ours.convert_tokens_to_ids(["e"])[0]]
+    native.save_tokenizer(ours, str(tmp_path / "beside"))
+    assert native.tokenizer_beside(str(tmp_path / "beside")).fingerprint() == ours.fingerprint()
+
+
+def test_a_tokenizer_json_without_the_special_tokens_is_one_line(tmp_path):
+    hf = tk.Tokenizer(tk.models.BPE(unk_token="<unk>"))
+    hf.train_from_iterator(TEXTS, tk.trainers.BpeTrainer(vocab_size=60,
+                                                         special_tokens=["<unk>", "<s>"]))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(tree.ConversionError, match=r"lacks the special tokens \[PAD\]") as e:
+        hf_bpe.BpeTokenizer(str(tmp_path / "tokenizer.json"))
+    assert "\n" not in str(e.value)
+
+
+def test_a_hugging_face_modernbert_directory_is_read_with_its_bpe_tokenizer(hf_dir):
+    source = pretrained.Source(init_checkpoint=hf_dir)
+    run = pretrained.pretraining_run(source)
+    config = pretrained.bert_config_of(source, run)
+    assert families.is_modernbert(config) and run.finetuned_task == ""
+    tokenizer = pretrained.tokenizer_of(source, run)
+    assert isinstance(tokenizer, hf_bpe.BpeTokenizer)
+    assert tokenizer.vocab_size == config.vocab_size
+    expected = random_params(config)  # what bertjax's export wrote
+    abstract = pretrained.abstract_params_on_one_device(modernbert.ModernBertForMaskedLM(config))
+    loaded = pretrained.load_pretrained(hf_dir, abstract, config)
+    for path, value in tree.flatten(expected).items():
+        np.testing.assert_array_equal(np.asarray(tree.flatten(loaded)[path]), value, path)
+
+
+def test_convert_a_hugging_face_modernbert_to_bertjax_and_back(hf_dir, tmp_path):
+    """HF -> bertjax (params-only checkpoint + its tokenizer) -> HF: identical weights and the
+    same tokenizer.json, and the bertjax checkpoint starts a ModernBERT run (init_checkpoint)
+    with identical parameters."""
+    assert convert.main([hf_dir, str(tmp_path / "bertjax")]) == 0
+    assert convert.main([str(tmp_path / "bertjax"), str(tmp_path / "hf")]) == 0
+    config, params = hf_modernbert.load_hf(hf_dir)
+    again_config, again = hf_modernbert.load_hf(str(tmp_path / "hf"))
+    assert again_config == config
+    for path, value in tree.flatten(params).items():
+        np.testing.assert_array_equal(tree.flatten(again)[path], value, path)
+    assert json.loads((tmp_path / "hf" / "tokenizer.json").read_text()) == json.loads(
+        open(os.path.join(hf_dir, "tokenizer.json"), encoding="utf-8").read())
+    run_config = families.model_config({"family": "modernbert", **dataclasses.asdict(config)})
+    abstract = pretrained.abstract_params_on_one_device(
+        modernbert.ModernBertForMaskedLM(run_config))
+    loaded = pretrained.load_pretrained(str(tmp_path / "bertjax"), abstract, run_config)
+    for path, value in tree.flatten(params).items():
+        np.testing.assert_array_equal(np.asarray(tree.flatten(loaded)[path]), value, path)
+    other = dataclasses.replace(run_config, local_attention=16)
+    with pytest.raises(tree.ConversionError, match="local_attention: checkpoint 8"):
+        pretrained.load_pretrained(str(tmp_path / "bertjax"), abstract, other)
+
+
+def test_squad_words_take_the_pieces_they_have_in_running_text(hf_dir):
+    tokenizer = pretrained.checkpoint_tokenizer(hf_dir, None)
+    example = squad.SquadExample("q", "who was good ?", ["john", "was", "good", "."], "john",
+                                 0, 0)
+    rows, _ = squad.convert_examples_to_features([example], tokenizer, 64, 16, 32, True)
+    first_doc = 1 + len(tokenizer.tokenize("who was good ?")) + 1
+    doc = tokenizer.tokenize(" john was good .")
+    assert rows.tokens[0][first_doc:first_doc + len(doc)] == doc
+    john = len(tokenizer.tokenize_word("john"))
+    assert (rows.start_positions[0], rows.end_positions[0]) == (first_doc, first_doc + john - 1)
+
+
+@pytest.fixture(scope="module")
+def sst2_run(hf_dir, tmp_path_factory) -> str:
+    """A fine-tuned tiny ModernBERT (mean pooling) on an SST-2-like task of 64 rows."""
+    root = tmp_path_factory.mktemp("glue")
+    rng = random.Random(0)
+    os.makedirs(root / "SST-2")
+    for split, count in (("train", 64), ("dev", 16)):
+        rows = [f"{sentence(rng, i % 2 == 1)}\t{i % 2}" for i in range(count)]
+        (root / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    config = config_file("glue.py")
+    config.update(task="sst2", data_dir=str(root), init_checkpoint=hf_dir, max_seq_length=16,
+                  train_batch_size=16, eval_batch_size=8, learning_rate=3e-3, log_every=4,
+                  num_train_epochs=4.0, classifier_pooling="mean")
+    summary = finetune.run(config, str(root / "run"), devices=jax.devices()[:1])
+    assert summary["seeds"][0]["dev"]["dev"]["accuracy"] >= 0.75, summary["seeds"]
+    return str(root / "run")
+
+
+@pytest.mark.slow  # a real fine-tuning run: about 40 s of CPU
+def test_a_modernbert_fine_tunes_on_glue_and_exports_to_its_transformers_class(sst2_run,
+                                                                                hf_dir,
+                                                                                tmp_path):
+    meta_config = native.config_of(native.checkpoint_dir(sst2_run))
+    assert isinstance(meta_config, ModernBertConfig)
+    assert meta_config.classifier_pooling == "mean"
+    assert convert.main([sst2_run, str(tmp_path / "hf")]) == 0
+    values = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert values["architectures"] == ["ModernBertForSequenceClassification"]
+    assert (values["classifier_pooling"], values["num_labels"]) == ("mean", 2)
+    names = set(hf_modernbert.read_tensors(str(tmp_path / "hf")))
+    assert {"classifier.weight", "classifier.bias", "head.dense.weight",
+            "model.final_norm.weight"} <= names
+    assert not any(name.startswith("decoder.") for name in names)
+    assert os.path.isfile(tmp_path / "hf" / "tokenizer.json")
+    # The export as the init_checkpoint of another fine-tuning: its encoder and head.
+    source = pretrained.Source(init_checkpoint=str(tmp_path / "hf"))
+    run = pretrained.pretraining_run(source)
+    assert run.finetuned_task == "ModernBertForSequenceClassification (labels 0, 1)"
+    config = pretrained.bert_config_of(source, run)
+    model = modernbert_heads.ModernBertForSequenceClassification(config, 2)
+    abstract = pretrained.abstract_params_on_one_device(model)
+    loaded = pretrained.load_pretrained(str(tmp_path / "hf"),
+                                        {"model": abstract["model"], "head": abstract["head"]},
+                                        config)
+    tuned = native.load_bertjax(sst2_run)[1]
+    for path, value in tree.flatten(loaded).items():
+        np.testing.assert_array_equal(np.asarray(value), tree.flatten(tuned)[path], path)
+    assert convert.main([str(tmp_path / "hf"), str(tmp_path / "again")]) == 1
+
+
+def test_extract_features_of_a_modernbert(hf_dir, tmp_path):
+    """The CLI on a transformers ModernBERT directory: its BPE tokens and layers' vectors, the
+    last one the encoder's output."""
+    (tmp_path / "in.txt").write_text("the movie was good .\njohn ||| paris\n")
+    result = run_extract_features(tmp_path, hf_dir, "--max_seq_length=16", "--layers=-1,-3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Wrote 2 records (layers -1,-3)" in result.stdout
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    model, params, tokenizer = pretrained.load_encoder(pretrained.Source(init_checkpoint=hf_dir))
+    ids = np.array([[tokenizer.cls_id, *tokenizer.encode("the movie was good ."),
+                     tokenizer.sep_id]])
+    assert [f["token"] for f in records[0]["features"]] == tokenizer.convert_ids_to_tokens(ids[0])
+    expected = np.asarray(model.apply({"params": params}, ids, np.ones_like(ids)))[0]
+    got = np.array([f["layers"][0]["values"] for f in records[0]["features"]])
+    np.testing.assert_allclose(got, expected, atol=2e-6)
+    assert [layer["index"] for layer in records[0]["features"][0]["layers"]] == [-1, -3]
+    assert [f["token"] for f in records[1]["features"]] == [
+        "[CLS]", *tokenizer.tokenize("john"), "[SEP]", *tokenizer.tokenize("paris"), "[SEP]"]
+
+
+def test_probes_refuse_a_modernbert_in_one_line(hf_dir, tmp_path):
+    command = [sys.executable, "-m", "bertjax.probe", f"--init_checkpoint={hf_dir}",
+               "--task=sst2", f"--workdir={tmp_path}"]
+    result = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --init_checkpoint=")
+    assert "holds a ModernBERT model; the probes read BERT's layers only" in result.stderr
+
+
+def test_bert_options_are_refused_for_a_modernbert(hf_dir, tmp_path):
+    config = config_file("glue.py")
+    config.update(task="sst2", data_dir=str(tmp_path), init_checkpoint=hf_dir,
+                  causal_attention=True)
+    with pytest.raises(finetune.FinetuneError, match="causal_attention=True is for BERT") as e:
+        finetune.run(config, str(tmp_path / "run"))
+    assert "\n" not in str(e.value)
+    config.update(causal_attention=False, classifier_pooling="max")
+    with pytest.raises(pretrained.PretrainedError, match="classifier_pooling='max' is not one"):
+        finetune.run(config, str(tmp_path / "run"))
+
+
+def test_each_task_builds_the_transformers_head_of_a_modernbert(hf_dir):
+    tokenizer = pretrained.checkpoint_tokenizer(hf_dir, None)
+    config = hf_modernbert.load_hf(hf_dir)[0]
+    tasks = {glue.GlueFinetune(features.TaskOptions(task="mrpc"), tokenizer):
+             modernbert_heads.ModernBertForSequenceClassification,
+             ner.NerFinetune(features.TaskOptions(), tokenizer):
+             modernbert_heads.ModernBertForTokenClassification,
+             squad_predict.SquadFinetune(features.TaskOptions(), tokenizer):
+             modernbert_heads.ModernBertForQuestionAnswering}
+    for task, cls in tasks.items():
+        model = task.model(config)
+        assert type(model) is cls
+        assert set(families.abstract_params(model)) == {"model", "head", "classifier"}
+    # CoNLL words take their pieces inside running text.
+    rows, _, _ = ner.encode([ner.Sentence(["john", "was", "good"], ["B-PER", "O", "O"])],
+                            tokenizer, 16)
+    pieces = tokenizer.encode(" john was good")
+    assert rows["input_ids"][0][:len(pieces) + 2].tolist() == [tokenizer.cls_id, *pieces,
+                                                                tokenizer.sep_id]
