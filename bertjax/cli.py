@@ -14,7 +14,7 @@ from typing import Any, Callable, NoReturn, Sequence
 import ml_collections
 from absl import app, flags
 
-from bertjax import checkpoint, console, failures, reporting, stopping
+from bertjax import console, failures, stopping
 
 
 def _config_arguments(argv: Sequence[str], flag: str) -> tuple[str | None, list[str]]:
@@ -110,6 +110,7 @@ def leave_on(error: Exception, workdir: str) -> NoReturn:
     """Ends a run in `workdir` on `error` with one `error:` line and exit 1: an OSError as
     `failures.os_error_line`; a failed checkpoint save or training error pointing to the
     run's log file (where the libraries' tracebacks went); after a failed save at once."""
+    from bertjax import checkpoint, reporting  # (JAX and Orbax: not for bertjax.prepare)
     message = failures.os_error_line(error) if isinstance(error, OSError) else str(error)
     log = console.log_file(workdir)
     if isinstance(error, (checkpoint.CheckpointWriteError, reporting.TrainingError)) \

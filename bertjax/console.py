@@ -14,10 +14,17 @@ import tempfile
 import threading
 from typing import Any, Iterator
 
-import jax
 from absl import logging
 
 from bertjax import files
+
+
+def process_index() -> int:
+    """JAX's process index; 0 in a process that has not imported JAX (as `bertjax.prepare`
+    does not: it starts about 3 s sooner without it), which no `jax.distributed` can have
+    joined."""
+    jax = sys.modules.get("jax")
+    return jax.process_index() if jax is not None else 0
 
 
 class TerminalLine:
@@ -28,7 +35,7 @@ class TerminalLine:
         self.shown = False
 
     def show(self, text: str) -> None:
-        if jax.process_index() == 0 and sys.stdout.isatty():
+        if process_index() == 0 and sys.stdout.isatty():
             sys.stdout.write("\r\033[K" + text)
             sys.stdout.flush()
             self.shown = True
@@ -99,7 +106,7 @@ def log_file(workdir: str) -> str:
     """A run's log file (`logging_to`): every console line, and every record at INFO or above
     (the libraries' included). For a workdir on an object store (which cannot append) a local
     file under the temporary directory, named after the workdir."""
-    index = jax.process_index()
+    index = process_index()
     if files.is_remote(workdir):
         workdir = os.path.join(tempfile.gettempdir(), "bertjax_logs",
                                re.sub(r"[^A-Za-z0-9._-]+", "_", workdir))
@@ -265,7 +272,10 @@ def cpu_unless_accelerated() -> None:
     failures there, tracebacks included, before falling back to the CPU anyway."""
     if "JAX_PLATFORMS" not in os.environ and not any(
             glob.glob(pattern) for pattern in ACCELERATOR_FILES):
-        jax.config.update("jax_platforms", "cpu")
+        if "jax" in sys.modules:
+            sys.modules["jax"].config.update("jax_platforms", "cpu")
+        else:  # read when JAX is imported, if ever (by this process or the ones it starts)
+            os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 def configure_console(verbosity: int = 0) -> None:

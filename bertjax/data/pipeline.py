@@ -34,7 +34,7 @@ from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the
 from bertjax.data.settings import DataSettings
 from bertjax.data.shard_job import split_eval_documents  # noqa: F401
 
-FORMAT_VERSION = 4  # bump when the prepared layout or instance semantics change
+FORMAT_VERSION = 5  # bump when the prepared bytes change (pinned: tests/test_prepared_bytes.py)
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -266,7 +266,7 @@ def _note_older_formats(cache_dir: str, phase: PhaseShape) -> None:
             continue  # another process's unfinished build (its meta.json perhaps half written)
         try:
             with open(old) as f:
-                older = "settings" not in json.load(f)
+                older = json.load(f).get("settings", {}).get("version") != FORMAT_VERSION
         except (OSError, ValueError):
             continue
         if older:
