@@ -6,14 +6,18 @@ FORMAT_VERSION and pin the new digest below."""
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import runpy
 
 import numpy as np
 import pytest
-from ml_collections import config_dict
 
 from bertjax.data import pipeline, tokenization
+from bertjax.data.settings import DataSettings
 from bertjax.schedule import Phase
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The digest of the stored arrays of both splits, per version (4: bertjax at acace1b, masks
 # from Python's random per instance; 5: masks from masking.py's counter-based stream).
@@ -24,16 +28,17 @@ WORDS = ["the", "a", "cat", "dog", "sat", "ran", "on", "mat", "hill", "and", "th
 PIECES = ["un", "##der", "##ness", "##ly", "quiet", "sudden"]
 
 
-def data_config(corpus: str, vocab: str, **overrides) -> config_dict.ConfigDict:
-    d = config_dict.ConfigDict({
-        "source": "text", "input_files": corpus, "text_format": "lines",
-        "tokenizer": "wordpiece", "vocab_file": vocab, "do_lower_case": True,
-        "strip_accents": "auto", "masked_lm_prob": 0.15, "mask_token_prob": 0.8,
-        "random_token_prob": 0.1, "short_seq_prob": 0.1, "dupe_factor": 2,
-        "masking": "static", "whole_word_mask": False, "eval_fraction": 0.1,
-        "shard_bytes": 16 << 20, "num_workers": 1, "prepared_dir": "", "seed": 12345})
-    d.update(overrides)
-    return d
+def data_config(corpus: str, vocab: str, **overrides) -> DataSettings:
+    """configs/base.py's data settings on `corpus` with `vocab`, a fixed seed, one worker."""
+    d = runpy.run_path(os.path.join(REPO_ROOT, "configs", "base.py"))["get_config"]().data
+    d.update({"source": "text", "input_files": corpus, "text_format": "lines",
+              "tokenizer": "wordpiece", "vocab_file": vocab, "do_lower_case": True,
+              "strip_accents": "auto", "masked_lm_prob": 0.15, "mask_token_prob": 0.8,
+              "random_token_prob": 0.1, "short_seq_prob": 0.1, "dupe_factor": 2,
+              "masking": "static", "whole_word_mask": False, "eval_fraction": 0.1,
+              "shard_bytes": 16 << 20, "num_workers": 1, "prepared_dir": "", "seed": 12345,
+              **overrides})
+    return DataSettings.of(d)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,11 @@ if __name__ == "__main__":
     d = config.data
     d.source, d.input_files, d.text_format = "text", sys.argv[4], "lines"
     d.vocab_file, d.dupe_factor, d.eval_fraction, d.num_workers = sys.argv[3], 5, 0.0, 1
+    try:  # (a checkout with typed data settings, or one before them)
+        from bertjax.data.settings import DataSettings
+        d = DataSettings.of(d)
+    except ImportError:
+        pass
     tok = tokenization.load_tokenizer("wordpiece", d.vocab_file, True, None)
     splits = pipeline.prepare(d, Phase("short", 128, 20, 256, 0, 10), tok, sys.argv[2])
     f = splits["train"].features

@@ -93,6 +93,11 @@ def bertjax_rows(vocab_file: str, corpus: str, seed: int, dupe_factor: int,
     d.dupe_factor, d.eval_fraction, d.num_workers, d.seed = dupe_factor, 0.0, 1, seed
     d.masked_lm_prob, d.short_seq_prob, d.whole_word_mask = (
         MASKED_LM_PROB, SHORT_SEQ_PROB, whole_word_mask)
+    try:  # (a checkout with typed data settings, or one before them)
+        from bertjax.data.settings import DataSettings
+        d = DataSettings.of(d)
+    except ImportError:
+        pass
     tokenizer = tokenization.load_tokenizer("wordpiece", vocab_file, True, None)
     phase = Phase("short", MAX_SEQ_LENGTH, MAX_PREDICTIONS, 256, 0, 10)
     stored = pipeline.prepare(d, phase, tokenizer, cache_dir)["train"].stored
