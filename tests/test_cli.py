@@ -60,7 +60,7 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
      "gets hidden_size / num_attention_heads units): set --config.model.num_attention_heads to "
      "a divisor of 128 (e.g. 2 or 4), or --config.model.hidden_size to a multiple of 3"),
     ("bertjax.train", ["--config=configs/tiny.py", "--workdir={w}", "--config.optimizer.name=adam"],
-     "error: optimizer.name='adam' is not one of 'bert_adam', 'adamw', 'lamb'; set "
+     "error: optimizer.name='adam' is not one of 'bert_adam', 'adamw', 'lamb', 'stable_adamw'; set "
      "--config.optimizer.name"),
     ("bertjax.train", ["--config=configs/tiny.py", "--workdir={w}", "--config.model.vocab_size=4000"],
      "error: data.sentencepiece_vocab_size=8000 is larger than model.vocab_size=4000"),
