@@ -14,7 +14,7 @@ from typing import Any, Callable, NoReturn, Sequence
 import ml_collections
 from absl import app, flags
 
-from bertjax import checkpoint, console, failures, reporting, stopping
+from bertjax import checkpoint, console, failures, nonfinite, stopping
 
 
 def _config_arguments(argv: Sequence[str], flag: str) -> tuple[str | None, list[str]]:
@@ -112,7 +112,7 @@ def leave_on(error: Exception, workdir: str) -> NoReturn:
     run's log file (where the libraries' tracebacks went); after a failed save at once."""
     message = failures.os_error_line(error) if isinstance(error, OSError) else str(error)
     log = console.log_file(workdir)
-    if isinstance(error, (checkpoint.CheckpointWriteError, reporting.TrainingError)) \
+    if isinstance(error, (checkpoint.CheckpointWriteError, nonfinite.TrainingError)) \
             and os.path.exists(log):
         message += f" (the full log: {log})"
     leave(message, at_once=isinstance(error, checkpoint.CheckpointWriteError))
