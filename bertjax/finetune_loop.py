@@ -261,8 +261,8 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
 
     def save(epoch: int) -> None:
         """Saves the state at `step` with `epoch` epochs done (a stop within the next one)."""
-        nonfinite.check_finite(state, step, "; an update of this run made them so from finite "
-                            "gradients: lower --config.learning_rate")
+        nonfinite.check_finite(state, step, "; an update of this run made them so from "
+                               "finite gradients: lower --config.learning_rate")
         checkpointer.save(step, state, {"epoch": epoch, "best": best}, meta, force=True)
 
     def stop_if_asked(ctrl_c: failures.CtrlC, epochs_done: int, saved: bool) -> None:

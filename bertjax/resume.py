@@ -24,10 +24,12 @@ import jax
 
 from bertjax import checkpoint, failures, guards, nonfinite, reporting, schedule, storage
 from bertjax.failures import first_line
-from bertjax.schedule import DataPosition
 
 QUARANTINE = "checkpoints_quarantine"
 T = TypeVar("T")
+# A training loop run from (state, data position, start step, the checkpoint it resumed
+# from, if any), returning T.
+TrainFrom = Callable[[Any, schedule.DataPosition, int, "str | None"], T]
 
 
 class UnusableCheckpoint(checkpoint.CheckpointMismatch):
@@ -169,8 +171,8 @@ class Resume:
         state, position = self.restore(previous, abstract_state, meta, check)
         return state, position, previous
 
-    def train_falling_back(self, train: Callable[[Any, DataPosition, int, str | None], T],
-                           state: Any, position: DataPosition, found: Found | None,
+    def train_falling_back(self, train: TrainFrom[T], state: Any,
+                           position: schedule.DataPosition, found: Found | None,
                            abstract_state: Any, meta: dict[str, Any],
                            check: Callable[[Found], None],
                            phases: Sequence[schedule.Phase]) -> tuple[T, int]:
