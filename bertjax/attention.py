@@ -253,16 +253,14 @@ def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.
         "block_q", "block_k_major", "block_k", "block_q_major_dkv", "block_k_major_dkv",
         "block_k_dkv", "block_q_dkv", "block_k_major_dq", "block_k_dq", "block_q_dq")}
 
-    def flash(q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL):
+    def whole_rows(q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL):
         return tpu_flash.flash_attention(
             q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, segment_ids=tpu_flash.SegmentIds(ids_BxL, ids_BxL),
             sm_scale=1.0 / math.sqrt(head_size),
             block_sizes=tpu_flash.BlockSizes(block_b=1, **block))
 
-    if half_window:
-        flash = functools.partial(_splash_window, half_window=half_window)
-    elif target_platform() != "tpu":
-        flash = _in_tpu_interpret_mode(flash)
+    flash = (functools.partial(_splash_window, half_window=half_window) if half_window
+             else whole_rows if target_platform() == "tpu" else _in_tpu_interpret_mode(whole_rows))
     mesh = jax.sharding.get_abstract_mesh()
     if spec is not None and not mesh.empty and any(spec):
         qkv_spec = PartitionSpec(spec[0], spec[1], None, None)  # [B, N, L, D]

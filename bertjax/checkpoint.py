@@ -29,7 +29,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
-from bertjax import failures, stopping, storage, test_pause
+from bertjax import failures, stopping, storage
 from bertjax import files as file_layer
 from bertjax.checksums import CHECKSUMS, seal, verify  # noqa: F401 (this module's API too)
 from bertjax.errors import UserError
@@ -130,12 +130,10 @@ class Checkpointer:
         keep_policies = [policies.LatestN(keep_latest), self._kept]
         if keep_every:
             keep_policies.append(policies.EveryNSteps(keep_every))
-        pause = test_pause.in_checkpoint_write() if async_save else None
         options = ocp.CheckpointManagerOptions(
             save_decision_policy=policies.AnySavePolicy(save_policies),
             preservation_policy=policies.AnyPreservationPolicy(keep_policies),
-            cleanup_tmp_directories=True, enable_async_checkpointing=async_save, create=True,
-            async_options=ocp.AsyncOptions(post_finalization_callback=pause) if pause else None)
+            cleanup_tmp_directories=True, enable_async_checkpointing=async_save, create=True)
         self.directory = _absolute(directory)
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_names=("state", "data", "meta"))

@@ -110,10 +110,10 @@ def leave_on(error: Exception, workdir: str) -> NoReturn:
     """Ends a run in `workdir` on `error` with one `error:` line and exit 1: an OSError as
     `failures.os_error_line`; a failed checkpoint save or training error pointing to the
     run's log file (where the libraries' tracebacks went); after a failed save at once."""
-    from bertjax import checkpoint, reporting  # (JAX and Orbax: not for bertjax.prepare)
+    from bertjax import checkpoint, nonfinite  # (JAX and Orbax: not for bertjax.prepare)
     message = failures.os_error_line(error) if isinstance(error, OSError) else str(error)
     log = console.log_file(workdir)
-    if isinstance(error, (checkpoint.CheckpointWriteError, reporting.TrainingError)) \
+    if isinstance(error, (checkpoint.CheckpointWriteError, nonfinite.TrainingError)) \
             and os.path.exists(log):
         message += f" (the full log: {log})"
     leave(message, at_once=isinstance(error, checkpoint.CheckpointWriteError))

@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from typing import IO, Any, Callable, Iterable
 
-from bertjax import storage
+from bertjax import failures, storage
 
 
 def _emulator_defaults() -> None:
@@ -88,12 +88,29 @@ def read_text(path: str, encoding: str = "utf-8") -> str:
         return f.read()
 
 
-def write_text(path: str, text: str) -> None:
-    """Replaces a small text file whole, never leaving it half-written: locally through a
-    renamed temporary file, on an object store by one upload (objects are replaced whole)."""
+def write_text(path: str, text: str, append: bool = False) -> None:
+    """Writes a small text file so that a kill -9 never loses what it held: a rewrite replaces
+    it whole, locally through a renamed temporary file, on an object store by one upload
+    (objects are replaced whole). Locally, an append is one O_APPEND write (earlier lines
+    are never rewritten; one that does not fit is taken back); object stores cannot append,
+    so there an append rewrites the object."""
     if is_remote(path):
+        if append and exists(path):
+            text = read_text(path) + text
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
+        return
+    if append:
+        fd, data = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), \
+            text.encode("utf-8")
+        try:
+            with failures.naming(path):
+                written = os.write(fd, data)
+                if written < len(data):  # a full disk: no partial line is left behind
+                    os.ftruncate(fd, os.fstat(fd).st_size - written)
+                    raise failures.no_space(path)
+        finally:
+            os.close(fd)
         return
     temporary = f"{path}.tmp{os.getpid()}"
     with builtins.open(temporary, "w", encoding="utf-8") as f:

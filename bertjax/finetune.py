@@ -25,8 +25,8 @@ import optax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (cli, console, failures, families, finetune_loop, locks, optim, pretrained,
-                     reporting, sharding, validate)
+from bertjax import (cli, console, failures, families, files, finetune_loop, locks, optim,
+                     pretrained, reporting, sharding, validate)
 from bertjax import model as bert_model
 from bertjax import run as run_lib
 from bertjax.interop import native
@@ -166,7 +166,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
         "tokenizer_fingerprint": tokenizer.fingerprint()})
     accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
     if jax.process_index() == 0:
-        reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1))
+        files.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1))
         tokenizer_files = native.save_tokenizer(tokenizer, workdir)  # (the model stands alone)
     results = [finetune_loop.train_one_seed(settings, trainer, data, seed,
                                             os.path.join(workdir, f"seed_{seed}"))
@@ -182,7 +182,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
                              for name, (how, values) in baselines.items()},
                "config": config.to_dict()}
     if jax.process_index() == 0:
-        reporting.write_text(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=1))
+        files.write_text(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=1))
         lines, warnings = finetune_loop.summary_lines(config.task, summary["summary"],
                                                       len(results), baselines,
                                                       task.percent_metrics)

@@ -18,8 +18,8 @@ import optax
 from absl import logging
 from jax.sharding import Mesh
 
-from bertjax import (checkpoint, console, failures, families, files, guards, pretrained,
-                     reporting, sharding, steps, test_pause)
+from bertjax import (checkpoint, console, failures, families, files, metrics_writer, nonfinite,
+                     pretrained, reporting, resume, sharding, steps, stopping)
 from bertjax import run as run_lib
 from bertjax.state import count_params
 from bertjax.tasks import metrics
@@ -90,30 +90,6 @@ def make_trainer(task: Finetune, model: nn.Module, tx: optax.GradientTransformat
     return Trainer(task, sharded, total_steps, learning_rate)
 
 
-def restore(checkpointer: checkpoint.Checkpointer, step: int, abstract_state: Any,
-            meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """`(state, position)` of checkpoint `step`; a checkpoint that differs from its recorded
-    checksums (e.g. its epoch or best-so-far in the position edited), fails to restore or
-    does not match its digest is one DamagedCheckpoint error naming it and the way on."""
-    if step not in checkpointer.all_steps():  # (deleted: no checkpoint before it helps)
-        raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", (
-            "it is missing; start this fine-tuning again with --overwrite"))
-    try:
-        problem = checkpointer.verify(step)[1]
-        if problem:
-            raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", problem)
-        state, position, _ = checkpointer.restore(step, abstract_state, meta)
-    except checkpoint.CheckpointMismatch:
-        raise
-    except Exception as e:  # noqa: BLE001 (any failure to restore it)
-        problem = e.problem if isinstance(e, checkpoint.DamagedCheckpoint) else (
-            f"it cannot be restored ({failures.first_line(e)})")
-        raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", (
-            f"{problem}; move it out of {checkpointer.directory} and rerun to resume from the "
-            "checkpoint before it, or start this fine-tuning again with --overwrite")) from e
-    return state, position
-
-
 def shuffled_batches(rng: np.random.Generator, rows: int, batch_size: int
                      ) -> Iterator[np.ndarray]:
     """Row indices, `batch_size` at a time, from one permutation of the rows after another (a
@@ -163,7 +139,7 @@ def _keep_rows_up_to(path: str | None, step: int) -> None:
                 damaged += 1
     if damaged:
         logging.warning("%s: dropped %d damaged row(s)", path, damaged)
-    reporting.write_text(path, "".join(rows))
+    files.write_text(path, "".join(rows))
 
 
 def _finished(workdir: str) -> dict[str, Any] | None:
@@ -259,7 +235,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
         reporting.chief_print(f"seed {seed}: finished (best epoch {best['epoch']}); predicting "
                               "again with its best checkpoint")
     elif latest is not None:
-        state, position = restore(checkpointer, latest, abstract_state, meta)
+        state, position = resume.restore_exactly(checkpointer, latest, abstract_state, meta)
         start_epoch, best = position["epoch"], position["best"]
         checkpointer.pin(best.get("step"))  # (none before the first epoch's end)
         reporting.chief_print(f"seed {seed}: resuming from {checkpointer.directory}/{latest} "
@@ -268,7 +244,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
         start_epoch, state = 0, _fresh_state(settings, trainer, seed)
     if not finished:
         _keep_rows_up_to(jsonl, latest or 0)
-    writer = reporting.open_writer(workdir)
+    writer = metrics_writer.open_writer(workdir)
     step = latest or 0
     batches = shuffled_batches(np.random.default_rng(seed), len(train), batch_size)
     for _ in range(step):  # the batches already trained on
@@ -288,8 +264,8 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
 
     def save(epoch: int) -> None:
         """Saves the state at `step` with `epoch` epochs done (a stop within the next one)."""
-        guards.check_finite(state, step, "; an update of this run made them so from finite "
-                            "gradients: lower --config.learning_rate")
+        nonfinite.check_finite(state, step, "; an update of this run made them so from "
+                               "finite gradients: lower --config.learning_rate")
         checkpointer.save(step, state, {"epoch": epoch, "best": best}, meta, force=True)
 
     def stop_if_asked(ctrl_c: failures.CtrlC, epochs_done: int, saved: bool) -> None:
@@ -308,6 +284,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
         with sharding.activate(mesh), failures.CtrlC(forward_as_sigterm=False) as ctrl_c:
             for epoch in range(start_epoch, epochs):
                 while step < ends[epoch]:
+                    stopping.now_doing(f"training step {step + 1}")
                     rows = next(batches)
                     batch = sharding.global_batch_from_host(host_batch(train, rows, batch_size),
                                                             mesh)
@@ -335,13 +312,13 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                                 "seed %d: %d of the %d steps up to step %d skipped: their loss "
                                 "or gradients held NaN or Inf", seed, sums["skipped"],
                                 steps_summed, step)
-                        reporting.log_scalars(writer, "train", means, step)
-                        reporting.write_jsonl(jsonl, {"step": step, "split": "train", **means})
+                        metrics_writer.log_scalars(writer, "train", means, step)
+                        metrics_writer.write_jsonl(jsonl, {"step": step, "split": "train", **means})
                         sums, steps_summed = {}, 0
                     console.TERMINAL.show(reporting.status_bar(step, total_steps, eta(epoch)))
                     if step < ends[epoch]:  # (an epoch's last step is saved after its evaluation)
                         stop_if_asked(ctrl_c, epoch, saved=False)
-                    test_pause.after_step(step, checkpointer.wait)
+                stopping.now_doing(f"evaluating epoch {epoch + 1}")
                 evaluated = time.time()
                 dev = {name: task.evaluate(data[name], predict(
                     predict_step, state.params, data[name], settings.eval_batch_size, mesh))
@@ -353,8 +330,8 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                     reporting.chief_print(f"seed {seed} epoch {epoch + 1} {name}: " + " ".join(
                         f"{k} {metric_value(k, v, task.percent_metrics)}"
                         for k, v in values.items()))
-                    reporting.log_scalars(writer, f"eval_{name}", values, step)
-                    reporting.write_jsonl(jsonl, {"step": step, "epoch": epoch + 1,
+                    metrics_writer.log_scalars(writer, f"eval_{name}", values, step)
+                    metrics_writer.write_jsonl(jsonl, {"step": step, "epoch": epoch + 1,
                                                   "split": name, **values})
                 score = dev[task.eval_splits[0]][task.main_metric]
                 if best["epoch"] < 0 or score > best["score"]:
@@ -367,7 +344,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
             ctrl_c.release()  # predicting: Ctrl-C interrupts (KeyboardInterrupt)
             checkpointer.wait()
             if state is None or best["step"] != step:
-                state, _ = restore(checkpointer, best["step"], abstract_state, meta)
+                state, _ = resume.restore_exactly(checkpointer, best["step"], abstract_state, meta)
             outputs, scored_tests = {}, {}
             files.makedirs(os.path.join(workdir, "predictions"))
             for name in [n for n in task.test_splits if n in data]:
@@ -388,7 +365,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
                       "dev": best["dev"], "test": scored_tests, "predictions": outputs,
                       "seconds": round(time.time() - started, 1)}
             if jax.process_index() == 0:  # (marks the seed as finished)
-                reporting.write_text(os.path.join(workdir, "summary.json"),
+                files.write_text(os.path.join(workdir, "summary.json"),
                                      json.dumps(result, indent=1))
             for other in set(checkpointer.all_steps()) - {best["step"]}:
                 checkpointer.delete(other)

@@ -1,27 +1,21 @@
-"""Checks that keep a long pretraining run safe to interrupt and resume.
-
-* `data_identity` / `check_resume`: a resume in the middle of a phase must keep every
-  setting that changes its batches or masks, and the corpus content (a cheap fingerprint);
-  moving on to the next phase of the schedule (an intended phase switch) may change them,
-  and `train.allow_changed_data` accepts a change explicitly. Checked before any data is
-  prepared.
-* `check_finite`: no checkpoint is written from a state holding NaN or Inf.
-* `poison_batch`: the test-only NaN injection behind `train.debug_nan_steps`.
+"""Whether a pretraining run may resume with its data: `data_identity` is what a checkpoint
+records about its data, and `check_resume` refuses a resume in the middle of a phase that
+changes any setting that changes its batches or masks, or the corpus content (a cheap
+fingerprint). Moving on to the next phase of the schedule (an intended phase switch) may
+change them, and `train.allow_changed_data` accepts a change explicitly. Checked before any
+data is prepared (by bertjax.resume). (Finiteness: bertjax.nonfinite.)
 """
 from __future__ import annotations
 
 import json
 from typing import Any, Sequence
 
-import jax
-import numpy as np
 from absl import logging
 
-from bertjax import checkpoint, steps
+from bertjax import checkpoint
 from bertjax.data import corpus, pipeline
 from bertjax.data.settings import DataSettings
 from bertjax.schedule import Phase
-from bertjax.errors import UserError
 
 # Per-phase settings that a resume within the same phase must keep.
 PHASE_FIELDS = ("max_seq_length", "max_predictions_per_seq", "global_batch_size")
@@ -37,10 +31,6 @@ CORPUS_SAMPLE_BYTES = 256 << 20
 
 class IncompatibleResume(checkpoint.CheckpointMismatch):
     """The workdir's checkpoint was written with data settings this run changes."""
-
-
-class NonFiniteState(UserError, RuntimeError):
-    """The train state holds NaN or Inf; it must not be checkpointed."""
 
 
 def data_identity(data_cfg: DataSettings, phases: Sequence[Phase]) -> dict[str, Any]:
@@ -122,21 +112,3 @@ def check_resume(found_meta: dict[str, Any], expected: dict[str, Any], data_cfg:
         "with --config.train.allow_changed_data=True (later batches then differ from an "
         "uninterrupted run's). A new phase may change its settings once the previous one "
         "has finished.")
-
-
-_all_finite = jax.jit(steps.all_finite)
-
-
-def check_finite(state: Any, step: int, advice: str = "") -> None:
-    """Raises NonFiniteState unless every float in params and optimizer state is finite;
-    `advice` ends its message."""
-    for name in ("params", "opt_state"):
-        if not bool(jax.device_get(_all_finite(getattr(state, name)))):
-            raise NonFiniteState(f"step {step}: the {name} hold NaN or Inf; refusing to write a "
-                                 "checkpoint (the last finished checkpoint is intact)" + advice)
-
-
-def poison_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A copy of `batch` whose masked-LM weights are NaN, so loss and gradients are NaN."""
-    weights = np.full_like(batch["masked_lm_weights"], np.nan)
-    return {**batch, "masked_lm_weights": weights}

@@ -11,8 +11,8 @@ from typing import Any
 import jax
 from absl import logging
 
-from bertjax import (checkpoint, failures, files, guards, objectives, peers, reporting,
-                     schedule, sharding, steps, stopping, test_pause)
+from bertjax import (checkpoint, failures, files, nonfinite, objectives, peers, reporting,
+                     schedule, sharding, stopping)
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
 from bertjax.run import ShardedRun
 from bertjax.schedule import DataPosition
@@ -42,7 +42,7 @@ class Pretraining:
     checkpointer: checkpoint.Checkpointer
     meta: dict[str, Any]
     progress: reporting.Progress
-    writer: Any = None  # reporting.open_writer's TensorBoard writer
+    writer: Any = None  # metrics_writer.open_writer's TensorBoard writer
     restart_step: int = 0  # long_phase.restart_optimizer: fresh moments before this step; 0: none
     stopped_by: int = 0  # set by `loop`: the signal (SIGINT, SIGTERM) that stopped it; 0: none
 
@@ -71,7 +71,6 @@ class Pretraining:
         batch_index = position.batch_index  # the next batch of `current` to train on
         next_batch = prefetcher.submit(current.train.batch, batch_index)
         pending = None  # (step, device metrics, tokens, batch name): fetched one step late
-        nan_steps = set(cfg.debug_nan_steps)
 
         def flush_pending() -> None:
             nonlocal pending
@@ -82,12 +81,13 @@ class Pretraining:
 
         def save(step: int, force: bool = False) -> None:
             flush_pending()  # (this step's metrics: is it the first finite one since resuming?)
-            if self.progress.suspect_resume(step):
+            if self.progress.nonfinite.suspect_resume(step):
                 logging.warning("step %d: no checkpoint saved, since every step since resuming "
-                                "from %s was non-finite", step, self.progress.resumed_from)
+                                "from %s was non-finite", step,
+                                self.progress.nonfinite.resumed_from)
                 return
-            guards.check_finite(  # (a restored state is checked: only an update makes it so)
-                state, step, "; " + steps.NonFinite.UPDATE.advice)
+            nonfinite.check_finite(  # (a restored state is checked: only an update makes it so)
+                state, step, "; " + nonfinite.NonFinite.UPDATE.advice)
             # (the checkpointer announces the save once sealed)
             checkpointer.save(step, state, position.as_dict(), self.meta, force=force)
 
@@ -101,8 +101,6 @@ class Pretraining:
                 trained = current
                 trained_batch = f"batch {batch_index} of phase {current.phase.name}"
                 host_batch = next_batch.result()
-                if step + 1 in nan_steps:  # test-only fault injection
-                    host_batch = guards.poison_batch(host_batch)
                 upcoming = schedule.phase_at(phases, step + 1)
                 if upcoming.name != current.phase.name:
                     current, batch_index = by_name[upcoming.name], -1
@@ -136,7 +134,7 @@ class Pretraining:
                 if checkpointer.should_save(done) and done != stop_at:
                     save(done)
                 checkpointer.seal_finished()
-                test_pause.after_step(done, checkpointer.wait)
+            stopping.now_doing("finishing (the last checkpoint and evaluation)")
             flush_pending()
         except OSError as e:  # e.g. a full disk under metrics.jsonl or TensorBoard's events
             step = int(jax.device_get(state.step))
@@ -145,9 +143,9 @@ class Pretraining:
                     save(step, force=True)
                 checkpointer.wait()
                 saved = f"saved a checkpoint at step {step}, which a rerun resumes from"
-            except (checkpoint.CheckpointWriteError, guards.NonFiniteState) as save_error:
+            except (checkpoint.CheckpointWriteError, nonfinite.NonFiniteState) as save_error:
                 saved = f"no checkpoint could be saved ({save_error})"
-            raise reporting.TrainingError(f"{failures.os_error_line(e)}; {saved}") from e
+            raise nonfinite.TrainingError(f"{failures.os_error_line(e)}; {saved}") from e
         final_step = int(jax.device_get(state.step))
         final_eval = self.eval_and_log(final_step, state.params, current) \
             if final_step == total else {}

@@ -1,33 +1,21 @@
-"""What a run tells its operator: progress lines with throughput, MFU and a steady ETA,
-TensorBoard scalars, metrics.jsonl, chief-only printing, and the small-file writer that a
-kill -9 cannot leave half-written (the console's filters and the log file: bertjax.console)."""
+"""What a run tells its operator: progress lines with throughput, MFU and a steady ETA, the
+terminal's status line, chief-only printing and checkpoint announcements. (Where metrics are
+written: bertjax.metrics_writer; why a run stops on NaN/Inf: bertjax.nonfinite; the console's
+filters and the log file: bertjax.console.)"""
 from __future__ import annotations
 
 import collections
-import json
-import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import jax
-from absl import logging
 
-from bertjax import console, failures, files, flops, objectives, optim, schedule, steps
+from bertjax import console, flops, metrics_writer, nonfinite, objectives, optim, schedule
 from bertjax.model import BertConfig
 from bertjax.schedule import Phase
-from bertjax.errors import UserError
 
 if TYPE_CHECKING:  # importing tensorboardX imports torch when it is installed: seconds
     from tensorboardX import SummaryWriter
-
-
-class TrainingError(UserError, RuntimeError):
-    """The run cannot continue (e.g. too many non-finite steps); the message says why."""
-
-
-class NonFiniteAfterResume(TrainingError):
-    """Every step since the run resumed was non-finite (not for its inputs): the checkpoint
-    it resumed from is suspect."""
 
 
 def chief_print(line: str) -> None:
@@ -49,89 +37,11 @@ def status_bar(step: int, total: int, eta: float | None, width: int = 24) -> str
             + (f" eta {duration(eta)}" if eta is not None else ""))
 
 
-def write_text(path: str, text: str, append: bool = False) -> None:
-    """Writes a small text file so that a kill -9 never loses what it held. Locally, an append
-    is one O_APPEND write (earlier lines are never rewritten; one that does not fit is taken
-    back) and a rewrite goes through a renamed temporary file. Object stores (gs://) cannot
-    append; there an append rewrites the object, which each upload replaces whole."""
-    if not files.is_remote(path):
-        if append:
-            fd, data = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), \
-                text.encode("utf-8")
-            try:
-                with failures.naming(path):
-                    written = os.write(fd, data)
-                    if written < len(data):  # a full disk: no partial line is left behind
-                        os.ftruncate(fd, os.fstat(fd).st_size - written)
-                        raise failures.no_space(path)
-            finally:
-                os.close(fd)
-        else:
-            temporary = f"{path}.tmp{os.getpid()}"
-            with open(temporary, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(temporary, path)
-        return
-    if append and files.exists(path):
-        text = files.read_text(path) + text
-    files.write_text(path, text)
-
-
 def duration(seconds: float) -> str:
     """`1h05m` or `4m07s`."""
     seconds = int(seconds)
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
         f"{seconds // 60}m{seconds % 60:02d}s"
-
-
-class _ObjectEventFile:
-    """TensorBoard's event file on an object store, written through bertjax.files: objects
-    cannot be appended, so each flush uploads the whole file (once, whatever tensorboardX's
-    own GCS writer would repeat when garbage-collected)."""
-
-    def __init__(self, path: str) -> None:
-        self.path, self.buffer, self.pending = path, bytearray(), False
-
-    def write(self, data: bytes) -> None:
-        self.buffer += data
-        self.pending = True
-
-    def flush(self) -> None:
-        if self.pending:
-            with files.open(self.path, "wb") as f:
-                f.write(bytes(self.buffer))
-            self.pending = False
-
-    close = flush
-
-
-class _ObjectEventFiles:
-    """tensorboardX's writer factory for a URL scheme."""
-    open = staticmethod(_ObjectEventFile)
-
-    def directory_check(self, path: str) -> None:
-        del path  # object stores need no directories
-
-
-def open_writer(workdir: str) -> SummaryWriter | None:
-    """TensorBoard event writer in `workdir/tensorboard`, on process 0 only."""
-    from tensorboardX import SummaryWriter, record_writer
-
-    if files.is_remote(workdir):
-        record_writer.register_writer_factory(workdir.split(":")[0], _ObjectEventFiles())
-    return SummaryWriter(os.path.join(workdir, "tensorboard")) if jax.process_index() == 0 \
-        else None
-
-
-def log_scalars(writer: SummaryWriter | None, prefix: str, values: dict[str, float], step: int,
-                flush: bool = True) -> None:
-    """`prefix/key` scalars at `step` (no-op without a writer)."""
-    if writer:
-        for key, value in values.items():
-            writer.add_scalar(f"{prefix}/{key}", value, step)
-        if flush:
-            with failures.naming(writer.logdir):
-                writer.flush()
 
 
 class StepClock:
@@ -180,30 +90,22 @@ def eta_seconds(clock: StepClock, phases: Sequence[Phase], step: int,
     return total
 
 
-def write_jsonl(path: str | None, row: dict[str, Any]) -> None:
-    """Appends one JSON row to `path` (no-op without a path, e.g. on other processes)."""
-    if path:
-        write_text(path, json.dumps(row) + "\n", append=True)
-
-
 class Progress:
     """Accumulates pretraining metric sums on the host and prints/writes them every report;
     times the steps of each phase for the ETA and the terminal's status line."""
 
-    def __init__(self, phases: Sequence[Phase], max_nonfinite_steps: int,
+    def __init__(self, phases: Sequence[Phase], nonfinite_steps: nonfinite.NonFiniteSteps,
                  optimizer: optim.OptimizerConfig, model_config: BertConfig,
-                 writer: SummaryWriter | None, start_step: int, jsonl_path: str | None,
-                 resumed_from: str | None = None):
-        """`resumed_from`: the checkpoint the run resumed from at `start_step`, if any."""
+                 writer: SummaryWriter | None, start_step: int, jsonl_path: str | None):
+        """`nonfinite_steps`: the run's policy for skipped steps, counted and applied in
+        `add`."""
         self.phases, self.total_steps = list(phases), phases[-1].end_step
-        self.start_step, self.resumed_from = start_step, resumed_from
-        self.max_nonfinite_steps = max_nonfinite_steps
+        self.start_step, self.nonfinite = start_step, nonfinite_steps
         self.optimizer, self.model_config = optimizer, model_config
         self.writer, self.jsonl_path = writer, jsonl_path
         self.sums: dict[str, float] = {}
         self.tokens = 0
         self.window_start, self.window_start_step = time.time(), start_step
-        self.nonfinite_in_a_row = self.nonfinite_total = self.finite_steps = 0
         self.peak_tflops = flops.peak_tflops(jax.devices()[0].device_kind)
         self.clock = StepClock()
         self.flops_per_step = {p.name: float(p.global_batch_size * flops.train_flops_per_sequence(
@@ -213,45 +115,17 @@ class Progress:
         return eta_seconds(self.clock, self.phases, step, self.flops_per_step)
 
     def add(self, step: int, metrics: dict[str, Any], tokens: int, batch: str = "") -> None:
-        """Adds one step's metrics (already on the host); stops on repeated non-finite steps.
-        `batch` names the step's batch in messages."""
+        """Adds one step's metrics (already on the host); a skipped (non-finite) step goes to
+        the policy, which stops the run when it must. `batch` names the step's batch in
+        messages."""
         self.clock.tick(schedule.phase_at(self.phases, step - 1).name, step)
         console.TERMINAL.show(status_bar(step, self.total_steps, self.eta(step)))
-        if metrics["nonfinite"] > 0:
-            self.nonfinite_in_a_row += 1
-            self.nonfinite_total += 1
-            cause = steps.NonFinite(int(metrics["nonfinite"]))
-            if cause == steps.NonFinite.STATE and self.finite_steps:  # (restored states are
-                cause = steps.NonFinite.UPDATE  # checked: an update of this run made it so)
-            what, advice = cause.what, cause.advice
-            logging.warning("step %d (%s): non-finite %s; update skipped (%d in a row, %d in "
-                            "this run)", step, batch, what, self.nonfinite_in_a_row,
-                            self.nonfinite_total)
-            suspect = self.suspect_resume(step) and what != "inputs"
-            if suspect:
-                advice = (f"every step since resuming from checkpoint {self.resumed_from} was "
-                          "non-finite, which points at that checkpoint rather than the learning "
-                          "rate: move it out of WORKDIR/checkpoints (e.g. to "
-                          "WORKDIR/checkpoints_quarantine) to resume from the one before")
-            if self.nonfinite_in_a_row >= self.max_nonfinite_steps or cause in (
-                    steps.NonFinite.STATE, steps.NonFinite.UPDATE):
-                raise (NonFiniteAfterResume if suspect else TrainingError)(
-                    f"{self.nonfinite_in_a_row} consecutive non-finite steps ending at step {step} "
-                    f"({batch}), the last with non-finite {what}; the last checkpoint is intact. "
-                    f"{advice[0].upper()}{advice[1:]}, then rerun to resume.")
+        if self.nonfinite.add(step, metrics["nonfinite"], batch):
             return
-        self.nonfinite_in_a_row = 0
-        self.finite_steps += 1
         for key, value in metrics.items():
             self.sums[key] = self.sums.get(key, 0.0) + float(value)
         self.sums["steps"] = self.sums.get("steps", 0.0) + 1
         self.tokens += tokens
-
-    def suspect_resume(self, step: int) -> bool:
-        """Whether every step of this run up to `step` (added) was non-finite after a resume:
-        nothing finite has come from the checkpoint yet, so none is saved from it."""
-        return bool(self.resumed_from) and step > self.start_step \
-            and self.nonfinite_in_a_row == step - self.start_step
 
     def report(self, step: int, phase: Phase) -> dict[str, float]:
         """Prints a progress line for the steps since the last report and resets the window."""
@@ -261,7 +135,7 @@ class Progress:
         means = objectives.summarize(self.sums)
         means["grad_norm"] = self.sums["grad_norm"] / self.sums["steps"]
         means["learning_rate"] = optim.learning_rate_at(self.optimizer, step - 1)
-        means["nonfinite_steps"] = self.nonfinite_total
+        means["nonfinite_steps"] = self.nonfinite.total
         means["tokens_per_second"] = self.tokens / max(now - self.window_start, 1e-9)
         flops_per_token = flops.train_flops_per_sequence(
             self.model_config, phase.max_seq_length, phase.max_predictions_per_seq,
@@ -281,8 +155,8 @@ class Progress:
                     f"TFLOP/s {means['model_tflops_per_second']:.3g} "
                     + (f"MFU {mfu:.1%} " if mfu is not None else "")
                     + (f"eta {duration(eta)}" if eta is not None else "")).rstrip())
-        log_scalars(self.writer, "train", means, step)
-        write_jsonl(self.jsonl_path, {"step": step, "phase": phase.name, "split": "train",
+        metrics_writer.log_scalars(self.writer, "train", means, step)
+        metrics_writer.write_jsonl(self.jsonl_path, {"step": step, "phase": phase.name, "split": "train",
                                       **means})
         self.sums, self.tokens = {}, 0
         self.window_start, self.window_start_step = now, step
@@ -294,7 +168,7 @@ class Progress:
         chief_print(f"eval step {step} [{phase.name}]: " + " ".join(
             f"{k} {v:.4f}" for k, v in sorted(means.items())))
         if self.start_step < self.total_steps:
-            log_scalars(self.writer, "eval", means, step, flush=False)
-            write_jsonl(self.jsonl_path, {"step": step, "phase": phase.name, "split": "eval",
+            metrics_writer.log_scalars(self.writer, "eval", means, step, flush=False)
+            metrics_writer.write_jsonl(self.jsonl_path, {"step": step, "phase": phase.name, "split": "eval",
                                           **means})
         self.clock.restart()

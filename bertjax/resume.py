@@ -1,4 +1,5 @@
-"""Which checkpoint a pretraining run continues from, and whether it may.
+"""Which checkpoint a run continues from, whether it may, and when it falls back to an
+earlier one.
 
 The newest checkpoint whose files match their recorded checksums wins. A damaged one (a
 checksum mismatch, a missing or unreadable item; for a checkpoint saved without checksums,
@@ -7,7 +8,12 @@ digest recorded at the save) is reported by name and moved to
 `WORKDIR/checkpoints_quarantine`, never deleted, and the next older one is tried; the run
 says how many steps that costs. A read that the storage failed (after its retries,
 `bertjax.storage`) proves nothing: the run stops with one line and moves nothing. Its
-settings are checked (`check`) before any data is prepared.
+settings are checked (`check`) before any data is prepared. If every step since resuming
+was non-finite (bertjax.nonfinite), the run falls back once to the checkpoint before
+(`Resume.train_falling_back`).
+
+Fine-tuning keeps only its latest and its best checkpoint, so there is nothing to fall back
+to: `restore_exactly` restores the one asked for or fails naming it.
 """
 from __future__ import annotations
 
@@ -16,12 +22,15 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import jax
 
-from bertjax import checkpoint, guards, reporting, schedule, storage
+from bertjax import checkpoint, failures, guards, nonfinite, reporting, schedule, storage
 from bertjax.data.settings import DataSettings
 from bertjax.failures import first_line
 
 QUARANTINE = "checkpoints_quarantine"
 T = TypeVar("T")
+# A training loop run from (state, data position, start step, the checkpoint it resumed
+# from, if any), returning T.
+TrainFrom = Callable[[Any, schedule.DataPosition, int, "str | None"], T]
 
 
 class UnusableCheckpoint(checkpoint.CheckpointMismatch):
@@ -118,7 +127,7 @@ class Resume:
             try:
                 state, position, _ = self._read(found.step, lambda: self.checkpointer.restore(
                     found.step, abstract_state, meta))
-                guards.check_finite(state, found.step)
+                nonfinite.check_finite(state, found.step)
                 if int(jax.device_get(state.step)) != found.step:  # (later saves would be
                     raise checkpoint.DamagedCheckpoint(self.where(found.step), (  # skipped)
                         f"its directory is named {found.step} but it holds step "
@@ -162,3 +171,49 @@ class Resume:
         check(previous)
         state, position = self.restore(previous, abstract_state, meta, check)
         return state, position, previous
+
+    def train_falling_back(self, train: TrainFrom[T], state: Any,
+                           position: schedule.DataPosition, found: Found | None,
+                           abstract_state: Any, meta: dict[str, Any],
+                           check: Callable[[Found], None],
+                           phases: Sequence[schedule.Phase]) -> tuple[T, int]:
+        """`train(state, position, start_step, resumed_from)` from `state` (restored from
+        `found`, or new if None); if every step since resuming was non-finite
+        (NonFiniteAfterResume), once more from the checkpoint before `found` (`fall_back`).
+        Returns what `train` returned and the step it started from."""
+        fell_back = False
+        start_step = int(jax.device_get(state.step))
+        while True:
+            try:
+                return train(state, position, start_step,
+                             self.where(start_step) if found else None), start_step
+            except nonfinite.NonFiniteAfterResume:
+                if fell_back:  # (once)
+                    raise
+                state, position, found = self.fall_back(found, abstract_state, meta, check)
+                fell_back, start_step = True, found.step
+                position = schedule.consistent_position(position, start_step, phases)
+
+
+def restore_exactly(checkpointer: checkpoint.Checkpointer, step: int, abstract_state: Any,
+                    meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """`(state, position)` of checkpoint `step`; a checkpoint that differs from its recorded
+    checksums (e.g. its epoch or best-so-far in the position edited), fails to restore or
+    does not match its digest is one DamagedCheckpoint error naming it and the way on."""
+    if step not in checkpointer.all_steps():  # (deleted: no checkpoint before it helps)
+        raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", (
+            "it is missing; start this fine-tuning again with --overwrite"))
+    try:
+        problem = checkpointer.verify(step)[1]
+        if problem:
+            raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", problem)
+        state, position, _ = checkpointer.restore(step, abstract_state, meta)
+    except checkpoint.CheckpointMismatch:
+        raise
+    except Exception as e:  # noqa: BLE001 (any failure to restore it)
+        problem = e.problem if isinstance(e, checkpoint.DamagedCheckpoint) else (
+            f"it cannot be restored ({failures.first_line(e)})")
+        raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", (
+            f"{problem}; move it out of {checkpointer.directory} and rerun to resume from the "
+            "checkpoint before it, or start this fine-tuning again with --overwrite")) from e
+    return state, position

@@ -5,7 +5,6 @@ Batch features are those of the original TFRecords, unpacked or packed (`data.pa
 """
 from __future__ import annotations
 
-import enum
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -16,6 +15,7 @@ from jax.sharding import Mesh
 
 from bertjax import attention, objectives, optim, sharding
 from bertjax import batch as batch_spec
+from bertjax.nonfinite import NonFinite
 from bertjax.modernbert import ModernBertForMaskedLM
 from bertjax.state import TrainState
 
@@ -97,46 +97,10 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     return train_step
 
 
-class NonFinite(enum.IntEnum):
-    """What `metrics["nonfinite"]` says went non-finite in a skipped step (0: nothing, the step
-    was applied): `what` names it, `advice` says what to do about it."""
-
-    INPUTS = 1
-    LOSS_OR_GRADIENTS = 2
-    STATE = 3  # (before the step: a restored state; `reporting` names it UPDATE once this run
-    UPDATE = 4  # has made finite steps, since then only an update of this run can have)
-
-    @property
-    def what(self) -> str:
-        return self.name.lower().replace("_", " ")
-
-    @property
-    def advice(self) -> str:
-        return _ADVICE[self]
-
-
-_ADVICE = {
-    NonFinite.INPUTS: "the batch holds NaN or Inf: check the data",
-    NonFinite.LOSS_OR_GRADIENTS: "lower optimizer.peak_learning_rate or check the data",
-    NonFinite.STATE: "the parameters or optimizer state held NaN or Inf before the step, which "
-                     "is not a learning-rate problem: the checkpoint the run resumed from may be "
-                     "damaged; move it out of WORKDIR/checkpoints to resume from the one before",
-    NonFinite.UPDATE: "an update of this run made the state non-finite from finite gradients: "
-                      "lower optimizer.peak_learning_rate or set optimizer.clip_global_norm",
-}
-
-
-def all_finite(tree: Any) -> jax.Array:
-    """Whether every float in `tree` is finite (a scalar bool array), one reduction per leaf:
-    the host's check of a restored state and of a state about to be saved (`guards`)."""
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-              if jnp.issubdtype(x.dtype, jnp.inexact)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
-
-
 def all_finite_grouped(tree: Any) -> jax.Array:
-    """`all_finite` as one reduction per distinct shape (`optim.float_leaves_by_shape`): the
-    sum of `x * 0` over a group is 0, or NaN where any of its elements is not finite."""
+    """`nonfinite.all_finite` as one reduction per distinct shape
+    (`optim.float_leaves_by_shape`): the sum of `x * 0` over a group is 0, or NaN where any
+    of its elements is not finite."""
     sums = [jnp.sum(sum(x.astype(jnp.float32) * 0 for x in group))
             for group in optim.float_leaves_by_shape(tree)]
     return jnp.isfinite(sum(sums)) if sums else jnp.array(True)
@@ -146,16 +110,16 @@ def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax
                   metrics: Metrics, batch: Batch) -> tuple[TrainState, Metrics]:
     """Clip + update (inside `tx`), applied only if the loss and the gradients' global norm
     are finite; adds grad_norm and `nonfinite` (0, or the `NonFinite` of a skipped step:
-    INPUTS, LOSS_OR_GRADIENTS or STATE; after finite steps of the run, `reporting` names a
+    INPUTS, LOSS_OR_GRADIENTS or STATE; after finite steps of the run, `nonfinite` names a
     STATE as UPDATE).
 
     The new state is not checked here (a check per leaf added kernels and step time to the
     H100 compile of BERT-large, as measured in benchmarks/aot/levers.md). It needs none: the
-    state is finite at every restore (`guards.check_finite`), and from a finite state, a
+    state is finite at every restore (`nonfinite.check_finite`), and from a finite state, a
     finite norm (so every gradient's square is finite) gives finite Adam moments, convex
     combinations of finite values. Only an overflowing parameter update (an absurd learning
     rate or moment) can leave a non-finite state; the next step then finds it, and no
-    checkpoint is written from it (`guards.check_finite`)."""
+    checkpoint is written from it (`nonfinite.check_finite`)."""
     grad_norm = optim.global_norm(grads)
     gradients_finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
@@ -172,7 +136,7 @@ def _apply_update(state: TrainState, tx: optax.GradientTransformation, loss: jax
     # A non-finite step leaves params and optimizer state untouched (an elementwise select,
     # which XLA fuses into the update writing the donated buffers in place: a `lax.cond`
     # copied every float32 leaf first); the host stops the run after too many in a row, or
-    # at once if the state itself is not finite (reporting.py).
+    # at once if the state itself is not finite (bertjax/nonfinite.py).
     params, opt_state = jax.tree.map(lambda new, old: jnp.where(gradients_finite, new, old),
                                      (new_params, new_opt_state), (state.params, state.opt_state))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)

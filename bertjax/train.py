@@ -18,8 +18,9 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from bertjax import (agreement, checkpoint, cli, console, distributed, failures, families,
-                     files, guards, locks, memory, peers, pretrain_loop, pretrained, reporting,
-                     resume, run, run_schedule, schedule, stopping, test_pause, validate)
+                     files, guards, locks, memory, metrics_writer, nonfinite, peers,
+                     pretrain_loop, pretrained, reporting, resume, run, run_schedule, schedule,
+                     stopping, validate)
 from bertjax.data import loaders, pipeline
 from bertjax.data.settings import DataSettings
 from bertjax.errors import UserError
@@ -100,10 +101,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                     objective=objective)
     accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
     if is_chief:  # the full table goes to a file, its totals to the console
-        reporting.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1)
-                             + "\n")
+        files.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1) + "\n")
         report_path = os.path.join(workdir, "startup_report.txt")
-        reporting.write_text(report_path, memory.report(
+        files.write_text(report_path, memory.report(
             sharded.model, sharded.abstract_state, mesh, phases) + "\n")
         print(memory.summary(sharded.model, sharded.abstract_state, mesh, phases)
               + (f"; {jax.process_count()} processes" if jax.process_count() > 1 else "")
@@ -130,26 +130,22 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                           f"{p.global_batch_size} x {p.max_seq_length} tokens"
                                           for p in phases)
                               + f"; progress every {config.train.log_every} steps")
-    writer, fell_back = reporting.open_writer(workdir), False
-    test_pause.before_training()
+    writer = metrics_writer.open_writer(workdir)
+
+    def train_from(state: Any, position: DataPosition, start_step: int,
+                   resumed_from: str | None) -> tuple[Pretraining, Any, DataPosition, dict]:
+        progress = reporting.Progress(
+            phases, nonfinite.NonFiniteSteps(config.train.max_nonfinite_steps, start_step,
+                                             resumed_from),
+            optimizer, model_config, writer, start_step,
+            os.path.join(workdir, "metrics.jsonl") if is_chief else None)
+        pretraining = Pretraining(config.train, sharded, phase_data, checkpointer, meta,
+                                  progress, writer, restart_step=optimizer.restart_step)
+        return pretraining, *pretraining.loop(state, position, start_step)
+
     try:
-        while True:
-            progress = reporting.Progress(
-                phases, config.train.max_nonfinite_steps, optimizer, model_config, writer,
-                start_step, os.path.join(workdir, "metrics.jsonl") if is_chief else None,
-                resume_from.where(start_step) if found else None)
-            try:
-                pretraining = Pretraining(config.train, sharded, phase_data, checkpointer, meta,
-                                          progress, writer, restart_step=optimizer.restart_step)
-                state, position, final_eval = pretraining.loop(state, position, start_step)
-                break
-            except reporting.NonFiniteAfterResume:
-                if fell_back:  # (once)
-                    raise
-                state, position, found = resume_from.fall_back(found, sharded.abstract_state,
-                                                               meta, check)
-                fell_back, start_step = True, found.step
-                position = schedule.consistent_position(position, start_step, phases)
+        (pretraining, state, position, final_eval), start_step = resume_from.train_falling_back(
+            train_from, state, position, found, sharded.abstract_state, meta, check, phases)
     finally:
         checkpointer.close()
         if writer:
@@ -159,8 +155,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                 logging.warning("closing TensorBoard's writer: %s", failures.os_error_line(e))
     final_step = int(jax.device_get(state.step))
     if is_chief and final_step >= config.train.total_steps:  # also marks the run as finished
-        reporting.write_text(os.path.join(workdir, "final_metrics.json"),
-                             json.dumps({"step": final_step, **final_eval}, indent=1))
+        files.write_text(os.path.join(workdir, "final_metrics.json"),
+                         json.dumps({"step": final_step, **final_eval}, indent=1))
     stopped = pretraining.stopped_by if final_step < config.train.total_steps else 0
     last_line = failures.stopped_line(f"step {final_step} of {config.train.total_steps}",
                                       stopped) if stopped else ""

@@ -113,7 +113,6 @@ def get_config() -> ml_collections.ConfigDict:
     # learning rates; the added steps train in its last phase at the learning rate this
     # config's schedule gives them (docs/pretraining.md, "Extending a run").
     c.train.extend = False
-    c.train.debug_nan_steps = ()  # TEST ONLY: steps (1-based) whose batch is made NaN
     c.train.seed = 42  # parameter init and dropout seed
     # Ablations (paper Table 5). False: no NSP loss, and instances whose B always really
     # follows A (a one-sentence chunk becomes [CLS] A [SEP]); the NSP head stays in the params.

@@ -62,13 +62,13 @@ MUTATIONS = (
              "lambda new, old: new",
              ("tests/test_steps.py::test_non_finite_steps_are_skipped_and_their_cause_named",
               "tests/test_steps.py::test_non_finite_loss_and_non_finite_update_are_named")),
-    Mutation("a non-finite state does not stop the run at once", "bertjax/reporting.py",
-             "self.nonfinite_in_a_row >= self.max_nonfinite_steps or cause in (",
-             "self.nonfinite_in_a_row >= self.max_nonfinite_steps or cause in (-1,) and (",
+    Mutation("a non-finite state does not stop the run at once", "bertjax/nonfinite.py",
+             "self.in_a_row >= self.max_in_a_row or found in (",
+             "self.in_a_row >= self.max_in_a_row or found in (-1,) and (",
              ("tests/test_guards.py::test_host_stops_on_repeated_non_finite_steps_or_at_once_on_"
               "a_non_finite_state",)),
     Mutation("fine-tuning saves a non-finite state", "bertjax/finetune_loop.py",
-             "guards.check_finite(state, step, ", "(lambda *_: None)(state, step, ",
+             "nonfinite.check_finite(state, step, ", "(lambda *_: None)(state, step, ",
              ("tests/test_finetune.py::test_an_overflowing_update_is_never_saved_and_skipped_"
               "steps_are_named",)),
     Mutation("masked positions picked one off", "bertjax/model.py",

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from bertjax import test_pause
+import injected_faults
 from test_train import base_config, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,15 +44,12 @@ def command_line(corpus_file: str, cache_dir: str, workdir: str, **overrides) ->
 
 class Trainer:
     """One training subprocess (one CPU device) whose output lines are read by a thread.
-    `pause` sets BERTJAX_TEST_PAUSE (bertjax/test_pause.py): `step:N` or `save`."""
+    `pause`: where it pauses (tests/injected_faults.py), e.g. `step:N` or `save`."""
 
     def __init__(self, args: list[str], pause: str | None = None, extra_env: dict | None = None):
-        env = {**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
-               "XLA_FLAGS": "--xla_force_host_platform_device_count=1", **COMPILE_CACHE,
-               **(extra_env or {})}
-        env.pop(test_pause.VARIABLE, None)
-        if pause:
-            env[test_pause.VARIABLE] = pause
+        env = {**{k: v for k, v in os.environ.items() if k != injected_faults.VARIABLE},
+               "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+               **COMPILE_CACHE, **(extra_env or {}), **injected_faults.pausing(pause, REPO_ROOT)}
         self.proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
@@ -80,8 +77,8 @@ class Trainer:
         raise AssertionError(f"no {pattern!r} within {timeout} s:\n{self.output()}")
 
     def wait_for_pause(self) -> str:
-        """Blocks until the process has paused (test_pause); where it has."""
-        return self.wait_for(rf"{test_pause.VARIABLE}: paused at (.*)").group(1)  # (a
+        """Blocks until the process has paused (`pause`); where it has."""
+        return self.wait_for(rf"{injected_faults.VARIABLE}: paused at (.*)").group(1)  # (a
         # line of another thread's print may end in it)
 
     def release(self) -> None:

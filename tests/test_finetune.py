@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, extract_features, finetune, finetune_loop, guards, pretrained, train
+from bertjax import (checkpoint, extract_features, finetune, finetune_loop, nonfinite, pretrained,
+                     train)
 from bertjax import run as run_lib
 from bertjax.interop import hf, tf
 from bertjax.interop.tree import ConversionError
@@ -310,7 +311,7 @@ def test_an_overflowing_update_is_never_saved_and_skipped_steps_are_named(data_r
     epoch's checkpoint is refused, naming the flag."""
     config = small(config_file("glue.py"), data_root, task="sst2", data_dir=data_root,
                    learning_rate=3e38, warmup_proportion=0.0, num_train_epochs=1.0)
-    with pytest.raises(guards.NonFiniteState, match=r"the params hold NaN or Inf; refusing to "
+    with pytest.raises(nonfinite.NonFiniteState, match=r"the params hold NaN or Inf; refusing to "
                        r"write a checkpoint .*: lower --config.learning_rate$"):
         finetune.run(config, str(tmp_path / "run"), devices=jax.devices()[:1])
     assert "steps up to step 3 skipped: their loss or gradients held NaN or Inf" in caplog.text

@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, finetune, finetune_loop
+from bertjax import checkpoint, finetune, finetune_loop, resume
 from bertjax.data import tokenization
 from bertjax.tasks import features, glue, ner, squad_predict
 
@@ -106,5 +106,5 @@ def test_a_missing_checkpoint_is_named_with_the_way_on(tmp_path):
     checkpointer = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=1)
     with pytest.raises(checkpoint.DamagedCheckpoint, match=rf"checkpoint {tmp_path}/3 is damaged: "
                        r"it is missing; start this fine-tuning again with --overwrite$"):
-        finetune_loop.restore(checkpointer, 3, None, {})
+        resume.restore_exactly(checkpointer, 3, None, {})
     checkpointer.close()

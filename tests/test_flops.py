@@ -4,7 +4,7 @@ import runpy
 
 import pytest
 
-from bertjax import flops, optim, reporting, schedule
+from bertjax import flops, nonfinite, optim, reporting, schedule
 from bertjax.model import BertConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +49,7 @@ def test_training_progress_logs_model_flops(capsys):
     config.train.log_every, config.train.total_steps = 1, 10
     phases = schedule.phases(config.train, config.data, config.long_phase)
     progress = reporting.Progress(
-        phases, config.train.max_nonfinite_steps,
+        phases, nonfinite.NonFiniteSteps(config.train.max_nonfinite_steps, 0),
         optim.optimizer_config(config.optimizer, config.train.total_steps),
         BertConfig.from_dict(config.model.to_dict()), None, 0, None)
     phase = phases[0]

@@ -14,8 +14,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax import checkpoint, guards, optim, reporting, resume, schedule, train
+from bertjax import checkpoint, nonfinite, optim, reporting, resume, schedule, train
 from bertjax.model import BertConfig
+import injected_faults
 from test_train import (base_config, corpus_file, read_metrics,  # noqa: F401 (fixture)
                         tiny_config)
 
@@ -49,15 +50,15 @@ def run(config, workdir) -> None:
 
 @pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_nan_steps_are_skipped_counted_never_saved_and_k_in_a_row_stop(corpus_file, cache_dir,
-                                                                       tmp_path):
+                                                                       tmp_path, monkeypatch):
     """NaN batches at steps 3, 5 and 6 with max_nonfinite_steps=2: step 3's update is skipped
     (its checkpoint equals step 2's but for the step counter), later losses are logged with
     the running count, and the second NaN in a row stops the run, naming step and batch."""
     config = tiny_config(corpus_file, cache_dir, **{
         "train.total_steps": 8, "long_phase.fraction": 0.0, "train.checkpoint_every": 1,
-        "train.keep_checkpoints": 8, "train.max_nonfinite_steps": 2,
-        "train.debug_nan_steps": (3, 5, 6)})
-    with pytest.raises(reporting.TrainingError, match=re.escape(
+        "train.keep_checkpoints": 8, "train.max_nonfinite_steps": 2})
+    injected_faults.poison_batches(monkeypatch, "short", (2, 4, 5))  # steps 3, 5 and 6
+    with pytest.raises(nonfinite.TrainingError, match=re.escape(
             "2 consecutive non-finite steps ending at step 6 (batch 5 of phase short), the last "
             "with non-finite inputs; the last checkpoint is intact. The batch holds NaN or Inf: "
             "check the data, then rerun to resume.")):
@@ -81,7 +82,8 @@ def test_host_stops_on_repeated_non_finite_steps_or_at_once_on_a_non_finite_stat
     phases = schedule.phases(config.train, config.data, config.long_phase)
 
     def progress(limit):
-        return reporting.Progress(phases, limit, optim.optimizer_config(config.optimizer, 10),
+        return reporting.Progress(phases, nonfinite.NonFiniteSteps(limit, 0),
+                                  optim.optimizer_config(config.optimizer, 10),
                                   BertConfig.from_dict(config.model.to_dict()), None, 0, None)
 
     def add(to, step, cause):
@@ -93,33 +95,33 @@ def test_host_stops_on_repeated_non_finite_steps_or_at_once_on_a_non_finite_stat
     add(repeated, 1, 2)  # one skipped step: training goes on
     add(repeated, 2, 0)
     add(repeated, 3, 2)
-    with pytest.raises(reporting.TrainingError, match=re.escape(
+    with pytest.raises(nonfinite.TrainingError, match=re.escape(
             "2 consecutive non-finite steps ending at step 4 (batch 3), the last with non-finite "
             "loss or gradients; the last checkpoint is intact. Lower "
             "optimizer.peak_learning_rate or check the data, then rerun")):
         add(repeated, 4, 2)
-    with pytest.raises(reporting.TrainingError, match=re.escape(
+    with pytest.raises(nonfinite.TrainingError, match=re.escape(
             "1 consecutive non-finite steps ending at step 1 (batch 0), the last with "
             "non-finite state; the last checkpoint is intact. The parameters or optimizer state "
             "held NaN or Inf before the step")):
         add(progress(100), 1, 3)
     after_finite = progress(100)
     add(after_finite, 1, 0)
-    with pytest.raises(reporting.TrainingError, match=re.escape(
+    with pytest.raises(nonfinite.TrainingError, match=re.escape(
             "1 consecutive non-finite steps ending at step 2 (batch 1), the last with "
             "non-finite update; the last checkpoint is intact. An update of this run made the "
             "state non-finite from finite gradients: lower optimizer.peak_learning_rate or set "
             "optimizer.clip_global_norm, then rerun")):
         add(after_finite, 2, 3)
-    assert after_finite.nonfinite_total == 1
+    assert after_finite.nonfinite.total == 1
 
 
 def test_no_checkpoint_from_a_non_finite_state():
     state = types.SimpleNamespace(params={"w": jnp.array([1.0, jnp.inf])},
                                   opt_state=(jnp.zeros(2), jnp.int32(3)))
-    with pytest.raises(guards.NonFiniteState, match="step 7: the params hold NaN or Inf"):
-        guards.check_finite(state, 7)
-    guards.check_finite(types.SimpleNamespace(params={"w": jnp.ones(2)}, opt_state=()), 7)
+    with pytest.raises(nonfinite.NonFiniteState, match="step 7: the params hold NaN or Inf"):
+        nonfinite.check_finite(state, 7)
+    nonfinite.check_finite(types.SimpleNamespace(params={"w": jnp.ones(2)}, opt_state=()), 7)
 
 
 @pytest.fixture(scope="module")
@@ -393,15 +395,16 @@ def test_non_finite_steps_right_after_a_resume_name_the_checkpoint(resumed_at, b
     config = base_config()
     phases = schedule.phases(config.train, config.data, config.long_phase)
     progress = reporting.Progress(
-        phases, 2, optim.optimizer_config(config.optimizer, config.train.total_steps),
-        BertConfig.from_dict(config.model.to_dict()), None, resumed_at or 4, None,
-        resumed_from="/w/checkpoints/6" if resumed_at else None)
+        phases, nonfinite.NonFiniteSteps(2, resumed_at or 4,
+                                         "/w/checkpoints/6" if resumed_at else None),
+        optim.optimizer_config(config.optimizer, config.train.total_steps),
+        BertConfig.from_dict(config.model.to_dict()), None, resumed_at or 4, None)
     metrics = {"nonfinite": 0.0, "grad_norm": 1.0, "mlm_loss_sum": 1.0, "mlm_correct_sum": 0.0,
                "mlm_weight_sum": 1.0, "nsp_loss_sum": 1.0, "nsp_correct_sum": 0.0, "nsp_count": 1.0}
     for step in range((resumed_at or 4) + 1, 7):
         progress.add(step, metrics, tokens=1)
     progress.add(7, {**metrics, "nonfinite": 2.0}, tokens=1)
-    with pytest.raises(reporting.TrainingError) as stopped:
+    with pytest.raises(nonfinite.TrainingError) as stopped:
         progress.add(8, {**metrics, "nonfinite": 2.0}, tokens=1)
     advice = str(stopped.value).split("intact. ")[1]
     assert advice.startswith("Every step since resuming from checkpoint /w/checkpoints/6 was "
@@ -424,7 +427,7 @@ def test_a_full_disk_under_a_writer_stops_the_run_with_a_checkpoint(corpus_file,
     stops at its first report with one message naming the file, after saving the step."""
     (workdir / "metrics.jsonl").unlink()
     (workdir / "metrics.jsonl").symlink_to("/dev/full")
-    with pytest.raises(reporting.TrainingError, match=rf"No space left on device: {workdir}/"
+    with pytest.raises(nonfinite.TrainingError, match=rf"No space left on device: {workdir}/"
                        r"metrics.jsonl \(free some space, .*\); saved a checkpoint at step 7"):
         run(tiny_config(corpus_file, cache_dir, **{"train.stop_after_steps": 4}), workdir)
     assert "7" in os.listdir(workdir / "checkpoints")

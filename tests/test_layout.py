@@ -6,7 +6,10 @@
 * no module reaches a private (`_name`) of another bertjax module;
 * no library function takes the whole config: no parameter annotated ConfigDict, no parameter
   named `config` without a concrete type, no `param.<config section>.<field>` read;
-* module sizes: entry points under 250 lines, every module at most 450.
+* module sizes: entry points under 250 lines, every module at most 450;
+* no test code in the product: no test_* module, no switch read from a test's environment
+  variable, no config field for tests only (tests inject faults from tests/);
+* each entry point catches an exception class once (UserError covers its subclasses).
 """
 import ast
 import pathlib
@@ -22,7 +25,8 @@ LIBRARY_WITH_CLI = {"bertjax.data.tokenization"}
 TRAINING = {"bertjax.train", "bertjax.finetune", "bertjax.run", "bertjax.steps", "bertjax.optim",
             "bertjax.checkpoint", "bertjax.reporting", "bertjax.state", "bertjax.pretrain_loop",
             "bertjax.finetune_loop", "bertjax.guards", "bertjax.distributed", "bertjax.memory",
-            "bertjax.pretrained", "bertjax.sharding"}
+            "bertjax.pretrained", "bertjax.sharding", "bertjax.nonfinite", "bertjax.resume",
+            "bertjax.metrics_writer"}
 CONFIG_SECTIONS = {"model", "data", "train", "optimizer", "mesh", "long_phase"}
 
 
@@ -236,3 +240,49 @@ def test_every_error_a_user_meets_is_a_user_error():
                     and f"{name}.{cls_name}" not in control_flow:  # (OSError: one line too)
                 outside.append(f"{name}.{cls_name}")
     assert found >= 20 and outside == [], outside
+
+
+REPOSITORY = PACKAGE.parent
+# What only tests may name: the environment variables of tests/injected_faults.py and the
+# other test switches (BERTJAX_TEST_*), and fields that once were tests' own.
+TEST_ONLY = ("BERTJAX_TEST_", "debug_nan_steps", "TEST ONLY", "test_pause")
+
+
+def test_no_test_code_in_the_product():
+    """No module of bertjax/ is a test's (test_*.py), and nothing in bertjax/ or configs/ names
+    a test switch: faults are injected from tests/ at the product's public seams."""
+    assert [p.name for p in PACKAGE.rglob("test_*.py")] == []
+    sources = sorted(PACKAGE.rglob("*.py")) + sorted((REPOSITORY / "configs").rglob("*.py"))
+    offenders = {f"{p.relative_to(REPOSITORY)}: {word}" for p in sources
+                 for word in TEST_ONLY if word in p.read_text(encoding="utf-8")}
+    assert len(sources) > 50 and sorted(offenders) == []
+
+
+def caught(module_name: str) -> list[list[type]]:
+    """The exception classes each `except` clause of `module_name`'s `main` names."""
+    import importlib
+    module = importlib.import_module(module_name)
+    main = next(node for node in parsed(module_name).body
+                if isinstance(node, ast.FunctionDef) and node.name == "main")
+    clauses = [node.type for node in ast.walk(main)
+               if isinstance(node, ast.ExceptHandler) and node.type is not None]
+    return [[eval(ast.unparse(name), vars(module))  # noqa: S307 (the module's own names)
+             for name in (clause.elts if isinstance(clause, ast.Tuple) else [clause])]
+            for clause in clauses]
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
+def test_entry_points_catch_each_error_class_once(name):
+    """No `except` clause of an entry point's `main` names a class beside one of its bases
+    (e.g. a UserError beside UserError); training and fine-tuning catch every error a user
+    can act on in one `(UserError, OSError)` clause, and apart from it only control flow."""
+    import jax
+    from bertjax import failures
+    from bertjax.errors import UserError
+    twice = [(a.__name__, b.__name__) for clause in caught(name) for a in clause
+             for b in clause if a is not b and issubclass(a, b)]
+    assert twice == []
+    if name in ("bertjax.train", "bertjax.finetune"):
+        assert [UserError, OSError] in caught(name)
+        assert {cls for clause in caught(name) for cls in clause} - {UserError, OSError} <= {
+            failures.Stopped, KeyboardInterrupt, jax.errors.JaxRuntimeError}

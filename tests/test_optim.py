@@ -9,7 +9,7 @@ import optax
 import pytest
 from flax.core import FrozenDict
 
-from bertjax import optim, steps
+from bertjax import nonfinite, optim
 
 B1, B2, EPS, WD = 0.9, 0.999, 1e-6, 0.01
 
@@ -286,7 +286,7 @@ def test_global_norm_and_finiteness_by_shape_group_see_every_leaf():
     expected = np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64)))
                            for x in jax.tree.leaves(tree) if x.dtype == jnp.float32))
     np.testing.assert_allclose(float(optim.global_norm(tree)), expected, rtol=1e-6)
-    assert bool(steps.all_finite(tree))
+    assert bool(nonfinite.all_finite(tree))
     for path in (("layer_0", "w"), ("layer_1", "b"), ("emb",)):
         for bad in (np.nan, np.inf):
             damaged = jax.tree.map(lambda x: x, tree)
@@ -294,7 +294,7 @@ def test_global_norm_and_finiteness_by_shape_group_see_every_leaf():
             for key in path[:-1]:
                 leaf = leaf[key]
             leaf[path[-1]] = leaf[path[-1]].at[(0,) * leaf[path[-1]].ndim].set(bad)
-            assert not bool(steps.all_finite(damaged)), (path, bad)
+            assert not bool(nonfinite.all_finite(damaged)), (path, bad)
             assert not np.isfinite(float(optim.global_norm(damaged)))
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from bertjax import agreement, distributed, peers
 from bertjax.data import default_corpus
+import injected_faults
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO_ROOT, "configs", "tiny.py")
@@ -225,7 +226,7 @@ def test_lost_host_stops_the_others_and_the_rerun_resumes_exactly(tmp_path, coun
     _corpus(tmp_path / "corpus.txt")
     overrides = {"data.input_files": tmp_path / "corpus.txt"}
     procs = _start(tmp_path, count, overrides, devices=devices,
-                   env_of={killed: {"BERTJAX_TEST_PAUSE": "step:6"}})
+                   env_of={killed: injected_faults.pausing("step:6", REPO_ROOT)})
     try:
         for line in procs[killed].stdout:
             if "paused at step 6" in line:

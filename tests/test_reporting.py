@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from bertjax import console, failures, reporting
+from bertjax import console, failures, files, reporting
 from bertjax.schedule import Phase
 
 PHASES = [Phase("short", 128, 20, 32, 0, 90), Phase("long", 512, 80, 32, 90, 100)]
@@ -124,11 +124,11 @@ def test_an_append_that_does_not_fit_leaves_no_partial_line(tmp_path, monkeypatc
     count, no error): before, the half line stayed and a resumed fine-tuning then failed to
     read metrics.jsonl with a traceback. Now the part is taken back, and it is ENOSPC."""
     path = tmp_path / "metrics.jsonl"
-    reporting.write_text(str(path), '{"step": 1}\n', append=True)
+    files.write_text(str(path), '{"step": 1}\n', append=True)
     write = os.write
     monkeypatch.setattr(os, "write", lambda fd, data: write(fd, data[:len(data) // 2]))
     with pytest.raises(OSError) as raised:
-        reporting.write_text(str(path), '{"step": 2, "loss": 0.5}\n', append=True)
+        files.write_text(str(path), '{"step": 2, "loss": 0.5}\n', append=True)
     monkeypatch.undo()
     assert failures.os_error_line(raised.value).startswith(f"No space left on device: {path} (")
     assert path.read_text() == '{"step": 1}\n'

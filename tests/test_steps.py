@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import objectives, optim, pretrain_loop, sharding, steps
+from bertjax import nonfinite, objectives, optim, pretrain_loop, sharding, steps
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import TrainState, create_train_state
 
@@ -79,7 +79,7 @@ def test_non_finite_steps_are_skipped_and_their_cause_named():
     bad["masked_lm_weights"] = bad["masked_lm_weights"] * np.float32(np.nan)
     with sharding.activate(mesh):
         state, metrics = step(state, sharding.global_batch_from_host(bad, mesh))
-    assert steps.NonFinite(int(metrics["nonfinite"])).what == "inputs"
+    assert nonfinite.NonFinite(int(metrics["nonfinite"])).what == "inputs"
     assert int(state.step) == 1
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), before)
     with sharding.activate(mesh):
@@ -91,7 +91,7 @@ def test_non_finite_steps_are_skipped_and_their_cause_named():
     state = jax.device_put(state.replace(params=params), shardings)
     with sharding.activate(mesh):
         state, metrics = step(state, sharding.global_batch_from_host(_batch(), mesh))
-    assert steps.NonFinite(int(metrics["nonfinite"])).what == "state"
+    assert nonfinite.NonFinite(int(metrics["nonfinite"])).what == "state"
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), params)
 
 
@@ -215,7 +215,7 @@ def test_non_finite_loss_and_non_finite_update_are_named():
         with sharding.activate(mesh):
             state, metrics = step(state, sharding.global_batch_from_host(batch, mesh))
         cause = int(metrics["nonfinite"])
-        return jax.device_get(state), steps.NonFinite(cause).what if cause else "applied"
+        return jax.device_get(state), nonfinite.NonFinite(cause).what if cause else "applied"
 
     huge = jax.tree.map(np.array, state.params)  # (writable copies)
     huge["bert"]["embeddings"]["word_embeddings"][batch["input_ids"][0, 0]] = 1e30
@@ -228,9 +228,9 @@ def test_non_finite_loss_and_non_finite_update_are_named():
         return jnp.full_like(x, 3e38) if ".mu" in name else jnp.zeros_like(x) if ".nu" in name \
             else x
     opt_state = jax.tree_util.tree_map_with_path(moments, state.opt_state)
-    assert bool(steps.all_finite(opt_state))
+    assert bool(nonfinite.all_finite(opt_state))
     after, cause = run(state.replace(opt_state=opt_state))
-    assert cause == "applied" and not bool(steps.all_finite(after.params))
+    assert cause == "applied" and not bool(nonfinite.all_finite(after.params))
     assert run(after)[1] == "state"  # (which `reporting` names "update" after a finite step)
 
 
@@ -251,7 +251,7 @@ def test_finite_gradients_keep_a_reachable_state_finite(name):
         assert np.isfinite(float(optim.global_norm(grads)))
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        assert bool(steps.all_finite((params, opt_state))), (name, i)
+        assert bool(nonfinite.all_finite((params, opt_state))), (name, i)
 
 
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
@@ -261,10 +261,10 @@ def test_grouped_finiteness_equals_the_per_leaf_check(bad):
     for one bad element in any leaf, the second of two leaves of one shape included."""
     tree = {"a": jnp.full((3, 4), 3e38), "b": jnp.full((3, 4), -3e38),
             "c": jnp.ones(5, jnp.bfloat16), "ids": jnp.arange(4)}
-    assert bool(steps.all_finite_grouped(tree)) and bool(steps.all_finite(tree))
+    assert bool(steps.all_finite_grouped(tree)) and bool(nonfinite.all_finite(tree))
     for name in ("b", "c"):
         broken = dict(tree, **{name: tree[name].at[1].set(bad)})
-        assert not bool(steps.all_finite_grouped(broken)) and not bool(steps.all_finite(broken))
+        assert not bool(steps.all_finite_grouped(broken)) and not bool(nonfinite.all_finite(broken))
 
 
 def test_loss_equals_log_softmax_and_gather_bit_for_bit():

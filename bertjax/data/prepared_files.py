@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from bertjax import files, locks, test_pause
+from bertjax import files, locks
 from bertjax.data import shard_format
 from bertjax.data.errors import DataError
 
@@ -65,7 +65,6 @@ def upload(local: str, remote: str, still_claimed: Callable[[str], None]) -> Non
     still_claimed("before its upload")
     for relative in relatives:
         files.copy(os.path.join(local, relative), f"{remote}/{relative}")
-    test_pause.before_meta_upload()
     still_claimed("at the end of its upload")
     with open(os.path.join(local, "meta.json"), "rb") as reader, \
             files.open(f"{remote}/meta.json", "xb") as writer:
