@@ -61,6 +61,15 @@ def accumulation(setting: int, config: ModelConfig, abstract_state, mesh: Mesh,
     state_bytes = memory.per_device_bytes(abstract_state) + memory.per_device_bytes(
         abstract_state.params)  # and the gradients
     dp, tensor = sharding.data_parallel_size(mesh), mesh.shape[sharding.TENSOR]
+    # (traced for the device: a TPU's Pallas kernel as the TPU's, not in interpret mode,
+    # whose host callbacks remat refuses)
+    with attention.target_device(device):
+        return _accumulation(config, phases, dp, tensor, state_bytes, usable, device)
+
+
+def _accumulation(config: ModelConfig, phases: Sequence[Phase], dp: int, tensor: int,
+                  state_bytes: int, usable: int | None, device: jax.Device) -> dict[str, int]:
+    """`accumulation` past its mesh figures (the estimates' attention traced for `device`)."""
     chosen = {}
     for phase in phases:
         per_device = phase.global_batch_size // dp

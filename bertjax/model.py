@@ -420,11 +420,14 @@ def architecture(config: BertConfig) -> dict[str, Any]:
 
 
 def example_inputs(model: nn.Module) -> tuple[jax.Array, ...]:
-    """Inputs for `model.init`: ids, segments, mask [1, 8], plus masked positions [1, 2] for
-    BertForPreTraining (the parameters depend on neither batch size nor length)."""
-    ids_1x8 = (jnp.zeros((1, 8), jnp.int32),) * 3
-    return ids_1x8 + (jnp.zeros((1, 2), jnp.int32),) if isinstance(model, BertForPreTraining) \
-        else ids_1x8
+    """Inputs for `model.init`: ids, segments, mask `[1, L]`, plus masked positions [1, 2] for
+    BertForPreTraining (the parameters depend on neither batch size nor length). L is 128
+    where the model allows it (TPU's Pallas kernel takes multiples of 128 only), else 8."""
+    config = getattr(model, "config", None)
+    length = 128 if getattr(config, "max_position_embeddings", 0) >= 128 else 8
+    ids_1xL = (jnp.zeros((1, length), jnp.int32),) * 3
+    return ids_1xL + (jnp.zeros((1, 2), jnp.int32),) if isinstance(model, BertForPreTraining) \
+        else ids_1xL
 
 
 def abstract_params(model: nn.Module, boxed: bool = False) -> Any:

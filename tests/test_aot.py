@@ -228,6 +228,19 @@ def test_cross_compile_for_h100_and_a_tpu_slice(tmp_path):
 
 
 @pytest.mark.aot
+def test_pallas_attention_with_remat_compiles_for_a_tpu_slice(tmp_path):
+    """The recipe without attention dropout on a TPU ("auto": the Pallas kernel) and with
+    remat, which a real run on a long phase needs: it compiles. Before, the parameters' shapes
+    were traced at 8 tokens (the kernel takes multiples of 128), and the memory estimate ran
+    the kernel in interpret mode, whose host callbacks remat refuses."""
+    result = _aot("--target=tpu-v5e-8", "--config.model.attention_probs_dropout_prob=0",
+                  "--config.model.remat_policy=dots", out=str(tmp_path / "v5e.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "attention pallas, remat dots" in result.stdout.splitlines()[0]
+    assert "fits: peak" in result.stdout
+
+
+@pytest.mark.aot
 @pytest.mark.parametrize("module, args", [
     ("bertjax.train", ["--config=configs/tiny.py", "--config.train.init_checkpoint={m}"]),
     ("bertjax.finetune", ["--config=configs/finetune/glue.py", "--config.init_checkpoint={m}"]),
