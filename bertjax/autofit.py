@@ -61,24 +61,18 @@ def accumulation(setting: int, config: ModelConfig, abstract_state, mesh: Mesh,
     state_bytes = memory.per_device_bytes(abstract_state) + memory.per_device_bytes(
         abstract_state.params)  # and the gradients
     dp, tensor = sharding.data_parallel_size(mesh), mesh.shape[sharding.TENSOR]
+    chosen = {}
     # (traced for the device: a TPU's Pallas kernel as the TPU's, not in interpret mode,
     # whose host callbacks remat refuses)
     with attention.target_device(device):
-        return _accumulation(config, phases, dp, tensor, state_bytes, usable, device)
-
-
-def _accumulation(config: ModelConfig, phases: Sequence[Phase], dp: int, tensor: int,
-                  state_bytes: int, usable: int | None, device: jax.Device) -> dict[str, int]:
-    """`accumulation` past its mesh figures (the estimates' attention traced for `device`)."""
-    chosen = {}
-    for phase in phases:
-        per_device = phase.global_batch_size // dp
-        options = [k for k in (2 ** i for i in range(per_device.bit_length()))
-                   if per_device % k == 0] or [1]
-        chosen[phase.name] = options[-1] if usable else 1
-        for k in options if usable else []:
-            if _micro_batch_fits(config, phase, per_device // k, tensor, state_bytes,
-                                 MEMORY_MARGIN * usable, device.platform):
-                chosen[phase.name] = k
-                break
+        for phase in phases:
+            per_device = phase.global_batch_size // dp
+            options = [k for k in (2 ** i for i in range(per_device.bit_length()))
+                       if per_device % k == 0] or [1]
+            chosen[phase.name] = options[-1] if usable else 1
+            for k in options if usable else []:
+                if _micro_batch_fits(config, phase, per_device // k, tensor, state_bytes,
+                                     MEMORY_MARGIN * usable, device.platform):
+                    chosen[phase.name] = k
+                    break
     return chosen
