@@ -22,8 +22,10 @@ from jax.sharding import PartitionSpec
 # segment offsets on Hopper or later; attention dropout by cuDNN's own generator); "xla":
 # jax.nn.dot_product_attention's portable path; "pallas": the Pallas TPU flash attention
 # (segment ids; TPU interpret mode elsewhere, for tests); "xla" and "pallas" have no attention
-# dropout. "auto": "cudnn" where it runs (GPU, 16-bit compute, head size <= 128), "pallas" on
-# TPU where no attention dropout is applied (evaluation, inference), else "einsum".
+# dropout. "auto": "cudnn" on a GPU where no attention dropout is applied (16-bit compute,
+# head size <= 128), "pallas" on TPU likewise, else "einsum". cuDNN's in-kernel dropout aborted
+# the process at the first step on an H100 (jax 0.11.2, benchmarks/gpu/README.md): with
+# attention dropout, "cudnn" is opt-in until a GPU run shows it holds.
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
 CUDNN_DTYPES = ("bfloat16", "float16")
 ATTENTION_MASK_VALUE = -10000.0  # the original additive mask, not -inf
@@ -82,7 +84,8 @@ def resolve_impl(impl: str, dtype: str, head_size: int, backend: str | None = No
         return impl
     backend = backend or target_platform()
     cudnn_fits = dtype in CUDNN_DTYPES and head_size <= 128 and head_size % 8 == 0
-    if backend in ("gpu", "cuda") and cudnn_fits and (not packed or _gpu_is_hopper_or_later()):
+    if backend in ("gpu", "cuda") and cudnn_fits and dropout_rate == 0 and (
+            not packed or _gpu_is_hopper_or_later()):
         return "cudnn"
     if backend == "tpu" and dropout_rate == 0 and length % PALLAS_BLOCK == 0:
         return "pallas"

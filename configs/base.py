@@ -34,7 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
     # "einsum": the reference, attention dropout from the JAX RNG (bit-exact on resume);
     # "cudnn": cuDNN flash attention, attention dropout from cuDNN's own generator;
     # "xla": jax.nn.dot_product_attention, needs attention_probs_dropout_prob=0 to train.
-    c.model.attention_impl = "auto"  # "auto" = "cudnn" on GPU with bf16 compute, else "einsum"
+    c.model.attention_impl = "auto"  # "auto": fused kernels where no attention dropout applies
     c.model.vocab_pad_multiple = 1  # MLM projection on the vocab padded to this multiple; 1 = off
 
     c.data = ml_collections.ConfigDict()
