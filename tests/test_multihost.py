@@ -172,6 +172,7 @@ def _tiny_config(corpus_file: str, cache_dir: str) -> ml_collections.ConfigDict:
     return config
 
 
+@pytest.mark.slow  # over a minute end to end (docs/testing.md)
 def test_two_processes_train_like_one(tmp_path):
     corpus_file = tmp_path / "corpus.txt"
     documents = [doc for doc in default_corpus.default_corpus() if len(doc) >= 2][:200]

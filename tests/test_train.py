@@ -264,6 +264,7 @@ def finished(corpus_file, cache_dir, tmp_path_factory):
     return workdir, config
 
 
+@pytest.mark.slow  # over a minute end to end (docs/testing.md)
 def test_another_schedule_is_refused_and_extend_trains_on_as_documented(finished, capsys):
     workdir, config = finished
     before = files_under(workdir)
