@@ -72,6 +72,13 @@ def pretrained_parts(config: ModelConfig) -> tuple[str, ...]:
     return ("model", "head") if is_modernbert(config) else ("bert",)
 
 
+def optional_pretrained_parts(config: ModelConfig) -> tuple[str, ...]:
+    """The `pretrained_parts` a checkpoint may lack, left at their initialisation: ModernBERT's
+    prediction head, which a bare transformers ModernBertModel does not hold (transformers'
+    ModernBertFor... classes initialise it then too)."""
+    return ("head",) if is_modernbert(config) else ()
+
+
 def pretraining_model(config: ModelConfig) -> nn.Module:
     """The module pretraining trains: BertForPreTraining (MLM + NSP heads) or
     ModernBertForMaskedLM (MLM only)."""

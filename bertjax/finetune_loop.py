@@ -163,7 +163,8 @@ def _fresh_state(settings: Settings, trainer: Trainer, seed: int) -> Any:
         params = dict(state.params, **pretrained.load_pretrained(
             settings.init_checkpoint, {name: sharded.abstract_state.params[name]
                                        for name in parts},
-            sharded.model.config, reuse=True))
+            sharded.model.config, reuse=True,
+            optional=families.optional_pretrained_parts(sharded.model.config)))
         state = state.replace(params=params, opt_state=jax.jit(
             sharded.tx.init, out_shardings=sharded.state_shardings.opt_state)(params))
     return state

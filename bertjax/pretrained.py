@@ -123,12 +123,16 @@ def check_architecture(found: families.ModelConfig, run: families.ModelConfig,
 
 
 def load_pretrained(path: str, abstract_params: dict[str, Any],
-                    model_config: families.ModelConfig, reuse: bool = False) -> Any:
+                    model_config: families.ModelConfig, reuse: bool = False,
+                    optional: tuple[str, ...] = ()) -> Any:
     """The parameters of the checkpoint at `path` (any format) for a model of `model_config`,
     placed like `abstract_params`: the whole BertForPreTraining (ModernBertForMaskedLM) tree
     (pretraining from a checkpoint) or some of its top-level entries (`{"bert": ...}`, for
     ModernBERT `{"model": ..., "head": ...}`: a fine-tuned model's encoder). A bertjax
-    checkpoint in the same layer layout is read straight into the shards. `reuse` keeps the last checkpoint read on the host for the next call (fine-tuning seeds)."""
+    checkpoint in the same layer layout is read straight into the shards. `reuse` keeps the
+    last checkpoint read on the host for the next call (fine-tuning seeds). Entries named in
+    `optional` may be absent from the checkpoint: they are left out of the result (the caller
+    keeps its fresh ones) and logged."""
     source_format = detect_format(path)
     if source_format == "bertjax":
         directory = native.checkpoint_dir(path)
@@ -139,15 +143,21 @@ def load_pretrained(path: str, abstract_params: dict[str, Any],
     logging.info("Initialising parameters from %s (%s checkpoint)", path, source_format)
     found, params = _read_once(path) if reuse else read(path)
     check_architecture(found, model_config, path)
-    missing = sorted(set(abstract_params) - set(params))
+    absent = set(abstract_params) - set(params)
+    missing = sorted(absent - set(optional))
     if missing:
         raise ConversionError(f"init_checkpoint {path} has no {', '.join(missing)} parameters "
-                              "(a fine-tuned model holds its encoder and a task's output layer): "
-                              "start from a pretraining checkpoint")
+                              "(a fine-tuned model holds its encoder and a task's output layer; "
+                              "a bare encoder, no pretraining head): start from a pretraining "
+                              "checkpoint")
+    for name in sorted(absent):
+        logging.warning("init_checkpoint %s has no %s parameters: they start from their "
+                        "random initialisation, as transformers does", path, name)
     if getattr(model_config, "scan_layers", False):
         params = tree.stack_layers(params)
+    wanted = {name: abstract for name, abstract in abstract_params.items() if name in params}
     return jax.tree.map(lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
-                        {name: params[name] for name in abstract_params}, abstract_params)
+                        {name: params[name] for name in wanted}, wanted)
 
 
 def abstract_params_on_one_device(model: nn.Module) -> Any:

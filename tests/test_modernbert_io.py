@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -139,6 +140,47 @@ def test_convert_a_hugging_face_modernbert_to_bertjax_and_back(hf_dir, tmp_path)
         pretrained.load_pretrained(str(tmp_path / "bertjax"), abstract, other)
 
 
+@pytest.fixture(scope="module")
+def bare_dir(hf_dir, tmp_path_factory) -> str:
+    """hf_dir's encoder as transformers saves a bare ModernBertModel: its weights without the
+    `model.` prefix, no prediction head or decoder, architectures ModernBertModel."""
+    from safetensors.numpy import save_file
+    directory = tmp_path_factory.mktemp("bare")
+    tensors = hf_modernbert.read_tensors(hf_dir)
+    save_file({name[len("model."):]: value for name, value in tensors.items()
+               if name.startswith("model.")}, str(directory / "model.safetensors"))
+    values = json.loads(open(os.path.join(hf_dir, "config.json"), encoding="utf-8").read())
+    (directory / "config.json").write_text(json.dumps({**values,
+                                                       "architectures": ["ModernBertModel"]}))
+    shutil.copy(os.path.join(hf_dir, "tokenizer.json"), directory / "tokenizer.json")
+    return str(directory)
+
+
+def test_a_bare_modernbert_model_gives_its_encoder_and_the_head_starts_fresh(hf_dir, bare_dir,
+                                                                             tmp_path, capsys):
+    source = pretrained.Source(init_checkpoint=bare_dir)
+    run = pretrained.pretraining_run(source)
+    assert run.finetuned_task == ""
+    config = pretrained.bert_config_of(source, run)
+    model = modernbert_heads.ModernBertForSequenceClassification(config, 2)
+    abstract = pretrained.abstract_params_on_one_device(model)
+    parts = {name: abstract[name] for name in families.pretrained_parts(config)}
+    loaded = pretrained.load_pretrained(bare_dir, parts, config,
+                                        optional=families.optional_pretrained_parts(config))
+    assert set(loaded) == {"model"}  # the head keeps the fine-tuning model's initialisation
+    full = tree.flatten(hf_modernbert.load_hf(hf_dir)[1])
+    for path, value in tree.flatten(loaded).items():
+        np.testing.assert_array_equal(np.asarray(value), full[path], path)
+    # Pretraining needs the MLM head; converting would write a model without it.
+    with pytest.raises(tree.ConversionError, match="has no decoder, head parameters"):
+        pretrained.load_pretrained(bare_dir, pretrained.abstract_params_on_one_device(
+            modernbert.ModernBertForMaskedLM(config)), config)
+    capsys.readouterr()  # (the head's warning above, when absl logs to stderr)
+    assert convert.main([bare_dir, str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a bare ModernBertModel (no MLM head)" in err[0], err
+
+
 def test_squad_words_take_the_pieces_they_have_in_running_text(hf_dir):
     tokenizer = pretrained.checkpoint_tokenizer(hf_dir, None)
     example = squad.SquadExample("q", "who was good ?", ["john", "was", "good", "."], "john",
@@ -151,22 +193,34 @@ def test_squad_words_take_the_pieces_they_have_in_running_text(hf_dir):
     assert (rows.start_positions[0], rows.end_positions[0]) == (first_doc, first_doc + john - 1)
 
 
-@pytest.fixture(scope="module")
-def sst2_run(hf_dir, tmp_path_factory) -> str:
-    """A fine-tuned tiny ModernBERT (mean pooling) on an SST-2-like task of 64 rows."""
-    root = tmp_path_factory.mktemp("glue")
+def fine_tune_sst2(init_checkpoint: str, root) -> dict:
+    """Fine-tunes `init_checkpoint` (mean pooling) on an SST-2-like task of 64 rows written
+    under `root`; returns the run's summary (the run in root/run)."""
     rng = random.Random(0)
     os.makedirs(root / "SST-2")
     for split, count in (("train", 64), ("dev", 16)):
         rows = [f"{sentence(rng, i % 2 == 1)}\t{i % 2}" for i in range(count)]
         (root / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
     config = config_file("glue.py")
-    config.update(task="sst2", data_dir=str(root), init_checkpoint=hf_dir, max_seq_length=16,
-                  train_batch_size=16, eval_batch_size=8, learning_rate=3e-3, log_every=4,
-                  num_train_epochs=4.0, classifier_pooling="mean")
-    summary = finetune.run(config, str(root / "run"), devices=jax.devices()[:1])
+    config.update(task="sst2", data_dir=str(root), init_checkpoint=init_checkpoint,
+                  max_seq_length=16, train_batch_size=16, eval_batch_size=8, learning_rate=3e-3,
+                  log_every=4, num_train_epochs=4.0, classifier_pooling="mean")
+    return finetune.run(config, str(root / "run"), devices=jax.devices()[:1])
+
+
+@pytest.fixture(scope="module")
+def sst2_run(hf_dir, tmp_path_factory) -> str:
+    """A fine-tuned tiny ModernBERT (mean pooling) on an SST-2-like task of 64 rows."""
+    root = tmp_path_factory.mktemp("glue")
+    summary = fine_tune_sst2(hf_dir, root)
     assert summary["seeds"][0]["dev"]["dev"]["accuracy"] >= 0.75, summary["seeds"]
     return str(root / "run")
+
+
+@pytest.mark.slow  # a real fine-tuning run: about 40 s of CPU
+def test_a_bare_modernbert_model_fine_tunes(bare_dir, tmp_path):
+    summary = fine_tune_sst2(bare_dir, tmp_path)
+    assert summary["seeds"][0]["dev"]["dev"]["accuracy"] >= 0.75, summary["seeds"]
 
 
 @pytest.mark.slow  # a real fine-tuning run: about 40 s of CPU

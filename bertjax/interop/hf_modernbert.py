@@ -112,8 +112,8 @@ def load_hf(path: str, report: tree.LoadReport | None = None
     """Reads a transformers ModernBERT directory (`config.json` + `model.safetensors`, sharded
     safetensors, or `pytorch_model.bin` with torch): ModernBertForMaskedLM's parameters; of a
     fine-tuned `ModernBertFor...` class, its encoder and prediction head (`model`, `head`:
-    what a fine-tuning run takes), its output layer skipped. One without the prediction head
-    (ModernBertModel) is refused."""
+    what a fine-tuning run takes), its output layer skipped; of a bare ModernBertModel (no
+    prediction head), its encoder (`model`) alone."""
     report = report if report is not None else tree.LoadReport()
     values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
     config = hf_config(values, path)
@@ -122,6 +122,9 @@ def load_hf(path: str, report: tree.LoadReport | None = None
     shapes = param_shapes(config)
     if (values.get("architectures") or [""])[0] in FINETUNED_CLASSES:
         shapes = {p: shape for p, shape in shapes.items() if not p.startswith("decoder/")}
+    if tensors and not any(name.startswith("model.") for name in tensors):  # ModernBertModel
+        tensors = {f"model.{name}": value for name, value in tensors.items()}
+        shapes = {p: shape for p, shape in shapes.items() if p.startswith("model/")}
     by_hf_name = {path_to_hf(p)[0]: p for p in shapes}
     mapped = {}
     for name, value in tensors.items():
