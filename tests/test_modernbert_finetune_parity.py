@@ -3,7 +3,8 @@ float32) on the same random weights: `ModernBertForSequenceClassification` (cls 
 pooling), `...ForTokenClassification` and `...ForQuestionAnswering` give bertjax's logits
 within 1e-5; a bertjax sequence classifier exports to a directory transformers loads with the
 same logits; a transformers ModernBERT saved with its BPE tokenizer.json, read as
-`init_checkpoint`, tokenizes as AutoTokenizer and gives the same MLM logits.
+`init_checkpoint`, tokenizes as AutoTokenizer and gives the same MLM logits; a bare
+`ModernBertModel` gives its encoder's last hidden state.
 
 Needs the `parity` extra; run with `python -m pytest -q -m parity tests`."""
 import jax.numpy as jnp
@@ -149,3 +150,27 @@ def test_a_transformers_modernbert_with_its_bpe_tokenizer_reads_as_init_checkpoi
     with torch.no_grad():
         again_logits = again(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
     assert_close_at_real_tokens(again_logits.numpy(), theirs.numpy(), mask)
+
+
+def test_a_transformers_modernbertmodel_gives_its_encoder(tmp_path):
+    """A bare `ModernBertModel` saved by transformers (no prediction head): read as a
+    fine-tuning init_checkpoint, its encoder gives transformers' last hidden state."""
+    masked_lm = random_hf_model("window-larger-all-biases")
+    bare = transformers.ModernBertModel(masked_lm.config).eval()
+    bare.load_state_dict(masked_lm.model.state_dict())
+    bare.save_pretrained(tmp_path / "bare")
+    source = pretrained.Source(init_checkpoint=str(tmp_path / "bare"))
+    config = pretrained.bert_config_of(source, pretrained.pretraining_run(source))
+    model = modernbert_heads.ModernBertForSequenceClassification(config, 2)
+    abstract = pretrained.abstract_params_on_one_device(model)
+    params = pretrained.load_pretrained(str(tmp_path / "bare"),
+                                        {"model": abstract["model"], "head": abstract["head"]},
+                                        config, optional=("head",))
+    assert set(params) == {"model"}
+    ids, mask = padded_batch(config.vocab_size)
+    ours = modernbert.ModernBertModel(config).apply({"params": params["model"]},
+                                                    jnp.asarray(ids), jnp.asarray(mask))
+    with torch.no_grad():
+        theirs = bare(input_ids=torch.tensor(ids),
+                      attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+    assert_close_at_real_tokens(np.asarray(ours, np.float32), theirs, mask)
