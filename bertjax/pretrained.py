@@ -21,9 +21,9 @@ from absl import logging
 
 from bertjax import checkpoint, families, files, modernbert, modernbert_config
 from bertjax import model as bert_model
-from bertjax.data import pipeline, tokenization
+from bertjax.data import bpe, pipeline, tokenization
 from bertjax.data.settings import DataSettings
-from bertjax.interop import hf, hf_bpe, hf_modernbert, hf_tokenizer, native, staging, tf, tree
+from bertjax.interop import hf, hf_modernbert, hf_tokenizer, native, staging, tf, tree
 from bertjax.interop.tree import ConversionError
 from bertjax.model import BertConfig, BertModel
 from bertjax.errors import UserError
@@ -175,7 +175,7 @@ class Source:
     init_checkpoint: str = ""  # bertjax run, Google TF or Hugging Face checkpoint
     model_config: str = ""  # bert_config.json: architecture without (or overriding) one
     vocab_file: str = ""  # overrides the checkpoint's tokenizer
-    tokenizer: str = ""  # "wordpiece" | "sentencepiece" for vocab_file; empty = by extension
+    tokenizer: str = ""  # "wordpiece" | "sentencepiece" | "bpe" for vocab_file; empty = by name
     do_lower_case: bool = True
     dtype: str = "float32"
     vocab_flag: str = "--config.vocab_file"  # the flag that sets vocab_file, for messages
@@ -260,8 +260,10 @@ def tokenizer_of(source: Source, pretrain: PretrainingRun) -> tokenization.Token
     """`vocab_file` if set, else the tokenizer the pretraining run used. With a bertjax
     checkpoint, the tokenizer must be the one it was pretrained with (same fingerprint)."""
     if source.vocab_file:
-        kind = source.tokenizer or ("sentencepiece" if source.vocab_file.endswith(".model")
-                                    else "wordpiece")
+        kind = source.tokenizer or (
+            "sentencepiece" if source.vocab_file.endswith(".model")
+            else "bpe" if source.vocab_file.endswith(".json") and bpe.is_bpe(source.vocab_file)
+            else "wordpiece")
         tokenizer = tokenization.load_tokenizer(kind, source.vocab_file, source.do_lower_case)
     elif google_or_hf(source.init_checkpoint):  # Google and HF: the tokenizer beside it
         return _vocab_beside(source)
@@ -301,8 +303,8 @@ def checkpoint_tokenizer(path: str, do_lower_case: bool | None,
         kind, vocab, casing = hf_tokenizer.tokenizer_file(local if files.isdir(local)
                                                           else os.path.dirname(local))
         if kind == "bpe":
-            return hf_bpe.BpeTokenizer(vocab)
-    except ConversionError as e:
+            return bpe.BpeTokenizer(vocab)
+    except (ConversionError, pipeline.DataError) as e:
         raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) from None
     if kind == "sentencepiece":
         return tokenization.SentencePieceTokenizer(vocab)

@@ -17,12 +17,16 @@ import numpy as np
 import pytest
 import tokenizers as tk
 
-from bertjax import (convert, extract_features, families, finetune, modernbert,
-                     modernbert_heads, pretrained)
-from bertjax.interop import hf_bpe, hf_modernbert, native, tree
+from bertjax import (checkpoint, convert, extract_features, families, finetune, modernbert,
+                     modernbert_heads, pretrained, train)
+from bertjax.data import bpe, pipeline
+from bertjax.data.settings import DataSettings
+from bertjax.interop import hf_modernbert, native, tree
 from bertjax.modernbert_config import ModernBertConfig
 from bertjax.tasks import features, glue, ner, squad, squad_predict
 from test_finetune import REPO_ROOT, config_file, run_extract_features, sentence
+from test_modernbert_train import small_config
+from test_train import cache_dir, corpus_file  # noqa: F401 (fixtures)
 
 SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 TEXTS = ["the movie was good .", "a plot and very bad film", "what a lovely story ?",
@@ -64,15 +68,15 @@ def hf_dir(tmp_path_factory) -> str:
     """A transformers-layout ModernBertForMaskedLM directory (bertjax's writer, random
     weights) with a BPE tokenizer.json beside it, as a Hugging Face download has."""
     directory = str(tmp_path_factory.mktemp("hf") / "modernbert")
-    bpe = bpe_tokenizer(os.path.join(directory, "tokenizer.json"))
-    config = tiny_config(hf_bpe.BpeTokenizer(bpe).vocab_size)
+    tokenizer_json = bpe_tokenizer(os.path.join(directory, "tokenizer.json"))
+    config = tiny_config(bpe.BpeTokenizer(tokenizer_json).vocab_size)
     hf_modernbert.save_hf(config, random_params(config), directory)
     return directory
 
 
 def test_the_bpe_tokenizer_tokenizes_as_the_tokenizers_library(tmp_path):
     path = bpe_tokenizer(str(tmp_path / "tokenizer.json"))
-    reference, ours = tk.Tokenizer.from_file(path), hf_bpe.BpeTokenizer(path)
+    reference, ours = tk.Tokenizer.from_file(path), bpe.BpeTokenizer(path)
     for text in ("the movie was good .", "café naïve – déjà vu", "unseen wordz!"):
         assert ours.encode(text) == reference.encode(text, add_special_tokens=False).ids
         assert ours.tokenize(text) == reference.encode(text, add_special_tokens=False).tokens
@@ -96,8 +100,8 @@ def test_a_tokenizer_json_without_the_special_tokens_is_one_line(tmp_path):
     hf.train_from_iterator(TEXTS, tk.trainers.BpeTrainer(vocab_size=60,
                                                          special_tokens=["<unk>", "<s>"]))
     hf.save(str(tmp_path / "tokenizer.json"))
-    with pytest.raises(tree.ConversionError, match=r"lacks the special tokens \[PAD\]") as e:
-        hf_bpe.BpeTokenizer(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(pipeline.DataError, match=r"lacks the special tokens \[PAD\]") as e:
+        bpe.BpeTokenizer(str(tmp_path / "tokenizer.json"))
     assert "\n" not in str(e.value)
 
 
@@ -107,7 +111,7 @@ def test_a_hugging_face_modernbert_directory_is_read_with_its_bpe_tokenizer(hf_d
     config = pretrained.bert_config_of(source, run)
     assert families.is_modernbert(config) and run.finetuned_task == ""
     tokenizer = pretrained.tokenizer_of(source, run)
-    assert isinstance(tokenizer, hf_bpe.BpeTokenizer)
+    assert isinstance(tokenizer, bpe.BpeTokenizer)
     assert tokenizer.vocab_size == config.vocab_size
     expected = random_params(config)  # what bertjax's export wrote
     abstract = pretrained.abstract_params_on_one_device(modernbert.ModernBertForMaskedLM(config))
@@ -179,6 +183,49 @@ def test_a_bare_modernbert_model_gives_its_encoder_and_the_head_starts_fresh(hf_
     assert convert.main([bare_dir, str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a bare ModernBertModel (no MLM head)" in err[0], err
+
+
+def test_pretraining_data_tokenizes_with_a_bpe_tokenizer_json(hf_dir, tmp_path):
+    settings = lambda **data: DataSettings.of({**small_config("corpus.txt", "").data, **data})
+    path = os.path.join(hf_dir, "tokenizer.json")
+    tokenizer = pipeline.load_or_train_tokenizer(settings(tokenizer="bpe", vocab_file=path),
+                                                 str(tmp_path))
+    assert isinstance(tokenizer, bpe.BpeTokenizer)
+    assert tokenizer.encode(" john went") == tk.Tokenizer.from_file(path).encode(
+        " john went", add_special_tokens=False).ids
+    with pytest.raises(pipeline.DataError, match="data.tokenizer=bpe needs "
+                                                 "--config.data.vocab_file=tokenizer.json"):
+        pipeline.load_or_train_tokenizer(settings(tokenizer="bpe"), str(tmp_path))
+    source = pretrained.Source(vocab_file=path)  # fine-tuning's vocab_file: told by its form
+    assert isinstance(pretrained.tokenizer_of(source, pretrained.PretrainingRun({})),
+                      bpe.BpeTokenizer)
+
+
+@pytest.mark.slow  # a real pretraining run
+def test_pretraining_continues_a_transformers_modernbert_with_its_tokenizer(
+        hf_dir, corpus_file, cache_dir, tmp_path):  # noqa: F811
+    """`train.init_checkpoint` a Hugging Face ModernBERT and `data.tokenizer=bpe` its
+    tokenizer.json: the run tokenizes as the checkpoint did, starts from its weights, records
+    the tokenizer, and exports it unchanged."""
+    hf_config, hf_params = hf_modernbert.load_hf(hf_dir)
+    config = small_config(corpus_file, cache_dir)
+    config.model.update({f.name: getattr(hf_config, f.name)
+                         for f in dataclasses.fields(hf_config)})
+    config.data.update(tokenizer="bpe", vocab_file=os.path.join(hf_dir, "tokenizer.json"),
+                       max_seq_length=64)
+    config.long_phase.fraction = 0.0
+    config.train.update(total_steps=2, checkpoint_every=2, eval_batches=1, init_checkpoint=hf_dir)
+    config.optimizer.warmup_steps = 1
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+    tokenizer = bpe.BpeTokenizer(config.data.vocab_file)
+    assert checkpoint.read_meta(str(tmp_path / "run" / "checkpoints"))["tokenizer"] == \
+        tokenizer.fingerprint()
+    after = tree.flatten(native.load_bertjax(str(tmp_path / "run"))[1])
+    for path, value in tree.flatten(hf_params).items():  # two steps of at most the peak rate
+        np.testing.assert_allclose(after[path], value, atol=1e-2, err_msg=path)
+    assert convert.main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "tokenizer.json").read_text(encoding="utf-8") == \
+        open(config.data.vocab_file, encoding="utf-8").read()
 
 
 def test_squad_words_take_the_pieces_they_have_in_running_text(hf_dir):

@@ -779,7 +779,7 @@ def test_check_token_ids_rejects_a_small_model_vocab(static, sp_tokenizer):
     ("masking", "Dynamic", "'static', 'dynamic'"),
     ("strip_accents", "sometimes", "'auto', 'true', 'false'"),
     ("text_format", "line", "'auto', 'lines', 'paragraphs'"),
-    ("tokenizer", "bpe", "'wordpiece', 'sentencepiece'")])
+    ("tokenizer", "unigram", "'wordpiece', 'sentencepiece', 'bpe'")])
 def test_a_bad_choice_is_one_line_when_the_settings_are_built(corpus_file, field, value, allowed):
     """Checked once, where config.data becomes DataSettings (before any data is touched)."""
     config = make_config(corpus_file, **{f"data.{field}": value})

@@ -215,7 +215,7 @@ def test_load_tokenizer(vocab_file):
     t = tok.load_tokenizer("wordpiece", vocab_file, do_lower_case=False)
     assert isinstance(t, tok.WordPieceTokenizer) and t.tokenize("Hello") == ["Hello"]
     with pytest.raises(ValueError, match="'bpe'"):
-        tok.load_tokenizer("bpe", vocab_file)
+        tok.load_tokenizer("unigram", vocab_file)
 
 
 # ---------------------------------------------------------------------------

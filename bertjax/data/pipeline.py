@@ -105,11 +105,13 @@ def load_or_train_tokenizer(data: DataSettings, cache_dir: str, process_index: i
     if data.vocab_file:
         if not files.exists(data.vocab_file):
             raise DataError(f"data.vocab_file={data.vocab_file!r} does not exist; pass a "
-                            "Google vocab.txt (wordpiece) or a SentencePiece .model")
+                            "Google vocab.txt (wordpiece), a SentencePiece .model or a "
+                            "BPE tokenizer.json (bpe)")
         return tokenization.load_tokenizer(data.tokenizer, data.vocab_file,
                                            data.do_lower_case, data.strip_accents_option)
     if data.tokenizer != "sentencepiece":
-        raise DataError("data.tokenizer=wordpiece needs --config.data.vocab_file=vocab.txt "
+        file = "vocab.txt" if data.tokenizer == "wordpiece" else "tokenizer.json"
+        raise DataError(f"data.tokenizer={data.tokenizer} needs --config.data.vocab_file={file} "
                         "(or use data.tokenizer=sentencepiece to train one on the corpus)")
     key = _hash({"source": _source_fingerprint(data), "size": data.sentencepiece_vocab_size,
                  "lower": data.do_lower_case})

@@ -26,7 +26,7 @@ class DataSettings:
     tfds_split: str
     tfds_data_dir: str
     tfds_text_key: str
-    tokenizer: Literal["wordpiece", "sentencepiece"]
+    tokenizer: Literal["wordpiece", "sentencepiece", "bpe"]
     vocab_file: str
     sentencepiece_vocab_size: int  # tokens
     do_lower_case: bool

@@ -1,5 +1,5 @@
-"""Tokenizers for BERT: Google's WordPiece reproduced exactly (`data.wordpiece`), and
-SentencePiece (here). Both implement the small `Tokenizer` protocol the data pipeline relies on.
+"""Tokenizers for BERT: Google's WordPiece reproduced exactly (`data.wordpiece`),
+SentencePiece (here) and a Hugging Face BPE tokenizer.json (`data.bpe`). All implement the small `Tokenizer` protocol the data pipeline relies on.
 
 CLI:
   python -m bertjax.data.tokenization train --input=a.txt,b.txt --model_prefix=out/sp \
@@ -19,7 +19,7 @@ from absl import logging
 from sentencepiece import sentencepiece_model_pb2
 
 from bertjax import files
-
+from bertjax.data import bpe
 from bertjax.data.wordpiece import (  # noqa: F401 (the tokenizers and tokens, in one place)
     CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, WordPieceTokenizer, basic_tokenize, check_id,
     file_fingerprint, read_bytes, to_text)
@@ -214,13 +214,16 @@ def load_tokenizer(
     max_input_chars_per_word: int = 200,
 ) -> Tokenizer:
     """Build a tokenizer; case options and the word limit apply to WordPiece (SentencePiece
-    models carry their own)."""
+    models and BPE tokenizer.json files carry their own)."""
     if kind == "wordpiece":
         return WordPieceTokenizer(path, do_lower_case=do_lower_case, strip_accents=strip_accents,
                                   max_input_chars_per_word=max_input_chars_per_word)
     if kind == "sentencepiece":
         return SentencePieceTokenizer(path)
-    raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'wordpiece' or 'sentencepiece'")
+    if kind == "bpe":
+        return bpe.BpeTokenizer(path)
+    raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'wordpiece', 'sentencepiece' "
+                     "or 'bpe'")
 
 
 # ---------------------------------------------------------------------------
@@ -277,7 +280,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--lowercase", action="store_true", help="case-fold (nmt_nfkc_cf normalization)")
     train.set_defaults(run=_cmd_train)
     tok = sub.add_parser("tokenize", help="print the tokens and ids of a text")
-    tok.add_argument("--kind", default="wordpiece", choices=("wordpiece", "sentencepiece"))
+    tok.add_argument("--kind", default="wordpiece", choices=("wordpiece", "sentencepiece", "bpe"))
     tok.add_argument("--vocab", required=True, help="vocab.txt (wordpiece) or .model (sentencepiece)")
     tok.add_argument("--text", required=True)
     tok.add_argument("--cased", action="store_true", help="wordpiece: keep case and accents")

@@ -26,9 +26,10 @@ import tokenizers as tk
 from sentencepiece import sentencepiece_model_pb2
 
 from bertjax import files
+from bertjax.data import bpe
 from bertjax.data.tokenization import (CLS, MASK, PAD, SEP, UNK, SentencePieceTokenizer,
                                        Tokenizer, WordPieceTokenizer)
-from bertjax.interop import hf_bpe, tree
+from bertjax.interop import tree
 
 SPECIAL_TOKENS = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,
                   "mask_token": MASK}
@@ -105,15 +106,15 @@ def save_tokenizer(tokenizer: Tokenizer, path: str, model_max_length: int) -> li
     """Writes the tokenizer files for `AutoTokenizer` into `path`; returns their names (a BPE
     tokenizer.json is written as it was read, with ModernBERT's model inputs)."""
     if not isinstance(tokenizer, (WordPieceTokenizer, SentencePieceTokenizer,
-                                  hf_bpe.BpeTokenizer)):
+                                  bpe.BpeTokenizer)):
         raise tree.ConversionError(f"no Hugging Face form for a {type(tokenizer).__name__}")
-    bpe = isinstance(tokenizer, hf_bpe.BpeTokenizer)
+    byte_level = isinstance(tokenizer, bpe.BpeTokenizer)
     config: dict = {**SPECIAL_TOKENS, "model_max_length": model_max_length,
-                    "model_input_names": ["input_ids", "attention_mask"] if bpe
+                    "model_input_names": ["input_ids", "attention_mask"] if byte_level
                     else ["input_ids", "token_type_ids", "attention_mask"],
                     "tokenizer_class": "PreTrainedTokenizerFast"}
-    if bpe:
-        names = hf_bpe.save(tokenizer, path)
+    if byte_level:
+        names = bpe.save(tokenizer, path)
     elif isinstance(tokenizer, WordPieceTokenizer):
         names = save_vocab(tokenizer, path)
         config.update(do_lower_case=tokenizer.do_lower_case,
@@ -122,7 +123,7 @@ def save_tokenizer(tokenizer: Tokenizer, path: str, model_max_length: int) -> li
         names = [SENTENCEPIECE_FILES[0]]
         with files.open(os.path.join(path, names[0]), "wb") as f:
             f.write(tokenizer.model_proto())
-    if not bpe:
+    if not byte_level:
         with open(os.path.join(path, "tokenizer.json"), "w", encoding="utf-8") as f:
             f.write(tokenizer_json(tokenizer))
         names.append("tokenizer.json")

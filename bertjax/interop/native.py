@@ -14,8 +14,8 @@ import jax
 import numpy as np
 
 from bertjax import checkpoint, files
-from bertjax.data import tokenization
-from bertjax.interop import hf_bpe, hf_tokenizer, tree
+from bertjax.data import bpe, tokenization
+from bertjax.interop import hf_tokenizer, tree
 from bertjax.model import BertConfig
 from bertjax.modernbert_config import ModernBertConfig
 
@@ -127,8 +127,8 @@ def save_tokenizer(tokenizer: tokenization.Tokenizer, directory: str) -> list[st
         spec.update(kind="wordpiece", file=names[0], do_lower_case=tokenizer.do_lower_case,
                     strip_accents=tokenizer.strip_accents,
                     max_input_chars_per_word=tokenizer.max_input_chars_per_word)
-    elif isinstance(tokenizer, hf_bpe.BpeTokenizer):
-        names = hf_bpe.save(tokenizer, directory)
+    elif isinstance(tokenizer, bpe.BpeTokenizer):
+        names = bpe.save(tokenizer, directory)
         spec.update(kind="bpe", file=names[0])
     elif isinstance(tokenizer, tokenization.SentencePieceTokenizer):
         with files.open(os.path.join(directory, SENTENCEPIECE_FILE), "wb") as f:
@@ -156,7 +156,7 @@ def tokenizer_beside(path: str) -> tokenization.Tokenizer | None:
         spec_path = os.path.join(directory, TOKENIZER_FILE)
         if files.isfile(spec_path):
             spec = tree.read_json_config(spec_path, "bertjax tokenizer")
-            tokenizer = hf_bpe.BpeTokenizer(os.path.join(directory, spec["file"])) \
+            tokenizer = bpe.BpeTokenizer(os.path.join(directory, spec["file"])) \
                 if spec["kind"] == "bpe" else tokenization.load_tokenizer(
                 spec["kind"], os.path.join(directory, spec["file"]),
                 spec.get("do_lower_case", True), spec.get("strip_accents"),

@@ -48,7 +48,7 @@ def word_tokenizer(tokenizer: tokenization.Tokenizer, ids: bool = False
                    ) -> Callable[[str], list]:
     """How a word tokenized alone (CoNLL's, a SQuAD context's) is split: as the tokenizer
     splits it inside running text (a BPE tokenizer.json's pieces after a space,
-    `hf_bpe.BpeTokenizer.tokenize_word`), else as text of its own. `ids`: ids, not pieces."""
+    `bpe.BpeTokenizer.tokenize_word`), else as text of its own. `ids`: ids, not pieces."""
     if ids:
         return getattr(tokenizer, "encode_word", tokenizer.encode)
     return getattr(tokenizer, "tokenize_word", tokenizer.tokenize)

@@ -26,7 +26,7 @@ from bertjax import files, objectives
 from bertjax.data import tokenization
 from bertjax.data.tokenization import basic_tokenize
 from bertjax.heads import BertForQuestionAnswering
-from bertjax.interop.hf_bpe import BYTE_LEVEL_SPACE
+from bertjax.data.bpe import BYTE_LEVEL_SPACE
 from bertjax.model import BertConfig
 from bertjax.modernbert_config import ModernBertConfig
 from bertjax.modernbert_heads import ModernBertForQuestionAnswering

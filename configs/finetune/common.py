@@ -22,7 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.random_init = False  # use init_checkpoint's architecture and tokenizer, not its weights
     c.model_config = ""  # bert_config.json: architecture without (or overriding) a checkpoint
     c.vocab_file = ""  # vocab.txt / SentencePiece .model; empty = the pretraining run's
-    c.tokenizer = ""  # "wordpiece" | "sentencepiece" for vocab_file; empty = by file extension
+    c.tokenizer = ""  # "wordpiece" | "sentencepiece" | "bpe" for vocab_file; empty = by file name
     c.do_lower_case = True  # for vocab_file (WordPiece) and SQuAD answer mapping
     c.max_seq_length = 128  # tokens per sequence
     c.train_batch_size = 32  # sequences per optimizer step (all hosts)

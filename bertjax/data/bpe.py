@@ -1,6 +1,6 @@
 """A Hugging Face BPE `tokenizer.json` (ModernBERT's: byte-level BPE) as a bertjax `Tokenizer`,
-through the `tokenizers` library, so that fine-tuning, features and pretraining from such a
-checkpoint tokenize exactly as `transformers.AutoTokenizer` does. Its special tokens are
+through the `tokenizers` library, so that fine-tuning, features and pretraining
+(`data.tokenizer=bpe`) tokenize exactly as `transformers.AutoTokenizer` does. Its special tokens are
 BERT's names ([CLS] [SEP] [MASK] [PAD] [UNK]), which ModernBERT's tokenizer.json defines.
 
 Words tokenized alone (a CoNLL word, a SQuAD context word: `tokenize_word`) get the space
@@ -16,9 +16,8 @@ import numpy as np
 import tokenizers as tk
 
 from bertjax import files
-from bertjax.data.tokenization import CLS, MASK, PAD, SEP, UNK
-from bertjax.data.wordpiece import check_id, file_fingerprint
-from bertjax.interop import tree
+from bertjax.data.errors import DataError
+from bertjax.data.wordpiece import CLS, MASK, PAD, SEP, UNK, check_id, file_fingerprint
 
 BYTE_LEVEL_SPACE = "\u0120"  # "Ġ": byte-level BPE's piece for a space before a word
 
@@ -39,12 +38,12 @@ class BpeTokenizer:
         try:
             self._hf = tk.Tokenizer.from_str(self._text)
         except Exception as e:  # (tokenizers raises plain Exception)
-            raise tree.ConversionError(f"{path} is not a tokenizer.json the tokenizers library "
+            raise DataError(f"{path} is not a tokenizer.json the tokenizers library "
                                        f"reads ({e})") from None
         self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
         missing = [t for t in (PAD, UNK, CLS, SEP, MASK) if self._hf.token_to_id(t) is None]
         if missing:
-            raise tree.ConversionError(f"{path} lacks the special tokens {', '.join(missing)} "
+            raise DataError(f"{path} lacks the special tokens {', '.join(missing)} "
                                        "that bertjax's tasks put around and into the text "
                                        "(ModernBERT's tokenizer.json has them)")
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
