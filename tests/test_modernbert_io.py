@@ -24,7 +24,8 @@ from bertjax.data.settings import DataSettings
 from bertjax.interop import hf_modernbert, native, tree
 from bertjax.modernbert_config import ModernBertConfig
 from bertjax.tasks import features, glue, ner, squad, squad_predict
-from test_finetune import REPO_ROOT, config_file, run_extract_features, sentence
+from test_finetune import (REPO_ROOT, config_file, data_root, official_squad_v1,  # noqa: F401
+                           run_extract_features, sentence)
 from test_modernbert_train import small_config
 from test_train import cache_dir, corpus_file  # noqa: F401 (fixtures)
 
@@ -363,3 +364,33 @@ def test_each_task_builds_the_transformers_head_of_a_modernbert(hf_dir):
     pieces = tokenizer.encode(" john was good")
     assert rows["input_ids"][0][:len(pieces) + 2].tolist() == [tokenizer.cls_id, *pieces,
                                                                 tokenizer.sep_id]
+
+
+@pytest.mark.slow  # two real fine-tuning runs
+def test_ner_and_squad_fine_tune_a_modernbert_end_to_end(hf_dir, data_root, tmp_path):  # noqa: F811
+    """CoNLL-2003 and SQuAD v1.1 files through `bertjax.finetune` from a transformers-layout
+    ModernBERT and its BPE tokenizer: entity-level scores on dev and test, and SQuAD
+    predictions for every question whose official EM/F1 are the ones reported."""
+    common = dict(init_checkpoint=hf_dir, max_seq_length=24, train_batch_size=8,
+                  eval_batch_size=8, learning_rate=3e-3, log_every=8)
+    ner_config = config_file("ner.py")
+    ner_config.update(data_dir=os.path.join(data_root, "conll"), num_train_epochs=3, **common)
+    seed = finetune.run(ner_config, str(tmp_path / "ner"), devices=jax.devices()[:1])["seeds"][0]
+    assert set(seed["dev"]["dev"]) == set(seed["test"]["test"]) == {"precision", "recall", "f1"}
+    assert (tmp_path / "ner" / "seed_1" / "predictions" / "test_predictions.txt").exists()
+    squad_file = os.path.join(data_root, "squad.json")
+    squad_config = config_file("squad.py")
+    squad_config.update(train_file=squad_file, predict_file=squad_file, doc_stride=8,
+                        max_query_length=8, num_train_epochs=2, **common)
+    dev = finetune.run(squad_config, str(tmp_path / "squad"),
+                       devices=jax.devices()[:1])["seeds"][0]["dev"]["dev"]
+    predictions = json.loads(
+        (tmp_path / "squad" / "seed_1" / "predictions" / "predictions.json").read_text())
+    gold = {qa["id"]: qa["answers"][0]["text"] for paragraph in json.loads(
+        open(squad_file).read())["data"][0]["paragraphs"] for qa in paragraph["qas"]}
+    assert sorted(predictions) == sorted(gold)
+    scores = [official_squad_v1(predictions[qid], answer) for qid, answer in gold.items()]
+    assert dev["exact_match"] == pytest.approx(100.0 * np.mean([em for em, _ in scores]))
+    assert dev["f1"] == pytest.approx(100.0 * np.mean([f1 for _, f1 in scores]))
+    # Learnt, not only run (measured: NER dev F1 1.0; SQuAD EM 47.5, F1 55.5).
+    assert seed["dev"]["dev"]["f1"] > 0.5 and dev["f1"] > 30, (seed["dev"], dev)
