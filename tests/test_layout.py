@@ -160,13 +160,9 @@ def untyped_settings(tree: ast.AST) -> list[str]:
     return found
 
 
-# bertjax.pretrain_loop's `train_cfg` field: typed where that module is rewritten (issue 35).
-UNTYPED_FOR_NOW = {"bertjax.pretrain_loop": ["field(train_cfg: Any)"]}
-
-
 def test_no_config_section_travels_untyped():
     offenders = {name: untyped_settings(parsed(name)) for name in KNOWN}
-    assert {k: v for k, v in offenders.items() if v} == UNTYPED_FOR_NOW
+    assert {k: v for k, v in offenders.items() if v} == {}
     assert len(untyped_settings(ast.parse(
         "def f(data_cfg: Any, mesh_config, x: Any, model_config: BertConfig):\n"
         "    y_cfg: Any = None\n"))) == 3
