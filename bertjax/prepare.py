@@ -67,6 +67,7 @@ def _prepare_phases(settings: PretrainingSettings, output: str, local: str,
     phases = schedule.phases(settings.train, data, settings.long_phase)
     nsp = settings.train.pretraining_objective.uses_nsp
     tokenizer = pipeline.load_or_train_tokenizer(data, os.path.join(local, "tokenizer"))
+    derived = pipeline.Derived(data, tokenizer)  # (once for every phase)
     lines = []
     for phase in phases:
         name = pipeline.phase_directory(phase)
@@ -83,7 +84,7 @@ def _prepare_phases(settings: PretrainingSettings, output: str, local: str,
                 else contextlib.nullcontext(None) as still_claimed:
             locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
                 pipeline.build(directory, data, phase, tokenizer, nsp=nsp,
-                               run_shards=run_shards, wanted=wanted)))
+                               run_shards=run_shards, wanted=wanted, derived=derived)))
             if still_claimed:
                 prepared_files.upload(directory, target, still_claimed)
         lines.append(summary(target, phase, bool(built)))
