@@ -270,15 +270,17 @@ def caught(module_name: str) -> list[list[type]]:
 @pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
 def test_entry_points_catch_each_error_class_once(name):
     """No `except` clause of an entry point's `main` names a class beside one of its bases
-    (e.g. a UserError beside UserError); training and fine-tuning catch every error a user
-    can act on in one `(UserError, OSError)` clause, and apart from it only control flow."""
+    (e.g. a UserError beside UserError); training, fine-tuning, preparation, probing and
+    feature extraction catch every error a user can act on in one `(UserError, OSError)`
+    clause, and apart from it only control flow."""
     import jax
     from bertjax import failures
     from bertjax.errors import UserError
     twice = [(a.__name__, b.__name__) for clause in caught(name) for a in clause
              for b in clause if a is not b and issubclass(a, b)]
     assert twice == []
-    if name in ("bertjax.train", "bertjax.finetune"):
+    if name in ("bertjax.train", "bertjax.finetune", "bertjax.prepare", "bertjax.probe",
+                "bertjax.extract_features"):
         assert [UserError, OSError] in caught(name)
         assert {cls for clause in caught(name) for cls in clause} - {UserError, OSError} <= {
             failures.Stopped, KeyboardInterrupt, jax.errors.JaxRuntimeError}
