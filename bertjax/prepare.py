@@ -26,7 +26,7 @@ from ml_collections import config_flags
 
 from bertjax import files, locks, schedule
 from bertjax.data import beam_prepare, pipeline, prepared_files, shard_job
-from bertjax.errors import UserError
+from bertjax.errors import ConfigError, UserError
 
 if TYPE_CHECKING:  # (not at run time: spawned workers re-import this module, without jax)
     from bertjax.settings import PretrainingSettings
@@ -40,16 +40,16 @@ def prepare_all(config, output: str, runner: str = "local",  # noqa: ANN001 (a C
     gs://bucket/dir) with local worker processes, or with `runner="beam"` in a Beam pipeline run
     with `beam_options` (one string, split as a shell would); returns one summary line per
     phase. A URL's phases are prepared in a local temporary directory, then uploaded."""
-    from bertjax import run, validate  # not at the top: spawned workers re-import this module
+    from bertjax import validate  # not at the top: spawned workers re-import this module
     settings = validate.data_preparation(config)
     if settings.data.prepared_dir:
-        raise run.ConfigError("data.prepared_dir is set: this job writes prepared data, it "
-                              "does not read it; unset --config.data.prepared_dir")
+        raise ConfigError("data.prepared_dir is set: this job writes prepared data, it "
+                          "does not read it; unset --config.data.prepared_dir")
     run_shards = shard_job.run_shards
     if runner == "beam":
         run_shards = beam_prepare.shard_runner(shlex.split(beam_options))
     elif runner != "local":
-        raise run.ConfigError(f"--runner={runner!r}; choose local or beam")
+        raise ConfigError(f"--runner={runner!r}; choose local or beam")
     remote = files.is_remote(output)
     local = prepared_files.scratch() if remote else output
     try:

@@ -335,7 +335,8 @@ def test_extract_features_says_in_one_line_what_it_cannot_write(data_root, tmp_p
     result = run_extract_features(tmp_path, f"{data_root}/pretrain", "--max_seq_length=16")
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert errors == [f"error: Is a directory: {tmp_path}/out.jsonl"], result.stderr[-3000:]
+    assert errors == [f"error: Is a directory: {tmp_path}/out.jsonl (a directory is given where "
+                      "a file is expected)"], result.stderr[-3000:]
 
 
 def test_extract_features_original_format(data_root, tmp_path):
