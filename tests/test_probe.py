@@ -102,6 +102,18 @@ def test_unknown_and_regression_tasks_are_refused():
         probing.task_adapter("nonesuch", features.TaskOptions(), None)
 
 
+def test_a_task_the_probes_cannot_read_is_one_line(root, tmp_path):
+    """A reader's or an unknown task's error is a UserError: one `error:` line, exit 1."""
+    command = [sys.executable, "-m", "bertjax.probe", f"--init_checkpoint={root}/hf",
+               "--task=nonesuch", f"--workdir={tmp_path}/out"]
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "unknown GLUE task 'nonesuch'" in errors[0], result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_probe_cli_writes_json_table_and_plot(root, tmp_path):
     """Here without matplotlib (a package that fails to import shadows it): probe.json, the
