@@ -99,6 +99,9 @@ def main(argv) -> None:
         attention_probs_dropout_prob=0.0)
     try:
         chosen = cli.integers("layers", FLAGS.layers)  # (before the model loads)
+        if FLAGS.batch_size < 1:
+            raise ConfigError(f"--batch_size={FLAGS.batch_size} is out of range: it must be "
+                              ">= 1; set --batch_size")
         model, params, tokenizer = pretrained.load_encoder(source)
         num_layers = model.config.num_hidden_layers
         layers = chosen or default_layers(num_layers)
