@@ -15,6 +15,7 @@ import ml_collections
 from absl import app, flags
 
 from bertjax import console, failures, stopping
+from bertjax.errors import ConfigError
 
 
 def _config_arguments(argv: Sequence[str], flag: str) -> tuple[str | None, list[str]]:
@@ -106,17 +107,28 @@ def run(main: Callable[[list[str]], None], config_flag: str | None = "config") -
     app.run(configured_main)
 
 
-def leave_on(error: Exception, workdir: str) -> NoReturn:
-    """Ends a run in `workdir` on `error` with one `error:` line and exit 1: an OSError as
-    `failures.os_error_line`; a failed checkpoint save or training error pointing to the
-    run's log file (where the libraries' tracebacks went); after a failed save at once."""
+def leave_on(error: Exception, workdir: str = "") -> NoReturn:
+    """Ends a run (in `workdir`, if it has one) on `error` with one `error:` line and exit 1:
+    an OSError as `failures.os_error_line`; a failed checkpoint save or training error
+    pointing to the run's log file (where the libraries' tracebacks went); after a failed save
+    at once."""
     from bertjax import checkpoint, nonfinite  # (JAX and Orbax: not for bertjax.prepare)
     message = failures.os_error_line(error) if isinstance(error, OSError) else str(error)
-    log = console.log_file(workdir)
+    log = console.log_file(workdir) if workdir else ""
     if isinstance(error, (checkpoint.CheckpointWriteError, nonfinite.TrainingError)) \
-            and os.path.exists(log):
+            and log and os.path.exists(log):
         message += f" (the full log: {log})"
     leave(message, at_once=isinstance(error, checkpoint.CheckpointWriteError))
+
+
+def integers(flag: str, value: str) -> list[int]:
+    """The comma-separated integers of the command-line flag `--FLAG=value` (spaces and empty
+    items ignored); ConfigError naming the flag if one is not an integer."""
+    try:
+        return [int(item) for item in value.replace(" ", "").split(",") if item]
+    except ValueError:
+        raise ConfigError(f"--{flag}={value!r} is not a comma-separated list of integers "
+                          f"(e.g. 1,2,3); set --{flag}") from None
 
 
 def leave(message: str, status: int = 1, at_once: bool = False) -> NoReturn:

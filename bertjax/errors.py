@@ -6,3 +6,8 @@ one `error:` line, so a new error class needs no entry point changed."""
 
 class UserError(Exception):
     """An error whose message is one line saying what to change or do."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config that cannot run (a field out of range or not one of its choices) or cannot run
+    on these devices (mesh, batch sizes, lengths)."""

@@ -11,7 +11,6 @@ Input: one text per line; `text_a ||| text_b` for a pair. Layer -1 is the last e
 from __future__ import annotations
 
 import json
-import sys
 from typing import Iterator, Sequence
 
 import jax
@@ -20,6 +19,7 @@ import numpy as np
 from absl import flags
 
 from bertjax import cli, files, pretrained
+from bertjax.errors import ConfigError, UserError
 from bertjax.data import tokenization
 from bertjax.model import BertModel
 from bertjax.modernbert import ModernBertModel
@@ -98,12 +98,16 @@ def main(argv) -> None:
         do_lower_case=FLAGS.do_lower_case, vocab_flag="--vocab_file", hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0)
     try:
+        chosen = cli.integers("layers", FLAGS.layers)  # (before the model loads)
+        if FLAGS.batch_size < 1:
+            raise ConfigError(f"--batch_size={FLAGS.batch_size} is out of range: it must be "
+                              ">= 1; set --batch_size")
         model, params, tokenizer = pretrained.load_encoder(source)
         num_layers = model.config.num_hidden_layers
-        layers = default_layers(num_layers) if not FLAGS.layers else \
-            [int(x) for x in FLAGS.layers.split(",")]
+        layers = chosen or default_layers(num_layers)
         if any(not -num_layers <= layer < num_layers for layer in layers):
-            raise ValueError(f"--layers={FLAGS.layers}: the model has {num_layers} layers")
+            raise ConfigError(f"--layers={FLAGS.layers}: the model has {num_layers} layers "
+                              f"(-{num_layers} to {num_layers - 1}); set --layers")
         texts = _read_lines(FLAGS.input_file)
         with files.open(FLAGS.output_file, "w", encoding="utf-8") as out:
             for record in extract(model, params, tokenizer, texts, layers, FLAGS.max_seq_length,
@@ -111,9 +115,8 @@ def main(argv) -> None:
                 out.write(json.dumps(record) + "\n")
         print(f"Wrote {len(texts)} records (layers {','.join(map(str, layers))}) to "
               f"{FLAGS.output_file}", flush=True)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    except (UserError, OSError) as e:
+        cli.leave_on(e)
 
 
 if __name__ == "__main__":

@@ -19,15 +19,17 @@ import os
 import shlex
 import shutil
 import sys
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from absl import flags
 from ml_collections import config_flags
 
 from bertjax import files, locks, schedule
 from bertjax.data import beam_prepare, pipeline, prepared_files, shard_job
-from bertjax.data.settings import DataSettings
-from bertjax.errors import UserError
+from bertjax.errors import ConfigError, UserError
+
+if TYPE_CHECKING:  # (not at run time: spawned workers re-import this module, without jax)
+    from bertjax.settings import PretrainingSettings
 
 FLAGS = flags.FLAGS
 
@@ -38,33 +40,34 @@ def prepare_all(config, output: str, runner: str = "local",  # noqa: ANN001 (a C
     gs://bucket/dir) with local worker processes, or with `runner="beam"` in a Beam pipeline run
     with `beam_options` (one string, split as a shell would); returns one summary line per
     phase. A URL's phases are prepared in a local temporary directory, then uploaded."""
-    from bertjax import run, validate  # not at the top: spawned workers re-import this module
-    data = validate.data_preparation(config)
-    if config.data.prepared_dir:
-        raise run.ConfigError("data.prepared_dir is set: this job writes prepared data, it "
-                              "does not read it; unset --config.data.prepared_dir")
+    from bertjax import validate  # not at the top: spawned workers re-import this module
+    settings = validate.data_preparation(config)
+    if settings.data.prepared_dir:
+        raise ConfigError("data.prepared_dir is set: this job writes prepared data, it "
+                          "does not read it; unset --config.data.prepared_dir")
     run_shards = shard_job.run_shards
     if runner == "beam":
         run_shards = beam_prepare.shard_runner(shlex.split(beam_options))
     elif runner != "local":
-        raise run.ConfigError(f"--runner={runner!r}; choose local or beam")
+        raise ConfigError(f"--runner={runner!r}; choose local or beam")
     remote = files.is_remote(output)
     local = prepared_files.scratch() if remote else output
     try:
-        return _prepare_phases(config, data, output, local, run_shards)
+        return _prepare_phases(settings, output, local, run_shards)
     finally:
         if remote:
             shutil.rmtree(local, ignore_errors=True)
 
 
-def _prepare_phases(config, data: DataSettings, output: str,  # noqa: ANN001 (a ConfigDict)
-                    local: str, run_shards: Callable[..., Iterable[dict[str, int]]]) -> list[str]:
+def _prepare_phases(settings: PretrainingSettings, output: str, local: str,
+                    run_shards: Callable[..., Iterable[dict[str, int]]]) -> list[str]:
     """Every phase into `output`, prepared in `local` (the same directory, or a temporary one
     from which a URL's phases are uploaded, meta.json last, when prepared)."""
-    from bertjax import run
-    phases = schedule.phases(config.train, data, config.long_phase)
-    nsp = run.pretraining_objective(config.train).uses_nsp
+    data = settings.data
+    phases = schedule.phases(settings.train, data, settings.long_phase)
+    nsp = settings.train.pretraining_objective.uses_nsp
     tokenizer = pipeline.load_or_train_tokenizer(data, os.path.join(local, "tokenizer"))
+    derived = pipeline.Derived(data, tokenizer)  # (once for every phase)
     lines = []
     for phase in phases:
         name = pipeline.phase_directory(phase)
@@ -81,7 +84,7 @@ def _prepare_phases(config, data: DataSettings, output: str,  # noqa: ANN001 (a 
                 else contextlib.nullcontext(None) as still_claimed:
             locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
                 pipeline.build(directory, data, phase, tokenizer, nsp=nsp,
-                               run_shards=run_shards, wanted=wanted)))
+                               run_shards=run_shards, wanted=wanted, derived=derived)))
             if still_claimed:
                 prepared_files.upload(directory, target, still_claimed)
         lines.append(summary(target, phase, bool(built)))

@@ -16,6 +16,7 @@ from bertjax import (checkpoint, failures, files, nonfinite, objectives, peers, 
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
 from bertjax.run import ShardedRun
 from bertjax.schedule import DataPosition
+from bertjax.settings import TrainSettings
 from bertjax.state import TrainState
 
 
@@ -34,9 +35,9 @@ def evaluate(eval_step, params, loader: BatchLoader | None, num_batches: int,
 
 @dataclasses.dataclass
 class Pretraining:
-    """What the loop needs besides the state and where it stands; `train_cfg` is config.train."""
+    """What the loop needs besides the state and where it stands."""
 
-    train_cfg: Any
+    settings: TrainSettings  # config.train
     run: ShardedRun
     phase_data: list[PhaseData]
     checkpointer: checkpoint.Checkpointer
@@ -47,7 +48,7 @@ class Pretraining:
     stopped_by: int = 0  # set by `loop`: the signal (SIGINT, SIGTERM) that stopped it; 0: none
 
     def eval_and_log(self, step: int, params: Any, pd: PhaseData) -> dict[str, float]:
-        means = evaluate(self.run.eval_step, params, pd.eval, self.train_cfg.eval_batches,
+        means = evaluate(self.run.eval_step, params, pd.eval, self.settings.eval_batches,
                          self.run.mesh)
         if means:
             self.progress.log_eval(step, pd.phase, means)
@@ -63,8 +64,8 @@ class Pretraining:
             return self._loop(state, position, start_step, prefetcher, ctrl_c)
 
     def _loop(self, state, position, start_step, prefetcher, ctrl_c):
-        cfg, mesh, checkpointer = self.train_cfg, self.run.mesh, self.checkpointer
-        total = cfg.total_steps
+        train, mesh, checkpointer = self.settings, self.run.mesh, self.checkpointer
+        total = train.total_steps
         phases = [pd.phase for pd in self.phase_data]
         by_name = {pd.phase.name: pd for pd in self.phase_data}
         current = by_name.get(position.phase) or self.phase_data[0]
@@ -91,7 +92,7 @@ class Pretraining:
             # (the checkpointer announces the save once sealed)
             checkpointer.save(step, state, position.as_dict(), self.meta, force=force)
 
-        stop_at = min(total, start_step + cfg.stop_after_steps) if cfg.stop_after_steps \
+        stop_at = min(total, start_step + train.stop_after_steps) if train.stop_after_steps \
             else total
         try:
             for step in range(start_step, stop_at):
@@ -118,10 +119,10 @@ class Pretraining:
                 pending = (done, metrics, host_batch["input_ids"].size * jax.process_count(),
                            trained_batch)
                 position = DataPosition(current.phase.name, batch_index)
-                if done % cfg.log_every == 0 or done == stop_at:
+                if done % train.log_every == 0 or done == stop_at:
                     flush_pending()
                     self.progress.report(done, trained.phase)
-                if cfg.eval_every and done % cfg.eval_every == 0 and done != total:
+                if train.eval_every and done % train.eval_every == 0 and done != total:
                     self.eval_and_log(done, state.params, trained)
                 local_ctrl_c = ctrl_c.requested and not ctrl_c.forward_as_sigterm
                 if checkpointer.reached_preemption(done) or local_ctrl_c:

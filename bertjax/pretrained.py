@@ -264,7 +264,11 @@ def tokenizer_of(source: Source, pretrain: PretrainingRun) -> tokenization.Token
             "sentencepiece" if source.vocab_file.endswith(".model")
             else "bpe" if source.vocab_file.endswith(".json") and bpe.is_bpe(source.vocab_file)
             else "wordpiece")
-        tokenizer = tokenization.load_tokenizer(kind, source.vocab_file, source.do_lower_case)
+        try:
+            tokenizer = tokenization.load_tokenizer(kind, source.vocab_file,
+                                                    source.do_lower_case)
+        except ValueError as e:  # (e.g. not a SentencePiece model)
+            raise PretrainedError(f"{source.vocab_flag}={source.vocab_file}: {e}") from e
     elif google_or_hf(source.init_checkpoint):  # Google and HF: the tokenizer beside it
         return _vocab_beside(source)
     elif pretrain.config is None:  # a fine-tuned or converted model: its tokenizer beside it

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from absl import flags
 
 from bertjax import cli, families, files, pretrained
+from bertjax.errors import UserError
 from bertjax.tasks import features, probing
 
 FLAGS = flags.FLAGS
@@ -59,7 +59,7 @@ def write_outputs(record: dict, workdir: str, title: str) -> str:
 def main(argv) -> None:
     del argv
     try:
-        seeds = tuple(int(s) for s in FLAGS.seeds.split(",") if s.strip())
+        seeds = tuple(cli.integers("seeds", FLAGS.seeds))
         settings = probing.ProbeSettings(seeds, FLAGS.epochs, FLAGS.batch_size,
                                          FLAGS.learning_rate, FLAGS.hidden_size)
         source = pretrained.Source(init_checkpoint=FLAGS.init_checkpoint,
@@ -68,7 +68,7 @@ def main(argv) -> None:
                                    attention_probs_dropout_prob=0.0)
         model, params, tokenizer = pretrained.load_encoder(source, FLAGS.random_init)
         if families.is_modernbert(model.config):
-            raise ValueError(f"--init_checkpoint={FLAGS.init_checkpoint} holds a ModernBERT "
+            raise pretrained.PretrainedError(f"--init_checkpoint={FLAGS.init_checkpoint} holds a ModernBERT "
                              "model; the probes read BERT's layers only (for now)")
         tasks = [t.strip() for t in FLAGS.task.split(",") if t.strip()]
         record = {"init_checkpoint": FLAGS.init_checkpoint, "random_init": FLAGS.random_init,
@@ -88,9 +88,8 @@ def main(argv) -> None:
         title = os.path.basename(FLAGS.init_checkpoint.rstrip("/"))
         print(write_outputs(record, FLAGS.workdir,
                             title + (" (random init)" if FLAGS.random_init else "")), flush=True)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    except (UserError, OSError) as e:
+        cli.leave_on(e)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,9 @@ from jax.sharding import Mesh
 from bertjax import autofit, families, memory, objectives, optim, schedule, sharding, steps
 from bertjax.families import ModelConfig
 from bertjax.schedule import Phase
+from bertjax.settings import LongPhaseSettings
 from bertjax.state import TrainState, create_train_state
-from bertjax.errors import UserError
-
-
-class ConfigError(UserError, ValueError):
-    """A config that cannot run on these devices (mesh, batch sizes, lengths)."""
+from bertjax.errors import ConfigError  # (raised here; run.ConfigError for its callers)
 
 
 @dataclasses.dataclass
@@ -70,21 +67,13 @@ def build(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
                       steps.jit_eval_step(eval_step, shardings.params, mesh))
 
 
-def pretraining_objective(train_cfg: Mapping) -> objectives.PretrainingObjective:
-    """`train.objective` and `train.next_sentence_prediction`; ConfigError if unknown."""
-    try:
-        return objectives.PretrainingObjective(train_cfg.get("objective", "mlm"),
-                                               bool(train_cfg.get("next_sentence_prediction", True)))
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-
-
-def pretraining_optimizer(optimizer_cfg: Mapping, total_steps: int, long_phase: Mapping,
+def pretraining_optimizer(optimizer_cfg: Mapping, total_steps: int,
+                          long_phase: LongPhaseSettings,
                           phases: Sequence[Phase]) -> optim.OptimizerConfig:
     """`optimizer_cfg` over `total_steps`; with long_phase.restart_optimizer, its schedule
     starts again where the long phase does (the original's second run)."""
     optimizer = optim.optimizer_config(optimizer_cfg, total_steps)
-    if not long_phase.get("restart_optimizer", False):
+    if not long_phase.restart_optimizer:
         return optimizer
     if len(phases) < 2:
         raise ConfigError("long_phase.restart_optimizer=True restarts the optimizer between "

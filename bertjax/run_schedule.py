@@ -15,7 +15,9 @@ from typing import Any, Mapping
 import ml_collections
 
 from bertjax import checkpoint, optim, reporting, run, schedule
+from bertjax.data.settings import DataSettings
 from bertjax.schedule import Phase
+from bertjax.settings import LongPhaseSettings, PretrainingSettings, TrainSettings
 
 # The config fields that set the phases' step ranges or the learning rate of a step.
 SCHEDULE_FIELDS = ("train.total_steps", "optimizer.peak_learning_rate",
@@ -42,8 +44,10 @@ class Plan:
                 "optimizer": self.optimizer_config.to_json()}
 
 
-def planned(train: Any, data: Any, long_phase: Any, optimizer: Any) -> Plan:
-    """A run's schedule from the config sections `train`, `data`, `long_phase`, `optimizer`."""
+def planned(train: TrainSettings, data: DataSettings, long_phase: LongPhaseSettings,
+            optimizer: Mapping[str, Any]) -> Plan:
+    """A run's schedule from the settings `train`, `data`, `long_phase` and the config
+    section `optimizer`."""
     phases = schedule.phases(train, data, long_phase)
     return Plan(phases, run.pretraining_optimizer(optimizer, train.total_steps, long_phase,
                                                   phases))
@@ -55,20 +59,23 @@ def recorded(meta: Mapping[str, Any]) -> Plan:
     if "schedule" in meta:
         return Plan([Phase(**p) for p in meta["schedule"]["phases"]],
                     optim.OptimizerConfig.from_json(meta["schedule"]["optimizer"]))
-    sections = ml_collections.ConfigDict(json.loads(meta["config"]))
-    return planned(sections.train, sections.data, sections.long_phase, sections.optimizer)
+    config = json.loads(meta["config"])
+    settings = PretrainingSettings.of(config, recorded=True)
+    return planned(settings.train, settings.data, settings.long_phase,
+                   ml_collections.ConfigDict(config["optimizer"]))
 
 
 def _field(sections: Mapping[str, Any], field: str) -> Any:
     section, name = field.split(".")
-    value = sections[section].get(name)
+    value = sections[section]
+    value = getattr(value, name, None) if dataclasses.is_dataclass(value) else value.get(name)
     if value is None and section == "optimizer":  # (a field older checkpoints lack: its default)
         value = getattr(optim.OptimizerConfig, name)
     return json.loads(json.dumps(value))
 
 
-def resumed(meta: Mapping[str, Any], where: str, train: Any, data: Any, long_phase: Any,
-            optimizer: Any) -> Plan:
+def resumed(meta: Mapping[str, Any], where: str, train: TrainSettings, data: DataSettings,
+            long_phase: LongPhaseSettings, optimizer: Mapping[str, Any]) -> Plan:
     """The schedule of a run resuming from the checkpoint `where` with `meta`: the recorded
     one (the phases with this config's lengths and batches) if this config keeps every
     field of SCHEDULE_FIELDS; with `train.extend`, the recorded one extended to this config's
@@ -82,7 +89,7 @@ def resumed(meta: Mapping[str, Any], where: str, train: Any, data: Any, long_pha
     shapes = {p.name: p for p in schedule.phases(train, data, long_phase)}
     if sorted(shapes) != sorted(p.name for p in before.phases):
         changes = changes or [f"phases: {[p.name for p in before.phases]} -> {sorted(shapes)}"]
-        if train.get("extend", False):
+        if train.extend:
             raise ScheduleChanged(
                 f"checkpoint {where}: train.extend=True continues the run's phases "
                 f"({', '.join(p.name for p in before.phases)}) but this config has "
@@ -92,7 +99,7 @@ def resumed(meta: Mapping[str, Any], where: str, train: Any, data: Any, long_pha
         return Plan([dataclasses.replace(shapes[p.name], start_step=p.start_step,
                                          end_step=p.end_step) for p in before.phases],
                     before.optimizer_config)
-    if not train.get("extend", False):
+    if not train.extend:
         raise ScheduleChanged(
             f"checkpoint {where} was trained on a schedule this run changes ({'; '.join(changes)})"
             ": resuming would move the phases and the learning rate under the steps it "

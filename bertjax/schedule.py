@@ -3,11 +3,15 @@ with (phases), and where in the data a run stands (the data position a checkpoin
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from absl import logging
 
 from bertjax.batch import PhaseShape
+
+if TYPE_CHECKING:  # (settings -> objectives -> jax: not imported at run time)
+    from bertjax.data.settings import DataSettings
+    from bertjax.settings import LongPhaseSettings, TrainSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,8 +28,9 @@ class Phase(PhaseShape):
 BATCH_FIELDS = {"short": "train.global_batch_size", "long": "long_phase.global_batch_size"}
 
 
-def phases(train: Any, data: Any, long_phase: Any) -> list[Phase]:
-    """The paper's schedule from the config sections `train`, `data` and `long_phase`:
+def phases(train: TrainSettings, data: DataSettings,
+           long_phase: LongPhaseSettings) -> list[Phase]:
+    """The paper's schedule from the settings `train`, `data` and `long_phase`:
     `1 - long_phase.fraction` of the steps at data.max_seq_length, the rest at
     long_phase.max_seq_length (one optimizer and learning-rate schedule)."""
     total = train.total_steps

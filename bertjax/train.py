@@ -22,10 +22,10 @@ from bertjax import (agreement, checkpoint, cli, console, distributed, failures,
                      pretrain_loop, pretrained, reporting, resume, run, run_schedule, schedule,
                      stopping, validate)
 from bertjax.data import loaders, pipeline
-from bertjax.data.settings import DataSettings
 from bertjax.errors import UserError
 from bertjax.pretrain_loop import Pretraining
 from bertjax.schedule import DataPosition
+from bertjax.settings import PretrainingSettings
 
 def run_metadata(config: ml_collections.ConfigDict, data: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint records about its run (with the tokenizer's fingerprint, added once
@@ -43,32 +43,33 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if not workdir.strip():
         raise run.ConfigError("--workdir is empty: name the directory of the run")
     agreement.check("config", agreement.config_fields(config.to_dict(), workdir))
-    data = validate.pretraining(config)  # (config.data as typed settings, built once)
-    if config.train.init_checkpoint and not files.exists(os.path.join(workdir, "checkpoints")):
-        pretrained.check_exists(config.train.init_checkpoint, "train.init_checkpoint")
+    settings = validate.pretraining(config)  # (typed, built once)
+    if settings.train.init_checkpoint and not files.exists(os.path.join(workdir, "checkpoints")):
+        pretrained.check_exists(settings.train.init_checkpoint, "train.init_checkpoint")
     with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
-        return _train_and_evaluate(config, workdir, devices, accepted, data)
+        return _train_and_evaluate(config, workdir, devices, accepted, settings)
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                        devices: list[jax.Device] | None,
-                        accepted: contextlib.ExitStack, data: DataSettings) -> dict[str, float]:
+                        devices: list[jax.Device] | None, accepted: contextlib.ExitStack,
+                        settings: PretrainingSettings) -> dict[str, float]:
     """The run in its locked `workdir`; once its settings are accepted, it writes config.json
     and its log file (held open by `accepted`)."""
     started = time.time()
     is_chief = jax.process_index() == 0
-    phases = schedule.phases(config.train, data, config.long_phase)
+    train, data = settings.train, settings.data
+    phases = schedule.phases(train, data, settings.long_phase)
     mesh = run.make_mesh(config.mesh.to_dict(), devices)
-    run.check_batches(mesh, phases, config.train.grad_accum_steps,
+    run.check_batches(mesh, phases, train.grad_accum_steps,
                       config.model.max_position_embeddings)  # before preparing any data
-    objective = run.pretraining_objective(config.train)
+    objective = train.pretraining_objective
     checkpointer = checkpoint.Checkpointer(  # (its clean-up of unfinished saves needs the lock)
-        os.path.join(workdir, "checkpoints"), config.train.checkpoint_every,
-        config.train.keep_checkpoints, config.train.keep_every,
+        os.path.join(workdir, "checkpoints"), train.checkpoint_every,
+        train.keep_checkpoints, train.keep_every,
         on_commit=reporting.announce_commit(os.path.join(workdir, "checkpoints")))
     resume_from = resume.Resume(checkpointer, os.path.join(workdir, resume.QUARANTINE))
     found = resume_from.newest()
-    sections = (config.train, data, config.long_phase, config.optimizer)
+    sections = (train, data, settings.long_phase, config.optimizer)
     plan = (run_schedule.resumed(found.meta, resume_from.where(found.step), *sections)
             if found else run_schedule.planned(*sections))  # (refuses a changed schedule)
     phases, optimizer = plan.phases, plan.optimizer_config
@@ -76,7 +77,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             "schedule": plan.record()}
     agreement.check("corpus", agreement.data_fields(meta["data"]), agreement.SAME_FILES)
     check = lambda found: resume_from.check(found, meta, data, phases,
-                                            config.train.allow_changed_data)
+                                            train.allow_changed_data)
     if found:
         check(found)  # model and data, before any preparation
     model_config = families.model_config(config.model.to_dict())
@@ -97,7 +98,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     agreement.check("prepared", {})  # (where a host that failed to prepare stops the others)
     stopping.now_doing("building the model (compiling)")
     sharded = run.build_pretraining(model_config, optimizer, mesh, phases,
-                                    config.train.grad_accum_steps, report=False,
+                                    train.grad_accum_steps, report=False,
                                     objective=objective)
     accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
     if is_chief:  # the full table goes to a file, its totals to the console
@@ -111,7 +112,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         if any(steps > 1 for steps in sharded.grad_accum.values()):
             print("Micro-batches per step: " + ", ".join(
                 f"{steps} ({name})" for name, steps in sharded.grad_accum.items())
-                + ("" if config.train.grad_accum_steps else
+                + ("" if train.grad_accum_steps else
                    " (train.grad_accum_steps=0: the fewest that fit the devices' memory)"),
                 flush=True)
     stopping.now_doing(f"restoring checkpoint {found.step}" if found else
@@ -119,27 +120,28 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if found:
         state, position = resume_from.restore(found, sharded.abstract_state, meta, check)
     else:
-        state, position = fresh_state(config, sharded, phases, tokenizer, data)
+        state, position = fresh_state(settings, config.model.vocab_size, sharded, phases,
+                                      tokenizer)
     start_step = int(jax.device_get(state.step))
     position = schedule.consistent_position(position, start_step, phases)
-    if start_step >= config.train.total_steps:
+    if start_step >= train.total_steps:
         reporting.chief_print(f"Training already finished ({start_step} steps); evaluating only")
     else:
-        reporting.chief_print(f"Training steps {start_step + 1}-{config.train.total_steps}: "
+        reporting.chief_print(f"Training steps {start_step + 1}-{train.total_steps}: "
                               + ", ".join(f"{p.name} {p.end_step - p.start_step} steps x "
                                           f"{p.global_batch_size} x {p.max_seq_length} tokens"
                                           for p in phases)
-                              + f"; progress every {config.train.log_every} steps")
+                              + f"; progress every {train.log_every} steps")
     writer = metrics_writer.open_writer(workdir)
 
     def train_from(state: Any, position: DataPosition, start_step: int,
                    resumed_from: str | None) -> tuple[Pretraining, Any, DataPosition, dict]:
         progress = reporting.Progress(
-            phases, nonfinite.NonFiniteSteps(config.train.max_nonfinite_steps, start_step,
+            phases, nonfinite.NonFiniteSteps(train.max_nonfinite_steps, start_step,
                                              resumed_from),
             optimizer, model_config, writer, start_step,
             os.path.join(workdir, "metrics.jsonl") if is_chief else None)
-        pretraining = Pretraining(config.train, sharded, phase_data, checkpointer, meta,
+        pretraining = Pretraining(train, sharded, phase_data, checkpointer, meta,
                                   progress, writer, restart_step=optimizer.restart_step)
         return pretraining, *pretraining.loop(state, position, start_step)
 
@@ -154,35 +156,36 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             except OSError as e:  # (a full disk: the loop has already stopped and said so)
                 logging.warning("closing TensorBoard's writer: %s", failures.os_error_line(e))
     final_step = int(jax.device_get(state.step))
-    if is_chief and final_step >= config.train.total_steps:  # also marks the run as finished
+    if is_chief and final_step >= train.total_steps:  # also marks the run as finished
         files.write_text(os.path.join(workdir, "final_metrics.json"),
                          json.dumps({"step": final_step, **final_eval}, indent=1))
-    stopped = pretraining.stopped_by if final_step < config.train.total_steps else 0
-    last_line = failures.stopped_line(f"step {final_step} of {config.train.total_steps}",
+    stopped = pretraining.stopped_by if final_step < train.total_steps else 0
+    last_line = failures.stopped_line(f"step {final_step} of {train.total_steps}",
                                       stopped) if stopped else ""
-    if not stopped and config.train.stop_after_steps \
-            and final_step == start_step + config.train.stop_after_steps \
-            and final_step < config.train.total_steps:
-        last_line = (f"Stopped after {config.train.stop_after_steps} steps (step {final_step} of "
-                     f"{config.train.total_steps}); rerun the same command to continue")
+    if not stopped and train.stop_after_steps \
+            and final_step == start_step + train.stop_after_steps \
+            and final_step < train.total_steps:
+        last_line = (f"Stopped after {train.stop_after_steps} steps (step {final_step} of "
+                     f"{train.total_steps}); rerun the same command to continue")
     reporting.chief_print(pretrain_loop.outputs_summary(
-        workdir, final_step, config.train.total_steps, final_eval, time.time() - started,
+        workdir, final_step, train.total_steps, final_eval, time.time() - started,
         last_line))
     if stopped:  # (the exit status says so: 130 or 143)
         raise failures.Stopped(stopped)
     return final_eval
 
 
-def fresh_state(config: ml_collections.ConfigDict, sharded: run.ShardedRun,
-                phases: list[schedule.Phase], tokenizer,
-                data: DataSettings) -> tuple[Any, DataPosition]:
-    """A new state, with the parameters of `train.init_checkpoint` when set."""
-    state = sharded.init_state(jax.random.PRNGKey(config.train.seed))
-    if config.train.init_checkpoint:  # Google TF, Hugging Face or bertjax
-        pretrained.check_run_tokenizer(config.train.init_checkpoint, data,
-                                       tokenizer.vocab_size, config.model.vocab_size)
+def fresh_state(settings: PretrainingSettings, vocab_size: int, sharded: run.ShardedRun,
+                phases: list[schedule.Phase], tokenizer) -> tuple[Any, DataPosition]:
+    """A new state, with the parameters of `train.init_checkpoint` when set (`vocab_size`:
+    the model's)."""
+    train = settings.train
+    state = sharded.init_state(jax.random.PRNGKey(train.seed))
+    if train.init_checkpoint:  # Google TF, Hugging Face or bertjax
+        pretrained.check_run_tokenizer(train.init_checkpoint, settings.data,
+                                       tokenizer.vocab_size, vocab_size)
         state = state.replace(params=pretrained.load_pretrained(
-            config.train.init_checkpoint, sharded.abstract_state.params, sharded.model.config))
+            train.init_checkpoint, sharded.abstract_state.params, sharded.model.config))
     return state, DataPosition(phases[0].name, 0)
 
 

@@ -12,8 +12,8 @@ from absl import logging
 
 from bertjax import bert_config, families, optim, schedule
 from bertjax.data.errors import DataError
-from bertjax.data.settings import DataSettings
-from bertjax.run import ConfigError
+from bertjax.errors import ConfigError
+from bertjax.settings import PretrainingSettings, TrainSettings
 
 # [CLS] A [SEP] B [SEP]: three special tokens and at least one token of each segment.
 MIN_SEQ_LENGTH = 5
@@ -70,8 +70,8 @@ FINETUNING_TASKS = _rules(  # the fields of some tasks' configs (squad.py, ner.p
 )
 
 
-# The settings that name one of a few choices (the model's: bert_config.check; the data's:
-# DataSettings, checked as it is built).
+# The settings that name one of a few choices (the model's: bert_config.check; the data's,
+# train's and long phase's: PretrainingSettings, checked as it is built).
 CHOICES = {"optimizer.name": optim.OPTIMIZER_NAMES, "optimizer.schedule": optim.SCHEDULE_NAMES,
            "optimizer.decay_shape": optim.DECAY_SHAPES}
 
@@ -104,23 +104,24 @@ def check_choices(config: Any, choices: dict[str, tuple[str, ...]]) -> None:
                               f"set --config.{field}")
 
 
-def data_settings(config: Any) -> DataSettings:
-    """`config.data` as typed settings (its choices and mask mix checked: ConfigError)."""
+def settings(config: Any) -> PretrainingSettings:
+    """The typed settings of a pretraining `config` (their choices and the mask mix checked:
+    ConfigError)."""
     try:
-        return DataSettings.of(config.data)
+        return PretrainingSettings.of(config)
     except DataError as e:
         raise ConfigError(str(e)) from e
 
 
-def pretraining(config: Any) -> DataSettings:
+def pretraining(config: Any) -> PretrainingSettings:
     """Every check a pretraining config allows before any data is read: ranges, choices,
     the model's shape (`pretraining_model`); the warmup must fit in the run. Returns the
-    data's settings, built once here."""
+    settings, built once here."""
     check(config, PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
           + (BERT_DROPOUT if families.family(config.model) == "bert" else []))
     check_choices(config, CHOICES)
-    data = data_settings(config)
-    pretraining_model(config)
+    typed = settings(config)
+    pretraining_model(config, typed)
     warmup, total = config.optimizer.warmup_steps, config.train.total_steps
     if warmup > total:
         raise ConfigError(f"optimizer.warmup_steps={warmup} is longer than the run "
@@ -132,10 +133,10 @@ def pretraining(config: Any) -> DataSettings:
                           "optimizer.schedule='wsd' holds its peak through the phases instead: "
                           "set --config.long_phase.restart_optimizer=False or "
                           "--config.optimizer.schedule=linear")
-    return data
+    return typed
 
 
-def pretraining_model(config: Any) -> None:
+def pretraining_model(config: Any, typed: PretrainingSettings) -> None:
     """The model of a pretraining config: its family and shape (`families.check`), two
     segment types (BERT), positions for every phase's length, and room for the SentencePiece
     model it trains. ModernBERT trains the masked LM alone, from its own initialisation."""
@@ -145,12 +146,12 @@ def pretraining_model(config: Any) -> None:
         raise ConfigError(str(e)) from e
     model = config.model
     if families.family(model) == "modernbert":
-        modernbert_run(config)
+        modernbert_run(typed.train)
     elif model.type_vocab_size < 2:
         raise ConfigError(f"model.type_vocab_size={model.type_vocab_size} is out of range: "
                           "pretraining needs 2 segment types (sentences A and B); set "
                           "--config.model.type_vocab_size=2")
-    for phase in schedule.phases(config.train, config.data, config.long_phase):
+    for phase in schedule.phases(typed.train, typed.data, typed.long_phase):
         if phase.max_seq_length > model.max_position_embeddings:
             field = "data.max_seq_length" if phase.name == "short" else "long_phase.max_seq_length"
             raise ConfigError(f"{field}={phase.max_seq_length} (phase {phase.name}) is longer than "
@@ -158,9 +159,9 @@ def pretraining_model(config: Any) -> None:
                               f"set --config.model.max_position_embeddings >= "
                               f"{phase.max_seq_length}, or --config.{field} <= "
                               f"{model.max_position_embeddings}")
-    data = config.data
+    data = typed.data
     trains_sentencepiece = data.tokenizer == "sentencepiece" and not data.vocab_file \
-        and not data.get("prepared_dir")
+        and not data.prepared_dir
     if trains_sentencepiece and data.sentencepiece_vocab_size > model.vocab_size:
         raise ConfigError(f"data.sentencepiece_vocab_size={data.sentencepiece_vocab_size} is "
                           f"larger than model.vocab_size={model.vocab_size}: the tokenizer "
@@ -169,14 +170,13 @@ def pretraining_model(config: Any) -> None:
                           f"--config.data.sentencepiece_vocab_size <= {model.vocab_size}")
 
 
-def modernbert_run(config: Any) -> None:
+def modernbert_run(train: TrainSettings) -> None:
     """What a ModernBERT pretraining run cannot have: an NSP head, a left-to-right
     objective."""
-    train = config.train
-    if train.get("next_sentence_prediction", True):
+    if train.next_sentence_prediction:
         raise ConfigError("model.family='modernbert' has no next-sentence head; set "
                           "--config.train.next_sentence_prediction=False")
-    if train.get("objective", "mlm") != "mlm":
+    if train.objective != "mlm":
         raise ConfigError(f"model.family='modernbert' trains objective 'mlm' only, not "
                           f"{train.objective!r}; set --config.train.objective=mlm")
 
@@ -203,10 +203,10 @@ def seeds(value: Any) -> list[int]:
     return found
 
 
-def data_preparation(config: Any) -> DataSettings:
+def data_preparation(config: Any) -> PretrainingSettings:
     """The ranges of a pretraining config that its data preparation depends on (the data, the
-    phases' lengths and the schedule that makes them); returns the data's settings."""
+    phases' lengths and the schedule that makes them); returns the settings."""
     rules = PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
     check(config, [rule for rule in rules if rule[0].startswith(
         ("data.", "long_phase.", "train.total_steps", "train.global_batch_size"))])
-    return data_settings(config)
+    return settings(config)

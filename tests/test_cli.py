@@ -72,6 +72,17 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
                           "--config.init_checkpoint={m}"], "init_checkpoint='{m}' does not exist"),
     ("bertjax.extract_features", ["--input_file={w}/in.txt", "--output_file={w}/out.jsonl",
                                   "--init_checkpoint={m}"], "init_checkpoint='{m}' does not exist"),
+    ("bertjax.extract_features", ["--input_file={w}/in.txt", "--output_file={w}/out.jsonl",
+                                  "--init_checkpoint={m}", "--layers=-1,last"],
+     "error: --layers='-1,last' is not a comma-separated list of integers (e.g. 1,2,3); set "
+     "--layers"),
+    ("bertjax.extract_features", ["--input_file={w}/in.txt", "--output_file={w}/out.jsonl",
+                                  "--init_checkpoint={m}", "--batch_size=0"],
+     "error: --batch_size=0 is out of range: it must be >= 1; set --batch_size"),
+    ("bertjax.probe", ["--init_checkpoint={m}", "--workdir={w}", "--task=sst2"],
+     "init_checkpoint='{m}' does not exist"),
+    ("bertjax.probe", ["--init_checkpoint={m}", "--workdir={w}", "--seeds=1,x"],
+     "error: --seeds='1,x' is not a comma-separated list of integers (e.g. 1,2,3); set --seeds"),
     ("bertjax.convert", ["{m}", "{w}"], "SRC='{m}' does not exist"),
 ])
 def test_each_mistake_is_one_line_and_creates_nothing(module, args, message, tmp_path):

@@ -328,6 +328,17 @@ def run_extract_features(directory, init_checkpoint: str, *flags: str
                           capture_output=True, text=True, timeout=300)
 
 
+def test_extract_features_says_in_one_line_what_it_cannot_write(data_root, tmp_path):
+    """An OSError other than a missing file (here: the output is a directory) is one line."""
+    (tmp_path / "in.txt").write_text("the movie was good .\n")
+    (tmp_path / "out.jsonl").mkdir()
+    result = run_extract_features(tmp_path, f"{data_root}/pretrain", "--max_seq_length=16")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: Is a directory: {tmp_path}/out.jsonl (a directory is given where "
+                      "a file is expected)"], result.stderr[-3000:]
+
+
 def test_extract_features_original_format(data_root, tmp_path):
     (tmp_path / "in.txt").write_text("the movie was good .\nacme film ||| paris story bad .\n")
     result = run_extract_features(tmp_path, f"{data_root}/pretrain", "--max_seq_length=16",

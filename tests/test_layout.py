@@ -160,13 +160,9 @@ def untyped_settings(tree: ast.AST) -> list[str]:
     return found
 
 
-# bertjax.pretrain_loop's `train_cfg` field: typed where that module is rewritten (issue 35).
-UNTYPED_FOR_NOW = {"bertjax.pretrain_loop": ["field(train_cfg: Any)"]}
-
-
 def test_no_config_section_travels_untyped():
     offenders = {name: untyped_settings(parsed(name)) for name in KNOWN}
-    assert {k: v for k, v in offenders.items() if v} == UNTYPED_FOR_NOW
+    assert {k: v for k, v in offenders.items() if v} == {}
     assert len(untyped_settings(ast.parse(
         "def f(data_cfg: Any, mesh_config, x: Any, model_config: BertConfig):\n"
         "    y_cfg: Any = None\n"))) == 3
@@ -274,15 +270,17 @@ def caught(module_name: str) -> list[list[type]]:
 @pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
 def test_entry_points_catch_each_error_class_once(name):
     """No `except` clause of an entry point's `main` names a class beside one of its bases
-    (e.g. a UserError beside UserError); training and fine-tuning catch every error a user
-    can act on in one `(UserError, OSError)` clause, and apart from it only control flow."""
+    (e.g. a UserError beside UserError); training, fine-tuning, preparation, probing and
+    feature extraction catch every error a user can act on in one `(UserError, OSError)`
+    clause, and apart from it only control flow."""
     import jax
     from bertjax import failures
     from bertjax.errors import UserError
     twice = [(a.__name__, b.__name__) for clause in caught(name) for a in clause
              for b in clause if a is not b and issubclass(a, b)]
     assert twice == []
-    if name in ("bertjax.train", "bertjax.finetune"):
+    if name in ("bertjax.train", "bertjax.finetune", "bertjax.prepare", "bertjax.probe",
+                "bertjax.extract_features"):
         assert [UserError, OSError] in caught(name)
         assert {cls for clause in caught(name) for cls in clause} - {UserError, OSError} <= {
             failures.Stopped, KeyboardInterrupt, jax.errors.JaxRuntimeError}

@@ -102,6 +102,25 @@ def test_unknown_and_regression_tasks_are_refused():
         probing.task_adapter("nonesuch", features.TaskOptions(), None)
 
 
+@pytest.mark.parametrize("flag, message", [
+    ("--task=nonesuch", "unknown GLUE task 'nonesuch'"),
+    ("--vocab_file={tmp}/broken.model", "--vocab_file={tmp}/broken.model: not a sentencepiece "
+                                        "model"),
+])
+def test_what_the_probes_cannot_read_is_one_line(root, tmp_path, flag, message):
+    """A reader's, an unknown task's or a tokenizer file's error is a UserError: one `error:`
+    line, exit 1."""
+    (tmp_path / "broken.model").write_bytes(b"not a model")
+    command = [sys.executable, "-m", "bertjax.probe", f"--init_checkpoint={root}/hf",
+               f"--workdir={tmp_path}/out", flag.format(tmp=tmp_path)]
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and message.format(tmp=tmp_path) in errors[0], result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_probe_cli_writes_json_table_and_plot(root, tmp_path):
     """Here without matplotlib (a package that fails to import shadows it): probe.json, the

@@ -1,6 +1,12 @@
 """The phase schedule (90% of the steps at length 128, 10% at 512) and the data position."""
-from bertjax import schedule
+import json
+
+import pytest
+
+from bertjax import run_schedule, schedule, validate
+from bertjax.errors import ConfigError
 from bertjax.schedule import DataPosition, Phase
+from bertjax.settings import LongPhaseSettings, PretrainingSettings, TrainSettings
 
 from test_pipeline import BATCH, LONG_PREDS, LONG_SEQ, PREDS, SEQ, make_config, phases_of
 
@@ -41,3 +47,47 @@ def test_data_position_round_trips_and_follows_a_changed_schedule():
     phases = phases_of(make_config("unused"))  # short: steps 0-89, long: 90-99
     assert schedule.consistent_position(position, 7, phases) is position
     assert schedule.consistent_position(position, 95, phases) == DataPosition("long", 5)
+
+
+# Fields older runs' configs lack (added since), by section.
+ADDED_SINCE = {"train": ["objective", "next_sentence_prediction", "extend", "allow_changed_data",
+                         "max_nonfinite_steps"],
+               "long_phase": ["global_batch_size", "restart_optimizer", "restart_warmup_steps",
+                              "restart_peak_learning_rate"],
+               "data": ["masking", "packing", "mask_token_prob", "random_token_prob",
+                        "prepared_dir", "strip_accents"]}
+
+
+def test_a_checkpoint_recorded_by_an_older_run_plans_its_schedule_as_then():
+    """A checkpoint without `meta["schedule"]`, whose config lacks the fields added since:
+    its schedule is planned from the config it recorded, the missing fields at the defaults
+    their runs had (typed settings, built with `recorded=True`)."""
+    config = make_config("unused", **{"train.total_steps": 1000})
+    old = json.loads(config.to_json())
+    for section, names in ADDED_SINCE.items():
+        for name in names:
+            del old[section][name]
+    plan = run_schedule.recorded({"config": json.dumps(old)})
+    settings = validate.settings(config)
+    assert plan == run_schedule.planned(settings.train, settings.data, settings.long_phase,
+                                        config.optimizer)
+    assert plan.phases == phases_of(config)
+    recorded = PretrainingSettings.of(old, recorded=True)
+    assert (recorded.train.objective, recorded.train.next_sentence_prediction,
+            recorded.train.max_nonfinite_steps) == ("mlm", True, 10)
+    assert recorded.long_phase == LongPhaseSettings(0.1, LONG_SEQ, LONG_PREDS)
+    with pytest.raises(KeyError):  # (a user's config has every field)
+        TrainSettings.of(old["train"])
+
+
+def test_train_settings_are_typed_once_with_their_choices_checked():
+    config = make_config("unused", **{"train.objective": "ltr",
+                                      "train.next_sentence_prediction": False})
+    settings = validate.settings(config)
+    assert isinstance(settings.train, TrainSettings) and settings.train.total_steps == 100
+    assert settings.train.pretraining_objective.causal
+    assert not settings.train.pretraining_objective.uses_nsp
+    config.train.objective = "LTR"  # choices are exact
+    with pytest.raises(ConfigError, match="^train.objective='LTR' is not one of 'mlm', 'ltr'; "
+                                          "set --config.train.objective$"):
+        validate.settings(config)

@@ -49,3 +49,21 @@ def test_entity_scores_by_hand():
     assert scores["f1"] == pytest.approx(2 * 0.5 * (2 / 3) / (0.5 + 2 / 3))
     partial = metrics.entity_scores([["B-PER", "I-PER"]], [["B-PER", "O"]])
     assert partial == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
+
+
+def test_every_task_provides_what_the_adapter_interface_declares():
+    """`features.Finetune` states its contract (abstract methods, issue 35): each task
+    implements every one and sets the metric and splits; a task that omits one cannot be made."""
+    from bertjax.tasks import features, glue, ner, squad_predict
+    tasks = features.Finetune.__subclasses__()
+    assert set(tasks) == {glue.GlueFinetune, ner.NerFinetune, squad_predict.SquadFinetune}
+    for task in tasks:
+        assert not task.__abstractmethods__, task
+        adapter = task(features.TaskOptions(task="sst2"), None)
+        assert adapter.main_metric and adapter.eval_splits, task
+        assert isinstance(adapter.test_splits, list), task
+
+    class NoPredictions(features.Finetune):
+        model = load = loss = evaluate = lambda *args: None
+    with pytest.raises(TypeError, match="abstract method.*write_predictions"):
+        NoPredictions()

@@ -1,13 +1,14 @@
 """Tests for bertjax.data.token_cache: the corpus is tokenized once whatever the number of
 phases, and the prepared bytes are those of a preparation that tokenizes every phase."""
 
+import collections
 import json
 import pathlib
 
 import numpy as np
 import pytest
 
-from bertjax.data import pipeline, token_cache, tokenize_corpus
+from bertjax.data import loaders, pipeline, token_cache, tokenize_corpus
 from bertjax.data.settings import DataSettings
 from test_pipeline import (config, corpus_file, documents, make_config, phases_of,  # noqa: F401
                            sp_tokenizer)
@@ -58,7 +59,8 @@ def test_every_phase_reads_the_tokens_of_one_tokenization(config, sp_tokenizer, 
     # Another shard size (shards of other documents) or tokenizer: other entries.
     other = make_config(config.data.input_files, **{"data.shard_bytes": size // 2})
     named = lambda c, share=(0, 1): pipeline.tokens_directory(  # noqa: E731
-        str(tmp_path / "both" / "short_64"), DataSettings.of(c.data), sp_tokenizer, *share)
+        str(tmp_path / "both" / "short_64"),
+        pipeline.Derived(DataSettings.of(c.data), sp_tokenizer), *share)
     assert named(cfg) == str(tokens)
     assert len({named(cfg), named(other), named(cfg, (1, 2))}) == 3
 
@@ -91,3 +93,24 @@ def test_a_shard_without_tokens_is_stored_and_read_back(tmp_path, sp_tokenizer):
     assert stored_counts == counts
     assert [[s.tolist() for s in d] for d in stored] == [[s.tolist() for s in d] for d in fresh]
     assert all(isinstance(s, np.ndarray) for d in stored for s in d)
+
+
+def test_what_the_phases_derive_from_the_corpus_is_computed_once(config, sp_tokenizer, tmp_path,
+                                                                  monkeypatch):
+    """The corpus's identity (a glob and a size per file) and the special tokens: once for
+    every phase, whether the phases are prepared or reused (issue 35; 3 and 2 per phase
+    before)."""
+    calls = collections.Counter()
+    for name in ("source_identity", "specials_of"):
+        real = getattr(pipeline, name)
+        monkeypatch.setattr(pipeline, name, lambda *args, real=real, name=name:
+                            calls.update([name]) or real(*args))
+    phases = phases_of(config)
+    assert [p.name for p in phases] == ["short", "long"]
+    for _ in ("prepared", "reused"):
+        calls.clear()
+        prepared = loaders.prepare_data(DataSettings.of(config.data), phases,
+                                        sp_tokenizer.vocab_size, sp_tokenizer, str(tmp_path),
+                                        0, 1)
+        assert len(prepared) == 2
+        assert dict(calls) == {"source_identity": 1, "specials_of": 1}

@@ -135,11 +135,12 @@ def prepare_data(data: DataSettings, phases: Sequence[PhaseShape], vocab_size: i
     instances without random-B pairs (pipeline.prepare)."""
     if process_index is None:
         process_index, process_count = jax.process_index(), jax.process_count()
-    specials = pipeline.specials_of(tokenizer, data.whole_word_mask)
+    derived = pipeline.Derived(data, tokenizer)  # (once for every phase)
+    specials = derived.specials
     result = []
     for phase in phases:
         splits = pipeline.prepare(data, phase, tokenizer, cache_dir, process_index,
-                                  process_count, next_sentence_prediction)
+                                  process_count, next_sentence_prediction, derived)
         for name, split in splits.items():
             pipeline.check_token_ids(split, vocab_size, f"{name} data ({phase.name})")
         local_batch = phase.global_batch_size // process_count

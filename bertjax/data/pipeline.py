@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import glob
 import hashlib
 import json
@@ -89,12 +90,33 @@ def source_identity(data: DataSettings) -> dict[str, Any]:
     return {"default": sys.version}
 
 
-def _source_fingerprint(data: DataSettings) -> dict[str, Any]:
-    """The prepared-data cache key's view of the corpus: its identity plus file times."""
-    identity = source_identity(data)
-    if "files" in identity:
-        identity["mtimes"] = [int(files.getmtime(f)) for f, _ in identity["files"]]
-    return identity
+def _source_fingerprint(identity: dict[str, Any]) -> dict[str, Any]:
+    """The cache keys' view of the corpus: its `identity` (source_identity) plus file times."""
+    if "files" not in identity:
+        return identity
+    return {**identity, "mtimes": [int(files.getmtime(f)) for f, _ in identity["files"]]}
+
+
+class Derived:
+    """What every phase's preparation derives from the data settings and the tokenizer,
+    computed once (on first use) and shared by the phases: the corpus's identity and cache
+    fingerprint, and the special tokens."""
+
+    def __init__(self, data: DataSettings, tokenizer: tokenization.Tokenizer):
+        self.settings, self.tokenizer = data, tokenizer
+
+    @functools.cached_property
+    def source(self) -> dict[str, Any]:
+        """`source_identity(data)`."""
+        return source_identity(self.settings)
+
+    @functools.cached_property
+    def source_fingerprint(self) -> dict[str, Any]:
+        return _source_fingerprint(self.source)
+
+    @functools.cached_property
+    def specials(self) -> instances.SpecialTokens:
+        return specials_of(self.tokenizer, self.settings.whole_word_mask)
 
 
 def load_or_train_tokenizer(data: DataSettings, cache_dir: str, process_index: int = 0,
@@ -113,7 +135,8 @@ def load_or_train_tokenizer(data: DataSettings, cache_dir: str, process_index: i
         file = "vocab.txt" if data.tokenizer == "wordpiece" else "tokenizer.json"
         raise DataError(f"data.tokenizer={data.tokenizer} needs --config.data.vocab_file={file} "
                         "(or use data.tokenizer=sentencepiece to train one on the corpus)")
-    key = _hash({"source": _source_fingerprint(data), "size": data.sentencepiece_vocab_size,
+    key = _hash({"source": _source_fingerprint(source_identity(data)),
+                 "size": data.sentencepiece_vocab_size,
                  "lower": data.do_lower_case})
     prefix = os.path.join(cache_dir, f"sentencepiece_{key}")
 
@@ -209,10 +232,12 @@ def settings(data: DataSettings, phase: PhaseShape, tokenizer: tokenization.Toke
 
 def prepare(data: DataSettings, phase: PhaseShape, tokenizer: tokenization.Tokenizer,
             cache_dir: str, process_index: int = 0, process_count: int = 1,
-            next_sentence_prediction: bool = True) -> dict[str, PreparedSplit]:
+            next_sentence_prediction: bool = True,
+            derived: Derived | None = None) -> dict[str, PreparedSplit]:
     """Prepared `train` and `eval` splits for `phase`: read from
     `data.prepared_dir` (this process's share of every shard), or built once and cached under
-    cache_dir; `next_sentence_prediction=False` makes no random-B pairs."""
+    cache_dir; `next_sentence_prediction=False` makes no random-B pairs. `derived`: the
+    phases' `Derived(data, tokenizer)`, where the caller prepares several."""
     shard_job.check_not_in_spawned_import()
     wanted = settings(data, phase, tokenizer, next_sentence_prediction)
     if data.prepared_dir:
@@ -226,14 +251,15 @@ def prepare(data: DataSettings, phase: PhaseShape, tokenizer: tokenization.Token
         share = (process_index, process_count)
         verb = "Reading prepared data"
     else:
-        key = _hash({**wanted, "source": _source_fingerprint(data),
+        derived = derived or Derived(data, tokenizer)
+        key = _hash({**wanted, "source": derived.source_fingerprint,
                      "shard": [process_index, process_count]})
         directory = os.path.join(cache_dir, f"{phase.name}_{phase.max_seq_length}_{key}")
         built = []
         try:
             locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
                 build(directory, data, phase, tokenizer, process_index, process_count,
-                      next_sentence_prediction, wanted=wanted)))
+                      next_sentence_prediction, wanted=wanted, derived=derived)))
         except OSError as e:  # e.g. a full disk: one line, and no half-written data left
             shutil.rmtree(_unfinished(directory), ignore_errors=True)
             raise DataError(f"{failures.os_error_line(e)}; preparing the data of phase "
@@ -321,12 +347,13 @@ def build(directory: str, data: DataSettings, phase: PhaseShape,
           tokenizer: tokenization.Tokenizer, process_index: int = 0, process_count: int = 1,
           nsp: bool = True,
           run_shards: Callable[..., Iterable[dict[str, int]]] = shard_job.run_shards,
-          wanted: dict[str, Any] | None = None) -> None:
+          wanted: dict[str, Any] | None = None, derived: Derived | None = None) -> None:
     """Reads the corpus (this process's share), cuts it into shards of `data.shard_bytes` and
     prepares each in a worker (`data.num_workers`; NSP partners come from the same shard, as
     the original's come from the same input file), written atomically to `directory`;
     `run_shards`: local processes, or another engine's (`beam_prepare.shard_runner`);
-    `wanted`: its `settings`, where the caller has them."""
+    `wanted`: its `settings`, and `derived`: `Derived(data, tokenizer)`, where the caller has
+    them."""
     start = time.time()
     stats = corpus.CorpusStats()
     for unfinished in glob.glob(glob.escape(directory) + ".tmp*"):  # left by a crashed run
@@ -334,9 +361,11 @@ def build(directory: str, data: DataSettings, phase: PhaseShape,
             shutil.rmtree(unfinished, ignore_errors=True)
     tmp = _unfinished(directory)
     reader = corpus_reader(data, process_index, process_count)
-    job = dataclasses.replace(shard_job_of(data, phase, specials_of(
-        tokenizer, data.whole_word_mask), tokenizer, process_index, tmp, nsp), reader=reader,
-        tokens=tokens_directory(directory, data, tokenizer, process_index, process_count))
+    derived = derived or Derived(data, tokenizer)
+    job = dataclasses.replace(shard_job_of(data, phase, derived.specials, tokenizer,
+                                           process_index, tmp, nsp), reader=reader,
+                              tokens=tokens_directory(directory, derived, process_index,
+                                                      process_count))
     meta = collections.Counter()
     try:
         for counts in run_shards(job, shard_sources.cut(reader, stats, data.shard_bytes),
@@ -357,16 +386,17 @@ def build(directory: str, data: DataSettings, phase: PhaseShape,
     prepared_files.commit(tmp, directory, {
         **meta, "corpus": dataclasses.asdict(stats), "masking": data.masking,
         "settings": wanted or settings(data, phase, tokenizer, nsp),
-        "source": source_identity(data),
+        "source": derived.source,
         "seconds": round(time.time() - start, 1)})
 
 
-def tokens_directory(directory: str, data: DataSettings, tokenizer: tokenization.Tokenizer,
-                     process_index: int, process_count: int) -> str:
+def tokens_directory(directory: str, derived: Derived, process_index: int,
+                     process_count: int) -> str:
     """Where the shards' token ids are kept for every phase, beside `directory` (a phase's):
     named by the corpus, the tokenizer, the shard size and this process's share."""
-    key = _hash({"source": _source_fingerprint(data), "tokenizer": tokenizer.fingerprint(),
-                 "shard_bytes": data.shard_bytes, "share": [process_index, process_count],
+    key = _hash({"source": derived.source_fingerprint,
+                 "tokenizer": derived.tokenizer.fingerprint(),
+                 "shard_bytes": derived.settings.shard_bytes, "share": [process_index, process_count],
                  "version": token_cache.VERSION})
     return os.path.join(os.path.dirname(directory), f"tokens_{key}")
 

@@ -1,6 +1,7 @@
 """`config.data` as typed, frozen settings, built once at an entry point (`DataSettings.of`):
 its choices checked there, in one line naming the `--config.data.FIELD` to set, and what the
 data layer derives from them (the mask mix, dynamic masking, accent stripping) computed there.
+`typed` makes any config section its settings class so (bertjax.settings: train, long phase).
 
 The fields keep the config's names, types and defaults (configs/base.py documents each one);
 validate.py checks their ranges before the conversion.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, TypeVar
 
 from bertjax.data import masking
 from bertjax.data.errors import DataError
@@ -54,16 +55,7 @@ class DataSettings:
         """The settings of `data` (config.data); DataError naming the field if a choice is not
         one of its values or the mask mix is not one. `recorded`: `data` is a config an older
         run recorded, whose missing fields take their type's empty value (a choice's first)."""
-        hints = typing.get_type_hints(cls)
-        missing = lambda name: (typing.get_args(hints[name])[0] if name in CHOICES
-                                else hints[name]())  # ("", 0, 0.0, False)
-        settings = cls(**{f.name: data[f.name] if f.name in data or not recorded
-                          else missing(f.name) for f in dataclasses.fields(cls)})
-        for field, allowed in CHOICES.items():
-            value = getattr(settings, field)
-            if (str(value).lower() if field in CASE_FREE else value) not in allowed:
-                raise DataError(f"data.{field}={value!r} is not one of "
-                                f"{', '.join(map(repr, allowed))}; set --config.data.{field}")
+        settings = typed(cls, data, "data", DataError, recorded, case_free=("strip_accents",))
         try:
             masking.check_mask_mix(*settings.mask_mix)
         except ValueError as e:
@@ -92,8 +84,35 @@ class DataSettings:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
 
 
-# The fields that name one of a few choices, read off their Literal types; compared exactly,
-# but for a truth value written as text in any case (True, true).
-CHOICES = {name: typing.get_args(kind) for name, kind in
-           typing.get_type_hints(DataSettings).items() if typing.get_origin(kind) is Literal}
-CASE_FREE = {"strip_accents"}
+T = TypeVar("T")
+
+
+def choices(cls: type) -> dict[str, tuple[Any, ...]]:
+    """The fields of the settings class `cls` that name one of a few choices, read off their
+    Literal types."""
+    return {name: typing.get_args(kind) for name, kind in typing.get_type_hints(cls).items()
+            if typing.get_origin(kind) is Literal}
+
+
+def typed(cls: type[T], values: Mapping[str, Any], section: str, error: type[Exception],
+          recorded: bool = False, case_free: tuple[str, ...] = ()) -> T:
+    """The settings class `cls` (a frozen dataclass) from the config section `section`'s
+    `values`; `error` naming the `--config.SECTION.FIELD` to set where a choice is not one of
+    its values (compared exactly, but for the `case_free` fields: a truth value written as
+    text in any case). `recorded`: `values` is a section an older run recorded, whose missing
+    fields take their default, else their type's empty value (a choice's first)."""
+    hints, allowed = typing.get_type_hints(cls), choices(cls)
+
+    def missing(field: dataclasses.Field) -> Any:
+        if field.default is not dataclasses.MISSING:
+            return field.default
+        return allowed[field.name][0] if field.name in allowed else hints[field.name]()
+
+    settings = cls(**{f.name: values[f.name] if f.name in values or not recorded
+                      else missing(f) for f in dataclasses.fields(cls)})
+    for field, options in allowed.items():
+        value = getattr(settings, field)
+        if (str(value).lower() if field in case_free else value) not in options:
+            raise error(f"{section}.{field}={value!r} is not one of "
+                        f"{', '.join(map(repr, options))}; set --config.{section}.{field}")
+    return settings

@@ -3,16 +3,23 @@ bad-input counter every reader uses, and the fine-tuning adapter interface (`Fin
 `SplitData`, `TaskOptions`) that each task module implements."""
 from __future__ import annotations
 
+import abc
 import collections
 import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 from absl import logging
 
 from bertjax.data import tokenization
 from bertjax.errors import UserError
+
+if TYPE_CHECKING:  # (the model modules: only for the adapter's annotations)
+    import flax.linen as nn
+
+    from bertjax.model import BertConfig
+    from bertjax.modernbert import ModernBertConfig
 
 
 class TaskDataError(UserError, ValueError):
@@ -134,11 +141,13 @@ def subset(items: list, limit: int, split: str) -> list:
     return [items[i] for i in keep]
 
 
-class Finetune:
-    """What the fine-tuning driver needs from a task (its adapter): the model head, loading a
-    split, the loss, scoring and writing predictions; subclasses fill them in."""
+class Finetune(abc.ABC):
+    """What the fine-tuning driver (and the probes) need from a task, its adapter. A task
+    sets `main_metric`, `eval_splits` and `test_splits` (on the class or in `__init__`) and
+    provides the abstract methods: the model head, loading a split, the loss, scoring and
+    writing predictions; the others have defaults it may override."""
 
-    main_metric: str
+    main_metric: str  # the metric that picks the best checkpoint
     eval_splits: list[str]  # scored every epoch; the first one picks the best checkpoint
     test_splits: list[str]  # predicted (and written) with the best checkpoint
     scored_test_splits: list[str] = []  # test splits with labels, also scored
@@ -146,6 +155,29 @@ class Finetune:
     # Metrics in percent (0-100), as the task's official scorer reports them; others are
     # fractions (0-1), as GLUE's scorers and conlleval's counts give them.
     percent_metrics: frozenset[str] = frozenset()
+
+    @abc.abstractmethod
+    def model(self, bert_config: BertConfig | ModernBertConfig) -> nn.Module:
+        """The encoder with this task's head, for `bert_config`'s family."""
+
+    @abc.abstractmethod
+    def load(self, split: str) -> SplitData:
+        """The split `split` read and encoded; TaskDataError (or a reader's ValueError)
+        naming the file and what is wrong."""
+
+    @abc.abstractmethod
+    def loss(self, logits: Any, batch: dict[str, Any]) -> Any:
+        """The training loss (a scalar: the weighted mean) of the model's `logits` on
+        `batch`, inside jit."""
+
+    @abc.abstractmethod
+    def evaluate(self, data: SplitData, outputs: np.ndarray) -> dict[str, float]:
+        """The task's metrics on `data` from the fetched `outputs(model outputs)`."""
+
+    @abc.abstractmethod
+    def write_predictions(self, data: SplitData, outputs: np.ndarray, directory: str) -> str:
+        """Writes the predictions on `data` into `directory` in the task's format; returns
+        the path written."""
 
     def num_train_examples(self, train: SplitData) -> int:
         """What the step count counts: examples, one row each (as run_classifier.py)."""

@@ -212,8 +212,11 @@ def run_probes(model: BertModel, params: Any, tokenizer, tasks: Sequence[str],
     content without the run's own description."""
     out = {}
     for task in tasks:
-        adapter = task_adapter(task, options, tokenizer)
-        train, evaluation = adapter.load("train"), adapter.load(adapter.eval_splits[0])
+        try:
+            adapter = task_adapter(task, options, tokenizer)
+            train, evaluation = adapter.load("train"), adapter.load(adapter.eval_splits[0])
+        except ValueError as e:  # an unknown task; the readers' name the file and the fault
+            raise features.TaskDataError(str(e)) from e
         train_x, eval_x = (layer_features(model, params, split, settings.extract_batch_size)
                            for split in (train, evaluation))
         num_classes = len(ner.LABELS) if task == "conll2003" else adapter.task.num_labels

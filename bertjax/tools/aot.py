@@ -30,6 +30,7 @@ from ml_collections import config_flags
 
 from bertjax import cli, families, flops, memory, optim, run, schedule, sharding, targets
 from bertjax.tools import fit_verdict, hlo_census
+from bertjax.settings import PretrainingSettings
 
 # Measured step time / roofline estimate of the one version timed on a real H100 (589f15d,
 # BERT-large: 116.4 / 75.3 ms at L=128, 175.4 / 105.5 ms at L=512).
@@ -134,7 +135,8 @@ def compile_train_step(config: Any, devices: list[jax.Device],
     """Lowers and compiles the train step of each phase for `devices` (of `target`); prints
     each phase's summary and returns the mesh, the start-up report and `{phase: record}`."""
     mesh = run.make_mesh(config.mesh.to_dict(), devices)
-    phases = schedule.phases(config.train, config.data, config.long_phase)
+    settings = PretrainingSettings.of(config)
+    phases = schedule.phases(settings.train, settings.data, settings.long_phase)
     run.check_batches(mesh, phases, config.train.grad_accum_steps,
                       config.model.max_position_embeddings)
     phases = [p for p in phases if not phase_names or p.name in phase_names]

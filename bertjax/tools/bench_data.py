@@ -24,15 +24,16 @@ from absl import flags
 from bertjax.tools.records import machine, versions, write_record
 from bertjax import cli, schedule
 from bertjax.data import loaders, pipeline
-from bertjax.data.settings import DataSettings
+from bertjax.settings import PretrainingSettings
 
 FLAGS = flags.FLAGS
 
 
 def run(config: ml_collections.ConfigDict, batches: int, cache_dir: str) -> dict[str, Any]:
     """Times preparation and dynamic-masking loading of the config's first phase."""
-    data = dataclasses.replace(DataSettings.of(config.data), masking="dynamic", num_workers=1)
-    phase = schedule.phases(config.train, data, config.long_phase)[0]
+    settings = PretrainingSettings.of(config)
+    data = dataclasses.replace(settings.data, masking="dynamic", num_workers=1)
+    phase = schedule.phases(settings.train, data, settings.long_phase)[0]
     tokenizer, tokenizer_seconds = _timed(
         lambda: pipeline.load_or_train_tokenizer(data, cache_dir))
     splits, prepare_seconds = _timed(lambda: pipeline.prepare(data, phase, tokenizer, cache_dir))
