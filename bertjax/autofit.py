@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 
 from bertjax import attention, memory, sharding, targets
 from bertjax.families import ModelConfig
-from bertjax.schedule import Phase
+from bertjax.phase_schedule import Phase
 
 # Compiled activation bytes / JAX's saved residuals (BERT-large, L=512, with a margin). TPU:
 # einsum attention, JAX counts 1.94 GiB per sequence; beside 5.0 GiB of state the compiler

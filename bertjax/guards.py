@@ -15,7 +15,7 @@ from absl import logging
 from bertjax import checkpoint
 from bertjax.data import corpus, pipeline
 from bertjax.data.settings import DataSettings
-from bertjax.schedule import Phase
+from bertjax.phase_schedule import Phase
 
 # Per-phase settings that a resume within the same phase must keep.
 PHASE_FIELDS = ("max_seq_length", "max_predictions_per_seq", "global_batch_size")

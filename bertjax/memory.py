@@ -28,7 +28,7 @@ from jax.sharding import Mesh
 from bertjax import families, objectives, sharding, steps
 from bertjax import batch as batch_spec
 from bertjax.families import ModelConfig
-from bertjax.schedule import Phase
+from bertjax.phase_schedule import Phase
 from bertjax.state import TrainState
 from bertjax.errors import UserError
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import files, locks, schedule
+from bertjax import files, locks, phase_schedule
 from bertjax.data import beam_prepare, pipeline, prepared_files, shard_job
 from bertjax.errors import ConfigError, UserError
 
@@ -64,7 +64,7 @@ def _prepare_phases(settings: PretrainingSettings, output: str, local: str,
     """Every phase into `output`, prepared in `local` (the same directory, or a temporary one
     from which a URL's phases are uploaded, meta.json last, when prepared)."""
     data = settings.data
-    phases = schedule.phases(settings.train, data, settings.long_phase)
+    phases = phase_schedule.phases(settings.train, data, settings.long_phase)
     nsp = settings.train.pretraining_objective.uses_nsp
     tokenizer = pipeline.load_or_train_tokenizer(data, os.path.join(local, "tokenizer"))
     derived = pipeline.Derived(data, tokenizer)  # (once for every phase)
@@ -96,7 +96,7 @@ def _prepare_phases(settings: PretrainingSettings, output: str, local: str,
     return lines
 
 
-def summary(directory: str, phase: schedule.Phase, built: bool) -> str:
+def summary(directory: str, phase: phase_schedule.Phase, built: bool) -> str:
     """One line about a prepared phase: sizes, the held-out route, disk and time."""
     with files.open(f"{directory}/meta.json") as f:
         meta = json.load(f)

@@ -12,10 +12,10 @@ import jax
 from absl import logging
 
 from bertjax import (checkpoint, failures, files, nonfinite, objectives, peers, reporting,
-                     schedule, sharding, stopping)
+                     phase_schedule, sharding, stopping)
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
 from bertjax.run import ShardedRun
-from bertjax.schedule import DataPosition
+from bertjax.phase_schedule import DataPosition
 from bertjax.settings import TrainSettings
 from bertjax.state import TrainState
 
@@ -34,7 +34,7 @@ def evaluate(eval_step, params, loader: BatchLoader | None, num_batches: int,
 
 
 @dataclasses.dataclass
-class Pretraining:
+class PretrainingLoop:
     """What the loop needs besides the state and where it stands."""
 
     settings: TrainSettings  # config.train
@@ -102,7 +102,7 @@ class Pretraining:
                 trained = current
                 trained_batch = f"batch {batch_index} of phase {current.phase.name}"
                 host_batch = next_batch.result()
-                upcoming = schedule.phase_at(phases, step + 1)
+                upcoming = phase_schedule.phase_at(phases, step + 1)
                 if upcoming.name != current.phase.name:
                     current, batch_index = by_name[upcoming.name], -1
                     reporting.chief_print(

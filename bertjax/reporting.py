@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import jax
 
-from bertjax import console, flops, metrics_writer, nonfinite, objectives, optim, schedule
+from bertjax import console, flops, metrics_writer, nonfinite, objectives, optim, phase_schedule
 from bertjax.model import BertConfig
-from bertjax.schedule import Phase
+from bertjax.phase_schedule import Phase
 
 if TYPE_CHECKING:  # importing tensorboardX imports torch when it is installed: seconds
     from tensorboardX import SummaryWriter
@@ -118,7 +118,7 @@ class Progress:
         """Adds one step's metrics (already on the host); a skipped (non-finite) step goes to
         the policy, which stops the run when it must. `batch` names the step's batch in
         messages."""
-        self.clock.tick(schedule.phase_at(self.phases, step - 1).name, step)
+        self.clock.tick(phase_schedule.phase_at(self.phases, step - 1).name, step)
         console.TERMINAL.show(status_bar(step, self.total_steps, self.eta(step)))
         if self.nonfinite.add(step, metrics["nonfinite"], batch):
             return

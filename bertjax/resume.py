@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import jax
 
-from bertjax import checkpoint, failures, guards, nonfinite, reporting, schedule, storage
+from bertjax import checkpoint, failures, guards, nonfinite, reporting, phase_schedule, storage
 from bertjax.data.settings import DataSettings
 from bertjax.failures import first_line
 
@@ -30,7 +30,7 @@ QUARANTINE = "checkpoints_quarantine"
 T = TypeVar("T")
 # A training loop run from (state, data position, start step, the checkpoint it resumed
 # from, if any), returning T.
-TrainFrom = Callable[[Any, schedule.DataPosition, int, "str | None"], T]
+TrainFrom = Callable[[Any, phase_schedule.DataPosition, int, "str | None"], T]
 
 
 class UnusableCheckpoint(checkpoint.CheckpointMismatch):
@@ -110,16 +110,16 @@ class Resume:
                               f"{moved}")
 
     def check(self, found: Found, expected_meta: dict[str, Any], data: DataSettings,
-              phases: Sequence[schedule.Phase], allow_changed_data: bool) -> None:
+              phases: Sequence[phase_schedule.Phase], allow_changed_data: bool) -> None:
         """Refuses `found` if this run changes its model (or tokenizer, once in
         `expected_meta`) or, mid-phase, its data (guards.check_resume)."""
         checkpoint.check_compatible(found.meta, expected_meta, self.where(found.step))
         guards.check_resume(found.meta, expected_meta["data"], data, found.position,
-                            schedule.phase_at(phases, found.step).name, self.where(found.step),
-                            allow_changed_data)
+                            phase_schedule.phase_at(phases, found.step).name,
+                            self.where(found.step), allow_changed_data)
 
     def restore(self, found: Found, abstract_state: Any, meta: dict[str, Any],
-                check: Callable[[Found], None]) -> tuple[Any, schedule.DataPosition]:
+                check: Callable[[Found], None]) -> tuple[Any, phase_schedule.DataPosition]:
         """Restores `found` onto `abstract_state`'s shardings; a checkpoint without checksums
         that fails to restore, or restores NaN/Inf, and any that holds another step than its
         directory's name, is set aside and the next one (passed through `check`) tried."""
@@ -150,7 +150,7 @@ class Resume:
             reporting.chief_print(f"Resuming from step {found.step} instead of "
                                   f"{max(self.set_aside)}: {max(self.set_aside) - found.step} "
                                   "steps will be trained again")
-        position = schedule.DataPosition.from_dict(position)
+        position = phase_schedule.DataPosition.from_dict(position)
         self.checkpointer.keep_until_newer_sealed(found.step)
         reporting.chief_print(f"Resuming from {self.checkpointer.directory} at step "
                               f"{found.step} (phase {position.phase}, next batch "
@@ -158,7 +158,7 @@ class Resume:
         return state, position
 
     def fall_back(self, found: Found, abstract_state: Any, meta: dict[str, Any],
-                  check: Callable[[Found], None]) -> tuple[Any, schedule.DataPosition, Found]:
+                  check: Callable[[Found], None]) -> tuple[Any, phase_schedule.DataPosition, Found]:
         """After every step since resuming from `found` was non-finite: sets `found` aside
         (and any later step, none of which a finite step has come from) and restores the
         newest checkpoint before it (UnusableCheckpoint if there is none)."""
@@ -173,10 +173,10 @@ class Resume:
         return state, position, previous
 
     def train_falling_back(self, train: TrainFrom[T], state: Any,
-                           position: schedule.DataPosition, found: Found | None,
+                           position: phase_schedule.DataPosition, found: Found | None,
                            abstract_state: Any, meta: dict[str, Any],
                            check: Callable[[Found], None],
-                           phases: Sequence[schedule.Phase]) -> tuple[T, int]:
+                           phases: Sequence[phase_schedule.Phase]) -> tuple[T, int]:
         """`train(state, position, start_step, resumed_from)` from `state` (restored from
         `found`, or new if None); if every step since resuming was non-finite
         (NonFiniteAfterResume), once more from the checkpoint before `found` (`fall_back`).
@@ -192,7 +192,7 @@ class Resume:
                     raise
                 state, position, found = self.fall_back(found, abstract_state, meta, check)
                 fell_back, start_step = True, found.step
-                position = schedule.consistent_position(position, start_step, phases)
+                position = phase_schedule.consistent_position(position, start_step, phases)
 
 
 def restore_exactly(checkpointer: checkpoint.Checkpointer, step: int, abstract_state: Any,

@@ -13,9 +13,9 @@ import jax
 import optax
 from jax.sharding import Mesh
 
-from bertjax import autofit, families, memory, objectives, optim, schedule, sharding, steps
+from bertjax import autofit, families, memory, objectives, optim, phase_schedule, sharding, steps
 from bertjax.families import ModelConfig
-from bertjax.schedule import Phase
+from bertjax.phase_schedule import Phase
 from bertjax.settings import LongPhaseSettings
 from bertjax.state import TrainState, create_train_state
 from bertjax.errors import ConfigError  # (raised here; run.ConfigError for its callers)

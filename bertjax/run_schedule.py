@@ -14,9 +14,9 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from bertjax import checkpoint, optim, reporting, run, schedule
+from bertjax import checkpoint, optim, reporting, run, phase_schedule
 from bertjax.data.settings import DataSettings
-from bertjax.schedule import Phase
+from bertjax.phase_schedule import Phase
 from bertjax.settings import LongPhaseSettings, PretrainingSettings, TrainSettings
 
 # The config fields that set the phases' step ranges or the learning rate of a step.
@@ -48,7 +48,7 @@ def planned(train: TrainSettings, data: DataSettings, long_phase: LongPhaseSetti
             optimizer: Mapping[str, Any]) -> Plan:
     """A run's schedule from the settings `train`, `data`, `long_phase` and the config
     section `optimizer`."""
-    phases = schedule.phases(train, data, long_phase)
+    phases = phase_schedule.phases(train, data, long_phase)
     return Plan(phases, run.pretraining_optimizer(optimizer, train.total_steps, long_phase,
                                                   phases))
 
@@ -86,7 +86,7 @@ def resumed(meta: Mapping[str, Any], where: str, train: TrainSettings, data: Dat
                for field in SCHEDULE_FIELDS if _field(old, field) != _field(new, field)]
     before = recorded(meta)
     end = before.phases[-1].end_step
-    shapes = {p.name: p for p in schedule.phases(train, data, long_phase)}
+    shapes = {p.name: p for p in phase_schedule.phases(train, data, long_phase)}
     if sorted(shapes) != sorted(p.name for p in before.phases):
         changes = changes or [f"phases: {[p.name for p in before.phases]} -> {sorted(shapes)}"]
         if train.extend:

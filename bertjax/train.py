@@ -19,12 +19,12 @@ from ml_collections import config_flags
 
 from bertjax import (agreement, checkpoint, cli, console, distributed, failures, families,
                      files, guards, locks, memory, metrics_writer, nonfinite, peers,
-                     pretrain_loop, pretrained, reporting, resume, run, run_schedule, schedule,
-                     stopping, validate)
+                     phase_schedule, pretrain_loop, pretrained, reporting, resume, run,
+                     run_schedule, stopping, validate)
 from bertjax.data import loaders, pipeline
 from bertjax.errors import UserError
-from bertjax.pretrain_loop import Pretraining
-from bertjax.schedule import DataPosition
+from bertjax.pretrain_loop import PretrainingLoop
+from bertjax.phase_schedule import DataPosition
 from bertjax.settings import PretrainingSettings
 
 def run_metadata(config: ml_collections.ConfigDict, data: dict[str, Any]) -> dict[str, Any]:
@@ -58,7 +58,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     started = time.time()
     is_chief = jax.process_index() == 0
     train, data = settings.train, settings.data
-    phases = schedule.phases(train, data, settings.long_phase)
+    phases = phase_schedule.phases(train, data, settings.long_phase)
     mesh = run.make_mesh(config.mesh.to_dict(), devices)
     run.check_batches(mesh, phases, train.grad_accum_steps,
                       config.model.max_position_embeddings)  # before preparing any data
@@ -123,7 +123,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         state, position = fresh_state(settings, config.model.vocab_size, sharded, phases,
                                       tokenizer)
     start_step = int(jax.device_get(state.step))
-    position = schedule.consistent_position(position, start_step, phases)
+    position = phase_schedule.consistent_position(position, start_step, phases)
     if start_step >= train.total_steps:
         reporting.chief_print(f"Training already finished ({start_step} steps); evaluating only")
     else:
@@ -135,13 +135,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     writer = metrics_writer.open_writer(workdir)
 
     def train_from(state: Any, position: DataPosition, start_step: int,
-                   resumed_from: str | None) -> tuple[Pretraining, Any, DataPosition, dict]:
+                   resumed_from: str | None) -> tuple[PretrainingLoop, Any, DataPosition, dict]:
         progress = reporting.Progress(
             phases, nonfinite.NonFiniteSteps(train.max_nonfinite_steps, start_step,
                                              resumed_from),
             optimizer, model_config, writer, start_step,
             os.path.join(workdir, "metrics.jsonl") if is_chief else None)
-        pretraining = Pretraining(train, sharded, phase_data, checkpointer, meta,
+        pretraining = PretrainingLoop(train, sharded, phase_data, checkpointer, meta,
                                   progress, writer, restart_step=optimizer.restart_step)
         return pretraining, *pretraining.loop(state, position, start_step)
 
@@ -176,7 +176,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def fresh_state(settings: PretrainingSettings, vocab_size: int, sharded: run.ShardedRun,
-                phases: list[schedule.Phase], tokenizer) -> tuple[Any, DataPosition]:
+                phases: list[phase_schedule.Phase], tokenizer) -> tuple[Any, DataPosition]:
     """A new state, with the parameters of `train.init_checkpoint` when set (`vocab_size`:
     the model's)."""
     train = settings.train

@@ -12,7 +12,7 @@ no test switch of its own):
 * `step:N`: the pretraining or fine-tuning loop pauses once step N is done (its checkpoint
   saves written; pretraining's preemption sync point for step N passed), as the loop moves
   on from its activity `training step N` (bertjax.stopping.now_doing);
-* `start`: pretraining pauses as it enters its loop (`Pretraining.loop`: data prepared,
+* `start`: pretraining pauses as it enters its loop (`PretrainingLoop.loop`: data prepared,
   state built), where a signal is outside the training steps;
 * `save`: every asynchronous checkpoint write pauses with its files written but its
   temporary directory not yet renamed into place (an unfinished checkpoint; Orbax's
@@ -89,9 +89,9 @@ def _pause_after_step(step: int) -> None:
 
 
 def _pause_at_start() -> None:
-    from bertjax.pretrain_loop import Pretraining
+    from bertjax.pretrain_loop import PretrainingLoop
 
-    loop, paused = Pretraining.loop, []
+    loop, paused = PretrainingLoop.loop, []
 
     @functools.wraps(loop)
     def entered(self, *args, **kwargs):
@@ -100,7 +100,7 @@ def _pause_at_start() -> None:
             _pause("the start of training")
         return loop(self, *args, **kwargs)
 
-    Pretraining.loop = entered
+    PretrainingLoop.loop = entered
 
 
 def _pause_in_checkpoint_writes() -> None:

@@ -18,7 +18,7 @@ from bertjax.data import (default_corpus, instances, loaders, pipeline, shard_fo
 from bertjax.heads import BertForSequenceClassification, BertForTokenClassification
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tasks import features, squad_predict
-from bertjax.schedule import Phase
+from bertjax.phase_schedule import Phase
 from bertjax.state import create_train_state
 from bertjax.data.settings import DataSettings
 

@@ -17,7 +17,7 @@ import pytest
 from bertjax import attention, autofit, console, memory, optim, sharding, targets
 from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.schedule import Phase
+from bertjax.phase_schedule import Phase
 from bertjax.state import create_train_state
 from bertjax.tools import fit_verdict, hlo_census
 
@@ -158,7 +158,7 @@ def test_auto_attention_resolves_for_the_target_device_not_the_host():
     tpu = types.SimpleNamespace(platform="tpu")
     assert attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.1) == "einsum"  # host
     with attention.target_device(gpu):
-        assert attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.1,
+        assert attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.0,
                                       packed=True) == "cudnn"
     with attention.target_device(tpu):
         assert attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.0) == "pallas"

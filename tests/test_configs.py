@@ -5,7 +5,7 @@ import runpy
 
 import pytest
 
-from bertjax import optim, schedule
+from bertjax import optim, phase_schedule
 from bertjax.model import BertConfig
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -32,7 +32,7 @@ def test_base_and_large_follow_the_paper():
             clip_global_norm=1.0)
         assert (c.data.masked_lm_prob, c.data.mask_token_prob, c.data.random_token_prob) == \
             (0.15, 0.8, 0.1)
-        short, long = schedule.phases(c.train, c.data, c.long_phase)
+        short, long = phase_schedule.phases(c.train, c.data, c.long_phase)
         assert (short.max_seq_length, short.max_predictions_per_seq, short.end_step) == \
             (128, 20, 900_000)
         assert (long.max_seq_length, long.max_predictions_per_seq, long.start_step) == \

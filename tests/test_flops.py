@@ -4,7 +4,7 @@ import runpy
 
 import pytest
 
-from bertjax import flops, nonfinite, optim, reporting, schedule
+from bertjax import flops, nonfinite, optim, reporting, phase_schedule
 from bertjax.model import BertConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +47,7 @@ def test_mfu():
 def test_training_progress_logs_model_flops(capsys):
     config = base_config()
     config.train.log_every, config.train.total_steps = 1, 10
-    phases = schedule.phases(config.train, config.data, config.long_phase)
+    phases = phase_schedule.phases(config.train, config.data, config.long_phase)
     progress = reporting.Progress(
         phases, nonfinite.NonFiniteSteps(config.train.max_nonfinite_steps, 0),
         optim.optimizer_config(config.optimizer, config.train.total_steps),

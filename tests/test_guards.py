@@ -14,7 +14,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax import checkpoint, nonfinite, optim, reporting, resume, schedule, train
+from bertjax import checkpoint, nonfinite, optim, reporting, resume, phase_schedule, train
 from bertjax.model import BertConfig
 import injected_faults
 from test_train import (base_config, corpus_file, read_metrics,  # noqa: F401 (fixture)
@@ -79,7 +79,7 @@ def test_host_stops_on_repeated_non_finite_steps_or_at_once_on_a_non_finite_stat
     "state" (a damaged checkpoint) on the run's first step, "update" (the learning rate)
     after a finite step of this run, since restored states are checked."""
     config = tiny_config("", "", **{"train.total_steps": 10, "long_phase.fraction": 0.0})
-    phases = schedule.phases(config.train, config.data, config.long_phase)
+    phases = phase_schedule.phases(config.train, config.data, config.long_phase)
 
     def progress(limit):
         return reporting.Progress(phases, nonfinite.NonFiniteSteps(limit, 0),
@@ -393,7 +393,7 @@ def test_non_finite_steps_right_after_a_resume_name_the_checkpoint(resumed_at, b
     """Non-finite loss in every step since a resume (at step 6) names the checkpoint resumed
     from, not the learning rate; in a fresh run, or after finite steps, the learning rate."""
     config = base_config()
-    phases = schedule.phases(config.train, config.data, config.long_phase)
+    phases = phase_schedule.phases(config.train, config.data, config.long_phase)
     progress = reporting.Progress(
         phases, nonfinite.NonFiniteSteps(2, resumed_at or 4,
                                          "/w/checkpoints/6" if resumed_at else None),

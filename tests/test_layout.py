@@ -129,7 +129,7 @@ def test_data_tasks_and_model_import_no_training_code():
 
 
 # The run layer: the schedule of a run, its steps and its entry point (issue 35).
-RUN_LAYER = {"bertjax.schedule", "bertjax.run_schedule", "bertjax.run", "bertjax.train",
+RUN_LAYER = {"bertjax.phase_schedule", "bertjax.run_schedule", "bertjax.run", "bertjax.train",
              "bertjax.resume"}
 
 

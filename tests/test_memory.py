@@ -11,7 +11,7 @@ import ml_collections
 import pytest
 
 from bertjax import memory, optim, sharding
-from bertjax.schedule import Phase
+from bertjax.phase_schedule import Phase
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import create_train_state
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from bertjax import (checkpoint, distributed, objectives, optim, schedule, sharding, steps,
+from bertjax import (checkpoint, distributed, objectives, optim, phase_schedule, sharding, steps,
                      train)
 from bertjax.data import corpus, default_corpus, pipeline
 from bertjax.data.loaders import prepare_data
@@ -223,7 +223,7 @@ def test_two_processes_train_like_one(tmp_path):
     assert counts == sorted(len(share) for share in shares), counts
 
     # One process, 8 devices, the same global batches (process 0's rows, then process 1's).
-    phases = schedule.phases(config.train, config.data, config.long_phase)
+    phases = phase_schedule.phases(config.train, config.data, config.long_phase)
     loaders = [pd[0].train for pd in (prepare_data(DataSettings.of(config.data), phases, config.model.vocab_size,
                                                    tokenizer, cache_dir, i, 2)
                                       for i in range(2))]

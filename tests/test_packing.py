@@ -20,7 +20,7 @@ from bertjax import guards, objectives, steps, train
 from bertjax import batch as batch_spec
 from bertjax.data import instances, loaders, packing, pipeline
 from bertjax.model import BertConfig, BertForPreTraining, example_inputs
-from bertjax.schedule import Phase
+from bertjax.phase_schedule import Phase
 from bertjax.data.settings import DataSettings
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

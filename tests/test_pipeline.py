@@ -14,7 +14,7 @@ import runpy
 import numpy as np
 import pytest
 
-from bertjax import memory, schedule
+from bertjax import memory, phase_schedule
 from bertjax import batch as batch_spec
 from bertjax.data import (corpus, default_corpus, instances, loaders, masking, pipeline,
                           shard_job, shard_sources, tokenization, tokenize_corpus)
@@ -62,11 +62,11 @@ def make_config(input_files: str, **overrides):
     return c
 
 
-def phases_of(config) -> list[schedule.Phase]:
-    return schedule.phases(config.train, config.data, config.long_phase)
+def phases_of(config) -> list[phase_schedule.Phase]:
+    return phase_schedule.phases(config.train, config.data, config.long_phase)
 
 
-def short_phase(config) -> schedule.Phase:
+def short_phase(config) -> phase_schedule.Phase:
     return phases_of(config)[0]
 
 

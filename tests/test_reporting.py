@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from bertjax import console, failures, files, reporting
-from bertjax.schedule import Phase
+from bertjax.phase_schedule import Phase
 
 PHASES = [Phase("short", 128, 20, 32, 0, 90), Phase("long", 512, 80, 32, 90, 100)]
 

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import optim, run, schedule, train
+from bertjax import optim, run, phase_schedule, train
 from test_guards import compilation_cache, saved_state  # noqa: F401 (autouse fixture)
 from test_train import corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
 
@@ -70,7 +70,7 @@ def test_restart_resumes_exactly_and_equals_the_two_run_original(corpus_file, ca
 
 def test_restart_needs_two_phases_and_bert_adam(corpus_file):
     config = tiny_config(corpus_file, "", **RESTART)
-    phases = schedule.phases(config.train, config.data, config.long_phase)
+    phases = phase_schedule.phases(config.train, config.data, config.long_phase)
     optimizer = run.pretraining_optimizer(config.optimizer, config.train.total_steps,
                                           config.long_phase, phases)
     assert (optimizer.restart_step, optimizer.restart_warmup_steps) == (12, 2)
@@ -83,4 +83,4 @@ def test_restart_needs_two_phases_and_bert_adam(corpus_file):
     with pytest.raises(run.ConfigError, match="set long_phase.fraction between 0 and 1"):
         run.pretraining_optimizer(
             config.optimizer, config.train.total_steps, config.long_phase,
-            schedule.phases(config.train, config.data, config.long_phase))
+            phase_schedule.phases(config.train, config.data, config.long_phase))

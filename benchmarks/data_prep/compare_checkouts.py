@@ -5,7 +5,7 @@
 import hashlib, runpy, sys
 import numpy as np
 from bertjax.data import pipeline, tokenization
-from bertjax.schedule import Phase
+from bertjax.phase_schedule import Phase
 if __name__ == "__main__":
     config = runpy.run_path(sys.argv[1] + "/configs/base.py")["get_config"]()
     d = config.data

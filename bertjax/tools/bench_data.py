@@ -22,7 +22,7 @@ import ml_collections
 from absl import flags
 
 from bertjax.tools.records import machine, versions, write_record
-from bertjax import cli, schedule
+from bertjax import cli, phase_schedule
 from bertjax.data import loaders, pipeline
 from bertjax.settings import PretrainingSettings
 
@@ -33,7 +33,7 @@ def run(config: ml_collections.ConfigDict, batches: int, cache_dir: str) -> dict
     """Times preparation and dynamic-masking loading of the config's first phase."""
     settings = PretrainingSettings.of(config)
     data = dataclasses.replace(settings.data, masking="dynamic", num_workers=1)
-    phase = schedule.phases(settings.train, data, settings.long_phase)[0]
+    phase = phase_schedule.phases(settings.train, data, settings.long_phase)[0]
     tokenizer, tokenizer_seconds = _timed(
         lambda: pipeline.load_or_train_tokenizer(data, cache_dir))
     splits, prepare_seconds = _timed(lambda: pipeline.prepare(data, phase, tokenizer, cache_dir))

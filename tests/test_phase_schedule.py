@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from bertjax import run_schedule, schedule, validate
+from bertjax import run_schedule, phase_schedule, validate
 from bertjax.errors import ConfigError
-from bertjax.schedule import DataPosition, Phase
+from bertjax.phase_schedule import DataPosition, Phase
 from bertjax.settings import LongPhaseSettings, PretrainingSettings, TrainSettings
 
 from test_pipeline import BATCH, LONG_PREDS, LONG_SEQ, PREDS, SEQ, make_config, phases_of
@@ -34,10 +34,10 @@ def test_single_phase_when_long_fraction_is_zero_or_one():
 
 def test_phase_at_boundaries():
     phases = phases_of(make_config("unused"))
-    assert [schedule.phase_at(phases, s).name for s in (0, 1, 89, 90, 91, 99, 100, 10**6)] == [
+    assert [phase_schedule.phase_at(phases, s).name for s in (0, 1, 89, 90, 91, 99, 100, 10**6)] == [
         "short", "short", "short", "long", "long", "long", "long", "long"]
     (only,) = phases_of(make_config("unused", **{"long_phase.fraction": 0.0}))
-    assert schedule.phase_at([only], 0) is only and schedule.phase_at([only], 500) is only
+    assert phase_schedule.phase_at([only], 0) is only and phase_schedule.phase_at([only], 500) is only
 
 
 def test_data_position_round_trips_and_follows_a_changed_schedule():
@@ -45,8 +45,8 @@ def test_data_position_round_trips_and_follows_a_changed_schedule():
     assert DataPosition.from_dict(position.as_dict()) == position
     assert position.as_dict() == {"phase": "short", "batch_index": 7}  # the checkpoint's JSON
     phases = phases_of(make_config("unused"))  # short: steps 0-89, long: 90-99
-    assert schedule.consistent_position(position, 7, phases) is position
-    assert schedule.consistent_position(position, 95, phases) == DataPosition("long", 5)
+    assert phase_schedule.consistent_position(position, 7, phases) is position
+    assert phase_schedule.consistent_position(position, 95, phases) == DataPosition("long", 5)
 
 
 # Fields older runs' configs lack (added since), by section.
