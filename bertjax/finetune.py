@@ -28,11 +28,11 @@ from ml_collections import config_flags
 from bertjax import (cli, console, failures, families, files, finetune_loop, locks, optim,
                      pretrained, reporting, sharding, validate)
 from bertjax import model as bert_model
-from bertjax import run as run_lib
+from bertjax import sharded_run
 from bertjax.interop import native
 from bertjax.model import BertConfig
 from bertjax.modernbert_config import ModernBertConfig
-from bertjax.errors import UserError
+from bertjax.errors import ConfigError, UserError
 from bertjax.tasks import features, glue, ner, squad_predict
 
 
@@ -138,8 +138,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
         raise FinetuneError(f"max_seq_length={config.max_seq_length} > the model's "
                             f"max_position_embeddings={bert_config.max_position_embeddings}")
     try:
-        mesh = run_lib.make_mesh(config.mesh.to_dict(), devices)
-    except run_lib.ConfigError as e:
+        mesh = sharded_run.make_mesh(config.mesh.to_dict(), devices)
+    except ConfigError as e:
         raise FinetuneError(str(e)) from e
     for size in (config.train_batch_size, config.eval_batch_size):
         if size % (sharding.data_parallel_size(mesh) * jax.process_count()):

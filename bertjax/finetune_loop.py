@@ -20,10 +20,11 @@ from jax.sharding import Mesh
 
 from bertjax import (checkpoint, console, failures, families, files, metrics_writer, nonfinite,
                      pretrained, reporting, resume, sharding, steps, stopping)
-from bertjax import run as run_lib
+from bertjax import sharded_run
 from bertjax.state import count_params
 from bertjax.tasks import metrics
 from bertjax.tasks.features import Finetune, SplitData
+from bertjax.errors import ConfigError
 
 Batch = dict[str, jax.Array]
 
@@ -69,7 +70,7 @@ class Trainer:
     train and predict steps) and the step count."""
 
     task: Finetune
-    run: run_lib.ShardedRun
+    run: sharded_run.ShardedRun
     total_steps: int
     learning_rate: Callable[[int], float]  # the schedule's value at a step, for the log
 
@@ -85,7 +86,7 @@ def make_trainer(task: Finetune, model: nn.Module, tx: optax.GradientTransformat
     def predict_step(params, batch):
         return task.outputs(apply_model(model, params, batch, True))
 
-    sharded = run_lib.build(model, tx, mesh, steps.make_loss_train_step(loss_fn, tx),
+    sharded = sharded_run.build(model, tx, mesh, steps.make_loss_train_step(loss_fn, tx),
                             predict_step)
     return Trainer(task, sharded, total_steps, learning_rate)
 
@@ -185,13 +186,13 @@ def check_workdir(config_json: str, workdir: str, overwrite: bool) -> None:
     try:
         old = json.loads(files.read_text(path))
     except ValueError as e:
-        raise run_lib.ConfigError(f"{path} is unreadable ({e}): delete it, or use another "
+        raise ConfigError(f"{path} is unreadable ({e}): delete it, or use another "
                                   "--workdir") from e
     new = json.loads(config_json)
     changed = [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted({*old, *new})
                if old.get(key) != new.get(key)]
     if changed:
-        raise run_lib.ConfigError(f"{workdir} holds a fine-tuning run with other settings ("
+        raise ConfigError(f"{workdir} holds a fine-tuning run with other settings ("
                                   f"{'; '.join(changed[:5])}"
                                   f"{'; ...' if len(changed) > 5 else ''}): use a new "
                                   "--workdir, or --overwrite to replace that run")

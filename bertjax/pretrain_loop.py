@@ -14,7 +14,7 @@ from absl import logging
 from bertjax import (checkpoint, failures, files, nonfinite, objectives, peers, reporting,
                      phase_schedule, sharding, stopping)
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
-from bertjax.run import ShardedRun
+from bertjax.sharded_run import ShardedRun
 from bertjax.phase_schedule import DataPosition
 from bertjax.settings import TrainSettings
 from bertjax.state import TrainState

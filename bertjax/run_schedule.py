@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from bertjax import checkpoint, optim, reporting, run, phase_schedule
+from bertjax import checkpoint, optim, phase_schedule, reporting, sharded_run
 from bertjax.data.settings import DataSettings
 from bertjax.phase_schedule import Phase
 from bertjax.settings import LongPhaseSettings, PretrainingSettings, TrainSettings
@@ -49,7 +49,7 @@ def planned(train: TrainSettings, data: DataSettings, long_phase: LongPhaseSetti
     """A run's schedule from the settings `train`, `data`, `long_phase` and the config
     section `optimizer`."""
     phases = phase_schedule.phases(train, data, long_phase)
-    return Plan(phases, run.pretraining_optimizer(optimizer, train.total_steps, long_phase,
+    return Plan(phases, sharded_run.pretraining_optimizer(optimizer, train.total_steps, long_phase,
                                                   phases))
 
 
@@ -115,7 +115,7 @@ def resumed(meta: Mapping[str, Any], where: str, train: TrainSettings, data: Dat
     phases = [dataclasses.replace(shapes[p.name], start_step=p.start_step, end_step=p.end_step)
               for p in before.phases]
     phases[-1] = dataclasses.replace(phases[-1], end_step=train.total_steps)
-    extension = run.pretraining_optimizer(optimizer, train.total_steps, long_phase, phases)
+    extension = sharded_run.pretraining_optimizer(optimizer, train.total_steps, long_phase, phases)
     recorded_config = before.optimizer_config
     earlier = recorded_config.earlier + ((end, dataclasses.replace(recorded_config, earlier=())),)
     extended = dataclasses.replace(extension, earlier=earlier)

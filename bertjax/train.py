@@ -19,10 +19,10 @@ from ml_collections import config_flags
 
 from bertjax import (agreement, checkpoint, cli, console, distributed, failures, families,
                      files, guards, locks, memory, metrics_writer, nonfinite, peers,
-                     phase_schedule, pretrain_loop, pretrained, reporting, resume, run,
+                     phase_schedule, pretrain_loop, pretrained, reporting, resume, sharded_run,
                      run_schedule, stopping, validate)
 from bertjax.data import loaders, pipeline
-from bertjax.errors import UserError
+from bertjax.errors import ConfigError, UserError
 from bertjax.pretrain_loop import PretrainingLoop
 from bertjax.phase_schedule import DataPosition
 from bertjax.settings import PretrainingSettings
@@ -41,7 +41,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     returns the final evaluation metrics. `devices` defaults to all devices; the mesh in
     `config.mesh` must cover them exactly."""
     if not workdir.strip():
-        raise run.ConfigError("--workdir is empty: name the directory of the run")
+        raise ConfigError("--workdir is empty: name the directory of the run")
     agreement.check("config", agreement.config_fields(config.to_dict(), workdir))
     settings = validate.pretraining(config)  # (typed, built once)
     if settings.train.init_checkpoint and not files.exists(os.path.join(workdir, "checkpoints")):
@@ -59,8 +59,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     is_chief = jax.process_index() == 0
     train, data = settings.train, settings.data
     phases = phase_schedule.phases(train, data, settings.long_phase)
-    mesh = run.make_mesh(config.mesh.to_dict(), devices)
-    run.check_batches(mesh, phases, train.grad_accum_steps,
+    mesh = sharded_run.make_mesh(config.mesh.to_dict(), devices)
+    sharded_run.check_batches(mesh, phases, train.grad_accum_steps,
                       config.model.max_position_embeddings)  # before preparing any data
     objective = train.pretraining_objective
     checkpointer = checkpoint.Checkpointer(  # (its clean-up of unfinished saves needs the lock)
@@ -97,7 +97,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                       cache_dir, next_sentence_prediction=objective.uses_nsp)
     agreement.check("prepared", {})  # (where a host that failed to prepare stops the others)
     stopping.now_doing("building the model (compiling)")
-    sharded = run.build_pretraining(model_config, optimizer, mesh, phases,
+    sharded = sharded_run.build_pretraining(model_config, optimizer, mesh, phases,
                                     train.grad_accum_steps, report=False,
                                     objective=objective)
     accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
@@ -175,7 +175,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     return final_eval
 
 
-def fresh_state(settings: PretrainingSettings, vocab_size: int, sharded: run.ShardedRun,
+def fresh_state(settings: PretrainingSettings, vocab_size: int, sharded: sharded_run.ShardedRun,
                 phases: list[phase_schedule.Phase], tokenizer) -> tuple[Any, DataPosition]:
     """A new state, with the parameters of `train.init_checkpoint` when set (`vocab_size`:
     the model's)."""

@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import objectives, optim, run, sharding, steps, validate
+from bertjax import errors, objectives, optim, sharded_run, sharding, steps, validate
 from bertjax.data import (default_corpus, instances, loaders, pipeline, shard_format, tokenization,
                           tokenize_corpus)
 from bertjax.heads import BertForSequenceClassification, BertForTokenClassification
@@ -281,5 +281,5 @@ def test_left_to_right_fine_tuning_keeps_the_left_only_constraint():
 def test_unknown_objective_is_a_config_error():
     config = base_config()
     config.train.objective = "gpt"
-    with pytest.raises(run.ConfigError, match="train.objective='gpt' is not one of 'mlm', 'ltr'"):
+    with pytest.raises(errors.ConfigError, match="train.objective='gpt' is not one of 'mlm', 'ltr'"):
         validate.pretraining(config)

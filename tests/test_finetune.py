@@ -21,12 +21,13 @@ import pytest
 
 from bertjax import (checkpoint, extract_features, finetune, finetune_loop, nonfinite, pretrained,
                      train)
-from bertjax import run as run_lib
+from bertjax import sharded_run
 from bertjax.interop import hf, tf
 from bertjax.interop.tree import ConversionError
 from bertjax.heads import (BertForQuestionAnswering, BertForSequenceClassification,
                            BertForTokenClassification)
 from bertjax.model import BertConfig, BertModel
+from bertjax.errors import ConfigError
 from test_faults import (Trainer, assert_console_in_log, assert_one_full_disk_line,
                          on_a_small_filesystem)
 
@@ -444,7 +445,7 @@ def test_fine_tuning_resumes_reruns_and_refuses_other_settings(data_root, tmp_pa
     again = finetune.run(config, str(workdir), devices=one_device)
     assert again["seeds"][0]["dev"] == expected["seeds"][0]["dev"] and rows() == reference_rows
     before = (workdir / "config.json").read_text()
-    with pytest.raises(run_lib.ConfigError, match=r"holds a fine-tuning run with other "
+    with pytest.raises(ConfigError, match=r"holds a fine-tuning run with other "
                        r"settings \(learning_rate: 0.001 -> 0.002\): use a new --workdir, or "
                        r"--overwrite"):
         config.learning_rate = 2e-3

@@ -22,9 +22,9 @@ ENTRY_POINTS = {"bertjax.train", "bertjax.finetune", "bertjax.extract_features",
                 "bertjax.tools.bench_data", "bertjax.prepare", "bertjax.data.tokenization"}
 # Modules whose `main` is a command line but which libraries may import for their functions.
 LIBRARY_WITH_CLI = {"bertjax.data.tokenization"}
-TRAINING = {"bertjax.train", "bertjax.finetune", "bertjax.run", "bertjax.steps", "bertjax.optim",
-            "bertjax.checkpoint", "bertjax.reporting", "bertjax.state", "bertjax.pretrain_loop",
-            "bertjax.finetune_loop", "bertjax.guards", "bertjax.distributed", "bertjax.memory",
+TRAINING = {"bertjax.train", "bertjax.finetune", "bertjax.sharded_run", "bertjax.steps",
+            "bertjax.optim", "bertjax.checkpoint", "bertjax.reporting", "bertjax.state",
+            "bertjax.pretrain_loop", "bertjax.finetune_loop", "bertjax.guards", "bertjax.distributed", "bertjax.memory",
             "bertjax.pretrained", "bertjax.sharding", "bertjax.nonfinite", "bertjax.resume",
             "bertjax.metrics_writer"}
 CONFIG_SECTIONS = {"model", "data", "train", "optimizer", "mesh", "long_phase"}
@@ -129,8 +129,8 @@ def test_data_tasks_and_model_import_no_training_code():
 
 
 # The run layer: the schedule of a run, its steps and its entry point (issue 35).
-RUN_LAYER = {"bertjax.phase_schedule", "bertjax.run_schedule", "bertjax.run", "bertjax.train",
-             "bertjax.resume"}
+RUN_LAYER = {"bertjax.phase_schedule", "bertjax.run_schedule", "bertjax.sharded_run",
+             "bertjax.train", "bertjax.resume"}
 
 
 def test_the_data_layer_imports_nothing_of_the_run_layer():

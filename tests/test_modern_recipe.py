@@ -15,7 +15,7 @@ import optax
 import pytest
 
 from bertjax import optim, run_schedule, validate
-from bertjax.run import ConfigError
+from bertjax.errors import ConfigError
 import test_faults
 from test_modernbert_train import CONFIG_FILE, modernbert_tiny, small_config
 from test_optim import _flat, _params, _run

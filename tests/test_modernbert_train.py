@@ -18,7 +18,7 @@ from bertjax import (checkpoint, convert, families, flops, optim, pretrained, tr
 from bertjax.interop import hf_modernbert, tree
 from bertjax.model import BertConfig
 from bertjax.modernbert_config import ModernBertConfig
-from bertjax.run import ConfigError
+from bertjax.errors import ConfigError
 from test_modernbert import TINY, abstract, init
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)
 

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import optim, run, phase_schedule, train
+from bertjax import errors, optim, phase_schedule, sharded_run, train
 from test_guards import compilation_cache, saved_state  # noqa: F401 (autouse fixture)
 from test_train import corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
 
@@ -71,16 +71,16 @@ def test_restart_resumes_exactly_and_equals_the_two_run_original(corpus_file, ca
 def test_restart_needs_two_phases_and_bert_adam(corpus_file):
     config = tiny_config(corpus_file, "", **RESTART)
     phases = phase_schedule.phases(config.train, config.data, config.long_phase)
-    optimizer = run.pretraining_optimizer(config.optimizer, config.train.total_steps,
+    optimizer = sharded_run.pretraining_optimizer(config.optimizer, config.train.total_steps,
                                           config.long_phase, phases)
     assert (optimizer.restart_step, optimizer.restart_warmup_steps) == (12, 2)
     config.optimizer.name = "adamw"
-    with pytest.raises(run.ConfigError, match="needs optimizer.name='bert_adam'"):
-        run.pretraining_optimizer(config.optimizer, config.train.total_steps,
+    with pytest.raises(errors.ConfigError, match="needs optimizer.name='bert_adam'"):
+        sharded_run.pretraining_optimizer(config.optimizer, config.train.total_steps,
                                   config.long_phase, phases)
     config.optimizer.name = "bert_adam"
     config.long_phase.fraction = 0.0
-    with pytest.raises(run.ConfigError, match="set long_phase.fraction between 0 and 1"):
-        run.pretraining_optimizer(
+    with pytest.raises(errors.ConfigError, match="set long_phase.fraction between 0 and 1"):
+        sharded_run.pretraining_optimizer(
             config.optimizer, config.train.total_steps, config.long_phase,
             phase_schedule.phases(config.train, config.data, config.long_phase))

@@ -7,7 +7,7 @@ import runpy
 import pytest
 
 from bertjax import finetune, train, validate
-from bertjax.run import ConfigError
+from bertjax.errors import ConfigError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 config_of = lambda path: runpy.run_path(os.path.join(REPO_ROOT, "configs", path))["get_config"]()

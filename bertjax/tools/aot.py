@@ -28,7 +28,8 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import cli, families, flops, memory, optim, run, phase_schedule, sharding, targets
+from bertjax import (cli, families, flops, memory, optim, phase_schedule, sharded_run, sharding,
+                     targets)
 from bertjax.tools import fit_verdict, hlo_census
 from bertjax.settings import PretrainingSettings
 
@@ -69,7 +70,7 @@ def gpu_estimate(hlo_text: str, target: targets.Target, model_flops: float) -> d
             "estimated_mfu": model_flops / step / (target.peak_tflops * 1e12)}
 
 
-def compile_phase(sharded: run.ShardedRun, phase: phase_schedule.Phase, config: Any,
+def compile_phase(sharded: sharded_run.ShardedRun, phase: phase_schedule.Phase, config: Any,
                   target: targets.Target | None) -> dict[str, Any]:
     """Compiles the train step of `phase`; the verdict, memory per device, FLOPs and (GPU)
     the kernel census and estimate."""
@@ -134,13 +135,13 @@ def compile_train_step(config: Any, devices: list[jax.Device],
                        target: targets.Target | None = None) -> dict[str, Any]:
     """Lowers and compiles the train step of each phase for `devices` (of `target`); prints
     each phase's summary and returns the mesh, the start-up report and `{phase: record}`."""
-    mesh = run.make_mesh(config.mesh.to_dict(), devices)
+    mesh = sharded_run.make_mesh(config.mesh.to_dict(), devices)
     settings = PretrainingSettings.of(config)
     phases = phase_schedule.phases(settings.train, settings.data, settings.long_phase)
-    run.check_batches(mesh, phases, config.train.grad_accum_steps,
+    sharded_run.check_batches(mesh, phases, config.train.grad_accum_steps,
                       config.model.max_position_embeddings)
     phases = [p for p in phases if not phase_names or p.name in phase_names]
-    sharded = run.build_pretraining(
+    sharded = sharded_run.build_pretraining(
         families.model_config(config.model.to_dict()),
         optim.optimizer_config(config.optimizer, config.train.total_steps), mesh, phases,
         config.train.grad_accum_steps, report=False)

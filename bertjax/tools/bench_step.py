@@ -10,7 +10,7 @@ import numpy as np
 
 from bertjax import families, optim, sharding
 from bertjax import batch as batch_spec
-from bertjax import run as run_lib
+from bertjax import sharded_run
 from bertjax.data import packing
 from bertjax.state import count_params
 
@@ -57,7 +57,7 @@ class BertjaxTrainer:
     def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]):
         self.model_config = families.model_config(config.model.to_dict())
         self.mesh = sharding.make_mesh(config.mesh.to_dict())
-        sharded = run_lib.build_pretraining(
+        sharded = sharded_run.build_pretraining(
             self.model_config, optim.optimizer_config(config.optimizer, config.train.total_steps),
             self.mesh, [], config.train.grad_accum_steps, report=False)
         self.state = sharded.init_state(jax.random.PRNGKey(0))

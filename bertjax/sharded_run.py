@@ -18,7 +18,7 @@ from bertjax.families import ModelConfig
 from bertjax.phase_schedule import Phase
 from bertjax.settings import LongPhaseSettings
 from bertjax.state import TrainState, create_train_state
-from bertjax.errors import ConfigError  # (raised here; run.ConfigError for its callers)
+from bertjax.errors import ConfigError
 
 
 @dataclasses.dataclass
