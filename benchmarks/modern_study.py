@@ -61,7 +61,7 @@ def flops_per_row(config_path: str, overrides: list[str]) -> int:
     from bertjax.data import packing
     c = runpy.run_path(config_path)["get_config"]()
     predictions = 20 if MODERN_MASKING[0] in overrides else 10
-    if c.data.packing:
+    if c.data.packing or "--config.data.packing=True" in overrides:
         predictions = packing.predictions_per_row(64, predictions, c.data.masked_lm_prob,
                                                   c.data.packing_max_instances)
     return flops.train_flops_per_sequence(families.model_config(c.model.to_dict()), 64,
