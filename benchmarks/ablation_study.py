@@ -144,16 +144,28 @@ def table(args) -> None:
     for row, entry in record.items():
         pre = entry.get("pretraining", {})
         cells = [f"{100 * pre['mlm_accuracy']:.1f}" if "mlm_accuracy" in pre else "-"]
-        for task, metric in columns:
-            stats = entry.get(task, {}).get(metric)
-            cells.append(f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f}" if stats else "-")
-        lines.append(f"| {row}: {entry['description']} | " + " | ".join(cells) + " |")
-    with open(args.table + ".md", "w") as f:
+        lines.append(f"| {row}: {entry['description']} | "
+                     + " | ".join(cells + task_cells(entry, columns)) + " |")
+    write_table(args.table, lines, record)
+    plot(record, columns, args.table + ".png")
+
+
+def task_cells(entry: dict, columns: list[tuple[str, str]]) -> list[str]:
+    """A row's "mean ± std" (x100) per (task, metric) column, "-" where it did not run."""
+    cells = []
+    for task, metric in columns:
+        stats = entry.get(task, {}).get(metric)
+        cells.append(f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f}" if stats else "-")
+    return cells
+
+
+def write_table(path: str, lines: list[str], record: dict) -> None:
+    """Writes PATH.md (the Markdown `lines`) and PATH.json (`record`), and prints the table."""
+    with open(path + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
-    with open(args.table + ".json", "w") as f:
+    with open(path + ".json", "w") as f:
         json.dump(record, f, indent=1)
     print("\n".join(lines))
-    plot(record, columns, args.table + ".png")
 
 
 def plot(record: dict, columns: list[tuple[str, str]], path: str) -> None:
@@ -176,13 +188,14 @@ def plot(record: dict, columns: list[tuple[str, str]], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def study_parser(description: str, rows: str, tasks: str, steps: int) -> argparse.ArgumentParser:
+    """The command line of a pretrain-then-fine-tune study (this one's defaults after the
+    row list, the tasks and the steps)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--rows", default="paper,random_init,no_nsp,ltr_no_nsp,mask_100_0_0,"
-                        "mask_80_0_20,mask_80_20_0,mask_0_20_80,mask_0_0_100")
-    parser.add_argument("--tasks", default="sst2,mrpc,conll2003")
-    parser.add_argument("--steps", type=int, default=1500, help="pretraining steps per row")
+    parser.add_argument("--rows", default=rows)
+    parser.add_argument("--tasks", default=tasks)
+    parser.add_argument("--steps", type=int, default=steps, help="pretraining steps per row")
     parser.add_argument("--lr", type=float, default=5e-4, help="pretraining peak lr")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--train_examples", type=int, default=1000)
@@ -190,5 +203,12 @@ if __name__ == "__main__":
     parser.add_argument("--finetune_length", type=int, default=64)
     parser.add_argument("--finetune_lr", type=float, default=3e-4)
     parser.add_argument("--table", default="")
-    parsed = parser.parse_args()
+    return parser
+
+
+if __name__ == "__main__":
+    parsed = study_parser(__doc__.splitlines()[0],
+                          "paper,random_init,no_nsp,ltr_no_nsp,mask_100_0_0,mask_80_0_20,"
+                          "mask_80_20_0,mask_0_20_80,mask_0_0_100", "sst2,mrpc,conll2003",
+                          1500).parse_args()
     table(parsed) if parsed.table else run(parsed)

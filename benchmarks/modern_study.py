@@ -16,9 +16,10 @@ unpacked one does and holds more real tokens). `modern_time` is the same for the
 measured training wall time (log.txt, first step to last, compile included), scaled from
 `modern_flops`' measured seconds per step, so it runs after both. The other rows add one
 modern switch to the paper row at its steps. Commands go to STUDY_DIR/commands.txt; a
-finished step is skipped when rerun. `--eval15` re-evaluates each finished row's checkpoint
-on the paper row's held-out batches (15% masking, unpacked), where the held-out MLM accuracies
-are comparable. `--table` writes TABLE.md and TABLE.json.
+finished step is skipped when rerun. `--eval15` re-evaluates each finished row's final
+checkpoint at 15% masking on unpacked rows (its own held-out split: the rows with NSP share
+one, the rows without another), where held-out MLM accuracies compare. `--table` writes
+TABLE.md and TABLE.json.
 """
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ ROWS = {
     "wsd": (["--config.optimizer.schedule=wsd", "--config.optimizer.decay_fraction=0.1",
              "--config.optimizer.decay_shape=1-sqrt"], "paper + WSD schedule (1-sqrt, last 10%)"),
 }
+# Rows whose own held-out evaluation is at 15% on unpacked rows (no --eval15 needed).
+SAME_EVAL = ("paper", "no_nsp", "stable_adamw", "wsd")
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) console\] (Training steps|step \d+/)")
 
 
@@ -98,8 +101,8 @@ def pretrain_command(row: str, args) -> list[str]:
 
 
 def eval15(row: str, args) -> None:
-    """Re-evaluates `row`'s final checkpoint on the paper row's held-out batches: a copy of its
-    workdir, run again with the paper row's data flags (a finished run only evaluates)."""
+    """Re-evaluates `row`'s final checkpoint at 15% masking, unpacked: a copy of its checkpoints
+    run again with the paper row's masking and packing flags (a finished run only evaluates)."""
     source, target = f"{args.out}/pretrain/{row}", f"{args.out}/eval15/{row}"
     if not os.path.exists(f"{target}/final_metrics.json"):
         shutil.rmtree(target, ignore_errors=True)
@@ -124,46 +127,30 @@ def run(args) -> None:
 def table(args) -> None:
     record = ablation_study.collect(args.out, ROWS)
     columns = [(task, m) for task in args.tasks.split(",") for m in finetune_study.METRICS[task]]
-    lines = ["| row | steps | model PFLOPs | train s | held-out MLM acc (own masking) | "
-             "held-out MLM acc (paper's 15% batches) | "
+    lines = ["| row | steps | model TFLOPs | train s | held-out MLM acc (own masking) | "
+             "held-out MLM acc (15%, unpacked) | "
              + " | ".join(f"{t} {m}" for t, m in columns) + " |", "|---" * (len(columns) + 6) + "|"]
     for row, entry in record.items():
-        workdir = f"{args.out}/pretrain/{row}"
-        seconds, steps = train_seconds(workdir)
-        entry["train_seconds"], entry["steps"] = seconds, steps
-        entry["model_flops"] = steps * 32 * flops_per_row(
-            MODERN if row.startswith("modern") else "configs/tiny.py", ROWS[row][0])
+        config = MODERN if row.startswith("modern") else "configs/tiny.py"
+        seconds, steps = train_seconds(f"{args.out}/pretrain/{row}")
+        entry.update(train_seconds=seconds, steps=steps,
+                     model_flops=steps * 32 * flops_per_row(config, ROWS[row][0]))
         again = f"{args.out}/eval15/{row}/final_metrics.json"
         if os.path.exists(again):
             entry["eval15"] = json.load(open(again))
-        cells = [str(steps), f"{entry['model_flops'] / 1e15:.2f}", f"{seconds:.0f}",
+        elif row in SAME_EVAL:  # its own evaluation already is one at 15%, unpacked
+            entry["eval15"] = entry["pretraining"]
+        cells = [str(steps), f"{entry['model_flops'] / 1e12:.2f}", f"{seconds:.0f}",
                  f"{100 * entry['pretraining']['mlm_accuracy']:.1f}",
                  f"{100 * entry['eval15']['mlm_accuracy']:.1f}" if "eval15" in entry else "-"]
-        for task, metric in columns:
-            stats = entry.get(task, {}).get(metric)
-            cells.append(f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f}" if stats else "-")
-        lines.append(f"| {row}: {entry['description']} | " + " | ".join(cells) + " |")
-    with open(args.table + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(args.table + ".json", "w") as f:
-        json.dump(record, f, indent=1)
-    print("\n".join(lines))
+        lines.append(f"| {row}: {entry['description']} | "
+                     + " | ".join(cells + ablation_study.task_cells(entry, columns)) + " |")
+    ablation_study.write_table(args.table, lines, record)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--rows", default=",".join(ROWS))
-    parser.add_argument("--tasks", default="sst2,mrpc")
-    parser.add_argument("--steps", type=int, default=800, help="the paper row's pretraining steps")
-    parser.add_argument("--lr", type=float, default=5e-4, help="pretraining peak lr")
-    parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--train_examples", type=int, default=1000)
-    parser.add_argument("--epochs", type=float, default=3)
-    parser.add_argument("--finetune_length", type=int, default=64)
-    parser.add_argument("--finetune_lr", type=float, default=3e-4)
+    parser = ablation_study.study_parser(__doc__.splitlines()[0], ",".join(ROWS), "sst2,mrpc", 800)
     parser.add_argument("--eval15", action="store_true", help="re-evaluate on 15%% batches")
-    parser.add_argument("--table", default="")
     parsed = parser.parse_args()
     if parsed.table:
         table(parsed)
