@@ -50,28 +50,33 @@ ROWS = {
 
 
 def books_pretrain_command(workdir: str, cache_dir: str, books: str, steps: int,
-                           lr: float) -> list[str]:
+                           lr: float, config: str = "configs/tiny.py") -> list[str]:
     """The `python -m bertjax.train` flags that the CPU studies on the shared books share:
-    configs/tiny.py, dynamic masking, dropout 0, batch 32, `steps` steps at peak `lr` with 10%
-    warmup, one checkpoint at the end. Each study adds its lengths, phases and evaluation."""
-    return [sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py",
+    `config` (configs/tiny.py; or configs/modernbert_tiny.py, whose dropout is already 0),
+    dynamic masking, dropout 0, batch 32, `steps` steps at peak `lr` with 10% warmup, one
+    checkpoint at the end. Each study adds its lengths, phases and evaluation."""
+    no_dropout = ([] if "modernbert" in config else
+                  ["--config.model.hidden_dropout_prob=0",
+                   "--config.model.attention_probs_dropout_prob=0"])
+    return [sys.executable, "-m", "bertjax.train", f"--config={config}",
             f"--workdir={workdir}", "--config.data.source=text",
             f"--config.data.input_files={books}", f"--config.data.cache_dir={cache_dir}",
             "--config.data.masking=dynamic", "--config.data.num_workers=1",
-            "--config.data.dupe_factor=2", "--config.model.hidden_dropout_prob=0",
-            "--config.model.attention_probs_dropout_prob=0",
-            f"--config.train.total_steps={steps}", "--config.train.global_batch_size=32",
+            "--config.data.dupe_factor=2", *no_dropout, f"--config.train.total_steps={steps}", "--config.train.global_batch_size=32",
             f"--config.optimizer.peak_learning_rate={lr}",
             f"--config.optimizer.warmup_steps={steps // 10}",
             f"--config.train.checkpoint_every={steps}"]
 
 
-def pretrain_command(row: str, args) -> list[str]:
+def pretrain_command(row: str, args, overrides: list[str] | None = None,
+                     config: str = "configs/tiny.py") -> list[str]:
+    """Row `row`'s pretraining: the paper row's flags, then `overrides` (default: ROWS')."""
     return [*books_pretrain_command(f"{args.out}/pretrain/{row}", f"{args.out}/data", GUTENBERG,
-                                    args.steps, args.lr),
+                                    args.steps, args.lr, config),
             "--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10",
             "--config.long_phase.fraction=0", "--config.train.eval_every=0",
-            "--config.train.eval_batches=20", "--config.train.log_every=100", *ROWS[row][0]]
+            "--config.train.eval_batches=20", "--config.train.log_every=100",
+            *(ROWS[row][0] if overrides is None else overrides)]
 
 
 def finetune_command(row: str, task: str, args) -> list[str]:
@@ -86,7 +91,7 @@ def finetune_command(row: str, task: str, args) -> list[str]:
             + (["--config.random_init=True"] if row == "random_init" else [])
             # The paper keeps the LTR model's left-only constraint at fine-tuning (section 5.1).
             + (["--config.causal_attention=True"]
-               if "--config.train.objective=ltr" in (ROWS[row][0] or []) else []))
+               if "--config.train.objective=ltr" in (ROWS.get(row, ([],))[0] or []) else []))
 
 
 def run_once(cmd: list[str], done_file: str, out: str) -> None:
@@ -111,10 +116,11 @@ def run(args) -> None:
                  f"{args.out}/finetune/{row}/{task}/summary.json", args.out)
 
 
-def collect(out: str) -> dict:
-    """{row: {"pretraining": final_metrics, task: {metric: stats}}} of the finished runs."""
+def collect(out: str, rows: dict = ROWS) -> dict:
+    """{row: {"pretraining": final_metrics, task: {metric: stats}}} of the finished runs of
+    `rows` ({row: (overrides, description)})."""
     record = {}
-    for row, (_, description) in ROWS.items():
+    for row, (_, description) in rows.items():
         entry = {"description": description}
         final = os.path.join(out, "pretrain", row, "final_metrics.json")
         if os.path.exists(final):
@@ -138,16 +144,28 @@ def table(args) -> None:
     for row, entry in record.items():
         pre = entry.get("pretraining", {})
         cells = [f"{100 * pre['mlm_accuracy']:.1f}" if "mlm_accuracy" in pre else "-"]
-        for task, metric in columns:
-            stats = entry.get(task, {}).get(metric)
-            cells.append(f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f}" if stats else "-")
-        lines.append(f"| {row}: {entry['description']} | " + " | ".join(cells) + " |")
-    with open(args.table + ".md", "w") as f:
+        lines.append(f"| {row}: {entry['description']} | "
+                     + " | ".join(cells + task_cells(entry, columns)) + " |")
+    write_table(args.table, lines, record)
+    plot(record, columns, args.table + ".png")
+
+
+def task_cells(entry: dict, columns: list[tuple[str, str]]) -> list[str]:
+    """A row's "mean ± std" (x100) per (task, metric) column, "-" where it did not run."""
+    cells = []
+    for task, metric in columns:
+        stats = entry.get(task, {}).get(metric)
+        cells.append(f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f}" if stats else "-")
+    return cells
+
+
+def write_table(path: str, lines: list[str], record: dict) -> None:
+    """Writes PATH.md (the Markdown `lines`) and PATH.json (`record`), and prints the table."""
+    with open(path + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
-    with open(args.table + ".json", "w") as f:
+    with open(path + ".json", "w") as f:
         json.dump(record, f, indent=1)
     print("\n".join(lines))
-    plot(record, columns, args.table + ".png")
 
 
 def plot(record: dict, columns: list[tuple[str, str]], path: str) -> None:
@@ -170,13 +188,14 @@ def plot(record: dict, columns: list[tuple[str, str]], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def study_parser(description: str, rows: str, tasks: str, steps: int) -> argparse.ArgumentParser:
+    """The command line of a pretrain-then-fine-tune study (this one's defaults after the
+    row list, the tasks and the steps)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--rows", default="paper,random_init,no_nsp,ltr_no_nsp,mask_100_0_0,"
-                        "mask_80_0_20,mask_80_20_0,mask_0_20_80,mask_0_0_100")
-    parser.add_argument("--tasks", default="sst2,mrpc,conll2003")
-    parser.add_argument("--steps", type=int, default=1500, help="pretraining steps per row")
+    parser.add_argument("--rows", default=rows)
+    parser.add_argument("--tasks", default=tasks)
+    parser.add_argument("--steps", type=int, default=steps, help="pretraining steps per row")
     parser.add_argument("--lr", type=float, default=5e-4, help="pretraining peak lr")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--train_examples", type=int, default=1000)
@@ -184,5 +203,12 @@ if __name__ == "__main__":
     parser.add_argument("--finetune_length", type=int, default=64)
     parser.add_argument("--finetune_lr", type=float, default=3e-4)
     parser.add_argument("--table", default="")
-    parsed = parser.parse_args()
+    return parser
+
+
+if __name__ == "__main__":
+    parsed = study_parser(__doc__.splitlines()[0],
+                          "paper,random_init,no_nsp,ltr_no_nsp,mask_100_0_0,mask_80_0_20,"
+                          "mask_80_20_0,mask_0_20_80,mask_0_0_100", "sst2,mrpc,conll2003",
+                          1500).parse_args()
     table(parsed) if parsed.table else run(parsed)
