@@ -102,7 +102,7 @@ def check_batches(mesh: Mesh, phases: Sequence[Phase],
                             else grad_accum) or 1
         if size % jax.process_count() or size % grad_accum_steps or \
                 (size // grad_accum_steps) % dp:
-            field = schedule.BATCH_FIELDS.get(phase.name, "train.global_batch_size")
+            field = phase_schedule.BATCH_FIELDS.get(phase.name, "train.global_batch_size")
             multiple = math.lcm(jax.process_count(), grad_accum_steps * dp)
             raise ConfigError(
                 f"global batch {size} (phase {phase.name}) must be divisible by the process count "

@@ -229,7 +229,7 @@ def test_a_run_refused_in_a_new_directory_leaves_none(corpus_file, cache_dir, tm
     the directory the run created is removed again (no run.lock, no config.json)."""
     config = tiny_config(corpus_file, cache_dir)
     config.mesh.data = 2  # (one device)
-    with pytest.raises(train.run.ConfigError):
+    with pytest.raises(train.ConfigError):
         run(config, tmp_path / "new")
     assert not (tmp_path / "new").exists()
 

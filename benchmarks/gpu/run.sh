@@ -9,7 +9,7 @@
 # land in OUT_DIR (JSON of bertjax.tools.bench and benchmarks/step_levers.py, log.txt).
 # The machine's own JAX is used (it needs Python >= 3.12; the versions are logged): the
 # lent image holds jax, flax, optax, torch and transformers; ml_collections travels as a
-# wheel in .whl/ (see /work/.library/device/README.md), trace_summary.py in .gpu/.
+# wheel in .whl/ (the device tool's README says how), trace_summary.py in .gpu/.
 set -u
 OUT=${1:?OUT_DIR}
 BUDGET=${2:-540}
