@@ -250,6 +250,7 @@ def test_feature_based_ner_trains_only_the_tagger(data_root, tmp_path):
     assert seed["dev"]["dev"]["f1"] > 0.5, seed  # names are tagged from the frozen features
 
 
+@pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_squad_end_to_end(data_root, tmp_path):
     squad_file = os.path.join(data_root, "squad.json")
     config = small(config_file("squad.py"), data_root, train_file=squad_file,
