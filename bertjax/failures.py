@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import queue
 import re
 import signal
 import sys
@@ -107,23 +108,37 @@ class CtrlC:
     process saves at the same step. A second SIGINT exits at once (status 130: `stopping`'s
     watchdog, which also sees it while the main thread is stuck in native code)."""
 
+    NOTICE = ("Ctrl-C: saving a checkpoint at the end of this step, then exiting (Ctrl-C again "
+              "to exit at once)")
+
     def __init__(self, forward_as_sigterm: bool):
         self.forward_as_sigterm = forward_as_sigterm
         self.requested = False
         self._previous: Any = None
+        # The handler's line is printed by a thread: a handler runs inside whatever the main
+        # thread was doing, and a write to the log file it interrupted would drop the line
+        # ("reentrant call inside BufferedWriter"). SimpleQueue.put is safe in a handler.
+        self._notices: queue.SimpleQueue = queue.SimpleQueue()
+        self._printer: threading.Thread | None = None
 
     def _handle(self, signum: int, frame: Any) -> None:
         del signum, frame
         if self.requested:
             return
         self.requested = True
-        print("Ctrl-C: saving a checkpoint at the end of this step, then exiting (Ctrl-C again "
-              "to exit at once)", flush=True)
+        self._notices.put(self.NOTICE)
         if self.forward_as_sigterm:
             os.kill(os.getpid(), signal.SIGTERM)
 
+    def _print_notices(self) -> None:
+        for notice in iter(self._notices.get, None):
+            print(notice, flush=True)
+
     def __enter__(self) -> "CtrlC":
         if threading.current_thread() is threading.main_thread():
+            self._printer = threading.Thread(target=self._print_notices, daemon=True,
+                                             name="bertjax-ctrl-c")
+            self._printer.start()
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
@@ -135,6 +150,10 @@ class CtrlC:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
+        if self._printer is not None:  # (its notice printed before the run's next lines)
+            self._notices.put(None)
+            self._printer.join()
+            self._printer = None
 
 
 # The signals that stop a run with a checkpoint saved, as its last line names them.
