@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import convert, modernbert
+from bertjax import convert, modernbert, pretrained
 from bertjax.interop import hf_modernbert, tree
 
 torch = pytest.importorskip("torch")
@@ -104,11 +104,17 @@ def test_export_loads_in_transformers_with_the_same_logits(name, tmp_path):
         np.testing.assert_array_equal(tree.flatten(params_again)[path], value, err_msg=path)
 
 
-def test_an_encoder_without_its_head_is_refused(tmp_path):
+def test_an_encoder_without_its_head_gives_its_encoder_and_pretraining_refuses_it(tmp_path):
+    """transformers' ModernBertModel (no MLM head): its encoder is read (what fine-tuning
+    takes; test_modernbert_finetune_parity compares its hidden states), and pretraining from
+    it, which needs the MLM head, is refused in one line."""
     model = random_hf_model("one-layer")
     model.model.save_pretrained(tmp_path)  # ModernBertModel: no MLM head
-    with pytest.raises(tree.ConversionError, match="ModernBertForMaskedLM directory") as error:
-        hf_modernbert.load_hf(str(tmp_path))
+    config, params = hf_modernbert.load_hf(str(tmp_path))
+    assert set(params) == {"model"}
+    abstract = pretrained.abstract_params_on_one_device(modernbert.ModernBertForMaskedLM(config))
+    with pytest.raises(tree.ConversionError, match="has no decoder, head parameters") as error:
+        pretrained.load_pretrained(str(tmp_path), abstract, config)
     assert "\n" not in str(error.value)
 
 
