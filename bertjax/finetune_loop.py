@@ -87,7 +87,7 @@ def make_trainer(task: Finetune, model: nn.Module, tx: optax.GradientTransformat
         return task.outputs(apply_model(model, params, batch, True))
 
     sharded = sharded_run.build(model, tx, mesh, steps.make_loss_train_step(loss_fn, tx),
-                            predict_step)
+                                predict_step)
     return Trainer(task, sharded, total_steps, learning_rate)
 
 
@@ -187,15 +187,15 @@ def check_workdir(config_json: str, workdir: str, overwrite: bool) -> None:
         old = json.loads(files.read_text(path))
     except ValueError as e:
         raise ConfigError(f"{path} is unreadable ({e}): delete it, or use another "
-                                  "--workdir") from e
+                          "--workdir") from e
     new = json.loads(config_json)
     changed = [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted({*old, *new})
                if old.get(key) != new.get(key)]
     if changed:
         raise ConfigError(f"{workdir} holds a fine-tuning run with other settings ("
-                                  f"{'; '.join(changed[:5])}"
-                                  f"{'; ...' if len(changed) > 5 else ''}): use a new "
-                                  "--workdir, or --overwrite to replace that run")
+                          f"{'; '.join(changed[:5])}"
+                          f"{'; ...' if len(changed) > 5 else ''}): use a new "
+                          "--workdir, or --overwrite to replace that run")
 
 
 @jax.jit

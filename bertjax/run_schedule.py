@@ -49,8 +49,8 @@ def planned(train: TrainSettings, data: DataSettings, long_phase: LongPhaseSetti
     """A run's schedule from the settings `train`, `data`, `long_phase` and the config
     section `optimizer`."""
     phases = phase_schedule.phases(train, data, long_phase)
-    return Plan(phases, sharded_run.pretraining_optimizer(optimizer, train.total_steps, long_phase,
-                                                  phases))
+    return Plan(phases, sharded_run.pretraining_optimizer(optimizer, train.total_steps,
+                                                          long_phase, phases))
 
 
 def recorded(meta: Mapping[str, Any]) -> Plan:

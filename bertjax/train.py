@@ -61,7 +61,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     phases = phase_schedule.phases(train, data, settings.long_phase)
     mesh = sharded_run.make_mesh(config.mesh.to_dict(), devices)
     sharded_run.check_batches(mesh, phases, train.grad_accum_steps,
-                      config.model.max_position_embeddings)  # before preparing any data
+                              config.model.max_position_embeddings)  # before preparing any data
     objective = train.pretraining_objective
     checkpointer = checkpoint.Checkpointer(  # (its clean-up of unfinished saves needs the lock)
         os.path.join(workdir, "checkpoints"), train.checkpoint_every,

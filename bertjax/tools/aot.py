@@ -139,7 +139,7 @@ def compile_train_step(config: Any, devices: list[jax.Device],
     settings = PretrainingSettings.of(config)
     phases = phase_schedule.phases(settings.train, settings.data, settings.long_phase)
     sharded_run.check_batches(mesh, phases, config.train.grad_accum_steps,
-                      config.model.max_position_embeddings)
+                              config.model.max_position_embeddings)
     phases = [p for p in phases if not phase_names or p.name in phase_names]
     sharded = sharded_run.build_pretraining(
         families.model_config(config.model.to_dict()),
