@@ -185,10 +185,11 @@ class _Echo:
         self.console, self.pending, self.lock = console, "", threading.RLock()
 
     def write(self, text: str) -> int:
-        written = self.console.write(text)
-        if not text.startswith("\r"):
-            with self.lock:
-                *lines, self.pending = (self.pending + text).split("\n")
+        with self.lock:  # (a text file is not safe to write from several threads at once)
+            written = self.console.write(text)
+            if text.startswith("\r"):
+                return written
+            *lines, self.pending = (self.pending + text).split("\n")
             for line in lines:
                 RUN_LOG.take(printed(line))
         return written
@@ -221,7 +222,7 @@ def logging_to(path: str | None) -> Iterator[None]:
         sys.stdout = _Echo(stdout)
     for f in quiet:
         f.log_file = path
-        sys.stderr = _OtherThreadsTo(handler.stream, console)
+        sys.stderr = _OtherThreadsTo(handler, console)
     try:
         yield
     finally:
@@ -245,15 +246,21 @@ class _OtherThreadsTo:
     """sys.stderr for a quiet console with a log file: what the main thread and bertjax's own
     threads (named `bertjax-...`, e.g. the stop watchdog's exit line) write goes to the
     console, what other threads write (the tracebacks a library's background writer prints
-    itself) to the log file."""
+    itself) to the log file, under its handler's lock: a text file is not safe to write from
+    several threads at once (Orbax's writers of a failed save print their tracebacks
+    together, and unlocked writes interleaved them and once left bytes that are not UTF-8)."""
 
-    def __init__(self, log: Any, console: Any):
+    def __init__(self, log: std_logging.StreamHandler, console: Any):
         self.log, self.console = log, console
 
     def write(self, text: str) -> int:
         thread = threading.current_thread()
-        ours = thread is threading.main_thread() or thread.name.startswith("bertjax-")
-        return (self.console if ours else self.log).write(text)
+        if thread is threading.main_thread() or thread.name.startswith("bertjax-"):
+            return self.console.write(text)
+        with self.log.lock, contextlib.suppress(OSError, ValueError):  # (full; closed)
+            self.log.stream.write(text)
+            self.log.stream.flush()
+        return len(text)
 
     def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, ...
         return getattr(self.console, name)

@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import os
 import sys
+import threading
 from typing import Any, Callable, Collection
 
 import numpy as np
@@ -49,8 +50,15 @@ def pausing(where: str | None, pythonpath: str = os.path.dirname(TESTS)) -> dict
 def _pause(where: str) -> None:
     sys.stdout.write(f"{VARIABLE}: paused at {where}\n")  # one write: not split by other threads
     sys.stdout.flush()
-    if sys.stdin is not None:
-        sys.stdin.readline()
+    if sys.stdin is None:
+        return
+    # The line is read by a thread while this one polls: a signal the kernel hands to another
+    # of the process's threads does not interrupt a blocking read here, so Python would run
+    # its handler (Ctrl-C's notice) only after the line came, and the tests wait for the notice.
+    arrived = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.readline(), arrived.set()), daemon=True).start()
+    while not arrived.wait(0.05):
+        pass
 
 
 def install(where: str) -> None:

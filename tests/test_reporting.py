@@ -108,6 +108,33 @@ def test_with_a_log_file_library_errors_and_other_threads_tracebacks_go_there_on
     assert capsys.readouterr().err == "main thread line\n"
 
 
+def test_threads_writing_tracebacks_at_once_leave_every_line_whole_in_the_log(tmp_path,
+                                                                             monkeypatch):
+    """Orbax's writers of a failed save print their tracebacks at the same moment while the
+    main thread logs: every write reaches the log file whole and once, and the file is UTF-8
+    (unlocked, such writes interleaved, and once left a byte that was not)."""
+    from absl import logging as absl_logging
+    monkeypatch.setattr(absl_logging.get_absl_handler(), "filters", [console.QuietLibraries()])
+    path = tmp_path / "log.txt"
+    threads, writes = 8, 400
+    expected = {f"thread {t} write {w} \u00e9\u2014\u2026 " + "x" * (w % 97)
+                for t in range(threads) for w in range(writes)}
+    with console.logging_to(str(path)):
+        workers = [threading.Thread(target=lambda t=t: [
+            sys.stderr.write(f"thread {t} write {w} \u00e9\u2014\u2026 " + "x" * (w % 97) + "\n")
+            for w in range(writes)]) for t in range(threads)]
+        for worker in workers:
+            worker.start()
+        for n in range(writes):
+            logging.getLogger("orbax").warning("record %d \u00e9", n)
+        for worker in workers:
+            worker.join()
+    lines = path.read_bytes().decode("utf-8").splitlines()
+    written = [line for line in lines if line.startswith("thread ")]
+    assert sorted(written) == sorted(expected)
+    assert sum(" record " in line for line in lines) == writes
+
+
 def test_a_library_error_text_names_its_os_error():
     """TensorStore's RESOURCE_EXHAUSTED text becomes the OSError it reports."""
     error = ValueError('RESOURCE_EXHAUSTED: Error writing "a" in OCDBT database: Failed writing: '
