@@ -147,13 +147,14 @@ def main(argv: list[str] | None = None) -> int:
             raise tree.ConversionError(f"{args.src} holds a ModernBERT model, which has no TF "
                                        "form and no scanned layers: pass --to=hf or --to=bertjax"
                                        ", without --scan_layers")
-        if modern and source_format == "hf" and (hf.finetuned_task(args.src)
-                                                 or "head" not in params):
-            kind = (f"a fine-tuned ModernBERT ({hf.finetuned_task(args.src)})"
-                    if "head" in params else "a bare ModernBertModel (no MLM head)")
-            raise tree.ConversionError(f"{args.src} is {kind}: bertjax reads its encoder as a "
-                                       "fine-tuning init_checkpoint, but does not convert it; "
-                                       "use it as --config.init_checkpoint")
+        if modern and source_format == "hf":
+            task = hf.finetuned_task(args.src)
+            if task or "head" not in params:
+                kind = (f"a fine-tuned ModernBERT ({task})" if "head" in params
+                        else "a bare ModernBertModel (no MLM head)")
+                raise tree.ConversionError(f"{args.src} is {kind}: bertjax reads its encoder as "
+                                           "a fine-tuning init_checkpoint, but does not convert "
+                                           "it; use it as --config.init_checkpoint")
         task_config = native.finetuned_config(args.src) if source_format == "bertjax" else None
         head = finetuned.hf_head(task_config, params, modern) \
             if task_config and target == "hf" else None

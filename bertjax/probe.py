@@ -68,8 +68,9 @@ def main(argv) -> None:
                                    attention_probs_dropout_prob=0.0)
         model, params, tokenizer = pretrained.load_encoder(source, FLAGS.random_init)
         if families.is_modernbert(model.config):
-            raise pretrained.PretrainedError(f"--init_checkpoint={FLAGS.init_checkpoint} holds a ModernBERT "
-                             "model; the probes read BERT's layers only (for now)")
+            raise pretrained.PretrainedError(f"--init_checkpoint={FLAGS.init_checkpoint} holds a "
+                                             "ModernBERT model; the probes read BERT's layers "
+                                             "only (for now)")
         tasks = [t.strip() for t in FLAGS.task.split(",") if t.strip()]
         record = {"init_checkpoint": FLAGS.init_checkpoint, "random_init": FLAGS.random_init,
                   "num_layers": model.config.num_hidden_layers, "settings": {

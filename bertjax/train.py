@@ -98,8 +98,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     agreement.check("prepared", {})  # (where a host that failed to prepare stops the others)
     stopping.now_doing("building the model (compiling)")
     sharded = sharded_run.build_pretraining(model_config, optimizer, mesh, phases,
-                                    train.grad_accum_steps, report=False,
-                                    objective=objective)
+                                            train.grad_accum_steps, report=False,
+                                            objective=objective)
     accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
     if is_chief:  # the full table goes to a file, its totals to the console
         files.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1) + "\n")
@@ -142,7 +142,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             optimizer, model_config, writer, start_step,
             os.path.join(workdir, "metrics.jsonl") if is_chief else None)
         pretraining = PretrainingLoop(train, sharded, phase_data, checkpointer, meta,
-                                  progress, writer, restart_step=optimizer.restart_step)
+                                      progress, writer, restart_step=optimizer.restart_step)
         return pretraining, *pretraining.loop(state, position, start_step)
 
     try:

@@ -46,7 +46,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.tfds_data_dir = ""  # tfds data_dir; empty = tfds default
     c.data.tfds_text_key = "text"  # feature holding the text
     c.data.tokenizer = "wordpiece"  # "wordpiece" (Google vocab.txt) | "sentencepiece" | "bpe"
-    c.data.vocab_file = ""  # vocab.txt, .model or tokenizer.json (bpe); empty: train a SentencePiece
+    c.data.vocab_file = ""  # vocab.txt, .model or tokenizer.json (bpe); empty: train SentencePiece
     c.data.sentencepiece_vocab_size = 30522  # tokens, when training a SentencePiece model
     c.data.do_lower_case = True  # lower-case input (uncased models)
     c.data.strip_accents = "auto"  # "auto" (= do_lower_case, the original) | "true" | "false"

@@ -1,7 +1,7 @@
 """A Hugging Face BPE `tokenizer.json` (ModernBERT's: byte-level BPE) as a bertjax `Tokenizer`,
 through the `tokenizers` library, so that fine-tuning, features and pretraining
-(`data.tokenizer=bpe`) tokenize exactly as `transformers.AutoTokenizer` does. Its special tokens are
-BERT's names ([CLS] [SEP] [MASK] [PAD] [UNK]), which ModernBERT's tokenizer.json defines.
+(`data.tokenizer=bpe`) tokenize exactly as `transformers.AutoTokenizer` does. Its special
+tokens are BERT's names ([CLS] [SEP] [MASK] [PAD] [UNK]), which ModernBERT's tokenizer.json defines.
 
 Words tokenized alone (a CoNLL word, a SQuAD context word: `tokenize_word`) get the space
 that precedes them in running text, as transformers' `is_split_into_words` with
@@ -39,13 +39,13 @@ class BpeTokenizer:
             self._hf = tk.Tokenizer.from_str(self._text)
         except Exception as e:  # (tokenizers raises plain Exception)
             raise DataError(f"{path} is not a tokenizer.json the tokenizers library "
-                                       f"reads ({e})") from None
+                            f"reads ({e})") from None
         self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
         missing = [t for t in (PAD, UNK, CLS, SEP, MASK) if self._hf.token_to_id(t) is None]
         if missing:
             raise DataError(f"{path} lacks the special tokens {', '.join(missing)} "
-                                       "that bertjax's tasks put around and into the text "
-                                       "(ModernBERT's tokenizer.json has them)")
+                            "that bertjax's tasks put around and into the text "
+                            "(ModernBERT's tokenizer.json has them)")
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
             self._hf.token_to_id(t) for t in (PAD, UNK, CLS, SEP, MASK))
 

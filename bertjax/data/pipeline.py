@@ -396,7 +396,8 @@ def tokens_directory(directory: str, derived: Derived, process_index: int,
     named by the corpus, the tokenizer, the shard size and this process's share."""
     key = _hash({"source": derived.source_fingerprint,
                  "tokenizer": derived.tokenizer.fingerprint(),
-                 "shard_bytes": derived.settings.shard_bytes, "share": [process_index, process_count],
+                 "shard_bytes": derived.settings.shard_bytes,
+                 "share": [process_index, process_count],
                  "version": token_cache.VERSION})
     return os.path.join(os.path.dirname(directory), f"tokens_{key}")
 

@@ -1,5 +1,6 @@
 """Tokenizers for BERT: Google's WordPiece reproduced exactly (`data.wordpiece`),
-SentencePiece (here) and a Hugging Face BPE tokenizer.json (`data.bpe`). All implement the small `Tokenizer` protocol the data pipeline relies on.
+SentencePiece (here) and a Hugging Face BPE tokenizer.json (`data.bpe`). All implement the
+small `Tokenizer` protocol the data pipeline relies on.
 
 CLI:
   python -m bertjax.data.tokenization train --input=a.txt,b.txt --model_prefix=out/sp \
@@ -281,7 +282,8 @@ def _parser() -> argparse.ArgumentParser:
     train.set_defaults(run=_cmd_train)
     tok = sub.add_parser("tokenize", help="print the tokens and ids of a text")
     tok.add_argument("--kind", default="wordpiece", choices=("wordpiece", "sentencepiece", "bpe"))
-    tok.add_argument("--vocab", required=True, help="vocab.txt (wordpiece) or .model (sentencepiece)")
+    tok.add_argument("--vocab", required=True,
+                     help="vocab.txt (wordpiece), .model (sentencepiece) or tokenizer.json (bpe)")
     tok.add_argument("--text", required=True)
     tok.add_argument("--cased", action="store_true", help="wordpiece: keep case and accents")
     tok.set_defaults(run=_cmd_tokenize)

@@ -21,7 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.init_checkpoint = ""  # bertjax pretraining workdir, Google TF or Hugging Face directory
     c.random_init = False  # use init_checkpoint's architecture and tokenizer, not its weights
     c.model_config = ""  # bert_config.json: architecture without (or overriding) a checkpoint
-    c.vocab_file = ""  # vocab.txt / SentencePiece .model; empty = the pretraining run's
+    c.vocab_file = ""  # vocab.txt / .model / BPE tokenizer.json; empty = the pretraining run's
     c.tokenizer = ""  # "wordpiece" | "sentencepiece" | "bpe" for vocab_file; empty = by file name
     c.do_lower_case = True  # for vocab_file (WordPiece) and SQuAD answer mapping
     c.max_seq_length = 128  # tokens per sequence
