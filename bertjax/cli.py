@@ -83,6 +83,11 @@ def config_argument_error(argv: Sequence[str], flag: str = "config") -> str | No
         return None
     for name in overrides:
         problem = _unknown_field(flag, config, name, path)
+        if problem and name == "model.family":  # a BERT config (its section has no family)
+            from bertjax import families  # (JAX: only on this mistake)
+            return (f"--{flag}.{name}: {path} is a BERT config (no model.family field); a "
+                    f"ModernBERT run starts from a ModernBERT config, "
+                    f"{families.CONFIGS['modernbert']}")
         if problem:
             return problem
     return None

@@ -17,6 +17,13 @@ from bertjax.modernbert_config import ModernBertConfig
 
 FAMILIES = ("bert", "modernbert")
 ModelConfig = BertConfig | ModernBertConfig
+NAMES = {"bert": "BERT", "modernbert": "ModernBERT"}
+# The config files whose `model` section each family's runs start from.
+CONFIGS = {"bert": "configs/tiny.py, configs/base.py or configs/large.py",
+           "modernbert": "configs/modernbert_tiny.py, configs/modernbert_base.py or "
+                         "configs/modernbert_large.py"}
+_FIELDS = {"bert": {f.name for f in dataclasses.fields(BertConfig)},
+           "modernbert": {f.name for f in dataclasses.fields(ModernBertConfig)}}
 
 
 def family(model: Mapping[str, Any]) -> str:
@@ -30,6 +37,13 @@ def check(model: Mapping[str, Any], prefix: str = "model.", flag: str = "--confi
     if name not in FAMILIES:
         raise ValueError(f"{prefix}family={name!r} is not one of "
                          f"{', '.join(map(repr, FAMILIES))}; set {flag}{prefix}family")
+    other = "bert" if name == "modernbert" else "modernbert"
+    foreign = sorted(set(model) & (_FIELDS[other] - _FIELDS[name]))
+    if foreign:
+        raise ValueError(f"{prefix}family={name!r} but the {prefix.rstrip('.')} section holds "
+                         f"{NAMES[other]}'s fields ({', '.join(foreign[:3])}, ...): a "
+                         f"{NAMES[name]} run starts from a {NAMES[name]} config, "
+                         f"{CONFIGS[name]}")
     (modernbert_config.check if name == "modernbert" else bert_config.check)(
         dict(model), prefix, flag)
 
@@ -56,6 +70,17 @@ def recorded_fields(model: Mapping[str, Any]) -> dict[str, Any]:
 
 def is_modernbert(config: ModelConfig) -> bool:
     return isinstance(config, ModernBertConfig)
+
+
+def name_of(config: ModelConfig) -> str:
+    """The family of a model config ("bert" or "modernbert")."""
+    return "modernbert" if is_modernbert(config) else "bert"
+
+
+def architecture(config: ModelConfig) -> dict[str, Any]:
+    """`{field: value}` of the fields a checkpoint fixes: its family's ARCHITECTURE_FIELDS."""
+    return (modernbert_config.architecture if is_modernbert(config)
+            else bert_model.architecture)(config)
 
 
 def as_record(config: ModelConfig) -> dict[str, Any]:

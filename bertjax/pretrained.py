@@ -11,7 +11,7 @@ import functools
 import json
 import os
 import re
-from typing import Any, NamedTuple
+from typing import Any, Collection, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -20,7 +20,6 @@ import numpy as np
 from absl import logging
 
 from bertjax import checkpoint, families, files, modernbert, modernbert_config
-from bertjax import model as bert_model
 from bertjax.data import bpe, pipeline, tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.interop import hf, hf_modernbert, hf_tokenizer, native, staging, tf, tree
@@ -32,12 +31,16 @@ from bertjax.modernbert_config import ModernBertConfig
 FORMATS = ("tf", "hf", "bertjax")
 
 
+def _is_modern_hf(path: str) -> bool:
+    """Whether the Hugging Face directory at `path` holds a ModernBERT (its `model_type`)."""
+    values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
+    return values.get("model_type") == "modernbert"
+
+
 def load_hf(path: str, report: tree.LoadReport | None = None
             ) -> tuple[BertConfig | ModernBertConfig, dict[str, Any]]:
     """A Hugging Face directory of either family (config.json's `model_type`)."""
-    values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
-    modern = values.get("model_type") == "modernbert"
-    return (hf_modernbert.load_hf if modern else hf.load_hf)(path, report)
+    return (hf_modernbert.load_hf if _is_modern_hf(path) else hf.load_hf)(path, report)
 
 
 LOADERS = {"tf": tf.load_tf, "hf": load_hf, "bertjax": native.load_bertjax}
@@ -101,21 +104,70 @@ def _read_once(path: str) -> tuple[BertConfig, dict[str, Any]]:
     return read(path)
 
 
+def architecture_of(path: str) -> families.ModelConfig:
+    """The model config of the checkpoint at `path` (any format; local or a URL), from its
+    config file alone: a Hugging Face `config.json`, Google's `bert_config.json`, a bertjax
+    run's recorded config. No weights are read."""
+    source_format = detect_format(path)
+    if source_format == "bertjax":
+        return native.config_of(native.checkpoint_dir(path))
+    if source_format == "hf":
+        values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
+        modern = values.get("model_type") == "modernbert"
+        return (hf_modernbert.hf_config if modern else hf.hf_config)(values, path)
+    directory = path if files.isdir(path) else os.path.dirname(path)
+    config_file = os.path.join(directory, "bert_config.json")
+    try:
+        return BertConfig.from_dict(tree.read_json_config(config_file, "Google"))
+    except ValueError as e:
+        raise ConversionError(f"{config_file}: {e}") from None
+
+
+def _other_family(found: families.ModelConfig, run_family: str, where: str) -> str:
+    """The refusal of a checkpoint whose family is not the run's, naming the configs of
+    the checkpoint's family."""
+    found_family = families.name_of(found)
+    return (f"init_checkpoint {where} holds a {families.NAMES[found_family]} model but the "
+            f"run's model is {families.NAMES[run_family]}: start from a "
+            f"{families.NAMES[found_family]} config, {families.CONFIGS[found_family]}")
+
+
+def checkpoint_model(model: ml_collections.ConfigDict, path: str,
+                     explicit: Collection[str] = ()) -> dict[str, Any]:
+    """Sets the architecture fields of a pretraining config's `model` section to those of
+    the checkpoint at `path`, as `from_pretrained` takes them, and a ModernBERT's padding id
+    unless `explicit` names it; returns the fields that changed. A field that `explicit`
+    (the dotted names set on the command line) sets to another value than the checkpoint's,
+    or a checkpoint of another family, is refused in one line before any data work."""
+    try:
+        found = architecture_of(path)
+    except ConversionError as e:
+        raise PretrainedError(f"init_checkpoint={path!r}: {e}") from None
+    if families.name_of(found) != families.family(model):
+        raise PretrainedError(_other_family(found, families.family(model), path))
+    values = families.architecture(found)
+    contradicted = [f"--config.model.{name}={model[name]!r} (the checkpoint's: {value!r})"
+                    for name, value in values.items()
+                    if f"model.{name}" in explicit and model[name] != value]
+    if contradicted:
+        raise PretrainedError(f"{', '.join(contradicted)} contradicts init_checkpoint {path}, "
+                              "whose architecture the run takes: drop the override, or start "
+                              "from another checkpoint")
+    if families.is_modernbert(found) and "model.pad_token_id" not in explicit:
+        values["pad_token_id"] = found.pad_token_id  # (checked against the tokenizer's [PAD])
+    changed = {name: value for name, value in values.items() if model[name] != value}
+    model.update(changed)
+    return changed
+
+
 def check_architecture(found: families.ModelConfig, run: families.ModelConfig,
                        where: str) -> None:
     """Refuses a checkpoint whose architecture differs from the run's model config (or of
     another family: a ModernBERT one for a BERT run, or the reverse)."""
-    if families.is_modernbert(found) != families.is_modernbert(run):
-        found_family, run_family = (("ModernBERT", "BERT") if families.is_modernbert(found)
-                                    else ("BERT", "ModernBERT"))
-        raise ConversionError(f"init_checkpoint {where} holds a {found_family} model but the "
-                              f"run's model is {run_family}: set config.model.family="
-                              f"{'modernbert' if families.is_modernbert(found) else 'bert'} "
-                              "(and its fields) to the checkpoint's")
-    fields = modernbert_config.ARCHITECTURE_FIELDS if families.is_modernbert(found) \
-        else bert_model.ARCHITECTURE_FIELDS
-    diffs = [f"{f}: checkpoint {getattr(found, f)!r}, config.model {getattr(run, f)!r}"
-             for f in fields if getattr(found, f) != getattr(run, f)]
+    if families.name_of(found) != families.name_of(run):
+        raise ConversionError(_other_family(found, families.name_of(run), where))
+    diffs = [f"{f}: checkpoint {value!r}, config.model {getattr(run, f)!r}"
+             for f, value in families.architecture(found).items() if value != getattr(run, f)]
     if diffs:
         raise ConversionError(f"init_checkpoint {where} does not fit the model config:\n  "
                               + "\n  ".join(diffs)
@@ -393,8 +445,9 @@ def check_run_tokenizer(path: str, data_config: DataSettings, tokenizer_vocab_si
     same vocabulary size and, for WordPiece, the same casing."""
     if tokenizer_vocab_size != model_vocab_size:
         raise ConversionError(
-            f"the tokenizer has {tokenizer_vocab_size} tokens but config.model.vocab_size (and "
-            f"init_checkpoint {path}) has {model_vocab_size}; use the checkpoint's vocab file")
+            f"the tokenizer has {tokenizer_vocab_size} tokens but init_checkpoint {path} has "
+            f"{model_vocab_size}: pass the checkpoint's own tokenizer file as "
+            "--config.data.vocab_file")
     if data_config.tokenizer == "wordpiece":
         validate_case(path, data_config.do_lower_case, data_config.vocab_file)
 

@@ -6,11 +6,12 @@ Running the same command again resumes from the latest checkpoint in DIR.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Collection
 
 import jax
 import ml_collections
@@ -36,18 +37,42 @@ def run_metadata(config: ml_collections.ConfigDict, data: dict[str, Any]) -> dic
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       devices: list[jax.Device] | None = None) -> dict[str, float]:
+                       devices: list[jax.Device] | None = None,
+                       overrides: Collection[str] = ()) -> dict[str, float]:
     """Pretrains (or resumes) in `workdir`, which no other run may use meanwhile (a lock);
     returns the final evaluation metrics. `devices` defaults to all devices; the mesh in
-    `config.mesh` must cover them exactly."""
+    `config.mesh` must cover them exactly. The model of a run from `train.init_checkpoint`
+    is the checkpoint's (`model_of_init_checkpoint`); `overrides` (the dotted fields set on
+    the command line) must agree with it."""
     if not workdir.strip():
         raise ConfigError("--workdir is empty: name the directory of the run")
     agreement.check("config", agreement.config_fields(config.to_dict(), workdir))
+    validate.model_family(config)
+    config = model_of_init_checkpoint(config, workdir, overrides)
     settings = validate.pretraining(config)  # (typed, built once)
-    if settings.train.init_checkpoint and not files.exists(os.path.join(workdir, "checkpoints")):
-        pretrained.check_exists(settings.train.init_checkpoint, "train.init_checkpoint")
     with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
         return _train_and_evaluate(config, workdir, devices, accepted, settings)
+
+
+def model_of_init_checkpoint(config: ml_collections.ConfigDict, workdir: str,
+                             overrides: Collection[str]) -> ml_collections.ConfigDict:
+    """`config` with the architecture of its `train.init_checkpoint`
+    (`pretrained.checkpoint_model`), and a line naming the fields it changed; `config` itself
+    without one. A resumed run whose init_checkpoint has gone since takes its own
+    checkpoints' architecture."""
+    path = config.train.init_checkpoint
+    if not path:
+        return config
+    if not (files.exists(path) or files.exists(path + ".index")):
+        if not files.exists(os.path.join(workdir, "checkpoints")):
+            pretrained.check_exists(path, "train.init_checkpoint")
+        path = workdir
+    config = copy.deepcopy(config)
+    changed = pretrained.checkpoint_model(config.model, path, overrides)
+    if changed:
+        reporting.chief_print(f"The model of init_checkpoint {path}: " + ", ".join(
+            f"{name}={value}" for name, value in changed.items()) + " (the config's replaced)")
+    return config
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -84,6 +109,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     cache_dir = data.cache_dir or files.local_cache_dir(workdir)
     tokenizer = pipeline.load_or_train_tokenizer(data, cache_dir, jax.process_index(),
                                                  jax.process_count())
+    if not found:
+        check_tokenizer(settings, config.model, tokenizer)
     if tokenizer.vocab_size > config.model.vocab_size:
         raise pipeline.DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but "
                                  f"model.vocab_size={config.model.vocab_size}; set --config.model.vocab_size="
@@ -120,8 +147,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if found:
         state, position = resume_from.restore(found, sharded.abstract_state, meta, check)
     else:
-        state, position = fresh_state(settings, config.model.vocab_size, sharded, phases,
-                                      tokenizer)
+        state, position = fresh_state(settings, sharded, phases)
     start_step = int(jax.device_get(state.step))
     position = phase_schedule.consistent_position(position, start_step, phases)
     if start_step >= train.total_steps:
@@ -175,15 +201,26 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     return final_eval
 
 
-def fresh_state(settings: PretrainingSettings, vocab_size: int, sharded: sharded_run.ShardedRun,
-                phases: list[phase_schedule.Phase], tokenizer) -> tuple[Any, DataPosition]:
-    """A new state, with the parameters of `train.init_checkpoint` when set (`vocab_size`:
-    the model's)."""
+def check_tokenizer(settings: PretrainingSettings, model: ml_collections.ConfigDict,
+                    tokenizer) -> None:
+    """Before a new run prepares data: the tokenizer is the init_checkpoint's
+    (`pretrained.check_run_tokenizer`), and a ModernBERT's padding id is its [PAD] (what an
+    export's config.json names)."""
+    if settings.train.init_checkpoint:
+        pretrained.check_run_tokenizer(settings.train.init_checkpoint, settings.data,
+                                       tokenizer.vocab_size, model.vocab_size)
+    if families.family(model) == "modernbert" and model.pad_token_id != tokenizer.pad_id:
+        raise ConfigError(f"model.pad_token_id={model.pad_token_id} but the tokenizer's [PAD] "
+                          f"is {tokenizer.pad_id}; set --config.model.pad_token_id="
+                          f"{tokenizer.pad_id}")
+
+
+def fresh_state(settings: PretrainingSettings, sharded: sharded_run.ShardedRun,
+                phases: list[phase_schedule.Phase]) -> tuple[Any, DataPosition]:
+    """A new state, with the parameters of `train.init_checkpoint` when set."""
     train = settings.train
     state = sharded.init_state(jax.random.PRNGKey(train.seed))
     if train.init_checkpoint:  # Google TF, Hugging Face or bertjax
-        pretrained.check_run_tokenizer(train.init_checkpoint, settings.data,
-                                       tokenizer.vocab_size, vocab_size)
         state = state.replace(params=pretrained.load_pretrained(
             train.init_checkpoint, sharded.abstract_state.params, sharded.model.config))
     return state, DataPosition(phases[0].name, 0)
@@ -215,7 +252,8 @@ def main(argv: list[str]) -> None:
                                FLAGS.heartbeat_timeout_seconds)
         stopping.take_sigterm()  # (JAX's preemption notice, seen also while stuck)
         peers.watch(console.log_file(FLAGS.workdir), FLAGS.heartbeat_timeout_seconds)
-        train_and_evaluate(FLAGS.config, FLAGS.workdir)
+        train_and_evaluate(FLAGS.config, FLAGS.workdir, overrides=config_flags
+                           .get_override_values(FLAGS["config"]).keys())
     except failures.Stopped as e:  # (its last line said so)
         sys.exit(e.status)
     except KeyboardInterrupt:

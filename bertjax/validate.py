@@ -117,6 +117,7 @@ def pretraining(config: Any) -> PretrainingSettings:
     """Every check a pretraining config allows before any data is read: ranges, choices,
     the model's shape (`pretraining_model`); the warmup must fit in the run. Returns the
     settings, built once here."""
+    model_family(config)
     check(config, PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
           + (BERT_DROPOUT if families.family(config.model) == "bert" else []))
     check_choices(config, CHOICES)
@@ -137,13 +138,9 @@ def pretraining(config: Any) -> PretrainingSettings:
 
 
 def pretraining_model(config: Any, typed: PretrainingSettings) -> None:
-    """The model of a pretraining config: its family and shape (`families.check`), two
+    """The model of a pretraining config (its family and shape checked: `model_family`): two
     segment types (BERT), positions for every phase's length, and room for the SentencePiece
     model it trains. ModernBERT trains the masked LM alone, from its own initialisation."""
-    try:
-        families.check(config.model.to_dict())
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
     model = config.model
     if families.family(model) == "modernbert":
         modernbert_run(typed.train)
@@ -154,11 +151,13 @@ def pretraining_model(config: Any, typed: PretrainingSettings) -> None:
     for phase in phase_schedule.phases(typed.train, typed.data, typed.long_phase):
         if phase.max_seq_length > model.max_position_embeddings:
             field = "data.max_seq_length" if phase.name == "short" else "long_phase.max_seq_length"
+            shorter = f"--config.{field} <= {model.max_position_embeddings}"
+            fix = (f"{shorter} (the model is init_checkpoint's)" if typed.train.init_checkpoint
+                   else f"--config.model.max_position_embeddings >= {phase.max_seq_length}, "
+                        f"or {shorter}")
             raise ConfigError(f"{field}={phase.max_seq_length} (phase {phase.name}) is longer than "
                               f"model.max_position_embeddings={model.max_position_embeddings}; "
-                              f"set --config.model.max_position_embeddings >= "
-                              f"{phase.max_seq_length}, or --config.{field} <= "
-                              f"{model.max_position_embeddings}")
+                              f"set {fix}")
     data = typed.data
     trains_sentencepiece = data.tokenizer == "sentencepiece" and not data.vocab_file \
         and not data.prepared_dir
@@ -168,6 +167,14 @@ def pretraining_model(config: Any, typed: PretrainingSettings) -> None:
                           "the run trains would not fit the model; set "
                           f"--config.model.vocab_size >= {data.sentencepiece_vocab_size}, or "
                           f"--config.data.sentencepiece_vocab_size <= {model.vocab_size}")
+
+
+def model_family(config: Any) -> None:
+    """The model section's family and shape (`families.check`), as a ConfigError."""
+    try:
+        families.check(config.model.to_dict())
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def modernbert_run(train: TrainSettings) -> None:
