@@ -6,9 +6,12 @@ Instances come from the real preparation code (`pipeline.make_features`: the ori
 pairs, short sequences and masking) on random token documents.
 """
 import json
+import os
 import pathlib
 import runpy
 import shutil
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -235,3 +238,26 @@ def test_packed_pretraining_resumes_exactly_and_refuses_a_packing_change(corpus_
     config.data.packing = False
     with pytest.raises(guards.IncompatibleResume, match="data.packing"):
         train.train_and_evaluate(config, str(tmp_path / "resumed"))
+
+
+def test_the_packing_rate_is_one_console_line(tmp_path):
+    """The packing rate reaches the console once (it was both logged and printed: every line
+    twice on the console and in log.txt), under `cli.run` as every entry point."""
+    script = (
+        "from bertjax import cli\n"
+        "from bertjax.data import loaders\n"
+        "from bertjax.data.settings import DataSettings\n"
+        "import test_packing as t\n"
+        "def main(argv):\n"
+        "    source = loaders.BatchLoader(t.prepared_split(True), 8, seed=5, shuffle=True)\n"
+        "    loaders.packed_loaders(source, None, DataSettings.of(t.data_config()),\n"
+        "                           t.Phase('short', t.SEQ, t.PREDS, 8, 0, 10), 0)\n"
+        "cli.run(main, None)\n")
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(REPO_ROOT), str(REPO_ROOT / "tests")])})
+    assert result.returncode == 0, result.stderr
+    lines = (result.stdout + result.stderr).splitlines()
+    assert [line for line in lines if line.startswith("Packing")] == [
+        next(line for line in lines if line.startswith("Packing short train:"))]

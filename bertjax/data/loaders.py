@@ -110,8 +110,7 @@ def packed_loaders(train: BatchLoader, held_out: BatchLoader | None, data: DataS
             continue
         packed = packing.PackedLoader(loader, phase.max_seq_length, max_instances, predictions,
                                       pad_id)
-        logging.info("Packing %s %s: %s", phase.name, name, packed.stats.summary())
-        if jax.process_index() == 0:
+        if jax.process_index() == 0:  # (printed lines reach the run's log file too)
             print(f"Packing {phase.name} {name}: {packed.stats.summary()}", flush=True)
         loaders.append(packed)
     train, held_out = loaders
