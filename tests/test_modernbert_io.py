@@ -18,7 +18,8 @@ import pytest
 import tokenizers as tk
 
 from bertjax import (checkpoint, convert, extract_features, families, finetune, modernbert,
-                     modernbert_heads, pretrained, train)
+                     modernbert_heads, pretrained, train, validate)
+from bertjax.errors import ConfigError
 from bertjax.data import bpe, pipeline
 from bertjax.data.settings import DataSettings
 from bertjax.interop import hf_modernbert, native, tree
@@ -26,7 +27,7 @@ from bertjax.modernbert_config import ModernBertConfig
 from bertjax.tasks import features, glue, ner, squad, squad_predict
 from test_finetune import (REPO_ROOT, config_file, data_root, official_squad_v1,  # noqa: F401
                            run_extract_features, sentence)
-from test_modernbert_train import small_config
+from test_modernbert_train import modernbert_tiny, small_config
 from test_train import cache_dir, corpus_file  # noqa: F401 (fixtures)
 
 SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
@@ -202,6 +203,37 @@ def test_pretraining_data_tokenizes_with_a_bpe_tokenizer_json(hf_dir, tmp_path):
                       bpe.BpeTokenizer)
 
 
+def test_continued_pretraining_takes_the_checkpoint_architecture(hf_dir, tmp_path):
+    """Issue 42: a run from a Hugging Face ModernBERT takes its architecture and padding id
+    (configs/modernbert_tiny.py's defaults replaced, as from_pretrained does); an override
+    given on the command line that contradicts it is one line naming both values, before any
+    data work; one that agrees is accepted. The padding id is the tokenizer's [PAD]."""
+    found = hf_modernbert.hf_config(tree.read_json_config(os.path.join(hf_dir, "config.json"),
+                                                          "Hugging Face"), hf_dir)
+    config = modernbert_tiny()
+    config.model.num_hidden_layers = 3  # (given, and the checkpoint's)
+    changed = pretrained.checkpoint_model(config.model, hf_dir, {"model.num_hidden_layers"})
+    assert set(changed) >= {"vocab_size", "hidden_size", "pad_token_id"}
+    assert families.model_config(config.model.to_dict()) == dataclasses.replace(
+        found, dtype="float32")  # (dtype, remat and dropout: the run's)
+    config = modernbert_tiny()
+    config.model.hidden_size = 64
+    config.train.init_checkpoint = hf_dir
+    with pytest.raises(pretrained.PretrainedError, match=r"^--config.model.hidden_size=64 \(the "
+                       r"checkpoint's: 32\) contradicts init_checkpoint .*drop the override"):
+        train.train_and_evaluate(config, str(tmp_path / "run"), overrides={"model.hidden_size"})
+    assert not (tmp_path / "run").exists()
+    config = modernbert_tiny()  # from scratch, with the checkpoint's tokenizer
+    config.data.update(tokenizer="bpe", vocab_file=os.path.join(hf_dir, "tokenizer.json"))
+    tokenizer = bpe.BpeTokenizer(config.data.vocab_file)
+    with pytest.raises(ConfigError, match=r"^model.pad_token_id=0 but the tokenizer's \[PAD\] "
+                       r"is 3; set --config.model.pad_token_id=3$"):
+        train.check_tokenizer(validate.settings(config), config.model, tokenizer)
+    config.train.init_checkpoint = hf_dir
+    pretrained.checkpoint_model(config.model, hf_dir)
+    train.check_tokenizer(validate.settings(config), config.model, tokenizer)
+
+
 @pytest.mark.slow  # a real pretraining run
 def test_pretraining_continues_a_transformers_modernbert_with_its_tokenizer(
         hf_dir, corpus_file, cache_dir, tmp_path):  # noqa: F811
@@ -209,9 +241,7 @@ def test_pretraining_continues_a_transformers_modernbert_with_its_tokenizer(
     tokenizer.json: the run tokenizes as the checkpoint did, starts from its weights, records
     the tokenizer, and exports it unchanged."""
     hf_config, hf_params = hf_modernbert.load_hf(hf_dir)
-    config = small_config(corpus_file, cache_dir)
-    config.model.update({f.name: getattr(hf_config, f.name)
-                         for f in dataclasses.fields(hf_config)})
+    config = small_config(corpus_file, cache_dir)  # (its model: the checkpoint's, not restated)
     config.data.update(tokenizer="bpe", vocab_file=os.path.join(hf_dir, "tokenizer.json"),
                        max_seq_length=64)
     config.long_phase.fraction = 0.0

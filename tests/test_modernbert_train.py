@@ -13,7 +13,7 @@ import flax.linen as nn
 import numpy as np
 import pytest
 
-from bertjax import (checkpoint, convert, families, flops, optim, pretrained, train,
+from bertjax import (checkpoint, cli, convert, families, flops, optim, pretrained, train,
                      validate)
 from bertjax.interop import hf_modernbert, tree
 from bertjax.model import BertConfig
@@ -24,6 +24,7 @@ from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILE = os.path.join(REPO_ROOT, "configs", "modernbert_tiny.py")
+TINY_CONFIG_FILE = os.path.join(REPO_ROOT, "configs", "tiny.py")
 modernbert_tiny = runpy.run_path(CONFIG_FILE)["get_config"]
 
 
@@ -67,6 +68,21 @@ def test_what_a_modernbert_run_refuses(field, value, words):
     with pytest.raises(ConfigError, match=words) as error:
         validate.pretraining(config)
     assert "\n" not in str(error.value)
+
+
+def test_a_family_whose_config_section_is_the_other_familys_names_its_configs():
+    """model.family=bert on configs/modernbert_tiny.py was a KeyError traceback; a BERT
+    config given model.family=modernbert named only its fields: both are one line naming the
+    family's config files (issue 42)."""
+    config = modernbert_tiny()
+    config.model.family = "bert"
+    with pytest.raises(ConfigError, match=r"model.family='bert' but the model section holds "
+                       r"ModernBERT's fields .*configs/tiny.py, configs/base.py") as error:
+        validate.pretraining(config)
+    assert "\n" not in str(error.value)
+    problem = cli.config_argument_error(["train", f"--config={TINY_CONFIG_FILE}",
+                                         "--config.model.family=modernbert"])
+    assert "is a BERT config" in problem and "configs/modernbert_tiny.py" in problem
 
 
 def test_bert_configs_are_checked_as_before():

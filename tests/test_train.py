@@ -13,9 +13,11 @@ import pytest
 
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
-from bertjax import finetune, pretrained, run_schedule, train
+from bertjax import families, finetune, modernbert, pretrained, run_schedule, train
 from bertjax.data import corpus, default_corpus, pipeline
+from bertjax.interop import hf, hf_modernbert
 from bertjax.model import BertConfig
+from bertjax.modernbert_config import ModernBertConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 base_config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "base.py"))["get_config"]
@@ -235,6 +237,35 @@ def test_init_checkpoint_from_a_google_tf_checkpoint(corpus_file, cache_dir, tmp
     write_google_checkpoint(tmp_path / "google", model_config, params)
     train.train_and_evaluate(config, str(tmp_path / "run"))
     assert_trees_equal(pretrained.read(str(tmp_path / "run"))[1], params)
+
+
+def test_a_bert_run_takes_the_architecture_of_a_google_or_hugging_face_checkpoint(tmp_path):
+    """Issue 42: configs/tiny.py from a Google TF or a Hugging Face BERT of another shape
+    takes the checkpoint's architecture (nothing restated); an override given on the command
+    line that contradicts it is one line naming both values; a BERT config from a ModernBERT
+    checkpoint names the ModernBERT configs."""
+    found = BertConfig(vocab_size=120, hidden_size=24, num_hidden_layers=1,
+                       num_attention_heads=2, intermediate_size=40, max_position_embeddings=300,
+                       layer_norm_eps=1e-7)
+    write_google_checkpoint(tmp_path / "google", found, random_params(found))
+    hf.save_hf(found, random_params(found), str(tmp_path / "hf"))
+    for checkpoint_dir in (tmp_path / "google", tmp_path / "hf"):
+        config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
+        pretrained.checkpoint_model(config.model, str(checkpoint_dir))
+        assert BertConfig.from_dict(config.model.to_dict()) == found
+        config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
+        with pytest.raises(pretrained.PretrainedError, match=r"^--config.model.vocab_size=8000 "
+                           r"\(the checkpoint's: 120\) contradicts init_checkpoint"):
+            pretrained.checkpoint_model(config.model, str(checkpoint_dir), {"model.vocab_size"})
+    modern = ModernBertConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
+                              num_hidden_layers=1, num_attention_heads=2)
+    shapes = families.abstract_params(modernbert.ModernBertForMaskedLM(modern))
+    hf_modernbert.save_hf(modern, jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), shapes),
+                          str(tmp_path / "modern"))
+    with pytest.raises(pretrained.PretrainedError, match=r"holds a ModernBERT model but the "
+                       r"run's model is BERT: start from a ModernBERT config, "
+                       r"configs/modernbert_tiny.py"):
+        pretrained.checkpoint_model(config.model, str(tmp_path / "modern"))
 
 
 # A workdir rerun with another schedule (issue 33: a finished 60-step run rerun with
