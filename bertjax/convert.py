@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ import time
 
 import numpy as np
 
-from bertjax import console, files, pretrained
+from bertjax import console, families, files, pretrained
 from bertjax.data import tokenization
 from bertjax.errors import UserError
 from bertjax.interop import finetuned, hf, hf_modernbert, hf_tokenizer, native, tf, tree
@@ -77,7 +78,7 @@ def run_facts(src: str) -> list[tuple[str, str]]:
         corpus = {"default": "the embedded default corpus (Python standard library "
                              "documentation)", "text": f"text files `{data.input_files}`",
                   "tfds": f"tfds `{data.tfds_name}`"}.get(data.source, data.source)
-        steps = max((int(n) for n in files.listdir(directory) if n.isdigit()), default=0)
+        steps = native.latest_step(directory)
         facts += [("pretraining data", corpus),
                   ("steps", f"{steps:,} of {train.total_steps:,}, global batch "
                             f"{train.global_batch_size}, sequence length {data.max_seq_length}"
@@ -101,21 +102,57 @@ def run_facts(src: str) -> list[tuple[str, str]]:
     return facts
 
 
-def export_tokenizer(src: str, source_format: str, target: str, dst: str,
-                     max_length: int) -> list[tuple[str, str]]:
+def _tokenizer_failed(dst: str, error: Exception) -> None:
+    print(f"warning: no tokenizer written to {dst}: {error}", file=sys.stderr, flush=True)
+
+
+def checkpoint_tokenizer(src: str, source_format: str, dst: str
+                         ) -> tokenization.Tokenizer | None:
+    """`source_tokenizer`, or None with a warning that `dst` gets none."""
+    try:
+        return source_tokenizer(src, source_format)
+    except (pretrained.PretrainedError, tree.ConversionError, ValueError) as e:
+        _tokenizer_failed(dst, e)
+        return None
+
+
+def with_tokenizer_padding(config: families.ModelConfig, tokenizer: tokenization.Tokenizer
+                           ) -> families.ModelConfig:
+    """A ModernBERT's config with the padding id of its tokenizer's [PAD], what the export's
+    config.json names (a run recorded before this was checked may say otherwise; the id does
+    not change what the weights compute)."""
+    if not isinstance(config, ModernBertConfig) or config.pad_token_id == tokenizer.pad_id:
+        return config
+    print(f"pad_token_id={tokenizer.pad_id}: the tokenizer's [PAD] (the checkpoint's config "
+          f"says {config.pad_token_id}, another token there)", flush=True)
+    return dataclasses.replace(config, pad_token_id=tokenizer.pad_id)
+
+
+def model_inputs(dst: str, token_type_ids: bool) -> None:
+    """tokenizer_config.json's `model_input_names` as the model takes them: BERT's with
+    `token_type_ids`, ModernBERT's without (whichever kind its tokenizer is)."""
+    path = os.path.join(dst, "tokenizer_config.json")
+    values = tree.read_json_config(path, "tokenizer")
+    values["model_input_names"] = ["input_ids", *(["token_type_ids"] if token_type_ids else []),
+                                   "attention_mask"]
+    tree.write_json(path, values)
+
+
+def export_tokenizer(tokenizer: tokenization.Tokenizer, config: families.ModelConfig,
+                     target: str, dst: str) -> list[tuple[str, str]]:
     """Writes the tokenizer files `target` holds into `dst`; returns model-card rows."""
     try:
-        tokenizer = source_tokenizer(src, source_format)
         if target == "hf":
-            names = hf_tokenizer.save_tokenizer(tokenizer, dst, max_length)
+            names = hf_tokenizer.save_tokenizer(tokenizer, dst, config.max_position_embeddings)
+            model_inputs(dst, not isinstance(config, ModernBertConfig))
         elif target == "bertjax":  # found beside the checkpoint by every bertjax command
             names = native.save_tokenizer(tokenizer, dst)
         elif isinstance(tokenizer, tokenization.WordPieceTokenizer):  # Google's layout
             names = hf_tokenizer.save_vocab(tokenizer, dst)
         else:
             return []
-    except (pretrained.PretrainedError, tree.ConversionError, ValueError) as e:
-        print(f"warning: no tokenizer written to {dst}: {e}", file=sys.stderr, flush=True)
+    except (tree.ConversionError, ValueError) as e:
+        _tokenizer_failed(dst, e)
         return []
     kind = type(tokenizer).__name__.replace("Tokenizer", "")
     if isinstance(tokenizer, tokenization.WordPieceTokenizer):
@@ -142,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         report = tree.LoadReport()
         config, params = pretrained.read(args.src, report)
         print(report.summary(), flush=True)
+        if source_format == "bertjax":
+            directory = native.checkpoint_dir(args.src)
+            print(f"step {native.latest_step(directory)}: the latest checkpoint in {directory}",
+                  flush=True)
         modern = isinstance(config, ModernBertConfig)
         if modern and (target == "tf" or args.scan_layers):
             raise tree.ConversionError(f"{args.src} holds a ModernBERT model, which has no TF "
@@ -163,17 +204,21 @@ def main(argv: list[str] | None = None) -> int:
         if target == "bertjax" and not modern:
             config = dataclasses.replace(config, scan_layers=args.scan_layers)
         num_params = sum(int(np.size(v)) for v in tree.flatten(params).values())
+        tokenizer = checkpoint_tokenizer(args.src, source_format, args.dst)
+        if tokenizer is not None:
+            config = with_tokenizer_padding(config, tokenizer)
+        save = SAVERS[target]
+        if target == "hf":
+            save = hf_modernbert.save_hf if modern else functools.partial(
+                hf.save_hf, pad_token_id=tokenizer.pad_id if tokenizer else 0)
         if head:
-            num_params = (hf_modernbert.save_hf if modern else hf.save_hf)(
-                config, params, args.dst, head)
+            num_params = save(config, params, args.dst, head)
             print(f"{'fine-tuned model' if task_config else 'encoder only'}: {head.architecture}"
                   + (f", labels {list(head.config['id2label'].values())}"
                      if "id2label" in head.config else ""), flush=True)
         else:
-            (hf_modernbert.save_hf if modern and target == "hf" else SAVERS[target])(
-                config, params, args.dst)
-        facts = export_tokenizer(args.src, source_format, target, args.dst,
-                                 config.max_position_embeddings)
+            save(config, params, args.dst)
+        facts = export_tokenizer(tokenizer, config, target, args.dst) if tokenizer else []
         if target == "hf":
             facts.append(("converted from", f"`{args.src}` ({source_format})"))
             if source_format == "bertjax":

@@ -20,7 +20,7 @@ import tokenizers as tk
 from bertjax import (checkpoint, convert, extract_features, families, finetune, modernbert,
                      modernbert_heads, pretrained, train, validate)
 from bertjax.errors import ConfigError
-from bertjax.data import bpe, pipeline
+from bertjax.data import bpe, pipeline, tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.interop import hf_modernbert, native, tree
 from bertjax.modernbert_config import ModernBertConfig
@@ -257,6 +257,30 @@ def test_pretraining_continues_a_transformers_modernbert_with_its_tokenizer(
     assert convert.main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "tokenizer.json").read_text(encoding="utf-8") == \
         open(config.data.vocab_file, encoding="utf-8").read()
+
+
+def test_the_export_keeps_what_the_tokenizer_says(hf_dir, tmp_path, capsys):
+    """Issue 42: a ModernBERT run recorded with pad_token_id 0 ([UNK] for its BPE tokenizer,
+    whose [PAD] is 3) exports pad_token_id 3; a SentencePiece ModernBERT's tokenizer_config
+    lists no token_type_ids (the model has none); convert says which step it exported."""
+    tokenizers_ = {"bpe": bpe.BpeTokenizer(os.path.join(hf_dir, "tokenizer.json")),
+                   "sentencepiece": tokenization.SentencePieceTokenizer(
+                       tokenization.train_sentencepiece(TEXTS, str(tmp_path / "sp"), 60))}
+    for name, tokenizer in tokenizers_.items():
+        config = dataclasses.replace(tiny_config(tokenizer.vocab_size), pad_token_id=0)
+        run = str(tmp_path / name / "run")
+        checkpoint.save_params(run, random_params(config), {"model": families.recorded_fields(
+            {"family": "modernbert", **dataclasses.asdict(config)})})
+        native.save_tokenizer(tokenizer, run)
+        capsys.readouterr()
+        assert convert.main([run, str(tmp_path / name / "hf")]) == 0
+        assert "step 0: the latest checkpoint in" in capsys.readouterr().out
+        exported = json.loads((tmp_path / name / "hf" / "config.json").read_text())
+        assert exported["pad_token_id"] == tokenizer.pad_id
+        tokenizer_config = json.loads(
+            (tmp_path / name / "hf" / "tokenizer_config.json").read_text())
+        assert tokenizer_config["model_input_names"] == ["input_ids", "attention_mask"]
+    assert tokenizers_["bpe"].pad_id == 3
 
 
 def test_squad_words_take_the_pieces_they_have_in_running_text(hf_dir):

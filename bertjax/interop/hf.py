@@ -176,11 +176,11 @@ def finetuned_task(path: str) -> str:
 
 
 def save_hf(config: BertConfig, params: dict[str, Any], path: str,
-            head: HFHead | None = None) -> int:
+            head: HFHead | None = None, pad_token_id: int = 0) -> int:
     """Writes `config.json` + `model.safetensors` that `transformers.BertForPreTraining
     .from_pretrained(path)` loads with no missing or unexpected weights (no torch needed);
-    with `head` (a fine-tuned model's output layer), the class it names instead. Returns the
-    number of parameters written."""
+    with `head` (a fine-tuned model's output layer), the class it names instead;
+    `pad_token_id`: the tokenizer's [PAD]. Returns the number of parameters written."""
     from safetensors.numpy import save_file
 
     os.makedirs(path, exist_ok=True)
@@ -204,7 +204,8 @@ def save_hf(config: BertConfig, params: dict[str, Any], path: str,
                   attention_probs_dropout_prob=config.attention_probs_dropout_prob,
                   initializer_range=config.initializer_range, model_type="bert",
                   architectures=[head.architecture if head else "BertForPreTraining"],
-                  tie_word_embeddings=head is None, pad_token_id=0, **(head.config if head else {}))
+                  tie_word_embeddings=head is None, pad_token_id=pad_token_id,
+                  **(head.config if head else {}))
     tree.write_json(os.path.join(path, "config.json"), values)
     return sum(int(np.size(v)) for v in tensors.values())
 

@@ -54,6 +54,12 @@ def checkpoint_dir(path: str) -> str:
     return os.path.join(best_seed(path, seeds), "checkpoints") if seeds else path
 
 
+def latest_step(directory: str) -> int:
+    """The step of the latest checkpoint in the checkpoint directory `directory` (Orbax names
+    a step's folder by its number once its save has finished)."""
+    return max((int(name) for name in files.listdir(directory) if name.isdigit()), default=0)
+
+
 def config_from_meta(meta: dict, directory: str) -> BertConfig | ModernBertConfig:
     """The model config a checkpoint recorded: a fine-tuning run's `bert_config`, a
     pretraining run's full model config, else the architecture of a params-only checkpoint;
