@@ -143,7 +143,8 @@ def test_bert_runs_refuse_a_modernbert_checkpoint(tmp_path):
         dataclasses.replace(TINY, remat_policy="none")  # (a fine-tuning run's model)
     abstract_bert = {"bert": {}}
     with pytest.raises(tree.ConversionError, match="holds a ModernBERT model but the run's "
-                       "model is BERT: set config.model.family=modernbert") as error:
+                       "model is BERT: start from a ModernBERT config, configs/modernbert_tiny.py") \
+            as error:
         pretrained.load_pretrained(str(tmp_path / "run"), abstract_bert, BertConfig())
     assert "\n" not in str(error.value)
 
