@@ -153,11 +153,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if start_step >= train.total_steps:
         reporting.chief_print(f"Training already finished ({start_step} steps); evaluating only")
     else:
-        reporting.chief_print(f"Training steps {start_step + 1}-{train.total_steps}: "
-                              + ", ".join(f"{p.name} {p.end_step - p.start_step} steps x "
-                                          f"{p.global_batch_size} x {p.max_seq_length} tokens"
-                                          for p in phases)
-                              + f"; progress every {train.log_every} steps")
+        reporting.chief_print(steps_line(start_step, train.total_steps, phases, train.log_every))
     writer = metrics_writer.open_writer(workdir)
 
     def train_from(state: Any, position: DataPosition, start_step: int,
@@ -199,6 +195,18 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if stopped:  # (the exit status says so: 130 or 143)
         raise failures.Stopped(stopped)
     return final_eval
+
+
+def steps_line(start_step: int, total_steps: int, phases: list[phase_schedule.Phase],
+               log_every: int) -> str:
+    """What a run (or a resumed one) has left to train from `start_step`: its steps and
+    each unfinished phase's."""
+    left = [(p, p.end_step - max(p.start_step, start_step)) for p in phases
+            if p.end_step > start_step]
+    return (f"Training steps {start_step + 1}-{total_steps}: "
+            + ", ".join(f"{p.name} {steps} step{'s' if steps > 1 else ''} x "
+                        f"{p.global_batch_size} x {p.max_seq_length} tokens" for p, steps in left)
+            + f"; progress every {log_every} steps")
 
 
 def check_tokenizer(settings: PretrainingSettings, model: ml_collections.ConfigDict,

@@ -17,6 +17,7 @@ from bertjax import families, finetune, modernbert, pretrained, run_schedule, tr
 from bertjax.data import corpus, default_corpus, pipeline
 from bertjax.interop import hf, hf_modernbert
 from bertjax.model import BertConfig
+from bertjax.phase_schedule import Phase
 from bertjax.modernbert_config import ModernBertConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -266,6 +267,18 @@ def test_a_bert_run_takes_the_architecture_of_a_google_or_hugging_face_checkpoin
                        r"run's model is BERT: start from a ModernBERT config, "
                        r"configs/modernbert_tiny.py"):
         pretrained.checkpoint_model(config.model, str(tmp_path / "modern"))
+
+
+def test_the_steps_line_of_a_resumed_run_says_what_is_left():
+    """Resumed at step 36 of 120 (short: 1-108), the line said "short 108 steps" (issue 42)."""
+    phases = [Phase("short", 128, 20, 16, 0, 108), Phase("long", 256, 40, 16, 108, 120)]
+    assert train.steps_line(36, 120, phases, 25) == (
+        "Training steps 37-120: short 72 steps x 16 x 128 tokens, long 12 steps x 16 x 256 "
+        "tokens; progress every 25 steps")
+    assert train.steps_line(119, 120, phases, 25).startswith(
+        "Training steps 120-120: long 1 step x 16 x 256 tokens;")
+    assert train.steps_line(0, 120, phases, 25).startswith(
+        "Training steps 1-120: short 108 steps x 16 x 128 tokens, long 12 steps")
 
 
 # A workdir rerun with another schedule (issue 33: a finished 60-step run rerun with
