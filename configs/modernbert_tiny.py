@@ -50,7 +50,9 @@ def get_config() -> ml_collections.ConfigDict:
     m.dtype = "float32"  # compute dtype; "bfloat16" on TPU/GPU
     m.param_dtype = "float32"  # parameter and optimizer-state dtype
     m.remat_policy = "none"  # "none" | "full" | "dots" | "dots_no_batch"
-    m.attention_impl = "auto"  # sliding windows run the einsum reference (fused kernels: later)
+    # The sliding-window layers run Pallas's splash kernel for "pallas", XLA's for "xla", else
+    # the einsum reference (cuDNN's windows are causal only); docs/modernbert.md.
+    m.attention_impl = "auto"  # GPU: cuDNN, TPU: Pallas | "einsum" | "xla" | "cudnn" | "pallas"
 
     # The modern recipe's objective (ModernBERT, section 2.2; Wettig et al. 2023): the
     # masked LM alone, 30% of the tokens masked.

@@ -13,7 +13,7 @@ import flax.linen as nn
 import numpy as np
 import pytest
 
-from bertjax import (checkpoint, cli, convert, families, flops, optim, pretrained, train,
+from bertjax import (attention, checkpoint, cli, convert, families, flops, optim, pretrained, train,
                      validate)
 from bertjax.interop import hf_modernbert, tree
 from bertjax.model import BertConfig
@@ -53,6 +53,17 @@ def test_the_tiny_config_validates_and_documents_every_field():
         settings = [line for line in f if line.strip().startswith("m.")]
     assert len(settings) == len(names) + 1 and all("  # " in line for line in settings)
     assert (config.data.masked_lm_prob, config.train.next_sentence_prediction) == (0.3, False)
+
+
+def test_the_tiny_configs_attention_comment_names_the_window_kernels():
+    """Every attention_impl whose sliding windows run its own kernel is named in the config's
+    comment (it said windows run the einsum reference only; issue 42)."""
+    with open(CONFIG_FILE, encoding="utf-8") as f:
+        text = f.read()
+    comment = text[text.index("# The sliding-window layers"):text.index("m.attention_impl")]
+    for impl in attention.ATTENTION_IMPLS:
+        if impl != "auto" and attention.window_impl(impl, half_window=8) == impl:
+            assert impl in comment, impl
 
 
 @pytest.mark.parametrize("field, value, words", [
@@ -143,8 +154,8 @@ def test_bert_runs_refuse_a_modernbert_checkpoint(tmp_path):
         dataclasses.replace(TINY, remat_policy="none")  # (a fine-tuning run's model)
     abstract_bert = {"bert": {}}
     with pytest.raises(tree.ConversionError, match="holds a ModernBERT model but the run's "
-                       "model is BERT: start from a ModernBERT config, configs/modernbert_tiny.py") \
-            as error:
+                       "model is BERT: start from a ModernBERT config, configs/modernbert_"
+                       ) as error:
         pretrained.load_pretrained(str(tmp_path / "run"), abstract_bert, BertConfig())
     assert "\n" not in str(error.value)
 
