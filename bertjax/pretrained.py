@@ -141,7 +141,7 @@ def checkpoint_model(model: ml_collections.ConfigDict, path: str,
     or a checkpoint of another family, is refused in one line before any data work."""
     try:
         found = architecture_of(path)
-    except ConversionError as e:
+    except (ConversionError, FileNotFoundError) as e:  # (FileNotFoundError: no finished step)
         raise PretrainedError(f"init_checkpoint={path!r}: {e}") from None
     if families.name_of(found) != families.family(model):
         raise PretrainedError(_other_family(found, families.family(model), path))

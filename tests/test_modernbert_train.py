@@ -147,6 +147,20 @@ def test_convert_exports_a_modernbert_checkpoint_to_hugging_face(tmp_path, capsy
     assert "\n" not in error
 
 
+def test_a_resumed_run_whose_init_checkpoint_has_gone_keeps_its_own_model(tmp_path):
+    """The model of a run from init_checkpoint is the checkpoint's; resumed after the
+    checkpoint has gone, the run's own checkpoints give it (else the config file's model
+    would not match the one it recorded); a new run refuses the missing path."""
+    modernbert_checkpoint(tmp_path / "run" / "checkpoints")
+    config = modernbert_tiny()
+    config.train.init_checkpoint = str(tmp_path / "gone")
+    model = train.model_of_init_checkpoint(config, str(tmp_path / "run"), ()).model
+    assert families.model_config(model.to_dict()) == dataclasses.replace(TINY, dtype="float32")
+    assert config.model.hidden_size != TINY.hidden_size  # (the caller's config is unchanged)
+    with pytest.raises(pretrained.PretrainedError, match="gone'? does not exist"):
+        train.model_of_init_checkpoint(config, str(tmp_path / "new"), ())
+
+
 def test_bert_runs_refuse_a_modernbert_checkpoint(tmp_path):
     modernbert_checkpoint(tmp_path / "run")
     source = pretrained.Source(init_checkpoint=str(tmp_path / "run"))
