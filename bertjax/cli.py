@@ -85,9 +85,9 @@ def config_argument_error(argv: Sequence[str], flag: str = "config") -> str | No
         problem = _unknown_field(flag, config, name, path)
         if problem and name == "model.family":  # a BERT config (its section has no family)
             from bertjax import families  # (JAX: only on this mistake)
-            return (f"--{flag}.{name}: {path} is a BERT config (no model.family field); a "
-                    f"ModernBERT run starts from a ModernBERT config, "
-                    f"{families.CONFIGS['modernbert']}")
+            return (f"--{flag}.{name}: {path} is a BERT config (no model.family field: "
+                    "BERT's configs need none); a ModernBERT run starts from a ModernBERT "
+                    f"config, {families.CONFIGS['modernbert']}")
         if problem:
             return problem
     return None
