@@ -13,7 +13,7 @@ import re
 import signal
 import sys
 import threading
-from typing import Any, Iterator, NoReturn
+from typing import Any, Callable, Iterator, NoReturn
 
 from absl import logging
 
@@ -75,12 +75,35 @@ def library_os_error(error: BaseException) -> OSError | None:
                    file.group(1) if file else None)
 
 
+_BEFORE_LEAVING: list[Callable[[], None]] = []
+
+
+def before_leaving(hook: Callable[[], None]) -> None:
+    """`hook()` runs after `leave`'s line is printed in a multi-process job, before the exit
+    (`bertjax.peers`: until the other processes have read this one's failure)."""
+    _BEFORE_LEAVING.append(hook)
+
+
+def _joined_other_processes() -> bool:
+    """Whether this process belongs to a multi-process `jax.distributed` job."""
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import distributed as jax_distributed  # (not public API)
+    state = jax_distributed.global_state
+    return state.client is not None and (state.num_processes or 1) > 1
+
+
 def leave(message: str, status: int = 1, at_once: bool = False) -> NoReturn:
     """Ends the program with `error: message` on stderr and exit `status`; `at_once` without
     joining other threads (Orbax's writers of a failed save, or the workers a Ctrl-C left,
-    wait for minutes for signals that never come, and a normal exit joins them)."""
+    wait for minutes for signals that never come, and a normal exit joins them). A process of
+    a multi-process job always leaves at once: a normal exit waits at JAX's shutdown barrier
+    for the other processes, which may never come."""
     print(f"error: {message}", file=sys.stderr, flush=True)
-    if at_once:
+    if _joined_other_processes():
+        for hook in _BEFORE_LEAVING:
+            hook()
+    if at_once or _joined_other_processes():
         sys.stdout.flush()
         os._exit(status)
     sys.exit(status)

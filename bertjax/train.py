@@ -204,6 +204,9 @@ def define_flags() -> None:
     flags.DEFINE_integer("heartbeat_timeout_seconds", None, "Seconds without a heartbeat after "
                          "which the processes of a multi-process job give up on a lost peer and "
                          "exit; default: JAX's (100).")
+    flags.DEFINE_integer("join_timeout_seconds", None, "Seconds every process waits for all "
+                         "to join the job; then those that joined exit 75 naming the ones that "
+                         f"did not; default: {peers.JOIN_TIMEOUT_SECONDS}.")
     flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -211,8 +214,9 @@ def main(argv: list[str]) -> None:
     del argv
     failures.one_line_thread_errors()
     try:
+        validate.pretraining(FLAGS.config)  # (a flag error: the same line on every host, unjoined)
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
-                               FLAGS.heartbeat_timeout_seconds)
+                               FLAGS.heartbeat_timeout_seconds, FLAGS.join_timeout_seconds)
         stopping.take_sigterm()  # (JAX's preemption notice, seen also while stuck)
         peers.watch(console.log_file(FLAGS.workdir), FLAGS.heartbeat_timeout_seconds)
         train_and_evaluate(FLAGS.config, FLAGS.workdir)
@@ -226,6 +230,9 @@ def main(argv: list[str]) -> None:
         cli.leave_on(e, FLAGS.workdir)
     except jax.errors.JaxRuntimeError as e:  # a collective failed: a peer lost?
         peers.leave_if_peer_lost(e)
+        raise
+    except Exception as e:  # a bug: in a multi-process run the others stop too
+        peers.leave_on_bug(e)
         raise
 
 if __name__ == "__main__":

@@ -5,11 +5,13 @@ was lost), with no traceback and no C++ abort; the rerun resumes exactly."""
 import json
 import os
 import signal
+import socket
 import string
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from bertjax import agreement, distributed, peers
@@ -258,3 +260,54 @@ def test_lost_host_stops_the_others_and_the_rerun_resumes_exactly(tmp_path, coun
     rerun = _train_rows(tmp_path / "run")[len(first):]
     assert [row["step"] for row in rerun] == [5, 6, 7, 8]
     assert [row["loss"] for row in rerun[:2]] == [first[5], first[6]]
+
+
+def _flip_every_row(cache) -> list[str]:
+    """Flips a byte of every row of every prepared `input_ids.npy` under `cache` (in place,
+    under a run's open file); the files changed."""
+    changed = []
+    for root, _, names in os.walk(cache):
+        if "input_ids.npy" in names:
+            rows = np.load(os.path.join(root, "input_ids.npy"), mmap_mode="r+")
+            rows[:, 1] ^= 1
+            rows.flush()
+            changed.append(os.path.join(root, "input_ids.npy"))
+    return changed
+
+
+@pytest.mark.slow  # (4 processes prepare their data: about a minute on 2 cores)
+def test_a_damaged_shard_on_one_host_stops_every_host(tmp_path):
+    """Issue 43's attack: bytes flipped in one host's prepared data (its own cache_dir) as
+    the run starts training. Before: that host printed its error and all four processes
+    stayed alive. Now every process exits within seconds (BERTJAX_STOP_SECONDS + 30 s at
+    most), the damaged host with its own line, every other with one line naming the host and
+    the cause; host 0's console among them."""
+    _corpus(tmp_path / "corpus.txt")
+    damaged = 2
+    procs = _start(tmp_path, 4, {"data.input_files": tmp_path / "corpus.txt"},
+                   {i: {"data.cache_dir": tmp_path / f"cache{i}"} for i in range(4)},
+                   env_of={damaged: injected_faults.pausing("start", REPO_ROOT)})
+    try:
+        for line in procs[damaged].stdout:
+            if "paused at the start of training" in line:
+                break
+        assert _flip_every_row(tmp_path / f"cache{damaged}")
+        procs[damaged].stdin.write("\n")
+        procs[damaged].stdin.flush()
+        damaged_at = time.time()
+        results = _finish(procs, timeout=float(os.environ.get("BERTJAX_STOP_SECONDS", 60)) + 30)
+        print(f"every process stopped {time.time() - damaged_at:.1f} s after the fault")
+    finally:
+        for proc in procs:
+            proc.kill()
+    code, _, err = results[damaged]
+    own = [l for l in err.splitlines() if l.startswith("error:")]
+    assert code == 1 and len(own) == 1 and "changed while in use" in own[0], err[-3000:]
+    host = socket.gethostname()
+    for index, (code, out, err) in enumerate(results):
+        if index == damaged:
+            continue
+        assert code == 1, f"process {index}: {code}\n{err[-3000:]}"
+        assert [l for l in err.splitlines() if l.startswith("error:")] == [
+            f"error: process {damaged} of 4 (host {host}) stopped: {own[0][7:]}"], err[-3000:]
+        assert not any(n in err + out for n in NOISE), f"process {index}:\n{err[-3000:]}"
