@@ -78,13 +78,23 @@ def _shown(value: str) -> str:
     return f"{value[:_SHOWN - 25]}... (sha256 {hashlib.sha256(value.encode()).hexdigest()[:12]})"
 
 
+# Named first when they differ: the family, then the other model fields (another family
+# changes many fields' defaults, the data's among them).
+_FIRST = ("model.family", "model.")
+
+
+def _first_named(name: str) -> int:
+    return next((i for i, prefix in enumerate(_FIRST) if name.startswith(prefix)), len(_FIRST))
+
+
 def disagreement(per_process: list[dict[str, str]], hint: str = RERUN) -> str | None:
     """The line naming the first field in which a process differs from process 0 and which
     processes have which value; None if all agree."""
     names = list(per_process[0]) + sorted({n for p in per_process[1:] for n in p}
                                           - set(per_process[0]))
     absent = "(nothing)"
-    differing = [n for n in names if len({p.get(n, absent) for p in per_process}) > 1]
+    differing = sorted((n for n in names if len({p.get(n, absent) for p in per_process}) > 1),
+                       key=_first_named)
     if not differing:
         return None
     name = differing[0]

@@ -30,9 +30,10 @@ from bertjax.settings import PretrainingSettings
 def run_metadata(config: ml_collections.ConfigDict, data: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint records about its run (with the tokenizer's fingerprint, added once
     it is loaded, and its `schedule`: run_schedule): `model` and `tokenizer` must match to
-    resume, `data` (guards.data_identity) and the config's data fields within a phase."""
+    resume, `data` (guards.data_identity) and the config's data fields within a phase, and
+    the number of `processes` that split the data (resume.check_processes)."""
     return {"model": families.recorded_fields(config.model), "config": config.to_json(),
-            "data": data}
+            "data": data, "processes": jax.process_count()}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,

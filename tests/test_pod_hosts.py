@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from bertjax import agreement, distributed, peers
+from bertjax import agreement, distributed, peers, resume
 from bertjax.data import default_corpus
 import injected_faults
 
@@ -41,7 +41,8 @@ def _corpus(path, documents: int = 120, skip: int = 0) -> None:
 
 def _start(tmp_path, count: int, overrides: dict, per_process: dict | None = None,
            cwds: list | None = None, devices: int = 1, heartbeat: int = 10,
-           port: int | None = None, env_of: dict | None = None) -> list[subprocess.Popen]:
+           port: int | None = None, env_of: dict | None = None,
+           extra_flags: tuple = ()) -> list[subprocess.Popen]:
     """`count` processes of `python -m bertjax.train` as the hosts of one job; process i
     also gets the flags `per_process[i]` (later flags win) and runs in `cwds[i]`."""
     port = port or distributed.free_port()
@@ -53,7 +54,7 @@ def _start(tmp_path, count: int, overrides: dict, per_process: dict | None = Non
         [sys.executable, "-m", "bertjax.train", f"--config={CONFIG}",
          f"--workdir={tmp_path / 'run'}", f"--coordinator_address=localhost:{port}",
          f"--num_processes={count}", f"--process_id={i}",
-         f"--heartbeat_timeout_seconds={heartbeat}", *flags,
+         f"--heartbeat_timeout_seconds={heartbeat}", *extra_flags, *flags,
          *[f"--config.{k}={v}" for k, v in (per_process or {}).get(i, {}).items()]],
         cwd=(cwds[i] if cwds else REPO_ROOT), env={**env, **(env_of or {}).get(i, {})},
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -88,6 +89,12 @@ def test_disagreement_names_the_field_and_the_processes():
     assert line == ("the hosts disagree on b (and 1 more): processes 1, 3 have 'y'; process 4 "
                     "has 'z', process 0 'x'; run the same command on every host")
     assert "(nothing)" in agreement.disagreement([same, {"a": "1"}])
+    family = agreement.disagreement([{"data.masked_lm_prob": "0.15", "model.hidden_size": "8",
+                                      "model.family": "'bert'"},
+                                     {"data.masked_lm_prob": "0.3", "model.hidden_size": "16",
+                                      "model.family": "'modernbert'"}])
+    assert family.startswith("the hosts disagree on model.family (and 2 more): process 1 has "
+                             "'modernbert', process 0 'bert'")  # (not data.masked_lm_prob)
     fields = agreement.config_fields({"data": {"cache_dir": "/local", "seed": 1}}, "gs://b/r")
     assert fields == {"data.seed": "1", "--workdir": "'gs://b/r'"}  # the cache is per host
 
@@ -112,13 +119,44 @@ def test_the_lost_process_is_read_from_jax_abort(tmp_path, monkeypatch):
     monkeypatch.setattr(jax, "process_count", lambda: 4)
     monkeypatch.setitem(peers._state, "step", 6)
     assert peers.lost_peer_line(peers._abort_reason(str(log))) == (
-        "lost process 1 of 4 (no heartbeat for 100 s); this process 0 stopped after step 6; "
+        "lost process 1 of 4 (JAX's coordination service reported it stopped sending "
+        "heartbeats; --heartbeat_timeout_seconds=100); this process 0 stopped after step 6; "
         "rerun the same command on every host to resume from the last checkpoint")
     monkeypatch.setattr(jax, "process_index", lambda: 2)  # the coordinator's socket closed
     assert peers.lost_peer_line("UNAVAILABLE: Socket closed").startswith(
         "lost process 0 of 4 (the coordinator); this process 2 stopped after step 6")
     log.write_text("no abort here\n")
     assert peers._abort_reason(str(log)) is None
+
+
+# JAX's abort in a process that joined when process 2 of 3 never did (jaxlib 0.10, its
+# service's registration timeout passed; distributed._registration_timeout).
+JAX_JOIN_ABORT = """\
+F1128 01:18:36.029834    7531 client.h:80] Terminating process because the JAX distributed service detected fatal errors. This most likely indicates that another task died; see the other task logs for more details. Disable Python buffering, i.e. `python -u`, to be sure to see all the previous output. absl::Status: DEADLINE_EXCEEDED: Barrier timed out. Id: [Init]Wait_for_all_tasks_to_register::0. This usually happens because a task triggered the barrier too early or too slowly. Please look at the task logs (both timed out and first task) to debug further.
+# of tasks that reached the barrier: 2/3.
+The first task at the barrier: 0. Some timed out task names:
+2
+
+
+RPC: /xla.coordination.CoordinationService/RegisterTask [type.googleapis.com/tensorflow.CoordinationServiceError='']
+*** Check failure stack trace: ***
+"""
+
+
+def test_the_processes_that_never_joined_are_read_from_jax_abort(tmp_path, monkeypatch):
+    from jax._src import distributed as jax_distributed
+    log = tmp_path / "join.txt"
+    log.write_text(JAX_JOIN_ABORT)
+    for name, value in (("num_processes", 3), ("process_id", 1),
+                        ("coordinator_address", "10.0.0.2:8476")):
+        monkeypatch.setattr(jax_distributed.global_state, name, value)
+    assert peers.join_line(peers._abort_reason(str(log)), 10).startswith(
+        "process 2 of 3 has not joined the job at the coordinator 10.0.0.2:8476 within 10 s; "
+        "this process 1 stops (status 75): start every process with the same command")
+    no_service = "absl::Status: DEADLINE_EXCEEDED: Deadline Exceeded\n\nRPC: /xla.coordination..."
+    assert peers.join_line(no_service, 10).startswith(
+        "the coordinator 10.0.0.2:8476 (process 0 of 3) has not answered within 10 s: it has "
+        "not started, or cannot be reached; this process 1 stops")
 
 
 def test_hosts_with_another_setting_stop(tmp_path):
@@ -174,8 +212,8 @@ def test_a_host_that_stops_with_an_error_stops_the_others(tmp_path):
     assert len(own) == 1 and "corpus.txt" in own[0], results[1][2][-3000:]
     assert results[1][0] == 1
     assert results[0][0] == 1, results[0][2][-3000:]
-    assert results[0][2].splitlines()[-1] == (f"error: process 1 stopped: {own[0][7:]}; run "
-                                              "the same command on every host")
+    assert results[0][2].splitlines()[-1] == (f"error: process 1 of 2 (host "
+                                              f"{socket.gethostname()}) stopped: {own[0][7:]}")
     assert not any(n in results[0][2] for n in NOISE), results[0][2][-3000:]
 
 
@@ -242,7 +280,8 @@ def test_lost_host_stops_the_others_and_the_rerun_resumes_exactly(tmp_path, coun
     waited = time.time() - killed_at
     print(f"survivors stopped {waited:.1f} s after the kill")
     assert waited < 10 + 30, waited
-    lost = (f"process {killed} of {count} (no heartbeat for 10 s)" if killed else
+    lost = (f"process {killed} of {count} (JAX's coordination service reported it stopped "
+            "sending heartbeats; --heartbeat_timeout_seconds=10)" if killed else
             f"process 0 of {count} (the coordinator)")
     for index, (code, out, err) in zip([i for i in range(count) if i != killed], survivors):
         assert code == peers.LOST_PEER_STATUS, f"process {index}: {code}\n{err[-3000:]}"
@@ -311,3 +350,64 @@ def test_a_damaged_shard_on_one_host_stops_every_host(tmp_path):
         assert [l for l in err.splitlines() if l.startswith("error:")] == [
             f"error: process {damaged} of 4 (host {host}) stopped: {own[0][7:]}"], err[-3000:]
         assert not any(n in err + out for n in NOISE), f"process {index}:\n{err[-3000:]}"
+
+
+@pytest.mark.slow  # (about 30 s: 4 processes start, 3 wait 10 s)
+def test_a_host_that_never_joins_is_one_line_soon(tmp_path):
+    """Issue 43's attack: one host dies before joining (a bad flag, found before joining).
+    Before: the others waited 308 s silently, then aborted with JAX's C++ stack. Now they
+    exit 75 within --join_timeout_seconds (10 s) plus start-up, with one line naming the
+    process that has not joined and the coordinator's address."""
+    _corpus(tmp_path / "corpus.txt")
+    port = distributed.free_port()
+    procs = _start(tmp_path, 4, {"data.input_files": tmp_path / "corpus.txt"},
+                   {3: {"train.total_steps": -1}}, port=port,
+                   extra_flags=["--join_timeout_seconds=10"])
+    started = time.time()
+    results = _finish(procs, timeout=120)
+    print(f"every process stopped {time.time() - started:.1f} s after the start")
+    code, _, err = results[3]
+    assert code == 1 and err.splitlines()[-1].startswith("error: train.total_steps"), err
+    for index, (code, out, err) in enumerate(results[:3]):
+        assert code == peers.LOST_PEER_STATUS, f"process {index}: {code}\n{err[-3000:]}"
+        assert [l for l in err.splitlines() if l.startswith("error:")] == [
+            f"error: process 3 of 4 has not joined the job at the coordinator localhost:{port} "
+            f"within 10 s; this process {index} stops (status 75): start every process with "
+            "the same command (a process that stopped with an error names it on its console), "
+            "then rerun the same command on every host; --join_timeout_seconds sets how long "
+            "to wait"], err[-3000:]
+        assert not any(n in err + out for n in NOISE), f"process {index}:\n{err[-3000:]}"
+    assert time.time() - started < 10 + 60
+
+
+def test_another_process_count_is_refused_unless_accepted(caplog):
+    """The check behind a relaunch on another number of hosts (checkpoints of older
+    versions record none: not checked)."""
+    four, two = {"processes": 4}, {"processes": 2}
+    with pytest.raises(resume.OtherProcessCount, match=(
+            r"^checkpoint W/8 was trained by 4 processes \(hosts\) and this run has 2: .* "
+            r"Relaunch on 4 processes to resume exactly; or accept other batches with "
+            r"--config.train.allow_changed_data=True; or start a new run")):
+        resume.check_processes(four, two, "W/8", allow_changed_data=False)
+    resume.check_processes(four, four, "W/8", allow_changed_data=False)
+    resume.check_processes({}, two, "W/8", allow_changed_data=False)
+    resume.check_processes(four, two, "W/8", allow_changed_data=True)
+    assert "trained by 4 processes, on 2" in caplog.text
+
+
+@pytest.mark.slow  # (a 4-process run of 4 steps, then 2 processes: about 100 s)
+def test_a_relaunch_on_fewer_hosts_is_refused_in_one_line(tmp_path):
+    """Issue 43's attack: a 4-host run stopped after step 4, relaunched on 2 hosts. Before:
+    it resumed without a word and trained on other batches. Now both processes stop before
+    any data work with one line naming both shapes and the ways on."""
+    _corpus(tmp_path / "corpus.txt")
+    overrides = {"data.input_files": tmp_path / "corpus.txt"}
+    results = _finish(_start(tmp_path, 4, {**overrides, "train.stop_after_steps": 4}),
+                      timeout=300)
+    assert all(code == 0 for code, _, _ in results), results[0][2][-3000:]
+    results = _finish(_start(tmp_path, 2, overrides), timeout=120)
+    where = tmp_path / "run" / "checkpoints" / "4"
+    line = results[0][2].splitlines()[-1]
+    assert line.startswith(f"error: checkpoint {where} was trained by 4 processes (hosts) and "
+                           "this run has 2: "), results[0][2][-3000:]
+    _assert_all_stop_with(results, line)
