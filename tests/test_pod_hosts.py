@@ -159,6 +159,47 @@ def test_the_processes_that_never_joined_are_read_from_jax_abort(tmp_path, monke
         "not started, or cannot be reached; this process 1 stops")
 
 
+def _child(script: str, tmp_path) -> subprocess.CompletedProcess:
+    """`script` run by a one-process job whose `jax.process_count()` says 2."""
+    prologue = ("import os, sys, time, jax\n"
+                "from bertjax import distributed, peers\n"
+                "distributed.initialize()\n"
+                "jax.process_count = lambda: 2\n")
+    return subprocess.run([sys.executable, "-c", prologue + script], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"})
+
+
+def test_a_lost_host_is_announced_by_the_abort_handler(tmp_path):
+    """The handler itself (issue 43: a lost host never announced was caught only as a slow
+    test's timeout): JAX's abort, written to native stderr, becomes the one line on the
+    console and exit 75, no C++ stack."""
+    (tmp_path / "abort.txt").write_text(JAX_ABORT_LOG)
+    result = _child("peers.watch(os.path.abspath('log.txt'), 10)\n"
+                    "peers.reached_step(6)\n"
+                    "os.write(2, open('abort.txt', 'rb').read())\n"
+                    "os.abort()\n", tmp_path)
+    assert result.returncode == peers.LOST_PEER_STATUS, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "error: lost process 1 of 2 (JAX's coordination service reported it stopped sending "
+        "heartbeats; --heartbeat_timeout_seconds=10); this process 0 stopped after step 6; "
+        "rerun the same command on every host to resume from the last checkpoint"), result.stderr
+    assert "Check failure" in (tmp_path / "log.txt").read_text()  # (the stack: in the log)
+    assert not any(n in result.stderr for n in NOISE), result.stderr
+
+
+def test_another_process_announced_failure_ends_this_one(tmp_path):
+    """The watcher thread itself: a failure another process announced in the coordination
+    service's store ends this one within a second or two, wherever its main thread is (here:
+    asleep), with one line naming the process, its host and its error."""
+    result = _child("peers.watch(os.path.abspath('log.txt'), 10)\n"
+                    "peers.client().key_value_set('bertjax/failed/1', 'h7\\nthe disk is full')\n"
+                    "time.sleep(30)\n", tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "error: process 1 of 2 (host h7) stopped: the disk is full"), result.stderr
+
+
 def test_hosts_with_another_setting_stop(tmp_path):
     """The adversary's case: one host given another corpus file (and its own cache
     directory, which may differ): both stop before any data work, naming the field."""
