@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging as std_logging
 import os
 import queue
 import re
 import signal
 import sys
 import threading
+import traceback
 from typing import Any, Callable, Iterator, NoReturn
 
 from absl import logging
+
+from bertjax import console
 
 HINTS = {
     errno.ENOSPC: "free some space, then rerun the same command to resume",
@@ -111,7 +115,11 @@ def leave(message: str, status: int = 1, at_once: bool = False) -> NoReturn:
 
 def one_line_thread_errors() -> None:
     """An OSError that ends a background thread (e.g. TensorBoard's writer on a full disk) is
-    logged as one line instead of a traceback; the main thread meets it at the next flush."""
+    logged as one line instead of a traceback; the main thread meets it at the next flush.
+    Errors that native threads report (`sys.excepthook` off the main thread) and errors
+    Python can only ignore (`sys.unraisablehook`) go to the log, not the console: e.g. the
+    reads Orbax had in flight when a restore failed, completing on its closed event loop
+    ("Event loop is closed"), or its coroutines collected at exit."""
     default = threading.excepthook
 
     def hook(args: Any) -> None:
@@ -122,6 +130,30 @@ def one_line_thread_errors() -> None:
             default(args)
 
     threading.excepthook = hook
+    sys.unraisablehook = _log_ignored
+    main_excepthook = sys.excepthook
+
+    def excepthook(kind: Any, value: Any, trace: Any) -> None:
+        if threading.current_thread() is threading.main_thread():
+            main_excepthook(kind, value, trace)
+        else:
+            _log_ignored(type("Unraisable", (), {"exc_value": value,
+                                                 "object": threading.current_thread()}))
+
+    sys.excepthook = excepthook
+
+
+def _log_ignored(unraisable: Any) -> None:
+    """`sys.unraisablehook`: the error to the run's log file while it is open (kept until it
+    opens), else nowhere (after the run's last line, or at exit)."""
+    try:
+        text = f"ignored in {unraisable.object!r}: " + "".join(
+            traceback.format_exception(unraisable.exc_value)).rstrip()
+        console.RUN_LOG.take(std_logging.makeLogRecord(
+            {"msg": text, "levelno": std_logging.INFO, "levelname": "INFO",
+             "name": "bertjax.ignored", "pathname": __file__}))
+    except Exception:  # noqa: BLE001 (interpreter shutdown: nowhere left to write)
+        pass
 
 
 class CtrlC:
