@@ -207,7 +207,7 @@ def watch(log_file: str, heartbeat_timeout_seconds: int | None) -> None:
     if jax.process_count() == 1 or _state["watching"]:
         return
     _state["watching"] = True
-    failures.before_leaving(lambda: _state["announced"] and _wait_until_heard())
+    failures.before_leaving(_after_own_line)
     threading.Thread(target=_watch_peers, name="bertjax-peers", daemon=True).start()
     if not os.path.dirname(log_file):
         return  # (no workdir named: the run stops with that error)
@@ -223,11 +223,12 @@ def client() -> Any:
     return jax_distributed.global_state.client
 
 
-def _others_done(directory: str) -> set[str]:
+def _others_done(directory: str) -> set[str] | None:
+    """The process ids with a key under `directory`; None once the coordinator is gone."""
     try:
         return {key.rsplit("/", 1)[-1] for key, _ in client().key_value_dir_get(directory)}
     except Exception:  # noqa: BLE001 (the coordinator lost: nobody left to ask)
-        return set()
+        return None
 
 
 def announce_failure(error: BaseException) -> None:
@@ -247,6 +248,14 @@ def announce_failure(error: BaseException) -> None:
         _state["announced"] = False
 
 
+def _after_own_line() -> None:
+    """Once this process's last line is printed (`failures.leave`): a lost coordinator is no
+    news from now on, and the others are waited for if it announced its failure."""
+    _state["left"] = True
+    if _state["announced"]:
+        _wait_until_heard()
+
+
 def _wait_until_heard() -> None:
     """After this process printed the line it announced (or another's): waits (at most
     `ACK_WAIT_S`) until every other process has read it or failed too. A process that exits
@@ -254,8 +263,10 @@ def _wait_until_heard() -> None:
     timeout, without the reason."""
     others = {str(i) for i in range(jax.process_count())} - {str(jax.process_index())}
     deadline = time.monotonic() + ACK_WAIT_S
-    while time.monotonic() < deadline and not others <= (
-            _others_done(_SEEN) | _others_done(_FAILED)):
+    while time.monotonic() < deadline:
+        seen, failed = _others_done(_SEEN), _others_done(_FAILED)
+        if seen is None or failed is None or others <= seen | failed:
+            return
         time.sleep(0.1)
 
 
