@@ -15,7 +15,8 @@ in the coordination service's key-value store (`announce_failure`), and every pr
 thread that looks there every second (`watch`): the others print `error: process N of P
 (host H) stopped: ...` and exit 1 wherever they are (preparing data, inside a collective, in
 a save), after acknowledging, so that the failed process (which may be the coordinator)
-waits for them, at most `ACK_WAIT_S`, before it exits.
+waits for them, at most `ACK_WAIT_S`, before it exits; it exits `LEAVE_WITHIN_S` after its
+announcement at the latest (what it still does may wait for the others, who are gone).
 
 Joining is bounded too (`joining`): JAX's service gives up waiting for processes that never
 register after `--join_timeout_seconds` and aborts every process that did; the abort becomes
@@ -46,6 +47,7 @@ LOST_PEER_STATUS = 75  # EX_TEMPFAIL: run again
 RERUN_ALL = "rerun the same command on every host"
 JOIN_TIMEOUT_SECONDS = 120  # --join_timeout_seconds's default
 ACK_WAIT_S = 10.0  # how long a failed process waits for the others to read its line
+LEAVE_WITHIN_S = 30.0  # a failed process's time from its announcement to its exit, at most
 POLL_S = 1.0  # how often every process looks for another's failure
 _FAILED = "bertjax/failed/"
 _SEEN = "bertjax/seen/"
@@ -122,8 +124,10 @@ def _on_abort(signum: int) -> None:
         if _state["left"]:  # (its last line printed)
             os._exit(1)
         if _state["announced"]:  # (its own line comes from the main thread: let it finish)
-            time.sleep(ACK_WAIT_S)
-            os._exit(1)
+            deadline = time.monotonic() + ACK_WAIT_S
+            while not _state["left"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            _leave_announced()
         reason = _abort_reason(_state["log"])
         if reason is None:
             line = f"aborted in native code (the details: {_state['log']})"
@@ -234,18 +238,32 @@ def _others_done(directory: str) -> set[str] | None:
 def announce_failure(error: BaseException) -> None:
     """Tells the other processes that this one stops with `error` (best effort: the
     coordinator may be gone); once its line is printed, `failures.leave` waits until they
-    have read it (`_wait_until_heard`)."""
-    if not jax.distributed.is_initialized() or jax.process_count() == 1:
+    have read it (`_wait_until_heard`). Once per process; not for a failed collective (a
+    JaxRuntimeError, as when a peer is lost: `leave_if_peer_lost` waits for the reason)."""
+    if not jax.distributed.is_initialized() or jax.process_count() == 1 or \
+            _state["announced"] or isinstance(error, jax.errors.JaxRuntimeError):
         return
     _leaving.acquire()  # (from now on the watcher leaves this process's line to it)
     message = failures.os_error_line(error) if isinstance(error, OSError) else str(error)
     message = message.strip().splitlines()[0] if message.strip() else type(error).__name__
-    _state["announced"] = True
     try:
         client().key_value_set(f"{_FAILED}{jax.process_index()}",
                                f"{socket.gethostname()}\n{message}", allow_overwrite=True)
     except Exception:  # noqa: BLE001 (the coordinator itself lost: nothing to tell)
-        _state["announced"] = False
+        return
+    _state["announced"] = message
+    # (the others are going: what is left to do here, e.g. waiting for a save that needed
+    # them, may never end)
+    timer = threading.Timer(LEAVE_WITHIN_S, _leave_announced)
+    timer.daemon = True
+    timer.start()
+
+
+def _leave_announced() -> None:
+    """This process's announced line, if it has not printed its last line yet, and exit 1."""
+    if not _state["left"]:
+        os.write(_state["console"] or 2, f"error: {_state['announced']}\n".encode())
+    os._exit(1)
 
 
 def _after_own_line() -> None:

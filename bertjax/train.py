@@ -149,6 +149,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     try:
         (pretraining, state, position, final_eval), start_step = resume_from.train_falling_back(
             train_from, state, position, found, sharded.abstract_state, meta, check, phases)
+    except Exception as e:  # (told before the close, which may wait for the other processes)
+        peers.announce_failure(e)
+        raise
     finally:
         checkpointer.close()
         if writer:

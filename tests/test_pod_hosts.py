@@ -200,6 +200,21 @@ def test_another_process_announced_failure_ends_this_one(tmp_path):
         "error: process 1 of 2 (host h7) stopped: the disk is full"), result.stderr
 
 
+def test_a_failed_process_leaves_within_its_bound_even_if_stuck(tmp_path):
+    """A process that announced its failure but is stuck before its last line (e.g. in a
+    checkpoint close that waits for the others, who are gone) prints its line and exits 1
+    `peers.LEAVE_WITHIN_S` after the announcement."""
+    result = _child("peers.watch(os.path.abspath('log.txt'), 10)\n"
+                    "peers.LEAVE_WITHIN_S = 1\n"
+                    "peers.announce_failure(OSError(28, 'No space left on device', 'ckpt/8'))\n"
+                    "print(peers.client().key_value_try_get('bertjax/failed/0'), flush=True)\n"
+                    "time.sleep(30)\n", tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.split("\n")[1].startswith("No space left on device: ckpt/8 (free ")
+    assert result.stderr.splitlines()[-1].startswith(
+        "error: No space left on device: ckpt/8 (free some space"), result.stderr
+
+
 def test_hosts_with_another_setting_stop(tmp_path):
     """The adversary's case: one host given another corpus file (and its own cache
     directory, which may differ): both stop before any data work, naming the field."""
