@@ -42,9 +42,10 @@ def _corpus(path, documents: int = 120, skip: int = 0) -> None:
 def _start(tmp_path, count: int, overrides: dict, per_process: dict | None = None,
            cwds: list | None = None, devices: int = 1, heartbeat: int = 10,
            port: int | None = None, env_of: dict | None = None,
-           extra_flags: tuple = ()) -> list[subprocess.Popen]:
-    """`count` processes of `python -m bertjax.train` as the hosts of one job; process i
-    also gets the flags `per_process[i]` (later flags win) and runs in `cwds[i]`."""
+           extra_flags: tuple = (), workdir: str | None = None) -> list[subprocess.Popen]:
+    """`count` processes of `python -m bertjax.train` as the hosts of one job, in `workdir`
+    (default: tmp_path/run); process i also gets the flags `per_process[i]` (later flags
+    win) and runs in `cwds[i]`."""
     port = port or distributed.free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
            "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
@@ -52,7 +53,7 @@ def _start(tmp_path, count: int, overrides: dict, per_process: dict | None = Non
     flags = [f"--config.{k}={v}" for k, v in {**TINY, **overrides}.items()]
     return [subprocess.Popen(
         [sys.executable, "-m", "bertjax.train", f"--config={CONFIG}",
-         f"--workdir={tmp_path / 'run'}", f"--coordinator_address=localhost:{port}",
+         f"--workdir={workdir or tmp_path / 'run'}", f"--coordinator_address=localhost:{port}",
          f"--num_processes={count}", f"--process_id={i}",
          f"--heartbeat_timeout_seconds={heartbeat}", *extra_flags, *flags,
          *[f"--config.{k}={v}" for k, v in (per_process or {}).get(i, {}).items()]],
@@ -377,11 +378,17 @@ def test_a_damaged_shard_on_one_host_stops_every_host(tmp_path):
     stayed alive. Now every process exits within seconds (BERTJAX_STOP_SECONDS + 30 s at
     most), the damaged host with its own line, every other with one line naming the host and
     the cause; host 0's console among them."""
+    damaged_shard_on_one_host(tmp_path, str(tmp_path / "run"))
+
+
+def damaged_shard_on_one_host(tmp_path, workdir: str) -> None:
+    """The attack above, in `workdir` (also a gs:// one: tests/test_remote.py)."""
     _corpus(tmp_path / "corpus.txt")
     damaged = 2
     procs = _start(tmp_path, 4, {"data.input_files": tmp_path / "corpus.txt"},
                    {i: {"data.cache_dir": tmp_path / f"cache{i}"} for i in range(4)},
-                   env_of={damaged: injected_faults.pausing("start", REPO_ROOT)})
+                   env_of={damaged: injected_faults.pausing("start", REPO_ROOT)},
+                   workdir=workdir)
     try:
         for line in procs[damaged].stdout:
             if "paused at the start of training" in line:
@@ -414,11 +421,16 @@ def test_a_host_that_never_joins_is_one_line_soon(tmp_path):
     Before: the others waited 308 s silently, then aborted with JAX's C++ stack. Now they
     exit 75 within --join_timeout_seconds (10 s) plus start-up, with one line naming the
     process that has not joined and the coordinator's address."""
+    host_that_never_joins(tmp_path, str(tmp_path / "run"))
+
+
+def host_that_never_joins(tmp_path, workdir: str) -> None:
+    """The attack above, in `workdir` (also a gs:// one: tests/test_remote.py)."""
     _corpus(tmp_path / "corpus.txt")
     port = distributed.free_port()
     procs = _start(tmp_path, 4, {"data.input_files": tmp_path / "corpus.txt"},
                    {3: {"train.total_stepz": 5}}, port=port,
-                   extra_flags=["--join_timeout_seconds=10"])
+                   extra_flags=["--join_timeout_seconds=10"], workdir=workdir)
     started = time.time()
     results = _finish(procs, timeout=120)
     print(f"every process stopped {time.time() - started:.1f} s after the start")
@@ -456,13 +468,19 @@ def test_a_relaunch_on_fewer_hosts_is_refused_in_one_line(tmp_path):
     """Issue 43's attack: a 4-host run stopped after step 4, relaunched on 2 hosts. Before:
     it resumed without a word and trained on other batches. Now both processes stop before
     any data work with one line naming both shapes and the ways on."""
+    relaunch_on_fewer_hosts(tmp_path, str(tmp_path / "run"))
+
+
+def relaunch_on_fewer_hosts(tmp_path, workdir: str) -> None:
+    """The attack above, in `workdir` (also a gs:// one: tests/test_remote.py)."""
     _corpus(tmp_path / "corpus.txt")
-    overrides = {"data.input_files": tmp_path / "corpus.txt"}
-    results = _finish(_start(tmp_path, 4, {**overrides, "train.stop_after_steps": 4}),
-                      timeout=300)
+    overrides = {"data.input_files": tmp_path / "corpus.txt",
+                 "data.cache_dir": tmp_path / "cache"}
+    results = _finish(_start(tmp_path, 4, {**overrides, "train.stop_after_steps": 4},
+                             workdir=workdir), timeout=300)
     assert all(code == 0 for code, _, _ in results), results[0][2][-3000:]
-    results = _finish(_start(tmp_path, 2, overrides), timeout=120)
-    where = tmp_path / "run" / "checkpoints" / "4"
+    results = _finish(_start(tmp_path, 2, overrides, workdir=workdir), timeout=120)
+    where = f"{workdir}/checkpoints/4"
     line = results[0][2].splitlines()[-1]
     assert line.startswith(f"error: checkpoint {where} was trained by 4 processes (hosts) and "
                            "this run has 2: "), results[0][2][-3000:]
