@@ -130,25 +130,24 @@ def one_line_thread_errors() -> None:
             default(args)
 
     threading.excepthook = hook
-    sys.unraisablehook = _log_ignored
+    sys.unraisablehook = lambda unraisable: _log_ignored(unraisable.exc_value,
+                                                         unraisable.object)
     main_excepthook = sys.excepthook
 
     def excepthook(kind: Any, value: Any, trace: Any) -> None:
         if threading.current_thread() is threading.main_thread():
             main_excepthook(kind, value, trace)
         else:
-            _log_ignored(type("Unraisable", (), {"exc_value": value,
-                                                 "object": threading.current_thread()}))
+            _log_ignored(value, threading.current_thread())
 
     sys.excepthook = excepthook
 
 
-def _log_ignored(unraisable: Any) -> None:
-    """`sys.unraisablehook`: the error to the run's log file while it is open (kept until it
+def _log_ignored(error: BaseException, where: Any) -> None:
+    """`error`, which nothing handles, to the run's log file while it is open (kept until it
     opens), else nowhere (after the run's last line, or at exit)."""
     try:
-        text = f"ignored in {unraisable.object!r}: " + "".join(
-            traceback.format_exception(unraisable.exc_value)).rstrip()
+        text = f"ignored in {where!r}: " + "".join(traceback.format_exception(error)).rstrip()
         console.RUN_LOG.take(std_logging.makeLogRecord(
             {"msg": text, "levelno": std_logging.INFO, "levelname": "INFO",
              "name": "bertjax.ignored", "pathname": __file__}))
