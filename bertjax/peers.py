@@ -51,6 +51,7 @@ LEAVE_WITHIN_S = 30.0  # a failed process's time from its announcement to its ex
 POLL_S = 1.0  # how often every process looks for another's failure
 _FAILED = "bertjax/failed/"
 _SEEN = "bertjax/seen/"
+_EXITING = "bertjax/exiting/"
 _JAX_ABORT = "Terminating process because the JAX distributed service detected fatal errors"
 _state: dict[str, Any] = {"step": None, "heartbeat_s": JAX_HEARTBEAT_TIMEOUT_SECONDS,
                           "log": None, "console": None, "handler": None, "restore": None,
@@ -238,7 +239,7 @@ def _others_done(directory: str) -> set[str] | None:
 def announce_failure(error: BaseException) -> None:
     """Tells the other processes that this one stops with `error` (best effort: the
     coordinator may be gone); once its line is printed, `failures.leave` waits until they
-    have read it (`_wait_until_heard`). Once per process; not for a failed collective (a
+    have read it (`_after_own_line`). Once per process; not for a failed collective (a
     JaxRuntimeError, as when a peer is lost: `leave_if_peer_lost` waits for the reason)."""
     if not jax.distributed.is_initialized() or jax.process_count() == 1 or \
             _state["announced"] or isinstance(error, jax.errors.JaxRuntimeError):
@@ -268,22 +269,34 @@ def _leave_announced() -> None:
 
 def _after_own_line() -> None:
     """Once this process's last line is printed (`failures.leave`): a lost coordinator is no
-    news from now on, and the others are waited for if it announced its failure."""
+    news from now on; the others are waited for if it announced its failure, and
+    the coordinator leaves last (`_last_out`)."""
     _state["left"] = True
     if _state["announced"]:
-        _wait_until_heard()
+        _wait_for(_SEEN, _FAILED)
+    _last_out()
 
 
-def _wait_until_heard() -> None:
-    """After this process printed the line it announced (or another's): waits (at most
-    `ACK_WAIT_S`) until every other process has read it or failed too. A process that exits
-    first, the coordinator above all, leaves the others to find out from JAX's heartbeat
-    timeout, without the reason."""
+def _last_out() -> None:
+    """Before this process exits: process 0, which hosts the coordination service, waits (at
+    most `ACK_WAIT_S`) for the others to exit, since its exit aborts those still running (a
+    lost coordinator); the others say they are exiting."""
+    if jax.process_index() == 0:
+        _wait_for(_EXITING)
+    else:
+        with contextlib.suppress(Exception):  # (the coordinator gone: nobody to tell)
+            client().key_value_set(f"{_EXITING}{jax.process_index()}", "1",
+                                   allow_overwrite=True)
+
+
+def _wait_for(*directories: str) -> None:
+    """Waits (at most `ACK_WAIT_S`) until every other process has a key in one of
+    `directories` of the coordination service's store (or the coordinator is gone)."""
     others = {str(i) for i in range(jax.process_count())} - {str(jax.process_index())}
     deadline = time.monotonic() + ACK_WAIT_S
     while time.monotonic() < deadline:
-        seen, failed = _others_done(_SEEN), _others_done(_FAILED)
-        if seen is None or failed is None or others <= seen | failed:
+        found = [_others_done(directory) for directory in directories]
+        if None in found or others <= set().union(*found):
             return
         time.sleep(0.1)
 
@@ -313,7 +326,7 @@ def _watch_peers() -> None:
             with contextlib.suppress(Exception):  # (tell the failed one it was heard)
                 client().key_value_set(f"{_SEEN}{jax.process_index()}", "1",
                                        allow_overwrite=True)
-            _leave_now(failed, _wait_until_heard)
+            _leave_now(failed, lambda: _wait_for(_SEEN, _FAILED))
 
 
 def leave_if_peer_lost(error: BaseException) -> None:
@@ -353,4 +366,5 @@ def _leave_now(message: str, then: Callable[[], Any] = lambda: None) -> NoReturn
     sys.stdout.flush()
     _state["left"] = True  # (a coordinator gone from now on is no news)
     then()
+    _last_out()
     os._exit(1)
