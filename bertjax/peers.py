@@ -332,8 +332,8 @@ def _watch_peers() -> None:
 def leave_if_peer_lost(error: BaseException) -> None:
     """For an error raised by a collective in a multi-process run (a peer's connection
     closed): waits for the line of a peer that announced its failure (`_watch_peers`) or for
-    JAX's abort on the lost peer (see `watch`), at most the heartbeat timeout; returns for
-    any other error."""
+    JAX's abort on the lost peer (see `watch`), at most the heartbeat timeout and 10 s more;
+    returns for any other error."""
     if jax.process_count() == 1 or not isinstance(error, jax.errors.JaxRuntimeError):
         return
     logging.info("a collective failed: %s", error)
