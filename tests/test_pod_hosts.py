@@ -194,6 +194,7 @@ def test_another_process_announced_failure_ends_this_one(tmp_path):
     service's store ends this one within a second or two, wherever its main thread is (here:
     asleep), with one line naming the process, its host and its error."""
     result = _child("peers.watch(os.path.abspath('log.txt'), 10)\n"
+                    "peers.ACK_WAIT_S = 1  # (for process 1, which is not there, to exit)\n"
                     "peers.client().key_value_set('bertjax/failed/1', 'h7\\nthe disk is full')\n"
                     "time.sleep(30)\n", tmp_path)
     assert result.returncode == 1, result.stderr
