@@ -6,9 +6,9 @@ They compare, through the key-value store of JAX's coordination service (no devi
 collective): at the start, the config (less `PER_HOST_FIELDS`) and `--workdir`; before any
 data work, the corpus (its files and their sampled content: `guards.data_identity`); once the
 tokenizer is loaded or trained, its fingerprint; and they meet once more when the data is
-prepared. A process that stops with an error first
-announces its line (`peers.announce_failure`), so that the others, waiting at a
-comparison, stop with it instead of waiting for it.
+prepared. A process that stops with an error announces its line
+(`peers.announce_failure`), and the others, waiting at a comparison or anywhere else, stop
+with it (`peers.watch`) instead of waiting for it.
 """
 from __future__ import annotations
 
@@ -35,10 +35,6 @@ _POLL_S = 0.2
 
 class HostsDisagree(UserError, ValueError):
     """The processes of a run differ in a setting, a file or the tokenizer."""
-
-
-class PeerFailed(UserError, RuntimeError):
-    """Another process stopped with an error while this one waited for it."""
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -82,13 +78,23 @@ def _shown(value: str) -> str:
     return f"{value[:_SHOWN - 25]}... (sha256 {hashlib.sha256(value.encode()).hexdigest()[:12]})"
 
 
+# Named first when they differ: the family, then the other model fields (another family
+# changes many fields' defaults, the data's among them).
+_FIRST = ("model.family", "model.")
+
+
+def _first_named(name: str) -> int:
+    return next((i for i, prefix in enumerate(_FIRST) if name.startswith(prefix)), len(_FIRST))
+
+
 def disagreement(per_process: list[dict[str, str]], hint: str = RERUN) -> str | None:
     """The line naming the first field in which a process differs from process 0 and which
     processes have which value; None if all agree."""
     names = list(per_process[0]) + sorted({n for p in per_process[1:] for n in p}
                                           - set(per_process[0]))
     absent = "(nothing)"
-    differing = [n for n in names if len({p.get(n, absent) for p in per_process}) > 1]
+    differing = sorted((n for n in names if len({p.get(n, absent) for p in per_process}) > 1),
+                       key=_first_named)
     if not differing:
         return None
     name = differing[0]
@@ -106,9 +112,8 @@ def disagreement(per_process: list[dict[str, str]], hint: str = RERUN) -> str | 
 
 
 def _gather(stage: str, payload: str) -> list[str]:
-    """Every process's `payload` for `stage`, in process order; PeerFailed if another
-    process announced an error meanwhile. (A lost process stops this one through
-    distributed's heartbeat callback.)"""
+    """Every process's `payload` for `stage`, in process order. (Another process's error,
+    or its loss, ends this one meanwhile: `peers.watch`.)"""
     client, count = peers.client(), jax.process_count()
     directory = f"{_PREFIX}/{stage}/"
     client.key_value_set(f"{directory}{jax.process_index()}", payload)
@@ -117,9 +122,6 @@ def _gather(stage: str, payload: str) -> list[str]:
                  for key, value in client.key_value_dir_get(directory)}
         if len(found) == count:
             return [found[str(i)] for i in range(count)]
-        failed = peers.announced_failure()
-        if failed:
-            raise PeerFailed(f"{failed}; {RERUN}")
         time.sleep(_POLL_S)
 
 

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging as std_logging
 import os
 import queue
 import re
 import signal
 import sys
 import threading
-from typing import Any, Iterator, NoReturn
+import traceback
+from typing import Any, Callable, Iterator, NoReturn
 
 from absl import logging
+
+from bertjax import console
 
 HINTS = {
     errno.ENOSPC: "free some space, then rerun the same command to resume",
@@ -75,12 +79,35 @@ def library_os_error(error: BaseException) -> OSError | None:
                    file.group(1) if file else None)
 
 
+_BEFORE_LEAVING: list[Callable[[], None]] = []
+
+
+def before_leaving(hook: Callable[[], None]) -> None:
+    """`hook()` runs after `leave`'s line is printed in a multi-process job, before the exit
+    (`bertjax.peers`: until the other processes have read this one's failure)."""
+    _BEFORE_LEAVING.append(hook)
+
+
+def _joined_other_processes() -> bool:
+    """Whether this process belongs to a multi-process `jax.distributed` job."""
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import distributed as jax_distributed  # (not public API)
+    state = jax_distributed.global_state
+    return state.client is not None and (state.num_processes or 1) > 1
+
+
 def leave(message: str, status: int = 1, at_once: bool = False) -> NoReturn:
     """Ends the program with `error: message` on stderr and exit `status`; `at_once` without
     joining other threads (Orbax's writers of a failed save, or the workers a Ctrl-C left,
-    wait for minutes for signals that never come, and a normal exit joins them)."""
+    wait for minutes for signals that never come, and a normal exit joins them). A process of
+    a multi-process job always leaves at once: a normal exit waits at JAX's shutdown barrier
+    for the other processes, which may never come."""
     print(f"error: {message}", file=sys.stderr, flush=True)
-    if at_once:
+    if _joined_other_processes():
+        for hook in _BEFORE_LEAVING:
+            hook()
+    if at_once or _joined_other_processes():
         sys.stdout.flush()
         os._exit(status)
     sys.exit(status)
@@ -88,7 +115,11 @@ def leave(message: str, status: int = 1, at_once: bool = False) -> NoReturn:
 
 def one_line_thread_errors() -> None:
     """An OSError that ends a background thread (e.g. TensorBoard's writer on a full disk) is
-    logged as one line instead of a traceback; the main thread meets it at the next flush."""
+    logged as one line instead of a traceback; the main thread meets it at the next flush.
+    Errors that native threads report (`sys.excepthook` off the main thread) and errors
+    Python can only ignore (`sys.unraisablehook`) go to the log, not the console: e.g. the
+    reads Orbax had in flight when a restore failed, completing on its closed event loop
+    ("Event loop is closed"), or its coroutines collected at exit."""
     default = threading.excepthook
 
     def hook(args: Any) -> None:
@@ -99,6 +130,29 @@ def one_line_thread_errors() -> None:
             default(args)
 
     threading.excepthook = hook
+    sys.unraisablehook = lambda unraisable: _log_ignored(unraisable.exc_value,
+                                                         unraisable.object)
+    main_excepthook = sys.excepthook
+
+    def excepthook(kind: Any, value: Any, trace: Any) -> None:
+        if threading.current_thread() is threading.main_thread():
+            main_excepthook(kind, value, trace)
+        else:
+            _log_ignored(value, threading.current_thread())
+
+    sys.excepthook = excepthook
+
+
+def _log_ignored(error: BaseException, where: Any) -> None:
+    """`error`, which nothing handles, to the run's log file while it is open (kept until it
+    opens), else nowhere (after the run's last line, or at exit)."""
+    try:
+        text = f"ignored in {where!r}: " + "".join(traceback.format_exception(error)).rstrip()
+        console.RUN_LOG.take(std_logging.makeLogRecord(
+            {"msg": text, "levelno": std_logging.INFO, "levelname": "INFO",
+             "name": "bertjax.ignored", "pathname": __file__}))
+    except Exception:  # noqa: BLE001 (interpreter shutdown: nowhere left to write)
+        pass
 
 
 class CtrlC:

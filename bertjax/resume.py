@@ -21,6 +21,7 @@ import dataclasses
 from typing import Any, Callable, Sequence, TypeVar
 
 import jax
+from absl import logging
 
 from bertjax import checkpoint, failures, guards, nonfinite, reporting, phase_schedule, storage
 from bertjax.data.settings import DataSettings
@@ -35,6 +36,10 @@ TrainFrom = Callable[[Any, phase_schedule.DataPosition, int, "str | None"], T]
 
 class UnusableCheckpoint(checkpoint.CheckpointMismatch):
     """No checkpoint in the workdir can be resumed from; the message names the choices."""
+
+
+class OtherProcessCount(checkpoint.CheckpointMismatch):
+    """The checkpoint was trained by another number of processes, whose batches differ."""
 
 
 class CheckpointUnreadable(UnusableCheckpoint):
@@ -112,8 +117,12 @@ class Resume:
     def check(self, found: Found, expected_meta: dict[str, Any], data: DataSettings,
               phases: Sequence[phase_schedule.Phase], allow_changed_data: bool) -> None:
         """Refuses `found` if this run changes its model (or tokenizer, once in
-        `expected_meta`) or, mid-phase, its data (guards.check_resume)."""
+        `expected_meta`), its number of processes (`check_processes`) or, mid-phase, its
+        data (guards.check_resume)."""
         checkpoint.check_compatible(found.meta, expected_meta, self.where(found.step))
+        if found.step < phases[-1].end_step:  # (a finished run only evaluates)
+            check_processes(found.meta, expected_meta, self.where(found.step),
+                            allow_changed_data)
         guards.check_resume(found.meta, expected_meta["data"], data, found.position,
                             phase_schedule.phase_at(phases, found.step).name,
                             self.where(found.step), allow_changed_data)
@@ -193,6 +202,31 @@ class Resume:
                 state, position, found = self.fall_back(found, abstract_state, meta, check)
                 fell_back, start_step = True, found.step
                 position = phase_schedule.consistent_position(position, start_step, phases)
+
+
+def check_processes(found_meta: dict[str, Any], expected_meta: dict[str, Any], where: str,
+                    allow_changed_data: bool) -> None:
+    """Refuses to continue the checkpoint `where` (its `found_meta`) on another number of
+    processes than it was trained by (`meta["processes"]`; older checkpoints lack it): each
+    process prepares its own share of the documents and reads its rows of every batch from
+    it, so the batches would differ from the uninterrupted run's. With `allow_changed_data`,
+    warns instead."""
+    old, new = found_meta.get("processes"), expected_meta.get("processes")
+    if old is None or old == new:
+        return
+    if allow_changed_data:
+        logging.warning("continuing checkpoint %s, trained by %d processes, on %d "
+                        "(train.allow_changed_data): the batches differ from here on", where,
+                        old, new)
+        return
+    raise OtherProcessCount(
+        f"checkpoint {where} was trained by {old} processes (hosts) and this run has {new}: "
+        f"each process prepares its own share of the documents (document i on process i mod "
+        f"{old}) and reads its rows of every batch from it, so the batches from here on would "
+        f"differ from an uninterrupted run's. Relaunch on {old} processes to resume exactly; "
+        "or accept other batches with --config.train.allow_changed_data=True; or start a new "
+        "run in another --workdir (--config.train.init_checkpoint=THIS_WORKDIR/checkpoints "
+        "starts it from these parameters)")
 
 
 def restore_exactly(checkpointer: checkpoint.Checkpointer, step: int, abstract_state: Any,

@@ -4,7 +4,8 @@ schedule its checkpoint recorded (`meta["schedule"]`), so that a rerun never mov
 or the learning rate under steps already trained. A rerun that changes a field of
 `SCHEDULE_FIELDS` is refused, unless it asks to extend the run (`train.extend`): the steps the
 run had been planned for keep their schedule; the steps added after them train in its last
-phase, at the learning rate this config's schedule gives them (docs/pretraining.md).
+phase, at the learning rate this config's schedule gives them (docs/pretraining.md). Another
+optimizer (`optimizer.name`), whose state would not be the checkpoint's, is refused always.
 """
 from __future__ import annotations
 
@@ -82,6 +83,14 @@ def resumed(meta: Mapping[str, Any], where: str, train: TrainSettings, data: Dat
     total_steps; else ScheduleChanged, naming the changes and the choices."""
     old = json.loads(meta["config"])
     new = {"train": train, "long_phase": long_phase, "optimizer": optimizer}
+    if _field(old, "optimizer.name") != _field(new, "optimizer.name"):
+        raise ScheduleChanged(
+            f"checkpoint {where} was trained with optimizer.name="
+            f"{_field(old, 'optimizer.name')!r}, and this run asks for "
+            f"{_field(new, 'optimizer.name')!r}: its optimizer state belongs to the first. Rerun "
+            f"with --config.optimizer.name={_field(old, 'optimizer.name')}; or start a new run "
+            "in another --workdir (--config.train.init_checkpoint=THIS_WORKDIR/checkpoints "
+            "starts it from these parameters)")
     changes = [f"{field}: {_field(old, field)!r} -> {_field(new, field)!r}"
                for field in SCHEDULE_FIELDS if _field(old, field) != _field(new, field)]
     before = recorded(meta)

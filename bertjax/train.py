@@ -31,9 +31,10 @@ from bertjax.settings import PretrainingSettings
 def run_metadata(config: ml_collections.ConfigDict, data: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint records about its run (with the tokenizer's fingerprint, added once
     it is loaded, and its `schedule`: run_schedule): `model` and `tokenizer` must match to
-    resume, `data` (guards.data_identity) and the config's data fields within a phase."""
+    resume, `data` (guards.data_identity) and the config's data fields within a phase, and
+    the number of `processes` that split the data (resume.check_processes)."""
     return {"model": families.recorded_fields(config.model), "config": config.to_json(),
-            "data": data}
+            "data": data, "processes": jax.process_count()}
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -170,6 +171,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     try:
         (pretraining, state, position, final_eval), start_step = resume_from.train_falling_back(
             train_from, state, position, found, sharded.abstract_state, meta, check, phases)
+    except Exception as e:  # (told before the close, which may wait for the other processes)
+        peers.announce_failure(e)
+        raise
     finally:
         checkpointer.close()
         if writer:
@@ -249,6 +253,9 @@ def define_flags() -> None:
     flags.DEFINE_integer("heartbeat_timeout_seconds", None, "Seconds without a heartbeat after "
                          "which the processes of a multi-process job give up on a lost peer and "
                          "exit; default: JAX's (100).")
+    flags.DEFINE_integer("join_timeout_seconds", None, "Seconds every process waits for all "
+                         "to join the job; then those that joined exit 75 naming the ones that "
+                         f"did not; default: {peers.JOIN_TIMEOUT_SECONDS}.")
     flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -256,8 +263,9 @@ def main(argv: list[str]) -> None:
     del argv
     failures.one_line_thread_errors()
     try:
+        validate.pretraining(FLAGS.config)  # (a flag error: the same line on every host, unjoined)
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
-                               FLAGS.heartbeat_timeout_seconds)
+                               FLAGS.heartbeat_timeout_seconds, FLAGS.join_timeout_seconds)
         stopping.take_sigterm()  # (JAX's preemption notice, seen also while stuck)
         peers.watch(console.log_file(FLAGS.workdir), FLAGS.heartbeat_timeout_seconds)
         train_and_evaluate(FLAGS.config, FLAGS.workdir, overrides=config_flags
@@ -272,6 +280,9 @@ def main(argv: list[str]) -> None:
         cli.leave_on(e, FLAGS.workdir)
     except jax.errors.JaxRuntimeError as e:  # a collective failed: a peer lost?
         peers.leave_if_peer_lost(e)
+        raise
+    except Exception as e:  # a bug: in a multi-process run the others stop too
+        peers.leave_on_bug(e)
         raise
 
 if __name__ == "__main__":

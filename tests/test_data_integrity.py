@@ -3,6 +3,7 @@ under, a running `python -m bertjax.train` stop it with one line naming the file
 checkpoint is written from the bad rows (the steps before train as an uninterrupted run did);
 a meta.json whose claims the arrays do not bear out is refused with one line."""
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import pytest
 
 from bertjax import prepare, train
 from bertjax.data import pipeline, shard_reader
+from bertjax.data.errors import DataError
 from test_faults import Trainer, cache_dir, command_line, run_to_end  # noqa: F401 (fixture)
 from test_train import corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
 
@@ -94,3 +96,28 @@ def test_row_hash_sees_any_one_changed_element():
         changed = rows.copy()
         changed[:, 7] ^= np.uint16(delta)
         assert (shard_reader.row_hashes(changed) != hashes).all()
+
+
+def test_every_row_read_is_checked_against_its_hash_from_loading(tmp_path):
+    """The per-row check itself (issue 43: skipping it was caught only by a slow test): a
+    file loaded whole and checked, then changed in place, serves its untouched rows and
+    names the first changed row it is asked for, and a shortened one names its new size."""
+    rows = np.random.default_rng(0).integers(0, 30000, (8, 16)).astype(np.uint16)
+    path = str(tmp_path / "input_ids.npy")
+    np.save(path, rows)
+    with open(path, "rb") as f:
+        content = f.read()
+    record = {"rows": 8, "bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+    loaded = shard_reader.load(path, record, "input_ids", np.dtype(np.uint16), (16,), (0, 1),
+                               "delete it")
+    np.testing.assert_array_equal(loaded[[5, 2]], rows[[5, 2]])
+    on_disk = np.load(path, mmap_mode="r+")
+    on_disk[[2, 6], 3] ^= 1
+    on_disk.flush()
+    np.testing.assert_array_equal(loaded[[0, 5]], rows[[0, 5]])
+    with pytest.raises(DataError, match=r"input_ids.npy changed while in use \(row 6 differs "
+                       r"from what was loaded and checked\).*: delete it$"):
+        loaded[[5, 6, 2]]
+    shorten(path)
+    with pytest.raises(DataError, match=r"was shortened while in use"):
+        loaded[[7]]

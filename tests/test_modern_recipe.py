@@ -147,6 +147,22 @@ def test_a_checkpoint_from_before_the_schedule_fields_resumes_on_its_schedule():
                              config.optimizer)
 
 
+def test_another_optimizer_is_refused_on_resume_also_when_extending():
+    """Issue 43: `optimizer.name=adamw` on resuming a StableAdamW run was accepted silently."""
+    config = _pretraining_config()
+    plan = run_schedule.planned(config.train, config.data, config.long_phase, config.optimizer)
+    meta = {"config": config.to_json(), "schedule": plan.record()}
+    config.optimizer.name = "adamw"
+    for extend in (False, True):
+        config.train.extend = extend
+        config.train.total_steps += extend
+        with pytest.raises(run_schedule.ScheduleChanged, match=(
+                r"^checkpoint ckpt/8 was trained with optimizer.name='stable_adamw', and this "
+                r"run asks for 'adamw': .* Rerun with --config.optimizer.name=stable_adamw")):
+            run_schedule.resumed(meta, "ckpt/8", config.train, config.data, config.long_phase,
+                                 config.optimizer)
+
+
 @pytest.mark.slow  # three tiny runs in subprocesses: about 1.5 minutes of CPU
 def test_a_modernbert_run_on_the_recipe_killed_with_9_resumes_exactly(corpus_file, tmp_path):
     """configs/modernbert_tiny.py (StableAdamW, warmup-stable-decay) at test size, killed with

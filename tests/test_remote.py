@@ -498,3 +498,15 @@ def test_an_ambiguous_upload_is_checked_not_repeated(gcs, proxy, tmp_path, monke
     with pytest.raises(OSError) as raised:
         files.copy(str(source), f"{gcs}/ambiguous/other.npy")
     assert str(raised.value).startswith(f"{gcs}/ambiguous/other.npy: HTTP 429 (injected fault")
+
+
+@pytest.mark.parametrize("attack", ["damaged_shard_on_one_host", "host_that_never_joins",
+                                    "relaunch_on_fewer_hosts"])
+def test_pod_attacks_on_a_gcs_workdir_under_storage_faults(gcs, proxy, tmp_path, attack):
+    """Issue 43's three pod attacks (tests/test_pod_hosts.py) with four hosts sharing a
+    gs:// workdir, every 4th request to it answered 503 (retried): the same outcome, the
+    same lines."""
+    import test_pod_hosts
+    proxy.add(path=f"pod-{attack}", every=4)
+    getattr(test_pod_hosts, attack)(tmp_path, f"{gcs}/pod-{attack}")
+    assert proxy.faults() or attack == "host_that_never_joins"  # (joins before any request)

@@ -31,3 +31,38 @@ def test_transient_errors_without_a_gcs_client():
     assert storage.transient(TimeoutError()).startswith("no answer for")
     assert storage.transient(ConnectionResetError("reset")).startswith("connection failed")
     assert storage.transient(FileNotFoundError("gone")) is None
+
+
+def _failing(failures: int, error: Exception) -> tuple[list, object]:
+    """An operation that fails with `error` `failures` times, then returns "done"."""
+    calls = []
+
+    async def operation():
+        calls.append(1)
+        if len(calls) <= failures:
+            raise error
+        return "done"
+
+    return calls, operation
+
+
+def test_the_retry_loop_retries_transient_failures_until_its_time_is_up(monkeypatch):
+    """The loop itself (issue 43: a loop that gave up at once was caught only by the gcs
+    stage): transient failures are retried, the others are not, and an outage ends after
+    the retry time with StorageUnavailable naming the request and the cause."""
+    import asyncio
+    monkeypatch.setattr(storage, "FIRST_DELAY", 0.01)
+    monkeypatch.setenv(storage.RETRY_ENV, "30")
+    calls, operation = _failing(3, ConnectionResetError("reset"))
+    assert asyncio.run(storage.call_async(operation, "gs://b/o")) == "done"
+    assert len(calls) == 4
+    calls, operation = _failing(3, FileNotFoundError("gone"))
+    with pytest.raises(FileNotFoundError):
+        asyncio.run(storage.call_async(operation, "gs://b/o"))
+    assert len(calls) == 1
+    monkeypatch.setenv(storage.RETRY_ENV, "0.3")
+    calls, operation = _failing(10 ** 6, ConnectionResetError("reset"))
+    with pytest.raises(storage.StorageUnavailable, match=r"^gs://b/o: connection failed "
+                       r"\(ConnectionResetError: reset\), still after retrying for 0 s"):
+        asyncio.run(storage.call_async(operation, "gs://b/o"))
+    assert len(calls) > 3

@@ -10,6 +10,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
+from bertjax import stopping
 from bertjax.batch import PhaseShape
 from bertjax.data import instances, packing, pipeline, shard_job, tokenization
 from bertjax.data import masking as mask_rules
@@ -83,7 +84,8 @@ def fewest_over_processes(count: int) -> int:
     but all must run the same number of (collective) steps."""
     if jax.process_count() == 1:
         return count
-    return int(np.min(multihost_utils.process_allgather(np.int64(count))))
+    with stopping.doing("waiting for the other processes (to agree on a count of batches)"):
+        return int(np.min(multihost_utils.process_allgather(np.int64(count))))
 
 
 Loader = BatchLoader | packing.PackedLoader
