@@ -24,8 +24,9 @@ from test_modernbert_io import bpe_tokenizer
 from test_train import corpus_file  # noqa: F401 (fixture)
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-TEXTS = ["Crème Brûlée, naïve CAFÉ! Ångström's résumé?", "中文分词：我爱北京。 漢字 and 한국어",
-         "Punctuation!!! ((quotes)) \"x\" $5 @home #tag", "Hello world.", "unaffable"]
+TEXTS = ["Crème Brûlée, naïve CAFÉ! Ångström's résumé?",
+         "中文分词：我爱北京。 漢字 and 한국어", "Punctuation!!! ((quotes)) \"x\" $5 @home #tag",
+         "Hello world.", "unaffable"]
 
 
 def wordpiece_json(words: list[str], path: str, padded: bool = True) -> tk.Tokenizer:
@@ -35,7 +36,8 @@ def wordpiece_json(words: list[str], path: str, padded: bool = True) -> tk.Token
     chars = sorted({c for w in words for c in w})
     tokens = list(dict.fromkeys(SPECIALS + chars + ["##" + c for c in chars] + words))
     ids = {t: i for i, t in enumerate(tokens)}
-    built = tk.Tokenizer(tk.models.WordPiece(ids, unk_token="[UNK]", max_input_chars_per_word=100))
+    built = tk.Tokenizer(tk.models.WordPiece(ids, unk_token="[UNK]",
+                                             max_input_chars_per_word=100))
     built.normalizer = tk.normalizers.BertNormalizer(lowercase=True)
     built.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
     built.decoder = tk.decoders.WordPiece()
@@ -179,8 +181,8 @@ def test_no_tokenizer_found_names_what_it_looks_for(tmp_path):
         hf_tokenizer.tokenizer_file(str(tmp_path))
 
 
-def test_bpe_and_wordpiece_ids_equal_the_tokenizers_library_over_a_text_file(corpus_file,  # noqa: F811
-                                                                              tmp_path):
+def test_bpe_and_wordpiece_ids_equal_the_tokenizers_library_over_a_text_file(
+        corpus_file, tmp_path):  # noqa: F811
     """Every line of the tests' training corpus (and TEXTS), as bertjax's BPE (a byte-level
     BPE trained on that corpus: every merge rule is used) and WordPiece (Google's, from a
     vocab of that corpus) tokenize it and as the `tokenizers` library does."""
@@ -213,6 +215,7 @@ def _vocab_txt(built: tk.Tokenizer, path) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # a fine-tuning run and extract_features: 145 s on a loaded 2-core machine
 def test_a_sentence_transformers_directory_fine_tunes_and_extracts_features(shipped, tmp_path):
     """No --vocab_file: the tokenizer.json shipped beside the BertModel is read as
     transformers reads it, for fine-tuning and for extract_features."""

@@ -307,7 +307,8 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
 def _cmd_tokenize(args: argparse.Namespace) -> None:
     """Print the tokens and ids of one text."""
-    tokenizer = load_tokenizer(args.kind, args.vocab, do_lower_case=not args.cased)
+    tokenizer = load_tokenizer(args.kind, args.vocab, do_lower_case=not args.cased,
+                               flag_prefix="--")
     tokens = tokenizer.tokenize(args.text)
     print(" ".join(tokens))
     print(" ".join(map(str, tokenizer.convert_tokens_to_ids(tokens))))
@@ -326,9 +327,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--lowercase", action="store_true", help="case-fold (nmt_nfkc_cf normalization)")
     train.set_defaults(run=_cmd_train)
     tok = sub.add_parser("tokenize", help="print the tokens and ids of a text")
-    tok.add_argument("--kind", default="wordpiece", choices=("wordpiece", "sentencepiece", "bpe"))
+    tok.add_argument("--kind", "--tokenizer", default="wordpiece",
+                     choices=("wordpiece", "sentencepiece", "bpe"))
     tok.add_argument("--vocab", required=True,
-                     help="vocab.txt (wordpiece), .model (sentencepiece) or tokenizer.json (bpe)")
+                     help="vocab.txt or tokenizer.json (wordpiece), .model (sentencepiece) or "
+                     "tokenizer.json (bpe)")
     tok.add_argument("--text", required=True)
     tok.add_argument("--cased", action="store_true", help="wordpiece: keep case and accents")
     tok.set_defaults(run=_cmd_tokenize)
