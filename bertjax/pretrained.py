@@ -298,7 +298,8 @@ def _vocab_file_tokenizer(source: Source) -> tokenization.Tokenizer:
             return _tokenizer_from(path, hf_tokenizer.tokenizer_file(path) if files.isdir(path)
                                    else hf_tokenizer.json_tokenizer_file(path),
                                    source.do_lower_case, source.vocab_flag)
-        kind = source.tokenizer or tokenization.file_kind(path) or "wordpiece"
+        kind = source.tokenizer or tokenization.file_kind(path) or (
+            "sentencepiece" if path.endswith(".model") else "wordpiece")
         return tokenization.load_tokenizer(kind, path, source.do_lower_case,
                                            flag_prefix=source.vocab_flag.removesuffix("vocab_file"))
     except ValueError as e:  # (e.g. not a SentencePiece model)
