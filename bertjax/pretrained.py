@@ -302,7 +302,7 @@ def _vocab_file_tokenizer(source: Source) -> tokenization.Tokenizer:
             "sentencepiece" if path.endswith(".model") else "wordpiece")
         return tokenization.load_tokenizer(kind, path, source.do_lower_case,
                                            flag_prefix=source.vocab_flag.removesuffix("vocab_file"))
-    except ValueError as e:  # (e.g. not a SentencePiece model)
+    except (ValueError, FileNotFoundError) as e:  # (e.g. not a SentencePiece model)
         raise PretrainedError(f"{source.vocab_flag}={path}: {e}") from e
 
 

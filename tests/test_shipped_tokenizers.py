@@ -172,6 +172,13 @@ def test_tokenizers_passed_as_the_wrong_kind_are_one_line(shipped, tmp_path):
     given = dataclasses.replace(source, vocab_file=json_path, tokenizer="bpe")
     with pytest.raises(pretrained.PretrainedError, match=r"use --config.tokenizer=wordpiece$"):
         pretrained.tokenizer_of(given, pretrained.pretraining_run(given))
+    (tmp_path / "empty").mkdir()
+    for vocab_file, message in ((tmp_path / "absent.txt", "tokenizer file not found: "),
+                                (tmp_path / "empty", "no tokenizer in ")):
+        given = dataclasses.replace(source, vocab_file=str(vocab_file))
+        with pytest.raises(pretrained.PretrainedError,
+                           match=rf"^--config.vocab_file={vocab_file}: {message}{vocab_file}"):
+            pretrained.tokenizer_of(given, pretrained.pretraining_run(given))
 
 
 def test_no_tokenizer_found_names_what_it_looks_for(tmp_path):
