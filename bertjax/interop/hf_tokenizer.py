@@ -8,9 +8,10 @@ the model's own normalization rules, whitespace handling and dummy prefix); both
 text that spells a special token (`[MASK]`) is that token for transformers, while SentencePiece
 puts a `▁` piece before it.
 
-The other way (`tokenizer_file`): the tokenizer beside a Google or Hugging Face checkpoint,
-including a `tokenizer.json` alone, of Google's WordPiece form (read as bertjax's WordPiece,
-cased as transformers would) or the Unigram form written here."""
+The other way (`tokenizer_file`, `json_tokenizer_file`): the tokenizer beside a Google or
+Hugging Face checkpoint, including a `tokenizer.json` alone (read as transformers reads it:
+`data.hf_json`), of Google's WordPiece form (read as bertjax's WordPiece, cased as transformers
+would), BPE, or the Unigram form written here."""
 from __future__ import annotations
 
 import base64
