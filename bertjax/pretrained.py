@@ -20,7 +20,7 @@ import numpy as np
 from absl import logging
 
 from bertjax import checkpoint, families, files, modernbert, modernbert_config
-from bertjax.data import bpe, pipeline, tokenization
+from bertjax.data import bpe, hf_json, pipeline, tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.interop import hf, hf_modernbert, hf_tokenizer, native, staging, tf, tree
 from bertjax.interop.tree import ConversionError
@@ -312,15 +312,7 @@ def tokenizer_of(source: Source, pretrain: PretrainingRun) -> tokenization.Token
     """`vocab_file` if set, else the tokenizer the pretraining run used. With a bertjax
     checkpoint, the tokenizer must be the one it was pretrained with (same fingerprint)."""
     if source.vocab_file:
-        kind = source.tokenizer or (
-            "sentencepiece" if source.vocab_file.endswith(".model")
-            else "bpe" if source.vocab_file.endswith(".json") and bpe.is_bpe(source.vocab_file)
-            else "wordpiece")
-        try:
-            tokenizer = tokenization.load_tokenizer(kind, source.vocab_file,
-                                                    source.do_lower_case)
-        except ValueError as e:  # (e.g. not a SentencePiece model)
-            raise PretrainedError(f"{source.vocab_flag}={source.vocab_file}: {e}") from e
+        tokenizer = _vocab_file_tokenizer(source)
     elif google_or_hf(source.init_checkpoint):  # Google and HF: the tokenizer beside it
         return _vocab_beside(source)
     elif pretrain.config is None:  # a fine-tuned or converted model: its tokenizer beside it
@@ -348,20 +340,50 @@ def _vocab_beside(source: Source) -> tokenization.Tokenizer:
     return checkpoint_tokenizer(source.init_checkpoint, source.do_lower_case, source.vocab_flag)
 
 
+def _vocab_file_tokenizer(source: Source) -> tokenization.Tokenizer:
+    """The tokenizer `source.vocab_file` names: a file of `source.tokenizer`'s kind (else the
+    kind its content shows), a tokenizer.json read as transformers reads it, or a directory
+    holding one (as a Hugging Face checkpoint does: `checkpoint_tokenizer`)."""
+    path = source.vocab_file
+    try:
+        if files.isdir(path) or (not source.tokenizer and path.endswith(".json")):
+            return _tokenizer_from(path, hf_tokenizer.tokenizer_file(path) if files.isdir(path)
+                                   else hf_tokenizer.json_tokenizer_file(path),
+                                   source.do_lower_case, source.vocab_flag)
+        kind = source.tokenizer or tokenization.file_kind(path) or (
+            "sentencepiece" if path.endswith(".model") else "wordpiece")
+        return tokenization.load_tokenizer(kind, path, source.do_lower_case,
+                                           flag_prefix=source.vocab_flag.removesuffix("vocab_file"))
+    except (ValueError, FileNotFoundError) as e:  # (e.g. not a SentencePiece model)
+        raise PretrainedError(f"{source.vocab_flag}={path}: {e}") from e
+
+
 def checkpoint_tokenizer(path: str, do_lower_case: bool | None,
                          vocab_flag: str = "") -> tokenization.Tokenizer:
     """The `vocab.txt`, SentencePiece model or `tokenizer.json` beside the Google / Hugging Face
-    checkpoint at `path` (local or a URL). WordPiece from `vocab.txt` is lower-cased as
-    `do_lower_case` says (checked against the checkpoint's name), or for None as the name or
-    else the vocabulary says; a `tokenizer.json` cases as it says (`do_lower_case` must agree)."""
+    checkpoint at `path` (local or a URL): `_tokenizer_from`."""
     try:
         local = staging.local_checkpoint(path, detect_format(path))
-        kind, vocab, casing = hf_tokenizer.tokenizer_file(local if files.isdir(local)
-                                                          else os.path.dirname(local))
-        if kind == "bpe":
-            return bpe.BpeTokenizer(vocab)
+        found = hf_tokenizer.tokenizer_file(local if files.isdir(local)
+                                            else os.path.dirname(local))
     except (ConversionError, pipeline.DataError) as e:
         raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) from None
+    return _tokenizer_from(path, found, do_lower_case, vocab_flag)
+
+
+def _tokenizer_from(path: str, found: tuple[str, str, hf_json.Casing | None],
+                    do_lower_case: bool | None, vocab_flag: str) -> tokenization.Tokenizer:
+    """The tokenizer of `found` (`hf_tokenizer.tokenizer_file`'s answer for `path`). WordPiece
+    from `vocab.txt` is lower-cased as `do_lower_case` says (checked against the checkpoint's
+    name), or for None as the name or else the vocabulary says; a `tokenizer.json` cases as it
+    says (`do_lower_case` must agree)."""
+    kind, vocab, casing = found
+    if kind == "bpe":
+        try:
+            return bpe.BpeTokenizer(vocab)
+        except pipeline.DataError as e:
+            raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) \
+                from None
     if kind == "sentencepiece":
         return tokenization.SentencePieceTokenizer(vocab)
     flag = (vocab_flag or "--vocab_file").replace("vocab_file", "do_lower_case")

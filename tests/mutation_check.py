@@ -95,6 +95,16 @@ MUTATIONS = (
              "self.activation(y + b))(y, bias)", "self.activation(y))(y, bias)",
              ("tests/test_model.py::test_the_gpu_targets_rematerialised_activation_changes_"
               "no_parameter_value_or_gradient",)),
+    Mutation("the BPE tokenizer's last merge rule dropped", "bertjax/data/bpe.py",
+             "        self._hf = hf_json.library_tokenizer(self._text, path)",
+             "        spec['model']['merges'] = spec['model']['merges'][:-1]\n"
+             "        self._hf = hf_json.library_tokenizer(json.dumps(spec), path)",
+             ("tests/test_shipped_tokenizers.py::test_bpe_and_wordpiece_ids_equal_the_"
+              "tokenizers_library_over_a_text_file",)),
+    Mutation("a tokenizer.json's padding kept", "bertjax/data/hf_json.py",
+             "    hf.no_padding()\n", "    pass  # (the padding kept)\n",
+             ("tests/test_shipped_tokenizers.py::test_a_tokenizer_json_is_read_without_its_"
+              "padding_and_truncation",)),
 )
 
 

@@ -16,30 +16,23 @@ import numpy as np
 import tokenizers as tk
 
 from bertjax import files
+from bertjax.data import hf_json
 from bertjax.data.errors import DataError
 from bertjax.data.wordpiece import CLS, MASK, PAD, SEP, UNK, check_id, file_fingerprint
 
 BYTE_LEVEL_SPACE = "\u0120"  # "Ġ": byte-level BPE's piece for a space before a word
 
 
-def is_bpe(path: str) -> bool:
-    """Whether the tokenizer.json at `path` holds a BPE model."""
-    try:
-        return json.loads(files.read_text(path))["model"]["type"] == "BPE"
-    except (ValueError, KeyError, TypeError):
-        return False
-
-
 class BpeTokenizer:
-    """The tokenizer of a BPE `tokenizer.json` (its normalizer, pre-tokenizer and merges)."""
+    """The tokenizer of a BPE `tokenizer.json` (its normalizer, pre-tokenizer and merges; its
+    padding and truncation ignored, as by transformers)."""
 
     def __init__(self, path: str) -> None:
-        self.path, self._text = path, files.read_text(path)
-        try:
-            self._hf = tk.Tokenizer.from_str(self._text)
-        except Exception as e:  # (tokenizers raises plain Exception)
-            raise DataError(f"{path} is not a tokenizer.json the tokenizers library "
-                            f"reads ({e})") from None
+        self.path = path
+        self._text, spec = hf_json.read(path)
+        if spec["model"]["type"] != "BPE":
+            raise DataError(f"{path} is a {spec['model']['type']} tokenizer.json, not a BPE one")
+        self._hf = hf_json.library_tokenizer(self._text, path)
         self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
         missing = [t for t in (PAD, UNK, CLS, SEP, MASK) if self._hf.token_to_id(t) is None]
         if missing:

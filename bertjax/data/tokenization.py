@@ -20,7 +20,8 @@ from absl import logging
 from sentencepiece import sentencepiece_model_pb2
 
 from bertjax import files
-from bertjax.data import bpe
+from bertjax.data import bpe, hf_json
+from bertjax.data.errors import DataError
 from bertjax.data.wordpiece import (  # noqa: F401 (the tokenizers and tokens, in one place)
     CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, WordPieceTokenizer, basic_tokenize, check_id,
     file_fingerprint, read_bytes, to_text)
@@ -212,19 +213,63 @@ def train_sentencepiece(
 
 def load_tokenizer(
     kind: str, path: str, do_lower_case: bool = True, strip_accents: bool | None = None,
-    max_input_chars_per_word: int = 200,
+    max_input_chars_per_word: int = 200, flag_prefix: str = "data.",
 ) -> Tokenizer:
-    """Build a tokenizer; case options and the word limit apply to WordPiece (SentencePiece
-    models and BPE tokenizer.json files carry their own)."""
-    if kind == "wordpiece":
-        return WordPieceTokenizer(path, do_lower_case=do_lower_case, strip_accents=strip_accents,
-                                  max_input_chars_per_word=max_input_chars_per_word)
+    """Build a tokenizer; case options and the word limit apply to WordPiece from a vocab.txt
+    (SentencePiece models and tokenizer.json files carry their own: a WordPiece
+    tokenizer.json's casing must agree with `do_lower_case`). A file of another kind than
+    `kind` is refused in one line naming its kind (`flag_prefix`: where the entry point's
+    `tokenizer` and `do_lower_case` fields are, for that line)."""
+    if kind not in ("wordpiece", "sentencepiece", "bpe"):
+        raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'wordpiece', "
+                         "'sentencepiece' or 'bpe'")
+    found, what = _file_kind(path)
+    if found is not None and found != kind:
+        raise DataError(f"{path} is {what}: use {flag_prefix}tokenizer={found}")
     if kind == "sentencepiece":
         return SentencePieceTokenizer(path)
     if kind == "bpe":
         return bpe.BpeTokenizer(path)
-    raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'wordpiece', 'sentencepiece' "
-                     "or 'bpe'")
+    if what == WORDPIECE_JSON:
+        vocab, casing = hf_json.wordpiece_vocab(path)
+        if do_lower_case != casing.do_lower_case:
+            raise DataError(f"{path} is {'un' if casing.do_lower_case else ''}cased but "
+                            f"do_lower_case={do_lower_case}; set {flag_prefix}do_lower_case="
+                            f"{casing.do_lower_case}")
+        return WordPieceTokenizer(vocab, **casing._asdict())
+    return WordPieceTokenizer(path, do_lower_case=do_lower_case, strip_accents=strip_accents,
+                              max_input_chars_per_word=max_input_chars_per_word)
+
+
+WORDPIECE_JSON = "a WordPiece tokenizer.json"
+
+
+def file_kind(path: str) -> str | None:
+    """The tokenizer kind of a file by its content ("wordpiece": a vocab.txt or a WordPiece
+    tokenizer.json, "sentencepiece", "bpe": a BPE tokenizer.json); None if not recognised."""
+    return _file_kind(path)[0]
+
+
+def _file_kind(path: str) -> tuple[str | None, str]:
+    """`file_kind` and the file's description ("a WordPiece vocab.txt", ...)."""
+    if files.isdir(path):
+        raise DataError(f"{path} is a directory: name the tokenizer file in it (a vocab.txt, "
+                        "tokenizer.json or SentencePiece .model)")
+    data = read_bytes(path, "tokenizer file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        try:
+            spm.SentencePieceProcessor(model_proto=data)
+            return "sentencepiece", "a SentencePiece model"
+        except (RuntimeError, OSError, ValueError):
+            return None, ""
+    if text.lstrip().startswith("{"):
+        model = hf_json.read(path)[1]["model"]["type"]
+        return {"WordPiece": "wordpiece", "BPE": "bpe"}.get(model), f"a {model} tokenizer.json"
+    if UNK in text.splitlines():
+        return "wordpiece", "a WordPiece vocab.txt"
+    return None, ""
 
 
 # ---------------------------------------------------------------------------
@@ -262,7 +307,8 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
 def _cmd_tokenize(args: argparse.Namespace) -> None:
     """Print the tokens and ids of one text."""
-    tokenizer = load_tokenizer(args.kind, args.vocab, do_lower_case=not args.cased)
+    tokenizer = load_tokenizer(args.kind, args.vocab, do_lower_case=not args.cased,
+                               flag_prefix="--")
     tokens = tokenizer.tokenize(args.text)
     print(" ".join(tokens))
     print(" ".join(map(str, tokenizer.convert_tokens_to_ids(tokens))))
@@ -281,9 +327,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--lowercase", action="store_true", help="case-fold (nmt_nfkc_cf normalization)")
     train.set_defaults(run=_cmd_train)
     tok = sub.add_parser("tokenize", help="print the tokens and ids of a text")
-    tok.add_argument("--kind", default="wordpiece", choices=("wordpiece", "sentencepiece", "bpe"))
+    tok.add_argument("--kind", "--tokenizer", default="wordpiece",
+                     choices=("wordpiece", "sentencepiece", "bpe"))
     tok.add_argument("--vocab", required=True,
-                     help="vocab.txt (wordpiece), .model (sentencepiece) or tokenizer.json (bpe)")
+                     help="vocab.txt or tokenizer.json (wordpiece), .model (sentencepiece) or "
+                     "tokenizer.json (bpe)")
     tok.add_argument("--text", required=True)
     tok.add_argument("--cased", action="store_true", help="wordpiece: keep case and accents")
     tok.set_defaults(run=_cmd_tokenize)

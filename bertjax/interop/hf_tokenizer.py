@@ -8,25 +8,21 @@ the model's own normalization rules, whitespace handling and dummy prefix); both
 text that spells a special token (`[MASK]`) is that token for transformers, while SentencePiece
 puts a `▁` piece before it.
 
-The other way (`tokenizer_file`): the tokenizer beside a Google or Hugging Face checkpoint,
-including a `tokenizer.json` alone, of Google's WordPiece form (read as bertjax's WordPiece,
-cased as transformers would) or the Unigram form written here."""
+The other way (`tokenizer_file`, `json_tokenizer_file`): the tokenizer beside a Google or
+Hugging Face checkpoint, including a `tokenizer.json` alone (read as transformers reads it:
+`data.hf_json`), of Google's WordPiece form (read as bertjax's WordPiece, cased as transformers
+would), BPE, or the Unigram form written here."""
 from __future__ import annotations
 
-import atexit
 import base64
-import json
 import os
 import re
-import shutil
-import tempfile
-from typing import NamedTuple
 
 import tokenizers as tk
 from sentencepiece import sentencepiece_model_pb2
 
 from bertjax import files
-from bertjax.data import bpe
+from bertjax.data import bpe, hf_json
 from bertjax.data.tokenization import (CLS, MASK, PAD, SEP, UNK, SentencePieceTokenizer,
                                        Tokenizer, WordPieceTokenizer)
 from bertjax.interop import tree
@@ -36,8 +32,6 @@ SPECIAL_TOKENS = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_tok
 # SentencePiece models beside a checkpoint: bertjax's and transformers' usual names.
 SENTENCEPIECE_FILES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
 UNIGRAM = 1  # sentencepiece's TrainerSpec.model_type
-# tokenizer_config.json classes under which transformers applies a tokenizer.json as it is.
-FAST_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 SPECIAL_PIECE_TYPES = (2, 3, 4)  # unknown, control, user-defined
 
 
@@ -132,129 +126,41 @@ def save_tokenizer(tokenizer: Tokenizer, path: str, model_max_length: int) -> li
     return names + ["tokenizer_config.json", "special_tokens_map.json"]
 
 
-class Casing(NamedTuple):
-    """How the WordPiece tokenizer of a `tokenizer.json` cases text, as transformers applies it."""
-
-    do_lower_case: bool
-    strip_accents: bool
-    max_input_chars_per_word: int
-
-
-def tokenizer_file(directory: str) -> tuple[str, str, Casing | None]:
-    """The tokenizer bertjax reads beside a Google TF or Hugging Face checkpoint, as `(kind,
-    path, casing)`: the WordPiece `vocab.txt`, else a SentencePiece model
-    (`SENTENCEPIECE_FILES`), else one rebuilt from a `tokenizer.json` of Google's WordPiece
-    form (then `casing` is the json's) or of the Unigram form bertjax exports, else a BPE
-    `tokenizer.json` (kind "bpe": ModernBERT's, read by the tokenizers library). Raises
-    ConversionError saying what is there instead."""
+def tokenizer_file(directory: str) -> tuple[str, str, hf_json.Casing | None]:
+    """The tokenizer bertjax reads in a Google TF or Hugging Face checkpoint directory, as
+    `(kind, path, casing)`: the WordPiece `vocab.txt`, else a SentencePiece model
+    (`SENTENCEPIECE_FILES`), else its `tokenizer.json` (`json_tokenizer_file`). Raises
+    ConversionError saying what it looked for."""
     for kind, names in (("wordpiece", ("vocab.txt",)), ("sentencepiece", SENTENCEPIECE_FILES)):
         for name in names:
             if files.isfile(os.path.join(directory, name)):
                 return kind, os.path.join(directory, name), None
     json_path = os.path.join(directory, "tokenizer.json")
     if files.isfile(json_path):
-        try:
-            spec = json.loads(files.read_text(json_path))
-            model = spec["model"]["type"]
-        except (ValueError, KeyError, TypeError):
-            spec, model = {}, "unreadable"
-        if model == "WordPiece":
-            return "wordpiece", *_wordpiece_vocab(directory, spec)
-        if model == "BPE":
-            return "bpe", json_path, None
-        proto = _unigram_proto(spec) if model == "Unigram" else None
-        if proto is not None:
-            return "sentencepiece", _temporary_file(SENTENCEPIECE_FILES[0], proto), None
-        raise tree.ConversionError(
-            f"{directory} has only tokenizer.json (a {model} tokenizer), which bertjax cannot "
-            f"reproduce: it reads vocab.txt (WordPiece), a SentencePiece model "
-            f"({', '.join(SENTENCEPIECE_FILES)}) or a BPE tokenizer.json")
-    raise tree.ConversionError(f"no tokenizer beside {directory} (vocab.txt or a SentencePiece "
-                               f"model: {', '.join(SENTENCEPIECE_FILES)})")
+        return json_tokenizer_file(json_path)
+    raise tree.ConversionError(f"no tokenizer in {directory}: bertjax looks for vocab.txt, "
+                               f"tokenizer.json or a SentencePiece model "
+                               f"({', '.join(SENTENCEPIECE_FILES)})")
 
 
-def _wordpiece_vocab(directory: str, spec: dict) -> tuple[str, Casing]:
-    """The vocabulary (a `vocab.txt` made from the json's, in id order) and casing of a
-    WordPiece tokenizer.json of Google's form: BertNormalizer (cleaning text, splitting CJK),
-    BertPreTokenizer, `##` pieces, [UNK], no added tokens but BERT's special ones and a
-    `[CLS] A [SEP] B [SEP]` post-processor. Raises ConversionError naming what differs."""
-    json_path = os.path.join(directory, "tokenizer.json")
-    model, normalizer = spec["model"], spec.get("normalizer") or {}
-    vocab = model.get("vocab")
-    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
-        vocab = {}  # (not a WordPiece vocab: refused below, lacking the special tokens)
-    tokens = sorted(vocab, key=vocab.get)
-    added = {t.get("content") for t in spec.get("added_tokens") or []} - set(
-        SPECIAL_TOKENS.values())
-    checks = [
-        (normalizer.get("type") == "BertNormalizer" and normalizer.get("clean_text")
-         and normalizer.get("handle_chinese_chars"), f"its normalizer is {normalizer.get('type')},"
-         " not BertNormalizer with clean_text and handle_chinese_chars"),
-        ((spec.get("pre_tokenizer") or {}).get("type") == "BertPreTokenizer",
-         "its pre_tokenizer is not BertPreTokenizer"),
-        ((model.get("continuing_subword_prefix"), model.get("unk_token")) == ("##", UNK),
-         f"its pieces are not '##' continuations with {UNK}"),
-        ([vocab[t] for t in tokens] == list(range(len(tokens))),
-         "its vocab's ids are not 0, 1, 2, ... (holes or repeats)"),
-        (all(t and t == t.strip() and "\n" not in t for t in tokens),
-         "a token of its vocab is empty or has spaces around it"),
-        (set(SPECIAL_TOKENS.values()) <= set(vocab),
-         f"its vocab lacks {sorted(set(SPECIAL_TOKENS.values()) - set(vocab))}"),
-        (not added, f"it adds tokens {sorted(added)[:3]} to its vocab's"),
-    ]
-    problems = [what for ok, what in checks if not ok]
-    if not problems:
-        problems = _template_problems(files.read_text(json_path), spec, tokens)
-    if problems:
-        raise tree.ConversionError(f"{json_path} is a WordPiece tokenizer bertjax cannot "
-                                   f"reproduce: {'; '.join(problems)}")
-    vocab_txt = "".join(t + "\n" for t in tokens).encode("utf-8")
-    return _temporary_file("vocab.txt", vocab_txt), _casing(directory, normalizer, model)
-
-
-def _template_problems(text: str, spec: dict, tokens: list[str]) -> list[str]:
-    """What keeps the json's post-processor from giving BERT's `[CLS] A [SEP] B [SEP]` (segment
-    0, then 1), found by encoding a pair; empty if it gives that."""
-    ids = {t: i for i, t in enumerate(tokens)}
-    try:
-        hf = tk.Tokenizer.from_str(text)
-    except Exception as e:  # (tokenizers raises plain Exception)
-        return [f"the tokenizers library cannot read it ({e})"]
-    a, b = (hf.encode(t, add_special_tokens=False).ids for t in ("a", "b"))
-    pair = hf.encode("a", "b")
-    if pair.ids == [ids[CLS], *a, ids[SEP], *b, ids[SEP]] and \
-            pair.type_ids == [0] * (len(a) + 2) + [1] * (len(b) + 1):
-        return []
-    return [f"its post_processor ({(spec.get('post_processor') or {}).get('type')}) does not "
-            f"give {CLS} A {SEP} B {SEP}"]
-
-
-def _casing(directory: str, normalizer: dict, model: dict) -> Casing:
-    """The casing transformers' AutoTokenizer gives a WordPiece tokenizer.json: its own with
-    the `tokenizer_class` bertjax exports; otherwise (BertTokenizer) `tokenizer_config.json`'s
-    `do_lower_case` (default true) and `strip_accents`, and 100 characters a word. Raises
-    ConversionError where that is not the json's own casing (which casing the model was
-    trained with is then unknown)."""
-    lower = bool(normalizer.get("lowercase"))
-    strip = lower if normalizer.get("strip_accents") is None else bool(normalizer["strip_accents"])
-    config_path = os.path.join(directory, "tokenizer_config.json")
-    config = tree.read_json_config(config_path, "tokenizer config") \
-        if files.isfile(config_path) else {}
-    if config.get("tokenizer_class") in FAST_TOKENIZER_CLASSES:
-        return Casing(lower, strip, model.get("max_input_chars_per_word", 100))
-    config_lower = bool(config.get("do_lower_case", True))
-    config_strip = config_lower if config.get("strip_accents") is None \
-        else bool(config["strip_accents"])
-    chinese = config.get("tokenize_chinese_chars", True)
-    if (config_lower, config_strip, chinese) != (lower, strip, True):
-        raise tree.ConversionError(
-            f"{directory}'s tokenizer.json (lowercase {lower}, strip_accents {strip}) and "
-            f"tokenizer_config.json (do_lower_case {config_lower}, strip_accents {config_strip}"
-            f"{'' if chinese else ', tokenize_chinese_chars false'}{'' if config else ': absent'}"
-            ", which transformers' BertTokenizer applies) disagree, so the casing the model was "
-            "trained with is unknown; set do_lower_case and strip_accents in "
-            "tokenizer_config.json to the model's")
-    return Casing(lower, strip, 100)
+def json_tokenizer_file(path: str) -> tuple[str, str, hf_json.Casing | None]:
+    """`(kind, path, casing)` of a `tokenizer.json`: one of Google's WordPiece form as a
+    `vocab.txt` rebuilt from it (`casing`: the json's), the Unigram form bertjax exports as a
+    SentencePiece model, a BPE one as it is (kind "bpe": ModernBERT's, read by the tokenizers
+    library). Raises ConversionError or DataError naming what it is instead."""
+    spec = hf_json.read(path)[1]
+    model = spec["model"]["type"]
+    if model == "WordPiece":
+        return "wordpiece", *hf_json.wordpiece_vocab(path)
+    if model == "BPE":
+        return "bpe", path, None
+    proto = _unigram_proto(spec) if model == "Unigram" else None
+    if proto is not None:
+        return "sentencepiece", hf_json.temporary_file(SENTENCEPIECE_FILES[0], proto), None
+    raise tree.ConversionError(
+        f"{path} is a {model} tokenizer.json of a form bertjax cannot reproduce: it reads "
+        f"vocab.txt (WordPiece), a SentencePiece model ({', '.join(SENTENCEPIECE_FILES)}) or a "
+        "WordPiece, BPE or (bertjax's) Unigram tokenizer.json")
 
 
 def _unigram_proto(spec: dict) -> bytes | None:
@@ -289,13 +195,3 @@ def _unigram_proto(spec: dict) -> bytes | None:
     proto.normalizer_spec.add_dummy_prefix = pre["prepend_scheme"] == "always"
     proto.normalizer_spec.remove_extra_whitespaces = any(s["type"] == "Strip" for s in steps)
     return proto.SerializeToString()
-
-
-def _temporary_file(name: str, data: bytes) -> str:
-    """A tokenizer file `name` holding `data`, deleted when the process ends."""
-    directory = tempfile.mkdtemp(prefix="bertjax_tokenizer_")
-    atexit.register(shutil.rmtree, directory, True)
-    path = os.path.join(directory, name)
-    with open(path, "wb") as f:
-        f.write(data)
-    return path
