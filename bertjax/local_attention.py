@@ -14,6 +14,8 @@ block, W = 3C keys per block, W8 = W / 8 bytes of packed dropout mask.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -84,13 +86,16 @@ def _keep_bytes(key: jax.Array, shape_BxNxMxCxW: tuple[int, ...], length: int,
     return packed_keep_mask(key, (batch, heads, length, length), rate, byte_index)
 
 
+@functools.partial(jax.checkpoint, static_argnums=(4,))
 def blocked_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.Array,
                       mask: attention.Mask, dropout_rate: float = 0.0,
                       dropout_key: jax.Array | None = None) -> jax.Array:
     """`attention.einsum_attention` under `mask_bias(mask)` (a window, padding or packed ids)
     in blocks; attention dropout at `dropout_rate` with the reference's mask for
     `dropout_key`. Real queries get the reference's result; a query that sees no key at all
-    (padding far from any real token) averages its block's keys, not the whole row's."""
+    (padding far from any real token) averages its block's keys, not the whole row's. Only the
+    inputs are saved for the backward pass, which computes the scores again (as a flash
+    kernel does): O(L x D) saved per layer, not O(L x W)."""
     batch, length, heads, head_size = q_BxLxNxD.shape
     block = block_size(mask.half_window)
     blocks = -(-length // block)

@@ -96,10 +96,9 @@ def test_the_model_drops_the_references_probabilities(monkeypatch):
 def test_a_long_rows_local_layer_holds_no_length_squared_array():
     length = 256
     module, params, inputs, _ = _attention_layer(CONFIG, True, length)
-    jaxpr = jax.make_jaxpr(jax.grad(lambda p, *x: jnp.sum(module.apply(p, *x))))(
-        params, *inputs)
-    shapes = [v.aval.shape for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars]
-    assert shapes and not [s for s in shapes if list(s).count(length) >= 2]
+    jaxpr = str(jax.make_jaxpr(jax.grad(lambda p, *x: jnp.sum(module.apply(p, *x))))(
+        params, *inputs))
+    assert f"[2,{length},2,8]" in jaxpr and f"{length},{length}]" not in jaxpr
 
 
 def test_blocks_run_where_the_band_masked_einsum_would_over_more_scores():
