@@ -110,6 +110,8 @@ def test_blocks_run_where_the_band_masked_einsum_would_over_more_scores():
     assert not LA.runs_blocked("auto", "float32", q[:, :16], attention.Mask(
         jnp.ones((1, 16), jnp.int32), 0, 4), 0.0)  # 2 x 8 x 24 scores > 16 x 16
     assert not LA.runs_blocked("auto", "float32", q, attention.Mask(mask.ids_BxL), 0.0)
+    assert dataclasses.replace(CONFIG, dtype="bfloat16").resolved_attention_impl("gpu") == \
+        "cudnn (global layers), blocked einsum (sliding windows)"
 
 
 @pytest.mark.parametrize("local_attention,length", [(8, 40), (9, 40), (6, 40), (8, 12)])
