@@ -140,3 +140,29 @@ def test_the_models_window_is_transformers(local_attention, length):
     sliding_window = local_attention // 2
     q_idx, kv_idx = np.arange(length)[:, None], np.arange(length)[None]
     np.testing.assert_array_equal(sees_BxL, np.abs(q_idx - kv_idx) <= sliding_window)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("name", ["odd-layers-window-smaller", "odd-window-own-thetas"])
+def test_rows_in_blocks_give_transformers_logits(name, tmp_path):
+    """test_modernbert_parity's random transformers models on rows of 48 tokens, long enough
+    for blocks (its own rows of 16 run the band mask): MLM logits within 1e-5."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from bertjax.interop import hf_modernbert
+    from test_modernbert_parity import (assert_close_at_real_tokens, bertjax_logits,
+                                        hf_logits, random_hf_model)
+    model = random_hf_model(name)
+    model.save_pretrained(tmp_path)
+    config, params = hf_modernbert.load_hf(str(tmp_path))
+    length = 48
+    mask = np.ones((3, length), np.int64)
+    mask[1, 30:] = 0
+    mask[2, 9:] = 0
+    ids = np.where(mask > 0, np.random.default_rng(0).integers(3, config.vocab_size,
+                                                               (3, length)), 0)
+    assert LA.runs_blocked(config.attention_impl, config.dtype, jnp.zeros(
+        (1, length, 1, config.head_size)), attention.Mask(
+        jnp.asarray(mask), 0, config.local_attention // 2), 0.0)
+    assert_close_at_real_tokens(bertjax_logits(config, params, ids, mask),
+                                hf_logits(model, ids, mask), mask)
