@@ -31,7 +31,8 @@ def block_size(half_window: int) -> int:
 def runs_blocked(impl: str, dtype: str, q_BxLxNxD: jax.Array, mask: attention.Mask,
                  dropout_rate: float) -> bool:
     """Whether `attention.attend` would run the band-masked einsum for this windowed padding
-    or packed mask, over more scores (L x L) than the blocks (M x C x W): then the blocks run."""
+    or packed mask over at least twice the blocks' scores (L x L >= 2 x M x C x W: the
+    blocks compute theirs twice, in the forward and the backward pass): then the blocks run."""
     length = q_BxLxNxD.shape[1]
     if not mask.half_window or mask.ids_BxL.ndim != 2:
         return False
@@ -40,7 +41,7 @@ def runs_blocked(impl: str, dtype: str, q_BxLxNxD: jax.Array, mask: attention.Ma
     block = block_size(mask.half_window)
     blocks = -(-length // block)
     return (attention.window_impl(resolved, mask.half_window) == "einsum"
-            and blocks * block * 3 * block < length * length)
+            and 2 * blocks * block * 3 * block <= length * length)
 
 
 def _key_blocks(x_BxLxF: jax.Array, blocks: int, block: int, fill) -> jax.Array:

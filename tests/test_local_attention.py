@@ -82,9 +82,9 @@ def _attention_layer(config: ModernBertConfig, deterministic: bool, length: int)
 def test_the_model_drops_the_references_probabilities(monkeypatch):
     """A local layer with attention dropout draws the key the einsum path's dropout draws."""
     config = dataclasses.replace(CONFIG, attention_dropout=0.3)
-    module, params, inputs, real = _attention_layer(config, False, 40)
+    module, params, inputs, real = _attention_layer(config, False, 64)
     rngs = {"dropout": jax.random.PRNGKey(5)}
-    assert LA.runs_blocked(config.attention_impl, config.dtype, jnp.zeros((2, 40, 2, 8)),
+    assert LA.runs_blocked(config.attention_impl, config.dtype, jnp.zeros((2, 64, 2, 8)),
                            inputs[1], 0.3)
     blocked = np.asarray(jax.jit(module.apply)(params, *inputs, rngs=rngs))
     monkeypatch.setattr(LA, "runs_blocked", lambda *args: False)
@@ -101,27 +101,27 @@ def test_a_long_rows_local_layer_holds_no_length_squared_array():
     assert f"[2,{length},2,8]" in jaxpr and f"{length},{length}]" not in jaxpr
 
 
-def test_blocks_run_where_the_band_masked_einsum_would_over_more_scores():
-    mask = attention.Mask(jnp.ones((1, 40), jnp.int32), 0, 4)  # blocks of 8: 5 x 8 x 24 scores
-    q = jnp.zeros((1, 40, 2, 8))
+def test_blocks_run_where_the_band_masked_einsum_would_over_twice_their_scores():
+    mask = attention.Mask(jnp.ones((1, 64), jnp.int32), 0, 4)  # blocks of 8: 8 x 8 x 24 scores
+    q = jnp.zeros((1, 64, 2, 8))
     assert LA.runs_blocked("auto", "float32", q, mask, 0.0)
     assert LA.runs_blocked("cudnn", "bfloat16", q, mask, 0.0)  # cuDNN: no two-sided window
     assert not LA.runs_blocked("xla", "float32", q, mask, 0.0)
-    assert not LA.runs_blocked("auto", "float32", q[:, :16], attention.Mask(
-        jnp.ones((1, 16), jnp.int32), 0, 4), 0.0)  # 2 x 8 x 24 scores > 16 x 16
+    assert not LA.runs_blocked("auto", "float32", q[:, :40], attention.Mask(
+        jnp.ones((1, 40), jnp.int32), 0, 4), 0.0)  # 2 x 5 x 8 x 24 scores > 40 x 40
     assert not LA.runs_blocked("auto", "float32", q, attention.Mask(mask.ids_BxL), 0.0)
     assert dataclasses.replace(CONFIG, dtype="bfloat16").resolved_attention_impl("gpu") == \
         "cudnn (global layers), blocked einsum (sliding windows)"
 
 
-@pytest.mark.parametrize("local_attention,length", [(8, 40), (9, 40), (6, 40), (8, 12)])
+@pytest.mark.parametrize("local_attention,length", [(8, 64), (9, 64), (6, 64), (8, 40)])
 def test_the_models_window_is_transformers(local_attention, length):
     """Which tokens a query of a ModernBertModel's local layer sees, told by changing one
     input token at a time, against transformers' definition (not bertjax's mask code):
     `ModernBertConfig.sliding_window = local_attention // 2` and the mask
     `abs(q_idx - kv_idx) <= sliding_window` (masking_utils'
     sliding_window_bidirectional_overlay). Layer 0 (global) has its attention output zeroed,
-    so that only layer 1 (local) mixes positions; (8, 12) runs the band mask, the rest blocks."""
+    so that only layer 1 (local) mixes positions; (8, 40) runs the band mask, the rest blocks."""
     config = dataclasses.replace(CONFIG, local_attention=local_attention)
     model = MB.ModernBertModel(config)
     ids = np.random.default_rng(0).integers(1, 40, (1, length))
@@ -145,7 +145,7 @@ def test_the_models_window_is_transformers(local_attention, length):
 @pytest.mark.parity
 @pytest.mark.parametrize("name", ["odd-layers-window-smaller", "odd-window-own-thetas"])
 def test_rows_in_blocks_give_transformers_logits(name, tmp_path):
-    """test_modernbert_parity's random transformers models on rows of 48 tokens, long enough
+    """test_modernbert_parity's random transformers models on rows of 64 tokens, long enough
     for blocks (its own rows of 16 run the band mask): MLM logits within 1e-5."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
@@ -155,9 +155,9 @@ def test_rows_in_blocks_give_transformers_logits(name, tmp_path):
     model = random_hf_model(name)
     model.save_pretrained(tmp_path)
     config, params = hf_modernbert.load_hf(str(tmp_path))
-    length = 48
+    length = 64
     mask = np.ones((3, length), np.int64)
-    mask[1, 30:] = 0
+    mask[1, 40:] = 0
     mask[2, 9:] = 0
     ids = np.where(mask > 0, np.random.default_rng(0).integers(3, config.vocab_size,
                                                                (3, length)), 0)
