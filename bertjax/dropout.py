@@ -29,10 +29,10 @@ class Dropout(nn.Module):
 
 def _hash_words(key: jax.Array, shape: tuple[int, ...],
                 index: jax.Array | None = None) -> list[jax.Array]:
-    """Four uint32 arrays of `shape` of random bits: for a threefry key, both outputs of two
-    hashes per element (counters: the flat index, or `index`'s uint32, and 0 or 1), half the
-    hashing of `jax.random.bits` (which keeps 32 of each hash's 64 bits); other keys through
-    it (of `index`'s shape, not addressed by it)."""
+    """Four uint32 arrays of `shape` (or `index`'s) of random bits: for a threefry key, both
+    outputs of two hashes per element (counters: the flat index, or `index`, and 0 or 1),
+    half the hashing of `jax.random.bits` (which keeps 32 of each hash's 64 bits); other keys
+    through it (not addressed by `index`)."""
     data = jax.random.key_data(key)
     if index is None:
         index = jnp.arange(math.prod(shape), dtype=jnp.uint32).reshape(shape)

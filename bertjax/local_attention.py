@@ -44,7 +44,7 @@ def runs_blocked(impl: str, dtype: str, q_BxLxNxD: jax.Array, mask: attention.Ma
             and 2 * blocks * block * 3 * block <= length * length)
 
 
-def _key_blocks(x_BxLxF: jax.Array, blocks: int, block: int, fill) -> jax.Array:
+def _key_blocks(x_BxLxF: jax.Array, blocks: int, block: int, fill: int) -> jax.Array:
     """`[B, M, W, ...]`: for each block m, rows (m - 1) C to (m + 2) C of `x`, `fill` outside
     it."""
     batch, length = x_BxLxF.shape[:2]
