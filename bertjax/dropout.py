@@ -27,29 +27,35 @@ class Dropout(nn.Module):
         return apply_packed_mask(x, packed, self.rate)
 
 
-def _hash_words(key: jax.Array, shape: tuple[int, ...]) -> list[jax.Array]:
-    """Four uint32 arrays of `shape` of random bits: for a threefry key, both outputs of two
-    hashes per element (counters: the flat index and 0 or 1), half the hashing of
-    `jax.random.bits` (which keeps 32 of each hash's 64 bits); other keys through it."""
+def _hash_words(key: jax.Array, shape: tuple[int, ...],
+                index: jax.Array | None = None) -> list[jax.Array]:
+    """Four uint32 arrays of `shape` (or `index`'s) of random bits: for a threefry key, both
+    outputs of two hashes per element (counters: the flat index, or `index`, and 0 or 1),
+    half the hashing of `jax.random.bits` (which keeps 32 of each hash's 64 bits); other keys
+    through it (not addressed by `index`)."""
     data = jax.random.key_data(key)
+    if index is None:
+        index = jnp.arange(math.prod(shape), dtype=jnp.uint32).reshape(shape)
     if data.shape != (2,):
-        words = jax.random.bits(key, shape + (4,), jnp.uint32)
+        words = jax.random.bits(key, index.shape + (4,), jnp.uint32)
         return [words[..., j] for j in range(4)]
-    index = jnp.arange(math.prod(shape), dtype=jnp.uint32).reshape(shape)
     words = []
     for lane in range(2):
         words += threefry2x32_p.bind(data[0], data[1], index,
-                                     jnp.full(shape, lane, jnp.uint32))
+                                     jnp.full(index.shape, lane, jnp.uint32))
     return words
 
 
-def packed_keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
+def packed_keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float,
+                     byte_index: jax.Array | None = None) -> jax.Array:
     """uint8 `[..., ceil(shape[-1] / 8)]`: bit i of byte j keeps element 8j + i of the last
-    axis, kept when its 16 random bits are >= round(rate * 2**16)."""
+    axis, kept when its 16 random bits are >= round(rate * 2**16). `byte_index` (uint32):
+    instead, the bytes at these flat indices of that mask, in its shape."""
     packed_shape = tuple(shape[:-1]) + (-(-shape[-1] // 8),)
     threshold = jnp.uint32(round(rate * 2**16))
-    byte = jnp.zeros(packed_shape, jnp.uint32)
-    for j, word in enumerate(_hash_words(key, packed_shape)):
+    words = _hash_words(key, packed_shape, byte_index)
+    byte = jnp.zeros(words[0].shape, jnp.uint32)
+    for j, word in enumerate(words):
         for half, bits in enumerate((word & 0xFFFF, word >> 16)):
             byte |= (bits >= threshold).astype(jnp.uint32) << (2 * j + half)
     return byte.astype(jnp.uint8)

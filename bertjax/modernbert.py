@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import attention
+from bertjax import attention, local_attention
 from bertjax.bert_config import ACTIVATIONS, REMAT_POLICIES
 from bertjax.dropout import Dropout
 from bertjax.model import (ACT_EMBED, ACT_MLP, ACT_QKV, BATCH, EMBED, EMBED_OUT, LENGTH, MLP,
@@ -153,11 +153,17 @@ class ModernBertAttention(nn.Module):
         q_BxLxNxD, k_BxLxNxD = (apply_rope(x, cos_BxLxD, sin_BxLxD)
                                 for x in (q_BxLxNxD, k_BxLxNxD))
         rate = 0.0 if self.deterministic else cfg.attention_dropout
-        seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31
-        context_BxLxNxD = attention.attend(
-            cfg.attention_impl, cfg.dtype, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask,
-            lambda p: Dropout(rate)(p, deterministic=self.deterministic), rate, seed,
-            nn.logical_to_mesh_axes((BATCH, ACT_QKV)))
+        if local_attention.runs_blocked(cfg.attention_impl, cfg.dtype, q_BxLxNxD, mask, rate):
+            # The key the reference's dropout module (below, also `Dropout_0`) would draw.
+            key = Dropout(rate).make_rng("dropout") if rate else None
+            context_BxLxNxD = local_attention.blocked_attention(
+                q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, rate, key)
+        else:
+            seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31
+            context_BxLxNxD = attention.attend(
+                cfg.attention_impl, cfg.dtype, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask,
+                lambda p: Dropout(rate)(p, deterministic=self.deterministic), rate, seed,
+                nn.logical_to_mesh_axes((BATCH, ACT_QKV)))
         context_BxLxH = context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
         out_BxLxH = _dense(cfg, cfg.hidden_size, (QKV, EMBED), _out_std(cfg), cfg.attention_bias,
                            "Wo")(context_BxLxH)

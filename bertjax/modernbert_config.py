@@ -72,6 +72,8 @@ class ModernBertConfig(FromDict):
         impl = attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend,
                                       self.attention_dropout)
         window = attention.window_impl(impl, self.local_attention // 2)
+        if window == "einsum":  # in blocks where they hold fewer scores (local_attention.py)
+            window = "blocked einsum"
         local = any(not self.is_global(i) for i in range(self.num_hidden_layers))
         return f"{impl} (global layers), {window} (sliding windows)" \
             if local and window != impl else impl
