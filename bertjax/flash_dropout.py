@@ -1,7 +1,7 @@
 """Flash attention with the recipe's attention dropout: a Pallas TPU (Mosaic) kernel.
 
-Each grid step takes one batch row and a block of heads, whole rows of keys (lengths up to a
-few thousand fit VMEM), so the softmax needs no running maximum and the backward pass
+Each grid step takes one batch row and a block of heads, whole rows of keys (lengths up to
+MAX_LENGTH), so the softmax needs no running maximum and the backward pass
 recomputes the probabilities exactly instead of reading any saved statistic. No dropout mask
 is kept: as FlashAttention-2 does on GPU, the backward pass draws the same random bits again.
 
@@ -28,6 +28,9 @@ from jax.experimental.pallas import tpu as pltpu
 MASK_VALUE = -10000.0  # the original additive mask (attention.ATTENTION_MASK_VALUE)
 KEEP_BITS = 16  # random bits per element, as bertjax.dropout
 LANES, SUBLANES = 128, 8
+# Whole rows of [L, L] float32 temporaries in VMEM: 1024 exceeds v4's and v5e's default
+# scoped VMEM (16 MiB) in the deviceless compile; 512 compiles for every target slice.
+MAX_LENGTH = 512
 MAX_BLOCK_ROWS = 2048  # heads per grid step: as many as keep heads * length <= this
 # lowbias32 (C. Wellons' hash prospector): multiply / xor-shift rounds, a bijection on 32 bits.
 _MIX_MULTIPLIERS = tuple(int(np.uint32(m).view(np.int32)) for m in (0x7FEB352D, 0x846CA68B))
@@ -107,11 +110,10 @@ def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, o_ref
 
     def head(h, carry):
         probs = _probs(q_ref[0, h], k_ref[0, h], bias, scale)
-        if rate:
-            keep = _keep(counters, seeds_ref[first + h], rate)
-            probs = jnp.where(keep, probs / (1.0 - rate), 0.0)
+        keep = _keep(counters, seeds_ref[first + h], rate)
+        dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
         v = v_ref[0, h]
-        o_ref[0, h] = lax.dot(probs.astype(v.dtype), v,
+        o_ref[0, h] = lax.dot(dropped.astype(v.dtype), v,
                               preferred_element_type=jnp.float32).astype(o_ref.dtype)
         return carry
 
@@ -130,13 +132,9 @@ def _backward_kernel(seeds_ref, q_ref, k_ref, v_ref, do_ref, q_ids_ref, kv_ids_r
         probs = _probs(q, k, bias, scale)
         d_dropped = lax.dot_general(do, v, (((1,), (1,)), ((), ())),
                                     preferred_element_type=jnp.float32)
-        dropped = probs
-        if rate:
-            keep = _keep(counters, seeds_ref[first + h], rate)
-            dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
-            d_probs = jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
-        else:
-            d_probs = d_dropped
+        keep = _keep(counters, seeds_ref[first + h], rate)
+        dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
+        d_probs = jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
         dv_ref[0, h] = lax.dot(dropped.T.astype(do.dtype), do,
                                preferred_element_type=jnp.float32).astype(dv_ref.dtype)
         d_scores = probs * (d_probs - jnp.sum(probs * d_probs, axis=1, keepdims=True)) * scale
