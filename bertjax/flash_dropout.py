@@ -149,8 +149,8 @@ def _backward_kernel(seeds_ref, q_ref, k_ref, v_ref, do_ref, q_ids_ref, kv_ids_r
 
 def block_heads(heads: int, length: int) -> int:
     """Heads per grid step: the most that divide `heads` with heads * length <= 2048."""
-    return max(h for h in range(1, heads + 1)
-               if heads % h == 0 and (h * length <= MAX_BLOCK_ROWS or h == 1))
+    return max((h for h in range(1, heads + 1)
+                if heads % h == 0 and h * length <= MAX_BLOCK_ROWS), default=1)
 
 
 def cost(batch: int, heads: int, length: int, head_size: int, itemsize: int,
