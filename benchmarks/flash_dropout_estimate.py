@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--config", default="configs/large.py")
     parser.add_argument("--target", default="tpu-v5p-8")
     parser.add_argument("--impl", default="pallas")
+    parser.add_argument("--phases", default="", help="comma-separated; empty: every phase")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     jax.config.update("jax_platforms", "cpu")
@@ -40,9 +41,10 @@ def main() -> None:
 
     jax.stages.Lowered.compile = compile_and_record
     target = targets.parse(args.target)
-    result = aot.compile_train_step(config, targets.devices(target), None, target)
+    result = aot.compile_train_step(config, targets.devices(target),
+                                    args.phases.split(",") if args.phases else None, target)
     record = {"command": f"benchmarks/flash_dropout_estimate.py --config={args.config} "
-                         f"--target={args.target} --impl={args.impl}",
+                         f"--target={args.target} --impl={args.impl} --phases={args.phases}",
               "jax": jax.__version__, "attention_impl": result["attention_impl"], "phases": {}}
     for (name, phase), cost in zip(result["phases"].items(), costs[-len(result["phases"]):]):
         seconds, model = cost.get("optimal_seconds", 0.0), phase["model_flops_per_device"]
