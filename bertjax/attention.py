@@ -26,10 +26,11 @@ from bertjax import flash_dropout
 # TPU flash attention (segment ids; TPU interpret mode elsewhere, for tests), with attention
 # dropout bertjax's own kernel (`flash_dropout`, lengths up to PALLAS_DROPOUT_MAX_LENGTH).
 # "auto": "cudnn" on a GPU where no attention dropout is applied (16-bit compute, head size
-# <= 128), "pallas" on TPU (with dropout: up to that length), else "einsum". cuDNN's
-# in-kernel dropout aborted the process at the first step on an H100 (jax 0.11.2,
-# benchmarks/gpu/README.md): with attention dropout, "cudnn" is opt-in until a GPU run shows
-# it holds.
+# <= 128), "pallas" on TPU (with dropout: up to that length; by libtpu's estimate of
+# BERT-large on v5p-8 it is faster and needs less memory than einsum at 128 and 512 tokens,
+# benchmarks/aot/flash_dropout.md), else "einsum". cuDNN's in-kernel dropout aborted the
+# process at the first step on an H100 (jax 0.11.2, benchmarks/gpu/README.md): with attention
+# dropout, "cudnn" is opt-in until a GPU run shows it holds.
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
 CUDNN_DTYPES = ("bfloat16", "float16")
 ATTENTION_MASK_VALUE = -10000.0  # the original additive mask, not -inf
