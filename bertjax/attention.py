@@ -17,19 +17,25 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from bertjax import flash_dropout
+
 # "einsum": explicit softmax(QK^T)V with attention dropout from the JAX RNG (the reference);
 # "cudnn": cuDNN's fused flash attention on GPU (padding as key lengths, packed rows as
 # segment offsets on Hopper or later; attention dropout by cuDNN's own generator); "xla":
-# jax.nn.dot_product_attention's portable path; "pallas": the Pallas TPU flash attention
-# (segment ids; TPU interpret mode elsewhere, for tests); "xla" and "pallas" have no attention
-# dropout. "auto": "cudnn" on a GPU where no attention dropout is applied (16-bit compute,
-# head size <= 128), "pallas" on TPU likewise, else "einsum". cuDNN's in-kernel dropout aborted
-# the process at the first step on an H100 (jax 0.11.2, benchmarks/gpu/README.md): with
-# attention dropout, "cudnn" is opt-in until a GPU run shows it holds.
+# jax.nn.dot_product_attention's portable path (no attention dropout); "pallas": the Pallas
+# TPU flash attention (segment ids; TPU interpret mode elsewhere, for tests), with attention
+# dropout bertjax's own kernel (`flash_dropout`, lengths up to PALLAS_DROPOUT_MAX_LENGTH).
+# "auto": "cudnn" on a GPU where no attention dropout is applied (16-bit compute, head size
+# <= 128), "pallas" on TPU (with dropout: up to that length; by libtpu's estimate of
+# BERT-large on v5p-8 it is faster and needs less memory than einsum at 128 and 512 tokens,
+# benchmarks/aot/flash_dropout.md), else "einsum". cuDNN's in-kernel dropout aborted the
+# process at the first step on an H100 (jax 0.11.2, benchmarks/gpu/README.md): with attention
+# dropout, "cudnn" is opt-in until a GPU run shows it holds.
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
 CUDNN_DTYPES = ("bfloat16", "float16")
 ATTENTION_MASK_VALUE = -10000.0  # the original additive mask, not -inf
 PALLAS_BLOCK = 128  # the TPU kernel's key block: lengths must be a multiple of it
+PALLAS_DROPOUT_MAX_LENGTH = flash_dropout.MAX_LENGTH
 
 # The device that traced code will run on (`sharding.activate` sets it from the mesh), so that
 # "auto" resolves for the target, not for the host, when compiling for another platform.
@@ -87,7 +93,8 @@ def resolve_impl(impl: str, dtype: str, head_size: int, backend: str | None = No
     if backend in ("gpu", "cuda") and cudnn_fits and dropout_rate == 0 and (
             not packed or _gpu_is_hopper_or_later()):
         return "cudnn"
-    if backend == "tpu" and dropout_rate == 0 and length % PALLAS_BLOCK == 0:
+    if backend == "tpu" and length % PALLAS_BLOCK == 0 and (
+            dropout_rate == 0 or length <= PALLAS_DROPOUT_MAX_LENGTH):
         return "pallas"
     return "einsum"
 
@@ -111,17 +118,20 @@ def attend(impl: str, dtype: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
     if impl == "auto" and mask.ids_BxL.ndim == 3:
         impl = "einsum"  # a per-query mask (causal): the reference
     impl = window_impl(resolve_impl(impl, dtype, q_BxLxNxD.shape[-1], None, dropout_rate,
-                                    q_BxLxNxD.shape[1], mask.packed), mask.half_window)
+                                    q_BxLxNxD.shape[1], mask.packed), mask.half_window,
+                      dropout_rate)
     if impl == "einsum":
         return einsum_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_bias(mask), dropout)
     return fused_attention(impl, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, dropout_rate, seed, spec)
 
 
-def window_impl(impl: str, half_window: int) -> str:
+def window_impl(impl: str, half_window: int, dropout_rate: float = 0.0) -> str:
     """What runs a sliding-window layer whose model asks for `impl` (resolved): the Pallas
-    splash kernel for "pallas", JAX's XLA path for "xla", else the einsum reference (cuDNN,
-    through JAX, has causal windows only; a bidirectional encoder needs both sides)."""
-    return impl if not half_window or impl in ("pallas", "xla") else "einsum"
+    splash kernel for "pallas", JAX's XLA path for "xla", else (and with attention dropout,
+    which neither applies) the einsum reference (cuDNN, through JAX, has causal windows only;
+    a bidirectional encoder needs both sides)."""
+    fused = impl in ("pallas", "xla") and not dropout_rate
+    return impl if not half_window or fused else "einsum"
 
 
 def mask_bias(mask: Mask) -> jax.Array:
@@ -181,13 +191,15 @@ def fused_attention(impl: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
                          "ModernBERT model's windows need 'pallas', 'xla' or 'einsum'")
     if impl == "cudnn":
         return cudnn_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, dropout_rate, seed)
-    if dropout_rate > 0:
+    if dropout_rate > 0 and impl == "xla":
         raise ValueError(
             f"attention_impl={impl!r} has no attention dropout; train with "
-            "attention_probs_dropout_prob=0 or attention_impl='einsum' or 'cudnn'")
+            "attention_probs_dropout_prob=0 or attention_impl='einsum', 'pallas' or 'cudnn'")
     if impl == "pallas":
+        seeds_BxN = (flash_dropout.AttentionSeeds()(q_BxLxNxD.shape[0], q_BxLxNxD.shape[2])
+                     if dropout_rate > 0 else None)
         return pallas_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask.ids_BxL, spec,
-                                mask.half_window)
+                                mask.half_window, dropout_rate, seeds_BxN)
     window = (mask.half_window,) * 2 if mask.half_window else None
     if mask.packed:
         same_Bx1xLxL = (mask.ids_BxL[:, :, None] == mask.ids_BxL[:, None, :])[:, None]
@@ -239,22 +251,27 @@ def cudnn_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.A
 
 def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.Array,
                      ids_BxL: jax.Array, spec: PartitionSpec | None = None,
-                     half_window: int = 0) -> jax.Array:
+                     half_window: int = 0, dropout_rate: float = 0.0,
+                     seeds_BxN: jax.Array | None = None) -> jax.Array:
     """JAX's Pallas TPU flash attention (`jax.experimental.pallas.ops.tpu.flash_attention`)
     with `ids_BxL` as segment ids: a query sees the keys of its own id (at padding: padding);
     with a `half_window`, the splash kernel (`splash_attention`) with a local mask, keys at
-    most that many rows away. Under a mesh it runs per shard (`jax.shard_map`; XLA cannot
-    partition a Pallas kernel), batch and heads split over the mesh axes `spec` = (batch
-    axes, head axes). Off TPU it runs in TPU interpret mode, forward and backward (slow: for
-    tests)."""
+    most that many rows away; with a `dropout_rate`, bertjax's kernel (`flash_dropout`) with
+    its mask drawn from `seeds_BxN`. Under a mesh it runs per shard (`jax.shard_map`; XLA
+    cannot partition a Pallas kernel), batch and heads split over the mesh axes `spec` =
+    (batch axes, head axes). Off TPU it runs in TPU interpret mode, forward and backward
+    (slow: for tests)."""
     from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
     length, head_size = q_BxLxNxD.shape[1], q_BxLxNxD.shape[-1]
-    if length % PALLAS_BLOCK:
+    if length % PALLAS_BLOCK or (dropout_rate and length > PALLAS_DROPOUT_MAX_LENGTH):
         raise ValueError(f"attention_impl='pallas' needs a sequence length that is a multiple "
-                         f"of {PALLAS_BLOCK}, got {length}; use attention_impl='einsum'")
+                         f"of {PALLAS_BLOCK}" + (f", at most {PALLAS_DROPOUT_MAX_LENGTH} with "
+                                                 "attention dropout" if dropout_rate else "")
+                         + f", got {length}; use attention_impl='einsum'")
     block = {name: PALLAS_BLOCK for name in (
         "block_q", "block_k_major", "block_k", "block_q_major_dkv", "block_k_major_dkv",
         "block_k_dkv", "block_q_dkv", "block_k_major_dq", "block_k_dq", "block_q_dq")}
+    interpret = target_platform() != "tpu"
 
     def whole_rows(q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL):
         return tpu_flash.flash_attention(
@@ -262,16 +279,23 @@ def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.
             sm_scale=1.0 / math.sqrt(head_size),
             block_sizes=tpu_flash.BlockSizes(block_b=1, **block))
 
-    flash = (functools.partial(_splash_window, half_window=half_window) if half_window
-             else whole_rows if target_platform() == "tpu" else _in_tpu_interpret_mode(whole_rows))
+    def with_dropout(q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL, seeds_BxN):
+        return flash_dropout.flash_dropout(q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL, seeds_BxN,
+                                           dropout_rate, interpret)
+
+    flash = (with_dropout if dropout_rate
+             else functools.partial(_splash_window, half_window=half_window) if half_window
+             else _in_tpu_interpret_mode(whole_rows) if interpret else whole_rows)
+    args = (ids_BxL.astype(jnp.int32),) + ((seeds_BxN,) if dropout_rate else ())
     mesh = jax.sharding.get_abstract_mesh()
     if spec is not None and not mesh.empty and any(spec):
         qkv_spec = PartitionSpec(spec[0], spec[1], None, None)  # [B, N, L, D]
         flash = jax.shard_map(flash, mesh=mesh, in_specs=(qkv_spec,) * 3 + (
-            PartitionSpec(spec[0], None),), out_specs=qkv_spec, check_vma=False)
+            PartitionSpec(spec[0], None), PartitionSpec(spec[0], spec[1]))[:len(args)],
+            out_specs=qkv_spec, check_vma=False)
     heads_first = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
     out_BxNxLxD = flash(heads_first(q_BxLxNxD), heads_first(k_BxLxNxD), heads_first(v_BxLxNxD),
-                        ids_BxL.astype(jnp.int32))
+                        *args)
     return heads_first(out_BxNxLxD)
 
 

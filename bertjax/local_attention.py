@@ -40,7 +40,7 @@ def runs_blocked(impl: str, dtype: str, q_BxLxNxD: jax.Array, mask: attention.Ma
                                       length, mask.packed)
     block = block_size(mask.half_window)
     blocks = -(-length // block)
-    return (attention.window_impl(resolved, mask.half_window) == "einsum"
+    return (attention.window_impl(resolved, mask.half_window, dropout_rate) == "einsum"
             and 2 * blocks * block * 3 * block <= length * length)
 
 

@@ -71,7 +71,7 @@ class ModernBertConfig(FromDict):
         global layers' choice, and the sliding-window layers' (`attention.window_impl`)."""
         impl = attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend,
                                       self.attention_dropout)
-        window = attention.window_impl(impl, self.local_attention // 2)
+        window = attention.window_impl(impl, self.local_attention // 2, self.attention_dropout)
         if window == "einsum":  # in blocks where they hold fewer scores (local_attention.py)
             window = "blocked einsum"
         local = any(not self.is_global(i) for i in range(self.num_hidden_layers))

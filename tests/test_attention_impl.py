@@ -75,7 +75,7 @@ def test_auto_picks_cudnn_only_where_it_runs():
     with_dropout = dataclasses.replace(bf16, attention_probs_dropout_prob=0.1)
     assert with_dropout.resolved_attention_impl("gpu") == "einsum"  # opt-in: aborted on an H100
     assert bf16.resolved_attention_impl("cpu") == "einsum"
-    assert with_dropout.resolved_attention_impl("tpu") == "einsum"
+    assert with_dropout.resolved_attention_impl("tpu") == "pallas"  # bertjax's dropout kernel
     assert CONFIG.resolved_attention_impl("gpu") == "einsum"  # float32: no cuDNN flash kernel
     big_heads = dataclasses.replace(bf16, hidden_size=1024, num_attention_heads=4)  # D = 256
     assert big_heads.resolved_attention_impl("gpu") == "einsum"
@@ -250,10 +250,11 @@ def test_cudnn_path_lowers_packed_rows_to_segments(monkeypatch):
     np.testing.assert_array_equal(starts, [[0, 4, 7, -1], [0, -1, -1, -1]])
 
 
-def test_auto_picks_pallas_on_tpu_where_no_attention_dropout_applies():
+def test_auto_picks_pallas_on_tpu():
     resolve = functools.partial(attention.resolve_impl, "auto", "bfloat16", 64, "tpu")
     assert resolve(0.0, 512) == "pallas" and resolve(0.0, 128, True) == "pallas"
-    assert resolve(0.1, 512) == "einsum"  # training with attention dropout: the reference
+    assert resolve(0.1, 512) == "pallas"  # training: bertjax's kernel with attention dropout
+    assert resolve(0.1, 1024) == "einsum" and resolve(0.0, 1024) == "pallas"
     assert resolve(0.0, 100) == "einsum"  # not a multiple of the kernel's 128-token blocks
     # cuDNN runs packed rows only from Hopper on; this machine has no GPU to ask. Its
     # in-kernel dropout aborted on an H100 (benchmarks/gpu/README.md): opt-in only.

@@ -107,6 +107,8 @@ def test_blocks_run_where_the_band_masked_einsum_would_over_twice_their_scores()
     assert LA.runs_blocked("auto", "float32", q, mask, 0.0)
     assert LA.runs_blocked("cudnn", "bfloat16", q, mask, 0.0)  # cuDNN: no two-sided window
     assert not LA.runs_blocked("xla", "float32", q, mask, 0.0)
+    assert not LA.runs_blocked("pallas", "float32", q, mask, 0.0)  # splash takes the window
+    assert LA.runs_blocked("pallas", "float32", q, mask, 0.1)  # but not attention dropout
     assert not LA.runs_blocked("auto", "float32", q[:, :40], attention.Mask(
         jnp.ones((1, 40), jnp.int32), 0, 4), 0.0)  # 2 x 5 x 8 x 24 scores > 40 x 40
     assert not LA.runs_blocked("auto", "float32", q, attention.Mask(mask.ids_BxL), 0.0)

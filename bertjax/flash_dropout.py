@@ -1,0 +1,217 @@
+"""Flash attention with the recipe's attention dropout: a Pallas TPU (Mosaic) kernel.
+
+Each grid step takes one batch row and a block of heads, whole rows of keys (lengths up to
+MAX_LENGTH), so the softmax needs no running maximum and the backward pass
+recomputes the probabilities exactly instead of reading any saved statistic. No dropout mask
+is kept: as FlashAttention-2 does on GPU, the backward pass draws the same random bits again.
+
+The bits are a counter-based hash: keep `(query, key)` of batch row b and head n when the top
+16 bits of `mix((query * L + key) ^ seed[b, n])` are >= round(rate * 2**16), kept values
+scaled by 1 / (1 - rate) (the einsum path's rule and rounding). `seed[b, n]` are 32 random
+bits per row and head drawn from the layer's dropout stream (`AttentionSeeds`), so the stream
+depends on (the step's seed, the layer, the batch row, the head, the query, the key), and
+`keep_mask` draws the identical mask in plain jnp (the tests' einsum reference).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+MASK_VALUE = -10000.0  # the original additive mask (attention.ATTENTION_MASK_VALUE)
+KEEP_BITS = 16  # random bits per element, as bertjax.dropout
+LANES, SUBLANES = 128, 8
+# Whole rows of [L, L] float32 temporaries in VMEM: 1024 exceeds v4's and v5e's default
+# scoped VMEM (16 MiB) in the deviceless compile; 512 compiles for every target slice.
+MAX_LENGTH = 512
+MAX_BLOCK_ROWS = 2048  # heads per grid step: as many as keep heads * length <= this
+# lowbias32 (C. Wellons' hash prospector): multiply / xor-shift rounds, a bijection on 32 bits.
+_MIX_MULTIPLIERS = tuple(int(np.uint32(m).view(np.int32)) for m in (0x7FEB352D, 0x846CA68B))
+
+
+class AttentionSeeds(nn.Module):
+    """32 random bits (as int32) per batch row and head from the calling layer's "dropout"
+    stream: the kernel's seeds, a different draw at every step and layer."""
+
+    @nn.compact
+    def __call__(self, batch: int, heads: int) -> jax.Array:
+        bits = jax.random.bits(self.make_rng("dropout"), (batch, heads), jnp.uint32)
+        return lax.bitcast_convert_type(bits, jnp.int32)
+
+
+def _shift(x: jax.Array, bits: int) -> jax.Array:
+    return lax.shift_right_logical(x, jnp.full(x.shape, bits, jnp.int32))
+
+
+def _mix(x: jax.Array) -> jax.Array:
+    """lowbias32 on int32 (wrapping multiplies, logical shifts): Mosaic and XLA alike."""
+    x = x ^ _shift(x, 16)
+    x = x * jnp.int32(_MIX_MULTIPLIERS[0])
+    x = x ^ _shift(x, 15)
+    x = x * jnp.int32(_MIX_MULTIPLIERS[1])
+    return x ^ _shift(x, 16)
+
+
+def _threshold(rate: float) -> int:
+    return round(rate * 2**KEEP_BITS)
+
+
+def _keep(counter_QxK: jax.Array, seed: jax.Array, rate: float) -> jax.Array:
+    """Which of the (query, key) counters `query * L + key` are kept under `seed`."""
+    return _shift(_mix(counter_QxK ^ seed), 32 - KEEP_BITS) >= _threshold(rate)
+
+
+def _counters(queries: int, keys: int) -> jax.Array:
+    rows = lax.broadcasted_iota(jnp.int32, (queries, keys), 0)
+    return rows * keys + lax.broadcasted_iota(jnp.int32, (queries, keys), 1)
+
+
+def keep_mask(seeds_BxN: jax.Array, length: int, rate: float) -> jax.Array:
+    """bool `[B, N, L, L]`: the kernel's keep mask, drawn in plain jnp."""
+    counters = _counters(length, length)
+    return _keep(counters[None, None], seeds_BxN[:, :, None, None], rate)
+
+
+def hash_dropout(seeds_BxN: jax.Array, rate: float):
+    """The einsum path's `dropout` (on probabilities `[B, N, L, L]`) with the kernel's mask."""
+    def dropout(probs_BxNxLxL: jax.Array) -> jax.Array:
+        keep = keep_mask(seeds_BxN, probs_BxNxLxL.shape[-1], rate)
+        return jnp.where(keep, probs_BxNxLxL / jnp.asarray(1.0 - rate, probs_BxNxLxL.dtype), 0)
+    return dropout
+
+
+def _probs(q_LxD, k_LxD, bias_LxL, scale):
+    """The einsum path's float32 softmax of one head's scores."""
+    scores = lax.dot_general(q_LxD, k_LxD, (((1,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32) * scale + bias_LxL
+    unnormalized = jnp.exp(scores - jnp.max(scores, axis=1, keepdims=True))
+    return unnormalized / jnp.sum(unnormalized, axis=1, keepdims=True)
+
+
+def _bias(q_ids_ref, kv_ids_ref, length):
+    """0 where query and key share a segment id, else the additive mask: `[L, L]`."""
+    q_ids = jnp.tile(q_ids_ref[0], (1, length // LANES))
+    return jnp.where(q_ids == kv_ids_ref[0, :1], 0.0, MASK_VALUE).astype(jnp.float32)
+
+
+def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, o_ref, *,
+                    rate: float, scale: float):
+    block_heads, length = q_ref.shape[1], q_ref.shape[2]
+    bias = _bias(q_ids_ref, kv_ids_ref, length)
+    counters = _counters(length, length)
+    first = (pl.program_id(0) * pl.num_programs(1) + pl.program_id(1)) * block_heads
+
+    def head(h, carry):
+        probs = _probs(q_ref[0, h], k_ref[0, h], bias, scale)
+        keep = _keep(counters, seeds_ref[first + h], rate)
+        dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
+        v = v_ref[0, h]
+        o_ref[0, h] = lax.dot(dropped.astype(v.dtype), v,
+                              preferred_element_type=jnp.float32).astype(o_ref.dtype)
+        return carry
+
+    lax.fori_loop(0, block_heads, head, 0)
+
+
+def _backward_kernel(seeds_ref, q_ref, k_ref, v_ref, do_ref, q_ids_ref, kv_ids_ref,
+                     dq_ref, dk_ref, dv_ref, *, rate: float, scale: float):
+    block_heads, length = q_ref.shape[1], q_ref.shape[2]
+    bias = _bias(q_ids_ref, kv_ids_ref, length)
+    counters = _counters(length, length)
+    first = (pl.program_id(0) * pl.num_programs(1) + pl.program_id(1)) * block_heads
+
+    def head(h, carry):
+        q, k, v, do = q_ref[0, h], k_ref[0, h], v_ref[0, h], do_ref[0, h]
+        probs = _probs(q, k, bias, scale)
+        d_dropped = lax.dot_general(do, v, (((1,), (1,)), ((), ())),
+                                    preferred_element_type=jnp.float32)
+        keep = _keep(counters, seeds_ref[first + h], rate)
+        dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
+        d_probs = jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
+        dv_ref[0, h] = lax.dot(dropped.T.astype(do.dtype), do,
+                               preferred_element_type=jnp.float32).astype(dv_ref.dtype)
+        d_scores = probs * (d_probs - jnp.sum(probs * d_probs, axis=1, keepdims=True)) * scale
+        dq_ref[0, h] = lax.dot(d_scores.astype(k.dtype), k,
+                               preferred_element_type=jnp.float32).astype(dq_ref.dtype)
+        dk_ref[0, h] = lax.dot(d_scores.T.astype(q.dtype), q,
+                               preferred_element_type=jnp.float32).astype(dk_ref.dtype)
+        return carry
+
+    lax.fori_loop(0, block_heads, head, 0)
+
+
+def block_heads(heads: int, length: int) -> int:
+    """Heads per grid step: the most that divide `heads` with heads * length <= 2048."""
+    return max((h for h in range(1, heads + 1)
+                if heads % h == 0 and h * length <= MAX_BLOCK_ROWS), default=1)
+
+
+def cost(batch: int, heads: int, length: int, head_size: int, itemsize: int,
+         backward: bool) -> pl.CostEstimate:
+    """The kernel's cost: matmul FLOPs (forward QK^T and PV; backward their recomputed QK^T
+    and the four gradient matmuls), one exp per score, the HBM bytes of its operands. The
+    integer hash and the softmax's elementwise work (VPU) are not FLOPs."""
+    scores = batch * heads * length * length
+    tensor = batch * heads * length * head_size * itemsize
+    ids = batch * length * (LANES + SUBLANES) * 4 + batch * heads * 4
+    return pl.CostEstimate(flops=2 * scores * head_size * (5 if backward else 2),
+                           transcendentals=scores,
+                           bytes_accessed=tensor * (7 if backward else 4) + ids)
+
+
+def _call(kernel, outputs: int, q_BxNxLxD: jax.Array, tensors: tuple[jax.Array, ...],
+          ids_BxL: jax.Array, seeds_BxN: jax.Array, rate: float, backward: bool,
+          interpret: bool):
+    batch, heads, length, head_size = q_BxNxLxD.shape
+    per_step = block_heads(heads, length)
+    block = pl.BlockSpec((1, per_step, length, head_size), lambda b, h, seeds: (b, h, 0, 0))
+    q_ids = lax.broadcast_in_dim(ids_BxL, (batch, length, LANES), (0, 1))
+    kv_ids = lax.broadcast_in_dim(ids_BxL, (batch, SUBLANES, length), (0, 2))
+    shape = jax.ShapeDtypeStruct(q_BxNxLxD.shape, q_BxNxLxD.dtype)
+    return pl.pallas_call(
+        functools.partial(kernel, rate=rate, scale=1.0 / math.sqrt(head_size)),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(batch, heads // per_step),
+            in_specs=[block] * len(tensors) + [
+                pl.BlockSpec((1, length, LANES), lambda b, h, seeds: (b, 0, 0)),
+                pl.BlockSpec((1, SUBLANES, length), lambda b, h, seeds: (b, 0, 0))],
+            out_specs=[block] * outputs),
+        out_shape=[shape] * outputs,
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        cost_estimate=cost(batch, heads, length, head_size, q_BxNxLxD.dtype.itemsize, backward),
+        interpret=pltpu.InterpretParams() if interpret else False,
+    )(seeds_BxN.reshape(-1), *tensors, q_ids, kv_ids)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def flash_dropout(q_BxNxLxD: jax.Array, k_BxNxLxD: jax.Array, v_BxNxLxD: jax.Array,
+                  ids_BxL: jax.Array, seeds_BxN: jax.Array, rate: float,
+                  interpret: bool = False) -> jax.Array:
+    """Attention `[B, N, L, D]` where a query sees the keys of its own segment id (`ids_BxL`
+    int32: 0 at padding, 1 elsewhere or the packed instance's number), dropout `rate` on the
+    probabilities by `keep_mask(seeds_BxN, L, rate)`. L a multiple of 128; `interpret`: TPU
+    interpret mode (on CPU, for tests)."""
+    (out,) = _call(_forward_kernel, 1, q_BxNxLxD, (q_BxNxLxD, k_BxNxLxD, v_BxNxLxD), ids_BxL,
+                   seeds_BxN, rate, False, interpret)
+    return out
+
+
+def _forward(q, k, v, ids, seeds, rate, interpret):
+    return flash_dropout(q, k, v, ids, seeds, rate, interpret), (q, k, v, ids, seeds)
+
+
+def _backward(rate, interpret, residuals, d_out):
+    q, k, v, ids, seeds = residuals
+    dq, dk, dv = _call(_backward_kernel, 3, q, (q, k, v, d_out.astype(q.dtype)), ids, seeds,
+                       rate, True, interpret)
+    return dq, dk, dv, None, None
+
+
+flash_dropout.defvjp(_forward, _backward)
