@@ -23,6 +23,26 @@ from bertjax.tools import fit_verdict, hlo_census, tpu_estimate
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# An elementwise fusion, and a loop body that runs it (BODY_ATTRS: its metadata).
+LOOP = """%fused_add (p0: f32[1024]) -> f32[1024] {
+  %p0 = f32[1024]{0} parameter(0)
+  ROOT %add.1 = f32[1024]{0} add(%p0, %p0)
+}
+
+%body (arg: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %arg = (s32[], f32[1024]{0}) parameter(0)
+  %v = f32[1024]{0} get-tuple-element(%arg), index=1
+  %i = s32[] get-tuple-element(%arg), index=0
+  %add = f32[1024]{0} fusion(%v), kind=kLoop, calls=%fused_addBODY_ATTRS
+  ROOT %t = (s32[], f32[1024]{0}) tuple(%i, %add)
+}
+
+%cond (arg: (s32[], f32[1024])) -> pred[] {
+  %arg = (s32[], f32[1024]{0}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+"""
+
 # A step in miniature: a gemm fusion and a cuBLAS gemm, cuDNN attention forward and
 # backward, a loop of 3 trips around a small elementwise fusion, a conditional whose costlier
 # branch counts, a copy; parameters, tuples and get-tuple-element launch nothing.
@@ -34,24 +54,7 @@ HLO = """HloModule jit_step, is_scheduled=true
   ROOT %dot.1 = bf16[64,256]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
 }
 
-%fused_add (p0: f32[1024]) -> f32[1024] {
-  %p0 = f32[1024]{0} parameter(0)
-  ROOT %add.1 = f32[1024]{0} add(%p0, %p0)
-}
-
-%body (arg: (s32[], f32[1024])) -> (s32[], f32[1024]) {
-  %arg = (s32[], f32[1024]{0}) parameter(0)
-  %v = f32[1024]{0} get-tuple-element(%arg), index=1
-  %i = s32[] get-tuple-element(%arg), index=0
-  %add = f32[1024]{0} fusion(%v), kind=kLoop, calls=%fused_add
-  ROOT %t = (s32[], f32[1024]{0}) tuple(%i, %add)
-}
-
-%cond (arg: (s32[], f32[1024])) -> pred[] {
-  %arg = (s32[], f32[1024]{0}) parameter(0)
-  ROOT %c = pred[] constant(true)
-}
-
+""" + LOOP.replace("BODY_ATTRS", "") + """
 %cheap (p: f32[1024]) -> f32[1024] {
   ROOT %p = f32[1024]{0} parameter(0)
 }
@@ -246,15 +249,19 @@ def test_cross_compile_for_h100_and_a_tpu_slice(tmp_path):
     assert census["by_kind"]["attention"] == 2 and census["by_kind"]["matmul"] > 0
     assert 0 < census["estimated_mfu"] < 1
 
-    # 16M x 64 embeddings: 4 GiB of parameters, 16 GiB with gradients and Adam's moments.
+    # 16M x 64 embeddings: 4 GiB of parameters, 16 GiB with gradients and Adam's moments:
+    # refused; sharding the state (the first candidate then) is compiled and fits.
     tpu = _aot("--target=tpu-v5e-8", "--config.model.vocab_size=16000000",
                out=str(tmp_path / "v5e.json"))
-    assert tpu.returncode == 0, tpu.stderr[-3000:]
+    assert tpu.returncode == 2, tpu.stderr[-3000:]  # does not fit as configured
     assert "attention einsum" in tpu.stdout  # the recipe's attention dropout on TPU
-    refused = json.loads((tmp_path / "v5e.json").read_text())["phases"]["short"]["verdict"]
-    assert refused["fits"] is False and refused["available_bytes"] == 15.75 * 2 ** 30
+    record = json.loads((tmp_path / "v5e.json").read_text())["phases"]["short"]
+    assert record["verdict"]["fits"] is False
+    assert record["verdict"]["available_bytes"] == 15.75 * 2 ** 30
     assert "does NOT fit: the compiler needs" in tpu.stdout
-    assert "shard parameters and optimizer state: --config.mesh.fsdp=-1" in tpu.stdout
+    assert record["advice"]["fits_with"] == "--config.mesh.fsdp=-1 --config.mesh.data=1"
+    assert tpu.stdout.splitlines()[-2] == (
+        "  advice, confirmed by the compiler: --config.mesh.fsdp=-1 --config.mesh.data=1")
 
 
 @pytest.mark.aot
@@ -268,6 +275,27 @@ def test_pallas_attention_with_remat_compiles_for_a_tpu_slice(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "attention pallas, remat dots" in result.stdout.splitlines()[0]
     assert "fits: peak" in result.stdout
+
+
+@pytest.mark.aot
+def test_tpu_estimate_of_a_micro_batch_loop_is_scaled(tmp_path):
+    """libtpu's cost analysis counts the micro-batch loop's body once: the tool's estimate of
+    a step in 2 micro-batches has the FLOPs of the step in one (plus the accumulation's),
+    not half of them, and its time scaled likewise. Also the calibration and estimate
+    lines."""
+    runs = {}
+    for steps in (1, 2):
+        result = _aot("--target=tpu-v5p-8", f"--config.train.grad_accum_steps={steps}",
+                      out=str(tmp_path / f"v5p{steps}.json"))
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[steps] = json.loads((tmp_path / f"v5p{steps}.json").read_text())
+    one, two = (runs[s]["phases"]["short"]["tpu"] for s in (1, 2))
+    assert "estimate (libtpu's cost model, not measured, the loop's body counted 2 times)" \
+        in result.stdout and "8192^3 bfloat16 matmul at" in result.stdout
+    assert two["compiler_flops"] == pytest.approx(one["compiler_flops"], rel=0.05)
+    assert two["loop_trips"] == 2 and two["time_scale"] > 1.3
+    assert two["optimal_seconds"] == two["compiler_optimal_seconds"] * two["time_scale"]
+    assert 0 < one["estimated_mfu"] < 1 and one["census"][0]["seconds"] > 0
 
 
 @pytest.mark.aot
@@ -301,27 +329,12 @@ def test_the_aot_extra_changes_nothing_an_entry_point_prints(module, args, tmp_p
 # micro-batches without a known trip count, and a conditional (a skipped update's cause).
 TPU_HLO = """HloModule jit_train_step, is_scheduled=true
 
-%fused (p0: f32[1024]) -> f32[1024] {
-  %p0 = f32[1024]{0} parameter(0)
-  ROOT %add.1 = f32[1024]{0} add(%p0, %p0)
-}
-
-%body (arg: (s32[], f32[1024])) -> (s32[], f32[1024]) {
-  %arg = (s32[], f32[1024]{0}) parameter(0)
-  %v = f32[1024]{0} get-tuple-element(%arg), index=1
-  %i = s32[] get-tuple-element(%arg), index=0
-  %grad = f32[1024]{0} fusion(%v), kind=kLoop, calls=%fused, metadata={op_name="jit(train_step)/jvp(BertForPreTraining)/bert/encoder/layer_3/mul"}, backend_config={"window_config":{"estimated_cycles":"300"}}
-  ROOT %t = (s32[], f32[1024]{0}) tuple(%i, %grad)
-}
-
-%cond (arg: (s32[], f32[1024])) -> pred[] {
-  %arg = (s32[], f32[1024]{0}) parameter(0)
-  ROOT %c = pred[] constant(true)
-}
-
+""" + LOOP.replace("BODY_ATTRS", ', metadata={op_name="jit(train_step)/jvp(BertForPreTraining)'
+                   '/bert/encoder/layer_3/mul"}, backend_config={"window_config":'
+                   '{"estimated_cycles":"300"}}') + """
 %cause (p: f32[1024]) -> f32[1024] {
   %p = f32[1024]{0} parameter(0)
-  ROOT %x = f32[1024]{0} fusion(%p), kind=kLoop, calls=%fused, backend_config={"window_config":{"estimated_cycles":"5000"}}
+  ROOT %x = f32[1024]{0} fusion(%p), kind=kLoop, calls=%fused_add, backend_config={"window_config":{"estimated_cycles":"5000"}}
 }
 
 ENTRY %main (w: f32[1024], flag: pred[]) -> f32[1024] {
@@ -330,7 +343,7 @@ ENTRY %main (w: f32[1024], flag: pred[]) -> f32[1024] {
   %init = (s32[], f32[1024]{0}) tuple(%flag, %w)
   %loop = (s32[], f32[1024]{0}) while(%init), condition=%cond, body=%body
   %g = f32[1024]{0} get-tuple-element(%loop), index=1
-  %update = f32[1024]{0} fusion(%g), kind=kLoop, calls=%fused, metadata={op_name="jit(train_step)/jit(_where)/select_n"}, backend_config={"window_config":{"estimated_cycles":"100"}}
+  %update = f32[1024]{0} fusion(%g), kind=kLoop, calls=%fused_add, metadata={op_name="jit(train_step)/jit(_where)/select_n"}, backend_config={"window_config":{"estimated_cycles":"100"}}
   %why = f32[1024]{0} conditional(%flag, %w, %w), true_computation=%cause, false_computation=%cause
   ROOT %copy.1 = f32[1024]{0} copy(%update), backend_config={"window_config":{"estimated_cycles":"100"}}
 }
