@@ -119,8 +119,8 @@ def compile_phase(sharded: sharded_run.ShardedRun, phase: phase_schedule.Phase, 
                 target.peak_tflops, top=CENSUS_GROUPS)
     record["verdict"] = fit_verdict.verdict(
         sizes, refused, memory_bytes or (target.hbm_bytes if target else None), config,
-        per_device,
-        memory.per_device_bytes(sharded.abstract_state), sharded.grad_accum[phase.name])
+        per_device, memory.per_device_bytes(sharded.abstract_state),
+        sharded.grad_accum[phase.name])
     return record
 
 
