@@ -73,10 +73,6 @@ def _apply_forward(x: jax.Array, packed: jax.Array, rate: float):
 
 
 def _apply_backward(rate: float, packed: jax.Array, cotangent: jax.Array):
-    # The barrier keeps XLA from sharing the forward pass's unpacked mask (a byte per
-    # element, kept for the backward pass and copied to another layout: on TPU, 1.3 ms of
-    # BERT-large's step, benchmarks/aot/tpu_census.md): each pass unpacks the bits itself.
-    packed = jax.lax.optimization_barrier(packed)
     return apply_packed_mask(cotangent, packed, rate), None
 
 
