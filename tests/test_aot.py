@@ -19,7 +19,7 @@ from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.phase_schedule import Phase
 from bertjax.state import create_train_state
-from bertjax.tools import fit_verdict, hlo_census, tpu_estimate
+from bertjax.tools import aot, fit_verdict, hlo_census, tpu_estimate
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -370,3 +370,17 @@ def test_tpu_estimate_counts_the_micro_batch_loop_as_often_as_it_runs():
         ("fusion: jit(_where)/select_n", 1), ("copy: (compiler) copy", 1)]
     assert four["census"][0]["seconds"] == pytest.approx(four["optimal_seconds"] * 1200 / 1400)
     assert four["census"][0]["bytes"] == 4 * 8192
+
+
+def test_tpu_estimate_without_libtpus_step_time():
+    """libtpu 0.0.42 gives a negative optimal_seconds for v4 and v5e steps: no time and no
+    MFU then, rather than a negative one; bytes, FLOPs and the census's cycles remain."""
+    cost = {"optimal_seconds": -4.9997, "flops": 1e6, "bytes accessed": 24576.0}
+    result = tpu_estimate.estimate(cost, TPU_HLO, 1, model_flops=1e6, peak_tflops=1.0, top=1)
+    assert result["optimal_seconds"] is None and result["estimated_mfu"] is None
+    assert result["compiler_flops"] == 1e6 and result["census"][0]["cycles"] == 300
+    line = aot.summary_lines("short", {
+        "max_seq_length": 128, "global_batch_size": 8, "per_device_batch": 8,
+        "grad_accum_steps": 1, "compile_seconds": 1, "verdict": {"text": "fits"},
+        "tpu": result})[1]
+    assert "no step time (libtpu's optimal_seconds: -5)" in line and "0.0 GB accessed" in line

@@ -143,9 +143,12 @@ def summary_lines(name: str, record: dict[str, Any]) -> list[str]:
     if tpu:
         loop = (f", the loop's body counted {tpu['loop_trips']} times"
                 if tpu["loop_trips"] > 1 else "")
+        time_text = (f"{tpu['optimal_seconds'] * 1e3:.1f} ms per step, MFU "
+                     f"{tpu['estimated_mfu']:.1%}" if tpu["optimal_seconds"] else
+                     f"no step time (libtpu's optimal_seconds: "
+                     f"{tpu['compiler_optimal_seconds']:.4g})")
         lines.append(
-            f"  estimate (libtpu's cost model, not measured{loop}): "
-            f"{tpu['optimal_seconds'] * 1e3:.1f} ms per step, MFU {tpu['estimated_mfu']:.1%}; "
+            f"  estimate (libtpu's cost model, not measured{loop}): {time_text}; "
             f"{tpu['bytes_accessed'] / 1e9:.1f} GB accessed; compiler "
             f"{tpu['compiler_flops'] / 1e12:.2f} TFLOP, model {tpu['model_flops'] / 1e12:.2f} "
             f"({tpu['compiler_flops'] / tpu['model_flops']:.1%})")

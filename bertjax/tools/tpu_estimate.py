@@ -87,7 +87,9 @@ def estimate(cost: dict[str, float], hlo_text: str, loop_trips: int, model_flops
     cycles_once = sum(op.cycles_once for op in ops)
     cycles = sum(op.cycles for op in ops)
     time_scale = _ratio(cycles, cycles_once)
-    seconds = float(cost.get("optimal_seconds", 0.0)) * time_scale
+    # libtpu 0.0.42 gives a negative figure for v4 and v5e steps (-5.0 s for BERT-tiny):
+    # no estimate then.
+    seconds = max(float(cost.get("optimal_seconds", 0.0)), 0.0) * time_scale or None
     # All FLOPs but the update's few per parameter are the loop's.
     flops = float(cost.get("flops", 0.0)) * loop_trips
     result = {
@@ -97,9 +99,10 @@ def estimate(cost: dict[str, float], hlo_text: str, loop_trips: int, model_flops
             sum(op.bytes for op in ops), sum(op.bytes_once for op in ops)),
         "compiler_flops": flops, "model_flops": model_flops,
         "estimated_mfu": model_flops / seconds / (peak_tflops * 1e12) if seconds else None,
+        "cycles": cycles,
         "instructions": len(ops)}
     if top:
-        result["census"] = census(ops, seconds / cycles if cycles else 0.0, top)
+        result["census"] = census(ops, seconds / cycles if seconds and cycles else 0.0, top)
     return result
 
 
@@ -113,16 +116,17 @@ def _group(op: Op) -> str:
 
 def census(ops: list[Op], seconds_per_cycle: float, top: int) -> list[dict[str, Any]]:
     """The `top` costliest groups of instructions (same opcode and source op, every layer
-    together), by estimated time: seconds, bytes and how many run per step."""
+    together), by estimated cycles: cycles, seconds (0 without an estimate of the step),
+    bytes and how many run per step."""
     groups: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
     for op in ops:
         group = groups[_group(op)]
-        group[0] += op.cycles * seconds_per_cycle
+        group[0] += op.cycles
         group[1] += op.bytes
         group[2] += op.times
     ranked = sorted(groups.items(), key=lambda item: (-item[1][0], -item[1][1]))[:top]
-    return [{"op": name, "seconds": s, "bytes": b, "count": int(n)}
-            for name, (s, b, n) in ranked]
+    return [{"op": name, "cycles": int(c), "seconds": c * seconds_per_cycle, "bytes": b,
+             "count": int(n)} for name, (c, b, n) in ranked]
 
 
 def matmul_calibration(device: jax.Device, peak_tflops: float, size: int = 8192) -> float:
