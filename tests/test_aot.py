@@ -153,7 +153,6 @@ def test_verdict_fits_or_refused_with_candidates_cheapest_first():
     assert fit_verdict.verdict({}, None, None, _config(), 32, gib)["fits"] is None  # fake CPU devices
 
 
-@pytest.mark.slow
 def test_advice_only_what_the_compiler_confirmed_and_exit_status(tmp_path):
     """A phase that does not fit a tight budget (fake CPU devices, the CPU compiler's
     figures): the candidates are compiled cheapest first and the first that fits is the
