@@ -161,18 +161,21 @@ class BertSelfAttention(nn.Module):
         cfg = self.config
         batch, length, _ = x_BxLxH.shape
 
-        # In 16-bit compute one matmul [H, 3, H] projects query, key and value (the parameters
-        # stay three Dense layers); float32 keeps three, bit-identical to the original.
+        # In 16-bit compute one matmul [3, H, H] projects query, key and value (the parameters
+        # stay three Dense layers); float32 keeps three, bit-identical to the original. The
+        # projection index leads the output, so each of q, k, v is a contiguous block: with
+        # it last ([B, L, 3, H]), libtpu copied each slice and each gradient to another layout
+        # (BERT-large on tpu-v5p-8: 6.8 of 85.4 ms at L=128, benchmarks/aot/tpu_census.md).
         params = [_DenseParams(cfg, cfg.hidden_size, (EMBED, QKV), name=name)(x_BxLxH.shape[-1])
                   for name in ("query", "key", "value")]
         groups = [params] if cfg.dtype != "float32" else [[p] for p in params]
         projected = []
         for group in groups:
             kernels, biases = zip(*group)
-            y_BxLxKxH = jnp.einsum("blh,hkn->blkn", x_BxLxH.astype(cfg.dtype),
-                                   jnp.stack(kernels, axis=1).astype(cfg.dtype))
-            y_BxLxKxH += jnp.stack(biases).astype(cfg.dtype)
-            projected += [_constrain(y_BxLxKxH[:, :, i], (BATCH, LENGTH, ACT_QKV)).reshape(
+            y_KxBxLxH = jnp.einsum("blh,khn->kbln", x_BxLxH.astype(cfg.dtype),
+                                   jnp.stack(kernels).astype(cfg.dtype))
+            y_KxBxLxH += jnp.stack(biases)[:, None, None].astype(cfg.dtype)
+            projected += [_constrain(y_KxBxLxH[i], (BATCH, LENGTH, ACT_QKV)).reshape(
                 batch, length, cfg.num_attention_heads, cfg.head_size) for i in range(len(group))]
         q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = projected
         dropout_rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob

@@ -19,9 +19,29 @@ from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.phase_schedule import Phase
 from bertjax.state import create_train_state
-from bertjax.tools import fit_verdict, hlo_census
+from bertjax.tools import aot, fit_verdict, hlo_census, tpu_estimate
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# An elementwise fusion, and a loop body that runs it (BODY_ATTRS: its metadata).
+LOOP = """%fused_add (p0: f32[1024]) -> f32[1024] {
+  %p0 = f32[1024]{0} parameter(0)
+  ROOT %add.1 = f32[1024]{0} add(%p0, %p0)
+}
+
+%body (arg: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %arg = (s32[], f32[1024]{0}) parameter(0)
+  %v = f32[1024]{0} get-tuple-element(%arg), index=1
+  %i = s32[] get-tuple-element(%arg), index=0
+  %add = f32[1024]{0} fusion(%v), kind=kLoop, calls=%fused_addBODY_ATTRS
+  ROOT %t = (s32[], f32[1024]{0}) tuple(%i, %add)
+}
+
+%cond (arg: (s32[], f32[1024])) -> pred[] {
+  %arg = (s32[], f32[1024]{0}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+"""
 
 # A step in miniature: a gemm fusion and a cuBLAS gemm, cuDNN attention forward and
 # backward, a loop of 3 trips around a small elementwise fusion, a conditional whose costlier
@@ -34,24 +54,7 @@ HLO = """HloModule jit_step, is_scheduled=true
   ROOT %dot.1 = bf16[64,256]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
 }
 
-%fused_add (p0: f32[1024]) -> f32[1024] {
-  %p0 = f32[1024]{0} parameter(0)
-  ROOT %add.1 = f32[1024]{0} add(%p0, %p0)
-}
-
-%body (arg: (s32[], f32[1024])) -> (s32[], f32[1024]) {
-  %arg = (s32[], f32[1024]{0}) parameter(0)
-  %v = f32[1024]{0} get-tuple-element(%arg), index=1
-  %i = s32[] get-tuple-element(%arg), index=0
-  %add = f32[1024]{0} fusion(%v), kind=kLoop, calls=%fused_add
-  ROOT %t = (s32[], f32[1024]{0}) tuple(%i, %add)
-}
-
-%cond (arg: (s32[], f32[1024])) -> pred[] {
-  %arg = (s32[], f32[1024]{0}) parameter(0)
-  ROOT %c = pred[] constant(true)
-}
-
+""" + LOOP.replace("BODY_ATTRS", "") + """
 %cheap (p: f32[1024]) -> f32[1024] {
   ROOT %p = f32[1024]{0} parameter(0)
 }
@@ -120,24 +123,51 @@ def _config(remat="none", accumulation=1, fsdp=1):
                                       "model": {"remat_policy": remat}})
 
 
-def test_verdict_fits_or_refused_with_what_to_change():
+def test_verdict_fits_or_refused_with_candidates_cheapest_first():
     gib = 2 ** 30
     sizes = {"argument": 4 * gib, "output": 4 * gib, "alias": 4 * gib, "temp": 6 * gib}
     fits = fit_verdict.verdict(sizes, None, 16 * gib, _config(), 32, 4 * gib)
     assert fits["fits"] and "peak 10.0 GiB of 16.00 GiB per device, 6.0 GiB headroom" in \
-        fits["text"]
+        fits["text"] and "candidates" not in fits
     refused = fit_verdict.verdict(None, (24 * gib, 15.75 * gib), None, _config(), 32, 4 * gib)
     assert refused["fits"] is False
-    assert refused["text"] == (
-        "does NOT fit: the compiler needs 24.0 GiB of 15.75 GiB per device; try "
-        "--config.train.grad_accum_steps=2 or --config.model.remat_policy=dots or "
-        "--config.mesh.fsdp=-1 --config.mesh.data=1")
+    assert refused["text"] == "does NOT fit: the compiler needs 24.0 GiB of 15.75 GiB per device"
+    # 20 GiB of activations for 11.75: split the batch at least 1.7 times (2 and 4 of 32
+    # per device), then recompute, then shard the state.
+    assert [c["flags"] for c in refused["candidates"]] == [
+        "--config.train.grad_accum_steps=2", "--config.train.grad_accum_steps=4",
+        "--config.model.remat_policy=dots", "--config.model.remat_policy=full",
+        "--config.mesh.fsdp=-1 --config.mesh.data=1"]
+    assert refused["candidates"][0]["overrides"] == {"train.grad_accum_steps": 2}
+    # Already 2 micro-batches of a batch of 72 (36 each), 3.2 times the activations' room:
+    # 8 and 9 micro-batches are the first that can be enough (a divisor of 72).
+    assert [c["flags"] for c in fit_verdict.candidates(
+        35 * gib, 13 * gib, 3 * gib, _config("dots", 2, 1), 72, 2)][:3] == [
+        "--config.train.grad_accum_steps=8", "--config.train.grad_accum_steps=9",
+        "--config.model.remat_policy=full"]
     # Parameters and optimizer state over half the memory: shard them first.
-    assert "shard parameters" in fit_verdict.verdict(
-        None, (20 * gib, 16 * gib), None, _config(), 32, 10 * gib)["text"]
-    # Already full remat and no batch to split further: the last resort.
-    assert fit_verdict.advice(40 * gib, 16 * gib, gib, _config("full", 1, 8), 1) == "use more devices"
+    assert fit_verdict.verdict(None, (20 * gib, 16 * gib), None, _config(), 32, 10 * gib)[
+        "candidates"][0]["overrides"] == {"mesh.fsdp": -1, "mesh.data": 1}
+    # Already full remat, sharded, and no batch to split further: nothing to try.
+    assert fit_verdict.candidates(40 * gib, 16 * gib, gib, _config("full", 1, 8), 1) == []
     assert fit_verdict.verdict({}, None, None, _config(), 32, gib)["fits"] is None  # fake CPU devices
+
+
+def test_advice_only_what_the_compiler_confirmed_and_exit_status(tmp_path):
+    """A phase that does not fit a tight budget (fake CPU devices, the CPU compiler's
+    figures): the candidates are compiled cheapest first and the first that fits is the
+    advice; the exit status says it did not fit as configured."""
+    result = _aot("--num_devices=2", "--memory_gib=0.0028", "--config.model.dtype=float32",
+                  "--config.model.vocab_size=128", "--config.data.max_seq_length=32",
+                  "--config.data.max_predictions_per_seq=4", out=str(tmp_path / "cpu.json"))
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert "does NOT fit: peak" in lines[1], result.stdout
+    assert lines[2].startswith("  --config.train.grad_accum_steps=2: fits: peak"), result.stdout
+    assert lines[3] == "  advice, confirmed by the compiler: --config.train.grad_accum_steps=2"
+    advice = json.loads((tmp_path / "cpu.json").read_text())["phases"]["short"]["advice"]
+    assert advice["fits_with"] == "--config.train.grad_accum_steps=2"
+    assert advice["untried"][0] == "--config.train.grad_accum_steps=4"
 
 
 def test_targets_by_name_and_raw_topology():
@@ -218,15 +248,19 @@ def test_cross_compile_for_h100_and_a_tpu_slice(tmp_path):
     assert census["by_kind"]["attention"] == 2 and census["by_kind"]["matmul"] > 0
     assert 0 < census["estimated_mfu"] < 1
 
-    # 16M x 64 embeddings: 4 GiB of parameters, 16 GiB with gradients and Adam's moments.
+    # 16M x 64 embeddings: 4 GiB of parameters, 16 GiB with gradients and Adam's moments:
+    # refused; sharding the state (the first candidate then) is compiled and fits.
     tpu = _aot("--target=tpu-v5e-8", "--config.model.vocab_size=16000000",
                out=str(tmp_path / "v5e.json"))
-    assert tpu.returncode == 0, tpu.stderr[-3000:]
+    assert tpu.returncode == 2, tpu.stderr[-3000:]  # does not fit as configured
     assert "attention pallas" in tpu.stdout  # the recipe's attention dropout: flash_dropout
-    refused = json.loads((tmp_path / "v5e.json").read_text())["phases"]["short"]["verdict"]
-    assert refused["fits"] is False and refused["available_bytes"] == 15.75 * 2 ** 30
+    record = json.loads((tmp_path / "v5e.json").read_text())["phases"]["short"]
+    assert record["verdict"]["fits"] is False
+    assert record["verdict"]["available_bytes"] == 15.75 * 2 ** 30
     assert "does NOT fit: the compiler needs" in tpu.stdout
-    assert "shard parameters and optimizer state: --config.mesh.fsdp=-1" in tpu.stdout
+    assert record["advice"]["fits_with"] == "--config.mesh.fsdp=-1 --config.mesh.data=1"
+    assert tpu.stdout.splitlines()[-2] == (
+        "  advice, confirmed by the compiler: --config.mesh.fsdp=-1 --config.mesh.data=1")
 
 
 @pytest.mark.aot
@@ -242,6 +276,27 @@ def test_pallas_attention_with_remat_compiles_for_a_tpu_slice(dropout, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "attention pallas, remat dots" in result.stdout.splitlines()[0]
     assert "fits: peak" in result.stdout
+
+
+@pytest.mark.aot
+def test_tpu_estimate_of_a_micro_batch_loop_is_scaled(tmp_path):
+    """libtpu's cost analysis counts the micro-batch loop's body once: the tool's estimate of
+    a step in 2 micro-batches has the FLOPs of the step in one (plus the accumulation's),
+    not half of them, and its time scaled likewise. Also the calibration and estimate
+    lines."""
+    runs = {}
+    for steps in (1, 2):
+        result = _aot("--target=tpu-v5p-8", f"--config.train.grad_accum_steps={steps}",
+                      out=str(tmp_path / f"v5p{steps}.json"))
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[steps] = json.loads((tmp_path / f"v5p{steps}.json").read_text())
+    one, two = (runs[s]["phases"]["short"]["tpu"] for s in (1, 2))
+    assert "estimate (libtpu's cost model, not measured, the loop's body counted 2 times)" \
+        in result.stdout and "8192^3 bfloat16 matmul at" in result.stdout
+    assert two["compiler_flops"] == pytest.approx(one["compiler_flops"], rel=0.05)
+    assert two["loop_trips"] == 2 and two["time_scale"] > 1.3
+    assert two["optimal_seconds"] == two["compiler_optimal_seconds"] * two["time_scale"]
+    assert 0 < one["estimated_mfu"] < 1 and one["census"][0]["seconds"] > 0
 
 
 @pytest.mark.aot
@@ -269,3 +324,64 @@ def test_the_aot_extra_changes_nothing_an_entry_point_prints(module, args, tmp_p
     assert (result.stdout, result.stderr) == (cpu.stdout, cpu.stderr), result.stderr[-3000:]
     assert result.stdout == "" and result.stderr.startswith("error: ") \
         and result.stderr.count("\n") == 1, result.stderr[-3000:]
+
+
+# A TPU step in miniature: the compiler's estimated cycles on each instruction, a loop of
+# micro-batches without a known trip count, and a conditional (a skipped update's cause).
+TPU_HLO = """HloModule jit_train_step, is_scheduled=true
+
+""" + LOOP.replace("BODY_ATTRS", ', metadata={op_name="jit(train_step)/jvp(BertForPreTraining)'
+                   '/bert/encoder/layer_3/mul"}, backend_config={"window_config":'
+                   '{"estimated_cycles":"300"}}') + """
+%cause (p: f32[1024]) -> f32[1024] {
+  %p = f32[1024]{0} parameter(0)
+  ROOT %x = f32[1024]{0} fusion(%p), kind=kLoop, calls=%fused_add, backend_config={"window_config":{"estimated_cycles":"5000"}}
+}
+
+ENTRY %main (w: f32[1024], flag: pred[]) -> f32[1024] {
+  %w = f32[1024]{0} parameter(0)
+  %flag = pred[] parameter(1)
+  %init = (s32[], f32[1024]{0}) tuple(%flag, %w)
+  %loop = (s32[], f32[1024]{0}) while(%init), condition=%cond, body=%body
+  %g = f32[1024]{0} get-tuple-element(%loop), index=1
+  %update = f32[1024]{0} fusion(%g), kind=kLoop, calls=%fused_add, metadata={op_name="jit(train_step)/jit(_where)/select_n"}, backend_config={"window_config":{"estimated_cycles":"100"}}
+  %why = f32[1024]{0} conditional(%flag, %w, %w), true_computation=%cause, false_computation=%cause
+  ROOT %copy.1 = f32[1024]{0} copy(%update), backend_config={"window_config":{"estimated_cycles":"100"}}
+}
+"""
+
+
+def test_tpu_estimate_counts_the_micro_batch_loop_as_often_as_it_runs():
+    """libtpu's cost analysis counts a while body once; the estimate scales each
+    instruction's cycles and bytes by how often it runs (here: a body of 300 cycles beside
+    200 outside, 4 micro-batches: 1,400 cycles of the 500 counted)."""
+    cost = {"optimal_seconds": 5e-6, "flops": 1e6, "bytes accessed": 24576.0}
+    once = tpu_estimate.estimate(cost, TPU_HLO, 1, model_flops=1e6, peak_tflops=1e-6)
+    assert once["optimal_seconds"] == 5e-6 and once["compiler_flops"] == 1e6
+    assert once["estimated_mfu"] == pytest.approx(1e6 / 5e-6 / 1e6)
+    four = tpu_estimate.estimate(cost, TPU_HLO, 4, model_flops=4e6, peak_tflops=1e-6, top=3)
+    assert four["optimal_seconds"] == pytest.approx(5e-6 * 1400 / 500)
+    assert four["compiler_flops"] == 4e6
+    # Bytes: each of the 3 instructions reads and writes 8 KiB; the loop's 3 more times.
+    assert four["bytes_accessed"] == pytest.approx(24576.0 * 6 / 3)
+    # The census: per source op, layers folded, by estimated time (seconds per cycle from
+    # the scaled total); the conditional's branch is not counted.
+    assert [(g["op"], g["count"]) for g in four["census"]] == [
+        ("fusion: jvp(BertForPreTraining)/bert/encoder/layer_N/mul", 4),
+        ("fusion: jit(_where)/select_n", 1), ("copy: (compiler) copy", 1)]
+    assert four["census"][0]["seconds"] == pytest.approx(four["optimal_seconds"] * 1200 / 1400)
+    assert four["census"][0]["bytes"] == 4 * 8192
+
+
+def test_tpu_estimate_without_libtpus_step_time():
+    """libtpu 0.0.42 gives a negative optimal_seconds for v4 and v5e steps: no time and no
+    MFU then, rather than a negative one; bytes, FLOPs and the census's cycles remain."""
+    cost = {"optimal_seconds": -4.9997, "flops": 1e6, "bytes accessed": 24576.0}
+    result = tpu_estimate.estimate(cost, TPU_HLO, 1, model_flops=1e6, peak_tflops=1.0, top=1)
+    assert result["optimal_seconds"] is None and result["estimated_mfu"] is None
+    assert result["compiler_flops"] == 1e6 and result["census"][0]["cycles"] == 300
+    line = aot.summary_lines("short", {
+        "max_seq_length": 128, "global_batch_size": 8, "per_device_batch": 8,
+        "grad_accum_steps": 1, "compile_seconds": 1, "verdict": {"text": "fits"},
+        "tpu": result})[1]
+    assert "no step time (libtpu's optimal_seconds: -5)" in line and "0.0 GB accessed" in line

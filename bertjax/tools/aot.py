@@ -9,10 +9,13 @@ v5e:4x4 (`bertjax.targets`); without `--target`, `--num_devices` fake CPU device
 errors are the same; the memory figures are the CPU compiler's). Nothing is materialised.
 
 Per phase one verdict line: fits, with the headroom, or does not fit, with the compiler's own
-numbers (libtpu refuses a program larger than HBM) and what to change; for a GPU one more
-line: the roofline estimate of the step from its kernel census, and the MFU that implies.
-Every figure (memory per device, FLOPs, the census) goes to the JSON file `--out`, the
-compilers' own log lines to the `.log` beside it.
+numbers (libtpu refuses a program larger than HBM); then the candidate settings are compiled,
+cheapest first, within `--advise_seconds`, and only one the compiler confirms is advised
+(exit status 2 when a phase does not fit as configured). For a GPU one more line: the
+roofline estimate of the step from its kernel census, and the MFU that implies; for a TPU,
+libtpu's own estimate (`tools.tpu_estimate`): its step time, the MFU that implies, the bytes
+and FLOPs. Every figure (memory per device, FLOPs, the censuses) goes to the JSON file
+`--out`, the compilers' own log lines to the `.log` beside it.
 """
 from __future__ import annotations
 
@@ -30,9 +33,12 @@ from ml_collections import config_flags
 
 from bertjax import (cli, families, flops, memory, optim, phase_schedule, sharded_run, sharding,
                      targets)
-from bertjax.tools import fit_verdict, hlo_census
+from bertjax.errors import UserError
+from bertjax.tools import fit_verdict, hlo_census, tpu_estimate
 from bertjax.settings import PretrainingSettings
 
+NOT_FIT_EXIT = 2  # the exit status when a phase does not fit as configured (errors: 1)
+CENSUS_GROUPS = 25  # the costliest instruction groups kept in a TPU phase's record
 # Measured step time / roofline estimate of the one version timed on a real H100 (589f15d,
 # BERT-large: 116.4 / 75.3 ms at L=128, 175.4 / 105.5 ms at L=512).
 H100_CALIBRATION = 1.6
@@ -71,9 +77,10 @@ def gpu_estimate(hlo_text: str, target: targets.Target, model_flops: float) -> d
 
 
 def compile_phase(sharded: sharded_run.ShardedRun, phase: phase_schedule.Phase, config: Any,
-                  target: targets.Target | None) -> dict[str, Any]:
-    """Compiles the train step of `phase`; the verdict, memory per device, FLOPs and (GPU)
-    the kernel census and estimate."""
+                  target: targets.Target | None, memory_bytes: float | None = None
+                  ) -> dict[str, Any]:
+    """Compiles the train step of `phase`; the verdict (against `memory_bytes` per device,
+    default the target's), memory per device, FLOPs and the GPU's or TPU's estimate."""
     mesh = sharded.mesh
     per_device = phase.global_batch_size // sharding.data_parallel_size(mesh)
     model_flops = flops.train_flops_per_sequence(
@@ -106,9 +113,14 @@ def compile_phase(sharded: sharded_run.ShardedRun, phase: phase_schedule.Phase, 
             record["compiler_flops_per_device"] = float(cost["flops"])
         if target is not None and target.platform == "cuda":
             record["gpu"] = gpu_estimate(compiled.as_text(), target, model_flops)
+        elif target is not None and cost and "optimal_seconds" in cost:
+            record["tpu"] = tpu_estimate.estimate(
+                cost, compiled.as_text(), sharded.grad_accum[phase.name], model_flops,
+                target.peak_tflops, top=CENSUS_GROUPS)
     record["verdict"] = fit_verdict.verdict(
-        sizes, refused, target.hbm_bytes if target else None, config, per_device,
-        memory.per_device_bytes(sharded.abstract_state), sharded.grad_accum[phase.name])
+        sizes, refused, memory_bytes or (target.hbm_bytes if target else None), config,
+        per_device, memory.per_device_bytes(sharded.abstract_state),
+        sharded.grad_accum[phase.name])
     return record
 
 
@@ -127,24 +139,98 @@ def summary_lines(name: str, record: dict[str, Any]) -> list[str]:
             f"{gpu['estimated_mfu']:.0%}; roofline {gpu['roofline_seconds'] * 1e3:.1f} ms, "
             f"{gpu['kernels']:,} kernels ({gpu['small_kernels']:,} under 64 KB), "
             f"non-matmul {gpu['non_matmul_bytes'] / 1e9:.0f} GB")
+    tpu = record.get("tpu")
+    if tpu:
+        loop = (f", the loop's body counted {tpu['loop_trips']} times"
+                if tpu["loop_trips"] > 1 else "")
+        time_text = (f"{tpu['optimal_seconds'] * 1e3:.1f} ms per step, MFU "
+                     f"{tpu['estimated_mfu']:.1%}" if tpu["optimal_seconds"] else
+                     f"no step time (libtpu's optimal_seconds: "
+                     f"{tpu['compiler_optimal_seconds']:.4g})")
+        lines.append(
+            f"  estimate (libtpu's cost model, not measured{loop}): {time_text}; "
+            f"{tpu['bytes_accessed'] / 1e9:.1f} GB accessed; compiler "
+            f"{tpu['compiler_flops'] / 1e12:.2f} TFLOP, model {tpu['model_flops'] / 1e12:.2f} "
+            f"({tpu['compiler_flops'] / tpu['model_flops']:.1%})")
     return lines
 
 
-def compile_train_step(config: Any, devices: list[jax.Device],
-                       phase_names: list[str] | None = None,
-                       target: targets.Target | None = None) -> dict[str, Any]:
-    """Lowers and compiles the train step of each phase for `devices` (of `target`); prints
-    each phase's summary and returns the mesh, the start-up report and `{phase: record}`."""
+def _build(config: Any, devices: list[jax.Device], phase_names: list[str] | None
+           ) -> tuple[sharded_run.ShardedRun, list[phase_schedule.Phase]]:
+    """The sharded model, state and train step of `config`'s phases named `phase_names`."""
     mesh = sharded_run.make_mesh(config.mesh.to_dict(), devices)
     settings = PretrainingSettings.of(config)
     phases = phase_schedule.phases(settings.train, settings.data, settings.long_phase)
     sharded_run.check_batches(mesh, phases, config.train.grad_accum_steps,
                               config.model.max_position_embeddings)
     phases = [p for p in phases if not phase_names or p.name in phase_names]
-    sharded = sharded_run.build_pretraining(
+    return sharded_run.build_pretraining(
         families.model_config(config.model.to_dict()),
         optim.optimizer_config(config.optimizer, config.train.total_steps), mesh, phases,
-        config.train.grad_accum_steps, report=False)
+        config.train.grad_accum_steps, report=False), phases
+
+
+def with_overrides(config: Any, overrides: dict[str, Any]) -> Any:
+    """A copy of `config` with `{"section.field": value}` set."""
+    trial = config.copy_and_resolve_references()
+    for key, value in overrides.items():
+        *path, field = key.split(".")
+        section = trial
+        for name in path:
+            section = section[name]
+        section[field] = value
+    return trial
+
+
+def advise(config: Any, devices: list[jax.Device], phase_name: str, record: dict[str, Any],
+           target: targets.Target | None, budget_seconds: float,
+           memory_bytes: float | None = None) -> dict[str, Any]:
+    """Compiles the phase with each of the verdict's candidate settings, cheapest first,
+    until one fits or `budget_seconds` have passed (a compile under way is finished):
+    `{"fits_with": flags | None, "tried": [...], "untried": [...]}`."""
+    start, tried = time.time(), []
+    pending = list(record["verdict"].get("candidates", []))
+    while pending and time.time() - start < budget_seconds:
+        candidate = pending.pop(0)
+        try:
+            trial_config = with_overrides(config, candidate["overrides"])
+            sharded, (phase,) = _build(trial_config, devices, [phase_name])
+            trial = compile_phase(sharded, phase, trial_config, target, memory_bytes)
+        except UserError as e:  # a setting this batch or mesh cannot take
+            tried.append({"flags": candidate["flags"], "fits": False, "text": str(e)})
+            continue
+        verdict = trial["verdict"]
+        tried.append({"flags": candidate["flags"], "fits": verdict["fits"],
+                      "text": verdict["text"], "compile_seconds": trial["compile_seconds"]})
+        if verdict["fits"]:
+            return {"fits_with": candidate["flags"], "tried": tried,
+                    "untried": [c["flags"] for c in pending]}
+    return {"fits_with": None, "tried": tried, "untried": [c["flags"] for c in pending]}
+
+
+def advice_lines(advice: dict[str, Any], budget_seconds: float) -> list[str]:
+    """The console's lines for the advisor's outcome: only a setting the compiler confirmed."""
+    lines = [f"  {t['flags']}: {t['text']}" for t in advice["tried"]]
+    if advice["fits_with"]:
+        lines.append(f"  advice, confirmed by the compiler: {advice['fits_with']}")
+    else:
+        lines.append(f"  no setting confirmed to fit within {budget_seconds:.0f} s"
+                     + (f"; not compiled: {', '.join(advice['untried'])}"
+                        if advice["untried"] else "; none of the candidates fits"))
+    return lines
+
+
+def compile_train_step(config: Any, devices: list[jax.Device],
+                       phase_names: list[str] | None = None,
+                       target: targets.Target | None = None,
+                       advise_seconds: float = 0.0, memory_bytes: float | None = None
+                       ) -> dict[str, Any]:
+    """Lowers and compiles the train step of each phase for `devices` (of `target`); prints
+    each phase's summary and returns the mesh, the start-up report and `{phase: record}`.
+    A phase that does not fit `memory_bytes` per device (default: the target's) gets the
+    first candidate setting that the compiler confirms within `advise_seconds` (`advise`)."""
+    sharded, phases = _build(config, devices, phase_names)
+    mesh = sharded.mesh
     with sharding.activate(mesh):
         impl = sharded.model.config.resolved_attention_impl()
     result: dict[str, Any] = {
@@ -157,11 +243,22 @@ def compile_train_step(config: Any, devices: list[jax.Device],
     print(f"{result['target']} ({result['device_kind']}, {len(devices)} devices), mesh "
           + " ".join(f"{k}={v}" for k, v in mesh.shape.items())
           + f", attention {impl}, remat {result['remat_policy']}", flush=True)
+    if target is not None and target.platform == "tpu":
+        result["matmul_calibration"] = tpu_estimate.matmul_calibration(
+            devices[0], target.peak_tflops)
+        print(f"libtpu's cost model puts an 8192^3 bfloat16 matmul at "
+              f"{result['matmul_calibration']:.0%} of {target.peak_tflops:g} TFLOP/s "
+              "(the MFU below is of that peak)", flush=True)
     for phase in phases:
-        record = compile_phase(sharded, phase, config, target)
+        record = compile_phase(sharded, phase, config, target, memory_bytes)
         result["phases"][phase.name] = record
         for line in summary_lines(phase.name, record):
             print(line, flush=True)
+        if record["verdict"]["fits"] is False:
+            record["advice"] = advise(config, devices, phase.name, record, target,
+                                      advise_seconds, memory_bytes)
+            for line in advice_lines(record["advice"], advise_seconds):
+                print(line, flush=True)
     return result
 
 
@@ -178,6 +275,11 @@ def define_flags() -> None:
     flags.DEFINE_list("phases", [], "Phases to compile (short, long); default: all.")
     flags.DEFINE_string("out", "", "JSON file of every figure; default: "
                         "$TMPDIR/bertjax_aot/TARGET.json. The compilers' log goes beside it.")
+    flags.DEFINE_float("advise_seconds", 1800, "For a phase that does not fit: compile the "
+                       "candidate settings, cheapest first, until one fits or this many "
+                       "seconds have passed (a compile under way is finished); 0: none.")
+    flags.DEFINE_float("memory_gib", 0, "Judge the fit against this many GiB per device "
+                       "instead of the target's memory (headroom to keep; fake CPU devices).")
     flags.mark_flags_as_required(["config"])
 
 
@@ -196,7 +298,9 @@ def main(argv: list[str]) -> None:
             devices = (targets.devices(target) if target
                        else jax.devices()[:FLAGS.num_devices])
             with targets.cudnn_for(target, devices[0]) if target else contextlib.nullcontext():
-                result = compile_train_step(FLAGS.config, devices, FLAGS.phases, target)
+                result = compile_train_step(FLAGS.config, devices, FLAGS.phases, target,
+                                            FLAGS.advise_seconds,
+                                            FLAGS.memory_gib * fit_verdict.GIB or None)
     except targets.TargetError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
@@ -208,7 +312,9 @@ def main(argv: list[str]) -> None:
         sys.exit(1)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
-    print(f"Details: {out}; compiler log: {log}", flush=True)
+    print(f"Details: {out}", flush=True)
+    if any(r["verdict"]["fits"] is False for r in result["phases"].values()):
+        sys.exit(NOT_FIT_EXIT)
 
 
 if __name__ == "__main__":

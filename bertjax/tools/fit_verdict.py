@@ -1,8 +1,8 @@
 """The fit verdict of a compiled (or refused) train step: does it fit the device's memory,
-with how much headroom, and if not, what to change (the TPU compiler's refusal parsed)."""
+with how much headroom (the TPU compiler's refusal parsed), and if not, the settings to try,
+cheapest first (`tools.aot` compiles them and advises only one the compiler confirms)."""
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -22,24 +22,26 @@ def parse_refusal(message: str) -> tuple[float, float] | None:
     return float(required) * units[unit], float(available) * units[unit2]
 
 
-def advice(required: float, available: float, arguments: float, config: Any,
-           per_device_batch: int, steps: int = 1) -> str:
-    """What to change so that `required` bytes fit in `available`: shard the state when it
-    takes half the memory, else split the batch (accumulation) or recompute (remat)."""
-    if arguments > available / 2 and config.mesh.fsdp == 1:
-        return "shard parameters and optimizer state: --config.mesh.fsdp=-1 --config.mesh.data=1"
-    activations = max(required - arguments, 1.0)
-    factor = 2 ** math.ceil(math.log2(max(activations / max(available - arguments, 1.0), 1.0)))
-    hints = []
-    if per_device_batch % (steps * factor) == 0 and per_device_batch // (steps * factor):
-        hints.append(f"--config.train.grad_accum_steps={steps * factor}")
-    remat = {"none": "dots", "dots_no_batch": "dots", "dots": "full"}.get(
-        config.model.remat_policy)
-    if remat:
-        hints.append(f"--config.model.remat_policy={remat}")
-    if config.mesh.fsdp == 1:
-        hints.append("--config.mesh.fsdp=-1 --config.mesh.data=1")
-    return "try " + " or ".join(hints) if hints else "use more devices"
+def candidates(required: float, available: float, arguments: float, config: Any,
+               per_device_batch: int, steps: int = 1) -> list[dict[str, Any]]:
+    """Settings that may make `required` bytes fit in `available`, cheapest in step time
+    first, each `{"flags": ..., "overrides": {dotted config key: value}}`, for the compiler
+    to confirm: sharding the state (first when it takes half the memory: nothing else
+    shrinks it), more micro-batches (no extra FLOPs; the two smallest divisors of the
+    per-device batch near the activations' excess), recomputation (`dots`, then `full`: one
+    more forward pass), sharding the state."""
+    shard = {"mesh.fsdp": -1, "mesh.data": 1} if config.mesh.fsdp == 1 else None
+    state_first = shard is not None and arguments > available / 2
+    found = [shard] if state_first else []
+    excess = max(required - arguments, 1.0) / max(available - arguments, 1.0)
+    divisors = [d for d in range(steps + 1, per_device_batch + 1)
+                if per_device_batch % d == 0 and d >= min(steps * excess, per_device_batch)]
+    found += [{"train.grad_accum_steps": d} for d in divisors[:2]]
+    policies = {"none": ["dots", "full"], "dots_no_batch": ["dots", "full"], "dots": ["full"]}
+    found += [{"model.remat_policy": p} for p in policies.get(config.model.remat_policy, [])]
+    found += [shard] if shard and not state_first else []
+    return [{"flags": " ".join(f"--config.{k}={v}" for k, v in o.items()), "overrides": o}
+            for o in found]
 
 
 def verdict(sizes: dict[str, int] | None, refused: tuple[float, float] | None,
@@ -52,18 +54,20 @@ def verdict(sizes: dict[str, int] | None, refused: tuple[float, float] | None,
         required, available = refused
         arguments = state_bytes
         return {"fits": False, "required_bytes": required, "available_bytes": available,
+                "candidates": candidates(required, available, arguments, config,
+                                         per_device_batch, steps),
                 "text": f"does NOT fit: the compiler needs {required / GIB:.1f} GiB of "
-                        f"{available / GIB:.2f} GiB per device; " + advice(
-                            required, available, arguments, config, per_device_batch, steps)}
+                        f"{available / GIB:.2f} GiB per device"}
     if not sizes or available is None:
         return {"fits": None,
                 "text": "no memory verdict on fake CPU devices (compile for a --target)"}
     peak = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]
     if peak > available:
         return {"fits": False, "required_bytes": peak, "available_bytes": available,
+                "candidates": candidates(peak, available, sizes["argument"], config,
+                                         per_device_batch, steps),
                 "text": f"does NOT fit: peak {peak / GIB:.1f} GiB of {available / GIB:.2f} GiB "
-                        "per device; " + advice(peak, available, sizes["argument"], config,
-                                                per_device_batch, steps)}
+                        "per device"}
     return {"fits": True, "required_bytes": peak, "available_bytes": available,
             "text": f"fits: peak {peak / GIB:.1f} GiB of {available / GIB:.2f} GiB per device, "
                     f"{(available - peak) / GIB:.1f} GiB headroom"}

@@ -1,0 +1,24 @@
+"""Markdown table of a TPU phase's census from a `tools.aot` record: the costliest groups of
+instructions by libtpu's estimated time, with their bytes.
+
+    python benchmarks/aot/tpu_census.py benchmarks/aot/large_tpu-v5p-8.json short
+"""
+import json
+import sys
+
+
+def table(estimate: dict) -> str:
+    total_s, total_b = estimate["optimal_seconds"], estimate["bytes_accessed"]
+    lines = [f"step {total_s * 1e3:.1f} ms, {total_b / 1e9:.1f} GB accessed "
+             f"(libtpu's figures), MFU {estimate['estimated_mfu']:.1%}", "",
+             "| ms | share | GB | count | instruction: source op |", "|---|---|---|---|---|"]
+    for group in estimate["census"]:
+        lines.append(f"| {group['seconds'] * 1e3:.2f} | {group['seconds'] / total_s:.1%} | "
+                     f"{group['bytes'] / 1e9:.2f} | {group['count']} | `{group['op']}` |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    record = json.load(open(sys.argv[1]))
+    phase = sys.argv[2] if len(sys.argv) > 2 else "short"
+    print(table(record["phases"][phase]["tpu"] if "phases" in record else record["tpu"]))
