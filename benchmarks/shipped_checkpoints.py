@@ -6,7 +6,7 @@ max_seq_length 128 (pairs truncated longest first), batch 32, AdamW lr 5e-5 with
 0.01 except LayerNorm and biases, 10% linear warmup then linear decay, one seed. Dev F1 and
 accuracy after every epoch.
 
-  python benchmarks/shipped_checkpoints.py --model=/tmp/minilm/model \
+  python benchmarks/shipped_checkpoints.py --model=MINILM/model \
       --data_dir=GLUE/MRPC --epochs=3 --seed=1
 """
 from __future__ import annotations

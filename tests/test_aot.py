@@ -19,7 +19,7 @@ from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.phase_schedule import Phase
 from bertjax.state import create_train_state
-from bertjax.tools import aot, fit_verdict, hlo_census, tpu_estimate
+from bertjax.tools import aot, fit_verdict, hlo_census, phase_compile, tpu_estimate
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -380,7 +380,7 @@ def test_tpu_estimate_without_libtpus_step_time():
     result = tpu_estimate.estimate(cost, TPU_HLO, 1, model_flops=1e6, peak_tflops=1.0, top=1)
     assert result["optimal_seconds"] is None and result["estimated_mfu"] is None
     assert result["compiler_flops"] == 1e6 and result["census"][0]["cycles"] == 300
-    line = aot.summary_lines("short", {
+    line = phase_compile.summary_lines("short", {
         "max_seq_length": 128, "global_batch_size": 8, "per_device_batch": 8,
         "grad_accum_steps": 1, "compile_seconds": 1, "verdict": {"text": "fits"},
         "tpu": result})[1]

@@ -24,24 +24,16 @@ import json
 import os
 import sys
 import tempfile
-import time
 from typing import Any, Iterator
 
 import jax
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import (cli, families, flops, memory, optim, phase_schedule, sharded_run, sharding,
-                     targets)
-from bertjax.errors import UserError
-from bertjax.tools import fit_verdict, hlo_census, tpu_estimate
-from bertjax.settings import PretrainingSettings
+from bertjax import cli, memory, sharding, targets
+from bertjax.tools import advice, fit_verdict, phase_compile, tpu_estimate
 
 NOT_FIT_EXIT = 2  # the exit status when a phase does not fit as configured (errors: 1)
-CENSUS_GROUPS = 25  # the costliest instruction groups kept in a TPU phase's record
-# Measured step time / roofline estimate of the one version timed on a real H100 (589f15d,
-# BERT-large: 116.4 / 75.3 ms at L=128, 175.4 / 105.5 ms at L=512).
-H100_CALIBRATION = 1.6
 
 
 @contextlib.contextmanager
@@ -59,167 +51,6 @@ def stderr_to(path: str) -> Iterator[None]:
             os.close(saved)
 
 
-def _memory_sizes(compiled: Any) -> dict[str, int]:
-    analysis = compiled.memory_analysis()
-    return {} if analysis is None else {
-        name: int(getattr(analysis, f"{name}_size_in_bytes"))
-        for name in ("argument", "output", "alias", "temp", "generated_code")}
-
-
-def gpu_estimate(hlo_text: str, target: targets.Target, model_flops: float) -> dict[str, Any]:
-    """The kernel census of a GPU step, its roofline time and the MFU estimate that follows
-    with `H100_CALIBRATION` (an estimate, not a measurement)."""
-    result = hlo_census.census(hlo_text, target.peak_tflops, target.hbm_bytes_per_second)
-    step = result.seconds * H100_CALIBRATION
-    return {**result.as_dict(), "calibration": H100_CALIBRATION,
-            "estimated_step_seconds": step,
-            "estimated_mfu": model_flops / step / (target.peak_tflops * 1e12)}
-
-
-def compile_phase(sharded: sharded_run.ShardedRun, phase: phase_schedule.Phase, config: Any,
-                  target: targets.Target | None, memory_bytes: float | None = None
-                  ) -> dict[str, Any]:
-    """Compiles the train step of `phase`; the verdict (against `memory_bytes` per device,
-    default the target's), memory per device, FLOPs and the GPU's or TPU's estimate."""
-    mesh = sharded.mesh
-    per_device = phase.global_batch_size // sharding.data_parallel_size(mesh)
-    model_flops = flops.train_flops_per_sequence(
-        sharded.model.config, phase.max_seq_length, phase.max_predictions_per_seq
-    ) * phase.global_batch_size / mesh.size
-    start = time.time()
-    record: dict[str, Any] = {"max_seq_length": phase.max_seq_length,
-                              "global_batch_size": phase.global_batch_size,
-                              "grad_accum_steps": sharded.grad_accum[phase.name],
-                              "per_device_batch": per_device, "model_flops_per_device":
-                              model_flops}
-    compiled, refused, sizes = None, None, None
-    with sharding.activate(mesh):
-        lowered = sharded.train_step.lower(sharded.abstract_state, memory.abstract_batch(
-            phase, phase.global_batch_size, sharding.batch_sharding(mesh)))
-        try:
-            compiled = lowered.compile()
-        except Exception as e:  # the TPU compiler's refusal carries its own numbers
-            refused = fit_verdict.parse_refusal(str(e))
-            if refused is None:
-                raise
-            record["compiler_error"] = str(e).splitlines()[0]
-    record["compile_seconds"] = time.time() - start
-    if compiled is not None:
-        sizes = _memory_sizes(compiled)
-        record["memory"] = sizes
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
-        if cost and "flops" in cost:
-            record["compiler_flops_per_device"] = float(cost["flops"])
-        if target is not None and target.platform == "cuda":
-            record["gpu"] = gpu_estimate(compiled.as_text(), target, model_flops)
-        elif target is not None and cost and "optimal_seconds" in cost:
-            record["tpu"] = tpu_estimate.estimate(
-                cost, compiled.as_text(), sharded.grad_accum[phase.name], model_flops,
-                target.peak_tflops, top=CENSUS_GROUPS)
-    record["verdict"] = fit_verdict.verdict(
-        sizes, refused, memory_bytes or (target.hbm_bytes if target else None), config,
-        per_device, memory.per_device_bytes(sharded.abstract_state),
-        sharded.grad_accum[phase.name])
-    return record
-
-
-def summary_lines(name: str, record: dict[str, Any]) -> list[str]:
-    """The console's lines for one phase: the verdict, and a GPU's estimate."""
-    lines = [f"Phase {name} (L={record['max_seq_length']}, global batch "
-             f"{record['global_batch_size']}, {record['per_device_batch']} per device"
-             + (f" in {record['grad_accum_steps']} micro-batches"
-                if record["grad_accum_steps"] > 1 else "") + "): "
-             f"{record['verdict']['text']} [compiled in {record['compile_seconds']:.0f} s]"]
-    gpu = record.get("gpu")
-    if gpu:
-        lines.append(
-            f"  estimate (roofline x {gpu['calibration']} calibration, not measured): "
-            f"{gpu['estimated_step_seconds'] * 1e3:.1f} ms per step, MFU "
-            f"{gpu['estimated_mfu']:.0%}; roofline {gpu['roofline_seconds'] * 1e3:.1f} ms, "
-            f"{gpu['kernels']:,} kernels ({gpu['small_kernels']:,} under 64 KB), "
-            f"non-matmul {gpu['non_matmul_bytes'] / 1e9:.0f} GB")
-    tpu = record.get("tpu")
-    if tpu:
-        loop = (f", the loop's body counted {tpu['loop_trips']} times"
-                if tpu["loop_trips"] > 1 else "")
-        time_text = (f"{tpu['optimal_seconds'] * 1e3:.1f} ms per step, MFU "
-                     f"{tpu['estimated_mfu']:.1%}" if tpu["optimal_seconds"] else
-                     f"no step time (libtpu's optimal_seconds: "
-                     f"{tpu['compiler_optimal_seconds']:.4g})")
-        lines.append(
-            f"  estimate (libtpu's cost model, not measured{loop}): {time_text}; "
-            f"{tpu['bytes_accessed'] / 1e9:.1f} GB accessed; compiler "
-            f"{tpu['compiler_flops'] / 1e12:.2f} TFLOP, model {tpu['model_flops'] / 1e12:.2f} "
-            f"({tpu['compiler_flops'] / tpu['model_flops']:.1%})")
-    return lines
-
-
-def _build(config: Any, devices: list[jax.Device], phase_names: list[str] | None
-           ) -> tuple[sharded_run.ShardedRun, list[phase_schedule.Phase]]:
-    """The sharded model, state and train step of `config`'s phases named `phase_names`."""
-    mesh = sharded_run.make_mesh(config.mesh.to_dict(), devices)
-    settings = PretrainingSettings.of(config)
-    phases = phase_schedule.phases(settings.train, settings.data, settings.long_phase)
-    sharded_run.check_batches(mesh, phases, config.train.grad_accum_steps,
-                              config.model.max_position_embeddings)
-    phases = [p for p in phases if not phase_names or p.name in phase_names]
-    return sharded_run.build_pretraining(
-        families.model_config(config.model.to_dict()),
-        optim.optimizer_config(config.optimizer, config.train.total_steps), mesh, phases,
-        config.train.grad_accum_steps, report=False), phases
-
-
-def with_overrides(config: Any, overrides: dict[str, Any]) -> Any:
-    """A copy of `config` with `{"section.field": value}` set."""
-    trial = config.copy_and_resolve_references()
-    for key, value in overrides.items():
-        *path, field = key.split(".")
-        section = trial
-        for name in path:
-            section = section[name]
-        section[field] = value
-    return trial
-
-
-def advise(config: Any, devices: list[jax.Device], phase_name: str, record: dict[str, Any],
-           target: targets.Target | None, budget_seconds: float,
-           memory_bytes: float | None = None) -> dict[str, Any]:
-    """Compiles the phase with each of the verdict's candidate settings, cheapest first,
-    until one fits or `budget_seconds` have passed (a compile under way is finished):
-    `{"fits_with": flags | None, "tried": [...], "untried": [...]}`."""
-    start, tried = time.time(), []
-    pending = list(record["verdict"].get("candidates", []))
-    while pending and time.time() - start < budget_seconds:
-        candidate = pending.pop(0)
-        try:
-            trial_config = with_overrides(config, candidate["overrides"])
-            sharded, (phase,) = _build(trial_config, devices, [phase_name])
-            trial = compile_phase(sharded, phase, trial_config, target, memory_bytes)
-        except UserError as e:  # a setting this batch or mesh cannot take
-            tried.append({"flags": candidate["flags"], "fits": False, "text": str(e)})
-            continue
-        verdict = trial["verdict"]
-        tried.append({"flags": candidate["flags"], "fits": verdict["fits"],
-                      "text": verdict["text"], "compile_seconds": trial["compile_seconds"]})
-        if verdict["fits"]:
-            return {"fits_with": candidate["flags"], "tried": tried,
-                    "untried": [c["flags"] for c in pending]}
-    return {"fits_with": None, "tried": tried, "untried": [c["flags"] for c in pending]}
-
-
-def advice_lines(advice: dict[str, Any], budget_seconds: float) -> list[str]:
-    """The console's lines for the advisor's outcome: only a setting the compiler confirmed."""
-    lines = [f"  {t['flags']}: {t['text']}" for t in advice["tried"]]
-    if advice["fits_with"]:
-        lines.append(f"  advice, confirmed by the compiler: {advice['fits_with']}")
-    else:
-        lines.append(f"  no setting confirmed to fit within {budget_seconds:.0f} s"
-                     + (f"; not compiled: {', '.join(advice['untried'])}"
-                        if advice["untried"] else "; none of the candidates fits"))
-    return lines
-
-
 def compile_train_step(config: Any, devices: list[jax.Device],
                        phase_names: list[str] | None = None,
                        target: targets.Target | None = None,
@@ -228,8 +59,8 @@ def compile_train_step(config: Any, devices: list[jax.Device],
     """Lowers and compiles the train step of each phase for `devices` (of `target`); prints
     each phase's summary and returns the mesh, the start-up report and `{phase: record}`.
     A phase that does not fit `memory_bytes` per device (default: the target's) gets the
-    first candidate setting that the compiler confirms within `advise_seconds` (`advise`)."""
-    sharded, phases = _build(config, devices, phase_names)
+    first candidate setting that the compiler confirms within `advise_seconds` (`tools.advice`)."""
+    sharded, phases = phase_compile.build(config, devices, phase_names)
     mesh = sharded.mesh
     with sharding.activate(mesh):
         impl = sharded.model.config.resolved_attention_impl()
@@ -250,14 +81,14 @@ def compile_train_step(config: Any, devices: list[jax.Device],
               f"{result['matmul_calibration']:.0%} of {target.peak_tflops:g} TFLOP/s "
               "(the MFU below is of that peak)", flush=True)
     for phase in phases:
-        record = compile_phase(sharded, phase, config, target, memory_bytes)
+        record = phase_compile.compile_phase(sharded, phase, config, target, memory_bytes)
         result["phases"][phase.name] = record
-        for line in summary_lines(phase.name, record):
+        for line in phase_compile.summary_lines(phase.name, record):
             print(line, flush=True)
         if record["verdict"]["fits"] is False:
-            record["advice"] = advise(config, devices, phase.name, record, target,
-                                      advise_seconds, memory_bytes)
-            for line in advice_lines(record["advice"], advise_seconds):
+            record["advice"] = advice.advise(config, devices, phase.name, record, target,
+                                             advise_seconds, memory_bytes)
+            for line in advice.advice_lines(record["advice"], advise_seconds):
                 print(line, flush=True)
     return result
 

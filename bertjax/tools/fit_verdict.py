@@ -1,6 +1,6 @@
 """The fit verdict of a compiled (or refused) train step: does it fit the device's memory,
 with how much headroom (the TPU compiler's refusal parsed), and if not, the settings to try,
-cheapest first (`tools.aot` compiles them and advises only one the compiler confirms)."""
+cheapest first (`tools.advice` compiles them and advises only one the compiler confirms)."""
 from __future__ import annotations
 
 import re

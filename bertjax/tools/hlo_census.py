@@ -15,7 +15,7 @@ from collections import Counter
 
 SMALL_KERNEL_BYTES = 64 * 1024
 # Ops that launch nothing (bookkeeping, or waits of an async op counted at its start).
-_FREE_OPS = frozenset((
+FREE_OPS = frozenset((
     "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
     "partition-id", "replica-id", "opt-barrier", "add-dependency", "copy-done", "domain",
     "all-reduce-done", "all-gather-done", "collective-permute-done", "async-done",
@@ -125,7 +125,8 @@ class Census:
                 self.non_matmul_bytes, "roofline_seconds": self.seconds}
 
 
-def _attr(attrs: str, key: str) -> str | None:
+def attr(attrs: str, key: str) -> str | None:
+    """The value of `key=` in an HLO instruction's attributes (a computation's name), or None."""
     match = re.search(rf"\b{key}=%?([\w.\-$]+)", attrs)
     return match.group(1) if match else None
 
@@ -164,16 +165,16 @@ class _Analyzer:
             if ins.opcode == "while":
                 trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
                 times = int(trips.group(1)) if trips else 1
-                result.add(self.census(_attr(ins.attrs, "body")), times)
-                result.add(self.census(_attr(ins.attrs, "condition")), times)
+                result.add(self.census(attr(ins.attrs, "body")), times)
+                result.add(self.census(attr(ins.attrs, "condition")), times)
             elif ins.opcode == "conditional":
                 names = re.findall(r"%([\w.\-]+)", (re.search(
                     r"branch_computations=\{([^}]*)\}", ins.attrs) or re.search(
                     r"(true_computation=\S+ false_computation=\S+)", ins.attrs)).group(1))
                 result.add(max((self.census(n) for n in names), key=lambda c: c.seconds))
             elif ins.opcode == "call":
-                result.add(self.census(_attr(ins.attrs, "to_apply")))
-            elif ins.opcode not in _FREE_OPS:
+                result.add(self.census(attr(ins.attrs, "to_apply")))
+            elif ins.opcode not in FREE_OPS:
                 result.add(self.kernel(ins, types))
         self.cache[computation] = result
         return result
@@ -182,14 +183,14 @@ class _Analyzer:
         nbytes = type_bytes(ins.type_text) + sum(type_bytes(types.get(o, "")) for o in ins.operands)
         kind, flops = ins.opcode, 0.0
         if ins.opcode == "fusion":
-            body = self.computations.get(_attr(ins.attrs, "calls") or "", [])
+            body = self.computations.get(attr(ins.attrs, "calls") or "", [])
             body_types = {i.name: i.type_text for i in body}
             flops = sum(_dot_flops(i.type_text, body_types[i.operands[0]],
                                    _dims(i.attrs, "lhs_contracting_dims"))
                         for i in body if i.opcode == "dot")
             root = body[-1].opcode if body else ""
             kind = "matmul" if flops else (
-                "copy" if root == "copy" else f"fusion:{_attr(ins.attrs, 'kind') or '?'}")
+                "copy" if root == "copy" else f"fusion:{attr(ins.attrs, 'kind') or '?'}")
         elif ins.opcode == "dot":
             flops = _dot_flops(ins.type_text, types[ins.operands[0]],
                                _dims(ins.attrs, "lhs_contracting_dims"))

@@ -56,11 +56,11 @@ def operations(hlo_text: str, loop_trips: int = 1) -> list[Op]:
         for ins in computations[computation]:
             if ins.opcode == "while":
                 known = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
-                walk(hlo_census._attr(ins.attrs, "body"),
+                walk(hlo_census.attr(ins.attrs, "body"),
                      times * (int(known.group(1)) if known else loop_trips))
-            elif ins.opcode not in hlo_census._FREE_OPS or ins.opcode == "call":
+            elif ins.opcode not in hlo_census.FREE_OPS or ins.opcode == "call":
                 if ins.opcode == "call":
-                    walk(hlo_census._attr(ins.attrs, "to_apply"), times)
+                    walk(hlo_census.attr(ins.attrs, "to_apply"), times)
                     continue
                 cycles = _CYCLES.search(ins.attrs)
                 op_name = _OP_NAME.search(ins.attrs)
