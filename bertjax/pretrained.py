@@ -11,7 +11,7 @@ import functools
 import json
 import os
 import re
-from typing import Any, Collection, NamedTuple
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -104,26 +104,7 @@ def _read_once(path: str) -> tuple[BertConfig, dict[str, Any]]:
     return read(path)
 
 
-def architecture_of(path: str) -> families.ModelConfig:
-    """The model config of the checkpoint at `path` (any format; local or a URL), from its
-    config file alone: a Hugging Face `config.json`, Google's `bert_config.json`, a bertjax
-    run's recorded config. No weights are read."""
-    source_format = detect_format(path)
-    if source_format == "bertjax":
-        return native.config_of(native.checkpoint_dir(path))
-    if source_format == "hf":
-        values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
-        modern = values.get("model_type") == "modernbert"
-        return (hf_modernbert.hf_config if modern else hf.hf_config)(values, path)
-    directory = path if files.isdir(path) else os.path.dirname(path)
-    config_file = os.path.join(directory, "bert_config.json")
-    try:
-        return BertConfig.from_dict(tree.read_json_config(config_file, "Google"))
-    except ValueError as e:
-        raise ConversionError(f"{config_file}: {e}") from None
-
-
-def _other_family(found: families.ModelConfig, run_family: str, where: str) -> str:
+def other_family(found: families.ModelConfig, run_family: str, where: str) -> str:
     """The refusal of a checkpoint whose family is not the run's, naming the configs of
     the checkpoint's family."""
     found_family = families.name_of(found)
@@ -132,40 +113,12 @@ def _other_family(found: families.ModelConfig, run_family: str, where: str) -> s
             f"{families.NAMES[found_family]} config, {families.CONFIGS[found_family]}")
 
 
-def checkpoint_model(model: ml_collections.ConfigDict, path: str,
-                     explicit: Collection[str] = ()) -> dict[str, Any]:
-    """Sets the architecture fields of a pretraining config's `model` section to those of
-    the checkpoint at `path`, as `from_pretrained` takes them, and a ModernBERT's padding id
-    unless `explicit` names it; returns the fields that changed. A field that `explicit`
-    (the dotted names set on the command line) sets to another value than the checkpoint's,
-    or a checkpoint of another family, is refused in one line before any data work."""
-    try:
-        found = architecture_of(path)
-    except (ConversionError, FileNotFoundError) as e:  # (FileNotFoundError: no finished step)
-        raise PretrainedError(f"init_checkpoint={path!r}: {e}") from None
-    if families.name_of(found) != families.family(model):
-        raise PretrainedError(_other_family(found, families.family(model), path))
-    values = families.architecture(found)
-    contradicted = [f"--config.model.{name}={model[name]!r} (the checkpoint's: {value!r})"
-                    for name, value in values.items()
-                    if f"model.{name}" in explicit and model[name] != value]
-    if contradicted:
-        raise PretrainedError(f"{', '.join(contradicted)} contradicts init_checkpoint {path}, "
-                              "whose architecture the run takes: drop the override, or start "
-                              "from another checkpoint")
-    if families.is_modernbert(found) and "model.pad_token_id" not in explicit:
-        values["pad_token_id"] = found.pad_token_id  # (checked against the tokenizer's [PAD])
-    changed = {name: value for name, value in values.items() if model[name] != value}
-    model.update(changed)
-    return changed
-
-
 def check_architecture(found: families.ModelConfig, run: families.ModelConfig,
                        where: str) -> None:
     """Refuses a checkpoint whose architecture differs from the run's model config (or of
     another family: a ModernBERT one for a BERT run, or the reverse)."""
     if families.name_of(found) != families.name_of(run):
-        raise ConversionError(_other_family(found, families.name_of(run), where))
+        raise ConversionError(other_family(found, families.name_of(run), where))
     diffs = [f"{f}: checkpoint {value!r}, config.model {getattr(run, f)!r}"
              for f, value in families.architecture(found).items() if value != getattr(run, f)]
     if diffs:

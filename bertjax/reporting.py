@@ -172,3 +172,15 @@ class Progress:
             metrics_writer.write_jsonl(self.jsonl_path, {"step": step, "phase": phase.name, "split": "eval",
                                           **means})
         self.clock.restart()
+
+
+def steps_line(start_step: int, total_steps: int, phases: list[Phase],
+               log_every: int) -> str:
+    """What a run (or a resumed one) has left to train from `start_step`: its steps and
+    each unfinished phase's."""
+    left = [(p, p.end_step - max(p.start_step, start_step)) for p in phases
+            if p.end_step > start_step]
+    return (f"Training steps {start_step + 1}-{total_steps}: "
+            + ", ".join(f"{p.name} {steps} step{'s' if steps > 1 else ''} x "
+                        f"{p.global_batch_size} x {p.max_seq_length} tokens" for p, steps in left)
+            + f"; progress every {log_every} steps")

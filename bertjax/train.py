@@ -19,9 +19,9 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from bertjax import (agreement, checkpoint, cli, console, distributed, failures, families,
-                     files, guards, locks, memory, metrics_writer, nonfinite, peers,
-                     phase_schedule, pretrain_loop, pretrained, reporting, resume, sharded_run,
-                     run_schedule, stopping, validate)
+                     files, guards, init_architecture, locks, memory, metrics_writer,
+                     nonfinite, peers, phase_schedule, pretrain_loop, pretrained, reporting,
+                     resume, sharded_run, run_schedule, stopping, validate)
 from bertjax.data import loaders, pipeline
 from bertjax.errors import ConfigError, UserError
 from bertjax.pretrain_loop import PretrainingLoop
@@ -43,37 +43,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     """Pretrains (or resumes) in `workdir`, which no other run may use meanwhile (a lock);
     returns the final evaluation metrics. `devices` defaults to all devices; the mesh in
     `config.mesh` must cover them exactly. The model of a run from `train.init_checkpoint`
-    is the checkpoint's (`model_of_init_checkpoint`); `overrides` (the dotted fields set on
-    the command line) must agree with it."""
+    is the checkpoint's (`init_architecture.model_of_init_checkpoint`); `overrides` (the
+    dotted fields set on the command line) must agree with it."""
     if not workdir.strip():
         raise ConfigError("--workdir is empty: name the directory of the run")
     agreement.check("config", agreement.config_fields(config.to_dict(), workdir))
     validate.model_family(config)
-    config = model_of_init_checkpoint(config, workdir, overrides)
+    changed = init_architecture.model_of_init_checkpoint(
+        config.model.to_dict(), config.train.init_checkpoint, workdir, overrides)
+    if changed:
+        config = copy.deepcopy(config)
+        config.model.update(changed)
     settings = validate.pretraining(config)  # (typed, built once)
     with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
         return _train_and_evaluate(config, workdir, devices, accepted, settings)
-
-
-def model_of_init_checkpoint(config: ml_collections.ConfigDict, workdir: str,
-                             overrides: Collection[str]) -> ml_collections.ConfigDict:
-    """`config` with the architecture of its `train.init_checkpoint`
-    (`pretrained.checkpoint_model`), and a line naming the fields it changed; `config` itself
-    without one. A resumed run whose init_checkpoint has gone since takes its own
-    checkpoints' architecture."""
-    path = config.train.init_checkpoint
-    if not path:
-        return config
-    if not (files.exists(path) or files.exists(path + ".index")):
-        if not files.exists(os.path.join(workdir, "checkpoints")):
-            pretrained.check_exists(path, "train.init_checkpoint")
-        path = workdir
-    config = copy.deepcopy(config)
-    changed = pretrained.checkpoint_model(config.model, path, overrides)
-    if changed:
-        reporting.chief_print(f"The model of init_checkpoint {path}: " + ", ".join(
-            f"{name}={value}" for name, value in changed.items()) + " (the config's replaced)")
-    return config
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -111,7 +94,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     tokenizer = pipeline.load_or_train_tokenizer(data, cache_dir, jax.process_index(),
                                                  jax.process_count())
     if not found:
-        check_tokenizer(settings, config.model, tokenizer)
+        init_architecture.check_tokenizer(train.init_checkpoint, data,
+                                          config.model.to_dict(), tokenizer)
     if tokenizer.vocab_size > config.model.vocab_size:
         raise pipeline.DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but "
                                  f"model.vocab_size={config.model.vocab_size}; set --config.model.vocab_size="
@@ -154,7 +138,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if start_step >= train.total_steps:
         reporting.chief_print(f"Training already finished ({start_step} steps); evaluating only")
     else:
-        reporting.chief_print(steps_line(start_step, train.total_steps, phases, train.log_every))
+        reporting.chief_print(reporting.steps_line(start_step, train.total_steps, phases,
+                                                    train.log_every))
     writer = metrics_writer.open_writer(workdir)
 
     def train_from(state: Any, position: DataPosition, start_step: int,
@@ -199,32 +184,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if stopped:  # (the exit status says so: 130 or 143)
         raise failures.Stopped(stopped)
     return final_eval
-
-
-def steps_line(start_step: int, total_steps: int, phases: list[phase_schedule.Phase],
-               log_every: int) -> str:
-    """What a run (or a resumed one) has left to train from `start_step`: its steps and
-    each unfinished phase's."""
-    left = [(p, p.end_step - max(p.start_step, start_step)) for p in phases
-            if p.end_step > start_step]
-    return (f"Training steps {start_step + 1}-{total_steps}: "
-            + ", ".join(f"{p.name} {steps} step{'s' if steps > 1 else ''} x "
-                        f"{p.global_batch_size} x {p.max_seq_length} tokens" for p, steps in left)
-            + f"; progress every {log_every} steps")
-
-
-def check_tokenizer(settings: PretrainingSettings, model: ml_collections.ConfigDict,
-                    tokenizer) -> None:
-    """Before a new run prepares data: the tokenizer is the init_checkpoint's
-    (`pretrained.check_run_tokenizer`), and a ModernBERT's padding id is its [PAD] (what an
-    export's config.json names)."""
-    if settings.train.init_checkpoint:
-        pretrained.check_run_tokenizer(settings.train.init_checkpoint, settings.data,
-                                       tokenizer.vocab_size, model.vocab_size)
-    if families.family(model) == "modernbert" and model.pad_token_id != tokenizer.pad_id:
-        raise ConfigError(f"model.pad_token_id={model.pad_token_id} but the tokenizer's [PAD] "
-                          f"is {tokenizer.pad_id}; set --config.model.pad_token_id="
-                          f"{tokenizer.pad_id}")
 
 
 def fresh_state(settings: PretrainingSettings, sharded: sharded_run.ShardedRun,

@@ -26,7 +26,7 @@ TRAINING = {"bertjax.train", "bertjax.finetune", "bertjax.sharded_run", "bertjax
             "bertjax.optim", "bertjax.checkpoint", "bertjax.reporting", "bertjax.state",
             "bertjax.pretrain_loop", "bertjax.finetune_loop", "bertjax.guards", "bertjax.distributed", "bertjax.memory",
             "bertjax.pretrained", "bertjax.sharding", "bertjax.nonfinite", "bertjax.resume",
-            "bertjax.metrics_writer"}
+            "bertjax.metrics_writer", "bertjax.init_architecture"}
 CONFIG_SECTIONS = {"model", "data", "train", "optimizer", "mesh", "long_phase"}
 
 

@@ -19,7 +19,7 @@ import pytest
 import tokenizers as tk
 
 from bertjax import (checkpoint, console, convert, extract_features, families, finetune,
-                     modernbert, modernbert_heads, pretrained, train, validate)
+                     init_architecture, modernbert, modernbert_heads, pretrained, train, validate)
 from bertjax.errors import ConfigError
 from bertjax.data import bpe, pipeline, tokenization
 from bertjax.data.settings import DataSettings
@@ -213,7 +213,9 @@ def test_continued_pretraining_takes_the_checkpoint_architecture(hf_dir, tmp_pat
                                                           "Hugging Face"), hf_dir)
     config = modernbert_tiny()
     config.model.num_hidden_layers = 3  # (given, and the checkpoint's)
-    changed = pretrained.checkpoint_model(config.model, hf_dir, {"model.num_hidden_layers"})
+    changed = init_architecture.checkpoint_model(config.model.to_dict(), hf_dir,
+                                                 {"model.num_hidden_layers"})
+    config.model.update(changed)
     assert set(changed) >= {"vocab_size", "hidden_size", "pad_token_id"}
     assert families.model_config(config.model.to_dict()) == dataclasses.replace(
         found, dtype="float32")  # (dtype, remat and dropout: the run's)
@@ -229,10 +231,11 @@ def test_continued_pretraining_takes_the_checkpoint_architecture(hf_dir, tmp_pat
     tokenizer = bpe.BpeTokenizer(config.data.vocab_file)
     with pytest.raises(ConfigError, match=r"^model.pad_token_id=0 but the tokenizer's \[PAD\] "
                        r"is 3; set --config.model.pad_token_id=3$"):
-        train.check_tokenizer(validate.settings(config), config.model, tokenizer)
-    config.train.init_checkpoint = hf_dir
-    pretrained.checkpoint_model(config.model, hf_dir)
-    train.check_tokenizer(validate.settings(config), config.model, tokenizer)
+        init_architecture.check_tokenizer("", validate.settings(config).data,
+                                          config.model.to_dict(), tokenizer)
+    config.model.update(init_architecture.checkpoint_model(config.model.to_dict(), hf_dir))
+    init_architecture.check_tokenizer(hf_dir, validate.settings(config).data,
+                                      config.model.to_dict(), tokenizer)
 
 
 @pytest.mark.slow  # a real pretraining run

@@ -13,8 +13,8 @@ import flax.linen as nn
 import numpy as np
 import pytest
 
-from bertjax import (attention, checkpoint, cli, convert, families, flops, optim, pretrained, train,
-                     validate)
+from bertjax import (attention, checkpoint, cli, convert, families, flops, init_architecture, optim,
+                     pretrained, train, validate)
 from bertjax.interop import hf_modernbert, tree
 from bertjax.model import BertConfig
 from bertjax.modernbert_config import ModernBertConfig
@@ -154,11 +154,13 @@ def test_a_resumed_run_whose_init_checkpoint_has_gone_keeps_its_own_model(tmp_pa
     modernbert_checkpoint(tmp_path / "run" / "checkpoints")
     config = modernbert_tiny()
     config.train.init_checkpoint = str(tmp_path / "gone")
-    model = train.model_of_init_checkpoint(config, str(tmp_path / "run"), ()).model
-    assert families.model_config(model.to_dict()) == dataclasses.replace(TINY, dtype="float32")
-    assert config.model.hidden_size != TINY.hidden_size  # (the caller's config is unchanged)
+    model = config.model.to_dict()
+    model.update(init_architecture.model_of_init_checkpoint(
+        model, config.train.init_checkpoint, str(tmp_path / "run"), ()))
+    assert families.model_config(model) == dataclasses.replace(TINY, dtype="float32")
     with pytest.raises(pretrained.PretrainedError, match="gone'? does not exist"):
-        train.model_of_init_checkpoint(config, str(tmp_path / "new"), ())
+        init_architecture.model_of_init_checkpoint(
+            model, config.train.init_checkpoint, str(tmp_path / "new"), ())
 
 
 def test_bert_runs_refuse_a_modernbert_checkpoint(tmp_path):

@@ -13,7 +13,8 @@ import pytest
 
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
-from bertjax import families, finetune, modernbert, pretrained, run_schedule, train
+from bertjax import (families, finetune, init_architecture, modernbert, pretrained, reporting,
+                     run_schedule, train)
 from bertjax.data import corpus, default_corpus, pipeline
 from bertjax.interop import hf, hf_modernbert
 from bertjax.model import BertConfig
@@ -252,12 +253,14 @@ def test_a_bert_run_takes_the_architecture_of_a_google_or_hugging_face_checkpoin
     hf.save_hf(found, random_params(found), str(tmp_path / "hf"))
     for checkpoint_dir in (tmp_path / "google", tmp_path / "hf"):
         config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
-        pretrained.checkpoint_model(config.model, str(checkpoint_dir))
+        config.model.update(init_architecture.checkpoint_model(config.model.to_dict(),
+                                                               str(checkpoint_dir)))
         assert BertConfig.from_dict(config.model.to_dict()) == found
         config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
         with pytest.raises(pretrained.PretrainedError, match=r"^--config.model.vocab_size=8000 "
                            r"\(the checkpoint's: 120\) contradicts init_checkpoint"):
-            pretrained.checkpoint_model(config.model, str(checkpoint_dir), {"model.vocab_size"})
+            init_architecture.checkpoint_model(config.model.to_dict(), str(checkpoint_dir),
+                                               {"model.vocab_size"})
     modern = ModernBertConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
                               num_hidden_layers=1, num_attention_heads=2)
     shapes = families.abstract_params(modernbert.ModernBertForMaskedLM(modern))
@@ -266,18 +269,18 @@ def test_a_bert_run_takes_the_architecture_of_a_google_or_hugging_face_checkpoin
     with pytest.raises(pretrained.PretrainedError, match=r"holds a ModernBERT model but the "
                        r"run's model is BERT: start from a ModernBERT config, "
                        r"configs/modernbert_tiny.py"):
-        pretrained.checkpoint_model(config.model, str(tmp_path / "modern"))
+        init_architecture.checkpoint_model(config.model.to_dict(), str(tmp_path / "modern"))
 
 
 def test_the_steps_line_of_a_resumed_run_says_what_is_left():
     """Resumed at step 36 of 120 (short: 1-108), the line said "short 108 steps" (issue 42)."""
     phases = [Phase("short", 128, 20, 16, 0, 108), Phase("long", 256, 40, 16, 108, 120)]
-    assert train.steps_line(36, 120, phases, 25) == (
+    assert reporting.steps_line(36, 120, phases, 25) == (
         "Training steps 37-120: short 72 steps x 16 x 128 tokens, long 12 steps x 16 x 256 "
         "tokens; progress every 25 steps")
-    assert train.steps_line(119, 120, phases, 25).startswith(
+    assert reporting.steps_line(119, 120, phases, 25).startswith(
         "Training steps 120-120: long 1 step x 16 x 256 tokens;")
-    assert train.steps_line(0, 120, phases, 25).startswith(
+    assert reporting.steps_line(0, 120, phases, 25).startswith(
         "Training steps 1-120: short 108 steps x 16 x 128 tokens, long 12 steps")
 
 
