@@ -417,8 +417,12 @@ def validate_case(path: str, do_lower_case: bool, vocab_file: str = "",
 def check_run_tokenizer(path: str, data_config: DataSettings, tokenizer_vocab_size: int,
                         model_vocab_size: int) -> None:
     """A run from a pretrained checkpoint must tokenize as the checkpoint was trained: the
-    same vocabulary size and, for WordPiece, the same casing."""
-    if tokenizer_vocab_size != model_vocab_size:
+    same vocabulary size (or fewer tokens than embedding rows with the checkpoint directory's
+    own tokenizer, as ModernBERT's padded rows) and, for WordPiece, the same casing."""
+    where = os.path.abspath(data_config.vocab_file or "/")
+    own = os.path.abspath(path) in (where, os.path.dirname(where))
+    if tokenizer_vocab_size != model_vocab_size and not (
+            own and tokenizer_vocab_size < model_vocab_size):
         raise ConversionError(
             f"the tokenizer has {tokenizer_vocab_size} tokens but init_checkpoint {path} has "
             f"{model_vocab_size}: pass the checkpoint's own tokenizer file as "
