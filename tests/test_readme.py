@@ -19,6 +19,7 @@ import pytest
 
 from bertjax.data import default_corpus
 from test_finetune import assert_quiet_console
+from test_shipped_tokenizers import sentence_transformers_dir, text_words
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Walked after the README, in this order: their fenced blocks' commands are run too (indented
@@ -121,6 +122,9 @@ def task_files(root) -> None:
 def test_readme_commands_run_top_to_bottom(tmp_path):
     transformers = pytest.importorskip("transformers")
     task_files(tmp_path)
+    # interop.md's sentence-transformers directory as shipped (test_shipped_tokenizers.py).
+    sentence_transformers_dir(tmp_path / "all-MiniLM-L6-v2", text_words(
+        [s for d in default_corpus.default_corpus() for s in d][:400]))
     env = {**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     ran = []
@@ -145,7 +149,9 @@ def test_readme_commands_run_top_to_bottom(tmp_path):
     assert ran == ["bertjax.train", "bertjax.finetune", "bertjax.extract_features",
                    "bertjax.convert",  # the README's three jobs
                    "bertjax.finetune", "bertjax.finetune", "bertjax.finetune",  # finetuning.md
-                   "bertjax.probe", "bertjax.convert", "bertjax.convert"], ran
+                   "bertjax.probe",  # probing-and-ablations.md
+                   "bertjax.finetune", "bertjax.extract_features",  # interop.md: as shipped
+                   "bertjax.convert", "bertjax.convert"], ran
     assert json.loads((tmp_path / "workdir" / "tiny" / "final_metrics.json").read_text())[
         "step"] == 6
     record = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])
