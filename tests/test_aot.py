@@ -20,6 +20,7 @@ from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.phase_schedule import Phase
 from bertjax.state import create_train_state
 from bertjax.tools import aot, fit_verdict, hlo_census, phase_compile, tpu_estimate
+from test_modernbert_io import hf_dir  # noqa: F401 (fixture)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -385,3 +386,26 @@ def test_tpu_estimate_without_libtpus_step_time():
         "grad_accum_steps": 1, "compile_seconds": 1, "verdict": {"text": "fits"},
         "tpu": result})[1]
     assert "no step time (libtpu's optimal_seconds: -5)" in line and "0.0 GB accessed" in line
+
+
+@pytest.mark.aot
+def test_the_python_api_is_as_quiet_as_the_command_line(hf_dir, tmp_path):  # noqa: F811
+    """docs/modernbert.md's "In Python" on a host without accelerators, with libtpu and the
+    CUDA plugin installed (the `aot` extra): nothing but what it prints itself (the plugins'
+    start-up tracebacks came first; issue 42)."""
+    pytest.importorskip("libtpu")
+    if any(glob.glob(pattern) for pattern in console.ACCELERATOR_FILES):
+        pytest.skip("this host has an accelerator: its plugins start")
+    script = ("import numpy as np\n"
+              "from bertjax import modernbert\n"
+              "from bertjax.interop import hf_modernbert\n"
+              f"config, params = hf_modernbert.load_hf({hf_dir!r})\n"
+              "input_ids = np.full((1, 8), 5, np.int32)\n"
+              "logits = modernbert.ModernBertForMaskedLM(config).apply(\n"
+              "    {'params': params}, input_ids, np.ones_like(input_ids))\n"
+              "print(logits.shape)\n")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path, env={**env, "PYTHONPATH": REPO_ROOT})
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr[-3000:]
+    assert result.stdout.startswith("(1, 8, ")

@@ -4,7 +4,6 @@ back with identical parameters; a tiny ModernBERT fine-tuned on a GLUE-like task
 `bertjax.finetune`, exported as `ModernBertForSequenceClassification`; feature extraction.
 Against transformers itself: tests/test_modernbert_finetune_parity.py (`parity`)."""
 import dataclasses
-import glob
 import json
 import os
 import random
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import tokenizers as tk
 
-from bertjax import (checkpoint, console, convert, extract_features, families, finetune,
+from bertjax import (checkpoint, convert, extract_features, families, finetune,
                      init_architecture, modernbert, modernbert_heads, pretrained, train, validate)
 from bertjax.errors import ConfigError
 from bertjax.data import bpe, pipeline, tokenization
@@ -285,28 +284,6 @@ def test_the_export_keeps_what_the_tokenizer_says(hf_dir, tmp_path, capsys):
             (tmp_path / name / "hf" / "tokenizer_config.json").read_text())
         assert tokenizer_config["model_input_names"] == ["input_ids", "attention_mask"]
     assert tokenizers_["bpe"].pad_id == 3
-
-
-def test_the_python_api_is_as_quiet_as_the_command_line(hf_dir, tmp_path):
-    """docs/modernbert.md's "In Python" on a host without accelerators, with libtpu and the
-    CUDA plugin installed (the `aot` extra): nothing but what it prints itself (the plugins'
-    start-up tracebacks came first; issue 42)."""
-    pytest.importorskip("libtpu")
-    if any(glob.glob(pattern) for pattern in console.ACCELERATOR_FILES):
-        pytest.skip("this host has an accelerator: its plugins start")
-    script = ("import numpy as np\n"
-              "from bertjax import modernbert\n"
-              "from bertjax.interop import hf_modernbert\n"
-              f"config, params = hf_modernbert.load_hf({hf_dir!r})\n"
-              "input_ids = np.full((1, 8), 5, np.int32)\n"
-              "logits = modernbert.ModernBertForMaskedLM(config).apply(\n"
-              "    {'params': params}, input_ids, np.ones_like(input_ids))\n"
-              "print(logits.shape)\n")
-    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=300, cwd=tmp_path, env={**env, "PYTHONPATH": REPO_ROOT})
-    assert (result.returncode, result.stderr) == (0, ""), result.stderr[-3000:]
-    assert result.stdout.startswith("(1, 8, ")
 
 
 def test_squad_words_take_the_pieces_they_have_in_running_text(hf_dir):
