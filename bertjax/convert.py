@@ -128,23 +128,14 @@ def with_tokenizer_padding(config: families.ModelConfig, tokenizer: tokenization
     return dataclasses.replace(config, pad_token_id=tokenizer.pad_id)
 
 
-def model_inputs(dst: str, token_type_ids: bool) -> None:
-    """tokenizer_config.json's `model_input_names` as the model takes them: BERT's with
-    `token_type_ids`, ModernBERT's without (whichever kind its tokenizer is)."""
-    path = os.path.join(dst, "tokenizer_config.json")
-    values = tree.read_json_config(path, "tokenizer")
-    values["model_input_names"] = ["input_ids", *(["token_type_ids"] if token_type_ids else []),
-                                   "attention_mask"]
-    tree.write_json(path, values)
-
-
 def export_tokenizer(tokenizer: tokenization.Tokenizer, config: families.ModelConfig,
                      target: str, dst: str) -> list[tuple[str, str]]:
     """Writes the tokenizer files `target` holds into `dst`; returns model-card rows."""
     try:
         if target == "hf":
-            names = hf_tokenizer.save_tokenizer(tokenizer, dst, config.max_position_embeddings)
-            model_inputs(dst, not isinstance(config, ModernBertConfig))
+            names = hf_tokenizer.save_tokenizer(tokenizer, dst, config.max_position_embeddings,
+                                                token_type_ids=not isinstance(config,
+                                                                              ModernBertConfig))
         elif target == "bertjax":  # found beside the checkpoint by every bertjax command
             names = native.save_tokenizer(tokenizer, dst)
         elif isinstance(tokenizer, tokenization.WordPieceTokenizer):  # Google's layout

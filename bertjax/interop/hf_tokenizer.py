@@ -96,16 +96,18 @@ def save_vocab(tokenizer: WordPieceTokenizer, path: str) -> list[str]:
     return ["vocab.txt"]
 
 
-def save_tokenizer(tokenizer: Tokenizer, path: str, model_max_length: int) -> list[str]:
+def save_tokenizer(tokenizer: Tokenizer, path: str, model_max_length: int,
+                   token_type_ids: bool) -> list[str]:
     """Writes the tokenizer files for `AutoTokenizer` into `path`; returns their names (a BPE
-    tokenizer.json is written as it was read, with ModernBERT's model inputs)."""
+    tokenizer.json is written as it was read). `token_type_ids`: whether the model takes them
+    (BERT does, ModernBERT not), for tokenizer_config.json's `model_input_names`."""
     if not isinstance(tokenizer, (WordPieceTokenizer, SentencePieceTokenizer,
                                   bpe.BpeTokenizer)):
         raise tree.ConversionError(f"no Hugging Face form for a {type(tokenizer).__name__}")
     byte_level = isinstance(tokenizer, bpe.BpeTokenizer)
     config: dict = {**SPECIAL_TOKENS, "model_max_length": model_max_length,
-                    "model_input_names": ["input_ids", "attention_mask"] if byte_level
-                    else ["input_ids", "token_type_ids", "attention_mask"],
+                    "model_input_names": ["input_ids", *(["token_type_ids"] if token_type_ids
+                                                         else []), "attention_mask"],
                     "tokenizer_class": "PreTrainedTokenizerFast"}
     if byte_level:
         names = bpe.save(tokenizer, path)
