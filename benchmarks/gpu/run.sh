@@ -19,20 +19,7 @@ LOG="$OUT/log.txt"
 export PYTHONUNBUFFERED=1 PYTHONPATH=".:${PYTHONPATH:-}" TF_CPP_MIN_LOG_LEVEL=1
 export TRACE_SUMMARY=.gpu/trace_summary.py JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}  # no silent CPU
 
-say() { echo "[$(($(date +%s) - START))s] $*" | tee -a "$LOG"; }
-
-# stage NAME CAP_SECONDS COMMAND...: runs COMMAND under min(CAP, time left); logs its end.
-stage() {
-    local name=$1 cap=$2; shift 2
-    local left=$((BUDGET - ($(date +%s) - START)))
-    local limit=$((cap < left ? cap : left))
-    if [ "$limit" -lt 20 ]; then say "SKIP $name: ${left}s left"; return 1; fi
-    say "START $name (limit ${limit}s): $*"
-    timeout -k 5 "$limit" "$@" >>"$LOG" 2>&1
-    local rc=$?
-    say "END $name rc=$rc"
-    return $rc
-}
+. benchmarks/gpu/stages.sh
 
 say "machine: $(nvidia-smi -L 2>&1 | head -1); $(nproc) cores"
 python3 -m pip show jax jaxlib jax-cuda13-plugin flax optax torch transformers 2>/dev/null \
