@@ -1,7 +1,7 @@
 """bertjax: BERT (Devlin et al., 2018) in JAX/Flax, faithful by default, fast by design."""
-from bertjax import console as _console
+from bertjax import backend_env as _backend_env
 
-# As quiet as the entry points (which call it again in `configure_console`): on a host
-# without an accelerator, JAX starts on the CPU without the installed plugins' (libtpu, CUDA)
-# start-up tracebacks; JAX_PLATFORMS, if set, decides.
-_console.cpu_unless_accelerated()
+# Before any JAX backend starts (`backend_env`): on a host without an accelerator, JAX starts
+# on the CPU without the installed plugins' (libtpu, CUDA) start-up tracebacks (JAX_PLATFORMS,
+# if set, decides); on an NVIDIA host, cuDNN's fused attention stays out of XLA's CUDA graphs.
+_backend_env.prepare()

@@ -28,9 +28,10 @@ from bertjax import flash_dropout
 # "auto": "cudnn" on a GPU where no attention dropout is applied (16-bit compute, head size
 # <= 128), "pallas" on TPU (with dropout: up to that length; by libtpu's estimate of
 # BERT-large on v5p-8 it is faster and needs less memory than einsum at 128 and 512 tokens,
-# benchmarks/aot/flash_dropout.md), else "einsum". cuDNN's in-kernel dropout aborted the
-# process at the first step on an H100 (jax 0.11.2, benchmarks/gpu/README.md): with attention
-# dropout, "cudnn" is opt-in until a GPU run shows it holds.
+# benchmarks/aot/flash_dropout.md), else "einsum". With attention dropout, "cudnn" is
+# opt-in: it runs once XLA keeps it out of CUDA graphs (`backend_env`; inside them it aborted
+# on an H100 and an H200), it was 3% faster than einsum in the one step measured (H200, 4
+# layers, L=128), and its dropout is not replayed on resume (benchmarks/gpu/README.md).
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
 CUDNN_DTYPES = ("bfloat16", "float16")
 ATTENTION_MASK_VALUE = -10000.0  # the original additive mask, not -inf

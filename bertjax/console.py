@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import glob
 import logging as std_logging
 import os
 import re
@@ -16,7 +15,7 @@ from typing import Any, Iterator
 
 from absl import logging
 
-from bertjax import files
+from bertjax import backend_env, files
 
 
 def process_index() -> int:
@@ -266,33 +265,14 @@ class _OtherThreadsTo:
         return getattr(self.console, name)
 
 
-# Device files of the accelerators JAX's plugins drive: TPU VMs (v2-v4: /dev/accel*, v5e and
-# later: VFIO groups), NVIDIA GPUs (WSL2: /dev/dxg), AMD GPUs.
-ACCELERATOR_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*", "/dev/nvidiactl",
-                     "/dev/dxg", "/dev/kfd")
-
-
-def cpu_unless_accelerated() -> None:
-    """Sets JAX's platforms to `cpu` on a host without an accelerator's device file, unless
-    JAX_PLATFORMS says otherwise, before any backend starts: installed plugins (libtpu and
-    the CUDA plugin of the `aot` extra) would otherwise print tens of lines of start-up
-    failures there, tracebacks included, before falling back to the CPU anyway."""
-    if "JAX_PLATFORMS" not in os.environ and not any(
-            glob.glob(pattern) for pattern in ACCELERATOR_FILES):
-        if "jax" in sys.modules:
-            sys.modules["jax"].config.update("jax_platforms", "cpu")
-        else:  # read when JAX is imported, if ever (by this process or the ones it starts)
-            os.environ["JAX_PLATFORMS"] = "cpu"
-
-
 def configure_console(verbosity: int = 0) -> None:
     """The one place that decides what the libraries may print (every entry point calls it).
     Verbosity 0 (the default): QuietLibraries and plain lines; 1 or more (`--verbosity=1`):
     absl's full log of every library, DEBUG included. From here on, what the console shows
     and the records at INFO or above are kept for a run's log file (`logging_to`). On a
     host without accelerators, JAX uses the CPU without trying the others
-    (`cpu_unless_accelerated`)."""
-    cpu_unless_accelerated()
+    (`backend_env.cpu_unless_accelerated`)."""
+    backend_env.cpu_unless_accelerated()
     logging.use_absl_handler()
     handler = logging.get_absl_handler()
     if verbosity >= 1:

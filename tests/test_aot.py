@@ -14,7 +14,7 @@ import jax
 import ml_collections
 import pytest
 
-from bertjax import attention, autofit, console, memory, optim, sharding, targets
+from bertjax import attention, autofit, backend_env, memory, optim, sharding, targets
 from bertjax import model as bert_model
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.phase_schedule import Phase
@@ -310,7 +310,7 @@ def test_the_aot_extra_changes_nothing_an_entry_point_prints(module, args, tmp_p
     accelerators prints what it prints with JAX_PLATFORMS=cpu: here its one error line (a
     missing checkpoint), not the plugins' start-up tracebacks before it."""
     pytest.importorskip("libtpu")
-    if any(glob.glob(pattern) for pattern in console.ACCELERATOR_FILES):
+    if any(glob.glob(pattern) for pattern in backend_env.ACCELERATOR_FILES):
         pytest.skip("this host has an accelerator: its plugins start")
     names = {"m": tmp_path / "missing"}
     command = [sys.executable, "-m", module, f"--workdir={tmp_path}/w",
@@ -394,7 +394,7 @@ def test_the_python_api_is_as_quiet_as_the_command_line(hf_dir, tmp_path):  # no
     CUDA plugin installed (the `aot` extra): nothing but what it prints itself (the plugins'
     start-up tracebacks came first; issue 42)."""
     pytest.importorskip("libtpu")
-    if any(glob.glob(pattern) for pattern in console.ACCELERATOR_FILES):
+    if any(glob.glob(pattern) for pattern in backend_env.ACCELERATOR_FILES):
         pytest.skip("this host has an accelerator: its plugins start")
     script = ("import numpy as np\n"
               "from bertjax import modernbert\n"

@@ -5,7 +5,10 @@ attention dropout; `auto` picks per backend."""
 import contextlib
 import dataclasses
 import functools
+import os
 import re
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -15,7 +18,7 @@ import pytest
 
 from jax.sharding import PartitionSpec as P
 
-from bertjax import attention, sharding
+from bertjax import attention, backend_env, sharding
 from bertjax import model as M
 
 CONFIG = M.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -291,3 +294,33 @@ def test_sliding_windows_in_the_fused_paths_match_einsum(impl):
         for got_grad, want_grad in zip(got_grads, want_grads):
             np.testing.assert_allclose(got_grad, want_grad, rtol=1e-4, atol=1e-5)
     assert attention.window_impl("cudnn", 16) == "einsum" and attention.window_impl("cudnn", 0)
+
+
+def test_cudnn_is_kept_out_of_cuda_graphs_on_an_nvidia_host_unless_the_user_chose():
+    """On a GPU host XLA_FLAGS gains the flag that lets cuDNN's attention dropout run (inside
+    CUDA graphs it aborts); a user's own command-buffer setting and CPU hosts are left alone."""
+    env = {"XLA_FLAGS": "--xla_dump_to=/x"}
+    backend_env.cudnn_outside_command_buffers(env, gpu=True)
+    assert env["XLA_FLAGS"] == "--xla_dump_to=/x " + backend_env.CUDNN_OUTSIDE_COMMAND_BUFFERS
+    backend_env.cudnn_outside_command_buffers(env, gpu=True)  # once only
+    assert env["XLA_FLAGS"].count("xla_gpu_enable_command_buffer") == 1
+    users = {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="}
+    backend_env.cudnn_outside_command_buffers(users, gpu=True)
+    assert users == {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="}
+    cpu = {}
+    backend_env.cudnn_outside_command_buffers(cpu, gpu=False)
+    assert cpu == {}
+
+
+def test_importing_bertjax_on_an_nvidia_host_sets_a_flag_this_jaxlib_accepts():
+    """`import bertjax` applies it (NVIDIA device files faked), before JAX starts; XLA aborts
+    on a flag value it does not know, and the installed jaxlib starts with this one."""
+    code = ("import glob; real = glob.glob; glob.glob = lambda p: ['/dev/nvidia0'] "
+            "if 'nvidia' in p else real(p)\n"
+            "import os, bertjax; glob.glob = real; flags = os.environ['XLA_FLAGS']\n"
+            "import jax; print(flags, float(jax.numpy.ones(2).sum()))")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(env, JAX_PLATFORMS="cpu"), timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [backend_env.CUDNN_OUTSIDE_COMMAND_BUFFERS, "2.0"]

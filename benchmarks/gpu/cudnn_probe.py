@@ -84,14 +84,22 @@ def model_nodrop() -> dict:
     inputs, params = model_inputs(cfg)
     key = jax.random.PRNGKey(0)
     results = {}
-    for impl in ("einsum", IMPL):
+    for impl in ("einsum", "xla", IMPL):
         c = dataclasses.replace(cfg, attention_impl=impl)
         results[impl] = jax.jit(jax.value_and_grad(model_loss(c, inputs, True)))(params, key)
     hlo = jax.jit(model_loss(dataclasses.replace(cfg, attention_impl=IMPL), inputs, True)
                   ).lower(params, key).as_text()
     errs = relative_errors(results[IMPL], results["einsum"])
+    names = ["loss"] + [jax.tree_util.keystr(path) for path, _ in
+                        jax.tree_util.tree_leaves_with_path(results["einsum"][1])]
+    norms = [float(np.linalg.norm(np.asarray(r, np.float64)))
+             for r in jax.tree.leaves(results["einsum"])]
+    worst = sorted(zip(errs, names, norms), reverse=True)[:6]
     return {"max_relative_error_loss_and_grads": max(errs),
             "median_relative_error": float(np.median(errs)),
+            "worst (error, leaf, reference norm)": worst,
+            "xla_path_max_relative_error": max(relative_errors(results["xla"],
+                                                               results["einsum"])),
             "custom_call_is_cudnn_fmha": "__cudnn$fmha" in hlo}
 
 
