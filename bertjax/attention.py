@@ -280,24 +280,33 @@ def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.
             sm_scale=1.0 / math.sqrt(head_size),
             block_sizes=tpu_flash.BlockSizes(block_b=1, **block))
 
-    def with_dropout(q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL, seeds_BxN):
-        return flash_dropout.flash_dropout(q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL, seeds_BxN,
+    def with_dropout(q_BxLxH, k_BxLxH, v_BxLxH, ids_BxL, seeds_BxN):
+        return flash_dropout.flash_dropout(q_BxLxH, k_BxLxH, v_BxLxH, ids_BxL, seeds_BxN,
                                            dropout_rate, interpret)
 
+    # JAX's kernels take heads first, [B, N, L, D]; bertjax's the projections' [B, L, N * D].
     flash = (with_dropout if dropout_rate
-             else functools.partial(_splash_window, half_window=half_window) if half_window
-             else _in_tpu_interpret_mode(whole_rows) if interpret else whole_rows)
+             else _heads_first(functools.partial(_splash_window, half_window=half_window))
+             if half_window
+             else _heads_first(_in_tpu_interpret_mode(whole_rows) if interpret else whole_rows))
     args = (ids_BxL.astype(jnp.int32),) + ((seeds_BxN,) if dropout_rate else ())
+    shape = q_BxLxNxD.shape
+    qkv = (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)
+    if dropout_rate:
+        qkv = tuple(x.reshape(shape[:2] + (-1,)) for x in qkv)
     mesh = jax.sharding.get_abstract_mesh()
     if spec is not None and not mesh.empty and any(spec):
-        qkv_spec = PartitionSpec(spec[0], spec[1], None, None)  # [B, N, L, D]
+        qkv_spec = PartitionSpec(spec[0], None, spec[1], *(() if dropout_rate else (None,)))
         flash = jax.shard_map(flash, mesh=mesh, in_specs=(qkv_spec,) * 3 + (
             PartitionSpec(spec[0], None), PartitionSpec(spec[0], spec[1]))[:len(args)],
             out_specs=qkv_spec, check_vma=False)
-    heads_first = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
-    out_BxNxLxD = flash(heads_first(q_BxLxNxD), heads_first(k_BxLxNxD), heads_first(v_BxLxNxD),
-                        *args)
-    return heads_first(out_BxNxLxD)
+    return flash(*qkv, *args).reshape(shape)
+
+
+def _heads_first(flash: Callable) -> Callable:
+    """`flash` (JAX's kernels: `[B, N, L, D]`) on `[B, L, N, D]` arrays."""
+    swap = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
+    return lambda q, k, v, *args: swap(flash(swap(q), swap(k), swap(v), *args))
 
 
 def _splash_window(q_BxNxLxD: jax.Array, k_BxNxLxD: jax.Array, v_BxNxLxD: jax.Array,

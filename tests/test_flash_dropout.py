@@ -31,30 +31,25 @@ def _ids(length: int, packed: bool) -> np.ndarray:
 
 
 def _inputs(length: int, dtype, heads: int = 2):
+    """q, k, v, seeds and a cotangent, `[B, L, N, D]` (the model's layout, the kernel's)."""
     keys = jax.random.split(jax.random.key(0), 5)
-    q, k, v = (jax.random.normal(keys[i], (2, heads, length, HEAD_SIZE), dtype)
+    q, k, v = (jax.random.normal(keys[i], (2, length, heads, HEAD_SIZE), dtype)
                for i in range(3))
     seeds = jax.random.randint(keys[3], (2, heads), -2**31, 2**31 - 1, jnp.int32)
-    return q, k, v, seeds, jax.random.normal(keys[4], (2, heads, length, HEAD_SIZE), dtype)
-
-
-def _heads_first(x):
-    return jnp.swapaxes(x, 1, 2)
+    return q, k, v, seeds, jax.random.normal(keys[4], (2, length, heads, HEAD_SIZE), dtype)
 
 
 def _reference(q, k, v, ids, seeds, rate):
-    """The einsum path (heads second, as the model calls it) with the kernel's mask."""
+    """The einsum path with the kernel's mask."""
     mask = attention.Mask(jnp.asarray(ids), int(ids.max()) if ids.max() > 1 else 0)
-    out = attention.einsum_attention(_heads_first(q), _heads_first(k), _heads_first(v),
-                                     attention.mask_bias(mask),
-                                     flash_dropout.hash_dropout(seeds, rate))
-    return _heads_first(out)
+    return attention.einsum_attention(q, k, v, attention.mask_bias(mask),
+                                      flash_dropout.hash_dropout(seeds, rate))
 
 
-def _check_against_einsum(length: int, packed: bool, dtype):
-    q, k, v, seeds, cotangent = _inputs(length, dtype)
+def _check_against_einsum(length: int, packed: bool, dtype, heads: int = 2):
+    q, k, v, seeds, cotangent = _inputs(length, dtype, heads)
     ids = _ids(length, packed)
-    real = (ids > 0)[:, None, :, None]
+    real = (ids > 0)[:, :, None, None]
     cotangent = jnp.where(real, cotangent, 0)  # nothing reads a padding query's output
 
     def run(attend):
@@ -63,7 +58,10 @@ def _check_against_einsum(length: int, packed: bool, dtype):
             return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
         return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
 
-    kernel = functools.partial(flash_dropout.flash_dropout, interpret=True)
+    def kernel(q, k, v, ids, seeds, rate):  # the kernel takes the projections' [B, L, N * D]
+        flat = [x.reshape(x.shape[:2] + (-1,)) for x in (q, k, v)]
+        return flash_dropout.flash_dropout(*flat, ids, seeds, rate, True).reshape(q.shape)
+
     (_, got), got_grads = run(kernel)
     (_, want), want_grads = run(_reference)
     tolerance = (dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32
@@ -81,6 +79,13 @@ def _check_against_einsum(length: int, packed: bool, dtype):
     pytest.param(True, jnp.float32, marks=pytest.mark.slow)])
 def test_kernel_matches_einsum_with_the_same_mask_at_128_tokens(packed, dtype):
     _check_against_einsum(128, packed, dtype)
+
+
+def test_each_grid_step_takes_its_heads_columns_and_seeds():
+    """18 heads of 64 at 128 tokens: 6 heads (384 columns) per grid step, three steps along
+    the heads, each head its own columns of `[B, L, N * D]` and its own seed."""
+    assert flash_dropout.block_heads(18, 128, HEAD_SIZE) == 6
+    _check_against_einsum(128, True, jnp.float32, heads=18)
 
 
 @pytest.mark.slow
@@ -125,7 +130,6 @@ class _Attend(nn.Module):
 
 def _attend_in_a_layer(impl: str, mesh=None):
     q, k, v, _, cotangent = _inputs(128, jnp.bfloat16, heads=4)
-    q, k, v, cotangent = (_heads_first(x) for x in (q, k, v, cotangent))
     ids = _ids(128, packed=True)
     mask = attention.Mask(jnp.asarray(ids), 3)
     real = (ids > 0)[:, :, None, None]
@@ -186,10 +190,10 @@ def test_kernel_compiles_for_every_target_slice(target):
     batch, heads = 4, 16
     for length in (128, 512):
         def loss(q, k, v, ids, seeds):
-            out = flash_dropout.flash_dropout(q, k, v, ids, seeds, RATE)
+            out = flash_dropout.flash_dropout(q, k, v, ids, seeds, RATE)  # [B, L, N * D]
             return jnp.sum(out.astype(jnp.float32))
 
-        shapes = [jax.ShapeDtypeStruct((batch, heads, length, HEAD_SIZE), jnp.bfloat16,
+        shapes = [jax.ShapeDtypeStruct((batch, length, heads * HEAD_SIZE), jnp.bfloat16,
                                        sharding=placed)] * 3 + [
             jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=placed),
             jax.ShapeDtypeStruct((batch, heads), jnp.int32, sharding=placed)]
