@@ -97,7 +97,8 @@ def test_a_fine_tuned_classifier_exports_to_transformers_with_the_same_logits(tm
     model = random_hf_head("sequence-mean")
     model.save_pretrained(tmp_path / "hf")
     ours_model, params = bertjax_head("sequence-mean", str(tmp_path / "hf"))
-    head = finetuned.hf_head({"kind": "glue", "task": "stsb"}, params, modern=True)
+    head = finetuned.hf_head({"kind": "glue", "task": "stsb"}, params,
+                             families.get("modernbert").hf)
     hf_modernbert.save_hf(ours_model.config, params, str(tmp_path / "export"), head)
     loaded, info = transformers.AutoModelForSequenceClassification.from_pretrained(
         tmp_path / "export", output_loading_info=True)
