@@ -118,7 +118,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
     config.json and its log file (held open by `accepted`)."""
     source = typed(pretrained.Source, config)
     pretrain = pretrained.pretraining_run(source)
-    bert_config = pretrained.bert_config_of(source, pretrain)
+    bert_config = pretrained.model_config_of(source, pretrain)
     if pretrain.model and not config.random_init:  # (the weights must fit: before any work)
         found = families.from_record(pretrain.model)
         pretrained.check_architecture(found, bert_config, config.init_checkpoint)

@@ -2,7 +2,7 @@
 pretraining run (workdir or `checkpoints/`), a params-only bertjax checkpoint, a Google TF
 checkpoint or a Hugging Face directory (BERT or ModernBERT, told by config.json's
 `model_type`). The one place that reads pretrained weights (`load_pretrained`) and decides
-which architecture (`bert_config_of`) and tokenizer (`tokenizer_of`) go with them.
+which architecture (`model_config_of`) and tokenizer (`tokenizer_of`) go with them.
 """
 from __future__ import annotations
 
@@ -223,7 +223,7 @@ def pretraining_run(source: Source) -> PretrainingRun:
                           meta.get("tokenizer"))
 
 
-def bert_config_of(source: Source, pretrain: PretrainingRun) -> families.ModelConfig:
+def model_config_of(source: Source, pretrain: PretrainingRun) -> families.ModelConfig:
     """Architecture from the checkpoint (or `model_config` JSON), dropout/dtype from `source`,
     as its family takes them (`Family.finetune_config`)."""
     values = dict(pretrain.config.model.to_dict()) if pretrain.config else {}
@@ -407,7 +407,7 @@ def load_encoder(source: Source, random_init: bool = False, seed: int = 0
     checkpoint's parameters on one device, and the tokenizer; `random_init`: the checkpoint's
     architecture and tokenizer, fresh weights."""
     pretrain = pretraining_run(source)
-    model_config = bert_config_of(source, pretrain)
+    model_config = model_config_of(source, pretrain)
     family = families.of(model_config)
     model = family.encoder(model_config)
     name = family.encoder_scope
