@@ -34,7 +34,7 @@ from bertjax.data import tokenization
 from bertjax.errors import UserError
 from bertjax.interop import finetuned, hf, hf_tokenizer, native, tf, tree
 
-SAVERS = {"tf": tf.save_tf, "hf": hf.save_hf, "bertjax": native.save_bertjax}
+SAVERS = {"tf": tf.save_tf, "bertjax": native.save_bertjax}  # (hf: the family's writer)
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -189,10 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = checkpoint_tokenizer(args.src, source_format, args.dst)
         if tokenizer is not None:
             config = with_tokenizer_padding(config, tokenizer)
-        save = SAVERS[target]
-        if target == "hf":
-            save = functools.partial(family.hf.write,
-                                     pad_token_id=tokenizer.pad_id if tokenizer else 0)
+        save = functools.partial(family.hf.write, pad_token_id=tokenizer.pad_id if tokenizer
+                                 else 0) if target == "hf" else SAVERS[target]
         if head:
             num_params = save(config, params, args.dst, head)
             print(f"{'fine-tuned model' if task_config else 'encoder only'}: {head.architecture}"
