@@ -12,6 +12,8 @@ from typing import Any, Callable, Mapping, Protocol
 import flax.linen as nn
 import jax
 
+from bertjax.errors import ConfigError
+
 DEFAULT = "bert"  # the family of a `model` section that names none (BERT's configs, records)
 _BUILTIN = ("bertjax.bert_family", "bertjax.modernbert_family")
 
@@ -109,8 +111,13 @@ def names() -> tuple[str, ...]:
 
 
 def get(name: str) -> Family:
-    """The family registered as `name` (KeyError if none)."""
+    """The family registered as `name`; ConfigError (one line) if none is (a config or a
+    checkpoint's record naming a family this process does not know)."""
     _load_builtin()
+    if name not in _FAMILIES:
+        raise ConfigError(f"model family {name!r} is not one of "
+                          f"{', '.join(map(repr, _FAMILIES))}: a family must be registered "
+                          "(bertjax.families.register) before its configs or checkpoints are read")
     return _FAMILIES[name]
 
 

@@ -90,6 +90,9 @@ def test_families_are_found_by_name_config_and_transformers_type():
     assert families.by_hf_type("roberta").name == "bert"  # (its reader names the problem)
     with pytest.raises(TypeError, match="no registered family"):
         families.of(object())
+    with pytest.raises(ConfigError, match="model family 'toy' is not one of 'bert', "
+                                          "'modernbert': a family must be registered"):
+        families.from_record({**dataclasses.asdict(BertConfig()), "family": "toy"})
     assert families.as_record(ModernBertConfig())["family"] == "modernbert"
     assert "family" not in families.as_record(BertConfig())  # (BERT's records as before)
 
