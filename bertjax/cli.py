@@ -87,7 +87,7 @@ def config_argument_error(argv: Sequence[str], flag: str = "config") -> str | No
             from bertjax import families  # (JAX: only on this mistake)
             return (f"--{flag}.{name}: {path} is a BERT config (no model.family field: "
                     "BERT's configs need none); a ModernBERT run starts from a ModernBERT "
-                    f"config, {families.CONFIGS['modernbert']}")
+                    f"config, {families.get('modernbert').configs}")
         if problem:
             return problem
     return None

@@ -32,10 +32,9 @@ import numpy as np
 from bertjax import console, families, files, pretrained
 from bertjax.data import tokenization
 from bertjax.errors import UserError
-from bertjax.interop import finetuned, hf, hf_modernbert, hf_tokenizer, native, tf, tree
-from bertjax.modernbert_config import ModernBertConfig
+from bertjax.interop import finetuned, hf, hf_tokenizer, native, tf, tree
 
-SAVERS = {"tf": tf.save_tf, "hf": hf.save_hf, "bertjax": native.save_bertjax}
+SAVERS = {"tf": tf.save_tf, "bertjax": native.save_bertjax}  # (hf: the family's writer)
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -118,10 +117,11 @@ def checkpoint_tokenizer(src: str, source_format: str, dst: str
 
 def with_tokenizer_padding(config: families.ModelConfig, tokenizer: tokenization.Tokenizer
                            ) -> families.ModelConfig:
-    """A ModernBERT's config with the padding id of its tokenizer's [PAD], what the export's
-    config.json names (a run recorded before this was checked may say otherwise; the id does
-    not change what the weights compute)."""
-    if not isinstance(config, ModernBertConfig) or config.pad_token_id == tokenizer.pad_id:
+    """The config of a family whose config names the tokenizer's [PAD] (`Family.tokenizer_pad`:
+    ModernBERT) with its tokenizer's padding id, what the export's config.json names (a run
+    recorded before this was checked may say otherwise; the id does not change what the
+    weights compute)."""
+    if not families.of(config).tokenizer_pad or config.pad_token_id == tokenizer.pad_id:
         return config
     print(f"pad_token_id={tokenizer.pad_id}: the tokenizer's [PAD] (the checkpoint's config "
           f"says {config.pad_token_id}, another token there)", flush=True)
@@ -134,8 +134,7 @@ def export_tokenizer(tokenizer: tokenization.Tokenizer, config: families.ModelCo
     try:
         if target == "hf":
             names = hf_tokenizer.save_tokenizer(tokenizer, dst, config.max_position_embeddings,
-                                                token_type_ids=not isinstance(config,
-                                                                              ModernBertConfig))
+                                                token_type_ids=families.of(config).token_type_ids)
         elif target == "bertjax":  # found beside the checkpoint by every bertjax command
             names = native.save_tokenizer(tokenizer, dst)
         elif isinstance(tokenizer, tokenization.WordPieceTokenizer):  # Google's layout
@@ -174,34 +173,24 @@ def main(argv: list[str] | None = None) -> int:
             directory = native.checkpoint_dir(args.src)
             print(f"step {native.latest_step(directory)}: the latest checkpoint in {directory}",
                   flush=True)
-        modern = isinstance(config, ModernBertConfig)
-        if modern and (target == "tf" or args.scan_layers):
-            raise tree.ConversionError(f"{args.src} holds a ModernBERT model, which has no TF "
-                                       "form and no scanned layers: pass --to=hf or --to=bertjax"
-                                       ", without --scan_layers")
-        if modern and source_format == "hf":
-            task = hf.finetuned_task(args.src)
-            if task or "head" not in params:
-                kind = (f"a fine-tuned ModernBERT ({task})" if "head" in params
-                        else "a bare ModernBertModel (no MLM head)")
-                raise tree.ConversionError(f"{args.src} is {kind}: bertjax reads its encoder as "
-                                           "a fine-tuning init_checkpoint, but does not convert "
-                                           "it; use it as --config.init_checkpoint")
+        family = families.of(config)
+        family.check_export(config, params, args.src, source_format, target, args.scan_layers)
+        if target == "hf" and family.hf is None:
+            raise tree.ConversionError(f"{args.src} holds a {family.title} model, which has no "
+                                       "transformers class: pass --to=bertjax")
         task_config = native.finetuned_config(args.src) if source_format == "bertjax" else None
-        head = finetuned.hf_head(task_config, params, modern) \
+        head = finetuned.hf_head(task_config, params, family.hf) \
             if task_config and target == "hf" else None
-        if target == "hf" and not task_config and "predictions" not in params and not modern:
+        if target == "hf" and not task_config and family.encoder_only(params):
             head = finetuned.ENCODER_ONLY  # (an encoder imported from a fine-tuned model)
-        if target == "bertjax" and not modern:
+        if target == "bertjax" and hasattr(config, "scan_layers"):
             config = dataclasses.replace(config, scan_layers=args.scan_layers)
         num_params = sum(int(np.size(v)) for v in tree.flatten(params).values())
         tokenizer = checkpoint_tokenizer(args.src, source_format, args.dst)
         if tokenizer is not None:
             config = with_tokenizer_padding(config, tokenizer)
-        save = SAVERS[target]
-        if target == "hf":
-            save = hf_modernbert.save_hf if modern else functools.partial(
-                hf.save_hf, pad_token_id=tokenizer.pad_id if tokenizer else 0)
+        save = functools.partial(family.hf.write, pad_token_id=tokenizer.pad_id if tokenizer
+                                 else 0) if target == "hf" else SAVERS[target]
         if head:
             num_params = save(config, params, args.dst, head)
             print(f"{'fine-tuned model' if task_config else 'encoder only'}: {head.architecture}"

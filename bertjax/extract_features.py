@@ -13,16 +13,15 @@ from __future__ import annotations
 import json
 from typing import Iterator, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from bertjax import cli, files, pretrained
+from bertjax import cli, families, files, pretrained
 from bertjax.errors import ConfigError, UserError
 from bertjax.data import tokenization
-from bertjax.model import BertModel
-from bertjax.modernbert import ModernBertModel
 from bertjax.tasks import features
 
 
@@ -37,7 +36,7 @@ def _read_lines(path: str) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def extract(model: BertModel | ModernBertModel, params: dict, tokenizer: tokenization.Tokenizer,
+def extract(model: nn.Module, params: dict, tokenizer: tokenization.Tokenizer,
             texts: Sequence[tuple[str, str | None]], layers: Sequence[int], max_seq_length: int,
             batch_size: int) -> Iterator[dict]:
     """One original-format record per text: every real token's vectors at `layers`."""
@@ -47,12 +46,8 @@ def extract(model: BertModel | ModernBertModel, params: dict, tokenizer: tokeniz
 
     @jax.jit
     def all_layers(input_ids, input_mask, segment_ids):
-        if isinstance(model, ModernBertModel):  # (no segment embeddings)
-            stacked = model.apply({"params": params}, input_ids, input_mask, True,
-                                  all_layers=True)
-        else:
-            stacked, _ = model.apply({"params": params}, input_ids, segment_ids, input_mask,
-                                     True, all_layers=True)
+        stacked = families.of(model).all_layers(model, params, input_ids, segment_ids,
+                                                input_mask)
         return stacked[jnp.array(layers)]
 
     for start in range(0, len(encoded), batch_size):

@@ -31,7 +31,6 @@ from bertjax import model as bert_model
 from bertjax import sharded_run
 from bertjax.interop import native
 from bertjax.model import BertConfig
-from bertjax.modernbert_config import ModernBertConfig
 from bertjax.errors import ConfigError, UserError
 from bertjax.tasks import features, glue, ner, squad_predict
 
@@ -119,17 +118,13 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
     config.json and its log file (held open by `accepted`)."""
     source = typed(pretrained.Source, config)
     pretrain = pretrained.pretraining_run(source)
-    bert_config = pretrained.bert_config_of(source, pretrain)
+    bert_config = pretrained.model_config_of(source, pretrain)
     if pretrain.model and not config.random_init:  # (the weights must fit: before any work)
-        found = (ModernBertConfig if families.family(pretrain.model) == "modernbert"
-                 else BertConfig).from_dict(pretrain.model)
+        found = families.from_record(pretrain.model)
         pretrained.check_architecture(found, bert_config, config.init_checkpoint)
-    if families.is_modernbert(bert_config):
-        modernbert_options(config)
-    elif config.get("classifier_pooling"):
-        raise FinetuneError("classifier_pooling is ModernBERT's; init_checkpoint "
-                            f"{config.init_checkpoint} holds a BERT model (it pools with its "
-                            "pooler): unset --config.classifier_pooling")
+    problem = families.of(bert_config).finetune_problem(config, config.init_checkpoint)
+    if problem:
+        raise FinetuneError(problem)
     tokenizer = pretrained.tokenizer_of(source, pretrain)
     if tokenizer.vocab_size > bert_config.vocab_size:
         raise FinetuneError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
@@ -191,15 +186,6 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
             logging.warning("%s", warning)
         print(outputs_listing(workdir, results, tokenizer_files), flush=True)
     return summary
-
-
-def modernbert_options(config: ml_collections.ConfigDict) -> None:
-    """Refuses the BERT-only fine-tuning options for a ModernBERT model, in one line."""
-    for field in ("causal_attention", "feature_based"):
-        if config.get(field):
-            raise FinetuneError(f"{field}=True is for BERT models; init_checkpoint "
-                                f"{config.init_checkpoint} holds a ModernBERT model: set "
-                                f"--config.{field}=False")
 
 
 def outputs_listing(workdir: str, results: list[dict[str, Any]], tokenizer_files: list[str]

@@ -1,12 +1,11 @@
-"""Model FLOPs of a BERT pretraining step and model FLOPs utilisation (MFU).
+"""Model FLOPs of a pretraining step and model FLOPs utilisation (MFU).
 
 Model FLOPs count the useful work of forward + backward (3 x the forward's 2 FLOPs per
 multiply-add) at the sequence's full length; rematerialisation and padding are not counted.
 """
 from __future__ import annotations
 
-from bertjax.model import BertConfig
-from bertjax.modernbert_config import ModernBertConfig
+from bertjax import families
 
 # Dense bf16 peak TFLOP/s per chip, matched against `jax.Device.device_kind` (lower-cased) in
 # order: the first entry whose every word occurs in the kind wins.
@@ -24,26 +23,12 @@ PEAK_BF16_TFLOPS: tuple[tuple[tuple[str, ...], float], ...] = (
 )
 
 
-def train_flops_per_sequence(config: BertConfig | ModernBertConfig, seq_length: int,
+def train_flops_per_sequence(config: families.ModelConfig, seq_length: int,
                              predictions: int) -> int:
-    """BERT: `6*S*L*(4H^2 + 2HI) + 12*L*H*S^2 + 6*P*(H^2 + HV) + 6*(H^2 + 2H)`.
-
-    S tokens per sequence, L layers, H hidden, I intermediate (FFN), P gathered MLM
-    positions, V vocabulary: the encoder's matmuls, attention scores and values, the MLM
-    head (transform + tied vocabulary projection) at P positions, and pooler + NSP.
-    ModernBERT: `6*S*L*(4H^2 + 3HI) + 12*H*S*sum(keys per query over layers) + 6*P*(H^2 + HV)`:
-    the GeGLU's three H x I matmuls, a sliding-window layer's queries seeing at most
-    `2 * (local_attention // 2) + 1` keys, no pooler or NSP.
-    """
-    s, layers, h = seq_length, config.num_hidden_layers, config.hidden_size
-    i, v, p = config.intermediate_size, config.vocab_size, predictions
-    if isinstance(config, ModernBertConfig):
-        window = min(s, 2 * (config.local_attention // 2) + 1)
-        keys = sum(s if config.is_global(layer) else window for layer in range(layers))
-        return (6 * s * layers * (4 * h * h + 3 * h * i) + 12 * h * s * keys
-                + 6 * p * (h * h + h * v))
-    return (6 * s * layers * (4 * h * h + 2 * h * i) + 12 * layers * h * s * s
-            + 6 * p * (h * h + h * v) + 6 * (h * h + 2 * h))
+    """Model FLOPs of one sequence of `seq_length` tokens with `predictions` gathered MLM
+    positions, as the model's family counts them (`families.Family.flops`; BERT:
+    `bert_family.flops`, ModernBERT: `modernbert_family.flops`)."""
+    return families.of(config).flops(config, seq_length, predictions)
 
 
 def peak_tflops(device_kind: str) -> float | None:

@@ -11,7 +11,7 @@ from bertjax import families, files, pretrained, reporting
 from bertjax.data import tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.errors import ConfigError
-from bertjax.interop import hf, hf_modernbert, native, tree
+from bertjax.interop import native, tree
 from bertjax.interop.tree import ConversionError
 from bertjax.model import BertConfig
 from bertjax.pretrained import PretrainedError
@@ -26,8 +26,7 @@ def architecture_of(path: str) -> families.ModelConfig:
         return native.config_of(native.checkpoint_dir(path))
     if source_format == "hf":
         values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
-        modern = values.get("model_type") == "modernbert"
-        return (hf_modernbert.hf_config if modern else hf.hf_config)(values, path)
+        return families.by_hf_type(values.get("model_type", "")).hf.config(values, path)
     directory = path if files.isdir(path) else os.path.dirname(path)
     config_file = os.path.join(directory, "bert_config.json")
     try:
@@ -57,7 +56,7 @@ def checkpoint_model(model: Mapping[str, Any], path: str,
         raise PretrainedError(f"{', '.join(contradicted)} contradicts init_checkpoint {path}, "
                               "whose architecture the run takes: drop the override, or start "
                               "from another checkpoint")
-    if families.is_modernbert(found) and "model.pad_token_id" not in explicit:
+    if families.of(found).tokenizer_pad and "model.pad_token_id" not in explicit:
         values["pad_token_id"] = found.pad_token_id  # (checked against the tokenizer's [PAD])
     return {name: value for name, value in values.items() if model[name] != value}
 
@@ -89,7 +88,8 @@ def check_tokenizer(init_checkpoint: str, data: DataSettings, model: Mapping[str
     if init_checkpoint:
         pretrained.check_run_tokenizer(init_checkpoint, data, tokenizer.vocab_size,
                                        model["vocab_size"])
-    if families.family(model) == "modernbert" and model["pad_token_id"] != tokenizer.pad_id:
+    if families.get(families.family(model)).tokenizer_pad \
+            and model["pad_token_id"] != tokenizer.pad_id:
         raise ConfigError(f"model.pad_token_id={model['pad_token_id']} but the tokenizer's "
                           f"[PAD] is {tokenizer.pad_id}; set --config.model.pad_token_id="
                           f"{tokenizer.pad_id}")

@@ -2,7 +2,7 @@
 pretraining run (workdir or `checkpoints/`), a params-only bertjax checkpoint, a Google TF
 checkpoint or a Hugging Face directory (BERT or ModernBERT, told by config.json's
 `model_type`). The one place that reads pretrained weights (`load_pretrained`) and decides
-which architecture (`bert_config_of`) and tokenizer (`tokenizer_of`) go with them.
+which architecture (`model_config_of`) and tokenizer (`tokenizer_of`) go with them.
 """
 from __future__ import annotations
 
@@ -19,28 +19,26 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from bertjax import checkpoint, families, files, modernbert, modernbert_config
+from bertjax import checkpoint, families, files
 from bertjax.data import bpe, hf_json, pipeline, tokenization
 from bertjax.data.settings import DataSettings
-from bertjax.interop import hf, hf_modernbert, hf_tokenizer, native, staging, tf, tree
+from bertjax.interop import hf, hf_tokenizer, native, staging, tf, tree
 from bertjax.interop.tree import ConversionError
-from bertjax.model import BertConfig, BertModel
 from bertjax.errors import UserError
-from bertjax.modernbert_config import ModernBertConfig
 
 FORMATS = ("tf", "hf", "bertjax")
 
 
-def _is_modern_hf(path: str) -> bool:
-    """Whether the Hugging Face directory at `path` holds a ModernBERT (its `model_type`)."""
+def hf_family(path: str) -> families.Family:
+    """The family of the Hugging Face directory at `path` (its config.json's `model_type`)."""
     values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
-    return values.get("model_type") == "modernbert"
+    return families.by_hf_type(values.get("model_type", ""))
 
 
 def load_hf(path: str, report: tree.LoadReport | None = None
-            ) -> tuple[BertConfig | ModernBertConfig, dict[str, Any]]:
-    """A Hugging Face directory of either family (config.json's `model_type`)."""
-    return (hf_modernbert.load_hf if _is_modern_hf(path) else hf.load_hf)(path, report)
+            ) -> tuple[families.ModelConfig, dict[str, Any]]:
+    """A Hugging Face directory of any family with a transformers form (`model_type`)."""
+    return hf_family(path).hf.read(path, report)
 
 
 LOADERS = {"tf": tf.load_tf, "hf": load_hf, "bertjax": native.load_bertjax}
@@ -87,7 +85,8 @@ def google_or_hf(path: str) -> bool:
         return False  # not a checkpoint at all: the bertjax reader names the problem
 
 
-def read(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfig, dict[str, Any]]:
+def read(path: str, report: tree.LoadReport | None = None
+         ) -> tuple[families.ModelConfig, dict[str, Any]]:
     """Any supported checkpoint (format detected; local or a URL) as `(config, numpy params)`,
     unrolled layers."""
     report = report if report is not None else tree.LoadReport()
@@ -99,7 +98,7 @@ def read(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfig, 
 
 
 @functools.lru_cache(maxsize=1)
-def _read_once(path: str) -> tuple[BertConfig, dict[str, Any]]:
+def _read_once(path: str) -> tuple[families.ModelConfig, dict[str, Any]]:
     """`read(path)`, once per process (every fine-tuning seed loads the same weights)."""
     return read(path)
 
@@ -107,10 +106,10 @@ def _read_once(path: str) -> tuple[BertConfig, dict[str, Any]]:
 def other_family(found: families.ModelConfig, run_family: str, where: str) -> str:
     """The refusal of a checkpoint whose family is not the run's, naming the configs of
     the checkpoint's family."""
-    found_family = families.name_of(found)
-    return (f"init_checkpoint {where} holds a {families.NAMES[found_family]} model but the "
-            f"run's model is {families.NAMES[run_family]}: start from a "
-            f"{families.NAMES[found_family]} config, {families.CONFIGS[found_family]}")
+    found_family = families.of(found)
+    return (f"init_checkpoint {where} holds a {found_family.title} model but the "
+            f"run's model is {families.get(run_family).title}: start from a "
+            f"{found_family.title} config, {found_family.configs}")
 
 
 def check_architecture(found: families.ModelConfig, run: families.ModelConfig,
@@ -224,41 +223,12 @@ def pretraining_run(source: Source) -> PretrainingRun:
                           meta.get("tokenizer"))
 
 
-def bert_config_of(source: Source, pretrain: PretrainingRun) -> families.ModelConfig:
-    """Architecture from the checkpoint (or `model_config` JSON), dropout/dtype from `source`;
-    a ModernBERT checkpoint keeps its own dropout rates (as transformers fine-tunes it)."""
+def model_config_of(source: Source, pretrain: PretrainingRun) -> families.ModelConfig:
+    """Architecture from the checkpoint (or `model_config` JSON), dropout/dtype from `source`,
+    as its family takes them (`Family.finetune_config`)."""
     values = dict(pretrain.config.model.to_dict()) if pretrain.config else {}
     values.update(pretrain.model)
-    if families.family(values) == "modernbert":
-        values.update(dtype=source.dtype, remat_policy="none")
-        if source.classifier_pooling:
-            if source.classifier_pooling not in modernbert_config.POOLINGS:
-                flag = source.vocab_flag.replace("vocab_file", "classifier_pooling")
-                raise PretrainedError(f"classifier_pooling={source.classifier_pooling!r} is not "
-                                      f"one of {', '.join(map(repr, modernbert_config.POOLINGS))}"
-                                      f"; set {flag}")
-            values["classifier_pooling"] = source.classifier_pooling
-        try:
-            return ModernBertConfig.from_dict(values)
-        except ValueError as e:
-            raise PretrainedError(f"the model of init_checkpoint {source.init_checkpoint}: "
-                                  f"{e}") from e
-    if source.model_config:
-        with files.open(source.model_config, encoding="utf-8") as f:
-            values.update(json.load(f))
-    if not values:
-        raise PretrainedError("set --config.init_checkpoint (a bertjax run, a Google TF or a "
-                              "Hugging Face checkpoint) or --config.model_config (a "
-                              "bert_config.json) to define the model")
-    values.update(dtype=source.dtype, scan_layers=values.get("scan_layers", False),
-                  hidden_dropout_prob=source.hidden_dropout_prob,
-                  attention_probs_dropout_prob=source.attention_probs_dropout_prob)
-    try:
-        return BertConfig.from_dict(values)
-    except ValueError as e:  # (its fields name the file's keys)
-        where = (f"model_config {source.model_config}" if source.model_config
-                 else f"the model of init_checkpoint {source.init_checkpoint}")
-        raise PretrainedError(f"{where}: {e}") from e
+    return families.get(families.family(values)).finetune_config(values, source)
 
 
 def tokenizer_of(source: Source, pretrain: PretrainingRun) -> tokenization.Tokenizer:
@@ -432,19 +402,19 @@ def check_run_tokenizer(path: str, data_config: DataSettings, tokenizer_vocab_si
 
 
 def load_encoder(source: Source, random_init: bool = False, seed: int = 0
-                 ) -> tuple[BertModel | modernbert.ModernBertModel, dict, tokenization.Tokenizer]:
-    """The encoder (BertModel or ModernBertModel) with the checkpoint's parameters on one
-    device, and the tokenizer; `random_init`: the checkpoint's architecture and tokenizer,
-    fresh weights."""
+                 ) -> tuple[nn.Module, dict, tokenization.Tokenizer]:
+    """The family's encoder (`Family.encoder`: BertModel, ModernBertModel) with the
+    checkpoint's parameters on one device, and the tokenizer; `random_init`: the checkpoint's
+    architecture and tokenizer, fresh weights."""
     pretrain = pretraining_run(source)
-    bert_config = bert_config_of(source, pretrain)
-    modern = families.is_modernbert(bert_config)
-    model = modernbert.ModernBertModel(bert_config) if modern else BertModel(bert_config)
-    name = "model" if modern else "bert"
+    model_config = model_config_of(source, pretrain)
+    family = families.of(model_config)
+    model = family.encoder(model_config)
+    name = family.encoder_scope
     if random_init:
         params = model.init(jax.random.PRNGKey(seed), *families.example_inputs(model))["params"]
         params = nn.meta.unbox(params)
     else:
         params = load_pretrained(source.init_checkpoint,
-                                 {name: abstract_params_on_one_device(model)}, bert_config)[name]
+                                 {name: abstract_params_on_one_device(model)}, model_config)[name]
     return model, params, tokenizer_of(source, pretrain)

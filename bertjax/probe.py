@@ -67,10 +67,10 @@ def main(argv) -> None:
                                    vocab_flag="--vocab_file", hidden_dropout_prob=0.0,
                                    attention_probs_dropout_prob=0.0)
         model, params, tokenizer = pretrained.load_encoder(source, FLAGS.random_init)
-        if families.is_modernbert(model.config):
+        if not families.of(model).probes:
             raise pretrained.PretrainedError(f"--init_checkpoint={FLAGS.init_checkpoint} holds a "
-                                             "ModernBERT model; the probes read BERT's layers "
-                                             "only (for now)")
+                                             f"{families.of(model).title} model; the probes "
+                                             "read BERT's layers only (for now)")
         tasks = [t.strip() for t in FLAGS.task.split(",") if t.strip()]
         record = {"init_checkpoint": FLAGS.init_checkpoint, "random_init": FLAGS.random_init,
                   "num_layers": model.config.num_hidden_layers, "settings": {

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import jax
 
 from bertjax import console, flops, metrics_writer, nonfinite, objectives, optim, phase_schedule
-from bertjax.model import BertConfig
+from bertjax.families import ModelConfig
 from bertjax.phase_schedule import Phase
 
 if TYPE_CHECKING:  # importing tensorboardX imports torch when it is installed: seconds
@@ -95,7 +95,7 @@ class Progress:
     times the steps of each phase for the ETA and the terminal's status line."""
 
     def __init__(self, phases: Sequence[Phase], nonfinite_steps: nonfinite.NonFiniteSteps,
-                 optimizer: optim.OptimizerConfig, model_config: BertConfig,
+                 optimizer: optim.OptimizerConfig, model_config: ModelConfig,
                  writer: SummaryWriter | None, start_step: int, jsonl_path: str | None):
         """`nonfinite_steps`: the run's policy for skipped steps, counted and applied in
         `add`."""

@@ -13,10 +13,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from bertjax import attention, objectives, optim, sharding
-from bertjax import batch as batch_spec
+from bertjax import attention, families, objectives, optim, sharding
 from bertjax.nonfinite import NonFinite
-from bertjax.modernbert import ModernBertForMaskedLM
 from bertjax.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -25,20 +23,12 @@ Metrics = dict[str, jax.Array]
 
 def forward(model: nn.Module, params: Any, batch: Batch, deterministic: bool,
             dropout_rng: jax.Array | None = None, causal: bool = False):
-    """`(mlm_logits, nsp_logits)` of BertForPreTraining, `(mlm_logits, None)` of
-    ModernBertForMaskedLM (no segments, no NSP head); `causal`: each position attends to
+    """`(mlm_logits, nsp_logits)` of the family's pretraining model (`nsp_logits` None
+    without an NSP head: `families.Family.forward`); `causal`: each position attends to
     itself and the positions before it only (the left-to-right objective)."""
     rngs = None if deterministic else {"dropout": dropout_rng}
     mask = attention.causal_mask(batch["input_mask"]) if causal else batch["input_mask"]
-    if isinstance(model, ModernBertForMaskedLM):
-        packed = {name: batch[name] for name in batch_spec.PACKED_INPUTS[:2] if name in batch}
-        return model.apply({"params": params}, batch["input_ids"], mask,
-                           batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs,
-                           **packed), None
-    packed = {name: batch[name] for name in batch_spec.PACKED_INPUTS if name in batch}
-    return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], mask,
-                       batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs,
-                       **packed)
+    return families.of(model).forward(model, params, batch, mask, deterministic, rngs)
 
 
 def _split_micro_batches(batch: Batch, accum_steps: int) -> Batch:

@@ -13,7 +13,7 @@ from absl import logging
 from bertjax import bert_config, families, optim, phase_schedule
 from bertjax.data.errors import DataError
 from bertjax.errors import ConfigError
-from bertjax.settings import PretrainingSettings, TrainSettings
+from bertjax.settings import PretrainingSettings
 
 # [CLS] A [SEP] B [SEP]: three special tokens and at least one token of each segment.
 MIN_SEQ_LENGTH = 5
@@ -119,7 +119,7 @@ def pretraining(config: Any) -> PretrainingSettings:
     settings, built once here."""
     model_family(config)
     check(config, PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
-          + (BERT_DROPOUT if families.family(config.model) == "bert" else []))
+          + list(families.get(families.family(config.model)).pretraining_rules))
     check_choices(config, CHOICES)
     typed = settings(config)
     pretraining_model(config, typed)
@@ -138,16 +138,12 @@ def pretraining(config: Any) -> PretrainingSettings:
 
 
 def pretraining_model(config: Any, typed: PretrainingSettings) -> None:
-    """The model of a pretraining config (its family and shape checked: `model_family`): two
-    segment types (BERT), positions for every phase's length, and room for the SentencePiece
-    model it trains. ModernBERT trains the masked LM alone, from its own initialisation."""
+    """The model of a pretraining config (its family and shape checked: `model_family`): what
+    its family can pretrain (`Family.check_pretraining`: BERT's two segment types, ModernBERT's
+    masked LM alone), positions for every phase's length, and room for the SentencePiece
+    model it trains."""
     model = config.model
-    if families.family(model) == "modernbert":
-        modernbert_run(typed.train)
-    elif model.type_vocab_size < 2:
-        raise ConfigError(f"model.type_vocab_size={model.type_vocab_size} is out of range: "
-                          "pretraining needs 2 segment types (sentences A and B); set "
-                          "--config.model.type_vocab_size=2")
+    families.get(families.family(model)).check_pretraining(model, typed.train)
     for phase in phase_schedule.phases(typed.train, typed.data, typed.long_phase):
         if phase.max_seq_length > model.max_position_embeddings:
             field = "data.max_seq_length" if phase.name == "short" else "long_phase.max_seq_length"
@@ -175,17 +171,6 @@ def model_family(config: Any) -> None:
         families.check(config.model.to_dict())
     except ValueError as e:
         raise ConfigError(str(e)) from e
-
-
-def modernbert_run(train: TrainSettings) -> None:
-    """What a ModernBERT pretraining run cannot have: an NSP head, a left-to-right
-    objective."""
-    if train.next_sentence_prediction:
-        raise ConfigError("model.family='modernbert' has no next-sentence head; set "
-                          "--config.train.next_sentence_prediction=False")
-    if train.objective != "mlm":
-        raise ConfigError(f"model.family='modernbert' trains objective 'mlm' only, not "
-                          f"{train.objective!r}; set --config.train.objective=mlm")
 
 
 def finetuning(config: Any) -> None:

@@ -116,7 +116,7 @@ def test_imported_model_finds_its_tokenizer_beside_it(tmp_path):
     source = pretrained.Source(init_checkpoint=str(tmp_path / "imported"))
     run = pretrained.pretraining_run(source)
     assert pretrained.tokenizer_of(source, run).convert_ids_to_tokens([7]) == [VOCAB[7]]
-    assert pretrained.bert_config_of(source, run).hidden_size == TINY.hidden_size
+    assert pretrained.model_config_of(source, run).hidden_size == TINY.hidden_size
     native.save_bertjax(bert_config, params, str(tmp_path / "bare"))
     with pytest.raises(pretrained.PretrainedError, match="pass --vocab_file=PATH"):
         pretrained.tokenizer_of(pretrained.Source(init_checkpoint=str(tmp_path / "bare"),

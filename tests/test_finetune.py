@@ -376,8 +376,8 @@ def test_google_and_hugging_face_checkpoints_initialise_fine_tuning(data_root, t
                        init_checkpoint=str(directory))
         source = finetune.typed(pretrained.Source, config)
         pretrain = pretrained.pretraining_run(source)
-        assert pretrained.bert_config_of(source, pretrain) == \
-            pretrained.bert_config_of(source, pretrained.pretraining_run(finetune.typed(
+        assert pretrained.model_config_of(source, pretrain) == \
+            pretrained.model_config_of(source, pretrained.pretraining_run(finetune.typed(
                 pretrained.Source, small(config_file("glue.py"), data_root, task="sst2"))))
         assert pretrained.tokenizer_of(source, pretrain).vocab_size == len(VOCAB)
         loaded = pretrained.load_pretrained(

@@ -97,7 +97,8 @@ def test_a_fine_tuned_classifier_exports_to_transformers_with_the_same_logits(tm
     model = random_hf_head("sequence-mean")
     model.save_pretrained(tmp_path / "hf")
     ours_model, params = bertjax_head("sequence-mean", str(tmp_path / "hf"))
-    head = finetuned.hf_head({"kind": "glue", "task": "stsb"}, params, modern=True)
+    head = finetuned.hf_head({"kind": "glue", "task": "stsb"}, params,
+                             families.get("modernbert").hf)
     hf_modernbert.save_hf(ours_model.config, params, str(tmp_path / "export"), head)
     loaded, info = transformers.AutoModelForSequenceClassification.from_pretrained(
         tmp_path / "export", output_loading_info=True)
@@ -123,7 +124,7 @@ def test_a_transformers_modernbert_with_its_bpe_tokenizer_reads_as_init_checkpoi
     model.save_pretrained(directory)
     source = pretrained.Source(init_checkpoint=str(directory))
     run = pretrained.pretraining_run(source)
-    config = pretrained.bert_config_of(source, run)
+    config = pretrained.model_config_of(source, run)
     tokenizer = pretrained.tokenizer_of(source, run)
     auto = transformers.PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"))
     texts = ["the movie was good .", "café naïve – déjà vu", "john went to paris"]
@@ -160,7 +161,7 @@ def test_a_transformers_modernbertmodel_gives_its_encoder(tmp_path):
     bare.load_state_dict(masked_lm.model.state_dict())
     bare.save_pretrained(tmp_path / "bare")
     source = pretrained.Source(init_checkpoint=str(tmp_path / "bare"))
-    config = pretrained.bert_config_of(source, pretrained.pretraining_run(source))
+    config = pretrained.model_config_of(source, pretrained.pretraining_run(source))
     model = modernbert_heads.ModernBertForSequenceClassification(config, 2)
     abstract = pretrained.abstract_params_on_one_device(model)
     params = pretrained.load_pretrained(str(tmp_path / "bare"),

@@ -110,8 +110,8 @@ def test_a_tokenizer_json_without_the_special_tokens_is_one_line(tmp_path):
 def test_a_hugging_face_modernbert_directory_is_read_with_its_bpe_tokenizer(hf_dir):
     source = pretrained.Source(init_checkpoint=hf_dir)
     run = pretrained.pretraining_run(source)
-    config = pretrained.bert_config_of(source, run)
-    assert families.is_modernbert(config) and run.finetuned_task == ""
+    config = pretrained.model_config_of(source, run)
+    assert families.name_of(config) == "modernbert" and run.finetuned_task == ""
     tokenizer = pretrained.tokenizer_of(source, run)
     assert isinstance(tokenizer, bpe.BpeTokenizer)
     assert tokenizer.vocab_size == config.vocab_size
@@ -167,7 +167,7 @@ def test_a_bare_modernbert_model_gives_its_encoder_and_the_head_starts_fresh(hf_
     source = pretrained.Source(init_checkpoint=bare_dir)
     run = pretrained.pretraining_run(source)
     assert run.finetuned_task == ""
-    config = pretrained.bert_config_of(source, run)
+    config = pretrained.model_config_of(source, run)
     model = modernbert_heads.ModernBertForSequenceClassification(config, 2)
     abstract = pretrained.abstract_params_on_one_device(model)
     parts = {name: abstract[name] for name in families.pretrained_parts(config)}
@@ -348,7 +348,7 @@ def test_a_modernbert_fine_tunes_on_glue_and_exports_to_its_transformers_class(s
     source = pretrained.Source(init_checkpoint=str(tmp_path / "hf"))
     run = pretrained.pretraining_run(source)
     assert run.finetuned_task == "ModernBertForSequenceClassification (labels 0, 1)"
-    config = pretrained.bert_config_of(source, run)
+    config = pretrained.model_config_of(source, run)
     model = modernbert_heads.ModernBertForSequenceClassification(config, 2)
     abstract = pretrained.abstract_params_on_one_device(model)
     loaded = pretrained.load_pretrained(str(tmp_path / "hf"),

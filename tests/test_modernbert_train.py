@@ -166,7 +166,7 @@ def test_a_resumed_run_whose_init_checkpoint_has_gone_keeps_its_own_model(tmp_pa
 def test_bert_runs_refuse_a_modernbert_checkpoint(tmp_path):
     modernbert_checkpoint(tmp_path / "run")
     source = pretrained.Source(init_checkpoint=str(tmp_path / "run"))
-    assert pretrained.bert_config_of(source, pretrained.pretraining_run(source)) == \
+    assert pretrained.model_config_of(source, pretrained.pretraining_run(source)) == \
         dataclasses.replace(TINY, remat_policy="none")  # (a fine-tuning run's model)
     abstract_bert = {"bert": {}}
     with pytest.raises(tree.ConversionError, match="holds a ModernBERT model but the run's "

@@ -8,12 +8,15 @@ parameters' names (`hf_modernbert` writes them)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bertjax.interop.tree import ConversionError
 from bertjax.tasks import glue, ner
+
+if TYPE_CHECKING:
+    from bertjax.families import HfForm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,14 +44,15 @@ def _linear(prefix: str, output: dict[str, Any]) -> dict[str, np.ndarray]:
             f"{prefix}.bias": np.asarray(output["output_bias"])}
 
 
-def hf_head(task_config: dict[str, Any], params: dict[str, Any], modern: bool = False) -> HFHead:
+def hf_head(task_config: dict[str, Any], params: dict[str, Any], form: HfForm) -> HFHead:
     """The transformers form of the output layer in `params`, fine-tuned with `task_config`
-    (the fine-tuning config a checkpoint recorded); `modern`: of a ModernBERT model."""
+    (the fine-tuning config a checkpoint recorded), in the model family's transformers `form`
+    (its class names; BERT's output layers renamed, ModernBERT's written as they are)."""
     kind, task = task_config.get("kind"), task_config.get("task", "")
-    family = "ModernBert" if modern else "Bert"
+    family = form.class_prefix
 
     def linear(prefix: str, output: Any) -> dict[str, np.ndarray]:
-        return {} if modern else _linear(prefix, output)
+        return _linear(prefix, output) if form.output_layer_names else {}
 
     if task_config.get("causal_attention"):
         raise ConversionError("a left-to-right (causal_attention) model has no transformers "
@@ -71,5 +75,5 @@ def hf_head(task_config: dict[str, Any], params: dict[str, Any], modern: bool = 
         else:
             config = {**label_maps(spec.labels), "problem_type": "single_label_classification"}
         return HFHead(f"{family}ForSequenceClassification", linear("classifier", params),
-                      config, not modern, f"fine-tuned on GLUE {spec.name}")
+                      config, form.sequence_pooler, f"fine-tuned on GLUE {spec.name}")
     raise ConversionError(f"fine-tuning kind {kind!r} has no Hugging Face form here")

@@ -9,12 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import files
+from bertjax import families, files
 from bertjax import model as bert_model
 from bertjax.interop import tree
 from bertjax.interop.finetuned import HFHead
 from bertjax.model import BertConfig
-from bertjax.modernbert_config import ModernBertConfig
 
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                   "relu": "relu"}
@@ -210,27 +209,21 @@ def save_hf(config: BertConfig, params: dict[str, Any], path: str,
     return sum(int(np.size(v)) for v in tensors.values())
 
 
-def write_model_card(path: str, config: BertConfig | ModernBertConfig, num_params: int,
+def write_model_card(path: str, config: families.ModelConfig, num_params: int,
                      facts: list[tuple[str, str]], head: HFHead | None = None,
                      name: str = "") -> None:
-    """`README.md`: the architecture, `facts` (tokenizer, data, steps, metrics, ...) and how to
-    load the directory with transformers."""
-    modern = isinstance(config, ModernBertConfig)
-    family = "ModernBERT" if modern else "BERT"
+    """`README.md`: the architecture (as the family describes it: `families.HfForm`), `facts`
+    (tokenizer, data, steps, metrics, ...) and how to load the directory with transformers."""
+    own = families.of(config)
+    family = own.title
     rows = [("architecture", f"{family}, {config.num_hidden_layers} layers, hidden "
              f"{config.hidden_size}, {config.num_attention_heads} heads, feed-forward "
              f"{config.intermediate_size}, vocabulary {config.vocab_size}, "
-             f"{config.max_position_embeddings} positions, " + (
-                 f"GeGLU ({TO_HF_ACTIVATION[config.hidden_activation]}), global attention every "
-                 f"{config.global_attn_every_n_layers} layers, sliding windows of "
-                 f"{config.local_attention} tokens between" if modern
-                 else TO_HF_ACTIVATION[config.hidden_act])),
+             f"{config.max_position_embeddings} positions, " + own.hf.describe(config)),
             ("parameters", f"{num_params:,}"), *facts]
     name = name or os.path.basename(os.path.normpath(path))  # what from_pretrained is given
-    architecture = head.architecture if head else (
-        "ModernBertForMaskedLM" if modern else "BertForPreTraining")
-    what = head.description if head else (
-        "masked-LM head" if modern else "masked-LM and next-sentence heads")
+    architecture = head.architecture if head else own.hf.pretraining_class
+    what = head.description if head else own.hf.pretraining_heads
     text = "\n".join([
         "---", "library_name: transformers", f"tags: [{family.lower()}, bertjax]", "---",
         f"# {name}", "", f"A {family} model ({what}) written by bertjax.", "",

@@ -13,11 +13,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from bertjax import checkpoint, files
+from bertjax import checkpoint, families, files
 from bertjax.data import bpe, tokenization
 from bertjax.interop import hf_tokenizer, tree
-from bertjax.model import BertConfig
-from bertjax.modernbert_config import ModernBertConfig
 
 TOKENIZER_FILE = "bertjax_tokenizer.json"  # which file beside it is the tokenizer, and how
 SENTENCEPIECE_FILE = hf_tokenizer.SENTENCEPIECE_FILES[0]
@@ -60,28 +58,26 @@ def latest_step(directory: str) -> int:
     return max((int(name) for name in files.listdir(directory) if name.isdigit()), default=0)
 
 
-def config_from_meta(meta: dict, directory: str) -> BertConfig | ModernBertConfig:
+def config_from_meta(meta: dict, directory: str) -> families.ModelConfig:
     """The model config a checkpoint recorded: a fine-tuning run's `bert_config`, a
     pretraining run's full model config, else the architecture of a params-only checkpoint;
-    a ModernBertConfig for a ModernBERT run (model.family)."""
-    if meta.get("model", {}).get("family") == "modernbert":  # (recorded since families)
-        return ModernBertConfig.from_dict(json.loads(meta["config"])["model"]
-                                          if "config" in meta else meta["model"])
-    if meta.get("bert_config", {}).get("family") == "modernbert":  # fine-tuned
-        return ModernBertConfig.from_dict(meta["bert_config"])
-    if "bert_config" in meta:
-        return BertConfig.from_dict(meta["bert_config"])
+    of the family its record names (`families.from_record`: BERT's records name none)."""
+    if "family" in meta.get("model", {}):  # (recorded since families)
+        return families.from_record(json.loads(meta["config"])["model"]
+                                    if "config" in meta else meta["model"])
+    if "bert_config" in meta:  # fine-tuned
+        return families.from_record(meta["bert_config"])
     run = json.loads(meta["config"]) if "config" in meta else {}
     if "model" in run:
-        return BertConfig.from_dict(run["model"])
+        return families.from_record(run["model"])
     if "model" in meta:
-        return BertConfig.from_dict(meta["model"])
+        return families.from_record(meta["model"])
     raise tree.ConversionError(
         f"{directory} is a fine-tuning checkpoint from a bertjax that did not record its model "
         "there; fine-tune again (same command, a new --workdir) to make one that can be read")
 
 
-def config_of(directory: str) -> BertConfig | ModernBertConfig:
+def config_of(directory: str) -> families.ModelConfig:
     """The model config of the latest checkpoint in `directory` (see `config_from_meta`)."""
     return config_from_meta(checkpoint.read_meta(directory), directory)
 
@@ -93,7 +89,7 @@ def finetuned_config(path: str) -> dict | None:
 
 
 def load_bertjax(path: str, report: tree.LoadReport | None = None
-                 ) -> tuple[BertConfig | ModernBertConfig, dict[str, Any]]:
+                 ) -> tuple[families.ModelConfig, dict[str, Any]]:
     """Reads every parameter of the latest bertjax checkpoint in a checkpoint directory or
     workdir onto the host (numpy), with unrolled layers: BertForPreTraining's (or
     ModernBertForMaskedLM's), or a fine-tuned model's encoder (`bert`) and output layer."""
@@ -104,23 +100,19 @@ def load_bertjax(path: str, report: tree.LoadReport | None = None
     params = tree.unstack_layers(jax.tree.map(np.asarray, restored))
     report.source, report.format = directory, "bertjax"
     report.found = report.mapped = len(tree.flatten(params))
-    if isinstance(config, ModernBertConfig):
-        return config, params
-    return dataclasses.replace(config, scan_layers=False), params
+    if getattr(config, "scan_layers", False):  # (read unrolled)
+        config = dataclasses.replace(config, scan_layers=False)
+    return config, params
 
 
-def save_bertjax(config: BertConfig | ModernBertConfig, params: dict[str, Any], path: str
-                 ) -> None:
+def save_bertjax(config: families.ModelConfig, params: dict[str, Any], path: str) -> None:
     """Writes a params-only bertjax checkpoint that `train.init_checkpoint` (and
     `pretrained.load_pretrained`) reads, in the layer layout of `config.scan_layers` (a
-    ModernBERT model: unrolled, its record naming the family)."""
+    family without scanned layers: unrolled), its record `families.as_record`."""
     params = tree.unstack_layers(params)
-    if isinstance(config, ModernBertConfig):
-        record = {"family": "modernbert", **dataclasses.asdict(config)}
-    else:
-        record = dataclasses.asdict(config)
-        params = tree.stack_layers(params) if config.scan_layers else params
-    checkpoint.save_params(path, params, {"model": record})
+    if getattr(config, "scan_layers", False):
+        params = tree.stack_layers(params)
+    checkpoint.save_params(path, params, {"model": families.as_record(config)})
 
 
 def save_tokenizer(tokenizer: tokenization.Tokenizer, directory: str) -> list[str]:

@@ -18,8 +18,7 @@ from bertjax.errors import UserError
 if TYPE_CHECKING:  # (the model modules: only for the adapter's annotations)
     import flax.linen as nn
 
-    from bertjax.model import BertConfig
-    from bertjax.modernbert import ModernBertConfig
+    from bertjax.families import ModelConfig
 
 
 class TaskDataError(UserError, ValueError):
@@ -157,8 +156,8 @@ class Finetune(abc.ABC):
     percent_metrics: frozenset[str] = frozenset()
 
     @abc.abstractmethod
-    def model(self, bert_config: BertConfig | ModernBertConfig) -> nn.Module:
-        """The encoder with this task's head, for `bert_config`'s family."""
+    def model(self, model_config: ModelConfig) -> nn.Module:
+        """The encoder with this task's head, for `model_config`'s family (`families.head`)."""
 
     @abc.abstractmethod
     def load(self, split: str) -> SplitData:

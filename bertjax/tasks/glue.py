@@ -16,11 +16,7 @@ import flax.linen as nn
 import numpy as np
 from absl import logging
 
-from bertjax import files, objectives
-from bertjax.heads import BertForSequenceClassification
-from bertjax.modernbert_heads import ModernBertForSequenceClassification
-from bertjax.model import BertConfig
-from bertjax.modernbert_config import ModernBertConfig
+from bertjax import families, files, objectives
 
 from bertjax.data import tfds_source, tokenization
 from bertjax.tasks import features, metrics
@@ -323,11 +319,8 @@ class GlueFinetune(features.Finetune):
         self.main_metric = self.task.metric_names[0]
         self.eval_splits, self.test_splits = self.task.eval_splits, self.task.test_splits
 
-    def model(self, bert_config: BertConfig | ModernBertConfig) -> nn.Module:
-        if isinstance(bert_config, ModernBertConfig):
-            return ModernBertForSequenceClassification(bert_config, self.task.num_labels)
-        return BertForSequenceClassification(bert_config, self.task.num_labels,
-                                             self.options.causal_attention)
+    def model(self, model_config: families.ModelConfig) -> nn.Module:
+        return families.head("classification", model_config, self.task.num_labels, self.options)
 
     def load(self, split: str) -> features.SplitData:
         examples, skipped = read_examples(self.task, split, self.options.data_dir,

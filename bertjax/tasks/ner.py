@@ -13,11 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from bertjax import files, objectives
-from bertjax.heads import BertForTokenClassification
-from bertjax.model import BertConfig
-from bertjax.modernbert_config import ModernBertConfig
-from bertjax.modernbert_heads import ModernBertForTokenClassification
+from bertjax import families, files, objectives
 
 from bertjax.data import tfds_source, tokenization
 from bertjax.tasks import features, metrics
@@ -175,11 +171,8 @@ class NerFinetune(features.Finetune):
         self.options, self.tokenizer = options, tokenizer
         self.frozen_encoder = bool(options.feature_based)
 
-    def model(self, bert_config: BertConfig | ModernBertConfig) -> nn.Module:
-        if isinstance(bert_config, ModernBertConfig):
-            return ModernBertForTokenClassification(bert_config, len(LABELS))
-        return BertForTokenClassification(bert_config, len(LABELS), self.options.feature_based,
-                                          self.options.lstm_size, self.options.causal_attention)
+    def model(self, model_config: families.ModelConfig) -> nn.Module:
+        return families.head("tagging", model_config, len(LABELS), self.options)
 
     def load(self, split: str) -> features.SplitData:
         sentences, skipped = read_sentences(split, self.options.data_dir,

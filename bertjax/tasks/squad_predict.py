@@ -22,14 +22,10 @@ import flax.linen as nn
 import numpy as np
 from absl import logging
 
-from bertjax import files, objectives
+from bertjax import families, files, objectives
 from bertjax.data import tokenization
 from bertjax.data.tokenization import basic_tokenize
-from bertjax.heads import BertForQuestionAnswering
 from bertjax.data.bpe import BYTE_LEVEL_SPACE
-from bertjax.model import BertConfig
-from bertjax.modernbert_config import ModernBertConfig
-from bertjax.modernbert_heads import ModernBertForQuestionAnswering
 from bertjax.tasks import features, squad, squad_eval
 from bertjax.tasks.squad import SquadExample, SquadFeatures
 
@@ -268,10 +264,8 @@ class SquadFinetune(features.Finetune):
                              "paper's LTR SQuAD adds a BiLSTM on top); set it to False")
         self.options, self.tokenizer = options, tokenizer
 
-    def model(self, bert_config: BertConfig | ModernBertConfig) -> nn.Module:
-        if isinstance(bert_config, ModernBertConfig):
-            return ModernBertForQuestionAnswering(bert_config)
-        return BertForQuestionAnswering(bert_config)
+    def model(self, model_config: families.ModelConfig) -> nn.Module:
+        return families.head("span", model_config, 2, self.options)
 
     def load(self, split: str) -> features.SplitData:
         c, training = self.options, split == "train"
