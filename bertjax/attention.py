@@ -280,26 +280,30 @@ def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.
             sm_scale=1.0 / math.sqrt(head_size),
             block_sizes=tpu_flash.BlockSizes(block_b=1, **block))
 
-    def with_dropout(q_BxLxH, k_BxLxH, v_BxLxH, ids_BxL, seeds_BxN):
-        return flash_dropout.flash_dropout(q_BxLxH, k_BxLxH, v_BxLxH, ids_BxL, seeds_BxN,
-                                           dropout_rate, interpret)
+    def with_dropout(qkv_3xBxLxH, ids_BxL, seeds_BxN):
+        return flash_dropout.flash_dropout(qkv_3xBxLxH, ids_BxL, seeds_BxN, dropout_rate,
+                                           interpret)
 
-    # JAX's kernels take heads first, [B, N, L, D]; bertjax's the projections' [B, L, N * D].
-    flash = (with_dropout if dropout_rate
-             else _heads_first(functools.partial(_splash_window, half_window=half_window))
-             if half_window
-             else _heads_first(_in_tpu_interpret_mode(whole_rows) if interpret else whole_rows))
-    args = (ids_BxL.astype(jnp.int32),) + ((seeds_BxN,) if dropout_rate else ())
+    # JAX's kernels take q, k, v heads first, [B, N, L, D]; bertjax's the projections' output
+    # as it is, [3, B, L, N * D] (XLA folds the stack of its slices back into it).
     shape = q_BxLxNxD.shape
-    qkv = (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)
     if dropout_rate:
-        qkv = tuple(x.reshape(shape[:2] + (-1,)) for x in qkv)
+        flash, qkv = with_dropout, (jnp.stack([x.reshape(shape[:2] + (-1,)) for x in (
+            q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)]),)
+        in_spec, out_spec = (PartitionSpec(None, spec[0], None, spec[1]),
+                             PartitionSpec(spec[0], None, spec[1])) if spec else (None, None)
+    else:
+        flash = _heads_first(functools.partial(_splash_window, half_window=half_window)
+                             if half_window else
+                             _in_tpu_interpret_mode(whole_rows) if interpret else whole_rows)
+        qkv = (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)
+        in_spec = out_spec = PartitionSpec(spec[0], None, spec[1], None) if spec else None
+    args = (ids_BxL.astype(jnp.int32),) + ((seeds_BxN,) if dropout_rate else ())
     mesh = jax.sharding.get_abstract_mesh()
     if spec is not None and not mesh.empty and any(spec):
-        qkv_spec = PartitionSpec(spec[0], None, spec[1], *(() if dropout_rate else (None,)))
-        flash = jax.shard_map(flash, mesh=mesh, in_specs=(qkv_spec,) * 3 + (
+        flash = jax.shard_map(flash, mesh=mesh, in_specs=(in_spec,) * len(qkv) + (
             PartitionSpec(spec[0], None), PartitionSpec(spec[0], spec[1]))[:len(args)],
-            out_specs=qkv_spec, check_vma=False)
+            out_specs=out_spec, check_vma=False)
     return flash(*qkv, *args).reshape(shape)
 
 

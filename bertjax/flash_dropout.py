@@ -115,42 +115,41 @@ def _first_head(heads_per_step: int):
     return (pl.program_id(0) * pl.num_programs(1) + pl.program_id(1)) * heads_per_step
 
 
-def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, o_ref, *,
-                    rate: float, scale: float, head_size: int):
-    length, width = q_ref.shape[1], q_ref.shape[2]
+def _forward_kernel(seeds_ref, qkv_ref, q_ids_ref, kv_ids_ref, o_ref, *, rate: float,
+                    scale: float, head_size: int):
+    length, width = qkv_ref.shape[2], qkv_ref.shape[3]
     bias = _bias(q_ids_ref, kv_ids_ref, length)
     counters = _counters(length, length)
     first = _first_head(width // head_size)
     for h, cols in enumerate(_heads(width, head_size)):
-        probs = _probs(q_ref[0, :, cols], k_ref[0, :, cols], bias, scale)
+        probs = _probs(qkv_ref[0, 0, :, cols], qkv_ref[1, 0, :, cols], bias, scale)
         keep = _keep(counters, seeds_ref[first + h], rate)
         dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
-        v = v_ref[0, :, cols]
+        v = qkv_ref[2, 0, :, cols]
         o_ref[0, :, cols] = lax.dot(dropped.astype(v.dtype), v,
                                     preferred_element_type=jnp.float32).astype(o_ref.dtype)
 
 
-def _backward_kernel(seeds_ref, q_ref, k_ref, v_ref, do_ref, q_ids_ref, kv_ids_ref,
-                     dq_ref, dk_ref, dv_ref, *, rate: float, scale: float, head_size: int):
-    length, width = q_ref.shape[1], q_ref.shape[2]
+def _backward_kernel(seeds_ref, qkv_ref, do_ref, q_ids_ref, kv_ids_ref, dqkv_ref, *,
+                     rate: float, scale: float, head_size: int):
+    length, width = qkv_ref.shape[2], qkv_ref.shape[3]
     bias = _bias(q_ids_ref, kv_ids_ref, length)
     counters = _counters(length, length)
     first = _first_head(width // head_size)
     for h, cols in enumerate(_heads(width, head_size)):
-        q, k, v, do = q_ref[0, :, cols], k_ref[0, :, cols], v_ref[0, :, cols], do_ref[0, :, cols]
+        q, k, v = (qkv_ref[i, 0, :, cols] for i in range(3))
+        do = do_ref[0, :, cols]
         probs = _probs(q, k, bias, scale)
         d_dropped = lax.dot_general(do, v, (((1,), (1,)), ((), ())),
                                     preferred_element_type=jnp.float32)
         keep = _keep(counters, seeds_ref[first + h], rate)
         dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
         d_probs = jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
-        dv_ref[0, :, cols] = lax.dot(dropped.T.astype(do.dtype), do,
-                                     preferred_element_type=jnp.float32).astype(dv_ref.dtype)
         d_scores = probs * (d_probs - jnp.sum(probs * d_probs, axis=1, keepdims=True)) * scale
-        dq_ref[0, :, cols] = lax.dot(d_scores.astype(k.dtype), k,
-                                     preferred_element_type=jnp.float32).astype(dq_ref.dtype)
-        dk_ref[0, :, cols] = lax.dot(d_scores.T.astype(q.dtype), q,
-                                     preferred_element_type=jnp.float32).astype(dk_ref.dtype)
+        for i, (left, right) in enumerate(((d_scores, k), (d_scores.T, q), (dropped.T, do))):
+            dqkv_ref[i, 0, :, cols] = lax.dot(left.astype(right.dtype), right,
+                                              preferred_element_type=jnp.float32
+                                              ).astype(dqkv_ref.dtype)
 
 
 def block_heads(heads: int, length: int, head_size: int) -> int:
@@ -174,54 +173,56 @@ def cost(batch: int, heads: int, length: int, head_size: int, itemsize: int,
                            bytes_accessed=tensor * (7 if backward else 4) + ids)
 
 
-def _call(kernel, outputs: int, tensors: tuple[jax.Array, ...], ids_BxL: jax.Array,
-          seeds_BxN: jax.Array, rate: float, backward: bool, interpret: bool):
-    batch, length, width = tensors[0].shape
+def _call(kernel, qkv_3xBxLxH: jax.Array, d_out_BxLxH: jax.Array | None, ids_BxL: jax.Array,
+          seeds_BxN: jax.Array, rate: float, interpret: bool) -> jax.Array:
+    """The forward kernel's output `[B, L, H]`, or with `d_out_BxLxH` the backward kernel's
+    gradient of q, k and v, `[3, B, L, H]`."""
+    _, batch, length, width = qkv_3xBxLxH.shape
     heads = seeds_BxN.shape[1]
     head_size = width // heads
     per_step = block_heads(heads, length, head_size)
-    block = pl.BlockSpec((1, length, per_step * head_size), lambda b, h, seeds: (b, 0, h))
+    one = pl.BlockSpec((1, length, per_step * head_size), lambda b, h, seeds: (b, 0, h))
+    three = pl.BlockSpec((3, 1, length, per_step * head_size), lambda b, h, seeds: (0, b, 0, h))
+    backward = d_out_BxLxH is not None
     q_ids = lax.broadcast_in_dim(ids_BxL, (batch, length, LANES), (0, 1))
     kv_ids = lax.broadcast_in_dim(ids_BxL, (batch, SUBLANES, length), (0, 2))
-    shape = jax.ShapeDtypeStruct(tensors[0].shape, tensors[0].dtype)
+    tensors = (qkv_3xBxLxH,) + ((d_out_BxLxH,) if backward else ())
     return pl.pallas_call(
         functools.partial(kernel, rate=rate, scale=1.0 / math.sqrt(head_size),
                           head_size=head_size),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1, grid=(batch, heads // per_step),
-            in_specs=[block] * len(tensors) + [
+            in_specs=[three] + ([one] if backward else []) + [
                 pl.BlockSpec((1, length, LANES), lambda b, h, seeds: (b, 0, 0)),
                 pl.BlockSpec((1, SUBLANES, length), lambda b, h, seeds: (b, 0, 0))],
-            out_specs=[block] * outputs),
-        out_shape=[shape] * outputs,
+            out_specs=three if backward else one),
+        out_shape=jax.ShapeDtypeStruct(qkv_3xBxLxH.shape if backward else qkv_3xBxLxH.shape[1:],
+                                       qkv_3xBxLxH.dtype),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
-        cost_estimate=cost(batch, heads, length, head_size, tensors[0].dtype.itemsize, backward),
+        cost_estimate=cost(batch, heads, length, head_size, qkv_3xBxLxH.dtype.itemsize,
+                           backward),
         interpret=pltpu.InterpretParams() if interpret else False,
     )(seeds_BxN.reshape(-1), *tensors, q_ids, kv_ids)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def flash_dropout(q_BxLxH: jax.Array, k_BxLxH: jax.Array, v_BxLxH: jax.Array,
-                  ids_BxL: jax.Array, seeds_BxN: jax.Array, rate: float,
-                  interpret: bool = False) -> jax.Array:
-    """Attention `[B, L, N * D]` (N: `seeds_BxN`'s heads) where a query sees the keys of its
-    own segment id (`ids_BxL` int32: 0 at padding, 1 elsewhere or the packed instance's
-    number), dropout `rate` on the probabilities by `keep_mask(seeds_BxN, L, rate)`. L a
-    multiple of 128; `interpret`: TPU interpret mode (on CPU, for tests)."""
-    (out,) = _call(_forward_kernel, 1, (q_BxLxH, k_BxLxH, v_BxLxH), ids_BxL, seeds_BxN,
-                   rate, False, interpret)
-    return out
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def flash_dropout(qkv_3xBxLxH: jax.Array, ids_BxL: jax.Array, seeds_BxN: jax.Array,
+                  rate: float, interpret: bool = False) -> jax.Array:
+    """Attention `[B, L, N * D]` of q, k, v stacked (N: `seeds_BxN`'s heads): a query sees
+    the keys of its own segment id (`ids_BxL` int32: 0 at padding, 1 elsewhere or the packed
+    instance's number), dropout `rate` on the probabilities by `keep_mask(seeds_BxN, L,
+    rate)`. L a multiple of 128; `interpret`: TPU interpret mode (on CPU, for tests)."""
+    return _call(_forward_kernel, qkv_3xBxLxH, None, ids_BxL, seeds_BxN, rate, interpret)
 
 
-def _forward(q, k, v, ids, seeds, rate, interpret):
-    return flash_dropout(q, k, v, ids, seeds, rate, interpret), (q, k, v, ids, seeds)
+def _forward(qkv, ids, seeds, rate, interpret):
+    return flash_dropout(qkv, ids, seeds, rate, interpret), (qkv, ids, seeds)
 
 
 def _backward(rate, interpret, residuals, d_out):
-    q, k, v, ids, seeds = residuals
-    dq, dk, dv = _call(_backward_kernel, 3, (q, k, v, d_out.astype(q.dtype)), ids, seeds,
-                       rate, True, interpret)
-    return dq, dk, dv, None, None
+    qkv, ids, seeds = residuals
+    return _call(_backward_kernel, qkv, d_out.astype(qkv.dtype), ids, seeds, rate,
+                 interpret), None, None
 
 
 flash_dropout.defvjp(_forward, _backward)

@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import attention
+from bertjax import attention, bias_matmul
 from bertjax.bert_config import ACTIVATIONS, REMAT_POLICIES, BertConfig
 from bertjax.dropout import Dropout
 
@@ -172,9 +172,9 @@ class BertSelfAttention(nn.Module):
         projected = []
         for group in groups:
             kernels, biases = zip(*group)
-            y_KxBxLxH = jnp.einsum("blh,khn->kbln", x_BxLxH.astype(cfg.dtype),
-                                   jnp.stack(kernels).astype(cfg.dtype))
-            y_KxBxLxH += jnp.stack(biases)[:, None, None].astype(cfg.dtype)
+            y_KxBxLxH = bias_matmul.project(
+                x_BxLxH.astype(cfg.dtype), jnp.stack(kernels).astype(cfg.dtype),
+                jnp.stack(biases), attention.target_platform() == "tpu")
             projected += [_constrain(y_KxBxLxH[i], (BATCH, LENGTH, ACT_QKV)).reshape(
                 batch, length, cfg.num_attention_heads, cfg.head_size) for i in range(len(group))]
         q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = projected
@@ -197,7 +197,13 @@ class BertDenseOutput(nn.Module):
     @nn.compact
     def __call__(self, y: jax.Array, residual_BxLxH: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config
-        y_BxLxH = _dense(cfg, cfg.hidden_size, (self.input_axis, EMBED), "dense")(y)
+        if self.input_axis == QKV and attention.target_platform() == "tpu":  # (bias_matmul)
+            kernel, bias = _DenseParams(cfg, cfg.hidden_size, (QKV, EMBED), name="dense")(
+                y.shape[-1])
+            y_BxLxH = bias_matmul.project(y.astype(cfg.dtype), kernel[None].astype(cfg.dtype),
+                                          bias[None], True)[0]
+        else:
+            y_BxLxH = _dense(cfg, cfg.hidden_size, (self.input_axis, EMBED), "dense")(y)
         y_BxLxH = Dropout(cfg.hidden_dropout_prob)(y_BxLxH, deterministic=deterministic)
         out_BxLxH = _layer_norm(cfg)(y_BxLxH + residual_BxLxH)
         return _constrain(out_BxLxH.astype(cfg.dtype), (BATCH, LENGTH, ACT_EMBED))

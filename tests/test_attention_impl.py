@@ -18,7 +18,7 @@ import pytest
 
 from jax.sharding import PartitionSpec as P
 
-from bertjax import attention, backend_env, sharding
+from bertjax import attention, backend_env, bias_matmul, sharding
 from bertjax import model as M
 
 CONFIG = M.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -324,3 +324,25 @@ def test_importing_bertjax_on_an_nvidia_host_sets_a_flag_this_jaxlib_accepts():
                          env=dict(env, JAX_PLATFORMS="cpu"), timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == [backend_env.CUDNN_OUTSIDE_COMMAND_BUFFERS, "2.0"]
+
+
+def test_the_bias_gradient_from_the_kernels_matmul_equals_autodiffs(monkeypatch):
+    """On TPU the attention projections and the attention output dense take their biases'
+    gradients from the kernel's matmul (`bias_matmul`): the model's values and gradients
+    equal those of autodiff's ops (run here with the TPU choice forced, einsum attention)."""
+    rng = np.random.default_rng(3)
+    x, kernel, bias = (jnp.asarray(rng.standard_normal(shape), jnp.float32)
+                       for shape in ((2, 5, 6), (3, 6, 4), (3, 4)))
+    results = [jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(bias_matmul.project(*a, fused))),
+                                  (0, 1, 2))(x, kernel, bias) for fused in (False, True)]
+    for got, want in zip(jax.tree.leaves(results[1]), jax.tree.leaves(results[0])):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    config = dataclasses.replace(CONFIG, attention_impl="einsum")
+    params = nn.meta.unbox(jax.jit(M.BertForPreTraining(config).init)(
+        jax.random.PRNGKey(0), *_inputs())["params"])
+    want = _outputs_and_grads(config, _inputs(), {}, params)
+    monkeypatch.setattr(attention, "target_platform", lambda: "tpu")
+    for got_leaf, want_leaf in zip(jax.tree.leaves(_outputs_and_grads(config, _inputs(), {},
+                                                                       params)),
+                                   jax.tree.leaves(want)):
+        np.testing.assert_allclose(got_leaf, want_leaf, rtol=1e-5, atol=1e-6)

@@ -58,9 +58,9 @@ def _check_against_einsum(length: int, packed: bool, dtype, heads: int = 2):
             return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
         return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
 
-    def kernel(q, k, v, ids, seeds, rate):  # the kernel takes the projections' [B, L, N * D]
-        flat = [x.reshape(x.shape[:2] + (-1,)) for x in (q, k, v)]
-        return flash_dropout.flash_dropout(*flat, ids, seeds, rate, True).reshape(q.shape)
+    def kernel(q, k, v, ids, seeds, rate):  # the kernel takes the projections' [3, B, L, N * D]
+        qkv = jnp.stack([x.reshape(x.shape[:2] + (-1,)) for x in (q, k, v)])
+        return flash_dropout.flash_dropout(qkv, ids, seeds, rate, True).reshape(q.shape)
 
     (_, got), got_grads = run(kernel)
     (_, want), want_grads = run(_reference)
@@ -189,15 +189,15 @@ def test_kernel_compiles_for_every_target_slice(target):
     placed = jax.sharding.SingleDeviceSharding(device)
     batch, heads = 4, 16
     for length in (128, 512):
-        def loss(q, k, v, ids, seeds):
-            out = flash_dropout.flash_dropout(q, k, v, ids, seeds, RATE)  # [B, L, N * D]
+        def loss(qkv, ids, seeds):
+            out = flash_dropout.flash_dropout(qkv, ids, seeds, RATE)  # [B, L, N * D]
             return jnp.sum(out.astype(jnp.float32))
 
-        shapes = [jax.ShapeDtypeStruct((batch, length, heads * HEAD_SIZE), jnp.bfloat16,
-                                       sharding=placed)] * 3 + [
+        shapes = [jax.ShapeDtypeStruct((3, batch, length, heads * HEAD_SIZE), jnp.bfloat16,
+                                       sharding=placed)] + [
             jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=placed),
             jax.ShapeDtypeStruct((batch, heads), jnp.int32, sharding=placed)]
-        compiled = jax.jit(jax.value_and_grad(loss, (0, 1, 2))).lower(*shapes).compile()
+        compiled = jax.jit(jax.value_and_grad(loss)).lower(*shapes).compile()
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
         declared = [flash_dropout.cost(batch, heads, length, HEAD_SIZE, 2, backward)
