@@ -25,24 +25,20 @@ from bertjax.state import count_params
 from bertjax.tasks import metrics
 from bertjax.tasks.features import Finetune, SplitData
 from bertjax.errors import ConfigError
+from bertjax.finetune_settings import FinetuneSettings
 
 Batch = dict[str, jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
-    """The fine-tuning config fields the loop reads (configs/finetune/common.py)."""
+class SeedRecord:
+    """What a fine-tuning checkpoint records about its run (its `meta` JSON item)."""
 
     task: str
-    init_checkpoint: str
-    random_init: bool
-    train_batch_size: int
-    eval_batch_size: int
-    num_train_epochs: float
-    log_every: int
-    config: str  # the whole fine-tuning config as JSON, recorded in every checkpoint
-    bert_config: dict  # the model's BertConfig fields, recorded in every checkpoint
-    tokenizer_fingerprint: str  # the tokenizer's, recorded in every checkpoint
+    seed: int
+    config: str  # the whole fine-tuning config as JSON (FinetuneSettings.as_json)
+    bert_config: dict[str, Any]  # the model's fields (families.as_record)
+    tokenizer_fingerprint: str
 
 
 def host_batch(data: SplitData, rows: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
@@ -154,7 +150,7 @@ def _finished(workdir: str) -> dict[str, Any] | None:
         set(summary) else None
 
 
-def _fresh_state(settings: Settings, trainer: Trainer, seed: int) -> Any:
+def _fresh_state(settings: FinetuneSettings, trainer: Trainer, seed: int) -> Any:
     """A new state from `seed`, with the encoder (`families.pretrained_parts`) from
     settings.init_checkpoint if any."""
     sharded = trainer.run
@@ -206,8 +202,8 @@ def _add_metrics(sums: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any
     return jax.tree.map(jnp.add, sums, metrics) if sums else metrics
 
 
-def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitData], seed: int,
-                   workdir: str) -> dict[str, Any]:
+def train_one_seed(settings: FinetuneSettings, record: SeedRecord, trainer: Trainer,
+                   data: dict[str, SplitData], workdir: str) -> dict[str, Any]:
     """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics. Every
     epoch ends with a checkpoint (the latest and the best one are kept), which a rerun
     resumes from; at the end only the best one is kept (and named on the console). A rerun
@@ -217,7 +213,7 @@ def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitDa
     # once the others are gone.)
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            save_every=10 ** 9, keep_latest=1)
-    seed_run = SeedRun(settings, trainer, data, seed, workdir, checkpointer)
+    seed_run = SeedRun(settings, record, trainer, data, workdir, checkpointer)
     try:
         with loop.running(trainer.run.mesh) as ctrl_c:
             seed_run.train(ctrl_c)
@@ -233,14 +229,12 @@ class SeedRun:
     """One seed's fine-tuning on the loop skeleton (bertjax.loop): its state, where it
     stands (step, epoch, best epoch so far) and the actions after each step."""
 
-    def __init__(self, settings: Settings, trainer: Trainer, data: dict[str, SplitData],
-                 seed: int, workdir: str, checkpointer: checkpoint.Checkpointer):
-        self.settings, self.trainer, self.data, self.seed = settings, trainer, data, seed
+    def __init__(self, settings: FinetuneSettings, record: SeedRecord, trainer: Trainer,
+                 data: dict[str, SplitData], workdir: str, checkpointer: checkpoint.Checkpointer):
+        self.settings, self.trainer, self.data, self.seed = settings, trainer, data, record.seed
         self.workdir, self.checkpointer, self.task = workdir, checkpointer, trainer.task
-        self.total_steps, train = trainer.total_steps, data["train"]
-        self.meta = {"task": settings.task, "seed": seed, "config": settings.config,
-                     "bert_config": settings.bert_config,
-                     "tokenizer_fingerprint": settings.tokenizer_fingerprint}
+        self.total_steps, train, seed = trainer.total_steps, data["train"], record.seed
+        self.meta = dataclasses.asdict(record)
         self.best: dict[str, Any] = {"epoch": -1}
         self.jsonl = os.path.join(workdir, "metrics.jsonl") if jax.process_index() == 0 \
             else None
