@@ -15,6 +15,7 @@ from bertjax import (checkpoint, failures, files, loop, nonfinite, objectives, p
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
 from bertjax.sharded_run import ShardedRun
 from bertjax.phase_schedule import DataPosition
+from bertjax.run_record import RunRecord
 from bertjax.settings import TrainSettings
 from bertjax.state import TrainState
 
@@ -40,7 +41,7 @@ class PretrainingLoop:
     run: ShardedRun
     phase_data: list[PhaseData]
     checkpointer: checkpoint.Checkpointer
-    meta: dict[str, Any]
+    record: RunRecord  # what its checkpoints record
     progress: reporting.Progress
     writer: Any = None  # metrics_writer.open_writer's TensorBoard writer
     restart_step: int = 0  # long_phase.restart_optimizer: fresh moments before this step; 0: none
@@ -83,7 +84,7 @@ class PretrainingLoop:
             flush_pending()  # (this step's metrics: is it the first finite one since resuming?)
             # (the checkpointer announces the save once sealed)
             loop.save(checkpointer, self.progress.nonfinite, step, state, position.as_dict(),
-                      self.meta, force=force)
+                      self.record.as_json(), force=force)
 
         stop_at = min(total, start_step + train.stop_after_steps) if train.stop_after_steps \
             else total

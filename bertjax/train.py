@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import sys
 import time
-from typing import Any, Collection
+from typing import Collection
 
 import jax
 import ml_collections
@@ -26,16 +27,9 @@ from bertjax.data import loaders, pipeline
 from bertjax.errors import ConfigError, UserError
 from bertjax.pretrain_loop import PretrainingLoop
 from bertjax.phase_schedule import DataPosition
+from bertjax.run_record import RunRecord
 from bertjax.settings import PretrainingSettings
-
-def run_metadata(config: ml_collections.ConfigDict, data: dict[str, Any]) -> dict[str, Any]:
-    """What a checkpoint records about its run (with the tokenizer's fingerprint, added once
-    it is loaded, and its `schedule`: run_schedule): `model` and `tokenizer` must match to
-    resume, `data` (guards.data_identity) and the config's data fields within a phase, and
-    the number of `processes` that split the data (resume.check_processes)."""
-    return {"model": families.recorded_fields(config.model), "config": config.to_json(),
-            "data": data, "processes": jax.process_count()}
-
+from bertjax.state import TrainState
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        devices: list[jax.Device] | None = None,
@@ -79,13 +73,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     resume_from = resume.Resume(checkpointer, os.path.join(workdir, resume.QUARANTINE))
     found = resume_from.newest()
     sections = (train, data, settings.long_phase, config.optimizer)
-    plan = (run_schedule.resumed(found.meta, resume_from.where(found.step), *sections)
+    plan = (run_schedule.resumed(found.record, resume_from.where(found.step), *sections)
             if found else run_schedule.planned(*sections))  # (refuses a changed schedule)
     phases, optimizer = plan.phases, plan.optimizer_config
-    meta = {**run_metadata(config, guards.data_identity(data, phases)),
-            "schedule": plan.record()}
-    agreement.check("corpus", agreement.data_fields(meta["data"]), agreement.SAME_FILES)
-    check = lambda found: resume_from.check(found, meta, data, phases,
+    record = RunRecord.new(families.recorded_fields(config.model), config.to_json(),
+                           guards.data_identity(data, phases), plan.record())
+    agreement.check("corpus", agreement.data_fields(record.data), agreement.SAME_FILES)
+    check = lambda found: resume_from.check(found, record, data, phases,
                                             train.allow_changed_data)
     if found:
         check(found)  # model and data, before any preparation
@@ -100,10 +94,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         raise pipeline.DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but "
                                  f"model.vocab_size={config.model.vocab_size}; set --config.model.vocab_size="
                                  f"{tokenizer.vocab_size} (or more)")
-    meta["tokenizer"] = tokenizer.fingerprint()
+    record = dataclasses.replace(record, tokenizer=tokenizer.fingerprint())
     agreement.check("tokenizer", agreement.tokenizer_fields(tokenizer), agreement.SAME_FILES)
     if found:  # and the tokenizer
-        checkpoint.check_compatible(found.meta, meta, resume_from.where(found.step))
+        checkpoint.check_compatible(found.record.as_json(), record.as_json(),
+                                    resume_from.where(found.step))
     stopping.now_doing("preparing data")
     phase_data = loaders.prepare_data(data, phases, config.model.vocab_size, tokenizer,
                                       cache_dir, next_sentence_prediction=objective.uses_nsp)
@@ -130,32 +125,33 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     stopping.now_doing(f"restoring checkpoint {found.step}" if found else
                        "building the initial state")
     if found:
-        state, position = resume_from.restore(found, sharded.abstract_state, meta, check)
+        state, position = resume_from.restore(found, sharded.abstract_state, record, check)
     else:
         state, position = fresh_state(settings, sharded, phases)
-    start_step = int(jax.device_get(state.step))
-    position = phase_schedule.consistent_position(position, start_step, phases)
-    if start_step >= train.total_steps:
-        reporting.chief_print(f"Training already finished ({start_step} steps); evaluating only")
+    start = resume.Start.of(state, position, found, phases)
+    if start.step >= train.total_steps:
+        reporting.chief_print(f"Training already finished ({start.step} steps); evaluating only")
     else:
-        reporting.chief_print(reporting.steps_line(start_step, train.total_steps, phases,
+        reporting.chief_print(reporting.steps_line(start.step, train.total_steps, phases,
                                                     train.log_every))
     writer = metrics_writer.open_writer(workdir)
-
-    def train_from(state: Any, position: DataPosition, start_step: int,
-                   resumed_from: str | None) -> tuple[PretrainingLoop, Any, DataPosition, dict]:
-        progress = reporting.Progress(
-            phases, nonfinite.NonFiniteSteps(train.max_nonfinite_steps, start_step,
-                                             resumed_from),
-            optimizer, model_config, writer, start_step,
-            os.path.join(workdir, "metrics.jsonl") if is_chief else None)
-        pretraining = PretrainingLoop(train, sharded, phase_data, checkpointer, meta,
-                                      progress, writer, restart_step=optimizer.restart_step)
-        return pretraining, *pretraining.loop(state, position, start_step)
-
     try:
-        (pretraining, state, position, final_eval), start_step = resume_from.train_falling_back(
-            train_from, state, position, found, sharded.abstract_state, meta, check, phases)
+        while True:  # (once more from the checkpoint before, after a suspect resume)
+            progress = reporting.Progress(
+                phases, nonfinite.NonFiniteSteps(train.max_nonfinite_steps, start.step,
+                                                 resume_from.resumed_from(start)),
+                optimizer, model_config, writer, start.step,
+                os.path.join(workdir, "metrics.jsonl") if is_chief else None)
+            pretraining = PretrainingLoop(train, sharded, phase_data, checkpointer,
+                                          record, progress, writer,
+                                          restart_step=optimizer.restart_step)
+            try:
+                state, position, final_eval = pretraining.loop(start.state, start.position,
+                                                               start.step)
+                break
+            except nonfinite.NonFiniteAfterResume as e:
+                start = resume_from.fall_back(start, e, sharded.abstract_state, record, check,
+                                              phases)
     except Exception as e:  # (told before the close, which may wait for the other processes)
         peers.announce_failure(e)
         raise
@@ -174,7 +170,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     last_line = failures.stopped_line(f"step {final_step} of {train.total_steps}",
                                       stopped) if stopped else ""
     if not stopped and train.stop_after_steps \
-            and final_step == start_step + train.stop_after_steps \
+            and final_step == start.step + train.stop_after_steps \
             and final_step < train.total_steps:
         last_line = (f"Stopped after {train.stop_after_steps} steps (step {final_step} of "
                      f"{train.total_steps}); rerun the same command to continue")
@@ -187,7 +183,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def fresh_state(settings: PretrainingSettings, sharded: sharded_run.ShardedRun,
-                phases: list[phase_schedule.Phase]) -> tuple[Any, DataPosition]:
+                phases: list[phase_schedule.Phase]) -> tuple[TrainState, DataPosition]:
     """A new state, with the parameters of `train.init_checkpoint` when set."""
     train = settings.train
     state = sharded.init_state(jax.random.PRNGKey(train.seed))

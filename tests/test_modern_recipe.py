@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import pytest
 
+from bertjax.run_record import RunRecord
 from bertjax import optim, run_schedule, validate
 from bertjax.errors import ConfigError
 import test_faults
@@ -137,7 +138,7 @@ def test_a_checkpoint_from_before_the_schedule_fields_resumes_on_its_schedule():
     old = json.loads(config.to_json())
     for field in ("schedule", "decay_fraction", "decay_shape"):
         del old["optimizer"][field]
-    meta = {"config": json.dumps(old), "schedule": plan.record()}
+    meta = RunRecord.of({"config": json.dumps(old), "schedule": plan.record()})
     resumed = run_schedule.resumed(meta, "ckpt/8", config.train, config.data, config.long_phase,
                                    config.optimizer)
     assert resumed == plan
@@ -151,7 +152,7 @@ def test_another_optimizer_is_refused_on_resume_also_when_extending():
     """Issue 43: `optimizer.name=adamw` on resuming a StableAdamW run was accepted silently."""
     config = _pretraining_config()
     plan = run_schedule.planned(config.train, config.data, config.long_phase, config.optimizer)
-    meta = {"config": config.to_json(), "schedule": plan.record()}
+    meta = RunRecord.of({"config": config.to_json(), "schedule": plan.record()})
     config.optimizer.name = "adamw"
     for extend in (False, True):
         config.train.extend = extend
