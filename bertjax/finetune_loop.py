@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 from bertjax import (checkpoint, console, failures, families, files, loop, metrics_writer,
                      nonfinite, pretrained, reporting, resume, sharding, steps, stopping)
 from bertjax import sharded_run
-from bertjax.state import count_params
+from bertjax.state import TrainState, count_params
 from bertjax.tasks import metrics
 from bertjax.tasks.features import Finetune, SplitData
 from bertjax.errors import ConfigError
@@ -54,7 +54,8 @@ def host_batch(data: SplitData, rows: np.ndarray, batch_size: int) -> dict[str, 
     return batch
 
 
-def apply_model(model: nn.Module, params: Any, batch: Batch, deterministic: bool, rng=None):
+def apply_model(model: nn.Module, params: optax.Params, batch: Batch, deterministic: bool,
+                rng: jax.Array | None = None):
     return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
                        batch["input_mask"], deterministic=deterministic,
                        rngs=None if deterministic else {"dropout": rng})
@@ -243,7 +244,7 @@ class SeedRun:
             "an update of this run made them so from finite gradients: lower "
             "--config.learning_rate"))
         self.finished, latest = _finished(workdir), checkpointer.latest_step()
-        self.state: Any = None
+        self.state: TrainState | None = None
         if self.finished:
             self.best = {key: self.finished[f"best_{key}"] for key in ("epoch", "step")}
             self.best["dev"] = self.finished["dev"]

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from bertjax import optim, pretrained, validate
 from bertjax.data.settings import typed
 from bertjax.errors import ConfigError
+from bertjax.sharding import MeshSettings
 from bertjax.tasks.features import TaskOptions
 
 
@@ -38,7 +39,7 @@ class FinetuneSettings:
     source: pretrained.Source
     options: TaskOptions
     optimizer: Mapping[str, Any]  # config.optimizer
-    mesh: Mapping[str, int]  # config.mesh
+    mesh: MeshSettings  # config.mesh
     as_json: str  # the whole config: config.json, recorded in every checkpoint
 
     @classmethod
@@ -51,7 +52,7 @@ class FinetuneSettings:
         return cls(**own, seeds=tuple(validate.seeds(values["seeds"])),
                    source=typed(pretrained.Source, values, "", ConfigError, recorded=True),
                    options=typed(TaskOptions, values, "", ConfigError, recorded=True),
-                   optimizer=dict(values["optimizer"]), mesh=dict(values["mesh"]),
+                   optimizer=dict(values["optimizer"]), mesh=MeshSettings.of(values["mesh"]),
                    as_json=as_json or json.dumps(values))
 
     @property

@@ -16,6 +16,7 @@ import jax
 from absl import logging
 
 from bertjax import checkpoint, failures, nonfinite, sharding, stopping
+from bertjax.state import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +73,7 @@ def stop_request(ctrl_c: failures.CtrlC, step: int,
 
 
 def save(checkpointer: checkpoint.Checkpointer, policy: nonfinite.NonFiniteSteps, step: int,
-         state: Any, position: Mapping[str, Any], record: Mapping[str, Any],
+         state: TrainState, position: Mapping[str, Any], record: Mapping[str, Any],
          force: bool = False) -> None:
     """Saves `state` at `step` with its data `position` and the run's `record`, unless every
     step since resuming was non-finite (`policy`: nothing finite has come from the checkpoint

@@ -11,9 +11,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from absl import logging
 
 from bertjax.errors import UserError
+from bertjax.state import TrainState
 
 
 class TrainingError(UserError, RuntimeError):
@@ -122,7 +124,7 @@ class NonFiniteSteps:
             and self.in_a_row == step - self.start_step
 
 
-def all_finite(tree: Any) -> jax.Array:
+def all_finite(tree: optax.Params) -> jax.Array:
     """Whether every float in `tree` is finite (a scalar bool array), one reduction per leaf:
     the host's check of a restored state and of a state about to be saved (`check_finite`)."""
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
@@ -133,7 +135,7 @@ def all_finite(tree: Any) -> jax.Array:
 _all_finite = jax.jit(all_finite)
 
 
-def check_finite(state: Any, step: int, advice: str = "") -> None:
+def check_finite(state: TrainState, step: int, advice: str = "") -> None:
     """Raises NonFiniteState unless every float in params and optimizer state is finite;
     `advice` ends its message."""
     for name in ("params", "opt_state"):

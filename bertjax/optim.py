@@ -59,7 +59,7 @@ def scale_by_adam_no_bias_correction(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _key_name(entry: Any) -> str:
+def _key_name(entry: jax.tree_util.KeyEntry) -> str:
     """Return the string name of one pytree path entry (dict key, attribute or index)."""
     for attr in ("key", "name", "idx"):
         if hasattr(entry, attr):
@@ -247,7 +247,7 @@ def _base_optimizer(cfg: "OptimizerConfig", schedule: optax.Schedule
     raise ValueError(f"Unknown optimizer {name!r}; valid names: {', '.join(OPTIMIZER_NAMES)}")
 
 
-def float_leaves_by_shape(tree: Any) -> list[list[jax.Array]]:
+def float_leaves_by_shape(tree: optax.Params) -> list[list[jax.Array]]:
     """The float leaves of `tree`, grouped by shape and dtype (e.g. one group for the 24
     layers' query kernels), so that a reduction over the tree is one kernel per group."""
     groups: dict[tuple, list[jax.Array]] = {}
@@ -257,7 +257,7 @@ def float_leaves_by_shape(tree: Any) -> list[list[jax.Array]]:
     return list(groups.values())
 
 
-def global_norm(tree: Any) -> jax.Array:
+def global_norm(tree: optax.Updates) -> jax.Array:
     """The L2 norm of every float in `tree` (float32): one sum of squares per distinct shape,
     over its leaves added elementwise, not one per leaf."""
     sums = [jnp.sum(sum(jnp.square(x.astype(jnp.float32)) for x in group))
@@ -290,7 +290,7 @@ def learning_rate_at(cfg: "OptimizerConfig", step: int) -> float:
     return float(_schedule_from_config(cfg)(step))
 
 
-def at_step(opt_state: Any, step: jax.Array) -> Any:
+def at_step(opt_state: optax.OptState, step: jax.Array) -> optax.OptState:
     """`opt_state` with every step counter (optax's integer `count`s) set to the train
     state's `step`: the learning rate applied is then schedule(step), the one the log and
     the phase switch use, also after skipped non-finite steps (which advance `step` only)."""
@@ -346,7 +346,7 @@ def optimizer_config(optimizer: Mapping[str, Any], total_steps: int,
     return OptimizerConfig(**{**values, "total_steps": total_steps, **overrides})
 
 
-def train_only_outside(tx: optax.GradientTransformation, params: Any,
+def train_only_outside(tx: optax.GradientTransformation, params: optax.Params,
                        frozen: str) -> optax.GradientTransformation:
     """`tx` for every top-level entry of `params` but `frozen` (e.g. "bert" for a
     feature-based tagger), which gets no update and no optimizer state (no Adam moments)."""

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 import jax
+import optax
 from absl import logging
 
 from bertjax import (checkpoint, failures, files, loop, nonfinite, objectives, peers,
@@ -47,7 +48,7 @@ class PretrainingLoop:
     restart_step: int = 0  # long_phase.restart_optimizer: fresh moments before this step; 0: none
     stopped_by: int = 0  # set by `loop`: the signal (SIGINT, SIGTERM) that stopped it; 0: none
 
-    def eval_and_log(self, step: int, params: Any, pd: PhaseData) -> dict[str, float]:
+    def eval_and_log(self, step: int, params: optax.Params, pd: PhaseData) -> dict[str, float]:
         means = evaluate(self.run.eval_step, params, pd.eval, self.settings.eval_batches,
                          self.run.mesh)
         if means:

@@ -235,8 +235,9 @@ def check_processes(found: RunRecord, expected: RunRecord, where: str,
         "starts it from these parameters)")
 
 
-def restore_exactly(checkpointer: checkpoint.Checkpointer, step: int, abstract_state: Any,
-                    meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+def restore_exactly(checkpointer: checkpoint.Checkpointer, step: int,
+                    abstract_state: TrainState, meta: dict[str, Any]
+                    ) -> tuple[TrainState, dict[str, Any]]:
     """`(state, position)` of checkpoint `step`; a checkpoint that differs from its recorded
     checksums (e.g. its epoch or best-so-far in the position edited), fails to restore or
     does not match its digest is one DamagedCheckpoint error naming it and the way on."""

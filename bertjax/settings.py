@@ -10,9 +10,10 @@ validate.py checks their ranges before the conversion. A config an older run rec
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Literal, Mapping
 
-from bertjax import objectives
+from bertjax import objectives, phase_schedule
 from bertjax.data.settings import DataSettings, typed
 from bertjax.errors import ConfigError
 
@@ -83,3 +84,9 @@ class PretrainingSettings:
         return cls(TrainSettings.of(config["train"], recorded),
                    LongPhaseSettings.of(config["long_phase"], recorded),
                    DataSettings.of(config["data"], recorded))
+
+    @functools.cached_property
+    def phases(self) -> list[phase_schedule.Phase]:
+        """The phases these settings plan (phase_schedule.phases), derived once: the run's
+        check, its schedule (run_schedule) and its data preparation read them here."""
+        return phase_schedule.phases(self.train, self.data, self.long_phase)

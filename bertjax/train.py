@@ -29,6 +29,7 @@ from bertjax.pretrain_loop import PretrainingLoop
 from bertjax.phase_schedule import DataPosition
 from bertjax.run_record import RunRecord
 from bertjax.settings import PretrainingSettings
+from bertjax.sharding import MeshSettings
 from bertjax.state import TrainState
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -61,8 +62,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     started = time.time()
     is_chief = jax.process_index() == 0
     train, data = settings.train, settings.data
-    phases = phase_schedule.phases(train, data, settings.long_phase)
-    mesh = sharded_run.make_mesh(config.mesh.to_dict(), devices)
+    phases = settings.phases
+    mesh = sharded_run.make_mesh(MeshSettings.of(config.mesh.to_dict()), devices)
     sharded_run.check_batches(mesh, phases, train.grad_accum_steps,
                               config.model.max_position_embeddings)  # before preparing any data
     objective = train.pretraining_objective
@@ -72,7 +73,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         on_commit=reporting.announce_commit(os.path.join(workdir, "checkpoints")))
     resume_from = resume.Resume(checkpointer, os.path.join(workdir, resume.QUARANTINE))
     found = resume_from.newest()
-    sections = (train, data, settings.long_phase, config.optimizer)
+    sections = (settings, config.optimizer)
     plan = (run_schedule.resumed(found.record, resume_from.where(found.step), *sections)
             if found else run_schedule.planned(*sections))  # (refuses a changed schedule)
     phases, optimizer = plan.phases, plan.optimizer_config

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from absl import logging
 
-from bertjax import bert_config, families, optim, phase_schedule
+from bertjax import bert_config, families, optim
 from bertjax.data.errors import DataError
 from bertjax.errors import ConfigError
 from bertjax.settings import PretrainingSettings, TrainSettings
@@ -148,7 +148,7 @@ def pretraining_model(config: Any, typed: PretrainingSettings) -> None:
         raise ConfigError(f"model.type_vocab_size={model.type_vocab_size} is out of range: "
                           "pretraining needs 2 segment types (sentences A and B); set "
                           "--config.model.type_vocab_size=2")
-    for phase in phase_schedule.phases(typed.train, typed.data, typed.long_phase):
+    for phase in typed.phases:
         if phase.max_seq_length > model.max_position_embeddings:
             field = "data.max_seq_length" if phase.name == "short" else "long_phase.max_seq_length"
             shorter = f"--config.{field} <= {model.max_position_embeddings}"

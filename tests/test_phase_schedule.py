@@ -70,8 +70,7 @@ def test_a_checkpoint_recorded_by_an_older_run_plans_its_schedule_as_then():
             del old[section][name]
     plan = run_schedule.recorded(RunRecord.of({"config": json.dumps(old)}))
     settings = validate.settings(config)
-    assert plan == run_schedule.planned(settings.train, settings.data, settings.long_phase,
-                                        config.optimizer)
+    assert plan == run_schedule.planned(settings, config.optimizer)
     assert plan.phases == phases_of(config)
     recorded = PretrainingSettings.of(old, recorded=True)
     assert (recorded.train.objective, recorded.train.next_sentence_prediction,

@@ -9,7 +9,7 @@ import shutil
 import jax
 import pytest
 
-from bertjax import checkpoint, families, guards, phase_schedule, run_schedule, train
+from bertjax import checkpoint, families, guards, run_schedule, train
 from bertjax.data.settings import DataSettings
 from bertjax.run_record import RunRecord
 from bertjax.settings import PretrainingSettings
@@ -64,9 +64,8 @@ def test_a_checkpoint_written_before_the_typed_record_resumes_exactly(corpus_fil
     path = stopped / "checkpoints" / "2" / "meta" / "metadata"
     written = json.loads(path.read_text())
     settings = PretrainingSettings.of(config)
-    phases = phase_schedule.phases(settings.train, settings.data, settings.long_phase)
-    plan = run_schedule.planned(settings.train, settings.data, settings.long_phase,
-                                config.optimizer)
+    phases = settings.phases
+    plan = run_schedule.planned(settings, config.optimizer)
     old = {"model": families.recorded_fields(config.model), "config": config.to_json(),
            "data": guards.data_identity(DataSettings.of(config.data), phases),
            "processes": jax.process_count()}  # (train.run_metadata before the change)
