@@ -7,7 +7,6 @@ written from, or restored into, a state holding NaN or Inf (`check_finite`)."""
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -9,7 +9,6 @@ from typing import Any
 
 import jax
 import optax
-from absl import logging
 
 from bertjax import (checkpoint, failures, files, loop, nonfinite, objectives, peers,
                      reporting, phase_schedule, sharding, stopping)
