@@ -332,8 +332,7 @@ class SeedRun:
             + (f", eta {reporting.duration(left)})" if left is not None else ")"))
         self.nonfinite.add_counted(step, int(sums["skipped"]), self.steps_summed,
                                    f"seed {self.seed}: ")
-        metrics_writer.log_scalars(self.writer, "train", means, step)
-        metrics_writer.write_jsonl(self.jsonl, {"step": step, "split": "train", **means})
+        metrics_writer.write(self.writer, self.jsonl, "train", step, means, split="train")
         self.sums, self.steps_summed = {}, 0
 
     def end_epoch(self, step: int) -> None:
@@ -349,9 +348,8 @@ class SeedRun:
         for name, values in dev.items():
             reporting.chief_print(f"seed {self.seed} epoch {epoch + 1} {name}: " + " ".join(
                 f"{k} {metric_value(k, v, task.percent_metrics)}" for k, v in values.items()))
-            metrics_writer.log_scalars(self.writer, f"eval_{name}", values, step)
-            metrics_writer.write_jsonl(self.jsonl, {"step": step, "epoch": epoch + 1,
-                                                    "split": name, **values})
+            metrics_writer.write(self.writer, self.jsonl, f"eval_{name}", step, values,
+                                 epoch=epoch + 1, split=name)
         score = dev[task.eval_splits[0]][task.main_metric]
         if self.best["epoch"] < 0 or score > self.best["score"]:
             self.best = {"epoch": epoch + 1, "step": step, "score": score, "dev": dev}
