@@ -129,7 +129,8 @@ _DTYPE_BYTES = {"bool": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16
                 "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 
 
-def abstract_batch(phase: Phase, batch_size: int, placement: Any = None) -> dict[str, Any]:
+def abstract_batch(phase: Phase, batch_size: int, placement: jax.sharding.Sharding | None = None
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
     """A batch of `phase` with `batch_size` rows as abstract arrays (optionally sharded)."""
     return batch_spec.abstract(phase, batch_size, placement)
 
@@ -210,7 +211,7 @@ def format_bytes(num_bytes: float) -> str:
     return f"{num_bytes / 1024:.2f} GiB"
 
 
-def _spec_text(spec: Any) -> str:
+def _spec_text(spec: jax.sharding.PartitionSpec) -> str:
     return "(" + ", ".join("-" if e is None else "x".join(_mesh_axes_of(e)) for e in spec) + ")"
 
 

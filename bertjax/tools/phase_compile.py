@@ -19,7 +19,7 @@ CENSUS_GROUPS = 25  # the costliest instruction groups kept in a TPU phase's rec
 H100_CALIBRATION = 1.6
 
 
-def _memory_sizes(compiled: Any) -> dict[str, int]:
+def _memory_sizes(compiled: jax.stages.Compiled) -> dict[str, int]:
     analysis = compiled.memory_analysis()
     return {} if analysis is None else {
         name: int(getattr(analysis, f"{name}_size_in_bytes"))
