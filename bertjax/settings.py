@@ -16,6 +16,7 @@ from typing import Any, Literal, Mapping
 from bertjax import objectives, phase_schedule
 from bertjax.data.settings import DataSettings, typed
 from bertjax.errors import ConfigError
+from bertjax.sharding import MeshSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +71,16 @@ class LongPhaseSettings:
 
 @dataclasses.dataclass(frozen=True)
 class PretrainingSettings:
-    """A pretraining config's typed sections (the model, optimizer and mesh sections are
-    converted where they are built: families, optim, run.make_mesh)."""
+    """A pretraining config's sections: train, long_phase and data typed; the model section
+    as its values (`families.model_config` types it), the optimizer section as its values
+    (completed by run_schedule: optim.OptimizerConfig), the mesh typed."""
 
     train: TrainSettings
     long_phase: LongPhaseSettings
     data: DataSettings
+    model: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    optimizer: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    mesh: MeshSettings = MeshSettings()
 
     @classmethod
     def of(cls, config: Mapping[str, Any], recorded: bool = False) -> "PretrainingSettings":
@@ -83,7 +88,9 @@ class PretrainingSettings:
         whose value is not one of its choices."""
         return cls(TrainSettings.of(config["train"], recorded),
                    LongPhaseSettings.of(config["long_phase"], recorded),
-                   DataSettings.of(config["data"], recorded))
+                   DataSettings.of(config["data"], recorded), dict(config.get("model", {})),
+                   dict(config.get("optimizer", {})),
+                   MeshSettings.of(dict(config.get("mesh", {}))))
 
     @functools.cached_property
     def phases(self) -> list[phase_schedule.Phase]:

@@ -29,7 +29,6 @@ from bertjax.pretrain_loop import PretrainingLoop
 from bertjax.phase_schedule import DataPosition
 from bertjax.run_record import RunRecord
 from bertjax.settings import PretrainingSettings
-from bertjax.sharding import MeshSettings
 from bertjax.state import TrainState
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -51,21 +50,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         config.model.update(changed)
     settings = validate.pretraining(config)  # (typed, built once)
     with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
-        return _train_and_evaluate(config, workdir, devices, accepted, settings)
+        return _train_and_evaluate(settings, config.to_json(), workdir, devices, accepted)
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                        devices: list[jax.Device] | None, accepted: contextlib.ExitStack,
-                        settings: PretrainingSettings) -> dict[str, float]:
-    """The run in its locked `workdir`; once its settings are accepted, it writes config.json
-    and its log file (held open by `accepted`)."""
+def _train_and_evaluate(settings: PretrainingSettings, config_json: str, workdir: str,
+                        devices: list[jax.Device] | None,
+                        accepted: contextlib.ExitStack) -> dict[str, float]:
+    """The run of `settings` (`config_json`: its whole config) in its locked `workdir`; once
+    its settings are accepted, it writes config.json and its log file (held open by
+    `accepted`)."""
     started = time.time()
     is_chief = jax.process_index() == 0
-    train, data = settings.train, settings.data
+    train, data, model = settings.train, settings.data, settings.model
     phases = settings.phases
-    mesh = sharded_run.make_mesh(MeshSettings.of(config.mesh.to_dict()), devices)
+    mesh = sharded_run.make_mesh(settings.mesh, devices)
     sharded_run.check_batches(mesh, phases, train.grad_accum_steps,
-                              config.model.max_position_embeddings)  # before preparing any data
+                              model["max_position_embeddings"])  # before preparing any data
     objective = train.pretraining_objective
     checkpointer = checkpoint.Checkpointer(  # (its clean-up of unfinished saves needs the lock)
         os.path.join(workdir, "checkpoints"), train.checkpoint_every,
@@ -73,27 +73,26 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         on_commit=reporting.announce_commit(os.path.join(workdir, "checkpoints")))
     resume_from = resume.Resume(checkpointer, os.path.join(workdir, resume.QUARANTINE))
     found = resume_from.newest()
-    sections = (settings, config.optimizer)
+    sections = (settings, settings.optimizer)
     plan = (run_schedule.resumed(found.record, resume_from.where(found.step), *sections)
             if found else run_schedule.planned(*sections))  # (refuses a changed schedule)
     phases, optimizer = plan.phases, plan.optimizer_config
-    record = RunRecord.new(families.recorded_fields(config.model), config.to_json(),
+    record = RunRecord.new(families.recorded_fields(model), config_json,
                            guards.data_identity(data, phases), plan.record())
     agreement.check("corpus", agreement.data_fields(record.data), agreement.SAME_FILES)
     check = lambda found: resume_from.check(found, record, data, phases,
                                             train.allow_changed_data)
     if found:
         check(found)  # model and data, before any preparation
-    model_config = families.model_config(config.model.to_dict())
+    model_config = families.model_config(model)
     cache_dir = data.cache_dir or files.local_cache_dir(workdir)
     tokenizer = pipeline.load_or_train_tokenizer(data, cache_dir, jax.process_index(),
                                                  jax.process_count())
     if not found:
-        init_architecture.check_tokenizer(train.init_checkpoint, data,
-                                          config.model.to_dict(), tokenizer)
-    if tokenizer.vocab_size > config.model.vocab_size:
+        init_architecture.check_tokenizer(train.init_checkpoint, data, model, tokenizer)
+    if tokenizer.vocab_size > model["vocab_size"]:
         raise pipeline.DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but "
-                                 f"model.vocab_size={config.model.vocab_size}; set --config.model.vocab_size="
+                                 f"model.vocab_size={model['vocab_size']}; set --config.model.vocab_size="
                                  f"{tokenizer.vocab_size} (or more)")
     record = dataclasses.replace(record, tokenizer=tokenizer.fingerprint())
     agreement.check("tokenizer", agreement.tokenizer_fields(tokenizer), agreement.SAME_FILES)
@@ -101,7 +100,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         checkpoint.check_compatible(found.record.as_json(), record.as_json(),
                                     resume_from.where(found.step))
     stopping.now_doing("preparing data")
-    phase_data = loaders.prepare_data(data, phases, config.model.vocab_size, tokenizer,
+    phase_data = loaders.prepare_data(data, phases, model["vocab_size"], tokenizer,
                                       cache_dir, next_sentence_prediction=objective.uses_nsp)
     agreement.check("prepared", {})  # (where a host that failed to prepare stops the others)
     stopping.now_doing("building the model (compiling)")
@@ -110,7 +109,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                             objective=objective)
     accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
     if is_chief:  # the full table goes to a file, its totals to the console
-        files.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1) + "\n")
+        files.write_text(os.path.join(workdir, "config.json"),
+                         json.dumps(json.loads(config_json), indent=1) + "\n")
         report_path = os.path.join(workdir, "startup_report.txt")
         files.write_text(report_path, memory.report(
             sharded.model, sharded.abstract_state, mesh, phases) + "\n")

@@ -119,8 +119,8 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device],
           phase_names: list[str] | None
           ) -> tuple[sharded_run.ShardedRun, list[phase_schedule.Phase]]:
     """The sharded model, state and train step of `config`'s phases named `phase_names`."""
-    mesh = sharded_run.make_mesh(sharding.MeshSettings.of(config.mesh.to_dict()), devices)
     settings = PretrainingSettings.of(config)
+    mesh = sharded_run.make_mesh(settings.mesh, devices)
     phases = settings.phases
     sharded_run.check_batches(mesh, phases, config.train.grad_accum_steps,
                               config.model.max_position_embeddings)
