@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import transformers
 
+from bertjax.finetune_settings import FinetuneSettings
 from bertjax import finetune, pretrained
 from bertjax.tasks import glue
 
@@ -27,7 +28,7 @@ def main(workdir: str, hf_dir: str, split: str = "dev") -> None:
     source = pretrained.Source(init_checkpoint=workdir)
     tokenizer = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
     bert_config, params = pretrained.read(workdir)
-    task = finetune.make_task(config, tokenizer)
+    task = finetune.make_task(FinetuneSettings.of(config.to_dict()), tokenizer)
     data = task.load(split)
     f = data.features
     ours = np.asarray(task.model(bert_config).apply(

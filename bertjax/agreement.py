@@ -21,6 +21,7 @@ from typing import Any
 import jax
 
 from bertjax import peers
+from bertjax.data.tokenization import Tokenizer
 from bertjax.errors import UserError
 
 # Fields that may differ between hosts: where a host keeps its own share of the prepared data
@@ -137,7 +138,7 @@ def check(stage: str, fields: dict[str, str], hint: str = RERUN) -> None:
 
 
 
-def tokenizer_fields(tokenizer: Any) -> dict[str, str]:
+def tokenizer_fields(tokenizer: Tokenizer) -> dict[str, str]:
     """The tokenizer as compared between hosts: its size and fingerprint."""
     return {"the tokenizer": f"{tokenizer.vocab_size} tokens, fingerprint "
                              f"{tokenizer.fingerprint()[:12]}"}

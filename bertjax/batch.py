@@ -11,7 +11,6 @@ The shard format (`data.shard_format`) stores them compactly; the loaders give t
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import numpy as np
@@ -62,7 +61,7 @@ def zeros(rows: int, max_seq_length: int, max_predictions: int, packed_instances
             specs(rows, max_seq_length, max_predictions, packed_instances).items()}
 
 
-def abstract(phase: PhaseShape, rows: int, placement: Any = None
+def abstract(phase: PhaseShape, rows: int, placement: jax.sharding.Sharding | None = None
              ) -> dict[str, jax.ShapeDtypeStruct]:
     """An unpacked batch of `phase` with `rows` rows as abstract arrays (optionally placed
     with the sharding `placement`)."""

@@ -73,8 +73,8 @@ def finetune_config(values: dict[str, Any], source: Any) -> BertConfig:
         raise PretrainedError(f"{where}: {e}") from e
 
 
-def finetune_problem(options: Mapping[str, Any], init_checkpoint: str) -> str | None:
-    if options.get("classifier_pooling"):
+def finetune_problem(options: object, init_checkpoint: str) -> str | None:
+    if getattr(options, "classifier_pooling", None):
         return ("classifier_pooling is ModernBERT's; init_checkpoint "
                 f"{init_checkpoint} holds a BERT model (it pools with its "
                 "pooler): unset --config.classifier_pooling")

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
@@ -33,6 +34,10 @@ from bertjax import failures, stopping, storage
 from bertjax import files as file_layer
 from bertjax.checksums import CHECKSUMS, seal, verify  # noqa: F401 (this module's API too)
 from bertjax.errors import UserError
+from bertjax.state import TrainState
+
+# A tree of arrays (a TrainState, or a dict of parameters), as Orbax saves and restores it.
+PyTree = optax.Params | TrainState
 
 storage.install_gcsfs()  # (before etils epath caches its gs:// file system)
 
@@ -79,14 +84,14 @@ def _leaf_digest(x: jax.Array) -> jax.Array:
 _digests = jax.jit(lambda tree: jax.tree.map(_leaf_digest, tree))
 
 
-def state_digest(state: Any) -> dict[str, int]:
+def state_digest(state: PyTree) -> dict[str, int]:
     """`{leaf path: digest}` of every array in `state` (see `_leaf_digest`), as JSON ints."""
     digests = jax.device_get(_digests(state))
     return {jax.tree_util.keystr(path): int(value)
             for path, value in jax.tree_util.tree_leaves_with_path(digests)}
 
 
-def check_digest(state: Any, meta: dict, where: str) -> None:
+def check_digest(state: PyTree, meta: dict, where: str) -> None:
     """Raises DamagedCheckpoint naming the arrays of the restored `state` whose digest
     differs from the one `meta` recorded (no-op for checkpoints that recorded none)."""
     recorded = meta.get(DIGEST)
@@ -174,7 +179,8 @@ class Checkpointer:
         SIGTERM to any of them): save now, wait for the write and exit."""
         return self._manager.reached_preemption(step)
 
-    def save(self, step: int, state: Any, data_position: dict, meta: dict, force: bool = False) -> bool:
+    def save(self, step: int, state: PyTree, data_position: dict, meta: dict,
+             force: bool = False) -> bool:
         """Starts an async save of step `step` if the policies (or `force`) say so; `meta`
         is saved with the state's digest added."""
         meta = {**meta, DIGEST: state_digest(state)}
@@ -269,7 +275,8 @@ class Checkpointer:
             meta=ocp.args.JsonRestore(), data=ocp.args.JsonRestore()))
         return items["meta"], items["data"]
 
-    def restore(self, step: int, abstract_state: Any, expected_meta: dict) -> tuple[Any, dict, dict]:
+    def restore(self, step: int, abstract_state: PyTree, expected_meta: dict
+                ) -> tuple[PyTree, dict, dict]:
         """Restores `(state, data_position, meta)` onto the shardings in `abstract_state`,
         after checking that the checkpoint's metadata matches this run; DamagedCheckpoint if
         the state differs from its recorded digest."""
@@ -318,7 +325,7 @@ def check_compatible(found: dict, expected: dict, where: str) -> None:
                 "settings of the run that wrote it.")
 
 
-def restore_params(directory: str, abstract_params: Any) -> Any:
+def restore_params(directory: str, abstract_params: PyTree) -> PyTree:
     """Loads only the parameters of the latest checkpoint in `directory` (for
     `train.init_checkpoint`), placed on the shardings of `abstract_params`."""
     with ocp.CheckpointManager(_absolute(directory), item_names=("state", "data", "meta")) as manager:
@@ -375,7 +382,7 @@ def read_meta(directory: str) -> dict:
         return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
 
-def save_params(directory: str, params: Any, meta: dict) -> None:
+def save_params(directory: str, params: PyTree, meta: dict) -> None:
     """Writes a parameters-only checkpoint (step 0) that `restore_params` reads, e.g. a
     converted pretrained model for `train.init_checkpoint`."""
     checkpointer = Checkpointer(directory, save_every=1, keep_latest=1, async_save=False)
@@ -392,7 +399,7 @@ def _stored_tree(state_path: str) -> Any:
     return ocp.PyTreeCheckpointHandler().metadata(epath.Path(state_path)).tree
 
 
-def _check_param_shapes(state_path: str, abstract_params: Any) -> None:
+def _check_param_shapes(state_path: str, abstract_params: PyTree) -> None:
     """Raises CheckpointMismatch naming every wanted parameter that the checkpoint lacks or
     stores with another shape."""
     stored = _stored_tree(state_path)["params"]

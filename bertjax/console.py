@@ -11,7 +11,7 @@ import re
 import sys
 import tempfile
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, TextIO
 
 from absl import logging
 
@@ -180,7 +180,7 @@ class _Echo:
     """sys.stdout that also hands each complete line to the run's log (`RUN_LOG`); the
     terminal's status line (written after a carriage return) stays on the console."""
 
-    def __init__(self, console: Any):
+    def __init__(self, console: TextIO):
         self.console, self.pending, self.lock = console, "", threading.RLock()
 
     def write(self, text: str) -> int:
@@ -249,7 +249,7 @@ class _OtherThreadsTo:
     several threads at once (Orbax's writers of a failed save print their tracebacks
     together, and unlocked writes interleaved them and once left bytes that are not UTF-8)."""
 
-    def __init__(self, log: std_logging.StreamHandler, console: Any):
+    def __init__(self, log: std_logging.StreamHandler, console: TextIO):
         self.log, self.console = log, console
 
     def write(self, text: str) -> int:

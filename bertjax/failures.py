@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import traceback
+import types
 from typing import Any, Callable, Iterator, NoReturn
 
 from absl import logging
@@ -122,7 +123,7 @@ def one_line_thread_errors() -> None:
     ("Event loop is closed"), or its coroutines collected at exit."""
     default = threading.excepthook
 
-    def hook(args: Any) -> None:
+    def hook(args: threading.ExceptHookArgs) -> None:
         if isinstance(args.exc_value, OSError):
             logging.error("thread %s stopped: %s", getattr(args.thread, "name", "?"),
                           os_error_line(args.exc_value))
@@ -134,7 +135,8 @@ def one_line_thread_errors() -> None:
                                                          unraisable.object)
     main_excepthook = sys.excepthook
 
-    def excepthook(kind: Any, value: Any, trace: Any) -> None:
+    def excepthook(kind: type[BaseException], value: BaseException,
+                   trace: types.TracebackType | None) -> None:
         if threading.current_thread() is threading.main_thread():
             main_excepthook(kind, value, trace)
         else:
@@ -143,7 +145,7 @@ def one_line_thread_errors() -> None:
     sys.excepthook = excepthook
 
 
-def _log_ignored(error: BaseException, where: Any) -> None:
+def _log_ignored(error: BaseException, where: object) -> None:
     """`error`, which nothing handles, to the run's log file while it is open (kept until it
     opens), else nowhere (after the run's last line, or at exit)."""
     try:
@@ -175,7 +177,7 @@ class CtrlC:
         self._notices: queue.SimpleQueue = queue.SimpleQueue()
         self._printer: threading.Thread | None = None
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: types.FrameType | None) -> None:
         del signum, frame
         if self.requested:
             return
@@ -196,7 +198,7 @@ class CtrlC:
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
     def release(self) -> None:

@@ -75,7 +75,7 @@ class Family:
     # (architecture values, pretrained.Source) -> the fine-tuning model config
     finetune_config: Callable[[dict[str, Any], Any], Any]
     # (fine-tuning options, init_checkpoint) -> the refusal of an option it has no use for
-    finetune_problem: Callable[[Mapping[str, Any], str], str | None]
+    finetune_problem: Callable[[object, str], str | None]
     pretraining_rules: tuple = ()  # validate's (field, check, message) rules of its section
     pretrained_parts: tuple[str, ...] = ()  # what fine-tuning takes from a pretrained model
     optional_parts: tuple[str, ...] = ()  # the pretrained_parts a checkpoint may lack

@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import ml_collections
 import optax
+from jax.sharding import Mesh
 from absl import flags, logging
 from ml_collections import config_flags
 
@@ -30,7 +31,9 @@ from bertjax import (cli, console, failures, families, files, finetune_loop, loc
 from bertjax import model as bert_model
 from bertjax import sharded_run
 from bertjax.interop import native
-from bertjax.model import BertConfig
+from bertjax.data.tokenization import Tokenizer
+from bertjax.families import ModelConfig
+from bertjax.finetune_settings import FinetuneSettings
 from bertjax.errors import ConfigError, UserError
 from bertjax.tasks import features, glue, ner, squad_predict
 
@@ -39,62 +42,42 @@ class FinetuneError(UserError, ValueError):
     """A configuration or input that cannot run; the message says what to change."""
 
 
-def typed(cls: type, config: ml_collections.ConfigDict):
-    """The dataclass `cls` from the config fields of the same names (those the config has)."""
-    return cls(**{f.name: config[f.name] for f in dataclasses.fields(cls) if f.name in config})
-
-
 TASK_KINDS = {"glue": glue.GlueFinetune, "ner": ner.NerFinetune,
               "squad": squad_predict.SquadFinetune}
 
 
-def make_task(config: ml_collections.ConfigDict, tokenizer) -> features.Finetune:
-    if config.kind not in TASK_KINDS:
-        raise FinetuneError(f"kind={config.kind!r}; choose one of {sorted(TASK_KINDS)}")
+def make_task(settings: FinetuneSettings, tokenizer: Tokenizer) -> features.Finetune:
+    if settings.kind not in TASK_KINDS:
+        raise FinetuneError(f"kind={settings.kind!r}; choose one of {sorted(TASK_KINDS)}")
     try:
-        return TASK_KINDS[config.kind](typed(features.TaskOptions, config), tokenizer)
+        return TASK_KINDS[settings.kind](settings.options, tokenizer)
     except ValueError as e:
         raise FinetuneError(str(e)) from e
 
 
-def schedule_config(config: ml_collections.ConfigDict, total_steps: int
-                    ) -> optim.OptimizerConfig:
-    """The optimizer and learning-rate schedule of a fine-tuning config."""
-    return optim.optimizer_config(
-        config.optimizer, total_steps, peak_learning_rate=config.learning_rate,
-        warmup_steps=int(total_steps * config.warmup_proportion))
-
-
-def optimizer(config: ml_collections.ConfigDict, total_steps: int,
-              frozen_encoder_of: Any = None) -> optax.GradientTransformation:
+def optimizer(settings: FinetuneSettings, total_steps: int,
+              frozen_encoder_of: optax.Params | None = None) -> optax.GradientTransformation:
     """BERT's optimizer for fine-tuning. With `frozen_encoder_of` (the model's parameter tree;
     feature-based), only the parameters outside `bert` are trained."""
-    tx = optim.make_optimizer(schedule_config(config, total_steps))
+    tx = optim.make_optimizer(settings.optimizer_settings(total_steps))
     return tx if frozen_encoder_of is None else optim.train_only_outside(tx, frozen_encoder_of,
                                                                          "bert")
 
 
-def train_steps(config: ml_collections.ConfigDict, num_examples: int) -> int:
-    """Optimizer steps as run_classifier.py and run_squad.py count them:
-    `int(num_train_examples / train_batch_size * num_train_epochs)`."""
-    return int(num_examples / config.train_batch_size * config.num_train_epochs)
-
-
-def make_trainer(config: ml_collections.ConfigDict, task: features.Finetune,
-                 bert_config: BertConfig, num_train: int, mesh) -> finetune_loop.Trainer:
+def make_trainer(settings: FinetuneSettings, task: features.Finetune, bert_config: ModelConfig,
+                 num_train: int, mesh: Mesh) -> finetune_loop.Trainer:
     """The trainer for `num_train` training examples (task.num_train_examples)."""
-    total_steps = train_steps(config, num_train)
+    total_steps = settings.train_steps(num_train)
     if total_steps < 1:
         raise FinetuneError(f"{num_train} training examples give no step of batch "
-                            f"{config.train_batch_size} in {config.num_train_epochs} epochs: "
+                            f"{settings.train_batch_size} in {settings.num_train_epochs} epochs: "
                             "raise --config.num_train_epochs or lower "
                             "--config.train_batch_size")
     model = task.model(bert_config)
-    tx = optimizer(config, total_steps,
+    tx = optimizer(settings, total_steps,
                    bert_model.abstract_params(model) if task.frozen_encoder else None)
-    return finetune_loop.make_trainer(task, model, tx, mesh, total_steps,
-                                      functools.partial(optim.learning_rate_at,
-                                                        schedule_config(config, total_steps)))
+    return finetune_loop.make_trainer(task, model, tx, mesh, total_steps, functools.partial(
+        optim.learning_rate_at, settings.optimizer_settings(total_steps)))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str,
@@ -104,47 +87,48 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     or predicts again with a finished one's best checkpoints; `workdir` is locked meanwhile.
     A `workdir` of a run with other settings is refused unless `overwrite`."""
     validate.finetuning(config)
-    if config.init_checkpoint:  # (before the workdir is made: a mistake creates nothing)
-        pretrained.check_exists(config.init_checkpoint, "init_checkpoint")
+    settings = FinetuneSettings.of(config.to_dict(), config.to_json())  # (typed, built once)
+    if settings.init_checkpoint:  # (before the workdir is made: a mistake creates nothing)
+        pretrained.check_exists(settings.init_checkpoint, "init_checkpoint")
     with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
         if jax.process_index() == 0:
-            finetune_loop.check_workdir(config.to_json(), workdir, overwrite)
-        return _run(config, workdir, devices, accepted)
+            finetune_loop.check_workdir(settings.as_json, workdir, overwrite)
+        return _run(settings, workdir, devices, accepted)
 
 
-def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Device] | None,
+def _run(settings: FinetuneSettings, workdir: str, devices: list[jax.Device] | None,
          accepted: contextlib.ExitStack) -> dict[str, Any]:
     """The run in its locked `workdir`; once its settings and inputs are accepted, it writes
     config.json and its log file (held open by `accepted`)."""
-    source = typed(pretrained.Source, config)
+    source = settings.source
     pretrain = pretrained.pretraining_run(source)
     bert_config = pretrained.model_config_of(source, pretrain)
-    if pretrain.model and not config.random_init:  # (the weights must fit: before any work)
+    if pretrain.model and not settings.random_init:  # (the weights must fit: before any work)
         found = families.from_record(pretrain.model)
-        pretrained.check_architecture(found, bert_config, config.init_checkpoint)
-    problem = families.of(bert_config).finetune_problem(config, config.init_checkpoint)
+        pretrained.check_architecture(found, bert_config, settings.init_checkpoint)
+    problem = families.of(bert_config).finetune_problem(settings, settings.init_checkpoint)
     if problem:
         raise FinetuneError(problem)
     tokenizer = pretrained.tokenizer_of(source, pretrain)
     if tokenizer.vocab_size > bert_config.vocab_size:
         raise FinetuneError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
                             f"{bert_config.vocab_size}: use the pretraining run's vocabulary")
-    if config.max_seq_length > bert_config.max_position_embeddings:
-        raise FinetuneError(f"max_seq_length={config.max_seq_length} > the model's "
+    if settings.max_seq_length > bert_config.max_position_embeddings:
+        raise FinetuneError(f"max_seq_length={settings.max_seq_length} > the model's "
                             f"max_position_embeddings={bert_config.max_position_embeddings}")
     try:
-        mesh = sharded_run.make_mesh(config.mesh.to_dict(), devices)
+        mesh = sharded_run.make_mesh(settings.mesh, devices)
     except ConfigError as e:
         raise FinetuneError(str(e)) from e
-    for size in (config.train_batch_size, config.eval_batch_size):
+    for size in (settings.train_batch_size, settings.eval_batch_size):
         if size % (sharding.data_parallel_size(mesh) * jax.process_count()):
             raise FinetuneError(f"batch size {size} must be divisible by data*fsdp="
                                 f"{sharding.data_parallel_size(mesh)} times the process count")
     if pretrain.finetuned_task:
-        reporting.chief_print(f"init_checkpoint {config.init_checkpoint} was fine-tuned on "
+        reporting.chief_print(f"init_checkpoint {settings.init_checkpoint} was fine-tuned on "
                               f"{pretrain.finetuned_task}: this run starts from its encoder, "
                               "with a new output layer")
-    task = make_task(config, tokenizer)
+    task = make_task(settings, tokenizer)
     try:
         data = {name: task.load(name) for name in ["train", *task.eval_splits]}
         for name in task.test_splits:  # unlabelled leaderboard inputs are optional
@@ -154,31 +138,31 @@ def _run(config: ml_collections.ConfigDict, workdir: str, devices: list[jax.Devi
                 logging.warning("no %s predictions: %s", name, e)
     except ValueError as e:  # readers' errors name the file and what is wrong
         raise FinetuneError(str(e)) from e
-    trainer = make_trainer(config, task, bert_config, task.num_train_examples(data["train"]),
+    trainer = make_trainer(settings, task, bert_config, task.num_train_examples(data["train"]),
                            mesh)
-    settings = typed(finetune_loop.Settings, {
-        **config, "config": config.to_json(), "bert_config": families.as_record(bert_config),
-        "tokenizer_fingerprint": tokenizer.fingerprint()})
+    record = finetune_loop.SeedRecord(settings.task, 0, settings.as_json,
+                                      families.as_record(bert_config), tokenizer.fingerprint())
     accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
     if jax.process_index() == 0:
-        files.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1))
+        files.write_text(os.path.join(workdir, "config.json"),
+                         json.dumps(settings.as_dict, indent=1))
         tokenizer_files = native.save_tokenizer(tokenizer, workdir)  # (the model stands alone)
-    results = [finetune_loop.train_one_seed(settings, trainer, data, seed,
-                                            os.path.join(workdir, f"seed_{seed}"))
-               for seed in validate.seeds(config.seeds)]
+    results = [finetune_loop.train_one_seed(settings, dataclasses.replace(record, seed=seed),
+                                            trainer, data, os.path.join(workdir, f"seed_{seed}"))
+               for seed in settings.seeds]
     baselines = {name: task.baseline(data["train"], data[name]) for name in task.eval_splits}
     baselines = {name: found for name, found in baselines.items() if found}
-    summary = {"task": config.task, "init_checkpoint": config.init_checkpoint,
-               "random_init": bool(config.random_init), "main_metric": task.main_metric,
+    summary = {"task": settings.task, "init_checkpoint": settings.init_checkpoint,
+               "random_init": bool(settings.random_init), "main_metric": task.main_metric,
                "train_examples": len(data["train"]),
                "skipped": {name: split.skipped for name, split in data.items()},
                "seeds": results, "summary": finetune_loop.summarize_seeds(results),
                "baselines": {name: {"predicts": how, **values}
                              for name, (how, values) in baselines.items()},
-               "config": config.to_dict()}
+               "config": settings.as_dict}
     if jax.process_index() == 0:
         files.write_text(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=1))
-        lines, warnings = finetune_loop.summary_lines(config.task, summary["summary"],
+        lines, warnings = finetune_loop.summary_lines(settings.task, summary["summary"],
                                                       len(results), baselines,
                                                       task.percent_metrics)
         print("\n".join(lines), flush=True)

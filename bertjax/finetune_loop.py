@@ -3,10 +3,10 @@ evaluation every epoch, the best epoch's checkpoint and predictions, and the sum
 seeds. Any task that implements `tasks.features.Finetune` runs here."""
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import os
-import signal
 import time
 from typing import Any, Callable, Iterator
 
@@ -18,31 +18,27 @@ import optax
 from absl import logging
 from jax.sharding import Mesh
 
-from bertjax import (checkpoint, console, failures, families, files, metrics_writer, nonfinite,
-                     pretrained, reporting, resume, sharding, steps, stopping)
+from bertjax import (checkpoint, console, failures, families, files, loop, metrics_writer,
+                     nonfinite, pretrained, reporting, resume, sharding, steps, stopping)
 from bertjax import sharded_run
-from bertjax.state import count_params
+from bertjax.state import TrainState, count_params
 from bertjax.tasks import metrics
 from bertjax.tasks.features import Finetune, SplitData
 from bertjax.errors import ConfigError
+from bertjax.finetune_settings import FinetuneSettings
 
 Batch = dict[str, jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
-    """The fine-tuning config fields the loop reads (configs/finetune/common.py)."""
+class SeedRecord:
+    """What a fine-tuning checkpoint records about its run (its `meta` JSON item)."""
 
     task: str
-    init_checkpoint: str
-    random_init: bool
-    train_batch_size: int
-    eval_batch_size: int
-    num_train_epochs: float
-    log_every: int
-    config: str  # the whole fine-tuning config as JSON, recorded in every checkpoint
-    bert_config: dict  # the model's BertConfig fields, recorded in every checkpoint
-    tokenizer_fingerprint: str  # the tokenizer's, recorded in every checkpoint
+    seed: int
+    config: str  # the whole fine-tuning config as JSON (FinetuneSettings.as_json)
+    bert_config: dict[str, Any]  # the model's fields (families.as_record)
+    tokenizer_fingerprint: str
 
 
 def host_batch(data: SplitData, rows: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
@@ -58,7 +54,8 @@ def host_batch(data: SplitData, rows: np.ndarray, batch_size: int) -> dict[str, 
     return batch
 
 
-def apply_model(model: nn.Module, params: Any, batch: Batch, deterministic: bool, rng=None):
+def apply_model(model: nn.Module, params: optax.Params, batch: Batch, deterministic: bool,
+                rng: jax.Array | None = None):
     return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
                        batch["input_mask"], deterministic=deterministic,
                        rngs=None if deterministic else {"dropout": rng})
@@ -154,7 +151,7 @@ def _finished(workdir: str) -> dict[str, Any] | None:
         set(summary) else None
 
 
-def _fresh_state(settings: Settings, trainer: Trainer, seed: int) -> Any:
+def _fresh_state(settings: FinetuneSettings, trainer: Trainer, seed: int) -> Any:
     """A new state from `seed`, with the encoder (`families.pretrained_parts`) from
     settings.init_checkpoint if any."""
     sharded = trainer.run
@@ -206,178 +203,203 @@ def _add_metrics(sums: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any
     return jax.tree.map(jnp.add, sums, metrics) if sums else metrics
 
 
-def train_one_seed(settings: Settings, trainer: Trainer, data: dict[str, SplitData], seed: int,
-                   workdir: str) -> dict[str, Any]:
+def train_one_seed(settings: FinetuneSettings, record: SeedRecord, trainer: Trainer,
+                   data: dict[str, SplitData], workdir: str) -> dict[str, Any]:
     """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics. Every
     epoch ends with a checkpoint (the latest and the best one are kept), which a rerun
     resumes from; at the end only the best one is kept (and named on the console). A rerun
     of a finished seed only predicts again with its best checkpoint."""
     files.makedirs(workdir)
-    train = data["train"]
-    batch_size, task, sharded = settings.train_batch_size, trainer.task, trainer.run
-    total_steps = trainer.total_steps
-    mesh, abstract_state = sharded.mesh, sharded.abstract_state
-    train_step, predict_step = sharded.train_step, sharded.eval_step
     # (Not announced per epoch: all but the best epoch's are deleted; the kept one is named
     # once the others are gone.)
     checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
                                            save_every=10 ** 9, keep_latest=1)
-    meta = {"task": settings.task, "seed": seed, "config": settings.config,
-            "bert_config": settings.bert_config,
-            "tokenizer_fingerprint": settings.tokenizer_fingerprint}
-    best: dict[str, Any] = {"epoch": -1}
-    jsonl = os.path.join(workdir, "metrics.jsonl") if jax.process_index() == 0 else None
-    ends = epoch_ends(len(train), batch_size, total_steps)
-    epochs = len(ends)
-    finished, latest = _finished(workdir), checkpointer.latest_step()
-    if finished:
-        start_epoch, best = epochs, {key: finished[f"best_{key}"] for key in ("epoch", "step")}
-        best["dev"] = finished["dev"]
-        state = None
-        reporting.chief_print(f"seed {seed}: finished (best epoch {best['epoch']}); predicting "
-                              "again with its best checkpoint")
-    elif latest is not None:
-        state, position = resume.restore_exactly(checkpointer, latest, abstract_state, meta)
-        start_epoch, best = position["epoch"], position["best"]
-        checkpointer.pin(best.get("step"))  # (none before the first epoch's end)
-        reporting.chief_print(f"seed {seed}: resuming from {checkpointer.directory}/{latest} "
-                              f"(epoch {start_epoch} of {epochs})")
-    else:
-        start_epoch, state = 0, _fresh_state(settings, trainer, seed)
-    if not finished:
-        _keep_rows_up_to(jsonl, latest or 0)
-    writer = metrics_writer.open_writer(workdir)
-    step = latest or 0
-    batches = shuffled_batches(np.random.default_rng(seed), len(train), batch_size)
-    for _ in range(step):  # the batches already trained on
-        next(batches)
-    reporting.chief_print(f"seed {seed}: {len(train)} training rows, {total_steps} steps "
-                          f"({len(train) / batch_size:.1f}/epoch), "
-                          f"{count_params(abstract_state.params):,} parameters")
-    first_step = step + 1
-    sums, steps_summed, started = {}, 0, time.time()
-    clock, eval_seconds = reporting.StepClock(), 0.0
-
-    def eta(epoch: int) -> float | None:
-        """Steps left at the measured rate (compile excluded), plus the dev evaluations left."""
-        seconds = clock.seconds_per_step("train")
-        return None if seconds is None else \
-            seconds * (total_steps - step) + eval_seconds * (epochs - epoch)
-
-    def save(epoch: int) -> None:
-        """Saves the state at `step` with `epoch` epochs done (a stop within the next one)."""
-        nonfinite.check_finite(state, step, "; an update of this run made them so from "
-                               "finite gradients: lower --config.learning_rate")
-        checkpointer.save(step, state, {"epoch": epoch, "best": best}, meta, force=True)
-
-    def stop_if_asked(ctrl_c: failures.CtrlC, epochs_done: int, saved: bool) -> None:
-        """After Ctrl-C: saves at `step` with `epochs_done` epochs done (unless `saved`),
-        says how to continue and stops."""
-        if ctrl_c.requested:
-            if not saved:
-                reporting.chief_print(f"Ctrl-C: saving a checkpoint at step {step} and exiting")
-                save(epochs_done)
-            checkpointer.wait()
-            reporting.chief_print(failures.stopped_line(
-                f"seed {seed} step {step} of {total_steps}", signal.SIGINT))
-            raise failures.Stopped(signal.SIGINT)
-
+    seed_run = SeedRun(settings, record, trainer, data, workdir, checkpointer)
     try:
-        with sharding.activate(mesh), failures.CtrlC(forward_as_sigterm=False) as ctrl_c:
-            for epoch in range(start_epoch, epochs):
-                while step < ends[epoch]:
-                    stopping.now_doing(f"training step {step + 1}")
-                    rows = next(batches)
-                    batch = sharding.global_batch_from_host(host_batch(train, rows, batch_size),
-                                                            mesh)
-                    state, metrics = train_step(state, batch)
-                    step += 1
-                    # Summed on the device: the host waits for a step only when it logs.
-                    sums = _add_metrics(sums, metrics)
-                    steps_summed += 1
-                    if step == first_step:  # compiled and run: the clock starts here
-                        jax.block_until_ready(metrics)
-                        clock.tick("train", step)
-                    if step % settings.log_every == 0 or step == total_steps:
-                        sums = jax.device_get(sums)
-                        clock.tick("train", step)
-                        means = {"loss": float(sums["loss_sum"] / max(sums["count"], 1.0)),
-                                 "grad_norm": float(sums["grad_norm"]) / steps_summed,
-                                 "learning_rate": trainer.learning_rate(step - 1)}
-                        left = eta(epoch)
-                        reporting.chief_print(
-                            f"seed {seed} step {step}/{total_steps} loss {means['loss']:.4f} "
-                            f"lr {means['learning_rate']:.3e} ({time.time() - started:.0f}s"
-                            + (f", eta {reporting.duration(left)})" if left is not None else ")"))
-                        if sums["skipped"]:
-                            logging.warning(
-                                "seed %d: %d of the %d steps up to step %d skipped: their loss "
-                                "or gradients held NaN or Inf", seed, sums["skipped"],
-                                steps_summed, step)
-                        metrics_writer.log_scalars(writer, "train", means, step)
-                        metrics_writer.write_jsonl(jsonl, {"step": step, "split": "train", **means})
-                        sums, steps_summed = {}, 0
-                    console.TERMINAL.show(reporting.status_bar(step, total_steps, eta(epoch)))
-                    if step < ends[epoch]:  # (an epoch's last step is saved after its evaluation)
-                        stop_if_asked(ctrl_c, epoch, saved=False)
-                stopping.now_doing(f"evaluating epoch {epoch + 1}")
-                evaluated = time.time()
-                dev = {name: task.evaluate(data[name], predict(
-                    predict_step, state.params, data[name], settings.eval_batch_size, mesh))
-                    for name in task.eval_splits}
-                eval_seconds = time.time() - evaluated
-                clock.restart()  # the evaluation was no training step
-                clock.tick("train", step)
-                for name, values in dev.items():
-                    reporting.chief_print(f"seed {seed} epoch {epoch + 1} {name}: " + " ".join(
-                        f"{k} {metric_value(k, v, task.percent_metrics)}"
-                        for k, v in values.items()))
-                    metrics_writer.log_scalars(writer, f"eval_{name}", values, step)
-                    metrics_writer.write_jsonl(jsonl, {"step": step, "epoch": epoch + 1,
-                                                  "split": name, **values})
-                score = dev[task.eval_splits[0]][task.main_metric]
-                if best["epoch"] < 0 or score > best["score"]:
-                    best = {"epoch": epoch + 1, "step": step, "score": score, "dev": dev}
-                    reporting.chief_print(f"seed {seed} epoch {epoch + 1}: best "
-                                          f"{task.main_metric} so far")
-                checkpointer.pin(best["step"])
-                save(epoch + 1)
-                stop_if_asked(ctrl_c, epoch + 1, saved=True)  # (a rerun predicts after the last)
+        with loop.running(trainer.run.mesh) as ctrl_c:
+            seed_run.train(ctrl_c)
             ctrl_c.release()  # predicting: Ctrl-C interrupts (KeyboardInterrupt)
-            checkpointer.wait()
-            if state is None or best["step"] != step:
-                state, _ = resume.restore_exactly(checkpointer, best["step"], abstract_state, meta)
-            outputs, scored_tests = {}, {}
-            files.makedirs(os.path.join(workdir, "predictions"))
-            for name in [n for n in task.test_splits if n in data]:
-                test = data[name]
-                test_outputs = predict(predict_step, state.params, test,
-                                       settings.eval_batch_size, mesh)
-                outputs[name] = task.write_predictions(test, test_outputs,
-                                                       os.path.join(workdir, "predictions"))
-                if name in task.scored_test_splits:
-                    scored_tests[name] = task.evaluate(test, test_outputs)
-            if not task.test_splits:  # SQuAD: the best epoch's dev predictions
-                first = data[task.eval_splits[0]]
-                outputs["dev"] = task.write_predictions(
-                    first, predict(predict_step, state.params, first, settings.eval_batch_size,
-                                   mesh),
-                    os.path.join(workdir, "predictions"))
-            result = {"seed": seed, "best_epoch": best["epoch"], "best_step": best["step"],
-                      "dev": best["dev"], "test": scored_tests, "predictions": outputs,
-                      "seconds": round(time.time() - started, 1)}
-            if jax.process_index() == 0:  # (marks the seed as finished)
-                files.write_text(os.path.join(workdir, "summary.json"),
-                                     json.dumps(result, indent=1))
-            for other in set(checkpointer.all_steps()) - {best["step"]}:
-                checkpointer.delete(other)
-            reporting.chief_print(f"seed {seed}: best epoch {best['epoch']} kept, checkpoint "
-                                  f"step {best['step']} -> {checkpointer.directory}/{best['step']}")
+            return seed_run.predict_with_best()
     finally:
         checkpointer.close()
-        if writer:
-            writer.close()
-    return result
+        if seed_run.writer:
+            seed_run.writer.close()
+
+
+class SeedRun:
+    """One seed's fine-tuning on the loop skeleton (bertjax.loop): its state, where it
+    stands (step, epoch, best epoch so far) and the actions after each step."""
+
+    def __init__(self, settings: FinetuneSettings, record: SeedRecord, trainer: Trainer,
+                 data: dict[str, SplitData], workdir: str, checkpointer: checkpoint.Checkpointer):
+        self.settings, self.trainer, self.data, self.seed = settings, trainer, data, record.seed
+        self.workdir, self.checkpointer, self.task = workdir, checkpointer, trainer.task
+        self.total_steps, train, seed = trainer.total_steps, data["train"], record.seed
+        self.meta = dataclasses.asdict(record)
+        self.best: dict[str, Any] = {"epoch": -1}
+        self.jsonl = os.path.join(workdir, "metrics.jsonl") if jax.process_index() == 0 \
+            else None
+        self.ends = epoch_ends(len(train), settings.train_batch_size, self.total_steps)
+        self.nonfinite = nonfinite.NonFiniteSteps(0, state_advice=(  # (warns, never stops)
+            "an update of this run made them so from finite gradients: lower "
+            "--config.learning_rate"))
+        self.finished, latest = _finished(workdir), checkpointer.latest_step()
+        self.state: TrainState | None = None
+        if self.finished:
+            self.best = {key: self.finished[f"best_{key}"] for key in ("epoch", "step")}
+            self.best["dev"] = self.finished["dev"]
+            reporting.chief_print(f"seed {seed}: finished (best epoch {self.best['epoch']}); "
+                                  "predicting again with its best checkpoint")
+        elif latest is not None:
+            self.state, position = resume.restore_exactly(
+                checkpointer, latest, trainer.run.abstract_state, self.meta)
+            self.best = position["best"]
+            checkpointer.pin(self.best.get("step"))  # (none before the first epoch's end)
+            reporting.chief_print(f"seed {seed}: resuming from {checkpointer.directory}/"
+                                  f"{latest} (epoch {position['epoch']} of {len(self.ends)})")
+        else:
+            self.state = _fresh_state(settings, trainer, seed)
+        if not self.finished:
+            _keep_rows_up_to(self.jsonl, latest or 0)
+        self.writer = metrics_writer.open_writer(workdir)
+        self.step = self.first_step = latest or 0
+        self.batches = shuffled_batches(np.random.default_rng(seed), len(train),
+                                        settings.train_batch_size)
+        for _ in range(self.step):  # the batches already trained on
+            next(self.batches)
+        reporting.chief_print(
+            f"seed {seed}: {len(train)} training rows, {self.total_steps} steps "
+            f"({len(train) / settings.train_batch_size:.1f}/epoch), "
+            f"{count_params(trainer.run.abstract_state.params):,} parameters")
+        self.sums: dict[str, Any] = {}
+        self.steps_summed, self.started = 0, time.time()
+        self.clock, self.eval_seconds = reporting.StepClock(), 0.0
+
+    def epoch(self, step: int) -> int:
+        """The epoch (from 0) that step `step` (steps done) ends or is inside of."""
+        return bisect.bisect_left(self.ends, step)
+
+    def eta(self) -> float | None:
+        """Steps left at the measured rate (compile excluded), plus the dev evaluations left."""
+        seconds = self.clock.seconds_per_step("train")
+        return None if seconds is None else seconds * (self.total_steps - self.step) \
+            + self.eval_seconds * (len(self.ends) - self.epoch(self.step))
+
+    def save(self, epochs_done: int) -> None:
+        """Saves the state at `step` with `epochs_done` epochs done (a stop within the next)."""
+        loop.save(self.checkpointer, self.nonfinite, self.step, self.state,
+                  {"epoch": epochs_done, "best": self.best}, self.meta, force=True)
+
+    def train(self, ctrl_c: failures.CtrlC) -> None:
+        """The steps left, on the loop skeleton; after Ctrl-C, a save, then Stopped."""
+        actions = [loop.Periodic(self.log, self.settings.log_every, at={self.total_steps}),
+                   loop.Periodic(lambda step: console.TERMINAL.show(reporting.status_bar(
+                       step, self.total_steps, self.eta()))),
+                   loop.Periodic(self.end_epoch, 0, at=set(self.ends)),
+                   loop.Periodic(lambda step: self.stop_request(ctrl_c, step))]
+        _, stopped = loop.run(self.step, self.step if self.finished else self.total_steps,
+                              self.train_step, actions)
+        if stopped:
+            self.checkpointer.wait()
+            reporting.chief_print(failures.stopped_line(
+                f"seed {self.seed} step {self.step} of {self.total_steps}", stopped))
+            raise failures.Stopped(stopped)
+
+    def train_step(self, index: int) -> None:
+        rows = next(self.batches)
+        batch = sharding.global_batch_from_host(
+            host_batch(self.data["train"], rows, self.settings.train_batch_size),
+            self.trainer.run.mesh)
+        self.state, metrics = self.trainer.run.train_step(self.state, batch)
+        self.step = index + 1
+        # Summed on the device: the host waits for a step only when it logs.
+        self.sums = _add_metrics(self.sums, metrics)
+        self.steps_summed += 1
+        if self.step == self.first_step + 1:  # compiled and run: the clock starts here
+            jax.block_until_ready(metrics)
+            self.clock.tick("train", self.step)
+
+    def log(self, step: int) -> None:
+        sums = jax.device_get(self.sums)
+        self.clock.tick("train", step)
+        means = {"loss": float(sums["loss_sum"] / max(sums["count"], 1.0)),
+                 "grad_norm": float(sums["grad_norm"]) / self.steps_summed,
+                 "learning_rate": self.trainer.learning_rate(step - 1)}
+        left = self.eta()
+        reporting.chief_print(
+            f"seed {self.seed} step {step}/{self.total_steps} loss {means['loss']:.4f} "
+            f"lr {means['learning_rate']:.3e} ({time.time() - self.started:.0f}s"
+            + (f", eta {reporting.duration(left)})" if left is not None else ")"))
+        self.nonfinite.add_counted(step, int(sums["skipped"]), self.steps_summed,
+                                   f"seed {self.seed}: ")
+        metrics_writer.write(self.writer, self.jsonl, "train", step, means, split="train")
+        self.sums, self.steps_summed = {}, 0
+
+    def end_epoch(self, step: int) -> None:
+        """The dev evaluation of the epoch that ends at `step`, the best so far, a save."""
+        epoch, task = self.epoch(step), self.task
+        stopping.now_doing(f"evaluating epoch {epoch + 1}")
+        evaluated = time.time()
+        dev = {name: task.evaluate(self.data[name], self.predict(name))
+               for name in task.eval_splits}
+        self.eval_seconds = time.time() - evaluated
+        self.clock.restart()  # the evaluation was no training step
+        self.clock.tick("train", step)
+        for name, values in dev.items():
+            reporting.chief_print(f"seed {self.seed} epoch {epoch + 1} {name}: " + " ".join(
+                f"{k} {metric_value(k, v, task.percent_metrics)}" for k, v in values.items()))
+            metrics_writer.write(self.writer, self.jsonl, f"eval_{name}", step, values,
+                                 epoch=epoch + 1, split=name)
+        score = dev[task.eval_splits[0]][task.main_metric]
+        if self.best["epoch"] < 0 or score > self.best["score"]:
+            self.best = {"epoch": epoch + 1, "step": step, "score": score, "dev": dev}
+            reporting.chief_print(f"seed {self.seed} epoch {epoch + 1}: best "
+                                  f"{task.main_metric} so far")
+        self.checkpointer.pin(self.best["step"])
+        self.save(epoch + 1)
+
+    def stop_request(self, ctrl_c: failures.CtrlC, step: int) -> int:
+        """After Ctrl-C: a save at `step` (an epoch's end has saved already; a rerun predicts
+        after the last), then SIGINT."""
+        stopped = loop.stop_request(ctrl_c, step)
+        if stopped and step not in self.ends:
+            reporting.chief_print(f"Ctrl-C: saving a checkpoint at step {step} and exiting")
+            self.save(self.epoch(step))
+        return stopped
+
+    def predict(self, split: str) -> Any:
+        return predict(self.trainer.run.eval_step, self.state.params, self.data[split],
+                       self.settings.eval_batch_size, self.trainer.run.mesh)
+
+    def predict_with_best(self) -> dict[str, Any]:
+        """The best epoch's predictions and the seed's summary (its summary.json, which marks
+        it finished); every checkpoint but the best one deleted."""
+        checkpointer, best, task, workdir = self.checkpointer, self.best, self.task, self.workdir
+        checkpointer.wait()
+        if self.state is None or best["step"] != self.step:
+            self.state, _ = resume.restore_exactly(checkpointer, best["step"],
+                                                   self.trainer.run.abstract_state, self.meta)
+        outputs, scored_tests = {}, {}
+        folder = os.path.join(workdir, "predictions")
+        files.makedirs(folder)
+        for name in [n for n in task.test_splits if n in self.data]:
+            test_outputs = self.predict(name)
+            outputs[name] = task.write_predictions(self.data[name], test_outputs, folder)
+            if name in task.scored_test_splits:
+                scored_tests[name] = task.evaluate(self.data[name], test_outputs)
+        if not task.test_splits:  # SQuAD: the best epoch's dev predictions
+            first = task.eval_splits[0]
+            outputs["dev"] = task.write_predictions(self.data[first], self.predict(first), folder)
+        result = {"seed": self.seed, "best_epoch": best["epoch"], "best_step": best["step"],
+                  "dev": best["dev"], "test": scored_tests, "predictions": outputs,
+                  "seconds": round(time.time() - self.started, 1)}
+        if jax.process_index() == 0:  # (marks the seed as finished)
+            files.write_text(os.path.join(workdir, "summary.json"), json.dumps(result, indent=1))
+        for other in set(checkpointer.all_steps()) - {best["step"]}:
+            checkpointer.delete(other)
+        reporting.chief_print(f"seed {self.seed}: best epoch {best['epoch']} kept, checkpoint "
+                              f"step {best['step']} -> {checkpointer.directory}/{best['step']}")
+        return result
 
 
 def summarize_seeds(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -8,7 +8,7 @@ data is prepared (by bertjax.resume). (Finiteness: bertjax.nonfinite.)
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from absl import logging
 
@@ -16,6 +16,7 @@ from bertjax import checkpoint
 from bertjax.data import corpus, pipeline
 from bertjax.data.settings import DataSettings
 from bertjax.phase_schedule import Phase
+from bertjax.run_record import RunRecord
 
 # Per-phase settings that a resume within the same phase must keep.
 PHASE_FIELDS = ("max_seq_length", "max_predictions_per_seq", "global_batch_size")
@@ -72,24 +73,25 @@ def _json(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def resume_changes(found_meta: dict[str, Any], expected: dict[str, Any], data_cfg: DataSettings,
-                   phase: str) -> list[str]:
-    """Every difference between the checkpoint's data (its `meta`) and this run's
+def resume_changes(found_record: RunRecord, expected: Mapping[str, Any],
+                   data_cfg: DataSettings, phase: str) -> list[str]:
+    """Every difference between the checkpoint's data (its record) and this run's
     (`expected`: data_identity, `data_cfg`: config.data) that changes phase `phase`'s
     batches: `field: old -> new` lines. Fields the checkpoint did not record are skipped."""
-    found = found_meta.get("data") or {}
+    found = found_record.data or {}
     old_phase, new_phase = found.get("phases", {}).get(phase, {}), expected["phases"][phase]
     changes = [f"{field}: {old_phase[field]} -> {new_phase[field]}" for field in PHASE_FIELDS
                if field in old_phase and old_phase[field] != new_phase[field]]
-    old_data = json.loads(found_meta.get("config") or "{}").get("data", {})
+    old_data = found_record.config_values.get("data", {})
     changes += [f"data.{field}: {old_data[field]!r} -> {_json(value)!r}"
                 for field, value in data_cfg.items() if field not in DATA_FIELDS_NOT_COMPARED
                 and field in old_data and old_data[field] != _json(value)]
     return changes + (_corpus_changes(found, expected) if found.get("source") else [])
 
 
-def check_resume(found_meta: dict[str, Any], expected: dict[str, Any], data_cfg: DataSettings,
-                 position: dict[str, Any], run_phase: str, where: str, allow_changes: bool) -> None:
+def check_resume(found_record: RunRecord, expected: Mapping[str, Any], data_cfg: DataSettings,
+                 position: Mapping[str, Any], run_phase: str, where: str,
+                 allow_changes: bool) -> None:
     """Raises IncompatibleResume if this run continues a phase the checkpoint is in the
     middle of (its data `position` is past the first batch of `run_phase`, this run's phase
     at that step) with other data (see resume_changes); with `allow_changes`, warns instead.
@@ -98,7 +100,7 @@ def check_resume(found_meta: dict[str, Any], expected: dict[str, Any], data_cfg:
     resume_phase = position["phase"]
     if resume_phase != run_phase or position["batch_index"] == 0:
         return
-    changes = resume_changes(found_meta, expected, data_cfg, resume_phase)
+    changes = resume_changes(found_record, expected, data_cfg, resume_phase)
     if not changes:
         return
     if allow_changes:

@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import Mesh
 
@@ -51,7 +52,7 @@ def _mesh_axes_of(spec_entry: Any) -> tuple[str, ...]:
     return tuple(spec_entry) if isinstance(spec_entry, (tuple, list)) else (spec_entry,)
 
 
-def per_device_bytes(tree: Any) -> int:
+def per_device_bytes(tree: optax.Params) -> int:
     """Bytes one device holds of a tree of sharded abstract (or real) arrays."""
     return sum(int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
                for leaf in jax.tree.leaves(tree))
@@ -103,7 +104,7 @@ def check_host_memory(abstract_state: TrainState, mesh: Mesh) -> None:
             "run on an accelerator")
 
 
-def check_shardable(config: ModelConfig, abstract_params: Any, mesh: Mesh) -> None:
+def check_shardable(config: ModelConfig, abstract_params: optax.Params, mesh: Mesh) -> None:
     """Raises `MeshMismatch` when a mesh axis does not divide a dimension it shards, or when
     the tensor axis does not divide the attention heads (each device needs whole heads)."""
     tensor = mesh.shape[sharding.TENSOR]
@@ -128,7 +129,8 @@ _DTYPE_BYTES = {"bool": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16
                 "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 
 
-def abstract_batch(phase: Phase, batch_size: int, placement: Any = None) -> dict[str, Any]:
+def abstract_batch(phase: Phase, batch_size: int, placement: jax.sharding.Sharding | None = None
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
     """A batch of `phase` with `batch_size` rows as abstract arrays (optionally sharded)."""
     return batch_spec.abstract(phase, batch_size, placement)
 
@@ -209,11 +211,12 @@ def format_bytes(num_bytes: float) -> str:
     return f"{num_bytes / 1024:.2f} GiB"
 
 
-def _spec_text(spec: Any) -> str:
+def _spec_text(spec: jax.sharding.PartitionSpec) -> str:
     return "(" + ", ".join("-" if e is None else "x".join(_mesh_axes_of(e)) for e in spec) + ")"
 
 
-def parameter_rows(model: nn.Module, abstract_params: Any) -> list[tuple[str, str, str, str, int]]:
+def parameter_rows(model: nn.Module, abstract_params: optax.Params
+                   ) -> list[tuple[str, str, str, str, int]]:
     """`(name, shape, logical axes, mesh axes, bytes per device)` per parameter; the layers of
     the unrolled encoder are folded into one `layer_*` row (with the count in the shape)."""
     logical = _logical_specs(model)

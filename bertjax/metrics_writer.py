@@ -64,6 +64,15 @@ def log_scalars(writer: SummaryWriter | None, prefix: str, values: dict[str, flo
                 writer.flush()
 
 
+def write(writer: SummaryWriter | None, path: str | None, tag: str, step: int,
+          values: dict[str, float], flush: bool = True, **fields: str | int) -> None:
+    """One set of metrics, where both loops write it: TensorBoard's `tag/key` scalars at
+    `step` (`log_scalars`), and the metrics.jsonl row `{"step": step, **fields, **values}`
+    (`fields`: the phase, the epoch, the split) in `path` (`write_jsonl`)."""
+    log_scalars(writer, tag, values, step, flush)
+    write_jsonl(path, {"step": step, **fields, **values})
+
+
 def write_jsonl(path: str | None, row: dict[str, Any]) -> None:
     """Appends one JSON row to `path` (no-op without a path, e.g. on other processes)."""
     if path:

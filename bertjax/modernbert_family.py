@@ -85,10 +85,10 @@ def finetune_config(values: dict[str, Any], source: Any) -> ModernBertConfig:
                               f"{e}") from e
 
 
-def finetune_problem(options: Mapping[str, Any], init_checkpoint: str) -> str | None:
+def finetune_problem(options: object, init_checkpoint: str) -> str | None:
     """The BERT-only fine-tuning options, refused."""
     for field in ("causal_attention", "feature_based"):
-        if options.get(field):
+        if getattr(options, field, False):
             return (f"{field}=True is for BERT models; init_checkpoint "
                     f"{init_checkpoint} holds a ModernBERT model: set "
                     f"--config.{field}=False")

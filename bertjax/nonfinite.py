@@ -1,18 +1,20 @@
 """Why a run stops on NaN or Inf, in one place: the causes a skipped step reports
-(`NonFinite`, computed inside the jitted step), the pretraining run's stop policy
-(`NonFiniteSteps`: K skipped steps in a row, or a non-finite state at once; a resume whose
-every step was non-finite blames its checkpoint) and the check that no checkpoint is
+(`NonFinite`, computed inside the jitted step), the one policy of both loops
+(`NonFiniteSteps`; its setting `max_in_a_row`: pretraining stops after K skipped steps in a
+row, or at once for a non-finite state, and a resume whose every step was non-finite blames
+its checkpoint; fine-tuning, 0, counts and names them) and the check that no checkpoint is
 written from, or restored into, a state holding NaN or Inf (`check_finite`)."""
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from absl import logging
 
 from bertjax.errors import UserError
+from bertjax.state import TrainState
 
 
 class TrainingError(UserError, RuntimeError):
@@ -58,14 +60,20 @@ _ADVICE = {
 
 
 class NonFiniteSteps:
-    """The pretraining run's policy for skipped (non-finite) steps: each is logged; the run
-    stops (TrainingError) after `max_in_a_row` in a row, or at once for a non-finite state;
-    NonFiniteAfterResume when every step since resuming from `resumed_from` (at
-    `start_step`) was non-finite, for other than its inputs."""
+    """The policy of both loops for skipped (non-finite) steps, with one setting,
+    `max_in_a_row`. Pretraining's (train.max_nonfinite_steps) checks each step on the host
+    (`add`): each skipped one is logged; the run stops (TrainingError) after `max_in_a_row`
+    in a row, or at once for a non-finite state; NonFiniteAfterResume when every step since
+    resuming from `resumed_from` (at `start_step`) was non-finite, for other than its inputs.
+    Fine-tuning's, 0, never stops: its steps are counted on the device and each progress
+    window's skipped ones named (`add_counted`). `state_advice` ends the refusal to save a
+    non-finite state (loop.save)."""
 
-    def __init__(self, max_in_a_row: int, start_step: int, resumed_from: str | None = None):
+    def __init__(self, max_in_a_row: int, start_step: int = 0, resumed_from: str | None = None,
+                 state_advice: str = NonFinite.UPDATE.advice):
         self.max_in_a_row, self.start_step, self.resumed_from = \
             max_in_a_row, start_step, resumed_from
+        self.state_advice = state_advice
         self.in_a_row = self.total = self.finite_steps = 0
 
     def add(self, step: int, cause: int, batch: str = "") -> bool:
@@ -89,12 +97,24 @@ class NonFiniteSteps:
                       "non-finite, which points at that checkpoint rather than the learning "
                       "rate: move it out of WORKDIR/checkpoints (e.g. to "
                       "WORKDIR/checkpoints_quarantine) to resume from the one before")
+        if not self.max_in_a_row:
+            return True
         if self.in_a_row >= self.max_in_a_row or found in (NonFinite.STATE, NonFinite.UPDATE):
             raise (NonFiniteAfterResume if suspect else TrainingError)(
                 f"{self.in_a_row} consecutive non-finite steps ending at step {step} "
                 f"({batch}), the last with non-finite {what}; the last checkpoint is intact. "
                 f"{advice[0].upper()}{advice[1:]}, then rerun to resume.")
         return True
+
+    def add_counted(self, step: int, skipped: int, steps: int, label: str = "") -> None:
+        """Counts the `steps` steps up to `step`, `skipped` of them skipped (summed on the
+        device: no wait for the host per step, so no count in a row); names the skipped ones
+        in a warning (`label` starts it)."""
+        self.total += skipped
+        self.finite_steps += steps - skipped
+        if skipped:
+            logging.warning("%s%d of the %d steps up to step %d skipped: their loss or gradients "
+                            "held NaN or Inf", label, skipped, steps, step)
 
     def suspect_resume(self, step: int) -> bool:
         """Whether every step of this run up to `step` (added) was non-finite after a resume:
@@ -103,7 +123,7 @@ class NonFiniteSteps:
             and self.in_a_row == step - self.start_step
 
 
-def all_finite(tree: Any) -> jax.Array:
+def all_finite(tree: optax.Params) -> jax.Array:
     """Whether every float in `tree` is finite (a scalar bool array), one reduction per leaf:
     the host's check of a restored state and of a state about to be saved (`check_finite`)."""
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
@@ -114,7 +134,7 @@ def all_finite(tree: Any) -> jax.Array:
 _all_finite = jax.jit(all_finite)
 
 
-def check_finite(state: Any, step: int, advice: str = "") -> None:
+def check_finite(state: TrainState, step: int, advice: str = "") -> None:
     """Raises NonFiniteState unless every float in params and optimizer state is finite;
     `advice` ends its message."""
     for name in ("params", "opt_state"):

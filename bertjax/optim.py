@@ -6,7 +6,7 @@ linear-warmup / linear-decay schedule of `optimization.py`. The modern recipe's
 `stable_adamw` (per-tensor update clipping) and warmup-stable-decay schedule sit beside them.
 """
 import dataclasses
-from typing import Any, NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +59,7 @@ def scale_by_adam_no_bias_correction(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _key_name(entry: Any) -> str:
+def _key_name(entry: jax.tree_util.KeyEntry) -> str:
     """Return the string name of one pytree path entry (dict key, attribute or index)."""
     for attr in ("key", "name", "idx"):
         if hasattr(entry, attr):
@@ -191,10 +191,10 @@ def wsd_schedule(peak_lr: float, warmup_steps: int, total_steps: int,
     return schedule
 
 
-def _schedule_from_config(cfg: Any) -> optax.Schedule:
+def _schedule_from_config(cfg: "OptimizerConfig") -> optax.Schedule:
     """The schedule of `cfg` (`_run_schedule`), after those of the steps it extends
     (`cfg.earlier`: each holds for the steps before its end step)."""
-    earlier = getattr(cfg, "earlier", ())
+    earlier = cfg.earlier
     current = _run_schedule(cfg)
     if not earlier:
         return current
@@ -210,11 +210,11 @@ def _schedule_from_config(cfg: Any) -> optax.Schedule:
     return schedule
 
 
-def _run_schedule(cfg: Any) -> optax.Schedule:
+def _run_schedule(cfg: "OptimizerConfig") -> optax.Schedule:
     """Build the BERT schedule from a config's lr fields: with a `restart_step`, one schedule
     to that step and a second one (its own warmup and peak) from it to `total_steps`."""
-    restart = getattr(cfg, "restart_step", 0)
-    if getattr(cfg, "schedule", "linear") == "wsd":
+    restart = cfg.restart_step
+    if cfg.schedule == "wsd":
         return wsd_schedule(cfg.peak_learning_rate, cfg.warmup_steps, cfg.total_steps,
                             cfg.decay_fraction, cfg.decay_shape)
     if not restart:
@@ -226,13 +226,10 @@ def _run_schedule(cfg: Any) -> optax.Schedule:
     return lambda step: jnp.where(step < restart, first(step), second(step - restart))
 
 
-def _base_optimizer(cfg: Any, schedule: optax.Schedule) -> optax.GradientTransformation:
+def _base_optimizer(cfg: "OptimizerConfig", schedule: optax.Schedule
+                    ) -> optax.GradientTransformation:
     """Build the optimizer named by `cfg.name`, without gradient clipping."""
-    name = getattr(cfg, "name", "bert_adam")
-    weight_decay = getattr(cfg, "weight_decay_rate", 0.01)
-    b1 = getattr(cfg, "b1", 0.9)
-    b2 = getattr(cfg, "b2", 0.999)
-    eps = getattr(cfg, "eps", 1e-6)
+    name, weight_decay, b1, b2, eps = cfg.name, cfg.weight_decay_rate, cfg.b1, cfg.b2, cfg.eps
     if name == "bert_adam":
         return bert_adam(schedule, weight_decay, b1=b1, b2=b2, eps=eps)
     if name == "adamw":
@@ -250,7 +247,7 @@ def _base_optimizer(cfg: Any, schedule: optax.Schedule) -> optax.GradientTransfo
     raise ValueError(f"Unknown optimizer {name!r}; valid names: {', '.join(OPTIMIZER_NAMES)}")
 
 
-def float_leaves_by_shape(tree: Any) -> list[list[jax.Array]]:
+def float_leaves_by_shape(tree: optax.Params) -> list[list[jax.Array]]:
     """The float leaves of `tree`, grouped by shape and dtype (e.g. one group for the 24
     layers' query kernels), so that a reduction over the tree is one kernel per group."""
     groups: dict[tuple, list[jax.Array]] = {}
@@ -260,7 +257,7 @@ def float_leaves_by_shape(tree: Any) -> list[list[jax.Array]]:
     return list(groups.values())
 
 
-def global_norm(tree: Any) -> jax.Array:
+def global_norm(tree: optax.Updates) -> jax.Array:
     """The L2 norm of every float in `tree` (float32): one sum of squares per distinct shape,
     over its leaves added elementwise, not one per leaf."""
     sums = [jnp.sum(sum(jnp.square(x.astype(jnp.float32)) for x in group))
@@ -279,21 +276,21 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optimizer(cfg: Any) -> optax.GradientTransformation:
+def make_optimizer(cfg: "OptimizerConfig") -> optax.GradientTransformation:
     """Build global-norm clipping followed by the configured optimizer and schedule."""
     optimizer = _base_optimizer(cfg, _schedule_from_config(cfg))
-    clip_norm = getattr(cfg, "clip_global_norm", 1.0)
+    clip_norm = cfg.clip_global_norm
     if not clip_norm:
         return optimizer
     return optax.chain(clip_by_global_norm(clip_norm), optimizer)
 
 
-def learning_rate_at(cfg: Any, step: int) -> float:
+def learning_rate_at(cfg: "OptimizerConfig", step: int) -> float:
     """Host-side learning rate at `step`, for logging."""
     return float(_schedule_from_config(cfg)(step))
 
 
-def at_step(opt_state: Any, step: jax.Array) -> Any:
+def at_step(opt_state: optax.OptState, step: jax.Array) -> optax.OptState:
     """`opt_state` with every step counter (optax's integer `count`s) set to the train
     state's `step`: the learning rate applied is then schedule(step), the one the log and
     the phase switch use, also after skipped non-finite steps (which advance `step` only)."""
@@ -339,7 +336,8 @@ class OptimizerConfig:
                                                  for end, config in values.get("earlier", []))})
 
 
-def optimizer_config(optimizer: Any, total_steps: int, **overrides: Any) -> OptimizerConfig:
+def optimizer_config(optimizer: Mapping[str, Any], total_steps: int,
+                     **overrides: float) -> OptimizerConfig:
     """The one way pretraining and fine-tuning complete their `optimizer` config section:
     with the run's `total_steps`, and `overrides` (fine-tuning's learning rate and warmup,
     which its config holds outside the section)."""
@@ -348,7 +346,7 @@ def optimizer_config(optimizer: Any, total_steps: int, **overrides: Any) -> Opti
     return OptimizerConfig(**{**values, "total_steps": total_steps, **overrides})
 
 
-def train_only_outside(tx: optax.GradientTransformation, params: Any,
+def train_only_outside(tx: optax.GradientTransformation, params: optax.Params,
                        frozen: str) -> optax.GradientTransformation:
     """`tx` for every top-level entry of `params` but `frozen` (e.g. "bert" for a
     feature-based tagger), which gets no update and no optimizer state (no Adam moments)."""

@@ -64,7 +64,7 @@ def _prepare_phases(settings: PretrainingSettings, output: str, local: str,
     """Every phase into `output`, prepared in `local` (the same directory, or a temporary one
     from which a URL's phases are uploaded, meta.json last, when prepared)."""
     data = settings.data
-    phases = phase_schedule.phases(settings.train, data, settings.long_phase)
+    phases = settings.phases
     nsp = settings.train.pretraining_objective.uses_nsp
     tokenizer = pipeline.load_or_train_tokenizer(data, os.path.join(local, "tokenizer"))
     derived = pipeline.Derived(data, tokenizer)  # (once for every phase)

@@ -5,17 +5,17 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
-import signal
 from typing import Any
 
 import jax
-from absl import logging
+import optax
 
-from bertjax import (checkpoint, failures, files, nonfinite, objectives, peers, reporting,
-                     phase_schedule, sharding, stopping)
+from bertjax import (checkpoint, failures, files, loop, nonfinite, objectives, peers,
+                     reporting, phase_schedule, sharding, stopping)
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
 from bertjax.sharded_run import ShardedRun
 from bertjax.phase_schedule import DataPosition
+from bertjax.run_record import RunRecord
 from bertjax.settings import TrainSettings
 from bertjax.state import TrainState
 
@@ -41,13 +41,13 @@ class PretrainingLoop:
     run: ShardedRun
     phase_data: list[PhaseData]
     checkpointer: checkpoint.Checkpointer
-    meta: dict[str, Any]
+    record: RunRecord  # what its checkpoints record
     progress: reporting.Progress
     writer: Any = None  # metrics_writer.open_writer's TensorBoard writer
     restart_step: int = 0  # long_phase.restart_optimizer: fresh moments before this step; 0: none
     stopped_by: int = 0  # set by `loop`: the signal (SIGINT, SIGTERM) that stopped it; 0: none
 
-    def eval_and_log(self, step: int, params: Any, pd: PhaseData) -> dict[str, float]:
+    def eval_and_log(self, step: int, params: optax.Params, pd: PhaseData) -> dict[str, float]:
         means = evaluate(self.run.eval_step, params, pd.eval, self.settings.eval_batches,
                          self.run.mesh)
         if means:
@@ -58,9 +58,8 @@ class PretrainingLoop:
              start_step: int) -> tuple[TrainState, DataPosition, dict[str, float]]:
         """Trains from `start_step` at `position` to the end (or train.stop_after_steps);
         returns the state, the next data position and the final evaluation."""
-        with sharding.activate(self.run.mesh), \
-                concurrent.futures.ThreadPoolExecutor(1) as prefetcher, \
-                failures.CtrlC(forward_as_sigterm=jax.process_count() > 1) as ctrl_c:
+        with loop.running(self.run.mesh, forward_as_sigterm=jax.process_count() > 1) \
+                as ctrl_c, concurrent.futures.ThreadPoolExecutor(1) as prefetcher:
             return self._loop(state, position, start_step, prefetcher, ctrl_c)
 
     def _loop(self, state, position, start_step, prefetcher, ctrl_c):
@@ -69,6 +68,7 @@ class PretrainingLoop:
         phases = [pd.phase for pd in self.phase_data]
         by_name = {pd.phase.name: pd for pd in self.phase_data}
         current = by_name.get(position.phase) or self.phase_data[0]
+        trained = current  # the phase of the last step trained
         batch_index = position.batch_index  # the next batch of `current` to train on
         next_batch = prefetcher.submit(current.train.batch, batch_index)
         pending = None  # (step, device metrics, tokens, batch name): fetched one step late
@@ -82,68 +82,73 @@ class PretrainingLoop:
 
         def save(step: int, force: bool = False) -> None:
             flush_pending()  # (this step's metrics: is it the first finite one since resuming?)
-            if self.progress.nonfinite.suspect_resume(step):
-                logging.warning("step %d: no checkpoint saved, since every step since resuming "
-                                "from %s was non-finite", step,
-                                self.progress.nonfinite.resumed_from)
-                return
-            nonfinite.check_finite(  # (a restored state is checked: only an update makes it so)
-                state, step, "; " + nonfinite.NonFinite.UPDATE.advice)
             # (the checkpointer announces the save once sealed)
-            checkpointer.save(step, state, position.as_dict(), self.meta, force=force)
+            loop.save(checkpointer, self.progress.nonfinite, step, state, position.as_dict(),
+                      self.record.as_json(), force=force)
 
         stop_at = min(total, start_step + train.stop_after_steps) if train.stop_after_steps \
             else total
+
+        def step(index: int) -> None:
+            nonlocal state, current, trained, batch_index, next_batch, pending, position
+            if index == self.restart_step:  # (a checkpoint at this step has the old moments)
+                state = self.run.restart_optimizer(state)
+            trained = current
+            trained_batch = f"batch {batch_index} of phase {current.phase.name}"
+            host_batch = next_batch.result()
+            upcoming = phase_schedule.phase_at(phases, index + 1)
+            if upcoming.name != current.phase.name:
+                current, batch_index = by_name[upcoming.name], -1
+                reporting.chief_print(
+                    f"phase {upcoming.name} from step {upcoming.start_step + 1}: "
+                    f"{upcoming.max_seq_length} tokens, {upcoming.max_predictions_per_seq} "
+                    f"predictions per sequence, batch {upcoming.global_batch_size}")
+            batch_index += 1
+            if index + 1 < stop_at:
+                next_batch = prefetcher.submit(current.train.batch, batch_index)
+            state, metrics = self.run.train_step(
+                state, sharding.global_batch_from_host(host_batch, mesh))
+            flush_pending()  # the previous step's metrics: ready by now, so no stall
+            pending = (index + 1, metrics, host_batch["input_ids"].size * jax.process_count(),
+                       trained_batch)
+            position = DataPosition(current.phase.name, batch_index)
+
+        def report(done: int) -> None:
+            flush_pending()
+            self.progress.report(done, trained.phase)
+
+        def stop(done: int) -> int:
+            stopped = loop.stop_request(ctrl_c, done, checkpointer)
+            if stopped:
+                report(done)
+                print(f"{'Ctrl-C' if ctrl_c.requested else 'Preemption notice'}: saving a "
+                      f"checkpoint at step {done} and exiting", flush=True)
+                self.stopped_by = stopped
+            return stopped
+
+        def evaluate_held_out(done: int) -> None:
+            if done != total:  # (the last evaluation follows the loop)
+                self.eval_and_log(done, state.params, trained)
+
+        def save_due(done: int) -> None:
+            if checkpointer.should_save(done) and done != stop_at:  # (the last: after the loop)
+                save(done)
+
+        actions = [loop.Periodic(report, train.log_every, at={stop_at}),
+                   loop.Periodic(evaluate_held_out, train.eval_every), loop.Periodic(stop),
+                   loop.Periodic(save_due),
+                   loop.Periodic(lambda done: checkpointer.seal_finished())]
         try:
-            for step in range(start_step, stop_at):
-                if step == self.restart_step:  # (a checkpoint at this step has the old moments)
-                    state = self.run.restart_optimizer(state)
-                stopping.now_doing(f"training step {step + 1}")
-                trained = current
-                trained_batch = f"batch {batch_index} of phase {current.phase.name}"
-                host_batch = next_batch.result()
-                upcoming = phase_schedule.phase_at(phases, step + 1)
-                if upcoming.name != current.phase.name:
-                    current, batch_index = by_name[upcoming.name], -1
-                    reporting.chief_print(
-                        f"phase {upcoming.name} from step {upcoming.start_step + 1}: "
-                        f"{upcoming.max_seq_length} tokens, {upcoming.max_predictions_per_seq} "
-                        f"predictions per sequence, batch {upcoming.global_batch_size}")
-                batch_index += 1
-                if step + 1 < stop_at:
-                    next_batch = prefetcher.submit(current.train.batch, batch_index)
-                state, metrics = self.run.train_step(
-                    state, sharding.global_batch_from_host(host_batch, mesh))
-                flush_pending()  # the previous step's metrics: ready by now, so no stall
-                done = step + 1
-                pending = (done, metrics, host_batch["input_ids"].size * jax.process_count(),
-                           trained_batch)
-                position = DataPosition(current.phase.name, batch_index)
-                if done % train.log_every == 0 or done == stop_at:
-                    flush_pending()
-                    self.progress.report(done, trained.phase)
-                if train.eval_every and done % train.eval_every == 0 and done != total:
-                    self.eval_and_log(done, state.params, trained)
-                local_ctrl_c = ctrl_c.requested and not ctrl_c.forward_as_sigterm
-                if checkpointer.reached_preemption(done) or local_ctrl_c:
-                    flush_pending()
-                    self.progress.report(done, trained.phase)
-                    print(f"{'Ctrl-C' if ctrl_c.requested else 'Preemption notice'}: saving a "
-                          f"checkpoint at step {done} and exiting", flush=True)
-                    self.stopped_by = signal.SIGINT if ctrl_c.requested else signal.SIGTERM
-                    break
-                if checkpointer.should_save(done) and done != stop_at:
-                    save(done)
-                checkpointer.seal_finished()
+            loop.run(start_step, stop_at, step, actions)
             stopping.now_doing("finishing (the last checkpoint and evaluation)")
             flush_pending()
         except OSError as e:  # e.g. a full disk under metrics.jsonl or TensorBoard's events
-            step = int(jax.device_get(state.step))
+            step_now = int(jax.device_get(state.step))
             try:
-                if checkpointer.latest_step() != step:
-                    save(step, force=True)
+                if checkpointer.latest_step() != step_now:
+                    save(step_now, force=True)
                 checkpointer.wait()
-                saved = f"saved a checkpoint at step {step}, which a rerun resumes from"
+                saved = f"saved a checkpoint at step {step_now}, which a rerun resumes from"
             except (checkpoint.CheckpointWriteError, nonfinite.NonFiniteState) as save_error:
                 saved = f"no checkpoint could be saved ({save_error})"
             raise nonfinite.TrainingError(f"{failures.os_error_line(e)}; {saved}") from e

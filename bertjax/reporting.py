@@ -155,9 +155,8 @@ class Progress:
                     f"TFLOP/s {means['model_tflops_per_second']:.3g} "
                     + (f"MFU {mfu:.1%} " if mfu is not None else "")
                     + (f"eta {duration(eta)}" if eta is not None else "")).rstrip())
-        metrics_writer.log_scalars(self.writer, "train", means, step)
-        metrics_writer.write_jsonl(self.jsonl_path, {"step": step, "phase": phase.name, "split": "train",
-                                      **means})
+        metrics_writer.write(self.writer, self.jsonl_path, "train", step, means,
+                             phase=phase.name, split="train")
         self.sums, self.tokens = {}, 0
         self.window_start, self.window_start_step = now, step
         return means
@@ -168,9 +167,8 @@ class Progress:
         chief_print(f"eval step {step} [{phase.name}]: " + " ".join(
             f"{k} {v:.4f}" for k, v in sorted(means.items())))
         if self.start_step < self.total_steps:
-            metrics_writer.log_scalars(self.writer, "eval", means, step, flush=False)
-            metrics_writer.write_jsonl(self.jsonl_path, {"step": step, "phase": phase.name, "split": "eval",
-                                          **means})
+            metrics_writer.write(self.writer, self.jsonl_path, "eval", step, means, flush=False,
+                                 phase=phase.name, split="eval")
         self.clock.restart()
 
 

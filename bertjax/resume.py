@@ -10,7 +10,7 @@ says how many steps that costs. A read that the storage failed (after its retrie
 `bertjax.storage`) proves nothing: the run stops with one line and moves nothing. Its
 settings are checked (`check`) before any data is prepared. If every step since resuming
 was non-finite (bertjax.nonfinite), the run falls back once to the checkpoint before
-(`Resume.train_falling_back`).
+(`Resume.fall_back`: what to train from instead).
 
 Fine-tuning keeps only its latest and its best checkpoint, so there is nothing to fall back
 to: `restore_exactly` restores the one asked for or fails naming it.
@@ -26,12 +26,11 @@ from absl import logging
 from bertjax import checkpoint, failures, guards, nonfinite, reporting, phase_schedule, storage
 from bertjax.data.settings import DataSettings
 from bertjax.failures import first_line
+from bertjax.run_record import RunRecord
+from bertjax.state import TrainState
 
 QUARANTINE = "checkpoints_quarantine"
 T = TypeVar("T")
-# A training loop run from (state, data position, start step, the checkpoint it resumed
-# from, if any), returning T.
-TrainFrom = Callable[[Any, phase_schedule.DataPosition, int, "str | None"], T]
 
 
 class UnusableCheckpoint(checkpoint.CheckpointMismatch):
@@ -49,13 +48,34 @@ class CheckpointUnreadable(UnusableCheckpoint):
 
 @dataclasses.dataclass
 class Found:
-    """A checkpoint that verified: its step, `meta` and data position, and whether it had
-    checksums to verify."""
+    """A checkpoint that verified: its step, run record and data position, and whether it
+    had checksums to verify."""
 
     step: int
-    meta: dict[str, Any]
+    record: RunRecord
     position: dict[str, Any]
     sealed: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """What a run trains from: a state (restored from `found`, or new if None) at `step`,
+    its data position, and whether the run has fallen back already (`Resume.fall_back`)."""
+
+    state: TrainState
+    position: phase_schedule.DataPosition
+    step: int
+    found: Found | None
+    fell_back: bool = False
+
+    @classmethod
+    def of(cls, state: TrainState, position: phase_schedule.DataPosition, found: Found | None,
+           phases: Sequence[phase_schedule.Phase], fell_back: bool = False) -> "Start":
+        """From `state` at the data `position`, or where the schedule `phases` puts its step
+        (phase_schedule.consistent_position)."""
+        step = int(jax.device_get(state.step))
+        return cls(state, phase_schedule.consistent_position(position, step, phases), step,
+                   found, fell_back)
 
 
 class Resume:
@@ -76,7 +96,7 @@ class Resume:
             if problem is None:
                 try:
                     meta, position = self._read(step, lambda: self.checkpointer.metadata(step))
-                    return Found(step, meta, position, sealed)
+                    return Found(step, RunRecord.of(meta), position, sealed)
                 except UnusableCheckpoint:
                     raise
                 except Exception as e:  # noqa: BLE001 (any other failure to read it)
@@ -114,28 +134,32 @@ class Resume:
         reporting.chief_print(f"Checkpoint {self.where(step)} is damaged: {problem}; moved to "
                               f"{moved}")
 
-    def check(self, found: Found, expected_meta: dict[str, Any], data: DataSettings,
+    def resumed_from(self, start: Start) -> str | None:
+        """The checkpoint `start` was restored from (None: a new state)."""
+        return self.where(start.step) if start.found else None
+
+    def check(self, found: Found, expected: RunRecord, data: DataSettings,
               phases: Sequence[phase_schedule.Phase], allow_changed_data: bool) -> None:
-        """Refuses `found` if this run changes its model (or tokenizer, once in
-        `expected_meta`), its number of processes (`check_processes`) or, mid-phase, its
-        data (guards.check_resume)."""
-        checkpoint.check_compatible(found.meta, expected_meta, self.where(found.step))
+        """Refuses `found` if this run (its record: `expected`) changes its model (or
+        tokenizer, once recorded), its number of processes (`check_processes`) or, mid-phase,
+        its data (guards.check_resume)."""
+        checkpoint.check_compatible(found.record.as_json(), expected.as_json(),
+                                    self.where(found.step))
         if found.step < phases[-1].end_step:  # (a finished run only evaluates)
-            check_processes(found.meta, expected_meta, self.where(found.step),
-                            allow_changed_data)
-        guards.check_resume(found.meta, expected_meta["data"], data, found.position,
+            check_processes(found.record, expected, self.where(found.step), allow_changed_data)
+        guards.check_resume(found.record, expected.data or {}, data, found.position,
                             phase_schedule.phase_at(phases, found.step).name,
                             self.where(found.step), allow_changed_data)
 
-    def restore(self, found: Found, abstract_state: Any, meta: dict[str, Any],
-                check: Callable[[Found], None]) -> tuple[Any, phase_schedule.DataPosition]:
+    def restore(self, found: Found, abstract_state: TrainState, record: RunRecord,
+                check: Callable[[Found], None]) -> tuple[TrainState, phase_schedule.DataPosition]:
         """Restores `found` onto `abstract_state`'s shardings; a checkpoint without checksums
         that fails to restore, or restores NaN/Inf, and any that holds another step than its
         directory's name, is set aside and the next one (passed through `check`) tried."""
         while True:
             try:
                 state, position, _ = self._read(found.step, lambda: self.checkpointer.restore(
-                    found.step, abstract_state, meta))
+                    found.step, abstract_state, record.as_json()))
                 nonfinite.check_finite(state, found.step)
                 if int(jax.device_get(state.step)) != found.step:  # (later saves would be
                     raise checkpoint.DamagedCheckpoint(self.where(found.step), (  # skipped)
@@ -166,52 +190,34 @@ class Resume:
                               f"{position.batch_index})")
         return state, position
 
-    def fall_back(self, found: Found, abstract_state: Any, meta: dict[str, Any],
-                  check: Callable[[Found], None]) -> tuple[Any, phase_schedule.DataPosition, Found]:
-        """After every step since resuming from `found` was non-finite: sets `found` aside
-        (and any later step, none of which a finite step has come from) and restores the
-        newest checkpoint before it (UnusableCheckpoint if there is none)."""
+    def fall_back(self, start: Start, error: nonfinite.NonFiniteAfterResume,
+                  abstract_state: TrainState, record: RunRecord, check: Callable[[Found], None],
+                  phases: Sequence[phase_schedule.Phase]) -> Start:
+        """What to train from after every step since resuming from `start` was non-finite
+        (`error`, raised again if the run has fallen back already: once): `start`'s
+        checkpoint set aside (and any later step, none of which a finite step has come from)
+        and the newest one before it restored (UnusableCheckpoint if there is none)."""
+        if start.fell_back or start.found is None:
+            raise error
         self.checkpointer.wait()
         for step in reversed(self.checkpointer.all_steps()):
-            if step >= found.step:
+            if step >= start.found.step:
                 self._set_aside(step, "every step since resuming from it was non-finite; "
                                       "falling back (once) to the checkpoint before it")
         previous = self.newest()
         check(previous)
-        state, position = self.restore(previous, abstract_state, meta, check)
-        return state, position, previous
-
-    def train_falling_back(self, train: TrainFrom[T], state: Any,
-                           position: phase_schedule.DataPosition, found: Found | None,
-                           abstract_state: Any, meta: dict[str, Any],
-                           check: Callable[[Found], None],
-                           phases: Sequence[phase_schedule.Phase]) -> tuple[T, int]:
-        """`train(state, position, start_step, resumed_from)` from `state` (restored from
-        `found`, or new if None); if every step since resuming was non-finite
-        (NonFiniteAfterResume), once more from the checkpoint before `found` (`fall_back`).
-        Returns what `train` returned and the step it started from."""
-        fell_back = False
-        start_step = int(jax.device_get(state.step))
-        while True:
-            try:
-                return train(state, position, start_step,
-                             self.where(start_step) if found else None), start_step
-            except nonfinite.NonFiniteAfterResume:
-                if fell_back:  # (once)
-                    raise
-                state, position, found = self.fall_back(found, abstract_state, meta, check)
-                fell_back, start_step = True, found.step
-                position = phase_schedule.consistent_position(position, start_step, phases)
+        state, position = self.restore(previous, abstract_state, record, check)
+        return Start.of(state, position, previous, phases, fell_back=True)
 
 
-def check_processes(found_meta: dict[str, Any], expected_meta: dict[str, Any], where: str,
+def check_processes(found: RunRecord, expected: RunRecord, where: str,
                     allow_changed_data: bool) -> None:
-    """Refuses to continue the checkpoint `where` (its `found_meta`) on another number of
-    processes than it was trained by (`meta["processes"]`; older checkpoints lack it): each
+    """Refuses to continue the checkpoint `where` (its record: `found`) on another number of
+    processes than it was trained by (`processes`; older checkpoints lack it): each
     process prepares its own share of the documents and reads its rows of every batch from
     it, so the batches would differ from the uninterrupted run's. With `allow_changed_data`,
     warns instead."""
-    old, new = found_meta.get("processes"), expected_meta.get("processes")
+    old, new = found.processes, expected.processes
     if old is None or old == new:
         return
     if allow_changed_data:
@@ -229,8 +235,9 @@ def check_processes(found_meta: dict[str, Any], expected_meta: dict[str, Any], w
         "starts it from these parameters)")
 
 
-def restore_exactly(checkpointer: checkpoint.Checkpointer, step: int, abstract_state: Any,
-                    meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+def restore_exactly(checkpointer: checkpoint.Checkpointer, step: int,
+                    abstract_state: TrainState, meta: dict[str, Any]
+                    ) -> tuple[TrainState, dict[str, Any]]:
     """`(state, position)` of checkpoint `step`; a checkpoint that differs from its recorded
     checksums (e.g. its epoch or best-so-far in the position edited), fails to restore or
     does not match its digest is one DamagedCheckpoint error naming it and the way on."""

@@ -1,7 +1,7 @@
 """The schedule a pretraining run follows in its workdir: the phases' step ranges and the
 learning rate of every step. A new run plans it from its config; a resumed run keeps the
-schedule its checkpoint recorded (`meta["schedule"]`), so that a rerun never moves the phases
-or the learning rate under steps already trained. A rerun that changes a field of
+schedule its checkpoint recorded (its run record's `schedule`), so that a rerun never moves
+the phases or the learning rate under steps already trained. A rerun that changes a field of
 `SCHEDULE_FIELDS` is refused, unless it asks to extend the run (`train.extend`): the steps the
 run had been planned for keep their schedule; the steps added after them train in its last
 phase, at the learning rate this config's schedule gives them (docs/pretraining.md). Another
@@ -13,12 +13,10 @@ import dataclasses
 import json
 from typing import Any, Mapping
 
-import ml_collections
-
-from bertjax import checkpoint, optim, phase_schedule, reporting, sharded_run
-from bertjax.data.settings import DataSettings
+from bertjax import checkpoint, optim, reporting, sharded_run
 from bertjax.phase_schedule import Phase
-from bertjax.settings import LongPhaseSettings, PretrainingSettings, TrainSettings
+from bertjax.run_record import RunRecord
+from bertjax.settings import PretrainingSettings
 
 # The config fields that set the phases' step ranges or the learning rate of a step.
 SCHEDULE_FIELDS = ("train.total_steps", "optimizer.peak_learning_rate",
@@ -40,30 +38,27 @@ class Plan:
     optimizer_config: optim.OptimizerConfig
 
     def record(self) -> dict[str, Any]:
-        """What a checkpoint's `meta["schedule"]` holds (JSON values)."""
+        """What a checkpoint's run record holds as its `schedule` (JSON values)."""
         return {"phases": [dataclasses.asdict(p) for p in self.phases],
                 "optimizer": self.optimizer_config.to_json()}
 
 
-def planned(train: TrainSettings, data: DataSettings, long_phase: LongPhaseSettings,
-            optimizer: Mapping[str, Any]) -> Plan:
-    """A run's schedule from the settings `train`, `data`, `long_phase` and the config
-    section `optimizer`."""
-    phases = phase_schedule.phases(train, data, long_phase)
+def planned(settings: PretrainingSettings, optimizer: Mapping[str, Any]) -> Plan:
+    """A run's schedule from its `settings` (their phases) and the config section
+    `optimizer`."""
+    train, long_phase, phases = settings.train, settings.long_phase, settings.phases
     return Plan(phases, sharded_run.pretraining_optimizer(optimizer, train.total_steps,
                                                           long_phase, phases))
 
 
-def recorded(meta: Mapping[str, Any]) -> Plan:
-    """The schedule a checkpoint's `meta` records (for older checkpoints, planned from the
+def recorded(record: RunRecord) -> Plan:
+    """The schedule a checkpoint's `record` holds (for older checkpoints, planned from the
     config it records)."""
-    if "schedule" in meta:
-        return Plan([Phase(**p) for p in meta["schedule"]["phases"]],
-                    optim.OptimizerConfig.from_json(meta["schedule"]["optimizer"]))
-    config = json.loads(meta["config"])
-    settings = PretrainingSettings.of(config, recorded=True)
-    return planned(settings.train, settings.data, settings.long_phase,
-                   ml_collections.ConfigDict(config["optimizer"]))
+    if record.schedule is not None:
+        return Plan([Phase(**p) for p in record.schedule["phases"]],
+                    optim.OptimizerConfig.from_json(record.schedule["optimizer"]))
+    config = record.config_values
+    return planned(PretrainingSettings.of(config, recorded=True), config["optimizer"])
 
 
 def _field(sections: Mapping[str, Any], field: str) -> Any:
@@ -75,13 +70,14 @@ def _field(sections: Mapping[str, Any], field: str) -> Any:
     return json.loads(json.dumps(value))
 
 
-def resumed(meta: Mapping[str, Any], where: str, train: TrainSettings, data: DataSettings,
-            long_phase: LongPhaseSettings, optimizer: Mapping[str, Any]) -> Plan:
-    """The schedule of a run resuming from the checkpoint `where` with `meta`: the recorded
+def resumed(record: RunRecord, where: str, settings: PretrainingSettings,
+            optimizer: Mapping[str, Any]) -> Plan:
+    """The schedule of a run resuming from the checkpoint `where` with `record`: the recorded
     one (the phases with this config's lengths and batches) if this config keeps every
     field of SCHEDULE_FIELDS; with `train.extend`, the recorded one extended to this config's
     total_steps; else ScheduleChanged, naming the changes and the choices."""
-    old = json.loads(meta["config"])
+    train, long_phase = settings.train, settings.long_phase
+    old = record.config_values
     new = {"train": train, "long_phase": long_phase, "optimizer": optimizer}
     if _field(old, "optimizer.name") != _field(new, "optimizer.name"):
         raise ScheduleChanged(
@@ -93,9 +89,9 @@ def resumed(meta: Mapping[str, Any], where: str, train: TrainSettings, data: Dat
             "starts it from these parameters)")
     changes = [f"{field}: {_field(old, field)!r} -> {_field(new, field)!r}"
                for field in SCHEDULE_FIELDS if _field(old, field) != _field(new, field)]
-    before = recorded(meta)
+    before = recorded(record)
     end = before.phases[-1].end_step
-    shapes = {p.name: p for p in phase_schedule.phases(train, data, long_phase)}
+    shapes = {p.name: p for p in settings.phases}
     if sorted(shapes) != sorted(p.name for p in before.phases):
         changes = changes or [f"phases: {[p.name for p in before.phases]} -> {sorted(shapes)}"]
         if train.extend:

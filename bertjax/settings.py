@@ -10,11 +10,13 @@ validate.py checks their ranges before the conversion. A config an older run rec
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Literal, Mapping
 
-from bertjax import objectives
+from bertjax import objectives, phase_schedule
 from bertjax.data.settings import DataSettings, typed
 from bertjax.errors import ConfigError
+from bertjax.sharding import MeshSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +71,16 @@ class LongPhaseSettings:
 
 @dataclasses.dataclass(frozen=True)
 class PretrainingSettings:
-    """A pretraining config's typed sections (the model, optimizer and mesh sections are
-    converted where they are built: families, optim, run.make_mesh)."""
+    """A pretraining config's sections: train, long_phase and data typed; the model section
+    as its values (`families.model_config` types it), the optimizer section as its values
+    (completed by run_schedule: optim.OptimizerConfig), the mesh typed."""
 
     train: TrainSettings
     long_phase: LongPhaseSettings
     data: DataSettings
+    model: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    optimizer: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    mesh: MeshSettings = MeshSettings()
 
     @classmethod
     def of(cls, config: Mapping[str, Any], recorded: bool = False) -> "PretrainingSettings":
@@ -82,4 +88,12 @@ class PretrainingSettings:
         whose value is not one of its choices."""
         return cls(TrainSettings.of(config["train"], recorded),
                    LongPhaseSettings.of(config["long_phase"], recorded),
-                   DataSettings.of(config["data"], recorded))
+                   DataSettings.of(config["data"], recorded), dict(config.get("model", {})),
+                   dict(config.get("optimizer", {})),
+                   MeshSettings.of(dict(config.get("mesh", {}))))
+
+    @functools.cached_property
+    def phases(self) -> list[phase_schedule.Phase]:
+        """The phases these settings plan (phase_schedule.phases), derived once: the run's
+        check, its schedule (run_schedule) and its data preparation read them here."""
+        return phase_schedule.phases(self.train, self.data, self.long_phase)

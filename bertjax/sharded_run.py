@@ -46,11 +46,11 @@ class ShardedRun:
                        out_shardings=self.state_shardings, donate_argnums=0)(state)
 
 
-def make_mesh(mesh_config: Mapping[str, int], devices: Sequence[jax.Device] | None = None
+def make_mesh(mesh: sharding.MeshSettings, devices: Sequence[jax.Device] | None = None
               ) -> Mesh:
     """The mesh of `config.mesh` over `devices` (default: all); ConfigError if it cannot be."""
     try:
-        return sharding.make_mesh(mesh_config, devices)
+        return sharding.make_mesh(dataclasses.asdict(mesh), devices)
     except ValueError as e:
         raise ConfigError(str(e)) from e
 

@@ -9,6 +9,7 @@ that says which mesh axis each logical axis is split over. Mesh axes:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
@@ -18,10 +19,30 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from bertjax import attention
+from bertjax.errors import ConfigError
 from bertjax import model as M
 
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
 MESH_AXES = (DATA, FSDP, TENSOR)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSettings:
+    """`config.mesh`, typed (built once at an entry point): each axis's size, one of them
+    -1 for all the devices the others leave."""
+
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+
+    @classmethod
+    def of(cls, mesh: Mapping[str, int]) -> "MeshSettings":
+        """ConfigError naming an axis `mesh` sets that the mesh does not have."""
+        unknown = sorted(set(mesh) - set(MESH_AXES))
+        if unknown:
+            raise ConfigError(f"mesh.{unknown[0]} is not an axis of the mesh (its axes: "
+                             f"{', '.join(MESH_AXES)})")
+        return cls(**{axis: int(size) for axis, size in mesh.items()})
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     (M.BATCH, (DATA, FSDP)),

@@ -78,5 +78,5 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, rng: 
     return state, abstract_state, shardings
 
 
-def count_params(params: Any) -> int:
+def count_params(params: optax.Params) -> int:
     return sum(x.size for x in jax.tree.leaves(params))

@@ -24,7 +24,7 @@ import random
 import sys
 import time
 import urllib.parse
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, BinaryIO, Callable, TypeVar
 
 T = TypeVar("T")
 RETRY_ENV = "BERTJAX_STORAGE_RETRY_SECONDS"
@@ -147,7 +147,7 @@ def _final_chunk(method: str, url: str, headers: dict | None) -> tuple[int, int]
     return int(first_last.split("-")[0]), int(total)
 
 
-def _crc32c(data: Any) -> str:
+def _crc32c(data: bytes | BinaryIO) -> str:
     """GCS's `crc32c` field (base64 of the big-endian CRC32C) of `data`."""
     import base64
     import google_crc32c

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import sys
 import time
-from typing import Any, Collection
+from typing import Collection
 
 import jax
 import ml_collections
@@ -26,16 +27,9 @@ from bertjax.data import loaders, pipeline
 from bertjax.errors import ConfigError, UserError
 from bertjax.pretrain_loop import PretrainingLoop
 from bertjax.phase_schedule import DataPosition
+from bertjax.run_record import RunRecord
 from bertjax.settings import PretrainingSettings
-
-def run_metadata(config: ml_collections.ConfigDict, data: dict[str, Any]) -> dict[str, Any]:
-    """What a checkpoint records about its run (with the tokenizer's fingerprint, added once
-    it is loaded, and its `schedule`: run_schedule): `model` and `tokenizer` must match to
-    resume, `data` (guards.data_identity) and the config's data fields within a phase, and
-    the number of `processes` that split the data (resume.check_processes)."""
-    return {"model": families.recorded_fields(config.model), "config": config.to_json(),
-            "data": data, "processes": jax.process_count()}
-
+from bertjax.state import TrainState
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        devices: list[jax.Device] | None = None,
@@ -56,21 +50,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         config.model.update(changed)
     settings = validate.pretraining(config)  # (typed, built once)
     with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
-        return _train_and_evaluate(config, workdir, devices, accepted, settings)
+        return _train_and_evaluate(settings, config.to_json(), workdir, devices, accepted)
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                        devices: list[jax.Device] | None, accepted: contextlib.ExitStack,
-                        settings: PretrainingSettings) -> dict[str, float]:
-    """The run in its locked `workdir`; once its settings are accepted, it writes config.json
-    and its log file (held open by `accepted`)."""
+def _train_and_evaluate(settings: PretrainingSettings, config_json: str, workdir: str,
+                        devices: list[jax.Device] | None,
+                        accepted: contextlib.ExitStack) -> dict[str, float]:
+    """The run of `settings` (`config_json`: its whole config) in its locked `workdir`; once
+    its settings are accepted, it writes config.json and its log file (held open by
+    `accepted`)."""
     started = time.time()
     is_chief = jax.process_index() == 0
-    train, data = settings.train, settings.data
-    phases = phase_schedule.phases(train, data, settings.long_phase)
-    mesh = sharded_run.make_mesh(config.mesh.to_dict(), devices)
+    train, data, model = settings.train, settings.data, settings.model
+    phases = settings.phases
+    mesh = sharded_run.make_mesh(settings.mesh, devices)
     sharded_run.check_batches(mesh, phases, train.grad_accum_steps,
-                              config.model.max_position_embeddings)  # before preparing any data
+                              model["max_position_embeddings"])  # before preparing any data
     objective = train.pretraining_objective
     checkpointer = checkpoint.Checkpointer(  # (its clean-up of unfinished saves needs the lock)
         os.path.join(workdir, "checkpoints"), train.checkpoint_every,
@@ -78,34 +73,34 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         on_commit=reporting.announce_commit(os.path.join(workdir, "checkpoints")))
     resume_from = resume.Resume(checkpointer, os.path.join(workdir, resume.QUARANTINE))
     found = resume_from.newest()
-    sections = (train, data, settings.long_phase, config.optimizer)
-    plan = (run_schedule.resumed(found.meta, resume_from.where(found.step), *sections)
+    sections = (settings, settings.optimizer)
+    plan = (run_schedule.resumed(found.record, resume_from.where(found.step), *sections)
             if found else run_schedule.planned(*sections))  # (refuses a changed schedule)
     phases, optimizer = plan.phases, plan.optimizer_config
-    meta = {**run_metadata(config, guards.data_identity(data, phases)),
-            "schedule": plan.record()}
-    agreement.check("corpus", agreement.data_fields(meta["data"]), agreement.SAME_FILES)
-    check = lambda found: resume_from.check(found, meta, data, phases,
+    record = RunRecord.new(families.recorded_fields(model), config_json,
+                           guards.data_identity(data, phases), plan.record())
+    agreement.check("corpus", agreement.data_fields(record.data), agreement.SAME_FILES)
+    check = lambda found: resume_from.check(found, record, data, phases,
                                             train.allow_changed_data)
     if found:
         check(found)  # model and data, before any preparation
-    model_config = families.model_config(config.model.to_dict())
+    model_config = families.model_config(model)
     cache_dir = data.cache_dir or files.local_cache_dir(workdir)
     tokenizer = pipeline.load_or_train_tokenizer(data, cache_dir, jax.process_index(),
                                                  jax.process_count())
     if not found:
-        init_architecture.check_tokenizer(train.init_checkpoint, data,
-                                          config.model.to_dict(), tokenizer)
-    if tokenizer.vocab_size > config.model.vocab_size:
+        init_architecture.check_tokenizer(train.init_checkpoint, data, model, tokenizer)
+    if tokenizer.vocab_size > model["vocab_size"]:
         raise pipeline.DataError(f"the tokenizer has {tokenizer.vocab_size} tokens but "
-                                 f"model.vocab_size={config.model.vocab_size}; set --config.model.vocab_size="
+                                 f"model.vocab_size={model['vocab_size']}; set --config.model.vocab_size="
                                  f"{tokenizer.vocab_size} (or more)")
-    meta["tokenizer"] = tokenizer.fingerprint()
+    record = dataclasses.replace(record, tokenizer=tokenizer.fingerprint())
     agreement.check("tokenizer", agreement.tokenizer_fields(tokenizer), agreement.SAME_FILES)
     if found:  # and the tokenizer
-        checkpoint.check_compatible(found.meta, meta, resume_from.where(found.step))
+        checkpoint.check_compatible(found.record.as_json(), record.as_json(),
+                                    resume_from.where(found.step))
     stopping.now_doing("preparing data")
-    phase_data = loaders.prepare_data(data, phases, config.model.vocab_size, tokenizer,
+    phase_data = loaders.prepare_data(data, phases, model["vocab_size"], tokenizer,
                                       cache_dir, next_sentence_prediction=objective.uses_nsp)
     agreement.check("prepared", {})  # (where a host that failed to prepare stops the others)
     stopping.now_doing("building the model (compiling)")
@@ -114,7 +109,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                             objective=objective)
     accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
     if is_chief:  # the full table goes to a file, its totals to the console
-        files.write_text(os.path.join(workdir, "config.json"), config.to_json(indent=1) + "\n")
+        files.write_text(os.path.join(workdir, "config.json"),
+                         json.dumps(json.loads(config_json), indent=1) + "\n")
         report_path = os.path.join(workdir, "startup_report.txt")
         files.write_text(report_path, memory.report(
             sharded.model, sharded.abstract_state, mesh, phases) + "\n")
@@ -130,32 +126,33 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     stopping.now_doing(f"restoring checkpoint {found.step}" if found else
                        "building the initial state")
     if found:
-        state, position = resume_from.restore(found, sharded.abstract_state, meta, check)
+        state, position = resume_from.restore(found, sharded.abstract_state, record, check)
     else:
         state, position = fresh_state(settings, sharded, phases)
-    start_step = int(jax.device_get(state.step))
-    position = phase_schedule.consistent_position(position, start_step, phases)
-    if start_step >= train.total_steps:
-        reporting.chief_print(f"Training already finished ({start_step} steps); evaluating only")
+    start = resume.Start.of(state, position, found, phases)
+    if start.step >= train.total_steps:
+        reporting.chief_print(f"Training already finished ({start.step} steps); evaluating only")
     else:
-        reporting.chief_print(reporting.steps_line(start_step, train.total_steps, phases,
+        reporting.chief_print(reporting.steps_line(start.step, train.total_steps, phases,
                                                     train.log_every))
     writer = metrics_writer.open_writer(workdir)
-
-    def train_from(state: Any, position: DataPosition, start_step: int,
-                   resumed_from: str | None) -> tuple[PretrainingLoop, Any, DataPosition, dict]:
-        progress = reporting.Progress(
-            phases, nonfinite.NonFiniteSteps(train.max_nonfinite_steps, start_step,
-                                             resumed_from),
-            optimizer, model_config, writer, start_step,
-            os.path.join(workdir, "metrics.jsonl") if is_chief else None)
-        pretraining = PretrainingLoop(train, sharded, phase_data, checkpointer, meta,
-                                      progress, writer, restart_step=optimizer.restart_step)
-        return pretraining, *pretraining.loop(state, position, start_step)
-
     try:
-        (pretraining, state, position, final_eval), start_step = resume_from.train_falling_back(
-            train_from, state, position, found, sharded.abstract_state, meta, check, phases)
+        while True:  # (once more from the checkpoint before, after a suspect resume)
+            progress = reporting.Progress(
+                phases, nonfinite.NonFiniteSteps(train.max_nonfinite_steps, start.step,
+                                                 resume_from.resumed_from(start)),
+                optimizer, model_config, writer, start.step,
+                os.path.join(workdir, "metrics.jsonl") if is_chief else None)
+            pretraining = PretrainingLoop(train, sharded, phase_data, checkpointer,
+                                          record, progress, writer,
+                                          restart_step=optimizer.restart_step)
+            try:
+                state, position, final_eval = pretraining.loop(start.state, start.position,
+                                                               start.step)
+                break
+            except nonfinite.NonFiniteAfterResume as e:
+                start = resume_from.fall_back(start, e, sharded.abstract_state, record, check,
+                                              phases)
     except Exception as e:  # (told before the close, which may wait for the other processes)
         peers.announce_failure(e)
         raise
@@ -174,7 +171,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     last_line = failures.stopped_line(f"step {final_step} of {train.total_steps}",
                                       stopped) if stopped else ""
     if not stopped and train.stop_after_steps \
-            and final_step == start_step + train.stop_after_steps \
+            and final_step == start.step + train.stop_after_steps \
             and final_step < train.total_steps:
         last_line = (f"Stopped after {train.stop_after_steps} steps (step {final_step} of "
                      f"{train.total_steps}); rerun the same command to continue")
@@ -187,7 +184,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def fresh_state(settings: PretrainingSettings, sharded: sharded_run.ShardedRun,
-                phases: list[phase_schedule.Phase]) -> tuple[Any, DataPosition]:
+                phases: list[phase_schedule.Phase]) -> tuple[TrainState, DataPosition]:
     """A new state, with the parameters of `train.init_checkpoint` when set."""
     train = settings.train
     state = sharded.init_state(jax.random.PRNGKey(train.seed))

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from absl import logging
 
-from bertjax import bert_config, families, optim, phase_schedule
+from bertjax import bert_config, families, optim
 from bertjax.data.errors import DataError
 from bertjax.errors import ConfigError
 from bertjax.settings import PretrainingSettings
@@ -144,7 +144,7 @@ def pretraining_model(config: Any, typed: PretrainingSettings) -> None:
     model it trains."""
     model = config.model
     families.get(families.family(model)).check_pretraining(model, typed.train)
-    for phase in phase_schedule.phases(typed.train, typed.data, typed.long_phase):
+    for phase in typed.phases:
         if phase.max_seq_length > model.max_position_embeddings:
             field = "data.max_seq_length" if phase.name == "short" else "long_phase.max_seq_length"
             shorter = f"--config.{field} <= {model.max_position_embeddings}"

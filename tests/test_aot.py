@@ -203,8 +203,7 @@ def test_auto_accumulation_fits_the_devices_memory(monkeypatch):
     config = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
                         num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
     mesh = sharding.make_mesh({"data": -1}, jax.devices()[:2])
-    tx = optim.make_optimizer(ml_collections.ConfigDict(
-        dict(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10)))
+    tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10))
     _, state, _ = create_train_state(BertForPreTraining(config), tx, jax.random.PRNGKey(0),
                                      bert_model.example_inputs(BertForPreTraining(config)),
                                      mesh, materialize=False)

@@ -5,7 +5,6 @@ import shutil
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -20,8 +19,7 @@ META = {"model": {"hidden_size": 16}, "tokenizer": "abc"}
 
 
 def _state(mesh, materialize=True, seed=0):
-    tx = optim.make_optimizer(ml_collections.ConfigDict(
-        dict(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10)))
+    tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10))
     return create_train_state(BertForPreTraining(CONFIG), tx, jax.random.PRNGKey(seed), EXAMPLE,
                               mesh, materialize=materialize)
 

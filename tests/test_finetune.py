@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax.finetune_settings import FinetuneSettings
 from bertjax import (checkpoint, extract_features, finetune, finetune_loop, nonfinite, pretrained,
                      train)
 from bertjax import sharded_run
@@ -244,7 +245,7 @@ def test_feature_based_ner_trains_only_the_tagger(data_root, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, pretrained_encoder(data_root), tuned["bert"])
     # Adam moments only for the tagger: none for the frozen encoder.
     params = pretrained.abstract_params_on_one_device(tagger)
-    moments = jax.eval_shape(finetune.optimizer(config, 10, params).init, params)
+    moments = jax.eval_shape(finetune.optimizer(FinetuneSettings.of(config.to_dict()), 10, params).init, params)
     size = lambda tree: sum(x.size for x in jax.tree.leaves(tree))
     assert size(moments) <= 2 * (size(params) - size(params["bert"])) + 8
     assert seed["dev"]["dev"]["f1"] > 0.5, seed  # names are tagged from the frozen features
@@ -374,11 +375,11 @@ def test_google_and_hugging_face_checkpoints_initialise_fine_tuning(data_root, t
         (directory / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
         config = small(config_file("glue.py"), data_root, task="sst2",
                        init_checkpoint=str(directory))
-        source = finetune.typed(pretrained.Source, config)
+        source = FinetuneSettings.of(config.to_dict()).source
         pretrain = pretrained.pretraining_run(source)
         assert pretrained.model_config_of(source, pretrain) == \
-            pretrained.model_config_of(source, pretrained.pretraining_run(finetune.typed(
-                pretrained.Source, small(config_file("glue.py"), data_root, task="sst2"))))
+            pretrained.model_config_of(source, pretrained.pretraining_run(FinetuneSettings.of(
+                small(config_file("glue.py"), data_root, task="sst2").to_dict()).source))
         assert pretrained.tokenizer_of(source, pretrain).vocab_size == len(VOCAB)
         loaded = pretrained.load_pretrained(
             str(directory), {"bert": pretrained.abstract_params_on_one_device(BertModel(TINY))},
@@ -387,7 +388,7 @@ def test_google_and_hugging_face_checkpoints_initialise_fine_tuning(data_root, t
     config = small(config_file("glue.py"), data_root, task="sst2",
                    init_checkpoint=str(tmp_path / "uncased_hf"), do_lower_case=False)
     with pytest.raises(ValueError, match="uncased model"):
-        pretrained.tokenizer_of(finetune.typed(pretrained.Source, config),
+        pretrained.tokenizer_of(FinetuneSettings.of(config.to_dict()).source,
                                 pretrained.PretrainingRun({}))
 
 

@@ -4,13 +4,14 @@ their document windows; the loop takes exactly that many steps over a repeated, 
 training set and evaluates where each pass over it ends."""
 import json
 import os
+import runpy
 
-import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, finetune, finetune_loop, resume
+from bertjax import checkpoint, finetune_loop, resume
 from bertjax.data import tokenization
+from bertjax.finetune_settings import FinetuneSettings
 from bertjax.tasks import features, glue, ner, squad_predict
 
 WORDS = ["a", "b", "c", "d", "john", "paris", "was", "good", "who", "?", "."]
@@ -24,8 +25,10 @@ def tokenizer(tmp_path_factory):
 
 
 def steps(num_examples: int, batch: int = 32, epochs: float = 3.0) -> int:
-    return finetune.train_steps(ml_collections.ConfigDict(
-        {"train_batch_size": batch, "num_train_epochs": epochs}), num_examples)
+    config = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "configs", "finetune",
+                                         "glue.py"))["get_config"]().to_dict()
+    return FinetuneSettings.of({**config, "train_batch_size": batch,
+                                "num_train_epochs": epochs}).train_steps(num_examples)
 
 
 @pytest.mark.parametrize("task, examples, original, dropped_remainder", [

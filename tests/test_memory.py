@@ -27,8 +27,7 @@ def _config(**overrides) -> BertConfig:
 
 
 def _state(config: BertConfig, mesh, materialize=False):
-    tx = optim.make_optimizer(ml_collections.ConfigDict(
-        dict(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10)))
+    tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10))
     model = BertForPreTraining(config)
     return model, create_train_state(model, tx, jax.random.PRNGKey(0), EXAMPLE, mesh,
                                      materialize=materialize)
@@ -134,8 +133,8 @@ from bertjax import memory, optim, sharding
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.state import create_train_state
 mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1])
-tx = optim.make_optimizer(ml_collections.ConfigDict(dict(peak_learning_rate=1e-3,
-                                                         warmup_steps=1, total_steps=10)))
+tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-3,
+                                                         warmup_steps=1, total_steps=10))
 states = {}
 for hidden in (32, 2048):  # 0.04 MiB, then 1.2 GiB of parameters and moments
     config = BertConfig(vocab_size=128, hidden_size=hidden, num_hidden_layers=2,

@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import pytest
 
+from bertjax.run_record import RunRecord
 from bertjax import optim, run_schedule, validate
 from bertjax.errors import ConfigError
 import test_faults
@@ -133,25 +134,25 @@ def test_a_checkpoint_from_before_the_schedule_fields_resumes_on_its_schedule():
     """A checkpoint whose recorded config has no optimizer.schedule (written before it
     existed) resumes under a config at the defaults; one that asks for "wsd" is refused."""
     config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
-    plan = run_schedule.planned(config.train, config.data, config.long_phase, config.optimizer)
+    plan = run_schedule.planned(validate.settings(config), config.optimizer)
     old = json.loads(config.to_json())
     for field in ("schedule", "decay_fraction", "decay_shape"):
         del old["optimizer"][field]
-    meta = {"config": json.dumps(old), "schedule": plan.record()}
-    resumed = run_schedule.resumed(meta, "ckpt/8", config.train, config.data, config.long_phase,
+    meta = RunRecord.of({"config": json.dumps(old), "schedule": plan.record()})
+    resumed = run_schedule.resumed(meta, "ckpt/8", validate.settings(config),
                                    config.optimizer)
     assert resumed == plan
     config.optimizer.schedule = "wsd"
     with pytest.raises(run_schedule.ScheduleChanged, match="optimizer.schedule: 'linear' -> 'wsd'"):
-        run_schedule.resumed(meta, "ckpt/8", config.train, config.data, config.long_phase,
+        run_schedule.resumed(meta, "ckpt/8", validate.settings(config),
                              config.optimizer)
 
 
 def test_another_optimizer_is_refused_on_resume_also_when_extending():
     """Issue 43: `optimizer.name=adamw` on resuming a StableAdamW run was accepted silently."""
     config = _pretraining_config()
-    plan = run_schedule.planned(config.train, config.data, config.long_phase, config.optimizer)
-    meta = {"config": config.to_json(), "schedule": plan.record()}
+    plan = run_schedule.planned(validate.settings(config), config.optimizer)
+    meta = RunRecord.of({"config": config.to_json(), "schedule": plan.record()})
     config.optimizer.name = "adamw"
     for extend in (False, True):
         config.train.extend = extend
@@ -159,7 +160,7 @@ def test_another_optimizer_is_refused_on_resume_also_when_extending():
         with pytest.raises(run_schedule.ScheduleChanged, match=(
                 r"^checkpoint ckpt/8 was trained with optimizer.name='stable_adamw', and this "
                 r"run asks for 'adamw': .* Rerun with --config.optimizer.name=stable_adamw")):
-            run_schedule.resumed(meta, "ckpt/8", config.train, config.data, config.long_phase,
+            run_schedule.resumed(meta, "ckpt/8", validate.settings(config),
                                  config.optimizer)
 
 

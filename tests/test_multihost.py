@@ -49,8 +49,7 @@ def _batches(count: int) -> list[dict[str, np.ndarray]]:
 
 
 def _tx():
-    return optim.make_optimizer(ml_collections.ConfigDict(
-        dict(peak_learning_rate=1e-3, warmup_steps=2, total_steps=20)))
+    return optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-3, warmup_steps=2, total_steps=20))
 
 
 @functools.cache

@@ -3,7 +3,6 @@ import re
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -91,14 +90,11 @@ def _assert_flat_close(actual, expected, rtol=1e-6):
         np.testing.assert_allclose(actual[name], expected[name], rtol=rtol, atol=1e-7, err_msg=name)
 
 
-def _config(**overrides) -> ml_collections.ConfigDict:
+def _config(**overrides) -> optim.OptimizerConfig:
     """A full optimizer config with BERT defaults."""
-    cfg = ml_collections.ConfigDict(
-        dict(name="bert_adam", peak_learning_rate=1e-2, warmup_steps=0, total_steps=1_000_000,
-             weight_decay_rate=WD, b1=B1, b2=B2, eps=EPS, clip_global_norm=1.0)
-    )
-    cfg.update(overrides)
-    return cfg
+    return optim.OptimizerConfig(**{
+        **dict(name="bert_adam", peak_learning_rate=1e-2, warmup_steps=0, total_steps=1_000_000,
+               weight_decay_rate=WD, b1=B1, b2=B2, eps=EPS, clip_global_norm=1.0), **overrides})
 
 
 def test_bert_adam_matches_reference_three_steps():

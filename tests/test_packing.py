@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)
+from bertjax.run_record import RunRecord
 from bertjax import guards, objectives, steps, train
 from bertjax import batch as batch_spec
 from bertjax.data import instances, loaders, packing, pipeline
@@ -203,7 +204,7 @@ def test_a_resume_that_turns_packing_on_or_off_mid_phase_is_refused():
         meta = {"data": guards.data_identity(DataSettings.of(old, recorded=True), phases),
                 "config": json.dumps({"data": json.loads(old.to_json())})}
         new = DataSettings.of(new)
-        guards.check_resume(meta, guards.data_identity(new, phases), new,
+        guards.check_resume(RunRecord.of(meta), guards.data_identity(new, phases), new,
                             {"phase": "short", "batch_index": batch_index}, "short", "ckpt",
                             allow_changes=False)
 

@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from bertjax.finetune_settings import FinetuneSettings
 from bertjax import convert, finetune, pretrained
 from bertjax.tasks import ner
 from test_exports import fine_tune, write_task_data
@@ -34,7 +35,7 @@ def bertjax_outputs(workdir, split: str):
     source = pretrained.Source(init_checkpoint=str(workdir))
     tokenizer = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
     bert_config, params = pretrained.read(str(workdir))
-    task = finetune.make_task(config, tokenizer)
+    task = finetune.make_task(FinetuneSettings.of(config.to_dict()), tokenizer)
     data = task.load(split)
     f = data.features
     outputs = task.model(bert_config).apply({"params": params}, f["input_ids"],

@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from bertjax.run_record import RunRecord
 from bertjax import run_schedule, phase_schedule, validate
 from bertjax.errors import ConfigError
 from bertjax.phase_schedule import DataPosition, Phase
@@ -67,10 +68,9 @@ def test_a_checkpoint_recorded_by_an_older_run_plans_its_schedule_as_then():
     for section, names in ADDED_SINCE.items():
         for name in names:
             del old[section][name]
-    plan = run_schedule.recorded({"config": json.dumps(old)})
+    plan = run_schedule.recorded(RunRecord.of({"config": json.dumps(old)}))
     settings = validate.settings(config)
-    assert plan == run_schedule.planned(settings.train, settings.data, settings.long_phase,
-                                        config.optimizer)
+    assert plan == run_schedule.planned(settings, config.optimizer)
     assert plan.phases == phases_of(config)
     recorded = PretrainingSettings.of(old, recorded=True)
     assert (recorded.train.objective, recorded.train.next_sentence_prediction,

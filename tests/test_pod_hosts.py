@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from bertjax.run_record import RunRecord
 from bertjax import agreement, distributed, peers, resume
 from bertjax.data import default_corpus
 import injected_faults
@@ -452,14 +453,14 @@ def host_that_never_joins(tmp_path, workdir: str) -> None:
 def test_another_process_count_is_refused_unless_accepted(caplog):
     """The check behind a relaunch on another number of hosts (checkpoints of older
     versions record none: not checked)."""
-    four, two = {"processes": 4}, {"processes": 2}
+    four, two = RunRecord(processes=4), RunRecord(processes=2)
     with pytest.raises(resume.OtherProcessCount, match=(
             r"^checkpoint W/8 was trained by 4 processes \(hosts\) and this run has 2: .* "
             r"Relaunch on 4 processes to resume exactly; or accept other batches with "
             r"--config.train.allow_changed_data=True; or start a new run")):
         resume.check_processes(four, two, "W/8", allow_changed_data=False)
     resume.check_processes(four, four, "W/8", allow_changed_data=False)
-    resume.check_processes({}, two, "W/8", allow_changed_data=False)
+    resume.check_processes(RunRecord(), two, "W/8", allow_changed_data=False)
     resume.check_processes(four, two, "W/8", allow_changed_data=True)
     assert "trained by 4 processes, on 2" in caplog.text
 

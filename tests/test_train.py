@@ -13,6 +13,7 @@ import pytest
 
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
+from bertjax.finetune_settings import FinetuneSettings
 from bertjax import (families, finetune, init_architecture, modernbert, pretrained, reporting,
                      run_schedule, train)
 from bertjax.data import corpus, default_corpus, pipeline
@@ -135,7 +136,7 @@ def test_fine_tuning_takes_the_sentencepiece_model_the_run_recorded(corpus_file,
         "train.total_steps": 4, "long_phase.fraction": 0.0}), str(workdir))
     fine_tune = runpy.run_path(os.path.join(REPO_ROOT, "configs", "finetune", "glue.py"))["get_config"]()
     fine_tune.init_checkpoint = str(workdir)
-    source = lambda: finetune.typed(pretrained.Source, fine_tune)
+    source = lambda: FinetuneSettings.of(fine_tune.to_dict()).source
     pretrain = pretrained.pretraining_run(source())
     assert pretrain.tokenizer_fingerprint
     models = sorted(os.listdir(workdir / "data"))

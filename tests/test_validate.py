@@ -143,3 +143,11 @@ def test_data_preparation_refuses_a_data_choice_it_does_not_know():
     with pytest.raises(ConfigError, match=r"^data.text_format='line' is not one of 'auto', "
                        r"'lines', 'paragraphs'; set --config.data.text_format$"):
         validate.data_preparation(config)
+
+
+def test_a_mesh_axis_the_mesh_lacks_is_named():
+    from bertjax.sharding import MeshSettings
+    assert MeshSettings.of({"data": -1, "tensor": 2}) == MeshSettings(-1, 1, 2)
+    with pytest.raises(ConfigError, match=r"^mesh.pipeline is not an axis of the mesh \(its "
+                                          r"axes: data, fsdp, tensor\)"):
+        MeshSettings.of({"data": 1, "pipeline": 2})

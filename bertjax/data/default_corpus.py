@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import types
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -102,7 +103,7 @@ def _class_docstrings(cls: type) -> Iterator[Any]:
             yield member.__doc__
 
 
-def _module_docstrings(module: Any) -> Iterator[Any]:
+def _module_docstrings(module: types.ModuleType) -> Iterator[Any]:
     """The module's docstring, then those of its public classes, methods and functions."""
     yield module.__doc__
     for name, member in sorted(vars(module).items()):

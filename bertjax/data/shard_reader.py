@@ -16,7 +16,7 @@ import functools
 import hashlib
 import os
 import weakref
-from typing import Any
+from typing import Any, BinaryIO, Sequence
 
 import numpy as np
 
@@ -64,7 +64,7 @@ class RowFile:
         """The largest element (taken while loading)."""
         return self.largest
 
-    def __getitem__(self, rows: Any) -> np.ndarray:
+    def __getitem__(self, rows: slice | Sequence[int] | np.ndarray) -> np.ndarray:
         """Rows `rows` (indices into this share), read now and checked."""
         rows = np.arange(len(self))[rows] if isinstance(rows, slice) else np.asarray(rows)
         out = np.empty((len(rows),) + self.row_shape, self.dtype)
@@ -89,7 +89,7 @@ class RowFile:
         return rows if dtype is None else rows.astype(dtype)
 
 
-def _header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+def _header(f: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
     version = np.lib.format.read_magic(f)
     read = {(1, 0): np.lib.format.read_array_header_1_0,
             (2, 0): np.lib.format.read_array_header_2_0}.get(version)
@@ -142,7 +142,7 @@ def load(path: str, record: dict[str, Any], name: str, dtype: np.dtype,
     return RowFile(fd, path, dtype, row_shape, offset, start, hashes, largest, what_to_do)
 
 
-def _read_rows(f: Any, digest: Any, dtype: np.dtype, row_shape: tuple[int, ...], rows: int,
+def _read_rows(f: BinaryIO, digest: "hashlib._Hash", dtype: np.dtype, row_shape: tuple[int, ...], rows: int,
                keep: tuple[int, int], narrow: bool) -> tuple[Any, int]:
     """Reads the rest of `f` into `digest`; rows `keep` as an array (`narrow`), else as their
     hashes and largest element. Returns them and the bytes read."""

@@ -6,13 +6,14 @@ import time
 from typing import Any
 
 import jax
+import ml_collections
 
 from bertjax import targets
 from bertjax.errors import UserError
 from bertjax.tools import phase_compile
 
 
-def with_overrides(config: Any, overrides: dict[str, Any]) -> Any:
+def with_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> Any:
     """A copy of `config` with `{"section.field": value}` set."""
     trial = config.copy_and_resolve_references()
     for key, value in overrides.items():
@@ -24,7 +25,7 @@ def with_overrides(config: Any, overrides: dict[str, Any]) -> Any:
     return trial
 
 
-def advise(config: Any, devices: list[jax.Device], phase_name: str, record: dict[str, Any],
+def advise(config: ml_collections.ConfigDict, devices: list[jax.Device], phase_name: str, record: dict[str, Any],
            target: targets.Target | None, budget_seconds: float,
            memory_bytes: float | None = None) -> dict[str, Any]:
     """Compiles the phase with each of the verdict's candidate settings, cheapest first,

@@ -27,6 +27,7 @@ import tempfile
 from typing import Any, Iterator
 
 import jax
+import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
@@ -51,7 +52,7 @@ def stderr_to(path: str) -> Iterator[None]:
             os.close(saved)
 
 
-def compile_train_step(config: Any, devices: list[jax.Device],
+def compile_train_step(config: ml_collections.ConfigDict, devices: list[jax.Device],
                        phase_names: list[str] | None = None,
                        target: targets.Target | None = None,
                        advise_seconds: float = 0.0, memory_bytes: float | None = None

@@ -4,7 +4,10 @@ cheapest first (`tools.advice` compiles them and advises only one the compiler c
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (the verdict is pure Python: nothing imported at run time)
+    import ml_collections
 
 GIB = 1024 ** 3
 
@@ -22,7 +25,7 @@ def parse_refusal(message: str) -> tuple[float, float] | None:
     return float(required) * units[unit], float(available) * units[unit2]
 
 
-def candidates(required: float, available: float, arguments: float, config: Any,
+def candidates(required: float, available: float, arguments: float, config: ml_collections.ConfigDict,
                per_device_batch: int, steps: int = 1) -> list[dict[str, Any]]:
     """Settings that may make `required` bytes fit in `available`, cheapest in step time
     first, each `{"flags": ..., "overrides": {dotted config key: value}}`, for the compiler
@@ -45,7 +48,7 @@ def candidates(required: float, available: float, arguments: float, config: Any,
 
 
 def verdict(sizes: dict[str, int] | None, refused: tuple[float, float] | None,
-            available: float | None, config: Any, per_device_batch: int,
+            available: float | None, config: ml_collections.ConfigDict, per_device_batch: int,
             state_bytes: int, steps: int = 1) -> dict[str, Any]:
     """`{"fits": bool | None, "text": ...}` from the compiled step's memory or the refusal;
     `state_bytes`: the train state's bytes per device (the step's arguments, bar the batch);

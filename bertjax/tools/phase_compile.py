@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import jax
+import ml_collections
 
 from bertjax import families, flops, memory, optim, phase_schedule, sharded_run, sharding, targets
 from bertjax.settings import PretrainingSettings
@@ -18,7 +19,7 @@ CENSUS_GROUPS = 25  # the costliest instruction groups kept in a TPU phase's rec
 H100_CALIBRATION = 1.6
 
 
-def _memory_sizes(compiled: Any) -> dict[str, int]:
+def _memory_sizes(compiled: jax.stages.Compiled) -> dict[str, int]:
     analysis = compiled.memory_analysis()
     return {} if analysis is None else {
         name: int(getattr(analysis, f"{name}_size_in_bytes"))
@@ -35,8 +36,8 @@ def gpu_estimate(hlo_text: str, target: targets.Target, model_flops: float) -> d
             "estimated_mfu": model_flops / step / (target.peak_tflops * 1e12)}
 
 
-def compile_phase(sharded: sharded_run.ShardedRun, phase: phase_schedule.Phase, config: Any,
-                  target: targets.Target | None, memory_bytes: float | None = None
+def compile_phase(sharded: sharded_run.ShardedRun, phase: phase_schedule.Phase,
+                  config: ml_collections.ConfigDict, target: targets.Target | None, memory_bytes: float | None = None
                   ) -> dict[str, Any]:
     """Compiles the train step of `phase`; the verdict (against `memory_bytes` per device,
     default the target's), memory per device, FLOPs and the GPU's or TPU's estimate."""
@@ -114,12 +115,13 @@ def summary_lines(name: str, record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def build(config: Any, devices: list[jax.Device], phase_names: list[str] | None
+def build(config: ml_collections.ConfigDict, devices: list[jax.Device],
+          phase_names: list[str] | None
           ) -> tuple[sharded_run.ShardedRun, list[phase_schedule.Phase]]:
     """The sharded model, state and train step of `config`'s phases named `phase_names`."""
-    mesh = sharded_run.make_mesh(config.mesh.to_dict(), devices)
     settings = PretrainingSettings.of(config)
-    phases = phase_schedule.phases(settings.train, settings.data, settings.long_phase)
+    mesh = sharded_run.make_mesh(settings.mesh, devices)
+    phases = settings.phases
     sharded_run.check_batches(mesh, phases, config.train.grad_accum_steps,
                               config.model.max_position_embeddings)
     phases = [p for p in phases if not phase_names or p.name in phase_names]
