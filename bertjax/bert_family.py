@@ -4,7 +4,7 @@ family of every config and record that names none."""
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import flax.linen as nn
 import jax
@@ -13,11 +13,18 @@ from bertjax import batch as batch_spec
 from bertjax import bert_config, families, files, validate
 from bertjax import model as bert_model
 from bertjax.errors import ConfigError
-from bertjax.heads import (BertForQuestionAnswering, BertForSequenceClassification,
-                           BertForTokenClassification)
+from bertjax.heads import (
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 from bertjax.interop import hf
 from bertjax.model import BertConfig, BertForPreTraining, BertModel
-from bertjax.pretrained import PretrainedError
+from bertjax.pretrained import PretrainedError, Source
+
+if TYPE_CHECKING:  # (annotations only: these modules import the families)
+    from bertjax.settings import TrainSettings
+    from bertjax.tasks.features import TaskOptions
 
 
 def forward(model, params, batch, mask, deterministic: bool, rngs):
@@ -44,15 +51,15 @@ def flops(config: BertConfig, seq_length: int, predictions: int) -> int:
             + 6 * p * (h * h + h * v) + 6 * (h * h + 2 * h))
 
 
-def check_pretraining(model: Any, train: Any) -> None:
+def check_pretraining(model: Mapping[str, Any], train: TrainSettings) -> None:
     """Pretraining needs two segment types (sentences A and B)."""
-    if model.type_vocab_size < 2:
-        raise ConfigError(f"model.type_vocab_size={model.type_vocab_size} is out of range: "
+    if model["type_vocab_size"] < 2:
+        raise ConfigError(f"model.type_vocab_size={model['type_vocab_size']} is out of range: "
                           "pretraining needs 2 segment types (sentences A and B); set "
                           "--config.model.type_vocab_size=2")
 
 
-def finetune_config(values: dict[str, Any], source: Any) -> BertConfig:
+def finetune_config(values: dict[str, Any], source: Source) -> BertConfig:
     """The checkpoint's architecture (or `source.model_config`'s bert_config.json), with the
     fine-tuning run's dropout and dtype."""
     if source.model_config:
@@ -81,16 +88,16 @@ def finetune_problem(options: object, init_checkpoint: str) -> str | None:
     return None
 
 
-def sequence_head(model_config: BertConfig, labels: int, options: Any) -> nn.Module:
+def sequence_head(model_config: BertConfig, labels: int, options: TaskOptions) -> nn.Module:
     return BertForSequenceClassification(model_config, labels, options.causal_attention)
 
 
-def tagging_head(model_config: BertConfig, labels: int, options: Any) -> nn.Module:
+def tagging_head(model_config: BertConfig, labels: int, options: TaskOptions) -> nn.Module:
     return BertForTokenClassification(model_config, labels, options.feature_based,
                                       options.lstm_size, options.causal_attention)
 
 
-def span_head(model_config: BertConfig, labels: int, options: Any) -> nn.Module:
+def span_head(model_config: BertConfig, labels: int, options: TaskOptions) -> nn.Module:
     return BertForQuestionAnswering(model_config)
 
 

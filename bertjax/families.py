@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 import flax.linen as nn
 import jax
 
 from bertjax.errors import ConfigError
+
+if TYPE_CHECKING:  # (annotations only: the tasks import this module)
+    from bertjax.tasks.features import TaskOptions
 
 DEFAULT = "bert"  # the family of a `model` section that names none (BERT's configs, records)
 _BUILTIN = ("bertjax.bert_family", "bertjax.modernbert_family")
@@ -206,7 +209,7 @@ def optional_pretrained_parts(config: ModelConfig) -> tuple[str, ...]:
     return of(config).optional_parts
 
 
-def head(kind: str, config: ModelConfig, num_labels: int, options: Any) -> nn.Module:
+def head(kind: str, config: ModelConfig, num_labels: int, options: TaskOptions) -> nn.Module:
     """The fine-tuning model of a task `kind` ("classification", "tagging", "span") for
     `config`'s family; `options`: the task's (`features.TaskOptions`)."""
     own = of(config)

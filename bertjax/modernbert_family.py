@@ -3,7 +3,7 @@ segments), transformers' ModernBertFor... heads and its Hugging Face form. Regis
 "modernbert"; its records name the family."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import flax.linen as nn
 import jax
@@ -15,10 +15,16 @@ from bertjax.errors import ConfigError
 from bertjax.interop import hf, hf_modernbert, tree
 from bertjax.interop.hf import TO_HF_ACTIVATION
 from bertjax.modernbert_config import ModernBertConfig
-from bertjax.modernbert_heads import (ModernBertForQuestionAnswering,
-                                      ModernBertForSequenceClassification,
-                                      ModernBertForTokenClassification)
-from bertjax.pretrained import PretrainedError
+from bertjax.modernbert_heads import (
+    ModernBertForQuestionAnswering,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+)
+from bertjax.pretrained import PretrainedError, Source
+
+if TYPE_CHECKING:  # (annotations only: these modules import the families)
+    from bertjax.settings import TrainSettings
+    from bertjax.tasks.features import TaskOptions
 
 
 def forward(model, params, batch, mask, deterministic: bool, rngs):
@@ -56,7 +62,7 @@ def flops(config: ModernBertConfig, seq_length: int, predictions: int) -> int:
             + 6 * p * (h * h + h * v))
 
 
-def check_pretraining(model: Any, train: Any) -> None:
+def check_pretraining(model: Mapping[str, Any], train: TrainSettings) -> None:
     """What a ModernBERT pretraining run cannot have: an NSP head, a left-to-right
     objective."""
     if train.next_sentence_prediction:
@@ -67,7 +73,7 @@ def check_pretraining(model: Any, train: Any) -> None:
                           f"{train.objective!r}; set --config.train.objective=mlm")
 
 
-def finetune_config(values: dict[str, Any], source: Any) -> ModernBertConfig:
+def finetune_config(values: dict[str, Any], source: Source) -> ModernBertConfig:
     """The checkpoint's config with the run's dtype; it keeps its own dropout rates (as
     transformers fine-tunes it), and pools as `source.classifier_pooling` says, if set."""
     values.update(dtype=source.dtype, remat_policy="none")
@@ -95,15 +101,15 @@ def finetune_problem(options: object, init_checkpoint: str) -> str | None:
     return None
 
 
-def sequence_head(model_config: ModernBertConfig, labels: int, options: Any) -> nn.Module:
+def sequence_head(model_config: ModernBertConfig, labels: int, options: TaskOptions) -> nn.Module:
     return ModernBertForSequenceClassification(model_config, labels)
 
 
-def tagging_head(model_config: ModernBertConfig, labels: int, options: Any) -> nn.Module:
+def tagging_head(model_config: ModernBertConfig, labels: int, options: TaskOptions) -> nn.Module:
     return ModernBertForTokenClassification(model_config, labels)
 
 
-def span_head(model_config: ModernBertConfig, labels: int, options: Any) -> nn.Module:
+def span_head(model_config: ModernBertConfig, labels: int, options: TaskOptions) -> nn.Module:
     return ModernBertForQuestionAnswering(model_config)
 
 
