@@ -23,8 +23,7 @@ import statistics
 import sys
 import time
 
-from bertjax import families, flops
-from bertjax import local_attention
+from bertjax import families, flops, local_attention
 from bertjax.tools.bench_step import BertjaxTrainer, synthetic_batch
 from bertjax.tools.records import machine, versions, write_record
 

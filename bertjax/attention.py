@@ -10,7 +10,7 @@ import contextlib
 import contextvars
 import functools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import flax.struct
 import jax
@@ -317,8 +317,10 @@ def _splash_window(q_BxNxLxD: jax.Array, k_BxNxLxD: jax.Array, v_BxNxLxD: jax.Ar
                    ids_BxL: jax.Array, half_window: int) -> jax.Array:
     """The splash kernel with a two-sided local mask of `half_window` rows and `ids_BxL` as
     segment ids, one row of the batch at a time (the kernel takes `[N, L, D]`)."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as splash,
+        splash_attention_mask as masks,
+    )
     heads, length, head_size = q_BxNxLxD.shape[1:]
     local = masks.LocalMask((length, length), (half_window, half_window), offset=0)
     sizes = {name: PALLAS_BLOCK for name in (

@@ -10,7 +10,7 @@ of what autodiff saves. `python -m bertjax.tools.aot --target=...` verifies the 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 from jax.sharding import Mesh

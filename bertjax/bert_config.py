@@ -6,7 +6,8 @@ import dataclasses
 import functools
 import json
 import numbers
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -60,7 +61,7 @@ class BertConfig(FromDict):
         check(dataclasses.asdict(self))
 
     @classmethod
-    def from_json_file(cls, path: str) -> "BertConfig":
+    def from_json_file(cls, path: str) -> BertConfig:
         """Reads Google's `bert_config.json`."""
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f))

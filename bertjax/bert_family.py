@@ -4,17 +4,19 @@ family of every config and record that names none."""
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
 
-from bertjax import batch as batch_spec
-from bertjax import bert_config, families, files, validate
-from bertjax import model as bert_model
+from bertjax import batch as batch_spec, bert_config, families, files, model as bert_model, validate
 from bertjax.errors import ConfigError
-from bertjax.heads import (BertForQuestionAnswering, BertForSequenceClassification,
-                           BertForTokenClassification)
+from bertjax.heads import (
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 from bertjax.interop import hf
 from bertjax.model import BertConfig, BertForPreTraining, BertModel
 from bertjax.pretrained import PretrainedError

@@ -11,7 +11,8 @@ import re
 import sys
 import tempfile
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from absl import logging
 

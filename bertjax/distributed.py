@@ -20,14 +20,14 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 from absl import logging
 
 from bertjax import peers
 from bertjax.errors import UserError
-
 
 LOCAL_HEARTBEAT_TIMEOUT_SECONDS = 7 * 24 * 3600
 

@@ -15,7 +15,8 @@ import signal
 import sys
 import threading
 import traceback
-from typing import Any, Callable, Iterator, NoReturn
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 from absl import logging
 
@@ -188,7 +189,7 @@ class CtrlC:
         for notice in iter(self._notices.get, None):
             print(notice, flush=True)
 
-    def __enter__(self) -> "CtrlC":
+    def __enter__(self) -> CtrlC:
         if threading.current_thread() is threading.main_thread():
             self._printer = threading.Thread(target=self._print_notices, daemon=True,
                                              name="bertjax-ctrl-c")

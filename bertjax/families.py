@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable, Mapping, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import flax.linen as nn
 import jax

@@ -5,7 +5,8 @@ checkpoint's config file (`architecture_of`), which the run's `model` section ta
 from __future__ import annotations
 
 import os
-from typing import Any, Collection, Mapping
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from bertjax import families, files, pretrained, reporting
 from bertjax.data import tokenization

@@ -20,7 +20,7 @@ import json
 import os
 import socket
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from absl import logging
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax

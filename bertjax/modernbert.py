@@ -24,8 +24,20 @@ import jax.numpy as jnp
 from bertjax import attention, local_attention
 from bertjax.bert_config import ACTIVATIONS, REMAT_POLICIES
 from bertjax.dropout import Dropout
-from bertjax.model import (ACT_EMBED, ACT_MLP, ACT_QKV, BATCH, EMBED, EMBED_OUT, LENGTH, MLP,
-                           NORM, QKV, VOCAB, gather_positions)
+from bertjax.model import (
+    ACT_EMBED,
+    ACT_MLP,
+    ACT_QKV,
+    BATCH,
+    EMBED,
+    EMBED_OUT,
+    LENGTH,
+    MLP,
+    NORM,
+    QKV,
+    VOCAB,
+    gather_positions,
+)
 from bertjax.modernbert_config import ModernBertConfig
 
 

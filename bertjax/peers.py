@@ -35,7 +35,8 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator, NoReturn
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 import jax
 from absl import logging

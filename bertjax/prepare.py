@@ -19,7 +19,8 @@ import os
 import shlex
 import shutil
 import sys
-from typing import TYPE_CHECKING, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from absl import flags
 from ml_collections import config_flags

@@ -22,9 +22,9 @@ from absl import logging
 from bertjax import checkpoint, families, files
 from bertjax.data import bpe, hf_json, pipeline, tokenization
 from bertjax.data.settings import DataSettings
+from bertjax.errors import UserError
 from bertjax.interop import hf, hf_tokenizer, native, staging, tf, tree
 from bertjax.interop.tree import ConversionError
-from bertjax.errors import UserError
 
 FORMATS = ("tf", "hf", "bertjax")
 

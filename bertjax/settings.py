@@ -10,7 +10,8 @@ validate.py checks their ranges before the conversion. A config an older run rec
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from bertjax import objectives
 from bertjax.data.settings import DataSettings, typed
@@ -40,7 +41,7 @@ class TrainSettings:
     objective: Literal["mlm", "ltr"] = "mlm"
 
     @classmethod
-    def of(cls, train: Mapping[str, Any], recorded: bool = False) -> "TrainSettings":
+    def of(cls, train: Mapping[str, Any], recorded: bool = False) -> TrainSettings:
         """The settings of `train` (config.train); ConfigError naming an unknown choice."""
         return typed(cls, train, "train", ConfigError, recorded)
 
@@ -63,7 +64,7 @@ class LongPhaseSettings:
     restart_peak_learning_rate: float = 0.0  # 0 = optimizer.peak_learning_rate
 
     @classmethod
-    def of(cls, long_phase: Mapping[str, Any], recorded: bool = False) -> "LongPhaseSettings":
+    def of(cls, long_phase: Mapping[str, Any], recorded: bool = False) -> LongPhaseSettings:
         return typed(cls, long_phase, "long_phase", ConfigError, recorded)
 
 
@@ -77,7 +78,7 @@ class PretrainingSettings:
     data: DataSettings
 
     @classmethod
-    def of(cls, config: Mapping[str, Any], recorded: bool = False) -> "PretrainingSettings":
+    def of(cls, config: Mapping[str, Any], recorded: bool = False) -> PretrainingSettings:
         """The settings of a pretraining `config`; DataError or ConfigError naming the field
         whose value is not one of its choices."""
         return cls(TrainSettings.of(config["train"], recorded),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -14,11 +14,11 @@ import optax
 from jax.sharding import Mesh
 
 from bertjax import autofit, families, memory, objectives, optim, phase_schedule, sharding, steps
+from bertjax.errors import ConfigError
 from bertjax.families import ModelConfig
 from bertjax.phase_schedule import Phase
 from bertjax.settings import LongPhaseSettings
 from bertjax.state import TrainState, create_train_state
-from bertjax.errors import ConfigError
 
 
 @dataclasses.dataclass

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from bertjax import attention
-from bertjax import model as M
+from bertjax import attention, model as M
 
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
 MESH_AXES = (DATA, FSDP, TENSOR)

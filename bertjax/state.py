@@ -7,7 +7,8 @@ shardings) is the restore target for checkpoints, on any mesh.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import flax.struct

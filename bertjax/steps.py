@@ -5,7 +5,8 @@ Batch features are those of the original TFRecords, unpacked or packed (`data.pa
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax

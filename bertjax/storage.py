@@ -24,7 +24,8 @@ import random
 import sys
 import time
 import urllib.parse
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 RETRY_ENV = "BERTJAX_STORAGE_RETRY_SECONDS"
@@ -150,6 +151,7 @@ def _final_chunk(method: str, url: str, headers: dict | None) -> tuple[int, int]
 def _crc32c(data: Any) -> str:
     """GCS's `crc32c` field (base64 of the big-endian CRC32C) of `data`."""
     import base64
+
     import google_crc32c
     if hasattr(data, "seek"):
         data.seek(0)
@@ -157,7 +159,7 @@ def _crc32c(data: Any) -> str:
     return base64.b64encode(google_crc32c.Checksum(bytes(data)).digest()).decode()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gcs_class() -> type:
     """gcsfs's file system with `call_async`'s retries in place of its own, and stalled
     transfers abandoned after STALL_SECONDS without a byte."""

@@ -12,7 +12,7 @@ import dataclasses
 import importlib.resources
 import os
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 

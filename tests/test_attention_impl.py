@@ -15,11 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from jax.sharding import PartitionSpec as P
 
-from bertjax import attention, backend_env, bias_matmul, sharding
-from bertjax import model as M
+from bertjax import attention, backend_env, bias_matmul, model as M, sharding
 
 CONFIG = M.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                       intermediate_size=64, max_position_embeddings=24)

@@ -19,17 +19,30 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import (checkpoint, extract_features, finetune, finetune_loop, nonfinite, pretrained,
-                     train)
-from bertjax import sharded_run
+from bertjax import (
+    checkpoint,
+    extract_features,
+    finetune,
+    finetune_loop,
+    nonfinite,
+    pretrained,
+    train,
+)
+from bertjax.errors import ConfigError
+from bertjax.heads import (
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 from bertjax.interop import hf, tf
 from bertjax.interop.tree import ConversionError
-from bertjax.heads import (BertForQuestionAnswering, BertForSequenceClassification,
-                           BertForTokenClassification)
 from bertjax.model import BertConfig, BertModel
-from bertjax.errors import ConfigError
-from test_faults import (Trainer, assert_console_in_log, assert_one_full_disk_line,
-                         on_a_small_filesystem)
+from test_faults import (
+    Trainer,
+    assert_console_in_log,
+    assert_one_full_disk_line,
+    on_a_small_filesystem,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POSITIVE, NEGATIVE = ["good", "great", "fun", "lovely"], ["bad", "awful", "dull", "boring"]

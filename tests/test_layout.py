@@ -219,6 +219,7 @@ def test_every_error_a_user_meets_is_a_user_error():
     lists kept by hand; the exceptions that are control flow are named here."""
     import importlib
     import inspect
+
     from bertjax.errors import UserError
     control_flow = {"bertjax.failures.Stopped"}  # (a stop with a checkpoint saved: exit 130/143)
     found, outside = 0, []
@@ -277,6 +278,7 @@ def test_entry_points_catch_each_error_class_once(name):
     feature extraction catch every error a user can act on in one `(UserError, OSError)`
     clause, and apart from it only control flow."""
     import jax
+
     from bertjax import failures
     from bertjax.errors import UserError
     twice = [(a.__name__, b.__name__) for clause in caught(name) for a in clause

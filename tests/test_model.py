@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from bertjax import attention
-from bertjax import model as M
-from bertjax import sharding
+from bertjax import attention, model as M, sharding
 
 SMALL = M.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=24)

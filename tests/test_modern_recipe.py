@@ -11,12 +11,11 @@ import sys
 import jax
 import ml_collections
 import numpy as np
-import optax
 import pytest
 
+import test_faults
 from bertjax import optim, run_schedule, validate
 from bertjax.errors import ConfigError
-import test_faults
 from test_modernbert_train import CONFIG_FILE, modernbert_tiny, small_config
 from test_optim import _flat, _params, _run
 from test_train import corpus_file, read_metrics  # noqa: F401 (fixture)

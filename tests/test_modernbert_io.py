@@ -17,16 +17,32 @@ import numpy as np
 import pytest
 import tokenizers as tk
 
-from bertjax import (checkpoint, convert, extract_features, families, finetune,
-                     init_architecture, modernbert, modernbert_heads, pretrained, train, validate)
-from bertjax.errors import ConfigError
+from bertjax import (
+    checkpoint,
+    convert,
+    families,
+    finetune,
+    init_architecture,
+    modernbert,
+    modernbert_heads,
+    pretrained,
+    train,
+    validate,
+)
 from bertjax.data import bpe, pipeline, tokenization
 from bertjax.data.settings import DataSettings
+from bertjax.errors import ConfigError
 from bertjax.interop import hf_modernbert, native, tree
 from bertjax.modernbert_config import ModernBertConfig
 from bertjax.tasks import features, glue, ner, squad, squad_predict
-from test_finetune import (REPO_ROOT, config_file, data_root, official_squad_v1,  # noqa: F401
-                           run_extract_features, sentence)
+from test_finetune import (  # noqa: F401
+    REPO_ROOT,
+    config_file,
+    data_root,
+    official_squad_v1,
+    run_extract_features,
+    sentence,
+)
 from test_modernbert_train import modernbert_tiny, small_config
 from test_train import cache_dir, corpus_file  # noqa: F401 (fixtures)
 

@@ -14,9 +14,9 @@ import time
 import numpy as np
 import pytest
 
+import injected_faults
 from bertjax import agreement, distributed, peers, resume
 from bertjax.data import default_corpus
-import injected_faults
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO_ROOT, "configs", "tiny.py")

@@ -14,8 +14,16 @@ import pytest
 from bertjax import prepare
 from bertjax.data import pipeline, tokenization
 from bertjax.data.settings import DataSettings
-from test_pipeline import (REPO_ROOT, make_config, phases_of, short_phase,  # noqa: F401
-                           unmasked_ids, wordpiece_corpus, wordpiece_vocab, write_documents)
+from test_pipeline import (  # noqa: F401
+    REPO_ROOT,
+    make_config,
+    phases_of,
+    short_phase,
+    unmasked_ids,
+    wordpiece_corpus,
+    wordpiece_vocab,
+    write_documents,
+)
 
 
 def wordpiece_config(corpus: str, vocab: str, **overrides):

@@ -12,14 +12,22 @@ import numpy as np
 import pytest
 
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
-from test_convert import assert_trees_equal, random_params, write_google_checkpoint
-from bertjax import (families, finetune, init_architecture, modernbert, pretrained, reporting,
-                     run_schedule, train)
+from bertjax import (
+    families,
+    finetune,
+    init_architecture,
+    modernbert,
+    pretrained,
+    reporting,
+    run_schedule,
+    train,
+)
 from bertjax.data import corpus, default_corpus, pipeline
 from bertjax.interop import hf, hf_modernbert
 from bertjax.model import BertConfig
-from bertjax.phase_schedule import Phase
 from bertjax.modernbert_config import ModernBertConfig
+from bertjax.phase_schedule import Phase
+from test_convert import assert_trees_equal, random_params, write_google_checkpoint
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 base_config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "base.py"))["get_config"]

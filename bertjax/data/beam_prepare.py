@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from bertjax.data import shard_job, shard_sources
 from bertjax.errors import UserError

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
-import tokenizers as tk
 
 from bertjax import files
 from bertjax.data import hf_json

@@ -3,7 +3,7 @@ masking per row) and `prepare_data` (every phase's train/eval loaders for this p
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
@@ -12,8 +12,14 @@ from jax.experimental import multihost_utils
 
 from bertjax import stopping
 from bertjax.batch import PhaseShape
-from bertjax.data import instances, packing, pipeline, shard_job, tokenization
-from bertjax.data import masking as mask_rules
+from bertjax.data import (
+    instances,
+    masking as mask_rules,
+    packing,
+    pipeline,
+    shard_job,
+    tokenization,
+)
 from bertjax.data.pipeline import DataError, PreparedSplit
 from bertjax.data.settings import DataSettings
 

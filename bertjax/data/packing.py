@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Iterator, Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import numpy as np
 

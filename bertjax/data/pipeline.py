@@ -20,19 +20,29 @@ import random
 import shutil
 import sys
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 from absl import logging
 
 from bertjax import failures, files, locks
 from bertjax.batch import PhaseShape
-from bertjax.data import tokenization
-from bertjax.data import (corpus, instances, masking, prepared_files, shard_format, shard_job,
-                          shard_reader, shard_sources, token_cache)
+from bertjax.data import (
+    corpus,
+    instances,
+    masking,
+    prepared_files,
+    shard_format,
+    shard_job,
+    shard_reader,
+    shard_sources,
+    token_cache,
+    tokenization,
+)
 from bertjax.data.errors import DataError
-from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
 from bertjax.data.settings import DataSettings
+from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
 from bertjax.data.shard_job import split_eval_documents  # noqa: F401
 
 FORMAT_VERSION = 5  # bump when the prepared bytes change (pinned: tests/test_prepared_bytes.py)

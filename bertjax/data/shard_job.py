@@ -16,7 +16,7 @@ import multiprocessing
 import os
 import random
 import signal
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 

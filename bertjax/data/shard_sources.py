@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from bertjax.data import corpus, default_corpus, tfds_source
 

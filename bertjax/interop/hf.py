@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import families, files
-from bertjax import model as bert_model
+from bertjax import families, files, model as bert_model
 from bertjax.interop import tree
 from bertjax.interop.finetuned import HFHead
 from bertjax.model import BertConfig

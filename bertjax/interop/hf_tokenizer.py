@@ -23,8 +23,16 @@ from sentencepiece import sentencepiece_model_pb2
 
 from bertjax import files
 from bertjax.data import bpe, hf_json
-from bertjax.data.tokenization import (CLS, MASK, PAD, SEP, UNK, SentencePieceTokenizer,
-                                       Tokenizer, WordPieceTokenizer)
+from bertjax.data.tokenization import (
+    CLS,
+    MASK,
+    PAD,
+    SEP,
+    UNK,
+    SentencePieceTokenizer,
+    Tokenizer,
+    WordPieceTokenizer,
+)
 from bertjax.interop import tree
 
 SPECIAL_TOKENS = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,

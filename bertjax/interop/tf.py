@@ -16,18 +16,16 @@ import dataclasses
 import os
 import re
 import struct
-
 from typing import Any
 
 import google_crc32c
 import ml_dtypes
 import numpy as np
 
-from bertjax import files
-from bertjax import model as bert_model
+from bertjax import files, model as bert_model
+from bertjax.errors import UserError
 from bertjax.interop import tree
 from bertjax.model import BertConfig
-from bertjax.errors import UserError
 
 TABLE_MAGIC = 0xDB4775248B80FB57
 FOOTER_SIZE = 48  # two block handles padded to 40 bytes, then the 8-byte magic

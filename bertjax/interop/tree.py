@@ -12,10 +12,9 @@ from typing import Any
 import numpy as np
 from flax import traverse_util
 
-from bertjax import files
-from bertjax import model as bert_model
-from bertjax.model import BertConfig, BertForPreTraining
+from bertjax import files, model as bert_model
 from bertjax.errors import UserError
+from bertjax.model import BertConfig, BertForPreTraining
 
 LAYER_PATH = re.compile(r"^bert/encoder/layer_(\d+)/(.*)$")
 

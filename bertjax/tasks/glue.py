@@ -10,14 +10,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import os
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import numpy as np
 from absl import logging
 
 from bertjax import families, files, objectives
-
 from bertjax.data import tfds_source, tokenization
 from bertjax.tasks import features, metrics
 

@@ -5,7 +5,8 @@ All values are fractions in [0, 1] (correlations in [-1, 1]); inputs are host ar
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -14,7 +14,6 @@ import numpy as np
 from absl import logging
 
 from bertjax import families, files, objectives
-
 from bertjax.data import tfds_source, tokenization
 from bertjax.tasks import features, metrics
 

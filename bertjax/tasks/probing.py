@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp

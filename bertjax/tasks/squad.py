@@ -34,6 +34,7 @@ from bertjax.data import tfds_source
 from bertjax.data.tokenization import CLS, SEP, Tokenizer
 from bertjax.tasks.features import word_tokenizer
 
+
 @dataclasses.dataclass
 class SquadExample:
     """One question over a whitespace-tokenized context (positions are word indices, -1 if none)."""

@@ -24,8 +24,8 @@ from absl import logging
 
 from bertjax import families, files, objectives
 from bertjax.data import tokenization
-from bertjax.data.tokenization import basic_tokenize
 from bertjax.data.bpe import BYTE_LEVEL_SPACE
+from bertjax.data.tokenization import basic_tokenize
 from bertjax.tasks import features, squad, squad_eval
 from bertjax.tasks.squad import SquadExample, SquadFeatures
 

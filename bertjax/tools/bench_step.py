@@ -8,9 +8,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import families, optim, sharding
-from bertjax import batch as batch_spec
-from bertjax import sharded_run
+from bertjax import batch as batch_spec, families, optim, sharded_run, sharding
 from bertjax.data import packing
 from bertjax.state import count_params
 

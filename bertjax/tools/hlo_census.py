@@ -112,7 +112,7 @@ class Census:
     def non_matmul_bytes(self) -> float:
         return self.bytes - self.matmul_bytes
 
-    def add(self, other: "Census", times: float = 1) -> None:
+    def add(self, other: Census, times: float = 1) -> None:
         for key, count in other.kernels.items():
             self.kernels[key] += count * times
         for field in ("small_kernels", "flops", "bytes", "matmul_bytes", "seconds"):
