@@ -14,6 +14,7 @@ are prepared by an Apache Beam pipeline instead (`--beam_options`, e.g. '--runne
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -80,15 +81,16 @@ def _prepare_phases(settings: PretrainingSettings, output: str, local: str,
                 pipeline.check_settings(json.load(f).get("settings", {}), wanted, target)
             lines.append(summary(target, phase, False))
             continue
-        built = []
         with prepared_files.claimed(target) if target != directory \
                 else contextlib.nullcontext(None) as still_claimed:
-            locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
-                pipeline.build(directory, data, phase, tokenizer, nsp=nsp,
-                               run_shards=run_shards, wanted=wanted, derived=derived)))
+            built = locks.build_once(directory, os.path.join(directory, "meta.json"),
+                                     functools.partial(
+                                         pipeline.build, directory, data, phase, tokenizer,
+                                         nsp=nsp, run_shards=run_shards, wanted=wanted,
+                                         derived=derived))
             if still_claimed:
                 prepared_files.upload(directory, target, still_claimed)
-        lines.append(summary(target, phase, bool(built)))
+        lines.append(summary(target, phase, built))
     pipeline.remove_tokens(local)  # every phase read the corpus's one tokenization
     tokenizer_files = os.path.join(local, "tokenizer")
     if files.is_remote(output) and os.path.isdir(tokenizer_files):

@@ -50,7 +50,8 @@ def state_shardings(abstract_state: TrainState, boxed_params: Any, tx: optax.Gra
     their params, everything else (counters, rng) replicated."""
     param_shardings = sharding.logical_to_sharding(nn.get_partition_spec(boxed_params), mesh)
     replicated = sharding.replicated(mesh)
-    masked = lambda x: isinstance(x, optax.MaskedNode)  # no state for a frozen parameter
+    def masked(x):
+        return isinstance(x, optax.MaskedNode)  # no state for a frozen parameter
     opt_shardings = optax.tree_map_params(
         tx, lambda p, s: p if masked(p) else s, abstract_state.opt_state, param_shardings,
         transform_non_params=lambda _: replicated, is_leaf=masked)

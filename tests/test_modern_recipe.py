@@ -38,7 +38,7 @@ def _grads(spike_at: int | None) -> list[dict]:
     for step in range(8):
         scale = 100.0 if step == spike_at else 1.0
         grads.append(jax.tree.map(
-            lambda p: (scale * 1e-2 * rng.normal(size=p.shape)).astype(np.float32), _params()))
+            lambda p: (scale * 1e-2 * rng.normal(size=p.shape)).astype(np.float32), _params()))  # noqa: B023 (called within this iteration)
     return grads
 
 

@@ -204,7 +204,8 @@ def test_a_bare_modernbert_model_gives_its_encoder_and_the_head_starts_fresh(hf_
 
 
 def test_pretraining_data_tokenizes_with_a_bpe_tokenizer_json(hf_dir, tmp_path):
-    settings = lambda **data: DataSettings.of({**small_config("corpus.txt", "").data, **data})
+    def settings(**data):
+        return DataSettings.of({**small_config("corpus.txt", "").data, **data})
     path = os.path.join(hf_dir, "tokenizer.json")
     tokenizer = pipeline.load_or_train_tokenizer(settings(tokenizer="bpe", vocab_file=path),
                                                  str(tmp_path))

@@ -341,8 +341,9 @@ def straight_12(corpus_file, tmp_path_factory):
     """The losses of an uninterrupted local 12-step run (checkpoints every 4 steps), and a
     function that makes the same run's config for another workdir."""
     cache = str(tmp_path_factory.mktemp("cache12"))
-    make = lambda: tiny_config(corpus_file, cache, **{"train.total_steps": 12,
-                                                      "long_phase.fraction": 0.0})
+    def make():
+        return tiny_config(corpus_file, cache, **{"train.total_steps": 12,
+                                                  "long_phase.fraction": 0.0})
     workdir = str(tmp_path_factory.mktemp("straight12"))
     train.train_and_evaluate(make(), workdir, devices=jax.devices()[:1])
     return read_losses(workdir), make

@@ -143,7 +143,8 @@ def test_fine_tuning_takes_the_sentencepiece_model_the_run_recorded(corpus_file,
         "train.total_steps": 4, "long_phase.fraction": 0.0}), str(workdir))
     fine_tune = runpy.run_path(os.path.join(REPO_ROOT, "configs", "finetune", "glue.py"))["get_config"]()
     fine_tune.init_checkpoint = str(workdir)
-    source = lambda: finetune.typed(pretrained.Source, fine_tune)
+    def source():
+        return finetune.typed(pretrained.Source, fine_tune)
     pretrain = pretrained.pretraining_run(source())
     assert pretrain.tokenizer_fingerprint
     models = sorted(os.listdir(workdir / "data"))

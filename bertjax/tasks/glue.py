@@ -192,13 +192,17 @@ def _tsv_examples(task: GlueTask, split: Split, paths: Sequence[str],
     return examples
 
 
+def _text(record: dict, key: str) -> str:
+    """A text feature of a record, decoded where tfds gives bytes."""
+    return record[key].decode("utf-8") if isinstance(record[key], bytes) else record[key]
+
+
 def _record_examples(task: GlueTask, split: Split, records: Iterable[dict],
                      skips: features.SkipCounter) -> list[Example]:
     """Examples from tfds / Hugging Face records (text features, integer labels, `idx`)."""
     key_a, key_b = task.hf_keys
     examples = []
     for position, record in enumerate(records):
-        text = lambda key: record[key].decode("utf-8") if isinstance(record[key], bytes) else record[key]
         if key_a not in record or (key_b and key_b not in record):
             skips["missing column"] += 1
             continue
@@ -210,8 +214,8 @@ def _record_examples(task: GlueTask, split: Split, records: Iterable[dict],
             label = _label_value(task, raw, skips)
             if label is None:
                 continue
-        examples.append(Example(str(record.get("idx", position)), text(key_a),
-                                text(key_b) if key_b else None, label))
+        examples.append(Example(str(record.get("idx", position)), _text(record, key_a),
+                                _text(record, key_b) if key_b else None, label))
     return examples
 
 

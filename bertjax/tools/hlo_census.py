@@ -57,7 +57,7 @@ def _split_instruction(name: str, rest: str) -> Instruction:
     """`TYPE opcode(operands), attrs` -> its parts (the type may be a nested tuple)."""
     depth, end = 0, 0
     if rest.startswith("("):
-        for end, char in enumerate(rest):
+        for end, char in enumerate(rest):  # noqa: B007 (read after the loop)
             depth += {"(": 1, ")": -1}.get(char, 0)
             if depth == 0:
                 break
@@ -67,7 +67,7 @@ def _split_instruction(name: str, rest: str) -> Instruction:
     type_text, tail = rest[:end], rest[end:].lstrip()
     opcode = tail[:tail.index("(")]
     depth = 0
-    for stop, char in enumerate(tail[len(opcode):], len(opcode)):
+    for stop, char in enumerate(tail[len(opcode):], len(opcode)):  # noqa: B007 (read after the loop)
         depth += {"(": 1, ")": -1}.get(char, 0)
         if depth == 0:
             break
