@@ -7,7 +7,7 @@ import functools
 import json
 import numbers
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -24,6 +24,8 @@ REMAT_POLICIES = {
 
 class FromDict:
     """`from_dict` for a dataclass config: built from a dict, ignoring keys it does not know."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # (set by @dataclass on the subclass)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]):

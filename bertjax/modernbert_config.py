@@ -112,7 +112,7 @@ def check(values: dict[str, Any], prefix: str = "", flag: str = "") -> None:
                      "global_rope_theta", "local_rope_theta"))
     for field in RATES:
         value = fields.value[field]
-        if not isinstance(value, numbers.Real) or not 0 <= value < 1:
+        if not isinstance(value, numbers.Real) or not 0 <= float(value) < 1:
             raise ValueError(f"{fields.name(field)}={value!r} is out of range: it must be in "
                              f"[0, 1); set {fields.setting(field)}")
     for field in SWITCHES:

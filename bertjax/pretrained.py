@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -38,10 +39,11 @@ def hf_family(path: str) -> families.Family:
 def load_hf(path: str, report: tree.LoadReport | None = None
             ) -> tuple[families.ModelConfig, dict[str, Any]]:
     """A Hugging Face directory of any family with a transformers form (`model_type`)."""
-    return hf_family(path).hf.read(path, report)
+    return hf_family(path).hf_form.read(path, report)
 
 
-LOADERS = {"tf": tf.load_tf, "hf": load_hf, "bertjax": native.load_bertjax}
+Loader = Callable[[str, tree.LoadReport], tuple[families.ModelConfig, dict[str, Any]]]
+LOADERS: dict[str, Loader] = {"tf": tf.load_tf, "hf": load_hf, "bertjax": native.load_bertjax}
 
 
 class PretrainedError(UserError, ValueError):

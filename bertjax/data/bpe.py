@@ -33,13 +33,15 @@ class BpeTokenizer:
             raise DataError(f"{path} is a {spec['model']['type']} tokenizer.json, not a BPE one")
         self._hf = hf_json.library_tokenizer(self._text, path)
         self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
-        missing = [t for t in (PAD, UNK, CLS, SEP, MASK) if self._hf.token_to_id(t) is None]
+        specials = (PAD, UNK, CLS, SEP, MASK)
+        found = {t: i for t in specials if (i := self._hf.token_to_id(t)) is not None}
+        missing = [t for t in specials if t not in found]
         if missing:
             raise DataError(f"{path} lacks the special tokens {', '.join(missing)} "
                             "that bertjax's tasks put around and into the text "
                             "(ModernBERT's tokenizer.json has them)")
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-            self._hf.token_to_id(t) for t in (PAD, UNK, CLS, SEP, MASK))
+            found[t] for t in specials)
 
     def tokenize(self, text: str) -> list[str]:
         return self._hf.encode(text, add_special_tokens=False).tokens

@@ -378,7 +378,7 @@ def build(directory: str, data: DataSettings, phase: PhaseShape,
                                            process_index, tmp, nsp), reader=reader,
                               tokens=tokens_directory(directory, derived, process_index,
                                                       process_count))
-    meta = collections.Counter()
+    meta: collections.Counter[str] = collections.Counter()
     try:
         for counts in run_shards(job, shard_sources.cut(reader, stats, data.shard_bytes),
                                  data.num_workers):

@@ -70,13 +70,15 @@ class RowFile:
         out = np.empty((len(rows),) + self.row_shape, self.dtype)
         for i, row in enumerate(rows.tolist()):
             at = self.offset + (self.start + row) * self.row_bytes
-            if os.preadv(self.fd, [out[i:i + 1]], at) != self.row_bytes:
+            # (numpy's stubs declare arrays buffers only for Python >= 3.12)
+            if os.preadv(self.fd, [out[i:i + 1]], at) != self.row_bytes:  # type: ignore[list-item]
                 raise DataError(
                     f"prepared data file {self.path} was shortened while in use (to "
                     f"{os.fstat(self.fd).st_size} bytes; row {self.start + row} ends at byte "
                     f"{at + self.row_bytes}); the run stopped before training on it: "
                     f"{self.what_to_do}")
-        changed = np.flatnonzero(row_hashes(out) != self.hashes[rows]) if len(rows) else []
+        changed = np.flatnonzero(row_hashes(out) != self.hashes[rows]) if len(rows) \
+            else np.zeros(0, np.int64)
         if len(changed):
             raise DataError(
                 f"prepared data file {self.path} changed while in use (row "

@@ -65,7 +65,8 @@ def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
 
 def stack_layers(params: dict[str, Any]) -> dict[str, Any]:
     """Unrolled `encoder/layer_{i}/...` -> scanned `encoder/layers/...` (leading layer axis)."""
-    flat, per_layer = {}, {}
+    flat: dict[str, Any] = {}
+    per_layer: dict[str, dict[int, Any]] = {}
     for path, value in flatten(params).items():
         match = LAYER_PATH.match(path)
         if match:
