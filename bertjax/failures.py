@@ -144,7 +144,7 @@ def one_line_thread_errors() -> None:
     sys.excepthook = excepthook
 
 
-def _log_ignored(error: BaseException, where: Any) -> None:
+def _log_ignored(error: BaseException | None, where: Any) -> None:
     """`error`, which nothing handles, to the run's log file while it is open (kept until it
     opens), else nowhere (after the run's last line, or at exit)."""
     try:
@@ -212,7 +212,7 @@ class CtrlC:
 
 
 # The signals that stop a run with a checkpoint saved, as its last line names them.
-STOPPING = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "preemption notice, SIGTERM"}
+STOPPING: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "preemption notice, SIGTERM"}
 
 
 class Stopped(Exception):

@@ -42,7 +42,7 @@ def _split_micro_batches(batch: Batch, accum_steps: int) -> Batch:
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                    accum_steps: int | Mapping[tuple[int, int], int] = 1,
+                    accum_steps: int | Mapping[tuple[int, ...], int] = 1,
                     objective: objectives.PretrainingObjective = objectives.PretrainingObjective()
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """Builds the pure train step: forward, loss, grads (accumulated over `accum_steps`

@@ -87,7 +87,7 @@ _TENSORSTORE_UNAVAILABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUS
                             "HTTP response code: 5", "HTTP response code: 429")
 
 
-def unavailable(error: BaseException) -> bool:
+def unavailable(error: BaseException | None) -> bool:
     """Whether `error` (or an error it was raised from) is a storage request that failed
     transiently: no proof that what it read is damaged or absent."""
     seen = 0
