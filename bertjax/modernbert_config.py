@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from collections.abc import Mapping
 from typing import Any
 
 from bertjax import attention
@@ -97,7 +98,7 @@ def architecture(config: ModernBertConfig) -> dict[str, Any]:
     return {name: getattr(config, name) for name in ARCHITECTURE_FIELDS}
 
 
-def check(values: dict[str, Any], prefix: str = "", flag: str = "") -> None:
+def check(values: Mapping[str, Any], prefix: str = "", flag: str = "") -> None:
     """Raises ValueError for the first field in `values` (absent ones at their defaults) that
     cannot build a model, in one line naming `{prefix}{field}` and the setting
     `{flag}{prefix}{field}` that fixes it."""

@@ -20,14 +20,14 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from absl import flags
 from ml_collections import config_flags
 
 from bertjax import files, locks, phase_schedule
-from bertjax.data import beam_prepare, pipeline, prepared_files, shard_job
+from bertjax.data import beam_prepare, pipeline, prepared_files, shard_job, shard_sources
 from bertjax.errors import ConfigError, UserError
 
 if TYPE_CHECKING:  # (not at run time: spawned workers re-import this module, without jax)
@@ -47,7 +47,8 @@ def prepare_all(config, output: str, runner: str = "local",  # noqa: ANN001 (a C
     if settings.data.prepared_dir:
         raise ConfigError("data.prepared_dir is set: this job writes prepared data, it "
                           "does not read it; unset --config.data.prepared_dir")
-    run_shards = shard_job.run_shards
+    run_shards: Callable[[shard_job.ShardJob, Iterable[shard_sources.ShardSource], int],
+                         Iterator[dict[str, int]]] = shard_job.run_shards
     if runner == "beam":
         run_shards = beam_prepare.shard_runner(shlex.split(beam_options))
     elif runner != "local":

@@ -334,6 +334,7 @@ def _pretraining_tokenizer(source: Source, pretrain: PretrainingRun) -> tokeniza
     """The pretraining run's tokenizer: its vocab_file, else the SentencePiece model in its
     data cache whose fingerprint the checkpoint recorded (found even if the corpus has since
     moved or been touched), else one trained again from the corpus."""
+    assert pretrain.config is not None  # (a bertjax run's: read with its config)
     data = pretrain.config.data
     workdir = os.path.dirname(native.checkpoint_dir(source.init_checkpoint).rstrip("/"))
     cache_dir = data.cache_dir or files.local_cache_dir(workdir)

@@ -38,6 +38,7 @@ class ShardedRun:
     def init_state(self, rng: jax.Array) -> TrainState:
         state, _, _ = create_train_state(self.model, self.tx, rng,
                                          families.example_inputs(self.model), self.mesh)
+        assert state is not None  # (materialized)
         return state
 
     def restart_optimizer(self, state: TrainState) -> TrainState:

@@ -237,7 +237,7 @@ def _padded(
 ) -> np.ndarray:
     if len(values) > length:
         raise ValueError(f"{name} has {len(values)} entries, more than the fixed size {length}.")
-    out = np.full(length, pad, dtype)
+    out: np.ndarray = np.full(length, pad, dtype)
     out[: len(values)] = values
     return out
 

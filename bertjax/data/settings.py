@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from bertjax.data import masking
 from bertjax.data.errors import DataError
@@ -86,7 +86,10 @@ class DataSettings:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
 
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def choices(cls: type) -> dict[str, tuple[Any, ...]]:

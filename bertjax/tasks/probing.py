@@ -17,13 +17,13 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from bertjax import files
-from bertjax.model import BertModel
 from bertjax.tasks import features, glue, metrics, ner
 
 # Table 7's rows besides single layers; the last two of the "last four" when there are fewer.
@@ -56,7 +56,7 @@ def task_adapter(task: str, options: features.TaskOptions, tokenizer) -> feature
 # ----------------------------------------------------------------------------- features
 
 
-def layer_features(model: BertModel, params: Any, data: features.SplitData,
+def layer_features(model: nn.Module, params: Any, data: features.SplitData,
                    batch_size: int) -> np.ndarray:
     """The probe inputs of every example at every layer: `[N + 1, examples, F]` for GLUE,
     `[N + 1, labelled tokens, H]` for CoNLL-2003 (layer 0 = the embedding output)."""
@@ -207,7 +207,7 @@ def probe_task(adapter: features.Finetune, train: features.SplitData,
     return results
 
 
-def run_probes(model: BertModel, params: Any, tokenizer, tasks: Sequence[str],
+def run_probes(model: nn.Module, params: Any, tokenizer, tasks: Sequence[str],
                options: features.TaskOptions, settings: ProbeSettings) -> dict[str, Any]:
     """Probes every task in `tasks` (features extracted once per example); the probe.json
     content without the run's own description."""

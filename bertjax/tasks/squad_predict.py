@@ -235,7 +235,8 @@ def write_predictions(
 ) -> None:
     """Writes predictions.json, nbest_predictions.json and (v2.0: null_odds non-empty) null_odds.json."""
     files.makedirs(directory)
-    outputs = {"predictions.json": predictions, "nbest_predictions.json": nbest}
+    outputs: dict[str, Mapping[str, Any]] = {"predictions.json": predictions,
+                                             "nbest_predictions.json": nbest}
     if null_odds:
         outputs["null_odds.json"] = null_odds
     for name, content in outputs.items():
