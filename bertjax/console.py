@@ -257,7 +257,8 @@ class _OtherThreadsTo:
         thread = threading.current_thread()
         if thread is threading.main_thread() or thread.name.startswith("bertjax-"):
             return self.console.write(text)
-        with self.log.lock, contextlib.suppress(OSError, ValueError):  # (full; closed)
+        # (typeshed types Handler.lock Optional; Handler.__init__ always creates it)
+        with self.log.lock, contextlib.suppress(OSError, ValueError):  # type: ignore[union-attr]
             self.log.stream.write(text)
             self.log.stream.flush()
         return len(text)

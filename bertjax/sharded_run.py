@@ -31,8 +31,8 @@ class ShardedRun:
     tx: optax.GradientTransformation
     abstract_state: TrainState
     state_shardings: TrainState
-    train_step: Callable  # (state, batch) -> (state, metrics); donates the state
-    eval_step: Callable  # (params, batch) -> metrics or outputs
+    train_step: jax.stages.Wrapped  # (state, batch) -> (state, metrics); donates the state
+    eval_step: jax.stages.Wrapped  # (params, batch) -> metrics or outputs
     grad_accum: dict[str, int] = dataclasses.field(default_factory=dict)  # by phase name
 
     def init_state(self, rng: jax.Array) -> TrainState:

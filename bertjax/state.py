@@ -55,8 +55,9 @@ def state_shardings(abstract_state: TrainState, boxed_params: Any, tx: optax.Gra
     opt_shardings = optax.tree_map_params(
         tx, lambda p, s: p if masked(p) else s, abstract_state.opt_state, param_shardings,
         transform_non_params=lambda _: replicated, is_leaf=masked)
-    return TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings,
-                      rng=replicated)
+    # (a TrainState-shaped tree of shardings, one per leaf, as jax.jit's shardings take)
+    return TrainState(step=replicated, rng=replicated,  # type: ignore[arg-type]
+                      params=param_shardings, opt_state=opt_shardings)
 
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Array,

@@ -165,12 +165,13 @@ def make_eval_step(model: nn.Module,
     return eval_step
 
 
-def jit_train_step(train_step, state_shardings: TrainState, mesh: Mesh):
+def jit_train_step(train_step: Callable, state_shardings: TrainState, mesh: Mesh
+                   ) -> jax.stages.Wrapped:
     """Compiles the train step with explicit shardings, donating the old state."""
     return jax.jit(train_step, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
                    out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=0)
 
 
-def jit_eval_step(eval_step, params_shardings: Any, mesh: Mesh):
+def jit_eval_step(eval_step: Callable, params_shardings: Any, mesh: Mesh) -> jax.stages.Wrapped:
     return jax.jit(eval_step, in_shardings=(params_shardings, sharding.batch_sharding(mesh)),
                    out_shardings=sharding.replicated(mesh))

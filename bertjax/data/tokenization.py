@@ -140,7 +140,7 @@ class SentencePieceTokenizer:
     def fingerprint(self) -> str:
         """Sha256 hex of the model (pieces, normalization rules, trainer options) without the
         paths it was trained from and to, so a retrained identical model keeps its identity."""
-        proto = sentencepiece_model_pb2.ModelProto()
+        proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # (generated, no stubs)
         proto.ParseFromString(self._model_bytes)
         proto.trainer_spec.ClearField("model_prefix")
         proto.trainer_spec.ClearField("input")

@@ -61,13 +61,15 @@ class BertjaxTrainer:
         self.state = sharded.init_state(jax.random.PRNGKey(0))
         self.num_params = count_params(self.state.params)
         self._step = sharded.train_step
-        self._compiled = None  # the step compiled for this batch, by the first step()
+        # the step compiled for this batch, by the first step()
+        self._compiled: jax.stages.Compiled | None = None
         with sharding.activate(self.mesh):
             self.batch = sharding.global_batch_from_host(batch, self.mesh)
 
     def cost(self) -> dict[str, float]:
         """XLA's cost analysis of the compiled step (after a step()): FLOPs and bytes accessed
         (noise-free)."""
+        assert self._compiled is not None, "cost() reads the step that step() compiled"
         cost = self._compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
         return {"flops": float(cost["flops"]), "bytes_accessed": float(cost["bytes accessed"])}
