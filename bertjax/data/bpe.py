@@ -62,7 +62,9 @@ class BpeTokenizer:
         return [self.unk_id if i is None else i for i in ids]
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
-        return [self._hf.id_to_token(check_id(i, self.vocab_size)) for i in ids]
+        # (the tokenizers stubs: None for an id out of range, which check_id refuses first)
+        return [self._hf.id_to_token(check_id(i, self.vocab_size))  # type: ignore[misc]
+                for i in ids]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._hf.decode(list(ids))

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-Sentence = Sequence[int]
+Sentence = Sequence[int] | np.ndarray  # token ids (int32 arrays, as tokenized)
 TokenDocument = Sequence[Sentence]
 
 

@@ -220,7 +220,7 @@ def run_probes(model: nn.Module, params: Any, tokenizer, tasks: Sequence[str],
             raise features.TaskDataError(str(e)) from e
         train_x, eval_x = (layer_features(model, params, split, settings.extract_batch_size)
                            for split in (train, evaluation))
-        num_classes = len(ner.LABELS) if task == "conll2003" else adapter.task.num_labels
+        num_classes = len(ner.LABELS) if task == "conll2003" else glue.get_task(task).num_labels
         out[task] = {"metric": adapter.main_metric, "eval_split": evaluation.name,
                      "train_examples": len(train), "eval_examples": len(evaluation),
                      "probe_inputs": int(train_x.shape[1]), "feature_size": int(train_x.shape[2]),
