@@ -72,6 +72,7 @@ class BertjaxTrainer:
         assert self._compiled is not None, "cost() reads the step that step() compiled"
         cost = self._compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
+        assert cost is not None, "XLA's compiles have a cost analysis"
         return {"flops": float(cost["flops"]), "bytes_accessed": float(cost["bytes accessed"])}
 
     def step(self) -> float:
