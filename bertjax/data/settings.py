@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from bertjax.data import masking
 from bertjax.data.errors import DataError
@@ -86,10 +86,13 @@ class DataSettings:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
 
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
+class _Dataclass(Protocol):
+    """Any dataclass (what `dataclasses.fields` takes)."""
 
-T = TypeVar("T", bound="DataclassInstance")
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+T = TypeVar("T", bound=_Dataclass)
 
 
 def choices(cls: type) -> dict[str, tuple[Any, ...]]:
