@@ -76,5 +76,7 @@ setup(
         # virtual environment (.ci/run's last stage does). sentencepiece 0.2.3's generated
         # code needs protobuf>=7: the last before it, there.
         "beam": ["apache-beam>=2.77", "sentencepiece>=0.2.0,<0.2.3"],
+        # The linter and the type checker (.ci/run's `lint` stage; settings in pyproject.toml).
+        "lint": ["ruff==0.17.6", "mypy==2.4.1"],
     },
 )

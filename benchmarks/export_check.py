@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import transformers
 
-from bertjax.finetune_settings import FinetuneSettings
 from bertjax import finetune, pretrained
+from bertjax.finetune_settings import FinetuneSettings
 from bertjax.tasks import glue
 
 

@@ -37,6 +37,7 @@ def batches(seed: int = 0):
 def run_bertjax() -> None:
     import jax
     import ml_collections
+
     from bertjax import optim, sharding, steps
     from bertjax.model import BertConfig, BertForPreTraining, example_inputs
     from bertjax.state import create_train_state

@@ -23,8 +23,7 @@ import statistics
 import sys
 import time
 
-from bertjax import families, flops
-from bertjax import local_attention
+from bertjax import families, flops, local_attention
 from bertjax.tools.bench_step import BertjaxTrainer, synthetic_batch
 from bertjax.tools.records import machine, versions, write_record
 
@@ -71,7 +70,7 @@ def measure(length: int, rounds: int, steps: int) -> dict:
         for name, (trainer, _) in trainers.items():
             times[name] += [trainer.step() for _ in range(steps)]
     result = {}
-    for name, (trainer, step_flops) in trainers.items():
+    for name, (_, step_flops) in trainers.items():
         median = statistics.median(times[name])
         result[name] = {"model_flops_per_step": step_flops, "median_step_s": median,
                         "model_gflops_per_second": step_flops / median / 1e9,

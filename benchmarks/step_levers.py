@@ -60,7 +60,8 @@ def apply_update_select(state, tx, loss, grads, metrics, batch):
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jnp.where(finite, new, old)
+    def keep(new, old):
+        return jnp.where(finite, new, old)
     new_state = state.replace(step=state.step + 1, params=jax.tree.map(keep, params, state.params),
                               opt_state=jax.tree.map(keep, opt_state, state.opt_state))
     return new_state, dict(metrics, grad_norm=grad_norm,
@@ -232,7 +233,8 @@ def check_cudnn(log):
     f = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
     ref = f(params, "einsum")
     got = f(params, "cudnn")
-    f32 = lambda t: jax.tree.map(lambda x: np.asarray(x, np.float64), t)
+    def f32(t):
+        return jax.tree.map(lambda x: np.asarray(x, np.float64), t)
     errs = []
     for a, r in zip(jax.tree.leaves(f32(got)), jax.tree.leaves(f32(ref))):
         errs.append(float(np.linalg.norm(a - r) / max(np.linalg.norm(r), 1e-30)))
@@ -263,7 +265,8 @@ def main():
     p.add_argument("--cost", action="store_true", help="XLA cost analysis instead of timing")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    log = lambda s: print(s, flush=True)
+    def log(s):
+        return print(s, flush=True)
     record = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
               "command": " ".join(sys.argv), "results": {}}
     if a.check:

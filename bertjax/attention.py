@@ -10,7 +10,7 @@ import contextlib
 import contextvars
 import functools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import flax.struct
 import jax
@@ -205,10 +205,10 @@ def fused_attention(impl: str, q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array,
     if mask.packed:
         same_Bx1xLxL = (mask.ids_BxL[:, :, None] == mask.ids_BxL[:, None, :])[:, None]
         return jax.nn.dot_product_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask=same_Bx1xLxL,
-                                            local_window_size=window, implementation=impl)
+                                            local_window_size=window, implementation="xla")
     return jax.nn.dot_product_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD,
                                         key_value_seq_lengths=sequence_lengths(mask.ids_BxL),
-                                        local_window_size=window, implementation=impl)
+                                        local_window_size=window, implementation="xla")
 
 
 def packed_segments(ids_BxL: jax.Array, max_instances: int) -> tuple[jax.Array, jax.Array]:
@@ -287,6 +287,7 @@ def pallas_attention(q_BxLxNxD: jax.Array, k_BxLxNxD: jax.Array, v_BxLxNxD: jax.
     # JAX's kernels take q, k, v heads first, [B, N, L, D]; bertjax's the projections' output
     # as it is, [3, B, L, N * D] (XLA folds the stack of its slices back into it).
     shape = q_BxLxNxD.shape
+    qkv: tuple[jax.Array, ...]
     if dropout_rate:
         flash, qkv = with_dropout, (jnp.stack([x.reshape(shape[:2] + (-1,)) for x in (
             q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)]),)
@@ -317,15 +318,17 @@ def _splash_window(q_BxNxLxD: jax.Array, k_BxNxLxD: jax.Array, v_BxNxLxD: jax.Ar
                    ids_BxL: jax.Array, half_window: int) -> jax.Array:
     """The splash kernel with a two-sided local mask of `half_window` rows and `ids_BxL` as
     segment ids, one row of the batch at a time (the kernel takes `[N, L, D]`)."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as splash,
+        splash_attention_mask as masks,
+    )
     heads, length, head_size = q_BxNxLxD.shape[1:]
     local = masks.LocalMask((length, length), (half_window, half_window), offset=0)
     sizes = {name: PALLAS_BLOCK for name in (
         "block_q", "block_kv", "block_kv_compute", "block_q_dkv", "block_kv_dkv",
         "block_kv_dkv_compute", "block_q_dq", "block_kv_dq")}
     kernel = splash.make_splash_mha(masks.MultiHeadMask([local] * heads), head_shards=1,
-                                    q_seq_shards=1, block_sizes=splash.BlockSizes(**sizes),
+                                    q_seq_shards=1, block_sizes=splash.BlockSizes(**sizes),  # type: ignore[arg-type]
                                     interpret=target_platform() != "tpu")
     scaled_BxNxLxD = q_BxNxLxD * jnp.asarray(1.0 / math.sqrt(head_size), q_BxNxLxD.dtype)
     return jax.vmap(lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids)))(

@@ -10,7 +10,7 @@ of what autodiff saves. `python -m bertjax.tools.aot --target=...` verifies the 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 from jax.sharding import Mesh
@@ -70,9 +70,10 @@ def accumulation(setting: int, config: ModelConfig, abstract_state, mesh: Mesh,
             options = [k for k in (2 ** i for i in range(per_device.bit_length()))
                        if per_device % k == 0] or [1]
             chosen[phase.name] = options[-1] if usable else 1
+            budget = MEMORY_MARGIN * usable if usable else 0.0
             for k in options if usable else []:
                 if _micro_batch_fits(config, phase, per_device // k, tensor, state_bytes,
-                                     MEMORY_MARGIN * usable, device.platform):
+                                     budget, device.platform):
                     chosen[phase.name] = k
                     break
     return chosen

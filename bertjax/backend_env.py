@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
-from typing import MutableMapping
+from collections.abc import MutableMapping
 
 # Device files of the accelerators JAX's plugins drive: TPU VMs (v2-v4: /dev/accel*, v5e and
 # later: VFIO groups), NVIDIA GPUs (WSL2: /dev/dxg), AMD GPUs.

@@ -41,7 +41,7 @@ def specs(rows: int, max_seq_length: int, max_predictions: int, packed_instances
     """`name -> (shape, dtype)` of every feature of `rows` rows; `packed_instances` = K > 0:
     packed rows of up to K instances."""
     length, slots = (rows, max_seq_length), (rows, max_predictions)
-    names = [("input_ids", length), ("input_mask", length), ("segment_ids", length)]
+    names: list[tuple[str, tuple[int, ...]]] = [("input_ids", length), ("input_mask", length), ("segment_ids", length)]
     if packed_instances:
         names += [("position_ids", length), ("instance_ids", length)]
     names += [("masked_lm_positions", slots), ("masked_lm_ids", slots),

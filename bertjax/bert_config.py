@@ -6,7 +6,8 @@ import dataclasses
 import functools
 import json
 import numbers
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -23,6 +24,8 @@ REMAT_POLICIES = {
 
 class FromDict:
     """`from_dict` for a dataclass config: built from a dict, ignoring keys it does not know."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # (set by @dataclass on the subclass)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]):
@@ -60,7 +63,7 @@ class BertConfig(FromDict):
         check(dataclasses.asdict(self))
 
     @classmethod
-    def from_json_file(cls, path: str) -> "BertConfig":
+    def from_json_file(cls, path: str) -> BertConfig:
         """Reads Google's `bert_config.json`."""
         with open(path, encoding="utf-8") as f:
             return cls.from_dict(json.load(f))

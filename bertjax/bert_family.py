@@ -4,14 +4,13 @@ family of every config and record that names none."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
 import jax
 
-from bertjax import batch as batch_spec
-from bertjax import bert_config, families, files, validate
-from bertjax import model as bert_model
+from bertjax import batch as batch_spec, bert_config, families, files, model as bert_model, validate
 from bertjax.errors import ConfigError
 from bertjax.heads import (
     BertForQuestionAnswering,

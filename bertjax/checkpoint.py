@@ -18,7 +18,8 @@ run resumed from until a newer one of that run is sealed (`keep_until_newer_seal
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +31,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
-from bertjax import failures, stopping, storage
-from bertjax import files as file_layer
+from bertjax import failures, files as file_layer, stopping, storage
 from bertjax.checksums import CHECKSUMS, seal, verify  # noqa: F401 (this module's API too)
 from bertjax.errors import UserError
 from bertjax.state import TrainState

@@ -9,7 +9,8 @@ import glob
 import os
 import runpy
 import sys
-from typing import Any, Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 import ml_collections
 from absl import app, flags

@@ -11,7 +11,8 @@ import re
 import sys
 import tempfile
 import threading
-from typing import Any, Iterator, TextIO
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from absl import logging
 
@@ -256,7 +257,8 @@ class _OtherThreadsTo:
         thread = threading.current_thread()
         if thread is threading.main_thread() or thread.name.startswith("bertjax-"):
             return self.console.write(text)
-        with self.log.lock, contextlib.suppress(OSError, ValueError):  # (full; closed)
+        # (typeshed types Handler.lock Optional; Handler.__init__ always creates it)
+        with self.log.lock, contextlib.suppress(OSError, ValueError):  # type: ignore[union-attr]
             self.log.stream.write(text)
             self.log.stream.flush()
         return len(text)

@@ -26,6 +26,8 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -121,10 +123,11 @@ def with_tokenizer_padding(config: families.ModelConfig, tokenizer: tokenization
     ModernBERT) with its tokenizer's padding id, what the export's config.json names (a run
     recorded before this was checked may say otherwise; the id does not change what the
     weights compute)."""
-    if not families.of(config).tokenizer_pad or config.pad_token_id == tokenizer.pad_id:
+    pad_token_id = getattr(config, "pad_token_id", None)  # (a tokenizer_pad family's field)
+    if not families.of(config).tokenizer_pad or pad_token_id == tokenizer.pad_id:
         return config
     print(f"pad_token_id={tokenizer.pad_id}: the tokenizer's [PAD] (the checkpoint's config "
-          f"says {config.pad_token_id}, another token there)", flush=True)
+          f"says {pad_token_id}, another token there)", flush=True)
     return dataclasses.replace(config, pad_token_id=tokenizer.pad_id)
 
 
@@ -179,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             raise tree.ConversionError(f"{args.src} holds a {family.title} model, which has no "
                                        "transformers class: pass --to=bertjax")
         task_config = native.finetuned_config(args.src) if source_format == "bertjax" else None
-        head = finetuned.hf_head(task_config, params, family.hf) \
+        head = finetuned.hf_head(task_config, params, family.hf_form) \
             if task_config and target == "hf" else None
         if target == "hf" and not task_config and family.encoder_only(params):
             head = finetuned.ENCODER_ONLY  # (an encoder imported from a fine-tuned model)
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = checkpoint_tokenizer(args.src, source_format, args.dst)
         if tokenizer is not None:
             config = with_tokenizer_padding(config, tokenizer)
-        save = functools.partial(family.hf.write, pad_token_id=tokenizer.pad_id if tokenizer
+        save: Callable[..., Any] = functools.partial(family.hf_form.write, pad_token_id=tokenizer.pad_id if tokenizer
                                  else 0) if target == "hf" else SAVERS[target]
         if head:
             num_params = save(config, params, args.dst, head)

@@ -20,14 +20,14 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 from absl import logging
 
 from bertjax import peers
 from bertjax.errors import UserError
-
 
 LOCAL_HEARTBEAT_TIMEOUT_SECONDS = 7 * 24 * 3600
 
@@ -83,11 +83,11 @@ def _registration_timeout(seconds: int) -> Iterator[None]:
         jax_distributed._jax = library  # noqa: SLF001
 
 
-def _join(join_timeout_seconds: int, *args: Any, **kwargs: Any) -> None:
-    """`jax.distributed.initialize(*args, **kwargs)`, waiting at most `join_timeout_seconds`
-    for every process (see the module's note)."""
+def _join(join_timeout_seconds: int, **kwargs: Any) -> None:
+    """`jax.distributed.initialize(**kwargs)`, waiting at most `join_timeout_seconds` for
+    every process (see the module's note)."""
     with peers.joining(join_timeout_seconds), _registration_timeout(join_timeout_seconds):
-        jax.distributed.initialize(*args, initialization_timeout=join_timeout_seconds
+        jax.distributed.initialize(initialization_timeout=join_timeout_seconds
                                    + _CLIENT_SLACK_S, **kwargs)
 
 
@@ -99,7 +99,7 @@ def initialize(coordinator_address: str | None = None,
     """Initialises `jax.distributed` once; returns how: "explicit", "cluster", "local" or "already"."""
     if jax.distributed.is_initialized():
         return "already"
-    extra = {}
+    extra: dict[str, Any] = {}  # (initialize's keywords)
     join = join_timeout_seconds or peers.JOIN_TIMEOUT_SECONDS
     if join <= 0 or (heartbeat_timeout_seconds is not None and heartbeat_timeout_seconds <= 0):
         raise DistributedSetupError("--join_timeout_seconds and --heartbeat_timeout_seconds "
@@ -116,7 +116,8 @@ def initialize(coordinator_address: str | None = None,
             raise DistributedSetupError(f"coordinator {coordinator_address} given without both the number of "
                              "processes and this process's id (--num_processes/--process_id or "
                              "JAX_NUM_PROCESSES/JAX_PROCESS_ID)")
-        _join(join, coordinator_address, num_processes, process_id, **extra)
+        _join(join, coordinator_address=coordinator_address, num_processes=num_processes,
+              process_id=process_id, **extra)
         how = "explicit"
     else:
         try:

@@ -39,11 +39,11 @@ def _hash_words(key: jax.Array, shape: tuple[int, ...],
     if data.shape != (2,):
         words = jax.random.bits(key, index.shape + (4,), jnp.uint32)
         return [words[..., j] for j in range(4)]
-    words = []
+    lanes: list[jax.Array] = []
     for lane in range(2):
-        words += threefry2x32_p.bind(data[0], data[1], index,
+        lanes += threefry2x32_p.bind(data[0], data[1], index,
                                      jnp.full(index.shape, lane, jnp.uint32))
-    return words
+    return lanes
 
 
 def packed_keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float,

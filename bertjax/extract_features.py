@@ -11,7 +11,7 @@ Input: one text per line; `text_a ||| text_b` for a pair. Layer -1 is the last e
 from __future__ import annotations
 
 import json
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import flax.linen as nn
 import jax
@@ -20,8 +20,8 @@ import numpy as np
 from absl import flags
 
 from bertjax import cli, families, files, pretrained
-from bertjax.errors import ConfigError, UserError
 from bertjax.data import tokenization
+from bertjax.errors import ConfigError, UserError
 from bertjax.tasks import features
 
 

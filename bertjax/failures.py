@@ -16,7 +16,8 @@ import sys
 import threading
 import traceback
 import types
-from typing import Any, Callable, Iterator, NoReturn
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 from absl import logging
 
@@ -145,7 +146,7 @@ def one_line_thread_errors() -> None:
     sys.excepthook = excepthook
 
 
-def _log_ignored(error: BaseException, where: object) -> None:
+def _log_ignored(error: BaseException | None, where: object) -> None:
     """`error`, which nothing handles, to the run's log file while it is open (kept until it
     opens), else nowhere (after the run's last line, or at exit)."""
     try:
@@ -190,7 +191,7 @@ class CtrlC:
         for notice in iter(self._notices.get, None):
             print(notice, flush=True)
 
-    def __enter__(self) -> "CtrlC":
+    def __enter__(self) -> CtrlC:
         if threading.current_thread() is threading.main_thread():
             self._printer = threading.Thread(target=self._print_notices, daemon=True,
                                              name="bertjax-ctrl-c")
@@ -213,7 +214,7 @@ class CtrlC:
 
 
 # The signals that stop a run with a checkpoint saved, as its last line names them.
-STOPPING = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "preemption notice, SIGTERM"}
+STOPPING: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "preemption notice, SIGTERM"}
 
 
 class Stopped(Exception):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import flax.linen as nn
 import jax
@@ -22,16 +23,51 @@ _BUILTIN = ("bertjax.bert_family", "bertjax.modernbert_family")
 
 
 class ModelConfig(Protocol):
-    """What shared code reads of any family's model config (a frozen dataclass)."""
+    """What shared code reads of any family's model config (a frozen dataclass, hashable: its
+    fields read-only, hence properties here)."""
 
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    intermediate_size: int
-    max_position_embeddings: int
-    dtype: str
-    param_dtype: str
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def num_hidden_layers(self) -> int: ...
+
+    @property
+    def num_attention_heads(self) -> int: ...
+
+    @property
+    def intermediate_size(self) -> int: ...
+
+    @property
+    def max_position_embeddings(self) -> int: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def param_dtype(self) -> str: ...
+
+    @property
+    def remat_policy(self) -> str: ...
+
+    @property
+    def attention_impl(self) -> str: ...
+
+    @property
+    def head_size(self) -> int: ...
+
+    @property
+    def attention_probs_dropout_prob(self) -> float: ...
+
+    def __hash__(self) -> int: ...
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +93,7 @@ class Family:
     name: str  # `model.family`
     title: str  # for messages: "BERT"
     configs: str  # the config files whose `model` section its runs start from
-    config_class: type  # a frozen dataclass with `from_dict`
+    config_class: type[ModelConfig]  # a frozen dataclass with `from_dict`
     check: Callable[[Mapping[str, Any], str, str], None]  # (values, prefix, flag): ValueError
     # (the `model` section) -> what a checkpoint records of the model (a resume must match it)
     recorded_fields: Callable[[Mapping[str, Any]], dict[str, Any]]
@@ -90,6 +126,13 @@ class Family:
     check_export: Callable[..., None] = lambda *args: None
     encoder_only: Callable[[dict[str, Any]], bool] = lambda params: False  # no heads at all
     hf: HfForm | None = None  # its transformers form, if any
+
+    @property
+    def hf_form(self) -> HfForm:
+        """`hf`, where the caller knows the family has a transformers form."""
+        if self.hf is None:
+            raise TypeError(f"{self.title} has no transformers form")
+        return self.hf
 
 
 _FAMILIES: dict[str, Family] = {}
@@ -124,14 +167,14 @@ def get(name: str) -> Family:
     return _FAMILIES[name]
 
 
-def of(config: ModelConfig) -> Family:
+def of(config: ModelConfig | nn.Module) -> Family:
     """The family of a model config (or of a model: its `config`)."""
     _load_builtin()
-    config = getattr(config, "config", config)
-    for cls in type(config).__mro__:
+    found = getattr(config, "config", config)
+    for cls in type(found).__mro__:
         if cls in _BY_CLASS:
             return _BY_CLASS[cls]
-    raise TypeError(f"{type(config).__name__} is no registered family's model config")
+    raise TypeError(f"{type(found).__name__} is no registered family's model config")
 
 
 def by_hf_type(model_type: str) -> Family:

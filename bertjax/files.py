@@ -22,7 +22,8 @@ import io
 import os
 import shutil
 import tempfile
-from typing import IO, Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import IO, Any
 
 from bertjax import failures, storage
 

@@ -22,20 +22,32 @@ from typing import Any
 import jax
 import ml_collections
 import optax
-from jax.sharding import Mesh
 from absl import flags, logging
+from jax.sharding import Mesh
 from ml_collections import config_flags
 
-from bertjax import (cli, console, failures, families, files, finetune_loop, locks, optim,
-                     pretrained, reporting, sharding, validate)
-from bertjax import model as bert_model
-from bertjax import sharded_run
-from bertjax.interop import native
+from bertjax import (
+    cli,
+    console,
+    failures,
+    families,
+    files,
+    finetune_loop,
+    locks,
+    model as bert_model,
+    optim,
+    pretrained,
+    reporting,
+    sharded_run,
+    sharding,
+    validate,
+)
 from bertjax.data.tokenization import Tokenizer
+from bertjax.errors import ConfigError, UserError
 from bertjax.families import ModelConfig
 from bertjax.finetune_settings import FinetuneSettings
-from bertjax.errors import ConfigError, UserError
-from bertjax.tasks import features, glue, ner, squad_predict
+from bertjax.interop import native
+from bertjax.tasks import features, glue, metrics, ner, squad_predict
 
 
 class FinetuneError(UserError, ValueError):
@@ -156,13 +168,13 @@ def _run(settings: FinetuneSettings, workdir: str, devices: list[jax.Device] | N
                "random_init": bool(settings.random_init), "main_metric": task.main_metric,
                "train_examples": len(data["train"]),
                "skipped": {name: split.skipped for name, split in data.items()},
-               "seeds": results, "summary": finetune_loop.summarize_seeds(results),
+               "seeds": results, "summary": metrics.summarize_seeds(results),
                "baselines": {name: {"predicts": how, **values}
                              for name, (how, values) in baselines.items()},
                "config": settings.as_dict}
     if jax.process_index() == 0:
         files.write_text(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=1))
-        lines, warnings = finetune_loop.summary_lines(settings.task, summary["summary"],
+        lines, warnings = metrics.summary_lines(settings.task, summary["summary"],
                                                       len(results), baselines,
                                                       task.percent_metrics)
         print("\n".join(lines), flush=True)

@@ -8,7 +8,8 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -18,14 +19,28 @@ import optax
 from absl import logging
 from jax.sharding import Mesh
 
-from bertjax import (checkpoint, console, failures, families, files, loop, metrics_writer,
-                     nonfinite, pretrained, reporting, resume, sharding, steps, stopping)
-from bertjax import sharded_run
-from bertjax.state import TrainState, count_params
-from bertjax.tasks import metrics
-from bertjax.tasks.features import Finetune, SplitData
+from bertjax import (
+    checkpoint,
+    console,
+    failures,
+    families,
+    files,
+    loop,
+    metrics_writer,
+    nonfinite,
+    pretrained,
+    reporting,
+    resume,
+    sharded_run,
+    sharding,
+    steps,
+    stopping,
+)
 from bertjax.errors import ConfigError
 from bertjax.finetune_settings import FinetuneSettings
+from bertjax.state import TrainState, count_params
+from bertjax.tasks.features import Finetune, SplitData
+from bertjax.tasks.metrics import metric_value
 
 Batch = dict[str, jax.Array]
 
@@ -118,7 +133,7 @@ def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any
     for start in range(0, len(data), batch_size):
         rows = np.arange(start, min(start + batch_size, len(data)))
         batch = sharding.global_batch_from_host(host_batch(data, rows, batch_size), mesh)
-        chunks.append(jax.tree.map(lambda x, n=len(rows): np.asarray(x)[:n],
+        chunks.append(jax.tree.map(lambda x: np.asarray(x)[:len(rows)],  # noqa: B023 (at once)
                                    jax.device_get(predict_step(params, batch))))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *chunks)
 
@@ -400,47 +415,3 @@ class SeedRun:
         reporting.chief_print(f"seed {self.seed}: best epoch {best['epoch']} kept, checkpoint "
                               f"step {best['step']} -> {checkpointer.directory}/{best['step']}")
         return result
-
-
-def summarize_seeds(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Mean, standard deviation (ddof 0) and median of every dev (and labelled test) metric
-    over the seeds."""
-    table: dict[str, list[float]] = {}
-    for result in results:
-        for split, values in {**result["dev"], **result["test"]}.items():
-            for key, value in values.items():
-                table.setdefault(f"{split}/{key}", []).append(value)
-    return {key: metrics.spread(v) for key, v in table.items()}
-
-
-def metric_value(name: str, value: float, percent: frozenset[str] = frozenset()) -> str:
-    """A metric as printed: `88.50%` for one reported in percent (SQuAD's official EM/F1),
-    `0.8850` for a fraction of 1 (GLUE, CoNLL-2003)."""
-    return f"{value:.2f}%" if name in percent else f"{value:.4f}"
-
-
-def summary_lines(task: str, stats: dict[str, dict[str, float]], num_seeds: int,
-                  baselines: dict[str, tuple[str, dict[str, float]]],
-                  percent: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
-    """The run's summary lines (each metric over the seeds, beside its split's baseline), and
-    per split a warning naming the metrics whose mean does not beat the baseline: `baselines`
-    maps a split to (how the baseline predicts, its metrics); `percent` names the metrics
-    reported in percent."""
-    lines, behind = [], {}
-    for key, values in stats.items():
-        split, metric = key.split("/", 1)
-        mean, std, median = (metric_value(metric, values[k], percent)
-                             for k in ("mean", "std", "median"))
-        line = f"{task} {key}: mean {mean} std {std} median {median} over {num_seeds} seeds"
-        if split in baselines and metric in baselines[split][1]:
-            baseline = baselines[split][1][metric]
-            line += f"; baseline {baseline:.4f}"
-            if values["mean"] <= baseline:
-                behind.setdefault(split, []).append(
-                    f"{metric} {values['mean']:.4f} (baseline {baseline:.4f})")
-        lines.append(line)
-    warnings = [f"{split}: {', '.join(names)} do not beat the baseline that ignores the input "
-                f"({baselines[split][0]}): the model has not learned {task}; try more epochs "
-                "(--config.num_train_epochs), another --config.learning_rate, or a longer "
-                "pretrained init_checkpoint" for split, names in behind.items()]
-    return lines, warnings

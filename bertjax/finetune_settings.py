@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from bertjax import optim, pretrained, validate
 from bertjax.data.settings import typed
@@ -43,7 +44,7 @@ class FinetuneSettings:
     as_json: str  # the whole config: config.json, recorded in every checkpoint
 
     @classmethod
-    def of(cls, values: Mapping[str, Any], as_json: str = "") -> "FinetuneSettings":
+    def of(cls, values: Mapping[str, Any], as_json: str = "") -> FinetuneSettings:
         """The settings of a fine-tuning config's `values` (`as_json`: the config's own JSON,
         default: `values` as JSON); fields a task's config lacks (feature_based: NER's) take
         their default."""

@@ -8,7 +8,8 @@ data is prepared (by bertjax.resume). (Finiteness: bertjax.nonfinite.)
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from absl import logging
 

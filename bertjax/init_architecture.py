@@ -5,7 +5,8 @@ checkpoint's config file (`architecture_of`), which the run's `model` section ta
 from __future__ import annotations
 
 import os
-from typing import Any, Collection, Mapping
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from bertjax import families, files, pretrained, reporting
 from bertjax.data import tokenization
@@ -26,7 +27,7 @@ def architecture_of(path: str) -> families.ModelConfig:
         return native.config_of(native.checkpoint_dir(path))
     if source_format == "hf":
         values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
-        return families.by_hf_type(values.get("model_type", "")).hf.config(values, path)
+        return families.by_hf_type(values.get("model_type", "")).hf_form.config(values, path)
     directory = path if files.isdir(path) else os.path.dirname(path)
     config_file = os.path.join(directory, "bert_config.json")
     try:
@@ -57,7 +58,7 @@ def checkpoint_model(model: Mapping[str, Any], path: str,
                               "whose architecture the run takes: drop the override, or start "
                               "from another checkpoint")
     if families.of(found).tokenizer_pad and "model.pad_token_id" not in explicit:
-        values["pad_token_id"] = found.pad_token_id  # (checked against the tokenizer's [PAD])
+        values["pad_token_id"] = getattr(found, "pad_token_id", None)  # (checked against the tokenizer's [PAD])
     return {name: value for name, value in values.items() if model[name] != value}
 
 

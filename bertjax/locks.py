@@ -20,7 +20,7 @@ import json
 import os
 import socket
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from absl import logging
 
@@ -160,7 +160,7 @@ def remove_own_locks(workdir: str, process_index: int = 0) -> None:
     workdir included. Anything else (a trained tokenizer, prepared data, another process's
     lock) stays, and so does its directory."""
     own = "run.lock" if process_index == 0 else f"run.lock.{process_index}"
-    for root, directories, names in os.walk(workdir, topdown=False):
+    for root, _, names in os.walk(workdir, topdown=False):
         for name in names:
             if (root == workdir and name == own) or (
                     root != workdir and name.startswith(".") and name.endswith(".lock")):
@@ -170,14 +170,16 @@ def remove_own_locks(workdir: str, process_index: int = 0) -> None:
             os.rmdir(root)
 
 
-def build_once(target: str, done_path: str, build: Callable[[], None]) -> None:
+def build_once(target: str, done_path: str, build: Callable[[], object]) -> bool:
     """Runs `build` (which makes `target`) unless `done_path` exists, holding the lock
     `.NAME.lock` beside `target`: a second process waits for the first's build, then finds
-    `done_path` and reuses it."""
+    `done_path` and reuses it. True where this call ran `build`."""
     if os.path.exists(done_path):
-        return
+        return False
     parent, name = os.path.split(target)
     os.makedirs(parent or ".", exist_ok=True)
     with exclusive(os.path.join(parent, f".{name}.lock"), target, wait=True):
         if not os.path.exists(done_path):
             build()
+            return True
+    return False

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
-from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 from absl import logging

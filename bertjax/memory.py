@@ -16,7 +16,8 @@ import functools
 import io
 import re
 import resource
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -26,12 +27,11 @@ import optax
 from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import Mesh
 
-from bertjax import families, objectives, sharding, steps
-from bertjax import batch as batch_spec
+from bertjax import batch as batch_spec, families, objectives, sharding, steps
+from bertjax.errors import UserError
 from bertjax.families import ModelConfig
 from bertjax.phase_schedule import Phase
 from bertjax.state import TrainState
-from bertjax.errors import UserError
 
 
 class MeshMismatch(UserError, ValueError):

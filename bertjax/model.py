@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -85,8 +86,9 @@ class _RematActivatedDense(nn.Dense):
         kernel = self.param("kernel", self.kernel_init, (inputs.shape[-1], self.features),
                             self.param_dtype)
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
-        inputs, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
-        y = jax.lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())),
+        inputs, kernel, bias = self.promote_dtype(  # type: ignore[assignment]  # (none is None)
+            inputs, kernel, bias, dtype=self.dtype)
+        y = jax.lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())),  # type: ignore[arg-type]
                                 precision=self.precision)
         return jax.checkpoint(lambda y, b: self.activation(y + b))(y, bias)
 
@@ -180,7 +182,7 @@ class BertSelfAttention(nn.Module):
         q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = projected
         dropout_rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
         # cuDNN's dropout seed is static: one per layer, from the module's path.
-        seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31
+        seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31  # type: ignore[union-attr]
         context_BxLxNxD = attention.attend(
             cfg.attention_impl, cfg.dtype, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask,
             functools.partial(Dropout(dropout_rate), deterministic=deterministic), dropout_rate,
@@ -316,7 +318,7 @@ class BertModel(nn.Module):
                  next_sentence_positions: jax.Array | None = None):
         """With `all_layers`, returns `(layers [num_layers, B, L, H], pooled)` instead."""
         mask = attention.Mask(attention_mask_BxL) if instance_ids is None \
-            else attention.Mask(instance_ids, next_sentence_positions.shape[1])
+            else attention.Mask(instance_ids, next_sentence_positions.shape[1])  # type: ignore[union-attr]
         x_BxLxH = self.embeddings(input_ids_BxL, token_type_ids_BxL, deterministic, position_ids)
         x = self.encoder(x_BxLxH, mask, deterministic, all_layers)
         return x, self.pooler(x[-1] if all_layers else x, next_sentence_positions)

@@ -24,8 +24,20 @@ import jax.numpy as jnp
 from bertjax import attention, local_attention
 from bertjax.bert_config import ACTIVATIONS, REMAT_POLICIES
 from bertjax.dropout import Dropout
-from bertjax.model import (ACT_EMBED, ACT_MLP, ACT_QKV, BATCH, EMBED, EMBED_OUT, LENGTH, MLP,
-                           NORM, QKV, VOCAB, gather_positions)
+from bertjax.model import (
+    ACT_EMBED,
+    ACT_MLP,
+    ACT_QKV,
+    BATCH,
+    EMBED,
+    EMBED_OUT,
+    LENGTH,
+    MLP,
+    NORM,
+    QKV,
+    VOCAB,
+    gather_positions,
+)
 from bertjax.modernbert_config import ModernBertConfig
 
 
@@ -159,7 +171,8 @@ class ModernBertAttention(nn.Module):
             context_BxLxNxD = local_attention.blocked_attention(
                 q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, rate, key)
         else:
-            seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31
+            # (flax types Module.scope Optional; it is bound inside apply)
+            seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31  # type: ignore[union-attr]
             context_BxLxNxD = attention.attend(
                 cfg.attention_impl, cfg.dtype, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask,
                 lambda p: Dropout(rate)(p, deterministic=self.deterministic), rate, seed,
@@ -272,7 +285,9 @@ class ModernBertForMaskedLM(nn.Module):
                  **packed: jax.Array) -> jax.Array:
         cfg = self.config
         encoder = ModernBertModel(cfg, name="model")
-        sequence_BxLxH = encoder(input_ids, attention_mask, deterministic, **packed)
+        # (packed: the encoder's Array keywords, position_ids and instance_ids)
+        sequence_BxLxH = encoder(input_ids, attention_mask, deterministic,
+                                 **packed)  # type: ignore[arg-type]
         if masked_lm_positions is not None:
             sequence_BxLxH = gather_positions(sequence_BxLxH, masked_lm_positions)
         h_BxPxH = ModernBertPredictionHead(cfg, name="head")(sequence_BxLxH)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from collections.abc import Mapping
 from typing import Any
 
 from bertjax import attention
@@ -97,7 +98,7 @@ def architecture(config: ModernBertConfig) -> dict[str, Any]:
     return {name: getattr(config, name) for name in ARCHITECTURE_FIELDS}
 
 
-def check(values: dict[str, Any], prefix: str = "", flag: str = "") -> None:
+def check(values: Mapping[str, Any], prefix: str = "", flag: str = "") -> None:
     """Raises ValueError for the first field in `values` (absent ones at their defaults) that
     cannot build a model, in one line naming `{prefix}{field}` and the setting
     `{flag}{prefix}{field}` that fixes it."""
@@ -112,7 +113,7 @@ def check(values: dict[str, Any], prefix: str = "", flag: str = "") -> None:
                      "global_rope_theta", "local_rope_theta"))
     for field in RATES:
         value = fields.value[field]
-        if not isinstance(value, numbers.Real) or not 0 <= value < 1:
+        if not isinstance(value, numbers.Real) or not 0 <= float(value) < 1:
             raise ValueError(f"{fields.name(field)}={value!r} is out of range: it must be in "
                              f"[0, 1); set {fields.setting(field)}")
     for field in SWITCHES:

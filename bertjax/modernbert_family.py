@@ -3,14 +3,19 @@ segments), transformers' ModernBertFor... heads and its Hugging Face form. Regis
 "modernbert"; its records name the family."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
 import jax
 
-from bertjax import batch as batch_spec
-from bertjax import families, modernbert, modernbert_config
-from bertjax import model as bert_model
+from bertjax import (
+    batch as batch_spec,
+    families,
+    model as bert_model,
+    modernbert,
+    modernbert_config,
+)
 from bertjax.errors import ConfigError
 from bertjax.interop import hf, hf_modernbert, tree
 from bertjax.interop.hf import TO_HF_ACTIVATION

@@ -6,7 +6,8 @@ linear-warmup / linear-decay schedule of `optimization.py`. The modern recipe's
 `stable_adamw` (per-tensor update clipping) and warmup-stable-decay schedule sit beside them.
 """
 import dataclasses
-from typing import Any, Mapping, NamedTuple, Optional
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,7 @@ DECAY_SHAPES = ("linear", "1-sqrt")  # how "wsd" decays to 0
 class ScaleByAdamNoBiasCorrectionState(NamedTuple):
     """Adam moments without bias correction; `count` is kept for bookkeeping."""
 
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # (the checkpointed name; shadows tuple.count)
     mu: optax.Updates
     nu: optax.Updates
 
@@ -92,7 +93,7 @@ def bert_adam(
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-6,
-    decay_mask: Optional[Any] = None,
+    decay_mask: Any | None = None,
 ) -> optax.GradientTransformation:
     """Google BERT's AdamWeightDecayOptimizer; `decay_mask` (bool tree or fn) defaults to BERT's."""
     mask = _default_decay_mask if decay_mask is None else decay_mask
@@ -107,14 +108,14 @@ def bert_adam(
 class ScaleByStableAdamState(NamedTuple):
     """Bias-corrected Adam moments (float32) and the step count."""
 
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # (the checkpointed name; shadows tuple.count)
     mu: optax.Updates
     nu: optax.Updates
 
 
 def scale_by_stable_adam(b1: float = 0.9, b2: float = 0.98, eps: float = 1e-6,
                          weight_decay_rate: float = 0.0,
-                         decay_mask: Optional[Any] = None) -> optax.GradientTransformation:
+                         decay_mask: Any | None = None) -> optax.GradientTransformation:
     """StableAdamW's direction before the learning rate (Wortsman et al. 2023, "Stable and
     low-precision training for large-scale vision-language models", Algorithm 2; ModernBERT's
     optimizer): AdamW's bias-corrected `m / (sqrt(v) + eps) + weight_decay * param`, each

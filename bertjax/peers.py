@@ -35,7 +35,8 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator, NoReturn
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 import jax
 from absl import logging
@@ -296,7 +297,8 @@ def _wait_for(*directories: str) -> None:
     deadline = time.monotonic() + ACK_WAIT_S
     while time.monotonic() < deadline:
         found = [_others_done(directory) for directory in directories]
-        if None in found or others <= set().union(*found):
+        done = [keys for keys in found if keys is not None]
+        if len(done) < len(found) or others <= set().union(*done):
             return
         time.sleep(0.1)
 

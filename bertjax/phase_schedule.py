@@ -5,7 +5,8 @@ run_schedule.py's."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from absl import logging
 
@@ -68,7 +69,7 @@ class DataPosition:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "DataPosition":
+    def from_dict(cls, values: dict[str, Any]) -> DataPosition:
         return cls(values["phase"], int(values["batch_index"]))
 
 

@@ -14,18 +14,20 @@ are prepared by an Apache Beam pipeline instead (`--beam_options`, e.g. '--runne
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
 import shutil
 import sys
-from typing import TYPE_CHECKING, Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from absl import flags
 from ml_collections import config_flags
 
 from bertjax import files, locks, phase_schedule
-from bertjax.data import beam_prepare, pipeline, prepared_files, shard_job
+from bertjax.data import beam_prepare, pipeline, prepared_files, shard_job, shard_sources
 from bertjax.errors import ConfigError, UserError
 
 if TYPE_CHECKING:  # (not at run time: spawned workers re-import this module, without jax)
@@ -45,7 +47,8 @@ def prepare_all(config, output: str, runner: str = "local",  # noqa: ANN001 (a C
     if settings.data.prepared_dir:
         raise ConfigError("data.prepared_dir is set: this job writes prepared data, it "
                           "does not read it; unset --config.data.prepared_dir")
-    run_shards = shard_job.run_shards
+    run_shards: Callable[[shard_job.ShardJob, Iterable[shard_sources.ShardSource], int],
+                         Iterator[dict[str, int]]] = shard_job.run_shards
     if runner == "beam":
         run_shards = beam_prepare.shard_runner(shlex.split(beam_options))
     elif runner != "local":
@@ -79,15 +82,16 @@ def _prepare_phases(settings: PretrainingSettings, output: str, local: str,
                 pipeline.check_settings(json.load(f).get("settings", {}), wanted, target)
             lines.append(summary(target, phase, False))
             continue
-        built = []
         with prepared_files.claimed(target) if target != directory \
                 else contextlib.nullcontext(None) as still_claimed:
-            locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
-                pipeline.build(directory, data, phase, tokenizer, nsp=nsp,
-                               run_shards=run_shards, wanted=wanted, derived=derived)))
+            built = locks.build_once(directory, os.path.join(directory, "meta.json"),
+                                     functools.partial(
+                                         pipeline.build, directory, data, phase, tokenizer,
+                                         nsp=nsp, run_shards=run_shards, wanted=wanted,
+                                         derived=derived))
             if still_claimed:
                 prepared_files.upload(directory, target, still_claimed)
-        lines.append(summary(target, phase, bool(built)))
+        lines.append(summary(target, phase, built))
     pipeline.remove_tokens(local)  # every phase read the corpus's one tokenization
     tokenizer_files = os.path.join(local, "tokenizer")
     if files.is_remote(output) and os.path.isdir(tokenizer_files):

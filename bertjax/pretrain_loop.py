@@ -10,13 +10,24 @@ from typing import Any
 import jax
 import optax
 
-from bertjax import (checkpoint, failures, files, loop, nonfinite, objectives, peers,
-                     reporting, phase_schedule, sharding, stopping)
+from bertjax import (
+    checkpoint,
+    failures,
+    files,
+    loop,
+    nonfinite,
+    objectives,
+    peers,
+    phase_schedule,
+    reporting,
+    sharding,
+    stopping,
+)
 from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
-from bertjax.sharded_run import ShardedRun
 from bertjax.phase_schedule import DataPosition
 from bertjax.run_record import RunRecord
 from bertjax.settings import TrainSettings
+from bertjax.sharded_run import ShardedRun
 from bertjax.state import TrainState
 
 

@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -22,9 +23,9 @@ from absl import logging
 from bertjax import checkpoint, families, files
 from bertjax.data import bpe, hf_json, pipeline, tokenization
 from bertjax.data.settings import DataSettings
+from bertjax.errors import UserError
 from bertjax.interop import hf, hf_tokenizer, native, staging, tf, tree
 from bertjax.interop.tree import ConversionError
-from bertjax.errors import UserError
 
 FORMATS = ("tf", "hf", "bertjax")
 
@@ -38,10 +39,11 @@ def hf_family(path: str) -> families.Family:
 def load_hf(path: str, report: tree.LoadReport | None = None
             ) -> tuple[families.ModelConfig, dict[str, Any]]:
     """A Hugging Face directory of any family with a transformers form (`model_type`)."""
-    return hf_family(path).hf.read(path, report)
+    return hf_family(path).hf_form.read(path, report)
 
 
-LOADERS = {"tf": tf.load_tf, "hf": load_hf, "bertjax": native.load_bertjax}
+Loader = Callable[[str, tree.LoadReport], tuple[families.ModelConfig, dict[str, Any]]]
+LOADERS: dict[str, Loader] = {"tf": tf.load_tf, "hf": load_hf, "bertjax": native.load_bertjax}
 
 
 class PretrainedError(UserError, ValueError):
@@ -332,6 +334,7 @@ def _pretraining_tokenizer(source: Source, pretrain: PretrainingRun) -> tokeniza
     """The pretraining run's tokenizer: its vocab_file, else the SentencePiece model in its
     data cache whose fingerprint the checkpoint recorded (found even if the corpus has since
     moved or been touched), else one trained again from the corpus."""
+    assert pretrain.config is not None  # (a bertjax run's: read with its config)
     data = pretrain.config.data
     workdir = os.path.dirname(native.checkpoint_dir(source.init_checkpoint).rstrip("/"))
     cache_dir = data.cache_dir or files.local_cache_dir(workdir)

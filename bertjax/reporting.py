@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 

@@ -18,12 +18,13 @@ to: `restore_exactly` restores the one asked for or fails naming it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import jax
 from absl import logging
 
-from bertjax import checkpoint, failures, guards, nonfinite, reporting, phase_schedule, storage
+from bertjax import checkpoint, failures, guards, nonfinite, phase_schedule, reporting, storage
 from bertjax.data.settings import DataSettings
 from bertjax.failures import first_line
 from bertjax.run_record import RunRecord
@@ -70,7 +71,7 @@ class Start:
 
     @classmethod
     def of(cls, state: TrainState, position: phase_schedule.DataPosition, found: Found | None,
-           phases: Sequence[phase_schedule.Phase], fell_back: bool = False) -> "Start":
+           phases: Sequence[phase_schedule.Phase], fell_back: bool = False) -> Start:
         """From `state` at the data `position`, or where the schedule `phases` puts its step
         (phase_schedule.consistent_position)."""
         step = int(jax.device_get(state.step))
@@ -92,10 +93,12 @@ class Resume:
         """The newest checkpoint that verifies and whose metadata reads (damaged newer ones
         are set aside); None if the workdir has none."""
         for step in reversed(self.checkpointer.all_steps()):
-            sealed, problem = self._read(step, lambda: self.checkpointer.verify(step))
+            sealed, problem = self._read(
+                step, lambda: self.checkpointer.verify(step))  # noqa: B023 (at once)
             if problem is None:
                 try:
-                    meta, position = self._read(step, lambda: self.checkpointer.metadata(step))
+                    meta, position = self._read(
+                        step, lambda: self.checkpointer.metadata(step))  # noqa: B023 (at once)
                     return Found(step, RunRecord.of(meta), position, sealed)
                 except UnusableCheckpoint:
                     raise
@@ -159,7 +162,7 @@ class Resume:
         while True:
             try:
                 state, position, _ = self._read(found.step, lambda: self.checkpointer.restore(
-                    found.step, abstract_state, record.as_json()))
+                    found.step, abstract_state, record.as_json()))  # noqa: B023 (run at once)
                 nonfinite.check_finite(state, found.step)
                 if int(jax.device_get(state.step)) != found.step:  # (later saves would be
                     raise checkpoint.DamagedCheckpoint(self.where(found.step), (  # skipped)

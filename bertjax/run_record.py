@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 
@@ -28,7 +29,7 @@ class RunRecord:
     others: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, meta: Mapping[str, Any]) -> "RunRecord":
+    def of(cls, meta: Mapping[str, Any]) -> RunRecord:
         """The record of a checkpoint's `meta`."""
         named = {f.name for f in dataclasses.fields(cls)} - {"others"}
         return cls(**{key: value for key, value in meta.items() if key in named},
@@ -36,7 +37,7 @@ class RunRecord:
 
     @classmethod
     def new(cls, model: Mapping[str, Any], config_json: str, data: Mapping[str, Any],
-            schedule: Mapping[str, Any]) -> "RunRecord":
+            schedule: Mapping[str, Any]) -> RunRecord:
         """A new run's record (the tokenizer's fingerprint is added once it is loaded)."""
         return cls(dict(model), config_json, dict(data), jax.process_count(), dict(schedule))
 

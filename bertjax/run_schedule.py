@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from bertjax import checkpoint, optim, reporting, sharded_run
 from bertjax.phase_schedule import Phase

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from bertjax import objectives, phase_schedule
 from bertjax.data.settings import DataSettings, typed
@@ -42,7 +43,7 @@ class TrainSettings:
     objective: Literal["mlm", "ltr"] = "mlm"
 
     @classmethod
-    def of(cls, train: Mapping[str, Any], recorded: bool = False) -> "TrainSettings":
+    def of(cls, train: Mapping[str, Any], recorded: bool = False) -> TrainSettings:
         """The settings of `train` (config.train); ConfigError naming an unknown choice."""
         return typed(cls, train, "train", ConfigError, recorded)
 
@@ -65,7 +66,7 @@ class LongPhaseSettings:
     restart_peak_learning_rate: float = 0.0  # 0 = optimizer.peak_learning_rate
 
     @classmethod
-    def of(cls, long_phase: Mapping[str, Any], recorded: bool = False) -> "LongPhaseSettings":
+    def of(cls, long_phase: Mapping[str, Any], recorded: bool = False) -> LongPhaseSettings:
         return typed(cls, long_phase, "long_phase", ConfigError, recorded)
 
 
@@ -83,7 +84,7 @@ class PretrainingSettings:
     mesh: MeshSettings = MeshSettings()
 
     @classmethod
-    def of(cls, config: Mapping[str, Any], recorded: bool = False) -> "PretrainingSettings":
+    def of(cls, config: Mapping[str, Any], recorded: bool = False) -> PretrainingSettings:
         """The settings of a pretraining `config`; DataError or ConfigError naming the field
         whose value is not one of its choices."""
         return cls(TrainSettings.of(config["train"], recorded),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -14,11 +14,11 @@ import optax
 from jax.sharding import Mesh
 
 from bertjax import autofit, families, memory, objectives, optim, phase_schedule, sharding, steps
+from bertjax.errors import ConfigError
 from bertjax.families import ModelConfig
 from bertjax.phase_schedule import Phase
 from bertjax.settings import LongPhaseSettings
 from bertjax.state import TrainState, create_train_state
-from bertjax.errors import ConfigError
 
 
 @dataclasses.dataclass
@@ -31,13 +31,14 @@ class ShardedRun:
     tx: optax.GradientTransformation
     abstract_state: TrainState
     state_shardings: TrainState
-    train_step: Callable  # (state, batch) -> (state, metrics); donates the state
-    eval_step: Callable  # (params, batch) -> metrics or outputs
+    train_step: jax.stages.Wrapped  # (state, batch) -> (state, metrics); donates the state
+    eval_step: jax.stages.Wrapped  # (params, batch) -> metrics or outputs
     grad_accum: dict[str, int] = dataclasses.field(default_factory=dict)  # by phase name
 
     def init_state(self, rng: jax.Array) -> TrainState:
         state, _, _ = create_train_state(self.model, self.tx, rng,
                                          families.example_inputs(self.model), self.mesh)
+        assert state is not None  # (materialized)
         return state
 
     def restart_optimizer(self, state: TrainState) -> TrainState:

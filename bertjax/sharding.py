@@ -11,16 +11,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from bertjax import attention
+from bertjax import attention, model as M
 from bertjax.errors import ConfigError
-from bertjax import model as M
 
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
 MESH_AXES = (DATA, FSDP, TENSOR)
@@ -36,7 +36,7 @@ class MeshSettings:
     tensor: int = 1
 
     @classmethod
-    def of(cls, mesh: Mapping[str, int]) -> "MeshSettings":
+    def of(cls, mesh: Mapping[str, int]) -> MeshSettings:
         """ConfigError naming an axis `mesh` sets that the mesh does not have."""
         unknown = sorted(set(mesh) - set(MESH_AXES))
         if unknown:

@@ -7,7 +7,8 @@ shardings) is the restore target for checkpoints, on any mesh.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import flax.struct
@@ -49,12 +50,14 @@ def state_shardings(abstract_state: TrainState, boxed_params: Any, tx: optax.Gra
     their params, everything else (counters, rng) replicated."""
     param_shardings = sharding.logical_to_sharding(nn.get_partition_spec(boxed_params), mesh)
     replicated = sharding.replicated(mesh)
-    masked = lambda x: isinstance(x, optax.MaskedNode)  # no state for a frozen parameter
+    def masked(x):
+        return isinstance(x, optax.MaskedNode)  # no state for a frozen parameter
     opt_shardings = optax.tree_map_params(
         tx, lambda p, s: p if masked(p) else s, abstract_state.opt_state, param_shardings,
         transform_non_params=lambda _: replicated, is_leaf=masked)
-    return TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings,
-                      rng=replicated)
+    # (a TrainState-shaped tree of shardings, one per leaf, as jax.jit's shardings take)
+    return TrainState(step=replicated, rng=replicated,  # type: ignore[arg-type]
+                      params=param_shardings, opt_state=opt_shardings)
 
 
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, rng: jax.Array,

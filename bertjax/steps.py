@@ -5,7 +5,8 @@ Batch features are those of the original TFRecords, unpacked or packed (`data.pa
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -41,7 +42,7 @@ def _split_micro_batches(batch: Batch, accum_steps: int) -> Batch:
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                    accum_steps: int | Mapping[tuple[int, int], int] = 1,
+                    accum_steps: int | Mapping[tuple[int, ...], int] = 1,
                     objective: objectives.PretrainingObjective = objectives.PretrainingObjective()
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """Builds the pure train step: forward, loss, grads (accumulated over `accum_steps`
@@ -164,12 +165,13 @@ def make_eval_step(model: nn.Module,
     return eval_step
 
 
-def jit_train_step(train_step, state_shardings: TrainState, mesh: Mesh):
+def jit_train_step(train_step: Callable, state_shardings: TrainState, mesh: Mesh
+                   ) -> jax.stages.Wrapped:
     """Compiles the train step with explicit shardings, donating the old state."""
     return jax.jit(train_step, in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
                    out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=0)
 
 
-def jit_eval_step(eval_step, params_shardings: Any, mesh: Mesh):
+def jit_eval_step(eval_step: Callable, params_shardings: Any, mesh: Mesh) -> jax.stages.Wrapped:
     return jax.jit(eval_step, in_shardings=(params_shardings, sharding.batch_sharding(mesh)),
                    out_shardings=sharding.replicated(mesh))

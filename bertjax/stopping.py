@@ -28,7 +28,8 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from bertjax import console, failures
 
@@ -70,7 +71,7 @@ def now_doing(what: str) -> None:
 
 def _where_main_is() -> str:
     """`bertjax/checkpoint.py:283 in wait`: the main thread's innermost bertjax frame."""
-    frame = sys._current_frames().get(threading.main_thread().ident)  # noqa: SLF001
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
     while frame is not None:
         path = frame.f_code.co_filename.replace(os.sep, "/")
         if "/bertjax/" in path:
@@ -99,7 +100,7 @@ def _watch(reader: socket.socket) -> None:
         reader.settimeout(None if deadline is None else max(0.0, deadline - time.monotonic()))
         try:
             received = reader.recv(64)
-        except socket.timeout:
+        except TimeoutError:
             signum = _state["requested"]
             _leave(f"stop requested ({_NAMES[signum]}) {grace:g} s ago, but this process is "
                    f"still {_state['doing']} ({_where_main_is()}); exiting without finishing "

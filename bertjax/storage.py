@@ -24,7 +24,8 @@ import random
 import sys
 import time
 import urllib.parse
-from typing import Any, Awaitable, BinaryIO, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, BinaryIO, TypeVar
 
 T = TypeVar("T")
 RETRY_ENV = "BERTJAX_STORAGE_RETRY_SECONDS"
@@ -86,7 +87,7 @@ _TENSORSTORE_UNAVAILABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUS
                             "HTTP response code: 5", "HTTP response code: 429")
 
 
-def unavailable(error: BaseException) -> bool:
+def unavailable(error: BaseException | None) -> bool:
     """Whether `error` (or an error it was raised from) is a storage request that failed
     transiently: no proof that what it read is damaged or absent."""
     seen = 0
@@ -150,14 +151,15 @@ def _final_chunk(method: str, url: str, headers: dict | None) -> tuple[int, int]
 def _crc32c(data: bytes | BinaryIO) -> str:
     """GCS's `crc32c` field (base64 of the big-endian CRC32C) of `data`."""
     import base64
+
     import google_crc32c
-    if hasattr(data, "seek"):
+    if not isinstance(data, bytes):
         data.seek(0)
         data = data.read()
     return base64.b64encode(google_crc32c.Checksum(bytes(data)).digest()).decode()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gcs_class() -> type:
     """gcsfs's file system with `call_async`'s retries in place of its own, and stalled
     transfers abandoned after STALL_SECONDS without a byte."""

@@ -12,7 +12,7 @@ import dataclasses
 import importlib.resources
 import os
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 
@@ -127,7 +127,8 @@ def cudnn_for(target: Target, device: jax.Device) -> Iterator[None]:
         return
     from jax._src.cudnn import fused_attention_stablehlo as cudnn_attention
     own = tuple(float(x) for x in str(device.compute_capability).split("."))
-    capability = lambda text: tuple(float(x) for x in text.split("."))
+    def capability(text):
+        return tuple(float(x) for x in text.split("."))
     replacements = {
         "check_cudnn_version": lambda: _cudnn_version(gpu_target_config(target.topology)),
         "check_compute_capability": lambda text: own >= capability(text),

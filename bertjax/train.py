@@ -12,24 +12,47 @@ import json
 import os
 import sys
 import time
-from typing import Collection
+from collections.abc import Collection
 
 import jax
 import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (agreement, checkpoint, cli, console, distributed, failures, families,
-                     files, guards, init_architecture, locks, memory, metrics_writer,
-                     nonfinite, peers, phase_schedule, pretrain_loop, pretrained, reporting,
-                     resume, sharded_run, run_schedule, stopping, validate)
+from bertjax import (
+    agreement,
+    checkpoint,
+    cli,
+    console,
+    distributed,
+    failures,
+    families,
+    files,
+    guards,
+    init_architecture,
+    locks,
+    memory,
+    metrics_writer,
+    nonfinite,
+    peers,
+    phase_schedule,
+    pretrain_loop,
+    pretrained,
+    reporting,
+    resume,
+    run_schedule,
+    sharded_run,
+    stopping,
+    validate,
+)
 from bertjax.data import loaders, pipeline
 from bertjax.errors import ConfigError, UserError
-from bertjax.pretrain_loop import PretrainingLoop
 from bertjax.phase_schedule import DataPosition
+from bertjax.pretrain_loop import PretrainingLoop
 from bertjax.run_record import RunRecord
 from bertjax.settings import PretrainingSettings
 from bertjax.state import TrainState
+
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        devices: list[jax.Device] | None = None,
@@ -80,8 +103,9 @@ def _train_and_evaluate(settings: PretrainingSettings, config_json: str, workdir
     record = RunRecord.new(families.recorded_fields(model), config_json,
                            guards.data_identity(data, phases), plan.record())
     agreement.check("corpus", agreement.data_fields(record.data), agreement.SAME_FILES)
-    check = lambda found: resume_from.check(found, record, data, phases,
-                                            train.allow_changed_data)
+    def check(found: resume.Found) -> None:
+        resume_from.check(found, record, data, phases, train.allow_changed_data)
+
     if found:
         check(found)  # model and data, before any preparation
     model_config = families.model_config(model)

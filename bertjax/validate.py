@@ -6,7 +6,8 @@ starting weights.)"""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from absl import logging
 

@@ -18,7 +18,7 @@ import struct
 import threading
 import time
 import urllib.parse
-from typing import Callable
+from collections.abc import Callable
 
 FAULTS = ("status", "reset", "truncate", "stall")
 
@@ -100,7 +100,7 @@ class FaultProxy:
         with self._lock:
             self.seen.append((method, path, outcome))
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         self._thread.start()
         return self
 
@@ -190,7 +190,7 @@ def _handler(proxy: FaultProxy) -> Callable:
                     self.close_connection = True
                     return
                 self._serve()
-            except (ConnectionError, socket.timeout, ValueError):
+            except (TimeoutError, ConnectionError, ValueError):
                 self.close_connection = True
 
     return Handler

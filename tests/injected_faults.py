@@ -30,7 +30,8 @@ import functools
 import os
 import sys
 import threading
-from typing import Any, Callable, Collection
+from collections.abc import Callable, Collection
+from typing import Any
 
 import numpy as np
 

@@ -12,15 +12,22 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import errors, objectives, optim, sharded_run, sharding, steps, validate
-from bertjax.data import (default_corpus, instances, loaders, pipeline, shard_format, tokenization,
-                          tokenize_corpus)
+from bertjax import errors, objectives, optim, sharding, steps, validate
+from bertjax.data import (
+    default_corpus,
+    instances,
+    loaders,
+    pipeline,
+    shard_format,
+    tokenization,
+    tokenize_corpus,
+)
+from bertjax.data.settings import DataSettings
 from bertjax.heads import BertForSequenceClassification, BertForTokenClassification
 from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.tasks import features, squad_predict
 from bertjax.phase_schedule import Phase
 from bertjax.state import create_train_state
-from bertjax.data.settings import DataSettings
+from bertjax.tasks import features, squad_predict
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 base_config = runpy.run_path(str(REPO_ROOT / "configs" / "base.py"))["get_config"]

@@ -14,12 +14,20 @@ import jax
 import ml_collections
 import pytest
 
-from bertjax import attention, autofit, backend_env, memory, optim, sharding, targets
-from bertjax import model as bert_model
+from bertjax import (
+    attention,
+    autofit,
+    backend_env,
+    memory,
+    model as bert_model,
+    optim,
+    sharding,
+    targets,
+)
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.phase_schedule import Phase
 from bertjax.state import create_train_state
-from bertjax.tools import aot, fit_verdict, hlo_census, phase_compile, tpu_estimate
+from bertjax.tools import fit_verdict, hlo_census, phase_compile, tpu_estimate
 from test_modernbert_io import hf_dir  # noqa: F401 (fixture)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

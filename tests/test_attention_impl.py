@@ -15,11 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from jax.sharding import PartitionSpec as P
 
-from bertjax import attention, backend_env, bias_matmul, sharding
-from bertjax import model as M
+from bertjax import attention, backend_env, bias_matmul, model as M, sharding
 
 CONFIG = M.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                       intermediate_size=64, max_position_embeddings=24)
@@ -187,8 +185,8 @@ def test_pallas_flash_attention_matches_einsum_in_interpret_mode():
         real = np.asarray(mask.ids_BxL > 0)
 
         def loss(impl, q, k, v):
-            out = attention.attend(impl, "float32", q, k, v, mask, lambda p: p, 0.0, 0, spec)
-            return jnp.sum(jnp.where(real[:, :, None, None], out, 0) ** 2), out
+            out = attention.attend(impl, "float32", q, k, v, mask, lambda p: p, 0.0, 0, spec)  # noqa: B023 (called within this iteration)
+            return jnp.sum(jnp.where(real[:, :, None, None], out, 0) ** 2), out  # noqa: B023 (called within this iteration)
 
         with sharding.activate(mesh) if spec else contextlib.nullcontext():
             results = {impl: jax.jit(jax.value_and_grad(functools.partial(loss, impl), (0, 1, 2),
@@ -281,8 +279,8 @@ def test_sliding_windows_in_the_fused_paths_match_einsum(impl):
         real = np.asarray(mask.ids_BxL > 0)
 
         def loss(impl, q, k, v):
-            out = attention.attend(impl, "float32", q, k, v, mask, lambda p: p, 0.0, 0)
-            return jnp.sum(jnp.where(real[:, :, None, None], out, 0) ** 2), out
+            out = attention.attend(impl, "float32", q, k, v, mask, lambda p: p, 0.0, 0)  # noqa: B023 (called within this iteration)
+            return jnp.sum(jnp.where(real[:, :, None, None], out, 0) ** 2), out  # noqa: B023 (called within this iteration)
 
         results = {name: jax.jit(jax.value_and_grad(functools.partial(loss, name), (0, 1, 2),
                                                     has_aux=True))(q, k, v)
@@ -333,7 +331,7 @@ def test_the_bias_gradient_from_the_kernels_matmul_equals_autodiffs(monkeypatch)
     rng = np.random.default_rng(3)
     x, kernel, bias = (jnp.asarray(rng.standard_normal(shape), jnp.float32)
                        for shape in ((2, 5, 6), (3, 6, 4), (3, 4)))
-    results = [jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(bias_matmul.project(*a, fused))),
+    results = [jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(bias_matmul.project(*a, fused))),  # noqa: B023 (called within this iteration)
                                   (0, 1, 2))(x, kernel, bias) for fused in (False, True)]
     for got, want in zip(jax.tree.leaves(results[1]), jax.tree.leaves(results[0])):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

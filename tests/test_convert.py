@@ -15,8 +15,7 @@ from safetensors.numpy import load_file, save_file
 
 from bertjax import convert, pretrained
 from bertjax.data.settings import DataSettings
-from bertjax.interop import hf, native, tree
-from bertjax.interop import tf as tf_checkpoint
+from bertjax.interop import hf, native, tf as tf_checkpoint, tree
 from bertjax.model import BertConfig, BertForPreTraining
 from test_interop_tf import BERT_TINY_INDEX
 

@@ -8,8 +8,8 @@ import shutil
 import tempfile
 
 import pytest
-import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 
+import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 from bertjax.data import corpus, default_corpus, tfds_source
 
 

@@ -6,8 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import dropout as D
-from bertjax import sharding
+from bertjax import dropout as D, sharding
 
 
 def test_dropout_drops_the_configured_rate_and_keeps_the_mean():

@@ -4,7 +4,6 @@ another name) registers through the interface and then pretrains, resumes, fine-
 extracts features with no edit to shared code."""
 import ast
 import dataclasses
-import json
 import os
 import pathlib
 import random

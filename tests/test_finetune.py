@@ -19,18 +19,31 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax import (
+    checkpoint,
+    extract_features,
+    finetune,
+    finetune_loop,
+    nonfinite,
+    pretrained,
+    train,
+)
+from bertjax.errors import ConfigError
 from bertjax.finetune_settings import FinetuneSettings
-from bertjax import (checkpoint, extract_features, finetune, finetune_loop, nonfinite, pretrained,
-                     train)
-from bertjax import sharded_run
+from bertjax.heads import (
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 from bertjax.interop import hf, tf
 from bertjax.interop.tree import ConversionError
-from bertjax.heads import (BertForQuestionAnswering, BertForSequenceClassification,
-                           BertForTokenClassification)
 from bertjax.model import BertConfig, BertModel
-from bertjax.errors import ConfigError
-from test_faults import (Trainer, assert_console_in_log, assert_one_full_disk_line,
-                         on_a_small_filesystem)
+from test_faults import (
+    Trainer,
+    assert_console_in_log,
+    assert_one_full_disk_line,
+    on_a_small_filesystem,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POSITIVE, NEGATIVE = ["good", "great", "fun", "lovely"], ["bad", "awful", "dull", "boring"]
@@ -122,8 +135,9 @@ def test_heads_have_google_names_and_all_layers():
     cfg = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=4, num_attention_heads=2,
                      intermediate_size=32, max_position_embeddings=16)
     ids = jnp.ones((2, 8), jnp.int32)
-    shapes = lambda m: jax.tree.map(lambda x: x.shape, jax.eval_shape(
-        lambda: nn.meta.unbox(m.init(jax.random.PRNGKey(0), ids, ids * 0, ids)["params"])))
+    def shapes(m):
+        return jax.tree.map(lambda x: x.shape, jax.eval_shape(
+            lambda: nn.meta.unbox(m.init(jax.random.PRNGKey(0), ids, ids * 0, ids)["params"])))
     assert {k: v for k, v in shapes(BertForSequenceClassification(cfg, 3)).items() if k != "bert"} \
         == {"output_weights": (3, 16), "output_bias": (3,)}
     assert shapes(BertForQuestionAnswering(cfg))["cls"] == {
@@ -245,8 +259,11 @@ def test_feature_based_ner_trains_only_the_tagger(data_root, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, pretrained_encoder(data_root), tuned["bert"])
     # Adam moments only for the tagger: none for the frozen encoder.
     params = pretrained.abstract_params_on_one_device(tagger)
-    moments = jax.eval_shape(finetune.optimizer(FinetuneSettings.of(config.to_dict()), 10, params).init, params)
-    size = lambda tree: sum(x.size for x in jax.tree.leaves(tree))
+    moments = jax.eval_shape(finetune.optimizer(FinetuneSettings.of(config.to_dict()), 10, params).init,
+                             params)
+
+    def size(tree):
+        return sum(x.size for x in jax.tree.leaves(tree))
     assert size(moments) <= 2 * (size(params) - size(params["bert"])) + 8
     assert seed["dev"]["dev"]["f1"] > 0.5, seed  # names are tagged from the frozen features
 
@@ -421,7 +438,8 @@ def test_fine_tuning_resumes_reruns_and_refuses_other_settings(data_root, tmp_pa
         patch.setattr(checkpoint.Checkpointer, "save", killed_before_epoch_3)
         with pytest.raises(Killed):
             finetune.run(config, str(workdir), devices=one_device)
-    rows = lambda: (workdir / "seed_1" / "metrics.jsonl").read_text()
+    def rows():
+        return (workdir / "seed_1" / "metrics.jsonl").read_text()
     assert '"epoch": 3' in rows()
     damaged = tmp_path / "damaged"  # (a copy: its latest checkpoint truncated)
     shutil.copytree(workdir, damaged)
@@ -500,7 +518,8 @@ def test_a_full_disk_while_fine_tuning_is_one_line_and_the_rerun_resumes_exactly
     resumed = Trainer(args)
     assert resumed.finish() == 0, resumed.output()
     assert "seed 1: resuming from" in resumed.output(None)
-    summary = lambda path: json.loads((path / "summary.json").read_text())["seeds"][0]["dev"]
+    def summary(path):
+        return json.loads((path / "summary.json").read_text())["seeds"][0]["dev"]
     assert summary(workdir) == summary(tmp_path / "reference")
     assert (workdir / "seed_1" / "metrics.jsonl").read_text() == \
         (tmp_path / "reference" / "seed_1" / "metrics.jsonl").read_text()
@@ -533,7 +552,8 @@ def test_ctrl_c_while_fine_tuning_saves_at_the_step_and_the_rerun_resumes_exactl
     resumed = Trainer(args)
     assert resumed.finish() == 0, resumed.output()
     assert f"seed 1: resuming from {workdir}/seed_1/checkpoints/5" in resumed.output(None)
-    summary = lambda path: json.loads((path / "summary.json").read_text())["seeds"][0]["dev"]
+    def summary(path):
+        return json.loads((path / "summary.json").read_text())["seeds"][0]["dev"]
     assert summary(workdir) == summary(tmp_path / "reference")
     assert (workdir / "seed_1" / "metrics.jsonl").read_text() == \
         (tmp_path / "reference" / "seed_1" / "metrics.jsonl").read_text()

@@ -48,7 +48,7 @@ def test_each_task_counts_its_examples(tokenizer, tmp_path):
     (tmp_path / "MRPC" / "train.tsv").write_text(
         "\n".join([header] + [f"{i % 2}\t1\t2\ta b\tc d" for i in range(110)]) + "\n")
     (tmp_path / "train.txt").write_text("".join(
-        f"john NNP B-NP B-PER\nwas VBD B-VP O\n. . O O\n\n" for _ in range(50)))
+        "john NNP B-NP B-PER\nwas VBD B-VP O\n. . O O\n\n" for _ in range(50)))
     context = " ".join(["a b c d"] * 12) + " john was good ."
     qas = [{"id": f"q{i}", "question": "who ?", "answers": [
         {"text": "john", "answer_start": context.index("john")}]} for i in range(40)]

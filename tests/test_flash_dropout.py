@@ -3,7 +3,6 @@ interpret mode on the CPU, against the einsum path given the kernel's own mask
 (`hash_dropout`): outputs and gradients at every real token, padded and packed rows, head
 size 64; its dispatch from `attention.attend` inside a model (seeds from the dropout stream,
 per shard under a mesh); and (`aot`) libtpu's compile of it for every target slice."""
-import functools
 import os
 
 import flax.linen as nn

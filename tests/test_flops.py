@@ -4,7 +4,7 @@ import runpy
 
 import pytest
 
-from bertjax import flops, nonfinite, optim, reporting, phase_schedule
+from bertjax import flops, nonfinite, optim, phase_schedule, reporting
 from bertjax.model import BertConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,9 +4,8 @@ import os
 import numpy as np
 import pytest
 
-from bertjax import finetune_loop
 from bertjax.data import tokenization
-from bertjax.tasks import features, glue
+from bertjax.tasks import features, glue, metrics
 
 GLUE_DIR = "/work/shared/data/glue"
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "d", "."]
@@ -142,7 +141,7 @@ def test_baselines_and_the_warning_when_a_model_does_not_beat_them(tmp_path, tok
 
     stats = {"dev/f1": {"mean": 0.6, "std": 0.0, "median": 0.6},
              "dev/accuracy": {"mean": 0.75, "std": 0.0, "median": 0.75}}
-    lines, warnings = finetune_loop.summary_lines("mrpc", stats, 1, {"dev": (how, {
+    lines, warnings = metrics.summary_lines("mrpc", stats, 1, {"dev": (how, {
         "f1": 2 / 3, "accuracy": 0.5})})
     assert lines[0].endswith("over 1 seeds; baseline 0.6667")
     assert len(warnings) == 1 and warnings[0].startswith(

@@ -14,11 +14,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax import checkpoint, nonfinite, optim, reporting, resume, phase_schedule, train
-from bertjax.model import BertConfig
 import injected_faults
-from test_train import (base_config, corpus_file, read_metrics,  # noqa: F401 (fixture)
-                        tiny_config)
+from bertjax import checkpoint, nonfinite, optim, phase_schedule, reporting, resume, train
+from bertjax.model import BertConfig
+from test_train import base_config, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from bertjax.data import corpus, default_corpus, loaders, pipeline
+from bertjax.data import default_corpus, loaders, pipeline
 from bertjax.data.settings import DataSettings
 from test_pipeline import make_config, only_dir, phases_of
 

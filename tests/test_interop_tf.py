@@ -8,8 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bertjax.interop import tf as tf_checkpoint
-from bertjax.interop import tree
+from bertjax.interop import tf as tf_checkpoint, tree
 
 BERT_TINY_INDEX = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "bert-tiny",
                                "bert_model.ckpt.index")

@@ -2,8 +2,8 @@
 against a stub `gcloud` that records its arguments, the supervise loop through a preemption
 (the slice recreated as it was created, data staged again), setup's refusal of uncommitted
 changes (a real git repository), any bertjax job on the slice, and shellcheck."""
-import os
 import importlib.metadata
+import os
 import subprocess
 
 import pytest

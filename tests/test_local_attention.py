@@ -9,9 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import attention
-from bertjax import local_attention as LA
-from bertjax import modernbert as MB
+from bertjax import attention, local_attention as LA, modernbert as MB
 from bertjax.dropout import apply_packed_mask, packed_keep_mask
 from bertjax.modernbert_config import ModernBertConfig
 
@@ -152,8 +150,12 @@ def test_rows_in_blocks_give_transformers_logits(name, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from bertjax.interop import hf_modernbert
-    from test_modernbert_parity import (assert_close_at_real_tokens, bertjax_logits,
-                                        hf_logits, random_hf_model)
+    from test_modernbert_parity import (
+        assert_close_at_real_tokens,
+        bertjax_logits,
+        hf_logits,
+        random_hf_model,
+    )
     model = random_hf_model(name)
     model.save_pretrained(tmp_path)
     config, params = hf_modernbert.load_hf(str(tmp_path))

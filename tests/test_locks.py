@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest

@@ -10,8 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from bertjax.data import instances as inst
-from bertjax.data import masking
+from bertjax.data import instances as inst, masking
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB = 1000

@@ -7,12 +7,11 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import pytest
 
 from bertjax import memory, optim, sharding
-from bertjax.phase_schedule import Phase
 from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.phase_schedule import Phase
 from bertjax.state import create_train_state
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

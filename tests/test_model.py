@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from bertjax import attention
-from bertjax import model as M
-from bertjax import sharding
+from bertjax import attention, model as M, sharding
 
 SMALL = M.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=24)
@@ -193,9 +191,10 @@ def test_dropout_is_active_only_when_not_deterministic():
     params = _init()
     ids, segments, mask, positions = _inputs()
     model = M.BertForPreTraining(SMALL)
-    run = lambda seed, deterministic=False: model.apply(
-        {"params": params}, ids, segments, mask, positions, deterministic=deterministic,
-        rngs={"dropout": jax.random.PRNGKey(seed)})
+    def run(seed, deterministic=False):
+        return model.apply(
+            {"params": params}, ids, segments, mask, positions, deterministic=deterministic,
+            rngs={"dropout": jax.random.PRNGKey(seed)})
     assert not np.allclose(run(0)[0], run(1)[0])
     # deterministic=True ignores the dropout key and equals the numpy reference (no dropout).
     np.testing.assert_array_equal(run(0, True)[0], run(1, True)[0])

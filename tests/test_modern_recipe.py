@@ -11,13 +11,12 @@ import sys
 import jax
 import ml_collections
 import numpy as np
-import optax
 import pytest
 
-from bertjax.run_record import RunRecord
+import test_faults
 from bertjax import optim, run_schedule, validate
 from bertjax.errors import ConfigError
-import test_faults
+from bertjax.run_record import RunRecord
 from test_modernbert_train import CONFIG_FILE, modernbert_tiny, small_config
 from test_optim import _flat, _params, _run
 from test_train import corpus_file, read_metrics  # noqa: F401 (fixture)
@@ -40,7 +39,7 @@ def _grads(spike_at: int | None) -> list[dict]:
     for step in range(8):
         scale = 100.0 if step == spike_at else 1.0
         grads.append(jax.tree.map(
-            lambda p: (scale * 1e-2 * rng.normal(size=p.shape)).astype(np.float32), _params()))
+            lambda p: (scale * 1e-2 * rng.normal(size=p.shape)).astype(np.float32), _params()))  # noqa: B023 (called within this iteration)
     return grads
 
 

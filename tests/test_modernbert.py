@@ -13,8 +13,7 @@ import pytest
 from flax import traverse_util
 from jax.sharding import PartitionSpec
 
-from bertjax import attention, objectives, optim, sharding, steps
-from bertjax import modernbert as MB
+from bertjax import attention, modernbert as MB, objectives, optim, sharding, steps
 from bertjax.interop import hf_modernbert, tree
 from bertjax.modernbert_config import ModernBertConfig
 from bertjax.state import create_train_state

@@ -14,8 +14,12 @@ import pytest
 from bertjax import convert, families, modernbert, modernbert_heads, pretrained
 from bertjax.interop import finetuned, hf_modernbert, tree
 from test_modernbert_io import bpe_tokenizer
-from test_modernbert_parity import (TOLERANCE, assert_close_at_real_tokens, padded_batch,
-                                    random_hf_model)
+from test_modernbert_parity import (
+    TOLERANCE,
+    assert_close_at_real_tokens,
+    padded_batch,
+    random_hf_model,
+)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

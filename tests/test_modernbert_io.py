@@ -17,16 +17,32 @@ import numpy as np
 import pytest
 import tokenizers as tk
 
-from bertjax import (checkpoint, convert, extract_features, families, finetune,
-                     init_architecture, modernbert, modernbert_heads, pretrained, train, validate)
-from bertjax.errors import ConfigError
+from bertjax import (
+    checkpoint,
+    convert,
+    families,
+    finetune,
+    init_architecture,
+    modernbert,
+    modernbert_heads,
+    pretrained,
+    train,
+    validate,
+)
 from bertjax.data import bpe, pipeline, tokenization
 from bertjax.data.settings import DataSettings
+from bertjax.errors import ConfigError
 from bertjax.interop import hf_modernbert, native, tree
 from bertjax.modernbert_config import ModernBertConfig
 from bertjax.tasks import features, glue, ner, squad, squad_predict
-from test_finetune import (REPO_ROOT, config_file, data_root, official_squad_v1,  # noqa: F401
-                           run_extract_features, sentence)
+from test_finetune import (  # noqa: F401
+    REPO_ROOT,
+    config_file,
+    data_root,
+    official_squad_v1,
+    run_extract_features,
+    sentence,
+)
 from test_modernbert_train import modernbert_tiny, small_config
 from test_train import cache_dir, corpus_file  # noqa: F401 (fixtures)
 
@@ -188,7 +204,8 @@ def test_a_bare_modernbert_model_gives_its_encoder_and_the_head_starts_fresh(hf_
 
 
 def test_pretraining_data_tokenizes_with_a_bpe_tokenizer_json(hf_dir, tmp_path):
-    settings = lambda **data: DataSettings.of({**small_config("corpus.txt", "").data, **data})
+    def settings(**data):
+        return DataSettings.of({**small_config("corpus.txt", "").data, **data})
     path = os.path.join(hf_dir, "tokenizer.json")
     tokenizer = pipeline.load_or_train_tokenizer(settings(tokenizer="bpe", vocab_file=path),
                                                  str(tmp_path))

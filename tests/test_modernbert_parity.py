@@ -121,8 +121,8 @@ def test_an_encoder_without_its_head_gives_its_encoder_and_pretraining_refuses_i
 def test_a_converted_bertjax_checkpoint_gives_transformers_the_same_logits(tmp_path):
     """`python -m bertjax.convert` of a bertjax ModernBERT checkpoint: transformers' logits
     equal bertjax's on the same weights."""
-    from test_modernbert_train import modernbert_checkpoint
     from test_modernbert import TINY
+    from test_modernbert_train import modernbert_checkpoint
     params = modernbert_checkpoint(tmp_path / "run")
     assert convert.main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
     model = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").eval()

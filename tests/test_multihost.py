@@ -16,13 +16,20 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from bertjax import (checkpoint, distributed, objectives, optim, phase_schedule, sharding, steps,
-                     train)
+from bertjax import (
+    checkpoint,
+    distributed,
+    objectives,
+    optim,
+    phase_schedule,
+    sharding,
+    steps,
+)
 from bertjax.data import corpus, default_corpus, pipeline
 from bertjax.data.loaders import prepare_data
+from bertjax.data.settings import DataSettings
 from bertjax.model import BertConfig, BertForPreTraining, example_inputs
 from bertjax.state import create_train_state
-from bertjax.data.settings import DataSettings
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

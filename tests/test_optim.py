@@ -16,7 +16,8 @@ B1, B2, EPS, WD = 0.9, 0.999, 1e-6, 0.01
 def _params() -> dict:
     """Small BERT-like tree: dense, LayerNorm, embeddings and a top-level output bias."""
     rng = np.random.default_rng(0)
-    normal = lambda *shape: rng.normal(size=shape).astype(np.float32)
+    def normal(*shape):
+        return rng.normal(size=shape).astype(np.float32)
     return {
         "layer": {
             "dense": {"kernel": normal(4, 3), "bias": normal(3)},

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from bertjax import convert, pretrained, train
-from bertjax.interop import hf
 from bertjax.data import tokenization
+from bertjax.interop import hf
 from bertjax.model import BertConfig, BertForPreTraining
 from test_convert import assert_trees_equal, random_params
 from test_exports import wordpiece_json_dir

@@ -15,8 +15,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax.finetune_settings import FinetuneSettings
 from bertjax import convert, finetune, pretrained
+from bertjax.finetune_settings import FinetuneSettings
 from bertjax.tasks import ner
 from test_exports import fine_tune, write_task_data
 from test_finetune import NAMES, POSITIVE, sentence

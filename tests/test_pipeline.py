@@ -14,10 +14,19 @@ import runpy
 import numpy as np
 import pytest
 
-from bertjax import memory, phase_schedule
-from bertjax import batch as batch_spec
-from bertjax.data import (corpus, default_corpus, instances, loaders, masking, pipeline,
-                          shard_job, shard_sources, tokenization, tokenize_corpus)
+from bertjax import batch as batch_spec, memory, phase_schedule
+from bertjax.data import (
+    corpus,
+    default_corpus,
+    instances,
+    loaders,
+    masking,
+    pipeline,
+    shard_job,
+    shard_sources,
+    tokenization,
+    tokenize_corpus,
+)
 from bertjax.data.settings import DataSettings
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -14,10 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from bertjax.run_record import RunRecord
+import injected_faults
 from bertjax import agreement, distributed, peers, resume
 from bertjax.data import default_corpus
-import injected_faults
+from bertjax.run_record import RunRecord
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO_ROOT, "configs", "tiny.py")
@@ -78,7 +78,7 @@ def _finish(procs, timeout: float = 240) -> list[tuple[int, str, str]]:
 def _assert_all_stop_with(results, line: str) -> None:
     for i, (code, out, err) in enumerate(results):
         assert code == 1, f"process {i} exit {code}:\n{out[-2000:]}\n{err[-3000:]}"
-        errors = [l for l in err.splitlines() if l.startswith("error:")]
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
         assert errors == [line], f"process {i}:\n{err[-3000:]}"
         assert not any(n in err + out for n in NOISE), f"process {i}:\n{err[-3000:]}"
 
@@ -267,7 +267,7 @@ def test_a_host_that_stops_with_an_error_stops_the_others(tmp_path):
     _corpus(cwds[0] / "corpus.txt")
     results = _finish(_start(tmp_path, 2, {"data.input_files": "corpus.txt"}, cwds=cwds),
                       timeout=120)
-    own = [l for l in results[1][2].splitlines() if l.startswith("error:")]
+    own = [line for line in results[1][2].splitlines() if line.startswith("error:")]
     assert len(own) == 1 and "corpus.txt" in own[0], results[1][2][-3000:]
     assert results[1][0] == 1
     assert results[0][0] == 1, results[0][2][-3000:]
@@ -405,14 +405,14 @@ def damaged_shard_on_one_host(tmp_path, workdir: str) -> None:
         for proc in procs:
             proc.kill()
     code, _, err = results[damaged]
-    own = [l for l in err.splitlines() if l.startswith("error:")]
+    own = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 1 and len(own) == 1 and "changed while in use" in own[0], err[-3000:]
     host = socket.gethostname()
     for index, (code, out, err) in enumerate(results):
         if index == damaged:
             continue
         assert code == 1, f"process {index}: {code}\n{err[-3000:]}"
-        assert [l for l in err.splitlines() if l.startswith("error:")] == [
+        assert [line for line in err.splitlines() if line.startswith("error:")] == [
             f"error: process {damaged} of 4 (host {host}) stopped: {own[0][7:]}"], err[-3000:]
         assert not any(n in err + out for n in NOISE), f"process {index}:\n{err[-3000:]}"
 
@@ -440,7 +440,7 @@ def host_that_never_joins(tmp_path, workdir: str) -> None:
     assert code == 1 and err.splitlines()[-1].startswith("error: --config.train.total_stepz")
     for index, (code, out, err) in enumerate(results[:3]):
         assert code == peers.LOST_PEER_STATUS, f"process {index}: {code}\n{err[-3000:]}"
-        assert [l for l in err.splitlines() if l.startswith("error:")] == [
+        assert [line for line in err.splitlines() if line.startswith("error:")] == [
             f"error: process 3 of 4 has not joined the job at the coordinator localhost:{port} "
             f"within 10 s; this process {index} stops (status 75): start every process with "
             "the same command (a process that stopped with an error names it on its console), "

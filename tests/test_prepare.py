@@ -14,8 +14,16 @@ import pytest
 from bertjax import prepare
 from bertjax.data import pipeline, tokenization
 from bertjax.data.settings import DataSettings
-from test_pipeline import (REPO_ROOT, make_config, phases_of, short_phase,  # noqa: F401
-                           unmasked_ids, wordpiece_corpus, wordpiece_vocab, write_documents)
+from test_pipeline import (  # noqa: F401
+    REPO_ROOT,
+    make_config,
+    phases_of,
+    short_phase,
+    unmasked_ids,
+    wordpiece_corpus,
+    wordpiece_vocab,
+    write_documents,
+)
 
 
 def wordpiece_config(corpus: str, vocab: str, **overrides):
@@ -80,8 +88,9 @@ def test_a_two_document_corpus_holds_out_instances(wordpiece_corpus, wordpiece_v
     assert pipeline.held_out_route(meta).startswith("held out by instances in 1 of 1 shards")
     held, total = len(splits[0.1]["eval"]), len(splits[0.0]["train"])
     assert abs(held - 0.1 * total) < 0.03 * total
-    rows = lambda *split_list: sorted(map(bytes, np.concatenate(
-        [unmasked_ids(split.features) for split in split_list])))
+    def rows(*split_list):
+        return sorted(map(bytes, np.concatenate(
+            [unmasked_ids(split.features) for split in split_list])))
     assert rows(splits[0.1]["train"], splits[0.1]["eval"]) == rows(splits[0.0]["train"])
 
 

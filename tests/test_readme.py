@@ -258,7 +258,8 @@ def test_ci_runs_the_readme_test_command_first_each_stage_in_a_fresh_environment
     assert 'PATH="${ENVS}/${name}/bin:${PATH}"' in text
     stages = re.findall(r'^in_fresh_env (\w+) "(.*)"$', text, re.MULTILINE)
     assert stages[0] == ("test", test_command)
-    assert [name for name, _ in stages] == ["test", "slow", "gcs", "parity", "aot", "beam"]
+    assert [name for name, _ in stages] == ["test", "slow", "gcs", "parity", "aot", "beam",
+                                            "lint"]
     assert all(command.startswith("pip install ") for _, command in stages)
     commands = [line for line in text.splitlines() if line and not line.startswith(("#", " "))]
     assert not [line for line in commands

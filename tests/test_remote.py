@@ -16,17 +16,17 @@ import time
 import jax
 import pytest
 
+import gcs_faults
+import test_faults
 from bertjax import checkpoint, convert, files, pretrained, probe, resume, train
 from bertjax.data import pipeline, prepared_files, tokenization
 from bertjax.interop import hf, native, staging
 from bertjax.tasks import probing
-import gcs_faults
-import test_faults
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
+from test_faults import Trainer, command_line
+from test_guards import compilation_cache  # noqa: F401 (autouse fixture)
 from test_probe import TINY, VOCAB
 from test_tokenization import make_sentences
-from test_guards import compilation_cache  # noqa: F401 (autouse fixture)
-from test_faults import Trainer, command_line
 from test_train import corpus_file, tiny_config  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.gcs
@@ -341,8 +341,9 @@ def straight_12(corpus_file, tmp_path_factory):
     """The losses of an uninterrupted local 12-step run (checkpoints every 4 steps), and a
     function that makes the same run's config for another workdir."""
     cache = str(tmp_path_factory.mktemp("cache12"))
-    make = lambda: tiny_config(corpus_file, cache, **{"train.total_steps": 12,
-                                                      "long_phase.fraction": 0.0})
+    def make():
+        return tiny_config(corpus_file, cache, **{"train.total_steps": 12,
+                                                  "long_phase.fraction": 0.0})
     workdir = str(tmp_path_factory.mktemp("straight12"))
     train.train_and_evaluate(make(), workdir, devices=jax.devices()[:1])
     return read_losses(workdir), make

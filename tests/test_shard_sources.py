@@ -3,8 +3,8 @@ descriptor's position are exactly the documents a reading from the start gives, 
 source and text layout (lines, paragraphs, UTF-16, CR line ends, cut long lines, bad UTF-8),
 and with several processes."""
 import pytest
-import tfds_fixture
 
+import tfds_fixture
 from bertjax.data import corpus, shard_sources
 from test_corpus import LINES_TEXT, PARAGRAPHS_TEXT, write
 

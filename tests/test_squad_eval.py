@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bertjax.tasks import squad_eval
+from bertjax.tasks import metrics, squad_eval
 from bertjax.tasks.squad import SquadExample
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -213,7 +213,6 @@ def test_cli_prints_official_dict(tmp_path):
 def test_squad_scores_print_as_percent_and_glue_as_fractions():
     """SQuAD's EM/F1 keep the official scripts' 0-100 and print with a % sign; counts and
     thresholds do not; GLUE's and CoNLL's fractions (0-1) print as they are."""
-    from bertjax import finetune_loop
     from bertjax.tasks import glue, ner, squad_predict
     percent = squad_predict.SquadFinetune.percent_metrics
     scores = squad_eval.evaluate(V2_DATASET, V2_PREDICTIONS, V2_NA_PROBS)
@@ -222,8 +221,8 @@ def test_squad_scores_print_as_percent_and_glue_as_fractions():
     assert {"exact_match", "f1"} <= percent  # v1.1's keys
     stats = {"dev/f1": {"mean": 88.5, "std": 0.25, "median": 88.5},
              "dev/total": {"mean": 4.0, "std": 0.0, "median": 4.0}}
-    lines, _ = finetune_loop.summary_lines("squad", stats, 2, {}, percent)
+    lines, _ = metrics.summary_lines("squad", stats, 2, {}, percent)
     assert lines == ["squad dev/f1: mean 88.50% std 0.25% median 88.50% over 2 seeds",
                      "squad dev/total: mean 4.0000 std 0.0000 median 4.0000 over 2 seeds"]
     assert glue.GlueFinetune.percent_metrics == ner.NerFinetune.percent_metrics == frozenset()
-    assert finetune_loop.metric_value("f1", 0.885) == "0.8850"
+    assert metrics.metric_value("f1", 0.885) == "0.8850"

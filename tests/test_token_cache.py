@@ -10,8 +10,7 @@ import pytest
 
 from bertjax.data import loaders, pipeline, token_cache, tokenize_corpus
 from bertjax.data.settings import DataSettings
-from test_pipeline import (config, corpus_file, documents, make_config, phases_of,  # noqa: F401
-                           sp_tokenizer)
+from test_pipeline import config, corpus_file, documents, make_config, phases_of, sp_tokenizer  # noqa: F401
 
 
 @pytest.fixture

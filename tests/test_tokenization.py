@@ -10,8 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax.data import tokenization as tok
-from bertjax.data import wordpiece
+from bertjax.data import tokenization as tok, wordpiece
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARITY_VOCAB = REPO_ROOT.parent / "shared" / "data" / "bert-base-uncased" / "vocab.txt"

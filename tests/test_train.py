@@ -12,15 +12,22 @@ import numpy as np
 import pytest
 
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
-from test_convert import assert_trees_equal, random_params, write_google_checkpoint
-from bertjax.finetune_settings import FinetuneSettings
-from bertjax import (families, finetune, init_architecture, modernbert, pretrained, reporting,
-                     run_schedule, train)
+from bertjax import (
+    families,
+    init_architecture,
+    modernbert,
+    pretrained,
+    reporting,
+    run_schedule,
+    train,
+)
 from bertjax.data import corpus, default_corpus, pipeline
+from bertjax.finetune_settings import FinetuneSettings
 from bertjax.interop import hf, hf_modernbert
 from bertjax.model import BertConfig
-from bertjax.phase_schedule import Phase
 from bertjax.modernbert_config import ModernBertConfig
+from bertjax.phase_schedule import Phase
+from test_convert import assert_trees_equal, random_params, write_google_checkpoint
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 base_config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "base.py"))["get_config"]
@@ -136,7 +143,8 @@ def test_fine_tuning_takes_the_sentencepiece_model_the_run_recorded(corpus_file,
         "train.total_steps": 4, "long_phase.fraction": 0.0}), str(workdir))
     fine_tune = runpy.run_path(os.path.join(REPO_ROOT, "configs", "finetune", "glue.py"))["get_config"]()
     fine_tune.init_checkpoint = str(workdir)
-    source = lambda: FinetuneSettings.of(fine_tune.to_dict()).source
+    def source():
+        return FinetuneSettings.of(fine_tune.to_dict()).source
     pretrain = pretrained.pretraining_run(source())
     assert pretrain.tokenizer_fingerprint
     models = sorted(os.listdir(workdir / "data"))

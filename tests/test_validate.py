@@ -10,7 +10,8 @@ from bertjax import finetune, train, validate
 from bertjax.errors import ConfigError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-config_of = lambda path: runpy.run_path(os.path.join(REPO_ROOT, "configs", path))["get_config"]()
+def config_of(path):
+    return runpy.run_path(os.path.join(REPO_ROOT, "configs", path))["get_config"]()
 
 
 @pytest.mark.parametrize("field, value, allowed", [

@@ -10,8 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import bert_family, families
-from bertjax import model as bert_model
+from bertjax import bert_family, model as bert_model
 from bertjax.errors import ConfigError
 from bertjax.model import BertConfig, BertMaskedLMHead, BertModel, gather_positions
 

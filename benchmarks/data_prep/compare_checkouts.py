@@ -2,10 +2,15 @@
     PYTHONPATH=CHECKOUT python benchmarks/data_prep/compare_checkouts.py CHECKOUT CACHE_DIR VOCAB CORPUS
 (CORPUS: the 7.3 MB file that make_corpus.py writes with --copies=1.)
 """
-import hashlib, runpy, sys
+import hashlib
+import runpy
+import sys
+
 import numpy as np
+
 from bertjax.data import pipeline, tokenization
 from bertjax.phase_schedule import Phase
+
 if __name__ == "__main__":
     config = runpy.run_path(sys.argv[1] + "/configs/base.py")["get_config"]()
     d = config.data

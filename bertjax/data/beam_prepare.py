@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from bertjax.data import shard_job, shard_sources
 from bertjax.errors import UserError
@@ -47,7 +47,7 @@ def _prepare(shard: shard_sources.ShardSource, job: shard_job.ShardJob) -> int:
 
 
 def shard_runner(beam_options: list[str]
-                 ) -> Callable[[shard_job.ShardJob, Iterable[shard_sources.ShardSource], Any],
+                 ) -> Callable[[shard_job.ShardJob, Iterable[shard_sources.ShardSource], int],
                                Iterator[dict[str, int]]]:
     """A `pipeline.build(run_shards=...)` that prepares the shards with Beam, run with
     `beam_options` (e.g. ["--runner=DirectRunner", "--direct_num_workers=2"]); BeamMissing
@@ -59,7 +59,7 @@ def shard_runner(beam_options: list[str]
         raise BeamMissing(INSTALL) from e
 
     def run(job: shard_job.ShardJob, shards: Iterable[shard_sources.ShardSource],
-            num_workers: Any = None) -> Iterator[dict[str, int]]:
+            num_workers: int = 0) -> Iterator[dict[str, int]]:
         del num_workers  # the runner's options say how many workers
         elements = list(shards)  # descriptors only: a few numbers per shard
         try:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
-import tokenizers as tk
 
 from bertjax import files
 from bertjax.data import hf_json
@@ -34,13 +33,15 @@ class BpeTokenizer:
             raise DataError(f"{path} is a {spec['model']['type']} tokenizer.json, not a BPE one")
         self._hf = hf_json.library_tokenizer(self._text, path)
         self.vocab_size = self._hf.get_vocab_size(with_added_tokens=True)
-        missing = [t for t in (PAD, UNK, CLS, SEP, MASK) if self._hf.token_to_id(t) is None]
+        specials = (PAD, UNK, CLS, SEP, MASK)
+        found = {t: i for t in specials if (i := self._hf.token_to_id(t)) is not None}
+        missing = [t for t in specials if t not in found]
         if missing:
             raise DataError(f"{path} lacks the special tokens {', '.join(missing)} "
                             "that bertjax's tasks put around and into the text "
                             "(ModernBERT's tokenizer.json has them)")
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-            self._hf.token_to_id(t) for t in (PAD, UNK, CLS, SEP, MASK))
+            found[t] for t in specials)
 
     def tokenize(self, text: str) -> list[str]:
         return self._hf.encode(text, add_special_tokens=False).tokens
@@ -61,7 +62,9 @@ class BpeTokenizer:
         return [self.unk_id if i is None else i for i in ids]
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
-        return [self._hf.id_to_token(check_id(i, self.vocab_size)) for i in ids]
+        # (the tokenizers stubs: None for an id out of range, which check_id refuses first)
+        return [self._hf.id_to_token(check_id(i, self.vocab_size))  # type: ignore[misc]
+                for i in ids]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._hf.decode(list(ids))

@@ -16,7 +16,6 @@ from typing import Any
 
 from bertjax.data import corpus
 
-
 # Pure-Python (and a few documentation-rich builtin) modules, sorted so the corpus
 # order is fixed. Left out: modules with import side effects (this, antigravity,
 # rlcompleter, tkinter, turtle, idlelib), deprecated ones that warn on import, and

@@ -69,7 +69,7 @@ def wordpiece_vocab(path: str) -> tuple[str, Casing]:
     vocab = model.get("vocab")
     if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
         vocab = {}  # (not a WordPiece vocab: refused below, lacking the special tokens)
-    tokens = sorted(vocab, key=vocab.get)
+    tokens = sorted(vocab, key=lambda token: vocab[token])
     added = {t.get("content") for t in spec.get("added_tokens") or []} - set(SPECIAL_TOKENS)
     checks = [
         (normalizer.get("type") == "BertNormalizer" and normalizer.get("clean_text")

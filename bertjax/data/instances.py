@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-Sentence = Sequence[int]
+Sentence = Sequence[int] | np.ndarray  # token ids (int32 arrays, as tokenized)
 TokenDocument = Sequence[Sentence]
 
 
@@ -237,7 +237,7 @@ def _padded(
 ) -> np.ndarray:
     if len(values) > length:
         raise ValueError(f"{name} has {len(values)} entries, more than the fixed size {length}.")
-    out = np.full(length, pad, dtype)
+    out: np.ndarray = np.full(length, pad, dtype)
     out[: len(values)] = values
     return out
 

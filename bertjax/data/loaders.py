@@ -3,7 +3,7 @@ masking per row) and `prepare_data` (every phase's train/eval loaders for this p
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
@@ -12,8 +12,14 @@ from jax.experimental import multihost_utils
 
 from bertjax import stopping
 from bertjax.batch import PhaseShape
-from bertjax.data import instances, packing, pipeline, shard_job, tokenization
-from bertjax.data import masking as mask_rules
+from bertjax.data import (
+    instances,
+    masking as mask_rules,
+    packing,
+    pipeline,
+    shard_job,
+    tokenization,
+)
 from bertjax.data.pipeline import DataError, PreparedSplit
 from bertjax.data.settings import DataSettings
 
@@ -64,6 +70,7 @@ class BatchLoader:
 
     def _mask_dynamically(self, batch: dict[str, np.ndarray], rows: np.ndarray, epoch: int) -> None:
         """Masks `batch` in place: row r of epoch e draws from the stream (seed, e) at r."""
+        assert self.rule is not None, "an unmasked split's loader is given its masking"
         ids, positions, labels, counts = self.rule.apply(
             batch["input_ids"], batch["input_mask"].sum(axis=1),
             shard_job.hash_seed(self.seed, epoch), rows)
@@ -105,7 +112,7 @@ def packed_loaders(train: BatchLoader, held_out: BatchLoader | None, data: DataS
     max_instances = data.packing_max_instances
     predictions = packing.predictions_per_row(phase.max_seq_length, phase.max_predictions_per_seq,
                                               data.masked_lm_prob, max_instances)
-    loaders = []
+    loaders: list[packing.PackedLoader | None] = []
     for name, loader in (("train", train), ("eval", held_out)):
         if loader is None:
             loaders.append(None)
@@ -115,14 +122,16 @@ def packed_loaders(train: BatchLoader, held_out: BatchLoader | None, data: DataS
         if jax.process_index() == 0:  # (printed lines reach the run's log file too)
             print(f"Packing {phase.name} {name}: {packed.stats.summary()}", flush=True)
         loaders.append(packed)
-    train, held_out = loaders
-    if not train.batches_per_epoch:
-        raise DataError(f"the {phase.name} train split packs into {train.stats.rows} rows, "
-                        f"fewer than one batch of {train.local_batch_size} per process: use a "
-                        "larger corpus, a higher dupe_factor, or a smaller train.global_batch_size")
-    if held_out is not None and not fewest_over_processes(held_out.batches_per_epoch):
-        held_out = None
-    return train, held_out
+    packed_train, packed_eval = loaders
+    assert packed_train is not None
+    if not packed_train.batches_per_epoch:
+        raise DataError(f"the {phase.name} train split packs into {packed_train.stats.rows} "
+                        f"rows, fewer than one batch of {packed_train.local_batch_size} per "
+                        "process: use a larger corpus, a higher dupe_factor, or a smaller "
+                        "train.global_batch_size")
+    if packed_eval is not None and not fewest_over_processes(packed_eval.batches_per_epoch):
+        packed_eval = None
+    return packed_train, packed_eval
 
 
 def prepare_data(data: DataSettings, phases: Sequence[PhaseShape], vocab_size: int,
@@ -134,8 +143,8 @@ def prepare_data(data: DataSettings, phases: Sequence[PhaseShape], vocab_size: i
     documents (default: this process's index and count) and checks
     their token ids against the model's `vocab_size`. `next_sentence_prediction=False`:
     instances without random-B pairs (pipeline.prepare)."""
-    if process_index is None:
-        process_index, process_count = jax.process_index(), jax.process_count()
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
     derived = pipeline.Derived(data, tokenizer)  # (once for every phase)
     specials = derived.specials
     result = []
@@ -154,12 +163,12 @@ def prepare_data(data: DataSettings, phases: Sequence[PhaseShape], vocab_size: i
         if fewest_over_processes(len(splits["eval"])) >= local_batch:
             eval_loader = BatchLoader(splits["eval"], local_batch, data.seed,
                                       shuffle=False, name=f"{phase.name} eval")
+        loaders: tuple[Loader, Loader | None] = (train_loader, eval_loader)
         if data.packing:
-            train_loader, eval_loader = packed_loaders(train_loader, eval_loader, data,
-                                                       phase, specials.pad_id)
-        if eval_loader is None:
+            loaders = packed_loaders(train_loader, eval_loader, data, phase, specials.pad_id)
+        if loaders[1] is None:
             logging.warning("phase %s: %d held-out sequences, fewer than one batch of %d: "
                             "evaluation skipped (raise data.eval_fraction)", phase.name,
                             len(splits["eval"]), local_batch)
-        result.append(PhaseData(phase, train_loader, eval_loader))
+        result.append(PhaseData(phase, *loaders))
     return result

@@ -70,6 +70,8 @@ class MaskingRule:
     max_predictions: int
     whole_word_mask: bool = False
     mask_mix: tuple[float, float] = PAPER_MASK_MIX
+    # Bool [vocab_size]: True where a token may be masked (set from `specials`).
+    _maskable: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_mask_mix(*self.mask_mix)
@@ -114,7 +116,9 @@ class MaskingRule:
         as the original's "##" rule does."""
         num, width = tokens.shape
         first = candidate & (np.cumsum(candidate, axis=1) == 1)
-        starts = candidate & (~self.specials.continuation[tokens] | first)
+        continuation = self.specials.continuation
+        assert continuation is not None  # (checked when the rule was made)
+        starts = candidate & (~continuation[tokens] | first)
         word_of = np.maximum.accumulate(np.where(starts, np.arange(width)[None], 0), axis=1)
         flat = (np.arange(num)[:, None] * width + word_of)[candidate]
         sizes = np.bincount(flat, minlength=num * width).reshape(num, width)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Iterator, Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -58,6 +59,7 @@ def packing_strategies(histogram: np.ndarray, max_length: int,
     full: list[tuple[tuple[int, ...], int]] = []
     for length in range(max_length, 0, -1):
         remaining = int(histogram[length]) if length < len(histogram) else 0
+        lengths: tuple[int, ...]
         while remaining:
             room = next((r for r in range(length, max_length + 1) if open_rows.get(r)), None)
             if room is None:

@@ -20,19 +20,29 @@ import random
 import shutil
 import sys
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 from absl import logging
 
 from bertjax import failures, files, locks
 from bertjax.batch import PhaseShape
-from bertjax.data import tokenization
-from bertjax.data import (corpus, instances, masking, prepared_files, shard_format, shard_job,
-                          shard_reader, shard_sources, token_cache)
+from bertjax.data import (
+    corpus,
+    instances,
+    masking,
+    prepared_files,
+    shard_format,
+    shard_job,
+    shard_reader,
+    shard_sources,
+    token_cache,
+    tokenization,
+)
 from bertjax.data.errors import DataError
-from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
 from bertjax.data.settings import DataSettings
+from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
 from bertjax.data.shard_job import split_eval_documents  # noqa: F401
 
 FORMAT_VERSION = 5  # bump when the prepared bytes change (pinned: tests/test_prepared_bytes.py)
@@ -255,11 +265,12 @@ def prepare(data: DataSettings, phase: PhaseShape, tokenizer: tokenization.Token
         key = _hash({**wanted, "source": derived.source_fingerprint,
                      "shard": [process_index, process_count]})
         directory = os.path.join(cache_dir, f"{phase.name}_{phase.max_seq_length}_{key}")
-        built = []
         try:
-            locks.build_once(directory, os.path.join(directory, "meta.json"), lambda: built.append(
-                build(directory, data, phase, tokenizer, process_index, process_count,
-                      next_sentence_prediction, wanted=wanted, derived=derived)))
+            built = locks.build_once(directory, os.path.join(directory, "meta.json"),
+                                     functools.partial(
+                                         build, directory, data, phase, tokenizer, process_index,
+                                         process_count, next_sentence_prediction, wanted=wanted,
+                                         derived=derived))
         except OSError as e:  # e.g. a full disk: one line, and no half-written data left
             shutil.rmtree(_unfinished(directory), ignore_errors=True)
             raise DataError(f"{failures.os_error_line(e)}; preparing the data of phase "
@@ -319,8 +330,9 @@ def held_out_route(meta: dict[str, Any]) -> str:
 
 def check_settings(found: dict[str, Any], wanted: dict[str, Any], directory: str) -> None:
     """DataError naming every setting in which prepared data differs from this config."""
-    flat = lambda d: {**{k: v for k, v in d.items() if k != "data"},
-                      **{f"data.{k}": v for k, v in d.get("data", {}).items()}}
+    def flat(d):
+        return {**{k: v for k, v in d.items() if k != "data"},
+                **{f"data.{k}": v for k, v in d.get("data", {}).items()}}
     found, wanted = flat(found), flat(wanted)
     changes = [f"{k}: {found.get(k)!r} there, {wanted.get(k)!r} here"
                for k in sorted(set(found) | set(wanted)) if found.get(k) != wanted.get(k)]
@@ -366,7 +378,7 @@ def build(directory: str, data: DataSettings, phase: PhaseShape,
                                            process_index, tmp, nsp), reader=reader,
                               tokens=tokens_directory(directory, derived, process_index,
                                                       process_count))
-    meta = collections.Counter()
+    meta: collections.Counter[str] = collections.Counter()
     try:
         for counts in run_shards(job, shard_sources.cut(reader, stats, data.shard_bytes),
                                  data.num_workers):

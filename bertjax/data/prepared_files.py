@@ -13,7 +13,8 @@ import shutil
 import socket
 import tempfile
 import uuid
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Literal, Mapping, TypeVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from bertjax.data import masking
 from bertjax.data.errors import DataError
@@ -52,7 +53,7 @@ class DataSettings:
     seed: int  # instances, masks and order
 
     @classmethod
-    def of(cls, data: Mapping[str, Any], recorded: bool = False) -> "DataSettings":
+    def of(cls, data: Mapping[str, Any], recorded: bool = False) -> DataSettings:
         """The settings of `data` (config.data); DataError naming the field if a choice is not
         one of its values or the mask mix is not one. `recorded`: `data` is a config an older
         run recorded, whose missing fields take their type's empty value (a choice's first)."""
@@ -85,7 +86,13 @@ class DataSettings:
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
 
 
-T = TypeVar("T")
+class _Dataclass(Protocol):
+    """Any dataclass (what `dataclasses.fields` takes)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+T = TypeVar("T", bound=_Dataclass)
 
 
 def choices(cls: type) -> dict[str, tuple[Any, ...]]:

@@ -11,12 +11,13 @@ original's TFRecord.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from bertjax import failures
 from bertjax.batch import FEATURES
+
 STORED = ("input_ids", "lengths", "b_starts", "masked_lm_positions", "masked_lm_ids",
           "num_predictions", "next_sentence_labels")
 

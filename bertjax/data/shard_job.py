@@ -16,7 +16,7 @@ import multiprocessing
 import os
 import random
 import signal
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -115,7 +115,7 @@ def stored_chunks(created: list[instances.Instance], job: ShardJob, key: int | N
 def _masked(chunk: dict[str, np.ndarray], rule: masking.MaskingRule | None, key: int | None,
             first_row: int) -> dict[str, np.ndarray]:
     """Stored rows `chunk` (rows `first_row`... of the stream `key`) masked by `rule`."""
-    if rule is None:
+    if rule is None or key is None:  # (either both or neither)
         return chunk
     rows = np.arange(first_row, first_row + len(chunk["lengths"]))
     ids, positions, labels, counts = rule.apply(chunk["input_ids"], chunk["lengths"], key, rows)
@@ -140,10 +140,12 @@ def write_split(created: list[instances.Instance], job: ShardJob, key: int | Non
 def prepare_shard(job: ShardJob, source: shard_sources.ShardSource) -> dict[str, int]:
     """Reads the documents of shard `source` (with `job.reader`) and writes the shard of both
     splits; returns its counts."""
-    shard = source.index
-    tokenized, counts = token_cache.tokenized_shard(job.tokens, shard,
-                                                    lambda: job.reader.read(source), job.tokenizer)
-    counts = collections.Counter(counts, documents=len(tokenized))
+    shard, reader, tokenizer = source.index, job.reader, job.tokenizer
+    assert reader is not None and tokenizer is not None, "a job that prepares shards has both"
+    tokenized, found = token_cache.tokenized_shard(job.tokens, shard,
+                                                   lambda: reader.read(source), tokenizer)
+    counts = collections.Counter(found)
+    counts["documents"] += len(tokenized)
     train_docs, eval_docs = split_eval_documents(tokenized, job.eval_fraction, job.seed + shard)
     by_instances = (job.eval_fraction > 0 and eval_docs and _tokens(eval_docs)
                     > INSTANCE_ROUTE_FACTOR * job.eval_fraction * counts["tokens"])

@@ -16,7 +16,8 @@ import functools
 import hashlib
 import os
 import weakref
-from typing import Any, BinaryIO, Sequence
+from collections.abc import Sequence
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -70,13 +71,15 @@ class RowFile:
         out = np.empty((len(rows),) + self.row_shape, self.dtype)
         for i, row in enumerate(rows.tolist()):
             at = self.offset + (self.start + row) * self.row_bytes
-            if os.preadv(self.fd, [out[i:i + 1]], at) != self.row_bytes:
+            # (numpy's stubs declare arrays buffers only for Python >= 3.12)
+            if os.preadv(self.fd, [out[i:i + 1]], at) != self.row_bytes:  # type: ignore[list-item]
                 raise DataError(
                     f"prepared data file {self.path} was shortened while in use (to "
                     f"{os.fstat(self.fd).st_size} bytes; row {self.start + row} ends at byte "
                     f"{at + self.row_bytes}); the run stopped before training on it: "
                     f"{self.what_to_do}")
-        changed = np.flatnonzero(row_hashes(out) != self.hashes[rows]) if len(rows) else []
+        changed = np.flatnonzero(row_hashes(out) != self.hashes[rows]) if len(rows) \
+            else np.zeros(0, np.int64)
         if len(changed):
             raise DataError(
                 f"prepared data file {self.path} changed while in use (row "
@@ -142,7 +145,7 @@ def load(path: str, record: dict[str, Any], name: str, dtype: np.dtype,
     return RowFile(fd, path, dtype, row_shape, offset, start, hashes, largest, what_to_do)
 
 
-def _read_rows(f: BinaryIO, digest: "hashlib._Hash", dtype: np.dtype, row_shape: tuple[int, ...], rows: int,
+def _read_rows(f: BinaryIO, digest: hashlib._Hash, dtype: np.dtype, row_shape: tuple[int, ...], rows: int,
                keep: tuple[int, int], narrow: bool) -> tuple[Any, int]:
     """Reads the rest of `f` into `digest`; rows `keep` as an array (`narrow`), else as their
     hashes and largest element. Returns them and the bytes read."""

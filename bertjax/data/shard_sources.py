@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from bertjax.data import corpus, default_corpus, tfds_source
 
@@ -40,12 +41,13 @@ class CorpusReader:
         `stats`) or, not counted again, from `start` (a position this returned)."""
         index, count = self.process_index, self.process_count
         if self.source == "tfds":
+            assert self.tfds is not None  # (a tfds source names its dataset)
             return tfds_source.positioned_tfds(*self.tfds, index, count, stats, start)
         if self.source == "text":
             read = corpus.positioned_documents(self.paths, self.text_format, stats, start=start)
             return ((p, document) for p, document in read if p[0] % count == index)
-        read = itertools.islice(enumerate(default_corpus.default_corpus(stats)), start, None)
-        return ((p, document) for p, document in read if p % count == index)
+        numbered = itertools.islice(enumerate(default_corpus.default_corpus(stats)), start, None)
+        return ((p, document) for p, document in numbered if p % count == index)
 
     def read(self, shard: ShardSource) -> list[corpus.Document]:
         """The documents of `shard`."""

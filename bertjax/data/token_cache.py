@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

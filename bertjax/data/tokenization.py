@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Iterable, Iterator, Protocol, Sequence, runtime_checkable
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import sentencepiece as spm
@@ -23,8 +24,19 @@ from bertjax import files
 from bertjax.data import bpe, hf_json
 from bertjax.data.errors import DataError
 from bertjax.data.wordpiece import (  # noqa: F401 (the tokenizers and tokens, in one place)
-    CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, WordPieceTokenizer, basic_tokenize, check_id,
-    file_fingerprint, read_bytes, to_text)
+    CLS,
+    MASK,
+    PAD,
+    SEP,
+    SPECIAL_TOKENS,
+    UNK,
+    WordPieceTokenizer,
+    basic_tokenize,
+    check_id,
+    file_fingerprint,
+    read_bytes,
+    to_text,
+)
 
 _SP_MODEL_TYPES = ("unigram", "bpe", "char", "word")
 
@@ -128,7 +140,7 @@ class SentencePieceTokenizer:
     def fingerprint(self) -> str:
         """Sha256 hex of the model (pieces, normalization rules, trainer options) without the
         paths it was trained from and to, so a retrained identical model keeps its identity."""
-        proto = sentencepiece_model_pb2.ModelProto()
+        proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # (generated, no stubs)
         proto.ParseFromString(self._model_bytes)
         proto.trainer_spec.ClearField("model_prefix")
         proto.trainer_spec.ClearField("input")

@@ -1,12 +1,11 @@
 """Corpus tokenization for data preparation: token ids per sentence."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from bertjax.data import tokenization
-
 
 # Longer sentences (a huge line without punctuation) are cut: no sequence can hold more, and
 # instance creation trims a pair one token at a time, so their full length would only cost time.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import unicodedata
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

@@ -73,7 +73,7 @@ def hf_head(task_config: dict[str, Any], params: dict[str, Any], form: HfForm) -
         if spec.is_regression:
             config = {**label_maps(("score",)), "problem_type": "regression"}
         else:
-            config = {**label_maps(spec.labels), "problem_type": "single_label_classification"}
+            config = {**label_maps(spec.class_names), "problem_type": "single_label_classification"}
         return HFHead(f"{family}ForSequenceClassification", linear("classifier", params),
                       config, form.sequence_pooler, f"fine-tuned on GLUE {spec.name}")
     raise ConversionError(f"fine-tuning kind {kind!r} has no Hugging Face form here")

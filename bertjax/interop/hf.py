@@ -9,8 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import families, files
-from bertjax import model as bert_model
+from bertjax import families, files, model as bert_model
 from bertjax.interop import tree
 from bertjax.interop.finetuned import HFHead
 from bertjax.model import BertConfig
@@ -219,11 +218,11 @@ def write_model_card(path: str, config: families.ModelConfig, num_params: int,
     rows = [("architecture", f"{family}, {config.num_hidden_layers} layers, hidden "
              f"{config.hidden_size}, {config.num_attention_heads} heads, feed-forward "
              f"{config.intermediate_size}, vocabulary {config.vocab_size}, "
-             f"{config.max_position_embeddings} positions, " + own.hf.describe(config)),
+             f"{config.max_position_embeddings} positions, " + own.hf_form.describe(config)),
             ("parameters", f"{num_params:,}"), *facts]
     name = name or os.path.basename(os.path.normpath(path))  # what from_pretrained is given
-    architecture = head.architecture if head else own.hf.pretraining_class
-    what = head.description if head else own.hf.pretraining_heads
+    architecture = head.architecture if head else own.hf_form.pretraining_class
+    what = head.description if head else own.hf_form.pretraining_heads
     text = "\n".join([
         "---", "library_name: transformers", f"tags: [{family.lower()}, bertjax]", "---",
         f"# {name}", "", f"A {family} model ({what}) written by bertjax.", "",

@@ -23,8 +23,16 @@ from sentencepiece import sentencepiece_model_pb2
 
 from bertjax import files
 from bertjax.data import bpe, hf_json
-from bertjax.data.tokenization import (CLS, MASK, PAD, SEP, UNK, SentencePieceTokenizer,
-                                       Tokenizer, WordPieceTokenizer)
+from bertjax.data.tokenization import (
+    CLS,
+    MASK,
+    PAD,
+    SEP,
+    UNK,
+    SentencePieceTokenizer,
+    Tokenizer,
+    WordPieceTokenizer,
+)
 from bertjax.interop import tree
 
 SPECIAL_TOKENS = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,
@@ -37,7 +45,7 @@ SPECIAL_PIECE_TYPES = (2, 3, 4)  # unknown, control, user-defined
 
 def _sentencepiece_model(tokenizer: SentencePieceTokenizer) -> tk.Tokenizer:
     """The `tokenizers` Unigram tokenizer (no template yet) of a SentencePiece model."""
-    proto = sentencepiece_model_pb2.ModelProto()
+    proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # (generated, no stubs)
     proto.ParseFromString(tokenizer.model_proto())
     if proto.trainer_spec.model_type != UNIGRAM:
         raise tree.ConversionError("only unigram SentencePiece models have a tokenizer.json "
@@ -45,7 +53,7 @@ def _sentencepiece_model(tokenizer: SentencePieceTokenizer) -> tk.Tokenizer:
     hf = tk.Tokenizer(tk.models.Unigram([(p.piece, p.score) for p in proto.pieces],
                                         unk_id=proto.trainer_spec.unk_id,
                                         byte_fallback=proto.trainer_spec.byte_fallback))
-    steps = []
+    steps: list[tk.normalizers.Normalizer] = []
     if proto.normalizer_spec.precompiled_charsmap:
         steps.append(tk.normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
     if proto.normalizer_spec.remove_extra_whitespaces:
@@ -79,9 +87,11 @@ def _wordpiece_model(tokenizer: WordPieceTokenizer) -> tk.Tokenizer:
 
 def tokenizer_json(tokenizer: Tokenizer) -> str:
     """The `tokenizers` tokenizer.json that tokenizes as `tokenizer` does."""
-    build = _wordpiece_model if isinstance(tokenizer, WordPieceTokenizer) else \
-        _sentencepiece_model
-    hf = build(tokenizer)
+    if isinstance(tokenizer, WordPieceTokenizer):
+        hf = _wordpiece_model(tokenizer)
+    else:
+        assert isinstance(tokenizer, SentencePieceTokenizer)  # (save_tokenizer's other kind)
+        hf = _sentencepiece_model(tokenizer)
     hf.post_processor = tk.processors.TemplateProcessing(
         single=f"{CLS} $A {SEP}", pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
         special_tokens=[(CLS, tokenizer.cls_id), (SEP, tokenizer.sep_id)])
@@ -109,7 +119,7 @@ def save_tokenizer(tokenizer: Tokenizer, path: str, model_max_length: int,
                     "model_input_names": ["input_ids", *(["token_type_ids"] if token_type_ids
                                                          else []), "attention_mask"],
                     "tokenizer_class": "PreTrainedTokenizerFast"}
-    if byte_level:
+    if isinstance(tokenizer, bpe.BpeTokenizer):
         names = bpe.save(tokenizer, path)
     elif isinstance(tokenizer, WordPieceTokenizer):
         names = save_vocab(tokenizer, path)
@@ -176,7 +186,7 @@ def _unigram_proto(spec: dict) -> bytes | None:
                    for s in steps):
         return None
     model, added = spec["model"], {t["content"] for t in spec.get("added_tokens", [])}
-    proto = sentencepiece_model_pb2.ModelProto()
+    proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # (generated, no stubs)
     for i, (piece, score) in enumerate(model["vocab"]):
         kind = 2 if i == model["unk_id"] else 3 if piece == PAD else 4 if piece in added else \
             6 if model.get("byte_fallback") and re.fullmatch(r"<0x[0-9A-F]{2}>", piece) else 1

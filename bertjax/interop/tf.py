@@ -16,18 +16,16 @@ import dataclasses
 import os
 import re
 import struct
-
 from typing import Any
 
 import google_crc32c
 import ml_dtypes
 import numpy as np
 
-from bertjax import files
-from bertjax import model as bert_model
+from bertjax import files, model as bert_model
+from bertjax.errors import UserError
 from bertjax.interop import tree
 from bertjax.model import BertConfig
-from bertjax.errors import UserError
 
 TABLE_MAGIC = 0xDB4775248B80FB57
 FOOTER_SIZE = 48  # two block handles padded to 40 bytes, then the 8-byte magic
@@ -98,10 +96,12 @@ def _encode_varint(value: int) -> bytes:
 
 def _proto_fields(data: bytes) -> list[tuple[int, int | bytes]]:
     """`(field_number, value)` pairs: ints for varint/fixed fields, bytes for messages."""
-    fields, pos = [], 0
+    fields: list[tuple[int, int | bytes]] = []
+    pos = 0
     while pos < len(data):
         key, pos = _varint(data, pos)
         number, wire_type = key >> 3, key & 7
+        value: int | bytes
         if wire_type == 0:
             value, pos = _varint(data, pos)
         elif wire_type == 1:
@@ -128,19 +128,36 @@ def _field(number: int, value: int | bytes, fixed32: bool = False) -> bytes:
     return _encode_varint(number << 3) + _encode_varint(value)
 
 
+def _integer(value: int | bytes, where: str) -> int:
+    """A varint or fixed protobuf field's value (a message there: CheckpointFormatError)."""
+    if isinstance(value, bytes):
+        raise CheckpointFormatError(f"{where}: a message where the index holds a number")
+    return value
+
+
+def _message(value: int | bytes, where: str) -> bytes:
+    """A length-delimited protobuf field's bytes (a number there: CheckpointFormatError)."""
+    if not isinstance(value, bytes):
+        raise CheckpointFormatError(f"{where}: a number where the index holds a message")
+    return value
+
+
 def _parse_entry(name: str, data: bytes) -> TensorEntry:
-    values = {"dtype": 0, "shape": b"", "shard_id": 0, "offset": 0, "size": 0, "crc32c": 0}
-    names = {1: "dtype", 2: "shape", 3: "shard_id", 4: "offset", 5: "size", 6: "crc32c"}
+    values = {"dtype": 0, "shard_id": 0, "offset": 0, "size": 0, "crc32c": 0}
+    names = {1: "dtype", 3: "shard_id", 4: "offset", 5: "size", 6: "crc32c"}
+    shape_field, where = b"", f"tensor {name!r}"
     for number, value in _proto_fields(data):
         if number == 7:
             raise CheckpointFormatError(f"tensor {name!r} is stored in slices (partitioned "
                                         "variable); only whole tensors are supported")
-        if number in names:
-            values[names[number]] = value
-    shape = []
-    for number, dim in _proto_fields(values["shape"]):
         if number == 2:
-            shape.append(dict(_proto_fields(dim)).get(1, 0))
+            shape_field = _message(value, where)
+        elif number in names:
+            values[names[number]] = _integer(value, where)
+    shape = []
+    for number, dim in _proto_fields(shape_field):
+        if number == 2:
+            shape.append(_integer(dict(_proto_fields(_message(dim, where))).get(1, 0), where))
     return TensorEntry(name, DTYPES.get(values["dtype"]), values["dtype"], tuple(shape),
                        values["shard_id"], values["offset"], values["size"], values["crc32c"])
 
@@ -284,7 +301,7 @@ class BundleReader:
         for key, value in _read_table(self.index_path):
             if key == b"":
                 header = dict(_proto_fields(value))
-                self.num_shards = header.get(1, 1)
+                self.num_shards = _integer(header.get(1, 1), self.index_path)
                 if header.get(2, 0) != 0:
                     raise CheckpointFormatError(f"{self.index_path}: big-endian checkpoints are "
                                                 "not supported")

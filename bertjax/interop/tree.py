@@ -12,10 +12,9 @@ from typing import Any
 import numpy as np
 from flax import traverse_util
 
-from bertjax import files
-from bertjax import model as bert_model
-from bertjax.model import BertConfig, BertForPreTraining
+from bertjax import files, model as bert_model
 from bertjax.errors import UserError
+from bertjax.model import BertConfig, BertForPreTraining
 
 LAYER_PATH = re.compile(r"^bert/encoder/layer_(\d+)/(.*)$")
 
@@ -66,7 +65,8 @@ def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
 
 def stack_layers(params: dict[str, Any]) -> dict[str, Any]:
     """Unrolled `encoder/layer_{i}/...` -> scanned `encoder/layers/...` (leading layer axis)."""
-    flat, per_layer = {}, {}
+    flat: dict[str, Any] = {}
+    per_layer: dict[str, dict[int, Any]] = {}
     for path, value in flatten(params).items():
         match = LAYER_PATH.match(path)
         if match:

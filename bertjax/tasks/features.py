@@ -7,7 +7,8 @@ import abc
 import collections
 import contextlib
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from absl import logging

@@ -10,14 +10,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import os
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import numpy as np
 from absl import logging
 
 from bertjax import families, files, objectives
-
 from bertjax.data import tfds_source, tokenization
 from bertjax.tasks import features, metrics
 
@@ -57,6 +57,13 @@ class GlueTask:
     @property
     def num_labels(self) -> int:
         return 1 if self.labels is None else len(self.labels)
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """`labels` of a classification task (a regression task has none)."""
+        if self.labels is None:
+            raise ValueError(f"{self.name} is a regression task: it has no class labels")
+        return self.labels
 
     def split(self, name: str) -> Split:
         for split in self.splits:
@@ -162,7 +169,7 @@ def _label_value(task: GlueTask, raw: Any, skips: features.SkipCounter) -> str |
             skips["unparsable score"] += 1
             return None
     label = str(raw).strip()
-    if label not in task.labels:
+    if label not in task.class_names:
         skips["unknown label"] += 1
         return None
     return label
@@ -192,13 +199,17 @@ def _tsv_examples(task: GlueTask, split: Split, paths: Sequence[str],
     return examples
 
 
+def _text(record: dict, key: str) -> str:
+    """A text feature of a record, decoded where tfds gives bytes."""
+    return record[key].decode("utf-8") if isinstance(record[key], bytes) else record[key]
+
+
 def _record_examples(task: GlueTask, split: Split, records: Iterable[dict],
                      skips: features.SkipCounter) -> list[Example]:
     """Examples from tfds / Hugging Face records (text features, integer labels, `idx`)."""
     key_a, key_b = task.hf_keys
     examples = []
     for position, record in enumerate(records):
-        text = lambda key: record[key].decode("utf-8") if isinstance(record[key], bytes) else record[key]
         if key_a not in record or (key_b and key_b not in record):
             skips["missing column"] += 1
             continue
@@ -210,8 +221,8 @@ def _record_examples(task: GlueTask, split: Split, records: Iterable[dict],
             label = _label_value(task, raw, skips)
             if label is None:
                 continue
-        examples.append(Example(str(record.get("idx", position)), text(key_a),
-                                text(key_b) if key_b else None, label))
+        examples.append(Example(str(record.get("idx", position)), _text(record, key_a),
+                                _text(record, key_b) if key_b else None, label))
     return examples
 
 
@@ -274,7 +285,7 @@ def encode(task: GlueTask, examples: Sequence[Example], tokenizer: tokenization.
     if task.is_regression:
         labels = np.array([e.label if e.label is not None else 0.0 for e in examples], np.float32)
     else:
-        labels = np.array([task.labels.index(e.label) if e.label is not None else 0
+        labels = np.array([task.class_names.index(e.label) if e.label is not None else 0
                            for e in examples], np.int32)
     return {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids,
             "labels": labels}
@@ -302,7 +313,7 @@ def write_submission(task: GlueTask, split_name: str, examples: Sequence[Example
         f.write("index\tprediction\n")
         for example, prediction in zip(examples, predictions, strict=True):
             value = (f"{float(np.clip(prediction, 0.0, 5.0)):.3f}" if task.is_regression
-                     else task.labels[int(prediction)])
+                     else task.class_names[int(prediction)])
             f.write(f"{example.index}\t{value}\n")
     return path
 
@@ -347,7 +358,7 @@ class GlueFinetune(features.Finetune):
             how, predictions = f"always {value:.3f}, the mean", np.full(len(data), value)
         else:
             majority = int(np.bincount(labels, minlength=self.task.num_labels).argmax())
-            how = f"always {self.task.labels[majority]!r}, the majority class"
+            how = f"always {self.task.class_names[majority]!r}, the majority class"
             predictions = np.full(len(data), majority)
         return how, evaluate(self.task, predictions, data.features["labels"])
 

@@ -1,11 +1,13 @@
 """Official task metrics: GLUE (accuracy, F1, Matthews, Pearson, Spearman) and CoNLL
 entity-level precision/recall/F1 (conlleval's chunk rules, IOB1 and IOB2 alike).
 
-All values are fractions in [0, 1] (correlations in [-1, 1]); inputs are host arrays.
+All values are fractions in [0, 1] (correlations in [-1, 1]); inputs are host arrays. Also
+their summary over a fine-tuning run's seeds, as printed.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -118,3 +120,48 @@ def entity_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[st
     recall = correct / found_gold if found_gold else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return {"precision": precision, "recall": recall, "f1": f1}
+
+
+def summarize_seeds(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean, standard deviation (ddof 0) and median of every dev (and labelled test) metric
+    over the seeds."""
+    table: dict[str, list[float]] = {}
+    for result in results:
+        for split, values in {**result["dev"], **result["test"]}.items():
+            for key, value in values.items():
+                table.setdefault(f"{split}/{key}", []).append(value)
+    return {key: spread(v) for key, v in table.items()}
+
+
+def metric_value(name: str, value: float, percent: frozenset[str] = frozenset()) -> str:
+    """A metric as printed: `88.50%` for one reported in percent (SQuAD's official EM/F1),
+    `0.8850` for a fraction of 1 (GLUE, CoNLL-2003)."""
+    return f"{value:.2f}%" if name in percent else f"{value:.4f}"
+
+
+def summary_lines(task: str, stats: dict[str, dict[str, float]], num_seeds: int,
+                  baselines: dict[str, tuple[str, dict[str, float]]],
+                  percent: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
+    """The run's summary lines (each metric over the seeds, beside its split's baseline), and
+    per split a warning naming the metrics whose mean does not beat the baseline: `baselines`
+    maps a split to (how the baseline predicts, its metrics); `percent` names the metrics
+    reported in percent."""
+    lines: list[str] = []
+    behind: dict[str, list[str]] = {}
+    for key, values in stats.items():
+        split, metric = key.split("/", 1)
+        mean, std, median = (metric_value(metric, values[k], percent)
+                             for k in ("mean", "std", "median"))
+        line = f"{task} {key}: mean {mean} std {std} median {median} over {num_seeds} seeds"
+        if split in baselines and metric in baselines[split][1]:
+            baseline = baselines[split][1][metric]
+            line += f"; baseline {baseline:.4f}"
+            if values["mean"] <= baseline:
+                behind.setdefault(split, []).append(
+                    f"{metric} {values['mean']:.4f} (baseline {baseline:.4f})")
+        lines.append(line)
+    warnings = [f"{split}: {', '.join(names)} do not beat the baseline that ignores the input "
+                f"({baselines[split][0]}): the model has not learned {task}; try more epochs "
+                "(--config.num_train_epochs), another --config.learning_rate, or a longer "
+                "pretrained init_checkpoint" for split, names in behind.items()]
+    return lines, warnings

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -14,7 +14,6 @@ import numpy as np
 from absl import logging
 
 from bertjax import families, files, objectives
-
 from bertjax.data import tfds_source, tokenization
 from bertjax.tasks import features, metrics
 
@@ -35,7 +34,10 @@ def read_conll_file(path: str, skips: features.SkipCounter) -> list[Sentence]:
     """Sentences of a CoNLL file: one `word ... tag` line per token (tag last), blank lines
     between sentences, `-DOCSTART-` lines ignored. Sentences with an unknown tag or a line
     without a tag are skipped and counted."""
-    sentences, words, tags, bad = [], [], [], None
+    sentences: list[Sentence] = []
+    words: list[str] = []
+    tags: list[str] = []
+    bad: str | None = None
 
     def flush():
         nonlocal words, tags, bad
@@ -106,7 +108,9 @@ def encode(sentences: Sequence[Sentence], tokenizer: tokenization.Tokenizer, max
     specials = features.special_ids(tokenizer)
     unk = tokenizer.convert_tokens_to_ids([tokenization.UNK])[0]
     encode_word = features.word_tokenizer(tokenizer, ids=True)
-    rows, positions, counts = [], [], collections.Counter()
+    rows: list[tuple[np.ndarray, ...]] = []
+    positions: list[list[int]] = []
+    counts: collections.Counter[str] = collections.Counter()
     for sentence in sentences:
         ids, labels, weights, starts = [specials["cls"]], [0], [0], []
         for word, tag in zip(sentence.words, sentence.tags):

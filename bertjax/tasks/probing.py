@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from bertjax import files
-from bertjax.model import BertModel
 from bertjax.tasks import features, glue, metrics, ner
 
 # Table 7's rows besides single layers; the last two of the "last four" when there are fewer.
@@ -55,7 +56,7 @@ def task_adapter(task: str, options: features.TaskOptions, tokenizer) -> feature
 # ----------------------------------------------------------------------------- features
 
 
-def layer_features(model: BertModel, params: Any, data: features.SplitData,
+def layer_features(model: nn.Module, params: Any, data: features.SplitData,
                    batch_size: int) -> np.ndarray:
     """The probe inputs of every example at every layer: `[N + 1, examples, F]` for GLUE,
     `[N + 1, labelled tokens, H]` for CoNLL-2003 (layer 0 = the embedding output)."""
@@ -206,7 +207,7 @@ def probe_task(adapter: features.Finetune, train: features.SplitData,
     return results
 
 
-def run_probes(model: BertModel, params: Any, tokenizer, tasks: Sequence[str],
+def run_probes(model: nn.Module, params: Any, tokenizer, tasks: Sequence[str],
                options: features.TaskOptions, settings: ProbeSettings) -> dict[str, Any]:
     """Probes every task in `tasks` (features extracted once per example); the probe.json
     content without the run's own description."""
@@ -219,7 +220,7 @@ def run_probes(model: BertModel, params: Any, tokenizer, tasks: Sequence[str],
             raise features.TaskDataError(str(e)) from e
         train_x, eval_x = (layer_features(model, params, split, settings.extract_batch_size)
                            for split in (train, evaluation))
-        num_classes = len(ner.LABELS) if task == "conll2003" else adapter.task.num_labels
+        num_classes = len(ner.LABELS) if task == "conll2003" else glue.get_task(task).num_labels
         out[task] = {"metric": adapter.main_metric, "eval_split": evaluation.name,
                      "train_examples": len(train), "eval_examples": len(evaluation),
                      "probe_inputs": int(train_x.shape[1]), "feature_size": int(train_x.shape[2]),

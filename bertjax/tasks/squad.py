@@ -34,6 +34,7 @@ from bertjax.data import tfds_source
 from bertjax.data.tokenization import CLS, SEP, Tokenizer
 from bertjax.tasks.features import word_tokenizer
 
+
 @dataclasses.dataclass
 class SquadExample:
     """One question over a whitespace-tokenized context (positions are word indices, -1 if none)."""
@@ -275,7 +276,9 @@ def _subword_document(
     words: Sequence[str], tokenize_word: Callable[[str], list[str]]
 ) -> tuple[list[str], list[int], list[int]]:
     """Sub-tokens of all words, the word of every sub-token, and every word's first sub-token."""
-    tokens, token_to_word, word_to_token = [], [], []
+    tokens: list[str] = []
+    token_to_word: list[int] = []
+    word_to_token: list[int] = []
     for word_index, word in enumerate(words):
         word_to_token.append(len(tokens))
         for piece in tokenize_word(word):

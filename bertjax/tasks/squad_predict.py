@@ -24,8 +24,8 @@ from absl import logging
 
 from bertjax import families, files, objectives
 from bertjax.data import tokenization
-from bertjax.data.tokenization import basic_tokenize
 from bertjax.data.bpe import BYTE_LEVEL_SPACE
+from bertjax.data.tokenization import basic_tokenize
 from bertjax.tasks import features, squad, squad_eval
 from bertjax.tasks.squad import SquadExample, SquadFeatures
 
@@ -235,7 +235,8 @@ def write_predictions(
 ) -> None:
     """Writes predictions.json, nbest_predictions.json and (v2.0: null_odds non-empty) null_odds.json."""
     files.makedirs(directory)
-    outputs = {"predictions.json": predictions, "nbest_predictions.json": nbest}
+    outputs: dict[str, Mapping[str, Any]] = {"predictions.json": predictions,
+                                             "nbest_predictions.json": nbest}
     if null_odds:
         outputs["null_odds.json"] = null_odds
     for name, content in outputs.items():

@@ -16,15 +16,16 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ml_collections
 from absl import flags
 
-from bertjax.tools.records import machine, versions, write_record
 from bertjax import cli, phase_schedule
 from bertjax.data import loaders, pipeline
 from bertjax.settings import PretrainingSettings
+from bertjax.tools.records import machine, versions, write_record
 
 FLAGS = flags.FLAGS
 

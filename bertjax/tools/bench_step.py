@@ -8,9 +8,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import families, optim, sharding
-from bertjax import batch as batch_spec
-from bertjax import sharded_run
+from bertjax import batch as batch_spec, families, optim, sharded_run, sharding
 from bertjax.data import packing
 from bertjax.state import count_params
 
@@ -63,15 +61,18 @@ class BertjaxTrainer:
         self.state = sharded.init_state(jax.random.PRNGKey(0))
         self.num_params = count_params(self.state.params)
         self._step = sharded.train_step
-        self._compiled = None  # the step compiled for this batch, by the first step()
+        # the step compiled for this batch, by the first step()
+        self._compiled: jax.stages.Compiled | None = None
         with sharding.activate(self.mesh):
             self.batch = sharding.global_batch_from_host(batch, self.mesh)
 
     def cost(self) -> dict[str, float]:
         """XLA's cost analysis of the compiled step (after a step()): FLOPs and bytes accessed
         (noise-free)."""
+        assert self._compiled is not None, "cost() reads the step that step() compiled"
         cost = self._compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
+        assert cost is not None, "XLA's compiles have a cost analysis"
         return {"flops": float(cost["flops"]), "bytes_accessed": float(cost["bytes accessed"])}
 
     def step(self) -> float:

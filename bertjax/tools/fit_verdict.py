@@ -33,9 +33,9 @@ def candidates(required: float, available: float, arguments: float, config: ml_c
     shrinks it), more micro-batches (no extra FLOPs; the two smallest divisors of the
     per-device batch near the activations' excess), recomputation (`dots`, then `full`: one
     more forward pass), sharding the state."""
-    shard = {"mesh.fsdp": -1, "mesh.data": 1} if config.mesh.fsdp == 1 else None
+    shard: dict[str, int | str] | None = {"mesh.fsdp": -1, "mesh.data": 1} if config.mesh.fsdp == 1 else None
     state_first = shard is not None and arguments > available / 2
-    found = [shard] if state_first else []
+    found: list[dict[str, int | str]] = [shard] if shard is not None and state_first else []
     excess = max(required - arguments, 1.0) / max(available - arguments, 1.0)
     divisors = [d for d in range(steps + 1, per_device_batch + 1)
                 if per_device_batch % d == 0 and d >= min(steps * excess, per_device_batch)]

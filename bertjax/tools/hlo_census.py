@@ -57,7 +57,7 @@ def _split_instruction(name: str, rest: str) -> Instruction:
     """`TYPE opcode(operands), attrs` -> its parts (the type may be a nested tuple)."""
     depth, end = 0, 0
     if rest.startswith("("):
-        for end, char in enumerate(rest):
+        for end, char in enumerate(rest):  # noqa: B007 (read after the loop)
             depth += {"(": 1, ")": -1}.get(char, 0)
             if depth == 0:
                 break
@@ -67,7 +67,7 @@ def _split_instruction(name: str, rest: str) -> Instruction:
     type_text, tail = rest[:end], rest[end:].lstrip()
     opcode = tail[:tail.index("(")]
     depth = 0
-    for stop, char in enumerate(tail[len(opcode):], len(opcode)):
+    for stop, char in enumerate(tail[len(opcode):], len(opcode)):  # noqa: B007 (read after the loop)
         depth += {"(": 1, ")": -1}.get(char, 0)
         if depth == 0:
             break
@@ -112,7 +112,7 @@ class Census:
     def non_matmul_bytes(self) -> float:
         return self.bytes - self.matmul_bytes
 
-    def add(self, other: "Census", times: float = 1) -> None:
+    def add(self, other: Census, times: int = 1) -> None:
         for key, count in other.kernels.items():
             self.kernels[key] += count * times
         for field in ("small_kernels", "flops", "bytes", "matmul_bytes", "seconds"):
@@ -165,15 +165,16 @@ class _Analyzer:
             if ins.opcode == "while":
                 trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
                 times = int(trips.group(1)) if trips else 1
-                result.add(self.census(attr(ins.attrs, "body")), times)
-                result.add(self.census(attr(ins.attrs, "condition")), times)
+                result.add(self.census(attr(ins.attrs, "body") or ""), times)
+                result.add(self.census(attr(ins.attrs, "condition") or ""), times)
             elif ins.opcode == "conditional":
-                names = re.findall(r"%([\w.\-]+)", (re.search(
-                    r"branch_computations=\{([^}]*)\}", ins.attrs) or re.search(
-                    r"(true_computation=\S+ false_computation=\S+)", ins.attrs)).group(1))
+                branches = re.search(r"branch_computations=\{([^}]*)\}", ins.attrs) or \
+                    re.search(r"(true_computation=\S+ false_computation=\S+)", ins.attrs)
+                assert branches is not None, f"a conditional without branches: {ins.attrs}"
+                names = re.findall(r"%([\w.\-]+)", branches.group(1))
                 result.add(max((self.census(n) for n in names), key=lambda c: c.seconds))
             elif ins.opcode == "call":
-                result.add(self.census(attr(ins.attrs, "to_apply")))
+                result.add(self.census(attr(ins.attrs, "to_apply") or ""))
             elif ins.opcode not in FREE_OPS:
                 result.add(self.kernel(ins, types))
         self.cache[computation] = result
@@ -196,7 +197,8 @@ class _Analyzer:
                                _dims(ins.attrs, "lhs_contracting_dims"))
             kind = "matmul"
         elif ins.opcode == "custom-call":
-            target = (re.search(r'custom_call_target="([^"]+)"', ins.attrs) or [None, "?"])[1]
+            found = re.search(r'custom_call_target="([^"]+)"', ins.attrs)
+            target = found[1] if found else "?"
             if "gemm" in target or "matmul" in target:
                 contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', ins.attrs)
                 dims = [int(d) for d in re.findall(r"\d+", contracting.group(1))] \

@@ -72,16 +72,23 @@ def compile_phase(sharded: sharded_run.ShardedRun, phase: phase_schedule.Phase,
         if cost and "flops" in cost:
             record["compiler_flops_per_device"] = float(cost["flops"])
         if target is not None and target.platform == "cuda":
-            record["gpu"] = gpu_estimate(compiled.as_text(), target, model_flops)
+            record["gpu"] = gpu_estimate(_hlo_text(compiled), target, model_flops)
         elif target is not None and cost and "optimal_seconds" in cost:
             record["tpu"] = tpu_estimate.estimate(
-                cost, compiled.as_text(), sharded.grad_accum[phase.name], model_flops,
+                cost, _hlo_text(compiled), sharded.grad_accum[phase.name], model_flops,
                 target.peak_tflops, top=CENSUS_GROUPS)
     record["verdict"] = fit_verdict.verdict(
         sizes, refused, memory_bytes or (target.hbm_bytes if target else None), config,
         per_device, memory.per_device_bytes(sharded.abstract_state),
         sharded.grad_accum[phase.name])
     return record
+
+
+def _hlo_text(compiled: jax.stages.Compiled) -> str:
+    """The compiled step's HLO (jax types it Optional: None only for backends without text)."""
+    text = compiled.as_text()
+    assert text is not None, "this backend's compiled step has no HLO text"
+    return text
 
 
 def summary_lines(name: str, record: dict[str, Any]) -> list[str]:

@@ -56,11 +56,11 @@ def operations(hlo_text: str, loop_trips: int = 1) -> list[Op]:
         for ins in computations[computation]:
             if ins.opcode == "while":
                 known = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
-                walk(hlo_census.attr(ins.attrs, "body"),
+                walk(hlo_census.attr(ins.attrs, "body") or "",
                      times * (int(known.group(1)) if known else loop_trips))
             elif ins.opcode not in hlo_census.FREE_OPS or ins.opcode == "call":
                 if ins.opcode == "call":
-                    walk(hlo_census.attr(ins.attrs, "to_apply"), times)
+                    walk(hlo_census.attr(ins.attrs, "to_apply") or "", times)
                     continue
                 cycles = _CYCLES.search(ins.attrs)
                 op_name = _OP_NAME.search(ins.attrs)
@@ -92,7 +92,7 @@ def estimate(cost: dict[str, float], hlo_text: str, loop_trips: int, model_flops
     seconds = max(float(cost.get("optimal_seconds", 0.0)), 0.0) * time_scale or None
     # All FLOPs but the update's few per parameter are the loop's.
     flops = float(cost.get("flops", 0.0)) * loop_trips
-    result = {
+    result: dict[str, Any] = {
         "optimal_seconds": seconds, "compiler_optimal_seconds": cost.get("optimal_seconds"),
         "loop_trips": loop_trips, "time_scale": time_scale,
         "bytes_accessed": float(cost.get("bytes accessed", 0.0)) * _ratio(
@@ -137,4 +137,5 @@ def matmul_calibration(device: jax.Device, peak_tflops: float, size: int = 8192)
     compiled = jax.jit(jnp.matmul).lower(operand, operand).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
+    assert cost is not None, "libtpu's compiles have a cost analysis"
     return 2.0 * size ** 3 / float(cost["optimal_seconds"]) / (peak_tflops * 1e12)
