@@ -36,15 +36,14 @@ def batches(seed: int = 0):
 
 def run_bertjax() -> None:
     import jax
-    import ml_collections
 
     from bertjax import optim, sharding, steps
     from bertjax.model import BertConfig, BertForPreTraining, example_inputs
     from bertjax.state import create_train_state
 
     model = BertForPreTraining(BertConfig(**ARCH))
-    tx = optim.make_optimizer(ml_collections.ConfigDict(
-        dict(peak_learning_rate=LR, warmup_steps=WARMUP, total_steps=STEPS)))
+    tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=LR, warmup_steps=WARMUP,
+                                                    total_steps=STEPS))
     mesh = sharding.make_mesh({"data": 1})
     state, _, shardings = create_train_state(model, tx, jax.random.PRNGKey(0),
                                              example_inputs(model), mesh)

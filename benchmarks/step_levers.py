@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 
 import flax.linen as nn
 import jax
@@ -143,7 +142,7 @@ def patch(replacements):
 def build(config, batch_np, accum=1):
     mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
     model = M.BertForPreTraining(config)
-    opt = types.SimpleNamespace(name="bert_adam", peak_learning_rate=1e-4, warmup_steps=10000,
+    opt = optim.OptimizerConfig(name="bert_adam", peak_learning_rate=1e-4, warmup_steps=10000,
                                 total_steps=1000000, weight_decay_rate=0.01, eps=1e-6,
                                 clip_global_norm=1.0)
     tx = optim.make_optimizer(opt)

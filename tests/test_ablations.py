@@ -8,7 +8,6 @@ import runpy
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -189,8 +188,8 @@ def _batch(seed=0):
 def _train_step(objective):
     mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
     model = BertForPreTraining(MODEL)
-    tx = optim.make_optimizer(ml_collections.ConfigDict(
-        dict(peak_learning_rate=1e-2, warmup_steps=0, total_steps=10)))
+    tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-2, warmup_steps=0,
+                                                    total_steps=10))
     state, _, shardings = create_train_state(
         model, tx, jax.random.PRNGKey(0), (jnp.zeros((1, 8), jnp.int32),) * 3
         + (jnp.zeros((1, 2), jnp.int32),), mesh)

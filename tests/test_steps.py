@@ -5,7 +5,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -37,8 +36,8 @@ def _batch(seed=0):
 
 def _setup(mesh, config=CONFIG):
     model = BertForPreTraining(config)
-    tx = optim.make_optimizer(ml_collections.ConfigDict(
-        dict(peak_learning_rate=1e-2, warmup_steps=2, total_steps=10)))
+    tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-2, warmup_steps=2,
+                                                    total_steps=10))
     example = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
     state, _, shardings = create_train_state(model, tx, jax.random.PRNGKey(0), example, mesh)
     return model, tx, state, shardings
@@ -242,9 +241,9 @@ def test_finite_gradients_keep_a_reachable_state_finite(name):
     no clipping, for 30 steps from the initial state."""
     params = {"dense": {"kernel": jnp.ones((3, 4)), "bias": jnp.zeros(4)},
               "LayerNorm": {"scale": jnp.ones(4)}}
-    tx = optim.make_optimizer(ml_collections.ConfigDict(dict(
+    tx = optim.make_optimizer(optim.OptimizerConfig(
         name=name, peak_learning_rate=1e-2, warmup_steps=2, total_steps=30,
-        clip_global_norm=0.0)))
+        clip_global_norm=0.0))
     opt_state = tx.init(params)
     for i in range(30):
         grads = jax.tree.map(lambda x: jnp.full_like(x, (-1) ** i * 1e18 * (1 + i % 3)), params)  # noqa: B023 (called within this iteration)
