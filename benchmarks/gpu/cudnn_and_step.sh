@@ -11,25 +11,20 @@
 #    passed. Then L=512 B=32 at 24 layers if time is left.
 # The machine's own JAX is used (the versions are logged); nothing needs to travel.
 set -u
-OUT=${1:?OUT_DIR}
-BUDGET=${2:-520}
-START=$(date +%s)
-mkdir -p "$OUT"
-LOG="$OUT/log.txt"
-export PYTHONUNBUFFERED=1 PYTHONPATH=".:${PYTHONPATH:-}" TF_CPP_MIN_LOG_LEVEL=1
-export JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}  # no silent CPU
 . benchmarks/gpu/stages.sh
+begin "${1:?OUT_DIR}" "${2:-520}"
 
 say "machine: $(nvidia-smi -L 2>&1 | head -1); $(nproc) cores"
 python3 -m pip show jax jaxlib jax-cuda13-plugin flax optax 2>/dev/null \
     | grep -E "^(Name|Version)" | paste - - | tee -a "$LOG"
 
-for case in raw model_nodrop model_dropout_fwd model_dropout_grad step_nodrop step_dropout; do
+for case in raw model_nodrop model_dropout_fwd model_dropout_grad step_nodrop; do
     stage "probe_$case" 75 python3 benchmarks/gpu/cudnn_probe.py "$case"
-    eval "rc_$case=$?"
 done
 VARIANTS=1
-[ "$rc_step_dropout" = 0 ] && VARIANTS=1,3
+if stage probe_step_dropout 75 python3 benchmarks/gpu/cudnn_probe.py step_dropout; then
+    VARIANTS=1,3
+fi
 for layers in 4 24; do
     stage "step_l128_${layers}layers" $((layers == 4 ? 100 : 220)) python3 benchmarks/step_levers.py \
         --lengths=128 --variants=$VARIANTS --layers=$layers --steps=10 \

@@ -11,15 +11,9 @@
 # lent image holds jax, flax, optax, torch and transformers; ml_collections travels as a
 # wheel in .whl/ (the device tool's README says how), trace_summary.py in .gpu/.
 set -u
-OUT=${1:?OUT_DIR}
-BUDGET=${2:-540}
-START=$(date +%s)
-mkdir -p "$OUT"
-LOG="$OUT/log.txt"
-export PYTHONUNBUFFERED=1 PYTHONPATH=".:${PYTHONPATH:-}" TF_CPP_MIN_LOG_LEVEL=1
-export TRACE_SUMMARY=.gpu/trace_summary.py JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}  # no silent CPU
-
 . benchmarks/gpu/stages.sh
+begin "${1:?OUT_DIR}" "${2:-540}"
+export TRACE_SUMMARY=.gpu/trace_summary.py
 
 say "machine: $(nvidia-smi -L 2>&1 | head -1); $(nproc) cores"
 python3 -m pip show jax jaxlib jax-cuda13-plugin flax optax torch transformers 2>/dev/null \
@@ -35,7 +29,7 @@ if stage smoke_cudnn 90 "${SMOKE[@]}"; then ATTN=auto LEVERS=1,3; else
 fi
 
 LARGE=(python3 -m bertjax.tools.bench --config=configs/large.py --steps=5 --rounds=3
-       --compare=hf --config.model.attention_impl=$ATTN)
+       --compare=hf "--config.model.attention_impl=$ATTN")
 # JAX and PyTorch share the GPU in the --compare runs: JAX takes under half of it.
 XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 stage large_l128_vs_hf 200 "${LARGE[@]}" \
     --config.train.global_batch_size=128 --out="$OUT/gpu_large_l128.json"

@@ -1,6 +1,15 @@
-# Shared by the GPU scripts here: `say` logs with the seconds since START, `stage NAME CAP
-# COMMAND...` runs COMMAND under min(CAP, what is left of BUDGET) and logs its exit status.
-# The caller sets START, BUDGET and LOG.
+# shellcheck shell=bash
+# Shared by the GPU scripts here: `begin OUT_DIR SECONDS` starts the clock, the log
+# (OUT_DIR/log.txt) and the environment; `say` logs with the seconds since then; `stage NAME
+# CAP COMMAND...` runs COMMAND under min(CAP, what is left of SECONDS) and logs its exit status.
+begin() {
+    OUT=$1 BUDGET=$2 START=$(date +%s)
+    mkdir -p "$OUT"
+    LOG="$OUT/log.txt"
+    export PYTHONUNBUFFERED=1 PYTHONPATH=".:${PYTHONPATH:-}" TF_CPP_MIN_LOG_LEVEL=1
+    export JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}  # no silent CPU
+}
+
 say() { echo "[$(($(date +%s) - START))s] $*" | tee -a "$LOG"; }
 
 stage() {
