@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -56,7 +57,7 @@ def config_fields(settings: dict[str, Any], workdir: str) -> dict[str, str]:
     return {**fields, "--workdir": repr(workdir)}
 
 
-def data_fields(identity: dict[str, Any]) -> dict[str, str]:
+def data_fields(identity: Mapping[str, Any]) -> dict[str, str]:
     """The corpus as compared between hosts (`identity`: guards.data_identity): how many
     files it names and each file's size and sampled content, by its name (not its directory,
     which may differ with the working directory, nor its time, which copies may change)."""

@@ -19,7 +19,7 @@ run resumed from until a newer one of that run is sealed (`keep_until_newer_seal
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +37,7 @@ from bertjax.errors import UserError
 from bertjax.state import TrainState
 
 # A tree of arrays (a TrainState, or a dict of parameters), as Orbax saves and restores it.
-PyTree = optax.Params | TrainState
+PyTree: TypeAlias = "optax.Params | TrainState"
 
 storage.install_gcsfs()  # (before etils epath caches its gs:// file system)
 

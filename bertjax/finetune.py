@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -54,8 +55,8 @@ class FinetuneError(UserError, ValueError):
     """A configuration or input that cannot run; the message says what to change."""
 
 
-TASK_KINDS = {"glue": glue.GlueFinetune, "ner": ner.NerFinetune,
-              "squad": squad_predict.SquadFinetune}
+TASK_KINDS: dict[str, Callable[[features.TaskOptions, Tokenizer], features.Finetune]] = {
+    "glue": glue.GlueFinetune, "ner": ner.NerFinetune, "squad": squad_predict.SquadFinetune}
 
 
 def make_task(settings: FinetuneSettings, tokenizer: Tokenizer) -> features.Finetune:
@@ -162,19 +163,20 @@ def _run(settings: FinetuneSettings, workdir: str, devices: list[jax.Device] | N
     results = [finetune_loop.train_one_seed(settings, dataclasses.replace(record, seed=seed),
                                             trainer, data, os.path.join(workdir, f"seed_{seed}"))
                for seed in settings.seeds]
-    baselines = {name: task.baseline(data["train"], data[name]) for name in task.eval_splits}
-    baselines = {name: found for name, found in baselines.items() if found}
+    baselines = {name: found for name in task.eval_splits
+                 if (found := task.baseline(data["train"], data[name]))}
+    stats = metrics.summarize_seeds(results)
     summary = {"task": settings.task, "init_checkpoint": settings.init_checkpoint,
                "random_init": bool(settings.random_init), "main_metric": task.main_metric,
                "train_examples": len(data["train"]),
                "skipped": {name: split.skipped for name, split in data.items()},
-               "seeds": results, "summary": metrics.summarize_seeds(results),
+               "seeds": results, "summary": stats,
                "baselines": {name: {"predicts": how, **values}
                              for name, (how, values) in baselines.items()},
                "config": settings.as_dict}
     if jax.process_index() == 0:
         files.write_text(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=1))
-        lines, warnings = metrics.summary_lines(settings.task, summary["summary"],
+        lines, warnings = metrics.summary_lines(settings.task, stats,
                                                       len(results), baselines,
                                                       task.percent_metrics)
         print("\n".join(lines), flush=True)

@@ -73,7 +73,7 @@ def apply_model(model: nn.Module, params: optax.Params, batch: Batch, determinis
                 rng: jax.Array | None = None):
     return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
                        batch["input_mask"], deterministic=deterministic,
-                       rngs=None if deterministic else {"dropout": rng})
+                       rngs=None if deterministic or rng is None else {"dropout": rng})
 
 
 @dataclasses.dataclass
@@ -118,7 +118,8 @@ def shuffled_batches(rng: np.random.Generator, rows: int, batch_size: int
 def epoch_ends(rows: int, batch_size: int, total_steps: int) -> list[int]:
     """The steps after which a dev evaluation runs: where each pass over the `rows` training
     rows ends, and `total_steps` (the last)."""
-    ends, epoch = [], 1
+    ends: list[int] = []
+    epoch = 1
     while not ends or ends[-1] < total_steps:
         end = min(epoch * rows // batch_size, total_steps)
         if end > (ends[-1] if ends else 0):
@@ -302,6 +303,7 @@ class SeedRun:
 
     def save(self, epochs_done: int) -> None:
         """Saves the state at `step` with `epochs_done` epochs done (a stop within the next)."""
+        assert self.state is not None  # (set in __init__: restored or fresh)
         loop.save(self.checkpointer, self.nonfinite, self.step, self.state,
                   {"epoch": epochs_done, "best": self.best}, self.meta, force=True)
 
@@ -383,6 +385,7 @@ class SeedRun:
         return stopped
 
     def predict(self, split: str) -> Any:
+        assert self.state is not None  # (set in __init__: restored or fresh)
         return predict(self.trainer.run.eval_step, self.state.params, self.data[split],
                        self.settings.eval_batch_size, self.trainer.run.mesh)
 

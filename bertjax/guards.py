@@ -48,7 +48,7 @@ def data_identity(data_cfg: DataSettings, phases: Sequence[Phase]) -> dict[str, 
         "phases": {p.name: {f: getattr(p, f) for f in PHASE_FIELDS} for p in phases}}))
 
 
-def _corpus_changes(found: dict[str, Any], expected: dict[str, Any]) -> list[str]:
+def _corpus_changes(found: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
     """What differs between two corpora: files, sizes, content samples. A file with another
     mtime but the same size and samples (e.g. copied to a new machine) only gets a warning."""
     if found["source"].get("files") is None or expected["source"].get("files") is None or [

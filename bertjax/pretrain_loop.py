@@ -23,7 +23,7 @@ from bertjax import (
     sharding,
     stopping,
 )
-from bertjax.data.loaders import BatchLoader, PhaseData, fewest_over_processes
+from bertjax.data.loaders import Loader, PhaseData, fewest_over_processes
 from bertjax.phase_schedule import DataPosition
 from bertjax.run_record import RunRecord
 from bertjax.settings import TrainSettings
@@ -31,7 +31,7 @@ from bertjax.sharded_run import ShardedRun
 from bertjax.state import TrainState
 
 
-def evaluate(eval_step, params, loader: BatchLoader | None, num_batches: int,
+def evaluate(eval_step, params, loader: Loader | None, num_batches: int,
              mesh: jax.sharding.Mesh) -> dict[str, float]:
     """Mean MLM/NSP loss and accuracy over the first `num_batches` held-out batches."""
     if loader is None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from bertjax import console, flops, metrics_writer, nonfinite, objectives, optim, phase_schedule
+from bertjax.batch import PhaseShape
 from bertjax.families import ModelConfig
 from bertjax.phase_schedule import Phase
 
@@ -162,7 +163,7 @@ class Progress:
         self.window_start, self.window_start_step = now, step
         return means
 
-    def log_eval(self, step: int, phase: Phase, means: dict[str, float]) -> None:
+    def log_eval(self, step: int, phase: PhaseShape, means: dict[str, float]) -> None:
         """Prints, and writes to TensorBoard and metrics.jsonl, a held-out evaluation (a
         rerun of a finished run, which trains no step, prints it only: its row is there)."""
         chief_print(f"eval step {step} [{phase.name}]: " + " ".join(

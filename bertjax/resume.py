@@ -118,6 +118,13 @@ class Resume:
                 "resume from it; or use another --workdir.")
         return None
 
+    def _newest_left(self) -> Found:
+        """`newest()` after one was set aside: never None (it raises UnusableCheckpoint once
+        the last one is gone)."""
+        found = self.newest()
+        assert found is not None
+        return found
+
     def _read(self, step: int, read: Callable[[], T]) -> T:
         """`read()`; a read of checkpoint `step` that failed for the storage (after its
         retries) proves no damage: CheckpointUnreadable, and the checkpoint stays."""
@@ -173,25 +180,25 @@ class Resume:
                 raise
             except checkpoint.DamagedCheckpoint as e:  # (every process computed the digest)
                 self._set_aside(found.step, e.problem)
-                found = self.newest()
+                found = self._newest_left()
                 check(found)
             except Exception as e:  # noqa: BLE001 (any failure to restore it)
                 if found.sealed or jax.process_count() > 1:
                     raise UnusableCheckpoint(f"checkpoint {self.where(found.step)} failed to "
                                              f"restore: {first_line(e)}") from e
                 self._set_aside(found.step, f"it cannot be restored ({first_line(e)})")
-                found = self.newest()  # (never None: it raises once any was set aside)
+                found = self._newest_left()
                 check(found)
         if self.set_aside:
             reporting.chief_print(f"Resuming from step {found.step} instead of "
                                   f"{max(self.set_aside)}: {max(self.set_aside) - found.step} "
                                   "steps will be trained again")
-        position = phase_schedule.DataPosition.from_dict(position)
+        data_position = phase_schedule.DataPosition.from_dict(position)
         self.checkpointer.keep_until_newer_sealed(found.step)
         reporting.chief_print(f"Resuming from {self.checkpointer.directory} at step "
-                              f"{found.step} (phase {position.phase}, next batch "
-                              f"{position.batch_index})")
-        return state, position
+                              f"{found.step} (phase {data_position.phase}, next batch "
+                              f"{data_position.batch_index})")
+        return state, data_position
 
     def fall_back(self, start: Start, error: nonfinite.NonFiniteAfterResume,
                   abstract_state: TrainState, record: RunRecord, check: Callable[[Found], None],
@@ -207,7 +214,7 @@ class Resume:
             if step >= start.found.step:
                 self._set_aside(step, "every step since resuming from it was non-finite; "
                                       "falling back (once) to the checkpoint before it")
-        previous = self.newest()
+        previous = self._newest_left()
         check(previous)
         state, position = self.restore(previous, abstract_state, record, check)
         return Start.of(state, position, previous, phases, fell_back=True)

@@ -102,7 +102,7 @@ def _train_and_evaluate(settings: PretrainingSettings, config_json: str, workdir
     phases, optimizer = plan.phases, plan.optimizer_config
     record = RunRecord.new(families.recorded_fields(model), config_json,
                            guards.data_identity(data, phases), plan.record())
-    agreement.check("corpus", agreement.data_fields(record.data), agreement.SAME_FILES)
+    agreement.check("corpus", agreement.data_fields(record.data or {}), agreement.SAME_FILES)
     def check(found: resume.Found) -> None:
         resume_from.check(found, record, data, phases, train.allow_changed_data)
 
