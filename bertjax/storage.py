@@ -148,12 +148,13 @@ def _final_chunk(method: str, url: str, headers: dict | None) -> tuple[int, int]
     return int(first_last.split("-")[0]), int(total)
 
 
-def _crc32c(data: bytes | BinaryIO) -> str:
-    """GCS's `crc32c` field (base64 of the big-endian CRC32C) of `data`."""
+def _crc32c(data: bytes | bytearray | memoryview | BinaryIO) -> str:
+    """GCS's `crc32c` field (base64 of the big-endian CRC32C) of `data` (a buffer, or a stream
+    read from its start)."""
     import base64
 
     import google_crc32c
-    if not isinstance(data, bytes):
+    if not isinstance(data, (bytes, bytearray, memoryview)):
         data.seek(0)
         data = data.read()
     return base64.b64encode(google_crc32c.Checksum(bytes(data)).digest()).decode()
