@@ -3,7 +3,6 @@ and the compiler's refusal, target names, and "auto" resolved for the target's d
 
 The cross-compiles themselves (libtpu, the CUDA plugin: `pip install -e '.[aot]'`) are
 marked `aot`: `python -m pytest -m aot tests/test_aot.py` (a stage of .ci/run)."""
-import glob
 import json
 import os
 import subprocess
@@ -317,7 +316,7 @@ def test_the_aot_extra_changes_nothing_an_entry_point_prints(module, args, tmp_p
     accelerators prints what it prints with JAX_PLATFORMS=cpu: here its one error line (a
     missing checkpoint), not the plugins' start-up tracebacks before it."""
     pytest.importorskip("libtpu")
-    if any(glob.glob(pattern) for pattern in backend_env.ACCELERATOR_FILES):
+    if backend_env.present(backend_env.ACCELERATOR_FILES):
         pytest.skip("this host has an accelerator: its plugins start")
     names = {"m": tmp_path / "missing"}
     command = [sys.executable, "-m", module, f"--workdir={tmp_path}/w",
@@ -401,7 +400,7 @@ def test_the_python_api_is_as_quiet_as_the_command_line(hf_dir, tmp_path):  # no
     CUDA plugin installed (the `aot` extra): nothing but what it prints itself (the plugins'
     start-up tracebacks came first; issue 42)."""
     pytest.importorskip("libtpu")
-    if any(glob.glob(pattern) for pattern in backend_env.ACCELERATOR_FILES):
+    if backend_env.present(backend_env.ACCELERATOR_FILES):
         pytest.skip("this host has an accelerator: its plugins start")
     script = ("import numpy as np\n"
               "from bertjax import modernbert\n"
