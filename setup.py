@@ -59,7 +59,7 @@ setup(
         "parity": ["pytest>=8", "torch==2.13.0", "transformers==5.23.0"],
         # gs:// paths (any fsspec URL needs its fsspec package) and the local GCS emulator
         # of the tests marked `gcs`.
-        # aiohttp and requests (gcsfs's own clients): bertjax.storage tells their transient
+        # aiohttp and requests (gcsfs's own clients): bertjax.runtime.storage tells their transient
         # errors from the rest.
         "gcs": ["gcsfs>=2025.3", "aiohttp", "requests", "gcp-storage-emulator>=2024.8"],
         # The `tensorboard` command for the event files in WORKDIR/tensorboard.

@@ -17,9 +17,10 @@ import numpy as np
 import torch
 import transformers
 
-from bertjax import finetune, pretrained
-from bertjax.finetune_settings import FinetuneSettings
+from bertjax import finetune
+from bertjax.interop import pretrained
 from bertjax.tasks import glue
+from bertjax.training.finetune_settings import FinetuneSettings
 
 
 def main(workdir: str, hf_dir: str, split: str = "dev") -> None:

@@ -15,7 +15,7 @@ import runpy
 
 import jax
 
-from bertjax import targets
+from bertjax.runtime import targets
 from bertjax.tools import aot
 
 

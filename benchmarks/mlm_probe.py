@@ -37,9 +37,9 @@ def batches(seed: int = 0):
 def run_bertjax() -> None:
     import jax
 
-    from bertjax import optim, sharding, steps
-    from bertjax.model import BertConfig, BertForPreTraining, example_inputs
-    from bertjax.state import create_train_state
+    from bertjax.models.bert.model import BertConfig, BertForPreTraining, example_inputs
+    from bertjax.training import optim, sharding, steps
+    from bertjax.training.state import create_train_state
 
     model = BertForPreTraining(BertConfig(**ARCH))
     tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=LR, warmup_steps=WARMUP,

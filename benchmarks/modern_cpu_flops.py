@@ -8,10 +8,10 @@ For each row length: `configs/tiny.py` (BERT, dropout 0, as the modern study's p
 and `configs/modernbert_tiny.py` (packed rows of one instance, as its recipe), batch 32,
 15% of the tokens predicted, the train step of `bertjax.tools.bench` (`BertjaxTrainer`) on a
 synthetic batch; ModernBERT twice: as it is (sliding windows in blocks where that computes
-fewer scores, `bertjax.local_attention`) and with the band-masked einsum over the whole row
+fewer scores, `bertjax.models.local_attention`) and with the band-masked einsum over the whole row
 (the blocks switched off while its step is traced: the path before them). Rounds of
 `--steps` steps of each, in turn; FLOP/s from the median step time and
-`bertjax.flops.train_flops_per_sequence`.
+`bertjax.models.flops.train_flops_per_sequence`.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 
-from bertjax import families, flops, local_attention
+from bertjax.models import families, flops, local_attention
 from bertjax.tools.bench_step import BertjaxTrainer, synthetic_batch
 from bertjax.tools.records import machine, versions, write_record
 

@@ -11,7 +11,7 @@ fine-tuned like it (`ablation_study.finetune_command`). `paper` is ablation_stud
 (configs/tiny.py, MLM 15% + NSP, BERT Adam, linear decay) at `--steps`. `modern_flops` is
 configs/modernbert_tiny.py with its recipe (30% masking, no NSP, packing, StableAdamW b2 .98
 without clipping, warmup-stable-decay 1-sqrt) for as many steps as give the paper row's model
-FLOPs (`bertjax.flops`, per row of 64 tokens, padding included: a packed row costs what an
+FLOPs (`bertjax.models.flops`, per row of 64 tokens, padding included: a packed row costs what an
 unpacked one does and holds more real tokens). `modern_time` is the same for the paper row's
 measured training wall time (log.txt, first step to last, compile included), scaled from
 `modern_flops`' measured seconds per step, so it runs after both. The other rows add one
@@ -58,10 +58,10 @@ LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) console\] (Train
 
 
 def flops_per_row(config_path: str, overrides: list[str]) -> int:
-    """Model FLOPs of one pretraining row of 64 tokens (bertjax.flops) for a config file and
+    """Model FLOPs of one pretraining row of 64 tokens (bertjax.models.flops) for a config file and
     the row's masking overrides; packed rows hold `packing.predictions_per_row` predictions."""
-    from bertjax import families, flops
     from bertjax.data import packing
+    from bertjax.models import families, flops
     c = runpy.run_path(config_path)["get_config"]()
     predictions = 20 if MODERN_MASKING[0] in overrides else 10
     if c.data.packing or "--config.data.packing=True" in overrides:

@@ -29,7 +29,7 @@ ARMS = ("continue", "restart")
 
 
 def phase_steps(args) -> tuple[int, int]:
-    """(phase-1 steps, phase-2 steps), as bertjax.phase_schedule splits `--steps`."""
+    """(phase-1 steps, phase-2 steps), as bertjax.training.phase_schedule splits `--steps`."""
     long_steps = int(round(args.steps * args.long_fraction))
     return args.steps - long_steps, long_steps
 

@@ -37,8 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import attention, flops, model as M, optim, sharding, steps
-from bertjax.state import create_train_state
+from bertjax.models import attention, flops
+from bertjax.models.bert import model as M
+from bertjax.training import optim, sharding, steps
+from bertjax.training.state import create_train_state
 
 LARGE = M.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
                      intermediate_size=4096, dtype="bfloat16")

@@ -15,8 +15,8 @@ from typing import Any, NoReturn
 import ml_collections
 from absl import app, flags
 
-from bertjax import console, failures, stopping
 from bertjax.errors import ConfigError
+from bertjax.runtime import console, failures, stopping
 
 
 def _config_arguments(argv: Sequence[str], flag: str) -> tuple[str | None, list[str]]:
@@ -85,7 +85,7 @@ def config_argument_error(argv: Sequence[str], flag: str = "config") -> str | No
     for name in overrides:
         problem = _unknown_field(flag, config, name, path)
         if problem and name == "model.family":  # a BERT config (its section has no family)
-            from bertjax import families  # (JAX: only on this mistake)
+            from bertjax.models import families  # (JAX: only on this mistake)
             return (f"--{flag}.{name}: {path} is a BERT config (no model.family field: "
                     "BERT's configs need none); a ModernBERT run starts from a ModernBERT "
                     f"config, {families.get('modernbert').configs}")
@@ -118,7 +118,7 @@ def leave_on(error: Exception, workdir: str = "") -> NoReturn:
     an OSError as `failures.os_error_line`; a failed checkpoint save or training error
     pointing to the run's log file (where the libraries' tracebacks went); after a failed save
     at once."""
-    from bertjax import checkpoint, nonfinite  # (JAX and Orbax: not for bertjax.prepare)
+    from bertjax.training import checkpoint, nonfinite  # (JAX and Orbax: not for bertjax.prepare)
     message = failures.os_error_line(error) if isinstance(error, OSError) else str(error)
     log = console.log_file(workdir) if workdir else ""
     if isinstance(error, (checkpoint.CheckpointWriteError, nonfinite.TrainingError)) \

@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import console, families, files, pretrained
 from bertjax.data import tokenization
 from bertjax.errors import UserError
-from bertjax.interop import finetuned, hf, hf_tokenizer, native, tf, tree
+from bertjax.interop import finetuned, hf, hf_tokenizer, native, pretrained, tf, tree
+from bertjax.models import families
+from bertjax.runtime import console, files
 
 SAVERS = {"tf": tf.save_tf, "bertjax": native.save_bertjax}  # (hf: the family's writer)
 

@@ -19,9 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from bertjax import cli, families, files, pretrained
+from bertjax import cli
 from bertjax.data import tokenization
 from bertjax.errors import ConfigError, UserError
+from bertjax.interop import pretrained
+from bertjax.models import families
+from bertjax.runtime import files
 from bertjax.tasks import features
 
 

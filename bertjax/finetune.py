@@ -27,28 +27,17 @@ from absl import flags, logging
 from jax.sharding import Mesh
 from ml_collections import config_flags
 
-from bertjax import (
-    cli,
-    console,
-    failures,
-    families,
-    files,
-    finetune_loop,
-    locks,
-    model as bert_model,
-    optim,
-    pretrained,
-    reporting,
-    sharded_run,
-    sharding,
-    validate,
-)
+from bertjax import cli
 from bertjax.data.tokenization import Tokenizer
 from bertjax.errors import ConfigError, UserError
-from bertjax.families import ModelConfig
-from bertjax.finetune_settings import FinetuneSettings
-from bertjax.interop import native
+from bertjax.interop import native, pretrained
+from bertjax.models import families
+from bertjax.models.bert import model as bert_model
+from bertjax.models.families import ModelConfig
+from bertjax.runtime import console, failures, files, locks
 from bertjax.tasks import features, glue, metrics, ner, squad_predict
+from bertjax.training import finetune_loop, optim, reporting, sharded_run, sharding, validate
+from bertjax.training.finetune_settings import FinetuneSettings
 
 
 class FinetuneError(UserError, ValueError):

@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import files, locks, phase_schedule
 from bertjax.data import beam_prepare, pipeline, prepared_files, shard_job, shard_sources
 from bertjax.errors import ConfigError, UserError
+from bertjax.runtime import files, locks
+from bertjax.training import phase_schedule
 
 if TYPE_CHECKING:  # (not at run time: spawned workers re-import this module, without jax)
-    from bertjax.settings import PretrainingSettings
+    from bertjax.training.settings import PretrainingSettings
 
 FLAGS = flags.FLAGS
 
@@ -42,7 +43,7 @@ def prepare_all(config, output: str, runner: str = "local",  # noqa: ANN001 (a C
     gs://bucket/dir) with local worker processes, or with `runner="beam"` in a Beam pipeline run
     with `beam_options` (one string, split as a shell would); returns one summary line per
     phase. A URL's phases are prepared in a local temporary directory, then uploaded."""
-    from bertjax import validate  # not at the top: spawned workers re-import this module
+    from bertjax.training import validate  # not at the top: spawned workers re-import this module
     settings = validate.data_preparation(config)
     if settings.data.prepared_dir:
         raise ConfigError("data.prepared_dir is set: this job writes prepared data, it "

@@ -17,8 +17,11 @@ import os
 
 from absl import flags
 
-from bertjax import cli, families, files, pretrained
+from bertjax import cli
 from bertjax.errors import UserError
+from bertjax.interop import pretrained
+from bertjax.models import families
+from bertjax.runtime import files
 from bertjax.tasks import features, probing
 
 FLAGS = flags.FLAGS
@@ -46,7 +49,7 @@ def define_flags() -> None:
 
 def write_outputs(record: dict, workdir: str, title: str) -> str:
     """Writes `probe.json` and (with matplotlib) `probe.png` into `workdir` (a local path or a
-    URL, through `bertjax.files`); returns the line saying what was written."""
+    URL, through `bertjax.runtime.files`); returns the line saying what was written."""
     files.makedirs(workdir)
     files.write_text(os.path.join(workdir, "probe.json"), json.dumps(record, indent=1))
     try:

@@ -19,39 +19,32 @@ import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import (
-    agreement,
+from bertjax import cli
+from bertjax.data import loaders, pipeline
+from bertjax.errors import ConfigError, UserError
+from bertjax.interop import pretrained
+from bertjax.models import families
+from bertjax.runtime import agreement, console, distributed, failures, files, locks, peers, stopping
+from bertjax.training import (
     checkpoint,
-    cli,
-    console,
-    distributed,
-    failures,
-    families,
-    files,
     guards,
     init_architecture,
-    locks,
     memory,
     metrics_writer,
     nonfinite,
-    peers,
     phase_schedule,
     pretrain_loop,
-    pretrained,
     reporting,
     resume,
     run_schedule,
     sharded_run,
-    stopping,
     validate,
 )
-from bertjax.data import loaders, pipeline
-from bertjax.errors import ConfigError, UserError
-from bertjax.phase_schedule import DataPosition
-from bertjax.pretrain_loop import PretrainingLoop
-from bertjax.run_record import RunRecord
-from bertjax.settings import PretrainingSettings
-from bertjax.state import TrainState
+from bertjax.training.phase_schedule import DataPosition
+from bertjax.training.pretrain_loop import PretrainingLoop
+from bertjax.training.run_record import RunRecord
+from bertjax.training.settings import PretrainingSettings
+from bertjax.training.state import TrainState
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,

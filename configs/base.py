@@ -92,7 +92,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict()
     c.train.global_batch_size = 256  # sequences per optimizer step, summed over all hosts
     # Micro-batches per step (the global batch stays the same); 0 = auto: per phase, the
-    # fewest that fit the devices' memory (bertjax.autofit; 1 on CPU).
+    # fewest that fit the devices' memory (bertjax.training.autofit; 1 on CPU).
     c.train.grad_accum_steps = 0
     c.train.total_steps = 1_000_000  # optimizer steps, both phases
     c.train.log_every = 100  # steps between progress lines / TensorBoard scalars

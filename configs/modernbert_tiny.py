@@ -5,7 +5,7 @@ alone (30% masking, no next-sentence prediction) on the embedded default corpus.
 
 Everything but the model and the objective is configs/tiny.py's (data, phases, batch,
 schedule, checkpoints): the same machinery trains both families. The architecture is
-transformers' `ModernBertForMaskedLM` (bertjax.modernbert; field names and meanings as
+transformers' `ModernBertForMaskedLM` (bertjax.models.modernbert.model; field names and meanings as
 transformers' `ModernBertConfig`), at tiny widths; docs/modernbert.md.
 """
 import pathlib

@@ -3,7 +3,7 @@
 `FaultProxy(upstream)` listens on 127.0.0.1 and forwards every request to the emulator at
 `upstream`; a test adds `Rule`s that answer some requests with a fault instead: a status
 (503, 429, ...), a connection reset, a truncated body or a stall. Point the clients at it
-with `STORAGE_EMULATOR_HOST=proxy.url` (bertjax.files points gcsfs and tensorstore there).
+with `STORAGE_EMULATOR_HOST=proxy.url` (bertjax.runtime.files points gcsfs and tensorstore there).
 Every request is recorded in `proxy.seen` as `(method, path, outcome)`: the emulator's
 status, or `injected FAULT` (`proxy.faults()`).
 """

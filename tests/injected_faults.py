@@ -11,7 +11,7 @@ no test switch of its own):
 
 * `step:N`: the pretraining or fine-tuning loop pauses once step N is done (its checkpoint
   saves written; pretraining's preemption sync point for step N passed), as the loop moves
-  on from its activity `training step N` (bertjax.stopping.now_doing);
+  on from its activity `training step N` (bertjax.runtime.stopping.now_doing);
 * `start`: pretraining pauses as it enters its loop (`PretrainingLoop.loop`: data prepared,
   state built), where a signal is outside the training steps;
 * `save`: every asynchronous checkpoint write pauses with its files written but its
@@ -74,7 +74,8 @@ def install(where: str) -> None:
 
 
 def _pause_after_step(step: int) -> None:
-    from bertjax import checkpoint, stopping
+    from bertjax.runtime import stopping
+    from bertjax.training import checkpoint
 
     created: list[checkpoint.Checkpointer] = []
     init, now_doing = checkpoint.Checkpointer.__init__, stopping.now_doing
@@ -98,7 +99,7 @@ def _pause_after_step(step: int) -> None:
 
 
 def _pause_at_start() -> None:
-    from bertjax.pretrain_loop import PretrainingLoop
+    from bertjax.training.pretrain_loop import PretrainingLoop
 
     loop, paused = PretrainingLoop.loop, []
 

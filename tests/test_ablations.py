@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import errors, objectives, optim, sharding, steps, validate
+from bertjax import errors
 from bertjax.data import (
     default_corpus,
     instances,
@@ -22,11 +22,12 @@ from bertjax.data import (
     tokenize_corpus,
 )
 from bertjax.data.settings import DataSettings
-from bertjax.heads import BertForSequenceClassification, BertForTokenClassification
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.phase_schedule import Phase
-from bertjax.state import create_train_state
+from bertjax.models.bert.heads import BertForSequenceClassification, BertForTokenClassification
+from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from bertjax.tasks import features, squad_predict
+from bertjax.training import objectives, optim, sharding, steps, validate
+from bertjax.training.phase_schedule import Phase
+from bertjax.training.state import create_train_state
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 base_config = runpy.run_path(str(REPO_ROOT / "configs" / "base.py"))["get_config"]

@@ -13,20 +13,14 @@ import jax
 import ml_collections
 import pytest
 
-from bertjax import (
-    attention,
-    autofit,
-    backend_env,
-    memory,
-    model as bert_model,
-    optim,
-    sharding,
-    targets,
-)
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.phase_schedule import Phase
-from bertjax.state import create_train_state
+from bertjax.models import attention
+from bertjax.models.bert import model as bert_model
+from bertjax.models.bert.model import BertConfig, BertForPreTraining
+from bertjax.runtime import backend_env, targets
 from bertjax.tools import fit_verdict, hlo_census, phase_compile, tpu_estimate
+from bertjax.training import autofit, memory, optim, sharding
+from bertjax.training.phase_schedule import Phase
+from bertjax.training.state import create_train_state
 from test_modernbert_io import hf_dir  # noqa: F401 (fixture)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -403,7 +397,7 @@ def test_the_python_api_is_as_quiet_as_the_command_line(hf_dir, tmp_path):  # no
     if backend_env.present(backend_env.ACCELERATOR_FILES):
         pytest.skip("this host has an accelerator: its plugins start")
     script = ("import numpy as np\n"
-              "from bertjax import modernbert\n"
+              "from bertjax.models.modernbert import model as modernbert\n"
               "from bertjax.interop import hf_modernbert\n"
               f"config, params = hf_modernbert.load_hf({hf_dir!r})\n"
               "input_ids = np.full((1, 8), 5, np.int32)\n"

@@ -17,7 +17,10 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bertjax import attention, backend_env, bias_matmul, model as M, sharding
+from bertjax.models import attention, bias_matmul
+from bertjax.models.bert import model as M
+from bertjax.runtime import backend_env
+from bertjax.training import sharding
 
 CONFIG = M.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                       intermediate_size=64, max_position_embeddings=24)

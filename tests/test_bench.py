@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax import flops
-from bertjax.model import BertConfig
+from bertjax.models import flops
+from bertjax.models.bert.model import BertConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config=configs/tiny.py", "--config.model.vocab_size=512", "--config.model.hidden_size=32",

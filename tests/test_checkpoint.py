@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, optim, sharding
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.state import create_train_state
+from bertjax.models.bert.model import BertConfig, BertForPreTraining
+from bertjax.training import checkpoint, optim, sharding
+from bertjax.training.state import create_train_state
 
 CONFIG = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                     intermediate_size=32, max_position_embeddings=16)

@@ -5,8 +5,8 @@ import runpy
 
 import pytest
 
-from bertjax import optim, phase_schedule
-from bertjax.model import BertConfig
+from bertjax.models.bert.model import BertConfig
+from bertjax.training import optim, phase_schedule
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 

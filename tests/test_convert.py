@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from bertjax import convert, pretrained
+from bertjax import convert
 from bertjax.data.settings import DataSettings
-from bertjax.interop import hf, native, tf as tf_checkpoint, tree
-from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.interop import hf, native, pretrained, tf as tf_checkpoint, tree
+from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from test_interop_tf import BERT_TINY_INDEX
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

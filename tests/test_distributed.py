@@ -1,11 +1,11 @@
-"""bertjax.distributed: one-process fallback and clear errors, in fresh processes."""
+"""bertjax.runtime.distributed: one-process fallback and clear errors, in fresh processes."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-SNIPPET = "from bertjax import distributed; import jax; print(distributed.initialize(), jax.process_count())"
+SNIPPET = "from bertjax.runtime import distributed; import jax; print(distributed.initialize(), jax.process_count())"
 
 
 def _run(env_extra: dict[str, str]) -> subprocess.CompletedProcess:

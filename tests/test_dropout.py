@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import dropout as D, sharding
+from bertjax.models import dropout as D
+from bertjax.training import sharding
 
 
 def test_dropout_drops_the_configured_rate_and_keeps_the_mean():

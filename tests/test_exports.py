@@ -15,10 +15,10 @@ import pytest
 import tokenizers
 from safetensors.numpy import load_file, save_file
 
-from bertjax import convert, finetune, pretrained
+from bertjax import convert, finetune
 from bertjax.data import tokenization
-from bertjax.interop import hf, native
-from bertjax.model import BertModel
+from bertjax.interop import hf, native, pretrained
+from bertjax.models.bert.model import BertModel
 from test_convert import random_params
 from test_finetune import TINY, VOCAB, config_file, run_extract_features, sentence
 from test_tokenization import make_sentences

@@ -323,7 +323,7 @@ def test_ctrl_c_before_the_first_step_is_one_line_and_exit_130(corpus_file, cach
 
 def test_a_second_ctrl_c_exits_at_once():
     """The second SIGINT ends the process (130) at once, not after its 600 s sleep."""
-    script = ("import os, signal, time\nfrom bertjax import failures, stopping\n"
+    script = ("import os, signal, time\nfrom bertjax.runtime import failures, stopping\n"
               "stopping.watch()\nwith failures.CtrlC(forward_as_sigterm=False) as ctrl_c:\n"
               "    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(0.1)\n"
               "    print('requested', ctrl_c.requested, time.time(), flush=True)\n"

@@ -19,25 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import (
-    checkpoint,
-    extract_features,
-    finetune,
-    finetune_loop,
-    nonfinite,
-    pretrained,
-    train,
-)
+from bertjax import extract_features, finetune, train
 from bertjax.errors import ConfigError
-from bertjax.finetune_settings import FinetuneSettings
-from bertjax.heads import (
+from bertjax.interop import hf, pretrained, tf
+from bertjax.interop.tree import ConversionError
+from bertjax.models.bert.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from bertjax.interop import hf, tf
-from bertjax.interop.tree import ConversionError
-from bertjax.model import BertConfig, BertModel
+from bertjax.models.bert.model import BertConfig, BertModel
+from bertjax.training import checkpoint, finetune_loop, nonfinite
+from bertjax.training.finetune_settings import FinetuneSettings
 from test_faults import (
     Trainer,
     assert_console_in_log,

@@ -9,10 +9,10 @@ import runpy
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, finetune_loop, resume
 from bertjax.data import tokenization
-from bertjax.finetune_settings import FinetuneSettings
 from bertjax.tasks import features, glue, ner, squad_predict
+from bertjax.training import checkpoint, finetune_loop, resume
+from bertjax.training.finetune_settings import FinetuneSettings
 
 WORDS = ["a", "b", "c", "d", "john", "paris", "was", "good", "who", "?", "."]
 

@@ -1,4 +1,4 @@
-"""The flash attention kernel with attention dropout (`bertjax.flash_dropout`), in TPU
+"""The flash attention kernel with attention dropout (`bertjax.models.flash_dropout`), in TPU
 interpret mode on the CPU, against the einsum path given the kernel's own mask
 (`hash_dropout`): outputs and gradients at every real token, padded and packed rows, head
 size 64; its dispatch from `attention.attend` inside a model (seeds from the dropout stream,
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bertjax import attention, flash_dropout, sharding
+from bertjax.models import attention, flash_dropout
+from bertjax.training import sharding
 
 RATE = 0.1
 HEAD_SIZE = 64
@@ -182,7 +183,7 @@ def test_pallas_refuses_dropout_beyond_its_length_and_in_windows():
 def test_kernel_compiles_for_every_target_slice(target):
     """libtpu compiles the forward and backward kernels at 128 and 512 tokens (BERT-large's
     16 heads of 64), and the compiled step's FLOPs are the kernel's declared estimate."""
-    from bertjax import targets
+    from bertjax.runtime import targets
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     device = targets.devices(targets.TARGETS[target])[0]
     placed = jax.sharding.SingleDeviceSharding(device)

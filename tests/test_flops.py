@@ -4,8 +4,9 @@ import runpy
 
 import pytest
 
-from bertjax import flops, nonfinite, optim, phase_schedule, reporting
-from bertjax.model import BertConfig
+from bertjax.models import flops
+from bertjax.models.bert.model import BertConfig
+from bertjax.training import nonfinite, optim, phase_schedule, reporting
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 base_config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "base.py"))["get_config"]

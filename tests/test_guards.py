@@ -15,8 +15,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 import injected_faults
-from bertjax import checkpoint, nonfinite, optim, phase_schedule, reporting, resume, train
-from bertjax.model import BertConfig
+from bertjax import train
+from bertjax.models.bert.model import BertConfig
+from bertjax.training import checkpoint, nonfinite, optim, phase_schedule, reporting, resume
 from test_train import base_config, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
 
 

@@ -1,7 +1,9 @@
 """The import layering of bertjax/ (issue 12), read from the source with `ast`:
 
 * nothing imports an entry point (the `python -m` modules);
-* data/, tasks/ and model.py import no training code;
+* the layers (issue 45): runtime/ imports no models, training, tasks or interop; data/ imports
+  only runtime/; the models' layers import nothing outside models/ (each family's `family`
+  module is its adapter to the rest); data/ and tasks/ import no training code but its losses;
 * tools/ (measurement) is imported by nothing outside tools/;
 * no module reaches a private (`_name`) of another bertjax module;
 * no library function takes the whole config: no parameter annotated ConfigDict, no parameter
@@ -23,11 +25,6 @@ ENTRY_POINTS = {"bertjax.train", "bertjax.finetune", "bertjax.extract_features",
                 "bertjax.tools.bench_data", "bertjax.prepare", "bertjax.data.tokenization"}
 # Modules whose `main` is a command line but which libraries may import for their functions.
 LIBRARY_WITH_CLI = {"bertjax.data.tokenization"}
-TRAINING = {"bertjax.train", "bertjax.finetune", "bertjax.sharded_run", "bertjax.steps",
-            "bertjax.optim", "bertjax.checkpoint", "bertjax.reporting", "bertjax.state",
-            "bertjax.pretrain_loop", "bertjax.finetune_loop", "bertjax.guards", "bertjax.distributed", "bertjax.memory",
-            "bertjax.pretrained", "bertjax.sharding", "bertjax.nonfinite", "bertjax.resume",
-            "bertjax.metrics_writer", "bertjax.init_architecture"}
 CONFIG_SECTIONS = {"model", "data", "train", "optimizer", "mesh", "long_phase"}
 
 
@@ -108,7 +105,7 @@ def parsed(name: str) -> ast.AST:
 
 
 # The one library whose job is the whole config: every field's range checked before any work.
-WHOLE_CONFIG_OWNERS = {"bertjax.validate"}
+WHOLE_CONFIG_OWNERS = {"bertjax.training.validate"}
 
 
 def libraries() -> list[str]:
@@ -122,24 +119,44 @@ def test_nothing_imports_an_entry_point():
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
-def test_data_tasks_and_model_import_no_training_code():
-    layer = [n for n in KNOWN if n.startswith(("bertjax.data", "bertjax.tasks"))
-             or n == "bertjax.model"]
-    offenders = {name: sorted(imports(parsed(name)) & TRAINING) for name in layer}
-    assert {k: v for k, v in offenders.items() if v} == {}
+def reached(layer: str, outside: tuple[str, ...], allowed: tuple[str, ...] = ()) -> dict:
+    """What the modules of `layer` (a package prefix) import from `outside` packages, less the
+    `allowed` modules (a package's own `__init__`, named by `from package import module`, is
+    not counted)."""
+    packages = {n for n, path in modules().items() if path.name == "__init__.py"}
+    offenders = {name: sorted(i for i in imports(parsed(name)) - packages
+                              if i.startswith(outside) and not i.startswith(allowed))
+                 for name in KNOWN if name.startswith(layer)}
+    return {k: v for k, v in offenders.items() if v}
 
 
-# The run layer: the schedule of a run, its steps and its entry point (issue 35).
-RUN_LAYER = {"bertjax.phase_schedule", "bertjax.run_schedule", "bertjax.sharded_run",
-             "bertjax.train", "bertjax.resume"}
+HIGHER = ("bertjax.models", "bertjax.training", "bertjax.tasks", "bertjax.interop",
+          "bertjax.tools", *sorted(ENTRY_POINTS - LIBRARY_WITH_CLI))
 
 
-def test_the_data_layer_imports_nothing_of_the_run_layer():
-    """bertjax/data/ knows a phase by its batches' shape (`bertjax.batch.PhaseShape`), not
+def test_runtime_is_the_ground_floor():
+    assert reached("bertjax.runtime", HIGHER) == {}
+
+
+def test_the_data_layer_imports_only_the_runtime():
+    """bertjax/data/ knows a phase by its batches' shape (`bertjax.data.batch.PhaseShape`), not
     by the run's schedule."""
-    offenders = {name: sorted(imports(parsed(name)) & (RUN_LAYER | TRAINING))
-                 for name in KNOWN if name.startswith("bertjax.data")}
-    assert {k: v for k, v in offenders.items() if v} == {}
+    assert reached("bertjax.data", HIGHER) == {}
+
+
+def test_the_models_layers_import_nothing_outside_models():
+    """Only the family interface and each family's `family` module (its adapter: settings,
+    checkpoints, task heads) reach outside models/."""
+    adapters = {"bertjax.models.families", "bertjax.models.bert.family",
+                "bertjax.models.modernbert.family"}
+    found = reached("bertjax.models", HIGHER + ("bertjax.runtime", "bertjax.data"),
+                    allowed=("bertjax.models",))
+    assert set(found) == adapters & set(found) and "bertjax.models.bert.family" in found
+
+
+def test_tasks_import_no_training_code_but_its_losses():
+    assert reached("bertjax.tasks", ("bertjax.training", "bertjax.train", "bertjax.finetune"),
+                   allowed=("bertjax.training.objectives",)) == {}
 
 
 def untyped_settings(tree: ast.AST) -> list[str]:
@@ -231,7 +248,7 @@ def test_every_error_a_user_meets_is_a_user_error():
     import inspect
 
     from bertjax.errors import UserError
-    control_flow = {"bertjax.failures.Stopped"}  # (a stop with a checkpoint saved: exit 130/143)
+    control_flow = {"bertjax.runtime.failures.Stopped"}  # (a stop with a checkpoint saved: exit 130/143)
     found, outside = 0, []
     for name in sorted(KNOWN):
         try:
@@ -289,8 +306,8 @@ def test_entry_points_catch_each_error_class_once(name):
     clause, and apart from it only control flow."""
     import jax
 
-    from bertjax import failures
     from bertjax.errors import UserError
+    from bertjax.runtime import failures
     twice = [(a.__name__, b.__name__) for clause in caught(name) for a in clause
              for b in clause if a is not b and issubclass(a, b)]
     assert twice == []

@@ -1,4 +1,4 @@
-"""ModernBERT's sliding windows in blocks (bertjax.local_attention): equal to the band-masked
+"""ModernBERT's sliding windows in blocks (bertjax.models.local_attention): equal to the band-masked
 einsum reference, forward and backward, with its dropped probabilities; the model's window
 against transformers' definition; no L x L array in a long row's local layer."""
 import dataclasses
@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import attention, local_attention as LA, modernbert as MB
-from bertjax.dropout import apply_packed_mask, packed_keep_mask
-from bertjax.modernbert_config import ModernBertConfig
+from bertjax.models import attention, local_attention as LA
+from bertjax.models.dropout import apply_packed_mask, packed_keep_mask
+from bertjax.models.modernbert import model as MB
+from bertjax.models.modernbert.config import ModernBertConfig
 
 CONFIG = ModernBertConfig(vocab_size=40, hidden_size=16, intermediate_size=24,
                           num_hidden_layers=2, num_attention_heads=2, local_attention=8,

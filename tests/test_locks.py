@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from absl import logging as absl_logging
 
-from bertjax import locks
 from bertjax.data import pipeline
 from bertjax.data.settings import DataSettings
+from bertjax.runtime import locks
 from test_pipeline import config, corpus_file, documents, short_phase  # noqa: F401 (fixtures)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOLD = ("import sys\nfrom bertjax import locks\n"
+HOLD = ("import sys\nfrom bertjax.runtime import locks\n"
         "with locks.exclusive(sys.argv[1], 'the test lock'):\n"
         "    print('held', flush=True)\n    sys.stdin.readline()\n")
 TIMEOUT = 120  # seconds; only a failing test waits this long

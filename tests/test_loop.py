@@ -1,11 +1,12 @@
-"""The loop skeleton both loops run on (bertjax.loop) and the one NaN policy
+"""The loop skeleton both loops run on (bertjax.training.loop) and the one NaN policy
 (nonfinite.NonFiniteSteps) with its setting: pretraining's stops, fine-tuning's names."""
 import logging
 import signal
 
 import pytest
 
-from bertjax import failures, loop, nonfinite
+from bertjax.runtime import failures
+from bertjax.training import loop, nonfinite
 
 
 def test_actions_run_when_due_in_order_until_one_stops_the_loop():

@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bertjax import memory, optim, sharding
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.phase_schedule import Phase
-from bertjax.state import create_train_state
+from bertjax.models.bert.model import BertConfig, BertForPreTraining
+from bertjax.training import memory, optim, sharding
+from bertjax.training.phase_schedule import Phase
+from bertjax.training.state import create_train_state
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
@@ -128,9 +128,9 @@ def test_a_state_beyond_the_address_space_limit_is_one_line_before_allocating():
 import resource
 import jax, ml_collections
 import jax.numpy as jnp
-from bertjax import memory, optim, sharding
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.state import create_train_state
+from bertjax.training import memory, optim, sharding
+from bertjax.models.bert.model import BertConfig, BertForPreTraining
+from bertjax.training.state import create_train_state
 mesh = sharding.make_mesh({'data': 1, 'fsdp': 1, 'tensor': 1}, jax.devices()[:1])
 tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-3,
                                                          warmup_steps=1, total_steps=10))

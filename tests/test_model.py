@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from bertjax import attention, model as M, sharding
+from bertjax.models import attention
+from bertjax.models.bert import model as M
+from bertjax.training import sharding
 
 SMALL = M.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=24)

@@ -1,4 +1,4 @@
-"""The modern recipe's optimizer and schedule (bertjax.optim): StableAdamW against a numpy
+"""The modern recipe's optimizer and schedule (bertjax.training.optim): StableAdamW against a numpy
 re-implementation of Wortsman et al. 2023's Algorithm 2, the warmup-stable-decay schedule's
 values, their config checks, and (slow) a ModernBERT run on them killed with -9 that resumes
 to the uninterrupted run's losses."""
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import test_faults
-from bertjax import optim, run_schedule, validate
 from bertjax.errors import ConfigError
-from bertjax.run_record import RunRecord
+from bertjax.training import optim, run_schedule, validate
+from bertjax.training.run_record import RunRecord
 from test_modernbert_train import CONFIG_FILE, modernbert_tiny, small_config
 from test_optim import _flat, _params, _run
 from test_train import corpus_file, read_metrics  # noqa: F401 (fixture)

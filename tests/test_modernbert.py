@@ -1,4 +1,4 @@
-"""The ModernBERT family (bertjax.modernbert) without torch: shapes and parameters, the
+"""The ModernBERT family (bertjax.models.modernbert.model) without torch: shapes and parameters, the
 sliding-window band mask, RoPE against a hand computation, locality of the local layers,
 packed rows against the same instances run alone, and the transformers-format round trip
 (bertjax.interop.hf_modernbert). Parity with transformers itself: test_modernbert_parity.py."""
@@ -13,10 +13,12 @@ import pytest
 from flax import traverse_util
 from jax.sharding import PartitionSpec
 
-from bertjax import attention, modernbert as MB, objectives, optim, sharding, steps
 from bertjax.interop import hf_modernbert, tree
-from bertjax.modernbert_config import ModernBertConfig
-from bertjax.state import create_train_state
+from bertjax.models import attention
+from bertjax.models.modernbert import model as MB
+from bertjax.models.modernbert.config import ModernBertConfig
+from bertjax.training import objectives, optim, sharding, steps
+from bertjax.training.state import create_train_state
 
 TINY = ModernBertConfig(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=4,
                         num_attention_heads=2, local_attention=4, max_position_embeddings=64,

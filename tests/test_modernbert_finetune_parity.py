@@ -11,8 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import convert, families, modernbert, modernbert_heads, pretrained
-from bertjax.interop import finetuned, hf_modernbert, tree
+from bertjax import convert
+from bertjax.interop import finetuned, hf_modernbert, pretrained, tree
+from bertjax.models import families
+from bertjax.models.modernbert import heads as modernbert_heads, model as modernbert
 from test_modernbert_io import bpe_tokenizer
 from test_modernbert_parity import (
     TOLERANCE,

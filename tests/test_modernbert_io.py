@@ -17,24 +17,16 @@ import numpy as np
 import pytest
 import tokenizers as tk
 
-from bertjax import (
-    checkpoint,
-    convert,
-    families,
-    finetune,
-    init_architecture,
-    modernbert,
-    modernbert_heads,
-    pretrained,
-    train,
-    validate,
-)
+from bertjax import convert, finetune, train
 from bertjax.data import bpe, pipeline, tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.errors import ConfigError
-from bertjax.interop import hf_modernbert, native, tree
-from bertjax.modernbert_config import ModernBertConfig
+from bertjax.interop import hf_modernbert, native, pretrained, tree
+from bertjax.models import families
+from bertjax.models.modernbert import heads as modernbert_heads, model as modernbert
+from bertjax.models.modernbert.config import ModernBertConfig
 from bertjax.tasks import features, glue, ner, squad, squad_predict
+from bertjax.training import checkpoint, init_architecture, validate
 from test_finetune import (  # noqa: F401
     REPO_ROOT,
     config_file,

@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import convert, modernbert, pretrained
-from bertjax.interop import hf_modernbert, tree
+from bertjax import convert
+from bertjax.interop import hf_modernbert, pretrained, tree
+from bertjax.models.modernbert import model as modernbert
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -13,23 +13,13 @@ import flax.linen as nn
 import numpy as np
 import pytest
 
-from bertjax import (
-    attention,
-    checkpoint,
-    cli,
-    convert,
-    families,
-    flops,
-    init_architecture,
-    optim,
-    pretrained,
-    train,
-    validate,
-)
+from bertjax import cli, convert, train
 from bertjax.errors import ConfigError
-from bertjax.interop import hf_modernbert, tree
-from bertjax.model import BertConfig
-from bertjax.modernbert_config import ModernBertConfig
+from bertjax.interop import hf_modernbert, pretrained, tree
+from bertjax.models import attention, families, flops
+from bertjax.models.bert.model import BertConfig
+from bertjax.models.modernbert.config import ModernBertConfig
+from bertjax.training import checkpoint, init_architecture, optim, validate
 from test_modernbert import TINY, abstract, init
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)
 

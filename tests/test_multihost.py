@@ -16,20 +16,13 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from bertjax import (
-    checkpoint,
-    distributed,
-    objectives,
-    optim,
-    phase_schedule,
-    sharding,
-    steps,
-)
 from bertjax.data import corpus, default_corpus, pipeline
 from bertjax.data.loaders import prepare_data
 from bertjax.data.settings import DataSettings
-from bertjax.model import BertConfig, BertForPreTraining, example_inputs
-from bertjax.state import create_train_state
+from bertjax.models.bert.model import BertConfig, BertForPreTraining, example_inputs
+from bertjax.runtime import distributed
+from bertjax.training import checkpoint, objectives, optim, phase_schedule, sharding, steps
+from bertjax.training.state import create_train_state
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

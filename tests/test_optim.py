@@ -1,4 +1,4 @@
-"""Tests for bertjax.optim against a numpy re-implementation of BERT's optimizer."""
+"""Tests for bertjax.training.optim against a numpy re-implementation of BERT's optimizer."""
 import re
 
 import jax
@@ -8,7 +8,7 @@ import optax
 import pytest
 from flax.core import FrozenDict
 
-from bertjax import nonfinite, optim
+from bertjax.training import nonfinite, optim
 
 B1, B2, EPS, WD = 0.9, 0.999, 1e-6, 0.01
 

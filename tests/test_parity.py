@@ -13,10 +13,10 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import convert, pretrained, train
+from bertjax import convert, train
 from bertjax.data import tokenization
-from bertjax.interop import hf
-from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.interop import hf, pretrained
+from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from test_convert import assert_trees_equal, random_params
 from test_exports import wordpiece_json_dir
 from test_train import corpus_file, tiny_config  # noqa: F401 (fixture)

@@ -15,9 +15,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import convert, finetune, pretrained
-from bertjax.finetune_settings import FinetuneSettings
+from bertjax import convert, finetune
+from bertjax.interop import pretrained
 from bertjax.tasks import ner
+from bertjax.training.finetune_settings import FinetuneSettings
 from test_exports import fine_tune, write_task_data
 from test_finetune import NAMES, POSITIVE, sentence
 

@@ -3,11 +3,11 @@ import json
 
 import pytest
 
-from bertjax import phase_schedule, run_schedule, validate
 from bertjax.errors import ConfigError
-from bertjax.phase_schedule import DataPosition, Phase
-from bertjax.run_record import RunRecord
-from bertjax.settings import LongPhaseSettings, PretrainingSettings, TrainSettings
+from bertjax.training import phase_schedule, run_schedule, validate
+from bertjax.training.phase_schedule import DataPosition, Phase
+from bertjax.training.run_record import RunRecord
+from bertjax.training.settings import LongPhaseSettings, PretrainingSettings, TrainSettings
 from test_pipeline import BATCH, LONG_PREDS, LONG_SEQ, PREDS, SEQ, make_config, phases_of
 
 

@@ -14,8 +14,8 @@ import runpy
 import numpy as np
 import pytest
 
-from bertjax import batch as batch_spec, memory, phase_schedule
 from bertjax.data import (
+    batch as batch_spec,
     corpus,
     default_corpus,
     instances,
@@ -28,6 +28,7 @@ from bertjax.data import (
     tokenize_corpus,
 )
 from bertjax.data.settings import DataSettings
+from bertjax.training import memory, phase_schedule
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 base_config = runpy.run_path(str(REPO_ROOT / "configs" / "base.py"))["get_config"]
@@ -80,7 +81,7 @@ def short_phase(config) -> phase_schedule.Phase:
 
 
 def entries(cache_dir: pathlib.Path) -> list[pathlib.Path]:
-    """The prepared data a cache directory holds, without the hidden lock files (bertjax.locks)
+    """The prepared data a cache directory holds, without the hidden lock files (bertjax.runtime.locks)
     and the token ids kept for every phase (`tokens_*`, bertjax.data.token_cache)."""
     return sorted(p for p in cache_dir.iterdir() if not p.name.startswith((".", "tokens_")))
 
@@ -266,7 +267,7 @@ def dynamic_loader(split, tokenizer, seed=12345, batch=32, shuffle=True, whole_w
 
 def test_batches_hold_what_bertjax_batch_defines(config, sp_tokenizer, static_cache):
     """The loaders' batches of a real prepared dataset, unpacked and packed (`data.packing`),
-    hold exactly the features `bertjax.batch.specs` names, with its dtypes and shapes; the
+    hold exactly the features `bertjax.data.batch.specs` names, with its dtypes and shapes; the
     memory report's abstract batch is the same."""
     phase, data = short_phase(config), DataSettings.of(config.data)
     for packed in (False, True):

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 import injected_faults
-from bertjax import agreement, distributed, peers, resume
 from bertjax.data import default_corpus
-from bertjax.run_record import RunRecord
+from bertjax.runtime import agreement, distributed, peers
+from bertjax.training import resume
+from bertjax.training.run_record import RunRecord
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO_ROOT, "configs", "tiny.py")
@@ -164,7 +165,7 @@ def test_the_processes_that_never_joined_are_read_from_jax_abort(tmp_path, monke
 def _child(script: str, tmp_path) -> subprocess.CompletedProcess:
     """`script` run by a one-process job whose `jax.process_count()` says 2."""
     prologue = ("import os, sys, time, jax\n"
-                "from bertjax import distributed, peers\n"
+                "from bertjax.runtime import distributed, peers\n"
                 "distributed.initialize()\n"
                 "jax.process_count = lambda: 2\n")
     return subprocess.run([sys.executable, "-c", prologue + script], cwd=tmp_path, text=True,

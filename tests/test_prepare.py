@@ -106,7 +106,7 @@ def test_a_script_without_the_main_guard_gets_an_error_not_a_hang(wordpiece_corp
         import runpy
         from bertjax.data import pipeline, tokenization
         from bertjax.data.settings import DataSettings
-        from bertjax.phase_schedule import Phase
+        from bertjax.training.phase_schedule import Phase
         config = runpy.run_path({str(REPO_ROOT / "configs" / "base.py")!r})["get_config"]()
         config.data.source, config.data.input_files = "text", {wordpiece_corpus!r}
         config.data.num_workers, config.data.shard_bytes = 2, 4096

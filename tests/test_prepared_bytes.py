@@ -15,7 +15,7 @@ import pytest
 
 from bertjax.data import pipeline, tokenization
 from bertjax.data.settings import DataSettings
-from bertjax.phase_schedule import Phase
+from bertjax.training.phase_schedule import Phase
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

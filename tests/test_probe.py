@@ -15,9 +15,8 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import pretrained
-from bertjax.interop import hf
-from bertjax.model import BertConfig, BertForPreTraining, example_inputs
+from bertjax.interop import hf, pretrained
+from bertjax.models.bert.model import BertConfig, BertForPreTraining, example_inputs
 from bertjax.tasks import features, probing
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

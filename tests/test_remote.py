@@ -18,10 +18,12 @@ import pytest
 
 import gcs_faults
 import test_faults
-from bertjax import checkpoint, convert, files, pretrained, probe, resume, train
+from bertjax import convert, probe, train
 from bertjax.data import pipeline, prepared_files, tokenization
-from bertjax.interop import hf, native, staging
+from bertjax.interop import hf, native, pretrained, staging
+from bertjax.runtime import files
 from bertjax.tasks import probing
+from bertjax.training import checkpoint, resume
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
 from test_faults import Trainer, command_line
 from test_guards import compilation_cache  # noqa: F401 (autouse fixture)
@@ -48,7 +50,7 @@ def _send_generation(download):
 def proxy():
     """An in-memory emulator on a free port with one bucket, behind a fault-injecting proxy
     (tests/gcs_faults.py: it forwards everything until a test adds a rule); only
-    STORAGE_EMULATOR_HOST is set, to the proxy (bertjax.files points gcsfs and tensorstore
+    STORAGE_EMULATOR_HOST is set, to the proxy (bertjax.runtime.files points gcsfs and tensorstore
     there)."""
     from gcp_storage_emulator import server as emulator
     from gcp_storage_emulator.handlers import objects

@@ -10,8 +10,9 @@ import threading
 
 import pytest
 
-from bertjax import console, failures, files, reporting
-from bertjax.phase_schedule import Phase
+from bertjax.runtime import console, failures, files
+from bertjax.training import reporting
+from bertjax.training.phase_schedule import Phase
 
 PHASES = [Phase("short", 128, 20, 32, 0, 90), Phase("long", 512, 80, 32, 90, 100)]
 
@@ -202,7 +203,7 @@ def test_errors_python_can_only_ignore_stay_off_the_console(tmp_path):
     log now; a bug's traceback in the main thread still reaches the console."""
     script = """if True:
         import sys, threading
-        from bertjax import failures
+        from bertjax.runtime import failures
         failures.one_line_thread_errors()
         class Abandoned:
             def __del__(self):

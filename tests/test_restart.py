@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import errors, optim, phase_schedule, sharded_run, train
+from bertjax import errors, train
+from bertjax.training import optim, phase_schedule, sharded_run
 from test_guards import compilation_cache, saved_state  # noqa: F401 (autouse fixture)
 from test_train import corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
 

@@ -14,10 +14,10 @@ import pytest
 import tokenizers as tk
 from safetensors.numpy import load_file, save_file
 
-from bertjax import finetune, pretrained
+from bertjax import finetune
 from bertjax.data import bpe, tokenization
 from bertjax.data.errors import DataError
-from bertjax.interop import hf, hf_tokenizer
+from bertjax.interop import hf, hf_tokenizer, pretrained
 from test_convert import random_params
 from test_finetune import TINY, config_file, run_extract_features, sentence
 from test_modernbert_io import bpe_tokenizer

@@ -9,9 +9,9 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import nonfinite, objectives, optim, pretrain_loop, sharding, steps
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.state import TrainState, create_train_state
+from bertjax.models.bert.model import BertConfig, BertForPreTraining
+from bertjax.training import nonfinite, objectives, optim, pretrain_loop, sharding, steps
+from bertjax.training.state import TrainState, create_train_state
 
 CONFIG = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                     intermediate_size=32, max_position_embeddings=16, hidden_dropout_prob=0.0,

@@ -1,7 +1,7 @@
 """Every process can be stopped (issue 34): SIGTERM and Ctrl-C end a process whose main thread
 is stuck in native code, where Python's signal handlers never run, within BERTJAX_STOP_SECONDS,
 with one line naming what it was stuck in; and JAX's preemption notifier, whose SIGTERM
-handler bertjax.stopping takes over, still sees every notice."""
+handler bertjax.runtime.stopping takes over, still sees every notice."""
 import os
 import signal
 import subprocess
@@ -19,7 +19,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # runs until it returns. BLOCK_S seconds (or without end).
 PRELUDE = """
 import ctypes, os, sys, time
-from bertjax import distributed, stopping
+from bertjax.runtime import distributed, stopping
 libc = ctypes.CDLL(None, use_errno=True)
 mutex = ctypes.create_string_buffer(64)  # (zeroed: PTHREAD_MUTEX_INITIALIZER on glibc)
 libc.pthread_mutex_lock(mutex)
@@ -72,7 +72,7 @@ def test_a_process_stuck_in_native_code_stops_within_the_grace_time(signum):
     """The main thread blocked without end in a native wait (as in a stalled save or a hung
     compilation): the signal ends the process after BERTJAX_STOP_SECONDS (3 s) with one line
     naming what it was doing and what a rerun does, and 128 + the signal's number. Before
-    bertjax.stopping, both waited for ever."""
+    bertjax.runtime.stopping, both waited for ever."""
     proc = start("distributed.initialize()\nstopping.take_sigterm()\n"
                  "stopping.now_doing('building the model (compiling)')\n"
                  "print('stuck', flush=True)\nlibc.pthread_mutex_lock(mutex)\n", grace_s=3)
@@ -157,7 +157,7 @@ def test_a_malformed_grace_time_is_one_line():
 
 CTRL_C_WHILE_WRITING = """
 import os, signal, sys, threading, time
-from bertjax import console, failures
+from bertjax.runtime import console, failures
 
 def ctrl_c_soon():  # (once the main thread is writing)
     time.sleep(0.002)

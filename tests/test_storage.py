@@ -1,9 +1,9 @@
-"""bertjax.storage's reading of what a request is, without a store: which requests finalize a
+"""bertjax.runtime.storage's reading of what a request is, without a store: which requests finalize a
 resumable upload (those are checked, not blindly repeated, after an ambiguous answer), and
 which errors are transient."""
 import pytest
 
-from bertjax import storage
+from bertjax.runtime import storage
 
 UPLOAD = "https://storage.googleapis.com/upload/storage/v1/b/bkt/o?uploadType=resumable&upload_id=7"
 

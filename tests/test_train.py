@@ -12,21 +12,16 @@ import numpy as np
 import pytest
 
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
-from bertjax import (
-    families,
-    init_architecture,
-    modernbert,
-    pretrained,
-    reporting,
-    run_schedule,
-    train,
-)
+from bertjax import train
 from bertjax.data import corpus, default_corpus, pipeline
-from bertjax.finetune_settings import FinetuneSettings
-from bertjax.interop import hf, hf_modernbert
-from bertjax.model import BertConfig
-from bertjax.modernbert_config import ModernBertConfig
-from bertjax.phase_schedule import Phase
+from bertjax.interop import hf, hf_modernbert, pretrained
+from bertjax.models import families
+from bertjax.models.bert.model import BertConfig
+from bertjax.models.modernbert import model as modernbert
+from bertjax.models.modernbert.config import ModernBertConfig
+from bertjax.training import init_architecture, reporting, run_schedule
+from bertjax.training.finetune_settings import FinetuneSettings
+from bertjax.training.phase_schedule import Phase
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,8 +6,9 @@ import runpy
 
 import pytest
 
-from bertjax import finetune, train, validate
+from bertjax import finetune, train
 from bertjax.errors import ConfigError
+from bertjax.training import validate
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def config_of(path):
@@ -147,7 +148,7 @@ def test_data_preparation_refuses_a_data_choice_it_does_not_know():
 
 
 def test_a_mesh_axis_the_mesh_lacks_is_named():
-    from bertjax.sharding import MeshSettings
+    from bertjax.training.sharding import MeshSettings
     assert MeshSettings.of({"data": -1, "tensor": 2}) == MeshSettings(-1, 1, 2)
     with pytest.raises(ConfigError, match=r"^mesh.pipeline is not an axis of the mesh \(its "
                                           r"axes: data, fsdp, tensor\)"):

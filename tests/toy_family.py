@@ -10,9 +10,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import bert_family, model as bert_model
 from bertjax.errors import ConfigError
-from bertjax.model import BertConfig, BertMaskedLMHead, BertModel, gather_positions
+from bertjax.models.bert import family as bert_family, model as bert_model
+from bertjax.models.bert.model import BertConfig, BertMaskedLMHead, BertModel, gather_positions
 
 
 @dataclasses.dataclass(frozen=True)

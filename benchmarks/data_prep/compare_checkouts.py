@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from bertjax.data import pipeline, tokenization
-from bertjax.phase_schedule import Phase
+from bertjax.training.phase_schedule import Phase
 
 if __name__ == "__main__":
     config = runpy.run_path(sys.argv[1] + "/configs/base.py")["get_config"]()

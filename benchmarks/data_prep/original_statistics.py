@@ -31,7 +31,7 @@ import numpy as np
 from absl import flags as absl_flags
 
 from bertjax.data import pipeline, tokenization
-from bertjax.phase_schedule import Phase
+from bertjax.training.phase_schedule import Phase
 
 MAX_SEQ_LENGTH, MAX_PREDICTIONS, MASKED_LM_PROB, SHORT_SEQ_PROB = 128, 20, 0.15, 0.1
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

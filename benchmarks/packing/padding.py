@@ -24,7 +24,7 @@ from absl import app, flags
 
 from bertjax.data import loaders, packing, pipeline
 from bertjax.data.settings import DataSettings
-from bertjax.phase_schedule import Phase
+from bertjax.training.phase_schedule import Phase
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_files", None, "Corpus files (comma-separated globs).")

@@ -26,7 +26,7 @@ import importlib.util
 spec = importlib.util.spec_from_file_location("config", sys.argv[1])
 module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
 config = module.get_config()
-from bertjax import phase_schedule
+from bertjax.training import phase_schedule
 from bertjax.data import loaders, pipeline
 config.data.masking, config.data.num_workers = sys.argv[3], 1
 config.train.global_batch_size = int(sys.argv[5]) or config.train.global_batch_size

@@ -14,10 +14,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from bertjax import files
 from bertjax.data import hf_json
 from bertjax.data.errors import DataError
 from bertjax.data.wordpiece import CLS, MASK, PAD, SEP, UNK, check_id, file_fingerprint
+from bertjax.runtime import files
 
 BYTE_LEVEL_SPACE = "\u0120"  # "Ġ": byte-level BPE's piece for a space before a word
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from absl import logging
 
-from bertjax import files
+from bertjax.runtime import files
 
 Document = list[str]
 

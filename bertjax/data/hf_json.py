@@ -13,9 +13,9 @@ from typing import NamedTuple
 
 import tokenizers as tk
 
-from bertjax import files
 from bertjax.data.errors import DataError
 from bertjax.data.wordpiece import CLS, SEP, SPECIAL_TOKENS, UNK, read_bytes
+from bertjax.runtime import files
 
 # tokenizer_config.json classes under which transformers applies a tokenizer.json as it is.
 FAST_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")

@@ -10,8 +10,6 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from bertjax import stopping
-from bertjax.batch import PhaseShape
 from bertjax.data import (
     instances,
     masking as mask_rules,
@@ -20,8 +18,10 @@ from bertjax.data import (
     shard_job,
     tokenization,
 )
+from bertjax.data.batch import PhaseShape
 from bertjax.data.pipeline import DataError, PreparedSplit
 from bertjax.data.settings import DataSettings
+from bertjax.runtime import stopping
 
 
 class BatchLoader:

@@ -4,7 +4,7 @@ The original pads every instance to the full length; packing puts whole instance
 `[CLS] A [SEP] B [SEP]` with its own segment ids) one after another into a row, so that no
 step computes on padding that another instance could fill. Each token carries its instance's
 number (`instance_ids` 1..K, 0 at padding: attention is block-diagonal, see
-`bertjax.attention.Mask`) and its position within the instance (`position_ids`, from 0), the
+`bertjax.models.attention.Mask`) and its position within the instance (`position_ids`, from 0), the
 masked-LM positions are shifted to the row, and every instance keeps its own next-sentence
 prediction, read from its own [CLS] (`next_sentence_positions`, `next_sentence_labels`,
 `next_sentence_weights` [K], weight 0 for empty slots).
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from bertjax import batch as batch_spec
+from bertjax.data import batch as batch_spec
 from bertjax.data.pipeline import DataError, PreparedSplit
 
 

@@ -26,8 +26,6 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from bertjax import failures, files, locks
-from bertjax.batch import PhaseShape
 from bertjax.data import (
     corpus,
     instances,
@@ -40,10 +38,12 @@ from bertjax.data import (
     token_cache,
     tokenization,
 )
+from bertjax.data.batch import PhaseShape
 from bertjax.data.errors import DataError
 from bertjax.data.settings import DataSettings
 from bertjax.data.shard_format import FEATURES, PreparedSplit  # noqa: F401 (the public names)
 from bertjax.data.shard_job import split_eval_documents  # noqa: F401
+from bertjax.runtime import failures, files, locks
 
 FORMAT_VERSION = 5  # bump when the prepared bytes change (pinned: tests/test_prepared_bytes.py)
 

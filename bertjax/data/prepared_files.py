@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import files, locks
 from bertjax.data import shard_format
 from bertjax.data.errors import DataError
+from bertjax.runtime import files, locks
 
 CLAIMS = "_claims"  # under a remote phase: one object per preparation writing it
 

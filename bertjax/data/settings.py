@@ -1,7 +1,7 @@
 """`config.data` as typed, frozen settings, built once at an entry point (`DataSettings.of`):
 its choices checked there, in one line naming the `--config.data.FIELD` to set, and what the
 data layer derives from them (the mask mix, dynamic masking, accent stripping) computed there.
-`typed` builds any config section's settings class the same way (bertjax.settings: train,
+`typed` builds any config section's settings class the same way (bertjax.training.settings: train,
 long_phase).
 
 The fields keep the config's names, types and defaults (configs/base.py documents each one);

@@ -1,5 +1,5 @@
 """The compact on-disk layout of prepared instances, written as they are made and read back
-(`shard_reader`: checked as read) as the original's fixed-shape features (`bertjax.batch`).
+(`shard_reader`: checked as read) as the original's fixed-shape features (`bertjax.data.batch`).
 
 A shard stores, per instance: the padded token ids in the narrowest unsigned type that holds
 the vocabulary (uint16 below 65,536 ids), the sequence length and where segment B starts
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax import failures
-from bertjax.batch import FEATURES
+from bertjax.data.batch import FEATURES
+from bertjax.runtime import failures
 
 STORED = ("input_ids", "lengths", "b_starts", "masked_lm_positions", "masked_lm_ids",
           "num_predictions", "next_sentence_labels")

@@ -20,7 +20,6 @@ import sentencepiece as spm
 from absl import logging
 from sentencepiece import sentencepiece_model_pb2
 
-from bertjax import files
 from bertjax.data import bpe, hf_json
 from bertjax.data.errors import DataError
 from bertjax.data.wordpiece import (  # noqa: F401 (the tokenizers and tokens, in one place)
@@ -37,6 +36,7 @@ from bertjax.data.wordpiece import (  # noqa: F401 (the tokenizers and tokens, i
     read_bytes,
     to_text,
 )
+from bertjax.runtime import files
 
 _SP_MODEL_TYPES = ("unigram", "bpe", "char", "word")
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from bertjax import files
+from bertjax.runtime import files
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)

@@ -16,7 +16,7 @@ from bertjax.interop.tree import ConversionError
 from bertjax.tasks import glue, ner
 
 if TYPE_CHECKING:
-    from bertjax.families import HfForm
+    from bertjax.models.families import HfForm
 
 
 @dataclasses.dataclass(frozen=True)

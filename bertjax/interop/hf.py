@@ -9,10 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import families, files, model as bert_model
 from bertjax.interop import tree
 from bertjax.interop.finetuned import HFHead
-from bertjax.model import BertConfig
+from bertjax.models import families
+from bertjax.models.bert import model as bert_model
+from bertjax.models.bert.model import BertConfig
+from bertjax.runtime import files
 
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                   "relu": "relu"}

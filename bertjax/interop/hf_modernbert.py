@@ -1,7 +1,7 @@
 """Hugging Face `transformers` ModernBERT directories <-> bertjax ModernBERT parameters (no
 torch needed for safetensors), parallel to `hf` for BERT: names mapped, Linear weights
 transposed ([out, in] in PyTorch), the fused Wqkv / Wi weights split into their parts
-(`bertjax.modernbert._SplitDense`), the decoder weight tied to the token embeddings checked,
+(`bertjax.models.modernbert.model._SplitDense`), the decoder weight tied to the token embeddings checked,
 not stored twice."""
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bertjax import modernbert
 from bertjax.interop import tree
 from bertjax.interop.finetuned import HFHead
 from bertjax.interop.hf import HF_ACTIVATIONS, TO_HF_ACTIVATION, read_tensors
-from bertjax.modernbert_config import ModernBertConfig
+from bertjax.models.modernbert import model as modernbert
+from bertjax.models.modernbert.config import ModernBertConfig
 
 HF_TIED = {"decoder.weight": "model.embeddings.tok_embeddings.weight"}
 FINETUNED_CLASSES = ("ModernBertForSequenceClassification", "ModernBertForTokenClassification",

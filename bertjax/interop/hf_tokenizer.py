@@ -21,7 +21,6 @@ import re
 import tokenizers as tk
 from sentencepiece import sentencepiece_model_pb2
 
-from bertjax import files
 from bertjax.data import bpe, hf_json
 from bertjax.data.tokenization import (
     CLS,
@@ -34,6 +33,7 @@ from bertjax.data.tokenization import (
     WordPieceTokenizer,
 )
 from bertjax.interop import tree
+from bertjax.runtime import files
 
 SPECIAL_TOKENS = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,
                   "mask_token": MASK}

@@ -1,13 +1,13 @@
 """Google TF and Hugging Face checkpoints on an object store (`gs://`, any fsspec URL) on
 local disk: their readers (safetensors, torch, the TF bundle reader) need local files, so the
 files a checkpoint is read from, with its config and tokenizer, are copied through
-`bertjax.files` once per process. bertjax's own checkpoints are read in place (Orbax)."""
+`bertjax.runtime.files` once per process. bertjax's own checkpoints are read in place (Orbax)."""
 from __future__ import annotations
 
 import os
 
-from bertjax import files
 from bertjax.interop import hf, hf_tokenizer, native, tf
+from bertjax.runtime import files
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
                    *hf_tokenizer.SENTENCEPIECE_FILES, native.TOKENIZER_FILE)

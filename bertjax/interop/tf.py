@@ -22,10 +22,11 @@ import google_crc32c
 import ml_dtypes
 import numpy as np
 
-from bertjax import files, model as bert_model
 from bertjax.errors import UserError
 from bertjax.interop import tree
-from bertjax.model import BertConfig
+from bertjax.models.bert import model as bert_model
+from bertjax.models.bert.model import BertConfig
+from bertjax.runtime import files
 
 TABLE_MAGIC = 0xDB4775248B80FB57
 FOOTER_SIZE = 48  # two block handles padded to 40 bytes, then the 8-byte magic

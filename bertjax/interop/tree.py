@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 from flax import traverse_util
 
-from bertjax import files, model as bert_model
 from bertjax.errors import UserError
-from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.models.bert import model as bert_model
+from bertjax.models.bert.model import BertConfig, BertForPreTraining
+from bertjax.runtime import files
 
 LAYER_PATH = re.compile(r"^bert/encoder/layer_(\d+)/(.*)$")
 

@@ -19,7 +19,7 @@ from bertjax.errors import UserError
 if TYPE_CHECKING:  # (the model modules: only for the adapter's annotations)
     import flax.linen as nn
 
-    from bertjax.families import ModelConfig
+    from bertjax.models.families import ModelConfig
 
 
 class TaskDataError(UserError, ValueError):

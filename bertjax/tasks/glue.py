@@ -17,9 +17,11 @@ import flax.linen as nn
 import numpy as np
 from absl import logging
 
-from bertjax import families, files, objectives
 from bertjax.data import tfds_source, tokenization
+from bertjax.models import families
+from bertjax.runtime import files
 from bertjax.tasks import features, metrics
+from bertjax.training import objectives
 
 BINARY = ("0", "1")
 NLI_2 = ("entailment", "not_entailment")

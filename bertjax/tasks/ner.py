@@ -13,9 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from bertjax import families, files, objectives
 from bertjax.data import tfds_source, tokenization
+from bertjax.models import families
+from bertjax.runtime import files
 from bertjax.tasks import features, metrics
+from bertjax.training import objectives
 
 # The CoNLL-2003 tag set (IOB1 files use the same tags; B- only between touching entities).
 LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")

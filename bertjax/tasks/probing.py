@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import files
+from bertjax.runtime import files
 from bertjax.tasks import features, glue, metrics, ner
 
 # Table 7's rows besides single layers; the last two of the "last four" when there are fewer.

@@ -29,9 +29,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from absl import logging
 
-from bertjax import files
 from bertjax.data import tfds_source
 from bertjax.data.tokenization import CLS, SEP, Tokenizer
+from bertjax.runtime import files
 from bertjax.tasks.features import word_tokenizer
 
 

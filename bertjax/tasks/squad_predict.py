@@ -22,12 +22,14 @@ import flax.linen as nn
 import numpy as np
 from absl import logging
 
-from bertjax import families, files, objectives
 from bertjax.data import tokenization
 from bertjax.data.bpe import BYTE_LEVEL_SPACE
 from bertjax.data.tokenization import basic_tokenize
+from bertjax.models import families
+from bertjax.runtime import files
 from bertjax.tasks import features, squad, squad_eval
 from bertjax.tasks.squad import SquadExample, SquadFeatures
+from bertjax.training import objectives
 
 # Null odds of a v2.0 example without any valid span: "certainly unanswerable" (the original's
 # initial null score).

@@ -8,8 +8,8 @@ from typing import Any
 import jax
 import ml_collections
 
-from bertjax import targets
 from bertjax.errors import UserError
+from bertjax.runtime import targets
 from bertjax.tools import phase_compile
 
 

@@ -5,7 +5,7 @@
     python -m bertjax.tools.aot --config=configs/large.py --target=h100 --out=h100.json
 
 Targets: tpu-v4-8, tpu-v5e-8, tpu-v5p-8, tpu-v6e-8, h100, h200, or a TPU topology such as
-v5e:4x4 (`bertjax.targets`); without `--target`, `--num_devices` fake CPU devices (sharding
+v5e:4x4 (`bertjax.runtime.targets`); without `--target`, `--num_devices` fake CPU devices (sharding
 errors are the same; the memory figures are the CPU compiler's). Nothing is materialised.
 
 Per phase one verdict line: fits, with the headroom, or does not fit, with the compiler's own
@@ -32,8 +32,10 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import cli, memory, sharding, targets
+from bertjax import cli
+from bertjax.runtime import targets
 from bertjax.tools import advice, fit_verdict, phase_compile, tpu_estimate
+from bertjax.training import memory, sharding
 
 NOT_FIT_EXIT = 2  # the exit status when a phase does not fit as configured (errors: 1)
 

@@ -3,7 +3,7 @@
 Compiles the jitted train step of the config (random parameters, a synthetic batch of the
 first phase's shape: train.global_batch_size x data.max_seq_length, data.max_predictions_per_seq
 masked positions) and prints compile time, median step time, sequences/s and tokens/s (global
-and per chip), model FLOPs per step (`bertjax.flops`), MFU against the device's bf16 peak
+and per chip), model FLOPs per step (`bertjax.models.flops`), MFU against the device's bf16 peak
 (`--peak_tflops` overrides; CPUs have none) and peak device memory where reported.
 
 `--padding=F` leaves that share of every row's tokens as padding and `--packed=K` makes the
@@ -31,7 +31,8 @@ import jax
 import ml_collections
 from absl import flags
 
-from bertjax import cli, flops
+from bertjax import cli
+from bertjax.models import flops
 from bertjax.tools.bench_step import BertjaxTrainer, synthetic_batch
 from bertjax.tools.records import machine, versions, write_record
 

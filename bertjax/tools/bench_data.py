@@ -22,10 +22,11 @@ from typing import Any
 import ml_collections
 from absl import flags
 
-from bertjax import cli, phase_schedule
+from bertjax import cli
 from bertjax.data import loaders, pipeline
-from bertjax.settings import PretrainingSettings
 from bertjax.tools.records import machine, versions, write_record
+from bertjax.training import phase_schedule
+from bertjax.training.settings import PretrainingSettings
 
 FLAGS = flags.FLAGS
 

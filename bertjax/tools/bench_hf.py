@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import transformers
 
-from bertjax.model import BertConfig
+from bertjax.models.bert.model import BertConfig
 
 # bertjax activation name -> transformers' name for the same function.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}

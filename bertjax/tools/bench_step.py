@@ -8,9 +8,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from bertjax import batch as batch_spec, families, optim, sharded_run, sharding
-from bertjax.data import packing
-from bertjax.state import count_params
+from bertjax.data import batch as batch_spec, packing
+from bertjax.models import families
+from bertjax.training import optim, sharded_run, sharding
+from bertjax.training.state import count_params
 
 
 def synthetic_batch(batch: int, length: int, predictions: int, vocab: int, seed: int = 0,

@@ -9,9 +9,11 @@ from typing import Any
 import jax
 import ml_collections
 
-from bertjax import families, flops, memory, optim, phase_schedule, sharded_run, sharding, targets
-from bertjax.settings import PretrainingSettings
+from bertjax.models import families, flops
+from bertjax.runtime import targets
 from bertjax.tools import fit_verdict, hlo_census, tpu_estimate
+from bertjax.training import memory, optim, phase_schedule, sharded_run, sharding
+from bertjax.training.settings import PretrainingSettings
 
 CENSUS_GROUPS = 25  # the costliest instruction groups kept in a TPU phase's record
 # Measured step time / roofline estimate of the one version timed on a real H100 (589f15d,

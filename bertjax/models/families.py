@@ -1,0 +1,280 @@
+"""Model families (`config.model.family`: "bert", the default, or "modernbert"): the one
+interface through which the shared machinery (mesh, state, steps, data, checkpoints, tasks,
+interop) meets a model. Each family is a `Family` registered here (`register`), found by
+name (`get`) or by its config (`of`); BERT's is `bertjax.models.bert.family`, ModernBERT's
+`bertjax.models.modernbert.family`. Shared code asks the family, it never branches on it."""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import flax.linen as nn
+import jax
+
+from bertjax.errors import ConfigError
+
+if TYPE_CHECKING:  # (annotations only: the tasks import this module)
+    from bertjax.tasks.features import TaskOptions
+
+DEFAULT = "bert"  # the family of a `model` section that names none (BERT's configs, records)
+_BUILTIN = ("bertjax.models.bert.family", "bertjax.models.modernbert.family")
+
+
+class ModelConfig(Protocol):
+    """What shared code reads of any family's model config (a frozen dataclass, hashable: its
+    fields read-only, hence properties here)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def num_hidden_layers(self) -> int: ...
+
+    @property
+    def num_attention_heads(self) -> int: ...
+
+    @property
+    def intermediate_size(self) -> int: ...
+
+    @property
+    def max_position_embeddings(self) -> int: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def param_dtype(self) -> str: ...
+
+    @property
+    def remat_policy(self) -> str: ...
+
+    @property
+    def attention_impl(self) -> str: ...
+
+    @property
+    def head_size(self) -> int: ...
+
+    @property
+    def attention_probs_dropout_prob(self) -> float: ...
+
+    def __hash__(self) -> int: ...
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class HfForm:
+    """A family's transformers form: how `convert` and `pretrained` read and write it."""
+
+    model_type: str  # config.json's `model_type`
+    read: Callable[..., tuple[Any, dict[str, Any]]]  # (path, report) -> (config, params)
+    config: Callable[[dict[str, Any], str], Any]  # (config.json's values, where) -> config
+    write: Callable[..., int]  # (config, params, path, head, pad_token_id) -> parameters
+    class_prefix: str  # "Bert": its task classes are `{prefix}ForSequenceClassification`...
+    pretraining_class: str  # the class a pretrained export loads as
+    pretraining_heads: str  # what that class adds to the encoder, for the model card
+    describe: Callable[[Any], str]  # the model card's architecture row after the sizes
+    output_layer_names: bool = True  # a task's output layer renamed to transformers' Linear
+    sequence_pooler: bool = True  # its sequence classifier has BERT's pooler
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """Everything shared code needs of one model family."""
+
+    name: str  # `model.family`
+    title: str  # for messages: "BERT"
+    configs: str  # the config files whose `model` section its runs start from
+    config_class: type[ModelConfig]  # a frozen dataclass with `from_dict`
+    check: Callable[[Mapping[str, Any], str, str], None]  # (values, prefix, flag): ValueError
+    # (the `model` section) -> what a checkpoint records of the model (a resume must match it)
+    recorded_fields: Callable[[Mapping[str, Any]], dict[str, Any]]
+    architecture: Callable[[Any], dict[str, Any]]  # the fields a checkpoint fixes
+    pretraining_model: Callable[[Any], nn.Module]  # the module pretraining trains
+    encoder: Callable[[Any], nn.Module]  # the bare encoder (features, probes)
+    encoder_scope: str  # the encoder's top-level parameter name inside every model
+    example_inputs: Callable[[nn.Module], tuple]  # inputs for `model.init`
+    # (model, params, batch, attention mask, deterministic, rngs) -> (mlm logits, nsp or None)
+    forward: Callable[..., tuple[jax.Array, jax.Array | None]]
+    # (encoder, params, input_ids, segment_ids, input_mask) -> every layer's output [N, B, L, H]
+    all_layers: Callable[..., jax.Array]
+    # task kind ("classification", "tagging", "span") -> (config, num_labels, options) -> model
+    heads: Mapping[str, Callable[..., nn.Module]]
+    flops: Callable[[Any, int, int], int]  # (config, seq_length, predictions) per sequence
+    # (model section, TrainSettings) -> a pretraining run it cannot train: ConfigError
+    check_pretraining: Callable[[Mapping[str, Any], Any], None]
+    # (architecture values, pretrained.Source) -> the fine-tuning model config
+    finetune_config: Callable[[dict[str, Any], Any], Any]
+    # (fine-tuning options, init_checkpoint) -> the refusal of an option it has no use for
+    finetune_problem: Callable[[object, str], str | None]
+    pretraining_rules: tuple = ()  # validate's (field, check, message) rules of its section
+    pretrained_parts: tuple[str, ...] = ()  # what fine-tuning takes from a pretrained model
+    optional_parts: tuple[str, ...] = ()  # the pretrained_parts a checkpoint may lack
+    records_family: bool = True  # its records name `family` (BERT's are as before families)
+    token_type_ids: bool = True  # its inputs have segments (tokenizer exports name them)
+    tokenizer_pad: bool = False  # its config names the tokenizer's [PAD] id (`pad_token_id`)
+    probes: bool = False  # bertjax.probe reads its layers
+    # (config, params, src, source format, target, scan_layers) -> ConversionError if refused
+    check_export: Callable[..., None] = lambda *args: None
+    encoder_only: Callable[[dict[str, Any]], bool] = lambda params: False  # no heads at all
+    hf: HfForm | None = None  # its transformers form, if any
+
+    @property
+    def hf_form(self) -> HfForm:
+        """`hf`, where the caller knows the family has a transformers form."""
+        if self.hf is None:
+            raise TypeError(f"{self.title} has no transformers form")
+        return self.hf
+
+
+_FAMILIES: dict[str, Family] = {}
+_BY_CLASS: dict[type, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Makes `family` known by its name and config class (again: replaced)."""
+    _FAMILIES[family.name] = family
+    _BY_CLASS[family.config_class] = family
+    return family
+
+
+def _load_builtin() -> None:
+    for module in _BUILTIN:
+        importlib.import_module(module)
+
+
+def names() -> tuple[str, ...]:
+    _load_builtin()
+    return tuple(_FAMILIES)
+
+
+def get(name: str) -> Family:
+    """The family registered as `name`; ConfigError (one line) if none is (a config or a
+    checkpoint's record naming a family this process does not know)."""
+    _load_builtin()
+    if name not in _FAMILIES:
+        raise ConfigError(f"model family {name!r} is not one of "
+                          f"{', '.join(map(repr, _FAMILIES))}: a family must be registered "
+                          "(bertjax.models.families.register) before its configs or checkpoints are read")
+    return _FAMILIES[name]
+
+
+def of(config: ModelConfig | nn.Module) -> Family:
+    """The family of a model config (or of a model: its `config`)."""
+    _load_builtin()
+    found = getattr(config, "config", config)
+    for cls in type(found).__mro__:
+        if cls in _BY_CLASS:
+            return _BY_CLASS[cls]
+    raise TypeError(f"{type(found).__name__} is no registered family's model config")
+
+
+def by_hf_type(model_type: str) -> Family:
+    """The family whose transformers `model_type` is `model_type`; BERT's for any other (its
+    reader names what it does not support)."""
+    _load_builtin()
+    return next((f for f in _FAMILIES.values() if f.hf and f.hf.model_type == model_type),
+                _FAMILIES[DEFAULT])
+
+
+def family(model: Mapping[str, Any]) -> str:
+    """The family a config's `model` section (or a record) names ("bert" when it names none)."""
+    return model.get("family", DEFAULT)
+
+
+def check(model: Mapping[str, Any], prefix: str = "model.", flag: str = "--config.") -> None:
+    """ValueError (one line) for an unknown family or a field its config cannot build."""
+    name, known = family(model), names()
+    if name not in known:
+        raise ValueError(f"{prefix}family={name!r} is not one of "
+                         f"{', '.join(map(repr, known))}; set {flag}{prefix}family")
+    own = get(name)
+    fields = {f.name for f in dataclasses.fields(own.config_class)}
+    for other in _FAMILIES.values():
+        foreign = sorted(set(model) & ({f.name for f in dataclasses.fields(other.config_class)}
+                                       - fields))
+        if foreign:
+            raise ValueError(f"{prefix}family={name!r} but the {prefix.rstrip('.')} section "
+                             f"holds {other.title}'s fields ({', '.join(foreign[:3])}, ...): a "
+                             f"{own.title} run starts from a {own.title} config, {own.configs}")
+    own.check(dict(model), prefix, flag)
+
+
+def model_config(model: Mapping[str, Any]) -> Any:
+    """The family's config class built from a config's `model` section."""
+    check(model)
+    return get(family(model)).config_class.from_dict(dict(model))
+
+
+def from_record(values: Mapping[str, Any]) -> Any:
+    """The model config a record (`as_record`, `recorded_fields`) names, unchecked."""
+    return get(family(values)).config_class.from_dict(dict(values))
+
+
+def recorded_fields(model: Mapping[str, Any]) -> dict[str, Any]:
+    """What a checkpoint records of the model (a resume must match it)."""
+    return get(family(model)).recorded_fields(model)
+
+
+def name_of(config: ModelConfig) -> str:
+    """The family name of a model config."""
+    return of(config).name
+
+
+def architecture(config: ModelConfig) -> dict[str, Any]:
+    """`{field: value}` of the fields a checkpoint fixes."""
+    return of(config).architecture(config)
+
+
+def as_record(config: ModelConfig) -> dict[str, Any]:
+    """A model config's fields as a dict, naming its family where the family records it (so
+    `family` and `from_record` read it back as the same family)."""
+    values = dataclasses.asdict(config)
+    own = of(config)
+    return {"family": own.name, **values} if own.records_family else values
+
+
+def pretrained_parts(config: ModelConfig) -> tuple[str, ...]:
+    """The top-level parameters a fine-tuned model takes from a pretrained checkpoint."""
+    return of(config).pretrained_parts
+
+
+def optional_pretrained_parts(config: ModelConfig) -> tuple[str, ...]:
+    """The `pretrained_parts` a checkpoint may lack, left at their initialisation."""
+    return of(config).optional_parts
+
+
+def head(kind: str, config: ModelConfig, num_labels: int, options: TaskOptions) -> nn.Module:
+    """The fine-tuning model of a task `kind` ("classification", "tagging", "span") for
+    `config`'s family; `options`: the task's (`features.TaskOptions`)."""
+    own = of(config)
+    if kind not in own.heads:
+        raise ValueError(f"a {own.title} model has no {kind} head; fine-tune it on a task of "
+                         f"kind {', '.join(map(repr, own.heads))}")
+    return own.heads[kind](config, num_labels, options)
+
+
+def pretraining_model(config: ModelConfig) -> nn.Module:
+    """The module pretraining trains."""
+    return of(config).pretraining_model(config)
+
+
+def example_inputs(model: nn.Module) -> tuple:
+    """Inputs for `model.init` (any family's model with a `config`)."""
+    return of(model).example_inputs(model)
+
+
+def abstract_params(model: nn.Module, boxed: bool = False) -> Any:
+    """The parameters of `model` (any family) as ShapeDtypeStructs, allocating nothing;
+    `boxed` keeps flax's logical-axis boxes (for partition specs)."""
+    params = jax.eval_shape(
+        lambda: model.init(jax.random.PRNGKey(0), *example_inputs(model))["params"])
+    return params if boxed else nn.meta.unbox(params)

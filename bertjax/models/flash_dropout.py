@@ -1,0 +1,228 @@
+"""Flash attention with the recipe's attention dropout: a Pallas TPU (Mosaic) kernel.
+
+Each grid step takes one batch row and a block of heads, whole rows of keys (lengths up to
+MAX_LENGTH), so the softmax needs no running maximum and the backward pass
+recomputes the probabilities exactly instead of reading any saved statistic. No dropout mask
+is kept: as FlashAttention-2 does on GPU, the backward pass draws the same random bits again.
+It reads q, k, v and writes its output as the projections on either side have them,
+`[B, L, N * D]`, each head a static slice of columns: no transposes or relayouts around it,
+and those projections stay lane-dense (BERT-large on tpu-v5p-8 at L=128, by libtpu's
+estimate: the copies to and from heads-first `[B, N, L, D]` took 13.7 of 70.0 ms).
+
+The bits are a counter-based hash: keep `(query, key)` of batch row b and head n when the top
+16 bits of `mix((query * L + key) ^ seed[b, n])` are >= round(rate * 2**16), kept values
+scaled by 1 / (1 - rate) (the einsum path's rule and rounding). `seed[b, n]` are 32 random
+bits per row and head drawn from the layer's dropout stream (`AttentionSeeds`), so the stream
+depends on (the step's seed, the layer, the batch row, the head, the query, the key), and
+`keep_mask` draws the identical mask in plain jnp (the tests' einsum reference).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+MASK_VALUE = -10000.0  # the original additive mask (attention.ATTENTION_MASK_VALUE)
+KEEP_BITS = 16  # random bits per element, as bertjax.models.dropout
+LANES, SUBLANES = 128, 8
+# Whole rows of [L, L] float32 temporaries in VMEM: 1024 exceeds v4's and v5e's default
+# scoped VMEM (16 MiB) in the deviceless compile; 512 compiles for every target slice.
+MAX_LENGTH = 512
+MAX_BLOCK_ROWS = 2048  # heads per grid step: as many as keep heads * length <= this
+# lowbias32 (C. Wellons' hash prospector): multiply / xor-shift rounds, a bijection on 32 bits.
+_MIX_MULTIPLIERS = tuple(int(np.uint32(m).view(np.int32)) for m in (0x7FEB352D, 0x846CA68B))
+
+
+class AttentionSeeds(nn.Module):
+    """32 random bits (as int32) per batch row and head from the calling layer's "dropout"
+    stream: the kernel's seeds, a different draw at every step and layer."""
+
+    @nn.compact
+    def __call__(self, batch: int, heads: int) -> jax.Array:
+        bits = jax.random.bits(self.make_rng("dropout"), (batch, heads), jnp.uint32)
+        return lax.bitcast_convert_type(bits, jnp.int32)
+
+
+def _shift(x: jax.Array, bits: int) -> jax.Array:
+    return lax.shift_right_logical(x, jnp.full(x.shape, bits, jnp.int32))
+
+
+def _mix(x: jax.Array) -> jax.Array:
+    """lowbias32 on int32 (wrapping multiplies, logical shifts): Mosaic and XLA alike."""
+    x = x ^ _shift(x, 16)
+    x = x * jnp.int32(_MIX_MULTIPLIERS[0])
+    x = x ^ _shift(x, 15)
+    x = x * jnp.int32(_MIX_MULTIPLIERS[1])
+    return x ^ _shift(x, 16)
+
+
+def _threshold(rate: float) -> int:
+    return round(rate * 2**KEEP_BITS)
+
+
+def _keep(counter_QxK: jax.Array, seed: jax.Array, rate: float) -> jax.Array:
+    """Which of the (query, key) counters `query * L + key` are kept under `seed`."""
+    return _shift(_mix(counter_QxK ^ seed), 32 - KEEP_BITS) >= _threshold(rate)
+
+
+def _counters(queries: int, keys: int) -> jax.Array:
+    rows = lax.broadcasted_iota(jnp.int32, (queries, keys), 0)
+    return rows * keys + lax.broadcasted_iota(jnp.int32, (queries, keys), 1)
+
+
+def keep_mask(seeds_BxN: jax.Array, length: int, rate: float) -> jax.Array:
+    """bool `[B, N, L, L]`: the kernel's keep mask, drawn in plain jnp."""
+    counters = _counters(length, length)
+    return _keep(counters[None, None], seeds_BxN[:, :, None, None], rate)
+
+
+def hash_dropout(seeds_BxN: jax.Array, rate: float):
+    """The einsum path's `dropout` (on probabilities `[B, N, L, L]`) with the kernel's mask."""
+    def dropout(probs_BxNxLxL: jax.Array) -> jax.Array:
+        keep = keep_mask(seeds_BxN, probs_BxNxLxL.shape[-1], rate)
+        return jnp.where(keep, probs_BxNxLxL / jnp.asarray(1.0 - rate, probs_BxNxLxL.dtype), 0)
+    return dropout
+
+
+def _probs(q_LxD, k_LxD, bias_LxL, scale):
+    """The einsum path's float32 softmax of one head's scores."""
+    scores = lax.dot_general(q_LxD, k_LxD, (((1,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32) * scale + bias_LxL
+    unnormalized = jnp.exp(scores - jnp.max(scores, axis=1, keepdims=True))
+    return unnormalized / jnp.sum(unnormalized, axis=1, keepdims=True)
+
+
+def _bias(q_ids_ref, kv_ids_ref, length):
+    """0 where query and key share a segment id, else the additive mask: `[L, L]`."""
+    q_ids = jnp.tile(q_ids_ref[0], (1, length // LANES))
+    return jnp.where(q_ids == kv_ids_ref[0, :1], 0.0, MASK_VALUE).astype(jnp.float32)
+
+
+def _heads(width: int, head_size: int) -> list[slice]:
+    """The columns of each head in a block `width` columns wide (static slices)."""
+    return [slice(h * head_size, (h + 1) * head_size) for h in range(width // head_size)]
+
+
+def _first_head(heads_per_step: int):
+    """The flat `b * N + n` index of this grid step's first (row, head): its first seed."""
+    return (pl.program_id(0) * pl.num_programs(1) + pl.program_id(1)) * heads_per_step
+
+
+def _forward_kernel(seeds_ref, qkv_ref, q_ids_ref, kv_ids_ref, o_ref, *, rate: float,
+                    scale: float, head_size: int):
+    length, width = qkv_ref.shape[2], qkv_ref.shape[3]
+    bias = _bias(q_ids_ref, kv_ids_ref, length)
+    counters = _counters(length, length)
+    first = _first_head(width // head_size)
+    for h, cols in enumerate(_heads(width, head_size)):
+        probs = _probs(qkv_ref[0, 0, :, cols], qkv_ref[1, 0, :, cols], bias, scale)
+        keep = _keep(counters, seeds_ref[first + h], rate)
+        dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
+        v = qkv_ref[2, 0, :, cols]
+        o_ref[0, :, cols] = lax.dot(dropped.astype(v.dtype), v,
+                                    preferred_element_type=jnp.float32).astype(o_ref.dtype)
+
+
+def _backward_kernel(seeds_ref, qkv_ref, do_ref, q_ids_ref, kv_ids_ref, dqkv_ref, *,
+                     rate: float, scale: float, head_size: int):
+    length, width = qkv_ref.shape[2], qkv_ref.shape[3]
+    bias = _bias(q_ids_ref, kv_ids_ref, length)
+    counters = _counters(length, length)
+    first = _first_head(width // head_size)
+    for h, cols in enumerate(_heads(width, head_size)):
+        q, k, v = (qkv_ref[i, 0, :, cols] for i in range(3))
+        do = do_ref[0, :, cols]
+        probs = _probs(q, k, bias, scale)
+        d_dropped = lax.dot_general(do, v, (((1,), (1,)), ((), ())),
+                                    preferred_element_type=jnp.float32)
+        keep = _keep(counters, seeds_ref[first + h], rate)
+        dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
+        d_probs = jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
+        d_scores = probs * (d_probs - jnp.sum(probs * d_probs, axis=1, keepdims=True)) * scale
+        for i, (left, right) in enumerate(((d_scores, k), (d_scores.T, q), (dropped.T, do))):
+            dqkv_ref[i, 0, :, cols] = lax.dot(left.astype(right.dtype), right,
+                                              preferred_element_type=jnp.float32
+                                              ).astype(dqkv_ref.dtype)
+
+
+def block_heads(heads: int, length: int, head_size: int) -> int:
+    """Heads per grid step: the most that divide `heads` with heads * length <= 2048 and
+    whose columns fill whole 128-lane tiles (or are all the heads)."""
+    return max((h for h in range(1, heads + 1)
+                if heads % h == 0 and h * length <= MAX_BLOCK_ROWS
+                and ((h * head_size) % LANES == 0 or h == heads)), default=heads)
+
+
+def cost(batch: int, heads: int, length: int, head_size: int, itemsize: int,
+         backward: bool) -> pl.CostEstimate:
+    """The kernel's cost: matmul FLOPs (forward QK^T and PV; backward their recomputed QK^T
+    and the four gradient matmuls), one exp per score, the HBM bytes of its operands. The
+    integer hash and the softmax's elementwise work (VPU) are not FLOPs."""
+    scores = batch * heads * length * length
+    tensor = batch * heads * length * head_size * itemsize
+    ids = batch * length * (LANES + SUBLANES) * 4 + batch * heads * 4
+    return pl.CostEstimate(flops=2 * scores * head_size * (5 if backward else 2),
+                           transcendentals=scores,
+                           bytes_accessed=tensor * (7 if backward else 4) + ids)
+
+
+def _call(kernel, qkv_3xBxLxH: jax.Array, d_out_BxLxH: jax.Array | None, ids_BxL: jax.Array,
+          seeds_BxN: jax.Array, rate: float, interpret: bool) -> jax.Array:
+    """The forward kernel's output `[B, L, H]`, or with `d_out_BxLxH` the backward kernel's
+    gradient of q, k and v, `[3, B, L, H]`."""
+    _, batch, length, width = qkv_3xBxLxH.shape
+    heads = seeds_BxN.shape[1]
+    head_size = width // heads
+    per_step = block_heads(heads, length, head_size)
+    one = pl.BlockSpec((1, length, per_step * head_size), lambda b, h, seeds: (b, 0, h))
+    three = pl.BlockSpec((3, 1, length, per_step * head_size), lambda b, h, seeds: (0, b, 0, h))
+    backward = d_out_BxLxH is not None
+    q_ids = lax.broadcast_in_dim(ids_BxL, (batch, length, LANES), (0, 1))
+    kv_ids = lax.broadcast_in_dim(ids_BxL, (batch, SUBLANES, length), (0, 2))
+    tensors = (qkv_3xBxLxH,) + ((d_out_BxLxH,) if backward else ())
+    return pl.pallas_call(
+        functools.partial(kernel, rate=rate, scale=1.0 / math.sqrt(head_size),
+                          head_size=head_size),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(batch, heads // per_step),
+            in_specs=[three] + ([one] if backward else []) + [
+                pl.BlockSpec((1, length, LANES), lambda b, h, seeds: (b, 0, 0)),
+                pl.BlockSpec((1, SUBLANES, length), lambda b, h, seeds: (b, 0, 0))],
+            out_specs=three if backward else one),
+        out_shape=jax.ShapeDtypeStruct(qkv_3xBxLxH.shape if backward else qkv_3xBxLxH.shape[1:],
+                                       qkv_3xBxLxH.dtype),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        cost_estimate=cost(batch, heads, length, head_size, qkv_3xBxLxH.dtype.itemsize,
+                           backward),
+        interpret=pltpu.InterpretParams() if interpret else False,
+    )(seeds_BxN.reshape(-1), *tensors, q_ids, kv_ids)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def flash_dropout(qkv_3xBxLxH: jax.Array, ids_BxL: jax.Array, seeds_BxN: jax.Array,
+                  rate: float, interpret: bool = False) -> jax.Array:
+    """Attention `[B, L, N * D]` of q, k, v stacked (N: `seeds_BxN`'s heads): a query sees
+    the keys of its own segment id (`ids_BxL` int32: 0 at padding, 1 elsewhere or the packed
+    instance's number), dropout `rate` on the probabilities by `keep_mask(seeds_BxN, L,
+    rate)`. L a multiple of 128; `interpret`: TPU interpret mode (on CPU, for tests)."""
+    return _call(_forward_kernel, qkv_3xBxLxH, None, ids_BxL, seeds_BxN, rate, interpret)
+
+
+def _forward(qkv, ids, seeds, rate, interpret):
+    return flash_dropout(qkv, ids, seeds, rate, interpret), (qkv, ids, seeds)
+
+
+def _backward(rate, interpret, residuals, d_out):
+    qkv, ids, seeds = residuals
+    return _call(_backward_kernel, qkv, d_out.astype(qkv.dtype), ids, seeds, rate,
+                 interpret), None, None
+
+
+flash_dropout.defvjp(_forward, _backward)

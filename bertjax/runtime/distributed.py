@@ -1,0 +1,134 @@
+"""Starts JAX's multi-controller runtime (`jax.distributed`) exactly once per process.
+
+Every bertjax run initialises it, even a single process: JAX's preemption sync point
+(`multihost_utils.reached_preemption_sync_point`), which Orbax uses to save on SIGTERM, only
+works once the runtime is up. Where the coordinator comes from, in order:
+
+1. explicit arguments (the `--coordinator_address`, `--num_processes`, `--process_id` flags);
+2. the environment variables `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`;
+3. JAX's cluster auto-detection (TPU VMs, GKE, SLURM, ...), with no arguments;
+4. otherwise a one-process job with a coordinator on a free localhost port. Its heartbeat
+   timeout defaults to a week: there is no other process whose death it could detect, and JAX's
+   default (100 s) would abort a run that was merely paused (SIGSTOP, a suspended VM) on resume.
+
+Joining waits at most `join_timeout_seconds` (default `peers.JOIN_TIMEOUT_SECONDS`) for
+every process to register: then each process that did ends with one line naming the ones
+that did not and the coordinator's address (`peers.joining`), exit `peers.LOST_PEER_STATUS`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+from absl import logging
+
+from bertjax.errors import UserError
+from bertjax.runtime import peers
+
+LOCAL_HEARTBEAT_TIMEOUT_SECONDS = 7 * 24 * 3600
+
+
+class DistributedSetupError(UserError, ValueError):
+    """The coordinator settings are incomplete or malformed."""
+
+
+def free_port() -> int:
+    """A TCP port on localhost that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise DistributedSetupError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+# A process waits this much longer than the service for the others to register, so that the
+# service's answer (naming the missing processes) comes first.
+_CLIENT_SLACK_S = 20
+
+
+@contextlib.contextmanager
+def _registration_timeout(seconds: int) -> Iterator[None]:
+    """JAX's coordination service started by `jax.distributed.initialize` in the block gives
+    up on processes that have not registered after `seconds` and names them to those that did
+    (jax.distributed passes no such setting: its service would wait for as long as the
+    clients' initialization timeout, and they would abort without the names)."""
+    from jax._src import distributed as jax_distributed  # (not public API)
+    library = jax_distributed._jax  # noqa: SLF001
+
+    class WithRegistrationTimeout:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(library, name)
+
+        @staticmethod
+        def get_distributed_runtime_service(*args: Any, **kwargs: Any) -> Any:
+            return library.get_distributed_runtime_service(
+                *args, cluster_register_timeout=seconds, **kwargs)
+
+    jax_distributed._jax = WithRegistrationTimeout()  # noqa: SLF001
+    try:
+        yield
+    finally:
+        jax_distributed._jax = library  # noqa: SLF001
+
+
+def _join(join_timeout_seconds: int, **kwargs: Any) -> None:
+    """`jax.distributed.initialize(**kwargs)`, waiting at most `join_timeout_seconds` for
+    every process (see the module's note)."""
+    with peers.joining(join_timeout_seconds), _registration_timeout(join_timeout_seconds):
+        jax.distributed.initialize(initialization_timeout=join_timeout_seconds
+                                   + _CLIENT_SLACK_S, **kwargs)
+
+
+def initialize(coordinator_address: str | None = None,
+               num_processes: int | None = None,
+               process_id: int | None = None,
+               heartbeat_timeout_seconds: int | None = None,
+               join_timeout_seconds: int | None = None) -> str:
+    """Initialises `jax.distributed` once; returns how: "explicit", "cluster", "local" or "already"."""
+    if jax.distributed.is_initialized():
+        return "already"
+    extra: dict[str, Any] = {}  # (initialize's keywords)
+    join = join_timeout_seconds or peers.JOIN_TIMEOUT_SECONDS
+    if join <= 0 or (heartbeat_timeout_seconds is not None and heartbeat_timeout_seconds <= 0):
+        raise DistributedSetupError("--join_timeout_seconds and --heartbeat_timeout_seconds "
+                                    "must be positive numbers of seconds")
+    if heartbeat_timeout_seconds:
+        extra["heartbeat_timeout_seconds"] = heartbeat_timeout_seconds
+    coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
+    if num_processes is None:
+        num_processes = _env_int("JAX_NUM_PROCESSES")
+    if process_id is None:
+        process_id = _env_int("JAX_PROCESS_ID")
+    if coordinator_address:
+        if num_processes is None or process_id is None:
+            raise DistributedSetupError(f"coordinator {coordinator_address} given without both the number of "
+                             "processes and this process's id (--num_processes/--process_id or "
+                             "JAX_NUM_PROCESSES/JAX_PROCESS_ID)")
+        _join(join, coordinator_address=coordinator_address, num_processes=num_processes,
+              process_id=process_id, **extra)
+        how = "explicit"
+    else:
+        try:
+            _join(join, **extra)  # TPU VMs and other detected clusters
+            how = "cluster"
+        except ValueError:  # no cluster detected: this process is the whole job
+            extra.setdefault("heartbeat_timeout_seconds", LOCAL_HEARTBEAT_TIMEOUT_SECONDS)
+            jax.distributed.initialize(f"localhost:{free_port()}", 1, 0, **extra)
+            how = "local"
+    log = logging.info if jax.process_count() > 1 else logging.debug  # one process: nothing new
+    log("jax.distributed (%s): process %d of %d, %d local / %d global devices", how,
+                 jax.process_index(), jax.process_count(), jax.local_device_count(),
+                 jax.device_count())
+    return how
