@@ -13,6 +13,7 @@ again. All rows share one data cache (one SentencePiece model). `random_init` fi
 paper row's architecture and tokenizer without its weights: the floor pretraining must beat.
 `--table` writes TABLE.md, TABLE.json and TABLE.png (mean ± std over seeds per task and row).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,66 +33,114 @@ ROWS = {
     "random_init": (None, "no pretraining (paper row's architecture, random weights)"),
     "no_nsp": (["--config.train.next_sentence_prediction=False"], "No NSP (Table 5)"),
     "ltr_no_nsp": (["--config.train.objective=ltr"], "LTR & No NSP (Table 5)"),
-    "mask_100_0_0": (["--config.data.mask_token_prob=1.0", "--config.data.random_token_prob=0.0"],
-                     "100% [MASK] (Table 8)"),
-    "mask_80_0_20": (["--config.data.mask_token_prob=0.8", "--config.data.random_token_prob=0.0"],
-                     "80/0/20 (Table 8)"),
-    "mask_80_20_0": (["--config.data.mask_token_prob=0.8", "--config.data.random_token_prob=0.2"],
-                     "80/20/0 (Table 8)"),
-    "mask_0_20_80": (["--config.data.mask_token_prob=0.0", "--config.data.random_token_prob=0.2"],
-                     "0/20/80 (Table 8)"),
-    "mask_0_0_100": (["--config.data.mask_token_prob=0.0", "--config.data.random_token_prob=0.0"],
-                     "0/0/100 (Table 8)"),
+    "mask_100_0_0": (
+        ["--config.data.mask_token_prob=1.0", "--config.data.random_token_prob=0.0"],
+        "100% [MASK] (Table 8)",
+    ),
+    "mask_80_0_20": (
+        ["--config.data.mask_token_prob=0.8", "--config.data.random_token_prob=0.0"],
+        "80/0/20 (Table 8)",
+    ),
+    "mask_80_20_0": (
+        ["--config.data.mask_token_prob=0.8", "--config.data.random_token_prob=0.2"],
+        "80/20/0 (Table 8)",
+    ),
+    "mask_0_20_80": (
+        ["--config.data.mask_token_prob=0.0", "--config.data.random_token_prob=0.2"],
+        "0/20/80 (Table 8)",
+    ),
+    "mask_0_0_100": (
+        ["--config.data.mask_token_prob=0.0", "--config.data.random_token_prob=0.0"],
+        "0/0/100 (Table 8)",
+    ),
     "rate_10": (["--config.data.masked_lm_prob=0.10"], "masking rate 10%"),
     # 20% of 64 tokens is 13 predictions: raise the cap of 10 (else full rows stay at 10, 15.6%).
-    "rate_20": (["--config.data.masked_lm_prob=0.20", "--config.data.max_predictions_per_seq=13"],
-                "masking rate 20%"),
+    "rate_20": (
+        ["--config.data.masked_lm_prob=0.20", "--config.data.max_predictions_per_seq=13"],
+        "masking rate 20%",
+    ),
 }
 
 
-def books_pretrain_command(workdir: str, cache_dir: str, books: str, steps: int,
-                           lr: float, config: str = "configs/tiny.py") -> list[str]:
+def books_pretrain_command(
+    workdir: str, cache_dir: str, books: str, steps: int, lr: float, config: str = "configs/tiny.py"
+) -> list[str]:
     """The `python -m bertjax.train` flags that the CPU studies on the shared books share:
     `config` (configs/tiny.py; or configs/modernbert_tiny.py, whose dropout is already 0),
     dynamic masking, dropout 0, batch 32, `steps` steps at peak `lr` with 10% warmup, one
     checkpoint at the end. Each study adds its lengths, phases and evaluation."""
-    no_dropout = ([] if "modernbert" in config else
-                  ["--config.model.hidden_dropout_prob=0",
-                   "--config.model.attention_probs_dropout_prob=0"])
-    return [sys.executable, "-m", "bertjax.train", f"--config={config}",
-            f"--workdir={workdir}", "--config.data.source=text",
-            f"--config.data.input_files={books}", f"--config.data.cache_dir={cache_dir}",
-            "--config.data.masking=dynamic", "--config.data.num_workers=1",
-            "--config.data.dupe_factor=2", *no_dropout, f"--config.train.total_steps={steps}", "--config.train.global_batch_size=32",
-            f"--config.optimizer.peak_learning_rate={lr}",
-            f"--config.optimizer.warmup_steps={steps // 10}",
-            f"--config.train.checkpoint_every={steps}"]
+    no_dropout = (
+        []
+        if "modernbert" in config
+        else [
+            "--config.model.hidden_dropout_prob=0",
+            "--config.model.attention_probs_dropout_prob=0",
+        ]
+    )
+    return [
+        sys.executable,
+        "-m",
+        "bertjax.train",
+        f"--config={config}",
+        f"--workdir={workdir}",
+        "--config.data.source=text",
+        f"--config.data.input_files={books}",
+        f"--config.data.cache_dir={cache_dir}",
+        "--config.data.masking=dynamic",
+        "--config.data.num_workers=1",
+        "--config.data.dupe_factor=2",
+        *no_dropout,
+        f"--config.train.total_steps={steps}",
+        "--config.train.global_batch_size=32",
+        f"--config.optimizer.peak_learning_rate={lr}",
+        f"--config.optimizer.warmup_steps={steps // 10}",
+        f"--config.train.checkpoint_every={steps}",
+    ]
 
 
-def pretrain_command(row: str, args, overrides: list[str] | None = None,
-                     config: str = "configs/tiny.py") -> list[str]:
+def pretrain_command(
+    row: str, args, overrides: list[str] | None = None, config: str = "configs/tiny.py"
+) -> list[str]:
     """Row `row`'s pretraining: the paper row's flags, then `overrides` (default: ROWS')."""
-    return [*books_pretrain_command(f"{args.out}/pretrain/{row}", f"{args.out}/data", GUTENBERG,
-                                    args.steps, args.lr, config),
-            "--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10",
-            "--config.long_phase.fraction=0", "--config.train.eval_every=0",
-            "--config.train.eval_batches=20", "--config.train.log_every=100",
-            *(ROWS[row][0] if overrides is None else overrides)]
+    return [
+        *books_pretrain_command(
+            f"{args.out}/pretrain/{row}", f"{args.out}/data", GUTENBERG, args.steps, args.lr, config
+        ),
+        "--config.data.max_seq_length=64",
+        "--config.data.max_predictions_per_seq=10",
+        "--config.long_phase.fraction=0",
+        "--config.train.eval_every=0",
+        "--config.train.eval_batches=20",
+        "--config.train.log_every=100",
+        *(ROWS[row][0] if overrides is None else overrides),
+    ]
 
 
 def finetune_command(row: str, task: str, args) -> list[str]:
     source = "paper" if row == "random_init" else row
-    return ([sys.executable, "-m", "bertjax.finetune", *finetune_study.TASKS[task],
-             f"--config.seeds={args.seeds}", f"--config.num_train_epochs={args.epochs}",
-             f"--config.learning_rate={args.finetune_lr}", "--config.log_every=100",
-             f"--config.max_train_examples={args.train_examples}",
-             f"--config.max_seq_length={args.finetune_length}",
-             f"--config.init_checkpoint={args.out}/pretrain/{source}",
-             f"--workdir={args.out}/finetune/{row}/{task}"]
-            + (["--config.random_init=True"] if row == "random_init" else [])
-            # The paper keeps the LTR model's left-only constraint at fine-tuning (section 5.1).
-            + (["--config.causal_attention=True"]
-               if "--config.train.objective=ltr" in (ROWS.get(row, ([],))[0] or []) else []))
+    return (
+        [
+            sys.executable,
+            "-m",
+            "bertjax.finetune",
+            *finetune_study.TASKS[task],
+            f"--config.seeds={args.seeds}",
+            f"--config.num_train_epochs={args.epochs}",
+            f"--config.learning_rate={args.finetune_lr}",
+            "--config.log_every=100",
+            f"--config.max_train_examples={args.train_examples}",
+            f"--config.max_seq_length={args.finetune_length}",
+            f"--config.init_checkpoint={args.out}/pretrain/{source}",
+            f"--workdir={args.out}/finetune/{row}/{task}",
+        ]
+        + (["--config.random_init=True"] if row == "random_init" else [])
+        # The paper keeps the LTR model's left-only constraint at fine-tuning (section 5.1).
+        + (
+            ["--config.causal_attention=True"]
+            if "--config.train.objective=ltr" in (ROWS.get(row, ([],))[0] or [])
+            else []
+        )
+    )
 
 
 def run_once(cmd: list[str], done_file: str, out: str) -> None:
@@ -109,11 +158,17 @@ def run(args) -> None:
     os.makedirs(args.out, exist_ok=True)
     for row in args.rows.split(","):
         if ROWS[row][0] is not None:
-            run_once(pretrain_command(row, args),
-                 f"{args.out}/pretrain/{row}/final_metrics.json", args.out)
+            run_once(
+                pretrain_command(row, args),
+                f"{args.out}/pretrain/{row}/final_metrics.json",
+                args.out,
+            )
         for task in args.tasks.split(","):
-            run_once(finetune_command(row, task, args),
-                 f"{args.out}/finetune/{row}/{task}/summary.json", args.out)
+            run_once(
+                finetune_command(row, task, args),
+                f"{args.out}/finetune/{row}/{task}/summary.json",
+                args.out,
+            )
 
 
 def collect(out: str, rows: dict = ROWS) -> dict:
@@ -138,14 +193,20 @@ def collect(out: str, rows: dict = ROWS) -> dict:
 def table(args) -> None:
     record = collect(args.out)
     columns = [(task, m) for task, metrics in finetune_study.METRICS.items() for m in metrics]
-    lines = ["| row | held-out MLM acc (LM acc for LTR) | "
-             + " | ".join(f"{t} {m}" for t, m in columns) + " |",
-             "|---" * (len(columns) + 2) + "|"]
+    lines = [
+        "| row | held-out MLM acc (LM acc for LTR) | "
+        + " | ".join(f"{t} {m}" for t, m in columns)
+        + " |",
+        "|---" * (len(columns) + 2) + "|",
+    ]
     for row, entry in record.items():
         pre = entry.get("pretraining", {})
         cells = [f"{100 * pre['mlm_accuracy']:.1f}" if "mlm_accuracy" in pre else "-"]
-        lines.append(f"| {row}: {entry['description']} | "
-                     + " | ".join(cells + task_cells(entry, columns)) + " |")
+        lines.append(
+            f"| {row}: {entry['description']} | "
+            + " | ".join(cells + task_cells(entry, columns))
+            + " |"
+        )
     write_table(args.table, lines, record)
     plot(record, columns, args.table + ".png")
 
@@ -171,13 +232,16 @@ def write_table(path: str, lines: list[str], record: dict) -> None:
 def plot(record: dict, columns: list[tuple[str, str]], path: str) -> None:
     """One panel per task metric: mean ± std over seeds for each row."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     rows = list(record)
     fig, axes = plt.subplots(1, len(columns), figsize=(4 * len(columns), 4.5), sharey=False)
     for ax, (task, metric) in zip(axes, columns):
-        means = [100 * record[r].get(task, {}).get(metric, {}).get("mean", float("nan"))
-                 for r in rows]
+        means = [
+            100 * record[r].get(task, {}).get(metric, {}).get("mean", float("nan")) for r in rows
+        ]
         stds = [100 * record[r].get(task, {}).get(metric, {}).get("std", 0.0) for r in rows]
         ax.errorbar(range(len(rows)), means, yerr=stds, fmt="o", capsize=3)
         ax.set_xticks(range(len(rows)), rows, rotation=60, ha="right", fontsize=8)
@@ -207,8 +271,11 @@ def study_parser(description: str, rows: str, tasks: str, steps: int) -> argpars
 
 
 if __name__ == "__main__":
-    parsed = study_parser(__doc__.splitlines()[0],
-                          "paper,random_init,no_nsp,ltr_no_nsp,mask_100_0_0,mask_80_0_20,"
-                          "mask_80_20_0,mask_0_20_80,mask_0_0_100", "sst2,mrpc,conll2003",
-                          1500).parse_args()
+    parsed = study_parser(
+        __doc__.splitlines()[0],
+        "paper,random_init,no_nsp,ltr_no_nsp,mask_100_0_0,mask_80_0_20,"
+        "mask_80_20_0,mask_0_20_80,mask_0_0_100",
+        "sst2,mrpc,conll2003",
+        1500,
+    ).parse_args()
     table(parsed) if parsed.table else run(parsed)

@@ -9,6 +9,7 @@ on the same texts; runs bertjax's model and `AutoModelForSequenceClassification`
 whether the input ids agree, the largest logit difference, how many predictions differ, and
 the split's metrics both ways. Needs bertjax and the `parity` extra (torch, transformers).
 """
+
 import json
 import sys
 
@@ -32,28 +33,43 @@ def main(workdir: str, hf_dir: str, split: str = "dev") -> None:
     task = finetune.make_task(FinetuneSettings.of(config.to_dict()), tokenizer)
     data = task.load(split)
     f = data.features
-    ours = np.asarray(task.model(bert_config).apply(
-        {"params": params}, f["input_ids"], f["segment_ids"], f["input_mask"],
-        deterministic=True))
+    ours = np.asarray(
+        task.model(bert_config).apply(
+            {"params": params},
+            f["input_ids"],
+            f["segment_ids"],
+            f["input_mask"],
+            deterministic=True,
+        )
+    )
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
     texts = [(e.text_a, e.text_b) for e in data.examples]
-    encoded = hf_tokenizer([a for a, _ in texts], [b for _, b in texts] if texts[0][1] else None,
-                           padding="max_length", truncation="longest_first",
-                           max_length=config.max_seq_length, return_tensors="np")
+    encoded = hf_tokenizer(
+        [a for a, _ in texts],
+        [b for _, b in texts] if texts[0][1] else None,
+        padding="max_length",
+        truncation="longest_first",
+        max_length=config.max_seq_length,
+        return_tensors="np",
+    )
     same_ids = np.all(encoded["input_ids"] == f["input_ids"], axis=1)
     model = transformers.AutoModelForSequenceClassification.from_pretrained(hf_dir).eval()
     with torch.no_grad():
         theirs = model(**{k: torch.tensor(v) for k, v in encoded.items()}).logits.numpy()
     spec = glue.get_task(config.task)
     ours_pred, theirs_pred = (glue.predictions_from_logits(spec, x) for x in (ours, theirs))
-    print(f"{config.task} {split}: {len(texts)} examples; AutoTokenizer ids equal bertjax's for "
-          f"{same_ids.sum()} (the others: pairs truncated differently, see exports.md); max "
-          f"|logit difference| {np.abs(ours - theirs)[same_ids].max():.2e} on those, "
-          f"{np.abs(ours - theirs).max():.2e} on all; predictions that differ: "
-          f"{int((ours_pred != theirs_pred).sum())}")
+    print(
+        f"{config.task} {split}: {len(texts)} examples; AutoTokenizer ids equal bertjax's for "
+        f"{same_ids.sum()} (the others: pairs truncated differently, see exports.md); max "
+        f"|logit difference| {np.abs(ours - theirs)[same_ids].max():.2e} on those, "
+        f"{np.abs(ours - theirs).max():.2e} on all; predictions that differ: "
+        f"{int((ours_pred != theirs_pred).sum())}"
+    )
     print(f"  bertjax:      {glue.evaluate(spec, ours_pred, f['labels'])}")
-    print(f"  transformers: {glue.evaluate(spec, theirs_pred, f['labels'])} "
-          f"(labels {model.config.id2label})")
+    print(
+        f"  transformers: {glue.evaluate(spec, theirs_pred, f['labels'])} "
+        f"(labels {model.config.id2label})"
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ task and init the learning rate with the best mean dev score, as the paper chose
 fine-tuning learning rate on dev. The random-init runs take the checkpoint's architecture
 and tokenizer, not its weights (`--config.random_init=True`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,24 +28,46 @@ DATA = os.environ.get("DATA", "data")
 # The study's settings: the original defaults (batch 32, 3 epochs, 10% warmup, BertAdam,
 # dropout 0.1) except peak lr 1e-4 (the small-BERT recommendation), shorter sequences where the
 # task's texts fit, and a fixed random 8000-example subset of SST-2's 67k (CPU time).
-COMMON = ["--config.seeds=1,2,3", "--config.num_train_epochs=3", "--config.learning_rate=1e-4",
-          "--config.log_every=50"]
+COMMON = [
+    "--config.seeds=1,2,3",
+    "--config.num_train_epochs=3",
+    "--config.learning_rate=1e-4",
+    "--config.log_every=50",
+]
 TASKS = {
-    "sst2": ["--config=configs/finetune/glue.py", "--config.task=sst2",
-             f"--config.data_dir={DATA}/glue", "--config.max_seq_length=64",
-             "--config.max_train_examples=8000"],
-    "mrpc": ["--config=configs/finetune/glue.py", "--config.task=mrpc",
-             f"--config.data_dir={DATA}/glue", "--config.max_seq_length=128"],
-    "conll2003": ["--config=configs/finetune/ner.py", f"--config.data_dir={DATA}/conll2003",
-                  "--config.max_seq_length=64"],
+    "sst2": [
+        "--config=configs/finetune/glue.py",
+        "--config.task=sst2",
+        f"--config.data_dir={DATA}/glue",
+        "--config.max_seq_length=64",
+        "--config.max_train_examples=8000",
+    ],
+    "mrpc": [
+        "--config=configs/finetune/glue.py",
+        "--config.task=mrpc",
+        f"--config.data_dir={DATA}/glue",
+        "--config.max_seq_length=128",
+    ],
+    "conll2003": [
+        "--config=configs/finetune/ner.py",
+        f"--config.data_dir={DATA}/conll2003",
+        "--config.max_seq_length=64",
+    ],
 }
 METRICS = {"sst2": ["dev/accuracy"], "mrpc": ["dev/f1", "dev/accuracy"], "conll2003": ["dev/f1"]}
 
 
 def command(task: str, init: str, checkpoint: str, out: str, extra: list[str]) -> list[str]:
-    return ([sys.executable, "-m", "bertjax.finetune", *TASKS[task], *COMMON, *extra,
-             f"--config.init_checkpoint={checkpoint}", f"--workdir={out}/{task}_{init}"]
-            + (["--config.random_init=True"] if init == "random" else []))
+    return [
+        sys.executable,
+        "-m",
+        "bertjax.finetune",
+        *TASKS[task],
+        *COMMON,
+        *extra,
+        f"--config.init_checkpoint={checkpoint}",
+        f"--workdir={out}/{task}_{init}",
+    ] + (["--config.random_init=True"] if init == "random" else [])
 
 
 def run(args) -> None:
@@ -62,11 +85,15 @@ def learning_rate(run_dir: str, summary: dict) -> float:
     before it recorded one, the config in a kept checkpoint's metadata)."""
     if "config" in summary:
         return float(summary["config"]["learning_rate"])
-    metadata = sorted(glob.glob(os.path.join(run_dir, "seed_*", "checkpoints", "*", "meta", "metadata")))
+    metadata = sorted(
+        glob.glob(os.path.join(run_dir, "seed_*", "checkpoints", "*", "meta", "metadata"))
+    )
     return float(json.loads(json.load(open(metadata[0]))["config"])["learning_rate"])
 
 
-def best_runs(out_dirs: list[str], task: str, init: str) -> tuple[dict | None, list[tuple[float, float]]]:
+def best_runs(
+    out_dirs: list[str], task: str, init: str
+) -> tuple[dict | None, list[tuple[float, float]]]:
     """Among the study directories that ran (task, init), the summary with the best mean main
     metric (the paper picks each task's learning rate on dev), and every (lr, mean) tried."""
     main_metric, tried, best = METRICS[task][0], [], None
@@ -89,8 +116,11 @@ def table(args) -> None:
         best = {init: best_runs(out_dirs, task, init) for init in ("pretrained", "random")}
         for init, (_, tried) in best.items():
             if tried:
-                grid.append(f"| {task} | {init} | " + ", ".join(
-                    f"{lr:g}: {100 * mean:.1f}" for lr, mean in tried) + " |")
+                grid.append(
+                    f"| {task} | {init} | "
+                    + ", ".join(f"{lr:g}: {100 * mean:.1f}" for lr, mean in tried)
+                    + " |"
+                )
         for metric in metric_names:
             cells = []
             for init, (summary, _) in best.items():
@@ -98,17 +128,24 @@ def table(args) -> None:
                     cells.append("not run")
                     continue
                 stats = summary["summary"][metric]
-                record[f"{task}/{init}/{metric}"] = {**stats, "train_examples": summary["train_examples"],
-                                                     "learning_rate": summary["learning_rate"]}
+                record[f"{task}/{init}/{metric}"] = {
+                    **stats,
+                    "train_examples": summary["train_examples"],
+                    "learning_rate": summary["learning_rate"],
+                }
                 values = ", ".join(f"{100 * v:.1f}" for v in stats["values"])
-                cells.append(f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f} "
-                             f"(lr {summary['learning_rate']:g}; median {100 * stats['median']:.1f}; {values})")
+                cells.append(
+                    f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f} "
+                    f"(lr {summary['learning_rate']:g}; median {100 * stats['median']:.1f}; {values})"
+                )
             rows.append(f"| {task} | {metric} | {cells[0]} | {cells[1]} |")
     with open(args.table + ".json", "w") as f:
         json.dump(record, f, indent=1)
     print("| task | dev metric | pretrained | random init |\n|---|---|---|---|\n" + "\n".join(rows))
-    print("\nMean dev main metric per learning rate:\n\n| task | init | lr: mean |\n|---|---|---|\n"
-          + "\n".join(grid))
+    print(
+        "\nMean dev main metric per learning rate:\n\n| task | init | lr: mean |\n|---|---|---|\n"
+        + "\n".join(grid)
+    )
 
 
 if __name__ == "__main__":

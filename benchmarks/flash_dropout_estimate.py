@@ -9,6 +9,7 @@ libtpu's `optimal_seconds` from `compiled.cost_analysis()` (its cost model's tim
 measurement), the MFU it implies (model FLOPs / time / the chip's peak), the compiler's and
 the model's FLOPs and the bytes accessed, all per device.
 """
+
 import argparse
 import json
 import runpy
@@ -41,21 +42,29 @@ def main() -> None:
 
     jax.stages.Lowered.compile = compile_and_record
     target = targets.parse(args.target)
-    result = aot.compile_train_step(config, targets.devices(target),
-                                    args.phases.split(",") if args.phases else None, target)
-    record = {"command": f"benchmarks/flash_dropout_estimate.py --config={args.config} "
-                         f"--target={args.target} --impl={args.impl} --phases={args.phases}",
-              "jax": jax.__version__, "attention_impl": result["attention_impl"], "phases": {}}
-    for (name, phase), cost in zip(result["phases"].items(), costs[-len(result["phases"]):]):
+    result = aot.compile_train_step(
+        config, targets.devices(target), args.phases.split(",") if args.phases else None, target
+    )
+    record = {
+        "command": f"benchmarks/flash_dropout_estimate.py --config={args.config} "
+        f"--target={args.target} --impl={args.impl} --phases={args.phases}",
+        "jax": jax.__version__,
+        "attention_impl": result["attention_impl"],
+        "phases": {},
+    }
+    for (name, phase), cost in zip(result["phases"].items(), costs[-len(result["phases"]) :]):
         seconds, model = cost.get("optimal_seconds", 0.0), phase["model_flops_per_device"]
         record["phases"][name] = {
             "max_seq_length": phase["max_seq_length"],
             "per_device_batch": phase["per_device_batch"],
-            "grad_accum_steps": phase["grad_accum_steps"], "verdict": phase["verdict"]["text"],
-            "optimal_seconds": seconds, "model_flops": model,
-            "compiler_flops": cost.get("flops"), "bytes_accessed": cost.get("bytes accessed"),
-            "estimated_mfu": model / seconds / (target.peak_tflops * 1e12) if seconds > 0
-            else None}
+            "grad_accum_steps": phase["grad_accum_steps"],
+            "verdict": phase["verdict"]["text"],
+            "optimal_seconds": seconds,
+            "model_flops": model,
+            "compiler_flops": cost.get("flops"),
+            "bytes_accessed": cost.get("bytes accessed"),
+            "estimated_mfu": model / seconds / (target.peak_tflops * 1e12) if seconds > 0 else None,
+        }
         print(name, json.dumps(record["phases"][name]), flush=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1)

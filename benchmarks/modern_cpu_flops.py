@@ -13,6 +13,7 @@ fewer scores, `bertjax.models.local_attention`) and with the band-masked einsum 
 `--steps` steps of each, in turn; FLOP/s from the median step time and
 `bertjax.models.flops.train_flops_per_sequence`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,13 @@ def _trainer(name: str, length: int, blocks: bool) -> tuple[BertjaxTrainer, int]
     """The compiled trainer and its model FLOPs per step."""
     config = _config(name, length)
     predictions = max(1, round(0.15 * length))
-    batch = synthetic_batch(BATCH, length, predictions, config.model.vocab_size,
-                            packed=1 if name == "modernbert_tiny" else 0)
+    batch = synthetic_batch(
+        BATCH,
+        length,
+        predictions,
+        config.model.vocab_size,
+        packed=1 if name == "modernbert_tiny" else 0,
+    )
     trainer = BertjaxTrainer(config, batch)
     runs_blocked = local_attention.runs_blocked
     if not blocks:
@@ -56,14 +62,19 @@ def _trainer(name: str, length: int, blocks: bool) -> tuple[BertjaxTrainer, int]
         local_attention.runs_blocked = runs_blocked
     trainer.step()
     model_config = families.model_config(config.model.to_dict())
-    step_flops = flops.train_flops_per_sequence(
-        model_config, length, batch["masked_lm_ids"].shape[1]) * BATCH
+    step_flops = (
+        flops.train_flops_per_sequence(model_config, length, batch["masked_lm_ids"].shape[1])
+        * BATCH
+    )
     return trainer, step_flops
 
 
 def measure(length: int, rounds: int, steps: int) -> dict:
-    rows = {"bert_tiny": ("tiny", True), "modernbert_tiny": ("modernbert_tiny", True),
-            "modernbert_tiny_band": ("modernbert_tiny", False)}
+    rows = {
+        "bert_tiny": ("tiny", True),
+        "modernbert_tiny": ("modernbert_tiny", True),
+        "modernbert_tiny_band": ("modernbert_tiny", False),
+    }
     trainers = {name: _trainer(config, length, blocks) for name, (config, blocks) in rows.items()}
     times: dict[str, list[float]] = {name: [] for name in rows}
     for _ in range(rounds):
@@ -72,12 +83,17 @@ def measure(length: int, rounds: int, steps: int) -> dict:
     result = {}
     for name, (_, step_flops) in trainers.items():
         median = statistics.median(times[name])
-        result[name] = {"model_flops_per_step": step_flops, "median_step_s": median,
-                        "model_gflops_per_second": step_flops / median / 1e9,
-                        "step_times_s": times[name]}
+        result[name] = {
+            "model_flops_per_step": step_flops,
+            "median_step_s": median,
+            "model_gflops_per_second": step_flops / median / 1e9,
+            "step_times_s": times[name],
+        }
     bert = result["bert_tiny"]["model_gflops_per_second"]
-    result["ratio_to_bert"] = {name: result[name]["model_gflops_per_second"] / bert
-                               for name in ("modernbert_tiny", "modernbert_tiny_band")}
+    result["ratio_to_bert"] = {
+        name: result[name]["model_gflops_per_second"] / bert
+        for name in ("modernbert_tiny", "modernbert_tiny_band")
+    }
     return result
 
 
@@ -88,19 +104,29 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    record = {"command": " ".join(["python", *sys.argv]),
-              "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "versions": versions(), "machine": machine(), "batch": BATCH,
-              "load_average_before": os.getloadavg(), "lengths": {}}
+    record = {
+        "command": " ".join(["python", *sys.argv]),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": versions(),
+        "machine": machine(),
+        "batch": BATCH,
+        "load_average_before": os.getloadavg(),
+        "lengths": {},
+    }
     for length in (int(n) for n in args.lengths.split(",")):
         result = measure(length, args.rounds, args.steps)
         record["lengths"][str(length)] = result
-        print(f"L={length}: " + ", ".join(
-            f"{name} {r['model_gflops_per_second']:.1f} GFLOP/s ({r['median_step_s'] * 1e3:.0f} ms)"
-            for name, r in result.items() if name != "ratio_to_bert")
-            + "; / BERT: " + ", ".join(f"{name} {ratio:.2f}"
-                                       for name, ratio in result["ratio_to_bert"].items()),
-            flush=True)
+        print(
+            f"L={length}: "
+            + ", ".join(
+                f"{name} {r['model_gflops_per_second']:.1f} GFLOP/s ({r['median_step_s'] * 1e3:.0f} ms)"
+                for name, r in result.items()
+                if name != "ratio_to_bert"
+            )
+            + "; / BERT: "
+            + ", ".join(f"{name} {ratio:.2f}" for name, ratio in result["ratio_to_bert"].items()),
+            flush=True,
+        )
     record["load_average_after"] = os.getloadavg()
     if args.out:
         write_record(record, args.out)

@@ -9,6 +9,7 @@ accuracy after every epoch.
   python benchmarks/shipped_checkpoints.py --model=MINILM/model \
       --data_dir=GLUE/MRPC --epochs=3 --seed=1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,14 +30,18 @@ def read_mrpc(path: str) -> list[tuple[str, str, int]]:
 
 
 def batches(tokenizer, rows, size: int, max_len: int, shuffle: torch.Generator | None):
-    order = torch.randperm(len(rows), generator=shuffle).tolist() if shuffle else \
-        range(len(rows))
+    order = torch.randperm(len(rows), generator=shuffle).tolist() if shuffle else range(len(rows))
     order = list(order)
     for start in range(0, len(order), size):
-        chunk = [rows[i] for i in order[start:start + size]]
-        enc = tokenizer([a for a, _, _ in chunk], [b for _, b, _ in chunk],
-                        truncation="longest_first", max_length=max_len, padding=True,
-                        return_tensors="pt")
+        chunk = [rows[i] for i in order[start : start + size]]
+        enc = tokenizer(
+            [a for a, _, _ in chunk],
+            [b for _, b, _ in chunk],
+            truncation="longest_first",
+            max_length=max_len,
+            padding=True,
+            return_tensors="pt",
+        )
         yield enc, torch.tensor([label for _, _, label in chunk])
 
 
@@ -49,8 +54,10 @@ def evaluate(model, tokenizer, rows, max_len: int) -> dict[str, float]:
     gold = [label for _, _, label in rows]
     tp = sum(p == g == 1 for p, g in zip(predicted, gold))
     precision, recall = tp / max(sum(predicted), 1), tp / max(sum(gold), 1)
-    return {"f1": 2 * precision * recall / max(precision + recall, 1e-12),
-            "accuracy": sum(p == g for p, g in zip(predicted, gold)) / len(gold)}
+    return {
+        "f1": 2 * precision * recall / max(precision + recall, 1e-12),
+        "accuracy": sum(p == g for p, g in zip(predicted, gold)) / len(gold),
+    }
 
 
 def main() -> None:
@@ -70,8 +77,11 @@ def main() -> None:
     steps = math.ceil(len(train) * args.epochs / args.batch)
     decay = [p for n, p in model.named_parameters() if "LayerNorm" not in n and "bias" not in n]
     rest = [p for n, p in model.named_parameters() if "LayerNorm" in n or "bias" in n]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                                   {"params": rest, "weight_decay": 0.0}], lr=args.lr, eps=1e-6)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+        lr=args.lr,
+        eps=1e-6,
+    )
     schedule = transformers.get_linear_schedule_with_warmup(optimizer, int(0.1 * steps), steps)
     shuffle, step, started = torch.Generator().manual_seed(args.seed), 0, time.time()
     while step < steps:
@@ -83,13 +93,22 @@ def main() -> None:
             optimizer.step(), schedule.step(), optimizer.zero_grad()
             step += 1
             if step % 20 == 0:
-                print(f"step {step}/{steps} loss {loss.item():.4f} "
-                      f"{time.time() - started:.0f}s", flush=True)
+                print(
+                    f"step {step}/{steps} loss {loss.item():.4f} {time.time() - started:.0f}s",
+                    flush=True,
+                )
             if step == steps:
                 break
-        print(json.dumps({"step": step, "dev": evaluate(model, tokenizer, dev,
-                                                         args.max_seq_length),
-                          "seconds": round(time.time() - started)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "step": step,
+                    "dev": evaluate(model, tokenizer, dev, args.max_seq_length),
+                    "seconds": round(time.time() - started),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ batch with padding, and profiles the chosen ones (`jax.profiler`, kernel time by
 Earlier implementations are restored for measurement by patching them back in here; the
 product keeps only the winners.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,12 +43,18 @@ from bertjax.models.bert import model as M
 from bertjax.training import optim, sharding, steps
 from bertjax.training.state import create_train_state
 
-LARGE = M.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                     intermediate_size=4096, dtype="bfloat16")
+LARGE = M.BertConfig(
+    hidden_size=1024,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    intermediate_size=4096,
+    dtype="bfloat16",
+)
 
 
 class FlaxDropout(nn.Module):
     """The earlier hidden dropout: flax's nn.Dropout (32 random bits per element)."""
+
     rate: float
 
     @nn.compact
@@ -61,12 +68,16 @@ def apply_update_select(state, tx, loss, grads, metrics, batch):
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+
     def keep(new, old):
         return jnp.where(finite, new, old)
-    new_state = state.replace(step=state.step + 1, params=jax.tree.map(keep, params, state.params),
-                              opt_state=jax.tree.map(keep, opt_state, state.opt_state))
-    return new_state, dict(metrics, grad_norm=grad_norm,
-                           nonfinite=1.0 - finite.astype(jnp.float32))
+
+    new_state = state.replace(
+        step=state.step + 1,
+        params=jax.tree.map(keep, params, state.params),
+        opt_state=jax.tree.map(keep, opt_state, state.opt_state),
+    )
+    return new_state, dict(metrics, grad_norm=grad_norm, nonfinite=1.0 - finite.astype(jnp.float32))
 
 
 def apply_update_loss_guard(state, tx, loss, grads, metrics, batch):
@@ -78,10 +89,12 @@ def apply_update_loss_guard(state, tx, loss, grads, metrics, batch):
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         return optax.apply_updates(state.params, updates), opt_state
 
-    params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state),
-                                     None)
+    params, opt_state = jax.lax.cond(
+        finite, update, lambda _: (state.params, state.opt_state), None
+    )
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), dict(
-        metrics, grad_norm=grad_norm, nonfinite=1.0 - finite.astype(jnp.float32))
+        metrics, grad_norm=grad_norm, nonfinite=1.0 - finite.astype(jnp.float32)
+    )
 
 
 def einsum_attention_bf16_probs(q, k, v, mask_bias, dropout):
@@ -110,7 +123,9 @@ VARIANTS = {
     "cudnn + 16-bit dropout + vocab padded to 128": ("cudnn", {"vocab_pad_multiple": 128}),
     "einsum + 16-bit dropout + vocab padded to 128": ("einsum", {"vocab_pad_multiple": 128}),
     "einsum + 16-bit dropout + bf16 probabilities": (
-        "einsum", {"einsum_attention": einsum_attention_bf16_probs}),
+        "einsum",
+        {"einsum_attention": einsum_attention_bf16_probs},
+    ),
     "einsum + 16-bit dropout + loss-only guard": ("einsum", LOSS_ONLY_GUARD),
     "cudnn + 16-bit dropout + loss-only guard": ("cudnn", LOSS_ONLY_GUARD),
 }
@@ -121,8 +136,9 @@ def synthetic_batch(batch, length, predictions, vocab, seed=0):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(int(0.6 * length), length + 1, batch)
     mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
-    positions = np.stack([np.sort(rng.choice(np.arange(1, n), predictions, replace=False))
-                          for n in lengths]).astype(np.int32)
+    positions = np.stack(
+        [np.sort(rng.choice(np.arange(1, n), predictions, replace=False)) for n in lengths]
+    ).astype(np.int32)
     return {
         "input_ids": (rng.integers(5, vocab, (batch, length)) * mask).astype(np.int32),
         "input_mask": mask,
@@ -144,12 +160,19 @@ def patch(replacements):
 def build(config, batch_np, accum=1):
     mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
     model = M.BertForPreTraining(config)
-    opt = optim.OptimizerConfig(name="bert_adam", peak_learning_rate=1e-4, warmup_steps=10000,
-                                total_steps=1000000, weight_decay_rate=0.01, eps=1e-6,
-                                clip_global_norm=1.0)
+    opt = optim.OptimizerConfig(
+        name="bert_adam",
+        peak_learning_rate=1e-4,
+        warmup_steps=10000,
+        total_steps=1000000,
+        weight_decay_rate=0.01,
+        eps=1e-6,
+        clip_global_norm=1.0,
+    )
     tx = optim.make_optimizer(opt)
-    state, _, shardings = create_train_state(model, tx, jax.random.PRNGKey(0),
-                                             M.example_inputs(model), mesh)
+    state, _, shardings = create_train_state(
+        model, tx, jax.random.PRNGKey(0), M.example_inputs(model), mesh
+    )
     step = steps.jit_train_step(steps.make_train_step(model, tx, accum), shardings, mesh)
     with sharding.activate(mesh):
         batch = sharding.global_batch_from_host(batch_np, mesh)
@@ -181,9 +204,13 @@ def time_variant(config, batch_np, n_steps, trace_dir=None):
             summary = summarize_trace(trace_dir, 3)
     del state, step, batch
     gc.collect()
-    return {"compile_s": compile_s, "step_ms": 1e3 * statistics.median(times),
-            "step_ms_all": [1e3 * t for t in times], "mlm_loss_first_last": [losses[0], losses[-1]],
-            "kernel_summary": summary}
+    return {
+        "compile_s": compile_s,
+        "step_ms": 1e3 * statistics.median(times),
+        "step_ms_all": [1e3 * t for t in times],
+        "mlm_loss_first_last": [losses[0], losses[-1]],
+        "kernel_summary": summary,
+    }
 
 
 def cost_variant(config, batch_np):
@@ -201,20 +228,31 @@ def cost_variant(config, batch_np):
             compares[f"{match.group(1)}[{match.group(2)}]"] += 1 if dims else 0
     del state, step, batch
     gc.collect()
-    largest = sorted(compares.items(), key=lambda kv: -np.prod(
-        [int(d) for d in kv[0].split("[")[1].rstrip("]").split(",") if d] or [1]))[:4]
-    return {"bytes_accessed": cost.get("bytes accessed"), "flops": cost.get("flops"),
-            "largest_compares": [f"{shape} x{n}" for shape, n in largest]}
+    largest = sorted(
+        compares.items(),
+        key=lambda kv: (
+            -np.prod([int(d) for d in kv[0].split("[")[1].rstrip("]").split(",") if d] or [1])
+        ),
+    )[:4]
+    return {
+        "bytes_accessed": cost.get("bytes accessed"),
+        "flops": cost.get("flops"),
+        "largest_compares": [f"{shape} x{n}" for shape, n in largest],
+    }
 
 
 def summarize_trace(trace_dir, n_steps):
-    files = glob.glob(os.path.join(trace_dir, "**", "*perfetto_trace.json.gz"), recursive=True) \
-        or glob.glob(os.path.join(trace_dir, "**", "*.json.gz"), recursive=True)
+    files = glob.glob(
+        os.path.join(trace_dir, "**", "*perfetto_trace.json.gz"), recursive=True
+    ) or glob.glob(os.path.join(trace_dir, "**", "*.json.gz"), recursive=True)
     tool = os.environ.get("TRACE_SUMMARY")
     if not files or not tool:
         return f"no trace summary (files={files}, tool={tool})"
-    out = subprocess.run([sys.executable, tool, sorted(files)[-1], "--steps", str(n_steps),
-                          "--top", "25"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, tool, sorted(files)[-1], "--steps", str(n_steps), "--top", "25"],
+        capture_output=True,
+        text=True,
+    )
     return out.stdout + out.stderr
 
 
@@ -223,32 +261,40 @@ def check_cudnn(log):
     cfg = dataclasses.replace(LARGE, num_hidden_layers=2, hidden_dropout_prob=0.0)
     b = synthetic_batch(8, 128, 20, cfg.vocab_size, seed=1)
     inputs = (b["input_ids"], b["segment_ids"], b["input_mask"], b["masked_lm_positions"])
-    params = nn.meta.unbox(jax.jit(M.BertForPreTraining(cfg).init)(jax.random.PRNGKey(0),
-                                                                  *inputs)["params"])
+    params = nn.meta.unbox(
+        jax.jit(M.BertForPreTraining(cfg).init)(jax.random.PRNGKey(0), *inputs)["params"]
+    )
 
     def loss(params, impl):
         c = dataclasses.replace(cfg, attention_impl=impl)
         mlm, nsp = M.BertForPreTraining(c).apply({"params": params}, *inputs)
-        return jnp.mean(mlm.astype(jnp.float32) ** 2) + jnp.mean(nsp ** 2), (mlm, nsp)
+        return jnp.mean(mlm.astype(jnp.float32) ** 2) + jnp.mean(nsp**2), (mlm, nsp)
 
     f = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
     ref = f(params, "einsum")
     got = f(params, "cudnn")
+
     def f32(t):
         return jax.tree.map(lambda x: np.asarray(x, np.float64), t)
+
     errs = []
     for a, r in zip(jax.tree.leaves(f32(got)), jax.tree.leaves(f32(ref))):
         errs.append(float(np.linalg.norm(a - r) / max(np.linalg.norm(r), 1e-30)))
     hlo = jax.jit(loss, static_argnums=1).lower(params, "cudnn").as_text()
     # With dropout: two steps on the same params and batch must draw different masks.
     cfg_d = dataclasses.replace(cfg, attention_impl="cudnn", attention_probs_dropout_prob=0.1)
-    fwd = jax.jit(lambda p: M.BertForPreTraining(cfg_d).apply(
-        {"params": p}, *inputs, deterministic=False, rngs={"dropout": jax.random.PRNGKey(0)})[0])
+    fwd = jax.jit(
+        lambda p: M.BertForPreTraining(cfg_d).apply(
+            {"params": p}, *inputs, deterministic=False, rngs={"dropout": jax.random.PRNGKey(0)}
+        )[0]
+    )
     d1, d2 = np.asarray(fwd(params), np.float32), np.asarray(fwd(params), np.float32)
-    result = {"max_relative_error_outputs_and_grads": max(errs),
-              "median_relative_error": statistics.median(errs),
-              "custom_call_is_cudnn_fmha": "__cudnn$fmha" in hlo,
-              "dropout_masks_differ_between_calls": bool(np.abs(d1 - d2).max() > 0)}
+    result = {
+        "max_relative_error_outputs_and_grads": max(errs),
+        "median_relative_error": statistics.median(errs),
+        "custom_call_is_cudnn_fmha": "__cudnn$fmha" in hlo,
+        "dropout_masks_differ_between_calls": bool(np.abs(d1 - d2).max() > 0),
+    }
     log(f"cudnn check: {result}")
     return result
 
@@ -266,10 +312,16 @@ def main():
     p.add_argument("--cost", action="store_true", help="XLA cost analysis instead of timing")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
+
     def log(s):
         return print(s, flush=True)
-    record = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
-              "command": " ".join(sys.argv), "results": {}}
+
+    record = {
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+        "command": " ".join(sys.argv),
+        "results": {},
+    }
     if a.check:
         record["cudnn_check"] = check_cudnn(log)
     names = list(VARIANTS)
@@ -283,8 +335,13 @@ def main():
         batch_np = synthetic_batch(batch_size, length, predictions, LARGE.vocab_size)
         config = dataclasses.replace(LARGE, num_hidden_layers=a.layers)
         if a.smoke:
-            config = dataclasses.replace(config, hidden_size=64, num_attention_heads=4,
-                                         intermediate_size=128, dtype="float32")
+            config = dataclasses.replace(
+                config,
+                hidden_size=64,
+                num_attention_heads=4,
+                intermediate_size=128,
+                dtype="float32",
+            )
         step_flops = flops.train_flops_per_sequence(config, length, predictions) * batch_size
         for i in chosen:
             impl, replacements = VARIANTS[names[i]]
@@ -294,16 +351,22 @@ def main():
             name = f"L{length} B{batch_size} | {names[i]}"
             if a.cost:
                 r = record["results"][name] = cost_variant(variant_config, batch_np)
-                log(f"L={length} B={batch_size} {names[i]:45s} {r['bytes_accessed'] / 1e9:8.2f} "
-                    f"GB accessed, {r['flops'] / 1e12:7.3f} TFLOP; compares {r['largest_compares']}")
+                log(
+                    f"L={length} B={batch_size} {names[i]:45s} {r['bytes_accessed'] / 1e9:8.2f} "
+                    f"GB accessed, {r['flops'] / 1e12:7.3f} TFLOP; compares {r['largest_compares']}"
+                )
                 continue
             trace = os.path.join(a.out, f"trace_{length}_{i}") if i in profiled else None
             r = time_variant(variant_config, batch_np, a.steps, trace)
-            r["mfu"] = flops.mfu(step_flops / (r["step_ms"] / 1e3), 1,
-                                 flops.peak_tflops(record["device"])) or 0.0
+            r["mfu"] = (
+                flops.mfu(step_flops / (r["step_ms"] / 1e3), 1, flops.peak_tflops(record["device"]))
+                or 0.0
+            )
             record["results"][name] = r
-            log(f"L={length} B={batch_size} {names[i]:45s} {r['step_ms']:7.1f} ms  MFU "
-                f"{r['mfu']:.1%}  compile {r['compile_s']:.0f}s  loss {r['mlm_loss_first_last']}")
+            log(
+                f"L={length} B={batch_size} {names[i]:45s} {r['step_ms']:7.1f} ms  MFU "
+                f"{r['mfu']:.1%}  compile {r['compile_s']:.0f}s  loss {r['mlm_loss_first_last']}"
+            )
             if r["kernel_summary"]:
                 log(r["kernel_summary"])
         with open(os.path.join(a.out, "step_levers.json"), "w") as f:

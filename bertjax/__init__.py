@@ -1,4 +1,5 @@
 """bertjax: BERT (Devlin et al., 2018) in JAX/Flax, faithful by default, fast by design."""
+
 from bertjax.runtime import backend_env as _backend_env
 
 # Before any JAX backend starts (`backend_env`): on a host without an accelerator, JAX starts

@@ -2,6 +2,7 @@
 and its `--config.a.b=value` overrides checked before absl parses them (a typo or a missing
 `.py` is one line with the nearest valid names, not a traceback), and the console set up for
 absl's `--verbosity` (`console.configure_console`)."""
+
 from __future__ import annotations
 
 import difflib
@@ -31,7 +32,7 @@ def _config_arguments(argv: Sequence[str], flag: str) -> tuple[str | None, list[
         elif arg == f"--{flag}" and i + 1 < len(args):
             file_arg = args[i + 1]
         elif arg.startswith(f"--{flag}."):
-            overrides.append(arg[len(flag) + 3:].split("=", 1)[0])
+            overrides.append(arg[len(flag) + 3 :].split("=", 1)[0])
     return file_arg, overrides
 
 
@@ -40,8 +41,11 @@ def _missing_file(flag: str, path: str) -> str:
         return f"--{flag}={path}: no such file; did you mean --{flag}={path}.py?"
     folder = os.path.dirname(path) or "."
     near = difflib.get_close_matches(path, glob.glob(os.path.join(folder, "*.py")), n=3)
-    hint = ("did you mean " + " or ".join(f"--{flag}={n}" for n in near) + "?" if near else
-            "give the path of a config .py file (e.g. configs/tiny.py) from the repository root")
+    hint = (
+        "did you mean " + " or ".join(f"--{flag}={n}" for n in near) + "?"
+        if near
+        else "give the path of a config .py file (e.g. configs/tiny.py) from the repository root"
+    )
     return f"--{flag}={path}: no such file; {hint}"
 
 
@@ -52,15 +56,18 @@ def _unknown_field(flag: str, fields: Any, name: str, path: str) -> str | None:
     for depth, part in enumerate(parts):
         prefix = ".".join(parts[:depth])
         if not isinstance(node, ml_collections.ConfigDict):
-            return (f"--{flag}.{name}: {prefix} is a value, not a section; set "
-                    f"--{flag}.{prefix}=VALUE")
+            return (
+                f"--{flag}.{name}: {prefix} is a value, not a section; set --{flag}.{prefix}=VALUE"
+            )
         if part not in node:
             section = f"{prefix}." if prefix else ""
             near = difflib.get_close_matches(part, list(node.keys()), n=3, cutoff=0.7)
-            rest = "".join(f".{p}" for p in parts[depth + 1:])
-            fix = ("did you mean " + " or ".join(f"--{flag}.{section}{n}{rest}" for n in near)
-                   + "?"
-                   if near else "its fields there: " + ", ".join(sorted(node.keys())))
+            rest = "".join(f".{p}" for p in parts[depth + 1 :])
+            fix = (
+                "did you mean " + " or ".join(f"--{flag}.{section}{n}{rest}" for n in near) + "?"
+                if near
+                else "its fields there: " + ", ".join(sorted(node.keys()))
+            )
             return f"--{flag}.{name}: {path} has no field {section}{part}; {fix}"
         node = node[part]
     return None
@@ -86,9 +93,12 @@ def config_argument_error(argv: Sequence[str], flag: str = "config") -> str | No
         problem = _unknown_field(flag, config, name, path)
         if problem and name == "model.family":  # a BERT config (its section has no family)
             from bertjax.models import families  # (JAX: only on this mistake)
-            return (f"--{flag}.{name}: {path} is a BERT config (no model.family field: "
-                    "BERT's configs need none); a ModernBERT run starts from a ModernBERT "
-                    f"config, {families.get('modernbert').configs}")
+
+            return (
+                f"--{flag}.{name}: {path} is a BERT config (no model.family field: "
+                "BERT's configs need none); a ModernBERT run starts from a ModernBERT "
+                f"config, {families.get('modernbert').configs}"
+            )
         if problem:
             return problem
     return None
@@ -119,10 +129,14 @@ def leave_on(error: Exception, workdir: str = "") -> NoReturn:
     pointing to the run's log file (where the libraries' tracebacks went); after a failed save
     at once."""
     from bertjax.training import checkpoint, nonfinite  # (JAX and Orbax: not for bertjax.prepare)
+
     message = failures.os_error_line(error) if isinstance(error, OSError) else str(error)
     log = console.log_file(workdir) if workdir else ""
-    if isinstance(error, (checkpoint.CheckpointWriteError, nonfinite.TrainingError)) \
-            and log and os.path.exists(log):
+    if (
+        isinstance(error, (checkpoint.CheckpointWriteError, nonfinite.TrainingError))
+        and log
+        and os.path.exists(log)
+    ):
         message += f" (the full log: {log})"
     leave(message, at_once=isinstance(error, checkpoint.CheckpointWriteError))
 
@@ -133,8 +147,10 @@ def integers(flag: str, value: str) -> list[int]:
     try:
         return [int(item) for item in value.replace(" ", "").split(",") if item]
     except ValueError:
-        raise ConfigError(f"--{flag}={value!r} is not a comma-separated list of integers "
-                          f"(e.g. 1,2,3); set --{flag}") from None
+        raise ConfigError(
+            f"--{flag}={value!r} is not a comma-separated list of integers "
+            f"(e.g. 1,2,3); set --{flag}"
+        ) from None
 
 
 def leave(message: str, status: int = 1, at_once: bool = False) -> NoReturn:

@@ -16,6 +16,7 @@ checkpoint's tokenizer (what `AutoTokenizer` loads) and a model card (`README.md
 holds the WordPiece `vocab.txt`; a bertjax export holds the tokenizer that every bertjax
 command finds beside it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,17 +44,27 @@ SAVERS = {"tf": tf.save_tf, "bertjax": native.save_bertjax}  # (hf: the family's
 def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bertjax.convert",
-        description="Convert BERT checkpoints between Google TF, Hugging Face and bertjax.")
+        description="Convert BERT checkpoints between Google TF, Hugging Face and bertjax.",
+    )
     parser.add_argument("src", help="source checkpoint (format detected)")
     parser.add_argument("dst", help="output directory")
-    parser.add_argument("--to", choices=pretrained.FORMATS, default=None,
-                        help="output format; default: bertjax for TF/HF sources, hf for bertjax")
-    parser.add_argument("--scan_layers", action="store_true",
-                        help="bertjax output with stacked (scanned) layers")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace a non-empty DST whole (otherwise it is refused)")
-    parser.add_argument("--verbosity", type=int, default=0,
-                        help="1: the libraries' full log (Orbax, JAX)")
+    parser.add_argument(
+        "--to",
+        choices=pretrained.FORMATS,
+        default=None,
+        help="output format; default: bertjax for TF/HF sources, hf for bertjax",
+    )
+    parser.add_argument(
+        "--scan_layers", action="store_true", help="bertjax output with stacked (scanned) layers"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty DST whole (otherwise it is refused)",
+    )
+    parser.add_argument(
+        "--verbosity", type=int, default=0, help="1: the libraries' full log (Orbax, JAX)"
+    )
     return parser.parse_args(argv)
 
 
@@ -77,30 +88,51 @@ def run_facts(src: str) -> list[tuple[str, str]]:
     facts = []
     if run.config is not None:
         data, train = run.config.data, run.config.train
-        corpus = {"default": "the embedded default corpus (Python standard library "
-                             "documentation)", "text": f"text files `{data.input_files}`",
-                  "tfds": f"tfds `{data.tfds_name}`"}.get(data.source, data.source)
+        corpus = {
+            "default": "the embedded default corpus (Python standard library documentation)",
+            "text": f"text files `{data.input_files}`",
+            "tfds": f"tfds `{data.tfds_name}`",
+        }.get(data.source, data.source)
         steps = native.latest_step(directory)
-        facts += [("pretraining data", corpus),
-                  ("steps", f"{steps:,} of {train.total_steps:,}, global batch "
-                            f"{train.global_batch_size}, sequence length {data.max_seq_length}"
-                            + (f" ({run.config.long_phase.fraction:.0%} of the steps at "
-                               f"{run.config.long_phase.max_seq_length})"
-                               if run.config.long_phase.fraction else ""))]
+        facts += [
+            ("pretraining data", corpus),
+            (
+                "steps",
+                f"{steps:,} of {train.total_steps:,}, global batch "
+                f"{train.global_batch_size}, sequence length {data.max_seq_length}"
+                + (
+                    f" ({run.config.long_phase.fraction:.0%} of the steps at "
+                    f"{run.config.long_phase.max_seq_length})"
+                    if run.config.long_phase.fraction
+                    else ""
+                ),
+            ),
+        ]
     seed_summary = os.path.join(os.path.dirname(directory.rstrip("/")), "summary.json")
     if run.finetuned_task and files.isfile(seed_summary):
         with files.open(seed_summary, encoding="utf-8") as f:
             seed = json.load(f)
-        facts.append(("fine-tuning", f"{run.finetuned_task}, seed {seed['seed']}, best epoch "
-                      f"{seed['best_epoch']}: " + "; ".join(
-                          f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in values.items())
-                          for split, values in seed["dev"].items())))
+        facts.append(
+            (
+                "fine-tuning",
+                f"{run.finetuned_task}, seed {seed['seed']}, best epoch "
+                f"{seed['best_epoch']}: "
+                + "; ".join(
+                    f"{split} " + ", ".join(f"{k} {v:.4f}" for k, v in values.items())
+                    for split, values in seed["dev"].items()
+                ),
+            )
+        )
     final = os.path.join(os.path.dirname(directory.rstrip("/")), "final_metrics.json")
     if files.isfile(final):
         with files.open(final, encoding="utf-8") as f:
             values = json.load(f)
-        facts.append(("final held-out metrics", ", ".join(
-            f"{k} {v:.4f}" for k, v in sorted(values.items()) if k != "step")))
+        facts.append(
+            (
+                "final held-out metrics",
+                ", ".join(f"{k} {v:.4f}" for k, v in sorted(values.items()) if k != "step"),
+            )
+        )
     return facts
 
 
@@ -108,8 +140,7 @@ def _tokenizer_failed(dst: str, error: Exception) -> None:
     print(f"warning: no tokenizer written to {dst}: {error}", file=sys.stderr, flush=True)
 
 
-def checkpoint_tokenizer(src: str, source_format: str, dst: str
-                         ) -> tokenization.Tokenizer | None:
+def checkpoint_tokenizer(src: str, source_format: str, dst: str) -> tokenization.Tokenizer | None:
     """`source_tokenizer`, or None with a warning that `dst` gets none."""
     try:
         return source_tokenizer(src, source_format)
@@ -118,8 +149,9 @@ def checkpoint_tokenizer(src: str, source_format: str, dst: str
         return None
 
 
-def with_tokenizer_padding(config: families.ModelConfig, tokenizer: tokenization.Tokenizer
-                           ) -> families.ModelConfig:
+def with_tokenizer_padding(
+    config: families.ModelConfig, tokenizer: tokenization.Tokenizer
+) -> families.ModelConfig:
     """The config of a family whose config names the tokenizer's [PAD] (`Family.tokenizer_pad`:
     ModernBERT) with its tokenizer's padding id, what the export's config.json names (a run
     recorded before this was checked may say otherwise; the id does not change what the
@@ -127,18 +159,26 @@ def with_tokenizer_padding(config: families.ModelConfig, tokenizer: tokenization
     pad_token_id = getattr(config, "pad_token_id", None)  # (a tokenizer_pad family's field)
     if not families.of(config).tokenizer_pad or pad_token_id == tokenizer.pad_id:
         return config
-    print(f"pad_token_id={tokenizer.pad_id}: the tokenizer's [PAD] (the checkpoint's config "
-          f"says {pad_token_id}, another token there)", flush=True)
+    print(
+        f"pad_token_id={tokenizer.pad_id}: the tokenizer's [PAD] (the checkpoint's config "
+        f"says {pad_token_id}, another token there)",
+        flush=True,
+    )
     return dataclasses.replace(config, pad_token_id=tokenizer.pad_id)
 
 
-def export_tokenizer(tokenizer: tokenization.Tokenizer, config: families.ModelConfig,
-                     target: str, dst: str) -> list[tuple[str, str]]:
+def export_tokenizer(
+    tokenizer: tokenization.Tokenizer, config: families.ModelConfig, target: str, dst: str
+) -> list[tuple[str, str]]:
     """Writes the tokenizer files `target` holds into `dst`; returns model-card rows."""
     try:
         if target == "hf":
-            names = hf_tokenizer.save_tokenizer(tokenizer, dst, config.max_position_embeddings,
-                                                token_type_ids=families.of(config).token_type_ids)
+            names = hf_tokenizer.save_tokenizer(
+                tokenizer,
+                dst,
+                config.max_position_embeddings,
+                token_type_ids=families.of(config).token_type_ids,
+            )
         elif target == "bertjax":  # found beside the checkpoint by every bertjax command
             names = native.save_tokenizer(tokenizer, dst)
         elif isinstance(tokenizer, tokenization.WordPieceTokenizer):  # Google's layout
@@ -163,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pretrained.check_exists(args.src, "SRC")
         if os.path.isdir(args.dst) and os.listdir(args.dst) and not args.overwrite:
-            raise FileExistsError(f"DST {args.dst} is not empty: choose another directory, or "
-                                  "pass --overwrite to replace it whole")
+            raise FileExistsError(
+                f"DST {args.dst} is not empty: choose another directory, or "
+                "pass --overwrite to replace it whole"
+            )
         if "://" not in final_dst:  # written beside it, then moved into place whole
             args.dst = f"{final_dst.rstrip('/')}.tmp{os.getpid()}"
             shutil.rmtree(args.dst, ignore_errors=True)
@@ -175,16 +217,23 @@ def main(argv: list[str] | None = None) -> int:
         print(report.summary(), flush=True)
         if source_format == "bertjax":
             directory = native.checkpoint_dir(args.src)
-            print(f"step {native.latest_step(directory)}: the latest checkpoint in {directory}",
-                  flush=True)
+            print(
+                f"step {native.latest_step(directory)}: the latest checkpoint in {directory}",
+                flush=True,
+            )
         family = families.of(config)
         family.check_export(config, params, args.src, source_format, target, args.scan_layers)
         if target == "hf" and family.hf is None:
-            raise tree.ConversionError(f"{args.src} holds a {family.title} model, which has no "
-                                       "transformers class: pass --to=bertjax")
+            raise tree.ConversionError(
+                f"{args.src} holds a {family.title} model, which has no "
+                "transformers class: pass --to=bertjax"
+            )
         task_config = native.finetuned_config(args.src) if source_format == "bertjax" else None
-        head = finetuned.hf_head(task_config, params, family.hf_form) \
-            if task_config and target == "hf" else None
+        head = (
+            finetuned.hf_head(task_config, params, family.hf_form)
+            if task_config and target == "hf"
+            else None
+        )
         if target == "hf" and not task_config and family.encoder_only(params):
             head = finetuned.ENCODER_ONLY  # (an encoder imported from a fine-tuned model)
         if target == "bertjax" and hasattr(config, "scan_layers"):
@@ -193,13 +242,24 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = checkpoint_tokenizer(args.src, source_format, args.dst)
         if tokenizer is not None:
             config = with_tokenizer_padding(config, tokenizer)
-        save: Callable[..., Any] = functools.partial(family.hf_form.write, pad_token_id=tokenizer.pad_id if tokenizer
-                                 else 0) if target == "hf" else SAVERS[target]
+        save: Callable[..., Any] = (
+            functools.partial(
+                family.hf_form.write, pad_token_id=tokenizer.pad_id if tokenizer else 0
+            )
+            if target == "hf"
+            else SAVERS[target]
+        )
         if head:
             num_params = save(config, params, args.dst, head)
-            print(f"{'fine-tuned model' if task_config else 'encoder only'}: {head.architecture}"
-                  + (f", labels {list(head.config['id2label'].values())}"
-                     if "id2label" in head.config else ""), flush=True)
+            print(
+                f"{'fine-tuned model' if task_config else 'encoder only'}: {head.architecture}"
+                + (
+                    f", labels {list(head.config['id2label'].values())}"
+                    if "id2label" in head.config
+                    else ""
+                ),
+                flush=True,
+            )
         else:
             save(config, params, args.dst)
         facts = export_tokenizer(tokenizer, config, target, args.dst) if tokenizer else []
@@ -207,8 +267,14 @@ def main(argv: list[str] | None = None) -> int:
             facts.append(("converted from", f"`{args.src}` ({source_format})"))
             if source_format == "bertjax":
                 facts += run_facts(args.src)
-            hf.write_model_card(args.dst, config, num_params, facts, head,
-                                os.path.basename(os.path.normpath(final_dst)))
+            hf.write_model_card(
+                args.dst,
+                config,
+                num_params,
+                facts,
+                head,
+                os.path.basename(os.path.normpath(final_dst)),
+            )
         if args.dst != final_dst:
             shutil.rmtree(final_dst, ignore_errors=True)  # (empty, or --overwrite)
             os.replace(args.dst, final_dst)
@@ -219,8 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.dst != final_dst:
             shutil.rmtree(args.dst, ignore_errors=True)
-    print(f"wrote {target} checkpoint {args.dst} ({report.mapped} tensors, "
-          f"{time.perf_counter() - start:.1f} s)", flush=True)
+    print(
+        f"wrote {target} checkpoint {args.dst} ({report.mapped} tensors, "
+        f"{time.perf_counter() - start:.1f} s)",
+        flush=True,
+    )
     return 0
 
 

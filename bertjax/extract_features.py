@@ -8,6 +8,7 @@ format of the original extract_features.py:
 Input: one text per line; `text_a ||| text_b` for a pair. Layer -1 is the last encoder layer
 (of a ModernBERT model: after its final norm, the output its heads read).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,33 +40,56 @@ def _read_lines(path: str) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def extract(model: nn.Module, params: dict, tokenizer: tokenization.Tokenizer,
-            texts: Sequence[tuple[str, str | None]], layers: Sequence[int], max_seq_length: int,
-            batch_size: int) -> Iterator[dict]:
+def extract(
+    model: nn.Module,
+    params: dict,
+    tokenizer: tokenization.Tokenizer,
+    texts: Sequence[tuple[str, str | None]],
+    layers: Sequence[int],
+    max_seq_length: int,
+    batch_size: int,
+) -> Iterator[dict]:
     """One original-format record per text: every real token's vectors at `layers`."""
     specials = features.special_ids(tokenizer)
-    encoded = [features.encode_pair(tokenizer.encode(a), None if b is None else tokenizer.encode(b),
-                                    max_seq_length, specials) for a, b in texts]
+    encoded = [
+        features.encode_pair(
+            tokenizer.encode(a),
+            None if b is None else tokenizer.encode(b),
+            max_seq_length,
+            specials,
+        )
+        for a, b in texts
+    ]
 
     @jax.jit
     def all_layers(input_ids, input_mask, segment_ids):
-        stacked = families.of(model).all_layers(model, params, input_ids, segment_ids,
-                                                input_mask)
+        stacked = families.of(model).all_layers(model, params, input_ids, segment_ids, input_mask)
         return stacked[jnp.array(layers)]
 
     for start in range(0, len(encoded), batch_size):
-        chunk = encoded[start:start + batch_size]
+        chunk = encoded[start : start + batch_size]
         padded = chunk + [chunk[0]] * (batch_size - len(chunk))  # fixed shapes: one compile
         input_ids, input_mask, segment_ids = (np.stack(c) for c in zip(*padded))
         vectors = np.asarray(jax.device_get(all_layers(input_ids, input_mask, segment_ids)))
         for row in range(len(chunk)):
             length = int(input_mask[row].sum())
             tokens = tokenizer.convert_ids_to_tokens(input_ids[row, :length].tolist())
-            yield {"linex_index": start + row, "features": [
-                {"token": token, "layers": [
-                    {"index": layer, "values": [round(float(v), 6) for v in vectors[j, row, i]]}
-                    for j, layer in enumerate(layers)]}
-                for i, token in enumerate(tokens)]}
+            yield {
+                "linex_index": start + row,
+                "features": [
+                    {
+                        "token": token,
+                        "layers": [
+                            {
+                                "index": layer,
+                                "values": [round(float(v), 6) for v in vectors[j, row, i]],
+                            }
+                            for j, layer in enumerate(layers)
+                        ],
+                    }
+                    for i, token in enumerate(tokens)
+                ],
+            }
 
 
 def default_layers(num_layers: int) -> list[int]:
@@ -82,8 +106,12 @@ def define_flags() -> None:
     flags.DEFINE_string("init_checkpoint", None, "bertjax pretraining workdir or checkpoints dir")
     flags.DEFINE_string("vocab_file", "", "overrides the pretraining run's tokenizer")
     flags.DEFINE_bool("do_lower_case", True, "for vocab_file (WordPiece)")
-    flags.DEFINE_string("layers", "", "encoder layers to output, e.g. -1,-2 (-1 is the last); "
-                        "default: the last 4, or all of a model with fewer")
+    flags.DEFINE_string(
+        "layers",
+        "",
+        "encoder layers to output, e.g. -1,-2 (-1 is the last); "
+        "default: the last 4, or all of a model with fewer",
+    )
     flags.DEFINE_integer("max_seq_length", 128, "tokens per sequence (longer texts are truncated)")
     flags.DEFINE_integer("batch_size", 8, "texts per forward pass")
     flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
@@ -92,27 +120,39 @@ def define_flags() -> None:
 def main(argv) -> None:
     del argv
     source = pretrained.Source(
-        init_checkpoint=FLAGS.init_checkpoint, vocab_file=FLAGS.vocab_file,
-        do_lower_case=FLAGS.do_lower_case, vocab_flag="--vocab_file", hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0)
+        init_checkpoint=FLAGS.init_checkpoint,
+        vocab_file=FLAGS.vocab_file,
+        do_lower_case=FLAGS.do_lower_case,
+        vocab_flag="--vocab_file",
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     try:
         chosen = cli.integers("layers", FLAGS.layers)  # (before the model loads)
         if FLAGS.batch_size < 1:
-            raise ConfigError(f"--batch_size={FLAGS.batch_size} is out of range: it must be "
-                              ">= 1; set --batch_size")
+            raise ConfigError(
+                f"--batch_size={FLAGS.batch_size} is out of range: it must be "
+                ">= 1; set --batch_size"
+            )
         model, params, tokenizer = pretrained.load_encoder(source)
         num_layers = model.config.num_hidden_layers
         layers = chosen or default_layers(num_layers)
         if any(not -num_layers <= layer < num_layers for layer in layers):
-            raise ConfigError(f"--layers={FLAGS.layers}: the model has {num_layers} layers "
-                              f"(-{num_layers} to {num_layers - 1}); set --layers")
+            raise ConfigError(
+                f"--layers={FLAGS.layers}: the model has {num_layers} layers "
+                f"(-{num_layers} to {num_layers - 1}); set --layers"
+            )
         texts = _read_lines(FLAGS.input_file)
         with files.open(FLAGS.output_file, "w", encoding="utf-8") as out:
-            for record in extract(model, params, tokenizer, texts, layers, FLAGS.max_seq_length,
-                                  FLAGS.batch_size):
+            for record in extract(
+                model, params, tokenizer, texts, layers, FLAGS.max_seq_length, FLAGS.batch_size
+            ):
                 out.write(json.dumps(record) + "\n")
-        print(f"Wrote {len(texts)} records (layers {','.join(map(str, layers))}) to "
-              f"{FLAGS.output_file}", flush=True)
+        print(
+            f"Wrote {len(texts)} records (layers {','.join(map(str, layers))}) to "
+            f"{FLAGS.output_file}",
+            flush=True,
+        )
     except (UserError, OSError) as e:
         cli.leave_on(e)
 

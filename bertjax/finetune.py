@@ -9,6 +9,7 @@ summary. `--config.seeds=1,2,3` repeats the run per seed and summarises mean/std
 The model architecture and the tokenizer come from the pretraining run that wrote
 `init_checkpoint` (its checkpoint metadata); `vocab_file` and `model_config` override them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,7 +46,10 @@ class FinetuneError(UserError, ValueError):
 
 
 TASK_KINDS: dict[str, Callable[[features.TaskOptions, Tokenizer], features.Finetune]] = {
-    "glue": glue.GlueFinetune, "ner": ner.NerFinetune, "squad": squad_predict.SquadFinetune}
+    "glue": glue.GlueFinetune,
+    "ner": ner.NerFinetune,
+    "squad": squad_predict.SquadFinetune,
+}
 
 
 def make_task(settings: FinetuneSettings, tokenizer: Tokenizer) -> features.Finetune:
@@ -57,33 +61,53 @@ def make_task(settings: FinetuneSettings, tokenizer: Tokenizer) -> features.Fine
         raise FinetuneError(str(e)) from e
 
 
-def optimizer(settings: FinetuneSettings, total_steps: int,
-              frozen_encoder_of: optax.Params | None = None) -> optax.GradientTransformation:
+def optimizer(
+    settings: FinetuneSettings, total_steps: int, frozen_encoder_of: optax.Params | None = None
+) -> optax.GradientTransformation:
     """BERT's optimizer for fine-tuning. With `frozen_encoder_of` (the model's parameter tree;
     feature-based), only the parameters outside `bert` are trained."""
     tx = optim.make_optimizer(settings.optimizer_settings(total_steps))
-    return tx if frozen_encoder_of is None else optim.train_only_outside(tx, frozen_encoder_of,
-                                                                         "bert")
+    return (
+        tx if frozen_encoder_of is None else optim.train_only_outside(tx, frozen_encoder_of, "bert")
+    )
 
 
-def make_trainer(settings: FinetuneSettings, task: features.Finetune, bert_config: ModelConfig,
-                 num_train: int, mesh: Mesh) -> finetune_loop.Trainer:
+def make_trainer(
+    settings: FinetuneSettings,
+    task: features.Finetune,
+    bert_config: ModelConfig,
+    num_train: int,
+    mesh: Mesh,
+) -> finetune_loop.Trainer:
     """The trainer for `num_train` training examples (task.num_train_examples)."""
     total_steps = settings.train_steps(num_train)
     if total_steps < 1:
-        raise FinetuneError(f"{num_train} training examples give no step of batch "
-                            f"{settings.train_batch_size} in {settings.num_train_epochs} epochs: "
-                            "raise --config.num_train_epochs or lower "
-                            "--config.train_batch_size")
+        raise FinetuneError(
+            f"{num_train} training examples give no step of batch "
+            f"{settings.train_batch_size} in {settings.num_train_epochs} epochs: "
+            "raise --config.num_train_epochs or lower "
+            "--config.train_batch_size"
+        )
     model = task.model(bert_config)
-    tx = optimizer(settings, total_steps,
-                   bert_model.abstract_params(model) if task.frozen_encoder else None)
-    return finetune_loop.make_trainer(task, model, tx, mesh, total_steps, functools.partial(
-        optim.learning_rate_at, settings.optimizer_settings(total_steps)))
+    tx = optimizer(
+        settings, total_steps, bert_model.abstract_params(model) if task.frozen_encoder else None
+    )
+    return finetune_loop.make_trainer(
+        task,
+        model,
+        tx,
+        mesh,
+        total_steps,
+        functools.partial(optim.learning_rate_at, settings.optimizer_settings(total_steps)),
+    )
 
 
-def run(config: ml_collections.ConfigDict, workdir: str,
-        devices: list[jax.Device] | None = None, overwrite: bool = False) -> dict[str, Any]:
+def run(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    devices: list[jax.Device] | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Fine-tunes every seed in `config.seeds` (each in `workdir/seed_N`) and writes
     `workdir/summary.json`; returns it. The same command again resumes an interrupted run,
     or predicts again with a finished one's best checkpoints; `workdir` is locked meanwhile.
@@ -98,8 +122,12 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         return _run(settings, workdir, devices, accepted)
 
 
-def _run(settings: FinetuneSettings, workdir: str, devices: list[jax.Device] | None,
-         accepted: contextlib.ExitStack) -> dict[str, Any]:
+def _run(
+    settings: FinetuneSettings,
+    workdir: str,
+    devices: list[jax.Device] | None,
+    accepted: contextlib.ExitStack,
+) -> dict[str, Any]:
     """The run in its locked `workdir`; once its settings and inputs are accepted, it writes
     config.json and its log file (held open by `accepted`)."""
     source = settings.source
@@ -113,23 +141,31 @@ def _run(settings: FinetuneSettings, workdir: str, devices: list[jax.Device] | N
         raise FinetuneError(problem)
     tokenizer = pretrained.tokenizer_of(source, pretrain)
     if tokenizer.vocab_size > bert_config.vocab_size:
-        raise FinetuneError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
-                            f"{bert_config.vocab_size}: use the pretraining run's vocabulary")
+        raise FinetuneError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
+            f"{bert_config.vocab_size}: use the pretraining run's vocabulary"
+        )
     if settings.max_seq_length > bert_config.max_position_embeddings:
-        raise FinetuneError(f"max_seq_length={settings.max_seq_length} > the model's "
-                            f"max_position_embeddings={bert_config.max_position_embeddings}")
+        raise FinetuneError(
+            f"max_seq_length={settings.max_seq_length} > the model's "
+            f"max_position_embeddings={bert_config.max_position_embeddings}"
+        )
     try:
         mesh = sharded_run.make_mesh(settings.mesh, devices)
     except ConfigError as e:
         raise FinetuneError(str(e)) from e
     for size in (settings.train_batch_size, settings.eval_batch_size):
         if size % (sharding.data_parallel_size(mesh) * jax.process_count()):
-            raise FinetuneError(f"batch size {size} must be divisible by data*fsdp="
-                                f"{sharding.data_parallel_size(mesh)} times the process count")
+            raise FinetuneError(
+                f"batch size {size} must be divisible by data*fsdp="
+                f"{sharding.data_parallel_size(mesh)} times the process count"
+            )
     if pretrain.finetuned_task:
-        reporting.chief_print(f"init_checkpoint {settings.init_checkpoint} was fine-tuned on "
-                              f"{pretrain.finetuned_task}: this run starts from its encoder, "
-                              "with a new output layer")
+        reporting.chief_print(
+            f"init_checkpoint {settings.init_checkpoint} was fine-tuned on "
+            f"{pretrain.finetuned_task}: this run starts from its encoder, "
+            "with a new output layer"
+        )
     task = make_task(settings, tokenizer)
     try:
         data = {name: task.load(name) for name in ["train", *task.eval_splits]}
@@ -140,34 +176,53 @@ def _run(settings: FinetuneSettings, workdir: str, devices: list[jax.Device] | N
                 logging.warning("no %s predictions: %s", name, e)
     except ValueError as e:  # readers' errors name the file and what is wrong
         raise FinetuneError(str(e)) from e
-    trainer = make_trainer(settings, task, bert_config, task.num_train_examples(data["train"]),
-                           mesh)
-    record = finetune_loop.SeedRecord(settings.task, 0, settings.as_json,
-                                      families.as_record(bert_config), tokenizer.fingerprint())
+    trainer = make_trainer(
+        settings, task, bert_config, task.num_train_examples(data["train"]), mesh
+    )
+    record = finetune_loop.SeedRecord(
+        settings.task, 0, settings.as_json, families.as_record(bert_config), tokenizer.fingerprint()
+    )
     accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
     if jax.process_index() == 0:
-        files.write_text(os.path.join(workdir, "config.json"),
-                         json.dumps(settings.as_dict, indent=1))
+        files.write_text(
+            os.path.join(workdir, "config.json"), json.dumps(settings.as_dict, indent=1)
+        )
         tokenizer_files = native.save_tokenizer(tokenizer, workdir)  # (the model stands alone)
-    results = [finetune_loop.train_one_seed(settings, dataclasses.replace(record, seed=seed),
-                                            trainer, data, os.path.join(workdir, f"seed_{seed}"))
-               for seed in settings.seeds]
-    baselines = {name: found for name in task.eval_splits
-                 if (found := task.baseline(data["train"], data[name]))}
+    results = [
+        finetune_loop.train_one_seed(
+            settings,
+            dataclasses.replace(record, seed=seed),
+            trainer,
+            data,
+            os.path.join(workdir, f"seed_{seed}"),
+        )
+        for seed in settings.seeds
+    ]
+    baselines = {
+        name: found
+        for name in task.eval_splits
+        if (found := task.baseline(data["train"], data[name]))
+    }
     stats = metrics.summarize_seeds(results)
-    summary = {"task": settings.task, "init_checkpoint": settings.init_checkpoint,
-               "random_init": bool(settings.random_init), "main_metric": task.main_metric,
-               "train_examples": len(data["train"]),
-               "skipped": {name: split.skipped for name, split in data.items()},
-               "seeds": results, "summary": stats,
-               "baselines": {name: {"predicts": how, **values}
-                             for name, (how, values) in baselines.items()},
-               "config": settings.as_dict}
+    summary = {
+        "task": settings.task,
+        "init_checkpoint": settings.init_checkpoint,
+        "random_init": bool(settings.random_init),
+        "main_metric": task.main_metric,
+        "train_examples": len(data["train"]),
+        "skipped": {name: split.skipped for name, split in data.items()},
+        "seeds": results,
+        "summary": stats,
+        "baselines": {
+            name: {"predicts": how, **values} for name, (how, values) in baselines.items()
+        },
+        "config": settings.as_dict,
+    }
     if jax.process_index() == 0:
         files.write_text(os.path.join(workdir, "summary.json"), json.dumps(summary, indent=1))
-        lines, warnings = metrics.summary_lines(settings.task, stats,
-                                                      len(results), baselines,
-                                                      task.percent_metrics)
+        lines, warnings = metrics.summary_lines(
+            settings.task, stats, len(results), baselines, task.percent_metrics
+        )
         print("\n".join(lines), flush=True)
         for warning in warnings:
             logging.warning("%s", warning)
@@ -175,20 +230,25 @@ def _run(settings: FinetuneSettings, workdir: str, devices: list[jax.Device] | N
     return summary
 
 
-def outputs_listing(workdir: str, results: list[dict[str, Any]], tokenizer_files: list[str]
-                    ) -> str:
+def outputs_listing(workdir: str, results: list[dict[str, Any]], tokenizer_files: list[str]) -> str:
     """The run's outputs, each named once: the workdir's files, then per seed its folder's
     (the best epoch's checkpoint, the predictions, its summary and logs)."""
-    lines = [f"Outputs in {workdir}: summary.json, config.json, "
-             f"{os.path.basename(console.log_file(workdir))}, tokenizer "
-             f"{' + '.join(tokenizer_files)}"]
+    lines = [
+        f"Outputs in {workdir}: summary.json, config.json, "
+        f"{os.path.basename(console.log_file(workdir))}, tokenizer "
+        f"{' + '.join(tokenizer_files)}"
+    ]
     for result in results:
         folder = f"seed_{result['seed']}"
-        lines.append(f"  {folder}/: checkpoints/{result['best_step']} (best epoch "
-                     f"{result['best_epoch']}), " + "".join(
-                         f"{os.path.relpath(path, os.path.join(workdir, folder))}, "
-                         for path in result["predictions"].values())
-                     + "summary.json, metrics.jsonl, tensorboard/")
+        lines.append(
+            f"  {folder}/: checkpoints/{result['best_step']} (best epoch "
+            f"{result['best_epoch']}), "
+            + "".join(
+                f"{os.path.relpath(path, os.path.join(workdir, folder))}, "
+                for path in result["predictions"].values()
+            )
+            + "summary.json, metrics.jsonl, tensorboard/"
+        )
     return "\n".join(lines)
 
 
@@ -210,8 +270,12 @@ def main(argv) -> None:
     except failures.Stopped as e:  # (its last line said so)
         sys.exit(e.status)
     except KeyboardInterrupt:
-        cli.leave("interrupted (Ctrl-C) outside the training steps; rerun the same command to "
-                  "resume from the last checkpoint", 130, at_once=True)
+        cli.leave(
+            "interrupted (Ctrl-C) outside the training steps; rerun the same command to "
+            "resume from the last checkpoint",
+            130,
+            at_once=True,
+        )
     except (UserError, OSError) as e:
         cli.leave_on(e, FLAGS.workdir)
 

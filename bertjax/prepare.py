@@ -11,6 +11,7 @@ same DIR keeps the phases already prepared with these settings. With `--runner=b
 are prepared by an Apache Beam pipeline instead (`--beam_options`, e.g. '--runner=FlinkRunner
 ...'; the `beam` extra, in its own environment), writing the same files.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,19 +38,27 @@ if TYPE_CHECKING:  # (not at run time: spawned workers re-import this module, wi
 FLAGS = flags.FLAGS
 
 
-def prepare_all(config, output: str, runner: str = "local",  # noqa: ANN001 (a ConfigDict)
-                beam_options: str = "--runner=DirectRunner") -> list[str]:
+def prepare_all(
+    config,
+    output: str,
+    runner: str = "local",  # noqa: ANN001 (a ConfigDict)
+    beam_options: str = "--runner=DirectRunner",
+) -> list[str]:
     """Prepares every phase of `config` into `output` (a directory or a URL such as
     gs://bucket/dir) with local worker processes, or with `runner="beam"` in a Beam pipeline run
     with `beam_options` (one string, split as a shell would); returns one summary line per
     phase. A URL's phases are prepared in a local temporary directory, then uploaded."""
     from bertjax.training import validate  # not at the top: spawned workers re-import this module
+
     settings = validate.data_preparation(config)
     if settings.data.prepared_dir:
-        raise ConfigError("data.prepared_dir is set: this job writes prepared data, it "
-                          "does not read it; unset --config.data.prepared_dir")
-    run_shards: Callable[[shard_job.ShardJob, Iterable[shard_sources.ShardSource], int],
-                         Iterator[dict[str, int]]] = shard_job.run_shards
+        raise ConfigError(
+            "data.prepared_dir is set: this job writes prepared data, it "
+            "does not read it; unset --config.data.prepared_dir"
+        )
+    run_shards: Callable[
+        [shard_job.ShardJob, Iterable[shard_sources.ShardSource], int], Iterator[dict[str, int]]
+    ] = shard_job.run_shards
     if runner == "beam":
         run_shards = beam_prepare.shard_runner(shlex.split(beam_options))
     elif runner != "local":
@@ -63,8 +72,12 @@ def prepare_all(config, output: str, runner: str = "local",  # noqa: ANN001 (a C
             shutil.rmtree(local, ignore_errors=True)
 
 
-def _prepare_phases(settings: PretrainingSettings, output: str, local: str,
-                    run_shards: Callable[..., Iterable[dict[str, int]]]) -> list[str]:
+def _prepare_phases(
+    settings: PretrainingSettings,
+    output: str,
+    local: str,
+    run_shards: Callable[..., Iterable[dict[str, int]]],
+) -> list[str]:
     """Every phase into `output`, prepared in `local` (the same directory, or a temporary one
     from which a URL's phases are uploaded, meta.json last, when prepared)."""
     data = settings.data
@@ -83,13 +96,26 @@ def _prepare_phases(settings: PretrainingSettings, output: str, local: str,
                 pipeline.check_settings(json.load(f).get("settings", {}), wanted, target)
             lines.append(summary(target, phase, False))
             continue
-        with prepared_files.claimed(target) if target != directory \
-                else contextlib.nullcontext(None) as still_claimed:
-            built = locks.build_once(directory, os.path.join(directory, "meta.json"),
-                                     functools.partial(
-                                         pipeline.build, directory, data, phase, tokenizer,
-                                         nsp=nsp, run_shards=run_shards, wanted=wanted,
-                                         derived=derived))
+        with (
+            prepared_files.claimed(target)
+            if target != directory
+            else contextlib.nullcontext(None) as still_claimed
+        ):
+            built = locks.build_once(
+                directory,
+                os.path.join(directory, "meta.json"),
+                functools.partial(
+                    pipeline.build,
+                    directory,
+                    data,
+                    phase,
+                    tokenizer,
+                    nsp=nsp,
+                    run_shards=run_shards,
+                    wanted=wanted,
+                    derived=derived,
+                ),
+            )
             if still_claimed:
                 prepared_files.upload(directory, target, still_claimed)
         lines.append(summary(target, phase, built))
@@ -107,31 +133,46 @@ def summary(directory: str, phase: phase_schedule.Phase, built: bool) -> str:
         meta = json.load(f)
     disk = sum(record["bytes"] for record in meta["files"].values())
     verb = "Prepared" if built else "Already prepared (kept)"
-    return (f"{verb} phase {phase.name} ({phase.max_seq_length} tokens): "
-            f"{meta.get('train_instances', 0):,} training, {meta.get('eval_instances', 0):,} "
-            f"held-out sequences ({pipeline.held_out_route(meta)}) in {meta.get('shards', 0)} "
-            f"shards, {disk / 1e6:,.1f} MB, {meta.get('seconds', 0)} s -> {directory}")
+    return (
+        f"{verb} phase {phase.name} ({phase.max_seq_length} tokens): "
+        f"{meta.get('train_instances', 0):,} training, {meta.get('eval_instances', 0):,} "
+        f"held-out sequences ({pipeline.held_out_route(meta)}) in {meta.get('shards', 0)} "
+        f"shards, {disk / 1e6:,.1f} MB, {meta.get('seconds', 0)} s -> {directory}"
+    )
 
 
 def define_flags() -> None:
     """Command-line flags; defined only when run as a program."""
-    config_flags.DEFINE_config_file("config", None, "Config file with get_config().",
-                                    lock_config=True)
-    flags.DEFINE_string("output", None, "Directory or URL (gs://bucket/dir) for the prepared "
-                        "data (train with --config.data.prepared_dir=DIR_OR_URL).")
-    flags.DEFINE_enum("runner", "local", ["local", "beam"], "local: data.num_workers local "
-                      "processes; beam: an Apache Beam pipeline (pip install -e '.[beam]').")
-    flags.DEFINE_string("beam_options", "--runner=DirectRunner", "With --runner=beam: Beam's "
-                        "pipeline options, one string (e.g. '--runner=DirectRunner "
-                        "--direct_num_workers=2 --direct_running_mode=multi_processing').")
+    config_flags.DEFINE_config_file(
+        "config", None, "Config file with get_config().", lock_config=True
+    )
+    flags.DEFINE_string(
+        "output",
+        None,
+        "Directory or URL (gs://bucket/dir) for the prepared "
+        "data (train with --config.data.prepared_dir=DIR_OR_URL).",
+    )
+    flags.DEFINE_enum(
+        "runner",
+        "local",
+        ["local", "beam"],
+        "local: data.num_workers local "
+        "processes; beam: an Apache Beam pipeline (pip install -e '.[beam]').",
+    )
+    flags.DEFINE_string(
+        "beam_options",
+        "--runner=DirectRunner",
+        "With --runner=beam: Beam's "
+        "pipeline options, one string (e.g. '--runner=DirectRunner "
+        "--direct_num_workers=2 --direct_running_mode=multi_processing').",
+    )
     flags.mark_flags_as_required(["config", "output"])
 
 
 def main(argv: list[str]) -> None:
     del argv
     try:
-        for line in prepare_all(FLAGS.config, FLAGS.output, FLAGS.runner,
-                                FLAGS.beam_options):
+        for line in prepare_all(FLAGS.config, FLAGS.output, FLAGS.runner, FLAGS.beam_options):
             print(line, flush=True)
     except (UserError, OSError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
@@ -140,5 +181,6 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     from bertjax import cli  # (imports JAX: not at the top, which spawned workers re-import)
+
     define_flags()
     cli.run(main)

@@ -10,6 +10,7 @@ probes the same architecture with fresh weights (the floor a pretrained encoder 
 Data as for fine-tuning: `--glue_dir` (GLUE download layout), `--conll_dir` (CoNLL files), or
 tfds when empty.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,35 +64,59 @@ def main(argv) -> None:
     del argv
     try:
         seeds = tuple(cli.integers("seeds", FLAGS.seeds))
-        settings = probing.ProbeSettings(seeds, FLAGS.epochs, FLAGS.batch_size,
-                                         FLAGS.learning_rate, FLAGS.hidden_size)
-        source = pretrained.Source(init_checkpoint=FLAGS.init_checkpoint,
-                                   vocab_file=FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case,
-                                   vocab_flag="--vocab_file", hidden_dropout_prob=0.0,
-                                   attention_probs_dropout_prob=0.0)
+        settings = probing.ProbeSettings(
+            seeds, FLAGS.epochs, FLAGS.batch_size, FLAGS.learning_rate, FLAGS.hidden_size
+        )
+        source = pretrained.Source(
+            init_checkpoint=FLAGS.init_checkpoint,
+            vocab_file=FLAGS.vocab_file,
+            do_lower_case=FLAGS.do_lower_case,
+            vocab_flag="--vocab_file",
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
         model, params, tokenizer = pretrained.load_encoder(source, FLAGS.random_init)
         if not families.of(model).probes:
-            raise pretrained.PretrainedError(f"--init_checkpoint={FLAGS.init_checkpoint} holds a "
-                                             f"{families.of(model).title} model; the probes "
-                                             "read BERT's layers only (for now)")
+            raise pretrained.PretrainedError(
+                f"--init_checkpoint={FLAGS.init_checkpoint} holds a "
+                f"{families.of(model).title} model; the probes "
+                "read BERT's layers only (for now)"
+            )
         tasks = [t.strip() for t in FLAGS.task.split(",") if t.strip()]
-        record = {"init_checkpoint": FLAGS.init_checkpoint, "random_init": FLAGS.random_init,
-                  "num_layers": model.config.num_hidden_layers, "settings": {
-                      "seeds": list(seeds), "epochs": settings.epochs,
-                      "batch_size": settings.batch_size, "learning_rate": settings.learning_rate,
-                      "hidden_size": settings.hidden_size, "max_seq_length": FLAGS.max_seq_length,
-                      "max_train_examples": FLAGS.max_train_examples}, "tasks": {}}
+        record = {
+            "init_checkpoint": FLAGS.init_checkpoint,
+            "random_init": FLAGS.random_init,
+            "num_layers": model.config.num_hidden_layers,
+            "settings": {
+                "seeds": list(seeds),
+                "epochs": settings.epochs,
+                "batch_size": settings.batch_size,
+                "learning_rate": settings.learning_rate,
+                "hidden_size": settings.hidden_size,
+                "max_seq_length": FLAGS.max_seq_length,
+                "max_train_examples": FLAGS.max_train_examples,
+            },
+            "tasks": {},
+        }
         for task in tasks:
             options = features.TaskOptions(
                 data_dir=FLAGS.conll_dir if task == "conll2003" else FLAGS.glue_dir,
-                tfds_data_dir=FLAGS.tfds_data_dir, max_seq_length=FLAGS.max_seq_length,
-                max_train_examples=FLAGS.max_train_examples, do_lower_case=FLAGS.do_lower_case)
-            record["tasks"].update(probing.run_probes(model, params, tokenizer, [task], options,
-                                                      settings))
+                tfds_data_dir=FLAGS.tfds_data_dir,
+                max_seq_length=FLAGS.max_seq_length,
+                max_train_examples=FLAGS.max_train_examples,
+                do_lower_case=FLAGS.do_lower_case,
+            )
+            record["tasks"].update(
+                probing.run_probes(model, params, tokenizer, [task], options, settings)
+            )
             print("\n".join(probing.table(task, record["tasks"][task])), flush=True)
         title = os.path.basename(FLAGS.init_checkpoint.rstrip("/"))
-        print(write_outputs(record, FLAGS.workdir,
-                            title + (" (random init)" if FLAGS.random_init else "")), flush=True)
+        print(
+            write_outputs(
+                record, FLAGS.workdir, title + (" (random init)" if FLAGS.random_init else "")
+            ),
+            flush=True,
+        )
     except (UserError, OSError) as e:
         cli.leave_on(e)
 

@@ -7,6 +7,7 @@
 12 layers, hidden 768, 12 heads; 1M steps of 256 sequences, peak lr 1e-4, 10k warmup steps,
 linear decay to 0; 90% of the steps at length 128 (20 predictions), the last 10% at 512 (80).
 """
+
 import ml_collections
 
 
@@ -73,7 +74,9 @@ def get_config() -> ml_collections.ConfigDict:
     # original's come from the same input file (docs/data-preparation.md)
     c.data.num_workers = 0  # processes preparing shards; 0 = one per CPU core
     c.data.prepared_dir = ""  # read data made by `python -m bertjax.prepare --output=DIR`
-    c.data.cache_dir = ""  # prepared data (local disk); empty = WORKDIR/data (gs://: /tmp/bertjax_data)
+    c.data.cache_dir = (
+        ""  # prepared data (local disk); empty = WORKDIR/data (gs://: /tmp/bertjax_data)
+    )
     c.data.seed = 12345  # data seed (instances, masks, order); the original's default
 
     c.long_phase = ml_collections.ConfigDict()

@@ -4,6 +4,7 @@
         --config.data.source=tfds --config.data.tfds_name=wikipedia/20230601.en \
         --config.data.tokenizer=wordpiece --config.data.vocab_file=vocab.txt
 """
+
 import pathlib
 import runpy
 

@@ -11,6 +11,7 @@ What stays configs/base.py's: the data pipeline, packing, checkpoints, the mesh.
 tokenizer is bertjax's (WordPiece or SentencePiece at model.vocab_size), not ModernBERT's
 BPE: a run from scratch trains its own. docs/modernbert.md.
 """
+
 import pathlib
 import runpy
 
@@ -24,9 +25,17 @@ tiny = runpy.run_path(str(HERE / "modernbert_tiny.py"))
 def get_config() -> ml_collections.ConfigDict:
     c = base_config()
     m = c.model = tiny["get_config"]().model  # (every field, documented there)
-    m.update(vocab_size=50_368, hidden_size=768, intermediate_size=1_152, num_hidden_layers=22,
-             num_attention_heads=12, max_position_embeddings=8_192, local_attention=128,
-             pad_token_id=0, dtype="bfloat16")
+    m.update(
+        vocab_size=50_368,
+        hidden_size=768,
+        intermediate_size=1_152,
+        num_hidden_layers=22,
+        num_attention_heads=12,
+        max_position_embeddings=8_192,
+        local_attention=128,
+        pad_token_id=0,
+        dtype="bfloat16",
+    )
     c.train.next_sentence_prediction = False
     c.data.masked_lm_prob = 0.3  # fraction of tokens masked
     c.data.max_seq_length = 1_024  # tokens per row, most of the run

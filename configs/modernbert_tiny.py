@@ -8,6 +8,7 @@ schedule, checkpoints): the same machinery trains both families. The architectur
 transformers' `ModernBertForMaskedLM` (bertjax.models.modernbert.model; field names and meanings as
 transformers' `ModernBertConfig`), at tiny widths; docs/modernbert.md.
 """
+
 import pathlib
 import runpy
 
@@ -70,5 +71,11 @@ def recipe(c: ml_collections.ConfigDict) -> None:
     (0.9, 0.98) and no global-norm clipping, and a warmup-stable-decay schedule whose last
     10% decays as 1 - sqrt (Hägele et al. 2024)."""
     c.data.packing = True
-    c.optimizer.update(name="stable_adamw", b2=0.98, clip_global_norm=0.0, schedule="wsd",
-                       decay_fraction=0.1, decay_shape="1-sqrt")
+    c.optimizer.update(
+        name="stable_adamw",
+        b2=0.98,
+        clip_global_norm=0.0,
+        schedule="wsd",
+        decay_fraction=0.1,
+        decay_shape="1-sqrt",
+    )

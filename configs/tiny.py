@@ -6,6 +6,7 @@ The corpus is English text from the installed Python standard library's document
 (`bertjax.data.default_corpus`), tokenized with a SentencePiece model trained on it at
 the first run. Both phases of the recipe run: 90% of steps at 128 tokens, 10% at 256.
 """
+
 import pathlib
 import runpy
 

@@ -1,6 +1,7 @@
 """Test setup: 8 fake CPU devices so sharded code runs as on a pod slice, and one persistent
 compilation cache per test process (an xdist worker), since many tests compile the same
 tiny models' steps again (a resumed run, the same config in another test)."""
+
 import atexit
 import os
 import shutil
@@ -25,15 +26,27 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # The files that take longest (measured with --durations=0), started first so that the two
 # xdist workers of `-n 2 --dist loadfile` finish together. Every other file follows in the
 # usual order.
-LONGEST_FIRST = ("test_cli.py", "test_faults.py", "test_model.py", "test_train.py",
-                 "test_guards.py", "test_steps.py", "test_multihost.py", "test_dropout.py",
-                 "test_attention_impl.py", "test_convert.py", "test_exports.py",
-                 "test_checkpoint.py", "test_finetune.py", "test_bench.py")
+LONGEST_FIRST = (
+    "test_cli.py",
+    "test_faults.py",
+    "test_model.py",
+    "test_train.py",
+    "test_guards.py",
+    "test_steps.py",
+    "test_multihost.py",
+    "test_dropout.py",
+    "test_attention_impl.py",
+    "test_convert.py",
+    "test_exports.py",
+    "test_checkpoint.py",
+    "test_finetune.py",
+    "test_bench.py",
+)
 
 
 def pytest_configure(config) -> None:
     if hasattr(config.option, "loadscopereorder"):  # xdist: keep LONGEST_FIRST's order, not
-        config.option.loadscopereorder = False      # its own (files by number of tests)
+        config.option.loadscopereorder = False  # its own (files by number of tests)
 
 
 def pytest_collection_modifyitems(items: list) -> None:

@@ -7,6 +7,7 @@ with `STORAGE_EMULATOR_HOST=proxy.url` (bertjax.runtime.files points gcsfs and t
 Every request is recorded in `proxy.seen` as `(method, path, outcome)`: the emulator's
 status, or `injected FAULT` (`proxy.faults()`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,8 +51,11 @@ class Rule:
             return False
         self.matched += 1
         position = self.matched - self.after
-        if position <= 0 or position % self.every or (self.count is not None
-                                                      and self.fired >= self.count):
+        if (
+            position <= 0
+            or position % self.every
+            or (self.count is not None and self.fired >= self.count)
+        ):
             return False
         self.fired += 1
         return True
@@ -129,19 +133,35 @@ def _handler(proxy: FaultProxy) -> Callable:
 
         def _forward(self, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
             connection = http.client.HTTPConnection(*proxy.upstream, timeout=60)
-            headers = {k: v for k, v in self.headers.items()
-                       if k.lower() not in ("transfer-encoding", "connection", "content-length")}
-            connection.request(self.command, self.path, body=body if body or self.command in (
-                "POST", "PUT", "PATCH") else None, headers=headers)
+            headers = {
+                k: v
+                for k, v in self.headers.items()
+                if k.lower() not in ("transfer-encoding", "connection", "content-length")
+            }
+            connection.request(
+                self.command,
+                self.path,
+                body=body if body or self.command in ("POST", "PUT", "PATCH") else None,
+                headers=headers,
+            )
             response = connection.getresponse()
             data = response.read()
             connection.close()
-            kept = [(k, v) for k, v in response.getheaders()
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length")]
+            kept = [
+                (k, v)
+                for k, v in response.getheaders()
+                if k.lower() not in ("transfer-encoding", "connection", "content-length")
+            ]
             return response.status, response.reason, kept, data
 
-        def _send(self, status: int, reason: str, headers: list[tuple[str, str]], data: bytes,
-                  length: int | None = None) -> None:
+        def _send(
+            self,
+            status: int,
+            reason: str,
+            headers: list[tuple[str, str]],
+            data: bytes,
+            length: int | None = None,
+        ) -> None:
             self.send_response(status, reason)
             for key, value in headers:
                 self.send_header(key, value)
@@ -151,29 +171,33 @@ def _handler(proxy: FaultProxy) -> Callable:
             self.wfile.flush()
 
         def _reset(self) -> None:
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                       struct.pack("ii", 1, 0))
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True
 
         def _serve(self) -> None:
             body = self._body()
             path = urllib.parse.unquote(self.path)
             rule = proxy._rule_for(self.command, path)
-            if rule is None or (rule.fault == "status" and rule.forward_first) \
-                    or rule.fault == "truncate":
+            if (
+                rule is None
+                or (rule.fault == "status" and rule.forward_first)
+                or rule.fault == "truncate"
+            ):
                 status, reason, headers, data = self._forward(body)
             if rule is None:
                 proxy._record(self.command, path, str(status))
                 self._send(status, reason, headers, data)
                 return
-            proxy._record(self.command, path, f"injected {rule.fault}"
-                          + (f" {rule.status}" if rule.fault == "status" else ""))
+            proxy._record(
+                self.command,
+                path,
+                f"injected {rule.fault}" + (f" {rule.status}" if rule.fault == "status" else ""),
+            )
             if rule.fault == "status":
-                error = (b'{"error": {"code": %d, "message": "injected fault"}}' % rule.status)
-                self._send(rule.status, "Injected", [("Content-Type", "application/json")],
-                           error)
+                error = b'{"error": {"code": %d, "message": "injected fault"}}' % rule.status
+                self._send(rule.status, "Injected", [("Content-Type", "application/json")], error)
             elif rule.fault == "truncate":
-                self._send(status, reason, headers, data[:len(data) // 2], length=len(data))
+                self._send(status, reason, headers, data[: len(data) // 2], length=len(data))
                 self._reset()
             elif rule.fault == "reset":
                 self._reset()

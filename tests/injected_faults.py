@@ -23,6 +23,7 @@ no test switch of its own):
 A paused process prints `BERTJAX_TEST_PAUSE: paused at <where>` and goes on when a line (or
 end of file) arrives on its stdin.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,8 +67,11 @@ def install(where: str) -> None:
     """Installs the pause `where` (see the module's docstring) into this process."""
     kind, _, step = where.partition(":")
     installers: dict[str, Callable[[], None]] = {
-        "step": lambda: _pause_after_step(int(step)), "start": _pause_at_start,
-        "save": _pause_in_checkpoint_writes, "upload": _pause_before_meta_upload}
+        "step": lambda: _pause_after_step(int(step)),
+        "start": _pause_at_start,
+        "save": _pause_in_checkpoint_writes,
+        "upload": _pause_before_meta_upload,
+    }
     if kind not in installers:
         raise ValueError(f"{VARIABLE}={where!r}: expected step:N, start, save or upload")
     installers[kind]()
@@ -122,7 +126,8 @@ def _pause_in_checkpoint_writes() -> None:
     def pausing_options(*args, **kwargs):
         if kwargs.get("enable_async_checkpointing"):
             kwargs["async_options"] = ocp.AsyncOptions(
-                post_finalization_callback=lambda: _pause("a checkpoint write"))
+                post_finalization_callback=lambda: _pause("a checkpoint write")
+            )
         return options(*args, **kwargs)
 
     ocp.CheckpointManagerOptions = pausing_options
@@ -177,7 +182,11 @@ def poison_batches(monkeypatch: Any, phase: str, indices: Collection[int]) -> No
 
     @functools.wraps(prepare_data)
     def poisoned(*args, **kwargs) -> list[loaders.PhaseData]:
-        return [dataclasses.replace(pd, train=_PoisonedLoader(pd.train, indices))
-                if pd.phase.name == phase else pd for pd in prepare_data(*args, **kwargs)]
+        return [
+            dataclasses.replace(pd, train=_PoisonedLoader(pd.train, indices))
+            if pd.phase.name == phase
+            else pd
+            for pd in prepare_data(*args, **kwargs)
+        ]
 
     monkeypatch.setattr(loaders, "prepare_data", poisoned)

@@ -1,6 +1,7 @@
 """The paper's pretraining ablations as switches: the masking mix (Table 8), no NSP and the
 left-to-right objective (Table 5). Instances come from the real default corpus with a real
 SentencePiece model; steps are real jitted train steps."""
+
 import itertools
 import pathlib
 import random
@@ -43,8 +44,9 @@ def documents():
 @pytest.fixture(scope="module")
 def tokenizer(documents, tmp_path_factory):
     prefix = tmp_path_factory.mktemp("sp") / "sp"
-    model = tokenization.train_sentencepiece((s for doc in documents for s in doc), str(prefix),
-                                             400, do_lower_case=True)
+    model = tokenization.train_sentencepiece(
+        (s for doc in documents for s in doc), str(prefix), 400, do_lower_case=True
+    )
     return tokenization.SentencePieceTokenizer(model)
 
 
@@ -55,9 +57,17 @@ def tokenized(documents, tokenizer):
 
 def data_config(corpus_file="", **overrides):
     c = base_config().data
-    c.update(source="text", input_files=corpus_file, text_format="lines", dupe_factor=2,
-             max_seq_length=SEQ, max_predictions_per_seq=PREDS, eval_fraction=0.1, num_workers=1,
-             **overrides)
+    c.update(
+        source="text",
+        input_files=corpus_file,
+        text_format="lines",
+        dupe_factor=2,
+        max_seq_length=SEQ,
+        max_predictions_per_seq=PREDS,
+        eval_fraction=0.1,
+        num_workers=1,
+        **overrides,
+    )
     return DataSettings.of(c)
 
 
@@ -65,28 +75,33 @@ def shown_tokens(features):
     """(what the model sees at each masked position, the original token there)."""
     weights = features["masked_lm_weights"] > 0
     rows = np.broadcast_to(np.arange(len(weights))[:, None], weights.shape)[weights]
-    return features["input_ids"][rows, features["masked_lm_positions"][weights]], \
-        features["masked_lm_ids"][weights]
+    return features["input_ids"][rows, features["masked_lm_positions"][weights]], features[
+        "masked_lm_ids"
+    ][weights]
 
 
 # ----------------------------------------------------------------------------- masking mix
 
 
-@pytest.mark.parametrize("mix", [(0.8, 0.1), (1.0, 0.0), (0.8, 0.0), (0.8, 0.2), (0.0, 0.2),
-                                 (0.0, 0.0)])
+@pytest.mark.parametrize(
+    "mix", [(0.8, 0.1), (1.0, 0.0), (0.8, 0.0), (0.8, 0.2), (0.0, 0.2), (0.0, 0.0)]
+)
 def test_masking_mix_on_real_instances(tokenized, tokenizer, mix):
     """Table 8's mixes: the share of [MASK], random and kept tokens over ~1,500 predictions."""
     cfg = data_config(mask_token_prob=mix[0], random_token_prob=mix[1])
-    features = pipeline.make_features(tokenized, PHASE, cfg, pipeline.specials_of(tokenizer, False),
-                                      2, mask=True, seed=3)
+    features = pipeline.make_features(
+        tokenized, PHASE, cfg, pipeline.specials_of(tokenizer, False), 2, mask=True, seed=3
+    )
     shown, original = shown_tokens(shard_format.expand(features))
     assert len(shown) > 1200
     as_mask = shown == tokenizer.mask_id
     kept = shown == original
     hit = mix[1] / tokenizer.vocab_size  # a random draw hits [MASK] or the original id
-    shares = {"mask": (as_mask.mean(), mix[0] + hit),
-              "random": ((~as_mask & ~kept).mean(), mix[1] - 2 * hit),
-              "kept": (kept.mean(), 1 - mix[0] - mix[1] + hit)}
+    shares = {
+        "mask": (as_mask.mean(), mix[0] + hit),
+        "random": ((~as_mask & ~kept).mean(), mix[1] - 2 * hit),
+        "kept": (kept.mean(), 1 - mix[0] - mix[1] + hit),
+    }
     for name, (share, expected) in shares.items():
         if expected == 0.0:
             assert share == 0.0, name
@@ -95,9 +110,15 @@ def test_masking_mix_on_real_instances(tokenized, tokenizer, mix):
 
 
 def test_dynamic_masks_follow_the_mix(tokenized, tokenizer):
-    features = pipeline.make_features(tokenized, PHASE, data_config(),
-                                      pipeline.specials_of(tokenizer, False), 1, mask=False,
-                                      seed=3)
+    features = pipeline.make_features(
+        tokenized,
+        PHASE,
+        data_config(),
+        pipeline.specials_of(tokenizer, False),
+        1,
+        mask=False,
+        seed=3,
+    )
     split = pipeline.PreparedSplit([features], masked=False)
     masking = (pipeline.specials_of(tokenizer, False), 0.15, PREDS, False)
     loader = loaders.BatchLoader(split, 64, 1, masking=masking, mask_mix=(1.0, 0.0))
@@ -115,10 +136,11 @@ def test_switches_are_part_of_the_cache_key(documents, tokenizer, tmp_path):
     corpus_file = tmp_path / "corpus.txt"
     corpus_file.write_text("\n\n".join("\n".join(d) for d in documents[:60]) + "\n")
     cache = tmp_path / "cache"
-    for cfg, nsp in ((data_config(str(corpus_file)), True),
-                     (data_config(str(corpus_file), mask_token_prob=1.0, random_token_prob=0.0),
-                      True),
-                     (data_config(str(corpus_file)), False)):
+    for cfg, nsp in (
+        (data_config(str(corpus_file)), True),
+        (data_config(str(corpus_file), mask_token_prob=1.0, random_token_prob=0.0), True),
+        (data_config(str(corpus_file)), False),
+    ):
         prepared = pipeline.prepare(cfg, PHASE, tokenizer, str(cache), next_sentence_prediction=nsp)
     prepared_dirs = [p for p in cache.iterdir() if not p.name.startswith((".", "tokens_"))]
     assert len(prepared_dirs) == 3  # (not locks, nor the one tokenization all three read)
@@ -135,20 +157,22 @@ def numbered_corpus(seed=0, num_docs=60):
     docs = []
     for d in range(num_docs):
         counter = itertools.count(d * 1000 + 5)
-        docs.append([[next(counter) for _ in range(rng.randint(1, 30))]
-                     for _ in range(rng.randint(1, 25))])
+        docs.append(
+            [[next(counter) for _ in range(rng.randint(1, 30))] for _ in range(rng.randint(1, 25))]
+        )
     return docs
 
 
 @pytest.mark.parametrize("nsp", [True, False])
 def test_no_nsp_pairs_continue_their_document(nsp):
     specials = instances.SpecialTokens(cls_id=1, sep_id=2, mask_id=3, pad_id=0, vocab_size=10**5)
-    created = instances.create_instances(numbered_corpus(), SEQ, 0.1, 3, random.Random(1),
-                                         specials, next_sentence_prediction=nsp)
+    created = instances.create_instances(
+        numbered_corpus(), SEQ, 0.1, 3, random.Random(1), specials, next_sentence_prediction=nsp
+    )
     from_other_document, single = 0, 0
     for instance in created:
         seps = np.flatnonzero(instance.tokens == 2)
-        a, b = instance.tokens[1:seps[0]], instance.tokens[seps[0] + 1:-1]
+        a, b = instance.tokens[1 : seps[0]], instance.tokens[seps[0] + 1 : -1]
         if not len(b):
             single += 1
             assert len(seps) == 1 and not instance.segment_ids.any()
@@ -167,9 +191,16 @@ def test_no_nsp_pairs_continue_their_document(nsp):
 
 # ----------------------------------------------------------------------------- train steps
 
-MODEL = BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                   intermediate_size=32, max_position_embeddings=16, hidden_dropout_prob=0.0,
-                   attention_probs_dropout_prob=0.0)
+MODEL = BertConfig(
+    vocab_size=60,
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=16,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 BATCH, LENGTH = 4, 12
 
 
@@ -177,30 +208,39 @@ def _batch(seed=0):
     rng = np.random.default_rng(seed)
     mask = np.ones((BATCH, LENGTH), np.int32)
     mask[0, 9:] = 0
-    return {"input_ids": (rng.integers(5, 60, (BATCH, LENGTH)) * mask).astype(np.int32),
-            "input_mask": mask,
-            "segment_ids": (np.arange(LENGTH) >= 6).astype(np.int32)[None].repeat(BATCH, 0),
-            "masked_lm_positions": np.tile(np.array([2, 5, 0], np.int32), (BATCH, 1)),
-            "masked_lm_ids": np.tile(np.array([7, 8, 0], np.int32), (BATCH, 1)),
-            "masked_lm_weights": np.tile(np.array([1, 1, 0], np.float32), (BATCH, 1)),
-            "next_sentence_labels": rng.integers(0, 2, (BATCH,)).astype(np.int32)}
+    return {
+        "input_ids": (rng.integers(5, 60, (BATCH, LENGTH)) * mask).astype(np.int32),
+        "input_mask": mask,
+        "segment_ids": (np.arange(LENGTH) >= 6).astype(np.int32)[None].repeat(BATCH, 0),
+        "masked_lm_positions": np.tile(np.array([2, 5, 0], np.int32), (BATCH, 1)),
+        "masked_lm_ids": np.tile(np.array([7, 8, 0], np.int32), (BATCH, 1)),
+        "masked_lm_weights": np.tile(np.array([1, 1, 0], np.float32), (BATCH, 1)),
+        "next_sentence_labels": rng.integers(0, 2, (BATCH,)).astype(np.int32),
+    }
 
 
 def _train_step(objective):
     mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
     model = BertForPreTraining(MODEL)
-    tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-2, warmup_steps=0,
-                                                    total_steps=10))
+    tx = optim.make_optimizer(
+        optim.OptimizerConfig(peak_learning_rate=1e-2, warmup_steps=0, total_steps=10)
+    )
     state, _, shardings = create_train_state(
-        model, tx, jax.random.PRNGKey(0), (jnp.zeros((1, 8), jnp.int32),) * 3
-        + (jnp.zeros((1, 2), jnp.int32),), mesh)
+        model,
+        tx,
+        jax.random.PRNGKey(0),
+        (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),),
+        mesh,
+    )
     step = steps.jit_train_step(steps.make_train_step(model, tx, 1, objective), shardings, mesh)
 
     def run_on(batch):
         with sharding.activate(mesh):
-            new_state, metrics = step(jax.tree.map(jnp.copy, state),
-                                      sharding.global_batch_from_host(batch, mesh))
+            new_state, metrics = step(
+                jax.tree.map(jnp.copy, state), sharding.global_batch_from_host(batch, mesh)
+            )
         return jax.device_get(new_state.params), jax.device_get(metrics)
+
     return run_on
 
 
@@ -212,7 +252,9 @@ def test_no_nsp_has_no_nsp_loss():
     for nsp in (True, False):
         step = _train_step(objectives.PretrainingObjective("mlm", nsp))
         (params, metrics), (flipped_params, flipped_metrics) = step(batch), step(flipped)
-        bias, flipped_bias = (p["seq_relationship"]["output_bias"] for p in (params, flipped_params))
+        bias, flipped_bias = (
+            p["seq_relationship"]["output_bias"] for p in (params, flipped_params)
+        )
         if nsp:
             assert metrics["nsp_count"] == BATCH and metrics["nsp_loss_sum"] > 0
             assert metrics["nsp_loss_sum"] != flipped_metrics["nsp_loss_sum"]
@@ -242,12 +284,15 @@ def test_next_token_batch_restores_masks_and_shifts():
 @pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_left_to_right_logits_ignore_later_tokens():
     model = BertForPreTraining(MODEL)
-    params = model.init(jax.random.PRNGKey(0), *(jnp.zeros((1, 8), jnp.int32),) * 3,
-                        jnp.zeros((1, 2), jnp.int32))["params"]
+    params = model.init(
+        jax.random.PRNGKey(0), *(jnp.zeros((1, 8), jnp.int32),) * 3, jnp.zeros((1, 2), jnp.int32)
+    )["params"]
     lm = objectives.next_token_batch(jax.tree.map(jnp.asarray, _batch()))
     later = dict(lm, input_ids=lm["input_ids"].at[:, 7:].set(11))
-    forward = jax.jit(lambda batch, causal: steps.forward(model, params, batch, True,
-                                                          causal=causal)[0], static_argnums=1)
+    forward = jax.jit(
+        lambda batch, causal: steps.forward(model, params, batch, True, causal=causal)[0],
+        static_argnums=1,
+    )
     for causal in (True, False):  # bidirectional attention (MLM) as the control
         logits, changed = (forward(b, causal) for b in (lm, later))
         assert np.allclose(logits[:, :7], changed[:, :7], atol=1e-6) == causal
@@ -277,8 +322,9 @@ def test_left_to_right_fine_tuning_keeps_the_left_only_constraint():
         assert np.allclose(tags[:, :7], tags_later[:, :7], atol=1e-6) == causal
         classifier = BertForSequenceClassification(MODEL, 2, causal=causal)
         params = classifier.init(jax.random.PRNGKey(0), *inputs)["params"]
-        labels, labels_later, labels_padding = (classifier.apply({"params": params}, *x)
-                                                for x in (inputs, later, padding))
+        labels, labels_later, labels_padding = (
+            classifier.apply({"params": params}, *x) for x in (inputs, later, padding)
+        )
         assert not np.allclose(labels, labels_later)  # the last token sees the changed ones
         np.testing.assert_allclose(labels, labels_padding, atol=1e-6)
     with pytest.raises(ValueError, match="causal_attention=True: SQuAD"):
@@ -288,5 +334,7 @@ def test_left_to_right_fine_tuning_keeps_the_left_only_constraint():
 def test_unknown_objective_is_a_config_error():
     config = base_config()
     config.train.objective = "gpt"
-    with pytest.raises(errors.ConfigError, match="train.objective='gpt' is not one of 'mlm', 'ltr'"):
+    with pytest.raises(
+        errors.ConfigError, match="train.objective='gpt' is not one of 'mlm', 'ltr'"
+    ):
         validate.pretraining(config)

@@ -3,6 +3,7 @@ and the compiler's refusal, target names, and "auto" resolved for the target's d
 
 The cross-compiles themselves (libtpu, the CUDA plugin: `pip install -e '.[aot]'`) are
 marked `aot`: `python -m pytest -m aot tests/test_aot.py` (a stage of .ci/run)."""
+
 import json
 import os
 import subprocess
@@ -48,7 +49,8 @@ LOOP = """%fused_add (p0: f32[1024]) -> f32[1024] {
 # A step in miniature: a gemm fusion and a cuBLAS gemm, cuDNN attention forward and
 # backward, a loop of 3 trips around a small elementwise fusion, a conditional whose costlier
 # branch counts, a copy; parameters, tuples and get-tuple-element launch nothing.
-HLO = """HloModule jit_step, is_scheduled=true
+HLO = (
+    """HloModule jit_step, is_scheduled=true
 
 %fused_dot (p0: bf16[64,128], p1: bf16[128,256]) -> bf16[64,256] {
   %p0 = bf16[64,128]{1,0} parameter(0)
@@ -56,7 +58,9 @@ HLO = """HloModule jit_step, is_scheduled=true
   ROOT %dot.1 = bf16[64,256]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
 }
 
-""" + LOOP.replace("BODY_ATTRS", "") + """
+"""
+    + LOOP.replace("BODY_ATTRS", "")
+    + """
 %cheap (p: f32[1024]) -> f32[1024] {
   ROOT %p = f32[1024]{0} parameter(0)
 }
@@ -82,6 +86,7 @@ ENTRY %main (a: bf16[64,128], b: bf16[128,256], q: bf16[2,128,4,64], w: f32[1024
   ROOT %copy.1 = f32[1024]{0} copy(%picked)
 }
 """
+)
 
 
 def test_census_counts_kernels_flops_and_bytes():
@@ -98,10 +103,13 @@ def test_census_counts_kernels_flops_and_bytes():
     assert result.non_matmul_bytes == 5 * elementwise  # 3 loop trips, the costly branch, copy
     assert result.small_kernels == 5
     per_head = 2 * 4 * 128 * 128 * 64
-    expected = (max(matmul_flops / 1e12, gemm_bytes / 1e9)  # each kernel's roofline
-                + max(matmul_flops / 1e12, (gemm_bytes + 4194304) / 1e9)  # + the workspace
-                + max(4 * per_head / 1e12, (4 * qkv + 4096) / 1e9)
-                + max(10 * per_head / 1e12, 4 * qkv / 1e9) + 5 * elementwise / 1e9)
+    expected = (
+        max(matmul_flops / 1e12, gemm_bytes / 1e9)  # each kernel's roofline
+        + max(matmul_flops / 1e12, (gemm_bytes + 4194304) / 1e9)  # + the workspace
+        + max(4 * per_head / 1e12, (4 * qkv + 4096) / 1e9)
+        + max(10 * per_head / 1e12, 4 * qkv / 1e9)
+        + 5 * elementwise / 1e9
+    )
     assert result.seconds == pytest.approx(expected)
 
 
@@ -111,57 +119,82 @@ def test_census_of_a_module_without_entry_is_an_error():
 
 
 def test_parse_refusal_reads_the_tpu_compilers_numbers():
-    message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
-               "temporaries (23.90G) exceeds available HBM (15.75G).")
-    assert fit_verdict.parse_refusal(message) == (23.90 * 2 ** 30, 15.75 * 2 ** 30)
+    message = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (23.90G) exceeds available HBM (15.75G)."
+    )
+    assert fit_verdict.parse_refusal(message) == (23.90 * 2**30, 15.75 * 2**30)
     other = "RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. Used 40.31G of 30.75G hbm."
-    assert fit_verdict.parse_refusal(other) == (40.31 * 2 ** 30, 30.75 * 2 ** 30)
+    assert fit_verdict.parse_refusal(other) == (40.31 * 2**30, 30.75 * 2**30)
     assert fit_verdict.parse_refusal("INVALID_ARGUMENT: shapes do not match") is None
 
 
 def _config(remat="none", accumulation=1, fsdp=1):
-    return ml_collections.ConfigDict({"mesh": {"data": -1, "fsdp": fsdp, "tensor": 1},
-                                      "train": {"grad_accum_steps": accumulation},
-                                      "model": {"remat_policy": remat}})
+    return ml_collections.ConfigDict(
+        {
+            "mesh": {"data": -1, "fsdp": fsdp, "tensor": 1},
+            "train": {"grad_accum_steps": accumulation},
+            "model": {"remat_policy": remat},
+        }
+    )
 
 
 def test_verdict_fits_or_refused_with_candidates_cheapest_first():
-    gib = 2 ** 30
+    gib = 2**30
     sizes = {"argument": 4 * gib, "output": 4 * gib, "alias": 4 * gib, "temp": 6 * gib}
     fits = fit_verdict.verdict(sizes, None, 16 * gib, _config(), 32, 4 * gib)
-    assert fits["fits"] and "peak 10.0 GiB of 16.00 GiB per device, 6.0 GiB headroom" in \
-        fits["text"] and "candidates" not in fits
+    assert (
+        fits["fits"]
+        and "peak 10.0 GiB of 16.00 GiB per device, 6.0 GiB headroom" in fits["text"]
+        and "candidates" not in fits
+    )
     refused = fit_verdict.verdict(None, (24 * gib, 15.75 * gib), None, _config(), 32, 4 * gib)
     assert refused["fits"] is False
     assert refused["text"] == "does NOT fit: the compiler needs 24.0 GiB of 15.75 GiB per device"
     # 20 GiB of activations for 11.75: split the batch at least 1.7 times (2 and 4 of 32
     # per device), then recompute, then shard the state.
     assert [c["flags"] for c in refused["candidates"]] == [
-        "--config.train.grad_accum_steps=2", "--config.train.grad_accum_steps=4",
-        "--config.model.remat_policy=dots", "--config.model.remat_policy=full",
-        "--config.mesh.fsdp=-1 --config.mesh.data=1"]
+        "--config.train.grad_accum_steps=2",
+        "--config.train.grad_accum_steps=4",
+        "--config.model.remat_policy=dots",
+        "--config.model.remat_policy=full",
+        "--config.mesh.fsdp=-1 --config.mesh.data=1",
+    ]
     assert refused["candidates"][0]["overrides"] == {"train.grad_accum_steps": 2}
     # Already 2 micro-batches of a batch of 72 (36 each), 3.2 times the activations' room:
     # 8 and 9 micro-batches are the first that can be enough (a divisor of 72).
-    assert [c["flags"] for c in fit_verdict.candidates(
-        35 * gib, 13 * gib, 3 * gib, _config("dots", 2, 1), 72, 2)][:3] == [
-        "--config.train.grad_accum_steps=8", "--config.train.grad_accum_steps=9",
-        "--config.model.remat_policy=full"]
+    assert [
+        c["flags"]
+        for c in fit_verdict.candidates(35 * gib, 13 * gib, 3 * gib, _config("dots", 2, 1), 72, 2)
+    ][:3] == [
+        "--config.train.grad_accum_steps=8",
+        "--config.train.grad_accum_steps=9",
+        "--config.model.remat_policy=full",
+    ]
     # Parameters and optimizer state over half the memory: shard them first.
     assert fit_verdict.verdict(None, (20 * gib, 16 * gib), None, _config(), 32, 10 * gib)[
-        "candidates"][0]["overrides"] == {"mesh.fsdp": -1, "mesh.data": 1}
+        "candidates"
+    ][0]["overrides"] == {"mesh.fsdp": -1, "mesh.data": 1}
     # Already full remat, sharded, and no batch to split further: nothing to try.
     assert fit_verdict.candidates(40 * gib, 16 * gib, gib, _config("full", 1, 8), 1) == []
-    assert fit_verdict.verdict({}, None, None, _config(), 32, gib)["fits"] is None  # fake CPU devices
+    assert (
+        fit_verdict.verdict({}, None, None, _config(), 32, gib)["fits"] is None
+    )  # fake CPU devices
 
 
 def test_advice_only_what_the_compiler_confirmed_and_exit_status(tmp_path):
     """A phase that does not fit a tight budget (fake CPU devices, the CPU compiler's
     figures): the candidates are compiled cheapest first and the first that fits is the
     advice; the exit status says it did not fit as configured."""
-    result = _aot("--num_devices=2", "--memory_gib=0.0028", "--config.model.dtype=float32",
-                  "--config.model.vocab_size=128", "--config.data.max_seq_length=32",
-                  "--config.data.max_predictions_per_seq=4", out=str(tmp_path / "cpu.json"))
+    result = _aot(
+        "--num_devices=2",
+        "--memory_gib=0.0028",
+        "--config.model.dtype=float32",
+        "--config.model.vocab_size=128",
+        "--config.data.max_seq_length=32",
+        "--config.data.max_predictions_per_seq=4",
+        out=str(tmp_path / "cpu.json"),
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert "does NOT fit: peak" in lines[1], result.stdout
@@ -176,7 +209,10 @@ def test_targets_by_name_and_raw_topology():
     assert targets.parse("tpu-v5e-8").topology == "v5e:2x4"
     raw = targets.parse("v5p:2x2x2")
     assert (raw.topology, raw.chip_config, raw.hbm_bytes) == (
-        "v5:2x2x2", "megacore", targets.TARGETS["tpu-v5p-8"].hbm_bytes)
+        "v5:2x2x2",
+        "megacore",
+        targets.TARGETS["tpu-v5p-8"].hbm_bytes,
+    )
     assert targets._host_bounds(targets.parse("v5e:4x4")) == (2, 4, 1)
     assert targets._host_bounds(targets.parse("v4:2x2x1")) == (2, 2, 1)
     with pytest.raises(targets.TargetError, match="choose one of"):
@@ -190,8 +226,9 @@ def test_auto_attention_resolves_for_the_target_device_not_the_host():
     tpu = types.SimpleNamespace(platform="tpu")
     assert attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.1) == "einsum"  # host
     with attention.target_device(gpu):
-        assert attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.0,
-                                      packed=True) == "cudnn"
+        assert (
+            attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.0, packed=True) == "cudnn"
+        )
     with attention.target_device(tpu):
         assert attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.0) == "pallas"
     assert attention.target_platform() == "cpu"
@@ -201,18 +238,32 @@ def test_auto_attention_resolves_for_the_target_device_not_the_host():
 
 
 def test_auto_accumulation_fits_the_devices_memory(monkeypatch):
-    config = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     mesh = sharding.make_mesh({"data": -1}, jax.devices()[:2])
-    tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10))
-    _, state, _ = create_train_state(BertForPreTraining(config), tx, jax.random.PRNGKey(0),
-                                     bert_model.example_inputs(BertForPreTraining(config)),
-                                     mesh, materialize=False)
+    tx = optim.make_optimizer(
+        optim.OptimizerConfig(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10)
+    )
+    _, state, _ = create_train_state(
+        BertForPreTraining(config),
+        tx,
+        jax.random.PRNGKey(0),
+        bert_model.example_inputs(BertForPreTraining(config)),
+        mesh,
+        materialize=False,
+    )
     phases = [Phase("short", 16, 2, 64, 0, 9), Phase("long", 64, 4, 64, 9, 10)]
     assert autofit.accumulation(0, config, state, mesh, phases) == {"short": 1, "long": 1}  # CPU
     assert autofit.accumulation(4, config, state, mesh, phases) == {"short": 4, "long": 4}
     state_bytes = 2 * memory.per_device_bytes(state.params) + memory.per_device_bytes(
-        state.opt_state)
+        state.opt_state
+    )
     long_32 = memory.activation_estimate(config, phases[1], 32, 1).total
     # Memory for the state and a little more than 8 long sequences' activations per device.
     budget = (state_bytes + long_32 / 4 * 1.1) / autofit.MEMORY_MARGIN
@@ -226,19 +277,37 @@ def _aot(*flags: str, out: str) -> subprocess.CompletedProcess:
     for name in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR"):
         env.pop(name, None)
     return subprocess.run(
-        [sys.executable, "-m", "bertjax.tools.aot", "--config=configs/tiny.py",
-         "--config.model.num_hidden_layers=1", "--config.model.hidden_size=64",
-         "--config.model.num_attention_heads=2", "--config.model.intermediate_size=128",
-         "--config.model.vocab_size=512", "--config.model.dtype=bfloat16",
-         "--config.long_phase.fraction=0", f"--out={out}", *flags],
-        capture_output=True, text=True, timeout=600, cwd=REPO_ROOT, env=env)
+        [
+            sys.executable,
+            "-m",
+            "bertjax.tools.aot",
+            "--config=configs/tiny.py",
+            "--config.model.num_hidden_layers=1",
+            "--config.model.hidden_size=64",
+            "--config.model.num_attention_heads=2",
+            "--config.model.intermediate_size=128",
+            "--config.model.vocab_size=512",
+            "--config.model.dtype=bfloat16",
+            "--config.long_phase.fraction=0",
+            f"--out={out}",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+        env=env,
+    )
 
 
 @pytest.mark.aot
 def test_cross_compile_for_h100_and_a_tpu_slice(tmp_path):
     # Without attention dropout "auto" is cuDNN's kernel on a GPU (with it, the reference).
-    h100 = _aot("--target=h100", "--config.model.attention_probs_dropout_prob=0",
-                out=str(tmp_path / "h100.json"))
+    h100 = _aot(
+        "--target=h100",
+        "--config.model.attention_probs_dropout_prob=0",
+        out=str(tmp_path / "h100.json"),
+    )
     assert h100.returncode == 0, h100.stderr[-3000:]
     lines = h100.stdout.splitlines()
     assert "attention cudnn" in lines[0]  # resolved for the H100, not for this CPU host
@@ -251,17 +320,19 @@ def test_cross_compile_for_h100_and_a_tpu_slice(tmp_path):
 
     # 16M x 64 embeddings: 4 GiB of parameters, 16 GiB with gradients and Adam's moments:
     # refused; sharding the state (the first candidate then) is compiled and fits.
-    tpu = _aot("--target=tpu-v5e-8", "--config.model.vocab_size=16000000",
-               out=str(tmp_path / "v5e.json"))
+    tpu = _aot(
+        "--target=tpu-v5e-8", "--config.model.vocab_size=16000000", out=str(tmp_path / "v5e.json")
+    )
     assert tpu.returncode == 2, tpu.stderr[-3000:]  # does not fit as configured
     assert "attention pallas" in tpu.stdout  # the recipe's attention dropout: flash_dropout
     record = json.loads((tmp_path / "v5e.json").read_text())["phases"]["short"]
     assert record["verdict"]["fits"] is False
-    assert record["verdict"]["available_bytes"] == 15.75 * 2 ** 30
+    assert record["verdict"]["available_bytes"] == 15.75 * 2**30
     assert "does NOT fit: the compiler needs" in tpu.stdout
     assert record["advice"]["fits_with"] == "--config.mesh.fsdp=-1 --config.mesh.data=1"
     assert tpu.stdout.splitlines()[-2] == (
-        "  advice, confirmed by the compiler: --config.mesh.fsdp=-1 --config.mesh.data=1")
+        "  advice, confirmed by the compiler: --config.mesh.fsdp=-1 --config.mesh.data=1"
+    )
 
 
 @pytest.mark.aot
@@ -272,8 +343,12 @@ def test_pallas_attention_with_remat_compiles_for_a_tpu_slice(dropout, tmp_path)
     compiles. Before, the parameters' shapes were traced at 8 tokens (the kernel takes
     multiples of 128), and the memory estimate ran the kernel in interpret mode, whose host
     callbacks remat refuses."""
-    result = _aot("--target=tpu-v5e-8", f"--config.model.attention_probs_dropout_prob={dropout}",
-                  "--config.model.remat_policy=dots", out=str(tmp_path / "v5e.json"))
+    result = _aot(
+        "--target=tpu-v5e-8",
+        f"--config.model.attention_probs_dropout_prob={dropout}",
+        "--config.model.remat_policy=dots",
+        out=str(tmp_path / "v5e.json"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "attention pallas, remat dots" in result.stdout.splitlines()[0]
     assert "fits: peak" in result.stdout
@@ -287,13 +362,19 @@ def test_tpu_estimate_of_a_micro_batch_loop_is_scaled(tmp_path):
     lines."""
     runs = {}
     for steps in (1, 2):
-        result = _aot("--target=tpu-v5p-8", f"--config.train.grad_accum_steps={steps}",
-                      out=str(tmp_path / f"v5p{steps}.json"))
+        result = _aot(
+            "--target=tpu-v5p-8",
+            f"--config.train.grad_accum_steps={steps}",
+            out=str(tmp_path / f"v5p{steps}.json"),
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         runs[steps] = json.loads((tmp_path / f"v5p{steps}.json").read_text())
     one, two = (runs[s]["phases"]["short"]["tpu"] for s in (1, 2))
-    assert "estimate (libtpu's cost model, not measured, the loop's body counted 2 times)" \
-        in result.stdout and "8192^3 bfloat16 matmul at" in result.stdout
+    assert (
+        "estimate (libtpu's cost model, not measured, the loop's body counted 2 times)"
+        in result.stdout
+        and "8192^3 bfloat16 matmul at" in result.stdout
+    )
     assert two["compiler_flops"] == pytest.approx(one["compiler_flops"], rel=0.05)
     assert two["loop_trips"] == 2 and two["time_scale"] > 1.3
     assert two["optimal_seconds"] == two["compiler_optimal_seconds"] * two["time_scale"]
@@ -301,10 +382,13 @@ def test_tpu_estimate_of_a_micro_batch_loop_is_scaled(tmp_path):
 
 
 @pytest.mark.aot
-@pytest.mark.parametrize("module, args", [
-    ("bertjax.train", ["--config=configs/tiny.py", "--config.train.init_checkpoint={m}"]),
-    ("bertjax.finetune", ["--config=configs/finetune/glue.py", "--config.init_checkpoint={m}"]),
-])
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("bertjax.train", ["--config=configs/tiny.py", "--config.train.init_checkpoint={m}"]),
+        ("bertjax.finetune", ["--config=configs/finetune/glue.py", "--config.init_checkpoint={m}"]),
+    ],
+)
 def test_the_aot_extra_changes_nothing_an_entry_point_prints(module, args, tmp_path):
     """With libtpu and the CUDA plugin installed, an entry point on a host without
     accelerators prints what it prints with JAX_PLATFORMS=cpu: here its one error line (a
@@ -313,27 +397,48 @@ def test_the_aot_extra_changes_nothing_an_entry_point_prints(module, args, tmp_p
     if backend_env.present(backend_env.ACCELERATOR_FILES):
         pytest.skip("this host has an accelerator: its plugins start")
     names = {"m": tmp_path / "missing"}
-    command = [sys.executable, "-m", module, f"--workdir={tmp_path}/w",
-               *(a.format(**names) for a in args)]
+    command = [
+        sys.executable,
+        "-m",
+        module,
+        f"--workdir={tmp_path}/w",
+        *(a.format(**names) for a in args),
+    ]
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     env["PYTHONPATH"] = REPO_ROOT
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                            cwd=REPO_ROOT, env=env)
-    cpu = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
-                         env={**env, "JAX_PLATFORMS": "cpu"})
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env=env
+    )
+    cpu = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        env={**env, "JAX_PLATFORMS": "cpu"},
+    )
     assert result.returncode == cpu.returncode == 1, result.stderr[-3000:]
     assert (result.stdout, result.stderr) == (cpu.stdout, cpu.stderr), result.stderr[-3000:]
-    assert result.stdout == "" and result.stderr.startswith("error: ") \
-        and result.stderr.count("\n") == 1, result.stderr[-3000:]
+    assert (
+        result.stdout == ""
+        and result.stderr.startswith("error: ")
+        and result.stderr.count("\n") == 1
+    ), result.stderr[-3000:]
 
 
 # A TPU step in miniature: the compiler's estimated cycles on each instruction, a loop of
 # micro-batches without a known trip count, and a conditional (a skipped update's cause).
-TPU_HLO = """HloModule jit_train_step, is_scheduled=true
+TPU_HLO = (
+    """HloModule jit_train_step, is_scheduled=true
 
-""" + LOOP.replace("BODY_ATTRS", ', metadata={op_name="jit(train_step)/jvp(BertForPreTraining)'
-                   '/bert/encoder/layer_3/mul"}, backend_config={"window_config":'
-                   '{"estimated_cycles":"300"}}') + """
+"""
+    + LOOP.replace(
+        "BODY_ATTRS",
+        ', metadata={op_name="jit(train_step)/jvp(BertForPreTraining)'
+        '/bert/encoder/layer_3/mul"}, backend_config={"window_config":'
+        '{"estimated_cycles":"300"}}',
+    )
+    + """
 %cause (p: f32[1024]) -> f32[1024] {
   %p = f32[1024]{0} parameter(0)
   ROOT %x = f32[1024]{0} fusion(%p), kind=kLoop, calls=%fused_add, backend_config={"window_config":{"estimated_cycles":"5000"}}
@@ -350,6 +455,7 @@ ENTRY %main (w: f32[1024], flag: pred[]) -> f32[1024] {
   ROOT %copy.1 = f32[1024]{0} copy(%update), backend_config={"window_config":{"estimated_cycles":"100"}}
 }
 """
+)
 
 
 def test_tpu_estimate_counts_the_micro_batch_loop_as_often_as_it_runs():
@@ -369,7 +475,9 @@ def test_tpu_estimate_counts_the_micro_batch_loop_as_often_as_it_runs():
     # the scaled total); the conditional's branch is not counted.
     assert [(g["op"], g["count"]) for g in four["census"]] == [
         ("fusion: jvp(BertForPreTraining)/bert/encoder/layer_N/mul", 4),
-        ("fusion: jit(_where)/select_n", 1), ("copy: (compiler) copy", 1)]
+        ("fusion: jit(_where)/select_n", 1),
+        ("copy: (compiler) copy", 1),
+    ]
     assert four["census"][0]["seconds"] == pytest.approx(four["optimal_seconds"] * 1200 / 1400)
     assert four["census"][0]["bytes"] == 4 * 8192
 
@@ -381,10 +489,18 @@ def test_tpu_estimate_without_libtpus_step_time():
     result = tpu_estimate.estimate(cost, TPU_HLO, 1, model_flops=1e6, peak_tflops=1.0, top=1)
     assert result["optimal_seconds"] is None and result["estimated_mfu"] is None
     assert result["compiler_flops"] == 1e6 and result["census"][0]["cycles"] == 300
-    line = phase_compile.summary_lines("short", {
-        "max_seq_length": 128, "global_batch_size": 8, "per_device_batch": 8,
-        "grad_accum_steps": 1, "compile_seconds": 1, "verdict": {"text": "fits"},
-        "tpu": result})[1]
+    line = phase_compile.summary_lines(
+        "short",
+        {
+            "max_seq_length": 128,
+            "global_batch_size": 8,
+            "per_device_batch": 8,
+            "grad_accum_steps": 1,
+            "compile_seconds": 1,
+            "verdict": {"text": "fits"},
+            "tpu": result,
+        },
+    )[1]
     assert "no step time (libtpu's optimal_seconds: -5)" in line and "0.0 GB accessed" in line
 
 
@@ -396,16 +512,24 @@ def test_the_python_api_is_as_quiet_as_the_command_line(hf_dir, tmp_path):  # no
     pytest.importorskip("libtpu")
     if backend_env.present(backend_env.ACCELERATOR_FILES):
         pytest.skip("this host has an accelerator: its plugins start")
-    script = ("import numpy as np\n"
-              "from bertjax.models.modernbert import model as modernbert\n"
-              "from bertjax.interop import hf_modernbert\n"
-              f"config, params = hf_modernbert.load_hf({hf_dir!r})\n"
-              "input_ids = np.full((1, 8), 5, np.int32)\n"
-              "logits = modernbert.ModernBertForMaskedLM(config).apply(\n"
-              "    {'params': params}, input_ids, np.ones_like(input_ids))\n"
-              "print(logits.shape)\n")
+    script = (
+        "import numpy as np\n"
+        "from bertjax.models.modernbert import model as modernbert\n"
+        "from bertjax.interop import hf_modernbert\n"
+        f"config, params = hf_modernbert.load_hf({hf_dir!r})\n"
+        "input_ids = np.full((1, 8), 5, np.int32)\n"
+        "logits = modernbert.ModernBertForMaskedLM(config).apply(\n"
+        "    {'params': params}, input_ids, np.ones_like(input_ids))\n"
+        "print(logits.shape)\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=300, cwd=tmp_path, env={**env, "PYTHONPATH": REPO_ROOT})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": REPO_ROOT},
+    )
     assert (result.returncode, result.stderr) == (0, ""), result.stderr[-3000:]
     assert result.stdout.startswith("(1, 8, ")

@@ -1,4 +1,5 @@
 """`python -m bertjax.tools.bench` end to end: a tiny config, a few steps, the HF comparison."""
+
 import importlib.util
 import json
 import os
@@ -13,28 +14,47 @@ from bertjax.models import flops
 from bertjax.models.bert.model import BertConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--config=configs/tiny.py", "--config.model.vocab_size=512", "--config.model.hidden_size=32",
-        "--config.model.intermediate_size=64", "--config.train.global_batch_size=8",
-        "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5"]
+TINY = [
+    "--config=configs/tiny.py",
+    "--config.model.vocab_size=512",
+    "--config.model.hidden_size=32",
+    "--config.model.intermediate_size=64",
+    "--config.train.global_batch_size=8",
+    "--config.data.max_seq_length=32",
+    "--config.data.max_predictions_per_seq=5",
+]
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:
     # Two fake CPU devices: per-chip rates are checked without an 8-device compile.
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT,
-               XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    return subprocess.run([sys.executable, "-m", "bertjax.tools.bench", *TINY, *args], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=180)
+    env = dict(
+        os.environ, PYTHONPATH=REPO_ROOT, XLA_FLAGS="--xla_force_host_platform_device_count=2"
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "bertjax.tools.bench", *TINY, *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def test_bench_with_hf_comparison(tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "bench.json"
-    result = run_bench("--steps=1", "--rounds=2", "--compare=hf", "--peak_tflops=0.5",
-                       f"--out={out}")
+    result = run_bench(
+        "--steps=1", "--rounds=2", "--compare=hf", "--peak_tflops=0.5", f"--out={out}"
+    )
     assert result.returncode == 0, result.stderr
     record = json.loads(out.read_text())
-    config = BertConfig(vocab_size=512, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64)
+    config = BertConfig(
+        vocab_size=512,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
     assert record["model_flops_per_step"] == 8 * flops.train_flops_per_sequence(config, 32, 5)
     assert record["machine"]["devices"] == 2 and record["config"]["batch"] == 8
     bertjax, hf = record["bertjax"], record["hf_eager"]
@@ -46,21 +66,25 @@ def test_bench_with_hf_comparison(tmp_path):
     assert record["speedup_vs_hf_eager"] == pytest.approx(hf["step_ms"] / bertjax["step_ms"])
     # bertjax ran on 2 (fake) devices, the reference on one.
     assert hf["mfu"] == pytest.approx(2 * record["mfu"] / record["speedup_vs_hf_eager"])
-    assert record["mfu"] == pytest.approx(
-        record["model_tflops_per_second"] / (2 * 0.5))
+    assert record["mfu"] == pytest.approx(record["model_tflops_per_second"] / (2 * 0.5))
     assert "bertjax / hf_eager throughput" in result.stdout and "MFU" in result.stdout
     assert record["command"].endswith(f"--out={out}")
 
 
-def test_bench_without_torch_or_transformers_says_how_to_install_them_and_still_measures(monkeypatch):
+def test_bench_without_torch_or_transformers_says_how_to_install_them_and_still_measures(
+    monkeypatch,
+):
     """--compare=hf where torch and transformers are missing (a fresh `.[test]` environment;
     both are hidden here, whatever this environment has): one line with the install command,
     the rest of the record (bertjax's own timings) as usual."""
     from bertjax.tools import bench
+
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("torch", "transformers")
-                        else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("torch", "transformers") else find_spec(name, *a),
+    )
     config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
     config.model.update(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1)
     config.train.global_batch_size = 8
@@ -78,6 +102,7 @@ def test_synthetic_packed_batch_has_the_layout_of_packed_rows():
     [CLS] slot, the last quarter of the row padding; real tokens are counted without it."""
     from bertjax.tools.bench import throughput
     from bertjax.tools.bench_step import synthetic_batch
+
     batch = synthetic_batch(2, 16, 3, 50, padding=0.25, packed=3)
     np.testing.assert_array_equal(batch["instance_ids"][0], [1] * 4 + [2] * 4 + [3] * 4 + [0] * 4)
     np.testing.assert_array_equal(batch["position_ids"][1], [0, 1, 2, 3] * 3 + [0] * 4)
@@ -91,6 +116,8 @@ def test_synthetic_packed_batch_has_the_layout_of_packed_rows():
     assert "instance_ids" not in unpacked and unpacked["input_mask"].all()
     short = synthetic_batch(2, 16, 10, 50, padding=0.5)  # 8 real tokens: 7 can be masked
     np.testing.assert_array_equal(short["masked_lm_weights"].sum(axis=1), [7, 7])
-    assert (short["masked_lm_positions"][:, :7] > 0).all() and short["masked_lm_positions"].max() < 8
+    assert (short["masked_lm_positions"][:, :7] > 0).all() and short[
+        "masked_lm_positions"
+    ].max() < 8
     with pytest.raises(ValueError, match="too few"):
         synthetic_batch(2, 16, 3, 50, padding=0.9, packed=3)

@@ -1,5 +1,6 @@
 """Orbax checkpoints: round trip onto another mesh, compatibility checks, params-only
 restore for init_checkpoint, and unfinished saves are never restored."""
+
 import os
 import shutil
 
@@ -12,16 +13,30 @@ from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from bertjax.training import checkpoint, optim, sharding
 from bertjax.training.state import create_train_state
 
-CONFIG = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                    intermediate_size=32, max_position_embeddings=16)
+CONFIG = BertConfig(
+    vocab_size=64,
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=16,
+)
 EXAMPLE = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
 META = {"model": {"hidden_size": 16}, "tokenizer": "abc"}
 
 
 def _state(mesh, materialize=True, seed=0):
-    tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10))
-    return create_train_state(BertForPreTraining(CONFIG), tx, jax.random.PRNGKey(seed), EXAMPLE,
-                              mesh, materialize=materialize)
+    tx = optim.make_optimizer(
+        optim.OptimizerConfig(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10)
+    )
+    return create_train_state(
+        BertForPreTraining(CONFIG),
+        tx,
+        jax.random.PRNGKey(seed),
+        EXAMPLE,
+        mesh,
+        materialize=materialize,
+    )
 
 
 def _assert_trees_equal(a, b):
@@ -44,8 +59,10 @@ def test_round_trip_onto_another_mesh(tmp_path):
     assert position == {"phase": "short", "batch_index": 5} and meta["tokenizer"] == "abc"
     _assert_trees_equal(restored, state)
     kernel = restored.params["bert"]["encoder"]["layer_0"]["intermediate"]["dense"]["kernel"]
-    assert kernel.sharding == shardings.params["bert"]["encoder"]["layer_0"]["intermediate"][
-        "dense"]["kernel"]
+    assert (
+        kernel.sharding
+        == shardings.params["bert"]["encoder"]["layer_0"]["intermediate"]["dense"]["kernel"]
+    )
     assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
 
 
@@ -99,7 +116,10 @@ def test_relative_directory_works(tmp_path, monkeypatch):
     assert (tmp_path / "relative" / "checkpoints" / "1").is_dir()
     np.testing.assert_array_equal(
         checkpoint.restore_params("relative/checkpoints", abstract.params)["bert"]["pooler"][
-            "dense"]["kernel"], state.params["bert"]["pooler"]["dense"]["kernel"])
+            "dense"
+        ]["kernel"],
+        state.params["bert"]["pooler"]["dense"]["kernel"],
+    )
 
 
 def test_older_checkpoints_are_compared_on_the_model_fields_they_record():
@@ -124,8 +144,7 @@ def test_a_save_interrupted_in_its_announcement_is_announced_once(tmp_path):
             raise KeyboardInterrupt
 
     state, _, _ = _state(sharding.make_mesh({"data": -1}))
-    ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=1,
-                                   on_commit=on_commit)
+    ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=1, on_commit=on_commit)
     ckpt.save(1, state, {"phase": "short", "batch_index": 1}, META)
     with pytest.raises(KeyboardInterrupt):
         ckpt.wait()
@@ -148,8 +167,14 @@ def test_half_written_init_checkpoint_is_one_line(tmp_path):
     with pytest.raises(checkpoint.CheckpointMismatch) as raised:
         checkpoint.restore_params(str(tmp_path), abstract.params)
     message = str(raised.value)
-    assert message.startswith(f"init_checkpoint {tmp_path}: its latest checkpoint {tmp_path}/6 "
-                              "cannot be read (") and "\n" not in message
-    assert message.endswith("; it has no checksums, so its save may never have finished: move "
-                            "it out of the way to start from the step before it, or finish "
-                            "that run")
+    assert (
+        message.startswith(
+            f"init_checkpoint {tmp_path}: its latest checkpoint {tmp_path}/6 cannot be read ("
+        )
+        and "\n" not in message
+    )
+    assert message.endswith(
+        "; it has no checksums, so its save may never have finished: move "
+        "it out of the way to start from the step before it, or finish "
+        "that run"
+    )

@@ -1,4 +1,5 @@
 """The shipped configs: the paper's recipe, loadable from any directory, every field documented."""
+
 import pathlib
 import re
 import runpy
@@ -19,24 +20,43 @@ def test_base_and_large_follow_the_paper():
     for name, (layers, hidden, heads) in {"base": (12, 768, 12), "large": (24, 1024, 16)}.items():
         c = load(name)
         model = BertConfig.from_dict(c.model.to_dict())
-        assert (model.num_hidden_layers, model.hidden_size, model.num_attention_heads) == \
-            (layers, hidden, heads)
+        assert (model.num_hidden_layers, model.hidden_size, model.num_attention_heads) == (
+            layers,
+            hidden,
+            heads,
+        )
         assert model.intermediate_size == 4 * hidden and model.vocab_size == 30522
         assert (model.hidden_dropout_prob, model.attention_probs_dropout_prob) == (0.1, 0.1)
         assert (model.hidden_act, model.layer_norm_eps) == ("gelu", 1e-12)
         assert (c.train.global_batch_size, c.train.total_steps) == (256, 1_000_000)
         # Adam with decoupled weight decay, global-norm clipping, linear warmup then decay.
         assert optim.optimizer_config(c.optimizer, c.train.total_steps) == optim.OptimizerConfig(
-            peak_learning_rate=1e-4, warmup_steps=10_000, total_steps=1_000_000,
-            name="bert_adam", weight_decay_rate=0.01, b1=0.9, b2=0.999, eps=1e-6,
-            clip_global_norm=1.0)
-        assert (c.data.masked_lm_prob, c.data.mask_token_prob, c.data.random_token_prob) == \
-            (0.15, 0.8, 0.1)
+            peak_learning_rate=1e-4,
+            warmup_steps=10_000,
+            total_steps=1_000_000,
+            name="bert_adam",
+            weight_decay_rate=0.01,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-6,
+            clip_global_norm=1.0,
+        )
+        assert (c.data.masked_lm_prob, c.data.mask_token_prob, c.data.random_token_prob) == (
+            0.15,
+            0.8,
+            0.1,
+        )
         short, long = phase_schedule.phases(c.train, c.data, c.long_phase)
-        assert (short.max_seq_length, short.max_predictions_per_seq, short.end_step) == \
-            (128, 20, 900_000)
-        assert (long.max_seq_length, long.max_predictions_per_seq, long.start_step) == \
-            (512, 80, 900_000)
+        assert (short.max_seq_length, short.max_predictions_per_seq, short.end_step) == (
+            128,
+            20,
+            900_000,
+        )
+        assert (long.max_seq_length, long.max_predictions_per_seq, long.start_step) == (
+            512,
+            80,
+            900_000,
+        )
         assert (short.start_step, long.end_step) == (0, 1_000_000)
         assert short.global_batch_size == long.global_batch_size == 256
 
@@ -53,6 +73,9 @@ def test_every_base_field_has_a_comment():
     lines = (CONFIGS / "base.py").read_text().splitlines()
     fields = [i for i, line in enumerate(lines) if re.match(r"\s+c\.\w+\.\w+ = ", line)]
     assert len(fields) > 50
-    undocumented = [lines[i].strip() for i in fields
-                    if "  # " not in lines[i] and not lines[i - 1].strip().startswith("#")]
+    undocumented = [
+        lines[i].strip()
+        for i in fields
+        if "  # " not in lines[i] and not lines[i - 1].strip().startswith("#")
+    ]
     assert not undocumented, undocumented

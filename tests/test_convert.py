@@ -1,6 +1,7 @@
 """Checkpoint conversion without torch or TensorFlow: Google TF, Hugging Face (safetensors)
 and bertjax round trips, the CLI, the real BERT-Tiny index mapping (opt-in), scan layout,
 `train.init_checkpoint` from a TF checkpoint, and the errors for bad inputs."""
+
 import dataclasses
 import json
 import os
@@ -20,14 +21,21 @@ from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from test_interop_tf import BERT_TINY_INDEX
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                    intermediate_size=24, max_position_embeddings=32)
+CONFIG = BertConfig(
+    vocab_size=40,
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=24,
+    max_position_embeddings=32,
+)
 
 
 def random_params(config: BertConfig, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    return tree.unflatten({p: rng.normal(size=s).astype(np.float32)
-                              for p, s in tree.param_shapes(config).items()})
+    return tree.unflatten(
+        {p: rng.normal(size=s).astype(np.float32) for p, s in tree.param_shapes(config).items()}
+    )
 
 
 def assert_trees_equal(a, b):
@@ -36,7 +44,9 @@ def assert_trees_equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def write_google_checkpoint(directory, config: BertConfig, params: dict, vocab_lines: int | None = None):
+def write_google_checkpoint(
+    directory, config: BertConfig, params: dict, vocab_lines: int | None = None
+):
     """What Google's pretraining leaves: weights, Adam slots, global_step, config, vocab."""
     tf_checkpoint.save_tf(config, params, str(directory))
     prefix = str(directory / "bert_model.ckpt")
@@ -51,9 +61,14 @@ def write_google_checkpoint(directory, config: BertConfig, params: dict, vocab_l
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "bertjax.convert", *args], capture_output=True,
-                          text=True, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "bertjax.convert", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT},
+        timeout=300,
+    )
 
 
 def test_tf_to_bertjax_to_hf_command_line(tmp_path):
@@ -68,7 +83,10 @@ def test_tf_to_bertjax_to_hf_command_line(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and not result.stderr.strip(), result.stderr
     assert "tokenizer (WordPiece, lower-cased): vocab.txt" in result.stdout
-    assert "Google TF checkpoint, 139 tensors; 46 mapped to bertjax parameters, 93 skipped" in result.stdout
+    assert (
+        "Google TF checkpoint, 139 tensors; 46 mapped to bertjax parameters, 93 skipped"
+        in result.stdout
+    )
     assert "skipped (optimizer slot): bert/embeddings/LayerNorm/beta/adam_m" in result.stdout
     assert "skipped (training step counter): global_step" in result.stdout
     config, loaded = pretrained.read(str(tmp_path / "bertjax"))
@@ -90,8 +108,9 @@ def test_tf_to_bertjax_to_hf_command_line(tmp_path):
     assert "| tokenizer | WordPiece, lower-cased, 40 tokens (`vocab.txt`) |" in card
     umask = os.umask(0)
     os.umask(umask)
-    assert {name: os.stat(exported / name).st_mode & 0o777 for name in os.listdir(exported)} \
-        == {name: 0o666 & ~umask for name in os.listdir(exported)}
+    assert {name: os.stat(exported / name).st_mode & 0o777 for name in os.listdir(exported)} == {
+        name: 0o666 & ~umask for name in os.listdir(exported)
+    }
 
 
 def test_round_trips_are_exact(tmp_path):
@@ -103,7 +122,8 @@ def test_round_trips_are_exact(tmp_path):
     weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
     np.testing.assert_array_equal(  # PyTorch Linear weights are [out, in]
         weights["bert.encoder.layer.1.intermediate.dense.weight"],
-        params["bert"]["encoder"]["layer_1"]["intermediate"]["dense"]["kernel"].T)
+        params["bert"]["encoder"]["layer_1"]["intermediate"]["dense"]["kernel"].T,
+    )
     assert main_ok(str(tmp_path / "hf"), str(tmp_path / "tf"), "--to=tf")
     assert_trees_equal(tf_checkpoint.load_tf(str(tmp_path / "tf"))[1], params)
     assert main_ok(str(tmp_path / "tf"), str(tmp_path / "scanned"), "--scan_layers")
@@ -125,13 +145,19 @@ def test_scan_layout_and_init_params(tmp_path):
     native.save_bertjax(CONFIG, params, str(tmp_path / "bertjax"))
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     for run_config in (CONFIG, dataclasses.replace(CONFIG, scan_layers=True)):
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                                tree.abstract_params(run_config))
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+            tree.abstract_params(run_config),
+        )
         expected = stacked if run_config.scan_layers else params
         for source in ("tf", "bertjax"):
-            assert_trees_equal(pretrained.load_pretrained(str(tmp_path / source), abstract, run_config), expected)
+            assert_trees_equal(
+                pretrained.load_pretrained(str(tmp_path / source), abstract, run_config), expected
+            )
     wrong = dataclasses.replace(CONFIG, num_attention_heads=4)
-    with pytest.raises(tree.ConversionError, match="num_attention_heads: checkpoint 2, config.model 4"):
+    with pytest.raises(
+        tree.ConversionError, match="num_attention_heads: checkpoint 2, config.model 4"
+    ):
         pretrained.load_pretrained(str(tmp_path / "tf"), abstract, wrong)
 
 
@@ -140,11 +166,16 @@ def test_real_bert_tiny_index_maps_completely():
     shape its bert_config.json implies, and nothing is left over."""
     if not os.path.exists(BERT_TINY_INDEX):
         pytest.skip("shared/data/bert-tiny not present")
-    reader = tf_checkpoint.BundleReader(BERT_TINY_INDEX[:-len(".index")])
-    config = BertConfig.from_json_file(os.path.join(os.path.dirname(BERT_TINY_INDEX), "bert_config.json"))
+    reader = tf_checkpoint.BundleReader(BERT_TINY_INDEX[: -len(".index")])
+    config = BertConfig.from_json_file(
+        os.path.join(os.path.dirname(BERT_TINY_INDEX), "bert_config.json")
+    )
     expected = tree.param_shapes(config)
-    mapped = {tf_checkpoint.tf_to_path(name): entry.shape for name, entry in reader.entries.items()
-              if tf_checkpoint.skip_reason(name) is None}
+    mapped = {
+        tf_checkpoint.tf_to_path(name): entry.shape
+        for name, entry in reader.entries.items()
+        if tf_checkpoint.skip_reason(name) is None
+    }
     assert len(reader.entries) == len(mapped) == len(expected) == 46
     assert mapped == expected
     assert {tf_checkpoint.path_to_tf(p) for p in expected} == set(reader.entries)
@@ -156,21 +187,36 @@ def test_bad_checkpoints_get_clear_errors(tmp_path, capsys):
     write_google_checkpoint(tmp_path / "ok", CONFIG, params)
     # bert_config.json that does not describe the weights.
     write_google_checkpoint(tmp_path / "wide", CONFIG, params)
-    (tmp_path / "wide" / "bert_config.json").write_text(json.dumps(
-        {**json.loads((tmp_path / "ok" / "bert_config.json").read_text()), "intermediate_size": 32}))
-    with pytest.raises(tree.ConversionError,
-                       match=r"weight bert/encoder/layer_0/intermediate/dense/bias has shape \(24,\), "
-                             r"but the config .* implies \(32,\)"):
+    (tmp_path / "wide" / "bert_config.json").write_text(
+        json.dumps(
+            {
+                **json.loads((tmp_path / "ok" / "bert_config.json").read_text()),
+                "intermediate_size": 32,
+            }
+        )
+    )
+    with pytest.raises(
+        tree.ConversionError,
+        match=r"weight bert/encoder/layer_0/intermediate/dense/bias has shape \(24,\), "
+        r"but the config .* implies \(32,\)",
+    ):
         tf_checkpoint.load_tf(str(tmp_path / "wide"))
-    write_google_checkpoint(tmp_path / "deep", dataclasses.replace(CONFIG, num_hidden_layers=3),
-                            random_params(dataclasses.replace(CONFIG, num_hidden_layers=3)))
-    (tmp_path / "deep" / "bert_config.json").write_text((tmp_path / "ok" / "bert_config.json").read_text())
-    with pytest.raises(tree.ConversionError,
-                       match="not in a model of that config: bert/encoder/layer_2/"):
+    write_google_checkpoint(
+        tmp_path / "deep",
+        dataclasses.replace(CONFIG, num_hidden_layers=3),
+        random_params(dataclasses.replace(CONFIG, num_hidden_layers=3)),
+    )
+    (tmp_path / "deep" / "bert_config.json").write_text(
+        (tmp_path / "ok" / "bert_config.json").read_text()
+    )
+    with pytest.raises(
+        tree.ConversionError, match="not in a model of that config: bert/encoder/layer_2/"
+    ):
         tf_checkpoint.load_tf(str(tmp_path / "deep"))
     write_google_checkpoint(tmp_path / "vocab", CONFIG, params, vocab_lines=CONFIG.vocab_size + 1)
-    with pytest.raises(tree.ConversionError,
-                       match="vocab.txt has 41 tokens but the checkpoint's vocab_size is 40"):
+    with pytest.raises(
+        tree.ConversionError, match="vocab.txt has 41 tokens but the checkpoint's vocab_size is 40"
+    ):
         tf_checkpoint.load_tf(str(tmp_path / "vocab"))
     os.remove(tmp_path / "vocab" / "bert_model.ckpt.data-00000-of-00001")
     with pytest.raises(tree.ConversionError, match="bert_model.ckpt.data-00000-of-00001"):
@@ -183,8 +229,11 @@ def test_bad_checkpoints_get_clear_errors(tmp_path, capsys):
     weights_file = tmp_path / "hf" / "model.safetensors"
     weights = load_file(str(weights_file))
     untied = weights["bert.embeddings.word_embeddings.weight"] + 1
-    save_file({**weights, "cls.predictions.decoder.weight": untied}, str(weights_file),
-              metadata={"format": "pt"})
+    save_file(
+        {**weights, "cls.predictions.decoder.weight": untied},
+        str(weights_file),
+        metadata={"format": "pt"},
+    )
     with pytest.raises(tree.ConversionError, match="cls.predictions.decoder.weight differs"):
         hf.load_hf(str(tmp_path / "hf"))
     weights_file.write_bytes(weights_file.read_bytes()[:1000])
@@ -203,31 +252,50 @@ def test_case_and_vocab_checks(tmp_path):
     pretrained.validate_case(str(tmp_path / "uncased_L-12_H-768_A-12"), do_lower_case=True)
     with pytest.raises(tree.ConversionError, match="is a cased model but data.do_lower_case=True"):
         pretrained.validate_case(str(tmp_path / "multi_cased_L-12_H-768_A-12"), do_lower_case=True)
-    with pytest.raises(tree.ConversionError, match="is an uncased model but data.do_lower_case=False"):
+    with pytest.raises(
+        tree.ConversionError, match="is an uncased model but data.do_lower_case=False"
+    ):
         pretrained.validate_case(str(tmp_path / "bert-base-uncased"), do_lower_case=False)
     # fine-tuning's flag is --config.do_lower_case (no data section): the message names it
-    with pytest.raises(tree.ConversionError, match=r"is an uncased model but do_lower_case=False; "
-                       r"set --config.do_lower_case=True$"):
-        pretrained.validate_case(str(tmp_path / "bert-base-uncased"), do_lower_case=False,
-                                 case_flag="--config.do_lower_case")
+    with pytest.raises(
+        tree.ConversionError,
+        match=r"is an uncased model but do_lower_case=False; "
+        r"set --config.do_lower_case=True$",
+    ):
+        pretrained.validate_case(
+            str(tmp_path / "bert-base-uncased"),
+            do_lower_case=False,
+            case_flag="--config.do_lower_case",
+        )
     cased_vocab = tmp_path / "vocab.txt"
     cased_vocab.write_text("[PAD]\n[UNK]\n" + "".join(f"Word{i}\nword{i}\n" for i in range(200)))
-    pretrained.validate_case(str(tmp_path / "model"), do_lower_case=False, vocab_file=str(cased_vocab))
+    pretrained.validate_case(
+        str(tmp_path / "model"), do_lower_case=False, vocab_file=str(cased_vocab)
+    )
     with pytest.raises(tree.ConversionError, match="is a cased vocab .200 tokens with upper-case"):
-        pretrained.validate_case(str(tmp_path / "model"), do_lower_case=True, vocab_file=str(cased_vocab))
-    data = DataSettings.of({"tokenizer": "wordpiece", "do_lower_case": True,
-                            "vocab_file": str(cased_vocab)}, recorded=True)
+        pretrained.validate_case(
+            str(tmp_path / "model"), do_lower_case=True, vocab_file=str(cased_vocab)
+        )
+    data = DataSettings.of(
+        {"tokenizer": "wordpiece", "do_lower_case": True, "vocab_file": str(cased_vocab)},
+        recorded=True,
+    )
     with pytest.raises(tree.ConversionError, match="the tokenizer has 402 tokens but"):
         pretrained.check_run_tokenizer("ckpt", data, 402, 30522)
     with pytest.raises(tree.ConversionError, match="is a cased vocab"):
         pretrained.check_run_tokenizer("ckpt", data, 402, 402)
     # Fewer tokens than embedding rows (padded to a multiple, as ModernBERT's): the tokenizer
     # file of the checkpoint's own directory only.
-    own = DataSettings.of({"tokenizer": "bpe", "vocab_file": str(tmp_path / "tokenizer.json")},
-                          recorded=True)
+    own = DataSettings.of(
+        {"tokenizer": "bpe", "vocab_file": str(tmp_path / "tokenizer.json")}, recorded=True
+    )
     pretrained.check_run_tokenizer(str(tmp_path), own, 402, 448)
-    pretrained.check_run_tokenizer(str(tmp_path), DataSettings.of(
-        {"tokenizer": "bpe", "vocab_file": str(tmp_path)}, recorded=True), 402, 448)
+    pretrained.check_run_tokenizer(
+        str(tmp_path),
+        DataSettings.of({"tokenizer": "bpe", "vocab_file": str(tmp_path)}, recorded=True),
+        402,
+        448,
+    )
     with pytest.raises(tree.ConversionError, match="the tokenizer has 402 tokens but"):
         pretrained.check_run_tokenizer(str(tmp_path / "model"), own, 402, 448)
     with pytest.raises(tree.ConversionError, match="the tokenizer has 449 tokens but"):
@@ -247,7 +315,9 @@ def test_checkpoint_written_by_tensorflow_saver(tmp_path):
         variables.append(tf.Variable(np.int64(7), name="global_step"))
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
-            tf.compat.v1.train.Saver(variables).save(session, str(tmp_path / "google" / "bert_model.ckpt"))
+            tf.compat.v1.train.Saver(variables).save(
+                session, str(tmp_path / "google" / "bert_model.ckpt")
+            )
     tf_checkpoint.save_tf(CONFIG, params, str(tmp_path / "ours"))
     shutil.copy(tmp_path / "ours" / "bert_config.json", tmp_path / "google" / "bert_config.json")
     report = tree.LoadReport()
@@ -271,8 +341,11 @@ def test_stacked_params_compute_the_same_in_a_scanned_model():
     for scan in (False, True):
         config = dataclasses.replace(CONFIG, scan_layers=scan)
         layered = tree.stack_layers(params) if scan else params
-        outputs[scan] = jax.jit(lambda p, c=config: BertForPreTraining(c).apply(
-            {"params": p}, ids, token_types, mask, positions, mutable=["intermediates"]))(layered)
+        outputs[scan] = jax.jit(
+            lambda p, c=config: BertForPreTraining(c).apply(
+                {"params": p}, ids, token_types, mask, positions, mutable=["intermediates"]
+            )
+        )(layered)
     (mlm, nsp), unrolled = outputs[False]
     (scan_mlm, scan_nsp), scanned = outputs[True]
     np.testing.assert_allclose(scan_mlm, mlm, atol=1e-5)
@@ -280,9 +353,14 @@ def test_stacked_params_compute_the_same_in_a_scanned_model():
     encoder = unrolled["intermediates"]["bert"]["encoder"]
     scan_encoder = scanned["intermediates"]["bert"]["encoder"]
     for i in range(CONFIG.num_hidden_layers):
-        np.testing.assert_allclose(scan_encoder["layers"]["hidden_states"][0][i],
-                                   encoder[f"layer_{i}"]["hidden_states"][0], atol=1e-5)
-    assert not np.allclose(encoder["layer_0"]["hidden_states"][0], encoder["layer_1"]["hidden_states"][0])
+        np.testing.assert_allclose(
+            scan_encoder["layers"]["hidden_states"][0][i],
+            encoder[f"layer_{i}"]["hidden_states"][0],
+            atol=1e-5,
+        )
+    assert not np.allclose(
+        encoder["layer_0"]["hidden_states"][0], encoder["layer_1"]["hidden_states"][0]
+    )
 
 
 def test_exports_never_overwrite_unless_asked(tmp_path, capsys):
@@ -293,18 +371,25 @@ def test_exports_never_overwrite_unless_asked(tmp_path, capsys):
     write_google_checkpoint(src, CONFIG, params)
     assert main_ok(str(src), str(native_dir))
     hf_dir.mkdir()
-    for stale in ("vocab.txt", "tokenizer_config.json", "model.safetensors.index.json",
-                  "config.json"):
+    for stale in (
+        "vocab.txt",
+        "tokenizer_config.json",
+        "model.safetensors.index.json",
+        "config.json",
+    ):
         (hf_dir / stale).write_text("stale")
     capsys.readouterr()
     for dst, target in ((hf_dir, "hf"), (native_dir, "bertjax")):
         before = sorted(p.name for p in dst.iterdir())
         assert convert.main([str(src), str(dst), "--to", target]) == 1
-        assert capsys.readouterr().err == (f"error: DST {dst} is not empty: choose another "
-                                           "directory, or pass --overwrite to replace it whole\n")
+        assert capsys.readouterr().err == (
+            f"error: DST {dst} is not empty: choose another "
+            "directory, or pass --overwrite to replace it whole\n"
+        )
         assert sorted(p.name for p in dst.iterdir()) == before
     assert main_ok(str(native_dir), str(hf_dir), "--overwrite")
     assert not {"vocab.txt", "tokenizer_config.json", "model.safetensors.index.json"} & set(
-        os.listdir(hf_dir))
+        os.listdir(hf_dir)
+    )
     assert_trees_equal(hf.load_hf(str(hf_dir))[1], params)
     assert not [name for name in os.listdir(tmp_path) if ".tmp" in name]

@@ -99,10 +99,17 @@ def test_cr_only_line_endings_read_as_lines(tmp_path):
     at max_line_chars (read as one line, the file was truncated there)."""
     text = LINES_TEXT * 20
     stats = corpus.CorpusStats()
-    cr_docs = list(corpus.read_text_files([write(tmp_path / "cr.txt", text.replace("\n", "\r"))],
-                                          "auto", stats, max_line_chars=200))
-    assert cr_docs == list(corpus.read_text_files([write(tmp_path / "lf.txt", text)], "auto",
-                                                  max_line_chars=200))
+    cr_docs = list(
+        corpus.read_text_files(
+            [write(tmp_path / "cr.txt", text.replace("\n", "\r"))],
+            "auto",
+            stats,
+            max_line_chars=200,
+        )
+    )
+    assert cr_docs == list(
+        corpus.read_text_files([write(tmp_path / "lf.txt", text)], "auto", max_line_chars=200)
+    )
     assert len(text) > 200 and stats.truncated_long_lines == 0
 
 
@@ -145,12 +152,20 @@ def test_truncation_inside_multibyte_character_is_not_invalid_utf8(tmp_path):
 def test_utf16_file_reads_like_its_utf8_original(tmp_path):
     text = LINES_TEXT.replace("first", "f\u00efrst \u4e2d\u6587").replace("\n", "\r\n")
     stats = corpus.CorpusStats()
-    utf16 = list(corpus.read_text_files(
-        [write(tmp_path / "le.txt", text.encode("utf-16")),
-         write(tmp_path / "be.txt", codecs.BOM_UTF16_BE + text.encode("utf-16-be"))],
-        "auto", stats, max_line_chars=20))
-    utf8 = list(corpus.read_text_files([write(tmp_path / "u8.txt", text)], "auto",
-                                       max_line_chars=20))
+    utf16 = list(
+        corpus.read_text_files(
+            [
+                write(tmp_path / "le.txt", text.encode("utf-16")),
+                write(tmp_path / "be.txt", codecs.BOM_UTF16_BE + text.encode("utf-16-be")),
+            ],
+            "auto",
+            stats,
+            max_line_chars=20,
+        )
+    )
+    utf8 = list(
+        corpus.read_text_files([write(tmp_path / "u8.txt", text)], "auto", max_line_chars=20)
+    )
     assert utf16 == utf8 + utf8 and "f\u00efrst \u4e2d\u6587" in utf16[0][0]
     assert (stats.utf16_files, stats.truncated_long_lines, stats.invalid_utf8_lines) == (2, 6, 0)
 
@@ -158,9 +173,11 @@ def test_utf16_file_reads_like_its_utf8_original(tmp_path):
 def test_binary_file_is_skipped_and_counted_but_stray_control_bytes_are_not(tmp_path):
     rng = random.Random(0)
     stats = corpus.CorpusStats()
-    paths = [write(tmp_path / "model.bin", bytes(rng.randrange(256) for _ in range(50_000))),
-             write(tmp_path / "zeros.bin", bytes(4096)),
-             write(tmp_path / "text.txt", LINES_TEXT.replace(" a ", " a\x00\x07 "))]
+    paths = [
+        write(tmp_path / "model.bin", bytes(rng.randrange(256) for _ in range(50_000))),
+        write(tmp_path / "zeros.bin", bytes(4096)),
+        write(tmp_path / "text.txt", LINES_TEXT.replace(" a ", " a\x00\x07 ")),
+    ]
     docs = list(corpus.read_text_files(paths, "lines", stats))
     assert len(docs) == 3 and docs[2] == ["A third document.", "With two lines."]
     assert (stats.files, stats.skipped_binary_files, stats.documents) == (3, 2, 3)
@@ -237,8 +254,11 @@ def test_tfds_array_record_slices_partition_records(tmp_path):
     name = tfds_fixture.prepare(str(tmp_path))
     stats = corpus.CorpusStats()
     slices = [
-        list(tfds_source.read_tfds(name, data_dir=str(tmp_path), process_index=i, process_count=2,
-                              stats=stats))
+        list(
+            tfds_source.read_tfds(
+                name, data_dir=str(tmp_path), process_index=i, process_count=2, stats=stats
+            )
+        )
         for i in range(2)
     ]
     expected = {

@@ -2,6 +2,7 @@
 under, a running `python -m bertjax.train` stop it with one line naming the file before any
 checkpoint is written from the bad rows (the steps before train as an uninterrupted run did);
 a meta.json whose claims the arrays do not bear out is refused with one line."""
+
 import glob
 import hashlib
 import json
@@ -41,16 +42,20 @@ def shorten(path: str) -> None:
 
 
 @pytest.mark.slow  # (three training runs: about 80 CPU s)
-@pytest.mark.parametrize("fault, problem", [(flip_a_byte_of_every_row, "changed while in use"),
-                                            (shorten, "was shortened while in use")],
-                         ids=["bytes flipped", "truncated"])
+@pytest.mark.parametrize(
+    "fault, problem",
+    [(flip_a_byte_of_every_row, "changed while in use"), (shorten, "was shortened while in use")],
+    ids=["bytes flipped", "truncated"],
+)
 def test_a_shard_damaged_mid_run_stops_it_before_a_checkpoint_of_bad_rows(
-        fault, problem, reference, corpus_file, cache_dir, tmp_path):  # noqa: F811
+    fault, problem, reference, corpus_file, cache_dir, tmp_path
+):  # noqa: F811
     cache = tmp_path / "cache"
     shutil.copytree(cache_dir, cache, ignore=shutil.ignore_patterns("*.lock"))
     workdir = tmp_path / "run"
-    trainer = Trainer(command_line(corpus_file, str(cache), str(workdir), **STEPS),
-                      pause=f"step:{PAUSED_AT}")
+    trainer = Trainer(
+        command_line(corpus_file, str(cache), str(workdir), **STEPS), pause=f"step:{PAUSED_AT}"
+    )
     assert trainer.wait_for_pause() == f"step {PAUSED_AT}"
     shards = sorted(glob.glob(str(cache / "short_*" / "train" / "shard_*" / "input_ids.npy")))
     assert shards
@@ -65,18 +70,20 @@ def test_a_shard_damaged_mid_run_stops_it_before_a_checkpoint_of_bad_rows(
     assert "the run stopped before training on it" in errors[0]
     losses = {m["step"]: m["loss"] for m in read_metrics(workdir)}
     assert losses == {step: reference[step] for step in range(1, PAUSED_AT + 2)}
-    assert sorted(int(name) for name in os.listdir(workdir / "checkpoints")
-                  if name.isdigit()) == [4]  # none at 8, whose batch held the bad rows
+    assert sorted(int(name) for name in os.listdir(workdir / "checkpoints") if name.isdigit()) == [
+        4
+    ]  # none at 8, whose batch held the bad rows
 
 
 def test_meta_json_claims_are_checked_against_the_arrays(corpus_file, tmp_path):  # noqa: F811
     """meta.json edited to claim 20 predictions per sequence for shards of 10, trained with
     data.max_predictions_per_seq=20: refused with one line naming the file."""
-    config = tiny_config(corpus_file, str(tmp_path / "cache"), **{"long_phase.fraction": 0.0,
-                                                                   "train.total_steps": 4})
+    config = tiny_config(
+        corpus_file, str(tmp_path / "cache"), **{"long_phase.fraction": 0.0, "train.total_steps": 4}
+    )
     output = str(tmp_path / "prepared")
     prepare.prepare_all(config, output)
-    meta_path, = glob.glob(os.path.join(output, "*", "meta.json"))
+    (meta_path,) = glob.glob(os.path.join(output, "*", "meta.json"))
     meta = json.load(open(meta_path))
     meta["settings"]["phase"] = [64, 20]
     json.dump(meta, open(meta_path, "w"))
@@ -84,8 +91,12 @@ def test_meta_json_claims_are_checked_against_the_arrays(corpus_file, tmp_path):
     with pytest.raises(pipeline.DataError) as error:
         train.train_and_evaluate(config, str(tmp_path / "run"), devices=jax.devices()[:1])
     message = str(error.value)
-    assert "\n" not in message and "masked_lm_positions.npy holds uint8 rows of shape (10,), " \
-        "not the uint8 rows of shape (20,)" in message, message
+    assert (
+        "\n" not in message
+        and "masked_lm_positions.npy holds uint8 rows of shape (10,), "
+        "not the uint8 rows of shape (20,)"
+        in message
+    ), message
     assert f"prepare it again (python -m bertjax.prepare --output={output})" in message
 
 
@@ -108,15 +119,19 @@ def test_every_row_read_is_checked_against_its_hash_from_loading(tmp_path):
     with open(path, "rb") as f:
         content = f.read()
     record = {"rows": 8, "bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
-    loaded = shard_reader.load(path, record, "input_ids", np.dtype(np.uint16), (16,), (0, 1),
-                               "delete it")
+    loaded = shard_reader.load(
+        path, record, "input_ids", np.dtype(np.uint16), (16,), (0, 1), "delete it"
+    )
     np.testing.assert_array_equal(loaded[[5, 2]], rows[[5, 2]])
     on_disk = np.load(path, mmap_mode="r+")
     on_disk[[2, 6], 3] ^= 1
     on_disk.flush()
     np.testing.assert_array_equal(loaded[[0, 5]], rows[[0, 5]])
-    with pytest.raises(DataError, match=r"input_ids.npy changed while in use \(row 6 differs "
-                       r"from what was loaded and checked\).*: delete it$"):
+    with pytest.raises(
+        DataError,
+        match=r"input_ids.npy changed while in use \(row 6 differs "
+        r"from what was loaded and checked\).*: delete it$",
+    ):
         loaded[[5, 6, 2]]
     shorten(path)
     with pytest.raises(DataError, match=r"was shortened while in use"):

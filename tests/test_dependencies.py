@@ -2,6 +2,7 @@
 or `tests/` (lazy imports included) belongs to a distribution named in setup.py, in
 `install_requires` or an extra, and the jax family is pinned to one tested release (read from
 the installed package's metadata, i.e. setup.py as pip saw it)."""
+
 from __future__ import annotations
 
 import ast
@@ -15,8 +16,11 @@ from packaging.requirements import Requirement
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Import names whose distribution is named otherwise, for modules not installed in every
 # environment (packages_distributions() knows only the installed ones).
-NOT_ALWAYS_INSTALLED = {"apache_beam": "apache-beam", "tensorflow": "tensorflow-cpu",
-                        "gcp_storage_emulator": "gcp-storage-emulator"}
+NOT_ALWAYS_INSTALLED = {
+    "apache_beam": "apache-beam",
+    "tensorflow": "tensorflow-cpu",
+    "gcp_storage_emulator": "gcp-storage-emulator",
+}
 
 
 def _canonical(name: str) -> str:
@@ -32,8 +36,9 @@ def _declared() -> dict[str, Requirement]:
 
 
 def _third_party_imports(folder: str) -> set[str]:
-    local = {name[:-3] for name in os.listdir(os.path.join(REPO_ROOT, "tests"))
-             if name.endswith(".py")}
+    local = {
+        name[:-3] for name in os.listdir(os.path.join(REPO_ROOT, "tests")) if name.endswith(".py")
+    }
     found = set()
     for root, _, names in os.walk(os.path.join(REPO_ROOT, folder)):
         for name in (n for n in names if n.endswith(".py")):
@@ -62,6 +67,7 @@ def test_sentencepiece_model_proto_dependency_is_declared():
     """sentencepiece's generated model proto (read by bertjax.data.tokenization) imports
     protobuf, which sentencepiece itself does not declare."""
     from sentencepiece import sentencepiece_model_pb2
+
     assert sentencepiece_model_pb2.ModelProto.__module__.endswith("pb2")
     assert "protobuf" in _declared()
 

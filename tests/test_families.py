@@ -2,6 +2,7 @@
 (an AST count, 0), and a third family defined in tests/ (`toy_family`: BERT without NSP under
 another name) registers through the interface and then pretrains, resumes, fine-tunes and
 extracts features with no edit to shared code."""
+
 import ast
 import dataclasses
 import os
@@ -28,8 +29,14 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "bertjax"
 REPO_ROOT = PACKAGE.parent
 # The family modules: the interface, each family's package and its interop (BERT's Hugging Face
 # and TF forms, ModernBERT's Hugging Face form). Only these may name a family.
-FAMILY_MODULES = ("models/families.py", "models/bert/", "models/modernbert/", "interop/hf.py",
-                  "interop/tf.py", "interop/hf_modernbert.py")
+FAMILY_MODULES = (
+    "models/families.py",
+    "models/bert/",
+    "models/modernbert/",
+    "interop/hf.py",
+    "interop/tf.py",
+    "interop/hf_modernbert.py",
+)
 FAMILY_NAMES = ("bert", "modernbert")
 
 
@@ -38,18 +45,26 @@ def family_branches(tree: ast.AST) -> list[int]:
     family's name, `is_modernbert`, or an `if`/ternary on a `modern` flag."""
     found = set()
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance"
-                and len(node.args) == 2 and "Bert" in ast.unparse(node.args[1])):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", "") == "isinstance"
+            and len(node.args) == 2
+            and "Bert" in ast.unparse(node.args[1])
+        ):
             found.add(node.lineno)
         elif isinstance(node, ast.Compare) and any(
-                isinstance(side, ast.Constant) and side.value in FAMILY_NAMES
-                for side in [node.left, *node.comparators]):
+            isinstance(side, ast.Constant) and side.value in FAMILY_NAMES
+            for side in [node.left, *node.comparators]
+        ):
             found.add(node.lineno)
         elif isinstance(node, (ast.Name, ast.Attribute)) and "is_modernbert" in (
-                getattr(node, "id", None), getattr(node, "attr", None)):
+            getattr(node, "id", None),
+            getattr(node, "attr", None),
+        ):
             found.add(node.lineno)
         elif isinstance(node, (ast.If, ast.IfExp)) and any(
-                isinstance(name, ast.Name) and name.id == "modern" for name in ast.walk(node.test)):
+            isinstance(name, ast.Name) and name.id == "modern" for name in ast.walk(node.test)
+        ):
             found.add(node.lineno)
     return sorted(found)
 
@@ -69,14 +84,17 @@ def test_shared_code_never_branches_on_the_family():
     assert branches_outside_the_family_modules() == {}
 
 
-@pytest.mark.parametrize("source", [
-    "if isinstance(config, ModernBertConfig):\n    pass",
-    "x = a if isinstance(model, (BertModel, y)) else b",
-    "if families.family(model) == 'modernbert':\n    pass",
-    "ok = 'bert' != name",
-    "modern = families.is_modernbert(config)",
-    "save = one if modern else other",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "if isinstance(config, ModernBertConfig):\n    pass",
+        "x = a if isinstance(model, (BertModel, y)) else b",
+        "if families.family(model) == 'modernbert':\n    pass",
+        "ok = 'bert' != name",
+        "modern = families.is_modernbert(config)",
+        "save = one if modern else other",
+    ],
+)
 def test_the_branch_count_catches_planted_branches(source):
     assert family_branches(ast.parse(source)) == [1]
 
@@ -90,8 +108,10 @@ def test_families_are_found_by_name_config_and_transformers_type():
     assert families.by_hf_type("roberta").name == "bert"  # (its reader names the problem)
     with pytest.raises(TypeError, match="no registered family"):
         families.of(object())
-    with pytest.raises(ConfigError, match="model family 'toy' is not one of 'bert', "
-                                          "'modernbert': a family must be registered"):
+    with pytest.raises(
+        ConfigError,
+        match="model family 'toy' is not one of 'bert', 'modernbert': a family must be registered",
+    ):
         families.from_record({**dataclasses.asdict(BertConfig()), "family": "toy"})
     assert families.as_record(ModernBertConfig())["family"] == "modernbert"
     assert "family" not in families.as_record(BertConfig())  # (BERT's records as before)
@@ -111,8 +131,9 @@ def test_a_registered_family_is_known_to_the_config_checks(toy):
     assert families.of(toy_family.ToyConfig()) is toy  # (not BERT's, its base class)
     config = families.model_config({**dataclasses.asdict(BertConfig()), "family": "toy"})
     assert isinstance(config, toy_family.ToyConfig)
-    with pytest.raises(ValueError, match="model.family='gpt' is not one of 'bert', "
-                                         "'modernbert', 'toy'"):
+    with pytest.raises(
+        ValueError, match="model.family='gpt' is not one of 'bert', 'modernbert', 'toy'"
+    ):
         families.check({"family": "gpt"})
 
 
@@ -122,17 +143,28 @@ def sst2(root: pathlib.Path) -> None:
     sentiment = (["bad", "dull", "awful"], ["good", "great", "fun"])
     os.makedirs(root / "SST-2")
     for split, count in (("train", 64), ("dev", 16)):
-        rows = [f"{' '.join(rng.sample(words, 3))} {rng.choice(sentiment[i % 2])} .\t{i % 2}"
-                for i in range(count)]
+        rows = [
+            f"{' '.join(rng.sample(words, 3))} {rng.choice(sentiment[i % 2])} .\t{i % 2}"
+            for i in range(count)
+        ]
         (root / "SST-2" / f"{split}.tsv").write_text("\n".join(["sentence\tlabel"] + rows) + "\n")
 
 
 @pytest.mark.slow  # (about a minute on 2 cores)
 def test_a_family_defined_in_tests_pretrains_resumes_fine_tunes_and_extracts_features(
-        toy, corpus_file, cache_dir, tmp_path, capsys):
-    config = tiny_config(corpus_file, cache_dir, **{
-        "train.total_steps": 4, "train.checkpoint_every": 2, "long_phase.fraction": 0.0,
-        "train.next_sentence_prediction": False, "train.stop_after_steps": 2})
+    toy, corpus_file, cache_dir, tmp_path, capsys
+):
+    config = tiny_config(
+        corpus_file,
+        cache_dir,
+        **{
+            "train.total_steps": 4,
+            "train.checkpoint_every": 2,
+            "long_phase.fraction": 0.0,
+            "train.next_sentence_prediction": False,
+            "train.stop_after_steps": 2,
+        },
+    )
     config.model.family = "toy"
     workdir = tmp_path / "pretrain"
     one_device = jax.devices()[:1]
@@ -144,8 +176,9 @@ def test_a_family_defined_in_tests_pretrains_resumes_fine_tunes_and_extracts_fea
     assert "nsp_loss" not in final and np.isfinite(final["mlm_loss"])
     assert [m["step"] for m in read_metrics(workdir)] == [1, 2, 3, 4]
     meta = checkpoint.read_meta(str(workdir / "checkpoints"))
-    assert meta["model"]["family"] == "toy" and "seq_relationship" not in \
-        checkpoint.stored_params(str(workdir / "checkpoints"))
+    assert meta["model"]["family"] == "toy" and "seq_relationship" not in checkpoint.stored_params(
+        str(workdir / "checkpoints")
+    )
     # Its own checks run: no NSP head.
     config.train.next_sentence_prediction = True
     with pytest.raises(ConfigError, match="model.family='toy' has no next-sentence head"):
@@ -154,29 +187,40 @@ def test_a_family_defined_in_tests_pretrains_resumes_fine_tunes_and_extracts_fea
     # Fine-tunes on SST-2 from the toy checkpoint (its encoder, a new BERT output layer).
     sst2(tmp_path)
     tune = runpy.run_path(str(REPO_ROOT / "configs" / "finetune" / "glue.py"))["get_config"]()
-    tune.update(task="sst2", init_checkpoint=str(workdir), data_dir=str(tmp_path),
-                max_seq_length=16, train_batch_size=16, eval_batch_size=8, num_train_epochs=1.0,
-                learning_rate=1e-3)
+    tune.update(
+        task="sst2",
+        init_checkpoint=str(workdir),
+        data_dir=str(tmp_path),
+        max_seq_length=16,
+        train_batch_size=16,
+        eval_batch_size=8,
+        num_train_epochs=1.0,
+        learning_rate=1e-3,
+    )
     summary = finetune.run(tune, str(tmp_path / "sst2"), devices=one_device)
     assert summary["seeds"][0]["dev"]["dev"]["accuracy"] >= 0.0
-    seed_meta = checkpoint.read_meta(str(next((tmp_path / "sst2" / "seed_1").glob(
-        "**/checkpoints"))))
+    seed_meta = checkpoint.read_meta(
+        str(next((tmp_path / "sst2" / "seed_1").glob("**/checkpoints")))
+    )
     assert seed_meta["bert_config"]["family"] == "toy"
 
     # Extracts features: its encoder with the checkpoint's parameters.
-    source = pretrained.Source(init_checkpoint=str(workdir), hidden_dropout_prob=0.0,
-                               attention_probs_dropout_prob=0.0)
+    source = pretrained.Source(
+        init_checkpoint=str(workdir), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
     model, params, tokenizer = pretrained.load_encoder(source)
     assert isinstance(model.config, toy_family.ToyConfig)
-    records = list(extract_features.extract(model, params, tokenizer, [("the film was good .",
-                                                                         None)], [-1], 16, 2))
-    ids = np.array([tokenizer.convert_tokens_to_ids(
-        [f["token"] for f in records[0]["features"]])])
+    records = list(
+        extract_features.extract(
+            model, params, tokenizer, [("the film was good .", None)], [-1], 16, 2
+        )
+    )
+    ids = np.array([tokenizer.convert_tokens_to_ids([f["token"] for f in records[0]["features"]])])
     sequence, _ = model.apply({"params": params}, ids, ids * 0, ids * 0 + 1)
-    np.testing.assert_allclose(records[0]["features"][0]["layers"][0]["values"], sequence[0, 0],
-                               atol=2e-6)
+    np.testing.assert_allclose(
+        records[0]["features"][0]["layers"][0]["values"], sequence[0, 0], atol=2e-6
+    )
 
     # No transformers class: an export to Hugging Face is refused in one line.
     assert convert.main([str(workdir), str(tmp_path / "hf"), "--to=hf"]) == 1
-    assert re.search(r"holds a Toy model, which has no transformers class",
-                     capsys.readouterr().err)
+    assert re.search(r"holds a Toy model, which has no transformers class", capsys.readouterr().err)

@@ -2,6 +2,7 @@
 at a random step and during an async checkpoint write, and the loss of one process of a
 two-process job. Every resumed run's per-step losses must equal, bit for bit, those of one
 uninterrupted reference run (shared by the tests of this module)."""
+
 import contextlib
 import os
 import queue
@@ -26,20 +27,34 @@ CHECKPOINT_EVERY = 4  # test_train's tiny config
 PREEMPTED = CHECKPOINT_EVERY  # the step that SIGTERM saves at
 SEED_VARIABLE = "BERTJAX_TEST_SEED"
 # Compiled programs are shared between the runs through JAX's persistent cache.
-COMPILE_CACHE = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                 "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+COMPILE_CACHE = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
 
 
 def command_line(corpus_file: str, cache_dir: str, workdir: str, **overrides) -> list[str]:
     """`python -m bertjax.train` with test_train's tiny config, as command-line overrides."""
-    config = tiny_config(corpus_file, cache_dir, **{"train.total_steps": TOTAL_STEPS,
-                                                    "train.keep_checkpoints": 3, **overrides})
+    config = tiny_config(
+        corpus_file,
+        cache_dir,
+        **{"train.total_steps": TOTAL_STEPS, "train.keep_checkpoints": 3, **overrides},
+    )
     defaults = base_config()
-    flags = [f"--config.{section}.{field}={value}"
-             for section in config for field, value in config[section].items()
-             if value != defaults[section][field]]
-    return [sys.executable, "-m", "bertjax.train", "--config=configs/base.py",
-            f"--workdir={workdir}", *flags]
+    flags = [
+        f"--config.{section}.{field}={value}"
+        for section in config
+        for field, value in config[section].items()
+        if value != defaults[section][field]
+    ]
+    return [
+        sys.executable,
+        "-m",
+        "bertjax.train",
+        "--config=configs/base.py",
+        f"--workdir={workdir}",
+        *flags,
+    ]
 
 
 class Trainer:
@@ -47,11 +62,23 @@ class Trainer:
     `pause`: where it pauses (tests/injected_faults.py), e.g. `step:N` or `save`."""
 
     def __init__(self, args: list[str], pause: str | None = None, extra_env: dict | None = None):
-        env = {**{k: v for k, v in os.environ.items() if k != injected_faults.VARIABLE},
-               "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-               **COMPILE_CACHE, **(extra_env or {}), **injected_faults.pausing(pause, REPO_ROOT)}
-        self.proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        env = {
+            **{k: v for k, v in os.environ.items() if k != injected_faults.VARIABLE},
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+            **COMPILE_CACHE,
+            **(extra_env or {}),
+            **injected_faults.pausing(pause, REPO_ROOT),
+        }
+        self.proc = subprocess.Popen(
+            args,
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.lines: list[str] = []
         self._queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -70,8 +97,9 @@ class Trainer:
                 line = self._queue.get(timeout=1)
             except queue.Empty:
                 continue
-            assert line is not None, \
+            assert line is not None, (
                 f"exited ({self.proc.wait()}) before printing {pattern!r}:\n{self.output()}"
+            )
             if match := re.search(pattern, line):
                 return match
         raise AssertionError(f"no {pattern!r} within {timeout} s:\n{self.output()}")
@@ -197,8 +225,10 @@ def test_sigterm_and_kill_9_anywhere_resume_exactly(corpus_file, cache_dir, refe
     newest finished checkpoint, and every loss any of them logged equals the uninterrupted
     run's."""
     rng = seeded_rng()
-    kill_steps = [rng.randint(PREEMPTED + 1, SHORT_STEPS),  # short phase, then long
-                  rng.randint(SHORT_STEPS + 1, TOTAL_STEPS)]
+    kill_steps = [
+        rng.randint(PREEMPTED + 1, SHORT_STEPS),  # short phase, then long
+        rng.randint(SHORT_STEPS + 1, TOTAL_STEPS),
+    ]
     args = command_line(corpus_file, cache_dir, str(tmp_path))
     directory = tmp_path / "checkpoints"
 
@@ -216,12 +246,15 @@ def test_sigterm_and_kill_9_anywhere_resume_exactly(corpus_file, cache_dir, refe
     saved = re.search(r"Preemption notice: saving a checkpoint at step (\d+)", trainer.output())
     assert saved and int(saved.group(1)) == int(agreed.group(1)) == PREEMPTED, trainer.output()
     ours = [line for line in trainer.lines if not re.match(r"[IWEF]\d{4} ", line)]  # (C++'s)
-    assert ours[-1] == (f"Stopped at step {PREEMPTED} of {TOTAL_STEPS} (preemption notice, "
-                        "SIGTERM): checkpoint saved; rerun the same command to continue\n"), \
-        trainer.output()
+    assert ours[-1] == (
+        f"Stopped at step {PREEMPTED} of {TOTAL_STEPS} (preemption notice, "
+        "SIGTERM): checkpoint saved; rerun the same command to continue\n"
+    ), trainer.output()
     assert finished(directory) == [PREEMPTED] and read_metrics(tmp_path)[-1]["step"] == PREEMPTED
-    print(f"SIGTERM after step {PREEMPTED - 1}: checkpoint at step {PREEMPTED}, exit 143 "
-          f"{seconds:.2f} s after going on")
+    print(
+        f"SIGTERM after step {PREEMPTED - 1}: checkpoint at step {PREEMPTED}, exit 143 "
+        f"{seconds:.2f} s after going on"
+    )
 
     trainer = Trainer(args, pause="save")  # pauses its first write (step 8) before the rename
     trainer.wait_for_pause()
@@ -229,8 +262,11 @@ def test_sigterm_and_kill_9_anywhere_resume_exactly(corpus_file, cache_dir, refe
     trainer.proc.kill()
     assert trainer.finish() == -signal.SIGKILL
     assert resumed_step(trainer.output()) == PREEMPTED and finished(directory) == [PREEMPTED]
-    assert len(left) == 1 and left[0].startswith(f"{2 * CHECKPOINT_EVERY}.") \
-        and unfinished(directory) == left, left
+    assert (
+        len(left) == 1
+        and left[0].startswith(f"{2 * CHECKPOINT_EVERY}.")
+        and unfinished(directory) == left
+    ), left
     print(f"kill -9 while writing {left[0]}: left {sorted(os.listdir(directory))}")
 
     for step in kill_steps:
@@ -242,8 +278,9 @@ def test_sigterm_and_kill_9_anywhere_resume_exactly(corpus_file, cache_dir, refe
         assert resumed_step(trainer.output()) == newest  # the half-written one skipped
         assert not unfinished(directory)  # and removed
         assert read_metrics(tmp_path)[-1]["step"] == step
-        assert finished(directory)[-1] == max(s for s in range(0, step + 1, CHECKPOINT_EVERY)
-                                              if s < TOTAL_STEPS)
+        assert finished(directory)[-1] == max(
+            s for s in range(0, step + 1, CHECKPOINT_EVERY) if s < TOTAL_STEPS
+        )
         print(f"kill -9 after step {step}: left {sorted(os.listdir(directory))}")
 
     newest = finished(directory)[-1]
@@ -254,7 +291,8 @@ def test_sigterm_and_kill_9_anywhere_resume_exactly(corpus_file, cache_dir, refe
 
 
 def test_a_read_only_checkpoint_directory_stops_the_run_at_its_first_save(
-        corpus_file, cache_dir, reference, tmp_path):
+    corpus_file, cache_dir, reference, tmp_path
+):
     """With the checkpoint directory read-only, the first save (step 4) fails: the run stops
     at the next save, which meets the background writer's error, with one clear error naming
     step 4's directory, and nothing is left in the directory."""
@@ -264,16 +302,20 @@ def test_a_read_only_checkpoint_directory_stops_the_run_at_its_first_save(
         trainer = Trainer(command_line(corpus_file, cache_dir, str(tmp_path)))
         assert trainer.finish(timeout=120) == 1, trainer.output()
     errors = [line for line in trainer.lines if line.startswith("error: ")]
-    assert len(errors) == 1 and f"saving checkpoint step 4 in {directory} failed" in errors[0] \
-        and f"{directory}/{CHECKPOINT_EVERY}.orbax-checkpoint-tmp" in errors[0], trainer.output()
+    assert (
+        len(errors) == 1
+        and f"saving checkpoint step 4 in {directory} failed" in errors[0]
+        and f"{directory}/{CHECKPOINT_EVERY}.orbax-checkpoint-tmp" in errors[0]
+    ), trainer.output()
     assert os.listdir(directory) == []
     assert read_metrics(tmp_path)[-1]["step"] <= 2 * CHECKPOINT_EVERY
     assert_console_in_log(trainer.output(None), tmp_path / "log.txt")  # the error line too
     print(f"\nread-only checkpoints: {errors[0].strip()}")
 
 
-def test_a_second_run_in_the_workdir_is_refused_and_ctrl_c_saves(corpus_file, cache_dir,
-                                                                   reference, tmp_path):
+def test_a_second_run_in_the_workdir_is_refused_and_ctrl_c_saves(
+    corpus_file, cache_dir, reference, tmp_path
+):
     """While a run trains (paused after its first step, so that it cannot finish first), a
     second one in the same workdir exits at once with one line naming it (pid, host). Ctrl-C
     then makes the first save at the end of its next step (2) and exit 130 (as a shell
@@ -285,16 +327,19 @@ def test_a_second_run_in_the_workdir_is_refused_and_ctrl_c_saves(corpus_file, ca
     second = Trainer(args)
     assert second.finish(timeout=120) == 1, second.output()
     errors = [line for line in second.lines if line.startswith("error: ")]
-    assert len(errors) == 1 and f"is in use by pid {first.proc.pid} on host" in errors[0], \
+    assert len(errors) == 1 and f"is in use by pid {first.proc.pid} on host" in errors[0], (
         second.output()
+    )
     print(f"\nsecond run: {errors[0].strip()}")
     first.proc.send_signal(signal.SIGINT)
     first.wait_for("Ctrl-C: saving a checkpoint at the end of this step")  # handled
     first.release()
     assert first.finish(timeout=60) == 130, first.output()
     assert "Ctrl-C: saving a checkpoint at step 2 and exiting" in first.output(), first.output()
-    stopped = (f"Stopped at step 2 of {TOTAL_STEPS} (Ctrl-C): checkpoint saved; rerun the same "
-               "command to continue")
+    stopped = (
+        f"Stopped at step 2 of {TOTAL_STEPS} (Ctrl-C): checkpoint saved; rerun the same "
+        "command to continue"
+    )
     assert first.lines[-1] == stopped + "\n", first.output()
     assert "Done in" not in first.output(None) and "Ran for " in first.output(None)
     assert_console_in_log(first.output(None), tmp_path / "log.txt")
@@ -309,28 +354,40 @@ def test_ctrl_c_before_the_first_step_is_one_line_and_exit_130(corpus_file, cach
     """Ctrl-C outside the training steps (here: data prepared, state built, no step run)
     ends the run with status 130 and one line saying nothing was saved: no traceback, no
     checkpoint."""
-    trainer = Trainer(command_line(corpus_file, cache_dir, str(tmp_path)), pause="start",
-                      extra_env={"BERTJAX_STOP_SECONDS": "30"})  # (once, in CI's whole suite,
+    trainer = Trainer(
+        command_line(corpus_file, cache_dir, str(tmp_path)),
+        pause="start",
+        extra_env={"BERTJAX_STOP_SECONDS": "30"},
+    )  # (once, in CI's whole suite,
     assert trainer.wait_for_pause() == "the start of training"  # it ran past 60 s: where?)
     trainer.proc.send_signal(signal.SIGINT)
     assert trainer.finish(timeout=120) == 130, trainer.output()
     errors = [line.strip() for line in trainer.lines if line.startswith("error: ")]
-    assert errors == ["error: interrupted (Ctrl-C) outside the training steps; nothing to save "
-                      "(rerun to resume from the last checkpoint)"], trainer.output()
+    assert errors == [
+        "error: interrupted (Ctrl-C) outside the training steps; nothing to save "
+        "(rerun to resume from the last checkpoint)"
+    ], trainer.output()
     assert "Traceback" not in trainer.output(None)
     assert finished(tmp_path / "checkpoints") == []
 
 
 def test_a_second_ctrl_c_exits_at_once():
     """The second SIGINT ends the process (130) at once, not after its 600 s sleep."""
-    script = ("import os, signal, time\nfrom bertjax.runtime import failures, stopping\n"
-              "stopping.watch()\nwith failures.CtrlC(forward_as_sigterm=False) as ctrl_c:\n"
-              "    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(0.1)\n"
-              "    print('requested', ctrl_c.requested, time.time(), flush=True)\n"
-              "    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(600)\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
-                            timeout=300)
+    script = (
+        "import os, signal, time\nfrom bertjax.runtime import failures, stopping\n"
+        "stopping.watch()\nwith failures.CtrlC(forward_as_sigterm=False) as ctrl_c:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(0.1)\n"
+        "    print('requested', ctrl_c.requested, time.time(), flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(600)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT},
+        timeout=300,
+    )
     sent = re.search(r"requested True ([\d.]+)", result.stdout)
     seconds = time.time() - float(sent.group(1))  # since the second SIGINT
     assert result.returncode == 130 and seconds < 60, (result.returncode, seconds)
@@ -344,27 +401,38 @@ def on_a_small_filesystem(args: list[str], directory, kib: int, then: str = "") 
     if not shutil.which("unshare"):
         pytest.skip("no unshare(1) to mount a small file system")
     namespace = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
-    probe = subprocess.run(namespace + ["sh", "-c", f"mount -t tmpfs tmpfs {directory}"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        namespace + ["sh", "-c", f"mount -t tmpfs tmpfs {directory}"],
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode:
         pytest.skip(f"cannot mount a small tmpfs here: {probe.stderr.strip()}")
-    return namespace + ["sh", "-c", f'mount -t tmpfs -o size={kib}k tmpfs {directory} && '
-                        f'"$@"; code=$?; {then or ":"}; exit $code', "sh", *args]
+    return namespace + [
+        "sh",
+        "-c",
+        f"mount -t tmpfs -o size={kib}k tmpfs {directory} && "
+        f'"$@"; code=$?; {then or ":"}; exit $code',
+        "sh",
+        *args,
+    ]
 
 
-def assert_one_full_disk_line(trainer: Trainer, directory, failed: int, kept: int,
-                              workdir) -> str:
+def assert_one_full_disk_line(trainer: Trainer, directory, failed: int, kept: int, workdir) -> str:
     """The one `error:` line of a run whose save of step `failed` in `directory` met a full
     disk: the file, the cause, checkpoint `kept` kept, `workdir`'s log file (which holds
     Orbax's tracebacks; none on the console), and no announcement of step `failed`."""
     output = trainer.output(None)
     errors = [line for line in trainer.lines if line.startswith("error")]
     assert len(errors) == 1 and "Traceback" not in output, output
-    assert re.match(rf"error: saving checkpoint step {failed} in {directory} failed: No space "
-                    rf"left on device: {directory}/{failed}.orbax-checkpoint-tmp/\S+ \(free some "
-                    r"space, then rerun the same command to resume\); kept: the finished "
-                    rf"checkpoint\(s\) {kept}, a rerun resumes from step {kept} \(the full log: "
-                    rf"{workdir}/log.txt\)$", errors[0]), errors[0]
+    assert re.match(
+        rf"error: saving checkpoint step {failed} in {directory} failed: No space "
+        rf"left on device: {directory}/{failed}.orbax-checkpoint-tmp/\S+ \(free some "
+        r"space, then rerun the same command to resume\); kept: the finished "
+        rf"checkpoint\(s\) {kept}, a rerun resumes from step {kept} \(the full log: "
+        rf"{workdir}/log.txt\)$",
+        errors[0],
+    ), errors[0]
     assert f"checkpoint step {failed} ->" not in output
     log = (workdir / "log.txt").read_text()
     assert "No space left on device" in log and "Traceback" in log
@@ -372,8 +440,9 @@ def assert_one_full_disk_line(trainer: Trainer, directory, failed: int, kept: in
 
 
 @pytest.mark.slow  # (two runs: about 40 s)
-def test_a_full_disk_is_one_line_and_the_rerun_resumes_exactly(corpus_file, cache_dir, reference,
-                                                               tmp_path):
+def test_a_full_disk_is_one_line_and_the_rerun_resumes_exactly(
+    corpus_file, cache_dir, reference, tmp_path
+):
     """Checkpoints on a file system with room for one (a 1000 KiB tmpfs; one takes about
     720 KiB): the save at step 8 fails. The run says so in one line (the file, "No space left
     on device", the checkpoint kept), with Orbax's errors and tracebacks in WORKDIR/log.txt
@@ -386,8 +455,10 @@ def test_a_full_disk_is_one_line_and_the_rerun_resumes_exactly(corpus_file, cach
     assert trainer.finish() == 1, trainer.output()
     error = assert_one_full_disk_line(trainer, directory, 8, 4, tmp_path)
     assert "checkpoint step 4 ->" in trainer.output(None)
-    print(f"\n{error.strip()}\n({len(trainer.lines)} lines printed, "
-          f"{len((tmp_path / 'log.txt').read_text().splitlines())} in the log)")
+    print(
+        f"\n{error.strip()}\n({len(trainer.lines)} lines printed, "
+        f"{len((tmp_path / 'log.txt').read_text().splitlines())} in the log)"
+    )
 
     shutil.rmtree(directory)
     shutil.copytree(kept, directory)
@@ -401,12 +472,18 @@ def test_a_full_disk_is_one_line_and_the_rerun_resumes_exactly(corpus_file, cach
 
 
 FULL_CACHE = {  # the cache's size in KiB, and what no longer fits there
-    "shard": (600, r"{cache}/short_64_\w+\.tmp\d+/train/shard_00000/\w+\.npy .*; preparing the "
-                   r"data of phase short stopped and its unfinished files were removed; kept: the "
-                   r"tokenizer and the data prepared before \(in {cache}\)$"),
-    "tokenizer": (100, r"{cache}/sentencepiece_\w+\.tmp\d+\.model .*; the unfinished "
-                       r"SentencePiece model was removed; kept: the data prepared before "
-                       r"\(in {cache}\)$"),
+    "shard": (
+        600,
+        r"{cache}/short_64_\w+\.tmp\d+/train/shard_00000/\w+\.npy .*; preparing the "
+        r"data of phase short stopped and its unfinished files were removed; kept: the "
+        r"tokenizer and the data prepared before \(in {cache}\)$",
+    ),
+    "tokenizer": (
+        100,
+        r"{cache}/sentencepiece_\w+\.tmp\d+\.model .*; the unfinished "
+        r"SentencePiece model was removed; kept: the data prepared before "
+        r"\(in {cache}\)$",
+    ),
 }
 
 
@@ -423,9 +500,10 @@ def test_a_full_disk_while_preparing_data_is_one_line(what, corpus_file, tmp_pat
     assert trainer.finish() == 1, trainer.output()
     errors = [line for line in trainer.lines if line.startswith("error")]
     assert len(errors) == 1 and "Traceback" not in trainer.output(None), trainer.output()
-    assert re.match(r"error: No space left on device: " + message.format(cache=cache), errors[0]), \
+    assert re.match(r"error: No space left on device: " + message.format(cache=cache), errors[0]), (
         errors[0]
-    listing = [name.strip() for name in trainer.lines[trainer.lines.index(errors[0]) + 1:]]
+    )
+    listing = [name.strip() for name in trainer.lines[trainer.lines.index(errors[0]) + 1 :]]
     assert not any(".tmp" in name for name in listing), listing
     assert any(name.endswith(".model") for name in listing) == (what == "shard"), listing
     assert not workdir.exists()

@@ -2,6 +2,7 @@
 num_train_epochs)` (run_classifier.py, run_squad.py), SQuAD counting questions rather than
 their document windows; the loop takes exactly that many steps over a repeated, shuffled
 training set and evaluates where each pass over it ends."""
+
 import json
 import os
 import runpy
@@ -25,14 +26,18 @@ def tokenizer(tmp_path_factory):
 
 
 def steps(num_examples: int, batch: int = 32, epochs: float = 3.0) -> int:
-    config = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "configs", "finetune",
-                                         "glue.py"))["get_config"]().to_dict()
-    return FinetuneSettings.of({**config, "train_batch_size": batch,
-                                "num_train_epochs": epochs}).train_steps(num_examples)
+    config = runpy.run_path(
+        os.path.join(os.path.dirname(__file__), "..", "configs", "finetune", "glue.py")
+    )["get_config"]().to_dict()
+    return FinetuneSettings.of(
+        {**config, "train_batch_size": batch, "num_train_epochs": epochs}
+    ).train_steps(num_examples)
 
 
-@pytest.mark.parametrize("task, examples, original, dropped_remainder", [
-    ("mrpc", 3668, 343, 342), ("mnli", 392702, 36815, 36813), ("sst2", 67349, 6313, 6312)])
+@pytest.mark.parametrize(
+    "task, examples, original, dropped_remainder",
+    [("mrpc", 3668, 343, 342), ("mnli", 392702, 36815, 36813), ("sst2", 67349, 6313, 6312)],
+)
 def test_glue_step_counts_are_run_classifiers(task, examples, original, dropped_remainder):
     """The GLUE training-set sizes: run_classifier's count, not (n // batch) * epochs."""
     assert steps(examples) == original == int(examples / 32 * 3.0)
@@ -46,21 +51,45 @@ def test_each_task_counts_its_examples(tokenizer, tmp_path):
     header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
     os.makedirs(tmp_path / "MRPC")
     (tmp_path / "MRPC" / "train.tsv").write_text(
-        "\n".join([header] + [f"{i % 2}\t1\t2\ta b\tc d" for i in range(110)]) + "\n")
-    (tmp_path / "train.txt").write_text("".join(
-        "john NNP B-NP B-PER\nwas VBD B-VP O\n. . O O\n\n" for _ in range(50)))
+        "\n".join([header] + [f"{i % 2}\t1\t2\ta b\tc d" for i in range(110)]) + "\n"
+    )
+    (tmp_path / "train.txt").write_text(
+        "".join("john NNP B-NP B-PER\nwas VBD B-VP O\n. . O O\n\n" for _ in range(50))
+    )
     context = " ".join(["a b c d"] * 12) + " john was good ."
-    qas = [{"id": f"q{i}", "question": "who ?", "answers": [
-        {"text": "john", "answer_start": context.index("john")}]} for i in range(40)]
-    (tmp_path / "squad.json").write_text(json.dumps({"version": "1.1", "data": [
-        {"title": "t", "paragraphs": [{"context": context, "qas": qas}]}]}))
+    qas = [
+        {
+            "id": f"q{i}",
+            "question": "who ?",
+            "answers": [{"text": "john", "answer_start": context.index("john")}],
+        }
+        for i in range(40)
+    ]
+    (tmp_path / "squad.json").write_text(
+        json.dumps(
+            {
+                "version": "1.1",
+                "data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas}]}],
+            }
+        )
+    )
     options = dict(data_dir=str(tmp_path), max_seq_length=24)
-    tasks = {"glue": (glue.GlueFinetune(features.TaskOptions(task="mrpc", **options), tokenizer),
-                      110),
-             "ner": (ner.NerFinetune(features.TaskOptions(**options), tokenizer), 50),
-             "squad": (squad_predict.SquadFinetune(features.TaskOptions(
-                 train_file=str(tmp_path / "squad.json"), doc_stride=8, max_query_length=8,
-                 **options), tokenizer), 40)}
+    tasks = {
+        "glue": (glue.GlueFinetune(features.TaskOptions(task="mrpc", **options), tokenizer), 110),
+        "ner": (ner.NerFinetune(features.TaskOptions(**options), tokenizer), 50),
+        "squad": (
+            squad_predict.SquadFinetune(
+                features.TaskOptions(
+                    train_file=str(tmp_path / "squad.json"),
+                    doc_stride=8,
+                    max_query_length=8,
+                    **options,
+                ),
+                tokenizer,
+            ),
+            40,
+        ),
+    }
     for kind, (task, examples) in tasks.items():
         train = task.load("train")
         assert task.num_train_examples(train) == examples, kind
@@ -79,15 +108,17 @@ def test_the_loop_takes_every_step_and_evaluates_at_each_pass_end():
     batches = finetune_loop.shuffled_batches(np.random.default_rng(0), 110, 32)
     stream = np.concatenate([next(batches) for _ in range(10)])
     for start in (0, 110):
-        assert sorted(stream[start:start + 110]) == list(range(110))
+        assert sorted(stream[start : start + 110]) == list(range(110))
     assert len(set(stream[220:])) == 100  # the third pass, 100 of its 110 rows
 
 
 def test_a_resume_keeps_the_rows_up_to_its_step_and_drops_damaged_ones(tmp_path, caplog):
     """metrics.jsonl with a row cut short (before: a JSONDecodeError traceback at the resume)."""
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "lo\n{"step": 3, "loss": 0.5}\n'
-                    '{"step": 4, "loss": 0.4}\n')
+    path.write_text(
+        '{"step": 1, "loss": 1.0}\n{"step": 2, "lo\n{"step": 3, "loss": 0.5}\n'
+        '{"step": 4, "loss": 0.4}\n'
+    )
     finetune_loop._keep_rows_up_to(str(path), 3)
     assert path.read_text() == '{"step": 1, "loss": 1.0}\n{"step": 3, "loss": 0.5}\n'
     assert "dropped 1 damaged row(s)" in caplog.text
@@ -107,7 +138,10 @@ def test_a_missing_checkpoint_is_named_with_the_way_on(tmp_path):
     """A finished seed's best checkpoint deleted (before: "cannot be restored ... move it out
     ... and rerun to resume from the checkpoint before it", of which there is none)."""
     checkpointer = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=1)
-    with pytest.raises(checkpoint.DamagedCheckpoint, match=rf"checkpoint {tmp_path}/3 is damaged: "
-                       r"it is missing; start this fine-tuning again with --overwrite$"):
+    with pytest.raises(
+        checkpoint.DamagedCheckpoint,
+        match=rf"checkpoint {tmp_path}/3 is damaged: "
+        r"it is missing; start this fine-tuning again with --overwrite$",
+    ):
         resume.restore_exactly(checkpointer, 3, None, {})
     checkpointer.close()

@@ -3,6 +3,7 @@ interpret mode on the CPU, against the einsum path given the kernel's own mask
 (`hash_dropout`): outputs and gradients at every real token, padded and packed rows, head
 size 64; its dispatch from `attention.attend` inside a model (seeds from the dropout stream,
 per shard under a mesh); and (`aot`) libtpu's compile of it for every target slice."""
+
 import os
 
 import flax.linen as nn
@@ -33,17 +34,17 @@ def _ids(length: int, packed: bool) -> np.ndarray:
 def _inputs(length: int, dtype, heads: int = 2):
     """q, k, v, seeds and a cotangent, `[B, L, N, D]` (the model's layout, the kernel's)."""
     keys = jax.random.split(jax.random.key(0), 5)
-    q, k, v = (jax.random.normal(keys[i], (2, length, heads, HEAD_SIZE), dtype)
-               for i in range(3))
-    seeds = jax.random.randint(keys[3], (2, heads), -2**31, 2**31 - 1, jnp.int32)
+    q, k, v = (jax.random.normal(keys[i], (2, length, heads, HEAD_SIZE), dtype) for i in range(3))
+    seeds = jax.random.randint(keys[3], (2, heads), -(2**31), 2**31 - 1, jnp.int32)
     return q, k, v, seeds, jax.random.normal(keys[4], (2, length, heads, HEAD_SIZE), dtype)
 
 
 def _reference(q, k, v, ids, seeds, rate):
     """The einsum path with the kernel's mask."""
     mask = attention.Mask(jnp.asarray(ids), int(ids.max()) if ids.max() > 1 else 0)
-    return attention.einsum_attention(q, k, v, attention.mask_bias(mask),
-                                      flash_dropout.hash_dropout(seeds, rate))
+    return attention.einsum_attention(
+        q, k, v, attention.mask_bias(mask), flash_dropout.hash_dropout(seeds, rate)
+    )
 
 
 def _check_against_einsum(length: int, packed: bool, dtype, heads: int = 2):
@@ -56,6 +57,7 @@ def _check_against_einsum(length: int, packed: bool, dtype, heads: int = 2):
         def loss(q, k, v):
             out = attend(q, k, v, ids, seeds, RATE)
             return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
+
         return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
 
     def kernel(q, k, v, ids, seeds, rate):  # the kernel takes the projections' [3, B, L, N * D]
@@ -64,19 +66,29 @@ def _check_against_einsum(length: int, packed: bool, dtype, heads: int = 2):
 
     (_, got), got_grads = run(kernel)
     (_, want), want_grads = run(_reference)
-    tolerance = (dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32
-                 else dict(rtol=2e-2, atol=2e-2))  # bf16 outputs: about one unit in the last place
-    np.testing.assert_allclose(np.where(real, got.astype(np.float32), 0),
-                               np.where(real, want.astype(np.float32), 0), **tolerance)
+    tolerance = (
+        dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=2e-2, atol=2e-2)
+    )  # bf16 outputs: about one unit in the last place
+    np.testing.assert_allclose(
+        np.where(real, got.astype(np.float32), 0),
+        np.where(real, want.astype(np.float32), 0),
+        **tolerance,
+    )
     for got_grad, want_grad in zip(got_grads, want_grads):
-        np.testing.assert_allclose(got_grad.astype(np.float32), want_grad.astype(np.float32),
-                                   **tolerance)
+        np.testing.assert_allclose(
+            got_grad.astype(np.float32), want_grad.astype(np.float32), **tolerance
+        )
 
 
-@pytest.mark.parametrize("packed, dtype", [
-    (False, jnp.float32), (True, jnp.bfloat16),
-    pytest.param(False, jnp.bfloat16, marks=pytest.mark.slow),
-    pytest.param(True, jnp.float32, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "packed, dtype",
+    [
+        (False, jnp.float32),
+        (True, jnp.bfloat16),
+        pytest.param(False, jnp.bfloat16, marks=pytest.mark.slow),
+        pytest.param(True, jnp.float32, marks=pytest.mark.slow),
+    ],
+)
 def test_kernel_matches_einsum_with_the_same_mask_at_128_tokens(packed, dtype):
     _check_against_einsum(128, packed, dtype)
 
@@ -96,7 +108,7 @@ def test_kernel_matches_einsum_with_the_same_mask_at_512_tokens(packed):
 
 
 def test_the_mask_keeps_nine_in_ten_independently_per_row_and_head():
-    seeds = jax.random.randint(jax.random.key(1), (4, 4), -2**31, 2**31 - 1, jnp.int32)
+    seeds = jax.random.randint(jax.random.key(1), (4, 4), -(2**31), 2**31 - 1, jnp.int32)
     keep = np.asarray(flash_dropout.keep_mask(seeds, 256, RATE))
     # 2**20 draws: the keep rate within 4 standard deviations of 1 - round(0.1 * 2**16) / 2**16
     expected = 1 - round(RATE * 2**16) / 2**16
@@ -104,11 +116,11 @@ def test_the_mask_keeps_nine_in_ten_independently_per_row_and_head():
     # every (row, head) draws its own mask: any two agree as independent draws would (0.82)
     flat = keep.reshape(16, -1)
     agreement = (flat[:, None] == flat[None]).mean(-1)[~np.eye(16, dtype=bool)]
-    assert np.all(np.abs(agreement - (expected**2 + (1 - expected)**2)) < 0.01)
+    assert np.all(np.abs(agreement - (expected**2 + (1 - expected) ** 2)) < 0.01)
     # and within a row, neighbouring queries and keys are not alike either
     for axis in (2, 3):
         pairs = np.take(keep, range(255), axis) == np.take(keep, range(1, 256), axis)
-        assert abs(pairs.mean() - (expected**2 + (1 - expected)**2)) < 0.01
+        assert abs(pairs.mean() - (expected**2 + (1 - expected) ** 2)) < 0.01
 
 
 class _Attend(nn.Module):
@@ -122,10 +134,10 @@ class _Attend(nn.Module):
     def __call__(self, q, k, v, mask):
         if self.impl == "reference":
             seeds = flash_dropout.AttentionSeeds()(q.shape[0], q.shape[2])
-            return attention.einsum_attention(q, k, v, attention.mask_bias(mask),
-                                              flash_dropout.hash_dropout(seeds, RATE))
-        return attention.attend(self.impl, "bfloat16", q, k, v, mask, None, RATE, 0,
-                                self.spec)
+            return attention.einsum_attention(
+                q, k, v, attention.mask_bias(mask), flash_dropout.hash_dropout(seeds, RATE)
+            )
+        return attention.attend(self.impl, "bfloat16", q, k, v, mask, None, RATE, 0, self.spec)
 
 
 def _attend_in_a_layer(impl: str, mesh=None):
@@ -136,27 +148,30 @@ def _attend_in_a_layer(impl: str, mesh=None):
     spec = P("data", "tensor") if mesh is not None else None
 
     def loss(q, k, v):
-        out = _Attend(impl, spec).apply({}, q, k, v, mask,
-                                        rngs={"dropout": jax.random.key(7)})
+        out = _Attend(impl, spec).apply({}, q, k, v, mask, rngs={"dropout": jax.random.key(7)})
         return jnp.sum(jnp.where(real, out, 0).astype(jnp.float32) * cotangent), out
 
-    with sharding.activate(mesh) if mesh is not None else attention.target_device(
-            jax.devices()[0]):
+    with sharding.activate(mesh) if mesh is not None else attention.target_device(jax.devices()[0]):
         return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v), real
 
 
 def _assert_layer_matches_reference(mesh=None):
     ((_, got), got_grads), real = _attend_in_a_layer("pallas", mesh)
     ((_, want), want_grads), _ = _attend_in_a_layer("reference")
-    np.testing.assert_allclose(np.where(real, got, 0).astype(np.float32),
-                               np.where(real, want, 0).astype(np.float32), rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(
+        np.where(real, got, 0).astype(np.float32),
+        np.where(real, want, 0).astype(np.float32),
+        rtol=2e-2,
+        atol=2e-2,
+    )
     for got_grad, want_grad in zip(got_grads, want_grads):
-        np.testing.assert_allclose(got_grad.astype(np.float32), want_grad.astype(np.float32),
-                                   rtol=2e-2, atol=2e-2)
+        np.testing.assert_allclose(
+            got_grad.astype(np.float32), want_grad.astype(np.float32), rtol=2e-2, atol=2e-2
+        )
 
 
 def test_attend_draws_seeds_from_the_layers_dropout_stream():
-    """"pallas" with attention dropout runs the kernel with seeds from the layer's dropout
+    """ "pallas" with attention dropout runs the kernel with seeds from the layer's dropout
     RNG: the einsum path given the same draw agrees."""
     _assert_layer_matches_reference()
 
@@ -166,13 +181,15 @@ def test_attend_runs_the_kernel_per_shard_with_its_seeds():
     """Under a (data 2, tensor 2) mesh the kernel runs per shard, each with its rows' and
     heads' seeds: the same values as on one device."""
     _assert_layer_matches_reference(
-        sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 2}, jax.devices()[:4]))
+        sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 2}, jax.devices()[:4])
+    )
 
 
 def test_pallas_refuses_dropout_beyond_its_length_and_in_windows():
     with pytest.raises(ValueError, match="at most 512 with attention dropout"):
-        attention.pallas_attention(*(jnp.zeros((1, 1024, 2, 8)),) * 3, jnp.ones((1, 1024)),
-                                   dropout_rate=RATE)
+        attention.pallas_attention(
+            *(jnp.zeros((1, 1024, 2, 8)),) * 3, jnp.ones((1, 1024)), dropout_rate=RATE
+        )
     # ModernBERT's sliding windows: the splash kernel has no dropout, the reference runs them
     assert attention.window_impl("pallas", 16, RATE) == "einsum"
     assert attention.window_impl("pallas", 16) == "pallas"
@@ -184,23 +201,31 @@ def test_kernel_compiles_for_every_target_slice(target):
     """libtpu compiles the forward and backward kernels at 128 and 512 tokens (BERT-large's
     16 heads of 64), and the compiled step's FLOPs are the kernel's declared estimate."""
     from bertjax.runtime import targets
+
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     device = targets.devices(targets.TARGETS[target])[0]
     placed = jax.sharding.SingleDeviceSharding(device)
     batch, heads = 4, 16
     for length in (128, 512):
+
         def loss(qkv, ids, seeds):
             out = flash_dropout.flash_dropout(qkv, ids, seeds, RATE)  # [B, L, N * D]
             return jnp.sum(out.astype(jnp.float32))
 
-        shapes = [jax.ShapeDtypeStruct((3, batch, length, heads * HEAD_SIZE), jnp.bfloat16,
-                                       sharding=placed)] + [
+        shapes = [
+            jax.ShapeDtypeStruct(
+                (3, batch, length, heads * HEAD_SIZE), jnp.bfloat16, sharding=placed
+            )
+        ] + [
             jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=placed),
-            jax.ShapeDtypeStruct((batch, heads), jnp.int32, sharding=placed)]
+            jax.ShapeDtypeStruct((batch, heads), jnp.int32, sharding=placed),
+        ]
         compiled = jax.jit(jax.value_and_grad(loss)).lower(*shapes).compile()
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
-        declared = [flash_dropout.cost(batch, heads, length, HEAD_SIZE, 2, backward)
-                    for backward in (False, True)]
+        declared = [
+            flash_dropout.cost(batch, heads, length, HEAD_SIZE, 2, backward)
+            for backward in (False, True)
+        ]
         assert cost["flops"] >= sum(c.flops for c in declared)
         assert cost["transcendentals"] >= sum(c.transcendentals for c in declared)

@@ -1,4 +1,5 @@
 """Model FLOPs (the issue's formula, checked against hand computations) and the peak table."""
+
 import os
 import runpy
 
@@ -18,8 +19,13 @@ def test_train_flops_tiny_by_hand():
     #   12*2*128*128^2                = 24 * 128 * 16384      =  50,331,648
     #   6*20*(128^2 + 128*8000)       = 120 * 1,040,384       = 124,846,080
     #   6*(128^2 + 2*128)             = 6 * 16640             =      99,840
-    config = BertConfig(vocab_size=8000, hidden_size=128, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=512)
+    config = BertConfig(
+        vocab_size=8000,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=512,
+    )
     assert flops.train_flops_per_sequence(config, 128, 20) == 477_267_456
 
 
@@ -32,10 +38,21 @@ def test_train_flops_base_by_hand():
     assert flops.train_flops_per_sequence(BertConfig(), 512, 80) == 301_448_586_240
 
 
-@pytest.mark.parametrize("kind, peak", [
-    ("TPU v4", 275.0), ("TPU v5 lite", 197.0), ("TPU v5", 459.0), ("TPU v5p", 459.0),
-    ("TPU v6 lite", 918.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA H100 80GB HBM3", 989.0),
-    ("NVIDIA H200", 989.0), ("cpu", None), ("NVIDIA GeForce RTX 4090", None)])
+@pytest.mark.parametrize(
+    "kind, peak",
+    [
+        ("TPU v4", 275.0),
+        ("TPU v5 lite", 197.0),
+        ("TPU v5", 459.0),
+        ("TPU v5p", 459.0),
+        ("TPU v6 lite", 918.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H200", 989.0),
+        ("cpu", None),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
 def test_peak_table(kind, peak):
     assert flops.peak_tflops(kind) == peak
 
@@ -50,16 +67,30 @@ def test_training_progress_logs_model_flops(capsys):
     config.train.log_every, config.train.total_steps = 1, 10
     phases = phase_schedule.phases(config.train, config.data, config.long_phase)
     progress = reporting.Progress(
-        phases, nonfinite.NonFiniteSteps(config.train.max_nonfinite_steps, 0),
+        phases,
+        nonfinite.NonFiniteSteps(config.train.max_nonfinite_steps, 0),
         optim.optimizer_config(config.optimizer, config.train.total_steps),
-        BertConfig.from_dict(config.model.to_dict()), None, 0, None)
+        BertConfig.from_dict(config.model.to_dict()),
+        None,
+        0,
+        None,
+    )
     phase = phases[0]
-    metrics = {"nonfinite": 0.0, "grad_norm": 1.0, "mlm_loss_sum": 1.0, "mlm_correct_sum": 0.0,
-               "mlm_weight_sum": 1.0, "nsp_loss_sum": 1.0, "nsp_correct_sum": 0.0, "nsp_count": 1.0}
+    metrics = {
+        "nonfinite": 0.0,
+        "grad_norm": 1.0,
+        "mlm_loss_sum": 1.0,
+        "mlm_correct_sum": 0.0,
+        "mlm_weight_sum": 1.0,
+        "nsp_loss_sum": 1.0,
+        "nsp_correct_sum": 0.0,
+        "nsp_count": 1.0,
+    }
     progress.add(1, metrics, tokens=256 * 128)
     means = progress.report(1, phase)
     per_token = flops.train_flops_per_sequence(BertConfig(), 128, 20) / 128
     assert means["model_tflops_per_second"] == pytest.approx(
-        means["tokens_per_second"] * per_token / 1e12)
+        means["tokens_per_second"] * per_token / 1e12
+    )
     assert "mfu" not in means  # CPU: no peak in the table
     assert "TFLOP/s" in capsys.readouterr().out

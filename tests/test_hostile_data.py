@@ -1,6 +1,7 @@
 """Bad data: hostile corpora give counted skips or one clear DataError (never a crash or a
 hang), corrupted or truncated prepared shards are named, and an interrupted preparation is
 redone without duplicates."""
+
 import json
 import os
 import random
@@ -35,24 +36,37 @@ HOSTILE = {
     "binary file beside text": ([os.urandom(100_000), NORMAL], ["skipped_binary_files"]),
     "invalid UTF-8": ([NORMAL.replace(b"the ", b"the \xff\xc3(", 40)], ["invalid_utf8_lines"]),
     # NUL bytes split and drop nothing: the clean corpus's documents and sentences.
-    "NUL bytes": ([NORMAL.replace(b" a ", b" a\x00\x00 ")],
-                  {"documents": len(DOCS), "sentences": SENTENCES}),
-    "a 50 MB single line": ([NORMAL, fifty_mb_line()],
-                            ["truncated_long_lines", "long_sentences_cut"]),
+    "NUL bytes": (
+        [NORMAL.replace(b" a ", b" a\x00\x00 ")],
+        {"documents": len(DOCS), "sentences": SENTENCES},
+    ),
+    "a 50 MB single line": (
+        [NORMAL, fifty_mb_line()],
+        ["truncated_long_lines", "long_sentences_cut"],
+    ),
     "only blank lines": ([b"\n \n\t\r\n" * 5000], "no non-blank sentences"),
     # Every sentence a document: pairs still form (A and a random B from another document).
-    "one-sentence documents": (["\n\n".join(s for d in DOCS for s in d).encode()],
-                               {"documents": SENTENCES, "sentences": SENTENCES,
-                                "eval_documents": round(SENTENCES / 10)}),
+    "one-sentence documents": (
+        ["\n\n".join(s for d in DOCS for s in d).encode()],
+        {"documents": SENTENCES, "sentences": SENTENCES, "eval_documents": round(SENTENCES / 10)},
+    ),
     # One document: trained on, with nothing to hold out (a held-out split needs 2).
-    "a single document": (["\n".join(s for d in DOCS for s in d).encode()],
-                          {"documents": 1, "sentences": SENTENCES, "eval_documents": 0,
-                           "eval_instances": 0}),
-    "10,000-character words": ([NORMAL, b"\n".join(b"x" * 10_000 + b" end." for _ in range(20))],
-                               ["long_sentences_cut"]),
-    "mixed encodings": ([(NORMAL[:20_000].decode() + "Café, naïve.\n").encode("latin-1", "replace"),
-                         NORMAL[20_000:40_000].decode().encode("utf-16"), NORMAL[40_000:]],
-                        ["invalid_utf8_lines", "utf16_files"]),
+    "a single document": (
+        ["\n".join(s for d in DOCS for s in d).encode()],
+        {"documents": 1, "sentences": SENTENCES, "eval_documents": 0, "eval_instances": 0},
+    ),
+    "10,000-character words": (
+        [NORMAL, b"\n".join(b"x" * 10_000 + b" end." for _ in range(20))],
+        ["long_sentences_cut"],
+    ),
+    "mixed encodings": (
+        [
+            (NORMAL[:20_000].decode() + "Café, naïve.\n").encode("latin-1", "replace"),
+            NORMAL[20_000:40_000].decode().encode("utf-16"),
+            NORMAL[40_000:],
+        ],
+        ["invalid_utf8_lines", "utf16_files"],
+    ),
 }
 
 
@@ -66,13 +80,21 @@ def write_inputs(tmp_path, contents: list[bytes]) -> str:
 def prepare_inputs(tmp_path, input_files: str) -> list[loaders.PhaseData]:
     """What `python -m bertjax.train` runs before training: SentencePiece training on the
     corpus, preparation (cached in tmp_path/cache) and the loaders."""
-    config = make_config(input_files, **{
-        "long_phase.fraction": 0.0, "data.text_format": "auto", "data.dupe_factor": 1,
-        "data.sentencepiece_vocab_size": 300, "model.vocab_size": 300})
+    config = make_config(
+        input_files,
+        **{
+            "long_phase.fraction": 0.0,
+            "data.text_format": "auto",
+            "data.dupe_factor": 1,
+            "data.sentencepiece_vocab_size": 300,
+            "model.vocab_size": 300,
+        },
+    )
     cache = str(tmp_path / "cache")
     tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), cache)
-    return loaders.prepare_data(DataSettings.of(config.data), phases_of(config), config.model.vocab_size,
-                                tokenizer, cache)
+    return loaders.prepare_data(
+        DataSettings.of(config.data), phases_of(config), config.model.vocab_size, tokenizer, cache
+    )
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -112,11 +134,18 @@ def prepared(prepared_once, tmp_path):
     return tmp_path, input_files, only_dir(tmp_path / "cache")
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda path: path.write_bytes(path.read_bytes()[:-100]), "changed since preparation"),
-    (lambda path: path.write_bytes(path.read_bytes()[:-1] + b"\x01"), "changed since preparation"),
-    (lambda path: path.unlink(), "missing"),
-], ids=["truncated", "corrupted", "deleted"])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda path: path.write_bytes(path.read_bytes()[:-100]), "changed since preparation"),
+        (
+            lambda path: path.write_bytes(path.read_bytes()[:-1] + b"\x01"),
+            "changed since preparation",
+        ),
+        (lambda path: path.unlink(), "missing"),
+    ],
+    ids=["truncated", "corrupted", "deleted"],
+)
 def test_corrupted_or_truncated_shard_is_named(prepared, damage, message):
     tmp_path, input_files, directory = prepared
     shard = directory / "train" / "shard_00000" / "input_ids.npy"
@@ -147,22 +176,32 @@ def test_interrupted_preparation_is_redone_once(prepared):
 
 
 def truncate_half(path) -> None:
-    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
-@pytest.mark.parametrize("damaged, damage", [
-    ("meta.json", truncate_half),
-    ("sentencepiece model", truncate_half),
-    ("sentencepiece model", lambda path: path.write_bytes(b"not a model at all")),
-], ids=["truncated meta.json", "truncated model", "replaced model"])
+@pytest.mark.parametrize(
+    "damaged, damage",
+    [
+        ("meta.json", truncate_half),
+        ("sentencepiece model", truncate_half),
+        ("sentencepiece model", lambda path: path.write_bytes(b"not a model at all")),
+    ],
+    ids=["truncated meta.json", "truncated model", "replaced model"],
+)
 def test_a_damaged_cache_file_is_named_with_the_fix(prepared, damaged, damage):
     """One line naming the damaged file and what to delete, no traceback."""
     tmp_path, input_files, directory = prepared
-    path = directory / "meta.json" if damaged == "meta.json" else \
-        next((tmp_path / "cache").glob("sentencepiece_*.model"))
+    path = (
+        directory / "meta.json"
+        if damaged == "meta.json"
+        else next((tmp_path / "cache").glob("sentencepiece_*.model"))
+    )
     damage(path)
-    fix = f"delete {directory} to prepare the data again" if damaged == "meta.json" else \
-        f"delete it and {str(path)[:-len('.model')]}.vocab to train it again"
+    fix = (
+        f"delete {directory} to prepare the data again"
+        if damaged == "meta.json"
+        else f"delete it and {str(path)[: -len('.model')]}.vocab to train it again"
+    )
     with pytest.raises(pipeline.DataError) as error:
         prepare_inputs(tmp_path, input_files)
     assert str(path) in str(error.value) and str(error.value).endswith(fix), error.value
@@ -175,7 +214,11 @@ def test_meta_json_row_total_is_checked(prepared):
     meta = json.loads((directory / "meta.json").read_text())
     rows = meta["train_instances"]
     (directory / "meta.json").write_text(json.dumps({**meta, "train_instances": rows + 7}))
-    with pytest.raises(pipeline.DataError, match=re.escape(
+    with pytest.raises(
+        pipeline.DataError,
+        match=re.escape(
             f"prepared data {directory} holds {rows} train rows, its meta.json says {rows + 7}; "
-            f"delete {directory} to prepare it again")):
+            f"delete {directory} to prepare it again"
+        ),
+    ):
         prepare_inputs(tmp_path, input_files)

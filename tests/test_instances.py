@@ -10,7 +10,11 @@ from bertjax.data import instances as inst
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB = 1000
 SPECIALS = inst.SpecialTokens(
-    cls_id=CLS, sep_id=SEP, mask_id=MASK, pad_id=PAD, vocab_size=VOCAB,
+    cls_id=CLS,
+    sep_id=SEP,
+    mask_id=MASK,
+    pad_id=PAD,
+    vocab_size=VOCAB,
     never_mask=frozenset({PAD, UNK}),
 )
 SEQ, PREDS = 128, 20
@@ -115,6 +119,7 @@ def test_short_seq_prob_shortens_about_that_fraction_of_targets(corpus):
 def test_truncation_draws_and_trims_as_the_original_loop():
     """The original trims one token at a time (the longer segment, B on ties, at the front
     if rng.random() < 0.5); the batched trim gives the same segments and RNG state."""
+
     def original(a, b, max_num_tokens, rng):
         a, b = a.tolist(), b.tolist()
         while len(a) + len(b) > max_num_tokens:
@@ -124,6 +129,7 @@ def test_truncation_draws_and_trims_as_the_original_loop():
             else:
                 trunc.pop()
         return [a, b]
+
     sizes = random.Random(0)
     for seed in range(300):
         a = np.arange(sizes.randint(1, 90), dtype=np.int32)
@@ -131,7 +137,7 @@ def test_truncation_draws_and_trims_as_the_original_loop():
         limit = sizes.randint(max(1, len(a) // 2), 130)
         ours, theirs = random.Random(seed), random.Random(seed)
         a_front, a_back, b_front, b_back = inst._trims(len(a), len(b), limit, ours)
-        got = a[a_front:len(a) - a_back], b[b_front:len(b) - b_back]
+        got = a[a_front : len(a) - a_back], b[b_front : len(b) - b_back]
         want = original(a, b, limit, theirs)
         assert [x.tolist() for x in got] == want and ours.random() == theirs.random()
 
@@ -186,17 +192,26 @@ class ScriptedRandom(random.Random):
 
 def test_rng_call_order_with_truncation_and_short_target():
     docs = [[[10, 11], [12, 13], [14, 15]], [[20, 21, 22]]]
-    rng = ScriptedRandom([
-        (("shuffle", 2), None),
-        # Document 0: full target 4; the first chunk is two sentences, B is the real next.
-        (("random",), 0.5), (("randint", 1, 1), 1), (("random",), 0.7),
-        # Last sentence alone: random next from document 1, B too long, cut from the front.
-        (("randint", 0, 1), 1), (("randint", 0, 0), 0), (("random",), 0.3),
-        # Document 1: short target 2; random next, document 0 from sentence 1; A cut at the back.
-        (("random",), 0.05), (("randint", 2, 4), 2),
-        (("randint", 0, 1), 0), (("randint", 0, 2), 1), (("random",), 0.9),
-        (("shuffle", 3), None),
-    ])
+    rng = ScriptedRandom(
+        [
+            (("shuffle", 2), None),
+            # Document 0: full target 4; the first chunk is two sentences, B is the real next.
+            (("random",), 0.5),
+            (("randint", 1, 1), 1),
+            (("random",), 0.7),
+            # Last sentence alone: random next from document 1, B too long, cut from the front.
+            (("randint", 0, 1), 1),
+            (("randint", 0, 0), 0),
+            (("random",), 0.3),
+            # Document 1: short target 2; random next, document 0 from sentence 1; A cut at the back.
+            (("random",), 0.05),
+            (("randint", 2, 4), 2),
+            (("randint", 0, 1), 0),
+            (("randint", 0, 2), 1),
+            (("random",), 0.9),
+            (("shuffle", 3), None),
+        ]
+    )
     pairs = inst.create_instances(docs, 7, 0.1, 1, rng, SPECIALS)
     assert not rng.script
     assert [p.tokens.tolist() for p in pairs] == [
@@ -209,16 +224,25 @@ def test_rng_call_order_with_truncation_and_short_target():
 
 def test_rng_call_order_puts_back_unused_sentences():
     docs = [[[10], [11], [12]], [[20], [21]]]
-    rng = ScriptedRandom([
-        (("shuffle", 2), None),
-        # Chunk of 3 sentences, A = [10], random next: document 0 is redrawn, B from document 1.
-        (("random",), 0.5), (("randint", 1, 2), 1), (("random",), 0.2),
-        (("randint", 0, 1), 0), (("randint", 0, 1), 1), (("randint", 0, 1), 1),
-        # The unused sentences 11 and 12 form the next pair.
-        (("randint", 1, 1), 1), (("random",), 0.6),
-        (("random",), 0.9), (("randint", 1, 1), 1), (("random",), 0.99),
-        (("shuffle", 3), "reverse"),
-    ])
+    rng = ScriptedRandom(
+        [
+            (("shuffle", 2), None),
+            # Chunk of 3 sentences, A = [10], random next: document 0 is redrawn, B from document 1.
+            (("random",), 0.5),
+            (("randint", 1, 2), 1),
+            (("random",), 0.2),
+            (("randint", 0, 1), 0),
+            (("randint", 0, 1), 1),
+            (("randint", 0, 1), 1),
+            # The unused sentences 11 and 12 form the next pair.
+            (("randint", 1, 1), 1),
+            (("random",), 0.6),
+            (("random",), 0.9),
+            (("randint", 1, 1), 1),
+            (("random",), 0.99),
+            (("shuffle", 3), "reverse"),
+        ]
+    )
     pairs = inst.create_instances(docs, 20, 0.0, 1, rng, SPECIALS)
     assert not rng.script
     assert [p.tokens.tolist() for p in pairs] == [

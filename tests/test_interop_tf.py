@@ -1,6 +1,7 @@
 """TF tensor bundles without TensorFlow: round trips, a committed checkpoint that TensorFlow
 wrote, the real BERT-Tiny index (opt-in), damaged files, and (opt-in, when TensorFlow is
 installed) TensorFlow's own reader/writer."""
+
 import json
 import os
 
@@ -10,8 +11,9 @@ import pytest
 
 from bertjax.interop import tf as tf_checkpoint, tree
 
-BERT_TINY_INDEX = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "bert-tiny",
-                               "bert_model.ckpt.index")
+BERT_TINY_INDEX = os.path.join(
+    os.path.dirname(__file__), "..", "..", "shared", "data", "bert-tiny", "bert_model.ckpt.index"
+)
 
 
 def _tensors():
@@ -63,11 +65,15 @@ def test_damaged_files_are_named(tmp_path):
     with open(data, "r+b") as f:  # flip one byte of the word embeddings
         f.seek(reader.entries["bert/embeddings/word_embeddings"].offset + 5)
         f.write(bytes([raw[reader.entries["bert/embeddings/word_embeddings"].offset + 5] ^ 1]))
-    with pytest.raises(tf_checkpoint.CheckpointFormatError, match="corrupt: checksum mismatch for tensor"):
+    with pytest.raises(
+        tf_checkpoint.CheckpointFormatError, match="corrupt: checksum mismatch for tensor"
+    ):
         reader.read("bert/embeddings/word_embeddings")
     with open(data, "wb") as f:
         f.write(raw[:100])
-    with pytest.raises(tf_checkpoint.CheckpointFormatError, match="data-00000-of-00001 is truncated"):
+    with pytest.raises(
+        tf_checkpoint.CheckpointFormatError, match="data-00000-of-00001 is truncated"
+    ):
         reader.read("bert/embeddings/word_embeddings")
     os.remove(data)
     with pytest.raises(tf_checkpoint.CheckpointFormatError, match="cannot read TF checkpoint data"):
@@ -83,11 +89,13 @@ def test_damaged_files_are_named(tmp_path):
 def test_real_bert_tiny_index():
     if not os.path.exists(BERT_TINY_INDEX):
         pytest.skip("shared/data/bert-tiny not present")
-    reader = tf_checkpoint.BundleReader(BERT_TINY_INDEX[:-len(".index")])
+    reader = tf_checkpoint.BundleReader(BERT_TINY_INDEX[: -len(".index")])
     assert len(reader.entries) == 46 and reader.num_shards == 1
     assert reader.entries["bert/embeddings/word_embeddings"].shape == (30522, 128)
     assert sum(int(np.prod(e.shape)) for e in reader.entries.values()) == 4_433_468
-    assert all(e.dtype == np.float32 and e.size == 4 * np.prod(e.shape) for e in reader.entries.values())
+    assert all(
+        e.dtype == np.float32 and e.size == 4 * np.prod(e.shape) for e in reader.entries.values()
+    )
     last = max(reader.entries.values(), key=lambda e: e.offset)
     assert last.offset + last.size == 17_733_872  # the size of the real .data file
 
@@ -113,15 +121,18 @@ def test_reads_a_checkpoint_tensorflow_wrote():
     report = tree.LoadReport()
     config, params = tf_checkpoint.load_tf(TF_WRITTEN, report)
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (12, 4, 1)
-    assert report.skipped == {"bert/pooler/dense/bias/adam_m": "optimizer slot",
-                              "bert/pooler/dense/bias/adam_v": "optimizer slot",
-                              "global_step": "training step counter"}
+    assert report.skipped == {
+        "bert/pooler/dense/bias/adam_m": "optimizer slot",
+        "bert/pooler/dense/bias/adam_v": "optimizer slot",
+        "global_step": "training step counter",
+    }
     flat = tree.flatten(params)
     assert len(flat) == len(written["variables"]) - 2
     for name, values in written["variables"].items():
         if tf_checkpoint.skip_reason(name) is None:
-            np.testing.assert_array_equal(flat[tf_checkpoint.tf_to_path(name)],
-                                          np.array(values, np.float32), err_msg=name)
+            np.testing.assert_array_equal(
+                flat[tf_checkpoint.tf_to_path(name)], np.array(values, np.float32), err_msg=name
+            )
 
 
 def test_tensorflow_reads_ours_and_we_read_tensorflows(tmp_path):
@@ -133,8 +144,12 @@ def test_tensorflow_reads_ours_and_we_read_tensorflows(tmp_path):
     for name, value in tensors.items():
         np.testing.assert_array_equal(tf_reader.get_tensor(name), value)
     theirs = str(tmp_path / "theirs" / "model.ckpt")
-    tf.raw_ops.SaveV2(prefix=theirs, tensor_names=list(tensors), shape_and_slices=[""] * len(tensors),
-                      tensors=[tf.constant(v) for v in tensors.values()])
+    tf.raw_ops.SaveV2(
+        prefix=theirs,
+        tensor_names=list(tensors),
+        shape_and_slices=[""] * len(tensors),
+        tensors=[tf.constant(v) for v in tensors.values()],
+    )
     reader = tf_checkpoint.BundleReader(theirs)
     for name, value in tensors.items():
         np.testing.assert_array_equal(reader.read(name), value)

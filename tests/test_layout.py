@@ -14,15 +14,25 @@
 * each entry point catches an exception class once (UserError covers its subclasses);
 * parameters typed `Any` as a whole: at most ANY_PARAMETERS (issue 45: it only goes down).
 """
+
 import ast
 import pathlib
 
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "bertjax"
-ENTRY_POINTS = {"bertjax.train", "bertjax.finetune", "bertjax.extract_features",
-                "bertjax.convert", "bertjax.probe", "bertjax.tools.aot", "bertjax.tools.bench",
-                "bertjax.tools.bench_data", "bertjax.prepare", "bertjax.data.tokenization"}
+ENTRY_POINTS = {
+    "bertjax.train",
+    "bertjax.finetune",
+    "bertjax.extract_features",
+    "bertjax.convert",
+    "bertjax.probe",
+    "bertjax.tools.aot",
+    "bertjax.tools.bench",
+    "bertjax.tools.bench_data",
+    "bertjax.prepare",
+    "bertjax.data.tokenization",
+}
 # Modules whose `main` is a command line but which libraries may import for their functions.
 LIBRARY_WITH_CLI = {"bertjax.data.tokenization"}
 CONFIG_SECTIONS = {"model", "data", "train", "optimizer", "mesh", "long_phase"}
@@ -48,8 +58,9 @@ def imports(tree: ast.AST) -> set[str]:
             found.update(a.name for a in node.names if a.name.startswith("bertjax"))
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bertjax"):
             found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names
-                         if f"{node.module}.{a.name}" in KNOWN)
+            found.update(
+                f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in KNOWN
+            )
     return found & KNOWN
 
 
@@ -68,9 +79,13 @@ def private_reaches(tree: ast.AST) -> list[str]:
                 if a.name.startswith("bertjax") and a.asname:
                     aliases[a.asname] = a.name
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id in aliases and node.attr.startswith("_")
-                and not node.attr.startswith("__")):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
             found.append(f"{aliases[node.value.id]}.{node.attr}")
     return found
 
@@ -93,9 +108,13 @@ def whole_config_uses(tree: ast.AST) -> list[str]:
             elif a.arg == "config" and annotation in ("", "Any"):
                 found.append(f"{name}(config) without a concrete type")
         for node in ast.walk(function):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-                    and isinstance(node.value.value, ast.Name)
-                    and node.value.value.id in names and node.value.attr in CONFIG_SECTIONS):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and isinstance(node.value.value, ast.Name)
+                and node.value.value.id in names
+                and node.value.attr in CONFIG_SECTIONS
+            ):
                 found.append(f"{name}: {ast.unparse(node)}")
     return found
 
@@ -109,13 +128,17 @@ WHOLE_CONFIG_OWNERS = {"bertjax.training.validate"}
 
 
 def libraries() -> list[str]:
-    return [n for n in KNOWN if (n not in ENTRY_POINTS or n in LIBRARY_WITH_CLI)
-            and not n.startswith("bertjax.tools")]
+    return [
+        n
+        for n in KNOWN
+        if (n not in ENTRY_POINTS or n in LIBRARY_WITH_CLI) and not n.startswith("bertjax.tools")
+    ]
 
 
 def test_nothing_imports_an_entry_point():
-    offenders = {name: sorted(imports(parsed(name)) & (ENTRY_POINTS - LIBRARY_WITH_CLI))
-                 for name in KNOWN}
+    offenders = {
+        name: sorted(imports(parsed(name)) & (ENTRY_POINTS - LIBRARY_WITH_CLI)) for name in KNOWN
+    }
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
@@ -124,14 +147,26 @@ def reached(layer: str, outside: tuple[str, ...], allowed: tuple[str, ...] = ())
     `allowed` modules (a package's own `__init__`, named by `from package import module`, is
     not counted)."""
     packages = {n for n, path in modules().items() if path.name == "__init__.py"}
-    offenders = {name: sorted(i for i in imports(parsed(name)) - packages
-                              if i.startswith(outside) and not i.startswith(allowed))
-                 for name in KNOWN if name.startswith(layer)}
+    offenders = {
+        name: sorted(
+            i
+            for i in imports(parsed(name)) - packages
+            if i.startswith(outside) and not i.startswith(allowed)
+        )
+        for name in KNOWN
+        if name.startswith(layer)
+    }
     return {k: v for k, v in offenders.items() if v}
 
 
-HIGHER = ("bertjax.models", "bertjax.training", "bertjax.tasks", "bertjax.interop",
-          "bertjax.tools", *sorted(ENTRY_POINTS - LIBRARY_WITH_CLI))
+HIGHER = (
+    "bertjax.models",
+    "bertjax.training",
+    "bertjax.tasks",
+    "bertjax.interop",
+    "bertjax.tools",
+    *sorted(ENTRY_POINTS - LIBRARY_WITH_CLI),
+)
 
 
 def test_runtime_is_the_ground_floor():
@@ -147,16 +182,26 @@ def test_the_data_layer_imports_only_the_runtime():
 def test_the_models_layers_import_nothing_outside_models():
     """Only the family interface and each family's `family` module (its adapter: settings,
     checkpoints, task heads) reach outside models/."""
-    adapters = {"bertjax.models.families", "bertjax.models.bert.family",
-                "bertjax.models.modernbert.family"}
-    found = reached("bertjax.models", HIGHER + ("bertjax.runtime", "bertjax.data"),
-                    allowed=("bertjax.models",))
+    adapters = {
+        "bertjax.models.families",
+        "bertjax.models.bert.family",
+        "bertjax.models.modernbert.family",
+    }
+    found = reached(
+        "bertjax.models", HIGHER + ("bertjax.runtime", "bertjax.data"), allowed=("bertjax.models",)
+    )
     assert set(found) == adapters & set(found) and "bertjax.models.bert.family" in found
 
 
 def test_tasks_import_no_training_code_but_its_losses():
-    assert reached("bertjax.tasks", ("bertjax.training", "bertjax.train", "bertjax.finetune"),
-                   allowed=("bertjax.training.objectives",)) == {}
+    assert (
+        reached(
+            "bertjax.tasks",
+            ("bertjax.training", "bertjax.train", "bertjax.finetune"),
+            allowed=("bertjax.training.objectives",),
+        )
+        == {}
+    )
 
 
 def untyped_settings(tree: ast.AST) -> list[str]:
@@ -181,14 +226,25 @@ def untyped_settings(tree: ast.AST) -> list[str]:
 def test_no_config_section_travels_untyped():
     offenders = {name: untyped_settings(parsed(name)) for name in KNOWN}
     assert {k: v for k, v in offenders.items() if v} == {}
-    assert len(untyped_settings(ast.parse(
-        "def f(data_cfg: Any, mesh_config, x: Any, model_config: BertConfig):\n"
-        "    y_cfg: Any = None\n"))) == 3
+    assert (
+        len(
+            untyped_settings(
+                ast.parse(
+                    "def f(data_cfg: Any, mesh_config, x: Any, model_config: BertConfig):\n"
+                    "    y_cfg: Any = None\n"
+                )
+            )
+        )
+        == 3
+    )
 
 
 def test_tools_are_imported_only_by_tools():
-    offenders = {name: sorted(i for i in imports(parsed(name)) if i.startswith("bertjax.tools"))
-                 for name in KNOWN if not name.startswith("bertjax.tools")}
+    offenders = {
+        name: sorted(i for i in imports(parsed(name)) if i.startswith("bertjax.tools"))
+        for name in KNOWN
+        if not name.startswith("bertjax.tools")
+    }
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
@@ -198,24 +254,30 @@ def test_no_module_reaches_a_private_name_of_another():
 
 
 def test_no_library_function_takes_the_whole_config():
-    offenders = {name: whole_config_uses(parsed(name))
-                 for name in set(libraries()) - WHOLE_CONFIG_OWNERS}
+    offenders = {
+        name: whole_config_uses(parsed(name)) for name in set(libraries()) - WHOLE_CONFIG_OWNERS
+    }
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
-@pytest.mark.parametrize("source, found", [
-    ("def f(config):\n    return config.train.total_steps", 2),
-    ("import ml_collections\ndef f(c: ml_collections.ConfigDict):\n    return c", 1),
-    ("def f(data_cfg, config: BertConfig):\n    return data_cfg.seed, config.hidden_size", 0),
-    ("def f(run):\n    return run.model.config", 1),
-])
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        ("def f(config):\n    return config.train.total_steps", 2),
+        ("import ml_collections\ndef f(c: ml_collections.ConfigDict):\n    return c", 1),
+        ("def f(data_cfg, config: BertConfig):\n    return data_cfg.seed, config.hidden_size", 0),
+        ("def f(run):\n    return run.model.config", 1),
+    ],
+)
 def test_the_config_check_catches_planted_violations(source, found):
     assert len(whole_config_uses(ast.parse(source))) == found
 
 
 def test_the_import_checks_catch_planted_violations():
-    tree = ast.parse("from bertjax import train\nfrom bertjax.data import pipeline\n"
-                     "from bertjax.interop.tree import _few\nx = pipeline._hash(1)\n")
+    tree = ast.parse(
+        "from bertjax import train\nfrom bertjax.data import pipeline\n"
+        "from bertjax.interop.tree import _few\nx = pipeline._hash(1)\n"
+    )
     assert imports(tree) >= {"bertjax.train", "bertjax.data.pipeline"}
     assert private_reaches(tree) == ["bertjax.interop.tree._few", "bertjax.data.pipeline._hash"]
 
@@ -223,19 +285,22 @@ def test_the_import_checks_catch_planted_violations():
 def code_lines(source: str) -> int:
     """A module's lines, each import statement counted as one (isort writes a long one a
     name per line; that is layout, not code)."""
-    wrapped = sum(node.end_lineno - node.lineno for node in ast.parse(source).body
-                  if isinstance(node, (ast.Import, ast.ImportFrom)) and node.end_lineno)
+    wrapped = sum(
+        node.end_lineno - node.lineno
+        for node in ast.parse(source).body
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and node.end_lineno
+    )
     return len(source.splitlines()) - wrapped
 
 
 def test_module_sizes():
-    lines = {name: code_lines(path.read_text(encoding="utf-8"))
-             for name, path in modules().items()}
+    lines = {name: code_lines(path.read_text(encoding="utf-8")) for name, path in modules().items()}
     assert code_lines("from a import (\n    b,\n    c,\n)\nx = 1\n") == 2
     too_long = {n: c for n, c in lines.items() if c > 450}
     # Every command-line module but a library that also has one stays thin.
-    fat_entry_points = {n: lines[n] for n in sorted(ENTRY_POINTS - LIBRARY_WITH_CLI)
-                        if lines[n] >= 250}
+    fat_entry_points = {
+        n: lines[n] for n in sorted(ENTRY_POINTS - LIBRARY_WITH_CLI) if lines[n] >= 250
+    }
     assert len(ENTRY_POINTS - LIBRARY_WITH_CLI) == 9
     assert too_long == {} and fat_entry_points == {}
 
@@ -248,7 +313,10 @@ def test_every_error_a_user_meets_is_a_user_error():
     import inspect
 
     from bertjax.errors import UserError
-    control_flow = {"bertjax.runtime.failures.Stopped"}  # (a stop with a checkpoint saved: exit 130/143)
+
+    control_flow = {
+        "bertjax.runtime.failures.Stopped"
+    }  # (a stop with a checkpoint saved: exit 130/143)
     found, outside = 0, []
     for name in sorted(KNOWN):
         try:
@@ -260,8 +328,10 @@ def test_every_error_a_user_meets_is_a_user_error():
             if cls.__module__ != name or not issubclass(cls, BaseException):
                 continue
             found += 1
-            if not issubclass(cls, (UserError, OSError)) \
-                    and f"{name}.{cls_name}" not in control_flow:  # (OSError: one line too)
+            if (
+                not issubclass(cls, (UserError, OSError))
+                and f"{name}.{cls_name}" not in control_flow
+            ):  # (OSError: one line too)
                 outside.append(f"{name}.{cls_name}")
     assert found >= 20 and outside == [], outside
 
@@ -277,8 +347,12 @@ def test_no_test_code_in_the_product():
     a test switch: faults are injected from tests/ at the product's public seams."""
     assert [p.name for p in PACKAGE.rglob("test_*.py")] == []
     sources = sorted(PACKAGE.rglob("*.py")) + sorted((REPOSITORY / "configs").rglob("*.py"))
-    offenders = {f"{p.relative_to(REPOSITORY)}: {word}" for p in sources
-                 for word in TEST_ONLY if word in p.read_text(encoding="utf-8")}
+    offenders = {
+        f"{p.relative_to(REPOSITORY)}: {word}"
+        for p in sources
+        for word in TEST_ONLY
+        if word in p.read_text(encoding="utf-8")
+    }
     assert len(sources) > 50 and sorted(offenders) == []
 
 
@@ -287,15 +361,27 @@ def caught(module_name: str) -> list[list[type]]:
     that ends by raising the error again (after telling the other processes, say) handles
     none."""
     import importlib
+
     module = importlib.import_module(module_name)
-    main = next(node for node in parsed(module_name).body
-                if isinstance(node, ast.FunctionDef) and node.name == "main")
-    clauses = [node.type for node in ast.walk(main)
-               if isinstance(node, ast.ExceptHandler) and node.type is not None
-               and not (isinstance(node.body[-1], ast.Raise) and node.body[-1].exc is None)]
-    return [[eval(ast.unparse(name), vars(module))  # noqa: S307 (the module's own names)
-             for name in (clause.elts if isinstance(clause, ast.Tuple) else [clause])]
-            for clause in clauses]
+    main = next(
+        node
+        for node in parsed(module_name).body
+        if isinstance(node, ast.FunctionDef) and node.name == "main"
+    )
+    clauses = [
+        node.type
+        for node in ast.walk(main)
+        if isinstance(node, ast.ExceptHandler)
+        and node.type is not None
+        and not (isinstance(node.body[-1], ast.Raise) and node.body[-1].exc is None)
+    ]
+    return [
+        [
+            eval(ast.unparse(name), vars(module))  # noqa: S307 (the module's own names)
+            for name in (clause.elts if isinstance(clause, ast.Tuple) else [clause])
+        ]
+        for clause in clauses
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
@@ -308,14 +394,28 @@ def test_entry_points_catch_each_error_class_once(name):
 
     from bertjax.errors import UserError
     from bertjax.runtime import failures
-    twice = [(a.__name__, b.__name__) for clause in caught(name) for a in clause
-             for b in clause if a is not b and issubclass(a, b)]
+
+    twice = [
+        (a.__name__, b.__name__)
+        for clause in caught(name)
+        for a in clause
+        for b in clause
+        if a is not b and issubclass(a, b)
+    ]
     assert twice == []
-    if name in ("bertjax.train", "bertjax.finetune", "bertjax.prepare", "bertjax.probe",
-                "bertjax.extract_features"):
+    if name in (
+        "bertjax.train",
+        "bertjax.finetune",
+        "bertjax.prepare",
+        "bertjax.probe",
+        "bertjax.extract_features",
+    ):
         assert [UserError, OSError] in caught(name)
         assert {cls for clause in caught(name) for cls in clause} - {UserError, OSError} <= {
-            failures.Stopped, KeyboardInterrupt, jax.errors.JaxRuntimeError}
+            failures.Stopped,
+            KeyboardInterrupt,
+            jax.errors.JaxRuntimeError,
+        }
 
 
 # Parameters whose whole annotation is `Any` in bertjax/ (112 before issue 45): lower it when
@@ -329,10 +429,13 @@ def any_parameters(tree: ast.AST) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             args = node.args
-            for a in args.posonlyargs + args.args + args.kwonlyargs + \
-                    [x for x in (args.vararg, args.kwarg) if x]:
-                if a.annotation is not None and \
-                        ast.unparse(a.annotation) in ("Any", "typing.Any"):
+            for a in (
+                args.posonlyargs
+                + args.args
+                + args.kwonlyargs
+                + [x for x in (args.vararg, args.kwarg) if x]
+            ):
+                if a.annotation is not None and ast.unparse(a.annotation) in ("Any", "typing.Any"):
                     found.append(f"{node.name}({a.arg})")
     return found
 
@@ -341,6 +444,6 @@ def test_parameters_typed_any_only_go_down():
     counted = {name: any_parameters(parsed(name)) for name in KNOWN}
     total = sum(map(len, counted.values()))
     assert total <= ANY_PARAMETERS, {k: v for k, v in counted.items() if v}
-    assert any_parameters(ast.parse(
-        "def f(a: Any, b: Any | None, *c: Any, d: list[Any], **e: typing.Any): pass")) == \
-        ["f(a)", "f(c)", "f(e)"]
+    assert any_parameters(
+        ast.parse("def f(a: Any, b: Any | None, *c: Any, d: list[Any], **e: typing.Any): pass")
+    ) == ["f(a)", "f(c)", "f(e)"]

@@ -2,6 +2,7 @@
 lock left by a dead process is taken over (and logged), and two processes preparing the same
 cache entry prepare it once and read the same data. The other processes hold their lock until
 the test releases them (a line on their stdin), so that the waiting paths are always taken."""
+
 import contextlib
 import json
 import logging
@@ -21,17 +22,24 @@ from bertjax.runtime import locks
 from test_pipeline import config, corpus_file, documents, short_phase  # noqa: F401 (fixtures)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOLD = ("import sys\nfrom bertjax.runtime import locks\n"
-        "with locks.exclusive(sys.argv[1], 'the test lock'):\n"
-        "    print('held', flush=True)\n    sys.stdin.readline()\n")
+HOLD = (
+    "import sys\nfrom bertjax.runtime import locks\n"
+    "with locks.exclusive(sys.argv[1], 'the test lock'):\n"
+    "    print('held', flush=True)\n    sys.stdin.readline()\n"
+)
 TIMEOUT = 120  # seconds; only a failing test waits this long
 
 
 def start(args: list[str]) -> subprocess.Popen:
     """A Python process whose stdin (to release it) and stdout the test holds."""
-    return subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, text=True,
-                            env={**os.environ, "PYTHONPATH": REPO_ROOT},
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO_ROOT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
 
 
 def holder(path: str) -> subprocess.Popen:
@@ -82,8 +90,11 @@ def test_a_live_holder_is_named_and_a_dead_ones_lock_taken_over(tmp_path):
     path = str(tmp_path / "run.lock")
     proc = holder(path)
     try:
-        with pytest.raises(locks.LockHeld, match=rf"the test lock is in use by pid {proc.pid} on "
-                                                 r"host .* \(started .*\) \(lock file "):
+        with pytest.raises(
+            locks.LockHeld,
+            match=rf"the test lock is in use by pid {proc.pid} on "
+            r"host .* \(started .*\) \(lock file ",
+        ):
             with locks.exclusive(path, "the test lock"):
                 pass
     finally:
@@ -94,8 +105,7 @@ def test_a_live_holder_is_named_and_a_dead_ones_lock_taken_over(tmp_path):
         assert stale["pid"] == proc.pid and not locks.pid_alive(proc.pid)
         assert json.loads(open(path).read())["pid"] == os.getpid()
     taken_over = f"Taking over the lock of the test lock on {path}: pid {proc.pid} on host "
-    assert len(logged.messages) == 1 and logged.messages[0].startswith(taken_over), \
-        logged.messages
+    assert len(logged.messages) == 1 and logged.messages[0].startswith(taken_over), logged.messages
     assert open(path).read() == ""  # released cleanly: nothing stale for the next one
     with locks.exclusive(path, "the test lock") as stale:
         assert stale is None
@@ -126,26 +136,33 @@ def test_two_processes_preparing_one_cache_entry_prepare_it_once(config, tmp_pat
     preparation (the first's directory, renamed in place), the same rows in both, as many
     as meta.json counts. The first pauses with its data written, before meta.json."""
     cache = str(tmp_path / "cache")
-    tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), cache)  # both find it there
-    script = ("import sys\nsys.path.insert(0, 'tests')\n"
-              "import test_pipeline as t\nfrom bertjax.data import pipeline\n"
-              "from bertjax.data.settings import DataSettings\n"
-              "from bertjax.data import prepared_files\n"
-              "records = prepared_files.shard_records\n"
-              "def pause(directory):\n"
-              "    print(directory, flush=True)\n    sys.stdin.readline()\n"
-              "    return records(directory)\n"
-              "prepared_files.shard_records = pause\n"
-              "c = t.make_config(sys.argv[1])\n"
-              "tok = pipeline.load_or_train_tokenizer(DataSettings.of(c.data), sys.argv[2])\n"
-              "print(len(pipeline.prepare(DataSettings.of(c.data), t.short_phase(c), tok, sys.argv[2])['train']))\n")
+    tokenizer = pipeline.load_or_train_tokenizer(
+        DataSettings.of(config.data), cache
+    )  # both find it there
+    script = (
+        "import sys\nsys.path.insert(0, 'tests')\n"
+        "import test_pipeline as t\nfrom bertjax.data import pipeline\n"
+        "from bertjax.data.settings import DataSettings\n"
+        "from bertjax.data import prepared_files\n"
+        "records = prepared_files.shard_records\n"
+        "def pause(directory):\n"
+        "    print(directory, flush=True)\n    sys.stdin.readline()\n"
+        "    return records(directory)\n"
+        "prepared_files.shard_records = pause\n"
+        "c = t.make_config(sys.argv[1])\n"
+        "tok = pipeline.load_or_train_tokenizer(DataSettings.of(c.data), sys.argv[2])\n"
+        "print(len(pipeline.prepare(DataSettings.of(c.data), t.short_phase(c), tok, sys.argv[2])['train']))\n"
+    )
     first = start(["-c", script, config.data.input_files, cache])
     building = first.stdout.readline().strip()
     assert building.endswith(f".tmp{first.pid}") and os.path.isdir(building), building
     inode = os.stat(building).st_ino
     with warnings() as logged:
-        thread, result = in_thread(lambda: pipeline.prepare(DataSettings.of(config.data), short_phase(config),
-                                                            tokenizer, cache))
+        thread, result = in_thread(
+            lambda: pipeline.prepare(
+                DataSettings.of(config.data), short_phase(config), tokenizer, cache
+            )
+        )
         assert logged.seen(f"is in use by pid {first.pid} on host "), logged.messages
         assert thread.is_alive()  # waiting for the first
         first.stdin.close()
@@ -158,5 +175,6 @@ def test_two_processes_preparing_one_cache_entry_prepare_it_once(config, tmp_pat
     meta = json.load(open(os.path.join(cache, directory, "meta.json")))
     assert meta["train_instances"] == len(second["train"])
     again = pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, cache)
-    np.testing.assert_array_equal(again["train"].features["input_ids"],
-                                  second["train"].features["input_ids"])
+    np.testing.assert_array_equal(
+        again["train"].features["input_ids"], second["train"].features["input_ids"]
+    )

@@ -1,5 +1,6 @@
 """The loop skeleton both loops run on (bertjax.training.loop) and the one NaN policy
 (nonfinite.NonFiniteSteps) with its setting: pretraining's stops, fine-tuning's names."""
+
 import logging
 import signal
 
@@ -11,9 +12,11 @@ from bertjax.training import loop, nonfinite
 
 def test_actions_run_when_due_in_order_until_one_stops_the_loop():
     done = []
-    actions = [loop.Periodic(lambda step: done.append(("log", step)), 2, at={5}),
-               loop.Periodic(lambda step: done.append(("save", step)), 0, at={3}),
-               loop.Periodic(lambda step: signal.SIGTERM if step == 4 else None)]
+    actions = [
+        loop.Periodic(lambda step: done.append(("log", step)), 2, at={5}),
+        loop.Periodic(lambda step: done.append(("save", step)), 0, at={3}),
+        loop.Periodic(lambda step: signal.SIGTERM if step == 4 else None),
+    ]
     trained = []
     assert loop.run(0, 6, trained.append, actions) == (4, signal.SIGTERM)
     assert trained == [0, 1, 2, 3] and done == [("log", 2), ("save", 3), ("log", 4)]

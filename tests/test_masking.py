@@ -56,8 +56,9 @@ def chosen_mask(positions, counts, width=SEQ):
 
 
 def within(observed, expected, variance, what):
-    assert abs(observed - expected) <= SIGMAS * np.sqrt(variance), \
+    assert abs(observed - expected) <= SIGMAS * np.sqrt(variance), (
         f"{what}: {observed} against {expected} +- {SIGMAS} x {np.sqrt(variance):.3g}"
+    )
 
 
 def original_mask(tokens, rng, prob, preds, whole_word, mix=(0.8, 0.1)):
@@ -106,14 +107,16 @@ def test_each_instance_gets_the_rules_number_of_predictions(rows, prob, preds):
 def test_specials_are_never_masked_and_labels_are_the_originals(rows):
     tokens, lengths = rows
     ids, positions, labels, counts = masking.MaskingRule(SPECIALS, 0.15, PREDS).apply(
-        tokens, lengths, 7, np.arange(len(tokens)))
+        tokens, lengths, 7, np.arange(len(tokens))
+    )
     chosen = chosen_mask(positions, counts)
     assert not (chosen & ~candidates(tokens, lengths)).any()
     assert chosen.sum() == counts.sum()  # no position chosen twice
     slots = np.arange(PREDS)[None] < counts[:, None]
     assert (np.diff(np.where(slots, positions, SEQ), axis=1) > 0)[slots[:, 1:]].all()
-    np.testing.assert_array_equal(labels, np.where(slots, np.take_along_axis(tokens, positions,
-                                                                               1), 0))
+    np.testing.assert_array_equal(
+        labels, np.where(slots, np.take_along_axis(tokens, positions, 1), 0)
+    )
     assert not positions[~slots].any() and not labels[~slots].any()
     np.testing.assert_array_equal(ids[~chosen], tokens[~chosen])  # the rest untouched
     assert ids.dtype == labels.dtype == tokens.dtype
@@ -123,8 +126,9 @@ def test_specials_are_never_masked_and_labels_are_the_originals(rows):
 def test_replacements_follow_the_mix(rows, mix):
     """80% [MASK] / 10% random id / 10% kept (or the switch's mix), within 4 sigma."""
     tokens, lengths = rows
-    ids, positions, labels, counts = masking.MaskingRule(SPECIALS, 0.15, PREDS, mask_mix=mix) \
-        .apply(tokens, lengths, 11, np.arange(len(tokens)))
+    ids, positions, labels, counts = masking.MaskingRule(SPECIALS, 0.15, PREDS, mask_mix=mix).apply(
+        tokens, lengths, 11, np.arange(len(tokens))
+    )
     slots = np.arange(PREDS)[None] < counts[:, None]
     shown = np.take_along_axis(ids, positions, 1)[slots]
     original = labels[slots]
@@ -132,14 +136,18 @@ def test_replacements_follow_the_mix(rows, mix):
     assert n > 50_000
     hit = mix[1] / VOCAB  # a random id may be [MASK] or the original id
     as_mask, kept = shown == MASK, shown == original
-    shares = {"mask": (as_mask.sum(), mix[0] + hit), "kept": (kept.sum(), 1 - sum(mix) + hit),
-              "random": ((~as_mask & ~kept).sum(), mix[1] - 2 * hit)}
+    shares = {
+        "mask": (as_mask.sum(), mix[0] + hit),
+        "kept": (kept.sum(), 1 - sum(mix) + hit),
+        "random": ((~as_mask & ~kept).sum(), mix[1] - 2 * hit),
+    }
     for name, (count, p) in shares.items():
         within(count, n * p, n * p * (1 - p) + 1e-9, f"{name} share of {mix}")
     random_ids = shown[~as_mask & ~kept]
     if len(random_ids):  # uniform over the whole vocabulary, special ids included
-        within(random_ids.mean(), (VOCAB - 1) / 2, (VOCAB ** 2 / 12) / len(random_ids),
-               "mean random id")
+        within(
+            random_ids.mean(), (VOCAB - 1) / 2, (VOCAB**2 / 12) / len(random_ids), "mean random id"
+        )
         assert random_ids.min() < 5
 
 
@@ -148,7 +156,8 @@ def test_every_candidate_is_equally_likely(rows):
     candidates is chosen with probability k/C, wherever it stands."""
     tokens, lengths = rows
     _, positions, _, counts = masking.MaskingRule(SPECIALS, 0.15, PREDS).apply(
-        tokens, lengths, 13, np.arange(len(tokens)))
+        tokens, lengths, 13, np.arange(len(tokens))
+    )
     cand = candidates(tokens, lengths)
     p = np.where(cand, (counts / cand.sum(1))[:, None], 0.0)
     chosen = chosen_mask(positions, counts)
@@ -156,8 +165,12 @@ def test_every_candidate_is_equally_likely(rows):
     where = np.where(cand, (rank * 8) // cand.sum(1, keepdims=True), -1)  # 8 bins of rank
     for b in range(8):
         in_bin = where == b
-        within(chosen[in_bin].sum(), p[in_bin].sum(), (p * (1 - p))[in_bin].sum(),
-               f"chosen in rank bin {b}")
+        within(
+            chosen[in_bin].sum(),
+            p[in_bin].sum(),
+            (p * (1 - p))[in_bin].sum(),
+            f"chosen in rank bin {b}",
+        )
 
 
 def test_whole_words_are_masked_together_and_skipped_when_too_long():
@@ -165,7 +178,7 @@ def test_whole_words_are_masked_together_and_skipped_when_too_long():
     rule = masking.MaskingRule(SPECIALS, 0.3, PREDS, whole_word_mask=True)  # 2 predictions
     for key in range(40):  # the 3-piece word never fits: always 8 and 10
         _, positions, _, counts = rule.apply(tokens, np.array([7]), key, np.array([0]))
-        assert positions[0, :counts[0]].tolist() == [4, 5]
+        assert positions[0, : counts[0]].tolist() == [4, 5]
     with pytest.raises(ValueError, match="continuation"):
         masking.MaskingRule(inst.SpecialTokens(CLS, SEP, MASK, PAD, VOCAB), 0.15, PREDS, True)
 
@@ -180,23 +193,28 @@ def test_whole_word_masking_matches_the_original_rule(rows):
     rng = random.Random(0)
     reference = np.zeros_like(chosen)
     for i in range(len(tokens)):
-        _, picked = original_mask(tokens[i, :lengths[i]].tolist(), rng, 0.15, PREDS, True)
+        _, picked = original_mask(tokens[i, : lengths[i]].tolist(), rng, 0.15, PREDS, True)
         reference[i, picked] = True
     cand = candidates(tokens, lengths)
     continues = cand & CONTINUATION[tokens] & (np.cumsum(cand, 1) > 1)
     for what, ours, theirs in (
-            ("per-instance count", chosen.sum(1), reference.sum(1)),
-            ("continuation pieces", (chosen & continues).sum(1), (reference & continues).sum(1)),
-            ("count short of wanted", wanted(lengths) - chosen.sum(1),
-             wanted(lengths) - reference.sum(1)),
-            ("first half of the row", chosen[:, :SEQ // 2].sum(1), reference[:, :SEQ // 2].sum(1))):
+        ("per-instance count", chosen.sum(1), reference.sum(1)),
+        ("continuation pieces", (chosen & continues).sum(1), (reference & continues).sum(1)),
+        (
+            "count short of wanted",
+            wanted(lengths) - chosen.sum(1),
+            wanted(lengths) - reference.sum(1),
+        ),
+        ("first half of the row", chosen[:, : SEQ // 2].sum(1), reference[:, : SEQ // 2].sum(1)),
+    ):
         variance = (ours.var() + theirs.var()) / len(tokens)
         within(ours.mean(), theirs.mean(), variance, what)
     # Whole words: a continuation piece is chosen exactly when the piece before it
     # (the previous candidate) is.
     previous = np.where(cand, np.arange(SEQ)[None], -1)
-    previous = np.maximum.accumulate(np.concatenate([np.full((len(cand), 1), -1),
-                                                     previous[:, :-1]], 1), axis=1)
+    previous = np.maximum.accumulate(
+        np.concatenate([np.full((len(cand), 1), -1), previous[:, :-1]], 1), axis=1
+    )
     rows_, cols = np.nonzero(continues)
     np.testing.assert_array_equal(chosen[rows_, cols], chosen[rows_, previous[rows_, cols]])
     assert (chosen & continues).sum() > 1000
@@ -226,12 +244,20 @@ def test_chunked_masking_statistics_equal_the_original_over_many_instances():
     rule = masking.MaskingRule(SPECIALS, 0.15, PREDS, whole_word_mask=True)
     ids, positions, labels, counts = rule.apply(tokens, lengths, 23, np.arange(len(tokens)))
     rng = random.Random(1)
-    theirs = np.array([len(original_mask(tokens[i, :lengths[i]].tolist(), rng, 0.15, PREDS,
-                                         True)[1]) for i in range(len(tokens))])
+    theirs = np.array(
+        [
+            len(original_mask(tokens[i, : lengths[i]].tolist(), rng, 0.15, PREDS, True)[1])
+            for i in range(len(tokens))
+        ]
+    )
     for k in range(PREDS + 1):
         ours_k, theirs_k = (counts == k).mean(), (theirs == k).mean()
-        within(ours_k, theirs_k, (ours_k * (1 - ours_k) + theirs_k * (1 - theirs_k))
-               / len(tokens) + 1e-12, f"share of instances with {k} predictions")
+        within(
+            ours_k,
+            theirs_k,
+            (ours_k * (1 - ours_k) + theirs_k * (1 - theirs_k)) / len(tokens) + 1e-12,
+            f"share of instances with {k} predictions",
+        )
     slots = np.arange(PREDS)[None] < counts[:, None]
     shown = np.take_along_axis(ids, positions, 1)[slots]
     n = len(shown)

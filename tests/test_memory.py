@@ -1,4 +1,5 @@
 """The start-up sharding/memory report, the mesh divisibility check, and `python -m bertjax.tools.aot`."""
+
 import json
 import os
 import re
@@ -20,16 +21,25 @@ PHASE = Phase("short", 32, 5, 16, 0, 10)
 
 
 def _config(**overrides) -> BertConfig:
-    fields = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=64, max_position_embeddings=32)
+    fields = dict(
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     return BertConfig(**{**fields, **overrides})
 
 
 def _state(config: BertConfig, mesh, materialize=False):
-    tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10))
+    tx = optim.make_optimizer(
+        optim.OptimizerConfig(peak_learning_rate=1e-3, warmup_steps=1, total_steps=10)
+    )
     model = BertForPreTraining(config)
-    return model, create_train_state(model, tx, jax.random.PRNGKey(0), EXAMPLE, mesh,
-                                     materialize=materialize)
+    return model, create_train_state(
+        model, tx, jax.random.PRNGKey(0), EXAMPLE, mesh, materialize=materialize
+    )
 
 
 def test_report_names_every_sharding_and_counts_real_bytes():
@@ -37,8 +47,12 @@ def test_report_names_every_sharding_and_counts_real_bytes():
     model, (state, abstract, _) = _state(_config(), mesh, materialize=True)
     # Bytes per device equal what device 0 really holds.
     for tree in (state.params, state.opt_state):
-        held = sum(shard.data.nbytes for leaf in jax.tree.leaves(tree)
-                   for shard in leaf.addressable_shards if shard.device == jax.devices()[0])
+        held = sum(
+            shard.data.nbytes
+            for leaf in jax.tree.leaves(tree)
+            for shard in leaf.addressable_shards
+            if shard.device == jax.devices()[0]
+        )
         assert memory.per_device_bytes(tree) == held
     text = memory.report(model, abstract, mesh, [PHASE])
     lines = {line.split()[0]: line for line in text.splitlines()[1:] if "/" in line.split()[0]}
@@ -46,13 +60,16 @@ def test_report_names_every_sharding_and_counts_real_bytes():
     assert "32x32 (x2)" in query and "(embed, qkv)" in query and "(fsdp, tensor)" in query
     assert query.endswith("1.00 KiB")  # 2 layers x 32 x 32 x 4 bytes / (2 x 4 devices)
     assert "(vocab, embed)" in lines["bert/embeddings/word_embeddings"]
-    assert "(norm)" in lines["bert/embeddings/LayerNorm/scale"] and "-> (-)" in lines[
-        "bert/embeddings/LayerNorm/scale"]
+    assert (
+        "(norm)" in lines["bert/embeddings/LayerNorm/scale"]
+        and "-> (-)" in lines["bert/embeddings/LayerNorm/scale"]
+    )
     assert "phase short: 8 of 16 sequences x 32 tokens per device" in text
     total = re.search(r"total +([\d.]+ \w+)  \(phase short", text).group(1)
     assert memory.summary(model, abstract, mesh, [PHASE]).endswith(
         f"parameters; mesh data=1 fsdp=2 tensor=4 (8 devices); per device before XLA "
-        f"temporaries: {total} (short)")
+        f"temporaries: {total} (short)"
+    )
 
 
 def test_activation_estimate_follows_remat_and_tensor_split():
@@ -68,10 +85,13 @@ def test_activation_estimate_follows_remat_and_tensor_split():
     assert per_layer > 8 * 4 * 32 * 32 * 4 + 2 * 8 * 32 * 64 * 4
 
 
-@pytest.mark.parametrize("overrides, mesh_axes, devices, message", [
-    ({}, {"tensor": 8}, 8, "mesh.tensor=8 does not divide model.num_attention_heads=4"),
-    ({"vocab_size": 130}, {"tensor": 4}, 4, "--config.model.vocab_size=132"),
-])
+@pytest.mark.parametrize(
+    "overrides, mesh_axes, devices, message",
+    [
+        ({}, {"tensor": 8}, 8, "mesh.tensor=8 does not divide model.num_attention_heads=4"),
+        ({"vocab_size": 130}, {"tensor": 4}, 4, "--config.model.vocab_size=132"),
+    ],
+)
 def test_mesh_that_cannot_split_the_model_is_named(overrides, mesh_axes, devices, message):
     mesh = sharding.make_mesh(mesh_axes, jax.devices()[:devices])
     model, (_, abstract, _) = _state(_config(**overrides), mesh)
@@ -83,25 +103,46 @@ def _aot(*flags: str, out: str = "") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
     env.pop("XLA_FLAGS", None)  # the tool sets its own device count
     return subprocess.run(
-        [sys.executable, "-m", "bertjax.tools.aot", "--config=configs/tiny.py",
-         *([f"--out={out}"] if out else []), *flags],
-        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env=env)
+        [
+            sys.executable,
+            "-m",
+            "bertjax.tools.aot",
+            "--config=configs/tiny.py",
+            *([f"--out={out}"] if out else []),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        env=env,
+    )
 
 
 @pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_aot_compiles_for_sixteen_fake_devices(tmp_path):
     out = tmp_path / "aot.json"
-    result = _aot("--num_devices=16", "--config.mesh.data=2", "--config.mesh.fsdp=4",
-                  "--config.mesh.tensor=2", "--config.model.num_hidden_layers=1",
-                  "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
-                  "--config.model.vocab_size=512", "--config.data.max_predictions_per_seq=4",
-                  "--config.train.global_batch_size=16", "--config.long_phase.fraction=0",
-                  out=str(out))
+    result = _aot(
+        "--num_devices=16",
+        "--config.mesh.data=2",
+        "--config.mesh.fsdp=4",
+        "--config.mesh.tensor=2",
+        "--config.model.num_hidden_layers=1",
+        "--config.model.hidden_size=32",
+        "--config.model.intermediate_size=64",
+        "--config.model.vocab_size=512",
+        "--config.data.max_predictions_per_seq=4",
+        "--config.train.global_batch_size=16",
+        "--config.long_phase.fraction=0",
+        out=str(out),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert lines[0].startswith("cpu x16 (cpu, 16 devices), mesh data=2 fsdp=4 tensor=2")
-    assert lines[1].startswith("Phase short (L=128, global batch 16, 2 per device): no memory "
-                               "verdict on fake CPU devices (compile for a --target)")
+    assert lines[1].startswith(
+        "Phase short (L=128, global batch 16, 2 per device): no memory "
+        "verdict on fake CPU devices (compile for a --target)"
+    )
     assert lines[2] == f"Details: {out}"
     details = json.loads(out.read_text())
     assert "Mesh {'data': 2, 'fsdp': 4, 'tensor': 2} (16 devices)" in details["startup_report"]
@@ -115,8 +156,9 @@ def test_aot_names_a_sharding_error():
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "does not divide model.num_attention_heads=2" in errors[0], \
+    assert len(errors) == 1 and "does not divide model.num_attention_heads=2" in errors[0], (
         result.stderr[-2000:]
+    )
 
 
 def test_a_state_beyond_the_address_space_limit_is_one_line_before_allocating():
@@ -152,14 +194,26 @@ for hidden, abstract in states.items():
     except memory.WontFit as e:
         print(hidden, 'error:', e)
 """
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            cwd=REPO_ROOT, timeout=300,
-                            env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
-                                 "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+        env={
+            **os.environ,
+            "PYTHONPATH": REPO_ROOT,
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+        },
+    )
     lines = result.stdout.splitlines()
     assert lines[:1] == ["32 fits"], result.stdout + result.stderr
-    assert re.fullmatch(r"2048 error: the training state \(parameters and optimizer moments\) "
-                        r"needs 1\.\d+ GiB on this host's 1 CPU device, but this process can "
-                        r"allocate only (1\.00 GiB|10\d\d\.\d+ MiB) more \(its address-space limit, ulimit "
-                        r"-v\); use a smaller model \(configs/tiny\.py\), raise the limit, or run "
-                        r"on an accelerator", lines[1]), lines
+    assert re.fullmatch(
+        r"2048 error: the training state \(parameters and optimizer moments\) "
+        r"needs 1\.\d+ GiB on this host's 1 CPU device, but this process can "
+        r"allocate only (1\.00 GiB|10\d\d\.\d+ MiB) more \(its address-space limit, ulimit "
+        r"-v\); use a smaller model \(configs/tiny\.py\), raise the limit, or run "
+        r"on an accelerator",
+        lines[1],
+    ), lines

@@ -1,5 +1,6 @@
 """The model against an independent numpy implementation of the original BERT equations,
 plus the architecture's fixed facts (sizes, init, masking, dtypes, scan/remat layouts)."""
+
 import math
 import types
 
@@ -14,8 +15,14 @@ from bertjax.models import attention
 from bertjax.models.bert import model as M
 from bertjax.training import sharding
 
-SMALL = M.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=24)
+SMALL = M.BertConfig(
+    vocab_size=97,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=24,
+)
 
 
 def _inputs(batch=3, length=10, predictions=4, seed=0):
@@ -31,11 +38,15 @@ def _inputs(batch=3, length=10, predictions=4, seed=0):
 
 def _init(config=SMALL, seed=0):
     ids, segments, mask, positions = _inputs()
-    return nn.meta.unbox(M.BertForPreTraining(config).init(
-        jax.random.PRNGKey(seed), ids, segments, mask, positions)["params"])
+    return nn.meta.unbox(
+        M.BertForPreTraining(config).init(jax.random.PRNGKey(seed), ids, segments, mask, positions)[
+            "params"
+        ]
+    )
 
 
 # ---------------------------------------------------------------- numpy reference (original)
+
 
 def _np_layer_norm(x, p, eps=1e-12):
     mean = x.mean(-1, keepdims=True)
@@ -62,8 +73,11 @@ def numpy_bert_pretraining(params, ids, segments, mask, positions, config=SMALL)
     p = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
     emb = p["bert"]["embeddings"]
     length = ids.shape[1]
-    x = (emb["word_embeddings"][ids] + emb["position_embeddings"][:length][None]
-         + emb["token_type_embeddings"][segments])
+    x = (
+        emb["word_embeddings"][ids]
+        + emb["position_embeddings"][:length][None]
+        + emb["token_type_embeddings"][segments]
+    )
     x = _np_layer_norm(x, emb["LayerNorm"])
     bias = (1.0 - mask[:, None, None, :]) * -10000.0
     heads, size = config.num_attention_heads, config.hidden_size // config.num_attention_heads
@@ -77,11 +91,13 @@ def numpy_bert_pretraining(params, ids, segments, mask, positions, config=SMALL)
         q, k, v = (split(_np_dense(x, att["self"][n])) for n in ("query", "key", "value"))
         probs = _np_softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(size) + bias)
         context = (probs @ v).transpose(0, 2, 1, 3).reshape(x.shape)
-        x = _np_layer_norm(_np_dense(context, att["output"]["dense"]) + x,
-                           att["output"]["LayerNorm"])
+        x = _np_layer_norm(
+            _np_dense(context, att["output"]["dense"]) + x, att["output"]["LayerNorm"]
+        )
         hidden = _np_gelu(_np_dense(x, layer["intermediate"]["dense"]))
-        x = _np_layer_norm(_np_dense(hidden, layer["output"]["dense"]) + x,
-                           layer["output"]["LayerNorm"])
+        x = _np_layer_norm(
+            _np_dense(hidden, layer["output"]["dense"]) + x, layer["output"]["LayerNorm"]
+        )
     pooled = np.tanh(_np_dense(x[:, 0], p["bert"]["pooler"]["dense"]))
     gathered = np.take_along_axis(x, positions[:, :, None], axis=1)
     transform = p["predictions"]["transform"]
@@ -123,25 +139,39 @@ def test_padding_does_not_change_unpadded_outputs():
 def test_bert_base_and_large_parameter_counts():
     """BertModel base 109,482,240 / large 335,141,888 (the published counts) plus the
     pretraining heads (transform, LayerNorm, output bias, NSP): 624,188 / 1,084,220."""
+
     def count(config):
         ids = jnp.zeros((1, 8), jnp.int32)
-        shapes = jax.eval_shape(lambda: M.BertForPreTraining(config).init(
-            jax.random.PRNGKey(0), ids, ids, ids, ids[:, :2]))
+        shapes = jax.eval_shape(
+            lambda: M.BertForPreTraining(config).init(
+                jax.random.PRNGKey(0), ids, ids, ids, ids[:, :2]
+            )
+        )
         return sum(math.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(shapes["params"])))
+
     assert count(M.BertConfig()) == 110_106_428
-    large = M.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                         intermediate_size=4096)
+    large = M.BertConfig(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+    )
     assert count(large) == 335_141_888 + 1_084_220
 
 
 def test_original_constants():
     assert SMALL.layer_norm_eps == 1e-12 and attention.ATTENTION_MASK_VALUE == -10000.0
     x = jnp.linspace(-4, 4, 101)
-    np.testing.assert_allclose(M.ACTIVATIONS["gelu"](x), _np_gelu(np.asarray(x, np.float64)),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        M.ACTIVATIONS["gelu"](x), _np_gelu(np.asarray(x, np.float64)), atol=1e-6
+    )
     assert not np.allclose(M.ACTIVATIONS["gelu_tanh"](x), _np_gelu(np.asarray(x)), atol=1e-6)
-    params = _init(M.BertConfig(vocab_size=4000, hidden_size=64, num_hidden_layers=1,
-                                num_attention_heads=2, intermediate_size=128))
+    params = _init(
+        M.BertConfig(
+            vocab_size=4000,
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=128,
+        )
+    )
     table = np.asarray(params["bert"]["embeddings"]["word_embeddings"])
     assert np.abs(table).max() <= 0.04 + 1e-6  # truncated at 2 stddev
     # std of N(0, 0.02^2) truncated at +-2 sigma is 0.02 * 0.8796
@@ -158,10 +188,13 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
     params = _randomize(params)  # logits with std ~0.56 (init's: ~0.1)
     ids, segments, mask, positions = _inputs()
-    mlm, nsp = M.BertForPreTraining(config).apply({"params": params}, ids, segments, mask, positions)
+    mlm, nsp = M.BertForPreTraining(config).apply(
+        {"params": params}, ids, segments, mask, positions
+    )
     assert mlm.dtype == jnp.float32 and nsp.dtype == jnp.float32
-    ref, ref_nsp = M.BertForPreTraining(SMALL).apply({"params": params}, ids, segments, mask,
-                                                     positions)
+    ref, ref_nsp = M.BertForPreTraining(SMALL).apply(
+        {"params": params}, ids, segments, mask, positions
+    )
     # bfloat16's 8-bit mantissa: measured max error 0.012 (MLM) and 0.0044 (NSP), about 2% and
     # 3% of the logits' std; twice that bounds them, and the float32 path differs from it.
     assert float(np.std(ref)) > 0.5
@@ -173,30 +206,41 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
 @pytest.mark.parametrize("remat_policy", ["none", "full"])
 def test_scan_over_layers_matches_unrolled(remat_policy):
     params = _randomize(_init())
-    scanned_config = M.BertConfig(**{**SMALL.__dict__, "scan_layers": True,
-                                     "remat_policy": remat_policy})
+    scanned_config = M.BertConfig(
+        **{**SMALL.__dict__, "scan_layers": True, "remat_policy": remat_policy}
+    )
     encoder = params["bert"]["encoder"]
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[encoder[f"layer_{i}"] for i in range(2)])
     scanned_params = {**params, "bert": {**params["bert"], "encoder": {"layers": stacked}}}
     ids, segments, mask, positions = _inputs()
     scanned = M.BertForPreTraining(scanned_config).apply(
-        {"params": scanned_params}, ids, segments, mask, positions)
+        {"params": scanned_params}, ids, segments, mask, positions
+    )
     unrolled = M.BertForPreTraining(SMALL).apply({"params": params}, ids, segments, mask, positions)
     np.testing.assert_allclose(scanned[0], unrolled[0], atol=1e-5)
     # The scanned layout's init has the same shapes, stacked on a leading `layers` axis.
     scanned_init = _init(scanned_config)
-    assert jax.tree.map(jnp.shape, scanned_init["bert"]["encoder"]["layers"]) == \
-        jax.tree.map(jnp.shape, stacked)
+    assert jax.tree.map(jnp.shape, scanned_init["bert"]["encoder"]["layers"]) == jax.tree.map(
+        jnp.shape, stacked
+    )
 
 
 def test_dropout_is_active_only_when_not_deterministic():
     params = _init()
     ids, segments, mask, positions = _inputs()
     model = M.BertForPreTraining(SMALL)
+
     def run(seed, deterministic=False):
         return model.apply(
-            {"params": params}, ids, segments, mask, positions, deterministic=deterministic,
-            rngs={"dropout": jax.random.PRNGKey(seed)})
+            {"params": params},
+            ids,
+            segments,
+            mask,
+            positions,
+            deterministic=deterministic,
+            rngs={"dropout": jax.random.PRNGKey(seed)},
+        )
+
     assert not np.allclose(run(0)[0], run(1)[0])
     # deterministic=True ignores the dropout key and equals the numpy reference (no dropout).
     np.testing.assert_array_equal(run(0, True)[0], run(1, True)[0])
@@ -208,8 +252,9 @@ def test_dropout_is_active_only_when_not_deterministic():
 
 def test_every_parameter_has_logical_axes_mapped_by_the_rules():
     ids, segments, mask, positions = _inputs()
-    boxed = M.BertForPreTraining(SMALL).init(jax.random.PRNGKey(0), ids, segments, mask,
-                                             positions)["params"]
+    boxed = M.BertForPreTraining(SMALL).init(jax.random.PRNGKey(0), ids, segments, mask, positions)[
+        "params"
+    ]
     specs = nn.get_partition_spec(boxed)
     leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
     known = {name for name, _ in sharding.LOGICAL_AXIS_RULES}
@@ -231,12 +276,18 @@ def test_bad_configs_raise_clear_errors():
 def test_vocab_padding_keeps_parameters_and_logits():
     """`vocab_pad_multiple` pads only the MLM projection: same parameter shapes, same logits."""
     import dataclasses
+
     params = _randomize(_init())
     ids, segments, mask, positions = _inputs()
     padded = dataclasses.replace(SMALL, vocab_pad_multiple=128)
     assert jax.tree.map(jnp.shape, params) == jax.tree.map(
-        jnp.shape, nn.meta.unbox(M.BertForPreTraining(padded).init(
-            jax.random.PRNGKey(0), ids, segments, mask, positions)["params"]))
+        jnp.shape,
+        nn.meta.unbox(
+            M.BertForPreTraining(padded).init(
+                jax.random.PRNGKey(0), ids, segments, mask, positions
+            )["params"]
+        ),
+    )
     want = M.BertForPreTraining(SMALL).apply({"params": params}, ids, segments, mask, positions)
     got = M.BertForPreTraining(padded).apply({"params": params}, ids, segments, mask, positions)
     assert SMALL.vocab_size % 128 and got[0].shape == want[0].shape
@@ -259,8 +310,10 @@ def test_gathered_positions_and_their_gradient_equal_the_gather(dtype):
         return jnp.take_along_axis(x, positions[:, :, None], axis=1)
 
     assert M.gather_positions(x, positions).dtype == dtype
-    np.testing.assert_array_equal(np.asarray(M.gather_positions(x, positions), np.float32),
-                                  np.asarray(reference(x), np.float32))
+    np.testing.assert_array_equal(
+        np.asarray(M.gather_positions(x, positions), np.float32),
+        np.asarray(reference(x), np.float32),
+    )
     grad = jax.vjp(lambda x: M.gather_positions(x, positions), x)[1](cotangent)[0]
     expected = jax.vjp(reference, x)[1](cotangent)[0]
     np.testing.assert_array_equal(np.asarray(grad, np.float32), np.asarray(expected, np.float32))
@@ -279,9 +332,17 @@ def test_the_gpu_targets_rematerialised_activation_changes_no_parameter_value_or
 
     def loss_and_grads(params):
         def loss(params):
-            mlm, nsp = model.apply({"params": params}, ids, segments, mask, positions,
-                                   deterministic=False, rngs={"dropout": jax.random.PRNGKey(3)})
+            mlm, nsp = model.apply(
+                {"params": params},
+                ids,
+                segments,
+                mask,
+                positions,
+                deterministic=False,
+                rngs={"dropout": jax.random.PRNGKey(3)},
+            )
             return jnp.sum(mlm.astype(jnp.float32) ** 2) + jnp.sum(nsp.astype(jnp.float32))
+
         return jax.value_and_grad(loss)(params)
 
     host_params = _init(config)
@@ -292,6 +353,10 @@ def test_the_gpu_targets_rematerialised_activation_changes_no_parameter_value_or
         on_gpu = loss_and_grads(_randomize(gpu_params))
     assert "checkpoint" in jaxpr or "remat" in jaxpr  # the GPU path did run
     jax.tree.map(np.testing.assert_array_equal, gpu_params, host_params)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a, np.float32),
-                                                            np.asarray(b, np.float32)),
-                 on_gpu, host)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(
+            np.asarray(a, np.float32), np.asarray(b, np.float32)
+        ),
+        on_gpu,
+        host,
+    )

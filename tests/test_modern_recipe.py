@@ -2,6 +2,7 @@
 re-implementation of Wortsman et al. 2023's Algorithm 2, the warmup-stable-decay schedule's
 values, their config checks, and (slow) a ModernBERT run on them killed with -9 that resumes
 to the uninterrupted run's losses."""
+
 import json
 import os
 import runpy
@@ -26,9 +27,20 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(**overrides) -> optim.OptimizerConfig:
-    values = dict(name="stable_adamw", peak_learning_rate=1e-2, warmup_steps=2, total_steps=8,
-                  weight_decay_rate=WD, b1=B1, b2=B2, eps=EPS, clip_global_norm=0.0,
-                  schedule="wsd", decay_fraction=0.5, decay_shape="linear")
+    values = dict(
+        name="stable_adamw",
+        peak_learning_rate=1e-2,
+        warmup_steps=2,
+        total_steps=8,
+        weight_decay_rate=WD,
+        b1=B1,
+        b2=B2,
+        eps=EPS,
+        clip_global_norm=0.0,
+        schedule="wsd",
+        decay_fraction=0.5,
+        decay_shape="linear",
+    )
     return optim.OptimizerConfig(**{**values, **overrides})
 
 
@@ -38,8 +50,12 @@ def _grads(spike_at: int | None) -> list[dict]:
     grads = []
     for step in range(8):
         scale = 100.0 if step == spike_at else 1.0
-        grads.append(jax.tree.map(
-            lambda p: (scale * 1e-2 * rng.normal(size=p.shape)).astype(np.float32), _params()))  # noqa: B023 (called within this iteration)
+        grads.append(
+            jax.tree.map(
+                lambda p: (scale * 1e-2 * rng.normal(size=p.shape)).astype(np.float32),  # noqa: B023 (called within this iteration)
+                _params(),
+            )
+        )
     return grads
 
 
@@ -58,9 +74,9 @@ def _reference_stable_adamw(params, grads_per_step, lrs):
     for t, (grads, lr) in enumerate(zip(grads_per_step, lrs), start=1):
         for name, g in _flat(grads).items():
             m[name] = B1 * m[name] + (1 - B1) * g
-            v[name] = B2 * v[name] + (1 - B2) * g ** 2
-            m_hat, v_hat = m[name] / (1 - B1 ** t), v[name] / (1 - B2 ** t)
-            rms = np.sqrt(np.mean(g ** 2 / np.maximum(v_hat, EPS ** 2)))
+            v[name] = B2 * v[name] + (1 - B2) * g**2
+            m_hat, v_hat = m[name] / (1 - B1**t), v[name] / (1 - B2**t)
+            rms = np.sqrt(np.mean(g**2 / np.maximum(v_hat, EPS**2)))
             largest = max(largest, rms)
             update = m_hat / (np.sqrt(v_hat) + EPS) + (WD * params[name] if _decayed(name) else 0)
             params[name] = params[name] - lr / max(1.0, rms) * update
@@ -93,7 +109,7 @@ def test_stable_adamw_without_a_spike_is_adamw():
         np.testing.assert_allclose(value, adamw[name], rtol=0, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("shape, at_half_decay", [("linear", 0.5), ("1-sqrt", 1 - 0.5 ** 0.5)])
+@pytest.mark.parametrize("shape, at_half_decay", [("linear", 0.5), ("1-sqrt", 1 - 0.5**0.5)])
 def test_wsd_warms_up_holds_and_decays_to_zero(shape, at_half_decay):
     """100 steps, warmup 10, the last 20 decaying: linear to the peak, the peak from step 10
     to 80, then down to 0 at step 100 (half way: 0.5 or 1 - sqrt(0.5) of the peak)."""
@@ -109,11 +125,14 @@ def _pretraining_config() -> ml_collections.ConfigDict:
     return runpy.run_path(os.path.join(REPO_ROOT, "configs", "modernbert_tiny.py"))["get_config"]()
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("optimizer.schedule", "cosine", "optimizer.schedule='cosine' is not one of"),
-    ("optimizer.decay_shape", "sqrt", "optimizer.decay_shape='sqrt' is not one of"),
-    ("optimizer.decay_fraction", 1.5, "optimizer.decay_fraction=1.5 is out of range"),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("optimizer.schedule", "cosine", "optimizer.schedule='cosine' is not one of"),
+        ("optimizer.decay_shape", "sqrt", "optimizer.decay_shape='sqrt' is not one of"),
+        ("optimizer.decay_fraction", 1.5, "optimizer.decay_fraction=1.5 is out of range"),
+    ],
+)
 def test_bad_schedule_settings_are_one_line(field, value, words):
     config = _pretraining_config()
     config.optimizer[field.split(".")[1]] = value
@@ -138,13 +157,11 @@ def test_a_checkpoint_from_before_the_schedule_fields_resumes_on_its_schedule():
     for field in ("schedule", "decay_fraction", "decay_shape"):
         del old["optimizer"][field]
     meta = RunRecord.of({"config": json.dumps(old), "schedule": plan.record()})
-    resumed = run_schedule.resumed(meta, "ckpt/8", validate.settings(config),
-                                   config.optimizer)
+    resumed = run_schedule.resumed(meta, "ckpt/8", validate.settings(config), config.optimizer)
     assert resumed == plan
     config.optimizer.schedule = "wsd"
     with pytest.raises(run_schedule.ScheduleChanged, match="optimizer.schedule: 'linear' -> 'wsd'"):
-        run_schedule.resumed(meta, "ckpt/8", validate.settings(config),
-                             config.optimizer)
+        run_schedule.resumed(meta, "ckpt/8", validate.settings(config), config.optimizer)
 
 
 def test_another_optimizer_is_refused_on_resume_also_when_extending():
@@ -156,11 +173,14 @@ def test_another_optimizer_is_refused_on_resume_also_when_extending():
     for extend in (False, True):
         config.train.extend = extend
         config.train.total_steps += extend
-        with pytest.raises(run_schedule.ScheduleChanged, match=(
+        with pytest.raises(
+            run_schedule.ScheduleChanged,
+            match=(
                 r"^checkpoint ckpt/8 was trained with optimizer.name='stable_adamw', and this "
-                r"run asks for 'adamw': .* Rerun with --config.optimizer.name=stable_adamw")):
-            run_schedule.resumed(meta, "ckpt/8", validate.settings(config),
-                                 config.optimizer)
+                r"run asks for 'adamw': .* Rerun with --config.optimizer.name=stable_adamw"
+            ),
+        ):
+            run_schedule.resumed(meta, "ckpt/8", validate.settings(config), config.optimizer)
 
 
 @pytest.mark.slow  # three tiny runs in subprocesses: about 1.5 minutes of CPU
@@ -170,13 +190,22 @@ def test_a_modernbert_run_on_the_recipe_killed_with_9_resumes_exactly(corpus_fil
     command resumes from step 8 and logs every loss of the uninterrupted run, bit for bit."""
     config = small_config(corpus_file, str(tmp_path / "cache"))
     defaults = modernbert_tiny()
-    flags = [f"--config.{section}.{field}={value}"
-             for section in config for field, value in config[section].items()
-             if value != defaults[section][field]]
+    flags = [
+        f"--config.{section}.{field}={value}"
+        for section in config
+        for field, value in config[section].items()
+        if value != defaults[section][field]
+    ]
 
     def command(workdir: str) -> list[str]:
-        return [sys.executable, "-m", "bertjax.train", f"--config={CONFIG_FILE}",
-                f"--workdir={workdir}", *flags]
+        return [
+            sys.executable,
+            "-m",
+            "bertjax.train",
+            f"--config={CONFIG_FILE}",
+            f"--workdir={workdir}",
+            *flags,
+        ]
 
     test_faults.run_to_end(command(str(tmp_path / "straight")))
     straight = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "straight")}

@@ -2,6 +2,7 @@
 sliding-window band mask, RoPE against a hand computation, locality of the local layers,
 packed rows against the same instances run alone, and the transformers-format round trip
 (bertjax.interop.hf_modernbert). Parity with transformers itself: test_modernbert_parity.py."""
+
 import dataclasses
 import functools
 
@@ -20,15 +21,25 @@ from bertjax.models.modernbert.config import ModernBertConfig
 from bertjax.training import objectives, optim, sharding, steps
 from bertjax.training.state import create_train_state
 
-TINY = ModernBertConfig(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=4,
-                        num_attention_heads=2, local_attention=4, max_position_embeddings=64,
-                        pad_token_id=0)
+TINY = ModernBertConfig(
+    vocab_size=40,
+    hidden_size=16,
+    intermediate_size=24,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    local_attention=4,
+    max_position_embeddings=64,
+    pad_token_id=0,
+)
 
 
 def abstract(config: ModernBertConfig) -> dict:
     """The parameters' shapes and logical axes (boxed), computed without running anything."""
-    return jax.eval_shape(lambda: MB.ModernBertForMaskedLM(config).init(
-        jax.random.PRNGKey(0), *MB.example_inputs())["params"])
+    return jax.eval_shape(
+        lambda: MB.ModernBertForMaskedLM(config).init(jax.random.PRNGKey(0), *MB.example_inputs())[
+            "params"
+        ]
+    )
 
 
 def init(config: ModernBertConfig, seed: int = 0) -> dict:
@@ -36,7 +47,8 @@ def init(config: ModernBertConfig, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     return jax.tree.map(
         lambda x: (0.3 * rng.standard_normal(x.shape)).astype(np.float32),
-        nn.meta.unbox(abstract(config)))
+        nn.meta.unbox(abstract(config)),
+    )
 
 
 @functools.lru_cache
@@ -45,8 +57,9 @@ def jitted_apply(config: ModernBertConfig):
 
 
 def logits(config, params, ids, mask, **kwargs):
-    return np.asarray(jitted_apply(config)({"params": params}, jnp.asarray(ids),
-                                           jnp.asarray(mask), **kwargs))
+    return np.asarray(
+        jitted_apply(config)({"params": params}, jnp.asarray(ids), jnp.asarray(mask), **kwargs)
+    )
 
 
 def test_shapes_parameters_and_switches():
@@ -57,20 +70,33 @@ def test_shapes_parameters_and_switches():
     positions = np.array([[0, 3], [8, 1]])
     gathered = logits(TINY, params, ids, np.ones_like(ids), masked_lm_positions=positions)
     full = logits(TINY, params, ids, np.ones_like(ids))
-    np.testing.assert_allclose(gathered, np.take_along_axis(full, positions[..., None], 1),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        gathered, np.take_along_axis(full, positions[..., None], 1), rtol=1e-6, atol=1e-6
+    )
     # Layer 0 has no attention norm; the others do; defaults have no biases but the decoder's.
     assert not any(p.startswith("model/layer_0/attn_norm") for p in flat)
     assert "model/layer_1/attn_norm/scale" in flat
     assert flat["model/layer_2/attn/Wqkv/kernel"].shape == (16, 3, 16)
     assert flat["model/layer_2/mlp/Wi/kernel"].shape == (16, 2, 24)
     assert [p for p in flat if p.endswith("bias")] == ["decoder/bias"]
-    switched = dataclasses.replace(TINY, norm_bias=True, attention_bias=True, mlp_bias=True,
-                                   classifier_bias=True, decoder_bias=False)
+    switched = dataclasses.replace(
+        TINY,
+        norm_bias=True,
+        attention_bias=True,
+        mlp_bias=True,
+        classifier_bias=True,
+        decoder_bias=False,
+    )
     biases = {p for p in tree.flatten(init(switched)) if p.endswith("bias")}
-    assert {"model/layer_1/attn/Wqkv/bias", "model/layer_1/attn/Wo/bias",
-            "model/layer_1/mlp/Wi/bias", "model/layer_1/mlp/Wo/bias",
-            "model/final_norm/bias", "head/dense/bias", "head/norm/bias"} <= biases
+    assert {
+        "model/layer_1/attn/Wqkv/bias",
+        "model/layer_1/attn/Wo/bias",
+        "model/layer_1/mlp/Wi/bias",
+        "model/layer_1/mlp/Wo/bias",
+        "model/final_norm/bias",
+        "head/dense/bias",
+        "head/norm/bias",
+    } <= biases
     assert "decoder/bias" not in biases
 
 
@@ -82,7 +108,8 @@ def test_every_parameter_has_logical_axes_the_sharding_rules_place():
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": -1})
     placed = sharding.logical_to_sharding(specs, mesh)
     assert placed["model"]["layer_1"]["attn"]["Wqkv"]["kernel"].spec == PartitionSpec(
-        sharding.FSDP, None, sharding.TENSOR)
+        sharding.FSDP, None, sharding.TENSOR
+    )
 
 
 def test_band_mask_padding_and_packed():
@@ -104,8 +131,9 @@ def test_cudnn_refuses_a_window():
     """JAX's cuDNN path has causal windows only: asked for a two-sided one, one line."""
     q = jnp.zeros((1, 128, 2, 8))
     with pytest.raises(ValueError, match="no two-sided sliding window"):
-        attention.fused_attention("cudnn", q, q, q, attention.Mask(jnp.ones((1, 128)), 0, 4),
-                                  0.0, 0)
+        attention.fused_attention(
+            "cudnn", q, q, q, attention.Mask(jnp.ones((1, 128)), 0, 4), 0.0, 0
+        )
 
 
 def test_rope_against_a_hand_computation():
@@ -115,9 +143,16 @@ def test_rope_against_a_hand_computation():
     # Frequencies 100^(-0/4) = 1 and 100^(-2/4) = 0.1; units (0, 2) and (1, 3) rotate together.
     a, b = 2.0, 0.2
     np.testing.assert_allclose(out[0], [1, 2, 3, 4], rtol=1e-6)
-    np.testing.assert_allclose(out[1], [1 * np.cos(a) - 3 * np.sin(a), 2 * np.cos(b) - 4 * np.sin(b),
-                                        3 * np.cos(a) + 1 * np.sin(a), 4 * np.cos(b) + 2 * np.sin(b)],
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        out[1],
+        [
+            1 * np.cos(a) - 3 * np.sin(a),
+            2 * np.cos(b) - 4 * np.sin(b),
+            3 * np.cos(a) + 1 * np.sin(a),
+            4 * np.cos(b) + 2 * np.sin(b),
+        ],
+        rtol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("is_global", [False, True])
@@ -128,8 +163,9 @@ def test_a_local_layer_sees_only_its_window(is_global):
     positions = jnp.arange(12)[None]
     shapes = jax.eval_shape(module.init, jax.random.PRNGKey(1), x, mask, positions)
     rng = np.random.default_rng(0)
-    params = jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(np.float32),
-                          nn.meta.unbox(shapes))
+    params = jax.tree.map(
+        lambda a: rng.standard_normal(a.shape).astype(np.float32), nn.meta.unbox(shapes)
+    )
     apply = jax.jit(module.apply)
     before = apply(params, x, mask, positions)
     after = apply(params, x.at[0, 11].add(1.0), mask, positions)
@@ -146,10 +182,20 @@ def test_packed_rows_equal_their_instances_alone():
     row = np.concatenate([first, second, [0, 0]])[None]
     instances = np.array([[1] * 7 + [2] * 5 + [0, 0]])
     positions = np.array([list(range(7)) + list(range(5)) + [0, 0]])
-    packed = logits(config, params, row, instances > 0, position_ids=jnp.asarray(positions),
-                    instance_ids=jnp.asarray(instances))[0]
-    alone = logits(config, params, np.stack([first, np.pad(second, (0, 2))]),
-                   np.array([[1] * 7, [1] * 5 + [0] * 2]))
+    packed = logits(
+        config,
+        params,
+        row,
+        instances > 0,
+        position_ids=jnp.asarray(positions),
+        instance_ids=jnp.asarray(instances),
+    )[0]
+    alone = logits(
+        config,
+        params,
+        np.stack([first, np.pad(second, (0, 2))]),
+        np.array([[1] * 7, [1] * 5 + [0] * 2]),
+    )
     np.testing.assert_allclose(packed[:7], alone[0], rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(packed[7:12], alone[1, :5], rtol=2e-5, atol=2e-5)
 
@@ -167,11 +213,13 @@ def test_remat_and_padding_keep_the_values():
 
 
 def test_config_errors_are_one_line():
-    for field, value, words in (("local_attention", 0, "integer >= 1"),
-                                ("num_attention_heads", 3, "not divisible"),
-                                ("hidden_activation", "swish", "is not one of"),
-                                ("norm_bias", 1, "True or False"),
-                                ("mlp_dropout", 1.0, r"\[0, 1\)")):
+    for field, value, words in (
+        ("local_attention", 0, "integer >= 1"),
+        ("num_attention_heads", 3, "not divisible"),
+        ("hidden_activation", "swish", "is not one of"),
+        ("norm_bias", 1, "True or False"),
+        ("mlp_dropout", 1.0, r"\[0, 1\)"),
+    ):
         with pytest.raises(ValueError, match=words) as error:
             dataclasses.replace(TINY, **{field: value})
         assert "\n" not in str(error.value) and field in str(error.value)
@@ -180,9 +228,15 @@ def test_config_errors_are_one_line():
 
 
 def test_transformers_format_round_trip_without_torch(tmp_path):
-    config = dataclasses.replace(TINY, num_hidden_layers=3, attention_bias=True, mlp_bias=True,
-                                 norm_bias=True, global_attn_every_n_layers=2,
-                                 hidden_activation="gelu_tanh")
+    config = dataclasses.replace(
+        TINY,
+        num_hidden_layers=3,
+        attention_bias=True,
+        mlp_bias=True,
+        norm_bias=True,
+        global_attn_every_n_layers=2,
+        hidden_activation="gelu_tanh",
+    )
     params = init(config)
     count = hf_modernbert.save_hf(config, params, str(tmp_path))
     assert count == sum(x.size for x in jax.tree.leaves(params))
@@ -191,7 +245,9 @@ def test_transformers_format_round_trip_without_torch(tmp_path):
     for path, value in tree.flatten(params).items():
         np.testing.assert_array_equal(tree.flatten(loaded)[path], value, err_msg=path)
     assert hf_modernbert.path_to_hf("model/layer_2/attn/Wqkv/kernel") == (
-        "model.layers.2.attn.Wqkv.weight", "split")
+        "model.layers.2.attn.Wqkv.weight",
+        "split",
+    )
 
 
 def test_layer_types_other_than_every_n_are_refused():
@@ -206,24 +262,37 @@ def test_trains_on_the_sharded_machinery():
     -> data x fsdp x tensor mesh), the jitted step with its non-finite guard, AdamW. The
     first step's loss is the one-device forward's; a fixed batch is learnt."""
     model = MB.ModernBertForMaskedLM(dataclasses.replace(TINY, num_hidden_layers=2))
-    tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-2, warmup_steps=0,
-                                                    total_steps=100, name="adamw"))
+    tx = optim.make_optimizer(
+        optim.OptimizerConfig(
+            peak_learning_rate=1e-2, warmup_steps=0, total_steps=100, name="adamw"
+        )
+    )
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-    state, _, shardings = create_train_state(model, tx, jax.random.PRNGKey(0),
-                                             MB.example_inputs(), mesh)
-    assert state.params["model"]["layer_1"]["attn"]["Wqkv"]["kernel"].sharding.spec == \
-        PartitionSpec(sharding.FSDP, None, sharding.TENSOR)
+    state, _, shardings = create_train_state(
+        model, tx, jax.random.PRNGKey(0), MB.example_inputs(), mesh
+    )
+    assert state.params["model"]["layer_1"]["attn"]["Wqkv"][
+        "kernel"
+    ].sharding.spec == PartitionSpec(sharding.FSDP, None, sharding.TENSOR)
     rng = np.random.default_rng(0)
-    batch = {"input_ids": rng.integers(1, 40, (8, 12)), "input_mask": np.ones((8, 12), np.int32),
-             "masked_lm_positions": rng.integers(0, 12, (8, 3)),
-             "masked_lm_ids": rng.integers(1, 40, (8, 3)),
-             "masked_lm_weights": np.ones((8, 3), np.float32)}
+    batch = {
+        "input_ids": rng.integers(1, 40, (8, 12)),
+        "input_mask": np.ones((8, 12), np.int32),
+        "masked_lm_positions": rng.integers(0, 12, (8, 3)),
+        "masked_lm_ids": rng.integers(1, 40, (8, 3)),
+        "masked_lm_weights": np.ones((8, 3), np.float32),
+    }
     batch["input_mask"][:4, 9:] = 0
 
     def loss_fn(params, batch, dropout_rng):
-        logits = model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
-                             batch["masked_lm_positions"], deterministic=False,
-                             rngs={"dropout": dropout_rng})
+        logits = model.apply(
+            {"params": params},
+            batch["input_ids"],
+            batch["input_mask"],
+            batch["masked_lm_positions"],
+            deterministic=False,
+            rngs={"dropout": dropout_rng},
+        )
         return objectives.tagging_loss(logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
 
     one_device = jax.jit(loss_fn)(jax.device_get(state.params), batch, jax.random.PRNGKey(0))[0]
@@ -249,6 +318,9 @@ def test_the_xla_path_runs_every_layer_with_the_all_einsum_model_s_logits():
     mask[1, 9:] = 0
     fused = dataclasses.replace(TINY, attention_impl="xla")
     real = mask[..., None] > 0
-    np.testing.assert_allclose(np.where(real, logits(fused, params, ids, mask), 0),
-                               np.where(real, logits(TINY, params, ids, mask), 0),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.where(real, logits(fused, params, ids, mask), 0),
+        np.where(real, logits(TINY, params, ids, mask), 0),
+        rtol=1e-5,
+        atol=1e-5,
+    )

@@ -7,6 +7,7 @@ same logits; a transformers ModernBERT saved with its BPE tokenizer.json, read a
 `ModernBertModel` gives its encoder's last hidden state.
 
 Needs the `parity` extra; run with `python -m pytest -q -m parity tests`."""
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -29,17 +30,26 @@ from test_parity import randomized  # noqa: E402 (after the skips)
 
 pytestmark = pytest.mark.parity
 HEADS = {  # name: (transformers class, bertjax class, config switches)
-    "sequence-cls": ("ModernBertForSequenceClassification",
-                     modernbert_heads.ModernBertForSequenceClassification,
-                     dict(classifier_pooling="cls", num_labels=3)),
-    "sequence-mean": ("ModernBertForSequenceClassification",
-                      modernbert_heads.ModernBertForSequenceClassification,
-                      dict(classifier_pooling="mean", num_labels=1, classifier_bias=True,
-                           norm_bias=True)),
-    "token": ("ModernBertForTokenClassification",
-              modernbert_heads.ModernBertForTokenClassification, dict(num_labels=9)),
-    "question-answering": ("ModernBertForQuestionAnswering",
-                           modernbert_heads.ModernBertForQuestionAnswering, dict(num_labels=2)),
+    "sequence-cls": (
+        "ModernBertForSequenceClassification",
+        modernbert_heads.ModernBertForSequenceClassification,
+        dict(classifier_pooling="cls", num_labels=3),
+    ),
+    "sequence-mean": (
+        "ModernBertForSequenceClassification",
+        modernbert_heads.ModernBertForSequenceClassification,
+        dict(classifier_pooling="mean", num_labels=1, classifier_bias=True, norm_bias=True),
+    ),
+    "token": (
+        "ModernBertForTokenClassification",
+        modernbert_heads.ModernBertForTokenClassification,
+        dict(num_labels=9),
+    ),
+    "question-answering": (
+        "ModernBertForQuestionAnswering",
+        modernbert_heads.ModernBertForQuestionAnswering,
+        dict(num_labels=2),
+    ),
 }
 
 
@@ -47,10 +57,21 @@ def random_hf_head(name):
     class_name, _, switches = HEADS[name]
     torch.manual_seed(len(name))
     config = transformers.ModernBertConfig(
-        vocab_size=97, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
-        intermediate_size=40, local_attention=4, global_attn_every_n_layers=2,
-        max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        cls_token_id=1, sep_token_id=2, **switches)
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=40,
+        local_attention=4,
+        global_attn_every_n_layers=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+        **switches,
+    )
     return randomized(getattr(transformers, class_name)(config).eval(), "norm", 0.1)
 
 
@@ -58,8 +79,9 @@ def bertjax_head(name, directory):
     """The bertjax model of HEADS[name] and its parameters from transformers' `directory`
     (named by `hf_modernbert.path_to_hf`, as the export writes them)."""
     _, cls, switches = HEADS[name]
-    config = hf_modernbert.hf_config(tree.read_json_config(f"{directory}/config.json", "hf"),
-                                     directory)
+    config = hf_modernbert.hf_config(
+        tree.read_json_config(f"{directory}/config.json", "hf"), directory
+    )
     model = cls(config) if name == "question-answering" else cls(config, switches["num_labels"])
     tensors = hf_modernbert.read_tensors(directory)
     shapes = tree.flatten(families.abstract_params(model))
@@ -72,10 +94,8 @@ def bertjax_head(name, directory):
 
 
 def logits(model, params, ids, mask):
-    out = model.apply({"params": params}, jnp.asarray(ids), jnp.zeros_like(ids),
-                      jnp.asarray(mask))
-    return np.stack([np.asarray(x) for x in out], -1) if isinstance(out, tuple) \
-        else np.asarray(out)
+    out = model.apply({"params": params}, jnp.asarray(ids), jnp.zeros_like(ids), jnp.asarray(mask))
+    return np.stack([np.asarray(x) for x in out], -1) if isinstance(out, tuple) else np.asarray(out)
 
 
 def hf_head_logits(model, ids, mask):
@@ -103,18 +123,23 @@ def test_a_fine_tuned_classifier_exports_to_transformers_with_the_same_logits(tm
     model = random_hf_head("sequence-mean")
     model.save_pretrained(tmp_path / "hf")
     ours_model, params = bertjax_head("sequence-mean", str(tmp_path / "hf"))
-    head = finetuned.hf_head({"kind": "glue", "task": "stsb"}, params,
-                             families.get("modernbert").hf)
+    head = finetuned.hf_head(
+        {"kind": "glue", "task": "stsb"}, params, families.get("modernbert").hf
+    )
     hf_modernbert.save_hf(ours_model.config, params, str(tmp_path / "export"), head)
     loaded, info = transformers.AutoModelForSequenceClassification.from_pretrained(
-        tmp_path / "export", output_loading_info=True)
+        tmp_path / "export", output_loading_info=True
+    )
     assert type(loaded).__name__ == "ModernBertForSequenceClassification"
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert loaded.config.classifier_pooling == "mean" and loaded.config.num_labels == 1
     ids, mask = padded_batch(97)
-    np.testing.assert_allclose(hf_head_logits(loaded.eval(), ids, mask),
-                               logits(ours_model, params, ids, mask),
-                               rtol=TOLERANCE, atol=TOLERANCE)
+    np.testing.assert_allclose(
+        hf_head_logits(loaded.eval(), ids, mask),
+        logits(ours_model, params, ids, mask),
+        rtol=TOLERANCE,
+        atol=TOLERANCE,
+    )
 
 
 def test_a_transformers_modernbert_with_its_bpe_tokenizer_reads_as_init_checkpoint(tmp_path):
@@ -135,16 +160,20 @@ def test_a_transformers_modernbert_with_its_bpe_tokenizer_reads_as_init_checkpoi
     auto = transformers.PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"))
     texts = ["the movie was good .", "café naïve – déjà vu", "john went to paris"]
     for text in texts:
-        assert [tokenizer.cls_id, *tokenizer.encode(text), tokenizer.sep_id] == \
-            auto(text)["input_ids"]
+        assert [tokenizer.cls_id, *tokenizer.encode(text), tokenizer.sep_id] == auto(text)[
+            "input_ids"
+        ]
     abstract = pretrained.abstract_params_on_one_device(modernbert.ModernBertForMaskedLM(config))
     params = pretrained.load_pretrained(str(directory), abstract, config)
     rows = [[tokenizer.cls_id, *tokenizer.encode(t), tokenizer.sep_id] for t in texts]
     length = max(map(len, rows))
     ids = np.array([r + [tokenizer.pad_id] * (length - len(r)) for r in rows])
     mask = np.array([[1] * len(r) + [0] * (length - len(r)) for r in rows])
-    ours = np.asarray(modernbert.ModernBertForMaskedLM(config).apply(
-        {"params": params}, jnp.asarray(ids), jnp.asarray(mask)))
+    ours = np.asarray(
+        modernbert.ModernBertForMaskedLM(config).apply(
+            {"params": params}, jnp.asarray(ids), jnp.asarray(mask)
+        )
+    )
     with torch.no_grad():
         theirs = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
     assert_close_at_real_tokens(ours, theirs.numpy(), mask)
@@ -170,14 +199,19 @@ def test_a_transformers_modernbertmodel_gives_its_encoder(tmp_path):
     config = pretrained.model_config_of(source, pretrained.pretraining_run(source))
     model = modernbert_heads.ModernBertForSequenceClassification(config, 2)
     abstract = pretrained.abstract_params_on_one_device(model)
-    params = pretrained.load_pretrained(str(tmp_path / "bare"),
-                                        {"model": abstract["model"], "head": abstract["head"]},
-                                        config, optional=("head",))
+    params = pretrained.load_pretrained(
+        str(tmp_path / "bare"),
+        {"model": abstract["model"], "head": abstract["head"]},
+        config,
+        optional=("head",),
+    )
     assert set(params) == {"model"}
     ids, mask = padded_batch(config.vocab_size)
-    ours = modernbert.ModernBertModel(config).apply({"params": params["model"]},
-                                                    jnp.asarray(ids), jnp.asarray(mask))
+    ours = modernbert.ModernBertModel(config).apply(
+        {"params": params["model"]}, jnp.asarray(ids), jnp.asarray(mask)
+    )
     with torch.no_grad():
-        theirs = bare(input_ids=torch.tensor(ids),
-                      attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+        theirs = bare(
+            input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)
+        ).last_hidden_state.numpy()
     assert_close_at_real_tokens(np.asarray(ours, np.float32), theirs, mask)

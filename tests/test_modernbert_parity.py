@@ -5,6 +5,7 @@ back through `AutoModelForMaskedLM` with the same logits and no missing or unexp
 
 Needs the `parity` extra; deselected by default, run with `python -m pytest -q -m parity tests`.
 """
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -23,13 +24,40 @@ LENGTH = 16
 # (layers, hidden, heads, intermediate, vocab, local_attention, global every n, switches)
 CONFIGS = {
     "odd-layers-window-smaller": (3, 32, 2, 40, 97, 4, 3, {}),
-    "window-larger-all-biases": (5, 48, 4, 64, 130, 64, 2, dict(
-        attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True,
-        decoder_bias=False, hidden_activation="gelu_pytorch_tanh")),
-    "odd-window-own-thetas": (4, 32, 4, 24, 61, 7, 4, dict(
-        norm_bias=True, classifier_activation="gelu_new", rope_parameters={
-            "full_attention": {"rope_type": "default", "rope_theta": 1000.0},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}})),
+    "window-larger-all-biases": (
+        5,
+        48,
+        4,
+        64,
+        130,
+        64,
+        2,
+        dict(
+            attention_bias=True,
+            mlp_bias=True,
+            norm_bias=True,
+            classifier_bias=True,
+            decoder_bias=False,
+            hidden_activation="gelu_pytorch_tanh",
+        ),
+    ),
+    "odd-window-own-thetas": (
+        4,
+        32,
+        4,
+        24,
+        61,
+        7,
+        4,
+        dict(
+            norm_bias=True,
+            classifier_activation="gelu_new",
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+            },
+        ),
+    ),
     "one-layer": (1, 16, 1, 16, 50, 4, 3, dict(mlp_bias=True)),
 }
 
@@ -40,10 +68,21 @@ def random_hf_model(name):
     layers, hidden, heads, intermediate, vocab, window, every, switches = CONFIGS[name]
     torch.manual_seed(layers * 100 + hidden)
     config = transformers.ModernBertConfig(
-        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, intermediate_size=intermediate, local_attention=window,
-        global_attn_every_n_layers=every, max_position_embeddings=64, pad_token_id=0,
-        bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, **switches)
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        local_attention=window,
+        global_attn_every_n_layers=every,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+        **switches,
+    )
     return randomized(transformers.ModernBertForMaskedLM(config).eval(), "norm", 0.1)
 
 
@@ -63,8 +102,11 @@ def hf_logits(model, ids, mask):
 
 
 def bertjax_logits(config, params, ids, mask):
-    return np.asarray(modernbert.ModernBertForMaskedLM(config).apply(
-        {"params": params}, jnp.asarray(ids), jnp.asarray(mask)))
+    return np.asarray(
+        modernbert.ModernBertForMaskedLM(config).apply(
+            {"params": params}, jnp.asarray(ids), jnp.asarray(mask)
+        )
+    )
 
 
 def assert_close_at_real_tokens(ours, theirs, mask):
@@ -80,10 +122,12 @@ def test_mlm_logits_equal_transformers(name, tmp_path):
     report = tree.LoadReport()
     config, params = hf_modernbert.load_hf(str(tmp_path), report)
     assert config.num_hidden_layers == CONFIGS[name][0] and report.mapped == len(
-        tree.flatten(params))
+        tree.flatten(params)
+    )
     ids, mask = padded_batch(config.vocab_size)
-    assert_close_at_real_tokens(bertjax_logits(config, params, ids, mask),
-                                hf_logits(model, ids, mask), mask)
+    assert_close_at_real_tokens(
+        bertjax_logits(config, params, ids, mask), hf_logits(model, ids, mask), mask
+    )
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -93,12 +137,14 @@ def test_export_loads_in_transformers_with_the_same_logits(name, tmp_path):
     config, params = hf_modernbert.load_hf(str(tmp_path / "hf"))
     hf_modernbert.save_hf(config, params, str(tmp_path / "export"))
     loaded, info = transformers.AutoModelForMaskedLM.from_pretrained(
-        tmp_path / "export", output_loading_info=True)
+        tmp_path / "export", output_loading_info=True
+    )
     assert type(loaded).__name__ == "ModernBertForMaskedLM"
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     ids, mask = padded_batch(config.vocab_size)
-    assert_close_at_real_tokens(hf_logits(loaded.eval(), ids, mask), hf_logits(model, ids, mask),
-                                mask)
+    assert_close_at_real_tokens(
+        hf_logits(loaded.eval(), ids, mask), hf_logits(model, ids, mask), mask
+    )
     again, params_again = hf_modernbert.load_hf(str(tmp_path / "export"))
     assert again == config
     for path, value in tree.flatten(params).items():
@@ -124,9 +170,11 @@ def test_a_converted_bertjax_checkpoint_gives_transformers_the_same_logits(tmp_p
     equal bertjax's on the same weights."""
     from test_modernbert import TINY
     from test_modernbert_train import modernbert_checkpoint
+
     params = modernbert_checkpoint(tmp_path / "run")
     assert convert.main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
     model = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").eval()
     ids, mask = padded_batch(TINY.vocab_size)
-    assert_close_at_real_tokens(bertjax_logits(TINY, params, ids, mask), hf_logits(model, ids, mask),
-                                mask)
+    assert_close_at_real_tokens(
+        bertjax_logits(TINY, params, ids, mask), hf_logits(model, ids, mask), mask
+    )

@@ -1,6 +1,7 @@
 """ModernBERT on the pretraining machinery (`config.model.family="modernbert"`,
 configs/modernbert_tiny.py): its config's checks, its model FLOPs, its weight decay, and
 (slow) a real run of `train.train_and_evaluate` that learns, stops and resumes exactly."""
+
 import dataclasses
 import json
 import os
@@ -32,14 +33,37 @@ modernbert_tiny = runpy.run_path(CONFIG_FILE)["get_config"]
 def small_config(corpus_file: str, cache_dir: str):
     """configs/modernbert_tiny.py at test size, on the test corpus."""
     c = modernbert_tiny()
-    c.model.update(vocab_size=512, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
-                   num_attention_heads=2, max_position_embeddings=128, local_attention=16)
-    c.data.update(source="text", input_files=corpus_file, sentencepiece_vocab_size=512,
-                  max_seq_length=64, max_predictions_per_seq=20, dupe_factor=2,
-                  eval_fraction=0.1, cache_dir=cache_dir, num_workers=1)
+    c.model.update(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        max_position_embeddings=128,
+        local_attention=16,
+    )
+    c.data.update(
+        source="text",
+        input_files=corpus_file,
+        sentencepiece_vocab_size=512,
+        max_seq_length=64,
+        max_predictions_per_seq=20,
+        dupe_factor=2,
+        eval_fraction=0.1,
+        cache_dir=cache_dir,
+        num_workers=1,
+    )
     c.long_phase.update(fraction=0.25, max_seq_length=128, max_predictions_per_seq=40)
-    c.train.update(global_batch_size=16, total_steps=12, log_every=1, eval_every=0,
-                   eval_batches=2, checkpoint_every=4, keep_checkpoints=2, keep_every=0)
+    c.train.update(
+        global_batch_size=16,
+        total_steps=12,
+        log_every=1,
+        eval_every=0,
+        eval_batches=2,
+        checkpoint_every=4,
+        keep_checkpoints=2,
+        keep_every=0,
+    )
     c.optimizer.update(peak_learning_rate=3e-3, warmup_steps=3)
     return c
 
@@ -61,18 +85,21 @@ def test_the_tiny_configs_attention_comment_names_the_window_kernels():
     comment (it said windows run the einsum reference only; issue 42)."""
     with open(CONFIG_FILE, encoding="utf-8") as f:
         text = f.read()
-    comment = text[text.index("# The sliding-window layers"):text.index("m.attention_impl")]
+    comment = text[text.index("# The sliding-window layers") : text.index("m.attention_impl")]
     for impl in attention.ATTENTION_IMPLS:
         if impl != "auto" and attention.window_impl(impl, half_window=8) == impl:
             assert impl in comment, impl
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("train.next_sentence_prediction", True, "next_sentence_prediction=False"),
-    ("train.objective", "ltr", "objective=mlm"),
-    ("model.family", "gpt", "model.family='gpt' is not one of 'bert', 'modernbert'"),
-    ("model.local_attention", 0, "model.local_attention=0 is out of range"),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("train.next_sentence_prediction", True, "next_sentence_prediction=False"),
+        ("train.objective", "ltr", "objective=mlm"),
+        ("model.family", "gpt", "model.family='gpt' is not one of 'bert', 'modernbert'"),
+        ("model.local_attention", 0, "model.local_attention=0 is out of range"),
+    ],
+)
 def test_what_a_modernbert_run_refuses(field, value, words):
     config = modernbert_tiny()
     section, name = field.split(".")
@@ -88,12 +115,16 @@ def test_a_family_whose_config_section_is_the_other_familys_names_its_configs():
     family's config files (issue 42)."""
     config = modernbert_tiny()
     config.model.family = "bert"
-    with pytest.raises(ConfigError, match=r"model.family='bert' but the model section holds "
-                       r"ModernBERT's fields .*configs/tiny.py, configs/base.py") as error:
+    with pytest.raises(
+        ConfigError,
+        match=r"model.family='bert' but the model section holds "
+        r"ModernBERT's fields .*configs/tiny.py, configs/base.py",
+    ) as error:
         validate.pretraining(config)
     assert "\n" not in str(error.value)
-    problem = cli.config_argument_error(["train", f"--config={TINY_CONFIG_FILE}",
-                                         "--config.model.family=modernbert"])
+    problem = cli.config_argument_error(
+        ["train", f"--config={TINY_CONFIG_FILE}", "--config.model.family=modernbert"]
+    )
     assert "is a BERT config" in problem and "configs/modernbert_tiny.py" in problem
 
 
@@ -108,8 +139,11 @@ def test_bert_configs_are_checked_as_before():
 def test_model_flops_count_the_geglu_and_the_windows():
     # 4 layers (global: 0, 3), S=10, window 2 * (4 // 2) + 1 = 5 keys, H=16, I=24, V=40, P=3.
     s, h, i, v, p = 10, 16, 24, 40, 3
-    expected = (6 * s * 4 * (4 * h * h + 3 * h * i) + 12 * h * s * (10 + 5 + 5 + 10)
-                + 6 * p * (h * h + h * v))
+    expected = (
+        6 * s * 4 * (4 * h * h + 3 * h * i)
+        + 12 * h * s * (10 + 5 + 5 + 10)
+        + 6 * p * (h * h + h * v)
+    )
     assert flops.train_flops_per_sequence(TINY, s, p) == expected
 
 
@@ -127,8 +161,11 @@ def modernbert_checkpoint(path, config: ModernBertConfig = TINY) -> dict:
     """A params-only bertjax checkpoint of a random ModernBERT, recorded as a run records it;
     returns the params."""
     params = init(config)
-    checkpoint.save_params(str(path), params, {"model": families.recorded_fields(
-        {"family": "modernbert", **dataclasses.asdict(config)})})
+    checkpoint.save_params(
+        str(path),
+        params,
+        {"model": families.recorded_fields({"family": "modernbert", **dataclasses.asdict(config)})},
+    )
     return params
 
 
@@ -156,23 +193,30 @@ def test_a_resumed_run_whose_init_checkpoint_has_gone_keeps_its_own_model(tmp_pa
     config = modernbert_tiny()
     config.train.init_checkpoint = str(tmp_path / "gone")
     model = config.model.to_dict()
-    model.update(init_architecture.model_of_init_checkpoint(
-        model, config.train.init_checkpoint, str(tmp_path / "run"), ()))
+    model.update(
+        init_architecture.model_of_init_checkpoint(
+            model, config.train.init_checkpoint, str(tmp_path / "run"), ()
+        )
+    )
     assert families.model_config(model) == dataclasses.replace(TINY, dtype="float32")
     with pytest.raises(pretrained.PretrainedError, match="gone'? does not exist"):
         init_architecture.model_of_init_checkpoint(
-            model, config.train.init_checkpoint, str(tmp_path / "new"), ())
+            model, config.train.init_checkpoint, str(tmp_path / "new"), ()
+        )
 
 
 def test_bert_runs_refuse_a_modernbert_checkpoint(tmp_path):
     modernbert_checkpoint(tmp_path / "run")
     source = pretrained.Source(init_checkpoint=str(tmp_path / "run"))
-    assert pretrained.model_config_of(source, pretrained.pretraining_run(source)) == \
-        dataclasses.replace(TINY, remat_policy="none")  # (a fine-tuning run's model)
+    assert pretrained.model_config_of(
+        source, pretrained.pretraining_run(source)
+    ) == dataclasses.replace(TINY, remat_policy="none")  # (a fine-tuning run's model)
     abstract_bert = {"bert": {}}
-    with pytest.raises(tree.ConversionError, match="holds a ModernBERT model but the run's "
-                       "model is BERT: start from a ModernBERT config, configs/modernbert_"
-                       ) as error:
+    with pytest.raises(
+        tree.ConversionError,
+        match="holds a ModernBERT model but the run's "
+        "model is BERT: start from a ModernBERT config, configs/modernbert_",
+    ) as error:
         pretrained.load_pretrained(str(tmp_path / "run"), abstract_bert, BertConfig())
     assert "\n" not in str(error.value)
 
@@ -190,9 +234,11 @@ def test_pretrains_and_resumes_exactly(corpus_file, cache_dir, tmp_path):  # noq
     assert "nsp_loss" not in final and final["mlm_accuracy"] > 0
     assert convert.main([str(tmp_path / "straight"), str(tmp_path / "hf")]) == 0
     assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= set(
-        os.listdir(tmp_path / "hf"))
+        os.listdir(tmp_path / "hf")
+    )
     assert hf_modernbert.load_hf(str(tmp_path / "hf"))[0] == families.model_config(
-        config.model.to_dict())
+        config.model.to_dict()
+    )
     resumed = tmp_path / "resumed"
     config.train.stop_after_steps = 5
     train.train_and_evaluate(config, str(resumed))
@@ -217,23 +263,49 @@ def test_aot_compiles_the_modernbert_step_for_fake_devices(tmp_path):
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
     env.pop("XLA_FLAGS", None)  # the tool sets its own device count
     result = subprocess.run(
-        [sys.executable, "-m", "bertjax.tools.aot", "--config=configs/modernbert_tiny.py",
-         f"--out={out}", "--num_devices=8", "--config.mesh.data=2", "--config.mesh.fsdp=2",
-         "--config.mesh.tensor=2", "--config.model.num_hidden_layers=2",
-         "--config.model.hidden_size=32", "--config.model.intermediate_size=48",
-         "--config.model.vocab_size=512", "--config.train.global_batch_size=16",
-         "--config.long_phase.fraction=0"],
-        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env=env)
+        [
+            sys.executable,
+            "-m",
+            "bertjax.tools.aot",
+            "--config=configs/modernbert_tiny.py",
+            f"--out={out}",
+            "--num_devices=8",
+            "--config.mesh.data=2",
+            "--config.mesh.fsdp=2",
+            "--config.mesh.tensor=2",
+            "--config.model.num_hidden_layers=2",
+            "--config.model.hidden_size=32",
+            "--config.model.intermediate_size=48",
+            "--config.model.vocab_size=512",
+            "--config.train.global_batch_size=16",
+            "--config.long_phase.fraction=0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.startswith("cpu x8 (cpu, 8 devices), mesh data=2 fsdp=2 tensor=2, "
-                                    "attention einsum")
+    assert result.stdout.startswith(
+        "cpu x8 (cpu, 8 devices), mesh data=2 fsdp=2 tensor=2, attention einsum"
+    )
     details = json.loads(out.read_text())
     assert "model/layer_*/attn/Wqkv/kernel" in details["startup_report"]
-    config = ModernBertConfig(vocab_size=512, hidden_size=32, intermediate_size=48,
-                              num_hidden_layers=2, num_attention_heads=2,
-                              max_position_embeddings=512, local_attention=64, pad_token_id=0)
-    assert details["phases"]["short"]["model_flops_per_device"] == \
-        flops.train_flops_per_sequence(config, 128, 40) * 16 / 8
+    config = ModernBertConfig(
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=512,
+        local_attention=64,
+        pad_token_id=0,
+    )
+    assert (
+        details["phases"]["short"]["model_flops_per_device"]
+        == flops.train_flops_per_sequence(config, 128, 40) * 16 / 8
+    )
 
 
 @pytest.mark.slow  # a one-step run: about 20 s of CPU
@@ -244,12 +316,14 @@ def test_a_run_starts_from_a_modernbert_checkpoint(corpus_file, cache_dir, tmp_p
     config.long_phase.fraction = 0.0
     config.train.update(total_steps=1, checkpoint_every=1, eval_batches=1)
     config.optimizer.warmup_steps = 1
-    start = modernbert_checkpoint(tmp_path / "start", families.model_config(
-        config.model.to_dict()))
+    start = modernbert_checkpoint(tmp_path / "start", families.model_config(config.model.to_dict()))
     config.train.init_checkpoint = str(tmp_path / "start")
     train.train_and_evaluate(config, str(tmp_path / "run"))
-    after = tree.flatten(checkpoint.restore_params(
-        str(tmp_path / "run" / "checkpoints"),
-        checkpoint.stored_params(str(tmp_path / "run" / "checkpoints"))))
+    after = tree.flatten(
+        checkpoint.restore_params(
+            str(tmp_path / "run" / "checkpoints"),
+            checkpoint.stored_params(str(tmp_path / "run" / "checkpoints")),
+        )
+    )
     for path, value in tree.flatten(start).items():  # one step of at most the peak rate
         np.testing.assert_allclose(np.asarray(after[path]), value, atol=5e-3, err_msg=path)

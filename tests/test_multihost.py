@@ -1,6 +1,7 @@
 """Scale-out on fake CPU devices: every mesh layout trains like one device, checkpoints move
 between meshes and device counts, and two processes (jax.distributed over gloo) train like
 one process with all the devices."""
+
 import functools
 import json
 import os
@@ -27,8 +28,14 @@ from bertjax.training.state import create_train_state
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # 8 heads, and every sharded dimension divisible by 8, so tensor=8 is a valid layout.
-MODEL = BertConfig(vocab_size=128, hidden_size=64, num_hidden_layers=1, num_attention_heads=8,
-                   intermediate_size=128, max_position_embeddings=32)
+MODEL = BertConfig(
+    vocab_size=128,
+    hidden_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=8,
+    intermediate_size=128,
+    max_position_embeddings=32,
+)
 EXAMPLE = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
 BATCH, LENGTH, PREDICTIONS = 16, 16, 4
 # The rules table, restated: which mesh axis each logical parameter axis must be split over.
@@ -37,19 +44,32 @@ EXPECTED_MESH_AXIS = {"vocab": "tensor", "embed": "fsdp", "qkv": "tensor", "mlp"
 
 def _batches(count: int) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(0)
-    return [{
-        "input_ids": rng.integers(5, MODEL.vocab_size, (BATCH, LENGTH), dtype=np.int32),
-        "input_mask": (np.arange(LENGTH) < rng.integers(8, LENGTH + 1, (BATCH, 1))).astype(np.int32),
-        "segment_ids": (np.arange(LENGTH) >= LENGTH // 2).astype(np.int32)[None].repeat(BATCH, 0),
-        "masked_lm_positions": np.sort(rng.integers(1, 8, (BATCH, PREDICTIONS)), 1).astype(np.int32),
-        "masked_lm_ids": rng.integers(5, MODEL.vocab_size, (BATCH, PREDICTIONS), dtype=np.int32),
-        "masked_lm_weights": np.ones((BATCH, PREDICTIONS), np.float32),
-        "next_sentence_labels": rng.integers(0, 2, (BATCH,), dtype=np.int32),
-    } for _ in range(count)]
+    return [
+        {
+            "input_ids": rng.integers(5, MODEL.vocab_size, (BATCH, LENGTH), dtype=np.int32),
+            "input_mask": (np.arange(LENGTH) < rng.integers(8, LENGTH + 1, (BATCH, 1))).astype(
+                np.int32
+            ),
+            "segment_ids": (np.arange(LENGTH) >= LENGTH // 2)
+            .astype(np.int32)[None]
+            .repeat(BATCH, 0),
+            "masked_lm_positions": np.sort(rng.integers(1, 8, (BATCH, PREDICTIONS)), 1).astype(
+                np.int32
+            ),
+            "masked_lm_ids": rng.integers(
+                5, MODEL.vocab_size, (BATCH, PREDICTIONS), dtype=np.int32
+            ),
+            "masked_lm_weights": np.ones((BATCH, PREDICTIONS), np.float32),
+            "next_sentence_labels": rng.integers(0, 2, (BATCH,), dtype=np.int32),
+        }
+        for _ in range(count)
+    ]
 
 
 def _tx():
-    return optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-3, warmup_steps=2, total_steps=20))
+    return optim.make_optimizer(
+        optim.OptimizerConfig(peak_learning_rate=1e-3, warmup_steps=2, total_steps=20)
+    )
 
 
 @functools.cache
@@ -58,18 +78,24 @@ def _layout(axes: tuple[tuple[str, int], ...], num_devices: int):
     `num_devices` (compiled once per test module)."""
     mesh = sharding.make_mesh(dict(axes), jax.devices()[:num_devices])
     model, tx = BertForPreTraining(MODEL), _tx()
-    _, abstract, shardings = create_train_state(model, tx, jax.random.PRNGKey(0), EXAMPLE, mesh,
-                                                materialize=False)
-    return mesh, abstract, shardings, steps.jit_train_step(steps.make_train_step(model, tx),
-                                                           shardings, mesh)
+    _, abstract, shardings = create_train_state(
+        model, tx, jax.random.PRNGKey(0), EXAMPLE, mesh, materialize=False
+    )
+    return (
+        mesh,
+        abstract,
+        shardings,
+        steps.jit_train_step(steps.make_train_step(model, tx), shardings, mesh),
+    )
 
 
 @functools.cache
 def _initial_state():
     """The initial state on the host (the same values as a sharded init on any mesh)."""
     mesh = sharding.make_mesh({}, jax.devices()[:1])
-    state, _, _ = create_train_state(BertForPreTraining(MODEL), _tx(), jax.random.PRNGKey(0),
-                                     EXAMPLE, mesh)
+    state, _, _ = create_train_state(
+        BertForPreTraining(MODEL), _tx(), jax.random.PRNGKey(0), EXAMPLE, mesh
+    )
     return jax.device_get(state)
 
 
@@ -97,15 +123,21 @@ def one_device_losses() -> list[float]:
 SLOW = pytest.mark.slow  # (CI's `slow` stage: 2-2-2, every axis at once, stays in the default)
 
 
-@pytest.mark.parametrize("axes", [pytest.param(dict(data=8), marks=SLOW),
-                                  dict(data=2, fsdp=2, tensor=2),
-                                  pytest.param(dict(fsdp=8), marks=SLOW),
-                                  pytest.param(dict(tensor=8), marks=SLOW)],
-                         ids=["8-1-1", "2-2-2", "1-8-1", "1-1-8"])
+@pytest.mark.parametrize(
+    "axes",
+    [
+        pytest.param(dict(data=8), marks=SLOW),
+        dict(data=2, fsdp=2, tensor=2),
+        pytest.param(dict(fsdp=8), marks=SLOW),
+        pytest.param(dict(tensor=8), marks=SLOW),
+    ],
+    ids=["8-1-1", "2-2-2", "1-8-1", "1-1-8"],
+)
 def test_sharded_equals_unsharded(axes, one_device_losses):
     mesh, state, _, step = _setup(axes)
-    boxed = jax.eval_shape(lambda: BertForPreTraining(MODEL).init(
-        jax.random.PRNGKey(0), *EXAMPLE))["params"]  # carries the logical axis names
+    boxed = jax.eval_shape(lambda: BertForPreTraining(MODEL).init(jax.random.PRNGKey(0), *EXAMPLE))[
+        "params"
+    ]  # carries the logical axis names
     logical = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
     leaves = jax.tree_util.tree_leaves_with_path(state.params)
     assert len(logical) == len(leaves)
@@ -151,21 +183,36 @@ def test_restore_onto_other_meshes_and_device_counts(tmp_path):
 # ----------------------------------------------------------------------------- two processes
 
 TINY_OVERRIDES = {
-    "model.vocab_size": 512, "model.hidden_size": 32, "model.num_hidden_layers": 1,
+    "model.vocab_size": 512,
+    "model.hidden_size": 32,
+    "model.num_hidden_layers": 1,
     "model.num_attention_heads": 4,
-    "model.intermediate_size": 64, "model.max_position_embeddings": 64,
-    "data.source": "text", "data.sentencepiece_vocab_size": 512, "data.max_seq_length": 64,
-    "data.max_predictions_per_seq": 10, "data.dupe_factor": 2, "data.eval_fraction": 0.0,
-    "long_phase.fraction": 0.0, "train.global_batch_size": 16, "train.total_steps": 4,
-    "train.log_every": 1, "train.eval_every": 0, "train.eval_batches": 1,
-    "train.checkpoint_every": 2, "optimizer.warmup_steps": 2,
+    "model.intermediate_size": 64,
+    "model.max_position_embeddings": 64,
+    "data.source": "text",
+    "data.sentencepiece_vocab_size": 512,
+    "data.max_seq_length": 64,
+    "data.max_predictions_per_seq": 10,
+    "data.dupe_factor": 2,
+    "data.eval_fraction": 0.0,
+    "long_phase.fraction": 0.0,
+    "train.global_batch_size": 16,
+    "train.total_steps": 4,
+    "train.log_every": 1,
+    "train.eval_every": 0,
+    "train.eval_batches": 1,
+    "train.checkpoint_every": 2,
+    "optimizer.warmup_steps": 2,
 }
 
 
 def _tiny_config(corpus_file: str, cache_dir: str) -> ml_collections.ConfigDict:
     config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
-    for key, value in {**TINY_OVERRIDES, "data.input_files": corpus_file,
-                       "data.cache_dir": cache_dir}.items():
+    for key, value in {
+        **TINY_OVERRIDES,
+        "data.input_files": corpus_file,
+        "data.cache_dir": cache_dir,
+    }.items():
         section, field = key.split(".")
         config[section][field] = value
     return config
@@ -178,18 +225,46 @@ def test_two_processes_train_like_one(tmp_path):
     corpus_file.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n")
     cache_dir, workdir = str(tmp_path / "cache"), str(tmp_path / "run")
     config = _tiny_config(str(corpus_file), cache_dir)
-    tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), cache_dir)  # shared by both
+    tokenizer = pipeline.load_or_train_tokenizer(
+        DataSettings.of(config.data), cache_dir
+    )  # shared by both
 
     port = distributed.free_port()
-    flags = [f"--config.{k}={v}" for k, v in {**TINY_OVERRIDES, "data.input_files": corpus_file,
-                                              "data.cache_dir": cache_dir}.items()]
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "bertjax.train", "--config=configs/tiny.py", f"--workdir={workdir}",
-         f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}",
-         *flags], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True) for i in range(2)]
+    flags = [
+        f"--config.{k}={v}"
+        for k, v in {
+            **TINY_OVERRIDES,
+            "data.input_files": corpus_file,
+            "data.cache_dir": cache_dir,
+        }.items()
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": REPO_ROOT,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+    }
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bertjax.train",
+                "--config=configs/tiny.py",
+                f"--workdir={workdir}",
+                f"--coordinator_address=localhost:{port}",
+                "--num_processes=2",
+                f"--process_id={i}",
+                *flags,
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outputs = []
     try:
         for proc in procs:
@@ -210,28 +285,49 @@ def test_two_processes_train_like_one(tmp_path):
         assert json.load(f)["step"] == 4
 
     # Each process prepared its own, disjoint share of the documents.
-    shares = [list(pipeline.read_documents(DataSettings.of(config.data), i, 2, corpus.CorpusStats()))
-              for i in range(2)]
-    everything = list(pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()))
+    shares = [
+        list(pipeline.read_documents(DataSettings.of(config.data), i, 2, corpus.CorpusStats()))
+        for i in range(2)
+    ]
+    everything = list(
+        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
+    )
     assert sorted(map(str, shares[0] + shares[1])) == sorted(map(str, everything))
     assert not {str(d) for d in shares[0]} & {str(d) for d in shares[1]}
-    prepared = [d for d in os.listdir(cache_dir) if d.startswith("short_") and
-                os.path.exists(os.path.join(cache_dir, d, "meta.json"))]
-    counts = sorted(json.load(open(os.path.join(cache_dir, d, "meta.json")))["documents"]
-                    for d in prepared)
+    prepared = [
+        d
+        for d in os.listdir(cache_dir)
+        if d.startswith("short_") and os.path.exists(os.path.join(cache_dir, d, "meta.json"))
+    ]
+    counts = sorted(
+        json.load(open(os.path.join(cache_dir, d, "meta.json")))["documents"] for d in prepared
+    )
     assert counts == sorted(len(share) for share in shares), counts
 
     # One process, 8 devices, the same global batches (process 0's rows, then process 1's).
     phases = phase_schedule.phases(config.train, config.data, config.long_phase)
-    loaders = [pd[0].train for pd in (prepare_data(DataSettings.of(config.data), phases, config.model.vocab_size,
-                                                   tokenizer, cache_dir, i, 2)
-                                      for i in range(2))]
+    loaders = [
+        pd[0].train
+        for pd in (
+            prepare_data(
+                DataSettings.of(config.data),
+                phases,
+                config.model.vocab_size,
+                tokenizer,
+                cache_dir,
+                i,
+                2,
+            )
+            for i in range(2)
+        )
+    ]
     mesh = sharding.make_mesh(config.mesh.to_dict())
     model = BertForPreTraining(BertConfig.from_dict(config.model.to_dict()))
     tx = optim.make_optimizer(optim.optimizer_config(config.optimizer, config.train.total_steps))
     example = example_inputs(model)
     state, abstract, shardings = create_train_state(
-        model, tx, jax.random.PRNGKey(config.train.seed), example, mesh)
+        model, tx, jax.random.PRNGKey(config.train.seed), example, mesh
+    )
     step = steps.jit_train_step(steps.make_train_step(model, tx), shardings, mesh)
     losses = []
     with sharding.activate(mesh):
@@ -248,5 +344,8 @@ def test_two_processes_train_like_one(tmp_path):
     assert ckpt.latest_step() == 4
     restored, _, _ = ckpt.restore(4, abstract, {})
     ckpt.close()
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
-                 jax.device_get(restored.params), jax.device_get(state.params))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+        jax.device_get(restored.params),
+        jax.device_get(state.params),
+    )

@@ -1,4 +1,5 @@
 """CoNLL-2003 reading, first-sub-token labelling, word-level predictions and conlleval output."""
+
 import os
 
 import pytest
@@ -12,18 +13,38 @@ CONLL_DIR = "/work/shared/data/conll2003"
 @pytest.fixture
 def tokenizer(tmp_path):
     path = tmp_path / "vocab.txt"
-    path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "john", "lives",
-                               "in", "new", "##ark", "."]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                "[PAD]",
+                "[UNK]",
+                "[CLS]",
+                "[SEP]",
+                "[MASK]",
+                "john",
+                "lives",
+                "in",
+                "new",
+                "##ark",
+                ".",
+            ]
+        )
+        + "\n"
+    )
     return tokenization.WordPieceTokenizer(str(path))
 
 
 def test_reader_skips_docstart_and_counts_bad_sentences(tmp_path):
     path = tmp_path / "train.txt"
-    path.write_text("-DOCSTART- -X- -X- O\n\nJohn NNP B-NP B-PER\nlives VBZ B-VP O\n\n"
-                    "Bad NN B-NP B-FOO\nrow NN I-NP O\n\nNewark NNP B-NP B-LOC\n. . O O\n")
+    path.write_text(
+        "-DOCSTART- -X- -X- O\n\nJohn NNP B-NP B-PER\nlives VBZ B-VP O\n\n"
+        "Bad NN B-NP B-FOO\nrow NN I-NP O\n\nNewark NNP B-NP B-LOC\n. . O O\n"
+    )
     sentences, skipped = ner.read_sentences("train", str(tmp_path))
     assert [(s.words, s.tags) for s in sentences] == [
-        (["John", "lives"], ["B-PER", "O"]), (["Newark", "."], ["B-LOC", "O"])]
+        (["John", "lives"], ["B-PER", "O"]),
+        (["Newark", "."], ["B-LOC", "O"]),
+    ]
     assert skipped == {"unknown label": 1}
     with pytest.raises(features.TaskDataError, match="valid.txt"):
         ner.read_sentences("dev", str(tmp_path))
@@ -33,7 +54,9 @@ def test_reader_skips_docstart_and_counts_bad_sentences(tmp_path):
 
 
 def test_first_sub_token_is_labelled_and_truncation_predicts_o(tmp_path, tokenizer, caplog):
-    sentence = ner.Sentence(["John", "lives", "in", "Newark", "."], ["B-PER", "O", "O", "B-LOC", "O"])
+    sentence = ner.Sentence(
+        ["John", "lives", "in", "Newark", "."], ["B-PER", "O", "O", "B-LOC", "O"]
+    )
     encoded, positions, _ = ner.encode([sentence], tokenizer, max_seq_length=12)
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0][:8].tolist())
     assert tokens == ["[CLS]", "john", "lives", "in", "new", "##ark", ".", "[SEP]"]
@@ -67,6 +90,7 @@ def test_tfds_conll2003_maps_tags_by_name(tmp_path):
     """tfds `conll2003` as `tfds build conll2003` lays it out; its tag ids follow its own name
     list, which bertjax maps by name."""
     import tfds_fixture
+
     tfds_fixture.prepare_as(tfds_fixture.BertjaxConll(data_dir=str(tmp_path)), "conll2003")
     for split, records in tfds_fixture.CONLL_RECORDS.items():
         sentences, skipped = ner.read_sentences(split, "", str(tmp_path))

@@ -1,4 +1,5 @@
 """Tests for bertjax.training.optim against a numpy re-implementation of BERT's optimizer."""
+
 import re
 
 import jax
@@ -16,8 +17,10 @@ B1, B2, EPS, WD = 0.9, 0.999, 1e-6, 0.01
 def _params() -> dict:
     """Small BERT-like tree: dense, LayerNorm, embeddings and a top-level output bias."""
     rng = np.random.default_rng(0)
+
     def normal(*shape):
         return rng.normal(size=shape).astype(np.float32)
+
     return {
         "layer": {
             "dense": {"kernel": normal(4, 3), "bias": normal(3)},
@@ -93,9 +96,22 @@ def _assert_flat_close(actual, expected, rtol=1e-6):
 
 def _config(**overrides) -> optim.OptimizerConfig:
     """A full optimizer config with BERT defaults."""
-    return optim.OptimizerConfig(**{
-        **dict(name="bert_adam", peak_learning_rate=1e-2, warmup_steps=0, total_steps=1_000_000,
-               weight_decay_rate=WD, b1=B1, b2=B2, eps=EPS, clip_global_norm=1.0), **overrides})
+    return optim.OptimizerConfig(
+        **{
+            **dict(
+                name="bert_adam",
+                peak_learning_rate=1e-2,
+                warmup_steps=0,
+                total_steps=1_000_000,
+                weight_decay_rate=WD,
+                b1=B1,
+                b2=B2,
+                eps=EPS,
+                clip_global_norm=1.0,
+            ),
+            **overrides,
+        }
+    )
 
 
 def test_bert_adam_matches_reference_three_steps():
@@ -118,13 +134,25 @@ def test_decay_mask_excludes_layernorm_and_biases():
 
 
 def test_decay_mask_path_rules_and_frozendict():
-    params = FrozenDict({
-        "bert": {"encoder": {"layer_0": {"attention": {"output": {
-            "LayerNorm": {"scale": 1.0}, "dense": {"kernel": 1.0, "bias": 1.0}}}}}},
-        "final_layer_norm": {"scale": 1.0},
-        "layernorm": {"scale": 1.0},  # case sensitive, as in the original
-        "cls": {"predictions": {"output_bias": 1.0}},
-    })
+    params = FrozenDict(
+        {
+            "bert": {
+                "encoder": {
+                    "layer_0": {
+                        "attention": {
+                            "output": {
+                                "LayerNorm": {"scale": 1.0},
+                                "dense": {"kernel": 1.0, "bias": 1.0},
+                            }
+                        }
+                    }
+                }
+            },
+            "final_layer_norm": {"scale": 1.0},
+            "layernorm": {"scale": 1.0},  # case sensitive, as in the original
+            "cls": {"predictions": {"output_bias": 1.0}},
+        }
+    )
     mask = optim.decay_mask(params)
     assert isinstance(mask, FrozenDict)
     output = mask["bert"]["encoder"]["layer_0"]["attention"]["output"]
@@ -252,8 +280,11 @@ def test_twenty_steps_with_warmup_decay_and_clipping_match_the_original():
     expected = _reference_bert_adam(_params(), grads, lrs, clip_norm=1.0)
     for name, value in _flat(actual).items():
         np.testing.assert_allclose(value, expected[name], rtol=0, atol=1e-6, err_msg=name)
-    assert not np.allclose(_flat(actual)["output_bias"],
-                           _reference_bert_adam(_params(), grads, lrs)["output_bias"], atol=1e-4)
+    assert not np.allclose(
+        _flat(actual)["output_bias"],
+        _reference_bert_adam(_params(), grads, lrs)["output_bias"],
+        atol=1e-4,
+    )
 
 
 @pytest.mark.parametrize("name", optim.OPTIMIZER_NAMES)
@@ -267,21 +298,31 @@ def test_every_integer_in_the_optimizer_state_counts_steps(name):
     counts = [x for x in jax.tree_util.tree_leaves(state) if jnp.issubdtype(x.dtype, jnp.integer)]
     assert counts and all(x.ndim == 0 and int(x) == 3 for x in counts)
     synced = optim.at_step(state, jnp.int32(7))
-    assert all(int(x) == 7 for x in jax.tree_util.tree_leaves(synced)
-               if jnp.issubdtype(x.dtype, jnp.integer))
+    assert all(
+        int(x) == 7
+        for x in jax.tree_util.tree_leaves(synced)
+        if jnp.issubdtype(x.dtype, jnp.integer)
+    )
 
 
 def test_global_norm_and_finiteness_by_shape_group_see_every_leaf():
     """The grouped reductions (one per distinct shape) equal a float64 norm over every leaf,
     and a single NaN or Inf in any leaf of a group (parameters or a moment) is found."""
     rng = np.random.default_rng(0)
-    tree = {"layer_0": {"w": rng.normal(size=(3, 4)), "b": rng.normal(size=4)},
-            "layer_1": {"w": rng.normal(size=(3, 4)), "b": rng.normal(size=4)},
-            "emb": rng.normal(size=(5, 3)).astype(np.float32), "count": np.int32(7)}
-    tree = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32) if x.dtype != np.int32 else x,
-                        tree)
-    expected = np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64)))
-                           for x in jax.tree.leaves(tree) if x.dtype == jnp.float32))
+    tree = {
+        "layer_0": {"w": rng.normal(size=(3, 4)), "b": rng.normal(size=4)},
+        "layer_1": {"w": rng.normal(size=(3, 4)), "b": rng.normal(size=4)},
+        "emb": rng.normal(size=(5, 3)).astype(np.float32),
+        "count": np.int32(7),
+    }
+    tree = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32) if x.dtype != np.int32 else x, tree)
+    expected = np.sqrt(
+        sum(
+            np.sum(np.square(np.asarray(x, np.float64)))
+            for x in jax.tree.leaves(tree)
+            if x.dtype == jnp.float32
+        )
+    )
     np.testing.assert_allclose(float(optim.global_norm(tree)), expected, rtol=1e-6)
     assert bool(nonfinite.all_finite(tree))
     for path in (("layer_0", "w"), ("layer_1", "b"), ("emb",)):

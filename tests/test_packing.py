@@ -5,6 +5,7 @@ limits, and packed batches are deterministic and resumable like unpacked ones.
 Instances come from the real preparation code (`pipeline.make_features`: the original NSP
 pairs, short sequences and masking) on random token documents.
 """
+
 import json
 import os
 import pathlib
@@ -29,11 +30,19 @@ from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB, SEQ, PREDS, MAX_INSTANCES = 97, 64, 10, 4
-SPECIALS = instances.SpecialTokens(cls_id=2, sep_id=3, mask_id=4, pad_id=0, vocab_size=VOCAB,
-                                   never_mask=frozenset({0, 1}))
-CONFIG = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=64, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
-                    attention_probs_dropout_prob=0.0)
+SPECIALS = instances.SpecialTokens(
+    cls_id=2, sep_id=3, mask_id=4, pad_id=0, vocab_size=VOCAB, never_mask=frozenset({0, 1})
+)
+CONFIG = BertConfig(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=SEQ,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 def data_config(**overrides):
@@ -45,17 +54,30 @@ def data_config(**overrides):
 def prepared_split(masked: bool, dupe_factor: int = 2) -> pipeline.PreparedSplit:
     """Instances of 40 random documents (3-12 sentences of 2-14 tokens), as prepared."""
     rng = np.random.default_rng(0)
-    documents = [[rng.integers(5, VOCAB, rng.integers(2, 15)).astype(np.int32)
-                  for _ in range(rng.integers(3, 13))] for _ in range(40)]
-    features = pipeline.make_features(documents, Phase("short", SEQ, PREDS, 8, 0, 10),
-                                      DataSettings.of(data_config()), SPECIALS, dupe_factor, masked, seed=7)
+    documents = [
+        [
+            rng.integers(5, VOCAB, rng.integers(2, 15)).astype(np.int32)
+            for _ in range(rng.integers(3, 13))
+        ]
+        for _ in range(40)
+    ]
+    features = pipeline.make_features(
+        documents,
+        Phase("short", SEQ, PREDS, 8, 0, 10),
+        DataSettings.of(data_config()),
+        SPECIALS,
+        dupe_factor,
+        masked,
+        seed=7,
+    )
     return pipeline.PreparedSplit([features], masked)
 
 
 def packed_loader(masked: bool, batch: int = 8, shuffle: bool = True):
     masking = (SPECIALS, 0.15, PREDS, False)
-    source = loaders.BatchLoader(prepared_split(masked), batch, seed=5, shuffle=shuffle,
-                                 masking=None if masked else masking)
+    source = loaders.BatchLoader(
+        prepared_split(masked), batch, seed=5, shuffle=shuffle, masking=None if masked else masking
+    )
     predictions = packing.predictions_per_row(SEQ, PREDS, 0.15, MAX_INSTANCES)
     return source, packing.PackedLoader(source, SEQ, MAX_INSTANCES, predictions, SPECIALS.pad_id)
 
@@ -66,16 +88,21 @@ def packed_loader(masked: bool, batch: int = 8, shuffle: bool = True):
 def test_best_fit_decreasing_on_a_hand_example():
     lengths = np.array([30, 64, 10, 40, 30, 24])
     rows = packing.plan_rows(lengths, np.arange(6), 64, 3)
-    assert sorted(tuple(sorted(lengths[r[r >= 0]].tolist())) for r in rows) == \
-        [(10,), (24, 40), (30, 30), (64,)]
+    assert sorted(tuple(sorted(lengths[r[r >= 0]].tolist())) for r in rows) == [
+        (10,),
+        (24, 40),
+        (30, 30),
+        (64,),
+    ]
 
 
 @pytest.mark.parametrize("max_instances", [1, 2, 5])
 def test_plan_places_every_instance_once_within_the_row_limits(max_instances):
     rng = np.random.default_rng(max_instances)
     lengths = np.concatenate([np.full(300, 128), rng.integers(5, 129, 700)])
-    plans = [packing.plan_rows(lengths, rng.permutation(1000), 128, max_instances)
-             for _ in range(2)]
+    plans = [
+        packing.plan_rows(lengths, rng.permutation(1000), 128, max_instances) for _ in range(2)
+    ]
     for rows in plans:
         members = rows[rows >= 0]
         assert sorted(members.tolist()) == list(range(1000))
@@ -117,19 +144,28 @@ def test_packed_rows_give_each_instance_its_own_logits_loss_and_gradient():
     def run(params, batch):
         def loss_fn(params):
             extra = {name: batch[name] for name in batch_spec.PACKED_INPUTS if name in batch}
-            mlm, nsp = model.apply(params, batch["input_ids"], batch["segment_ids"],
-                                   batch["input_mask"], batch["masked_lm_positions"], **extra)
+            mlm, nsp = model.apply(
+                params,
+                batch["input_ids"],
+                batch["segment_ids"],
+                batch["input_mask"],
+                batch["masked_lm_positions"],
+                **extra,
+            )
             loss, sums = objectives.pretraining_loss(mlm, nsp, batch)
             return loss, (mlm, nsp, sums)
+
         return jax.value_and_grad(loss_fn, has_aux=True)(params)
 
     (loss_alone, (mlm_alone, nsp_alone, sums_alone)), grads_alone = run(params, alone)
     (loss_packed, (mlm_packed, nsp_packed, sums_packed)), grads_packed = run(params, packed)
     real = alone["masked_lm_weights"] > 0
-    np.testing.assert_allclose(mlm_packed[packed["masked_lm_weights"] > 0], mlm_alone[real],
-                               rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(nsp_packed[packed["next_sentence_weights"] > 0], nsp_alone,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        mlm_packed[packed["masked_lm_weights"] > 0], mlm_alone[real], rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        nsp_packed[packed["next_sentence_weights"] > 0], nsp_alone, rtol=1e-5, atol=1e-5
+    )
     np.testing.assert_allclose(loss_packed, loss_alone, rtol=1e-6)
     for name, value in sums_alone.items():
         np.testing.assert_allclose(sums_packed[name], value, rtol=1e-5, err_msg=name)
@@ -153,8 +189,10 @@ def test_packed_batches_are_deterministic_resumable_and_reshuffled():
     for k in reversed(indices):  # another access order, another loader object
         for name, value in fresh.batch(k).items():
             np.testing.assert_array_equal(value, first[k][name], err_msg=f"batch {k} {name}")
-    plans = [np.concatenate([loader.rows_of(e * per_epoch + k)[1] for k in range(per_epoch)])
-             for e in (0, 1)]
+    plans = [
+        np.concatenate([loader.rows_of(e * per_epoch + k)[1] for k in range(per_epoch)])
+        for e in (0, 1)
+    ]
     for plan in plans:
         members = plan[plan >= 0]
         assert len(np.unique(members)) == len(members)
@@ -163,10 +201,14 @@ def test_packed_batches_are_deterministic_resumable_and_reshuffled():
     epoch, plan = loader.rows_of(per_epoch + 1)
     alone = source.features(plan[plan >= 0], epoch)
     packed = first[per_epoch + 1]
-    np.testing.assert_array_equal(packed["masked_lm_ids"][packed["masked_lm_weights"] > 0],
-                                  alone["masked_lm_ids"][alone["masked_lm_weights"] > 0])
+    np.testing.assert_array_equal(
+        packed["masked_lm_ids"][packed["masked_lm_weights"] > 0],
+        alone["masked_lm_ids"][alone["masked_lm_weights"] > 0],
+    )
     real = packed["input_mask"] > 0
-    np.testing.assert_array_equal(packed["input_ids"][real], alone["input_ids"][alone["input_mask"] > 0])
+    np.testing.assert_array_equal(
+        packed["input_ids"][real], alone["input_ids"][alone["input_mask"] > 0]
+    )
 
 
 def test_packed_rows_layout():
@@ -198,19 +240,30 @@ def test_a_resume_that_turns_packing_on_or_off_mid_phase_is_refused():
     before_packing = data_config(source="default")  # a config of a run older than data.packing
     del before_packing["packing"], before_packing["packing_max_instances"]
     assert guards.data_identity(DataSettings.of(unpacked), phases) == guards.data_identity(
-        DataSettings.of(before_packing, recorded=True), phases)
+        DataSettings.of(before_packing, recorded=True), phases
+    )
 
     def resume(old, new, batch_index: int) -> None:  # a checkpoint written with `old`
-        meta = {"data": guards.data_identity(DataSettings.of(old, recorded=True), phases),
-                "config": json.dumps({"data": json.loads(old.to_json())})}
+        meta = {
+            "data": guards.data_identity(DataSettings.of(old, recorded=True), phases),
+            "config": json.dumps({"data": json.loads(old.to_json())}),
+        }
         new = DataSettings.of(new)
-        guards.check_resume(RunRecord.of(meta), guards.data_identity(new, phases), new,
-                            {"phase": "short", "batch_index": batch_index}, "short", "ckpt",
-                            allow_changes=False)
+        guards.check_resume(
+            RunRecord.of(meta),
+            guards.data_identity(new, phases),
+            new,
+            {"phase": "short", "batch_index": batch_index},
+            "short",
+            "ckpt",
+            allow_changes=False,
+        )
 
-    for old, new in ((unpacked, packed), (packed, unpacked),
-                     (packed, data_config(source="default", packing=True,
-                                          packing_max_instances=2))):
+    for old, new in (
+        (unpacked, packed),
+        (packed, unpacked),
+        (packed, data_config(source="default", packing=True, packing_max_instances=2)),
+    ):
         with pytest.raises(guards.IncompatibleResume, match="data.packing"):
             resume(old, new, 3)
     resume(unpacked, packed, 0)  # a phase's start
@@ -218,14 +271,22 @@ def test_a_resume_that_turns_packing_on_or_off_mid_phase_is_refused():
 
 
 @pytest.mark.slow
-def test_packed_pretraining_resumes_exactly_and_refuses_a_packing_change(corpus_file, cache_dir,
-                                                                         tmp_path, capsys):
+def test_packed_pretraining_resumes_exactly_and_refuses_a_packing_change(
+    corpus_file, cache_dir, tmp_path, capsys
+):
     """`bertjax.train` with data.packing prints the packing rate; a run resumed from its step-2
     checkpoint (the step-4 one lost, as in a crash) logs the uninterrupted run's losses bit for
     bit; resuming that phase unpacked is refused, naming data.packing."""
-    config = tiny_config(corpus_file, cache_dir, **{
-        "data.packing": True, "train.total_steps": 4, "train.checkpoint_every": 2,
-        "long_phase.fraction": 0.0})
+    config = tiny_config(
+        corpus_file,
+        cache_dir,
+        **{
+            "data.packing": True,
+            "train.total_steps": 4,
+            "train.checkpoint_every": 2,
+            "long_phase.fraction": 0.0,
+        },
+    )
     train.train_and_evaluate(config, str(tmp_path / "straight"))
     assert "Packing short train:" in capsys.readouterr().out
     shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
@@ -253,12 +314,21 @@ def test_the_packing_rate_is_one_console_line(tmp_path):
         "    source = loaders.BatchLoader(t.prepared_split(True), 8, seed=5, shuffle=True)\n"
         "    loaders.packed_loaders(source, None, DataSettings.of(t.data_config()),\n"
         "                           t.Phase('short', t.SEQ, t.PREDS, 8, 0, 10), 0)\n"
-        "cli.run(main, None)\n")
+        "cli.run(main, None)\n"
+    )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(REPO_ROOT), str(REPO_ROOT / "tests")])})
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")]),
+        },
+    )
     assert result.returncode == 0, result.stderr
     lines = (result.stdout + result.stderr).splitlines()
     assert [line for line in lines if line.startswith("Packing")] == [
-        next(line for line in lines if line.startswith("Packing short train:"))]
+        next(line for line in lines if line.startswith("Packing short train:"))
+    ]

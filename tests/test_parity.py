@@ -4,6 +4,7 @@ weights, and WordPiece parity with transformers' BertTokenizer (Rust) and its Py
 Needs the `parity` extra (pip install -e '.[parity]'); deselected by default, run with
 `python -m pytest -q -m parity tests`.
 """
+
 import collections
 import os
 import shutil
@@ -27,8 +28,9 @@ from transformers.models.bert import tokenization_bert_legacy  # noqa: E402
 
 pytestmark = pytest.mark.parity
 TOLERANCE = 1e-5
-BERT_BASE_VOCAB = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
-                               "bert-base-uncased", "vocab.txt")
+BERT_BASE_VOCAB = os.path.join(
+    os.path.dirname(__file__), "..", "..", "shared", "data", "bert-base-uncased", "vocab.txt"
+)
 # (layers, hidden, heads, intermediate, vocab, type vocab, HF activation)
 CONFIGS = [
     (1, 32, 1, 64, 101, 2, "gelu"),
@@ -43,9 +45,16 @@ def random_hf_model(layers, hidden, heads, intermediate, vocab, type_vocab, act)
     initialises to constants, so a swapped or dropped one would show)."""
     torch.manual_seed(layers)
     config = transformers.BertConfig(
-        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        intermediate_size=intermediate, type_vocab_size=type_vocab, hidden_act=act,
-        max_position_embeddings=64, attn_implementation="eager")
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        type_vocab_size=type_vocab,
+        hidden_act=act,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
     return randomized(transformers.BertForPreTraining(config).eval(), "LayerNorm", 0.05)
 
 
@@ -83,16 +92,26 @@ def test_outputs_match_transformers(dims, tmp_path):
     config, params = hf.load_hf(str(tmp_path))
     ids, token_types, mask = two_segment_batch(dims[4], dims[5])
     with torch.no_grad():
-        expected = hf_model(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(token_types),
-                            attention_mask=torch.tensor(mask), output_hidden_states=True)
+        expected = hf_model(
+            input_ids=torch.tensor(ids),
+            token_type_ids=torch.tensor(token_types),
+            attention_mask=torch.tensor(mask),
+            output_hidden_states=True,
+        )
     every_position = np.tile(np.arange(ids.shape[1]), (ids.shape[0], 1))
-    (mlm, nsp), state = jax.jit(lambda p: BertForPreTraining(config).apply(
-        {"params": p}, ids, token_types, mask, every_position, mutable=["intermediates"]))(params)
+    (mlm, nsp), state = jax.jit(
+        lambda p: BertForPreTraining(config).apply(
+            {"params": p}, ids, token_types, mask, every_position, mutable=["intermediates"]
+        )
+    )(params)
     encoder = state["intermediates"]["bert"]["encoder"]
     hidden = [encoder["embedding_output"][0]] + [
-        encoder[f"layer_{i}"]["hidden_states"][0] for i in range(config.num_hidden_layers)]
-    diffs = {"mlm": np.abs(np.asarray(mlm) - expected.prediction_logits.numpy()).max(),
-             "nsp": np.abs(np.asarray(nsp) - expected.seq_relationship_logits.numpy()).max()}
+        encoder[f"layer_{i}"]["hidden_states"][0] for i in range(config.num_hidden_layers)
+    ]
+    diffs = {
+        "mlm": np.abs(np.asarray(mlm) - expected.prediction_logits.numpy()).max(),
+        "nsp": np.abs(np.asarray(nsp) - expected.seq_relationship_logits.numpy()).max(),
+    }
     assert len(hidden) == len(expected.hidden_states)
     for i, (ours, theirs) in enumerate(zip(hidden, expected.hidden_states)):
         diffs[f"hidden_{i}"] = np.abs(np.asarray(ours) - theirs.numpy()).max()
@@ -102,12 +121,19 @@ def test_outputs_match_transformers(dims, tmp_path):
 
 
 def test_bertjax_to_hf_to_bertjax_is_exact(tmp_path):
-    config = BertConfig(vocab_size=77, hidden_size=24, num_hidden_layers=2,
-                                num_attention_heads=3, intermediate_size=40, max_position_embeddings=32)
+    config = BertConfig(
+        vocab_size=77,
+        hidden_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        intermediate_size=40,
+        max_position_embeddings=32,
+    )
     params = random_params(config, seed=5)
     hf.save_hf(config, params, str(tmp_path / "ours"))
-    model, info = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "ours"),
-                                                                  output_loading_info=True)
+    model, info = transformers.BertForPreTraining.from_pretrained(
+        str(tmp_path / "ours"), output_loading_info=True
+    )
     assert info["missing_keys"] == info["unexpected_keys"] == info["mismatched_keys"] == set()
     assert not info["error_msgs"]
     model.save_pretrained(tmp_path / "theirs")  # HF's own writer
@@ -142,15 +168,24 @@ def built_vocab(path, lower: bool) -> str:
     whole words, for when the real bert-base vocab is absent."""
     words = {w for text in TEXTS for w in tokenization.basic_tokenize(text, do_lower_case=lower)}
     chars = sorted({c for w in words for c in w})
-    tokens = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + chars + ["##" + c for c in chars]
-              + sorted(w for w in words if len(w) < 8)[:100] + ["un", "##aff", "##able", "##aa"])
+    tokens = (
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        + chars
+        + ["##" + c for c in chars]
+        + sorted(w for w in words if len(w) < 8)[:100]
+        + ["un", "##aff", "##able", "##aa"]
+    )
     path.write_text("\n".join(tokens) + "\n", encoding="utf-8")
     return str(path)
 
 
 @pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
 def test_wordpiece_matches_transformers(lower, tmp_path):
-    vocab = BERT_BASE_VOCAB if os.path.exists(BERT_BASE_VOCAB) else built_vocab(tmp_path / "v.txt", lower)
+    vocab = (
+        BERT_BASE_VOCAB
+        if os.path.exists(BERT_BASE_VOCAB)
+        else built_vocab(tmp_path / "v.txt", lower)
+    )
     ours = tokenization.WordPieceTokenizer(vocab, do_lower_case=lower)
     rust = transformers.BertTokenizer(vocab=vocab, do_lower_case=lower)
     # Google's limit is 200 characters per word; HF's default is 100.
@@ -168,17 +203,32 @@ def test_wordpiece_matches_transformers(lower, tmp_path):
     assert pieces > 20  # words really were split into pieces
 
 
-@pytest.mark.parametrize("lower,strip,config", [
-    (True, None, {"do_lower_case": True}), (False, None, {"do_lower_case": False}),
-    (True, False, {"tokenizer_class": "PreTrainedTokenizerFast",  # (the json as it is)
-                   "model_input_names": ["input_ids", "token_type_ids", "attention_mask"]})],
-    ids=["uncased", "cased", "lower-cased-with-accents"])
-def test_wordpiece_tokenizer_json_alone_matches_transformers(lower, strip, config, corpus_file,
-                                                              tmp_path):
+@pytest.mark.parametrize(
+    "lower,strip,config",
+    [
+        (True, None, {"do_lower_case": True}),
+        (False, None, {"do_lower_case": False}),
+        (
+            True,
+            False,
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",  # (the json as it is)
+                "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+            },
+        ),
+    ],
+    ids=["uncased", "cased", "lower-cased-with-accents"],
+)
+def test_wordpiece_tokenizer_json_alone_matches_transformers(
+    lower, strip, config, corpus_file, tmp_path
+):
     """A Hugging Face directory whose tokenizer is only a WordPiece tokenizer.json (Google's
     uncased vocab): AutoTokenizer gives bertjax's ids and segments for text pairs."""
-    path = BERT_BASE_VOCAB if os.path.exists(BERT_BASE_VOCAB) else built_vocab(
-        tmp_path / "v.txt", lower)
+    path = (
+        BERT_BASE_VOCAB
+        if os.path.exists(BERT_BASE_VOCAB)
+        else built_vocab(tmp_path / "v.txt", lower)
+    )
     with open(path, encoding="utf-8") as f:
         tokens = list(dict.fromkeys(line.rstrip("\n") for line in f))  # (a json has no repeats)
     (tmp_path / "hf").mkdir()
@@ -186,14 +236,24 @@ def test_wordpiece_tokenizer_json_alone_matches_transformers(lower, strip, confi
     ours = pretrained.checkpoint_tokenizer(str(tmp_path / "hf"), None)
     assert (ours.do_lower_case, ours.strip_accents) == (lower, lower if strip is None else strip)
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
-    texts = [t for t in TEXTS if t] + [  # transformers reads an empty second text as none
-        line.strip() for line in open(corpus_file, encoding="utf-8").readlines()[:200:10]]
+    texts = (
+        [t for t in TEXTS if t]
+        + [  # transformers reads an empty second text as none
+            line.strip() for line in open(corpus_file, encoding="utf-8").readlines()[:200:10]
+        ]
+    )
     for a, b in zip(texts, texts[1:]):
         encoded = theirs(a, b)
-        assert encoded["input_ids"] == [ours.cls_id, *ours.encode(a), ours.sep_id,
-                                        *ours.encode(b), ours.sep_id], (a, b)
+        assert encoded["input_ids"] == [
+            ours.cls_id,
+            *ours.encode(a),
+            ours.sep_id,
+            *ours.encode(b),
+            ours.sep_id,
+        ], (a, b)
         assert encoded["token_type_ids"] == [0] * (len(ours.encode(a)) + 2) + [1] * (
-            len(ours.encode(b)) + 1)
+            len(ours.encode(b)) + 1
+        )
 
 
 def corpus_vocab(path, corpus_file: str) -> str:
@@ -202,8 +262,12 @@ def corpus_vocab(path, corpus_file: str) -> str:
     with open(corpus_file, encoding="utf-8") as f:
         words = collections.Counter(w for line in f for w in tokenization.basic_tokenize(line))
     chars = sorted({c for w in words for c in w} | {c for t in TEXTS for c in t.lower()})
-    tokens = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + chars + ["##" + c for c in chars]
-              + [w for w, _ in words.most_common(300) if len(w) > 1])
+    tokens = (
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        + chars
+        + ["##" + c for c in chars]
+        + [w for w, _ in words.most_common(300) if len(w) > 1]
+    )
     path.write_text("\n".join(dict.fromkeys(tokens)) + "\n", encoding="utf-8")
     return str(path)
 
@@ -212,42 +276,64 @@ def corpus_vocab(path, corpus_file: str) -> str:
 def test_hugging_face_export_tokenizes_and_predicts_as_bertjax(kind, corpus_file, tmp_path):
     """A bertjax pretraining run exported by `python -m bertjax.convert`: AutoTokenizer gives
     bertjax's ids and segments for text pairs, and the exported model its logits."""
-    overrides = {"train.total_steps": 2, "optimizer.warmup_steps": 1,
-                 "train.checkpoint_every": 2, "long_phase.fraction": 0.0, "train.eval_batches": 1}
+    overrides = {
+        "train.total_steps": 2,
+        "optimizer.warmup_steps": 1,
+        "train.checkpoint_every": 2,
+        "long_phase.fraction": 0.0,
+        "train.eval_batches": 1,
+    }
     if kind == "wordpiece":
         vocab = corpus_vocab(tmp_path / "vocab.txt", corpus_file)
-        overrides.update({"data.tokenizer": "wordpiece", "data.vocab_file": vocab,
-                          "model.vocab_size": len(open(vocab).read().split("\n")) - 1})
+        overrides.update(
+            {
+                "data.tokenizer": "wordpiece",
+                "data.vocab_file": vocab,
+                "model.vocab_size": len(open(vocab).read().split("\n")) - 1,
+            }
+        )
     config = tiny_config(corpus_file, str(tmp_path / "cache"), **overrides)
     train.train_and_evaluate(config, str(tmp_path / "run"), devices=jax.devices()[:1])
     assert convert.main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
     source = pretrained.Source(init_checkpoint=str(tmp_path / "run"))
     ours = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
-    texts = [t for t in TEXTS if t] + [  # transformers reads an empty second text as none
-        line.strip() for line in open(corpus_file, encoding="utf-8").readlines()[:200:10]]
+    texts = (
+        [t for t in TEXTS if t]
+        + [  # transformers reads an empty second text as none
+            line.strip() for line in open(corpus_file, encoding="utf-8").readlines()[:200:10]
+        ]
+    )
     rows = []
     for a, b in zip(texts, texts[1:]):
         expected = [ours.cls_id, *ours.encode(a), ours.sep_id, *ours.encode(b), ours.sep_id]
         encoded = theirs(a, b)
         assert encoded["input_ids"] == expected, (a, b)
         assert encoded["token_type_ids"] == [0] * (len(ours.encode(a)) + 2) + [1] * (
-            len(ours.encode(b)) + 1)
+            len(ours.encode(b)) + 1
+        )
         if len(expected) <= config.model.max_position_embeddings:
             rows.append((expected, encoded["token_type_ids"]))
     assert len(rows) >= 10
     length = max(len(ids) for ids, _ in rows)
-    ids, types, mask = (np.array([list(r) + [0] * (length - len(r)) for r in column])
-                        for column in zip(*[(i, t, [1] * len(i)) for i, t in rows]))
+    ids, types, mask = (
+        np.array([list(r) + [0] * (length - len(r)) for r in column])
+        for column in zip(*[(i, t, [1] * len(i)) for i, t in rows])
+    )
     model = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "hf")).eval()
     with torch.no_grad():
-        expected = model(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(types),
-                         attention_mask=torch.tensor(mask))
+        expected = model(
+            input_ids=torch.tensor(ids),
+            token_type_ids=torch.tensor(types),
+            attention_mask=torch.tensor(mask),
+        )
     bert_config, params = pretrained.read(str(tmp_path / "run"))
     every_position = np.tile(np.arange(length), (len(ids), 1))
-    mlm, nsp = BertForPreTraining(bert_config).apply({"params": params}, ids, types, mask,
-                                                     every_position)
+    mlm, nsp = BertForPreTraining(bert_config).apply(
+        {"params": params}, ids, types, mask, every_position
+    )
     real = mask.astype(bool)  # logits at padding positions are not compared
-    assert np.abs(np.asarray(mlm)[real] - expected.prediction_logits.numpy()[real]).max() \
-        <= TOLERANCE
+    assert (
+        np.abs(np.asarray(mlm)[real] - expected.prediction_logits.numpy()[real]).max() <= TOLERANCE
+    )
     assert np.abs(np.asarray(nsp) - expected.seq_relationship_logits.numpy()).max() <= TOLERANCE

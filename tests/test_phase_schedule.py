@@ -1,4 +1,5 @@
 """The phase schedule (90% of the steps at length 128, 10% at 512) and the data position."""
+
 import json
 
 import pytest
@@ -34,10 +35,13 @@ def test_single_phase_when_long_fraction_is_zero_or_one():
 
 def test_phase_at_boundaries():
     phases = phases_of(make_config("unused"))
-    assert [phase_schedule.phase_at(phases, s).name for s in (0, 1, 89, 90, 91, 99, 100, 10**6)] == [
-        "short", "short", "short", "long", "long", "long", "long", "long"]
+    assert [
+        phase_schedule.phase_at(phases, s).name for s in (0, 1, 89, 90, 91, 99, 100, 10**6)
+    ] == ["short", "short", "short", "long", "long", "long", "long", "long"]
     (only,) = phases_of(make_config("unused", **{"long_phase.fraction": 0.0}))
-    assert phase_schedule.phase_at([only], 0) is only and phase_schedule.phase_at([only], 500) is only
+    assert (
+        phase_schedule.phase_at([only], 0) is only and phase_schedule.phase_at([only], 500) is only
+    )
 
 
 def test_data_position_round_trips_and_follows_a_changed_schedule():
@@ -50,12 +54,29 @@ def test_data_position_round_trips_and_follows_a_changed_schedule():
 
 
 # Fields older runs' configs lack (added since), by section.
-ADDED_SINCE = {"train": ["objective", "next_sentence_prediction", "extend", "allow_changed_data",
-                         "max_nonfinite_steps"],
-               "long_phase": ["global_batch_size", "restart_optimizer", "restart_warmup_steps",
-                              "restart_peak_learning_rate"],
-               "data": ["masking", "packing", "mask_token_prob", "random_token_prob",
-                        "prepared_dir", "strip_accents"]}
+ADDED_SINCE = {
+    "train": [
+        "objective",
+        "next_sentence_prediction",
+        "extend",
+        "allow_changed_data",
+        "max_nonfinite_steps",
+    ],
+    "long_phase": [
+        "global_batch_size",
+        "restart_optimizer",
+        "restart_warmup_steps",
+        "restart_peak_learning_rate",
+    ],
+    "data": [
+        "masking",
+        "packing",
+        "mask_token_prob",
+        "random_token_prob",
+        "prepared_dir",
+        "strip_accents",
+    ],
+}
 
 
 def test_a_checkpoint_recorded_by_an_older_run_plans_its_schedule_as_then():
@@ -72,21 +93,27 @@ def test_a_checkpoint_recorded_by_an_older_run_plans_its_schedule_as_then():
     assert plan == run_schedule.planned(settings, config.optimizer)
     assert plan.phases == phases_of(config)
     recorded = PretrainingSettings.of(old, recorded=True)
-    assert (recorded.train.objective, recorded.train.next_sentence_prediction,
-            recorded.train.max_nonfinite_steps) == ("mlm", True, 10)
+    assert (
+        recorded.train.objective,
+        recorded.train.next_sentence_prediction,
+        recorded.train.max_nonfinite_steps,
+    ) == ("mlm", True, 10)
     assert recorded.long_phase == LongPhaseSettings(0.1, LONG_SEQ, LONG_PREDS)
     with pytest.raises(KeyError):  # (a user's config has every field)
         TrainSettings.of(old["train"])
 
 
 def test_train_settings_are_typed_once_with_their_choices_checked():
-    config = make_config("unused", **{"train.objective": "ltr",
-                                      "train.next_sentence_prediction": False})
+    config = make_config(
+        "unused", **{"train.objective": "ltr", "train.next_sentence_prediction": False}
+    )
     settings = validate.settings(config)
     assert isinstance(settings.train, TrainSettings) and settings.train.total_steps == 100
     assert settings.train.pretraining_objective.causal
     assert not settings.train.pretraining_objective.uses_nsp
     config.train.objective = "LTR"  # choices are exact
-    with pytest.raises(ConfigError, match="^train.objective='LTR' is not one of 'mlm', 'ltr'; "
-                                          "set --config.train.objective$"):
+    with pytest.raises(
+        ConfigError,
+        match="^train.objective='LTR' is not one of 'mlm', 'ltr'; set --config.train.objective$",
+    ):
         validate.settings(config)

@@ -4,6 +4,7 @@ Everything runs on real components: the first documents of the offline default c
 written as a text file in the original format (one sentence per line, blank line between
 documents), a small SentencePiece model trained on it, and a hand-written WordPiece vocab.
 """
+
 import dataclasses
 import itertools
 import json
@@ -147,8 +148,9 @@ def check_layout(features, tokenizer, seq: int, preds: int) -> np.ndarray:
     return original
 
 
-def check_masks(features, original: np.ndarray, tokenizer, prob: float, preds: int,
-                exact_count: bool = True) -> None:
+def check_masks(
+    features, original: np.ndarray, tokenizer, prob: float, preds: int, exact_count: bool = True
+) -> None:
     """Masked-LM features agree with the unmasked tokens and the original's rules."""
     ids = np.asarray(features["input_ids"])
     positions = np.asarray(features["masked_lm_positions"])
@@ -165,14 +167,16 @@ def check_masks(features, original: np.ndarray, tokenizer, prob: float, preds: i
     used = slots < counts[:, None]
     np.testing.assert_array_equal(weights, used.astype(np.float32))
     assert (positions[~used] == 0).all() and (labels[~used] == 0).all()
-    never = np.array(sorted({tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id,
-                             tokenizer.mask_id}))
+    never = np.array(
+        sorted({tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id})
+    )
     rows = np.arange(len(ids))[:, None]
     for i in range(len(ids)):
-        p = positions[i, :counts[i]]
+        p = positions[i, : counts[i]]
         assert (np.diff(p) > 0).all() and (p < lengths[i]).all()
-    np.testing.assert_array_equal(labels[used], original[np.broadcast_to(rows, used.shape)[used],
-                                                         positions[used]])
+    np.testing.assert_array_equal(
+        labels[used], original[np.broadcast_to(rows, used.shape)[used], positions[used]]
+    )
     assert not np.isin(labels[used], never).any(), "[CLS]/[SEP]/[PAD]/[MASK] were masked"
     # Outside the masked positions the tokens are the original ones.
     changed = ids != original
@@ -199,13 +203,14 @@ def check_replacements(features, tokenizer) -> None:
 def passage_blob(documents) -> bytes:
     """Token ids of the documents as one byte string, documents separated by -1."""
     separator = np.array([-1], np.int32).tobytes()
-    return separator.join(np.concatenate([np.asarray(s, np.int32) for s in doc]).tobytes()
-                          for doc in documents)
+    return separator.join(
+        np.concatenate([np.asarray(s, np.int32) for s in doc]).tobytes() for doc in documents
+    )
 
 
 def segments(row: np.ndarray, sep_id: int) -> tuple[np.ndarray, np.ndarray]:
     first, second = np.flatnonzero(row == sep_id)[:2]
-    return row[1:first], row[first + 1:second]
+    return row[1:first], row[first + 1 : second]
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -224,8 +229,9 @@ def corpus_file(documents, tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def sp_tokenizer(documents, tmp_path_factory):
     prefix = tmp_path_factory.mktemp("sp") / "sp"
-    model = tokenization.train_sentencepiece((s for doc in documents for s in doc), str(prefix),
-                                             SP_VOCAB, do_lower_case=True)
+    model = tokenization.train_sentencepiece(
+        (s for doc in documents for s in doc), str(prefix), SP_VOCAB, do_lower_case=True
+    )
     return tokenization.SentencePieceTokenizer(model)
 
 
@@ -243,7 +249,9 @@ def static_cache(config, sp_tokenizer, tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def static(config, sp_tokenizer, static_cache):
-    return pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(static_cache))
+    return pipeline.prepare(
+        DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(static_cache)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +262,9 @@ def dynamic_config(corpus_file):
 @pytest.fixture(scope="module")
 def dynamic(dynamic_config, sp_tokenizer, tmp_path_factory):
     cache = tmp_path_factory.mktemp("dynamic_cache")
-    return pipeline.prepare(DataSettings.of(dynamic_config.data), short_phase(dynamic_config), sp_tokenizer, str(cache))
+    return pipeline.prepare(
+        DataSettings.of(dynamic_config.data), short_phase(dynamic_config), sp_tokenizer, str(cache)
+    )
 
 
 def dynamic_loader(split, tokenizer, seed=12345, batch=32, shuffle=True, whole_word=False):
@@ -271,19 +281,28 @@ def test_batches_hold_what_bertjax_batch_defines(config, sp_tokenizer, static_ca
     memory report's abstract batch is the same."""
     phase, data = short_phase(config), DataSettings.of(config.data)
     for packed in (False, True):
-        (prepared,) = loaders.prepare_data(dataclasses.replace(data, packing=packed), [phase],
-                                           SP_VOCAB, sp_tokenizer, str(static_cache), 0, 1)
+        (prepared,) = loaders.prepare_data(
+            dataclasses.replace(data, packing=packed),
+            [phase],
+            SP_VOCAB,
+            sp_tokenizer,
+            str(static_cache),
+            0,
+            1,
+        )
         for loader in (prepared.train, prepared.eval):
             batch = loader.batch(0)
-            spec = (batch_spec.specs(BATCH, SEQ, loader.max_predictions, loader.max_instances)
-                    if packed else batch_spec.specs(BATCH, SEQ, PREDS))
+            spec = (
+                batch_spec.specs(BATCH, SEQ, loader.max_predictions, loader.max_instances)
+                if packed
+                else batch_spec.specs(BATCH, SEQ, PREDS)
+            )
             assert {name: (array.shape, array.dtype) for name, array in batch.items()} == spec
             assert list(batch) == list(spec)
     abstract = memory.abstract_batch(phase, BATCH)
     assert {name: (a.shape, a.dtype) for name, a in abstract.items()} == batch_spec.specs(
-        BATCH, SEQ, PREDS)
-
-
+        BATCH, SEQ, PREDS
+    )
 
 
 @pytest.mark.parametrize("split", ["train", "eval"])
@@ -296,7 +315,9 @@ def test_prepared_static_features(static, sp_tokenizer, split):
     # The original labels a pair "random next" whenever its chunk is a single sentence, so
     # the mean is somewhat above one half on this corpus of long documentation sentences.
     # The eval split holds ~190 pairs (std of the mean ~0.035), so its bound is wider.
-    assert 0.4 < float(np.mean(features["next_sentence_labels"])) < (0.7 if split == "train" else 0.8)
+    assert (
+        0.4 < float(np.mean(features["next_sentence_labels"])) < (0.7 if split == "train" else 0.8)
+    )
 
 
 def test_static_masks_replace_80_10_10(static, sp_tokenizer):
@@ -308,19 +329,23 @@ def test_token_ids_fit_the_tokenizer(static, sp_tokenizer):
         pipeline.check_token_ids(split, sp_tokenizer.vocab_size, "data")
 
 
-def test_prepare_writes_meta_and_holds_out_eval_documents(config, static, static_cache,
-                                                          sp_tokenizer):
+def test_prepare_writes_meta_and_holds_out_eval_documents(
+    config, static, static_cache, sp_tokenizer
+):
     meta = json.loads((only_dir(static_cache) / "meta.json").read_text())
     docs, counts = tokenize_corpus.tokenize_documents(
-        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()), sp_tokenizer)
+        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()),
+        sp_tokenizer,
+    )
     assert meta["documents"] == len(docs) == NUM_DOCS
     assert meta["eval_documents"] == round(0.1 * NUM_DOCS)
     assert meta["train_instances"] == len(static["train"])
     assert meta["eval_instances"] == len(static["eval"])
     assert meta["tokens"] == counts["tokens"] and meta["masking"] == "static"
 
-    train_docs, eval_docs = pipeline.split_eval_documents(docs, config.data.eval_fraction,
-                                                          config.data.seed)
+    train_docs, eval_docs = pipeline.split_eval_documents(
+        docs, config.data.eval_fraction, config.data.seed
+    )
     assert len(eval_docs) == meta["eval_documents"]
     assert {id(d) for d in train_docs}.isdisjoint({id(d) for d in eval_docs})
     assert len(train_docs) + len(eval_docs) == len(docs)
@@ -341,17 +366,25 @@ def test_prepare_writes_meta_and_holds_out_eval_documents(config, static, static
             assert segment.tobytes() in train_blob
 
 
-def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_tokenizer,
-                                                                tmp_path):
+def test_prepare_reuses_cache_and_rebuilds_when_settings_change(
+    corpus_file, sp_tokenizer, tmp_path
+):
     config = make_config(corpus_file)
     cache = tmp_path / "cache"
-    first = pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(cache))
+    first = pipeline.prepare(
+        DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(cache)
+    )
     directory = only_dir(cache)
-    files = [directory / "meta.json", directory / "train" / "shard_00000" / "input_ids.npy",
-             directory / "eval" / "shard_00000" / "masked_lm_ids.npy"]
+    files = [
+        directory / "meta.json",
+        directory / "train" / "shard_00000" / "input_ids.npy",
+        directory / "eval" / "shard_00000" / "masked_lm_ids.npy",
+    ]
     stamps = [(f.stat().st_mtime_ns, f.read_bytes()) for f in files]
 
-    again = pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(cache))
+    again = pipeline.prepare(
+        DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(cache)
+    )
     assert entries(cache) == [directory]
     assert [(f.stat().st_mtime_ns, f.read_bytes()) for f in files] == stamps
     for name in pipeline.FEATURES:
@@ -359,16 +392,21 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
 
     # Each setting that changes the data gets its own directory; none is a temporary leftover.
     more_masks = make_config(corpus_file, **{"data.masked_lm_prob": 0.3})
-    prepared = pipeline.prepare(DataSettings.of(more_masks.data), short_phase(more_masks), sp_tokenizer, str(cache))
+    prepared = pipeline.prepare(
+        DataSettings.of(more_masks.data), short_phase(more_masks), sp_tokenizer, str(cache)
+    )
     assert len(entries(cache)) == 2
     lengths = np.asarray(prepared["train"].features["input_mask"]).sum(1)
     counts = np.asarray(prepared["train"].features["masked_lm_weights"]).sum(1)
     np.testing.assert_array_equal(counts, expected_predictions(lengths, 0.3, PREDS))
     reseeded = make_config(corpus_file, **{"data.seed": 7})
-    other = pipeline.prepare(DataSettings.of(reseeded.data), short_phase(reseeded), sp_tokenizer, str(cache))
+    other = pipeline.prepare(
+        DataSettings.of(reseeded.data), short_phase(reseeded), sp_tokenizer, str(cache)
+    )
     assert len(entries(cache)) == 3
-    assert not np.array_equal(other["train"].features["input_ids"][:50],
-                              first["train"].features["input_ids"][:50])
+    assert not np.array_equal(
+        other["train"].features["input_ids"][:50], first["train"].features["input_ids"][:50]
+    )
     long_phase = phases_of(config)[1]
     long = pipeline.prepare(DataSettings.of(config.data), long_phase, sp_tokenizer, str(cache))
     assert long["train"].features["input_ids"].shape[1] == LONG_SEQ
@@ -388,20 +426,28 @@ def test_prepare_reuses_cache_and_rebuilds_when_settings_change(corpus_file, sp_
 
 
 def test_prepare_rebuilds_an_incomplete_cache_directory(config, sp_tokenizer, tmp_path):
-    first = pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path))
+    first = pipeline.prepare(
+        DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path)
+    )
     directory = only_dir(tmp_path)
     expected = np.array(first["train"].features["input_ids"])
     del first
     (directory / "meta.json").unlink()  # as if the build had been interrupted
     (directory / "train" / "shard_00000" / "input_ids.npy").write_bytes(b"garbage")
-    again = pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path))
+    again = pipeline.prepare(
+        DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path)
+    )
     assert (directory / "meta.json").exists()
     np.testing.assert_array_equal(again["train"].features["input_ids"], expected)
 
 
 def test_prepare_per_process_shards(config, sp_tokenizer, tmp_path):
-    shards = [pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path), i, 2)
-              for i in range(2)]
+    shards = [
+        pipeline.prepare(
+            DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path), i, 2
+        )
+        for i in range(2)
+    ]
     directories = entries(tmp_path)
     assert len(directories) == 2
     metas = [json.loads((d / "meta.json").read_text()) for d in directories]
@@ -415,7 +461,9 @@ def test_prepare_per_process_shards(config, sp_tokenizer, tmp_path):
 def test_single_document_corpus_gives_empty_eval_split(sp_tokenizer, documents, tmp_path):
     path = write_documents(tmp_path / "one.txt", [max(documents, key=len)])
     config = make_config(path)
-    splits = pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
+    splits = pipeline.prepare(
+        DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path / "cache")
+    )
     assert len(splits["train"]) > 0 and len(splits["eval"]) == 0
     assert splits["eval"].features["input_ids"].shape == (0, SEQ)
     assert splits["eval"].features["masked_lm_ids"].shape == (0, PREDS)
@@ -427,8 +475,10 @@ def test_single_document_corpus_gives_empty_eval_split(sp_tokenizer, documents, 
 def test_read_documents_partitions_documents_between_processes(config, documents):
     full = list(pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()))
     assert full == documents
-    shards = [list(pipeline.read_documents(DataSettings.of(config.data), i, 3, corpus.CorpusStats()))
-              for i in range(3)]
+    shards = [
+        list(pipeline.read_documents(DataSettings.of(config.data), i, 3, corpus.CorpusStats()))
+        for i in range(3)
+    ]
     for i, shard in enumerate(shards):
         assert shard == full[i::3]
     assert sum(map(len, shards)) == len(full)
@@ -436,10 +486,16 @@ def test_read_documents_partitions_documents_between_processes(config, documents
 
 def test_read_documents_default_source_is_sharded_too(corpus_file):
     config = make_config(corpus_file, **{"data.source": "default"})
-    first = list(itertools.islice(pipeline.read_documents(DataSettings.of(config.data), 0, 1,
-                                                          corpus.CorpusStats()), 8))
-    second_shard = list(itertools.islice(pipeline.read_documents(DataSettings.of(config.data), 1, 2,
-                                                                 corpus.CorpusStats()), 4))
+    first = list(
+        itertools.islice(
+            pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()), 8
+        )
+    )
+    second_shard = list(
+        itertools.islice(
+            pipeline.read_documents(DataSettings.of(config.data), 1, 2, corpus.CorpusStats()), 4
+        )
+    )
     assert first == list(itertools.islice(default_corpus.default_corpus(), 8))
     assert second_shard == first[1::2]
 
@@ -484,8 +540,10 @@ def test_each_epoch_is_a_new_permutation_without_repeats(static):
     loader = loaders.BatchLoader(split, 64, seed=1)
     per_epoch = loader.batches_per_epoch
     assert per_epoch == len(split) // 64
-    epochs = [np.concatenate([loader.batch(e * per_epoch + k)["row"] for k in range(per_epoch)])
-              for e in range(3)]
+    epochs = [
+        np.concatenate([loader.batch(e * per_epoch + k)["row"] for k in range(per_epoch)])
+        for e in range(3)
+    ]
     for rows in epochs:
         assert len(rows) == per_epoch * 64 == len(set(rows.tolist()))  # each row at most once
         assert len(split) - len(rows) < 64  # only the incomplete last batch is dropped
@@ -502,8 +560,9 @@ def test_unshuffled_loader_walks_rows_in_order(static):
     loader = loaders.BatchLoader(split, 16, seed=1, shuffle=False)
     per_epoch = loader.batches_per_epoch
     np.testing.assert_array_equal(loader.batch(0)["row"], np.arange(16))
-    np.testing.assert_array_equal(loader.batch(per_epoch - 1)["row"],
-                                  np.arange((per_epoch - 1) * 16, per_epoch * 16))
+    np.testing.assert_array_equal(
+        loader.batch(per_epoch - 1)["row"], np.arange((per_epoch - 1) * 16, per_epoch * 16)
+    )
     np.testing.assert_array_equal(loader.batch(per_epoch)["row"], np.arange(16))
 
 
@@ -535,12 +594,18 @@ def test_sharded_preparation_and_loading_across_shards(config, sp_tokenizer, sta
     """Shards cut by bytes at document boundaries; batches gather the right rows across them."""
     size = pathlib.Path(config.data.input_files).stat().st_size
     sharded_config = make_config(config.data.input_files, **{"data.shard_bytes": size // 3})
-    documents = list(pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()))
+    documents = list(
+        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
+    )
     reader = pipeline.corpus_reader(DataSettings.of(config.data), 0, 1)
     expected = [reader.read(s) for s in shard_sources.cut(reader, corpus.CorpusStats(), size // 3)]
     assert [d for shard in expected for d in shard] == documents and len(expected) >= 3
-    sharded = pipeline.prepare(DataSettings.of(sharded_config.data), short_phase(sharded_config), sp_tokenizer,
-                               str(tmp_path))
+    sharded = pipeline.prepare(
+        DataSettings.of(sharded_config.data),
+        short_phase(sharded_config),
+        sp_tokenizer,
+        str(tmp_path),
+    )
     train = sharded["train"]
     assert len(train.shards) == len(expected) == len(sharded["eval"].shards)
     assert abs(len(train) - len(static["train"])) < 0.2 * len(static["train"])
@@ -563,9 +628,12 @@ def test_two_workers_write_the_same_bytes_as_one(config, sp_tokenizer, tmp_path)
     size = pathlib.Path(config.data.input_files).stat().st_size
     records = []
     for workers in (1, 2):
-        cfg = make_config(config.data.input_files, **{"data.num_workers": workers,
-                                                      "data.shard_bytes": size // 3})
-        pipeline.prepare(DataSettings.of(cfg.data), short_phase(cfg), sp_tokenizer, str(tmp_path / str(workers)))
+        cfg = make_config(
+            config.data.input_files, **{"data.num_workers": workers, "data.shard_bytes": size // 3}
+        )
+        pipeline.prepare(
+            DataSettings.of(cfg.data), short_phase(cfg), sp_tokenizer, str(tmp_path / str(workers))
+        )
         meta = json.loads(next((tmp_path / str(workers)).glob("short_*/meta.json")).read_text())
         assert meta["shards"] >= 3
         records.append(meta["files"])
@@ -577,21 +645,40 @@ def test_one_shard_holds_the_instances_of_the_original_semantics(config, sp_toke
     documents, pairs from the seeded RNG, then masks by the rule from the shard's masking
     stream (row i of the split is row i of the stream)."""
     docs, _ = tokenize_corpus.tokenize_documents(
-        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()), sp_tokenizer)
+        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()),
+        sp_tokenizer,
+    )
     train_docs, _ = pipeline.split_eval_documents(docs, config.data.eval_fraction, config.data.seed)
     seed = shard_job.hash_seed(config.data.seed, 0, 0, SEQ)
     specials = pipeline.specials_of(sp_tokenizer, False)
-    pairs = instances.create_instances(train_docs, SEQ, config.data.short_seq_prob,
-                                       config.data.dupe_factor, random.Random(seed), specials)
+    pairs = instances.create_instances(
+        train_docs,
+        SEQ,
+        config.data.short_seq_prob,
+        config.data.dupe_factor,
+        random.Random(seed),
+        specials,
+    )
     padded = np.full((len(pairs), SEQ), specials.pad_id, np.int32)
     for i, pair in enumerate(pairs):
-        padded[i, :len(pair.tokens)] = pair.tokens
+        padded[i, : len(pair.tokens)] = pair.tokens
     lengths = np.array([len(pair.tokens) for pair in pairs])
     ids, positions, labels, counts = masking.MaskingRule(specials, 0.15, PREDS).apply(
-        padded, lengths, shard_job.mask_key(seed), np.arange(len(pairs)))
-    rows = [instances.to_features(ids[i, :lengths[i]], pair.segment_ids, pair.is_random_next,
-                                  positions[i, :counts[i]], labels[i, :counts[i]], SEQ, PREDS,
-                                  specials.pad_id) for i, pair in enumerate(pairs)]
+        padded, lengths, shard_job.mask_key(seed), np.arange(len(pairs))
+    )
+    rows = [
+        instances.to_features(
+            ids[i, : lengths[i]],
+            pair.segment_ids,
+            pair.is_random_next,
+            positions[i, : counts[i]],
+            labels[i, : counts[i]],
+            SEQ,
+            PREDS,
+            specials.pad_id,
+        )
+        for i, pair in enumerate(pairs)
+    ]
     stored = static["train"].features
     for name in pipeline.FEATURES:
         np.testing.assert_array_equal(stored[name], np.stack([row[name] for row in rows]), name)
@@ -634,8 +721,9 @@ def test_dynamic_masks_are_a_function_of_seed_epoch_and_row(dynamic, sp_tokenize
             for name in batch:  # the same row in the same epoch gets the same mask
                 np.testing.assert_array_equal(batch[name][i], cache[k][name][row % size])
     other_seed = dynamic_loader(dynamic["train"], sp_tokenizer, seed=1, shuffle=False).batch(0)
-    assert not np.array_equal(other_seed["masked_lm_positions"],
-                              ordered.batch(0)["masked_lm_positions"])
+    assert not np.array_equal(
+        other_seed["masked_lm_positions"], ordered.batch(0)["masked_lm_positions"]
+    )
 
 
 def test_dynamic_masks_change_between_epochs(dynamic, sp_tokenizer):
@@ -646,10 +734,13 @@ def test_dynamic_masks_change_between_epochs(dynamic, sp_tokenizer):
         first, second = ordered.batch(k), ordered.batch(k + per_epoch)
         np.testing.assert_array_equal(first["row"], second["row"])
         rows += len(first["row"])
-        same_positions += sum(np.array_equal(a, b) for a, b in
-                              zip(first["masked_lm_positions"], second["masked_lm_positions"]))
-        same_ids += sum(np.array_equal(a, b) for a, b in
-                        zip(first["input_ids"], second["input_ids"]))
+        same_positions += sum(
+            np.array_equal(a, b)
+            for a, b in zip(first["masked_lm_positions"], second["masked_lm_positions"])
+        )
+        same_ids += sum(
+            np.array_equal(a, b) for a, b in zip(first["input_ids"], second["input_ids"])
+        )
     assert same_positions < 0.1 * rows and same_ids < 0.1 * rows, (same_positions, same_ids, rows)
 
 
@@ -677,24 +768,38 @@ def test_load_or_train_tokenizer_trains_once_and_caches(config, sp_tokenizer, tm
     assert list(tmp_path.glob("*.tmp*")) == []
     stamp = model.stat().st_mtime_ns
     assert tokenizer.vocab_size == SP_VOCAB
-    assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id,
-            tokenizer.mask_id) == (0, 1, 2, 3, 4)
+    assert (
+        tokenizer.pad_id,
+        tokenizer.unk_id,
+        tokenizer.cls_id,
+        tokenizer.sep_id,
+        tokenizer.mask_id,
+    ) == (0, 1, 2, 3, 4)
     # Same corpus, size and casing as the fixture's model: the same deterministic training.
     assert vocabulary(tokenizer) == vocabulary(sp_tokenizer)
     again = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
     assert again.fingerprint() == tokenizer.fingerprint() and model.stat().st_mtime_ns == stamp
     smaller = make_config(config.data.input_files, **{"data.sentencepiece_vocab_size": 300})
-    assert pipeline.load_or_train_tokenizer(DataSettings.of(smaller.data), str(tmp_path)).vocab_size == 300
+    assert (
+        pipeline.load_or_train_tokenizer(DataSettings.of(smaller.data), str(tmp_path)).vocab_size
+        == 300
+    )
     assert len(list(tmp_path.glob("sentencepiece_*.model"))) == 2
     # The trained tokenizer feeds prepare directly.
-    splits = pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, str(tmp_path))
+    splits = pipeline.prepare(
+        DataSettings.of(config.data), short_phase(config), tokenizer, str(tmp_path)
+    )
     pipeline.check_token_ids(splits["train"], tokenizer.vocab_size, "train")
 
 
 def test_every_process_trains_the_same_tokenizer(config, sp_tokenizer, tmp_path):
     """Hosts train on their own disks; they must agree on the vocabulary the model uses."""
-    hosts = [pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path / f"host{i}"), i, 2)
-             for i in range(2)]
+    hosts = [
+        pipeline.load_or_train_tokenizer(
+            DataSettings.of(config.data), str(tmp_path / f"host{i}"), i, 2
+        )
+        for i in range(2)
+    ]
     assert vocabulary(hosts[0]) == vocabulary(hosts[1]) == vocabulary(sp_tokenizer)
     text = "Return a new list containing all items from the iterable in ascending order."
     assert hosts[0].encode(text) == hosts[1].encode(text) == sp_tokenizer.encode(text)
@@ -711,7 +816,9 @@ def test_load_tokenizer_from_a_sentencepiece_vocab_file(config, sp_tokenizer, tm
     model = tmp_path / "given.model"
     model.write_bytes(sp_tokenizer._model_bytes)  # noqa: SLF001
     given = make_config(config.data.input_files, **{"data.vocab_file": str(model)})
-    tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(given.data), str(tmp_path / "cache"))
+    tokenizer = pipeline.load_or_train_tokenizer(
+        DataSettings.of(given.data), str(tmp_path / "cache")
+    )
     assert tokenizer.fingerprint() == sp_tokenizer.fingerprint()
     assert not (tmp_path / "cache").exists()  # nothing trained
 
@@ -722,7 +829,9 @@ def test_load_tokenizer_from_a_sentencepiece_vocab_file(config, sp_tokenizer, tm
 def test_corpus_too_small_for_one_batch(sp_tokenizer, documents, tmp_path):
     path = write_documents(tmp_path / "small.txt", documents[:3])
     config = make_config(path, **{"train.global_batch_size": 256})
-    splits = pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
+    splits = pipeline.prepare(
+        DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path / "cache")
+    )
     assert 0 < len(splits["train"]) < 256
     with pytest.raises(pipeline.DataError, match=r"fewer than one batch of 256 per process"):
         loaders.BatchLoader(splits["train"], 256, seed=0)
@@ -734,7 +843,9 @@ def test_text_source_without_input_files(sp_tokenizer, tmp_path):
     with pytest.raises(pipeline.DataError, match=message):
         pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
     with pytest.raises(pipeline.DataError, match=message):
-        pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path))
+        pipeline.prepare(
+            DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path)
+        )
     with pytest.raises(pipeline.DataError, match=message):
         pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
 
@@ -742,7 +853,9 @@ def test_text_source_without_input_files(sp_tokenizer, tmp_path):
 def test_missing_input_file_is_named(sp_tokenizer, tmp_path):
     config = make_config(str(tmp_path / "nope.txt"))
     with pytest.raises(FileNotFoundError, match="nope.txt"):
-        pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path))
+        pipeline.prepare(
+            DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path)
+        )
 
 
 def test_tfds_source_without_a_name(corpus_file):
@@ -753,14 +866,19 @@ def test_tfds_source_without_a_name(corpus_file):
 
 def test_wordpiece_needs_a_vocab_file(corpus_file, tmp_path):
     config = make_config(corpus_file, **{"data.tokenizer": "wordpiece"})
-    with pytest.raises(pipeline.DataError, match=r"data.tokenizer=wordpiece needs "
-                                                 r"--config.data.vocab_file"):
+    with pytest.raises(
+        pipeline.DataError,
+        match=r"data.tokenizer=wordpiece needs "
+        r"--config.data.vocab_file",
+    ):
         pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
 
 
 def test_nonexistent_vocab_file(corpus_file, tmp_path):
-    config = make_config(corpus_file, **{"data.tokenizer": "wordpiece",
-                                         "data.vocab_file": str(tmp_path / "vocab.txt")})
+    config = make_config(
+        corpus_file,
+        **{"data.tokenizer": "wordpiece", "data.vocab_file": str(tmp_path / "vocab.txt")},
+    )
     with pytest.raises(pipeline.DataError, match=r"vocab.txt' does not exist"):
         pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
 
@@ -771,36 +889,47 @@ def test_empty_corpus_file(sp_tokenizer, tmp_path, text):
     path.write_text(text)
     config = make_config(str(path))
     with pytest.raises(pipeline.DataError, match="no usable documents"):
-        pipeline.prepare(DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path / "cache"))
+        pipeline.prepare(
+            DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path / "cache")
+        )
     assert not list((tmp_path / "cache").glob("*/meta.json"))
 
 
 def test_check_token_ids_rejects_a_small_model_vocab(static, sp_tokenizer):
     largest = int(np.asarray(static["train"].features["input_ids"]).max())
     pipeline.check_token_ids(static["train"], largest + 1, "train data (short)")
-    with pytest.raises(pipeline.DataError,
-                       match=rf"train data \(short\): input_ids holds id {largest} >= "
-                             rf"model.vocab_size=100; set --config.model.vocab_size"):
+    with pytest.raises(
+        pipeline.DataError,
+        match=rf"train data \(short\): input_ids holds id {largest} >= "
+        rf"model.vocab_size=100; set --config.model.vocab_size",
+    ):
         pipeline.check_token_ids(static["train"], 100, "train data (short)")
 
 
-@pytest.mark.parametrize("field, value, allowed", [
-    ("source", "hdfs", "'default', 'text', 'tfds'"), ("masking", "random", "'static', 'dynamic'"),
-    ("masking", "Dynamic", "'static', 'dynamic'"),
-    ("strip_accents", "sometimes", "'auto', 'true', 'false'"),
-    ("text_format", "line", "'auto', 'lines', 'paragraphs'"),
-    ("tokenizer", "unigram", "'wordpiece', 'sentencepiece', 'bpe'")])
+@pytest.mark.parametrize(
+    "field, value, allowed",
+    [
+        ("source", "hdfs", "'default', 'text', 'tfds'"),
+        ("masking", "random", "'static', 'dynamic'"),
+        ("masking", "Dynamic", "'static', 'dynamic'"),
+        ("strip_accents", "sometimes", "'auto', 'true', 'false'"),
+        ("text_format", "line", "'auto', 'lines', 'paragraphs'"),
+        ("tokenizer", "unigram", "'wordpiece', 'sentencepiece', 'bpe'"),
+    ],
+)
 def test_a_bad_choice_is_one_line_when_the_settings_are_built(corpus_file, field, value, allowed):
     """Checked once, where config.data becomes DataSettings (before any data is touched)."""
     config = make_config(corpus_file, **{f"data.{field}": value})
     with pytest.raises(pipeline.DataError) as refused:
         DataSettings.of(config.data)
-    assert str(refused.value) == (f"data.{field}={value!r} is not one of {allowed}; "
-                                  f"set --config.data.{field}")
+    assert str(refused.value) == (
+        f"data.{field}={value!r} is not one of {allowed}; set --config.data.{field}"
+    )
 
 
-@pytest.mark.parametrize("value, expected", [("auto", None), ("true", True), ("False", False),
-                                             (True, True)])
+@pytest.mark.parametrize(
+    "value, expected", [("auto", None), ("true", True), ("False", False), (True, True)]
+)
 def test_strip_accents_option(corpus_file, value, expected):
     config = make_config(corpus_file)
     config.data.strip_accents = value if isinstance(value, str) else str(value)
@@ -809,14 +938,66 @@ def test_strip_accents_option(corpus_file, value, expected):
 
 # ----------------------------------------------------------------------------- whole words
 
-WHOLE_WORDS = ["the", "a", "cat", "dog", "bird", "sat", "saw", "on", "under", "near", "mat",
-               "tree", "house", "and", "quick", "slow", "walk", "jump", "play", "read", "talk",
-               "re", "un", ".", ","]
+WHOLE_WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "bird",
+    "sat",
+    "saw",
+    "on",
+    "under",
+    "near",
+    "mat",
+    "tree",
+    "house",
+    "and",
+    "quick",
+    "slow",
+    "walk",
+    "jump",
+    "play",
+    "read",
+    "talk",
+    "re",
+    "un",
+    ".",
+    ",",
+]
 PIECES = ["##s", "##ed", "##ing", "##er", "##ly", "##play", "##read", "##walk", "##able"]
-SURFACE_WORDS = ["the", "a", "cat", "dog", "bird", "sat", "saw", "on", "under", "near", "mat",
-                 "tree", "house", "and", "cats", "dogs", "walking", "jumped", "player", "reads",
-                 "talking", "quickly", "slowly", "replayed", "unreadable", "rewalked", "readable",
-                 "replaying", "walker", "jumps"]
+SURFACE_WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "bird",
+    "sat",
+    "saw",
+    "on",
+    "under",
+    "near",
+    "mat",
+    "tree",
+    "house",
+    "and",
+    "cats",
+    "dogs",
+    "walking",
+    "jumped",
+    "player",
+    "reads",
+    "talking",
+    "quickly",
+    "slowly",
+    "replayed",
+    "unreadable",
+    "rewalked",
+    "readable",
+    "replaying",
+    "walker",
+    "jumps",
+]
 
 
 @pytest.fixture(scope="module")
@@ -838,8 +1019,9 @@ def wordpiece_corpus(tmp_path_factory) -> str:
     return write_documents(tmp_path_factory.mktemp("wp_corpus") / "words.txt", documents)
 
 
-def word_groups(row: np.ndarray, length: int, continuation: np.ndarray,
-                unmaskable) -> list[list[int]]:
+def word_groups(
+    row: np.ndarray, length: int, continuation: np.ndarray, unmaskable
+) -> list[list[int]]:
     """Positions of each word: a "##" piece belongs to the previous maskable token's word."""
     groups: list[list[int]] = []
     for position in range(length):
@@ -869,37 +1051,59 @@ def check_whole_words(features, original, tokenizer) -> int:
             if continuation[original[i, p]]:
                 masked_pieces += 1
                 # (A "##" piece right after [CLS], left by truncation, starts its own word.)
-                previous = max((q for q in range(p) if original[i, q] not in unmaskable),
-                               default=None)
+                previous = max(
+                    (q for q in range(p) if original[i, q] not in unmaskable), default=None
+                )
                 assert previous is None or previous in masked, (i, p, sorted(masked))
     return masked_pieces
 
 
 def test_whole_word_masking_with_wordpiece(wordpiece_vocab, wordpiece_corpus, tmp_path):
     tokenizer = tokenization.WordPieceTokenizer(wordpiece_vocab)
-    assert tokenizer.tokenize("Unreadable replaying.") == ["un", "##read", "##able", "re",
-                                                           "##play", "##ing", "."]
-    config = make_config(wordpiece_corpus, **{"data.tokenizer": "wordpiece",
-                                              "data.vocab_file": wordpiece_vocab,
-                                              "data.whole_word_mask": True})
+    assert tokenizer.tokenize("Unreadable replaying.") == [
+        "un",
+        "##read",
+        "##able",
+        "re",
+        "##play",
+        "##ing",
+        ".",
+    ]
+    config = make_config(
+        wordpiece_corpus,
+        **{
+            "data.tokenizer": "wordpiece",
+            "data.vocab_file": wordpiece_vocab,
+            "data.whole_word_mask": True,
+        },
+    )
     loaded = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
     assert loaded.fingerprint() == tokenizer.fingerprint()
-    splits = pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, str(tmp_path))
+    splits = pipeline.prepare(
+        DataSettings.of(config.data), short_phase(config), tokenizer, str(tmp_path)
+    )
     for split in splits.values():
         features = split.features
         original = check_layout(features, tokenizer, SEQ, PREDS)
         assert not (original == tokenizer.unk_id).any()
         check_masks(features, original, tokenizer, 0.15, PREDS, exact_count=False)
-        assert check_whole_words(features, original, tokenizer) > (200 if split is splits["train"]
-                                                                   else 5)
+        assert check_whole_words(features, original, tokenizer) > (
+            200 if split is splits["train"] else 5
+        )
 
     # Dynamic whole-word masking in the loader follows the same rule.
-    dynamic_config = make_config(wordpiece_corpus, **{"data.tokenizer": "wordpiece",
-                                                      "data.vocab_file": wordpiece_vocab,
-                                                      "data.whole_word_mask": True,
-                                                      "data.masking": "dynamic"})
-    train = pipeline.prepare(DataSettings.of(dynamic_config.data), short_phase(dynamic_config), tokenizer,
-                             str(tmp_path))["train"]
+    dynamic_config = make_config(
+        wordpiece_corpus,
+        **{
+            "data.tokenizer": "wordpiece",
+            "data.vocab_file": wordpiece_vocab,
+            "data.whole_word_mask": True,
+            "data.masking": "dynamic",
+        },
+    )
+    train = pipeline.prepare(
+        DataSettings.of(dynamic_config.data), short_phase(dynamic_config), tokenizer, str(tmp_path)
+    )["train"]
     loader = dynamic_loader(train, tokenizer, whole_word=True)
     batches = [loader.batch(k) for k in range(6)]
     features = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}

@@ -2,6 +2,7 @@
 hosts of a pod slice, with one host given another setting, corpus or tokenizer, or killed
 mid-run. Every process must stop with the same one line naming what differs (or which process
 was lost), with no traceback and no C++ abort; the rerun resumes exactly."""
+
 import json
 import os
 import signal
@@ -23,45 +24,85 @@ from bertjax.training.run_record import RunRecord
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO_ROOT, "configs", "tiny.py")
 TINY = {
-    "model.vocab_size": 512, "model.hidden_size": 32, "model.num_hidden_layers": 1,
-    "model.num_attention_heads": 4, "model.intermediate_size": 64,
-    "model.max_position_embeddings": 64, "data.source": "text",
-    "data.sentencepiece_vocab_size": 512, "data.max_seq_length": 64,
-    "data.max_predictions_per_seq": 10, "data.dupe_factor": 2, "data.eval_fraction": 0.0,
-    "long_phase.fraction": 0.0, "train.global_batch_size": 16, "train.total_steps": 8,
-    "train.log_every": 1, "train.eval_every": 0, "train.eval_batches": 1,
-    "train.checkpoint_every": 4, "optimizer.warmup_steps": 2,
+    "model.vocab_size": 512,
+    "model.hidden_size": 32,
+    "model.num_hidden_layers": 1,
+    "model.num_attention_heads": 4,
+    "model.intermediate_size": 64,
+    "model.max_position_embeddings": 64,
+    "data.source": "text",
+    "data.sentencepiece_vocab_size": 512,
+    "data.max_seq_length": 64,
+    "data.max_predictions_per_seq": 10,
+    "data.dupe_factor": 2,
+    "data.eval_fraction": 0.0,
+    "long_phase.fraction": 0.0,
+    "train.global_batch_size": 16,
+    "train.total_steps": 8,
+    "train.log_every": 1,
+    "train.eval_every": 0,
+    "train.eval_batches": 1,
+    "train.checkpoint_every": 4,
+    "optimizer.warmup_steps": 2,
 }
 NOISE = ("Traceback", "Fatal Python error", "Check failure", "coordination_service")
 
 
 def _corpus(path, documents: int = 120, skip: int = 0) -> None:
-    docs = [d for d in default_corpus.default_corpus() if len(d) >= 2][skip:skip + documents]
+    docs = [d for d in default_corpus.default_corpus() if len(d) >= 2][skip : skip + documents]
     with open(path, "w") as f:
         f.write("\n\n".join("\n".join(doc) for doc in docs) + "\n")
 
 
-def _start(tmp_path, count: int, overrides: dict, per_process: dict | None = None,
-           cwds: list | None = None, devices: int = 1, heartbeat: int = 10,
-           port: int | None = None, env_of: dict | None = None,
-           extra_flags: tuple = (), workdir: str | None = None) -> list[subprocess.Popen]:
+def _start(
+    tmp_path,
+    count: int,
+    overrides: dict,
+    per_process: dict | None = None,
+    cwds: list | None = None,
+    devices: int = 1,
+    heartbeat: int = 10,
+    port: int | None = None,
+    env_of: dict | None = None,
+    extra_flags: tuple = (),
+    workdir: str | None = None,
+) -> list[subprocess.Popen]:
     """`count` processes of `python -m bertjax.train` as the hosts of one job, in `workdir`
     (default: tmp_path/run); process i also gets the flags `per_process[i]` (later flags
     win) and runs in `cwds[i]`."""
     port = port or distributed.free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
-           "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
+        "PYTHONPATH": REPO_ROOT,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    }
     flags = [f"--config.{k}={v}" for k, v in {**TINY, **overrides}.items()]
-    return [subprocess.Popen(
-        [sys.executable, "-m", "bertjax.train", f"--config={CONFIG}",
-         f"--workdir={workdir or tmp_path / 'run'}", f"--coordinator_address=localhost:{port}",
-         f"--num_processes={count}", f"--process_id={i}",
-         f"--heartbeat_timeout_seconds={heartbeat}", *extra_flags, *flags,
-         *[f"--config.{k}={v}" for k, v in (per_process or {}).get(i, {}).items()]],
-        cwd=(cwds[i] if cwds else REPO_ROOT), env={**env, **(env_of or {}).get(i, {})},
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(count)]
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bertjax.train",
+                f"--config={CONFIG}",
+                f"--workdir={workdir or tmp_path / 'run'}",
+                f"--coordinator_address=localhost:{port}",
+                f"--num_processes={count}",
+                f"--process_id={i}",
+                f"--heartbeat_timeout_seconds={heartbeat}",
+                *extra_flags,
+                *flags,
+                *[f"--config.{k}={v}" for k, v in (per_process or {}).get(i, {}).items()],
+            ],
+            cwd=(cwds[i] if cwds else REPO_ROOT),
+            env={**env, **(env_of or {}).get(i, {})},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(count)
+    ]
 
 
 def _finish(procs, timeout: float = 240) -> list[tuple[int, str, str]]:
@@ -87,17 +128,28 @@ def _assert_all_stop_with(results, line: str) -> None:
 def test_disagreement_names_the_field_and_the_processes():
     same = {"a": "1", "b": "'x'"}
     assert agreement.disagreement([same, same, same]) is None
-    line = agreement.disagreement([same, {**same, "b": "'y'"}, same, {**same, "b": "'y'"},
-                                   {"a": "1", "b": "'z'", "c": "3"}])
-    assert line == ("the hosts disagree on b (and 1 more): processes 1, 3 have 'y'; process 4 "
-                    "has 'z', process 0 'x'; run the same command on every host")
+    line = agreement.disagreement(
+        [same, {**same, "b": "'y'"}, same, {**same, "b": "'y'"}, {"a": "1", "b": "'z'", "c": "3"}]
+    )
+    assert line == (
+        "the hosts disagree on b (and 1 more): processes 1, 3 have 'y'; process 4 "
+        "has 'z', process 0 'x'; run the same command on every host"
+    )
     assert "(nothing)" in agreement.disagreement([same, {"a": "1"}])
-    family = agreement.disagreement([{"data.masked_lm_prob": "0.15", "model.hidden_size": "8",
-                                      "model.family": "'bert'"},
-                                     {"data.masked_lm_prob": "0.3", "model.hidden_size": "16",
-                                      "model.family": "'modernbert'"}])
-    assert family.startswith("the hosts disagree on model.family (and 2 more): process 1 has "
-                             "'modernbert', process 0 'bert'")  # (not data.masked_lm_prob)
+    family = agreement.disagreement(
+        [
+            {"data.masked_lm_prob": "0.15", "model.hidden_size": "8", "model.family": "'bert'"},
+            {
+                "data.masked_lm_prob": "0.3",
+                "model.hidden_size": "16",
+                "model.family": "'modernbert'",
+            },
+        ]
+    )
+    assert family.startswith(
+        "the hosts disagree on model.family (and 2 more): process 1 has "
+        "'modernbert', process 0 'bert'"
+    )  # (not data.masked_lm_prob)
     fields = agreement.config_fields({"data": {"cache_dir": "/local", "seed": 1}}, "gs://b/r")
     assert fields == {"data.seed": "1", "--workdir": "'gs://b/r'"}  # the cache is per host
 
@@ -117,6 +169,7 @@ RPC: /xla.coordination.CoordinationService/PollForError [type.googleapis.com/ten
 
 def test_the_lost_process_is_read_from_jax_abort(tmp_path, monkeypatch):
     import jax
+
     log = tmp_path / "log.txt"
     log.write_text("earlier lines\n" + JAX_ABORT_LOG)
     monkeypatch.setattr(jax, "process_count", lambda: 4)
@@ -124,10 +177,12 @@ def test_the_lost_process_is_read_from_jax_abort(tmp_path, monkeypatch):
     assert peers.lost_peer_line(peers._abort_reason(str(log))) == (
         "lost process 1 of 4 (JAX's coordination service reported it stopped sending "
         "heartbeats; --heartbeat_timeout_seconds=100); this process 0 stopped after step 6; "
-        "rerun the same command on every host to resume from the last checkpoint")
+        "rerun the same command on every host to resume from the last checkpoint"
+    )
     monkeypatch.setattr(jax, "process_index", lambda: 2)  # the coordinator's socket closed
     assert peers.lost_peer_line("UNAVAILABLE: Socket closed").startswith(
-        "lost process 0 of 4 (the coordinator); this process 2 stopped after step 6")
+        "lost process 0 of 4 (the coordinator); this process 2 stopped after step 6"
+    )
     log.write_text("no abort here\n")
     assert peers._abort_reason(str(log)) is None
 
@@ -148,29 +203,42 @@ RPC: /xla.coordination.CoordinationService/RegisterTask [type.googleapis.com/ten
 
 def test_the_processes_that_never_joined_are_read_from_jax_abort(tmp_path, monkeypatch):
     from jax._src import distributed as jax_distributed
+
     log = tmp_path / "join.txt"
     log.write_text(JAX_JOIN_ABORT)
-    for name, value in (("num_processes", 3), ("process_id", 1),
-                        ("coordinator_address", "10.0.0.2:8476")):
+    for name, value in (
+        ("num_processes", 3),
+        ("process_id", 1),
+        ("coordinator_address", "10.0.0.2:8476"),
+    ):
         monkeypatch.setattr(jax_distributed.global_state, name, value)
     assert peers.join_line(peers._abort_reason(str(log)), 10).startswith(
         "process 2 of 3 has not joined the job at the coordinator 10.0.0.2:8476 within 10 s; "
-        "this process 1 stops (status 75): start every process with the same command")
+        "this process 1 stops (status 75): start every process with the same command"
+    )
     no_service = "absl::Status: DEADLINE_EXCEEDED: Deadline Exceeded\n\nRPC: /xla.coordination..."
     assert peers.join_line(no_service, 10).startswith(
         "the coordinator 10.0.0.2:8476 (process 0 of 3) has not answered within 10 s: it has "
-        "not started, or cannot be reached; this process 1 stops")
+        "not started, or cannot be reached; this process 1 stops"
+    )
 
 
 def _child(script: str, tmp_path) -> subprocess.CompletedProcess:
     """`script` run by a one-process job whose `jax.process_count()` says 2."""
-    prologue = ("import os, sys, time, jax\n"
-                "from bertjax.runtime import distributed, peers\n"
-                "distributed.initialize()\n"
-                "jax.process_count = lambda: 2\n")
-    return subprocess.run([sys.executable, "-c", prologue + script], cwd=tmp_path, text=True,
-                          capture_output=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"})
+    prologue = (
+        "import os, sys, time, jax\n"
+        "from bertjax.runtime import distributed, peers\n"
+        "distributed.initialize()\n"
+        "jax.process_count = lambda: 2\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", prologue + script],
+        cwd=tmp_path,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"},
+    )
 
 
 def test_a_lost_host_is_announced_by_the_abort_handler(tmp_path):
@@ -178,15 +246,19 @@ def test_a_lost_host_is_announced_by_the_abort_handler(tmp_path):
     test's timeout): JAX's abort, written to native stderr, becomes the one line on the
     console and exit 75, no C++ stack."""
     (tmp_path / "abort.txt").write_text(JAX_ABORT_LOG)
-    result = _child("peers.watch(os.path.abspath('log.txt'), 10)\n"
-                    "peers.reached_step(6)\n"
-                    "os.write(2, open('abort.txt', 'rb').read())\n"
-                    "os.abort()\n", tmp_path)
+    result = _child(
+        "peers.watch(os.path.abspath('log.txt'), 10)\n"
+        "peers.reached_step(6)\n"
+        "os.write(2, open('abort.txt', 'rb').read())\n"
+        "os.abort()\n",
+        tmp_path,
+    )
     assert result.returncode == peers.LOST_PEER_STATUS, result.stderr
     assert result.stderr.splitlines()[-1] == (
         "error: lost process 1 of 2 (JAX's coordination service reported it stopped sending "
         "heartbeats; --heartbeat_timeout_seconds=10); this process 0 stopped after step 6; "
-        "rerun the same command on every host to resume from the last checkpoint"), result.stderr
+        "rerun the same command on every host to resume from the last checkpoint"
+    ), result.stderr
     assert "Check failure" in (tmp_path / "log.txt").read_text()  # (the stack: in the log)
     assert not any(n in result.stderr for n in NOISE), result.stderr
 
@@ -195,28 +267,36 @@ def test_another_process_announced_failure_ends_this_one(tmp_path):
     """The watcher thread itself: a failure another process announced in the coordination
     service's store ends this one within a second or two, wherever its main thread is (here:
     asleep), with one line naming the process, its host and its error."""
-    result = _child("peers.watch(os.path.abspath('log.txt'), 10)\n"
-                    "peers.ACK_WAIT_S = 1  # (for process 1, which is not there, to exit)\n"
-                    "peers.client().key_value_set('bertjax/failed/1', 'h7\\nthe disk is full')\n"
-                    "time.sleep(30)\n", tmp_path)
+    result = _child(
+        "peers.watch(os.path.abspath('log.txt'), 10)\n"
+        "peers.ACK_WAIT_S = 1  # (for process 1, which is not there, to exit)\n"
+        "peers.client().key_value_set('bertjax/failed/1', 'h7\\nthe disk is full')\n"
+        "time.sleep(30)\n",
+        tmp_path,
+    )
     assert result.returncode == 1, result.stderr
     assert result.stderr.splitlines()[-1] == (
-        "error: process 1 of 2 (host h7) stopped: the disk is full"), result.stderr
+        "error: process 1 of 2 (host h7) stopped: the disk is full"
+    ), result.stderr
 
 
 def test_a_failed_process_leaves_within_its_bound_even_if_stuck(tmp_path):
     """A process that announced its failure but is stuck before its last line (e.g. in a
     checkpoint close that waits for the others, who are gone) prints its line and exits 1
     `peers.LEAVE_WITHIN_S` after the announcement."""
-    result = _child("peers.watch(os.path.abspath('log.txt'), 10)\n"
-                    "peers.LEAVE_WITHIN_S = 1\n"
-                    "peers.announce_failure(OSError(28, 'No space left on device', 'ckpt/8'))\n"
-                    "print(peers.client().key_value_try_get('bertjax/failed/0'), flush=True)\n"
-                    "time.sleep(30)\n", tmp_path)
+    result = _child(
+        "peers.watch(os.path.abspath('log.txt'), 10)\n"
+        "peers.LEAVE_WITHIN_S = 1\n"
+        "peers.announce_failure(OSError(28, 'No space left on device', 'ckpt/8'))\n"
+        "print(peers.client().key_value_try_get('bertjax/failed/0'), flush=True)\n"
+        "time.sleep(30)\n",
+        tmp_path,
+    )
     assert result.returncode == 1, result.stderr
     assert result.stdout.split("\n")[1].startswith("No space left on device: ckpt/8 (free ")
     assert result.stderr.splitlines()[-1].startswith(
-        "error: No space left on device: ckpt/8 (free some space"), result.stderr
+        "error: No space left on device: ckpt/8 (free some space"
+    ), result.stderr
 
 
 def test_hosts_with_another_setting_stop(tmp_path):
@@ -225,12 +305,21 @@ def test_hosts_with_another_setting_stop(tmp_path):
     for name in ("a.txt", "b.txt"):
         _corpus(tmp_path / name)
     started = time.time()
-    results = _finish(_start(tmp_path, 2, {"data.input_files": tmp_path / "a.txt"},
-                             {1: {"data.input_files": tmp_path / "b.txt",
-                                  "data.cache_dir": tmp_path / "cache1"}}), timeout=120)
-    _assert_all_stop_with(results, f"error: the hosts disagree on data.input_files: process 1 "
-                                   f"has '{tmp_path / 'b.txt'}', process 0 "
-                                   f"'{tmp_path / 'a.txt'}'; run the same command on every host")
+    results = _finish(
+        _start(
+            tmp_path,
+            2,
+            {"data.input_files": tmp_path / "a.txt"},
+            {1: {"data.input_files": tmp_path / "b.txt", "data.cache_dir": tmp_path / "cache1"}},
+        ),
+        timeout=120,
+    )
+    _assert_all_stop_with(
+        results,
+        f"error: the hosts disagree on data.input_files: process 1 "
+        f"has '{tmp_path / 'b.txt'}', process 0 "
+        f"'{tmp_path / 'a.txt'}'; run the same command on every host",
+    )
     assert not os.path.exists(tmp_path / "run" / "data")  # no tokenizer trained, nothing prepared
     assert not os.path.exists(tmp_path / "cache1")
     print(f"stopped in {time.time() - started:.1f} s")
@@ -250,13 +339,16 @@ def test_hosts_with_another_corpus_at_the_same_path_stop(tmp_path):
     cwds = _hosts(tmp_path, 2)
     _corpus(cwds[0] / "corpus.txt")
     _corpus(cwds[1] / "corpus.txt", skip=1)
-    results = _finish(_start(tmp_path, 2, {"data.input_files": "corpus.txt"}, cwds=cwds),
-                      timeout=120)
+    results = _finish(
+        _start(tmp_path, 2, {"data.input_files": "corpus.txt"}, cwds=cwds), timeout=120
+    )
     line = results[0][2].splitlines()[-1]
-    assert line.startswith("error: the hosts disagree on the corpus file corpus.txt: process 1 "
-                           "has "), results[0][2][-3000:]
-    assert line.endswith("; give every host the same files (the same corpus, vocab_file and "
-                         "config)")
+    assert line.startswith(
+        "error: the hosts disagree on the corpus file corpus.txt: process 1 has "
+    ), results[0][2][-3000:]
+    assert line.endswith(
+        "; give every host the same files (the same corpus, vocab_file and config)"
+    )
     _assert_all_stop_with(results, line)
     assert not os.path.exists(tmp_path / "run" / "data")  # before the tokenizer is trained
 
@@ -266,20 +358,30 @@ def test_a_host_that_stops_with_an_error_stops_the_others(tmp_path):
     for it at the corpus check, stops with that line instead of waiting for ever."""
     cwds = _hosts(tmp_path, 2)
     _corpus(cwds[0] / "corpus.txt")
-    results = _finish(_start(tmp_path, 2, {"data.input_files": "corpus.txt"}, cwds=cwds),
-                      timeout=120)
+    results = _finish(
+        _start(tmp_path, 2, {"data.input_files": "corpus.txt"}, cwds=cwds), timeout=120
+    )
     own = [line for line in results[1][2].splitlines() if line.startswith("error:")]
     assert len(own) == 1 and "corpus.txt" in own[0], results[1][2][-3000:]
     assert results[1][0] == 1
     assert results[0][0] == 1, results[0][2][-3000:]
-    assert results[0][2].splitlines()[-1] == (f"error: process 1 of 2 (host "
-                                              f"{socket.gethostname()}) stopped: {own[0][7:]}")
+    assert results[0][2].splitlines()[-1] == (
+        f"error: process 1 of 2 (host {socket.gethostname()}) stopped: {own[0][7:]}"
+    )
     assert not any(n in results[0][2] for n in NOISE), results[0][2][-3000:]
 
 
 def _vocab(path, extra: str) -> None:
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase,
-              *(f"##{c}" for c in string.ascii_lowercase), extra]
+    tokens = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        *string.ascii_lowercase,
+        *(f"##{c}" for c in string.ascii_lowercase),
+        extra,
+    ]
     path.write_text("\n".join(tokens) + "\n")
 
 
@@ -290,13 +392,23 @@ def test_hosts_with_another_vocabulary_at_the_same_path_stop(tmp_path):
     _corpus(tmp_path / "corpus.txt")
     _vocab(cwds[0] / "vocab.txt", "the")
     _vocab(cwds[1] / "vocab.txt", "and")
-    results = _finish(_start(tmp_path, 2, {"data.input_files": tmp_path / "corpus.txt",
-                                           "data.tokenizer": "wordpiece",
-                                           "data.vocab_file": "vocab.txt"}, cwds=cwds),
-                      timeout=120)
+    results = _finish(
+        _start(
+            tmp_path,
+            2,
+            {
+                "data.input_files": tmp_path / "corpus.txt",
+                "data.tokenizer": "wordpiece",
+                "data.vocab_file": "vocab.txt",
+            },
+            cwds=cwds,
+        ),
+        timeout=120,
+    )
     line = results[0][2].splitlines()[-1]
-    assert line.startswith("error: the hosts disagree on the tokenizer: process 1 has 58 "
-                           "tokens, fingerprint "), results[0][2][-3000:]
+    assert line.startswith(
+        "error: the hosts disagree on the tokenizer: process 1 has 58 tokens, fingerprint "
+    ), results[0][2][-3000:]
     _assert_all_stop_with(results, line)
     assert not os.path.exists(tmp_path / "run" / "data")  # nothing prepared
 
@@ -304,10 +416,20 @@ def test_hosts_with_another_vocabulary_at_the_same_path_stop(tmp_path):
 @pytest.mark.slow
 def test_four_hosts_two_disagreeing(tmp_path):
     _corpus(tmp_path / "corpus.txt")
-    results = _finish(_start(tmp_path, 4, {"data.input_files": tmp_path / "corpus.txt"},
-                             {1: {"train.seed": 7}, 3: {"train.seed": 7}}), timeout=240)
-    _assert_all_stop_with(results, "error: the hosts disagree on train.seed: processes 1, 3 "
-                                   "have 7, process 0 42; run the same command on every host")
+    results = _finish(
+        _start(
+            tmp_path,
+            4,
+            {"data.input_files": tmp_path / "corpus.txt"},
+            {1: {"train.seed": 7}, 3: {"train.seed": 7}},
+        ),
+        timeout=240,
+    )
+    _assert_all_stop_with(
+        results,
+        "error: the hosts disagree on train.seed: processes 1, 3 "
+        "have 7, process 0 42; run the same command on every host",
+    )
 
 
 def _train_rows(workdir) -> list[dict]:
@@ -317,16 +439,20 @@ def _train_rows(workdir) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("count, killed, devices", [(2, 1, 2), (4, 0, 1)])
-def test_lost_host_stops_the_others_and_the_rerun_resumes_exactly(tmp_path, count, killed,
-                                                                  devices):
+def test_lost_host_stops_the_others_and_the_rerun_resumes_exactly(tmp_path, count, killed, devices):
     """kill -9 of one process after step 6 (checkpoint at 4; of 8 steps): every other stops
     within the heartbeat timeout (10 s, plus start-up slack) with one line naming the lost
     process and its step; the same command rerun on every host resumes from step 4, with the
     losses of steps 5 and 6 equal to those the first run logged."""
     _corpus(tmp_path / "corpus.txt")
     overrides = {"data.input_files": tmp_path / "corpus.txt"}
-    procs = _start(tmp_path, count, overrides, devices=devices,
-                   env_of={killed: injected_faults.pausing("step:6", REPO_ROOT)})
+    procs = _start(
+        tmp_path,
+        count,
+        overrides,
+        devices=devices,
+        env_of={killed: injected_faults.pausing("step:6", REPO_ROOT)},
+    )
     try:
         for line in procs[killed].stdout:
             if "paused at step 6" in line:
@@ -340,15 +466,19 @@ def test_lost_host_stops_the_others_and_the_rerun_resumes_exactly(tmp_path, coun
     waited = time.time() - killed_at
     print(f"survivors stopped {waited:.1f} s after the kill")
     assert waited < 10 + 30, waited
-    lost = (f"process {killed} of {count} (JAX's coordination service reported it stopped "
-            "sending heartbeats; --heartbeat_timeout_seconds=10)" if killed else
-            f"process 0 of {count} (the coordinator)")
+    lost = (
+        f"process {killed} of {count} (JAX's coordination service reported it stopped "
+        "sending heartbeats; --heartbeat_timeout_seconds=10)"
+        if killed
+        else f"process 0 of {count} (the coordinator)"
+    )
     for index, (code, out, err) in zip([i for i in range(count) if i != killed], survivors):
         assert code == peers.LOST_PEER_STATUS, f"process {index}: {code}\n{err[-3000:]}"
         assert err.splitlines()[-1] == (
             f"error: lost {lost}; this process {index} "
             "stopped after step 6; rerun the same command on every host to resume from the "
-            "last checkpoint"), err[-3000:]
+            "last checkpoint"
+        ), err[-3000:]
         assert not any(n in err + out for n in NOISE), f"process {index}:\n{err[-3000:]}"
     first = {row["step"]: row["loss"] for row in _train_rows(tmp_path / "run")}
     assert 6 in first
@@ -356,7 +486,7 @@ def test_lost_host_stops_the_others_and_the_rerun_resumes_exactly(tmp_path, coun
     results = _finish(_start(tmp_path, count, overrides, devices=devices), timeout=300)
     for index, (code, out, err) in enumerate(results):
         assert code == 0, f"process {index}:\n{out[-2000:]}\n{err[-3000:]}"
-    rerun = _train_rows(tmp_path / "run")[len(first):]
+    rerun = _train_rows(tmp_path / "run")[len(first) :]
     assert [row["step"] for row in rerun] == [5, 6, 7, 8]
     assert [row["loss"] for row in rerun[:2]] == [first[5], first[6]]
 
@@ -388,10 +518,14 @@ def damaged_shard_on_one_host(tmp_path, workdir: str) -> None:
     """The attack above, in `workdir` (also a gs:// one: tests/test_remote.py)."""
     _corpus(tmp_path / "corpus.txt")
     damaged = 2
-    procs = _start(tmp_path, 4, {"data.input_files": tmp_path / "corpus.txt"},
-                   {i: {"data.cache_dir": tmp_path / f"cache{i}"} for i in range(4)},
-                   env_of={damaged: injected_faults.pausing("start", REPO_ROOT)},
-                   workdir=workdir)
+    procs = _start(
+        tmp_path,
+        4,
+        {"data.input_files": tmp_path / "corpus.txt"},
+        {i: {"data.cache_dir": tmp_path / f"cache{i}"} for i in range(4)},
+        env_of={damaged: injected_faults.pausing("start", REPO_ROOT)},
+        workdir=workdir,
+    )
     try:
         for line in procs[damaged].stdout:
             if "paused at the start of training" in line:
@@ -414,7 +548,8 @@ def damaged_shard_on_one_host(tmp_path, workdir: str) -> None:
             continue
         assert code == 1, f"process {index}: {code}\n{err[-3000:]}"
         assert [line for line in err.splitlines() if line.startswith("error:")] == [
-            f"error: process {damaged} of 4 (host {host}) stopped: {own[0][7:]}"], err[-3000:]
+            f"error: process {damaged} of 4 (host {host}) stopped: {own[0][7:]}"
+        ], err[-3000:]
         assert not any(n in err + out for n in NOISE), f"process {index}:\n{err[-3000:]}"
 
 
@@ -431,9 +566,15 @@ def host_that_never_joins(tmp_path, workdir: str) -> None:
     """The attack above, in `workdir` (also a gs:// one: tests/test_remote.py)."""
     _corpus(tmp_path / "corpus.txt")
     port = distributed.free_port()
-    procs = _start(tmp_path, 4, {"data.input_files": tmp_path / "corpus.txt"},
-                   {3: {"train.total_stepz": 5}}, port=port,
-                   extra_flags=["--join_timeout_seconds=10"], workdir=workdir)
+    procs = _start(
+        tmp_path,
+        4,
+        {"data.input_files": tmp_path / "corpus.txt"},
+        {3: {"train.total_stepz": 5}},
+        port=port,
+        extra_flags=["--join_timeout_seconds=10"],
+        workdir=workdir,
+    )
     started = time.time()
     results = _finish(procs, timeout=120)
     print(f"every process stopped {time.time() - started:.1f} s after the start")
@@ -446,7 +587,8 @@ def host_that_never_joins(tmp_path, workdir: str) -> None:
             f"within 10 s; this process {index} stops (status 75): start every process with "
             "the same command (a process that stopped with an error names it on its console), "
             "then rerun the same command on every host; --join_timeout_seconds sets how long "
-            "to wait"], err[-3000:]
+            "to wait"
+        ], err[-3000:]
         assert not any(n in err + out for n in NOISE), f"process {index}:\n{err[-3000:]}"
     assert time.time() - started < 10 + 60
 
@@ -455,10 +597,14 @@ def test_another_process_count_is_refused_unless_accepted(caplog):
     """The check behind a relaunch on another number of hosts (checkpoints of older
     versions record none: not checked)."""
     four, two = RunRecord(processes=4), RunRecord(processes=2)
-    with pytest.raises(resume.OtherProcessCount, match=(
+    with pytest.raises(
+        resume.OtherProcessCount,
+        match=(
             r"^checkpoint W/8 was trained by 4 processes \(hosts\) and this run has 2: .* "
             r"Relaunch on 4 processes to resume exactly; or accept other batches with "
-            r"--config.train.allow_changed_data=True; or start a new run")):
+            r"--config.train.allow_changed_data=True; or start a new run"
+        ),
+    ):
         resume.check_processes(four, two, "W/8", allow_changed_data=False)
     resume.check_processes(four, four, "W/8", allow_changed_data=False)
     resume.check_processes(RunRecord(), two, "W/8", allow_changed_data=False)
@@ -477,14 +623,16 @@ def test_a_relaunch_on_fewer_hosts_is_refused_in_one_line(tmp_path):
 def relaunch_on_fewer_hosts(tmp_path, workdir: str) -> None:
     """The attack above, in `workdir` (also a gs:// one: tests/test_remote.py)."""
     _corpus(tmp_path / "corpus.txt")
-    overrides = {"data.input_files": tmp_path / "corpus.txt",
-                 "data.cache_dir": tmp_path / "cache"}
-    results = _finish(_start(tmp_path, 4, {**overrides, "train.stop_after_steps": 4},
-                             workdir=workdir), timeout=300)
+    overrides = {"data.input_files": tmp_path / "corpus.txt", "data.cache_dir": tmp_path / "cache"}
+    results = _finish(
+        _start(tmp_path, 4, {**overrides, "train.stop_after_steps": 4}, workdir=workdir),
+        timeout=300,
+    )
     assert all(code == 0 for code, _, _ in results), results[0][2][-3000:]
     results = _finish(_start(tmp_path, 2, overrides, workdir=workdir), timeout=120)
     where = f"{workdir}/checkpoints/4"
     line = results[0][2].splitlines()[-1]
-    assert line.startswith(f"error: checkpoint {where} was trained by 4 processes (hosts) and "
-                           "this run has 2: "), results[0][2][-3000:]
+    assert line.startswith(
+        f"error: checkpoint {where} was trained by 4 processes (hosts) and this run has 2: "
+    ), results[0][2][-3000:]
     _assert_all_stop_with(results, line)

@@ -4,6 +4,7 @@ outputs written there; and a tiny pretraining that reads a gs:// corpus glob, wr
 workdir (metrics, config, checkpoints through Orbax and tensorstore, TensorBoard events)
 to gs://, stops, and resumes there to the losses of an uninterrupted local run.
 `pip install -e '.[gcs]'`; the `gcs` stage of .ci/run (`pytest -m gcs`)."""
+
 import gc
 import importlib.util
 import json
@@ -38,11 +39,14 @@ BUCKET = "gs://bertjax-test"
 def _send_generation(download):
     """The emulator's media downloads lack GCS's `x-goog-generation` header, which tensorstore
     (Orbax's OCDBT checkpoints) reads; add it from the object's own record."""
+
     def wrapped(request, response, storage, *args, **kwargs):
         download(request, response, storage, *args, **kwargs)
         if response.status.value < 300:
             response["x-goog-generation"] = storage.get_file_obj(
-                request.params["bucket_name"], request.params["object_id"])["generation"]
+                request.params["bucket_name"], request.params["object_id"]
+            )["generation"]
+
     return wrapped
 
 
@@ -91,8 +95,7 @@ def test_file_layer_reads_writes_globs_and_moves_objects(gcs):
         f.write(b"\xef\xbb\xbfx\n")
     assert files.glob(f"{gcs}/layer/*.txt") == [f"{gcs}/layer/a.txt", f"{gcs}/layer/b.txt"]
     with files.open(f"{gcs}/layer/b.txt", "rb") as f:  # the corpus reader's bounded lines
-        assert [f.readline(3), f.readline(100), f.readline(100)] == [b"one", b"\n",
-                                                                     b"two words\n"]
+        assert [f.readline(3), f.readline(100), f.readline(100)] == [b"one", b"\n", b"two words\n"]
     assert files.getsize(f"{gcs}/layer/b.txt") == 14 and files.isdir(f"{gcs}/layer")
     files.rename(f"{gcs}/layer", f"{gcs}/moved")
     assert not files.exists(f"{gcs}/layer/b.txt")
@@ -157,9 +160,11 @@ def test_google_and_hf_checkpoints_on_gcs_read_as_their_local_copies(gcs, tmp_pa
     (tmp_path / "hf" / "flax_model.msgpack").write_bytes(b"not needed")
     upload(tmp_path / "hf", f"{gcs}/models/hf")
     upload(tmp_path / "google", f"{gcs}/models/google")
-    for url, local in ((f"{gcs}/models/hf", tmp_path / "hf"),
-                       (f"{gcs}/models/google", tmp_path / "google"),
-                       (f"{gcs}/models/google/bert_model.ckpt", tmp_path / "google")):
+    for url, local in (
+        (f"{gcs}/models/hf", tmp_path / "hf"),
+        (f"{gcs}/models/google", tmp_path / "google"),
+        (f"{gcs}/models/google/bert_model.ckpt", tmp_path / "google"),
+    ):
         remote = pretrained.load_encoder(pretrained.Source(init_checkpoint=url))
         straight = pretrained.load_encoder(pretrained.Source(init_checkpoint=str(local)))
         assert_trees_equal(remote[1], straight[1])
@@ -168,27 +173,34 @@ def test_google_and_hf_checkpoints_on_gcs_read_as_their_local_copies(gcs, tmp_pa
     assert sorted(os.listdir(staged)) == ["config.json", "model.safetensors", "vocab.txt"]
     staged = staging.local_checkpoint(f"{gcs}/models/google", "tf")
     assert sorted(os.listdir(os.path.dirname(staged))) == [
-        "bert_config.json", "bert_model.ckpt.data-00000-of-00001", "bert_model.ckpt.index",
-        "vocab.txt"]
-    sentencepiece = tokenization.train_sentencepiece(make_sentences(), str(tmp_path / "sp"),
-                                                     vocab_size=200)
+        "bert_config.json",
+        "bert_model.ckpt.data-00000-of-00001",
+        "bert_model.ckpt.index",
+        "vocab.txt",
+    ]
+    sentencepiece = tokenization.train_sentencepiece(
+        make_sentences(), str(tmp_path / "sp"), vocab_size=200
+    )
     os.replace(tmp_path / "hf" / "vocab.txt", tmp_path / "vocab.txt")
     shutil.copy(sentencepiece, tmp_path / "hf" / "tokenizer.model")
     upload(tmp_path / "hf", f"{gcs}/models/hf_sentencepiece")
-    assert pretrained.checkpoint_tokenizer(f"{gcs}/models/hf_sentencepiece", True).fingerprint() \
+    assert (
+        pretrained.checkpoint_tokenizer(f"{gcs}/models/hf_sentencepiece", True).fingerprint()
         == tokenization.SentencePieceTokenizer(sentencepiece).fingerprint()
+    )
     assert convert.main([f"{gcs}/models/hf", str(tmp_path / "out")]) == 0
     assert f"{gcs}/models/hf: Hugging Face checkpoint" in capsys.readouterr().out
     config, converted = native.load_bertjax(str(tmp_path / "out"))
     assert_trees_equal(converted, params)
-    assert native.tokenizer_beside(str(tmp_path / "out")).fingerprint() == \
-        remote[2].fingerprint()
+    assert native.tokenizer_beside(str(tmp_path / "out")).fingerprint() == remote[2].fingerprint()
 
 
 def test_probe_outputs_written_to_gcs(gcs):
     """`probe`'s probe.json and probe.png into a gs:// workdir."""
-    results = {name: {"accuracy": {"mean": 0.5 + 0.1 * i, "std": 0.01}} for i, name in
-               enumerate(["embeddings", "layer_1", "layer_2", *probing.COMBINATIONS])}
+    results = {
+        name: {"accuracy": {"mean": 0.5 + 0.1 * i, "std": 0.01}}
+        for i, name in enumerate(["embeddings", "layer_1", "layer_2", *probing.COMBINATIONS])
+    }
     record = {"num_layers": 2, "tasks": {"sst2": {"metric": "accuracy", "results": results}}}
     line = probe.write_outputs(record, f"{gcs}/probe/out", "tiny")
     assert json.loads(files.read_text(f"{gcs}/probe/out/probe.json")) == record
@@ -199,28 +211,42 @@ def test_probe_outputs_written_to_gcs(gcs):
         assert files.read_bytes(f"{gcs}/probe/out/probe.png")[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_prepare_to_gcs_then_train_from_it_as_from_a_local_directory(gcs, corpus_file, tmp_path,
-                                                                     monkeypatch):
+def test_prepare_to_gcs_then_train_from_it_as_from_a_local_directory(
+    gcs, corpus_file, tmp_path, monkeypatch
+):
     """`bertjax.prepare --output=gs://...` (its corpus on gs:// too, in 3 shards) uploads each
     phase's shard files, then its meta.json (and the SentencePiece model it trained);
     training with data.prepared_dir=gs://... reads a local copy and logs the losses of a
     training from the same data prepared locally."""
     from bertjax import prepare
+
     uploaded = []
     copy, open_file = files.copy, files.open
     monkeypatch.setattr(files, "copy", lambda s, t: (uploaded.append(t), copy(s, t)))
-    monkeypatch.setattr(files, "open", lambda path, mode="r", *a, **k: (
-        uploaded.append(path) if "x" in mode else None, open_file(path, mode, *a, **k))[1])
+    monkeypatch.setattr(
+        files,
+        "open",
+        lambda path, mode="r", *a, **k: (
+            uploaded.append(path) if "x" in mode else None,
+            open_file(path, mode, *a, **k),
+        )[1],
+    )
     files.write_text(f"{gcs}/books.txt", open(corpus_file, encoding="utf-8").read())
-    config = tiny_config(f"{gcs}/books.txt", str(tmp_path / "cache"), **{
-        "train.total_steps": 4, "long_phase.fraction": 0.0,  # shards read from byte offsets:
-        "data.shard_bytes": os.path.getsize(corpus_file) // 3})
+    config = tiny_config(
+        f"{gcs}/books.txt",
+        str(tmp_path / "cache"),
+        **{
+            "train.total_steps": 4,
+            "long_phase.fraction": 0.0,  # shards read from byte offsets:
+            "data.shard_bytes": os.path.getsize(corpus_file) // 3,
+        },
+    )
     output = f"{gcs}/prepared"
-    line, = prepare.prepare_all(config, output)
+    (line,) = prepare.prepare_all(config, output)
     assert line.startswith("Prepared phase ") and f"-> {output}/" in line
     assert uploaded[-3].endswith("/meta.json") and uploaded[-2].endswith(".model")
     assert all(not target.endswith("meta.json") for target in uploaded[:-3])
-    model, = files.glob(f"{output}/tokenizer/*.model")
+    (model,) = files.glob(f"{output}/tokenizer/*.model")
     config.data.vocab_file = model
     prepare.prepare_all(config, str(tmp_path / "prepared"))
     losses = {}
@@ -234,10 +260,16 @@ def test_prepare_to_gcs_then_train_from_it_as_from_a_local_directory(gcs, corpus
 
 def prepare_command(corpus_file: str, output: str, seed: int) -> list[str]:
     """`python -m bertjax.prepare` of test_train's tiny config (one phase) into `output`."""
-    flags = command_line(corpus_file, "unused", "unused", **{"long_phase.fraction": 0.0,
-                                                             "data.seed": seed})[5:]
-    return [*command_line(corpus_file, "", "")[:2], "bertjax.prepare", "--config=configs/base.py",
-            f"--output={output}", *[f for f in flags if ".cache_dir=" not in f]]
+    flags = command_line(
+        corpus_file, "unused", "unused", **{"long_phase.fraction": 0.0, "data.seed": seed}
+    )[5:]
+    return [
+        *command_line(corpus_file, "", "")[:2],
+        "bertjax.prepare",
+        "--config=configs/base.py",
+        f"--output={output}",
+        *[f for f in flags if ".cache_dir=" not in f],
+    ]
 
 
 def error_lines(trainer: Trainer) -> list[str]:
@@ -254,7 +286,7 @@ def test_two_prepares_into_one_gcs_output_one_succeeds(gcs, corpus_file, tmp_pat
     assert first.wait_for_pause() == "an upload's meta.json"
     second = Trainer(prepare_command(corpus_file, output, 2), extra_env=env)
     assert second.finish() == 1, second.output()
-    line, = error_lines(second)
+    (line,) = error_lines(second)
     assert "is being prepared by another preparation (pid " in line, line
     assert f"pid {first.proc.pid} on host " in line and f"{output}/short_64/_claims/" in line
     first.release()
@@ -288,13 +320,16 @@ def test_a_killed_gcs_prepare_leaves_nothing_the_next_one_keeps(gcs, corpus_file
 
 
 def test_gcs_prepared_data_that_does_not_match_its_meta_json_is_named_as_downloaded(
-        gcs, corpus_file, tmp_path):
+    gcs, corpus_file, tmp_path
+):
     """A shard object replaced at the URL (as two unclaimed preparations left it): the
     download names the gs:// object and says to prepare again; no local copy is kept (so a
     rerun does not find, nor advise deleting, a copy of the same mix)."""
     from bertjax import prepare
-    config = tiny_config(corpus_file, str(tmp_path / "cache"), **{"train.total_steps": 4,
-                                                                  "long_phase.fraction": 0.0})
+
+    config = tiny_config(
+        corpus_file, str(tmp_path / "cache"), **{"train.total_steps": 4, "long_phase.fraction": 0.0}
+    )
     output = f"{gcs}/prepared_mixed"
     prepare.prepare_all(config, output)
     shard = f"{output}/short_64/train/shard_00000/input_ids.npy"
@@ -305,15 +340,17 @@ def test_gcs_prepared_data_that_does_not_match_its_meta_json_is_named_as_downloa
     config.data.update(prepared_dir=output, vocab_file=files.glob(f"{output}/tokenizer/*.model")[0])
     with pytest.raises(pipeline.DataError) as error:
         train.train_and_evaluate(config, str(tmp_path / "run"), devices=jax.devices()[:1])
-    assert str(error.value).startswith(f"{shard} does not match its record in "
-                                       f"{output}/short_64/meta.json"), error.value
+    assert str(error.value).startswith(
+        f"{shard} does not match its record in {output}/short_64/meta.json"
+    ), error.value
     assert "\n" not in str(error.value) and "into a new --output" in str(error.value)
     assert not list((tmp_path / "cache").glob("prepared_short_64_*"))
 
 
 @pytest.mark.parametrize("fault", ["status 503", "status 429", "reset", "truncate"])
-def test_transient_storage_faults_are_retried_and_an_outage_is_one_line(gcs, proxy, fault,
-                                                                         monkeypatch):
+def test_transient_storage_faults_are_retried_and_an_outage_is_one_line(
+    gcs, proxy, fault, monkeypatch
+):
     """Reads, listings and uploads that fail transiently three times in a row succeed (an
     upload whose last chunk's answer was cut short used to fail: `FileNotFoundError: <upload
     URL>`); a fault without end fails after the allowed time (BERTJAX_STORAGE_RETRY_SECONDS)
@@ -343,9 +380,12 @@ def straight_12(corpus_file, tmp_path_factory):
     """The losses of an uninterrupted local 12-step run (checkpoints every 4 steps), and a
     function that makes the same run's config for another workdir."""
     cache = str(tmp_path_factory.mktemp("cache12"))
+
     def make():
-        return tiny_config(corpus_file, cache, **{"train.total_steps": 12,
-                                                  "long_phase.fraction": 0.0})
+        return tiny_config(
+            corpus_file, cache, **{"train.total_steps": 12, "long_phase.fraction": 0.0}
+        )
+
     workdir = str(tmp_path_factory.mktemp("straight12"))
     train.train_and_evaluate(make(), workdir, devices=jax.devices()[:1])
     return read_losses(workdir), make
@@ -357,8 +397,9 @@ def run_tiny(make, workdir: str, stop_after: int = 0) -> None:
     train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
 
 
-def test_failed_checkpoint_reads_are_errors_not_damage(gcs, proxy, straight_12, monkeypatch,
-                                                       capsys):
+def test_failed_checkpoint_reads_are_errors_not_damage(
+    gcs, proxy, straight_12, monkeypatch, capsys
+):
     """An unsealed step 8 (killed between its save and its seal) whose reads fail: while
     they fail without end, the resume stops with one line and moves nothing; six 503s in a
     row (one gcsfs retry cycle, which used to quarantine it) are retried, and the run
@@ -386,8 +427,9 @@ def test_failed_checkpoint_reads_are_errors_not_damage(gcs, proxy, straight_12, 
     assert read_losses(workdir) == straight
 
 
-def test_ambiguous_checkpoint_uploads_are_checked_and_the_run_continues(gcs, proxy, straight_12,
-                                                                        capsys):
+def test_ambiguous_checkpoint_uploads_are_checked_and_the_run_continues(
+    gcs, proxy, straight_12, capsys
+):
     """Every 3rd upload under checkpoints/ reaches the storage but is answered 503 (did it
     commit?): the run goes on to the losses of an uninterrupted run, and the checkpoints it
     announced and kept carry Orbax's commit marker and verify."""
@@ -397,8 +439,9 @@ def test_ambiguous_checkpoint_uploads_are_checked_and_the_run_continues(gcs, pro
     run_tiny(make, workdir)
     out = capsys.readouterr().out
     assert proxy.faults() and read_losses(workdir) == straight
-    announced = [line.rsplit("/", 1)[1] for line in out.splitlines()
-                 if line.startswith("checkpoint step ")]
+    announced = [
+        line.rsplit("/", 1)[1] for line in out.splitlines() if line.startswith("checkpoint step ")
+    ]
     assert announced == ["4", "8", "12"]
     assert sorted(files.listdir(f"{workdir}/checkpoints"), key=int) == ["8", "12"]  # (kept 2)
     for step in ("8", "12"):
@@ -406,8 +449,9 @@ def test_ambiguous_checkpoint_uploads_are_checked_and_the_run_continues(gcs, pro
         assert checkpoint.verify(f"{workdir}/checkpoints/{step}") == (True, None)
 
 
-def test_a_checkpoint_upload_outage_ends_the_run_with_one_true_line(gcs, proxy, straight_12,
-                                                                     capsys):
+def test_a_checkpoint_upload_outage_ends_the_run_with_one_true_line(
+    gcs, proxy, straight_12, capsys
+):
     """Every upload of step 8 fails (503) for longer than the retries last: the process
     (`python -m bertjax.train`) ends within the retry time plus a margin, with one `error:`
     line naming the step, the status and what is kept; step 8 is neither sealed nor
@@ -415,8 +459,12 @@ def test_a_checkpoint_upload_outage_ends_the_run_with_one_true_line(gcs, proxy, 
     _, make = straight_12
     workdir = f"{gcs}/runs/outage"
     config = make()
-    args = test_faults.command_line(config.data.input_files, config.data.cache_dir, workdir,
-                                    **{"train.total_steps": 12, "long_phase.fraction": 0.0})
+    args = test_faults.command_line(
+        config.data.input_files,
+        config.data.cache_dir,
+        workdir,
+        **{"train.total_steps": 12, "long_phase.fraction": 0.0},
+    )
     proxy.add(path=r"/upload/.*checkpoints/8/", method="POST")
     trainer = test_faults.Trainer(args, extra_env={"BERTJAX_STORAGE_RETRY_SECONDS": "3"})
     trainer.wait_for("checkpoint step 4 -> ")
@@ -426,15 +474,20 @@ def test_a_checkpoint_upload_outage_ends_the_run_with_one_true_line(gcs, proxy, 
     assert time.monotonic() - started < 60
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in output
-    assert errors[0].startswith(f"error: saving checkpoint step 8 in {workdir}/checkpoints "
-                                "failed: ") and "HTTP 503" in errors[0]
-    assert "; kept: the finished checkpoint(s) 4, a rerun resumes from step 4 (the full log: " \
+    assert (
+        errors[0].startswith(f"error: saving checkpoint step 8 in {workdir}/checkpoints failed: ")
+        and "HTTP 503" in errors[0]
+    )
+    assert (
+        "; kept: the finished checkpoint(s) 4, a rerun resumes from step 4 (the full log: "
         in errors[0]
+    )
     step_8_lost_and_the_rerun_resumes_from_4(output, workdir, proxy, straight_12, capsys)
 
 
-def step_8_lost_and_the_rerun_resumes_from_4(output: str, workdir: str, proxy, straight_12,
-                                             capsys) -> None:
+def step_8_lost_and_the_rerun_resumes_from_4(
+    output: str, workdir: str, proxy, straight_12, capsys
+) -> None:
     """Step 8 neither announced nor sealed; with the faults gone, the rerun resumes from step
     4 to the uninterrupted run's losses."""
     straight, make = straight_12
@@ -450,8 +503,9 @@ def step_8_lost_and_the_rerun_resumes_from_4(output: str, workdir: str, proxy, s
     assert read_losses(workdir) == pytest.approx(straight, rel=1e-6, abs=0)
 
 
-def test_a_stalled_checkpoint_upload_does_not_keep_a_stopped_run_alive(gcs, proxy, straight_12,
-                                                                       capsys):
+def test_a_stalled_checkpoint_upload_does_not_keep_a_stopped_run_alive(
+    gcs, proxy, straight_12, capsys
+):
     """Every upload of step 8 stalls (nothing answered for 10 minutes), then SIGTERM: the
     process (`python -m bertjax.train`) ends within BERTJAX_STOP_SECONDS (5 s) plus a margin,
     exit 143, with one line saying what it was stuck in; step 8 is neither sealed nor
@@ -460,8 +514,12 @@ def test_a_stalled_checkpoint_upload_does_not_keep_a_stopped_run_alive(gcs, prox
     _, make = straight_12
     workdir = f"{gcs}/runs/stalled"
     config = make()
-    args = test_faults.command_line(config.data.input_files, config.data.cache_dir, workdir,
-                                    **{"train.total_steps": 12, "long_phase.fraction": 0.0})
+    args = test_faults.command_line(
+        config.data.input_files,
+        config.data.cache_dir,
+        workdir,
+        **{"train.total_steps": 12, "long_phase.fraction": 0.0},
+    )
     proxy.add(path=r"/upload/.*checkpoints/8/", method="POST", fault="stall", stall_s=600)
     trainer = test_faults.Trainer(args, extra_env={"BERTJAX_STOP_SECONDS": "5"})
     trainer.wait_for("checkpoint step 4 -> ")
@@ -477,11 +535,14 @@ def test_a_stalled_checkpoint_upload_does_not_keep_a_stopped_run_alive(gcs, prox
     output = trainer.output(None)
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in output, output
-    assert errors[0].startswith("error: stop requested (SIGTERM) 5 s ago, but this process is "
-                                "still writing "), errors[0]
-    assert errors[0].endswith("exiting without finishing it: a rerun of the same command "
-                              "resumes from the last complete checkpoint (to wait longer, set "
-                              "BERTJAX_STOP_SECONDS)"), errors[0]
+    assert errors[0].startswith(
+        "error: stop requested (SIGTERM) 5 s ago, but this process is still writing "
+    ), errors[0]
+    assert errors[0].endswith(
+        "exiting without finishing it: a rerun of the same command "
+        "resumes from the last complete checkpoint (to wait longer, set "
+        "BERTJAX_STOP_SECONDS)"
+    ), errors[0]
     step_8_lost_and_the_rerun_resumes_from_4(output, workdir, proxy, straight_12, capsys)
 
 
@@ -503,13 +564,15 @@ def test_an_ambiguous_upload_is_checked_not_repeated(gcs, proxy, tmp_path, monke
     assert str(raised.value).startswith(f"{gcs}/ambiguous/other.npy: HTTP 429 (injected fault")
 
 
-@pytest.mark.parametrize("attack", ["damaged_shard_on_one_host", "host_that_never_joins",
-                                    "relaunch_on_fewer_hosts"])
+@pytest.mark.parametrize(
+    "attack", ["damaged_shard_on_one_host", "host_that_never_joins", "relaunch_on_fewer_hosts"]
+)
 def test_pod_attacks_on_a_gcs_workdir_under_storage_faults(gcs, proxy, tmp_path, attack):
     """Issue 43's three pod attacks (tests/test_pod_hosts.py) with four hosts sharing a
     gs:// workdir, every 4th request to it answered 503 (retried): the same outcome, the
     same lines."""
     import test_pod_hosts
+
     proxy.add(path=f"pod-{attack}", every=4)
     getattr(test_pod_hosts, attack)(tmp_path, f"{gcs}/pod-{attack}")
     assert proxy.faults() or attack == "host_that_never_joins"  # (joins before any request)

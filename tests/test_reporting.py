@@ -1,5 +1,6 @@
 """What a run tells its operator: the steady ETA, the terminal's status line and the console
 filter that keeps the libraries' INFO chatter out."""
+
 import io
 import logging
 import os
@@ -69,11 +70,21 @@ def test_console_keeps_our_lines_and_library_warnings_only():
     orbax = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
     assert quiet.filter(record(ours, logging.INFO, "Prepared data for phase short"))
     assert not quiet.filter(record(orbax, logging.INFO, "CheckpointManager created"))
-    assert not quiet.filter(record("/site-packages/jax/_src/xla_bridge.py", logging.INFO,
-                                   "Unable to initialize backend 'tpu'"))
+    assert not quiet.filter(
+        record(
+            "/site-packages/jax/_src/xla_bridge.py",
+            logging.INFO,
+            "Unable to initialize backend 'tpu'",
+        )
+    )
     assert quiet.filter(record(orbax, logging.WARNING, "Checkpoint write failed"))
-    assert not quiet.filter(record("/site-packages/orbax/checkpoint/_src/checkpoint.py",
-                                   logging.WARNING, "Metadata file does not exist: /x/state"))
+    assert not quiet.filter(
+        record(
+            "/site-packages/orbax/checkpoint/_src/checkpoint.py",
+            logging.WARNING,
+            "Metadata file does not exist: /x/state",
+        )
+    )
     formatter = console.ConsoleFormat()
     assert formatter.format(record(ours, logging.INFO, "hello")) == "hello"
     assert formatter.format(record(orbax, logging.WARNING, "disk")) == "warning (orbax): disk"
@@ -81,12 +92,14 @@ def test_console_keeps_our_lines_and_library_warnings_only():
 
 
 def test_with_a_log_file_library_errors_and_other_threads_tracebacks_go_there_only(
-        tmp_path, monkeypatch, capsys):
+    tmp_path, monkeypatch, capsys
+):
     """While a run's log file is open: a library's error (with its traceback) reaches the file
     and not the console; what another thread writes to stderr (a library printing its own
     traceback) goes to the file, the main thread's writes to the console. Afterwards the
     console is as before."""
     from absl import logging as absl_logging
+
     quiet = console.QuietLibraries()
     monkeypatch.setattr(absl_logging.get_absl_handler(), "filters", [quiet])
     orbax = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
@@ -110,21 +123,34 @@ def test_with_a_log_file_library_errors_and_other_threads_tracebacks_go_there_on
     assert capsys.readouterr().err == "main thread line\n"
 
 
-def test_threads_writing_tracebacks_at_once_leave_every_line_whole_in_the_log(tmp_path,
-                                                                             monkeypatch):
+def test_threads_writing_tracebacks_at_once_leave_every_line_whole_in_the_log(
+    tmp_path, monkeypatch
+):
     """Orbax's writers of a failed save print their tracebacks at the same moment while the
     main thread logs: every write reaches the log file whole and once, and the file is UTF-8
     (unlocked, such writes interleaved, and once left a byte that was not)."""
     from absl import logging as absl_logging
+
     monkeypatch.setattr(absl_logging.get_absl_handler(), "filters", [console.QuietLibraries()])
     path = tmp_path / "log.txt"
     threads, writes = 8, 400
-    expected = {f"thread {t} write {w} \u00e9\u2014\u2026 " + "x" * (w % 97)
-                for t in range(threads) for w in range(writes)}
+    expected = {
+        f"thread {t} write {w} \u00e9\u2014\u2026 " + "x" * (w % 97)
+        for t in range(threads)
+        for w in range(writes)
+    }
     with console.logging_to(str(path)):
-        workers = [threading.Thread(target=lambda t=t: [
-            sys.stderr.write(f"thread {t} write {w} \u00e9\u2014\u2026 " + "x" * (w % 97) + "\n")
-            for w in range(writes)]) for t in range(threads)]
+        workers = [
+            threading.Thread(
+                target=lambda t=t: [
+                    sys.stderr.write(
+                        f"thread {t} write {w} \u00e9\u2014\u2026 " + "x" * (w % 97) + "\n"
+                    )
+                    for w in range(writes)
+                ]
+            )
+            for t in range(threads)
+        ]
         for worker in workers:
             worker.start()
         for n in range(writes):
@@ -139,12 +165,15 @@ def test_threads_writing_tracebacks_at_once_leave_every_line_whole_in_the_log(tm
 
 def test_a_library_error_text_names_its_os_error():
     """TensorStore's RESOURCE_EXHAUSTED text becomes the OSError it reports."""
-    error = ValueError('RESOURCE_EXHAUSTED: Error writing "a" in OCDBT database: Failed writing: '
-                       '"/w/checkpoints/8.orbax-checkpoint-tmp/d/3f": Failed to write 25 bytes to '
-                       "file 57: No space left on device [os_error_code='28']")
+    error = ValueError(
+        'RESOURCE_EXHAUSTED: Error writing "a" in OCDBT database: Failed writing: '
+        '"/w/checkpoints/8.orbax-checkpoint-tmp/d/3f": Failed to write 25 bytes to '
+        "file 57: No space left on device [os_error_code='28']"
+    )
     assert failures.os_error_line(failures.library_os_error(error)) == (
         "No space left on device: /w/checkpoints/8.orbax-checkpoint-tmp/d/3f (free some space, "
-        "then rerun the same command to resume)")
+        "then rerun the same command to resume)"
+    )
     assert failures.library_os_error(ValueError("INTERNAL: something else")) is None
 
 
@@ -155,7 +184,7 @@ def test_an_append_that_does_not_fit_leaves_no_partial_line(tmp_path, monkeypatc
     path = tmp_path / "metrics.jsonl"
     files.write_text(str(path), '{"step": 1}\n', append=True)
     write = os.write
-    monkeypatch.setattr(os, "write", lambda fd, data: write(fd, data[:len(data) // 2]))
+    monkeypatch.setattr(os, "write", lambda fd, data: write(fd, data[: len(data) // 2]))
     with pytest.raises(OSError) as raised:
         files.write_text(str(path), '{"step": 2, "loss": 0.5}\n', append=True)
     monkeypatch.undo()
@@ -175,13 +204,19 @@ def test_the_log_file_keeps_every_printed_line_and_the_last_one(tmp_path, capsys
         sys.stdout.write("\r\033[K1/4 |##......| 25%")  # (a status line is never mid-line)
         sys.stdout.write("\nDone in 0m01s\n  /w/log.txt: the full log\n")
     console.note("error: no space left")
-    assert capsys.readouterr().out == ("Model: 1,234 parameters\nstep 1/4 loss 9.7"
-                                       "\r\033[K1/4 |##......| 25%\nDone in 0m01s\n"
-                                       "  /w/log.txt: the full log\n")
+    assert capsys.readouterr().out == (
+        "Model: 1,234 parameters\nstep 1/4 loss 9.7"
+        "\r\033[K1/4 |##......| 25%\nDone in 0m01s\n"
+        "  /w/log.txt: the full log\n"
+    )
     lines = path.read_text().splitlines()
     assert [line.split(" console] ", 1)[1] for line in lines] == [
-        "Model: 1,234 parameters", "step 1/4 loss 9.7", "Done in 0m01s",
-        "  /w/log.txt: the full log", "error: no space left"]
+        "Model: 1,234 parameters",
+        "step 1/4 loss 9.7",
+        "Done in 0m01s",
+        "  /w/log.txt: the full log",
+        "error: no space left",
+    ]
     assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} console] ", line) for line in lines)
 
 
@@ -220,7 +255,12 @@ def test_errors_python_can_only_ignore_stay_off_the_console(tmp_path):
         raise ValueError("a bug")
     """
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": root}, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": root},
+        timeout=60,
+    )
     assert "Event loop is closed" not in result.stderr, result.stderr
     assert result.stderr.rstrip().endswith("ValueError: a bug"), result.stderr

@@ -2,6 +2,7 @@
 their `meta` item (literal dicts here, in the layout of train.run_metadata up to 6e5d96b)
 reads back as a record and writes the same JSON, and a run resumes from such a checkpoint
 exactly as from its own."""
+
 import json
 import os
 import shutil
@@ -23,15 +24,32 @@ from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa
 OLD_META = {
     "model": {"family": "bert", "hidden_size": 32, "num_hidden_layers": 2},
     "config": json.dumps({"train": {"total_steps": 4}, "data": {"masking": "original"}}),
-    "data": {"source": {"files": [["/c/corpus.txt", 1]]}, "corpus": [],
-             "phases": {"short": {"max_seq_length": 64, "max_predictions_per_seq": 10,
-                                  "global_batch_size": 16}}},
+    "data": {
+        "source": {"files": [["/c/corpus.txt", 1]]},
+        "corpus": [],
+        "phases": {
+            "short": {"max_seq_length": 64, "max_predictions_per_seq": 10, "global_batch_size": 16}
+        },
+    },
     "processes": 1,
-    "schedule": {"phases": [{"name": "short", "max_seq_length": 64,
-                             "max_predictions_per_seq": 10, "global_batch_size": 16,
-                             "start_step": 0, "end_step": 4}],
-                 "optimizer": {"peak_learning_rate": 0.002, "warmup_steps": 4,
-                               "total_steps": 4, "earlier": []}},
+    "schedule": {
+        "phases": [
+            {
+                "name": "short",
+                "max_seq_length": 64,
+                "max_predictions_per_seq": 10,
+                "global_batch_size": 16,
+                "start_step": 0,
+                "end_step": 4,
+            }
+        ],
+        "optimizer": {
+            "peak_learning_rate": 0.002,
+            "warmup_steps": 4,
+            "total_steps": 4,
+            "earlier": [],
+        },
+    },
     "tokenizer": "3f2a",
     "state_digest": {"['params']['bias']": 12345},
 }
@@ -48,15 +66,24 @@ def test_a_record_reads_and_writes_the_json_of_older_checkpoints(meta):
 
 
 @pytest.mark.slow  # (two tiny runs: about 20 s of CPU)
-def test_a_checkpoint_written_before_the_typed_record_resumes_exactly(corpus_file, cache_dir,
-                                                                      tmp_path):
+def test_a_checkpoint_written_before_the_typed_record_resumes_exactly(
+    corpus_file, cache_dir, tmp_path
+):
     """A 4-step run, and a copy stopped at step 2 whose checkpoint's meta is rewritten as the
     code before the typed record wrote it (from the same values: equal to what is written
     now, key for key): the copy resumes from it and logs the uninterrupted run's steps 3 and
     4 bit for bit."""
-    config = tiny_config(corpus_file, cache_dir, **{
-        "train.total_steps": 4, "train.checkpoint_every": 2, "long_phase.fraction": 0.0,
-        "model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0})
+    config = tiny_config(
+        corpus_file,
+        cache_dir,
+        **{
+            "train.total_steps": 4,
+            "train.checkpoint_every": 2,
+            "long_phase.fraction": 0.0,
+            "model.hidden_dropout_prob": 0.0,
+            "model.attention_probs_dropout_prob": 0.0,
+        },
+    )
     straight = tmp_path / "straight"
     train.train_and_evaluate(config, str(straight), devices=jax.devices()[:1])
     stopped = tmp_path / "stopped"
@@ -68,9 +95,12 @@ def test_a_checkpoint_written_before_the_typed_record_resumes_exactly(corpus_fil
     settings = PretrainingSettings.of(config)
     phases = settings.phases
     plan = run_schedule.planned(settings, config.optimizer)
-    old = {"model": families.recorded_fields(config.model), "config": config.to_json(),
-           "data": guards.data_identity(DataSettings.of(config.data), phases),
-           "processes": jax.process_count()}  # (train.run_metadata before the change)
+    old = {
+        "model": families.recorded_fields(config.model),
+        "config": config.to_json(),
+        "data": guards.data_identity(DataSettings.of(config.data), phases),
+        "processes": jax.process_count(),
+    }  # (train.run_metadata before the change)
     old = {**old, "schedule": plan.record()}
     old["tokenizer"] = written["tokenizer"]
     old[checkpoint.DIGEST] = written[checkpoint.DIGEST]

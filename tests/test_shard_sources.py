@@ -2,6 +2,7 @@
 descriptor's position are exactly the documents a reading from the start gives, for every
 source and text layout (lines, paragraphs, UTF-16, CR line ends, cut long lines, bad UTF-8),
 and with several processes."""
+
 import pytest
 
 import tfds_fixture
@@ -12,12 +13,16 @@ from test_corpus import LINES_TEXT, PARAGRAPHS_TEXT, write
 @pytest.fixture
 def mixed_files(tmp_path):
     long_line = "A sentence that is far longer than the limit of this read. " * 3 + "\n\n"
-    return tuple(write(tmp_path / name, data) for name, data in (
-        ("a_lines.txt", LINES_TEXT * 3 + long_line + "\u00e9t\u00e9.\n\n" + LINES_TEXT),
-        ("b_paragraphs.txt", PARAGRAPHS_TEXT * 4),
-        ("c_utf16.txt", (LINES_TEXT * 2).replace("\n", "\r\n").encode("utf-16")),
-        ("d_cr.txt", (LINES_TEXT * 2).replace("\n", "\r")),
-        ("e_lines.txt", b"One.\n\nTwo \xff bytes.\n\n" + LINES_TEXT.encode())))
+    return tuple(
+        write(tmp_path / name, data)
+        for name, data in (
+            ("a_lines.txt", LINES_TEXT * 3 + long_line + "\u00e9t\u00e9.\n\n" + LINES_TEXT),
+            ("b_paragraphs.txt", PARAGRAPHS_TEXT * 4),
+            ("c_utf16.txt", (LINES_TEXT * 2).replace("\n", "\r\n").encode("utf-16")),
+            ("d_cr.txt", (LINES_TEXT * 2).replace("\n", "\r")),
+            ("e_lines.txt", b"One.\n\nTwo \xff bytes.\n\n" + LINES_TEXT.encode()),
+        )
+    )
 
 
 def test_every_position_reads_the_rest_of_the_corpus(mixed_files):
@@ -39,8 +44,7 @@ def test_every_position_reads_the_rest_of_the_corpus(mixed_files):
 @pytest.mark.parametrize("process_count", [1, 3])
 def test_shards_read_from_their_descriptors_are_the_cut_documents(mixed_files, process_count):
     for index in range(process_count):
-        reader = shard_sources.CorpusReader("text", mixed_files, "auto", None, index,
-                                            process_count)
+        reader = shard_sources.CorpusReader("text", mixed_files, "auto", None, index, process_count)
         documents = [document for _, document in reader.documents()]
         stats = corpus.CorpusStats()
         shards = list(shard_sources.cut(reader, stats, shard_bytes=150))
@@ -50,15 +54,19 @@ def test_shards_read_from_their_descriptors_are_the_cut_documents(mixed_files, p
         assert [d for shard in read for d in shard] == documents
         sizes = [sum(map(shard_sources.document_bytes, shard)) for shard in read]
         assert all(size >= 150 for size in sizes[:-1])
-        assert all(size - shard_sources.document_bytes(shard[-1]) < 150
-                   for size, shard in zip(sizes, read))
+        assert all(
+            size - shard_sources.document_bytes(shard[-1]) < 150 for size, shard in zip(sizes, read)
+        )
 
 
 def test_tfds_and_default_sources_read_their_shards_by_position(tmp_path):
     name = tfds_fixture.prepare(str(tmp_path))
-    readers = [shard_sources.CorpusReader("tfds", tfds=(name, "train", str(tmp_path), "text"),
-                                          process_index=1, process_count=2),
-               shard_sources.CorpusReader("default", process_index=1, process_count=2)]
+    readers = [
+        shard_sources.CorpusReader(
+            "tfds", tfds=(name, "train", str(tmp_path), "text"), process_index=1, process_count=2
+        ),
+        shard_sources.CorpusReader("default", process_index=1, process_count=2),
+    ]
     for reader, shard_bytes in zip(readers, (60, 200_000)):
         documents = [document for _, document in reader.documents()]
         shards = list(shard_sources.cut(reader, corpus.CorpusStats(), shard_bytes))

@@ -13,7 +13,9 @@ from bertjax.data import tokenization
 from bertjax.tasks import features, squad, squad_eval, squad_predict
 from bertjax.tasks.squad import SquadExample
 
-SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
+SHARED = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data"
+)
 DEV_V11 = os.path.join(SHARED, "squad", "dev-v1.1.json")
 UNCASED_VOCAB = os.path.join(SHARED, "bert-base-uncased", "vocab.txt")
 
@@ -48,7 +50,10 @@ def tokenizer(tmp_path_factory):
 
 
 def _squad_json(qas, context):
-    return {"version": "test", "data": [{"title": "T", "paragraphs": [{"context": context, "qas": qas}]}]}
+    return {
+        "version": "test",
+        "data": [{"title": "T", "paragraphs": [{"context": context, "qas": qas}]}],
+    }
 
 
 def _qa(qid, answers, **extra):
@@ -87,10 +92,15 @@ def test_read_json_training_locates_answers_and_counts_skips(tmp_path):
     ok, several = examples
     assert ok.doc_tokens[4:6] == ["the", "mat."] and (ok.start_position, ok.end_position) == (4, 5)
     assert ok.orig_answer_text == "the mat" and ok.answers == ["the mat"]
-    assert several.doc_tokens[several.start_position] == "(1895-1943)." and several.orig_answer_text == "1895"
+    assert (
+        several.doc_tokens[several.start_position] == "(1895-1943)."
+        and several.orig_answer_text == "1895"
+    )
     assert several.answers == ["1895", "1943"]  # All golds are kept for evaluation.
 
-    examples, skipped = squad.read_squad(str(path), is_training=False, version_2_with_negative=False)
+    examples, skipped = squad.read_squad(
+        str(path), is_training=False, version_2_with_negative=False
+    )
     assert skipped == {} and [e.qas_id for e in examples] == [
         "ok",
         "several",
@@ -139,12 +149,15 @@ def test_read_errors_name_the_problem(tmp_path):
         squad.read_squad("tfds:squad", False, False)
 
 
-@pytest.mark.parametrize("field, damage", [
-    ("context", lambda p: p.update(context=5)),
-    ("question", lambda p: p["qas"][0].update(question=None)),
-    ("text", lambda p: p["qas"][0]["answers"][0].update(text=3)),
-    ("has no attribute", lambda p: p.update(qas={"q": 1})),  # (a dict, not a list)
-])
+@pytest.mark.parametrize(
+    "field, damage",
+    [
+        ("context", lambda p: p.update(context=5)),
+        ("question", lambda p: p["qas"][0].update(question=None)),
+        ("text", lambda p: p["qas"][0]["answers"][0].update(text=3)),
+        ("has no attribute", lambda p: p.update(qas={"q": 1})),  # (a dict, not a list)
+    ],
+)
 def test_wrongly_typed_entries_are_named_not_tracebacks(field, damage, tmp_path):
     """Values of the wrong type (before: a TypeError or AttributeError traceback) are one
     ValueError naming the file, the paragraph and the field."""
@@ -152,8 +165,11 @@ def test_wrongly_typed_entries_are_named_not_tracebacks(field, damage, tmp_path)
     damage(data["data"][0]["paragraphs"][0])
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=rf"bad.json: data\[0\].paragraphs\[0\]: malformed "
-                       rf"SQuAD entry.*{field}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"bad.json: data\[0\].paragraphs\[0\]: malformed "
+        rf"SQuAD entry.*{field}",
+    ):
         squad.read_squad(str(bad), True, False)
 
 
@@ -170,7 +186,9 @@ class BertjaxTinySquad(squad_dataset_builder.Builder):
     """tfds's own squad builder (configs v1.1 and v2.0, its JSON parsing and features) reading the
     train.json/dev.json of `manual_dir` instead of downloading."""
 
-    MANUAL_DOWNLOAD_INSTRUCTIONS = "Put train.json and dev.json (official SQuAD layout) in manual_dir."
+    MANUAL_DOWNLOAD_INSTRUCTIONS = (
+        "Put train.json and dev.json (official SQuAD layout) in manual_dir."
+    )
 
     def _info(self):
         v1 = self.builder_config.name == "v1.1"
@@ -195,7 +213,8 @@ def test_read_tfds_v1_and_v2(tmp_path):
     for config in ("v1.1", "v2.0"):
         builder = BertjaxTinySquad(config=config, data_dir=data_dir)
         builder.download_and_prepare(
-            file_format="array_record", download_config=tfds.download.DownloadConfig(manual_dir=str(tmp_path))
+            file_format="array_record",
+            download_config=tfds.download.DownloadConfig(manual_dir=str(tmp_path)),
         )
 
     examples, skipped = squad.read_squad(
@@ -207,7 +226,9 @@ def test_read_tfds_v1_and_v2(tmp_path):
     assert not by_id["yes"].is_impossible and by_id["yes"].answers == ["Steve Smith's"]
     assert by_id["yes"].doc_tokens == CONTEXT.split()
 
-    examples, skipped = squad.read_squad("tfds:bertjax_tiny_squad/v1.1:train", True, False, data_dir=data_dir)
+    examples, skipped = squad.read_squad(
+        "tfds:bertjax_tiny_squad/v1.1:train", True, False, data_dir=data_dir
+    )
     assert skipped == {"no_answer": 1}
     (yes,) = examples
     assert (yes.start_position, yes.end_position, yes.orig_answer_text) == (6, 7, "Steve Smith's")
@@ -244,7 +265,9 @@ def test_windows_maps_and_max_context(tokenizer):
     for window, first in enumerate((0, 3, 6)):
         words = LETTERS[first : first + 8]
         assert features.tokens[window] == ["[CLS]", "who", "[SEP]", *words, "[SEP]"]
-        assert features.input_ids[window].tolist() == tokenizer.convert_tokens_to_ids(features.tokens[window])
+        assert features.input_ids[window].tolist() == tokenizer.convert_tokens_to_ids(
+            features.tokens[window]
+        )
         assert features.token_to_orig_map[window] == {3 + i: first + i for i in range(8)}
         assert features.token_is_max_context[window] == {
             3 + i: BEST_WINDOW[first + i] == window for i in range(8)
@@ -276,7 +299,9 @@ def test_subwords_improved_answer_span_padding_and_query_truncation(tokenizer):
     assert counts["truncated_queries"] == 1
     doc = ["steve", "smith", "'", "s", "cat", "##s", "(", "1895", "-", "1943", ")", "."]
     assert features.tokens[0] == ["[CLS]", "who", "was", "[SEP]", *doc, "[SEP]"]
-    assert features.token_to_orig_map[0] == dict(zip(range(4, 16), [0, 1, 1, 1, 2, 2, 3, 3, 3, 3, 3, 3]))
+    assert features.token_to_orig_map[0] == dict(
+        zip(range(4, 16), [0, 1, 1, 1, 2, 2, 3, 3, 3, 3, 3, 3])
+    )
     # The answer word "(1895-1943)." spans 6 tokens; the improved span is the "1895" token alone.
     assert features.start_positions.tolist() == features.end_positions.tolist() == [11]
     assert features.input_mask[0].tolist() == [1] * 17 + [0] * 3
@@ -288,7 +313,9 @@ def test_features_reject_bad_inputs(tokenizer):
     with pytest.raises(ValueError, match="'e' has no answer word span .* is_training=True"):
         squad.convert_examples_to_features([_letters_example()], tokenizer, is_training=True)
     example = SquadExample("long", "who was he", list(LETTERS))
-    with pytest.raises(ValueError, match="max_seq_length 6 .* question 'long' after its 3-token query"):
+    with pytest.raises(
+        ValueError, match="max_seq_length 6 .* question 'long' after its 3-token query"
+    ):
         squad.convert_examples_to_features([example], tokenizer, max_seq_length=6)
 
 
@@ -326,14 +353,26 @@ def test_postprocess_v1_picks_best_valid_span(tokenizer):
     example = _letters_example()
     features, _ = _window_features(tokenizer, [example])
     start, end = _crafted_logits(features)
-    predictions, nbest, null_odds = squad_predict.postprocess([example], features, start, end, max_answer_length=3)
+    predictions, nbest, null_odds = squad_predict.postprocess(
+        [example], features, start, end, max_answer_length=3
+    )
     assert predictions == {"e": "g h"} and null_odds == {}
     entries = nbest["e"]
     assert entries[0] == pytest.approx(
-        {"text": "g h", "probability": entries[0]["probability"], "start_logit": 5.0, "end_logit": 4.0}
+        {
+            "text": "g h",
+            "probability": entries[0]["probability"],
+            "start_logit": 5.0,
+            "end_logit": 4.0,
+        }
     )
     assert entries[1] == pytest.approx(
-        {"text": "j k", "probability": entries[1]["probability"], "start_logit": 8.0, "end_logit": 0.5}
+        {
+            "text": "j k",
+            "probability": entries[1]["probability"],
+            "start_logit": 8.0,
+            "end_logit": 0.5,
+        }
     )
     assert len(entries) == 20 and len({e["text"] for e in entries}) == 20
     scores = np.array([e["start_logit"] + e["end_logit"] for e in entries])
@@ -348,7 +387,9 @@ def test_postprocess_v1_without_valid_span_says_empty(tokenizer):
     features, _ = _window_features(tokenizer, [example])
     start = np.zeros((3, 12), np.float32)
     start[:, 0] = 1.0  # The only start considered (n_best_size 1) is [CLS].
-    predictions, nbest, _ = squad_predict.postprocess([example], features, start, start, n_best_size=1)
+    predictions, nbest, _ = squad_predict.postprocess(
+        [example], features, start, start, n_best_size=1
+    )
     assert predictions == {"e": "empty"} and nbest["e"][0]["probability"] == 1.0
 
 
@@ -358,10 +399,15 @@ def test_postprocess_v2_null_score_and_threshold(tokenizer):
     start, end = _crafted_logits(features)
     start[:, 0], end[:, 0] = [2.0, 0.5, 3.0], [1.0, 0.5, 3.0]  # Null score: min over windows = 1.0.
     kwargs = dict(max_answer_length=3, version_2_with_negative=True)
-    predictions, nbest, null_odds = squad_predict.postprocess([example], features, start, end, **kwargs)
+    predictions, nbest, null_odds = squad_predict.postprocess(
+        [example], features, start, end, **kwargs
+    )
     assert null_odds == {"e": pytest.approx(1.0 - 9.0)} and predictions == {"e": "g h"}
     null_entries = [e for e in nbest["e"] if e["text"] == ""]
-    assert len(null_entries) == 1 and (null_entries[0]["start_logit"], null_entries[0]["end_logit"]) == (
+    assert len(null_entries) == 1 and (
+        null_entries[0]["start_logit"],
+        null_entries[0]["end_logit"],
+    ) == (
         0.5,
         0.5,
     )
@@ -418,7 +464,9 @@ def test_sentencepiece_round_trip(tmp_path):
     sp = tokenization.SentencePieceTokenizer(model)
     context = sentences[0]
     words = context.split()
-    example = SquadExample("q", "Who sleeps?", words, "lazy dog", words.index("lazy"), words.index("dog"))
+    example = SquadExample(
+        "q", "Who sleeps?", words, "lazy dog", words.index("lazy"), words.index("dog")
+    )
     features, _ = squad.convert_examples_to_features(
         [example], sp, max_seq_length=32, doc_stride=8, is_training=True
     )

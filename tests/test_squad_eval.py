@@ -19,7 +19,10 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         ("The Quick,  brown fox!", "quick brown fox"),
         ("an apple a day", "apple day"),
         ("Another theme, Anthem", "another theme anthem"),  # Articles only as whole words.
-        ("U.S.-based (1895–1943)", "usbased 1895–1943"),  # ASCII punctuation only: the en dash stays.
+        (
+            "U.S.-based (1895–1943)",
+            "usbased 1895–1943",
+        ),  # ASCII punctuation only: the en dash stays.
         ("Café\u00a0ÜBER\tthe", "café über"),  # Unicode lower case; Unicode whitespace collapses.
         ("", ""),
         ("the a an", ""),
@@ -108,7 +111,9 @@ V2_NA_PROBS = {"q1": 0.1, "q2": 0.6, "q3": 0.05, "q4": 0.9}
 
 
 def test_v2_scores_breakdown_and_threshold_search():
-    result = squad_eval.evaluate(V2_DATASET, V2_PREDICTIONS, V2_NA_PROBS)  # na_prob_thresh 1.0: raw scores.
+    result = squad_eval.evaluate(
+        V2_DATASET, V2_PREDICTIONS, V2_NA_PROBS
+    )  # na_prob_thresh 1.0: raw scores.
     assert result == pytest.approx(
         {
             "exact": 50.0,
@@ -145,7 +150,9 @@ def test_v2_no_answer_threshold_applies():
 
 def test_v2_without_na_probs_and_with_missing_predictions():
     predictions = {k: v for k, v in V2_PREDICTIONS.items() if k != "q2"}
-    result = squad_eval.evaluate(V2_DATASET, predictions)  # v2 detected from the unanswerable questions.
+    result = squad_eval.evaluate(
+        V2_DATASET, predictions
+    )  # v2 detected from the unanswerable questions.
     assert "best_exact" not in result
     assert result == pytest.approx(
         {
@@ -183,7 +190,11 @@ def test_evaluate_errors_are_clear():
 
 
 def test_cli_prints_official_dict(tmp_path):
-    data, preds, probs = tmp_path / "dev.json", tmp_path / "predictions.json", tmp_path / "null_odds.json"
+    data, preds, probs = (
+        tmp_path / "dev.json",
+        tmp_path / "predictions.json",
+        tmp_path / "null_odds.json",
+    )
     data.write_text(json.dumps(V2_DATASET))
     preds.write_text(json.dumps(V2_PREDICTIONS))
     probs.write_text(json.dumps(V2_NA_PROBS))
@@ -214,15 +225,20 @@ def test_squad_scores_print_as_percent_and_glue_as_fractions():
     """SQuAD's EM/F1 keep the official scripts' 0-100 and print with a % sign; counts and
     thresholds do not; GLUE's and CoNLL's fractions (0-1) print as they are."""
     from bertjax.tasks import glue, ner, squad_predict
+
     percent = squad_predict.SquadFinetune.percent_metrics
     scores = squad_eval.evaluate(V2_DATASET, V2_PREDICTIONS, V2_NA_PROBS)
     assert {k for k in scores if "total" not in k and "thresh" not in k} <= percent
     assert not {k for k in scores if "total" in k or "thresh" in k} & percent
     assert {"exact_match", "f1"} <= percent  # v1.1's keys
-    stats = {"dev/f1": {"mean": 88.5, "std": 0.25, "median": 88.5},
-             "dev/total": {"mean": 4.0, "std": 0.0, "median": 4.0}}
+    stats = {
+        "dev/f1": {"mean": 88.5, "std": 0.25, "median": 88.5},
+        "dev/total": {"mean": 4.0, "std": 0.0, "median": 4.0},
+    }
     lines, _ = metrics.summary_lines("squad", stats, 2, {}, percent)
-    assert lines == ["squad dev/f1: mean 88.50% std 0.25% median 88.50% over 2 seeds",
-                     "squad dev/total: mean 4.0000 std 0.0000 median 4.0000 over 2 seeds"]
+    assert lines == [
+        "squad dev/f1: mean 88.50% std 0.25% median 88.50% over 2 seeds",
+        "squad dev/total: mean 4.0000 std 0.0000 median 4.0000 over 2 seeds",
+    ]
     assert glue.GlueFinetune.percent_metrics == ner.NerFinetune.percent_metrics == frozenset()
     assert metrics.metric_value("f1", 0.885) == "0.8850"

@@ -1,6 +1,7 @@
 """The jitted train step: gradient accumulation equals the large batch, non-finite steps
 are skipped (each cause named), scanned + rematerialised layers shard correctly, and eval
 applies no dropout and matches a numpy computation of the held-out metrics."""
+
 import dataclasses
 
 import jax
@@ -13,9 +14,16 @@ from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from bertjax.training import nonfinite, objectives, optim, pretrain_loop, sharding, steps
 from bertjax.training.state import TrainState, create_train_state
 
-CONFIG = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                    intermediate_size=32, max_position_embeddings=16, hidden_dropout_prob=0.0,
-                    attention_probs_dropout_prob=0.0)
+CONFIG = BertConfig(
+    vocab_size=50,
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=16,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 BATCH, LENGTH, PREDICTIONS = 8, 12, 3
 
 
@@ -27,7 +35,9 @@ def _batch(seed=0):
         "input_ids": rng.integers(5, 50, (BATCH, LENGTH)).astype(np.int32),
         "input_mask": np.ones((BATCH, LENGTH), np.int32),
         "segment_ids": (np.arange(LENGTH) >= 6).astype(np.int32)[None].repeat(BATCH, 0),
-        "masked_lm_positions": np.sort(rng.integers(1, LENGTH, (BATCH, PREDICTIONS)), 1).astype(np.int32),
+        "masked_lm_positions": np.sort(rng.integers(1, LENGTH, (BATCH, PREDICTIONS)), 1).astype(
+            np.int32
+        ),
         "masked_lm_ids": rng.integers(5, 50, (BATCH, PREDICTIONS)).astype(np.int32),
         "masked_lm_weights": weights,
         "next_sentence_labels": rng.integers(0, 2, (BATCH,)).astype(np.int32),
@@ -36,8 +46,9 @@ def _batch(seed=0):
 
 def _setup(mesh, config=CONFIG):
     model = BertForPreTraining(config)
-    tx = optim.make_optimizer(optim.OptimizerConfig(peak_learning_rate=1e-2, warmup_steps=2,
-                                                    total_steps=10))
+    tx = optim.make_optimizer(
+        optim.OptimizerConfig(peak_learning_rate=1e-2, warmup_steps=2, total_steps=10)
+    )
     example = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
     state, _, shardings = create_train_state(model, tx, jax.random.PRNGKey(0), example, mesh)
     return model, tx, state, shardings
@@ -61,8 +72,9 @@ def test_gradient_accumulation_equals_the_large_batch():
     # 4 micro-batches for batches of this shape (a phase's), as train's auto accumulation gives
     accumulated, accumulated_losses = _run({(BATCH, LENGTH): 4}, batches, mesh)
     np.testing.assert_allclose(big_losses, accumulated_losses, rtol=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), big.params,
-                 accumulated.params)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), big.params, accumulated.params
+    )
     assert int(accumulated.step) == 3
 
 
@@ -96,18 +108,25 @@ def test_non_finite_steps_are_skipped_and_their_cause_named():
 
 def _numpy_metric_sums(mlm_logits, nsp_logits, batch):
     """The original run_pretraining.py metric sums, in float64 numpy."""
+
     def nll_and_correct(logits, labels):
         logits = np.asarray(logits, np.float64)
         shifted = logits - logits.max(-1, keepdims=True)
         log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
         nll = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
         return nll, logits.argmax(-1) == labels
+
     weights = batch["masked_lm_weights"].astype(np.float64)
     mlm_nll, mlm_correct = nll_and_correct(mlm_logits, batch["masked_lm_ids"])
     nsp_nll, nsp_correct = nll_and_correct(nsp_logits, batch["next_sentence_labels"])
-    return {"mlm_loss_sum": (weights * mlm_nll).sum(), "mlm_correct_sum": (weights * mlm_correct).sum(),
-            "mlm_weight_sum": weights.sum(), "nsp_loss_sum": nsp_nll.sum(),
-            "nsp_correct_sum": nsp_correct.sum(), "nsp_count": len(nsp_nll)}
+    return {
+        "mlm_loss_sum": (weights * mlm_nll).sum(),
+        "mlm_correct_sum": (weights * mlm_correct).sum(),
+        "mlm_weight_sum": weights.sum(),
+        "nsp_loss_sum": nsp_nll.sum(),
+        "nsp_correct_sum": nsp_correct.sum(),
+        "nsp_count": len(nsp_nll),
+    }
 
 
 class _Loader:
@@ -127,18 +146,25 @@ def test_eval_is_deterministic_with_dropout_and_matches_numpy():
     test failing with dropout switched on in the eval step.)"""
     mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
     _, _, state, shardings = _setup(mesh)  # CONFIG: dropout rates 0
-    with_dropout = BertForPreTraining(dataclasses.replace(
-        CONFIG, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+    with_dropout = BertForPreTraining(
+        dataclasses.replace(CONFIG, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    )
     evaluate = steps.jit_eval_step(steps.make_eval_step(with_dropout), shardings.params, mesh)
     batches = [_batch(0), _batch(1)]
     with sharding.activate(mesh):
-        got = [jax.device_get(evaluate(state.params, sharding.global_batch_from_host(b, mesh)))
-               for b in batches]
+        got = [
+            jax.device_get(evaluate(state.params, sharding.global_batch_from_host(b, mesh)))
+            for b in batches
+        ]
         means = pretrain_loop.evaluate(evaluate, state.params, _Loader(batches), 5, mesh)
     both = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
     mlm, nsp = BertForPreTraining(CONFIG).apply(
-        {"params": state.params}, both["input_ids"], both["segment_ids"], both["input_mask"],
-        both["masked_lm_positions"])
+        {"params": state.params},
+        both["input_ids"],
+        both["segment_ids"],
+        both["input_mask"],
+        both["masked_lm_positions"],
+    )
     total = {}
     for index, (batch, sums) in enumerate(zip(batches, got)):
         rows = slice(index * BATCH, (index + 1) * BATCH)
@@ -148,23 +174,27 @@ def test_eval_is_deterministic_with_dropout_and_matches_numpy():
             total[key] = total.get(key, 0.0) + value
     assert float(got[0]["mlm_weight_sum"]) == batches[0]["masked_lm_weights"].sum()
     assert float(got[0]["nsp_count"]) == BATCH
-    assert means["mlm_loss"] == pytest.approx(total["mlm_loss_sum"] / total["mlm_weight_sum"],
-                                              rel=1e-5)
-    assert means["mlm_accuracy"] == pytest.approx(total["mlm_correct_sum"] / total["mlm_weight_sum"])
+    assert means["mlm_loss"] == pytest.approx(
+        total["mlm_loss_sum"] / total["mlm_weight_sum"], rel=1e-5
+    )
+    assert means["mlm_accuracy"] == pytest.approx(
+        total["mlm_correct_sum"] / total["mlm_weight_sum"]
+    )
     assert means["nsp_accuracy"] == pytest.approx(total["nsp_correct_sum"] / (2 * BATCH))
-    assert means["loss"] == pytest.approx(means["mlm_loss"] + total["nsp_loss_sum"] / (2 * BATCH),
-                                          rel=1e-5)
+    assert means["loss"] == pytest.approx(
+        means["mlm_loss"] + total["nsp_loss_sum"] / (2 * BATCH), rel=1e-5
+    )
 
 
 @pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)
 def test_scanned_rematerialised_layers_shard_and_match_one_device():
     """scan_layers + remat on a (data=2, fsdp=2, tensor=2) mesh equals one device."""
-    config = dataclasses.replace(CONFIG, scan_layers=True, remat_policy="full",
-                                 num_hidden_layers=2)
+    config = dataclasses.replace(CONFIG, scan_layers=True, remat_policy="full", num_hidden_layers=2)
     batches = [_batch(i) for i in range(2)]
     one, one_losses = _run(1, batches, sharding.make_mesh({"data": 1}, jax.devices()[:1]), config)
-    eight, eight_losses = _run(2, batches, sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2}),
-                               config)
+    eight, eight_losses = _run(
+        2, batches, sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2}), config
+    )
     np.testing.assert_allclose(one_losses, eight_losses, rtol=1e-5)
     kernel = eight.params["bert"]["encoder"]["layers"]["intermediate"]["dense"]["kernel"]
     assert kernel.shape[0] == 2
@@ -176,14 +206,21 @@ def test_after_a_skipped_step_the_applied_learning_rate_is_the_logged_one():
     """Steps 1 and 3 finite, step 2 NaN (skipped). Step 3's update is measured from the
     parameters and Adam's moments: its learning rate is schedule(2), the one the log reports
     for step 3 (optim.learning_rate_at(cfg, step - 1)), not schedule(1)."""
-    cfg = optim.OptimizerConfig(peak_learning_rate=0.1, warmup_steps=4, total_steps=10,
-                                weight_decay_rate=0.0, clip_global_norm=0.0)
+    cfg = optim.OptimizerConfig(
+        peak_learning_rate=0.1,
+        warmup_steps=4,
+        total_steps=10,
+        weight_decay_rate=0.0,
+        clip_global_norm=0.0,
+    )
     tx = optim.make_optimizer(cfg)
     params = {"w": jnp.ones(3)}
-    state = TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params),
-                       rng=jax.random.PRNGKey(0))
-    step = jax.jit(steps.make_loss_train_step(
-        lambda p, batch, rng: (jnp.sum(p["w"] * batch["x"]), {}), tx))
+    state = TrainState(
+        step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=jax.random.PRNGKey(0)
+    )
+    step = jax.jit(
+        steps.make_loss_train_step(lambda p, batch, rng: (jnp.sum(p["w"] * batch["x"]), {}), tx)
+    )
     for x in ([1.0, 2.0, 3.0], [np.nan] * 3):
         state, metrics = step(state, {"x": jnp.array(x)})
     assert float(metrics["nonfinite"]) == 1.0
@@ -224,8 +261,10 @@ def test_non_finite_loss_and_non_finite_update_are_named():
 
     def moments(path, x):
         name = jax.tree_util.keystr(path)
-        return jnp.full_like(x, 3e38) if ".mu" in name else jnp.zeros_like(x) if ".nu" in name \
-            else x
+        return (
+            jnp.full_like(x, 3e38) if ".mu" in name else jnp.zeros_like(x) if ".nu" in name else x
+        )
+
     opt_state = jax.tree_util.tree_map_with_path(moments, state.opt_state)
     assert bool(nonfinite.all_finite(opt_state))
     after, cause = run(state.replace(opt_state=opt_state))
@@ -239,11 +278,15 @@ def test_finite_gradients_keep_a_reachable_state_finite(name):
     gradient's square is finite, and from there each optimizer's moments and update stay
     finite, here with gradients up to 3e18 (a squared norm near 2e38) in alternating signs,
     no clipping, for 30 steps from the initial state."""
-    params = {"dense": {"kernel": jnp.ones((3, 4)), "bias": jnp.zeros(4)},
-              "LayerNorm": {"scale": jnp.ones(4)}}
-    tx = optim.make_optimizer(optim.OptimizerConfig(
-        name=name, peak_learning_rate=1e-2, warmup_steps=2, total_steps=30,
-        clip_global_norm=0.0))
+    params = {
+        "dense": {"kernel": jnp.ones((3, 4)), "bias": jnp.zeros(4)},
+        "LayerNorm": {"scale": jnp.ones(4)},
+    }
+    tx = optim.make_optimizer(
+        optim.OptimizerConfig(
+            name=name, peak_learning_rate=1e-2, warmup_steps=2, total_steps=30, clip_global_norm=0.0
+        )
+    )
     opt_state = tx.init(params)
     for i in range(30):
         grads = jax.tree.map(lambda x: jnp.full_like(x, (-1) ** i * 1e18 * (1 + i % 3)), params)  # noqa: B023 (called within this iteration)
@@ -258,8 +301,12 @@ def test_grouped_finiteness_equals_the_per_leaf_check(bad):
     """The non-finite cause's grouped check (a sum of x * 0 per shape) agrees with
     `all_finite`: true for the largest finite floats (whose squares would overflow), false
     for one bad element in any leaf, the second of two leaves of one shape included."""
-    tree = {"a": jnp.full((3, 4), 3e38), "b": jnp.full((3, 4), -3e38),
-            "c": jnp.ones(5, jnp.bfloat16), "ids": jnp.arange(4)}
+    tree = {
+        "a": jnp.full((3, 4), 3e38),
+        "b": jnp.full((3, 4), -3e38),
+        "c": jnp.ones(5, jnp.bfloat16),
+        "ids": jnp.arange(4),
+    }
     assert bool(steps.all_finite_grouped(tree)) and bool(nonfinite.all_finite(tree))
     for name in ("b", "c"):
         broken = dict(tree, **{name: tree[name].at[1].set(bad)})

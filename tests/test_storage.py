@@ -1,6 +1,7 @@
 """bertjax.runtime.storage's reading of what a request is, without a store: which requests finalize a
 resumable upload (those are checked, not blindly repeated, after an ambiguous answer), and
 which errors are transient."""
+
 import pytest
 
 from bertjax.runtime import storage
@@ -8,14 +9,17 @@ from bertjax.runtime import storage
 UPLOAD = "https://storage.googleapis.com/upload/storage/v1/b/bkt/o?uploadType=resumable&upload_id=7"
 
 
-@pytest.mark.parametrize("content_range, final", [
-    ("bytes 0-99/100", (0, 100)),       # the whole object in one chunk
-    ("bytes 256-299/300", (256, 300)),  # the last chunk of several
-    ("bytes */0", (0, 0)),              # an empty object (e.g. a preparation's claim)
-    ("bytes */300", (300, 300)),        # no bytes: finalizes what was sent before
-    ("bytes 0-255/*", None),            # a middle chunk: the size is not known yet
-    ("bytes 0-255/300", None),          # a middle chunk of a known size
-])
+@pytest.mark.parametrize(
+    "content_range, final",
+    [
+        ("bytes 0-99/100", (0, 100)),  # the whole object in one chunk
+        ("bytes 256-299/300", (256, 300)),  # the last chunk of several
+        ("bytes */0", (0, 0)),  # an empty object (e.g. a preparation's claim)
+        ("bytes */300", (300, 300)),  # no bytes: finalizes what was sent before
+        ("bytes 0-255/*", None),  # a middle chunk: the size is not known yet
+        ("bytes 0-255/300", None),  # a middle chunk of a known size
+    ],
+)
 def test_the_final_chunk_of_a_resumable_upload(content_range, final):
     assert storage._final_chunk("POST", UPLOAD, {"Content-Range": content_range}) == final
 
@@ -51,6 +55,7 @@ def test_the_retry_loop_retries_transient_failures_until_its_time_is_up(monkeypa
     stage): transient failures are retried, the others are not, and an outage ends after
     the retry time with StorageUnavailable naming the request and the cause."""
     import asyncio
+
     monkeypatch.setattr(storage, "FIRST_DELAY", 0.01)
     monkeypatch.setenv(storage.RETRY_ENV, "30")
     calls, operation = _failing(3, ConnectionResetError("reset"))
@@ -61,8 +66,11 @@ def test_the_retry_loop_retries_transient_failures_until_its_time_is_up(monkeypa
         asyncio.run(storage.call_async(operation, "gs://b/o"))
     assert len(calls) == 1
     monkeypatch.setenv(storage.RETRY_ENV, "0.3")
-    calls, operation = _failing(10 ** 6, ConnectionResetError("reset"))
-    with pytest.raises(storage.StorageUnavailable, match=r"^gs://b/o: connection failed "
-                       r"\(ConnectionResetError: reset\), still after retrying for 0 s"):
+    calls, operation = _failing(10**6, ConnectionResetError("reset"))
+    with pytest.raises(
+        storage.StorageUnavailable,
+        match=r"^gs://b/o: connection failed "
+        r"\(ConnectionResetError: reset\), still after retrying for 0 s",
+    ):
         asyncio.run(storage.call_async(operation, "gs://b/o"))
     assert len(calls) > 3

@@ -1,4 +1,5 @@
 """Official task metrics against scipy and hand-computed references."""
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -13,7 +14,8 @@ def test_correlations_match_scipy_including_ties():
     assert metrics.pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0], abs=1e-12)
     assert metrics.spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0], abs=1e-12)
     assert metrics.spearman([1, 2, 2, 3], [4, 3, 3, 1]) == pytest.approx(
-        stats.spearmanr([1, 2, 2, 3], [4, 3, 3, 1])[0])
+        stats.spearmanr([1, 2, 2, 3], [4, 3, 3, 1])[0]
+    )
     assert metrics.pearson([1, 1, 1], [1, 2, 3]) == 0.0  # constant input: defined as 0
 
 
@@ -55,6 +57,7 @@ def test_every_task_provides_what_the_adapter_interface_declares():
     """`features.Finetune` states its contract (abstract methods, issue 35): each task
     implements every one and sets the metric and splits; a task that omits one cannot be made."""
     from bertjax.tasks import features, glue, ner, squad_predict
+
     tasks = features.Finetune.__subclasses__()
     assert set(tasks) == {glue.GlueFinetune, ner.NerFinetune, squad_predict.SquadFinetune}
     for task in tasks:
@@ -65,5 +68,6 @@ def test_every_task_provides_what_the_adapter_interface_declares():
 
     class NoPredictions(features.Finetune):
         model = load = loss = evaluate = lambda *args: None
+
     with pytest.raises(TypeError, match="abstract method.*write_predictions"):
         NoPredictions()

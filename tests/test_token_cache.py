@@ -23,6 +23,7 @@ def counted(monkeypatch):
         docs = list(docs)
         seen.append(len(docs))
         return real(docs, tokenizer)
+
     monkeypatch.setattr(tokenize_corpus, "tokenize_documents", tokenize_documents)
     return seen
 
@@ -40,8 +41,7 @@ def build_phases(cfg, tokenizer, parent: pathlib.Path, phases) -> dict[str, dict
     return out
 
 
-def test_every_phase_reads_the_tokens_of_one_tokenization(config, sp_tokenizer, tmp_path,
-                                                          counted):
+def test_every_phase_reads_the_tokens_of_one_tokenization(config, sp_tokenizer, tmp_path, counted):
     size = pathlib.Path(config.data.input_files).stat().st_size
     cfg = make_config(config.data.input_files, **{"data.shard_bytes": size // 3})
     phases = phases_of(cfg)
@@ -59,7 +59,9 @@ def test_every_phase_reads_the_tokens_of_one_tokenization(config, sp_tokenizer, 
     other = make_config(config.data.input_files, **{"data.shard_bytes": size // 2})
     named = lambda c, share=(0, 1): pipeline.tokens_directory(  # noqa: E731
         str(tmp_path / "both" / "short_64"),
-        pipeline.Derived(DataSettings.of(c.data), sp_tokenizer), *share)
+        pipeline.Derived(DataSettings.of(c.data), sp_tokenizer),
+        *share,
+    )
     assert named(cfg) == str(tokens)
     assert len({named(cfg), named(other), named(cfg, (1, 2))}) == 3
 
@@ -78,38 +80,49 @@ def test_a_damaged_entry_is_tokenized_again(config, sp_tokenizer, tmp_path, coun
 
 
 def test_a_shard_without_tokens_is_stored_and_read_back(tmp_path, sp_tokenizer):
-    stored = token_cache.tokenized_shard(str(tmp_path), 0, lambda: [["   "], ["\t"]],
-                                         sp_tokenizer)
-    assert stored == ([], {"empty_sentences": 2, "empty_documents": 2,
-                           "long_sentences_cut": 0, "tokens": 0})
-    again = token_cache.tokenized_shard(str(tmp_path), 0, lambda: pytest.fail("read again"),
-                                        sp_tokenizer)
+    stored = token_cache.tokenized_shard(str(tmp_path), 0, lambda: [["   "], ["\t"]], sp_tokenizer)
+    assert stored == (
+        [],
+        {"empty_sentences": 2, "empty_documents": 2, "long_sentences_cut": 0, "tokens": 0},
+    )
+    again = token_cache.tokenized_shard(
+        str(tmp_path), 0, lambda: pytest.fail("read again"), sp_tokenizer
+    )
     assert again == stored
     text = [["the cat sat.", "on a mat"], ["a dog"]]
     fresh, counts = tokenize_corpus.tokenize_documents(text, sp_tokenizer)
-    stored, stored_counts = token_cache.tokenized_shard(str(tmp_path), 1, lambda: text,
-                                                        sp_tokenizer)
+    stored, stored_counts = token_cache.tokenized_shard(
+        str(tmp_path), 1, lambda: text, sp_tokenizer
+    )
     assert stored_counts == counts
     assert [[s.tolist() for s in d] for d in stored] == [[s.tolist() for s in d] for d in fresh]
     assert all(isinstance(s, np.ndarray) for d in stored for s in d)
 
 
-def test_what_the_phases_derive_from_the_corpus_is_computed_once(config, sp_tokenizer, tmp_path,
-                                                                  monkeypatch):
+def test_what_the_phases_derive_from_the_corpus_is_computed_once(
+    config, sp_tokenizer, tmp_path, monkeypatch
+):
     """The corpus's identity (a glob and a size per file) and the special tokens: once for
     every phase, whether the phases are prepared or reused (issue 35; 3 and 2 per phase
     before)."""
     calls = collections.Counter()
     for name in ("source_identity", "specials_of"):
         real = getattr(pipeline, name)
-        monkeypatch.setattr(pipeline, name, lambda *args, real=real, name=name:
-                            calls.update([name]) or real(*args))
+        monkeypatch.setattr(
+            pipeline, name, lambda *args, real=real, name=name: calls.update([name]) or real(*args)
+        )
     phases = phases_of(config)
     assert [p.name for p in phases] == ["short", "long"]
     for _ in ("prepared", "reused"):
         calls.clear()
-        prepared = loaders.prepare_data(DataSettings.of(config.data), phases,
-                                        sp_tokenizer.vocab_size, sp_tokenizer, str(tmp_path),
-                                        0, 1)
+        prepared = loaders.prepare_data(
+            DataSettings.of(config.data),
+            phases,
+            sp_tokenizer.vocab_size,
+            sp_tokenizer,
+            str(tmp_path),
+            0,
+            1,
+        )
         assert len(prepared) == 2
         assert dict(calls) == {"source_identity": 1, "specials_of": 1}

@@ -1,4 +1,5 @@
 """Tests for bertjax.data.tokenization: exact Google BERT WordPiece behaviour, SentencePiece, CLI."""
+
 import importlib.util
 import os
 import pathlib
@@ -16,9 +17,33 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARITY_VOCAB = REPO_ROOT.parent / "shared" / "data" / "bert-base-uncased" / "vocab.txt"
 
 VOCAB = [
-    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
-    "the", "hello", "héllo", "Hello", "un", "##aff", "##able", "a", "##a", "b",
-    ",", "!", "?", "[", "]", "mask", "中", "文", "¿", "—", "que", "no",
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "the",
+    "hello",
+    "héllo",
+    "Hello",
+    "un",
+    "##aff",
+    "##able",
+    "a",
+    "##a",
+    "b",
+    ",",
+    "!",
+    "?",
+    "[",
+    "]",
+    "mask",
+    "中",
+    "文",
+    "¿",
+    "—",
+    "que",
+    "no",
 ]
 
 
@@ -114,7 +139,9 @@ def test_unsegmentable_word_is_single_unk(wp):
 def test_cased_tokenization(vocab_file):
     cased = tok.WordPieceTokenizer(vocab_file, do_lower_case=False)
     assert cased.tokenize("Hello héllo Héllo") == ["Hello", "héllo", "[UNK]"]
-    assert tok.WordPieceTokenizer(vocab_file, do_lower_case=True, strip_accents=False).tokenize("Héllo") == ["héllo"]
+    assert tok.WordPieceTokenizer(vocab_file, do_lower_case=True, strip_accents=False).tokenize(
+        "Héllo"
+    ) == ["héllo"]
 
 
 def test_long_words(wp, vocab_file):
@@ -153,8 +180,12 @@ def test_encode_remembers_words_without_changing_ids(vocab_file, monkeypatch, lo
     """encode looks remembered words up (the same ids as splitting them again), stops
     remembering at WORDS_REMEMBERED, and a pickled tokenizer (sent to a worker) forgets them."""
     wp = tok.WordPieceTokenizer(vocab_file, do_lower_case=lower)
-    lines = ["Hello, the unaffable 中文 [MASK]!", "héllo\x00 HÉLLO\u3000a\tb\x0b¿que?",
-             "the the THE unaffable, — no!", "aaa ##a b,b,b 文中 \ufffd"] * 3
+    lines = [
+        "Hello, the unaffable 中文 [MASK]!",
+        "héllo\x00 HÉLLO\u3000a\tb\x0b¿que?",
+        "the the THE unaffable, — no!",
+        "aaa ##a b,b,b 文中 \ufffd",
+    ] * 3
     expected = [wp.convert_tokens_to_ids(wp.tokenize(line)) for line in lines]
     assert [wp.encode(line) for line in lines] == expected
     assert [wp.encode(line) for line in lines] == expected  # now from the remembered words
@@ -220,7 +251,25 @@ def test_load_tokenizer(vocab_file):
 # ---------------------------------------------------------------------------
 # SentencePiece.
 
-SYLLABLES = ["ka", "to", "ri", "mo", "ne", "su", "la", "pi", "do", "ge", "ba", "zu", "vi", "sho", "ter", "ing", "ed"]
+SYLLABLES = [
+    "ka",
+    "to",
+    "ri",
+    "mo",
+    "ne",
+    "su",
+    "la",
+    "pi",
+    "do",
+    "ge",
+    "ba",
+    "zu",
+    "vi",
+    "sho",
+    "ter",
+    "ing",
+    "ed",
+]
 
 
 def make_sentences(n: int = 400, seed: int = 0) -> list[str]:
@@ -229,7 +278,9 @@ def make_sentences(n: int = 400, seed: int = 0) -> list[str]:
     def word():
         return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4)))
 
-    return [" ".join(word() for _ in range(rng.randint(3, 12))).capitalize() + "." for _ in range(n)]
+    return [
+        " ".join(word() for _ in range(rng.randint(3, 12))).capitalize() + "." for _ in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -285,10 +336,16 @@ def test_sentencepiece_counts_the_lines_it_leaves_out(tmp_path, caplog, capfd):
     long_line = " ".join(make_sentences(40, seed=1))
     sentences = make_sentences() + [long_line, "", long_line]
     with caplog.at_level("WARNING"):
-        tok.train_sentencepiece(sentences, str(tmp_path / "m"), vocab_size=200,
-                                max_sentence_length=len(long_line.encode()) - 1)
-    assert (f"SentencePiece left 2 of 402 lines longer than {len(long_line.encode()) - 1} bytes"
-            in caplog.text)
+        tok.train_sentencepiece(
+            sentences,
+            str(tmp_path / "m"),
+            vocab_size=200,
+            max_sentence_length=len(long_line.encode()) - 1,
+        )
+    assert (
+        f"SentencePiece left 2 of 402 lines longer than {len(long_line.encode()) - 1} bytes"
+        in caplog.text
+    )
     assert "too long line" not in capfd.readouterr().err.lower()
 
 
@@ -298,18 +355,22 @@ def test_sentencepiece_says_when_it_makes_fewer_pieces_than_asked(tmp_path, capl
     made = tok.SentencePieceTokenizer(model).vocab_size
     assert made < 5000
     assert f"SentencePiece: asked for 5000 pieces, made {made}: the corpus holds too few" in (
-        caplog.text)
+        caplog.text
+    )
 
 
 def test_sentencepiece_lowercase_and_fingerprint(tmp_path, sp_model):
     lower = tok.SentencePieceTokenizer(
-        tok.train_sentencepiece(make_sentences(), str(tmp_path / "low"), vocab_size=200, do_lower_case=True)
+        tok.train_sentencepiece(
+            make_sentences(), str(tmp_path / "low"), vocab_size=200, do_lower_case=True
+        )
     )
     assert all(p == p.lower() for p in lower.tokenize("KATO Rimo"))
     assert lower.fingerprint() != tok.SentencePieceTokenizer(sp_model).fingerprint()
-    assert tok.load_tokenizer("sentencepiece", sp_model).fingerprint() == tok.SentencePieceTokenizer(
-        sp_model
-    ).fingerprint()
+    assert (
+        tok.load_tokenizer("sentencepiece", sp_model).fingerprint()
+        == tok.SentencePieceTokenizer(sp_model).fingerprint()
+    )
 
 
 def test_sentencepiece_errors(tmp_path):
@@ -335,7 +396,11 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     return subprocess.run(
         [sys.executable, "-m", "bertjax.data.tokenization", *args],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -343,7 +408,9 @@ def test_cli_train(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(make_sentences()) + "\n", encoding="utf-8")
     prefix = tmp_path / "out" / "sp"
-    result = run_cli("train", f"--input={corpus}", f"--model_prefix={prefix}", "--vocab_size=150", "--lowercase")
+    result = run_cli(
+        "train", f"--input={corpus}", f"--model_prefix={prefix}", "--vocab_size=150", "--lowercase"
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out" / "sp.model").exists()
     assert str(prefix) + ".model" in result.stdout
@@ -351,7 +418,9 @@ def test_cli_train(tmp_path):
 
 def test_cli_missing_input_file(tmp_path):
     missing = tmp_path / "missing_corpus.txt"
-    result = run_cli("train", f"--input={missing}", f"--model_prefix={tmp_path / 'sp'}", "--vocab_size=100")
+    result = run_cli(
+        "train", f"--input={missing}", f"--model_prefix={tmp_path / 'sp'}", "--vocab_size=100"
+    )
     assert result.returncode == 2
     assert "missing_corpus.txt" in result.stderr
     assert "Traceback" not in result.stderr
@@ -360,9 +429,19 @@ def test_cli_missing_input_file(tmp_path):
 def test_cli_empty_input_and_tokenize(tmp_path, vocab_file, capsys):
     blank = tmp_path / "blank.txt"
     blank.write_text("\n  \n", encoding="utf-8")
-    assert tok.main(["train", f"--input={blank}", f"--model_prefix={tmp_path / 'sp'}", "--vocab_size=100"]) == 2
+    assert (
+        tok.main(
+            ["train", f"--input={blank}", f"--model_prefix={tmp_path / 'sp'}", "--vocab_size=100"]
+        )
+        == 2
+    )
     assert "no non-blank" in capsys.readouterr().err
-    assert tok.main(["tokenize", "--kind=wordpiece", f"--vocab={vocab_file}", "--text=Hello unaffable!"]) == 0
+    assert (
+        tok.main(
+            ["tokenize", "--kind=wordpiece", f"--vocab={vocab_file}", "--text=Hello unaffable!"]
+        )
+        == 0
+    )
     tokens, ids = capsys.readouterr().out.splitlines()
     assert tokens == "hello un ##aff ##able !"
     assert ids == " ".join(str(VOCAB.index(t)) for t in tokens.split())
@@ -393,7 +472,9 @@ def test_parity_with_transformers():
         pytest.skip("this transformers version has no slow BERT tokenizer")
     hf_vocab = bert.load_vocab(str(PARITY_VOCAB))
     basic = bert.BasicTokenizer(do_lower_case=True)
-    wordpiece = bert.WordpieceTokenizer(vocab=hf_vocab, unk_token="[UNK]", max_input_chars_per_word=200)
+    wordpiece = bert.WordpieceTokenizer(
+        vocab=hf_vocab, unk_token="[UNK]", max_input_chars_per_word=200
+    )
     ours = tok.WordPieceTokenizer(str(PARITY_VOCAB))
     rng = random.Random(0)
     texts = [

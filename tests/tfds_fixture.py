@@ -12,8 +12,7 @@ NUM_TEXT_RECORDS = 10
 def record_text(index: int) -> str:
     """Text of record ``index``: two paragraphs, three sentences, a unique marker."""
     return (
-        f"Record {index} begins here. It has a second sentence.\n"
-        f"A new paragraph {index} follows."
+        f"Record {index} begins here. It has a second sentence.\nA new paragraph {index} follows."
     )
 
 
@@ -79,8 +78,10 @@ def prepare_as(builder: tfds.core.DatasetBuilder, name: str) -> None:
     os.rename(source, target)
     for file in os.listdir(target):
         if file.startswith(builder.name + "-"):
-            os.rename(os.path.join(target, file),
-                      os.path.join(target, dataset + file[len(builder.name):]))
+            os.rename(
+                os.path.join(target, file),
+                os.path.join(target, dataset + file[len(builder.name) :]),
+            )
     info_path = os.path.join(target, "dataset_info.json")
     with open(info_path) as f:
         info = json.load(f)
@@ -91,11 +92,18 @@ def prepare_as(builder: tfds.core.DatasetBuilder, name: str) -> None:
 # Records with the features of tfds `glue/sst2` and `glue/mnli` (label -1 in test splits, as
 # there); one training record of each task is unlabelled (-1) too.
 GLUE_RECORDS = {
-    "sst2": {"train": [("a b", 1), ("c", 0), ("d", -1)], "validation": [("b c", 0)],
-             "test": [("a", -1), ("d c", -1)]},
-    "mnli": {"train": [("a", "b", 0), ("c", "d", 2), ("b", "a", 1), ("d", "d", -1)],
-             "validation_matched": [("a b", "c", 1)], "validation_mismatched": [("c", "a", 2)],
-             "test_matched": [("b", "b", -1)], "test_mismatched": [("d", "a", -1)]},
+    "sst2": {
+        "train": [("a b", 1), ("c", 0), ("d", -1)],
+        "validation": [("b c", 0)],
+        "test": [("a", -1), ("d c", -1)],
+    },
+    "mnli": {
+        "train": [("a", "b", 0), ("c", "d", 2), ("b", "a", 1), ("d", "d", -1)],
+        "validation_matched": [("a b", "c", 1)],
+        "validation_mismatched": [("c", "a", 2)],
+        "test_matched": [("b", "b", -1)],
+        "test_mismatched": [("d", "a", -1)],
+    },
 }
 MNLI_LABELS = ("entailment", "neutral", "contradiction")  # tfds's order
 
@@ -113,12 +121,18 @@ class BertjaxGlue(tfds.core.GeneratorBasedBuilder):
         else:
             texts = {"premise": tfds.features.Text(), "hypothesis": tfds.features.Text()}
             label = tfds.features.ClassLabel(names=list(MNLI_LABELS))
-        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
-            {**texts, "label": label, "idx": tfds.features.Scalar(dtype=np.int32)}))
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict(
+                {**texts, "label": label, "idx": tfds.features.Scalar(dtype=np.int32)}
+            ),
+        )
 
     def _split_generators(self, dl_manager):
-        return {split: self._generate_examples(records)
-                for split, records in GLUE_RECORDS[self.builder_config.name].items()}
+        return {
+            split: self._generate_examples(records)
+            for split, records in GLUE_RECORDS[self.builder_config.name].items()
+        }
 
     def _generate_examples(self, records):
         keys = [k for k in ("sentence", "premise", "hypothesis") if k in self.info.features]
@@ -130,8 +144,10 @@ class BertjaxGlue(tfds.core.GeneratorBasedBuilder):
 # different from bertjax's, so the test sees that tags are mapped by name.
 CONLL_TAGS = ("O", "B-LOC", "I-LOC", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-MISC", "I-MISC")
 CONLL_RECORDS = {
-    "train": [(["John", "lives", "in", "New", "York"], ["B-PER", "O", "O", "B-LOC", "I-LOC"]),
-              (["Acme", "Corp"], ["B-ORG", "I-ORG"])],
+    "train": [
+        (["John", "lives", "in", "New", "York"], ["B-PER", "O", "O", "B-LOC", "I-LOC"]),
+        (["Acme", "Corp"], ["B-ORG", "I-ORG"]),
+    ],
     "dev": [(["Paris", "."], ["B-LOC", "O"])],
     "test": [(["Mary", "!"], ["B-PER", "O"])],
 }
@@ -143,9 +159,15 @@ class BertjaxConll(tfds.core.GeneratorBasedBuilder):
     VERSION = tfds.core.Version("1.0.0")
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-            "tokens": tfds.features.Sequence(tfds.features.Text()),
-            "ner": tfds.features.Sequence(tfds.features.ClassLabel(names=list(CONLL_TAGS)))}))
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict(
+                {
+                    "tokens": tfds.features.Sequence(tfds.features.Text()),
+                    "ner": tfds.features.Sequence(tfds.features.ClassLabel(names=list(CONLL_TAGS))),
+                }
+            ),
+        )
 
     def _split_generators(self, dl_manager):
         return {split: self._generate_examples(records) for split, records in CONLL_RECORDS.items()}

@@ -3,18 +3,25 @@ instructions by libtpu's estimated time, with their bytes.
 
     python benchmarks/aot/tpu_census.py benchmarks/aot/large_tpu-v5p-8.json short
 """
+
 import json
 import sys
 
 
 def table(estimate: dict) -> str:
     total_s, total_b = estimate["optimal_seconds"], estimate["bytes_accessed"]
-    lines = [f"step {total_s * 1e3:.1f} ms, {total_b / 1e9:.1f} GB accessed "
-             f"(libtpu's figures), MFU {estimate['estimated_mfu']:.1%}", "",
-             "| ms | share | GB | count | instruction: source op |", "|---|---|---|---|---|"]
+    lines = [
+        f"step {total_s * 1e3:.1f} ms, {total_b / 1e9:.1f} GB accessed "
+        f"(libtpu's figures), MFU {estimate['estimated_mfu']:.1%}",
+        "",
+        "| ms | share | GB | count | instruction: source op |",
+        "|---|---|---|---|---|",
+    ]
     for group in estimate["census"]:
-        lines.append(f"| {group['seconds'] * 1e3:.2f} | {group['seconds'] / total_s:.1%} | "
-                     f"{group['bytes'] / 1e9:.2f} | {group['count']} | `{group['op']}` |")
+        lines.append(
+            f"| {group['seconds'] * 1e3:.2f} | {group['seconds'] / total_s:.1%} | "
+            f"{group['bytes'] / 1e9:.2f} | {group['count']} | `{group['op']}` |"
+        )
     return "\n".join(lines)
 
 

@@ -2,6 +2,7 @@
     PYTHONPATH=CHECKOUT python benchmarks/data_prep/compare_checkouts.py CHECKOUT CACHE_DIR VOCAB CORPUS
 (CORPUS: the 7.3 MB file that make_corpus.py writes with --copies=1.)
 """
+
 import hashlib
 import runpy
 import sys
@@ -18,6 +19,7 @@ if __name__ == "__main__":
     d.vocab_file, d.dupe_factor, d.eval_fraction, d.num_workers = sys.argv[3], 5, 0.0, 1
     try:  # (a checkout with typed data settings, or one before them)
         from bertjax.data.settings import DataSettings
+
         d = DataSettings.of(d)
     except ImportError:
         pass

@@ -8,6 +8,7 @@
 their own and each document's sentences rotated by an offset of its own (seeded by the copy's
 number), so that no two copies hold the same documents or document order.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,10 @@ def documents(book: str) -> list[list[str]]:
     paragraphs = [" ".join(block.split()) for block in blocks]
     paragraphs = [p for p in paragraphs if p]
     step = PARAGRAPHS_PER_DOCUMENT
-    return [[s for p in paragraphs[i:i + step] for s in corpus.split_sentences(p)]
-            for i in range(0, len(paragraphs), step)]
+    return [
+        [s for p in paragraphs[i : i + step] for s in corpus.split_sentences(p)]
+        for i in range(0, len(paragraphs), step)
+    ]
 
 
 def varied(docs: list[list[str]], copy: int) -> str:
@@ -56,8 +59,10 @@ def main() -> None:
     with open(args.output, "w", encoding="utf-8") as f:
         for copy in range(args.copies):
             f.write(varied(docs, copy) if args.vary and copy else text)
-    print(f"{args.output}: {os.path.getsize(args.output) / 1e6:.1f} MB, "
-          f"{text.count(chr(10) * 2) * args.copies} documents")
+    print(
+        f"{args.output}: {os.path.getsize(args.output) / 1e6:.1f} MB, "
+        f"{text.count(chr(10) * 2) * args.copies} documents"
+    )
 
 
 if __name__ == "__main__":

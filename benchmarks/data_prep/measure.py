@@ -4,6 +4,7 @@ processes: the peak of the summed RSS of the process tree, sampled every 0.1 s w
 
     python benchmarks/data_prep/measure.py -- python -m bertjax.prepare ...
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ def tree_rss(process: psutil.Process) -> int:
 
 
 def main() -> None:
-    command = sys.argv[sys.argv.index("--") + 1:]
+    command = sys.argv[sys.argv.index("--") + 1 :]
     start = time.time()
     child = subprocess.Popen(command)
     process, peak = psutil.Process(child.pid), 0
@@ -38,11 +39,18 @@ def main() -> None:
         time.sleep(0.1)
     wall = time.time() - start
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    print(json.dumps({"returncode": child.returncode, "wall_s": round(wall, 1),
-                      "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
-                      "peak_rss_all_processes_gb": round(peak / 1e9, 2),
-                      "peak_rss_largest_process_gb": round(usage.ru_maxrss * 1024 / 1e9, 2),
-                      "load_average": [round(x, 2) for x in psutil.getloadavg()]}))
+    print(
+        json.dumps(
+            {
+                "returncode": child.returncode,
+                "wall_s": round(wall, 1),
+                "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+                "peak_rss_all_processes_gb": round(peak / 1e9, 2),
+                "peak_rss_largest_process_gb": round(usage.ru_maxrss * 1024 / 1e9, 2),
+                "load_average": [round(x, 2) for x in psutil.getloadavg()],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ provides only what it touches (`tf.flags`, `tf.logging`, `tf.gfile`), so no Tens
 needed and nothing is written. bertjax prepares the same text with `pipeline.prepare`. CORPUS
 is cut at the first document boundary after `--bytes`. Prints a markdown table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,12 +42,15 @@ def _stand_in_tensorflow() -> types.ModuleType:
     """A module named `tensorflow` with the few names the original reads."""
     tf = types.ModuleType("tensorflow")
     values = absl_flags.FlagValues()
-    tf.flags = types.SimpleNamespace(FLAGS=values, **{
-        name: functools.partial(getattr(absl_flags, name), flag_values=values)
-        for name in ("DEFINE_string", "DEFINE_bool", "DEFINE_integer", "DEFINE_float")})
+    tf.flags = types.SimpleNamespace(
+        FLAGS=values,
+        **{
+            name: functools.partial(getattr(absl_flags, name), flag_values=values)
+            for name in ("DEFINE_string", "DEFINE_bool", "DEFINE_integer", "DEFINE_float")
+        },
+    )
     log = logging.getLogger("original")
-    tf.logging = types.SimpleNamespace(info=log.info, set_verbosity=log.setLevel,
-                                       INFO=logging.INFO)
+    tf.logging = types.SimpleNamespace(info=log.info, set_verbosity=log.setLevel, INFO=logging.INFO)
     tf.gfile = types.SimpleNamespace(GFile=open, Glob=glob.glob)
     return tf
 
@@ -60,21 +64,31 @@ def original_module(checkout: str, whole_word_mask: bool) -> types.ModuleType:
     return module
 
 
-def original_rows(module: types.ModuleType, tokenizer, corpus: str, seed: int,
-                  dupe_factor: int) -> dict[str, np.ndarray]:
+def original_rows(
+    module: types.ModuleType, tokenizer, corpus: str, seed: int, dupe_factor: int
+) -> dict[str, np.ndarray]:
     """The original's instances for `seed`, as bertjax's stored arrays."""
     made = module.create_training_instances(
-        [corpus], tokenizer, MAX_SEQ_LENGTH, dupe_factor, SHORT_SEQ_PROB, MASKED_LM_PROB,
-        MAX_PREDICTIONS, random.Random(seed))
+        [corpus],
+        tokenizer,
+        MAX_SEQ_LENGTH,
+        dupe_factor,
+        SHORT_SEQ_PROB,
+        MASKED_LM_PROB,
+        MAX_PREDICTIONS,
+        random.Random(seed),
+    )
     vocab, n = tokenizer.vocab, len(made)
-    rows = {"input_ids": np.zeros((n, MAX_SEQ_LENGTH), np.int64),
-            "masked_lm_positions": np.zeros((n, MAX_PREDICTIONS), np.int64),
-            "masked_lm_ids": np.zeros((n, MAX_PREDICTIONS), np.int64)}
+    rows = {
+        "input_ids": np.zeros((n, MAX_SEQ_LENGTH), np.int64),
+        "masked_lm_positions": np.zeros((n, MAX_PREDICTIONS), np.int64),
+        "masked_lm_ids": np.zeros((n, MAX_PREDICTIONS), np.int64),
+    }
     for name in ("lengths", "b_starts", "num_predictions", "next_sentence_labels"):
         rows[name] = np.zeros(n, np.int64)
     for i, instance in enumerate(made):
         tokens = instance.tokens
-        rows["input_ids"][i, :len(tokens)] = [vocab[t] for t in tokens]
+        rows["input_ids"][i, : len(tokens)] = [vocab[t] for t in tokens]
         rows["lengths"][i] = len(tokens)
         rows["b_starts"][i] = instance.segment_ids.index(1)
         k = len(instance.masked_lm_positions)
@@ -85,16 +99,21 @@ def original_rows(module: types.ModuleType, tokenizer, corpus: str, seed: int,
     return rows
 
 
-def bertjax_rows(vocab_file: str, corpus: str, seed: int, dupe_factor: int,
-                 whole_word_mask: bool, cache_dir: str) -> dict[str, np.ndarray]:
+def bertjax_rows(
+    vocab_file: str, corpus: str, seed: int, dupe_factor: int, whole_word_mask: bool, cache_dir: str
+) -> dict[str, np.ndarray]:
     config = runpy.run_path(os.path.join(REPO, "configs/base.py"))["get_config"]()
     d = config.data
     d.source, d.input_files, d.text_format, d.vocab_file = "text", corpus, "lines", vocab_file
     d.dupe_factor, d.eval_fraction, d.num_workers, d.seed = dupe_factor, 0.0, 1, seed
     d.masked_lm_prob, d.short_seq_prob, d.whole_word_mask = (
-        MASKED_LM_PROB, SHORT_SEQ_PROB, whole_word_mask)
+        MASKED_LM_PROB,
+        SHORT_SEQ_PROB,
+        whole_word_mask,
+    )
     try:  # (a checkout with typed data settings, or one before them)
         from bertjax.data.settings import DataSettings
+
         d = DataSettings.of(d)
     except ImportError:
         pass
@@ -104,8 +123,9 @@ def bertjax_rows(vocab_file: str, corpus: str, seed: int, dupe_factor: int,
     return {name: np.asarray(array, np.int64) for name, array in stored.items()}
 
 
-def statistics(rows: dict[str, np.ndarray], continuation: np.ndarray, mask_id: int
-               ) -> dict[str, float]:
+def statistics(
+    rows: dict[str, np.ndarray], continuation: np.ndarray, mask_id: int
+) -> dict[str, float]:
     lengths, b_starts, counts = rows["lengths"], rows["b_starts"], rows["num_predictions"]
     n, width = rows["input_ids"].shape
     slot = np.arange(MAX_PREDICTIONS)[None] < counts[:, None]
@@ -119,7 +139,7 @@ def statistics(rows: dict[str, np.ndarray], continuation: np.ndarray, mask_id: i
     # Words as the original's whole-word rule groups them: a "##" piece joins the one before.
     starts = ~continuation[original] | (np.arange(width)[None] == 0)
     word_of = np.maximum.accumulate(np.where(starts, np.arange(width)[None], 0), axis=1)
-    flat_word = (np.arange(n)[:, None] * width + word_of)
+    flat_word = np.arange(n)[:, None] * width + word_of
     real = np.arange(width)[None] < lengths[:, None]
     size = np.bincount(flat_word[real], minlength=n * width)
     covered = np.bincount(flat_word[masked], minlength=n * width)
@@ -139,8 +159,9 @@ def statistics(rows: dict[str, np.ndarray], continuation: np.ndarray, mask_id: i
         "share random token": ((shown != mask_id) & (shown != labels)).mean(),
         "share kept": (shown == labels).mean(),
         "share of masked positions in a multi-piece word": multi.mean(),
-        "share of those whose whole word is masked": (covered[words][multi]
-                                                      == size[words][multi]).mean(),
+        "share of those whose whole word is masked": (
+            covered[words][multi] == size[words][multi]
+        ).mean(),
     }
 
 
@@ -151,7 +172,7 @@ def cut(corpus: str, size: int, directory: str) -> str:
     end = text.find("\n\n", size)
     path = os.path.join(directory, "corpus.txt")
     with open(path, "w", encoding="utf-8") as f:
-        f.write(text if end < 0 else text[:end + 2])
+        f.write(text if end < 0 else text[: end + 2])
     return path
 
 
@@ -175,31 +196,55 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {"original": [], "bertjax": []}
     with tempfile.TemporaryDirectory() as scratch:
         corpus = cut(args.corpus, args.bytes, scratch)
-        print(f"{os.path.getsize(corpus):,} bytes; L={MAX_SEQ_LENGTH}, {MAX_PREDICTIONS} "
-              f"predictions, masked_lm_prob {MASKED_LM_PROB}, dupe_factor {args.dupe_factor}, "
-              f"whole_word_mask {args.whole_word_mask}, seeds 1-{args.seeds}", flush=True)
+        print(
+            f"{os.path.getsize(corpus):,} bytes; L={MAX_SEQ_LENGTH}, {MAX_PREDICTIONS} "
+            f"predictions, masked_lm_prob {MASKED_LM_PROB}, dupe_factor {args.dupe_factor}, "
+            f"whole_word_mask {args.whole_word_mask}, seeds 1-{args.seeds}",
+            flush=True,
+        )
         for seed in range(1, args.seeds + 1):
-            results["original"].append(statistics(original_rows(
-                module, tokenizer, corpus, seed, args.dupe_factor), continuation, mask_id))
-            results["bertjax"].append(statistics(bertjax_rows(
-                args.vocab, corpus, seed, args.dupe_factor, args.whole_word_mask,
-                os.path.join(scratch, f"bertjax_{seed}")), continuation, mask_id))
+            results["original"].append(
+                statistics(
+                    original_rows(module, tokenizer, corpus, seed, args.dupe_factor),
+                    continuation,
+                    mask_id,
+                )
+            )
+            results["bertjax"].append(
+                statistics(
+                    bertjax_rows(
+                        args.vocab,
+                        corpus,
+                        seed,
+                        args.dupe_factor,
+                        args.whole_word_mask,
+                        os.path.join(scratch, f"bertjax_{seed}"),
+                    ),
+                    continuation,
+                    mask_id,
+                )
+            )
             print(f"seed {seed} done", file=sys.stderr, flush=True)
-    print("| statistic | original | bertjax | difference / original's sigma | within 3 sigma "
-          "| difference / its standard error |")
+    print(
+        "| statistic | original | bertjax | difference / original's sigma | within 3 sigma "
+        "| difference / its standard error |"
+    )
     print("|---|---|---|---|---|---|")
     for name in results["original"][0]:
         o = np.array([r[name] for r in results["original"]], float)
         b = np.array([r[name] for r in results["bertjax"]], float)
         sigma, error = o.std(ddof=1), np.sqrt(o.var(ddof=1) / len(o) + b.var(ddof=1) / len(b))
-        print(f"| {name} | {o.mean():.5g} ± {sigma:.2g} | {b.mean():.5g} ± {b.std(ddof=1):.2g} "
-              f"| {_ratio(b.mean() - o.mean(), sigma):+.2f} "
-              f"| {'yes' if abs(_ratio(b.mean() - o.mean(), sigma)) <= 3 else '**no**'} "
-              f"| {_ratio(b.mean() - o.mean(), error):+.2f} |")
+        print(
+            f"| {name} | {o.mean():.5g} ± {sigma:.2g} | {b.mean():.5g} ± {b.std(ddof=1):.2g} "
+            f"| {_ratio(b.mean() - o.mean(), sigma):+.2f} "
+            f"| {'yes' if abs(_ratio(b.mean() - o.mean(), sigma)) <= 3 else '**no**'} "
+            f"| {_ratio(b.mean() - o.mean(), error):+.2f} |"
+        )
 
 
 def _ratio(difference: float, sigma: float) -> float:
     return difference / sigma if sigma > 0 else (0.0 if difference == 0 else float("inf"))
+
 
 if __name__ == "__main__":
     main()

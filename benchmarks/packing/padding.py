@@ -13,6 +13,7 @@ and records how full the rows are. `auto` reads these books as `paragraphs` (a b
 document); `lines` is the original script's reading (a line is a sentence, a blank line ends a
 document: every paragraph becomes a document).
 """
+
 import json
 import os
 import runpy
@@ -29,8 +30,11 @@ from bertjax.training.phase_schedule import Phase
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_files", None, "Corpus files (comma-separated globs).")
 flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt.")
-flags.DEFINE_string("cache_dir", os.path.join(tempfile.gettempdir(), "bertjax_packing_padding"),
-                    "Where the prepared data is cached (outside the project).")
+flags.DEFINE_string(
+    "cache_dir",
+    os.path.join(tempfile.gettempdir(), "bertjax_packing_padding"),
+    "Where the prepared data is cached (outside the project).",
+)
 flags.DEFINE_list("max_instances", ["2", "3", "4", "8"], "data.packing_max_instances to try.")
 flags.DEFINE_list("text_formats", ["auto", "lines"], "data.text_format values to measure.")
 flags.DEFINE_string("out", "", "Write the results as JSON here.")
@@ -40,16 +44,26 @@ def main(argv):
     del argv
     base = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "base.py"))
     data_cfg = base["get_config"]().data
-    data_cfg.update(source="text", input_files=FLAGS.input_files, tokenizer="wordpiece",
-                    vocab_file=FLAGS.vocab_file, num_workers=1)
+    data_cfg.update(
+        source="text",
+        input_files=FLAGS.input_files,
+        tokenizer="wordpiece",
+        vocab_file=FLAGS.vocab_file,
+        num_workers=1,
+    )
     tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(data_cfg), FLAGS.cache_dir)
     specials = pipeline.specials_of(tokenizer, data_cfg.whole_word_mask)
-    results = {"command": " ".join(["python"] + sys.argv), "date_utc": time.strftime(
-        "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "data": data_cfg.to_dict(), "text_formats": {}}
+    results = {
+        "command": " ".join(["python"] + sys.argv),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "data": data_cfg.to_dict(),
+        "text_formats": {},
+    }
     for text_format in FLAGS.text_formats:
         data_cfg.text_format = text_format
-        results["text_formats"][text_format] = measure(DataSettings.of(data_cfg), tokenizer,
-                                                       specials.pad_id)
+        results["text_formats"][text_format] = measure(
+            DataSettings.of(data_cfg), tokenizer, specials.pad_id
+        )
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
             json.dump(results, f, indent=1)
@@ -68,21 +82,34 @@ def measure(data_cfg: DataSettings, tokenizer, pad_id):
         for max_instances in map(int, FLAGS.max_instances):
             start = time.time()
             loader = packing.PackedLoader(
-                source, length, max_instances, packing.predictions_per_row(
-                    length, predictions, data_cfg.masked_lm_prob, max_instances),
-                pad_id)
+                source,
+                length,
+                max_instances,
+                packing.predictions_per_row(
+                    length, predictions, data_cfg.masked_lm_prob, max_instances
+                ),
+                pad_id,
+            )
             stats = loader.stats
             rows[max_instances] = {
-                "rows": stats.rows, "instances_per_row": stats.instances_per_row,
-                "padding_packed": stats.padding_packed, "plan_seconds": time.time() - start,
-                "real_token_bound_gain": (1 - stats.padding_packed) / (1 - stats.padding_unpacked)}
-            print(f"{data_cfg.text_format} L={length} K={max_instances}: {stats.summary()}",
-                  flush=True)
+                "rows": stats.rows,
+                "instances_per_row": stats.instances_per_row,
+                "padding_packed": stats.padding_packed,
+                "plan_seconds": time.time() - start,
+                "real_token_bound_gain": (1 - stats.padding_packed) / (1 - stats.padding_unpacked),
+            }
+            print(
+                f"{data_cfg.text_format} L={length} K={max_instances}: {stats.summary()}",
+                flush=True,
+            )
         results[length] = {
-            "instances": stats.instances, "real_tokens": stats.real_tokens,
+            "instances": stats.instances,
+            "real_tokens": stats.real_tokens,
             "mean_real_tokens": stats.real_tokens / stats.instances,
-            "padding_unpacked": stats.padding_unpacked, "prepare_seconds": prepared_s,
-            "packed": rows}
+            "padding_unpacked": stats.padding_unpacked,
+            "prepare_seconds": prepared_s,
+            "packed": rows,
+        }
     return results
 
 

@@ -5,6 +5,7 @@ then a memory map) and as now (SHA-256 and, from the same bytes, a hash of every
 
     PYTHONPATH=. python benchmarks/read_check/load_cost.py
 """
+
 import os
 import tempfile
 import time
@@ -28,8 +29,10 @@ def main() -> None:
             start = time.process_time()
             shard_reader.load(path, record, "input_ids", rows.dtype, (128,), (0, 1), "")
             after = time.process_time() - start
-            print(f"{os.path.getsize(path) / 1e6:.0f} MB: before (SHA-256, memory map) "
-                  f"{before:.3f} CPU s; after (SHA-256 and row hashes) {after:.3f} CPU s")
+            print(
+                f"{os.path.getsize(path) / 1e6:.0f} MB: before (SHA-256, memory map) "
+                f"{before:.3f} CPU s; after (SHA-256 and row hashes) {after:.3f} CPU s"
+            )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ loader): CPU seconds of this process (`time.process_time`), so that other jobs o
 machine change them less than wall time. The checkouts alternate, `--repeats` times, and the
 medians are reported.
 """
+
 import argparse
 import json
 import os
@@ -65,30 +66,57 @@ def main() -> None:
     checkouts = dict(item.split("=", 1) for item in args.checkout)
     config = os.path.abspath(args.config)
     caches = {name: tempfile.mkdtemp(prefix=f"read_check_{name}_") for name in checkouts}
-    runs: dict = {f"{name} {masking}": [] for masking in ("static", "dynamic") for name in checkouts}
+    runs: dict = {
+        f"{name} {masking}": [] for masking in ("static", "dynamic") for name in checkouts
+    }
     for repeat in range(args.repeats + 1):  # the first round prepares (not counted)
         for masking in ("static", "dynamic"):
             for name, directory in checkouts.items():
-                env = {**os.environ, "PYTHONPATH": os.path.abspath(directory),
-                       "JAX_PLATFORMS": "cpu"}
-                out = subprocess.run([sys.executable, "-c", CHILD, config, caches[name], masking,
-                                      str(args.batches), str(args.global_batch_size)], env=env, check=True,
-                                     capture_output=True, text=True).stdout
+                env = {
+                    **os.environ,
+                    "PYTHONPATH": os.path.abspath(directory),
+                    "JAX_PLATFORMS": "cpu",
+                }
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        CHILD,
+                        config,
+                        caches[name],
+                        masking,
+                        str(args.batches),
+                        str(args.global_batch_size),
+                    ],
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
                 result = json.loads(out.strip().splitlines()[-1])
                 if repeat:
                     runs[f"{name} {masking}"].append(result)
-                    print(f"{name} {masking}: {result['sequences'] / result['cpu_seconds']:,.0f}"
-                          f" seq/CPU-s ({os.getloadavg()[0]:.1f} load)", flush=True)
+                    print(
+                        f"{name} {masking}: {result['sequences'] / result['cpu_seconds']:,.0f}"
+                        f" seq/CPU-s ({os.getloadavg()[0]:.1f} load)",
+                        flush=True,
+                    )
     summary = {}
     for key, results in runs.items():
         rates = [r["sequences"] / r["cpu_seconds"] for r in results]
-        summary[key] = {"median_sequences_per_cpu_second": statistics.median(rates),
-                        "all": rates}
-        print(f"{key}: median {statistics.median(rates):,.0f} sequences per CPU second "
-              f"({', '.join(f'{r:,.0f}' for r in rates)})")
-    record = {"command": " ".join(["python", *sys.argv]), "config": args.config,
-              "batches": args.batches, "batch": results[0]["batch"],
-              "max_seq_length": results[0]["max_seq_length"], "results": summary}
+        summary[key] = {"median_sequences_per_cpu_second": statistics.median(rates), "all": rates}
+        print(
+            f"{key}: median {statistics.median(rates):,.0f} sequences per CPU second "
+            f"({', '.join(f'{r:,.0f}' for r in rates)})"
+        )
+    record = {
+        "command": " ".join(["python", *sys.argv]),
+        "config": args.config,
+        "batches": args.batches,
+        "batch": results[0]["batch"],
+        "max_seq_length": results[0]["max_seq_length"],
+        "results": summary,
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)

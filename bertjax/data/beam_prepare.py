@@ -12,6 +12,7 @@ filesystem every worker sees (a local disk for the DirectRunner, a shared mount 
 Spark workers); the driver then reads the counts back and finishes as the local job does
 (`pipeline.build`).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,11 @@ from collections.abc import Callable, Iterable, Iterator
 from bertjax.data import shard_job, shard_sources
 from bertjax.errors import UserError
 
-INSTALL = ("--runner=beam needs Apache Beam: pip install -e '.[beam]' in its own virtual "
-           "environment (Beam pins protobuf<7 and pyarrow<26, older than this project's other "
-           "packages want)")
+INSTALL = (
+    "--runner=beam needs Apache Beam: pip install -e '.[beam]' in its own virtual "
+    "environment (Beam pins protobuf<7 and pyarrow<26, older than this project's other "
+    "packages want)"
+)
 
 
 class BeamMissing(UserError, ImportError):
@@ -46,9 +49,11 @@ def _prepare(shard: shard_sources.ShardSource, job: shard_job.ShardJob) -> int:
     return shard.index
 
 
-def shard_runner(beam_options: list[str]
-                 ) -> Callable[[shard_job.ShardJob, Iterable[shard_sources.ShardSource], int],
-                               Iterator[dict[str, int]]]:
+def shard_runner(
+    beam_options: list[str],
+) -> Callable[
+    [shard_job.ShardJob, Iterable[shard_sources.ShardSource], int], Iterator[dict[str, int]]
+]:
     """A `pipeline.build(run_shards=...)` that prepares the shards with Beam, run with
     `beam_options` (e.g. ["--runner=DirectRunner", "--direct_num_workers=2"]); BeamMissing
     at once if apache_beam is not installed."""
@@ -58,25 +63,33 @@ def shard_runner(beam_options: list[str]
     except ImportError as e:
         raise BeamMissing(INSTALL) from e
 
-    def run(job: shard_job.ShardJob, shards: Iterable[shard_sources.ShardSource],
-            num_workers: int = 0) -> Iterator[dict[str, int]]:
+    def run(
+        job: shard_job.ShardJob, shards: Iterable[shard_sources.ShardSource], num_workers: int = 0
+    ) -> Iterator[dict[str, int]]:
         del num_workers  # the runner's options say how many workers
         elements = list(shards)  # descriptors only: a few numbers per shard
         try:
             with beam.Pipeline(options=PipelineOptions(beam_options)) as p:
-                _ = (p | "Shards" >> beam.Create(elements) | beam.Reshuffle()
-                     | "Prepare" >> beam.Map(_prepare, job))
+                _ = (
+                    p
+                    | "Shards" >> beam.Create(elements)
+                    | beam.Reshuffle()
+                    | "Prepare" >> beam.Map(_prepare, job)
+                )
         except Exception as e:  # the runner's own error, whatever its type
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise shard_job.WorkerError(f"the Beam pipeline ({' '.join(beam_options)}) failed: "
-                                        f"{first}") from e
+            raise shard_job.WorkerError(
+                f"the Beam pipeline ({' '.join(beam_options)}) failed: {first}"
+            ) from e
         for index in range(len(elements)):
             path = _counts_path(job.output, index)
             if not os.path.exists(path):
                 raise shard_job.WorkerError(
                     f"the Beam pipeline finished without shard {index}'s counts ({path}): its "
-                    "workers must write to a filesystem the driver sees")
+                    "workers must write to a filesystem the driver sees"
+                )
             with open(path) as f:
                 yield json.load(f)
         shutil.rmtree(os.path.join(job.output, "counts"), ignore_errors=True)
+
     return run

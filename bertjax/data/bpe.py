@@ -6,6 +6,7 @@ tokens are BERT's names ([CLS] [SEP] [MASK] [PAD] [UNK]), which ModernBERT's tok
 Words tokenized alone (a CoNLL word, a SQuAD context word: `tokenize_word`) get the space
 that precedes them in running text, as transformers' `is_split_into_words` with
 `add_prefix_space` does, so a word's pieces are the ones it has inside a sentence."""
+
 from __future__ import annotations
 
 import json
@@ -37,11 +38,14 @@ class BpeTokenizer:
         found = {t: i for t in specials if (i := self._hf.token_to_id(t)) is not None}
         missing = [t for t in specials if t not in found]
         if missing:
-            raise DataError(f"{path} lacks the special tokens {', '.join(missing)} "
-                            "that bertjax's tasks put around and into the text "
-                            "(ModernBERT's tokenizer.json has them)")
+            raise DataError(
+                f"{path} lacks the special tokens {', '.join(missing)} "
+                "that bertjax's tasks put around and into the text "
+                "(ModernBERT's tokenizer.json has them)"
+            )
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-            found[t] for t in specials)
+            found[t] for t in specials
+        )
 
     def tokenize(self, text: str) -> list[str]:
         return self._hf.encode(text, add_special_tokens=False).tokens
@@ -63,8 +67,10 @@ class BpeTokenizer:
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         # (the tokenizers stubs: None for an id out of range, which check_id refuses first)
-        return [self._hf.id_to_token(check_id(i, self.vocab_size))  # type: ignore[misc]
-                for i in ids]
+        return [
+            self._hf.id_to_token(check_id(i, self.vocab_size))  # type: ignore[misc]
+            for i in ids
+        ]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._hf.decode(list(ids))

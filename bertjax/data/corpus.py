@@ -64,8 +64,16 @@ class CorpusStats:
 
     def repaired(self) -> bool:
         """Whether anything was skipped, cut or decoded specially."""
-        return any((self.empty_files, self.skipped_empty_documents, self.invalid_utf8_lines,
-                    self.truncated_long_lines, self.utf16_files, self.skipped_binary_files))
+        return any(
+            (
+                self.empty_files,
+                self.skipped_empty_documents,
+                self.invalid_utf8_lines,
+                self.truncated_long_lines,
+                self.utf16_files,
+                self.skipped_binary_files,
+            )
+        )
 
     def summary(self) -> str:
         """Returns the counters as one line of text."""
@@ -94,7 +102,10 @@ def _log_file_problems(path: str, file_stats: CorpusStats) -> None:
         logging.warning(
             "%s looks binary (over %d%% of its first %d bytes are control bytes or invalid "
             "UTF-8); skipped. Remove it from input_files to silence this.",
-            path, int(100 * _BINARY_FRACTION), _SNIFF_BYTES)
+            path,
+            int(100 * _BINARY_FRACTION),
+            _SNIFF_BYTES,
+        )
     if file_stats.invalid_utf8_lines:
         logging.warning(
             "%s: %d lines contain invalid UTF-8; bad bytes were replaced with U+FFFD.",
@@ -192,17 +203,20 @@ def expand_paths(paths: Sequence[str] | str) -> list[str]:
             found.append(path)
     for path in found:
         if files.isdir(path):
-            raise IsADirectoryError(f"input {path!r} is a directory; pass its files, e.g. the "
-                                    f"glob {os.path.join(path, '*.txt')!r}.")
+            raise IsADirectoryError(
+                f"input {path!r} is a directory; pass its files, e.g. the "
+                f"glob {os.path.join(path, '*.txt')!r}."
+            )
         if not files.is_remote(path) and not os.access(
-                path, os.R_OK, effective_ids=os.access in os.supports_effective_ids):
-            raise PermissionError(f"input file {path!r} is not readable (permission denied); "
-                                  "check its permissions.")
+            path, os.R_OK, effective_ids=os.access in os.supports_effective_ids
+        ):
+            raise PermissionError(
+                f"input file {path!r} is not readable (permission denied); check its permissions."
+            )
     return found
 
 
-def content_fingerprint(path: str, sample_bytes: int = 4 << 20,
-                        blocks: int = 64) -> dict[str, Any]:
+def content_fingerprint(path: str, sample_bytes: int = 4 << 20, blocks: int = 64) -> dict[str, Any]:
     """A cheap identity of a file's content: its size, mtime and the SHA-256 of `blocks`
     evenly spaced blocks, `sample_bytes` in all (the whole file when it is no larger)."""
     size = files.getsize(path)
@@ -215,8 +229,7 @@ def content_fingerprint(path: str, sample_bytes: int = 4 << 20,
             for i in range(blocks):
                 file.seek((size - block) * i // (blocks - 1))
                 digest.update(file.read(block))
-    return {"bytes": size, "mtime": int(files.getmtime(path)),
-            "sampled_sha256": digest.hexdigest()}
+    return {"bytes": size, "mtime": int(files.getmtime(path)), "sampled_sha256": digest.hexdigest()}
 
 
 def _skip_rest_of_line(file: Any) -> int:
@@ -269,8 +282,9 @@ class Cursor:
     seekable: bool = True
 
 
-def _decoded_lines(path: str, max_line_chars: int, stats: CorpusStats,
-                   cursor: Cursor) -> Iterator[tuple[str, bool]]:
+def _decoded_lines(
+    path: str, max_line_chars: int, stats: CorpusStats, cursor: Cursor
+) -> Iterator[tuple[str, bool]]:
     """Yields `(decoded line with its ending, whether the line went on past what was read)`:
     UTF-8 (bad bytes replaced and counted), or UTF-16 for a file with its byte-order mark.
     Those, and files whose lines end in CR alone (old Mac), are read with universal newlines
@@ -295,8 +309,9 @@ def _decoded_lines(path: str, max_line_chars: int, stats: CorpusStats,
             yield _decode(raw, final=not skipped, stats=stats), skipped > 0
 
 
-def _read_lines(path: str, max_line_chars: int, stats: CorpusStats,
-                cursor: Cursor | None = None) -> Iterator[str]:
+def _read_lines(
+    path: str, max_line_chars: int, stats: CorpusStats, cursor: Cursor | None = None
+) -> Iterator[str]:
     """Yields decoded lines without their line ending, each at most max_line_chars long."""
     for line, overflow in _decoded_lines(path, max_line_chars, stats, cursor or Cursor()):
         line = line.rstrip("\r\n")
@@ -419,10 +434,13 @@ def read_text_files(
 TextPosition = tuple[int, int, int, int]  # document number, file index, byte offset, skip
 
 
-def positioned_documents(paths: Sequence[str], text_format: str = "auto",
-                         stats: CorpusStats | None = None, max_line_chars: int = 1_000_000,
-                         start: TextPosition | None = None
-                         ) -> Iterator[tuple[TextPosition, Document]]:
+def positioned_documents(
+    paths: Sequence[str],
+    text_format: str = "auto",
+    stats: CorpusStats | None = None,
+    max_line_chars: int = 1_000_000,
+    start: TextPosition | None = None,
+) -> Iterator[tuple[TextPosition, Document]]:
     """`(position, document)` of the files `paths` (as `read_text_files`), from the first
     (counted into `stats`) or, not counted again, from a `start` that this returned: (the
     document's number, its file's index, the byte offset to read from, documents to skip)."""
@@ -437,14 +455,18 @@ def positioned_documents(paths: Sequence[str], text_format: str = "auto",
             cursor, file_stats = Cursor(begin), CorpusStats(files=1)
             documents = _read_one_file(path, text_format, file_stats, max_line_chars, cursor)
             if start is None:
-                documents = counted(path, documents, file_stats,
-                                    stats if stats is not None else CorpusStats())
+                documents = counted(
+                    path, documents, file_stats, stats if stats is not None else CorpusStats()
+                )
             position = (number, file_index, begin, to_skip)
             for in_file, document in enumerate(documents, 1):
                 if in_file > to_skip:
                     yield position, document
                     number += 1
-                position = ((number, file_index, cursor.offset, 0) if cursor.seekable
-                            else (number, file_index, 0, in_file))
+                position = (
+                    (number, file_index, cursor.offset, 0)
+                    if cursor.seekable
+                    else (number, file_index, 0, in_file)
+                )
 
     return generate()

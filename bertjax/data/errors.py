@@ -1,4 +1,5 @@
 """The data layer's one user-facing error (an entry point prints it as one `error:` line)."""
+
 from bertjax.errors import UserError
 
 

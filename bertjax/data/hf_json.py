@@ -2,6 +2,7 @@
 `tokenizers` library, with the padding and truncation it may carry ignored (sentence-transformers
 saves both turned on; transformers applies them only when a call asks), and a WordPiece one of
 Google's form as bertjax's WordPiece (its vocabulary and casing: `wordpiece_vocab`)."""
+
 from __future__ import annotations
 
 import atexit
@@ -35,14 +36,18 @@ def read(path: str) -> tuple[str, dict]:
     try:
         text = read_bytes(path, "tokenizer.json").decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 (byte {e.start}), so not a tokenizer.json; pass "
-                        "the tokenizer.json as saved by the tokenizers library") from None
+        raise DataError(
+            f"{path} is not UTF-8 (byte {e.start}), so not a tokenizer.json; pass "
+            "the tokenizer.json as saved by the tokenizers library"
+        ) from None
     try:
         spec = json.loads(text)
         spec["model"]["type"]
     except (ValueError, KeyError, TypeError):
-        raise DataError(f"{path} is not a tokenizer.json (JSON with a model type); pass the "
-                        "tokenizer.json as saved by the tokenizers library") from None
+        raise DataError(
+            f"{path} is not a tokenizer.json (JSON with a model type); pass the "
+            "tokenizer.json as saved by the tokenizers library"
+        ) from None
     return text, spec
 
 
@@ -52,8 +57,9 @@ def library_tokenizer(text: str, path: str) -> tk.Tokenizer:
     try:
         hf = tk.Tokenizer.from_str(text)
     except Exception as e:  # (tokenizers raises plain Exception)
-        raise DataError(f"{path} is not a tokenizer.json the tokenizers library reads "
-                        f"({e})") from None
+        raise DataError(
+            f"{path} is not a tokenizer.json the tokenizers library reads ({e})"
+        ) from None
     hf.no_padding()
     hf.no_truncation()
     return hf
@@ -72,30 +78,44 @@ def wordpiece_vocab(path: str) -> tuple[str, Casing]:
     tokens = sorted(vocab, key=lambda token: vocab[token])
     added = {t.get("content") for t in spec.get("added_tokens") or []} - set(SPECIAL_TOKENS)
     checks = [
-        (normalizer.get("type") == "BertNormalizer" and normalizer.get("clean_text")
-         and normalizer.get("handle_chinese_chars"), f"its normalizer is {normalizer.get('type')},"
-         " not BertNormalizer with clean_text and handle_chinese_chars"),
-        ((spec.get("pre_tokenizer") or {}).get("type") == "BertPreTokenizer",
-         "its pre_tokenizer is not BertPreTokenizer"),
-        ((model.get("continuing_subword_prefix"), model.get("unk_token")) == ("##", UNK),
-         f"its pieces are not '##' continuations with {UNK}"),
-        ([vocab[t] for t in tokens] == list(range(len(tokens))),
-         "its vocab's ids are not 0, 1, 2, ... (holes or repeats)"),
-        (all(t and t == t.strip() and "\n" not in t for t in tokens),
-         "a token of its vocab is empty or has spaces around it"),
-        (set(SPECIAL_TOKENS) <= set(vocab),
-         f"its vocab lacks {sorted(set(SPECIAL_TOKENS) - set(vocab))}"),
+        (
+            normalizer.get("type") == "BertNormalizer"
+            and normalizer.get("clean_text")
+            and normalizer.get("handle_chinese_chars"),
+            f"its normalizer is {normalizer.get('type')},"
+            " not BertNormalizer with clean_text and handle_chinese_chars",
+        ),
+        (
+            (spec.get("pre_tokenizer") or {}).get("type") == "BertPreTokenizer",
+            "its pre_tokenizer is not BertPreTokenizer",
+        ),
+        (
+            (model.get("continuing_subword_prefix"), model.get("unk_token")) == ("##", UNK),
+            f"its pieces are not '##' continuations with {UNK}",
+        ),
+        (
+            [vocab[t] for t in tokens] == list(range(len(tokens))),
+            "its vocab's ids are not 0, 1, 2, ... (holes or repeats)",
+        ),
+        (
+            all(t and t == t.strip() and "\n" not in t for t in tokens),
+            "a token of its vocab is empty or has spaces around it",
+        ),
+        (
+            set(SPECIAL_TOKENS) <= set(vocab),
+            f"its vocab lacks {sorted(set(SPECIAL_TOKENS) - set(vocab))}",
+        ),
         (not added, f"it adds tokens {sorted(added)[:3]} to its vocab's"),
     ]
     problems = [what for ok, what in checks if not ok]
     if not problems:
         problems = _template_problems(library_tokenizer(text, path), spec, tokens)
     if problems:
-        raise DataError(f"{path} is a WordPiece tokenizer bertjax cannot reproduce: "
-                        f"{'; '.join(problems)}")
+        raise DataError(
+            f"{path} is a WordPiece tokenizer bertjax cannot reproduce: {'; '.join(problems)}"
+        )
     vocab_txt = "".join(t + "\n" for t in tokens).encode("utf-8")
-    return temporary_file("vocab.txt", vocab_txt), _casing(os.path.dirname(path), normalizer,
-                                                           model)
+    return temporary_file("vocab.txt", vocab_txt), _casing(os.path.dirname(path), normalizer, model)
 
 
 def _template_problems(hf: tk.Tokenizer, spec: dict, tokens: list[str]) -> list[str]:
@@ -104,11 +124,14 @@ def _template_problems(hf: tk.Tokenizer, spec: dict, tokens: list[str]) -> list[
     ids = {t: i for i, t in enumerate(tokens)}
     a, b = (hf.encode(t, add_special_tokens=False).ids for t in ("a", "b"))
     pair = hf.encode("a", "b")
-    if pair.ids == [ids[CLS], *a, ids[SEP], *b, ids[SEP]] and \
-            pair.type_ids == [0] * (len(a) + 2) + [1] * (len(b) + 1):
+    if pair.ids == [ids[CLS], *a, ids[SEP], *b, ids[SEP]] and pair.type_ids == [0] * (
+        len(a) + 2
+    ) + [1] * (len(b) + 1):
         return []
-    return [f"its post_processor ({(spec.get('post_processor') or {}).get('type')}) does not "
-            f"give {CLS} A {SEP} B {SEP}"]
+    return [
+        f"its post_processor ({(spec.get('post_processor') or {}).get('type')}) does not "
+        f"give {CLS} A {SEP} B {SEP}"
+    ]
 
 
 def _casing(directory: str, normalizer: dict, model: dict) -> Casing:
@@ -124,8 +147,9 @@ def _casing(directory: str, normalizer: dict, model: dict) -> Casing:
     if config.get("tokenizer_class") in FAST_TOKENIZER_CLASSES:
         return Casing(lower, strip, model.get("max_input_chars_per_word", 100))
     config_lower = bool(config.get("do_lower_case", True))
-    config_strip = config_lower if config.get("strip_accents") is None \
-        else bool(config["strip_accents"])
+    config_strip = (
+        config_lower if config.get("strip_accents") is None else bool(config["strip_accents"])
+    )
     chinese = config.get("tokenize_chinese_chars", True)
     if (config_lower, config_strip, chinese) != (lower, strip, True):
         raise DataError(
@@ -134,7 +158,8 @@ def _casing(directory: str, normalizer: dict, model: dict) -> Casing:
             f"{'' if chinese else ', tokenize_chinese_chars false'}{'' if config else ': absent'}"
             ", which transformers' BertTokenizer applies) disagree, so the casing the model was "
             "trained with is unknown; set do_lower_case and strip_accents in "
-            "tokenizer_config.json to the model's")
+            "tokenizer_config.json to the model's"
+        )
     return Casing(lower, strip, 100)
 
 

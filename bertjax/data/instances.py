@@ -94,8 +94,9 @@ def _random_segments(
     return taken
 
 
-def _trims(a_length: int, b_length: int, max_num_tokens: int, rng: random.Random
-           ) -> tuple[int, int, int, int]:
+def _trims(
+    a_length: int, b_length: int, max_num_tokens: int, rng: random.Random
+) -> tuple[int, int, int, int]:
     """How many tokens the original's truncation takes from the front and back of A, then of
     B: it trims the longer segment (B on ties) at a random end, a token at a time, until the
     pair fits, with one ``rng.random()`` per token, as drawn here."""
@@ -106,28 +107,35 @@ def _trims(a_length: int, b_length: int, max_num_tokens: int, rng: random.Random
     # Which segment loses each token follows from the lengths alone: the longer one until
     # both are equal, then B and A in turn.
     lead = min(abs(a_length - b_length), trims)
-    leading, rest_b, rest_a = from_front[:lead], from_front[lead::2], from_front[lead + 1::2]
-    a_draws, b_draws = (leading + rest_a, rest_b) if a_length > b_length else \
-        (rest_a, leading + rest_b)
+    leading, rest_b, rest_a = from_front[:lead], from_front[lead::2], from_front[lead + 1 :: 2]
+    a_draws, b_draws = (
+        (leading + rest_a, rest_b) if a_length > b_length else (rest_a, leading + rest_b)
+    )
     a_front, b_front = sum(a_draws), sum(b_draws)
     return a_front, len(a_draws) - a_front, b_front, len(b_draws) - b_front
 
 
-def _make_instance(segments_a: list[Sentence], segments_b: list[Sentence], is_random_next: bool,
-                   max_num_tokens: int, rng: random.Random, specials: SpecialTokens) -> Instance:
+def _make_instance(
+    segments_a: list[Sentence],
+    segments_b: list[Sentence],
+    is_random_next: bool,
+    max_num_tokens: int,
+    rng: random.Random,
+    specials: SpecialTokens,
+) -> Instance:
     """``[CLS] A [SEP] B [SEP]`` of the sentences, truncated to fit (`_trims`), or
     ``[CLS] A [SEP]`` (one segment) when B is empty."""
     a_length = sum(map(len, segments_a))
     b_length = sum(map(len, segments_b))
     a_front, a_back, b_front, b_back = _trims(a_length, b_length, max_num_tokens, rng)
     joined = np.concatenate([*segments_a, *segments_b])
-    a = joined[a_front:a_length - a_back]
-    b = joined[a_length + b_front:a_length + b_length - b_back]
+    a = joined[a_front : a_length - a_back]
+    b = joined[a_length + b_front : a_length + b_length - b_back]
     assert len(a), "segment A must keep at least one token"
     tokens = np.empty(len(a) + len(b) + (3 if len(b) else 2), np.int32)
     tokens[0], tokens[len(a) + 1], tokens[-1] = specials.cls_id, specials.sep_id, specials.sep_id
-    tokens[1:len(a) + 1] = a
-    tokens[len(a) + 2:len(tokens) - 1] = b
+    tokens[1 : len(a) + 1] = a
+    tokens[len(a) + 2 : len(tokens) - 1] = b
     return Instance(tokens, min(len(a) + 2, len(tokens)), is_random_next)
 
 
@@ -170,8 +178,11 @@ def _instances_from_document(
                 i -= len(chunk) - a_end
             else:
                 segments_b = chunk[a_end:]
-            instances.append(_make_instance(segments_a, segments_b, is_random_next,
-                                            max_num_tokens, rng, specials))
+            instances.append(
+                _make_instance(
+                    segments_a, segments_b, is_random_next, max_num_tokens, rng, specials
+                )
+            )
             chunk = []
             chunk_length = 0
         i += 1
@@ -220,8 +231,15 @@ def create_instances(
     for _ in range(dupe_factor):
         for document_index in range(len(all_documents)):
             instances.extend(
-                _instances_from_document(all_documents, document_index, max_seq_length,
-                                         short_seq_prob, rng, specials, next_sentence_prediction)
+                _instances_from_document(
+                    all_documents,
+                    document_index,
+                    max_seq_length,
+                    short_seq_prob,
+                    rng,
+                    specials,
+                    next_sentence_prediction,
+                )
             )
     rng.shuffle(instances)
     return instances

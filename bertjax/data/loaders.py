@@ -1,5 +1,6 @@
 """Deterministic, resumable batches from prepared splits: `BatchLoader` (one split, dynamic
 masking per row) and `prepare_data` (every phase's train/eval loaders for this process)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,15 +32,22 @@ class BatchLoader:
     (seed, epoch); the remainder of an epoch that does not fill a batch is dropped.
     """
 
-    def __init__(self, split: PreparedSplit, local_batch_size: int, seed: int, shuffle: bool = True,
-                 masking: tuple[instances.SpecialTokens, float, int, bool] | None = None,
-                 name: str = "train",
-                 mask_mix: tuple[float, float] = mask_rules.PAPER_MASK_MIX):
+    def __init__(
+        self,
+        split: PreparedSplit,
+        local_batch_size: int,
+        seed: int,
+        shuffle: bool = True,
+        masking: tuple[instances.SpecialTokens, float, int, bool] | None = None,
+        name: str = "train",
+        mask_mix: tuple[float, float] = mask_rules.PAPER_MASK_MIX,
+    ):
         if len(split) < local_batch_size:
             raise DataError(
                 f"the {name} split has {len(split)} sequences, fewer than one batch of "
                 f"{local_batch_size} per process: use a larger corpus, a higher dupe_factor, or a "
-                "smaller train.global_batch_size")
+                "smaller train.global_batch_size"
+            )
         if not split.masked and masking is None:
             raise ValueError("an unmasked split needs masking parameters (dynamic masking)")
         self.split, self.local_batch_size, self.seed = split, local_batch_size, seed
@@ -54,7 +62,7 @@ class BatchLoader:
             self._order = np.random.default_rng([self.seed, epoch]).permutation(len(self.split))
             self._order_epoch = epoch
         start = within * self.local_batch_size
-        return epoch, self._order[start:start + self.local_batch_size]
+        return epoch, self._order[start : start + self.local_batch_size]
 
     def batch(self, index: int) -> dict[str, np.ndarray]:
         """The `index`-th batch (0-based, counting across epochs)."""
@@ -72,8 +80,11 @@ class BatchLoader:
         """Masks `batch` in place: row r of epoch e draws from the stream (seed, e) at r."""
         assert self.rule is not None, "an unmasked split's loader is given its masking"
         ids, positions, labels, counts = self.rule.apply(
-            batch["input_ids"], batch["input_mask"].sum(axis=1),
-            shard_job.hash_seed(self.seed, epoch), rows)
+            batch["input_ids"],
+            batch["input_mask"].sum(axis=1),
+            shard_job.hash_seed(self.seed, epoch),
+            rows,
+        )
         batch["input_ids"] = ids
         batch["masked_lm_positions"], batch["masked_lm_ids"] = positions, labels
         slots = np.arange(positions.shape[1])[None]
@@ -105,40 +116,54 @@ class PhaseData:
     eval: Loader | None
 
 
-def packed_loaders(train: BatchLoader, held_out: BatchLoader | None, data: DataSettings,
-                   phase: PhaseShape, pad_id: int) -> tuple[Loader, Loader | None]:
+def packed_loaders(
+    train: BatchLoader,
+    held_out: BatchLoader | None,
+    data: DataSettings,
+    phase: PhaseShape,
+    pad_id: int,
+) -> tuple[Loader, Loader | None]:
     """The train and eval loaders' instances packed into rows (`data.packing`), with how full
     the rows are printed; the eval loader is dropped if it packs into less than one batch."""
     max_instances = data.packing_max_instances
-    predictions = packing.predictions_per_row(phase.max_seq_length, phase.max_predictions_per_seq,
-                                              data.masked_lm_prob, max_instances)
+    predictions = packing.predictions_per_row(
+        phase.max_seq_length, phase.max_predictions_per_seq, data.masked_lm_prob, max_instances
+    )
     loaders: list[packing.PackedLoader | None] = []
     for name, loader in (("train", train), ("eval", held_out)):
         if loader is None:
             loaders.append(None)
             continue
-        packed = packing.PackedLoader(loader, phase.max_seq_length, max_instances, predictions,
-                                      pad_id)
+        packed = packing.PackedLoader(
+            loader, phase.max_seq_length, max_instances, predictions, pad_id
+        )
         if jax.process_index() == 0:  # (printed lines reach the run's log file too)
             print(f"Packing {phase.name} {name}: {packed.stats.summary()}", flush=True)
         loaders.append(packed)
     packed_train, packed_eval = loaders
     assert packed_train is not None
     if not packed_train.batches_per_epoch:
-        raise DataError(f"the {phase.name} train split packs into {packed_train.stats.rows} "
-                        f"rows, fewer than one batch of {packed_train.local_batch_size} per "
-                        "process: use a larger corpus, a higher dupe_factor, or a smaller "
-                        "train.global_batch_size")
+        raise DataError(
+            f"the {phase.name} train split packs into {packed_train.stats.rows} "
+            f"rows, fewer than one batch of {packed_train.local_batch_size} per "
+            "process: use a larger corpus, a higher dupe_factor, or a smaller "
+            "train.global_batch_size"
+        )
     if packed_eval is not None and not fewest_over_processes(packed_eval.batches_per_epoch):
         packed_eval = None
     return packed_train, packed_eval
 
 
-def prepare_data(data: DataSettings, phases: Sequence[PhaseShape], vocab_size: int,
-                 tokenizer: tokenization.Tokenizer, cache_dir: str,
-                 process_index: int | None = None,
-                 process_count: int | None = None,
-                 next_sentence_prediction: bool = True) -> list[PhaseData]:
+def prepare_data(
+    data: DataSettings,
+    phases: Sequence[PhaseShape],
+    vocab_size: int,
+    tokenizer: tokenization.Tokenizer,
+    cache_dir: str,
+    process_index: int | None = None,
+    process_count: int | None = None,
+    next_sentence_prediction: bool = True,
+) -> list[PhaseData]:
     """Prepares (or loads from cache) every phase's splits of this process's share of the
     documents (default: this process's index and count) and checks
     their token ids against the model's `vocab_size`. `next_sentence_prediction=False`:
@@ -149,26 +174,48 @@ def prepare_data(data: DataSettings, phases: Sequence[PhaseShape], vocab_size: i
     specials = derived.specials
     result = []
     for phase in phases:
-        splits = pipeline.prepare(data, phase, tokenizer, cache_dir, process_index,
-                                  process_count, next_sentence_prediction, derived)
+        splits = pipeline.prepare(
+            data,
+            phase,
+            tokenizer,
+            cache_dir,
+            process_index,
+            process_count,
+            next_sentence_prediction,
+            derived,
+        )
         for name, split in splits.items():
             pipeline.check_token_ids(split, vocab_size, f"{name} data ({phase.name})")
         local_batch = phase.global_batch_size // process_count
-        masking = (specials, data.masked_lm_prob, phase.max_predictions_per_seq,
-                   data.whole_word_mask)
-        train_loader = BatchLoader(splits["train"], local_batch, data.seed,
-                                   masking=masking, name=f"{phase.name} train",
-                                   mask_mix=data.mask_mix)
+        masking = (
+            specials,
+            data.masked_lm_prob,
+            phase.max_predictions_per_seq,
+            data.whole_word_mask,
+        )
+        train_loader = BatchLoader(
+            splits["train"],
+            local_batch,
+            data.seed,
+            masking=masking,
+            name=f"{phase.name} train",
+            mask_mix=data.mask_mix,
+        )
         eval_loader = None
         if fewest_over_processes(len(splits["eval"])) >= local_batch:
-            eval_loader = BatchLoader(splits["eval"], local_batch, data.seed,
-                                      shuffle=False, name=f"{phase.name} eval")
+            eval_loader = BatchLoader(
+                splits["eval"], local_batch, data.seed, shuffle=False, name=f"{phase.name} eval"
+            )
         loaders: tuple[Loader, Loader | None] = (train_loader, eval_loader)
         if data.packing:
             loaders = packed_loaders(train_loader, eval_loader, data, phase, specials.pad_id)
         if loaders[1] is None:
-            logging.warning("phase %s: %d held-out sequences, fewer than one batch of %d: "
-                            "evaluation skipped (raise data.eval_fraction)", phase.name,
-                            len(splits["eval"]), local_batch)
+            logging.warning(
+                "phase %s: %d held-out sequences, fewer than one batch of %d: "
+                "evaluation skipped (raise data.eval_fraction)",
+                phase.name,
+                len(splits["eval"]),
+                local_batch,
+            )
         result.append(PhaseData(phase, *loaders))
     return result

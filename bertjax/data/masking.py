@@ -15,6 +15,7 @@ The random stream is counter-based (docs/deviations.md): every draw is a splitmi
 same draw, rescaled, picks which id) or kept; so an instance's masks depend only on the key and its row
 number, not on the chunk or batch that holds it, nor on how many processes prepare the data.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,11 +34,15 @@ _ORDER, _CHOICE = 1, 2  # what a draw is for
 
 def check_mask_mix(mask_token_prob: float, random_token_prob: float) -> None:
     """Raises ValueError unless both are probabilities with a sum of at most 1."""
-    if not (0 <= mask_token_prob <= 1 and 0 <= random_token_prob <= 1
-            and mask_token_prob + random_token_prob <= 1 + 1e-9):
+    if not (
+        0 <= mask_token_prob <= 1
+        and 0 <= random_token_prob <= 1
+        and mask_token_prob + random_token_prob <= 1 + 1e-9
+    ):
         raise ValueError(
             f"mask_token_prob={mask_token_prob} and random_token_prob={random_token_prob} must "
-            "be in [0, 1] with a sum of at most 1 (the rest keep the original token)")
+            "be in [0, 1] with a sum of at most 1 (the rest keep the original token)"
+        )
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -81,8 +86,9 @@ class MaskingRule:
         maskable[sorted(self.specials.unmaskable)] = False
         object.__setattr__(self, "_maskable", maskable)
 
-    def apply(self, tokens: np.ndarray, lengths: np.ndarray, key: int, rows: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def apply(
+        self, tokens: np.ndarray, lengths: np.ndarray, key: int, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Masks instances `tokens` ([N, L], any integer type, padded after `lengths`) whose
         row numbers are `rows` ([N]), drawing from `key`; returns (masked tokens, the same type;
         positions [N, max_predictions] ascending, then 0; labels, the original ids there, then
@@ -91,16 +97,20 @@ class MaskingRule:
         width = int(lengths.max(initial=1))  # (no candidate after the longest instance)
         steps = np.arange(width)
         candidate = (steps[None] < lengths[:, None]) & self._maskable[tokens[:, :width]]
-        wanted = np.minimum(self.max_predictions, np.maximum(1, np.rint(
-            lengths * self.masked_lm_prob).astype(np.int64)))
+        wanted = np.minimum(
+            self.max_predictions,
+            np.maximum(1, np.rint(lengths * self.masked_lm_prob).astype(np.int64)),
+        )
         row_bases = _mix(np.asarray(rows, np.uint64) * _GOLDEN + np.uint64(key))
-        keys = (_draws(row_bases[:, None], steps[None], _ORDER) & ~_POSITION_BITS) | \
-            steps.astype(np.uint64)[None]
+        keys = (_draws(row_bases[:, None], steps[None], _ORDER) & ~_POSITION_BITS) | steps.astype(
+            np.uint64
+        )[None]
         if self.whole_word_mask:
             chosen = self._whole_words(tokens[:, :width], candidate, keys, wanted)
         else:
-            chosen = candidate & (keys <= self._kth_smallest(np.where(candidate, keys, _LAST),
-                                                             wanted))
+            chosen = candidate & (
+                keys <= self._kth_smallest(np.where(candidate, keys, _LAST), wanted)
+            )
         return self._outputs(tokens, chosen, row_bases)
 
     def _kth_smallest(self, keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -109,8 +119,9 @@ class MaskingRule:
         smallest = np.sort(np.partition(keys, most - 1, axis=1)[:, :most], axis=1)
         return np.take_along_axis(smallest, np.minimum(wanted, most)[:, None] - 1, axis=1)
 
-    def _whole_words(self, tokens: np.ndarray, candidate: np.ndarray, keys: np.ndarray,
-                     wanted: np.ndarray) -> np.ndarray:
+    def _whole_words(
+        self, tokens: np.ndarray, candidate: np.ndarray, keys: np.ndarray, wanted: np.ndarray
+    ) -> np.ndarray:
         """Chosen positions: whole words in random order, a word skipped if it would overshoot.
         A continuation piece joins the previous candidate's word, even across a skipped [SEP],
         as the original's "##" rule does."""
@@ -137,8 +148,9 @@ class MaskingRule:
         np.put_along_axis(taken, order, taken_sorted, axis=1)
         return candidate & np.take_along_axis(taken, word_of, axis=1)
 
-    def _outputs(self, tokens: np.ndarray, chosen: np.ndarray, row_bases: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _outputs(
+        self, tokens: np.ndarray, chosen: np.ndarray, row_bases: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Masked tokens, positions, labels and counts of the `chosen` positions."""
         counts = chosen.sum(axis=1)
         rows, columns = np.nonzero(chosen)  # row-major: positions ascend within a row
@@ -152,8 +164,9 @@ class MaskingRule:
         as_random = ~as_mask & (choice < self.mask_mix[0] + self.mask_mix[1])
         # Within [m, m + r) the draw is uniform again: rescaled, it picks the random id.
         scaled = (choice[as_random] - self.mask_mix[0]) / max(self.mask_mix[1], 1e-300)
-        random_ids = np.minimum((scaled * self.specials.vocab_size).astype(np.int64),
-                                self.specials.vocab_size - 1)
+        random_ids = np.minimum(
+            (scaled * self.specials.vocab_size).astype(np.int64), self.specials.vocab_size - 1
+        )
         masked = tokens.copy()
         masked[rows[as_mask], columns[as_mask]] = self.specials.mask_id
         masked[rows[as_random], columns[as_random]] = random_ids

@@ -16,6 +16,7 @@ shuffled order decides which instance of a length fills which slot, and the rows
 again. Batch k is therefore a pure function of (seed, k), as unpacked, and masks drawn
 dynamically are those the instance gets unpacked (the same (seed, epoch, instance) RNG).
 """
+
 from __future__ import annotations
 
 import collections
@@ -40,17 +41,21 @@ class InstanceSource(Protocol):
     def features(self, rows: np.ndarray, epoch: int) -> dict[str, np.ndarray]: ...
 
 
-def predictions_per_row(max_seq_length: int, max_predictions_per_seq: int, masked_lm_prob: float,
-                        max_instances: int) -> int:
+def predictions_per_row(
+    max_seq_length: int, max_predictions_per_seq: int, masked_lm_prob: float, max_instances: int
+) -> int:
     """Masked-LM slots of a packed row: the most its instances can hold. Each instance masks
     min(max_predictions, max(1, round(length * prob))) <= length * prob + 1 tokens, so K
     instances of at most max_seq_length tokens in all mask at most that many."""
-    return min(max_instances * max_predictions_per_seq,
-               int(max_seq_length * masked_lm_prob) + max_instances)
+    return min(
+        max_instances * max_predictions_per_seq,
+        int(max_seq_length * masked_lm_prob) + max_instances,
+    )
 
 
-def packing_strategies(histogram: np.ndarray, max_length: int,
-                       max_instances: int) -> list[tuple[tuple[int, ...], int]]:
+def packing_strategies(
+    histogram: np.ndarray, max_length: int, max_instances: int
+) -> list[tuple[tuple[int, ...], int]]:
     """Best-fit decreasing on a length histogram (`histogram[n]` instances of n tokens): the
     rows as `(instance lengths, number of such rows)`. Instances are placed longest first, each
     into the open row with the least room that still fits it (a new row if none does), at most
@@ -81,8 +86,9 @@ def packing_strategies(histogram: np.ndarray, max_length: int,
     return full + [(lengths, rows) for groups in open_rows.values() for rows, lengths in groups]
 
 
-def plan_rows(lengths: np.ndarray, order: np.ndarray, max_length: int,
-              max_instances: int) -> np.ndarray:
+def plan_rows(
+    lengths: np.ndarray, order: np.ndarray, max_length: int, max_instances: int
+) -> np.ndarray:
     """The instances of each row `[R, K]` (-1 = empty slot): `packing_strategies` on the
     histogram of `lengths`, slots of each length filled in `order`."""
     histogram = np.bincount(lengths, minlength=max_length + 1)
@@ -94,7 +100,7 @@ def plan_rows(lengths: np.ndarray, order: np.ndarray, max_length: int,
     for lengths_of_row, count in strategies:
         for slot, length in enumerate(lengths_of_row):
             first = next_of_length[length]
-            rows[start:start + count, slot] = by_length[first:first + count]
+            rows[start : start + count, slot] = by_length[first : first + count]
             next_of_length[length] += count
         start += count
     return rows
@@ -122,9 +128,11 @@ class PackingStats:
         return 1.0 - self.real_tokens / max(self.rows * self.max_seq_length, 1)
 
     def summary(self) -> str:
-        return (f"{self.instances:,} instances in {self.rows:,} rows of {self.max_seq_length} "
-                f"tokens: {self.instances_per_row:.2f} instances per row, padding "
-                f"{self.padding_unpacked:.1%} unpacked -> {self.padding_packed:.1%} packed")
+        return (
+            f"{self.instances:,} instances in {self.rows:,} rows of {self.max_seq_length} "
+            f"tokens: {self.instances_per_row:.2f} instances per row, padding "
+            f"{self.padding_unpacked:.1%} unpacked -> {self.padding_packed:.1%} packed"
+        )
 
 
 def instance_lengths(split: PreparedSplit) -> np.ndarray:
@@ -138,8 +146,14 @@ class PackedLoader:
     says how full the rows are. Rows of `max_seq_length` hold at most `max_instances`
     instances and `max_predictions` masked positions (`predictions_per_row`)."""
 
-    def __init__(self, source: InstanceSource, max_seq_length: int, max_instances: int,
-                 max_predictions: int, pad_id: int):
+    def __init__(
+        self,
+        source: InstanceSource,
+        max_seq_length: int,
+        max_instances: int,
+        max_predictions: int,
+        pad_id: int,
+    ):
         if max_instances < 1:
             raise DataError(f"data.packing_max_instances={max_instances} must be at least 1")
         self.source, self.max_seq_length, self.pad_id = source, max_seq_length, pad_id
@@ -147,16 +161,18 @@ class PackedLoader:
         self.lengths = instance_lengths(source.split)
         self.local_batch_size = source.local_batch_size
         self._epoch, self._rows = 0, self._plan(0)
-        self.stats = PackingStats(len(self.lengths), len(self._rows), int(self.lengths.sum()),
-                                  max_seq_length)
+        self.stats = PackingStats(
+            len(self.lengths), len(self._rows), int(self.lengths.sum()), max_seq_length
+        )
         self.batches_per_epoch = len(self._rows) // self.local_batch_size
 
     def _plan(self, epoch: int) -> np.ndarray:
         """The rows of `epoch`, in training order."""
         seed, count = self.source.seed, len(self.lengths)
         shuffle = self.source.shuffle
-        order = np.random.default_rng([seed, epoch]).permutation(count) if shuffle \
-            else np.arange(count)
+        order = (
+            np.random.default_rng([seed, epoch]).permutation(count) if shuffle else np.arange(count)
+        )
         rows = plan_rows(self.lengths, order, self.max_seq_length, self.max_instances)
         return np.random.default_rng([seed, epoch, 1]).permutation(rows) if shuffle else rows
 
@@ -165,8 +181,9 @@ class PackedLoader:
         epoch, within = divmod(index, self.batches_per_epoch)
         if epoch != self._epoch:
             self._epoch, self._rows = epoch, self._plan(epoch)
-        return epoch, self._rows[within * self.local_batch_size:
-                                 (within + 1) * self.local_batch_size]
+        return epoch, self._rows[
+            within * self.local_batch_size : (within + 1) * self.local_batch_size
+        ]
 
     def batch(self, index: int) -> dict[str, np.ndarray]:
         """The `index`-th batch of packed rows (0-based, counting across epochs)."""
@@ -181,8 +198,9 @@ class PackedLoader:
             index += 1
 
 
-def pack(instances: dict[str, np.ndarray], plan: np.ndarray, max_predictions: int,
-         pad_id: int) -> dict[str, np.ndarray]:
+def pack(
+    instances: dict[str, np.ndarray], plan: np.ndarray, max_predictions: int, pad_id: int
+) -> dict[str, np.ndarray]:
     """Packs unpacked instance features (the rows `plan[plan >= 0]`, in that order) into the
     rows of `plan` `[R, K]`: tokens one instance after another, MLM positions shifted."""
     num_rows, max_instances = plan.shape
@@ -196,18 +214,23 @@ def pack(instances: dict[str, np.ndarray], plan: np.ndarray, max_predictions: in
         for slot in np.flatnonzero(slots >= 0):
             size, span = int(real[member]), slice(offset, offset + int(real[member]))
             if offset + size > length:
-                raise DataError(f"packed row {row} needs {offset + size} tokens, more than {length}")
+                raise DataError(
+                    f"packed row {row} needs {offset + size} tokens, more than {length}"
+                )
             for name in ("input_ids", "input_mask", "segment_ids"):
                 out[name][row, span] = instances[name][member, :size]
             out["position_ids"][row, span] = np.arange(size)
             out["instance_ids"][row, span] = slot + 1
             count = int(np.count_nonzero(instances["masked_lm_weights"][member]))
             if predicted + count > max_predictions:
-                raise DataError(f"a packed row needs {predicted + count} masked-LM slots, more "
-                                f"than its {max_predictions}")
+                raise DataError(
+                    f"a packed row needs {predicted + count} masked-LM slots, more "
+                    f"than its {max_predictions}"
+                )
             targets = slice(predicted, predicted + count)
-            out["masked_lm_positions"][row, targets] = \
+            out["masked_lm_positions"][row, targets] = (
                 instances["masked_lm_positions"][member, :count] + offset
+            )
             out["masked_lm_ids"][row, targets] = instances["masked_lm_ids"][member, :count]
             out["masked_lm_weights"][row, targets] = 1.0
             out["next_sentence_positions"][row, slot] = offset

@@ -6,6 +6,7 @@ in shards of `data.shard_bytes` (compact .npy files, written atomically; docs/da
 or reads `data.prepared_dir`. Batch k is a pure function of (seed, k), so the data position saved
 in a checkpoint is just the next batch index and a resume sees exactly the uninterrupted batches.
 """
+
 from __future__ import annotations
 
 import collections
@@ -51,27 +52,38 @@ FORMAT_VERSION = 5  # bump when the prepared bytes change (pinned: tests/test_pr
 # ----------------------------------------------------------------------------- corpus
 
 
-def corpus_reader(data: DataSettings, process_index: int, process_count: int
-                  ) -> shard_sources.CorpusReader:
+def corpus_reader(
+    data: DataSettings, process_index: int, process_count: int
+) -> shard_sources.CorpusReader:
     """This process's documents of the configured source (its files checked now)."""
     if data.source == "tfds":
         if not data.tfds_name:
             raise DataError("data.source=tfds needs --config.data.tfds_name=NAME")
-        return shard_sources.CorpusReader("tfds", tfds=(
-            data.tfds_name, data.tfds_split, data.tfds_data_dir or None,
-            data.tfds_text_key), process_index=process_index, process_count=process_count)
+        return shard_sources.CorpusReader(
+            "tfds",
+            tfds=(data.tfds_name, data.tfds_split, data.tfds_data_dir or None, data.tfds_text_key),
+            process_index=process_index,
+            process_count=process_count,
+        )
     if data.source == "text":
         if not data.input_files:
             raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
         paths = tuple(corpus.expand_paths(data.input_files.split(",")))
-        return shard_sources.CorpusReader("text", paths, data.text_format,
-                                          process_index=process_index, process_count=process_count)
-    return shard_sources.CorpusReader("default", process_index=process_index,
-                                      process_count=process_count)
+        return shard_sources.CorpusReader(
+            "text",
+            paths,
+            data.text_format,
+            process_index=process_index,
+            process_count=process_count,
+        )
+    return shard_sources.CorpusReader(
+        "default", process_index=process_index, process_count=process_count
+    )
 
 
-def read_documents(data: DataSettings, process_index: int, process_count: int,
-                   stats: corpus.CorpusStats) -> Iterator[list[str]]:
+def read_documents(
+    data: DataSettings, process_index: int, process_count: int, stats: corpus.CorpusStats
+) -> Iterator[list[str]]:
     """Documents of this process's shard, from the configured source."""
     reader = corpus_reader(data, process_index, process_count)
     return (document for _, document in reader.documents(stats))
@@ -82,21 +94,27 @@ def source_identity(data: DataSettings) -> dict[str, Any]:
     `data.prepared_dir`: as recorded there, so the corpus need not be on this host)."""
     if data.prepared_dir:
         prepared = data.prepared_dir
-        found = files.glob(os.path.join(prepared if files.is_remote(prepared)
-                                        else glob.escape(prepared), "*", "meta.json"))
+        found = files.glob(
+            os.path.join(
+                prepared if files.is_remote(prepared) else glob.escape(prepared), "*", "meta.json"
+            )
+        )
         if not found:
-            raise DataError(f"data.prepared_dir={data.prepared_dir!r} holds no prepared data "
-                            "(no */meta.json); run python -m bertjax.prepare --output=DIR first")
+            raise DataError(
+                f"data.prepared_dir={data.prepared_dir!r} holds no prepared data "
+                "(no */meta.json); run python -m bertjax.prepare --output=DIR first"
+            )
         return _read_meta(os.path.dirname(found[0]))[0].get("source", {})
     if data.source == "text":
         if not data.input_files:
             raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
         paths = corpus.expand_paths(data.input_files.split(","))
-        return {"files": [(files.abspath(f), files.getsize(f)) for f in paths],
-                "format": data.text_format}
+        return {
+            "files": [(files.abspath(f), files.getsize(f)) for f in paths],
+            "format": data.text_format,
+        }
     if data.source == "tfds":
-        return {"tfds": [data.tfds_name, data.tfds_split, data.tfds_data_dir,
-                         data.tfds_text_key]}
+        return {"tfds": [data.tfds_name, data.tfds_split, data.tfds_data_dir, data.tfds_text_key]}
     return {"default": sys.version}
 
 
@@ -129,37 +147,52 @@ class Derived:
         return specials_of(self.tokenizer, self.settings.whole_word_mask)
 
 
-def load_or_train_tokenizer(data: DataSettings, cache_dir: str, process_index: int = 0,
-                            process_count: int = 1) -> tokenization.Tokenizer:
+def load_or_train_tokenizer(
+    data: DataSettings, cache_dir: str, process_index: int = 0, process_count: int = 1
+) -> tokenization.Tokenizer:
     """The configured tokenizer; with sentencepiece and no vocab_file, one is trained on the
     corpus (once, cached) so the default run needs no download. Every process trains on the
     whole corpus, not its shard, so that all processes get the same vocabulary."""
     if data.vocab_file:
         if not files.exists(data.vocab_file):
-            raise DataError(f"data.vocab_file={data.vocab_file!r} does not exist; pass a "
-                            "Google vocab.txt (wordpiece), a SentencePiece .model or a "
-                            "BPE tokenizer.json (bpe)")
-        return tokenization.load_tokenizer(data.tokenizer, data.vocab_file,
-                                           data.do_lower_case, data.strip_accents_option)
+            raise DataError(
+                f"data.vocab_file={data.vocab_file!r} does not exist; pass a "
+                "Google vocab.txt (wordpiece), a SentencePiece .model or a "
+                "BPE tokenizer.json (bpe)"
+            )
+        return tokenization.load_tokenizer(
+            data.tokenizer, data.vocab_file, data.do_lower_case, data.strip_accents_option
+        )
     if data.tokenizer != "sentencepiece":
         file = "vocab.txt" if data.tokenizer == "wordpiece" else "tokenizer.json"
-        raise DataError(f"data.tokenizer={data.tokenizer} needs --config.data.vocab_file={file} "
-                        "(or use data.tokenizer=sentencepiece to train one on the corpus)")
-    key = _hash({"source": _source_fingerprint(source_identity(data)),
-                 "size": data.sentencepiece_vocab_size,
-                 "lower": data.do_lower_case})
+        raise DataError(
+            f"data.tokenizer={data.tokenizer} needs --config.data.vocab_file={file} "
+            "(or use data.tokenizer=sentencepiece to train one on the corpus)"
+        )
+    key = _hash(
+        {
+            "source": _source_fingerprint(source_identity(data)),
+            "size": data.sentencepiece_vocab_size,
+            "lower": data.do_lower_case,
+        }
+    )
     prefix = os.path.join(cache_dir, f"sentencepiece_{key}")
 
     def train() -> None:
-        logging.info("Training a SentencePiece model (%d tokens) on the corpus -> %s.model",
-                     data.sentencepiece_vocab_size, prefix)
-        sentences = (s for doc in read_documents(data, 0, 1, corpus.CorpusStats())
-                     for s in doc)
+        logging.info(
+            "Training a SentencePiece model (%d tokens) on the corpus -> %s.model",
+            data.sentencepiece_vocab_size,
+            prefix,
+        )
+        sentences = (s for doc in read_documents(data, 0, 1, corpus.CorpusStats()) for s in doc)
         tmp_prefix = f"{prefix}.tmp{os.getpid()}"
         try:
-            tokenization.train_sentencepiece(sentences, tmp_prefix,
-                                             data.sentencepiece_vocab_size,
-                                             do_lower_case=data.do_lower_case)
+            tokenization.train_sentencepiece(
+                sentences,
+                tmp_prefix,
+                data.sentencepiece_vocab_size,
+                do_lower_case=data.do_lower_case,
+            )
         except ValueError as e:  # (SentencePiece's own writes report no cause: a full disk
             full = shutil.disk_usage(cache_dir).free < 1 << 20  # is recognised by its space)
             for ext in (".model", ".vocab"):
@@ -167,17 +200,22 @@ def load_or_train_tokenizer(data: DataSettings, cache_dir: str, process_index: i
                     os.remove(tmp_prefix + ext)
             if full:
                 line = failures.os_error_line(failures.no_space(tmp_prefix + ".model"))
-                raise DataError(f"{line}; the unfinished SentencePiece model was removed; kept: "
-                                f"the data prepared before (in {cache_dir})") from e
+                raise DataError(
+                    f"{line}; the unfinished SentencePiece model was removed; kept: "
+                    f"the data prepared before (in {cache_dir})"
+                ) from e
             raise DataError(f"could not train a SentencePiece model on the corpus: {e}") from e
         for ext in (".model", ".vocab"):
             os.replace(tmp_prefix + ext, prefix + ext)
+
     locks.build_once(prefix + ".model", prefix + ".model", train)
     try:
         return tokenization.SentencePieceTokenizer(prefix + ".model")
     except ValueError as e:  # truncated or replaced in the cache
-        raise DataError(f"the cached SentencePiece model {prefix}.model is damaged ({e}); "
-                        f"delete it and {prefix}.vocab to train it again") from e
+        raise DataError(
+            f"the cached SentencePiece model {prefix}.model is damaged ({e}); "
+            f"delete it and {prefix}.vocab to train it again"
+        ) from e
 
 
 # ----------------------------------------------------------------------------- preparation
@@ -187,63 +225,125 @@ def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def specials_of(tokenizer: tokenization.Tokenizer, whole_word_mask: bool) -> instances.SpecialTokens:
+def specials_of(
+    tokenizer: tokenization.Tokenizer, whole_word_mask: bool
+) -> instances.SpecialTokens:
     return instances.SpecialTokens(
-        cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, mask_id=tokenizer.mask_id,
-        pad_id=tokenizer.pad_id, vocab_size=tokenizer.vocab_size,
+        cls_id=tokenizer.cls_id,
+        sep_id=tokenizer.sep_id,
+        mask_id=tokenizer.mask_id,
+        pad_id=tokenizer.pad_id,
+        vocab_size=tokenizer.vocab_size,
         never_mask=tokenizer.special_ids(),
-        continuation=tokenizer.continuation_mask() if whole_word_mask else None)
+        continuation=tokenizer.continuation_mask() if whole_word_mask else None,
+    )
 
 
-def shard_job_of(data: DataSettings, phase: PhaseShape, specials: instances.SpecialTokens,
-                 tokenizer: tokenization.Tokenizer | None = None, process_index: int = 0,
-                 output: str = "", next_sentence_prediction: bool = True) -> shard_job.ShardJob:
+def shard_job_of(
+    data: DataSettings,
+    phase: PhaseShape,
+    specials: instances.SpecialTokens,
+    tokenizer: tokenization.Tokenizer | None = None,
+    process_index: int = 0,
+    output: str = "",
+    next_sentence_prediction: bool = True,
+) -> shard_job.ShardJob:
     """Every shard's preparation settings, from config.data and the phase."""
     return shard_job.ShardJob(
-        tokenizer=tokenizer, specials=specials, max_seq_length=phase.max_seq_length,
-        max_predictions=phase.max_predictions_per_seq, masked_lm_prob=data.masked_lm_prob,
-        short_seq_prob=data.short_seq_prob, dupe_factor=data.dupe_factor,
-        whole_word_mask=data.whole_word_mask, mask_mix=data.mask_mix,
-        eval_fraction=data.eval_fraction, seed=data.seed,
-        shard_seed=(data.seed, process_index), dynamic=data.dynamic,
-        next_sentence_prediction=next_sentence_prediction, output=output)
+        tokenizer=tokenizer,
+        specials=specials,
+        max_seq_length=phase.max_seq_length,
+        max_predictions=phase.max_predictions_per_seq,
+        masked_lm_prob=data.masked_lm_prob,
+        short_seq_prob=data.short_seq_prob,
+        dupe_factor=data.dupe_factor,
+        whole_word_mask=data.whole_word_mask,
+        mask_mix=data.mask_mix,
+        eval_fraction=data.eval_fraction,
+        seed=data.seed,
+        shard_seed=(data.seed, process_index),
+        dynamic=data.dynamic,
+        next_sentence_prediction=next_sentence_prediction,
+        output=output,
+    )
 
 
-def make_features(documents: list[list[np.ndarray]], phase: PhaseShape, data: DataSettings,
-                  specials: instances.SpecialTokens, dupe_factor: int, mask: bool,
-                  seed: int, next_sentence_prediction: bool = True) -> dict[str, np.ndarray]:
+def make_features(
+    documents: list[list[np.ndarray]],
+    phase: PhaseShape,
+    data: DataSettings,
+    specials: instances.SpecialTokens,
+    dupe_factor: int,
+    mask: bool,
+    seed: int,
+    next_sentence_prediction: bool = True,
+) -> dict[str, np.ndarray]:
     """Stored rows of tokenized `documents` in memory (for a few documents), masked now
     (static) or left for the loader, exactly as a prepared shard holds them."""
-    job = dataclasses.replace(shard_job_of(data, phase, specials,
-                                           next_sentence_prediction=next_sentence_prediction),
-                              dupe_factor=dupe_factor)
-    created = instances.create_instances(documents, phase.max_seq_length, data.short_seq_prob,
-                                         dupe_factor, random.Random(seed), specials,
-                                         next_sentence_prediction)
+    job = dataclasses.replace(
+        shard_job_of(data, phase, specials, next_sentence_prediction=next_sentence_prediction),
+        dupe_factor=dupe_factor,
+    )
+    created = instances.create_instances(
+        documents,
+        phase.max_seq_length,
+        data.short_seq_prob,
+        dupe_factor,
+        random.Random(seed),
+        specials,
+        next_sentence_prediction,
+    )
     chunks = list(shard_job.stored_chunks(created, job, shard_job.mask_key(seed) if mask else None))
     return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in shard_format.STORED}
 
 
-def settings(data: DataSettings, phase: PhaseShape, tokenizer: tokenization.Tokenizer,
-             next_sentence_prediction: bool = True) -> dict[str, Any]:
+def settings(
+    data: DataSettings,
+    phase: PhaseShape,
+    tokenizer: tokenization.Tokenizer,
+    next_sentence_prediction: bool = True,
+) -> dict[str, Any]:
     """What prepared data depends on besides the corpus (recorded in its meta.json)."""
-    key_data = {k: getattr(data, k) for k in ("masked_lm_prob", "short_seq_prob",
-                "dupe_factor", "masking", "whole_word_mask", "eval_fraction", "seed",
-                "shard_bytes")}
+    key_data = {
+        k: getattr(data, k)
+        for k in (
+            "masked_lm_prob",
+            "short_seq_prob",
+            "dupe_factor",
+            "masking",
+            "whole_word_mask",
+            "eval_fraction",
+            "seed",
+            "shard_bytes",
+        )
+    }
     if data.mask_mix != masking.PAPER_MASK_MIX:  # ablation switches join the key only
         key_data["mask_mix"] = list(data.mask_mix)  # when off the paper's
     if not next_sentence_prediction:
         key_data["next_sentence_prediction"] = False
-    return json.loads(json.dumps({
-        "version": FORMAT_VERSION, "tokenizer": tokenizer.fingerprint(),
-        "phase": [phase.max_seq_length, phase.max_predictions_per_seq], "data": key_data},
-        default=str))
+    return json.loads(
+        json.dumps(
+            {
+                "version": FORMAT_VERSION,
+                "tokenizer": tokenizer.fingerprint(),
+                "phase": [phase.max_seq_length, phase.max_predictions_per_seq],
+                "data": key_data,
+            },
+            default=str,
+        )
+    )
 
 
-def prepare(data: DataSettings, phase: PhaseShape, tokenizer: tokenization.Tokenizer,
-            cache_dir: str, process_index: int = 0, process_count: int = 1,
-            next_sentence_prediction: bool = True,
-            derived: Derived | None = None) -> dict[str, PreparedSplit]:
+def prepare(
+    data: DataSettings,
+    phase: PhaseShape,
+    tokenizer: tokenization.Tokenizer,
+    cache_dir: str,
+    process_index: int = 0,
+    process_count: int = 1,
+    next_sentence_prediction: bool = True,
+    derived: Derived | None = None,
+) -> dict[str, PreparedSplit]:
     """Prepared `train` and `eval` splits for `phase`: read from
     `data.prepared_dir` (this process's share of every shard), or built once and cached under
     cache_dir; `next_sentence_prediction=False` makes no random-B pairs. `derived`: the
@@ -262,38 +362,71 @@ def prepare(data: DataSettings, phase: PhaseShape, tokenizer: tokenization.Token
         verb = "Reading prepared data"
     else:
         derived = derived or Derived(data, tokenizer)
-        key = _hash({**wanted, "source": derived.source_fingerprint,
-                     "shard": [process_index, process_count]})
+        key = _hash(
+            {
+                **wanted,
+                "source": derived.source_fingerprint,
+                "shard": [process_index, process_count],
+            }
+        )
         directory = os.path.join(cache_dir, f"{phase.name}_{phase.max_seq_length}_{key}")
         try:
-            built = locks.build_once(directory, os.path.join(directory, "meta.json"),
-                                     functools.partial(
-                                         build, directory, data, phase, tokenizer, process_index,
-                                         process_count, next_sentence_prediction, wanted=wanted,
-                                         derived=derived))
+            built = locks.build_once(
+                directory,
+                os.path.join(directory, "meta.json"),
+                functools.partial(
+                    build,
+                    directory,
+                    data,
+                    phase,
+                    tokenizer,
+                    process_index,
+                    process_count,
+                    next_sentence_prediction,
+                    wanted=wanted,
+                    derived=derived,
+                ),
+            )
         except OSError as e:  # e.g. a full disk: one line, and no half-written data left
             shutil.rmtree(_unfinished(directory), ignore_errors=True)
-            raise DataError(f"{failures.os_error_line(e)}; preparing the data of phase "
-                            f"{phase.name} stopped and its unfinished files were removed; kept: "
-                            f"the tokenizer and the data prepared before (in {cache_dir})") from e
+            raise DataError(
+                f"{failures.os_error_line(e)}; preparing the data of phase "
+                f"{phase.name} stopped and its unfinished files were removed; kept: "
+                f"the tokenizer and the data prepared before (in {cache_dir})"
+            ) from e
         meta, records = _read_meta(directory)
         share, fix = (0, 1), f"delete {directory} to prepare it again"
         verb = "Prepared data" if built else "Reusing prepared data"
         if built:
             _note_older_formats(cache_dir, phase)
-    logging.info("%s for phase %s (%d tokens): %s training, %s held-out sequences (%s) in %s",
-                 verb, phase.name, phase.max_seq_length, f"{meta.get('train_instances', 0):,}",
-                 f"{meta.get('eval_instances', 0):,}", held_out_route(meta), directory)
+    logging.info(
+        "%s for phase %s (%d tokens): %s training, %s held-out sequences (%s) in %s",
+        verb,
+        phase.name,
+        phase.max_seq_length,
+        f"{meta.get('train_instances', 0):,}",
+        f"{meta.get('eval_instances', 0):,}",
+        held_out_route(meta),
+        directory,
+    )
     expected = (phase.max_seq_length, phase.max_predictions_per_seq, tokenizer.vocab_size)
-    splits = {name: shard_reader.load_split(directory, name, records, masked, expected, share,
-                                            fix + ", then rerun (it resumes)")
-              for name, masked in (("train", not data.dynamic), ("eval", True))}
+    splits = {
+        name: shard_reader.load_split(
+            directory, name, records, masked, expected, share, fix + ", then rerun (it resumes)"
+        )
+        for name, masked in (("train", not data.dynamic), ("eval", True))
+    }
     for name in splits:  # every shard made is there
-        rows = sum(r["rows"] for k, r in records.items()
-                   if k.startswith(f"{name}/") and k.endswith("/lengths.npy"))
+        rows = sum(
+            r["rows"]
+            for k, r in records.items()
+            if k.startswith(f"{name}/") and k.endswith("/lengths.npy")
+        )
         if rows != meta.get(f"{name}_instances", 0):
-            raise DataError(f"prepared data {directory} holds {rows} {name} rows, its meta.json "
-                            f"says {meta.get(f'{name}_instances', 0)}; {fix}")
+            raise DataError(
+                f"prepared data {directory} holds {rows} {name} rows, its meta.json "
+                f"says {meta.get(f'{name}_instances', 0)}; {fix}"
+            )
     return splits
 
 
@@ -309,8 +442,11 @@ def _note_older_formats(cache_dir: str, phase: PhaseShape) -> None:
         except (OSError, ValueError):
             continue
         if older:
-            logging.info("%s holds prepared data of an older format (prepared again above); "
-                         "delete it to free its space", os.path.dirname(old))
+            logging.info(
+                "%s holds prepared data of an older format (prepared again above); "
+                "delete it to free its space",
+                os.path.dirname(old),
+            )
 
 
 def phase_directory(phase: PhaseShape) -> str:
@@ -323,23 +459,34 @@ def held_out_route(meta: dict[str, Any]) -> str:
     by_instances, shards = meta.get("eval_instance_route_shards", 0), meta.get("shards", 0)
     if not by_instances:
         return f"held out by whole documents: {meta.get('eval_documents', 0):,}"
-    return (f"held out by instances in {by_instances} of {shards} shards, where whole documents "
-            f"would have held over {shard_job.INSTANCE_ROUTE_FACTOR}x data.eval_fraction of the "
-            "tokens")
+    return (
+        f"held out by instances in {by_instances} of {shards} shards, where whole documents "
+        f"would have held over {shard_job.INSTANCE_ROUTE_FACTOR}x data.eval_fraction of the "
+        "tokens"
+    )
 
 
 def check_settings(found: dict[str, Any], wanted: dict[str, Any], directory: str) -> None:
     """DataError naming every setting in which prepared data differs from this config."""
+
     def flat(d):
-        return {**{k: v for k, v in d.items() if k != "data"},
-                **{f"data.{k}": v for k, v in d.get("data", {}).items()}}
+        return {
+            **{k: v for k, v in d.items() if k != "data"},
+            **{f"data.{k}": v for k, v in d.get("data", {}).items()},
+        }
+
     found, wanted = flat(found), flat(wanted)
-    changes = [f"{k}: {found.get(k)!r} there, {wanted.get(k)!r} here"
-               for k in sorted(set(found) | set(wanted)) if found.get(k) != wanted.get(k)]
+    changes = [
+        f"{k}: {found.get(k)!r} there, {wanted.get(k)!r} here"
+        for k in sorted(set(found) | set(wanted))
+        if found.get(k) != wanted.get(k)
+    ]
     if changes:
-        raise DataError(f"prepared data {directory} was made with other settings "
-                        f"({'; '.join(changes)}); prepare it again with this config (python "
-                        "-m bertjax.prepare) or unset data.prepared_dir")
+        raise DataError(
+            f"prepared data {directory} was made with other settings "
+            f"({'; '.join(changes)}); prepare it again with this config (python "
+            "-m bertjax.prepare) or unset data.prepared_dir"
+        )
 
 
 def _read_meta(directory: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -348,18 +495,29 @@ def _read_meta(directory: str) -> tuple[dict[str, Any], dict[str, Any]]:
             meta = json.load(f)
         return meta, meta.pop("files")
     except FileNotFoundError as e:
-        raise DataError(f"no prepared data at {directory} (no meta.json); run python -m "
-                        "bertjax.prepare with this config and --output") from e
+        raise DataError(
+            f"no prepared data at {directory} (no meta.json); run python -m "
+            "bertjax.prepare with this config and --output"
+        ) from e
     except (ValueError, KeyError, AttributeError) as e:
-        raise DataError(f"prepared data file {directory}/meta.json is damaged ({e!r}); delete "
-                        f"{directory} to prepare the data again") from e
+        raise DataError(
+            f"prepared data file {directory}/meta.json is damaged ({e!r}); delete "
+            f"{directory} to prepare the data again"
+        ) from e
 
 
-def build(directory: str, data: DataSettings, phase: PhaseShape,
-          tokenizer: tokenization.Tokenizer, process_index: int = 0, process_count: int = 1,
-          nsp: bool = True,
-          run_shards: Callable[..., Iterable[dict[str, int]]] = shard_job.run_shards,
-          wanted: dict[str, Any] | None = None, derived: Derived | None = None) -> None:
+def build(
+    directory: str,
+    data: DataSettings,
+    phase: PhaseShape,
+    tokenizer: tokenization.Tokenizer,
+    process_index: int = 0,
+    process_count: int = 1,
+    nsp: bool = True,
+    run_shards: Callable[..., Iterable[dict[str, int]]] = shard_job.run_shards,
+    wanted: dict[str, Any] | None = None,
+    derived: Derived | None = None,
+) -> None:
     """Reads the corpus (this process's share), cuts it into shards of `data.shard_bytes` and
     prepares each in a worker (`data.num_workers`; NSP partners come from the same shard, as
     the original's come from the same input file), written atomically to `directory`;
@@ -374,43 +532,64 @@ def build(directory: str, data: DataSettings, phase: PhaseShape,
     tmp = _unfinished(directory)
     reader = corpus_reader(data, process_index, process_count)
     derived = derived or Derived(data, tokenizer)
-    job = dataclasses.replace(shard_job_of(data, phase, derived.specials, tokenizer,
-                                           process_index, tmp, nsp), reader=reader,
-                              tokens=tokens_directory(directory, derived, process_index,
-                                                      process_count))
+    job = dataclasses.replace(
+        shard_job_of(data, phase, derived.specials, tokenizer, process_index, tmp, nsp),
+        reader=reader,
+        tokens=tokens_directory(directory, derived, process_index, process_count),
+    )
     meta: collections.Counter[str] = collections.Counter()
     try:
-        for counts in run_shards(job, shard_sources.cut(reader, stats, data.shard_bytes),
-                                 data.num_workers):
+        for counts in run_shards(
+            job, shard_sources.cut(reader, stats, data.shard_bytes), data.num_workers
+        ):
             meta.update(counts, shards=1)
             logging.debug("Prepared shard %d (%s): %s", meta["shards"] - 1, phase.name, dict(meta))
     except shard_job.WorkerError as e:
         raise DataError(str(e)) from e
     (logging.info if stats.repaired() else logging.debug)("Corpus: %s", stats.summary())
     if not meta["documents"]:
-        raise DataError(f"the corpus ({data.source}) has no usable documents after reading "
-                        f"and tokenizing ({stats.summary()}); check data.input_files / tfds_name")
+        raise DataError(
+            f"the corpus ({data.source}) has no usable documents after reading "
+            f"and tokenizing ({stats.summary()}); check data.input_files / tfds_name"
+        )
     if not meta["train_instances"]:
         raise DataError(f"the corpus gave no training instances at length {phase.max_seq_length}")
     if not meta["eval_instances"]:
-        shard_format.ShardWriter(os.path.join(tmp, "eval", "shard_00000"), 0, phase.max_seq_length,
-                                 phase.max_predictions_per_seq, tokenizer.vocab_size).close()
-    prepared_files.commit(tmp, directory, {
-        **meta, "corpus": dataclasses.asdict(stats), "masking": data.masking,
-        "settings": wanted or settings(data, phase, tokenizer, nsp),
-        "source": derived.source,
-        "seconds": round(time.time() - start, 1)})
+        shard_format.ShardWriter(
+            os.path.join(tmp, "eval", "shard_00000"),
+            0,
+            phase.max_seq_length,
+            phase.max_predictions_per_seq,
+            tokenizer.vocab_size,
+        ).close()
+    prepared_files.commit(
+        tmp,
+        directory,
+        {
+            **meta,
+            "corpus": dataclasses.asdict(stats),
+            "masking": data.masking,
+            "settings": wanted or settings(data, phase, tokenizer, nsp),
+            "source": derived.source,
+            "seconds": round(time.time() - start, 1),
+        },
+    )
 
 
-def tokens_directory(directory: str, derived: Derived, process_index: int,
-                     process_count: int) -> str:
+def tokens_directory(
+    directory: str, derived: Derived, process_index: int, process_count: int
+) -> str:
     """Where the shards' token ids are kept for every phase, beside `directory` (a phase's):
     named by the corpus, the tokenizer, the shard size and this process's share."""
-    key = _hash({"source": derived.source_fingerprint,
-                 "tokenizer": derived.tokenizer.fingerprint(),
-                 "shard_bytes": derived.settings.shard_bytes,
-                 "share": [process_index, process_count],
-                 "version": token_cache.VERSION})
+    key = _hash(
+        {
+            "source": derived.source_fingerprint,
+            "tokenizer": derived.tokenizer.fingerprint(),
+            "shard_bytes": derived.settings.shard_bytes,
+            "share": [process_index, process_count],
+            "version": token_cache.VERSION,
+        }
+    )
     return os.path.join(os.path.dirname(directory), f"tokens_{key}")
 
 
@@ -433,6 +612,8 @@ def check_token_ids(split: PreparedSplit, vocab_size: int, what: str) -> None:
         for name in ("input_ids", "masked_lm_ids"):
             array = shard[name]
             if len(array) and int(array.max()) >= vocab_size:
-                raise DataError(f"{what}: {name} holds id {int(array.max())} >= model.vocab_size="
-                                f"{vocab_size}; set --config.model.vocab_size to the tokenizer's "
-                                "size")
+                raise DataError(
+                    f"{what}: {name} holds id {int(array.max())} >= model.vocab_size="
+                    f"{vocab_size}; set --config.model.vocab_size to the tokenizer's "
+                    "size"
+                )

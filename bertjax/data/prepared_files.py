@@ -3,6 +3,7 @@ load, and the last step of every preparation, local or Beam: meta.json written b
 shards, then the unfinished directory renamed into place. On object storage (`gs://...`), a
 phase is prepared in a local scratch directory under a claim (one preparation per phase at a
 time), uploaded with its meta.json last, and read from a local copy checked as downloaded."""
+
 from __future__ import annotations
 
 import contextlib
@@ -67,8 +68,10 @@ def upload(local: str, remote: str, still_claimed: Callable[[str], None]) -> Non
     for relative in relatives:
         files.copy(os.path.join(local, relative), f"{remote}/{relative}")
     still_claimed("at the end of its upload")
-    with open(os.path.join(local, "meta.json"), "rb") as reader, \
-            files.open(f"{remote}/meta.json", "xb") as writer:
+    with (
+        open(os.path.join(local, "meta.json"), "rb") as reader,
+        files.open(f"{remote}/meta.json", "xb") as writer,
+    ):
         shutil.copyfileobj(reader, writer)
 
 
@@ -87,8 +90,10 @@ def claimed(remote: str) -> Iterator[Callable[[str], None]]:
     def check(when: str) -> None:
         claims = files.generations(f"{remote}/{CLAIMS}")
         if name not in claims:
-            raise DataError(f"the claim {mine} of this preparation of {remote} was deleted "
-                            f"{when}: another preparation may be writing there; rerun it")
+            raise DataError(
+                f"the claim {mine} of this preparation of {remote} was deleted "
+                f"{when}: another preparation may be writing there; rerun it"
+            )
         for other in sorted(n for n in claims if (claims[n], n) < (claims[name], name)):
             host, pid, _ = other.rsplit("-", 2)
             if host == socket.gethostname() and not locks.pid_alive(pid):
@@ -99,10 +104,14 @@ def claimed(remote: str) -> Iterator[Callable[[str], None]]:
                 f"{remote} is being prepared by another preparation (pid {pid} on host {host}, "
                 f"claim {remote}/{CLAIMS}/{other}): wait for it to finish and rerun (a phase "
                 "prepared with this config is kept), or use another --output; if that "
-                f"preparation is gone (killed), delete {remote}/{CLAIMS}/{other} and rerun")
+                f"preparation is gone (killed), delete {remote}/{CLAIMS}/{other} and rerun"
+            )
         if "meta.json" in files.generations(remote):
-            raise DataError(f"{remote}/meta.json was written by another preparation {when}; "
-                            "rerun to keep it if its settings are this config's")
+            raise DataError(
+                f"{remote}/meta.json was written by another preparation {when}; "
+                "rerun to keep it if its settings are this config's"
+            )
+
     try:
         check("before this one started")
         yield check
@@ -138,16 +147,19 @@ def local_copy(remote: str, records: dict[str, dict[str, Any]], cache_dir: str) 
             for relative in [*records, "meta.json"]:
                 files.copy(f"{remote}/{relative}", os.path.join(tmp, relative))
                 if relative in records and file_record(os.path.join(tmp, relative)) != {
-                        k: records[relative][k] for k in ("bytes", "sha256")}:
+                    k: records[relative][k] for k in ("bytes", "sha256")
+                }:
                     raise DataError(
                         f"{remote}/{relative} does not match its record in {remote}/meta.json: "
                         "the prepared data there was changed or mixed (two preparations into "
                         "one --output?); prepare it again (python -m bertjax.prepare) into a new "
-                        "--output, or delete it first")
+                        "--output, or delete it first"
+                    )
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         shutil.rmtree(directory, ignore_errors=True)
         os.replace(tmp, directory)
+
     locks.build_once(directory, os.path.join(directory, "meta.json"), download)
     return directory

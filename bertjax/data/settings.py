@@ -7,6 +7,7 @@ long_phase).
 The fields keep the config's names, types and defaults (configs/base.py documents each one);
 validate.py checks their ranges before the conversion.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -98,12 +99,21 @@ T = TypeVar("T", bound=_Dataclass)
 def choices(cls: type) -> dict[str, tuple[Any, ...]]:
     """The fields of the settings class `cls` that name one of a few choices, read off their
     Literal types."""
-    return {name: typing.get_args(kind) for name, kind in typing.get_type_hints(cls).items()
-            if typing.get_origin(kind) is Literal}
+    return {
+        name: typing.get_args(kind)
+        for name, kind in typing.get_type_hints(cls).items()
+        if typing.get_origin(kind) is Literal
+    }
 
 
-def typed(cls: type[T], values: Mapping[str, Any], section: str, error: type[Exception],
-          recorded: bool = False, case_free: tuple[str, ...] = ()) -> T:
+def typed(
+    cls: type[T],
+    values: Mapping[str, Any],
+    section: str,
+    error: type[Exception],
+    recorded: bool = False,
+    case_free: tuple[str, ...] = (),
+) -> T:
     """The settings class `cls` (a frozen dataclass) from the config section `section`'s
     `values`; `error` naming the `--config.SECTION.FIELD` to set where a choice is not one of
     its values (compared exactly, but for the `case_free` fields: a truth value written as
@@ -116,11 +126,17 @@ def typed(cls: type[T], values: Mapping[str, Any], section: str, error: type[Exc
             return field.default
         return allowed[field.name][0] if field.name in allowed else hints[field.name]()
 
-    settings = cls(**{f.name: values[f.name] if f.name in values or not recorded
-                      else missing(f) for f in dataclasses.fields(cls)})
+    settings = cls(
+        **{
+            f.name: values[f.name] if f.name in values or not recorded else missing(f)
+            for f in dataclasses.fields(cls)
+        }
+    )
     for field, options in allowed.items():
         value = getattr(settings, field)
         if (str(value).lower() if field in case_free else value) not in options:
-            raise error(f"{section}.{field}={value!r} is not one of "
-                        f"{', '.join(map(repr, options))}; set --config.{section}.{field}")
+            raise error(
+                f"{section}.{field}={value!r} is not one of "
+                f"{', '.join(map(repr, options))}; set --config.{section}.{field}"
+            )
     return settings

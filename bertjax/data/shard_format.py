@@ -8,6 +8,7 @@ number of predictions (instead of `masked_lm_weights`) and the NSP label: 320 by
 L=128 with 20 predictions, against 1,708 for the int32 features and about 830 for the
 original's TFRecord.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,15 @@ import numpy as np
 from bertjax.data.batch import FEATURES
 from bertjax.runtime import failures
 
-STORED = ("input_ids", "lengths", "b_starts", "masked_lm_positions", "masked_lm_ids",
-          "num_predictions", "next_sentence_labels")
+STORED = (
+    "input_ids",
+    "lengths",
+    "b_starts",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "num_predictions",
+    "next_sentence_labels",
+)
 
 
 def _unsigned(largest: int) -> np.dtype:
@@ -29,26 +37,44 @@ def _unsigned(largest: int) -> np.dtype:
     return np.dtype(np.uint64)
 
 
-def stored_dtypes(max_seq_length: int, max_predictions: int,
-                  vocab_size: int) -> dict[str, np.dtype]:
+def stored_dtypes(
+    max_seq_length: int, max_predictions: int, vocab_size: int
+) -> dict[str, np.dtype]:
     """Each stored array's element type for this shape and vocabulary."""
     ids, position = _unsigned(vocab_size - 1), _unsigned(max_seq_length)
-    return {"input_ids": ids, "lengths": position, "b_starts": position,
-            "masked_lm_positions": position, "masked_lm_ids": ids,
-            "num_predictions": _unsigned(max_predictions),
-            "next_sentence_labels": np.dtype(np.uint8)}
+    return {
+        "input_ids": ids,
+        "lengths": position,
+        "b_starts": position,
+        "masked_lm_positions": position,
+        "masked_lm_ids": ids,
+        "num_predictions": _unsigned(max_predictions),
+        "next_sentence_labels": np.dtype(np.uint8),
+    }
 
 
 def stored_shapes(max_seq_length: int, max_predictions: int) -> dict[str, tuple[int, ...]]:
     """Each stored array's shape per row."""
-    return {"input_ids": (max_seq_length,), "lengths": (), "b_starts": (),
-            "masked_lm_positions": (max_predictions,), "masked_lm_ids": (max_predictions,),
-            "num_predictions": (), "next_sentence_labels": ()}
+    return {
+        "input_ids": (max_seq_length,),
+        "lengths": (),
+        "b_starts": (),
+        "masked_lm_positions": (max_predictions,),
+        "masked_lm_ids": (max_predictions,),
+        "num_predictions": (),
+        "next_sentence_labels": (),
+    }
 
 
-def unmasked_rows(tokens: Sequence[np.ndarray], b_starts: Sequence[int],
-                  is_random_next: Sequence[bool], max_seq_length: int, max_predictions: int,
-                  vocab_size: int, pad_id: int) -> dict[str, np.ndarray]:
+def unmasked_rows(
+    tokens: Sequence[np.ndarray],
+    b_starts: Sequence[int],
+    is_random_next: Sequence[bool],
+    max_seq_length: int,
+    max_predictions: int,
+    vocab_size: int,
+    pad_id: int,
+) -> dict[str, np.ndarray]:
     """Stored rows of instances (`tokens` unpadded, segment B from `b_starts`, their length
     if none), without predictions yet (masking fills them in)."""
     dtypes = stored_dtypes(max_seq_length, max_predictions, vocab_size)
@@ -56,8 +82,9 @@ def unmasked_rows(tokens: Sequence[np.ndarray], b_starts: Sequence[int],
     rows = {name: np.zeros((len(tokens),) + shapes[name], dtypes[name]) for name in STORED}
     lengths = np.fromiter(map(len, tokens), np.int64, len(tokens))
     if len(tokens) and lengths.max() > max_seq_length:
-        raise ValueError(f"an instance of {lengths.max()} tokens does not fit "
-                         f"{max_seq_length} tokens")
+        raise ValueError(
+            f"an instance of {lengths.max()} tokens does not fit {max_seq_length} tokens"
+        )
     ids = rows["input_ids"]
     ids[:] = pad_id
     if len(tokens):
@@ -72,8 +99,9 @@ class ShardWriter:
     """Writes `rows` rows of every stored array to `directory`/NAME.npy, chunk by chunk (the
     .npy header first, so nothing is held beyond one chunk)."""
 
-    def __init__(self, directory: str, rows: int, max_seq_length: int, max_predictions: int,
-                 vocab_size: int):
+    def __init__(
+        self, directory: str, rows: int, max_seq_length: int, max_predictions: int, vocab_size: int
+    ):
         os.makedirs(directory, exist_ok=True)
         dtypes = stored_dtypes(max_seq_length, max_predictions, vocab_size)
         shapes = stored_shapes(max_seq_length, max_predictions)
@@ -82,9 +110,14 @@ class ShardWriter:
             path = os.path.join(directory, name + ".npy")
             with failures.naming(path):
                 f = open(path, "wb")
-                np.lib.format.write_array_header_1_0(f, {
-                    "descr": np.lib.format.dtype_to_descr(dtypes[name]), "fortran_order": False,
-                    "shape": (rows,) + shapes[name]})
+                np.lib.format.write_array_header_1_0(
+                    f,
+                    {
+                        "descr": np.lib.format.dtype_to_descr(dtypes[name]),
+                        "fortran_order": False,
+                        "shape": (rows,) + shapes[name],
+                    },
+                )
             self.files[name] = f
 
     def write(self, chunk: dict[str, np.ndarray]) -> None:
@@ -110,18 +143,23 @@ def expand(stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     counts = np.asarray(stored["num_predictions"]).astype(np.int32)[:, None]
     slots = np.arange(stored["masked_lm_ids"].shape[1], dtype=np.int32)[None]
     features = {
-        "input_ids": ids, "input_mask": (steps < lengths).astype(np.int32),
+        "input_ids": ids,
+        "input_mask": (steps < lengths).astype(np.int32),
         "segment_ids": ((steps >= b_starts) & (steps < lengths)).astype(np.int32),
         "masked_lm_positions": np.asarray(stored["masked_lm_positions"]).astype(np.int32),
         "masked_lm_ids": np.asarray(stored["masked_lm_ids"]).astype(np.int32),
         "masked_lm_weights": (slots < counts).astype(np.float32),
-        "next_sentence_labels": np.asarray(stored["next_sentence_labels"]).astype(np.int32)}
-    return {**features, **{k: np.asarray(v) for k, v in stored.items()
-                           if k not in STORED and k not in FEATURES}}
+        "next_sentence_labels": np.asarray(stored["next_sentence_labels"]).astype(np.int32),
+    }
+    return {
+        **features,
+        **{k: np.asarray(v) for k, v in stored.items() if k not in STORED and k not in FEATURES},
+    }
 
 
-def empty_stored(max_seq_length: int, max_predictions: int,
-                 vocab_size: int = 2) -> dict[str, np.ndarray]:
+def empty_stored(
+    max_seq_length: int, max_predictions: int, vocab_size: int = 2
+) -> dict[str, np.ndarray]:
     """Zero rows of every stored array."""
     return unmasked_rows([], [], [], max_seq_length, max_predictions, vocab_size, 0)
 
@@ -142,8 +180,10 @@ class PreparedSplit:
     @property
     def stored(self) -> dict[str, np.ndarray]:
         """All rows' stored arrays, concatenated."""
-        return {name: np.concatenate([np.asarray(shard[name]) for shard in self.shards])
-                for name in self.shards[0]}
+        return {
+            name: np.concatenate([np.asarray(shard[name]) for shard in self.shards])
+            for name in self.shards[0]
+        }
 
     @property
     def features(self) -> dict[str, np.ndarray]:
@@ -158,12 +198,13 @@ class PreparedSplit:
         """Rows `rows` (global indices) of every feature, gathered across shards."""
         rows = np.asarray(rows)
         shard_of_row = np.searchsorted(self._offsets, rows, side="right") - 1
-        out = {name: np.empty((len(rows),) + array.shape[1:], array.dtype)
-               for name, array in self.shards[0].items()}
+        out = {
+            name: np.empty((len(rows),) + array.shape[1:], array.dtype)
+            for name, array in self.shards[0].items()
+        }
         for shard_index in np.unique(shard_of_row):
             selected = shard_of_row == shard_index
             local_rows = rows[selected] - self._offsets[shard_index]
             for name, array in self.shards[shard_index].items():
                 out[name][selected] = array[local_rows]
         return expand(out)
-

@@ -10,6 +10,7 @@ checked against its hash before it is used. A file shortened under the job reads
 error naming it; a memory map's page past the end would kill the process with SIGBUS), and a
 file replaced under the job keeps being read as loaded (the open file is the loaded one).
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,8 +47,18 @@ class RowFile:
     """Rows `[start, start + len)` of one wide stored array, read on demand from the file
     loaded, each checked against its hash from loading; `what_to_do` ends every error."""
 
-    def __init__(self, fd: int, path: str, dtype: np.dtype, row_shape: tuple[int, ...],
-                 offset: int, start: int, hashes: np.ndarray, largest: int, what_to_do: str):
+    def __init__(
+        self,
+        fd: int,
+        path: str,
+        dtype: np.dtype,
+        row_shape: tuple[int, ...],
+        offset: int,
+        start: int,
+        hashes: np.ndarray,
+        largest: int,
+        what_to_do: str,
+    ):
         self.fd, self.path, self.dtype, self.row_shape = fd, path, dtype, row_shape
         self.offset, self.start, self.hashes, self.largest = offset, start, hashes, largest
         self.row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
@@ -72,19 +83,24 @@ class RowFile:
         for i, row in enumerate(rows.tolist()):
             at = self.offset + (self.start + row) * self.row_bytes
             # (numpy's stubs declare arrays buffers only for Python >= 3.12)
-            if os.preadv(self.fd, [out[i:i + 1]], at) != self.row_bytes:  # type: ignore[list-item]
+            if os.preadv(self.fd, [out[i : i + 1]], at) != self.row_bytes:  # type: ignore[list-item]
                 raise DataError(
                     f"prepared data file {self.path} was shortened while in use (to "
                     f"{os.fstat(self.fd).st_size} bytes; row {self.start + row} ends at byte "
                     f"{at + self.row_bytes}); the run stopped before training on it: "
-                    f"{self.what_to_do}")
-        changed = np.flatnonzero(row_hashes(out) != self.hashes[rows]) if len(rows) \
+                    f"{self.what_to_do}"
+                )
+        changed = (
+            np.flatnonzero(row_hashes(out) != self.hashes[rows])
+            if len(rows)
             else np.zeros(0, np.int64)
+        )
         if len(changed):
             raise DataError(
                 f"prepared data file {self.path} changed while in use (row "
                 f"{self.start + int(rows[changed[0]])} differs from what was loaded and "
-                f"checked); the run stopped before training on it: {self.what_to_do}")
+                f"checked); the run stopped before training on it: {self.what_to_do}"
+            )
         return out
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -94,22 +110,32 @@ class RowFile:
 
 def _header(f: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
     version = np.lib.format.read_magic(f)
-    read = {(1, 0): np.lib.format.read_array_header_1_0,
-            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    read = {
+        (1, 0): np.lib.format.read_array_header_1_0,
+        (2, 0): np.lib.format.read_array_header_2_0,
+    }.get(version)
     if read is None:
         raise ValueError(f".npy format version {version}")
     return read(f)
 
 
-def load(path: str, record: dict[str, Any], name: str, dtype: np.dtype,
-         row_shape: tuple[int, ...], share: tuple[int, int], what_to_do: str
-         ) -> np.ndarray | RowFile:
+def load(
+    path: str,
+    record: dict[str, Any],
+    name: str,
+    dtype: np.dtype,
+    row_shape: tuple[int, ...],
+    share: tuple[int, int],
+    what_to_do: str,
+) -> np.ndarray | RowFile:
     """Shard file `path` (stored array `name`) checked against its meta.json `record` and the
     `dtype` and `row_shape` this run expects; the contiguous share of its rows that process
     `share[0]` of `share[1]` serves (shards are shuffled): in memory for a `NARROW` array,
     else a `RowFile`."""
+
     def fail(problem: str) -> DataError:
         return DataError(f"prepared data file {path} {problem}; {what_to_do}")
+
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -121,20 +147,25 @@ def load(path: str, record: dict[str, Any], name: str, dtype: np.dtype,
             except ValueError as e:
                 raise fail(f"is unreadable ({e})") from None
             if found != dtype or tuple(shape[1:]) != row_shape or fortran:
-                raise fail(f"holds {found} rows of shape {tuple(shape[1:])}, not the {dtype} rows "
-                           f"of shape {row_shape} that its meta.json and this run's phase "
-                           "(max_seq_length, max_predictions_per_seq) say")
+                raise fail(
+                    f"holds {found} rows of shape {tuple(shape[1:])}, not the {dtype} rows "
+                    f"of shape {row_shape} that its meta.json and this run's phase "
+                    "(max_seq_length, max_predictions_per_seq) say"
+                )
             if shape[0] != record["rows"]:
                 raise fail(f"holds {shape[0]} rows, not the {record['rows']} of its meta.json")
             offset = f.tell()
             f.seek(0)
             digest = hashlib.sha256(f.read(offset))
             start, stop = (shape[0] * share[0] // share[1], shape[0] * (share[0] + 1) // share[1])
-            kept, size = _read_rows(f, digest, dtype, row_shape, shape[0], (start, stop),
-                                    name in NARROW)
+            kept, size = _read_rows(
+                f, digest, dtype, row_shape, shape[0], (start, stop), name in NARROW
+            )
         if size + offset != record["bytes"] or digest.hexdigest() != record["sha256"]:
-            raise fail(f"changed since preparation ({record['bytes']} bytes, sha256 "
-                       f"{record['sha256'][:12]}...)")
+            raise fail(
+                f"changed since preparation ({record['bytes']} bytes, sha256 "
+                f"{record['sha256'][:12]}...)"
+            )
     except BaseException:
         os.close(fd)
         raise
@@ -145,8 +176,15 @@ def load(path: str, record: dict[str, Any], name: str, dtype: np.dtype,
     return RowFile(fd, path, dtype, row_shape, offset, start, hashes, largest, what_to_do)
 
 
-def _read_rows(f: BinaryIO, digest: hashlib._Hash, dtype: np.dtype, row_shape: tuple[int, ...], rows: int,
-               keep: tuple[int, int], narrow: bool) -> tuple[Any, int]:
+def _read_rows(
+    f: BinaryIO,
+    digest: hashlib._Hash,
+    dtype: np.dtype,
+    row_shape: tuple[int, ...],
+    rows: int,
+    keep: tuple[int, int],
+    narrow: bool,
+) -> tuple[Any, int]:
     """Reads the rest of `f` into `digest`; rows `keep` as an array (`narrow`), else as their
     hashes and largest element. Returns them and the bytes read."""
     row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
@@ -170,9 +208,15 @@ def _read_rows(f: BinaryIO, digest: hashlib._Hash, dtype: np.dtype, row_shape: t
     return (hashes, int(max((m for _, m in parts), default=0))), size
 
 
-def load_split(directory: str, split: str, records: dict[str, dict[str, Any]], masked: bool,
-               expected: tuple[int, int, int], share: tuple[int, int], what_to_do: str
-               ) -> shard_format.PreparedSplit:
+def load_split(
+    directory: str,
+    split: str,
+    records: dict[str, dict[str, Any]],
+    masked: bool,
+    expected: tuple[int, int, int],
+    share: tuple[int, int],
+    what_to_do: str,
+) -> shard_format.PreparedSplit:
     """The shards of `split` listed in meta.json's `records`, each file checked (`load`)
     against `expected` = (max_seq_length, max_predictions_per_seq, vocab_size) of this run."""
     dtypes = shard_format.stored_dtypes(*expected)
@@ -182,16 +226,26 @@ def load_split(directory: str, split: str, records: dict[str, dict[str, Any]], m
         if not relative.startswith(split + "/"):
             continue
         _, shard, file_name = relative.split("/")
-        name = file_name[:-len(".npy")]
+        name = file_name[: -len(".npy")]
         if name not in dtypes:
-            raise DataError(f"prepared data {directory}/meta.json lists {relative}, not a "
-                            f"stored array; {what_to_do}")
+            raise DataError(
+                f"prepared data {directory}/meta.json lists {relative}, not a "
+                f"stored array; {what_to_do}"
+            )
         shards.setdefault(shard, {})[name] = load(
-            os.path.join(directory, relative), record, name, dtypes[name], shapes[name], share,
-            what_to_do)
+            os.path.join(directory, relative),
+            record,
+            name,
+            dtypes[name],
+            shapes[name],
+            share,
+            what_to_do,
+        )
     for shard, arrays in sorted(shards.items()):
         if set(arrays) != set(dtypes) or len({len(a) for a in arrays.values()}) != 1:
-            raise DataError(f"prepared data {directory}/meta.json lists {sorted(arrays)} with "
-                            f"rows {sorted({len(a) for a in arrays.values()})} for {split}/"
-                            f"{shard}, not every stored array with one row count; {what_to_do}")
+            raise DataError(
+                f"prepared data {directory}/meta.json lists {sorted(arrays)} with "
+                f"rows {sorted({len(a) for a in arrays.values()})} for {split}/"
+                f"{shard}, not every stored array with one row count; {what_to_do}"
+            )
     return shard_format.PreparedSplit([shards[name] for name in sorted(shards)], masked)

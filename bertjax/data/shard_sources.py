@@ -3,6 +3,7 @@ documents it holds. The process that cuts the corpus into shards of `data.shard_
 once, one document at a time, and keeps only these; the process that prepares a shard (a local
 worker or a Beam worker) reads the shard's documents itself from that position: a byte offset
 in a text file, a record index in a tfds dataset, a document number in the default corpus."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,9 @@ class CorpusReader:
     process_index: int = 0
     process_count: int = 1
 
-    def documents(self, stats: corpus.CorpusStats | None = None, start: Any = None
-                  ) -> Iterator[tuple[Any, corpus.Document]]:
+    def documents(
+        self, stats: corpus.CorpusStats | None = None, start: Any = None
+    ) -> Iterator[tuple[Any, corpus.Document]]:
         """`(position, document)` of this process's documents, from the first (counted into
         `stats`) or, not counted again, from `start` (a position this returned)."""
         index, count = self.process_index, self.process_count
@@ -51,8 +53,10 @@ class CorpusReader:
 
     def read(self, shard: ShardSource) -> list[corpus.Document]:
         """The documents of `shard`."""
-        return [document for _, document in
-                itertools.islice(self.documents(start=shard.start), shard.documents)]
+        return [
+            document
+            for _, document in itertools.islice(self.documents(start=shard.start), shard.documents)
+        ]
 
 
 def document_bytes(document: corpus.Document) -> int:
@@ -60,8 +64,7 @@ def document_bytes(document: corpus.Document) -> int:
     return sum(len(sentence.encode()) + 1 for sentence in document)
 
 
-def cut(reader: CorpusReader, stats: corpus.CorpusStats, shard_bytes: int
-        ) -> Iterator[ShardSource]:
+def cut(reader: CorpusReader, stats: corpus.CorpusStats, shard_bytes: int) -> Iterator[ShardSource]:
     """This process's documents cut into shards of about `shard_bytes` bytes of text (counted
     into `stats`): a shard ends after the document that reaches the size, so documents never
     span shards."""

@@ -63,15 +63,22 @@ def read_tfds(
     reads records ``i, i + n, i + 2n, ...``. Errors (dataset not prepared, wrong
     format, unknown text_key) are raised when this is called.
     """
-    positioned = positioned_tfds(name, split, data_dir, text_key, process_index, process_count,
-                                 stats)
+    positioned = positioned_tfds(
+        name, split, data_dir, text_key, process_index, process_count, stats
+    )
     return (document for _, document in positioned)
 
 
-def positioned_tfds(name: str, split: str, data_dir: str | None, text_key: str,
-                    process_index: int, process_count: int,
-                    stats: corpus.CorpusStats | None = None, start: int | None = None
-                    ) -> Iterator[tuple[int, corpus.Document]]:
+def positioned_tfds(
+    name: str,
+    split: str,
+    data_dir: str | None,
+    text_key: str,
+    process_index: int,
+    process_count: int,
+    stats: corpus.CorpusStats | None = None,
+    start: int | None = None,
+) -> Iterator[tuple[int, corpus.Document]]:
     """`(record index, document)` as `read_tfds` reads them, from the first (counted into
     `stats`) or, not counted again, from the record index `start` (one this returned)."""
     if not 0 <= process_index < process_count:
@@ -88,8 +95,7 @@ def positioned_tfds(name: str, split: str, data_dir: str | None, text_key: str,
     where = [0]  # the record of the document `counted` passes on (it reads none ahead)
 
     def documents() -> Iterator[corpus.Document]:
-        for index in range(process_index if start is None else start, len(source),
-                           process_count):
+        for index in range(process_index if start is None else start, len(source), process_count):
             document = _text_to_document(source[index][text_key])
             if document:
                 where[0] = index
@@ -99,6 +105,10 @@ def positioned_tfds(name: str, split: str, data_dir: str | None, text_key: str,
 
     read = documents()
     if start is None:
-        read = corpus.counted(f"tfds:{name}/{split}", read, file_stats,
-                              stats if stats is not None else corpus.CorpusStats())
+        read = corpus.counted(
+            f"tfds:{name}/{split}",
+            read,
+            file_stats,
+            stats if stats is not None else corpus.CorpusStats(),
+        )
     return ((where[0], document) for document in read)

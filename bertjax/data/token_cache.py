@@ -8,6 +8,7 @@ ends, in sentences) and `counts.json` (what tokenizing dropped or cut), written 
 temporary name and renamed into place, so an entry is whole or absent. The directory that
 holds the entries is named by a hash of everything the ids depend on (`pipeline.build`).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,12 @@ _ARRAYS = ("ids", "sentence_ends", "document_ends")
 TokenizedShard = tuple[list[list[np.ndarray]], dict[str, int]]
 
 
-def tokenized_shard(directory: str, index: int, read: Callable[[], list[corpus.Document]],
-                    tokenizer: tokenization.Tokenizer) -> TokenizedShard:
+def tokenized_shard(
+    directory: str,
+    index: int,
+    read: Callable[[], list[corpus.Document]],
+    tokenizer: tokenization.Tokenizer,
+) -> TokenizedShard:
     """Shard `index`'s documents as token ids (views of memory-mapped files) and the counts of
     `tokenize_corpus.tokenize_documents`: from `directory` when stored there, else tokenized
     from `read()` and stored first ("": tokenized, not stored)."""
@@ -44,14 +49,16 @@ def tokenized_shard(directory: str, index: int, read: Callable[[], list[corpus.D
     return stored
 
 
-def _store(path: str, documents: list[list[np.ndarray]], counts: dict[str, int],
-           vocab_size: int) -> None:
+def _store(
+    path: str, documents: list[list[np.ndarray]], counts: dict[str, int], vocab_size: int
+) -> None:
     sentences = [sentence for document in documents for sentence in document]
     ids_type = shard_format.stored_dtypes(1, 1, vocab_size)["input_ids"]
     arrays = {
         "ids": (np.concatenate(sentences) if sentences else np.zeros(0)).astype(ids_type),
         "sentence_ends": np.cumsum([len(sentence) for sentence in sentences], dtype=np.int64),
-        "document_ends": np.cumsum([len(document) for document in documents], dtype=np.int64)}
+        "document_ends": np.cumsum([len(document) for document in documents], dtype=np.int64),
+    }
     tmp = f"{path}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -72,14 +79,17 @@ def _load(path: str) -> TokenizedShard | None:
         with open(os.path.join(path, "counts.json")) as f:
             counts = json.load(f)
         ids, sentence_ends, document_ends = (
-            np.load(os.path.join(path, name + ".npy"), mmap_mode="r") for name in _ARRAYS)
+            np.load(os.path.join(path, name + ".npy"), mmap_mode="r") for name in _ARRAYS
+        )
         sentence_ends, document_ends = np.array(sentence_ends), np.array(document_ends)
     except (OSError, ValueError):
         return None
-    whole = (len(sentence_ends) == (document_ends[-1] if len(document_ends) else 0)
-             and (sentence_ends[-1] if len(sentence_ends) else 0) == len(ids)
-             and (np.diff(sentence_ends, prepend=0) > 0).all()
-             and (np.diff(document_ends, prepend=0) > 0).all())
+    whole = (
+        len(sentence_ends) == (document_ends[-1] if len(document_ends) else 0)
+        and (sentence_ends[-1] if len(sentence_ends) else 0) == len(ids)
+        and (np.diff(sentence_ends, prepend=0) > 0).all()
+        and (np.diff(document_ends, prepend=0) > 0).all()
+    )
     if not whole:
         return None
     sentences = np.split(np.asarray(ids), sentence_ends[:-1]) if len(sentence_ends) else []

@@ -7,6 +7,7 @@ CLI:
       --vocab_size=32000 [--lowercase]
   python -m bertjax.data.tokenization tokenize --kind=wordpiece --vocab=vocab.txt --text="Hello!"
 """
+
 from __future__ import annotations
 
 import argparse
@@ -124,7 +125,12 @@ class SentencePieceTokenizer:
         special = self.special_ids()
         mask = np.zeros(self.vocab_size, dtype=bool)
         for i in range(self.vocab_size):
-            if i in special or self._sp.is_control(i) or self._sp.is_unknown(i) or self._sp.is_unused(i):
+            if (
+                i in special
+                or self._sp.is_control(i)
+                or self._sp.is_unknown(i)
+                or self._sp.is_unused(i)
+            ):
                 continue
             mask[i] = not self._sp.id_to_piece(i).startswith("▁")
         return mask
@@ -213,19 +219,32 @@ def train_sentencepiece(
         raise ValueError(f"sentencepiece training failed: {str(e).strip()}") from None
     made = spm.SentencePieceProcessor(model_file=model_prefix + ".model").vocab_size()
     if made < vocab_size:
-        logging.info("SentencePiece: asked for %d pieces, made %d: the corpus holds too few "
-                     "distinct pieces for more (a larger corpus gives more; ids from %d up are "
-                     "never used)", vocab_size, made, made)
+        logging.info(
+            "SentencePiece: asked for %d pieces, made %d: the corpus holds too few "
+            "distinct pieces for more (a larger corpus gives more; ids from %d up are "
+            "never used)",
+            vocab_size,
+            made,
+            made,
+        )
     if counts["too_long"]:
-        logging.warning("SentencePiece left %d of %d lines longer than %d bytes out of learning "
-                        "its vocabulary (the data pipeline still tokenizes them)",
-                        counts["too_long"], counts["sentences"], max_sentence_length)
+        logging.warning(
+            "SentencePiece left %d of %d lines longer than %d bytes out of learning "
+            "its vocabulary (the data pipeline still tokenizes them)",
+            counts["too_long"],
+            counts["sentences"],
+            max_sentence_length,
+        )
     return model_prefix + ".model"
 
 
 def load_tokenizer(
-    kind: str, path: str, do_lower_case: bool = True, strip_accents: bool | None = None,
-    max_input_chars_per_word: int = 200, flag_prefix: str = "data.",
+    kind: str,
+    path: str,
+    do_lower_case: bool = True,
+    strip_accents: bool | None = None,
+    max_input_chars_per_word: int = 200,
+    flag_prefix: str = "data.",
 ) -> Tokenizer:
     """Build a tokenizer; case options and the word limit apply to WordPiece from a vocab.txt
     (SentencePiece models and tokenizer.json files carry their own: a WordPiece
@@ -233,8 +252,9 @@ def load_tokenizer(
     `kind` is refused in one line naming its kind (`flag_prefix`: where the entry point's
     `tokenizer` and `do_lower_case` fields are, for that line)."""
     if kind not in ("wordpiece", "sentencepiece", "bpe"):
-        raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'wordpiece', "
-                         "'sentencepiece' or 'bpe'")
+        raise ValueError(
+            f"unknown tokenizer kind {kind!r}; expected 'wordpiece', 'sentencepiece' or 'bpe'"
+        )
     found, what = _file_kind(path)
     if found is not None and found != kind:
         raise DataError(f"{path} is {what}: use {flag_prefix}tokenizer={found}")
@@ -245,12 +265,18 @@ def load_tokenizer(
     if what == WORDPIECE_JSON:
         vocab, casing = hf_json.wordpiece_vocab(path)
         if do_lower_case != casing.do_lower_case:
-            raise DataError(f"{path} is {'un' if casing.do_lower_case else ''}cased but "
-                            f"do_lower_case={do_lower_case}; set {flag_prefix}do_lower_case="
-                            f"{casing.do_lower_case}")
+            raise DataError(
+                f"{path} is {'un' if casing.do_lower_case else ''}cased but "
+                f"do_lower_case={do_lower_case}; set {flag_prefix}do_lower_case="
+                f"{casing.do_lower_case}"
+            )
         return WordPieceTokenizer(vocab, **casing._asdict())
-    return WordPieceTokenizer(path, do_lower_case=do_lower_case, strip_accents=strip_accents,
-                              max_input_chars_per_word=max_input_chars_per_word)
+    return WordPieceTokenizer(
+        path,
+        do_lower_case=do_lower_case,
+        strip_accents=strip_accents,
+        max_input_chars_per_word=max_input_chars_per_word,
+    )
 
 
 WORDPIECE_JSON = "a WordPiece tokenizer.json"
@@ -265,8 +291,10 @@ def file_kind(path: str) -> str | None:
 def _file_kind(path: str) -> tuple[str | None, str]:
     """`file_kind` and the file's description ("a WordPiece vocab.txt", ...)."""
     if files.isdir(path):
-        raise DataError(f"{path} is a directory: name the tokenizer file in it (a vocab.txt, "
-                        "tokenizer.json or SentencePiece .model)")
+        raise DataError(
+            f"{path} is a directory: name the tokenizer file in it (a vocab.txt, "
+            "tokenizer.json or SentencePiece .model)"
+        )
     data = read_bytes(path, "tokenizer file")
     try:
         text = data.decode("utf-8")
@@ -319,8 +347,9 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
 def _cmd_tokenize(args: argparse.Namespace) -> None:
     """Print the tokens and ids of one text."""
-    tokenizer = load_tokenizer(args.kind, args.vocab, do_lower_case=not args.cased,
-                               flag_prefix="--")
+    tokenizer = load_tokenizer(
+        args.kind, args.vocab, do_lower_case=not args.cased, flag_prefix="--"
+    )
     tokens = tokenizer.tokenize(args.text)
     print(" ".join(tokens))
     print(" ".join(map(str, tokenizer.convert_tokens_to_ids(tokens))))
@@ -328,22 +357,32 @@ def _cmd_tokenize(args: argparse.Namespace) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     """Argument parser with the train and tokenize subcommands."""
-    parser = argparse.ArgumentParser(prog="python -m bertjax.data.tokenization", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bertjax.data.tokenization", description=__doc__.split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train a SentencePiece model on text files")
-    train.add_argument("--input", required=True, help="comma-separated UTF-8 text files, one sentence per line")
+    train.add_argument(
+        "--input", required=True, help="comma-separated UTF-8 text files, one sentence per line"
+    )
     train.add_argument("--model_prefix", required=True, help="writes PREFIX.model and PREFIX.vocab")
     train.add_argument("--vocab_size", required=True, type=int)
     train.add_argument("--model_type", default="unigram", choices=_SP_MODEL_TYPES)
     train.add_argument("--character_coverage", default=0.9999, type=float)
-    train.add_argument("--lowercase", action="store_true", help="case-fold (nmt_nfkc_cf normalization)")
+    train.add_argument(
+        "--lowercase", action="store_true", help="case-fold (nmt_nfkc_cf normalization)"
+    )
     train.set_defaults(run=_cmd_train)
     tok = sub.add_parser("tokenize", help="print the tokens and ids of a text")
-    tok.add_argument("--kind", "--tokenizer", default="wordpiece",
-                     choices=("wordpiece", "sentencepiece", "bpe"))
-    tok.add_argument("--vocab", required=True,
-                     help="vocab.txt or tokenizer.json (wordpiece), .model (sentencepiece) or "
-                     "tokenizer.json (bpe)")
+    tok.add_argument(
+        "--kind", "--tokenizer", default="wordpiece", choices=("wordpiece", "sentencepiece", "bpe")
+    )
+    tok.add_argument(
+        "--vocab",
+        required=True,
+        help="vocab.txt or tokenizer.json (wordpiece), .model (sentencepiece) or "
+        "tokenizer.json (bpe)",
+    )
     tok.add_argument("--text", required=True)
     tok.add_argument("--cased", action="store_true", help="wordpiece: keep case and accents")
     tok.set_defaults(run=_cmd_tokenize)

@@ -1,4 +1,5 @@
 """Corpus tokenization for data preparation: token ids per sentence."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -12,8 +13,9 @@ from bertjax.data import tokenization
 MAX_SENTENCE_TOKENS = 4096
 
 
-def tokenize_documents(documents: Sequence[list[str]], tokenizer: tokenization.Tokenizer
-                       ) -> tuple[list[list[np.ndarray]], dict[str, int]]:
+def tokenize_documents(
+    documents: Sequence[list[str]], tokenizer: tokenization.Tokenizer
+) -> tuple[list[list[np.ndarray]], dict[str, int]]:
     """Token ids (int32 arrays, compact) per sentence; empty sentences and documents are
     dropped and counted, sentences over MAX_SENTENCE_TOKENS cut and counted."""
     tokenized = []

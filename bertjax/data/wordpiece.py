@@ -1,6 +1,7 @@
 """Google BERT's tokenization, reproduced exactly: text cleaning, CJK splitting, lower-casing
 and accent stripping, punctuation splitting (`basic_tokenize`), then greedy longest-match
 WordPiece with `##` continuations (`WordPieceTokenizer`, from a Google vocab.txt)."""
+
 from __future__ import annotations
 
 import functools
@@ -163,7 +164,9 @@ def _word_tokens(word: str, do_lower_case: bool, strip: bool) -> list[str]:
     return _split_on_punctuation(word)
 
 
-def basic_tokenize(text: str | bytes, do_lower_case: bool = True, strip_accents: bool | None = None) -> list[str]:
+def basic_tokenize(
+    text: str | bytes, do_lower_case: bool = True, strip_accents: bool | None = None
+) -> list[str]:
     """Google BERT's BasicTokenizer: clean, split CJK/whitespace/punctuation, normalize."""
     strip = do_lower_case if strip_accents is None else strip_accents
     tokens = []
@@ -212,7 +215,9 @@ class WordPieceTokenizer:
         # the search by it keeps greedy matching linear-ish without changing results.
         self._longest_token = max(len(t) for t in self._tokens)
         self.vocab_size = len(self._tokens)
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (self._ids[t] for t in SPECIAL_TOKENS)
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            self._ids[t] for t in SPECIAL_TOKENS
+        )
         self._word_ids: dict[str, tuple[int, ...]] = {}  # encode's remembered words
 
     def _longest_match(self, word: str, start: int) -> int:
@@ -252,9 +257,13 @@ class WordPieceTokenizer:
         for word in _words(text):
             found = remembered.get(word)
             if found is None:
-                found = tuple(self.convert_tokens_to_ids(
-                    piece for token in _word_tokens(word, self.do_lower_case, self.strip_accents)
-                    for piece in self.wordpiece(token)))
+                found = tuple(
+                    self.convert_tokens_to_ids(
+                        piece
+                        for token in _word_tokens(word, self.do_lower_case, self.strip_accents)
+                        for piece in self.wordpiece(token)
+                    )
+                )
                 if len(remembered) < WORDS_REMEMBERED:
                     remembered[word] = found
             ids.extend(found)

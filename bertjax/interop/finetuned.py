@@ -5,6 +5,7 @@ layers are stored `[labels, hidden]`, as a torch Linear's weight; the pooler goe
 the transformers class has one (sequence classification). A ModernBERT model gets the
 `ModernBertFor...` class of its task, whose weights (`head`, `classifier`) are its own
 parameters' names (`hf_modernbert` writes them)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,13 +36,18 @@ ENCODER_ONLY = HFHead("BertModel", {}, {}, True, "the encoder only: no pretraini
 
 
 def label_maps(labels: tuple[str, ...]) -> dict[str, Any]:
-    return {"num_labels": len(labels), "id2label": {str(i): name for i, name in enumerate(labels)},
-            "label2id": {name: i for i, name in enumerate(labels)}}
+    return {
+        "num_labels": len(labels),
+        "id2label": {str(i): name for i, name in enumerate(labels)},
+        "label2id": {name: i for i, name in enumerate(labels)},
+    }
 
 
 def _linear(prefix: str, output: dict[str, Any]) -> dict[str, np.ndarray]:
-    return {f"{prefix}.weight": np.asarray(output["output_weights"]),
-            f"{prefix}.bias": np.asarray(output["output_bias"])}
+    return {
+        f"{prefix}.weight": np.asarray(output["output_weights"]),
+        f"{prefix}.bias": np.asarray(output["output_bias"]),
+    }
 
 
 def hf_head(task_config: dict[str, Any], params: dict[str, Any], form: HfForm) -> HFHead:
@@ -55,25 +61,43 @@ def hf_head(task_config: dict[str, Any], params: dict[str, Any], form: HfForm) -
         return _linear(prefix, output) if form.output_layer_names else {}
 
     if task_config.get("causal_attention"):
-        raise ConversionError("a left-to-right (causal_attention) model has no transformers "
-                              "BERT class (they attend both ways); convert --to=bertjax or tf")
+        raise ConversionError(
+            "a left-to-right (causal_attention) model has no transformers "
+            "BERT class (they attend both ways); convert --to=bertjax or tf"
+        )
     if kind == "squad":
-        return HFHead(f"{family}ForQuestionAnswering",
-                      linear("qa_outputs", params.get("cls", {}).get("squad")), {}, False,
-                      "fine-tuned for SQuAD span prediction")
+        return HFHead(
+            f"{family}ForQuestionAnswering",
+            linear("qa_outputs", params.get("cls", {}).get("squad")),
+            {},
+            False,
+            "fine-tuned for SQuAD span prediction",
+        )
     if kind == "ner":
         if task_config.get("feature_based"):
-            raise ConversionError("a feature-based tagger (a BiLSTM on the frozen encoder's "
-                                  "last four layers) has no transformers class; convert "
-                                  "--to=bertjax or tf")
-        return HFHead(f"{family}ForTokenClassification", linear("classifier", params),
-                      label_maps(ner.LABELS), False, "fine-tuned for CoNLL-2003 NER")
+            raise ConversionError(
+                "a feature-based tagger (a BiLSTM on the frozen encoder's "
+                "last four layers) has no transformers class; convert "
+                "--to=bertjax or tf"
+            )
+        return HFHead(
+            f"{family}ForTokenClassification",
+            linear("classifier", params),
+            label_maps(ner.LABELS),
+            False,
+            "fine-tuned for CoNLL-2003 NER",
+        )
     if kind == "glue":
         spec = glue.get_task(task)
         if spec.is_regression:
             config = {**label_maps(("score",)), "problem_type": "regression"}
         else:
             config = {**label_maps(spec.class_names), "problem_type": "single_label_classification"}
-        return HFHead(f"{family}ForSequenceClassification", linear("classifier", params),
-                      config, form.sequence_pooler, f"fine-tuned on GLUE {spec.name}")
+        return HFHead(
+            f"{family}ForSequenceClassification",
+            linear("classifier", params),
+            config,
+            form.sequence_pooler,
+            f"fine-tuned on GLUE {spec.name}",
+        )
     raise ConversionError(f"fine-tuning kind {kind!r} has no Hugging Face form here")

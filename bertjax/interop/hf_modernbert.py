@@ -3,6 +3,7 @@ torch needed for safetensors), parallel to `hf` for BERT: names mapped, Linear w
 transposed ([out, in] in PyTorch), the fused Wqkv / Wi weights split into their parts
 (`bertjax.models.modernbert.model._SplitDense`), the decoder weight tied to the token embeddings checked,
 not stored twice."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,12 @@ from bertjax.models.modernbert import model as modernbert
 from bertjax.models.modernbert.config import ModernBertConfig
 
 HF_TIED = {"decoder.weight": "model.embeddings.tok_embeddings.weight"}
-FINETUNED_CLASSES = ("ModernBertForSequenceClassification", "ModernBertForTokenClassification",
-                     "ModernBertForQuestionAnswering", "ModernBertForMultipleChoice")
+FINETUNED_CLASSES = (
+    "ModernBertForSequenceClassification",
+    "ModernBertForTokenClassification",
+    "ModernBertForQuestionAnswering",
+    "ModernBertForMultipleChoice",
+)
 ROPE_TYPES = {"full_attention": "global_rope_theta", "sliding_attention": "local_rope_theta"}
 
 
@@ -31,8 +36,13 @@ def path_to_hf(path: str) -> tuple[str, str]:
     "copy", "linear" (transposed) or "split" (a `[H, parts, F]` kernel or `[parts, F]` bias
     of transformers' fused `[parts * F, H]` weight or `[parts * F]` bias)."""
     name = re.sub(r"/layer_(\d+)/", r"/layers/\1/", path)
-    kind = "split" if re.search(r"/(Wqkv|Wi)/", name) else \
-        "linear" if name.endswith("/kernel") else "copy"
+    kind = (
+        "split"
+        if re.search(r"/(Wqkv|Wi)/", name)
+        else "linear"
+        if name.endswith("/kernel")
+        else "copy"
+    )
     name = re.sub(r"/(kernel|scale)$", "/weight", name)
     if name.endswith("/tok_embeddings"):
         name += "/weight"
@@ -61,8 +71,9 @@ def from_hf(value: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
 def param_shapes(config: ModernBertConfig) -> dict[str, tuple[int, ...]]:
     """`{path: shape}` of ModernBertForMaskedLM's parameters for `config`."""
     model = modernbert.ModernBertForMaskedLM(config)
-    params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
-                                               *modernbert.example_inputs())["params"])
+    params = jax.eval_shape(
+        lambda: model.init(jax.random.PRNGKey(0), *modernbert.example_inputs())["params"]
+    )
     return {path: x.shape for path, x in tree.flatten(nn.meta.unbox(params)).items()}
 
 
@@ -70,34 +81,41 @@ def global_every(layer_types: list[str], where: str) -> int:
     """transformers' `layer_types` as bertjax's `global_attn_every_n_layers` n (layer i global
     when i % n == 0), refusing any other pattern."""
     for n in range(1, len(layer_types) + 1):
-        if layer_types == ["sliding_attention" if i % n else "full_attention"
-                           for i in range(len(layer_types))]:
+        if layer_types == [
+            "sliding_attention" if i % n else "full_attention" for i in range(len(layer_types))
+        ]:
             return n
-    raise tree.ConversionError(f"{where}: layer_types={layer_types} is not a global layer every "
-                               "n layers from layer 0, the only pattern bertjax supports")
+    raise tree.ConversionError(
+        f"{where}: layer_types={layer_types} is not a global layer every "
+        "n layers from layer 0, the only pattern bertjax supports"
+    )
 
 
 def hf_config(values: dict[str, Any], where: str) -> ModernBertConfig:
     """The ModernBertConfig of a transformers `config.json` (v5's `layer_types` and
     `rope_parameters`, or v4's `global_attn_every_n_layers` and rope thetas)."""
     if values.get("model_type") != "modernbert":
-        raise tree.ConversionError(f"{where}: model_type={values.get('model_type')!r}; expected "
-                                   "'modernbert'")
+        raise tree.ConversionError(
+            f"{where}: model_type={values.get('model_type')!r}; expected 'modernbert'"
+        )
     values = dict(values)
     if values.get("layer_types"):
         values["global_attn_every_n_layers"] = global_every(values["layer_types"], where)
     for layer_type, field in ROPE_TYPES.items():
         rope = (values.get("rope_parameters") or {}).get(layer_type) or {}
         if rope.get("rope_type", "default") != "default":
-            raise tree.ConversionError(f"{where}: rope_parameters.{layer_type}.rope_type="
-                                       f"{rope['rope_type']!r}; only 'default' RoPE is supported")
+            raise tree.ConversionError(
+                f"{where}: rope_parameters.{layer_type}.rope_type="
+                f"{rope['rope_type']!r}; only 'default' RoPE is supported"
+            )
         if "rope_theta" in rope:
             values[field] = rope["rope_theta"]
     for field in ("hidden_activation", "classifier_activation"):
         act = values.get(field, "gelu")
         if act not in HF_ACTIVATIONS:
-            raise tree.ConversionError(f"{where}: {field}={act!r}; supported: "
-                                       f"{sorted(HF_ACTIVATIONS)}")
+            raise tree.ConversionError(
+                f"{where}: {field}={act!r}; supported: {sorted(HF_ACTIVATIONS)}"
+            )
         values[field] = HF_ACTIVATIONS[act]
     if values.get("pad_token_id") is None:
         values.pop("pad_token_id", None)
@@ -107,8 +125,9 @@ def hf_config(values: dict[str, Any], where: str) -> ModernBertConfig:
         raise tree.ConversionError(f"{where}: {e}") from None
 
 
-def load_hf(path: str, report: tree.LoadReport | None = None
-            ) -> tuple[ModernBertConfig, dict[str, Any]]:
+def load_hf(
+    path: str, report: tree.LoadReport | None = None
+) -> tuple[ModernBertConfig, dict[str, Any]]:
     """Reads a transformers ModernBERT directory (`config.json` + `model.safetensors`, sharded
     safetensors, or `pytorch_model.bin` with torch): ModernBertForMaskedLM's parameters; of a
     fine-tuned `ModernBertFor...` class, its encoder and prediction head (`model`, `head`:
@@ -130,13 +149,14 @@ def load_hf(path: str, report: tree.LoadReport | None = None
     for name, value in tensors.items():
         if name in by_hf_name:
             bertjax_path = by_hf_name[name]
-            mapped[bertjax_path] = from_hf(value, path_to_hf(bertjax_path)[1],
-                                           shapes[bertjax_path])
+            mapped[bertjax_path] = from_hf(value, path_to_hf(bertjax_path)[1], shapes[bertjax_path])
         elif name in HF_TIED:
             tied_to = tensors.get(HF_TIED[name])
             if tied_to is not None and not np.array_equal(value, tied_to):
-                raise tree.ConversionError(f"{path}: {name} differs from {HF_TIED[name]}; "
-                                           "bertjax ties them, so it cannot hold these weights")
+                raise tree.ConversionError(
+                    f"{path}: {name} differs from {HF_TIED[name]}; "
+                    "bertjax ties them, so it cannot hold these weights"
+                )
             report.skipped[name] = f"tied to {HF_TIED[name]}"
         elif name.startswith(("model.", "head.", "decoder.")):
             mapped[name] = value  # reported by _collect as not fitting the config
@@ -146,22 +166,29 @@ def load_hf(path: str, report: tree.LoadReport | None = None
             report.skipped[name] = "not a ModernBertForMaskedLM weight"
     missing = sorted(set(shapes) - set(mapped))
     if missing:
-        raise tree.ConversionError(f"{path}: no {tree.few(missing)}: bertjax reads a "
-                                   "ModernBertForMaskedLM directory (the encoder and its MLM head)")
+        raise tree.ConversionError(
+            f"{path}: no {tree.few(missing)}: bertjax reads a "
+            "ModernBertForMaskedLM directory (the encoder and its MLM head)"
+        )
     unknown = sorted(set(mapped) - set(shapes))
     if unknown:
-        raise tree.ConversionError(f"{path}: the weights do not match its config: not in a model "
-                                   f"of that config: {tree.few(unknown)}")
+        raise tree.ConversionError(
+            f"{path}: the weights do not match its config: not in a model "
+            f"of that config: {tree.few(unknown)}"
+        )
     for name, shape in shapes.items():
         if mapped[name].shape != shape:
-            raise tree.ConversionError(f"{path}: weight {path_to_hf(name)[0]} does not fit the "
-                                       f"config: bertjax needs {shape}, got {mapped[name].shape}")
+            raise tree.ConversionError(
+                f"{path}: weight {path_to_hf(name)[0]} does not fit the "
+                f"config: bertjax needs {shape}, got {mapped[name].shape}"
+            )
     report.mapped = len(mapped)
     return config, tree.unflatten(mapped)
 
 
-def save_hf(config: ModernBertConfig, params: dict[str, Any], path: str,
-            head: HFHead | None = None) -> int:
+def save_hf(
+    config: ModernBertConfig, params: dict[str, Any], path: str, head: HFHead | None = None
+) -> int:
     """Writes `config.json` + `model.safetensors` that `transformers.AutoModelForMaskedLM
     .from_pretrained(path)` loads as a ModernBertForMaskedLM with no missing or unexpected
     weights (no torch needed); with `head` (a fine-tuned model: `model`, `head` and
@@ -180,20 +207,32 @@ def save_hf(config: ModernBertConfig, params: dict[str, Any], path: str,
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(weights, 0o666 & ~umask)  # safetensors writes 0600: give it an ordinary file's mode
-    values = {k: v for k, v in dataclasses.asdict(config).items()
-              if k not in ("dtype", "param_dtype", "remat_policy", "attention_impl")}
+    values = {
+        k: v
+        for k, v in dataclasses.asdict(config).items()
+        if k not in ("dtype", "param_dtype", "remat_policy", "attention_impl")
+    }
     values.update(
         hidden_activation=TO_HF_ACTIVATION[config.hidden_activation],
         classifier_activation=TO_HF_ACTIVATION[config.classifier_activation],
-        layer_types=["full_attention" if config.is_global(i) else "sliding_attention"
-                     for i in range(config.num_hidden_layers)],
-        rope_parameters={layer_type: {"rope_type": "default", "rope_theta": getattr(config, field)}
-                         for layer_type, field in ROPE_TYPES.items()},
+        layer_types=[
+            "full_attention" if config.is_global(i) else "sliding_attention"
+            for i in range(config.num_hidden_layers)
+        ],
+        rope_parameters={
+            layer_type: {"rope_type": "default", "rope_theta": getattr(config, field)}
+            for layer_type, field in ROPE_TYPES.items()
+        },
         model_type="modernbert",
         architectures=[head.architecture if head else "ModernBertForMaskedLM"],
-        tie_word_embeddings=head is None, **(head.config if head else {}),
+        tie_word_embeddings=head is None,
+        **(head.config if head else {}),
         # Not transformers' defaults (ModernBERT-base's ids, outside a smaller vocabulary):
         # the tokenizer written beside the weights names its special tokens.
-        bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)
+        bos_token_id=None,
+        eos_token_id=None,
+        cls_token_id=None,
+        sep_token_id=None,
+    )
     tree.write_json(os.path.join(path, "config.json"), values)
     return sum(int(np.size(v)) for v in tensors.values())

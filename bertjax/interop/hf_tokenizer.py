@@ -12,6 +12,7 @@ The other way (`tokenizer_file`, `json_tokenizer_file`): the tokenizer beside a 
 Hugging Face checkpoint, including a `tokenizer.json` alone (read as transformers reads it:
 `data.hf_json`), of Google's WordPiece form (read as bertjax's WordPiece, cased as transformers
 would), BPE, or the Unigram form written here."""
+
 from __future__ import annotations
 
 import base64
@@ -35,8 +36,13 @@ from bertjax.data.tokenization import (
 from bertjax.interop import tree
 from bertjax.runtime import files
 
-SPECIAL_TOKENS = {"pad_token": PAD, "unk_token": UNK, "cls_token": CLS, "sep_token": SEP,
-                  "mask_token": MASK}
+SPECIAL_TOKENS = {
+    "pad_token": PAD,
+    "unk_token": UNK,
+    "cls_token": CLS,
+    "sep_token": SEP,
+    "mask_token": MASK,
+}
 # SentencePiece models beside a checkpoint: bertjax's and transformers' usual names.
 SENTENCEPIECE_FILES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
 UNIGRAM = 1  # sentencepiece's TrainerSpec.model_type
@@ -48,40 +54,62 @@ def _sentencepiece_model(tokenizer: SentencePieceTokenizer) -> tk.Tokenizer:
     proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # (generated, no stubs)
     proto.ParseFromString(tokenizer.model_proto())
     if proto.trainer_spec.model_type != UNIGRAM:
-        raise tree.ConversionError("only unigram SentencePiece models have a tokenizer.json "
-                                   "form here (this one is not unigram)")
-    hf = tk.Tokenizer(tk.models.Unigram([(p.piece, p.score) for p in proto.pieces],
-                                        unk_id=proto.trainer_spec.unk_id,
-                                        byte_fallback=proto.trainer_spec.byte_fallback))
+        raise tree.ConversionError(
+            "only unigram SentencePiece models have a tokenizer.json "
+            "form here (this one is not unigram)"
+        )
+    hf = tk.Tokenizer(
+        tk.models.Unigram(
+            [(p.piece, p.score) for p in proto.pieces],
+            unk_id=proto.trainer_spec.unk_id,
+            byte_fallback=proto.trainer_spec.byte_fallback,
+        )
+    )
     steps: list[tk.normalizers.Normalizer] = []
     if proto.normalizer_spec.precompiled_charsmap:
         steps.append(tk.normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
     if proto.normalizer_spec.remove_extra_whitespaces:
-        steps += [tk.normalizers.Strip(left=True, right=True),
-                  tk.normalizers.Replace(tk.Regex(" {2,}"), " ")]
+        steps += [
+            tk.normalizers.Strip(left=True, right=True),
+            tk.normalizers.Replace(tk.Regex(" {2,}"), " "),
+        ]
     hf.normalizer = tk.normalizers.Sequence(steps)
     scheme = "always" if proto.normalizer_spec.add_dummy_prefix else "never"
-    hf.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme,
-                                                   split=proto.trainer_spec.split_by_whitespace)
+    hf.pre_tokenizer = tk.pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme=scheme, split=proto.trainer_spec.split_by_whitespace
+    )
     hf.decoder = tk.decoders.Metaspace(replacement="▁", prepend_scheme=scheme)
-    hf.add_special_tokens([tk.AddedToken(p.piece, normalized=False, special=True)
-                           for p in proto.pieces if p.type in SPECIAL_PIECE_TYPES])
+    hf.add_special_tokens(
+        [
+            tk.AddedToken(p.piece, normalized=False, special=True)
+            for p in proto.pieces
+            if p.type in SPECIAL_PIECE_TYPES
+        ]
+    )
     return hf
 
 
 def _wordpiece_model(tokenizer: WordPieceTokenizer) -> tk.Tokenizer:
     """The `tokenizers` WordPiece tokenizer (no template yet) of Google's tokenizer."""
     tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
-    hf = tk.Tokenizer(tk.models.WordPiece(
-        {token: i for i, token in enumerate(tokens)}, unk_token=UNK,
-        max_input_chars_per_word=tokenizer.max_input_chars_per_word))
+    hf = tk.Tokenizer(
+        tk.models.WordPiece(
+            {token: i for i, token in enumerate(tokens)},
+            unk_token=UNK,
+            max_input_chars_per_word=tokenizer.max_input_chars_per_word,
+        )
+    )
     hf.normalizer = tk.normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=tokenizer.strip_accents,
-        lowercase=tokenizer.do_lower_case)
+        clean_text=True,
+        handle_chinese_chars=True,
+        strip_accents=tokenizer.strip_accents,
+        lowercase=tokenizer.do_lower_case,
+    )
     hf.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
     hf.decoder = tk.decoders.WordPiece(prefix="##")
-    hf.add_special_tokens([tk.AddedToken(token, normalized=False, special=True)
-                           for token in SPECIAL_TOKENS.values()])
+    hf.add_special_tokens(
+        [tk.AddedToken(token, normalized=False, special=True) for token in SPECIAL_TOKENS.values()]
+    )
     return hf
 
 
@@ -93,8 +121,10 @@ def tokenizer_json(tokenizer: Tokenizer) -> str:
         assert isinstance(tokenizer, SentencePieceTokenizer)  # (save_tokenizer's other kind)
         hf = _sentencepiece_model(tokenizer)
     hf.post_processor = tk.processors.TemplateProcessing(
-        single=f"{CLS} $A {SEP}", pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
-        special_tokens=[(CLS, tokenizer.cls_id), (SEP, tokenizer.sep_id)])
+        single=f"{CLS} $A {SEP}",
+        pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+        special_tokens=[(CLS, tokenizer.cls_id), (SEP, tokenizer.sep_id)],
+    )
     return hf.to_str(pretty=True)
 
 
@@ -106,25 +136,30 @@ def save_vocab(tokenizer: WordPieceTokenizer, path: str) -> list[str]:
     return ["vocab.txt"]
 
 
-def save_tokenizer(tokenizer: Tokenizer, path: str, model_max_length: int,
-                   token_type_ids: bool) -> list[str]:
+def save_tokenizer(
+    tokenizer: Tokenizer, path: str, model_max_length: int, token_type_ids: bool
+) -> list[str]:
     """Writes the tokenizer files for `AutoTokenizer` into `path`; returns their names (a BPE
     tokenizer.json is written as it was read). `token_type_ids`: whether the model takes them
     (BERT does, ModernBERT not), for tokenizer_config.json's `model_input_names`."""
-    if not isinstance(tokenizer, (WordPieceTokenizer, SentencePieceTokenizer,
-                                  bpe.BpeTokenizer)):
+    if not isinstance(tokenizer, (WordPieceTokenizer, SentencePieceTokenizer, bpe.BpeTokenizer)):
         raise tree.ConversionError(f"no Hugging Face form for a {type(tokenizer).__name__}")
     byte_level = isinstance(tokenizer, bpe.BpeTokenizer)
-    config: dict = {**SPECIAL_TOKENS, "model_max_length": model_max_length,
-                    "model_input_names": ["input_ids", *(["token_type_ids"] if token_type_ids
-                                                         else []), "attention_mask"],
-                    "tokenizer_class": "PreTrainedTokenizerFast"}
+    config: dict = {
+        **SPECIAL_TOKENS,
+        "model_max_length": model_max_length,
+        "model_input_names": [
+            "input_ids",
+            *(["token_type_ids"] if token_type_ids else []),
+            "attention_mask",
+        ],
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
     if isinstance(tokenizer, bpe.BpeTokenizer):
         names = bpe.save(tokenizer, path)
     elif isinstance(tokenizer, WordPieceTokenizer):
         names = save_vocab(tokenizer, path)
-        config.update(do_lower_case=tokenizer.do_lower_case,
-                      strip_accents=tokenizer.strip_accents)
+        config.update(do_lower_case=tokenizer.do_lower_case, strip_accents=tokenizer.strip_accents)
     else:  # the model itself too, from which bertjax reads it back exactly
         names = [SENTENCEPIECE_FILES[0]]
         with files.open(os.path.join(path, names[0]), "wb") as f:
@@ -150,9 +185,11 @@ def tokenizer_file(directory: str) -> tuple[str, str, hf_json.Casing | None]:
     json_path = os.path.join(directory, "tokenizer.json")
     if files.isfile(json_path):
         return json_tokenizer_file(json_path)
-    raise tree.ConversionError(f"no tokenizer in {directory}: bertjax looks for vocab.txt, "
-                               f"tokenizer.json or a SentencePiece model "
-                               f"({', '.join(SENTENCEPIECE_FILES)})")
+    raise tree.ConversionError(
+        f"no tokenizer in {directory}: bertjax looks for vocab.txt, "
+        f"tokenizer.json or a SentencePiece model "
+        f"({', '.join(SENTENCEPIECE_FILES)})"
+    )
 
 
 def json_tokenizer_file(path: str) -> tuple[str, str, hf_json.Casing | None]:
@@ -172,7 +209,8 @@ def json_tokenizer_file(path: str) -> tuple[str, str, hf_json.Casing | None]:
     raise tree.ConversionError(
         f"{path} is a {model} tokenizer.json of a form bertjax cannot reproduce: it reads "
         f"vocab.txt (WordPiece), a SentencePiece model ({', '.join(SENTENCEPIECE_FILES)}) or a "
-        "WordPiece, BPE or (bertjax's) Unigram tokenizer.json")
+        "WordPiece, BPE or (bertjax's) Unigram tokenizer.json"
+    )
 
 
 def _unigram_proto(spec: dict) -> bytes | None:
@@ -180,16 +218,31 @@ def _unigram_proto(spec: dict) -> bytes | None:
     writes (the inverse of `_sentencepiece_model`); None for any other form."""
     steps = (spec.get("normalizer") or {}).get("normalizers", [])
     pre = spec.get("pre_tokenizer") or {}
-    if pre.get("type") != "Metaspace" or pre.get("prepend_scheme") not in ("always", "never") \
-            or any(s.get("type") not in ("Precompiled", "Strip", "Replace") or s["type"] ==
-                   "Replace" and (s.get("pattern"), s.get("content")) != ({"Regex": " {2,}"}, " ")
-                   for s in steps):
+    if (
+        pre.get("type") != "Metaspace"
+        or pre.get("prepend_scheme") not in ("always", "never")
+        or any(
+            s.get("type") not in ("Precompiled", "Strip", "Replace")
+            or s["type"] == "Replace"
+            and (s.get("pattern"), s.get("content")) != ({"Regex": " {2,}"}, " ")
+            for s in steps
+        )
+    ):
         return None
     model, added = spec["model"], {t["content"] for t in spec.get("added_tokens", [])}
     proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # (generated, no stubs)
     for i, (piece, score) in enumerate(model["vocab"]):
-        kind = 2 if i == model["unk_id"] else 3 if piece == PAD else 4 if piece in added else \
-            6 if model.get("byte_fallback") and re.fullmatch(r"<0x[0-9A-F]{2}>", piece) else 1
+        kind = (
+            2
+            if i == model["unk_id"]
+            else 3
+            if piece == PAD
+            else 4
+            if piece in added
+            else 6
+            if model.get("byte_fallback") and re.fullmatch(r"<0x[0-9A-F]{2}>", piece)
+            else 1
+        )
         proto.pieces.add(piece=piece, score=score, type=kind)
     pieces = [p.piece for p in proto.pieces]
     proto.trainer_spec.model_type = UNIGRAM

@@ -3,6 +3,7 @@ pretraining workdir or its `checkpoints/` folder, a fine-tuning workdir (its bes
 seed's folder, or a params-only checkpoint written by `save_bertjax` (what `python -m
 bertjax.convert` writes for `train.init_checkpoint`). A directory's tokenizer lives beside
 its checkpoints (`save_tokenizer`), so that it stands alone."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,11 @@ SENTENCEPIECE_FILE = hf_tokenizer.SENTENCEPIECE_FILES[0]
 def seed_dirs(path: str) -> list[str]:
     """The `seed_N` folders of a fine-tuning workdir (none for any other path)."""
     names = files.listdir(path) if files.isdir(path) else []
-    return [os.path.join(path, n) for n in sorted(names, key=lambda n: n[5:].zfill(9))
-            if n.startswith("seed_") and files.isdir(os.path.join(path, n, "checkpoints"))]
+    return [
+        os.path.join(path, n)
+        for n in sorted(names, key=lambda n: n[5:].zfill(9))
+        if n.startswith("seed_") and files.isdir(os.path.join(path, n, "checkpoints"))
+    ]
 
 
 def best_seed(workdir: str, seeds: list[str]) -> str:
@@ -36,8 +40,10 @@ def best_seed(workdir: str, seeds: list[str]) -> str:
     try:
         with files.open(os.path.join(workdir, "summary.json"), encoding="utf-8") as f:
             summary = json.load(f)
-        scores = {f"seed_{r['seed']}": next(iter(r["dev"].values()))[summary["main_metric"]]
-                  for r in summary["seeds"]}
+        scores = {
+            f"seed_{r['seed']}": next(iter(r["dev"].values()))[summary["main_metric"]]
+            for r in summary["seeds"]
+        }
     except (OSError, ValueError, KeyError, StopIteration):
         return seeds[0]
     ranked = [s for s in seeds if os.path.basename(s) in scores]
@@ -65,8 +71,9 @@ def config_from_meta(meta: dict, directory: str) -> families.ModelConfig:
     pretraining run's full model config, else the architecture of a params-only checkpoint;
     of the family its record names (`families.from_record`: BERT's records name none)."""
     if "family" in meta.get("model", {}):  # (recorded since families)
-        return families.from_record(json.loads(meta["config"])["model"]
-                                    if "config" in meta else meta["model"])
+        return families.from_record(
+            json.loads(meta["config"])["model"] if "config" in meta else meta["model"]
+        )
     if "bert_config" in meta:  # fine-tuned
         return families.from_record(meta["bert_config"])
     run = json.loads(meta["config"]) if "config" in meta else {}
@@ -76,7 +83,8 @@ def config_from_meta(meta: dict, directory: str) -> families.ModelConfig:
         return families.from_record(meta["model"])
     raise tree.ConversionError(
         f"{directory} is a fine-tuning checkpoint from a bertjax that did not record its model "
-        "there; fine-tune again (same command, a new --workdir) to make one that can be read")
+        "there; fine-tune again (same command, a new --workdir) to make one that can be read"
+    )
 
 
 def config_of(directory: str) -> families.ModelConfig:
@@ -90,8 +98,9 @@ def finetuned_config(path: str) -> dict | None:
     return json.loads(meta["config"]) if "task" in meta else None
 
 
-def load_bertjax(path: str, report: tree.LoadReport | None = None
-                 ) -> tuple[families.ModelConfig, dict[str, Any]]:
+def load_bertjax(
+    path: str, report: tree.LoadReport | None = None
+) -> tuple[families.ModelConfig, dict[str, Any]]:
     """Reads every parameter of the latest bertjax checkpoint in a checkpoint directory or
     workdir onto the host (numpy), with unrolled layers: BertForPreTraining's (or
     ModernBertForMaskedLM's), or a fine-tuned model's encoder (`bert`) and output layer."""
@@ -124,9 +133,13 @@ def save_tokenizer(tokenizer: tokenization.Tokenizer, directory: str) -> list[st
     spec: dict[str, Any] = {"fingerprint": tokenizer.fingerprint()}
     if isinstance(tokenizer, tokenization.WordPieceTokenizer):
         names = hf_tokenizer.save_vocab(tokenizer, directory)
-        spec.update(kind="wordpiece", file=names[0], do_lower_case=tokenizer.do_lower_case,
-                    strip_accents=tokenizer.strip_accents,
-                    max_input_chars_per_word=tokenizer.max_input_chars_per_word)
+        spec.update(
+            kind="wordpiece",
+            file=names[0],
+            do_lower_case=tokenizer.do_lower_case,
+            strip_accents=tokenizer.strip_accents,
+            max_input_chars_per_word=tokenizer.max_input_chars_per_word,
+        )
     elif isinstance(tokenizer, bpe.BpeTokenizer):
         names = bpe.save(tokenizer, directory)
         spec.update(kind="bpe", file=names[0])
@@ -136,8 +149,9 @@ def save_tokenizer(tokenizer: tokenization.Tokenizer, directory: str) -> list[st
         names = [SENTENCEPIECE_FILE]
         spec.update(kind="sentencepiece", file=SENTENCEPIECE_FILE)
     else:
-        raise tree.ConversionError(f"a {type(tokenizer).__name__} cannot be written beside a "
-                                   "checkpoint")
+        raise tree.ConversionError(
+            f"a {type(tokenizer).__name__} cannot be written beside a checkpoint"
+        )
     tree.write_json(os.path.join(directory, TOKENIZER_FILE), spec)
     return names + [TOKENIZER_FILE]
 
@@ -148,7 +162,8 @@ def tokenizer_beside(path: str) -> tokenization.Tokenizer | None:
     directories, path = [path], path.rstrip("/")
     for _ in range(2):  # WORKDIR/seed_N/checkpoints -> WORKDIR/seed_N -> WORKDIR
         if os.path.basename(path) != "checkpoints" and not os.path.basename(path).startswith(
-                "seed_"):
+            "seed_"
+        ):
             break
         path = os.path.dirname(path)
         directories.append(path)
@@ -156,14 +171,22 @@ def tokenizer_beside(path: str) -> tokenization.Tokenizer | None:
         spec_path = os.path.join(directory, TOKENIZER_FILE)
         if files.isfile(spec_path):
             spec = tree.read_json_config(spec_path, "bertjax tokenizer")
-            tokenizer = bpe.BpeTokenizer(os.path.join(directory, spec["file"])) \
-                if spec["kind"] == "bpe" else tokenization.load_tokenizer(
-                spec["kind"], os.path.join(directory, spec["file"]),
-                spec.get("do_lower_case", True), spec.get("strip_accents"),
-                spec.get("max_input_chars_per_word", 200))
+            tokenizer = (
+                bpe.BpeTokenizer(os.path.join(directory, spec["file"]))
+                if spec["kind"] == "bpe"
+                else tokenization.load_tokenizer(
+                    spec["kind"],
+                    os.path.join(directory, spec["file"]),
+                    spec.get("do_lower_case", True),
+                    spec.get("strip_accents"),
+                    spec.get("max_input_chars_per_word", 200),
+                )
+            )
             if tokenizer.fingerprint() != spec["fingerprint"]:
-                raise tree.ConversionError(f"{os.path.join(directory, spec['file'])} is not the "
-                                           f"tokenizer {spec_path} recorded (its fingerprint "
-                                           "differs): the file was changed or replaced")
+                raise tree.ConversionError(
+                    f"{os.path.join(directory, spec['file'])} is not the "
+                    f"tokenizer {spec_path} recorded (its fingerprint "
+                    "differs): the file was changed or replaced"
+                )
             return tokenizer
     return None

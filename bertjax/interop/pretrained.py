@@ -4,6 +4,7 @@ checkpoint or a Hugging Face directory (BERT or ModernBERT, told by config.json'
 `model_type`). The one place that reads pretrained weights (`load_pretrained`) and decides
 which architecture (`model_config_of`) and tokenizer (`tokenizer_of`) go with them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,9 @@ def hf_family(path: str) -> families.Family:
     return families.by_hf_type(values.get("model_type", ""))
 
 
-def load_hf(path: str, report: tree.LoadReport | None = None
-            ) -> tuple[families.ModelConfig, dict[str, Any]]:
+def load_hf(
+    path: str, report: tree.LoadReport | None = None
+) -> tuple[families.ModelConfig, dict[str, Any]]:
     """A Hugging Face directory of any family with a transformers form (`model_type`)."""
     return hf_family(path).hf_form.read(path, report)
 
@@ -70,15 +72,18 @@ def detect_format(path: str) -> str:
         "cannot tell the checkpoint format of " + path + ": expected a Google TF checkpoint "
         "(bert_config.json + bert_model.ckpt.index/.data-*), a Hugging Face directory "
         "(config.json + model.safetensors or pytorch_model.bin) or a bertjax checkpoint directory "
-        "(a pretraining or fine-tuning workdir)")
+        "(a pretraining or fine-tuning workdir)"
+    )
 
 
 def check_exists(path: str, field: str) -> None:
     """Refuses a checkpoint path that does not exist, before anything reads (or creates)
     it; `field` names the config field in the message."""
     if not (files.exists(path) or files.exists(path + ".index")):
-        raise PretrainedError(f"{field}={path!r} does not exist; give a bertjax pretraining "
-                              "workdir, a Google TF or a Hugging Face checkpoint directory")
+        raise PretrainedError(
+            f"{field}={path!r} does not exist; give a bertjax pretraining "
+            "workdir, a Google TF or a Hugging Face checkpoint directory"
+        )
 
 
 def google_or_hf(path: str) -> bool:
@@ -89,8 +94,9 @@ def google_or_hf(path: str) -> bool:
         return False  # not a checkpoint at all: the bertjax reader names the problem
 
 
-def read(path: str, report: tree.LoadReport | None = None
-         ) -> tuple[families.ModelConfig, dict[str, Any]]:
+def read(
+    path: str, report: tree.LoadReport | None = None
+) -> tuple[families.ModelConfig, dict[str, Any]]:
     """Any supported checkpoint (format detected; local or a URL) as `(config, numpy params)`,
     unrolled layers."""
     report = report if report is not None else tree.LoadReport()
@@ -111,28 +117,38 @@ def other_family(found: families.ModelConfig, run_family: str, where: str) -> st
     """The refusal of a checkpoint whose family is not the run's, naming the configs of
     the checkpoint's family."""
     found_family = families.of(found)
-    return (f"init_checkpoint {where} holds a {found_family.title} model but the "
-            f"run's model is {families.get(run_family).title}: start from a "
-            f"{found_family.title} config, {found_family.configs}")
+    return (
+        f"init_checkpoint {where} holds a {found_family.title} model but the "
+        f"run's model is {families.get(run_family).title}: start from a "
+        f"{found_family.title} config, {found_family.configs}"
+    )
 
 
-def check_architecture(found: families.ModelConfig, run: families.ModelConfig,
-                       where: str) -> None:
+def check_architecture(found: families.ModelConfig, run: families.ModelConfig, where: str) -> None:
     """Refuses a checkpoint whose architecture differs from the run's model config (or of
     another family: a ModernBERT one for a BERT run, or the reverse)."""
     if families.name_of(found) != families.name_of(run):
         raise ConversionError(other_family(found, families.name_of(run), where))
-    diffs = [f"{f}: checkpoint {value!r}, config.model {getattr(run, f)!r}"
-             for f, value in families.architecture(found).items() if value != getattr(run, f)]
+    diffs = [
+        f"{f}: checkpoint {value!r}, config.model {getattr(run, f)!r}"
+        for f, value in families.architecture(found).items()
+        if value != getattr(run, f)
+    ]
     if diffs:
-        raise ConversionError(f"init_checkpoint {where} does not fit the model config:\n  "
-                              + "\n  ".join(diffs)
-                              + "\nSet config.model.* to the checkpoint's values.")
+        raise ConversionError(
+            f"init_checkpoint {where} does not fit the model config:\n  "
+            + "\n  ".join(diffs)
+            + "\nSet config.model.* to the checkpoint's values."
+        )
 
 
-def load_pretrained(path: str, abstract_params: dict[str, Any],
-                    model_config: families.ModelConfig, reuse: bool = False,
-                    optional: tuple[str, ...] = ()) -> Any:
+def load_pretrained(
+    path: str,
+    abstract_params: dict[str, Any],
+    model_config: families.ModelConfig,
+    reuse: bool = False,
+    optional: tuple[str, ...] = (),
+) -> Any:
     """The parameters of the checkpoint at `path` (any format) for a model of `model_config`,
     placed like `abstract_params`: the whole BertForPreTraining (ModernBertForMaskedLM) tree
     (pretraining from a checkpoint) or some of its top-level entries (`{"bert": ...}`, for
@@ -154,25 +170,36 @@ def load_pretrained(path: str, abstract_params: dict[str, Any],
     absent = set(abstract_params) - set(params)
     missing = sorted(absent - set(optional))
     if missing:
-        raise ConversionError(f"init_checkpoint {path} has no {', '.join(missing)} parameters "
-                              "(a fine-tuned model holds its encoder and a task's output layer; "
-                              "a bare encoder, no pretraining head): start from a pretraining "
-                              "checkpoint")
+        raise ConversionError(
+            f"init_checkpoint {path} has no {', '.join(missing)} parameters "
+            "(a fine-tuned model holds its encoder and a task's output layer; "
+            "a bare encoder, no pretraining head): start from a pretraining "
+            "checkpoint"
+        )
     for name in sorted(absent):
-        logging.warning("init_checkpoint %s has no %s parameters: they start from their "
-                        "random initialisation, as transformers does", path, name)
+        logging.warning(
+            "init_checkpoint %s has no %s parameters: they start from their "
+            "random initialisation, as transformers does",
+            path,
+            name,
+        )
     if getattr(model_config, "scan_layers", False):
         params = tree.stack_layers(params)
     wanted = {name: abstract for name, abstract in abstract_params.items() if name in params}
-    return jax.tree.map(lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
-                        {name: params[name] for name in wanted}, wanted)
+    return jax.tree.map(
+        lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
+        {name: params[name] for name in wanted},
+        wanted,
+    )
 
 
 def abstract_params_on_one_device(model: nn.Module) -> Any:
     """The model's parameter shapes, placed on the first device (a restore target)."""
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                        families.abstract_params(model))
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+        families.abstract_params(model),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,22 +236,29 @@ def pretraining_run(source: Source) -> PretrainingRun:
         return PretrainingRun({})
     check_exists(source.init_checkpoint, "init_checkpoint")
     if google_or_hf(source.init_checkpoint):  # architecture from bert_config.json/config.json
-        hf_task = (hf.finetuned_task(source.init_checkpoint)
-                   if detect_format(source.init_checkpoint) == "hf" else "")
-        return PretrainingRun(families.as_record(_read_once(source.init_checkpoint)[0]),
-                              finetuned_task=hf_task)
+        hf_task = (
+            hf.finetuned_task(source.init_checkpoint)
+            if detect_format(source.init_checkpoint) == "hf"
+            else ""
+        )
+        return PretrainingRun(
+            families.as_record(_read_once(source.init_checkpoint)[0]), finetuned_task=hf_task
+        )
     directory = native.checkpoint_dir(source.init_checkpoint)
     try:
         meta = checkpoint.read_meta(directory)
     except FileNotFoundError as e:
         raise PretrainedError(f"init_checkpoint={source.init_checkpoint!r}: {e}") from e
     if "task" in meta:  # a fine-tuned model: its encoder and tokenizer
-        return PretrainingRun(families.as_record(native.config_from_meta(meta, directory)),
-                              tokenizer_fingerprint=meta.get("tokenizer_fingerprint"),
-                              finetuned_task=meta["task"] or json.loads(meta["config"])["kind"])
+        return PretrainingRun(
+            families.as_record(native.config_from_meta(meta, directory)),
+            tokenizer_fingerprint=meta.get("tokenizer_fingerprint"),
+            finetuned_task=meta["task"] or json.loads(meta["config"])["kind"],
+        )
     config = json.loads(meta["config"]) if "config" in meta else None  # None: params-only
-    return PretrainingRun(meta["model"], config and ml_collections.ConfigDict(config),
-                          meta.get("tokenizer"))
+    return PretrainingRun(
+        meta["model"], config and ml_collections.ConfigDict(config), meta.get("tokenizer")
+    )
 
 
 def model_config_of(source: Source, pretrain: PretrainingRun) -> families.ModelConfig:
@@ -244,20 +278,26 @@ def tokenizer_of(source: Source, pretrain: PretrainingRun) -> tokenization.Token
         return _vocab_beside(source)
     elif pretrain.config is None:  # a fine-tuned or converted model: its tokenizer beside it
         if not source.init_checkpoint:
-            raise PretrainedError(f"set {source.vocab_flag} (no init_checkpoint to take the "
-                                  "tokenizer from)")
+            raise PretrainedError(
+                f"set {source.vocab_flag} (no init_checkpoint to take the tokenizer from)"
+            )
         tokenizer = native.tokenizer_beside(source.init_checkpoint) or _vocab_beside(source)
     else:
         tokenizer = _pretraining_tokenizer(source, pretrain)
     expected = pretrain.tokenizer_fingerprint
     if expected and tokenizer.fingerprint() != expected:
-        what = (f"vocab_file={source.vocab_file!r}" if source.vocab_file
-                else "the tokenizer rebuilt from the pretraining corpus")
-        raise PretrainedError(f"{what} is not the tokenizer init_checkpoint="
-                              f"{source.init_checkpoint!r} was pretrained with (fingerprint "
-                              f"{tokenizer.fingerprint()[:12]}, checkpoint {expected[:12]}); "
-                              f"pass {source.vocab_flag}=PATH to that run's vocabulary or .model "
-                              "file (with its do_lower_case)")
+        what = (
+            f"vocab_file={source.vocab_file!r}"
+            if source.vocab_file
+            else "the tokenizer rebuilt from the pretraining corpus"
+        )
+        raise PretrainedError(
+            f"{what} is not the tokenizer init_checkpoint="
+            f"{source.init_checkpoint!r} was pretrained with (fingerprint "
+            f"{tokenizer.fingerprint()[:12]}, checkpoint {expected[:12]}); "
+            f"pass {source.vocab_flag}=PATH to that run's vocabulary or .model "
+            "file (with its do_lower_case)"
+        )
     return tokenizer
 
 
@@ -274,32 +314,48 @@ def _vocab_file_tokenizer(source: Source) -> tokenization.Tokenizer:
     path = source.vocab_file
     try:
         if files.isdir(path) or (not source.tokenizer and path.endswith(".json")):
-            return _tokenizer_from(path, hf_tokenizer.tokenizer_file(path) if files.isdir(path)
-                                   else hf_tokenizer.json_tokenizer_file(path),
-                                   source.do_lower_case, source.vocab_flag)
-        kind = source.tokenizer or tokenization.file_kind(path) or (
-            "sentencepiece" if path.endswith(".model") else "wordpiece")
-        return tokenization.load_tokenizer(kind, path, source.do_lower_case,
-                                           flag_prefix=source.vocab_flag.removesuffix("vocab_file"))
+            return _tokenizer_from(
+                path,
+                hf_tokenizer.tokenizer_file(path)
+                if files.isdir(path)
+                else hf_tokenizer.json_tokenizer_file(path),
+                source.do_lower_case,
+                source.vocab_flag,
+            )
+        kind = (
+            source.tokenizer
+            or tokenization.file_kind(path)
+            or ("sentencepiece" if path.endswith(".model") else "wordpiece")
+        )
+        return tokenization.load_tokenizer(
+            kind,
+            path,
+            source.do_lower_case,
+            flag_prefix=source.vocab_flag.removesuffix("vocab_file"),
+        )
     except (ValueError, FileNotFoundError) as e:  # (e.g. not a SentencePiece model)
         raise PretrainedError(f"{source.vocab_flag}={path}: {e}") from e
 
 
-def checkpoint_tokenizer(path: str, do_lower_case: bool | None,
-                         vocab_flag: str = "") -> tokenization.Tokenizer:
+def checkpoint_tokenizer(
+    path: str, do_lower_case: bool | None, vocab_flag: str = ""
+) -> tokenization.Tokenizer:
     """The `vocab.txt`, SentencePiece model or `tokenizer.json` beside the Google / Hugging Face
     checkpoint at `path` (local or a URL): `_tokenizer_from`."""
     try:
         local = staging.local_checkpoint(path, detect_format(path))
-        found = hf_tokenizer.tokenizer_file(local if files.isdir(local)
-                                            else os.path.dirname(local))
+        found = hf_tokenizer.tokenizer_file(local if files.isdir(local) else os.path.dirname(local))
     except (ConversionError, pipeline.DataError) as e:
         raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) from None
     return _tokenizer_from(path, found, do_lower_case, vocab_flag)
 
 
-def _tokenizer_from(path: str, found: tuple[str, str, hf_json.Casing | None],
-                    do_lower_case: bool | None, vocab_flag: str) -> tokenization.Tokenizer:
+def _tokenizer_from(
+    path: str,
+    found: tuple[str, str, hf_json.Casing | None],
+    do_lower_case: bool | None,
+    vocab_flag: str,
+) -> tokenization.Tokenizer:
     """The tokenizer of `found` (`hf_tokenizer.tokenizer_file`'s answer for `path`). WordPiece
     from `vocab.txt` is lower-cased as `do_lower_case` says (checked against the checkpoint's
     name), or for None as the name or else the vocabulary says; a `tokenizer.json` cases as it
@@ -309,8 +365,9 @@ def _tokenizer_from(path: str, found: tuple[str, str, hf_json.Casing | None],
         try:
             return bpe.BpeTokenizer(vocab)
         except pipeline.DataError as e:
-            raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) \
-                from None
+            raise PretrainedError(
+                f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)
+            ) from None
     if kind == "sentencepiece":
         return tokenization.SentencePieceTokenizer(vocab)
     flag = (vocab_flag or "--vocab_file").replace("vocab_file", "do_lower_case")
@@ -318,7 +375,8 @@ def _tokenizer_from(path: str, found: tuple[str, str, hf_json.Casing | None],
         if do_lower_case is not None and do_lower_case != casing.do_lower_case:
             raise PretrainedError(
                 f"the tokenizer.json of {path} is {'un' if casing.do_lower_case else ''}cased "
-                f"but do_lower_case={do_lower_case}; set {flag}={casing.do_lower_case}")
+                f"but do_lower_case={do_lower_case}; set {flag}={casing.do_lower_case}"
+            )
         return tokenization.WordPieceTokenizer(vocab, **casing._asdict())
     if do_lower_case is None:
         do_lower_case = checkpoint_case(path)
@@ -347,14 +405,18 @@ def _pretraining_tokenizer(source: Source, pretrain: PretrainingRun) -> tokeniza
                 if candidate.fingerprint() == pretrain.tokenizer_fingerprint:
                     return candidate
     if not data.vocab_file and not os.path.isdir(cache_dir):
-        raise PretrainedError(f"the pretraining run's SentencePiece model is not in {cache_dir}; "
-                              f"pass {source.vocab_flag}=PATH.model")
+        raise PretrainedError(
+            f"the pretraining run's SentencePiece model is not in {cache_dir}; "
+            f"pass {source.vocab_flag}=PATH.model"
+        )
     try:
         return pipeline.load_or_train_tokenizer(DataSettings.of(data, recorded=True), cache_dir)
     except (pipeline.DataError, OSError) as e:
-        raise PretrainedError(f"cannot rebuild the tokenizer of init_checkpoint="
-                              f"{source.init_checkpoint!r} ({e}); pass "
-                              f"{source.vocab_flag}=PATH") from e
+        raise PretrainedError(
+            f"cannot rebuild the tokenizer of init_checkpoint="
+            f"{source.init_checkpoint!r} ({e}); pass "
+            f"{source.vocab_flag}=PATH"
+        ) from e
 
 
 def checkpoint_case(path: str) -> bool | None:
@@ -367,8 +429,12 @@ def checkpoint_case(path: str) -> bool | None:
     return None
 
 
-def validate_case(path: str, do_lower_case: bool, vocab_file: str = "",
-                  case_flag: str = "--config.data.do_lower_case") -> None:
+def validate_case(
+    path: str,
+    do_lower_case: bool,
+    vocab_file: str = "",
+    case_flag: str = "--config.data.do_lower_case",
+) -> None:
     """Google's `validate_case_matches_checkpoint`: an uncased model with a cased tokenizer
     (or the reverse) trains on text it never saw. Also refuses lower-casing with a vocab
     that holds upper-case tokens (those could never be produced). `case_flag`: the entry
@@ -379,35 +445,41 @@ def validate_case(path: str, do_lower_case: bool, vocab_file: str = "",
         kind = "an uncased" if lowered else "a cased"
         raise ConversionError(
             f"init_checkpoint {path} is {kind} model but {field}={do_lower_case}; "
-            f"set {case_flag}={lowered}")
+            f"set {case_flag}={lowered}"
+        )
     if do_lower_case and vocab_file and vocab_file.endswith(".txt"):
         with files.open(vocab_file, encoding="utf-8", errors="replace") as f:
             upper = sum(1 for t in f if not t.startswith("[") and t.strip().lower() != t.strip())
         if upper > 100:
             raise ConversionError(
                 f"{vocab_file} is a cased vocab ({upper} tokens with upper-case letters) but "
-                f"{field}=True would never produce them; set {case_flag}=False")
+                f"{field}=True would never produce them; set {case_flag}=False"
+            )
 
 
-def check_run_tokenizer(path: str, data_config: DataSettings, tokenizer_vocab_size: int,
-                        model_vocab_size: int) -> None:
+def check_run_tokenizer(
+    path: str, data_config: DataSettings, tokenizer_vocab_size: int, model_vocab_size: int
+) -> None:
     """A run from a pretrained checkpoint must tokenize as the checkpoint was trained: the
     same vocabulary size (or fewer tokens than embedding rows with the checkpoint directory's
     own tokenizer, as ModernBERT's padded rows) and, for WordPiece, the same casing."""
     where = os.path.abspath(data_config.vocab_file or "/")
     own = os.path.abspath(path) in (where, os.path.dirname(where))
     if tokenizer_vocab_size != model_vocab_size and not (
-            own and tokenizer_vocab_size < model_vocab_size):
+        own and tokenizer_vocab_size < model_vocab_size
+    ):
         raise ConversionError(
             f"the tokenizer has {tokenizer_vocab_size} tokens but init_checkpoint {path} has "
             f"{model_vocab_size}: pass the checkpoint's own tokenizer file as "
-            "--config.data.vocab_file")
+            "--config.data.vocab_file"
+        )
     if data_config.tokenizer == "wordpiece":
         validate_case(path, data_config.do_lower_case, data_config.vocab_file)
 
 
-def load_encoder(source: Source, random_init: bool = False, seed: int = 0
-                 ) -> tuple[nn.Module, dict, tokenization.Tokenizer]:
+def load_encoder(
+    source: Source, random_init: bool = False, seed: int = 0
+) -> tuple[nn.Module, dict, tokenization.Tokenizer]:
     """The family's encoder (`Family.encoder`: BertModel, ModernBertModel) with the
     checkpoint's parameters on one device, and the tokenizer; `random_init`: the checkpoint's
     architecture and tokenizer, fresh weights."""
@@ -420,6 +492,7 @@ def load_encoder(source: Source, random_init: bool = False, seed: int = 0
         params = model.init(jax.random.PRNGKey(seed), *families.example_inputs(model))["params"]
         params = nn.meta.unbox(params)
     else:
-        params = load_pretrained(source.init_checkpoint,
-                                 {name: abstract_params_on_one_device(model)}, model_config)[name]
+        params = load_pretrained(
+            source.init_checkpoint, {name: abstract_params_on_one_device(model)}, model_config
+        )[name]
     return model, params, tokenizer_of(source, pretrain)

@@ -2,6 +2,7 @@
 local disk: their readers (safetensors, torch, the TF bundle reader) need local files, so the
 files a checkpoint is read from, with its config and tokenizer, are copied through
 `bertjax.runtime.files` once per process. bertjax's own checkpoints are read in place (Orbax)."""
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,13 @@ import os
 from bertjax.interop import hf, hf_tokenizer, native, tf
 from bertjax.runtime import files
 
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                   *hf_tokenizer.SENTENCEPIECE_FILES, native.TOKENIZER_FILE)
+TOKENIZER_FILES = (
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    *hf_tokenizer.SENTENCEPIECE_FILES,
+    native.TOKENIZER_FILE,
+)
 
 
 def local_checkpoint(path: str, source_format: str) -> str:
@@ -20,8 +26,9 @@ def local_checkpoint(path: str, source_format: str) -> str:
         return path
     if source_format == "hf":
         names = set(files.listdir(path))
-        return files.local_copy(path, ["config.json", *hf.weight_files(path),
-                                       *names.intersection(TOKENIZER_FILES)])
+        return files.local_copy(
+            path, ["config.json", *hf.weight_files(path), *names.intersection(TOKENIZER_FILES)]
+        )
     prefix = tf.resolve_prefix(path)
     directory, stem = prefix.rsplit("/", 1)
     names = set(files.listdir(directory))

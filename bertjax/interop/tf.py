@@ -10,6 +10,7 @@ crc32c) mapping "" to a BundleHeaderProto and each tensor name to a BundleEntryP
 shape, data shard, byte offset, byte size, masked crc32c of the bytes). The data files hold
 the raw little-endian tensor bytes. Every block checksum and every tensor checksum is checked.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,10 +35,19 @@ BLOCK_TRAILER_SIZE = 5  # compression type byte + masked crc32c
 NO_COMPRESSION = 0
 # TensorFlow DataType enum values (types.proto) of the plain-bytes dtypes.
 DTYPES = {
-    1: np.dtype(np.float32), 2: np.dtype(np.float64), 3: np.dtype(np.int32),
-    4: np.dtype(np.uint8), 5: np.dtype(np.int16), 6: np.dtype(np.int8), 9: np.dtype(np.int64),
-    10: np.dtype(np.bool_), 14: np.dtype(ml_dtypes.bfloat16), 17: np.dtype(np.uint16),
-    19: np.dtype(np.float16), 22: np.dtype(np.uint32), 23: np.dtype(np.uint64),
+    1: np.dtype(np.float32),
+    2: np.dtype(np.float64),
+    3: np.dtype(np.int32),
+    4: np.dtype(np.uint8),
+    5: np.dtype(np.int16),
+    6: np.dtype(np.int8),
+    9: np.dtype(np.int64),
+    10: np.dtype(np.bool_),
+    14: np.dtype(ml_dtypes.bfloat16),
+    17: np.dtype(np.uint16),
+    19: np.dtype(np.float16),
+    22: np.dtype(np.uint32),
+    23: np.dtype(np.uint64),
 }
 DTYPE_ENUMS = {dtype: enum for enum, dtype in DTYPES.items()}
 DT_STRING = 7
@@ -109,7 +119,7 @@ def _proto_fields(data: bytes) -> list[tuple[int, int | bytes]]:
             value, pos = struct.unpack_from("<Q", data, pos)[0], pos + 8
         elif wire_type == 2:
             length, pos = _varint(data, pos)
-            value, pos = data[pos:pos + length], pos + length
+            value, pos = data[pos : pos + length], pos + length
         elif wire_type == 5:
             value, pos = struct.unpack_from("<I", data, pos)[0], pos + 4
         else:
@@ -149,8 +159,10 @@ def _parse_entry(name: str, data: bytes) -> TensorEntry:
     shape_field, where = b"", f"tensor {name!r}"
     for number, value in _proto_fields(data):
         if number == 7:
-            raise CheckpointFormatError(f"tensor {name!r} is stored in slices (partitioned "
-                                        "variable); only whole tensors are supported")
+            raise CheckpointFormatError(
+                f"tensor {name!r} is stored in slices (partitioned "
+                "variable); only whole tensors are supported"
+            )
         if number == 2:
             shape_field = _message(value, where)
         elif number in names:
@@ -159,14 +171,28 @@ def _parse_entry(name: str, data: bytes) -> TensorEntry:
     for number, dim in _proto_fields(shape_field):
         if number == 2:
             shape.append(_integer(dict(_proto_fields(_message(dim, where))).get(1, 0), where))
-    return TensorEntry(name, DTYPES.get(values["dtype"]), values["dtype"], tuple(shape),
-                       values["shard_id"], values["offset"], values["size"], values["crc32c"])
+    return TensorEntry(
+        name,
+        DTYPES.get(values["dtype"]),
+        values["dtype"],
+        tuple(shape),
+        values["shard_id"],
+        values["offset"],
+        values["size"],
+        values["crc32c"],
+    )
 
 
 def _encode_entry(entry: TensorEntry) -> bytes:
     dims = b"".join(_field(2, _field(1, d)) for d in entry.shape)
-    return (_field(1, entry.dtype_enum) + _field(2, dims) + _field(3, entry.shard_id)
-            + _field(4, entry.offset) + _field(5, entry.size) + _field(6, entry.crc32c, True))
+    return (
+        _field(1, entry.dtype_enum)
+        + _field(2, dims)
+        + _field(3, entry.shard_id)
+        + _field(4, entry.offset)
+        + _field(5, entry.size)
+        + _field(6, entry.crc32c, True)
+    )
 
 
 # BundleHeaderProto: one shard, little-endian (0, left out), version {producer: 1}.
@@ -180,16 +206,19 @@ ONE_SHARD_HEADER = _field(1, 1) + _field(3, _field(1, 1))
 def _read_block(table: bytes, offset: int, size: int, path: str) -> bytes:
     end = offset + size + BLOCK_TRAILER_SIZE
     if end > len(table):
-        raise CheckpointFormatError(f"{path} is truncated: a block ends at byte {end}, the file "
-                                    f"has {len(table)}")
-    contents, kind = table[offset:offset + size], table[offset + size]
+        raise CheckpointFormatError(
+            f"{path} is truncated: a block ends at byte {end}, the file has {len(table)}"
+        )
+    contents, kind = table[offset : offset + size], table[offset + size]
     (stored_crc,) = struct.unpack_from("<I", table, offset + size + 1)
-    if masked_crc32c(table[offset:offset + size + 1]) != stored_crc:
-        raise CheckpointFormatError(f"{path} is corrupt: checksum mismatch in the block at "
-                                    f"byte {offset}")
+    if masked_crc32c(table[offset : offset + size + 1]) != stored_crc:
+        raise CheckpointFormatError(
+            f"{path} is corrupt: checksum mismatch in the block at byte {offset}"
+        )
     if kind != NO_COMPRESSION:
-        raise CheckpointFormatError(f"{path}: compressed index blocks (type {kind}) are not "
-                                    "supported")
+        raise CheckpointFormatError(
+            f"{path}: compressed index blocks (type {kind}) are not supported"
+        )
     return contents
 
 
@@ -202,9 +231,9 @@ def _block_entries(block: bytes) -> list[tuple[bytes, bytes]]:
         shared, pos = _varint(block, pos)
         unshared, pos = _varint(block, pos)
         value_length, pos = _varint(block, pos)
-        key = key[:shared] + block[pos:pos + unshared]
+        key = key[:shared] + block[pos : pos + unshared]
         pos += unshared
-        entries.append((key, block[pos:pos + value_length]))
+        entries.append((key, block[pos : pos + value_length]))
         pos += value_length
     return entries
 
@@ -215,11 +244,13 @@ def _read_table(path: str) -> list[tuple[bytes, bytes]]:
             table = f.read()
     except OSError as e:
         raise CheckpointFormatError(
-            f"cannot read TF checkpoint index {path}: {e.strerror}") from None
+            f"cannot read TF checkpoint index {path}: {e.strerror}"
+        ) from None
     magic = struct.unpack_from("<Q", table, len(table) - 8)[0] if len(table) >= 8 else None
     if len(table) < FOOTER_SIZE or magic != TABLE_MAGIC:
-        raise CheckpointFormatError(f"{path} is not a TF checkpoint index (truncated or another "
-                                    "format: no table footer)")
+        raise CheckpointFormatError(
+            f"{path} is not a TF checkpoint index (truncated or another format: no table footer)"
+        )
     footer = table[-FOOTER_SIZE:]
     _, pos = _varint(footer, _varint(footer, 0)[1])  # skip the metaindex handle
     index_offset, pos = _varint(footer, pos)
@@ -273,7 +304,7 @@ def resolve_prefix(path: str) -> str:
     """The checkpoint prefix for a prefix, an `.index` file, or a directory (its TF
     `checkpoint` file's latest checkpoint, else its only `*.index`); local or a URL."""
     if path.endswith(".index"):
-        return path[:-len(".index")]
+        return path[: -len(".index")]
     if not files.isdir(path):
         return path
     state_file = os.path.join(path, "checkpoint")
@@ -285,10 +316,12 @@ def resolve_prefix(path: str) -> str:
     indexes = files.glob(os.path.join(path, "*.index"))
     if len(indexes) != 1:
         found = ", ".join(os.path.basename(i) for i in indexes) or "none"
-        raise CheckpointFormatError(f"{path}: expected exactly one TF checkpoint (*.index), found "
-                                    f"{found}; pass the checkpoint prefix, e.g. "
-                                    f"{path}/model.ckpt-N")
-    return indexes[0][:-len(".index")]
+        raise CheckpointFormatError(
+            f"{path}: expected exactly one TF checkpoint (*.index), found "
+            f"{found}; pass the checkpoint prefix, e.g. "
+            f"{path}/model.ckpt-N"
+        )
+    return indexes[0][: -len(".index")]
 
 
 class BundleReader:
@@ -304,8 +337,9 @@ class BundleReader:
                 header = dict(_proto_fields(value))
                 self.num_shards = _integer(header.get(1, 1), self.index_path)
                 if header.get(2, 0) != 0:
-                    raise CheckpointFormatError(f"{self.index_path}: big-endian checkpoints are "
-                                                "not supported")
+                    raise CheckpointFormatError(
+                        f"{self.index_path}: big-endian checkpoints are not supported"
+                    )
             else:
                 name = key.decode("utf-8")
                 self.entries[name] = _parse_entry(name, value)
@@ -315,8 +349,10 @@ class BundleReader:
         truncated or its bytes fail the checksum."""
         entry = self.entries[name]
         if entry.dtype is None:
-            raise CheckpointFormatError(f"{self.index_path}: tensor {name!r} has dtype enum "
-                                        f"{entry.dtype_enum}, which is not supported")
+            raise CheckpointFormatError(
+                f"{self.index_path}: tensor {name!r} has dtype enum "
+                f"{entry.dtype_enum}, which is not supported"
+            )
         path = data_file(self.prefix, entry.shard_id, self.num_shards)
         try:
             with open(path, "rb") as f:
@@ -325,17 +361,21 @@ class BundleReader:
         except OSError as e:
             raise CheckpointFormatError(
                 f"cannot read TF checkpoint data {path}: {e.strerror}; the .index and its "
-                ".data-* files must stay together") from None
+                ".data-* files must stay together"
+            ) from None
         if len(buffer) != entry.size:
             raise CheckpointFormatError(
                 f"{path} is truncated: tensor {name!r} needs bytes {entry.offset}..."
-                f"{entry.offset + entry.size}, the file ends at {entry.offset + len(buffer)}")
+                f"{entry.offset + entry.size}, the file ends at {entry.offset + len(buffer)}"
+            )
         if masked_crc32c(buffer) != entry.crc32c:
             raise CheckpointFormatError(f"{path} is corrupt: checksum mismatch for tensor {name!r}")
         expected = int(np.prod(entry.shape)) * entry.dtype.itemsize
         if entry.size != expected:
-            raise CheckpointFormatError(f"{self.index_path}: tensor {name!r} has {entry.size} "
-                                        f"bytes, its shape {entry.shape} needs {expected}")
+            raise CheckpointFormatError(
+                f"{self.index_path}: tensor {name!r} has {entry.size} "
+                f"bytes, its shape {entry.shape} needs {expected}"
+            )
         return np.frombuffer(buffer, dtype=entry.dtype).reshape(entry.shape)
 
 
@@ -350,8 +390,16 @@ def write_bundle(prefix: str, tensors: dict[str, np.ndarray]) -> None:
                 raise ValueError(f"tensor {name!r}: dtype {array.dtype} cannot be written")
             data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
             f.write(data)
-            entry = TensorEntry(name, array.dtype, DTYPE_ENUMS[array.dtype], array.shape, 0,
-                                offset, len(data), masked_crc32c(data))
+            entry = TensorEntry(
+                name,
+                array.dtype,
+                DTYPE_ENUMS[array.dtype],
+                array.shape,
+                0,
+                offset,
+                len(data),
+                masked_crc32c(data),
+            )
             entries.append((name.encode("utf-8"), _encode_entry(entry)))
             offset += len(data)
     with open(prefix + ".index", "wb") as f:
@@ -411,10 +459,15 @@ def load_tf(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfi
 def save_tf(config: BertConfig, params: dict[str, Any], path: str) -> None:
     """Writes a Google-style TF checkpoint directory: `bert_config.json`, `bert_model.ckpt.*`."""
     os.makedirs(path, exist_ok=True)
-    tensors = {path_to_tf(p): np.asarray(v)
-               for p, v in tree.flatten(tree.unstack_layers(params)).items()}
+    tensors = {
+        path_to_tf(p): np.asarray(v) for p, v in tree.flatten(tree.unstack_layers(params)).items()
+    }
     write_bundle(os.path.join(path, "bert_model.ckpt"), tensors)
-    fields = bert_model.ARCHITECTURE_FIELDS + ("hidden_dropout_prob",
-                                               "attention_probs_dropout_prob", "initializer_range")
-    tree.write_json(os.path.join(path, "bert_config.json"),
-                    {name: getattr(config, name) for name in fields})
+    fields = bert_model.ARCHITECTURE_FIELDS + (
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "initializer_range",
+    )
+    tree.write_json(
+        os.path.join(path, "bert_config.json"), {name: getattr(config, name) for name in fields}
+    )

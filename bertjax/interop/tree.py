@@ -1,6 +1,7 @@
 """Parameter trees as the checkpoint formats see them: flat `/` paths with Google's names
 (`bert/encoder/layer_0/...`, `predictions/...`, `seq_relationship/...`), unrolled or stacked
 (scanned) layers, shape checks against a config, and what a loader reports."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,10 @@ class LoadReport:
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
-        lines = [f"{self.source}: {self.format} checkpoint, {self.found} tensors; "
-                 f"{self.mapped} mapped to bertjax parameters, {len(self.skipped)} skipped"]
+        lines = [
+            f"{self.source}: {self.format} checkpoint, {self.found} tensors; "
+            f"{self.mapped} mapped to bertjax parameters, {len(self.skipped)} skipped"
+        ]
         reasons: dict[str, list[str]] = {}
         for name, reason in self.skipped.items():
             reasons.setdefault(reason, []).append(name)
@@ -84,7 +87,7 @@ def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
     flat = {}
     for path, value in flatten(params).items():
         if path.startswith("bert/encoder/layers/"):
-            rest = path[len("bert/encoder/layers/"):]
+            rest = path[len("bert/encoder/layers/") :]
             for i, layer_value in enumerate(np.asarray(value)):
                 flat[f"bert/encoder/layer_{i}/{rest}"] = layer_value
         else:
@@ -97,12 +100,20 @@ def is_model_name(path: str) -> bool:
     return path.startswith(("bert/", "predictions/", "seq_relationship/"))
 
 
-def collect(tensors: dict[str, np.ndarray], config: BertConfig, where: str,
-            report: LoadReport, encoder_only: bool = False) -> dict[str, Any]:
+def collect(
+    tensors: dict[str, np.ndarray],
+    config: BertConfig,
+    where: str,
+    report: LoadReport,
+    encoder_only: bool = False,
+) -> dict[str, Any]:
     """Checks mapped tensors against the shapes `config` implies (for `encoder_only`, those of
     the encoder, `bert/...`); returns the param tree."""
-    expected = {path: shape for path, shape in param_shapes(config).items()
-                if not encoder_only or path.startswith("bert/")}
+    expected = {
+        path: shape
+        for path, shape in param_shapes(config).items()
+        if not encoder_only or path.startswith("bert/")
+    }
     unknown = sorted(set(tensors) - set(expected))
     missing = sorted(set(expected) - set(tensors))
     if missing or unknown:
@@ -110,11 +121,14 @@ def collect(tensors: dict[str, np.ndarray], config: BertConfig, where: str,
             f"{where}: the weights do not match its config ({describe(config)}): "
             + (f"missing {few(missing)}" if missing else "")
             + ("; " if missing and unknown else "")
-            + (f"not in a model of that config: {few(unknown)}" if unknown else ""))
+            + (f"not in a model of that config: {few(unknown)}" if unknown else "")
+        )
     for path, shape in expected.items():
         if tensors[path].shape != shape:
-            raise ConversionError(f"{where}: weight {path} has shape {tensors[path].shape}, but "
-                                  f"the config ({describe(config)}) implies {shape}")
+            raise ConversionError(
+                f"{where}: weight {path} has shape {tensors[path].shape}, but "
+                f"the config ({describe(config)}) implies {shape}"
+            )
     report.mapped = len(tensors)
     return unflatten(tensors)
 
@@ -135,15 +149,18 @@ def check_vocab_file(directory: str, config: BertConfig) -> None:
     with open(path, "rb") as f:
         lines = f.read().count(b"\n")
     if lines != config.vocab_size:
-        raise ConversionError(f"{path} has {lines} tokens but the checkpoint's vocab_size is "
-                              f"{config.vocab_size}: the vocab does not belong to these weights")
+        raise ConversionError(
+            f"{path} has {lines} tokens but the checkpoint's vocab_size is "
+            f"{config.vocab_size}: the vocab does not belong to these weights"
+        )
 
 
 def read_json_config(path: str, what: str) -> dict[str, Any]:
     """A checkpoint's JSON config (`bert_config.json`, `config.json`, a shard index)."""
     if not files.isfile(path):
-        raise ConversionError(f"{path} not found: a {what} checkpoint needs its config next to "
-                              "the weights")
+        raise ConversionError(
+            f"{path} not found: a {what} checkpoint needs its config next to the weights"
+        )
     try:
         with files.open(path, encoding="utf-8") as f:
             return json.load(f)

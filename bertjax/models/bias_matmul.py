@@ -8,21 +8,25 @@ by `[x, 1]` instead of `x`: the last row of that product is the bias's gradient,
 matmul that computes the kernel's gradient computes it too. On TPU only (`fused`): other
 backends keep autodiff's ops, so their numbers are unchanged.
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
 
-def project(x_BxLxI: jax.Array, kernel_KxIxO: jax.Array, bias_KxO: jax.Array,
-            fused: bool) -> jax.Array:
+def project(
+    x_BxLxI: jax.Array, kernel_KxIxO: jax.Array, bias_KxO: jax.Array, fused: bool
+) -> jax.Array:
     """`[K, B, L, O]`: x through each of K stacked kernels plus its bias, all in x's dtype;
     `fused`: the bias's gradient from the kernel's matmul (module docstring)."""
     if fused:
-        return _fused_project(x_BxLxI, kernel_KxIxO.astype(x_BxLxI.dtype),
-                              bias_KxO.astype(x_BxLxI.dtype))
-    return (jnp.einsum("bli,kio->kblo", x_BxLxI, kernel_KxIxO)
-            + bias_KxO[:, None, None].astype(x_BxLxI.dtype))
+        return _fused_project(
+            x_BxLxI, kernel_KxIxO.astype(x_BxLxI.dtype), bias_KxO.astype(x_BxLxI.dtype)
+        )
+    return jnp.einsum("bli,kio->kblo", x_BxLxI, kernel_KxIxO) + bias_KxO[:, None, None].astype(
+        x_BxLxI.dtype
+    )
 
 
 @jax.custom_vjp
@@ -38,10 +42,14 @@ def _backward(saved, g_KxBxLxO):
     x_BxLxI, kernel_KxIxO = saved
     inputs = x_BxLxI.shape[-1]
     ones_BxLx1 = jnp.ones(x_BxLxI.shape[:-1] + (1,), x_BxLxI.dtype)
-    kernel_and_bias = jnp.einsum("bli,kblo->kio", jnp.concatenate([x_BxLxI, ones_BxLx1], -1),
-                                 g_KxBxLxO)
-    return (jnp.einsum("kblo,kio->bli", g_KxBxLxO, kernel_KxIxO),
-            kernel_and_bias[:, :inputs], kernel_and_bias[:, inputs])
+    kernel_and_bias = jnp.einsum(
+        "bli,kblo->kio", jnp.concatenate([x_BxLxI, ones_BxLx1], -1), g_KxBxLxO
+    )
+    return (
+        jnp.einsum("kblo,kio->bli", g_KxBxLxO, kernel_KxIxO),
+        kernel_and_bias[:, :inputs],
+        kernel_and_bias[:, inputs],
+    )
 
 
 _fused_project.defvjp(_forward, _backward)

@@ -1,5 +1,6 @@
 """Dropout for the BERT layers: the original's inverted dropout, its keep mask drawn from 16
 random bits per element and kept packed, 8 elements a byte."""
+
 from __future__ import annotations
 
 import functools
@@ -27,8 +28,9 @@ class Dropout(nn.Module):
         return apply_packed_mask(x, packed, self.rate)
 
 
-def _hash_words(key: jax.Array, shape: tuple[int, ...],
-                index: jax.Array | None = None) -> list[jax.Array]:
+def _hash_words(
+    key: jax.Array, shape: tuple[int, ...], index: jax.Array | None = None
+) -> list[jax.Array]:
     """Four uint32 arrays of `shape` (or `index`'s) of random bits: for a threefry key, both
     outputs of two hashes per element (counters: the flat index, or `index`, and 0 or 1),
     half the hashing of `jax.random.bits` (which keeps 32 of each hash's 64 bits); other keys
@@ -41,13 +43,15 @@ def _hash_words(key: jax.Array, shape: tuple[int, ...],
         return [words[..., j] for j in range(4)]
     lanes: list[jax.Array] = []
     for lane in range(2):
-        lanes += threefry2x32_p.bind(data[0], data[1], index,
-                                     jnp.full(index.shape, lane, jnp.uint32))
+        lanes += threefry2x32_p.bind(
+            data[0], data[1], index, jnp.full(index.shape, lane, jnp.uint32)
+        )
     return lanes
 
 
-def packed_keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float,
-                     byte_index: jax.Array | None = None) -> jax.Array:
+def packed_keep_mask(
+    key: jax.Array, shape: tuple[int, ...], rate: float, byte_index: jax.Array | None = None
+) -> jax.Array:
     """uint8 `[..., ceil(shape[-1] / 8)]`: bit i of byte j keeps element 8j + i of the last
     axis, kept when its 16 random bits are >= round(rate * 2**16). `byte_index` (uint32):
     instead, the bytes at these flat indices of that mask, in its shape."""
@@ -63,15 +67,16 @@ def packed_keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float,
 
 def _unpacked(packed: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     bits = (packed[..., None] >> jnp.arange(8, dtype=jnp.uint8)) & 1
-    return bits.reshape(packed.shape[:-1] + (-1,))[..., :shape[-1]].astype(jnp.bool_)
+    return bits.reshape(packed.shape[:-1] + (-1,))[..., : shape[-1]].astype(jnp.bool_)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def apply_packed_mask(x: jax.Array, packed: jax.Array, rate: float) -> jax.Array:
     """`x / (1 - rate)` where the packed mask keeps, 0 elsewhere; its backward pass reads the
     packed mask again (autodiff would keep the unpacked one)."""
-    return jnp.where(_unpacked(packed, x.shape), x / jnp.asarray(1.0 - rate, x.dtype),
-                     jnp.zeros_like(x))
+    return jnp.where(
+        _unpacked(packed, x.shape), x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros_like(x)
+    )
 
 
 def _apply_forward(x: jax.Array, packed: jax.Array, rate: float):

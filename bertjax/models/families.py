@@ -3,6 +3,7 @@ interface through which the shared machinery (mesh, state, steps, data, checkpoi
 interop) meets a model. Each family is a `Family` registered here (`register`), found by
 name (`get`) or by its config (`of`); BERT's is `bertjax.models.bert.family`, ModernBERT's
 `bertjax.models.modernbert.family`. Shared code asks the family, it never branches on it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -161,9 +162,11 @@ def get(name: str) -> Family:
     checkpoint's record naming a family this process does not know)."""
     _load_builtin()
     if name not in _FAMILIES:
-        raise ConfigError(f"model family {name!r} is not one of "
-                          f"{', '.join(map(repr, _FAMILIES))}: a family must be registered "
-                          "(bertjax.models.families.register) before its configs or checkpoints are read")
+        raise ConfigError(
+            f"model family {name!r} is not one of "
+            f"{', '.join(map(repr, _FAMILIES))}: a family must be registered "
+            "(bertjax.models.families.register) before its configs or checkpoints are read"
+        )
     return _FAMILIES[name]
 
 
@@ -181,8 +184,10 @@ def by_hf_type(model_type: str) -> Family:
     """The family whose transformers `model_type` is `model_type`; BERT's for any other (its
     reader names what it does not support)."""
     _load_builtin()
-    return next((f for f in _FAMILIES.values() if f.hf and f.hf.model_type == model_type),
-                _FAMILIES[DEFAULT])
+    return next(
+        (f for f in _FAMILIES.values() if f.hf and f.hf.model_type == model_type),
+        _FAMILIES[DEFAULT],
+    )
 
 
 def family(model: Mapping[str, Any]) -> str:
@@ -194,17 +199,22 @@ def check(model: Mapping[str, Any], prefix: str = "model.", flag: str = "--confi
     """ValueError (one line) for an unknown family or a field its config cannot build."""
     name, known = family(model), names()
     if name not in known:
-        raise ValueError(f"{prefix}family={name!r} is not one of "
-                         f"{', '.join(map(repr, known))}; set {flag}{prefix}family")
+        raise ValueError(
+            f"{prefix}family={name!r} is not one of "
+            f"{', '.join(map(repr, known))}; set {flag}{prefix}family"
+        )
     own = get(name)
     fields = {f.name for f in dataclasses.fields(own.config_class)}
     for other in _FAMILIES.values():
-        foreign = sorted(set(model) & ({f.name for f in dataclasses.fields(other.config_class)}
-                                       - fields))
+        foreign = sorted(
+            set(model) & ({f.name for f in dataclasses.fields(other.config_class)} - fields)
+        )
         if foreign:
-            raise ValueError(f"{prefix}family={name!r} but the {prefix.rstrip('.')} section "
-                             f"holds {other.title}'s fields ({', '.join(foreign[:3])}, ...): a "
-                             f"{own.title} run starts from a {own.title} config, {own.configs}")
+            raise ValueError(
+                f"{prefix}family={name!r} but the {prefix.rstrip('.')} section "
+                f"holds {other.title}'s fields ({', '.join(foreign[:3])}, ...): a "
+                f"{own.title} run starts from a {own.title} config, {own.configs}"
+            )
     own.check(dict(model), prefix, flag)
 
 
@@ -257,8 +267,10 @@ def head(kind: str, config: ModelConfig, num_labels: int, options: TaskOptions) 
     `config`'s family; `options`: the task's (`features.TaskOptions`)."""
     own = of(config)
     if kind not in own.heads:
-        raise ValueError(f"a {own.title} model has no {kind} head; fine-tune it on a task of "
-                         f"kind {', '.join(map(repr, own.heads))}")
+        raise ValueError(
+            f"a {own.title} model has no {kind} head; fine-tune it on a task of "
+            f"kind {', '.join(map(repr, own.heads))}"
+        )
     return own.heads[kind](config, num_labels, options)
 
 
@@ -276,5 +288,6 @@ def abstract_params(model: nn.Module, boxed: bool = False) -> Any:
     """The parameters of `model` (any family) as ShapeDtypeStructs, allocating nothing;
     `boxed` keeps flax's logical-axis boxes (for partition specs)."""
     params = jax.eval_shape(
-        lambda: model.init(jax.random.PRNGKey(0), *example_inputs(model))["params"])
+        lambda: model.init(jax.random.PRNGKey(0), *example_inputs(model))["params"]
+    )
     return params if boxed else nn.meta.unbox(params)

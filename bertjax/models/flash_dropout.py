@@ -16,6 +16,7 @@ bits per row and head drawn from the layer's dropout stream (`AttentionSeeds`), 
 depends on (the step's seed, the layer, the batch row, the head, the query, the key), and
 `keep_mask` draws the identical mask in plain jnp (the tests' einsum reference).
 """
+
 from __future__ import annotations
 
 import functools
@@ -85,16 +86,21 @@ def keep_mask(seeds_BxN: jax.Array, length: int, rate: float) -> jax.Array:
 
 def hash_dropout(seeds_BxN: jax.Array, rate: float):
     """The einsum path's `dropout` (on probabilities `[B, N, L, L]`) with the kernel's mask."""
+
     def dropout(probs_BxNxLxL: jax.Array) -> jax.Array:
         keep = keep_mask(seeds_BxN, probs_BxNxLxL.shape[-1], rate)
         return jnp.where(keep, probs_BxNxLxL / jnp.asarray(1.0 - rate, probs_BxNxLxL.dtype), 0)
+
     return dropout
 
 
 def _probs(q_LxD, k_LxD, bias_LxL, scale):
     """The einsum path's float32 softmax of one head's scores."""
-    scores = lax.dot_general(q_LxD, k_LxD, (((1,), (1,)), ((), ())),
-                             preferred_element_type=jnp.float32) * scale + bias_LxL
+    scores = (
+        lax.dot_general(q_LxD, k_LxD, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        * scale
+        + bias_LxL
+    )
     unnormalized = jnp.exp(scores - jnp.max(scores, axis=1, keepdims=True))
     return unnormalized / jnp.sum(unnormalized, axis=1, keepdims=True)
 
@@ -115,8 +121,9 @@ def _first_head(heads_per_step: int):
     return (pl.program_id(0) * pl.num_programs(1) + pl.program_id(1)) * heads_per_step
 
 
-def _forward_kernel(seeds_ref, qkv_ref, q_ids_ref, kv_ids_ref, o_ref, *, rate: float,
-                    scale: float, head_size: int):
+def _forward_kernel(
+    seeds_ref, qkv_ref, q_ids_ref, kv_ids_ref, o_ref, *, rate: float, scale: float, head_size: int
+):
     length, width = qkv_ref.shape[2], qkv_ref.shape[3]
     bias = _bias(q_ids_ref, kv_ids_ref, length)
     counters = _counters(length, length)
@@ -126,12 +133,23 @@ def _forward_kernel(seeds_ref, qkv_ref, q_ids_ref, kv_ids_ref, o_ref, *, rate: f
         keep = _keep(counters, seeds_ref[first + h], rate)
         dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
         v = qkv_ref[2, 0, :, cols]
-        o_ref[0, :, cols] = lax.dot(dropped.astype(v.dtype), v,
-                                    preferred_element_type=jnp.float32).astype(o_ref.dtype)
+        o_ref[0, :, cols] = lax.dot(
+            dropped.astype(v.dtype), v, preferred_element_type=jnp.float32
+        ).astype(o_ref.dtype)
 
 
-def _backward_kernel(seeds_ref, qkv_ref, do_ref, q_ids_ref, kv_ids_ref, dqkv_ref, *,
-                     rate: float, scale: float, head_size: int):
+def _backward_kernel(
+    seeds_ref,
+    qkv_ref,
+    do_ref,
+    q_ids_ref,
+    kv_ids_ref,
+    dqkv_ref,
+    *,
+    rate: float,
+    scale: float,
+    head_size: int,
+):
     length, width = qkv_ref.shape[2], qkv_ref.shape[3]
     bias = _bias(q_ids_ref, kv_ids_ref, length)
     counters = _counters(length, length)
@@ -140,41 +158,59 @@ def _backward_kernel(seeds_ref, qkv_ref, do_ref, q_ids_ref, kv_ids_ref, dqkv_ref
         q, k, v = (qkv_ref[i, 0, :, cols] for i in range(3))
         do = do_ref[0, :, cols]
         probs = _probs(q, k, bias, scale)
-        d_dropped = lax.dot_general(do, v, (((1,), (1,)), ((), ())),
-                                    preferred_element_type=jnp.float32)
+        d_dropped = lax.dot_general(
+            do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
         keep = _keep(counters, seeds_ref[first + h], rate)
         dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
         d_probs = jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
         d_scores = probs * (d_probs - jnp.sum(probs * d_probs, axis=1, keepdims=True)) * scale
         for i, (left, right) in enumerate(((d_scores, k), (d_scores.T, q), (dropped.T, do))):
-            dqkv_ref[i, 0, :, cols] = lax.dot(left.astype(right.dtype), right,
-                                              preferred_element_type=jnp.float32
-                                              ).astype(dqkv_ref.dtype)
+            dqkv_ref[i, 0, :, cols] = lax.dot(
+                left.astype(right.dtype), right, preferred_element_type=jnp.float32
+            ).astype(dqkv_ref.dtype)
 
 
 def block_heads(heads: int, length: int, head_size: int) -> int:
     """Heads per grid step: the most that divide `heads` with heads * length <= 2048 and
     whose columns fill whole 128-lane tiles (or are all the heads)."""
-    return max((h for h in range(1, heads + 1)
-                if heads % h == 0 and h * length <= MAX_BLOCK_ROWS
-                and ((h * head_size) % LANES == 0 or h == heads)), default=heads)
+    return max(
+        (
+            h
+            for h in range(1, heads + 1)
+            if heads % h == 0
+            and h * length <= MAX_BLOCK_ROWS
+            and ((h * head_size) % LANES == 0 or h == heads)
+        ),
+        default=heads,
+    )
 
 
-def cost(batch: int, heads: int, length: int, head_size: int, itemsize: int,
-         backward: bool) -> pl.CostEstimate:
+def cost(
+    batch: int, heads: int, length: int, head_size: int, itemsize: int, backward: bool
+) -> pl.CostEstimate:
     """The kernel's cost: matmul FLOPs (forward QK^T and PV; backward their recomputed QK^T
     and the four gradient matmuls), one exp per score, the HBM bytes of its operands. The
     integer hash and the softmax's elementwise work (VPU) are not FLOPs."""
     scores = batch * heads * length * length
     tensor = batch * heads * length * head_size * itemsize
     ids = batch * length * (LANES + SUBLANES) * 4 + batch * heads * 4
-    return pl.CostEstimate(flops=2 * scores * head_size * (5 if backward else 2),
-                           transcendentals=scores,
-                           bytes_accessed=tensor * (7 if backward else 4) + ids)
+    return pl.CostEstimate(
+        flops=2 * scores * head_size * (5 if backward else 2),
+        transcendentals=scores,
+        bytes_accessed=tensor * (7 if backward else 4) + ids,
+    )
 
 
-def _call(kernel, qkv_3xBxLxH: jax.Array, d_out_BxLxH: jax.Array | None, ids_BxL: jax.Array,
-          seeds_BxN: jax.Array, rate: float, interpret: bool) -> jax.Array:
+def _call(
+    kernel,
+    qkv_3xBxLxH: jax.Array,
+    d_out_BxLxH: jax.Array | None,
+    ids_BxL: jax.Array,
+    seeds_BxN: jax.Array,
+    rate: float,
+    interpret: bool,
+) -> jax.Array:
     """The forward kernel's output `[B, L, H]`, or with `d_out_BxLxH` the backward kernel's
     gradient of q, k and v, `[3, B, L, H]`."""
     _, batch, length, width = qkv_3xBxLxH.shape
@@ -188,26 +224,35 @@ def _call(kernel, qkv_3xBxLxH: jax.Array, d_out_BxLxH: jax.Array | None, ids_BxL
     kv_ids = lax.broadcast_in_dim(ids_BxL, (batch, SUBLANES, length), (0, 2))
     tensors = (qkv_3xBxLxH,) + ((d_out_BxLxH,) if backward else ())
     return pl.pallas_call(
-        functools.partial(kernel, rate=rate, scale=1.0 / math.sqrt(head_size),
-                          head_size=head_size),
+        functools.partial(kernel, rate=rate, scale=1.0 / math.sqrt(head_size), head_size=head_size),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(batch, heads // per_step),
-            in_specs=[three] + ([one] if backward else []) + [
+            num_scalar_prefetch=1,
+            grid=(batch, heads // per_step),
+            in_specs=[three]
+            + ([one] if backward else [])
+            + [
                 pl.BlockSpec((1, length, LANES), lambda b, h, seeds: (b, 0, 0)),
-                pl.BlockSpec((1, SUBLANES, length), lambda b, h, seeds: (b, 0, 0))],
-            out_specs=three if backward else one),
-        out_shape=jax.ShapeDtypeStruct(qkv_3xBxLxH.shape if backward else qkv_3xBxLxH.shape[1:],
-                                       qkv_3xBxLxH.dtype),
+                pl.BlockSpec((1, SUBLANES, length), lambda b, h, seeds: (b, 0, 0)),
+            ],
+            out_specs=three if backward else one,
+        ),
+        out_shape=jax.ShapeDtypeStruct(
+            qkv_3xBxLxH.shape if backward else qkv_3xBxLxH.shape[1:], qkv_3xBxLxH.dtype
+        ),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
-        cost_estimate=cost(batch, heads, length, head_size, qkv_3xBxLxH.dtype.itemsize,
-                           backward),
+        cost_estimate=cost(batch, heads, length, head_size, qkv_3xBxLxH.dtype.itemsize, backward),
         interpret=pltpu.InterpretParams() if interpret else False,
     )(seeds_BxN.reshape(-1), *tensors, q_ids, kv_ids)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def flash_dropout(qkv_3xBxLxH: jax.Array, ids_BxL: jax.Array, seeds_BxN: jax.Array,
-                  rate: float, interpret: bool = False) -> jax.Array:
+def flash_dropout(
+    qkv_3xBxLxH: jax.Array,
+    ids_BxL: jax.Array,
+    seeds_BxN: jax.Array,
+    rate: float,
+    interpret: bool = False,
+) -> jax.Array:
     """Attention `[B, L, N * D]` of q, k, v stacked (N: `seeds_BxN`'s heads): a query sees
     the keys of its own segment id (`ids_BxL` int32: 0 at padding, 1 elsewhere or the packed
     instance's number), dropout `rate` on the probabilities by `keep_mask(seeds_BxN, L,
@@ -221,8 +266,11 @@ def _forward(qkv, ids, seeds, rate, interpret):
 
 def _backward(rate, interpret, residuals, d_out):
     qkv, ids, seeds = residuals
-    return _call(_backward_kernel, qkv, d_out.astype(qkv.dtype), ids, seeds, rate,
-                 interpret), None, None
+    return (
+        _call(_backward_kernel, qkv, d_out.astype(qkv.dtype), ids, seeds, rate, interpret),
+        None,
+        None,
+    )
 
 
 flash_dropout.defvjp(_forward, _backward)

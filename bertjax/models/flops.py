@@ -3,6 +3,7 @@
 Model FLOPs count the useful work of forward + backward (3 x the forward's 2 FLOPs per
 multiply-add) at the sequence's full length; rematerialisation and padding are not counted.
 """
+
 from __future__ import annotations
 
 from bertjax.models import families
@@ -23,8 +24,9 @@ PEAK_BF16_TFLOPS: tuple[tuple[tuple[str, ...], float], ...] = (
 )
 
 
-def train_flops_per_sequence(config: families.ModelConfig, seq_length: int,
-                             predictions: int) -> int:
+def train_flops_per_sequence(
+    config: families.ModelConfig, seq_length: int, predictions: int
+) -> int:
     """Model FLOPs of one sequence of `seq_length` tokens with `predictions` gathered MLM
     positions, as the model's family counts them (`families.Family.flops`; BERT:
     `bert_family.flops`, ModernBERT: `modernbert_family.flops`)."""

@@ -10,6 +10,7 @@ prepared. A process that stops with an error announces its line
 (`peers.announce_failure`), and the others, waiting at a comparison or anywhere else, stop
 with it (`peers.watch`) instead of waiting for it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -52,8 +53,9 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def config_fields(settings: dict[str, Any], workdir: str) -> dict[str, str]:
     """The run's settings as compared between hosts: every config field (`settings`: the
     config as a dict) but `PER_HOST_FIELDS`, and `--workdir`."""
-    fields = {name: repr(value) for name, value in _flat(settings).items()
-              if name not in PER_HOST_FIELDS}
+    fields = {
+        name: repr(value) for name, value in _flat(settings).items() if name not in PER_HOST_FIELDS
+    }
     return {**fields, "--workdir": repr(workdir)}
 
 
@@ -69,15 +71,16 @@ def data_fields(identity: Mapping[str, Any]) -> dict[str, str]:
     names = [os.path.basename(p) for p in paths]
     for index, (name, sample) in enumerate(zip(names, identity.get("corpus") or [])):
         shown = name if names.count(name) == 1 else f"#{index + 1} ({name})"
-        fields[f"the corpus file {shown}"] = (f"{sample['bytes']} bytes, sampled sha256 "
-                                             f"{sample['sampled_sha256'][:12]}")
+        fields[f"the corpus file {shown}"] = (
+            f"{sample['bytes']} bytes, sampled sha256 {sample['sampled_sha256'][:12]}"
+        )
     return fields
 
 
 def _shown(value: str) -> str:
     if len(value) <= _SHOWN:
         return value
-    return f"{value[:_SHOWN - 25]}... (sha256 {hashlib.sha256(value.encode()).hexdigest()[:12]})"
+    return f"{value[: _SHOWN - 25]}... (sha256 {hashlib.sha256(value.encode()).hexdigest()[:12]})"
 
 
 # Named first when they differ: the family, then the other model fields (another family
@@ -92,11 +95,13 @@ def _first_named(name: str) -> int:
 def disagreement(per_process: list[dict[str, str]], hint: str = RERUN) -> str | None:
     """The line naming the first field in which a process differs from process 0 and which
     processes have which value; None if all agree."""
-    names = list(per_process[0]) + sorted({n for p in per_process[1:] for n in p}
-                                          - set(per_process[0]))
+    names = list(per_process[0]) + sorted(
+        {n for p in per_process[1:] for n in p} - set(per_process[0])
+    )
     absent = "(nothing)"
-    differing = sorted((n for n in names if len({p.get(n, absent) for p in per_process}) > 1),
-                       key=_first_named)
+    differing = sorted(
+        (n for n in names if len({p.get(n, absent) for p in per_process}) > 1), key=_first_named
+    )
     if not differing:
         return None
     name = differing[0]
@@ -105,12 +110,17 @@ def disagreement(per_process: list[dict[str, str]], hint: str = RERUN) -> str | 
         value = fields.get(name, absent)
         if value != per_process[0].get(name, absent):
             groups.setdefault(value, []).append(index)
-    others = "; ".join(f"process{'es' if len(ids) > 1 else ''} "
-                       f"{', '.join(map(str, ids))} {'have' if len(ids) > 1 else 'has'} "
-                       f"{_shown(value)}" for value, ids in groups.items())
+    others = "; ".join(
+        f"process{'es' if len(ids) > 1 else ''} "
+        f"{', '.join(map(str, ids))} {'have' if len(ids) > 1 else 'has'} "
+        f"{_shown(value)}"
+        for value, ids in groups.items()
+    )
     more = f" (and {len(differing) - 1} more)" if len(differing) > 1 else ""
-    return (f"the hosts disagree on {name}{more}: {others}, process 0 "
-            f"{_shown(per_process[0].get(name, absent))}; {hint}")
+    return (
+        f"the hosts disagree on {name}{more}: {others}, process 0 "
+        f"{_shown(per_process[0].get(name, absent))}; {hint}"
+    )
 
 
 def _gather(stage: str, payload: str) -> list[str]:
@@ -120,8 +130,9 @@ def _gather(stage: str, payload: str) -> list[str]:
     directory = f"{_PREFIX}/{stage}/"
     client.key_value_set(f"{directory}{jax.process_index()}", payload)
     while True:
-        found = {key.rsplit("/", 1)[-1]: value
-                 for key, value in client.key_value_dir_get(directory)}
+        found = {
+            key.rsplit("/", 1)[-1]: value for key, value in client.key_value_dir_get(directory)
+        }
         if len(found) == count:
             return [found[str(i)] for i in range(count)]
         time.sleep(_POLL_S)
@@ -138,8 +149,9 @@ def check(stage: str, fields: dict[str, str], hint: str = RERUN) -> None:
         raise HostsDisagree(line)
 
 
-
 def tokenizer_fields(tokenizer: Tokenizer) -> dict[str, str]:
     """The tokenizer as compared between hosts: its size and fingerprint."""
-    return {"the tokenizer": f"{tokenizer.vocab_size} tokens, fingerprint "
-                             f"{tokenizer.fingerprint()[:12]}"}
+    return {
+        "the tokenizer": f"{tokenizer.vocab_size} tokens, fingerprint "
+        f"{tokenizer.fingerprint()[:12]}"
+    }

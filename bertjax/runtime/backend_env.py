@@ -1,5 +1,6 @@
 """What JAX reads once, when its first backend starts. `bertjax/__init__` sets it at import,
 so every entry point, and every process one starts, begins the same way."""
+
 from __future__ import annotations
 
 import glob
@@ -9,8 +10,14 @@ from collections.abc import MutableMapping
 
 # Device files of the accelerators JAX's plugins drive: TPU VMs (v2-v4: /dev/accel*, v5e and
 # later: VFIO groups), NVIDIA GPUs (WSL2: /dev/dxg), AMD GPUs.
-ACCELERATOR_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*", "/dev/nvidiactl",
-                     "/dev/dxg", "/dev/kfd")
+ACCELERATOR_FILES = (
+    "/dev/accel*",
+    "/dev/vfio/[0-9]*",
+    "/dev/nvidia[0-9]*",
+    "/dev/nvidiactl",
+    "/dev/dxg",
+    "/dev/kfd",
+)
 NVIDIA_FILES = ("/dev/nvidia[0-9]*", "/dev/dxg")
 
 # XLA records a GPU program into CUDA graphs ("command buffers"). Recording cuDNN's fused
@@ -37,16 +44,18 @@ def cpu_unless_accelerated() -> None:
             os.environ["JAX_PLATFORMS"] = "cpu"
 
 
-def cudnn_outside_command_buffers(environ: MutableMapping[str, str] = os.environ,
-                                  gpu: bool | None = None) -> None:
+def cudnn_outside_command_buffers(
+    environ: MutableMapping[str, str] = os.environ, gpu: bool | None = None
+) -> None:
     """On an NVIDIA host (`gpu`: detected from its device files), adds
     `CUDNN_OUTSIDE_COMMAND_BUFFERS` to XLA_FLAGS, so that `attention_impl="cudnn"` trains with
     the recipe's attention dropout. An XLA_FLAGS that already sets
     xla_gpu_enable_command_buffer is the user's choice and stays as it is. It takes effect
     only if no JAX backend has started yet in this process (importing bertjax first does)."""
     flags = environ.get("XLA_FLAGS", "")
-    if (present(NVIDIA_FILES) if gpu is None else gpu) and \
-            "xla_gpu_enable_command_buffer" not in flags:
+    if (
+        present(NVIDIA_FILES) if gpu is None else gpu
+    ) and "xla_gpu_enable_command_buffer" not in flags:
         environ["XLA_FLAGS"] = f"{flags} {CUDNN_OUTSIDE_COMMAND_BUFFERS}".strip()
 
 

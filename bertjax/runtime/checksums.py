@@ -2,6 +2,7 @@
 `<step>/bertjax_checksums.json` (`seal`) and compared before a restore (`verify`), so that a
 truncated, deleted or bit-flipped file is found by name. Reads go through bertjax.runtime.files: a
 file is "missing" only when the storage says so."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,11 @@ def _crc32(path: epath.Path) -> int:
 def seal(step_directory: str) -> None:
     """Writes `CHECKSUMS` into a finished checkpoint step: size and CRC32 of every file."""
     root = epath.Path(step_directory)
-    sums = {str(p.relative_to(root)): [p.stat().length, _crc32(p)] for p in _files(root)
-            if not p.name.startswith(CHECKSUMS)}  # (and a crashed write's temporary)
+    sums = {
+        str(p.relative_to(root)): [p.stat().length, _crc32(p)]
+        for p in _files(root)
+        if not p.name.startswith(CHECKSUMS)
+    }  # (and a crashed write's temporary)
     file_layer.write_text(f"{step_directory.rstrip('/')}/{CHECKSUMS}", json.dumps({"crc32": sums}))
 
 
@@ -59,5 +63,6 @@ def verify(step_directory: str) -> tuple[bool, str | None]:
             problems.append(f"{name} does not match its checksum")
     if not problems:
         return True, None
-    return True, "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)"
-                                             if len(problems) > 3 else "")
+    return True, "; ".join(problems[:3]) + (
+        f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    )

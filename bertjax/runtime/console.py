@@ -1,6 +1,7 @@
 """What the console shows and what the run's log file keeps: the terminal's status line,
 the console's library log filters (`configure_console`, every entry point) and the log file
 (`logging_to`), which holds every console line of the run besides the libraries' records."""
+
 from __future__ import annotations
 
 import collections
@@ -69,11 +70,14 @@ class QuietLibraries(std_logging.Filter):
 
     def filter(self, record: std_logging.LogRecord) -> bool:
         ours = record.pathname.startswith(PACKAGE_DIR)
-        if record.levelno < std_logging.WARNING or (record.levelno >= std_logging.ERROR
-                                                    and self.log_file):
+        if record.levelno < std_logging.WARNING or (
+            record.levelno >= std_logging.ERROR and self.log_file
+        ):
             return ours
-        return not any(where in record.pathname and record.getMessage().startswith(text)
-                       for where, text in HARMLESS_WARNINGS)
+        return not any(
+            where in record.pathname and record.getMessage().startswith(text)
+            for where, text in HARMLESS_WARNINGS
+        )
 
 
 class ConsoleFormat(std_logging.Formatter):
@@ -108,8 +112,9 @@ def log_file(workdir: str) -> str:
     file under the temporary directory, named after the workdir."""
     index = process_index()
     if files.is_remote(workdir):
-        workdir = os.path.join(tempfile.gettempdir(), "bertjax_logs",
-                               re.sub(r"[^A-Za-z0-9._-]+", "_", workdir))
+        workdir = os.path.join(
+            tempfile.gettempdir(), "bertjax_logs", re.sub(r"[^A-Za-z0-9._-]+", "_", workdir)
+        )
         os.makedirs(workdir, exist_ok=True)
     return os.path.join(workdir, "log.txt" if index == 0 else f"log.{index}.txt")
 
@@ -132,8 +137,9 @@ PRINTED = "bertjax.runtime.console"  # the logger name of the records `printed` 
 
 def printed(line: str) -> std_logging.LogRecord:
     """A log file's record of a line the console showed."""
-    return std_logging.makeLogRecord({"name": PRINTED, "msg": line, "levelno": std_logging.INFO,
-                                      "levelname": "INFO"})
+    return std_logging.makeLogRecord(
+        {"name": PRINTED, "msg": line, "levelno": std_logging.INFO, "levelname": "INFO"}
+    )
 
 
 class _LogFile(std_logging.FileHandler):

@@ -15,6 +15,7 @@ Joining waits at most `join_timeout_seconds` (default `peers.JOIN_TIMEOUT_SECOND
 every process to register: then each process that did ends with one line naming the ones
 that did not and the coordinator's address (`peers.joining`), exit `peers.LOST_PEER_STATUS`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,7 +51,9 @@ def _env_int(name: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise DistributedSetupError(f"environment variable {name}={value!r} is not an integer") from None
+        raise DistributedSetupError(
+            f"environment variable {name}={value!r} is not an integer"
+        ) from None
 
 
 # A process waits this much longer than the service for the others to register, so that the
@@ -65,6 +68,7 @@ def _registration_timeout(seconds: int) -> Iterator[None]:
     (jax.distributed passes no such setting: its service would wait for as long as the
     clients' initialization timeout, and they would abort without the names)."""
     from jax._src import distributed as jax_distributed  # (not public API)
+
     library = jax_distributed._jax  # noqa: SLF001
 
     class WithRegistrationTimeout:
@@ -74,7 +78,8 @@ def _registration_timeout(seconds: int) -> Iterator[None]:
         @staticmethod
         def get_distributed_runtime_service(*args: Any, **kwargs: Any) -> Any:
             return library.get_distributed_runtime_service(
-                *args, cluster_register_timeout=seconds, **kwargs)
+                *args, cluster_register_timeout=seconds, **kwargs
+            )
 
     jax_distributed._jax = WithRegistrationTimeout()  # noqa: SLF001
     try:
@@ -87,23 +92,28 @@ def _join(join_timeout_seconds: int, **kwargs: Any) -> None:
     """`jax.distributed.initialize(**kwargs)`, waiting at most `join_timeout_seconds` for
     every process (see the module's note)."""
     with peers.joining(join_timeout_seconds), _registration_timeout(join_timeout_seconds):
-        jax.distributed.initialize(initialization_timeout=join_timeout_seconds
-                                   + _CLIENT_SLACK_S, **kwargs)
+        jax.distributed.initialize(
+            initialization_timeout=join_timeout_seconds + _CLIENT_SLACK_S, **kwargs
+        )
 
 
-def initialize(coordinator_address: str | None = None,
-               num_processes: int | None = None,
-               process_id: int | None = None,
-               heartbeat_timeout_seconds: int | None = None,
-               join_timeout_seconds: int | None = None) -> str:
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    heartbeat_timeout_seconds: int | None = None,
+    join_timeout_seconds: int | None = None,
+) -> str:
     """Initialises `jax.distributed` once; returns how: "explicit", "cluster", "local" or "already"."""
     if jax.distributed.is_initialized():
         return "already"
     extra: dict[str, Any] = {}  # (initialize's keywords)
     join = join_timeout_seconds or peers.JOIN_TIMEOUT_SECONDS
     if join <= 0 or (heartbeat_timeout_seconds is not None and heartbeat_timeout_seconds <= 0):
-        raise DistributedSetupError("--join_timeout_seconds and --heartbeat_timeout_seconds "
-                                    "must be positive numbers of seconds")
+        raise DistributedSetupError(
+            "--join_timeout_seconds and --heartbeat_timeout_seconds "
+            "must be positive numbers of seconds"
+        )
     if heartbeat_timeout_seconds:
         extra["heartbeat_timeout_seconds"] = heartbeat_timeout_seconds
     coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
@@ -113,11 +123,18 @@ def initialize(coordinator_address: str | None = None,
         process_id = _env_int("JAX_PROCESS_ID")
     if coordinator_address:
         if num_processes is None or process_id is None:
-            raise DistributedSetupError(f"coordinator {coordinator_address} given without both the number of "
-                             "processes and this process's id (--num_processes/--process_id or "
-                             "JAX_NUM_PROCESSES/JAX_PROCESS_ID)")
-        _join(join, coordinator_address=coordinator_address, num_processes=num_processes,
-              process_id=process_id, **extra)
+            raise DistributedSetupError(
+                f"coordinator {coordinator_address} given without both the number of "
+                "processes and this process's id (--num_processes/--process_id or "
+                "JAX_NUM_PROCESSES/JAX_PROCESS_ID)"
+            )
+        _join(
+            join,
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+            **extra,
+        )
         how = "explicit"
     else:
         try:
@@ -128,7 +145,12 @@ def initialize(coordinator_address: str | None = None,
             jax.distributed.initialize(f"localhost:{free_port()}", 1, 0, **extra)
             how = "local"
     log = logging.info if jax.process_count() > 1 else logging.debug  # one process: nothing new
-    log("jax.distributed (%s): process %d of %d, %d local / %d global devices", how,
-                 jax.process_index(), jax.process_count(), jax.local_device_count(),
-                 jax.device_count())
+    log(
+        "jax.distributed (%s): process %d of %d, %d local / %d global devices",
+        how,
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
     return how

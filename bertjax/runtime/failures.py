@@ -3,6 +3,7 @@ then exits with the signal's status, `Stopped`), and an OS
 error (a full disk, a missing permission, a directory where a file belongs) becomes one line
 naming the file, also when it happens in a background writer thread or inside a library that
 reports it as text (Orbax's TensorStore)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -77,8 +78,9 @@ def library_os_error(error: BaseException) -> OSError | None:
     code, file = _LIBRARY_ERRNO.search(str(error)), _LIBRARY_FILE.search(str(error))
     if not code:
         return None
-    return OSError(int(code.group(1)), os.strerror(int(code.group(1))),
-                   file.group(1) if file else None)
+    return OSError(
+        int(code.group(1)), os.strerror(int(code.group(1))), file.group(1) if file else None
+    )
 
 
 _BEFORE_LEAVING: list[Callable[[], None]] = []
@@ -95,6 +97,7 @@ def _joined_other_processes() -> bool:
     if "jax" not in sys.modules:
         return False
     from jax._src import distributed as jax_distributed  # (not public API)
+
     state = jax_distributed.global_state
     return state.client is not None and (state.num_processes or 1) > 1
 
@@ -126,18 +129,21 @@ def one_line_thread_errors() -> None:
 
     def hook(args: threading.ExceptHookArgs) -> None:
         if isinstance(args.exc_value, OSError):
-            logging.error("thread %s stopped: %s", getattr(args.thread, "name", "?"),
-                          os_error_line(args.exc_value))
+            logging.error(
+                "thread %s stopped: %s",
+                getattr(args.thread, "name", "?"),
+                os_error_line(args.exc_value),
+            )
         else:
             default(args)
 
     threading.excepthook = hook
-    sys.unraisablehook = lambda unraisable: _log_ignored(unraisable.exc_value,
-                                                         unraisable.object)
+    sys.unraisablehook = lambda unraisable: _log_ignored(unraisable.exc_value, unraisable.object)
     main_excepthook = sys.excepthook
 
-    def excepthook(kind: type[BaseException], value: BaseException,
-                   trace: types.TracebackType | None) -> None:
+    def excepthook(
+        kind: type[BaseException], value: BaseException, trace: types.TracebackType | None
+    ) -> None:
         if threading.current_thread() is threading.main_thread():
             main_excepthook(kind, value, trace)
         else:
@@ -151,9 +157,17 @@ def _log_ignored(error: BaseException | None, where: object) -> None:
     opens), else nowhere (after the run's last line, or at exit)."""
     try:
         text = f"ignored in {where!r}: " + "".join(traceback.format_exception(error)).rstrip()
-        console.RUN_LOG.take(std_logging.makeLogRecord(
-            {"msg": text, "levelno": std_logging.INFO, "levelname": "INFO",
-             "name": "bertjax.ignored", "pathname": __file__}))
+        console.RUN_LOG.take(
+            std_logging.makeLogRecord(
+                {
+                    "msg": text,
+                    "levelno": std_logging.INFO,
+                    "levelname": "INFO",
+                    "name": "bertjax.ignored",
+                    "pathname": __file__,
+                }
+            )
+        )
     except Exception:  # noqa: BLE001 (interpreter shutdown: nowhere left to write)
         pass
 
@@ -165,8 +179,10 @@ class CtrlC:
     process saves at the same step. A second SIGINT exits at once (status 130: `stopping`'s
     watchdog, which also sees it while the main thread is stuck in native code)."""
 
-    NOTICE = ("Ctrl-C: saving a checkpoint at the end of this step, then exiting (Ctrl-C again "
-              "to exit at once)")
+    NOTICE = (
+        "Ctrl-C: saving a checkpoint at the end of this step, then exiting (Ctrl-C again "
+        "to exit at once)"
+    )
 
     def __init__(self, forward_as_sigterm: bool):
         self.forward_as_sigterm = forward_as_sigterm
@@ -193,8 +209,9 @@ class CtrlC:
 
     def __enter__(self) -> CtrlC:
         if threading.current_thread() is threading.main_thread():
-            self._printer = threading.Thread(target=self._print_notices, daemon=True,
-                                             name="bertjax-ctrl-c")
+            self._printer = threading.Thread(
+                target=self._print_notices, daemon=True, name="bertjax-ctrl-c"
+            )
             self._printer.start()
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
@@ -231,5 +248,7 @@ class Stopped(Exception):
 def stopped_line(where: str, signum: int) -> str:
     """A stopped run's last line: `Stopped at step 53 of 120 (Ctrl-C): checkpoint saved;
     rerun the same command to continue`."""
-    return (f"Stopped at {where} ({STOPPING[signum]}): checkpoint saved; rerun the same "
-            "command to continue")
+    return (
+        f"Stopped at {where} ({STOPPING[signum]}): checkpoint saved; rerun the same "
+        "command to continue"
+    )

@@ -12,6 +12,7 @@ transiently (429, 5xx, a reset, a cut-short body) are retried for a bounded time
 GCS client at the emulator; this module then also turns off gcsfs's bucket-type probe over
 gRPC, which an emulator does not answer (60 s per call before the fallback).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -50,6 +51,7 @@ def _fs(path: str) -> tuple[Any, str]:
     storage.install_gcsfs()
     try:
         import fsspec
+
         return fsspec.core.url_to_fs(path)
     except ImportError as e:  # fsspec's message names the protocol's package
         raise ImportError(f"cannot read {path}: {e}; pip install 'bertjax[gcs]'") from None
@@ -61,8 +63,13 @@ def _url(fs: Any, fs_path: str) -> str:
     return fs_path if "://" in fs_path else f"{protocol}://{fs_path}"
 
 
-def open(path: str, mode: str = "r", encoding: str | None = None,  # noqa: A001
-         errors: str | None = None, newline: str | None = None) -> IO:
+def open(
+    path: str,
+    mode: str = "r",
+    encoding: str | None = None,  # noqa: A001
+    errors: str | None = None,
+    newline: str | None = None,
+) -> IO:
     """`builtins.open` for local paths; for URLs a buffered (binary) or text file that
     supports `readline(size)`. A remote file opened for writing is uploaded on close."""
     if not is_remote(path):
@@ -102,8 +109,10 @@ def write_text(path: str, text: str, append: bool = False) -> None:
             f.write(text)
         return
     if append:
-        fd, data = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), \
-            text.encode("utf-8")
+        fd, data = (
+            os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644),
+            text.encode("utf-8"),
+        )
         try:
             with failures.naming(path):
                 written = os.write(fd, data)
@@ -119,8 +128,9 @@ def write_text(path: str, text: str, append: bool = False) -> None:
     os.replace(temporary, path)
 
 
-def _local_or_remote(path: str, local: Callable[[str], Any],
-                     remote: Callable[[Any, str], Any]) -> Any:
+def _local_or_remote(
+    path: str, local: Callable[[str], Any], remote: Callable[[Any, str], Any]
+) -> Any:
     """`local(path)` for a local path, else `remote(filesystem, fsspec path)`."""
     if not is_remote(path):
         return local(path)
@@ -258,5 +268,8 @@ def generations(directory: str) -> dict[str, int]:
         listed = fs.ls(fs_path, detail=True, refresh=True)
     except FileNotFoundError:
         return {}
-    return {entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry.get("generation") or 0)
-            for entry in listed if entry.get("type") == "file"}
+    return {
+        entry["name"].rstrip("/").rsplit("/", 1)[-1]: int(entry.get("generation") or 0)
+        for entry in listed
+        if entry.get("type") == "file"
+    }

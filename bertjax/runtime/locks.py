@@ -11,6 +11,7 @@ stores have no lock that a killed process (a preempted spot VM) releases, so the
 so in one line and one job at a time must use it (the TPU launcher deletes a slice before
 it recreates one).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -90,17 +91,22 @@ def _acquire(fd: int, path: str, what: str, wait: bool) -> None:
         if not _holder_alive(holder):
             return
         if not wait:
-            raise LockHeld(f"{what} is in use by {describe(holder)} (lock file {path}, no flock "
-                           "on this file system: delete it if that process is gone)") from None
+            raise LockHeld(
+                f"{what} is in use by {describe(holder)} (lock file {path}, no flock "
+                "on this file system: delete it if that process is gone)"
+            ) from None
         logging.warning("%s is in use by %s; waiting (lock file %s)", what, describe(holder), path)
         while _holder_alive(_read_holder(fd)):
             time.sleep(1.0)
         return
     if not wait:
-        raise LockHeld(f"{what} is in use by {describe(holder)} (lock file {path}); wait for "
-                       "that run to end or stop it, or use another directory")
-    logging.warning("%s is in use by %s; waiting for it (lock file %s)", what, describe(holder),
-                    path)
+        raise LockHeld(
+            f"{what} is in use by {describe(holder)} (lock file {path}); wait for "
+            "that run to end or stop it, or use another directory"
+        )
+    logging.warning(
+        "%s is in use by %s; waiting for it (lock file %s)", what, describe(holder), path
+    )
     fcntl.flock(fd, fcntl.LOCK_EX)
 
 
@@ -115,8 +121,12 @@ def exclusive(path: str, what: str, wait: bool = False) -> Iterator[dict | None]
         _acquire(fd, path, what, wait)
         stale = _read_holder(fd)
         if stale:
-            logging.warning("Taking over the lock of %s on %s: %s is no longer running", what,
-                            path, describe(stale))
+            logging.warning(
+                "Taking over the lock of %s on %s: %s is no longer running",
+                what,
+                path,
+                describe(stale),
+            )
         _write_holder(fd)
         try:
             yield stale
@@ -131,8 +141,10 @@ def workdir_lock(workdir: str, process_index: int = 0) -> contextlib.AbstractCon
     multi-process job on one host do not exclude each other)."""
     if files.is_remote(workdir):
         if process_index == 0:
-            logging.warning("workdir %s is on an object store: not locked; run one job at a "
-                            "time into it", workdir)
+            logging.warning(
+                "workdir %s is on an object store: not locked; run one job at a time into it",
+                workdir,
+            )
         return contextlib.nullcontext()
     name = "run.lock" if process_index == 0 else f"run.lock.{process_index}"
     return exclusive(os.path.join(workdir, name), f"workdir {workdir}")
@@ -163,7 +175,8 @@ def remove_own_locks(workdir: str, process_index: int = 0) -> None:
     for root, _, names in os.walk(workdir, topdown=False):
         for name in names:
             if (root == workdir and name == own) or (
-                    root != workdir and name.startswith(".") and name.endswith(".lock")):
+                root != workdir and name.startswith(".") and name.endswith(".lock")
+            ):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(os.path.join(root, name))
         with contextlib.suppress(OSError):  # (not empty: something else is in it)

@@ -22,6 +22,7 @@ Joining is bounded too (`joining`): JAX's service gives up waiting for processes
 register after `--join_timeout_seconds` and aborts every process that did; the abort becomes
 one line naming the missing process ids and the coordinator's address, exit `LOST_PEER_STATUS`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,10 +55,18 @@ _FAILED = "bertjax/failed/"
 _SEEN = "bertjax/seen/"
 _EXITING = "bertjax/exiting/"
 _JAX_ABORT = "Terminating process because the JAX distributed service detected fatal errors"
-_state: dict[str, Any] = {"step": None, "heartbeat_s": JAX_HEARTBEAT_TIMEOUT_SECONDS,
-                          "log": None, "console": None, "handler": None, "restore": None,
-                          "join": None, "watching": False, "announced": False,
-                          "left": False}
+_state: dict[str, Any] = {
+    "step": None,
+    "heartbeat_s": JAX_HEARTBEAT_TIMEOUT_SECONDS,
+    "log": None,
+    "console": None,
+    "handler": None,
+    "restore": None,
+    "join": None,
+    "watching": False,
+    "announced": False,
+    "left": False,
+}
 _leaving = threading.Lock()  # (one process prints one last line: the first to take it)
 
 
@@ -73,17 +82,21 @@ def lost_peer_line(reason: str) -> str:
     ids = re.findall(r"\d+", listed.group(1)) if listed else re.findall(r"task:(\d+)", reason)
     ids = [i for i in dict.fromkeys(ids) if int(i) != jax.process_index()]
     if ids:
-        who = (f"process{'es' if len(ids) > 1 else ''} {', '.join(ids)} of "
-               f"{jax.process_count()} (JAX's coordination service reported it stopped sending "
-               f"heartbeats; --heartbeat_timeout_seconds={_state['heartbeat_s']})")
+        who = (
+            f"process{'es' if len(ids) > 1 else ''} {', '.join(ids)} of "
+            f"{jax.process_count()} (JAX's coordination service reported it stopped sending "
+            f"heartbeats; --heartbeat_timeout_seconds={_state['heartbeat_s']})"
+        )
     elif jax.process_index() != 0:
         who = f"process 0 of {jax.process_count()} (the coordinator)"
     else:
         who = f"another process of {jax.process_count()}"
     step = _state["step"]
     when = f"after step {step}" if step is not None else "before the first training step"
-    return (f"lost {who}; this process {jax.process_index()} stopped {when}; {RERUN_ALL} to resume from the "
-            "last checkpoint")
+    return (
+        f"lost {who}; this process {jax.process_index()} stopped {when}; {RERUN_ALL} to resume from the "
+        "last checkpoint"
+    )
 
 
 def join_line(reason: str, timeout_s: float) -> str:
@@ -91,21 +104,28 @@ def join_line(reason: str, timeout_s: float) -> str:
     (JAX's service names them once its registration times out) or, without the service's
     answer, the coordinator that never answered."""
     from jax._src import distributed as jax_distributed  # (not public API)
+
     where = jax_distributed.global_state
     count, index = where.num_processes, where.process_id
     listed = re.search(r"Some timed out task names:\s*([\d\s,]+)", reason)
     missing = re.findall(r"\d+", listed.group(1)) if listed else []
     if missing:
-        who = (f"process{'es' if len(missing) > 1 else ''} {', '.join(missing)} of {count} "
-               f"{'have' if len(missing) > 1 else 'has'} not joined the job at the coordinator "
-               f"{where.coordinator_address} within {timeout_s:g} s")
+        who = (
+            f"process{'es' if len(missing) > 1 else ''} {', '.join(missing)} of {count} "
+            f"{'have' if len(missing) > 1 else 'has'} not joined the job at the coordinator "
+            f"{where.coordinator_address} within {timeout_s:g} s"
+        )
     else:
-        who = (f"the coordinator {where.coordinator_address} (process 0 of {count}) has not "
-               f"answered within {timeout_s:g} s: it has not started, or cannot be reached")
-    return (f"{who}; this process {index} stops (status {LOST_PEER_STATUS}): start every "
-            "process with the same command (a process that stopped with an error names it on "
-            "its console), then rerun the same command on every host; --join_timeout_seconds "
-            "sets how long to wait")
+        who = (
+            f"the coordinator {where.coordinator_address} (process 0 of {count}) has not "
+            f"answered within {timeout_s:g} s: it has not started, or cannot be reached"
+        )
+    return (
+        f"{who}; this process {index} stops (status {LOST_PEER_STATUS}): start every "
+        "process with the same command (a process that stopped with an error names it on "
+        "its console), then rerun the same command on every host; --join_timeout_seconds "
+        "sets how long to wait"
+    )
 
 
 def _abort_reason(log_path: str) -> str | None:
@@ -156,8 +176,14 @@ def _native_stderr_to(path: str) -> None:
     sys.stderr.flush()
     if _state["console"] is None:
         console = os.dup(2)
-        stream = os.fdopen(console, "w", buffering=1, encoding=sys.stderr.encoding,
-                           errors="backslashreplace", closefd=False)
+        stream = os.fdopen(
+            console,
+            "w",
+            buffering=1,
+            encoding=sys.stderr.encoding,
+            errors="backslashreplace",
+            closefd=False,
+        )
         handler = logging.get_absl_handler().python_handler
         _state["restore"] = (sys.stderr, handler.stream)
         if handler.stream is sys.stderr:
@@ -226,6 +252,7 @@ def watch(log_file: str, heartbeat_timeout_seconds: int | None) -> None:
 def client() -> Any:
     """JAX's coordination client, whose key-value store the processes share."""
     from jax._src import distributed as jax_distributed  # (not public API)
+
     return jax_distributed.global_state.client
 
 
@@ -242,15 +269,22 @@ def announce_failure(error: BaseException) -> None:
     coordinator may be gone); once its line is printed, `failures.leave` waits until they
     have read it (`_after_own_line`). Once per process; not for a failed collective (a
     JaxRuntimeError, as when a peer is lost: `leave_if_peer_lost` waits for the reason)."""
-    if not jax.distributed.is_initialized() or jax.process_count() == 1 or \
-            _state["announced"] or isinstance(error, jax.errors.JaxRuntimeError):
+    if (
+        not jax.distributed.is_initialized()
+        or jax.process_count() == 1
+        or _state["announced"]
+        or isinstance(error, jax.errors.JaxRuntimeError)
+    ):
         return
     _leaving.acquire()  # (from now on the watcher leaves this process's line to it)
     message = failures.os_error_line(error) if isinstance(error, OSError) else str(error)
     message = message.strip().splitlines()[0] if message.strip() else type(error).__name__
     try:
-        client().key_value_set(f"{_FAILED}{jax.process_index()}",
-                               f"{socket.gethostname()}\n{message}", allow_overwrite=True)
+        client().key_value_set(
+            f"{_FAILED}{jax.process_index()}",
+            f"{socket.gethostname()}\n{message}",
+            allow_overwrite=True,
+        )
     except Exception:  # noqa: BLE001 (the coordinator itself lost: nothing to tell)
         return
     _state["announced"] = message
@@ -286,8 +320,7 @@ def _last_out() -> None:
         _wait_for(_EXITING)
     else:
         with contextlib.suppress(Exception):  # (the coordinator gone: nobody to tell)
-            client().key_value_set(f"{_EXITING}{jax.process_index()}", "1",
-                                   allow_overwrite=True)
+            client().key_value_set(f"{_EXITING}{jax.process_index()}", "1", allow_overwrite=True)
 
 
 def _wait_for(*directories: str) -> None:
@@ -326,8 +359,7 @@ def _watch_peers() -> None:
         failed = announced_failure()
         if failed and _leaving.acquire(blocking=False):
             with contextlib.suppress(Exception):  # (tell the failed one it was heard)
-                client().key_value_set(f"{_SEEN}{jax.process_index()}", "1",
-                                       allow_overwrite=True)
+                client().key_value_set(f"{_SEEN}{jax.process_index()}", "1", allow_overwrite=True)
             _leave_now(failed, lambda: _wait_for(_SEEN, _FAILED))
 
 
@@ -340,8 +372,10 @@ def leave_if_peer_lost(error: BaseException) -> None:
         return
     logging.info("a collective failed: %s", error)
     time.sleep(_state["heartbeat_s"] + 10)
-    leave(f"a collective with the other processes failed ({str(error).splitlines()[0][:200]}) "
-          f"after step {_state['step']}; {RERUN_ALL} to resume from the last checkpoint")
+    leave(
+        f"a collective with the other processes failed ({str(error).splitlines()[0][:200]}) "
+        f"after step {_state['step']}; {RERUN_ALL} to resume from the last checkpoint"
+    )
 
 
 def leave_on_bug(error: BaseException) -> None:
@@ -352,8 +386,9 @@ def leave_on_bug(error: BaseException) -> None:
         return
     announce_failure(error)
     traceback.print_exception(error, file=sys.stderr)
-    failures.leave(f"{type(error).__name__}: {failures.first_line(error)} (a bug: the "
-                   "traceback is above)")
+    failures.leave(
+        f"{type(error).__name__}: {failures.first_line(error)} (a bug: the traceback is above)"
+    )
 
 
 def leave(message: str) -> NoReturn:

@@ -18,6 +18,7 @@ sees each notice as before. The default of 60 s leaves a stopping run the time t
 checkpoint of BERT-large (about 4 GB with Adam's moments) at 100 MB/s; a spot VM's notice
 is 30 s.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,8 +37,12 @@ from bertjax.runtime import console, failures
 VARIABLE = "BERTJAX_STOP_SECONDS"
 DEFAULT_SECONDS = 60.0
 _NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-_state: dict[str, Any] = {"doing": "starting up", "watching": False, "native_sigterm": None,
-                          "requested": None}
+_state: dict[str, Any] = {
+    "doing": "starting up",
+    "watching": False,
+    "native_sigterm": None,
+    "requested": None,
+}
 
 
 def grace_seconds() -> float:
@@ -46,8 +51,9 @@ def grace_seconds() -> float:
     try:
         seconds = float(value) if value else DEFAULT_SECONDS
     except ValueError:
-        raise ValueError(f"environment variable {VARIABLE}={value!r} is not a number of "
-                         "seconds") from None
+        raise ValueError(
+            f"environment variable {VARIABLE}={value!r} is not a number of seconds"
+        ) from None
     if seconds <= 0:
         raise ValueError(f"environment variable {VARIABLE}={value!r} must be positive")
     return seconds
@@ -75,8 +81,10 @@ def _where_main_is() -> str:
     while frame is not None:
         path = frame.f_code.co_filename.replace(os.sep, "/")
         if "/bertjax/" in path:
-            return (f"bertjax/{path.rsplit('/bertjax/', 1)[1]}:{frame.f_lineno} in "
-                    f"{frame.f_code.co_name}")
+            return (
+                f"bertjax/{path.rsplit('/bertjax/', 1)[1]}:{frame.f_lineno} in "
+                f"{frame.f_code.co_name}"
+            )
         frame = frame.f_back
     return "outside bertjax's code"
 
@@ -102,10 +110,13 @@ def _watch(reader: socket.socket) -> None:
             received = reader.recv(64)
         except TimeoutError:
             signum = _state["requested"]
-            _leave(f"stop requested ({_NAMES[signum]}) {grace:g} s ago, but this process is "
-                   f"still {_state['doing']} ({_where_main_is()}); exiting without finishing "
-                   "it: a rerun of the same command resumes from the last complete checkpoint "
-                   f"(to wait longer, set {VARIABLE})", 128 + signum)
+            _leave(
+                f"stop requested ({_NAMES[signum]}) {grace:g} s ago, but this process is "
+                f"still {_state['doing']} ({_where_main_is()}); exiting without finishing "
+                "it: a rerun of the same command resumes from the last complete checkpoint "
+                f"(to wait longer, set {VARIABLE})",
+                128 + signum,
+            )
             continue
         for signum in received:
             if signum == signal.SIGTERM:
@@ -114,8 +125,11 @@ def _watch(reader: socket.socket) -> None:
                 continue
             if signum == signal.SIGINT and _state["requested"] == signal.SIGINT:
                 print("Second Ctrl-C: exiting without saving", flush=True)
-                _leave(f"stopped by a second Ctrl-C while {_state['doing']}; a rerun of the "
-                       "same command resumes from the last complete checkpoint", 130)
+                _leave(
+                    f"stopped by a second Ctrl-C while {_state['doing']}; a rerun of the "
+                    "same command resumes from the last complete checkpoint",
+                    130,
+                )
             if _state["requested"] is None:
                 _state["requested"] = signum
                 deadline = time.monotonic() + grace
@@ -135,15 +149,21 @@ def watch() -> None:
     writer.setblocking(False)
     signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
     _state.update(watching=True, sockets=(reader, writer))
-    threading.Thread(target=_watch, args=(reader,), name="bertjax-stop-watchdog",
-                     daemon=True).start()
+    threading.Thread(
+        target=_watch, args=(reader,), name="bertjax-stop-watchdog", daemon=True
+    ).start()
 
 
 class _SigAction(ctypes.Structure):
     """glibc's `struct sigaction` on Linux (x86-64 and arm64): the handler, the mask, the
     flags, then room to spare."""
-    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_char * 128),
-                ("flags", ctypes.c_int), ("rest", ctypes.c_char * 128)]
+
+    _fields_ = [
+        ("handler", ctypes.c_void_p),
+        ("mask", ctypes.c_char * 128),
+        ("flags", ctypes.c_int),
+        ("rest", ctypes.c_char * 128),
+    ]
 
 
 _SA_SIGINFO = 4  # (the handler takes (signum, siginfo, context))
@@ -158,12 +178,16 @@ def take_sigterm() -> None:
         return
     libc = ctypes.CDLL(None, use_errno=True)
     current = _SigAction()
-    if libc.sigaction(signal.SIGTERM, None, ctypes.byref(current)) != 0 or \
-            current.handler in (None, 0, 1):  # (SIG_DFL, SIG_IGN: nothing native to pass on)
+    if libc.sigaction(signal.SIGTERM, None, ctypes.byref(current)) != 0 or current.handler in (
+        None,
+        0,
+        1,
+    ):  # (SIG_DFL, SIG_IGN: nothing native to pass on)
         return
     if current.flags & _SA_SIGINFO:
         native = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
-            current.handler)
+            current.handler
+        )
         _state["native_sigterm"] = lambda signum: native(signum, None, None)
     else:
         _state["native_sigterm"] = ctypes.CFUNCTYPE(None, ctypes.c_int)(current.handler)

@@ -14,6 +14,7 @@ registry) gets a file system class whose requests retry this way instead of gcsf
 whose retries add up to the same time (its default is 32 retries of up to 32 s each: about
 15 minutes in which a run could neither finish nor fail).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,8 +42,10 @@ class StorageUnavailable(OSError):
     """A storage request still failed transiently after retrying for the allowed time."""
 
     def __init__(self, what: str, cause: str, seconds: float):
-        super().__init__(f"{what}: {cause}, still after retrying for {seconds:.0f} s "
-                         f"(the storage is unavailable; {RETRY_ENV} sets how long to retry)")
+        super().__init__(
+            f"{what}: {cause}, still after retrying for {seconds:.0f} s "
+            f"(the storage is unavailable; {RETRY_ENV} sets how long to retry)"
+        )
         self.what, self.cause, self.seconds = what, cause, seconds
 
 
@@ -65,26 +68,37 @@ def transient(error: BaseException) -> str | None:
         import aiohttp
         import requests
         from gcsfs import retry as gcs_retry
+
         if isinstance(error, gcs_retry.HttpError):
-            return f"HTTP {error.code} ({error.message})" if gcs_retry.is_retriable(error) \
-                else None
+            return f"HTTP {error.code} ({error.message})" if gcs_retry.is_retriable(error) else None
         if isinstance(error, requests.exceptions.ProxyError):  # (gcsfs's account of a 502)
             return "HTTP 502 (bad gateway)"
         if isinstance(error, aiohttp.ClientResponseError):
-            return f"HTTP {error.status}" if error.status in (408, 429) or error.status >= 500 \
+            return (
+                f"HTTP {error.status}"
+                if error.status in (408, 429) or error.status >= 500
                 else None
+            )
         if isinstance(error, aiohttp.ClientPayloadError):
             return "the answer was cut short"
-        connection_errors += (aiohttp.ClientError, gcs_retry.ChecksumError,
-                              requests.exceptions.ConnectionError)
+        connection_errors += (
+            aiohttp.ClientError,
+            gcs_retry.ChecksumError,
+            requests.exceptions.ConnectionError,
+        )
     if isinstance(error, connection_errors):
         return f"connection failed ({type(error).__name__}: {error})"
     return None
 
 
 # How tensorstore (Orbax's arrays) reports a request that failed after its retries.
-_TENSORSTORE_UNAVAILABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED: HTTP",
-                            "HTTP response code: 5", "HTTP response code: 429")
+_TENSORSTORE_UNAVAILABLE = (
+    "UNAVAILABLE",
+    "DEADLINE_EXCEEDED",
+    "RESOURCE_EXHAUSTED: HTTP",
+    "HTTP response code: 5",
+    "HTTP response code: 429",
+)
 
 
 def unavailable(error: BaseException | None) -> bool:
@@ -92,15 +106,18 @@ def unavailable(error: BaseException | None) -> bool:
     transiently: no proof that what it read is damaged or absent."""
     seen = 0
     while error is not None and seen < 20:
-        if isinstance(error, StorageUnavailable) or transient(error) is not None or any(
-                text in str(error) for text in _TENSORSTORE_UNAVAILABLE):
+        if (
+            isinstance(error, StorageUnavailable)
+            or transient(error) is not None
+            or any(text in str(error) for text in _TENSORSTORE_UNAVAILABLE)
+        ):
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False
 
 
 def _delay(attempt: int, remaining: float) -> float:
-    return min(FIRST_DELAY * 2 ** attempt * (0.5 + random.random() / 2), MAX_DELAY, remaining)
+    return min(FIRST_DELAY * 2**attempt * (0.5 + random.random() / 2), MAX_DELAY, remaining)
 
 
 async def call_async(operation: Callable[[], Awaitable[T]], what: str) -> T:
@@ -130,7 +147,8 @@ def _object(url: str, params: dict[str, Any]) -> tuple[str, str]:
     query = dict(urllib.parse.parse_qsl(parts.query))
     bucket, _, rest = path.split("/b/", 1)[1].partition("/")
     return bucket, params.get("name") or query.get("name") or (
-        rest[2:] if rest.startswith("o/") else "")
+        rest[2:] if rest.startswith("o/") else ""
+    )
 
 
 def _final_chunk(method: str, url: str, headers: dict | None) -> tuple[int, int] | None:
@@ -154,6 +172,7 @@ def _crc32c(data: bytes | bytearray | memoryview | BinaryIO) -> str:
     import base64
 
     import google_crc32c
+
     if not isinstance(data, (bytes, bytearray, memoryview)):
         data.seek(0)
         data = data.read()
@@ -166,12 +185,15 @@ def gcs_class() -> type:
     transfers abandoned after STALL_SECONDS without a byte."""
     import aiohttp
     import gcsfs
+
     raw = gcsfs.GCSFileSystem._request.__wrapped__  # (without gcsfs's 6 fixed tries)
 
     class RetryingGCSFileSystem(gcsfs.GCSFileSystem):
         def __init__(self, *args: Any, **kwargs: Any):
-            kwargs.setdefault("requests_timeout", aiohttp.ClientTimeout(
-                sock_connect=STALL_SECONDS, sock_read=STALL_SECONDS))
+            kwargs.setdefault(
+                "requests_timeout",
+                aiohttp.ClientTimeout(sock_connect=STALL_SECONDS, sock_read=STALL_SECONDS),
+            )
             super().__init__(*args, **kwargs)
 
         async def _request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
@@ -188,11 +210,11 @@ def gcs_class() -> type:
                         return committed
                 return await raw(self, method, path, *args, **kwargs)
 
-            return await call_async(once, f"gs://{bucket}/{key}" if bucket else
-                                    url.split("?", 1)[0])
+            return await call_async(
+                once, f"gs://{bucket}/{key}" if bucket else url.split("?", 1)[0]
+            )
 
-        async def _committed(self, bucket: str, key: str, final: tuple[int, int],
-                             data: Any) -> Any:
+        async def _committed(self, bucket: str, key: str, final: tuple[int, int], data: Any) -> Any:
             """The object's record if an upload of it of size `final[1]` was committed (its
             crc32c matching `data` too when that chunk is the whole object), else None."""
             try:
@@ -201,7 +223,8 @@ def gcs_class() -> type:
                 return None
             record = json.loads(answer[3])
             if int(record.get("size", -1)) != final[1] or (
-                    final[0] == 0 and record.get("crc32c") != _crc32c(data)):
+                final[0] == 0 and record.get("crc32c") != _crc32c(data)
+            ):
                 return None
             return answer
 
@@ -213,7 +236,7 @@ def tensorstore_retries(seconds: float) -> dict[str, Any]:
     at least `seconds`."""
     retries, total = 0, 0.0
     while total < seconds:
-        total += min(2 ** retries, 32)
+        total += min(2**retries, 32)
         retries += 1
     return {"max_retries": max(retries, 1), "initial_delay": "1s", "max_delay": "32s"}
 
@@ -223,6 +246,7 @@ def install_gcsfs() -> None:
     get it from the registry); a no-op without gcsfs."""
     try:
         import fsspec
+
         cls = gcs_class()
     except ImportError:
         return
@@ -235,7 +259,10 @@ def install_tensorstore() -> None:
     """Puts `tensorstore_retries(retry_seconds())` into the tensorstore contexts Orbax makes
     from now on (read again at each call)."""
     from orbax.checkpoint._src.serialization import tensorstore_utils
+
     retries = tensorstore_retries(retry_seconds())
-    for context in (tensorstore_utils._BASE_TS_CONTEXT,  # (copied into each new context)
-                    tensorstore_utils._DEFAULT_OCDBT_TS_CONTEXT):
+    for context in (
+        tensorstore_utils._BASE_TS_CONTEXT,  # (copied into each new context)
+        tensorstore_utils._DEFAULT_OCDBT_TS_CONTEXT,
+    ):
         context["gcs_request_retries"] = retries

@@ -1,6 +1,7 @@
 """What every task shares: input encoding (run_classifier's convert_single_example), the
 bad-input counter every reader uses, and the fine-tuning adapter interface (`Finetune`,
 `SplitData`, `TaskOptions`) that each task module implements."""
+
 from __future__ import annotations
 
 import abc
@@ -32,8 +33,10 @@ def decoding(path: str) -> Iterator[None]:
     try:
         yield
     except UnicodeDecodeError as e:
-        raise TaskDataError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); convert it "
-                            "to UTF-8 or replace it") from None
+        raise TaskDataError(
+            f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); convert it "
+            "to UTF-8 or replace it"
+        ) from None
 
 
 class SkipCounter(collections.Counter):
@@ -51,8 +54,7 @@ def truncate_pair(tokens_a: list, tokens_b: list, max_length: int) -> None:
         (tokens_a if len(tokens_a) > len(tokens_b) else tokens_b).pop()
 
 
-def word_tokenizer(tokenizer: tokenization.Tokenizer, ids: bool = False
-                   ) -> Callable[[str], list]:
+def word_tokenizer(tokenizer: tokenization.Tokenizer, ids: bool = False) -> Callable[[str], list]:
     """How a word tokenized alone (CoNLL's, a SQuAD context's) is split: as the tokenizer
     splits it inside running text (a BPE tokenizer.json's pieces after a space,
     `bpe.BpeTokenizer.tokenize_word`), else as text of its own. `ids`: ids, not pieces."""
@@ -63,17 +65,19 @@ def word_tokenizer(tokenizer: tokenization.Tokenizer, ids: bool = False
 
 def special_ids(tokenizer: tokenization.Tokenizer) -> dict[str, int]:
     cls, sep, pad = tokenizer.convert_tokens_to_ids(
-        [tokenization.CLS, tokenization.SEP, tokenization.PAD])
+        [tokenization.CLS, tokenization.SEP, tokenization.PAD]
+    )
     return {"cls": cls, "sep": sep, "pad": pad}
 
 
-def encode_pair(ids_a: list[int], ids_b: list[int] | None, max_seq_length: int,
-                specials: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def encode_pair(
+    ids_a: list[int], ids_b: list[int] | None, max_seq_length: int, specials: dict[str, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`[CLS] a [SEP] (b [SEP])`, truncated as the original, padded to `max_seq_length`.
     Returns `(input_ids, input_mask, segment_ids)`."""
     ids_a, ids_b = list(ids_a), list(ids_b) if ids_b is not None else None
     if ids_b is None:
-        ids_a = ids_a[:max_seq_length - 2]
+        ids_a = ids_a[: max_seq_length - 2]
         ids_b = []
         tokens = [specials["cls"], *ids_a, specials["sep"]]
     else:
@@ -83,8 +87,9 @@ def encode_pair(ids_a: list[int], ids_b: list[int] | None, max_seq_length: int,
     return pad_row(tokens, segments, max_seq_length, specials["pad"])
 
 
-def pad_row(tokens: Sequence[int], segments: Sequence[int], max_seq_length: int,
-            pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pad_row(
+    tokens: Sequence[int], segments: Sequence[int], max_seq_length: int, pad_id: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     padding = max_seq_length - len(tokens)
     input_ids = np.array(list(tokens) + [pad_id] * padding, np.int32)
     input_mask = np.array([1] * len(tokens) + [0] * padding, np.int32)

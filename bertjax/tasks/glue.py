@@ -5,6 +5,7 @@ Labels and columns follow the original run_classifier processors (and jiant/GLUE
 tasks it lacks); test predictions are written as the leaderboard's `<TASK>.tsv` files with an
 `index<TAB>prediction` header.
 """
+
 from __future__ import annotations
 
 import csv
@@ -71,8 +72,9 @@ class GlueTask:
         for split in self.splits:
             if split.name == name:
                 return split
-        raise KeyError(f"task {self.name} has no split {name!r}; it has "
-                       f"{[s.name for s in self.splits]}")
+        raise KeyError(
+            f"task {self.name} has no split {name!r}; it has {[s.name for s in self.splits]}"
+        )
 
     @property
     def eval_splits(self) -> list[str]:
@@ -83,60 +85,187 @@ class GlueTask:
         return [s.name for s in self.splits if s.submission]
 
 
-def _pair_task(name, directory, labels, metric_names, hf_keys, hf_labels, a, b, label,
-               test_a=None, test_b=None, test_file="test.tsv", submission=None):
+def _pair_task(
+    name,
+    directory,
+    labels,
+    metric_names,
+    hf_keys,
+    hf_labels,
+    a,
+    b,
+    label,
+    test_a=None,
+    test_b=None,
+    test_file="test.tsv",
+    submission=None,
+):
     test_a = a if test_a is None else test_a
     test_b = b if test_b is None else test_b
-    return GlueTask(name, directory, labels, metric_names, hf_keys, hf_labels, (
-        Split("train", (("train.tsv",),), "train", a, b, label),
-        Split("dev", (("dev.tsv",),), "validation", a, b, label),
-        Split("test", ((test_file,),), "test", test_a, test_b,
-              submission=submission or f"{directory}.tsv")))
+    return GlueTask(
+        name,
+        directory,
+        labels,
+        metric_names,
+        hf_keys,
+        hf_labels,
+        (
+            Split("train", (("train.tsv",),), "train", a, b, label),
+            Split("dev", (("dev.tsv",),), "validation", a, b, label),
+            Split(
+                "test",
+                ((test_file,),),
+                "test",
+                test_a,
+                test_b,
+                submission=submission or f"{directory}.tsv",
+            ),
+        ),
+    )
 
 
-_AX = Split("ax", (("AX.tsv",), ("diagnostic.tsv",), ("../diagnostic/diagnostic.tsv",)), "test",
-            1, 2, submission="AX.tsv", tfds_name="glue/ax")
+_AX = Split(
+    "ax",
+    (("AX.tsv",), ("diagnostic.tsv",), ("../diagnostic/diagnostic.tsv",)),
+    "test",
+    1,
+    2,
+    submission="AX.tsv",
+    tfds_name="glue/ax",
+)
 
-TASKS: dict[str, GlueTask] = {t.name: t for t in (
-    GlueTask("cola", "CoLA", BINARY, ("matthews_corrcoef", "accuracy"), ("sentence", None), None, (
-        Split("train", (("train.tsv",), ("cola_public/raw/in_domain_train.tsv",),
-                        ("raw/in_domain_train.tsv",)), "train", 3, None, 1, header=False),
-        Split("dev", (("dev.tsv",),
-                      ("cola_public/raw/in_domain_dev.tsv", "cola_public/raw/out_of_domain_dev.tsv"),
-                      ("raw/in_domain_dev.tsv", "raw/out_of_domain_dev.tsv")),
-              "validation", 3, None, 1, header=False),
-        Split("test", (("test.tsv",),), "test", 1, None, submission="CoLA.tsv"))),
-    GlueTask("sst2", "SST-2", BINARY, ("accuracy",), ("sentence", None), None, (
-        Split("train", (("train.tsv",),), "train", 0, None, 1),
-        Split("dev", (("dev.tsv",),), "validation", 0, None, 1),
-        Split("test", (("test.tsv",),), "test", 1, None, submission="SST-2.tsv"))),
-    _pair_task("mrpc", "MRPC", BINARY, ("f1", "accuracy"), ("sentence1", "sentence2"), None, 3, 4, 0),
-    _pair_task("stsb", "STS-B", None, ("pearson", "spearman"), ("sentence1", "sentence2"), None,
-               7, 8, 9),
-    _pair_task("qqp", "QQP", BINARY, ("f1", "accuracy"), ("question1", "question2"), None, 3, 4, 5,
-               test_a=1, test_b=2),
-    GlueTask("mnli", "MNLI", ("contradiction", "entailment", "neutral"), ("accuracy",),
-             ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"), (
-        Split("train", (("train.tsv",),), "train", 8, 9, -1),
-        Split("dev_matched", (("dev_matched.tsv",),), "validation_matched", 8, 9, -1),
-        Split("dev_mismatched", (("dev_mismatched.tsv",),), "validation_mismatched", 8, 9, -1),
-        Split("test_matched", (("test_matched.tsv",),), "test_matched", 8, 9,
-              submission="MNLI-m.tsv"),
-        Split("test_mismatched", (("test_mismatched.tsv",),), "test_mismatched", 8, 9,
-              submission="MNLI-mm.tsv"),
-        _AX)),
-    _pair_task("qnli", "QNLI", NLI_2, ("accuracy",), ("question", "sentence"), NLI_2, 1, 2, 3),
-    _pair_task("rte", "RTE", NLI_2, ("accuracy",), ("sentence1", "sentence2"), NLI_2, 1, 2, 3),
-    _pair_task("wnli", "WNLI", BINARY, ("accuracy",), ("sentence1", "sentence2"), None, 1, 2, 3),
-)}
+TASKS: dict[str, GlueTask] = {
+    t.name: t
+    for t in (
+        GlueTask(
+            "cola",
+            "CoLA",
+            BINARY,
+            ("matthews_corrcoef", "accuracy"),
+            ("sentence", None),
+            None,
+            (
+                Split(
+                    "train",
+                    (
+                        ("train.tsv",),
+                        ("cola_public/raw/in_domain_train.tsv",),
+                        ("raw/in_domain_train.tsv",),
+                    ),
+                    "train",
+                    3,
+                    None,
+                    1,
+                    header=False,
+                ),
+                Split(
+                    "dev",
+                    (
+                        ("dev.tsv",),
+                        (
+                            "cola_public/raw/in_domain_dev.tsv",
+                            "cola_public/raw/out_of_domain_dev.tsv",
+                        ),
+                        ("raw/in_domain_dev.tsv", "raw/out_of_domain_dev.tsv"),
+                    ),
+                    "validation",
+                    3,
+                    None,
+                    1,
+                    header=False,
+                ),
+                Split("test", (("test.tsv",),), "test", 1, None, submission="CoLA.tsv"),
+            ),
+        ),
+        GlueTask(
+            "sst2",
+            "SST-2",
+            BINARY,
+            ("accuracy",),
+            ("sentence", None),
+            None,
+            (
+                Split("train", (("train.tsv",),), "train", 0, None, 1),
+                Split("dev", (("dev.tsv",),), "validation", 0, None, 1),
+                Split("test", (("test.tsv",),), "test", 1, None, submission="SST-2.tsv"),
+            ),
+        ),
+        _pair_task(
+            "mrpc", "MRPC", BINARY, ("f1", "accuracy"), ("sentence1", "sentence2"), None, 3, 4, 0
+        ),
+        _pair_task(
+            "stsb",
+            "STS-B",
+            None,
+            ("pearson", "spearman"),
+            ("sentence1", "sentence2"),
+            None,
+            7,
+            8,
+            9,
+        ),
+        _pair_task(
+            "qqp",
+            "QQP",
+            BINARY,
+            ("f1", "accuracy"),
+            ("question1", "question2"),
+            None,
+            3,
+            4,
+            5,
+            test_a=1,
+            test_b=2,
+        ),
+        GlueTask(
+            "mnli",
+            "MNLI",
+            ("contradiction", "entailment", "neutral"),
+            ("accuracy",),
+            ("premise", "hypothesis"),
+            ("entailment", "neutral", "contradiction"),
+            (
+                Split("train", (("train.tsv",),), "train", 8, 9, -1),
+                Split("dev_matched", (("dev_matched.tsv",),), "validation_matched", 8, 9, -1),
+                Split(
+                    "dev_mismatched", (("dev_mismatched.tsv",),), "validation_mismatched", 8, 9, -1
+                ),
+                Split(
+                    "test_matched",
+                    (("test_matched.tsv",),),
+                    "test_matched",
+                    8,
+                    9,
+                    submission="MNLI-m.tsv",
+                ),
+                Split(
+                    "test_mismatched",
+                    (("test_mismatched.tsv",),),
+                    "test_mismatched",
+                    8,
+                    9,
+                    submission="MNLI-mm.tsv",
+                ),
+                _AX,
+            ),
+        ),
+        _pair_task("qnli", "QNLI", NLI_2, ("accuracy",), ("question", "sentence"), NLI_2, 1, 2, 3),
+        _pair_task("rte", "RTE", NLI_2, ("accuracy",), ("sentence1", "sentence2"), NLI_2, 1, 2, 3),
+        _pair_task(
+            "wnli", "WNLI", BINARY, ("accuracy",), ("sentence1", "sentence2"), None, 1, 2, 3
+        ),
+    )
+}
 ALIASES = {"sst-2": "sst2", "sts-b": "stsb", "ax": "mnli"}
 
 
 def get_task(name: str) -> GlueTask:
     key = ALIASES.get(name.lower(), name.lower())
     if key not in TASKS:
-        raise ValueError(f"unknown GLUE task {name!r}; choose one of {sorted(TASKS)} "
-                         "(AX is predicted by the mnli task)")
+        raise ValueError(
+            f"unknown GLUE task {name!r}; choose one of {sorted(TASKS)} "
+            "(AX is predicted by the mnli task)"
+        )
     return TASKS[key]
 
 
@@ -177,8 +306,9 @@ def _label_value(task: GlueTask, raw: Any, skips: features.SkipCounter) -> str |
     return label
 
 
-def _tsv_examples(task: GlueTask, split: Split, paths: Sequence[str],
-                  skips: features.SkipCounter) -> list[Example]:
+def _tsv_examples(
+    task: GlueTask, split: Split, paths: Sequence[str], skips: features.SkipCounter
+) -> list[Example]:
     examples = []
     columns = [c for c in (split.text_a, split.text_b, split.label) if c is not None]
     for path in paths:
@@ -196,8 +326,14 @@ def _tsv_examples(task: GlueTask, split: Split, paths: Sequence[str],
                 if label is None:
                     continue
             index = row[0] if split.submission else f"{os.path.basename(path)}-{line_number}"
-            examples.append(Example(index, row[split.text_a],
-                                    None if split.text_b is None else row[split.text_b], label))
+            examples.append(
+                Example(
+                    index,
+                    row[split.text_a],
+                    None if split.text_b is None else row[split.text_b],
+                    label,
+                )
+            )
     return examples
 
 
@@ -206,8 +342,9 @@ def _text(record: dict, key: str) -> str:
     return record[key].decode("utf-8") if isinstance(record[key], bytes) else record[key]
 
 
-def _record_examples(task: GlueTask, split: Split, records: Iterable[dict],
-                     skips: features.SkipCounter) -> list[Example]:
+def _record_examples(
+    task: GlueTask, split: Split, records: Iterable[dict], skips: features.SkipCounter
+) -> list[Example]:
     """Examples from tfds / Hugging Face records (text features, integer labels, `idx`)."""
     key_a, key_b = task.hf_keys
     examples = []
@@ -218,43 +355,63 @@ def _record_examples(task: GlueTask, split: Split, records: Iterable[dict],
         label = None
         if not split.submission:
             raw = record.get("label")
-            if task.hf_labels is not None and raw is not None and 0 <= int(raw) < len(task.hf_labels):
+            if (
+                task.hf_labels is not None
+                and raw is not None
+                and 0 <= int(raw) < len(task.hf_labels)
+            ):
                 raw = task.hf_labels[int(raw)]
             label = _label_value(task, raw, skips)
             if label is None:
                 continue
-        examples.append(Example(str(record.get("idx", position)), _text(record, key_a),
-                                _text(record, key_b) if key_b else None, label))
+        examples.append(
+            Example(
+                str(record.get("idx", position)),
+                _text(record, key_a),
+                _text(record, key_b) if key_b else None,
+                label,
+            )
+        )
     return examples
 
 
 def _read_parquet(path: str) -> list[dict]:
     import pyarrow.parquet as pq  # only for Hugging Face parquet layouts
+
     with files.open(path, "rb") as f:
         return pq.read_table(f).to_pylist()
 
 
-def read_examples(task: GlueTask, split_name: str, data_dir: str = "", tfds_data_dir: str = ""
-                  ) -> tuple[list[Example], dict[str, int]]:
+def read_examples(
+    task: GlueTask, split_name: str, data_dir: str = "", tfds_data_dir: str = ""
+) -> tuple[list[Example], dict[str, int]]:
     """Reads one split from `data_dir` (TSV, or `<split>.parquet` as Hugging Face writes it)
     or, with `data_dir` empty, from tfds `glue/<task>`. Returns examples and skip counts."""
     split = task.split(split_name)
     skips = features.SkipCounter()
     if not data_dir:
         try:
-            source = tfds_source.open_tfds_source(split.tfds_name or f"glue/{task.name}", split.hf,
-                                             tfds_data_dir or None)
+            source = tfds_source.open_tfds_source(
+                split.tfds_name or f"glue/{task.name}", split.hf, tfds_data_dir or None
+            )
         except FileNotFoundError as e:
-            raise features.TaskDataError(f"{e} Or set --config.data_dir to the GLUE download "
-                                         f"(TSV files, e.g. {task.directory}/train.tsv).") from e
+            raise features.TaskDataError(
+                f"{e} Or set --config.data_dir to the GLUE download "
+                f"(TSV files, e.g. {task.directory}/train.tsv)."
+            ) from e
         examples = _record_examples(task, split, source, skips)
         where = f"tfds {split.tfds_name or 'glue/' + task.name}:{split.hf}"
     else:
         directory = _task_dir(data_dir, task)
         parquet = os.path.join(directory, f"{split.hf}.parquet")
-        tsvs = next((paths for paths in ([os.path.join(directory, p) for p in files]
-                                         for files in split.tsv)
-                     if all(files.exists(p) for p in paths)), None)
+        tsvs = next(
+            (
+                paths
+                for paths in ([os.path.join(directory, p) for p in files] for files in split.tsv)
+                if all(files.exists(p) for p in paths)
+            ),
+            None,
+        )
         if tsvs:
             examples, where = _tsv_examples(task, split, tsvs, skips), ", ".join(tsvs)
         elif files.exists(parquet):
@@ -263,34 +420,53 @@ def read_examples(task: GlueTask, split_name: str, data_dir: str = "", tfds_data
             raise features.TaskDataError(
                 f"GLUE {task.name} {split_name}: none of {[list(f) for f in split.tsv]} or "
                 f"{split.hf}.parquet in {directory}; point --config.data_dir at the GLUE download "
-                "(or leave it empty to use tfds)")
+                "(or leave it empty to use tfds)"
+            )
     counts = skips.report(f"GLUE {task.name} {split_name} ({where})")
     logging.info("GLUE %s %s: %d examples from %s", task.name, split_name, len(examples), where)
     if not examples:
-        raise features.TaskDataError(f"GLUE {task.name} {split_name}: no usable rows in {where} "
-                                     f"(skipped: {counts})")
+        raise features.TaskDataError(
+            f"GLUE {task.name} {split_name}: no usable rows in {where} (skipped: {counts})"
+        )
     return examples, counts
 
 
 # ----------------------------------------------------------------------------- features
 
 
-def encode(task: GlueTask, examples: Sequence[Example], tokenizer: tokenization.Tokenizer,
-           max_seq_length: int) -> dict[str, np.ndarray]:
+def encode(
+    task: GlueTask,
+    examples: Sequence[Example],
+    tokenizer: tokenization.Tokenizer,
+    max_seq_length: int,
+) -> dict[str, np.ndarray]:
     """input_ids/input_mask/segment_ids [N, L], labels [N] (int32 ids or float32 scores)."""
     specials = features.special_ids(tokenizer)
-    rows = [features.encode_pair(tokenizer.encode(e.text_a),
-                                 None if e.text_b is None else tokenizer.encode(e.text_b),
-                                 max_seq_length, specials) for e in examples]
-    input_ids, input_mask, segment_ids = (np.stack(column).reshape(len(examples), max_seq_length)
-                                          for column in zip(*rows))
+    rows = [
+        features.encode_pair(
+            tokenizer.encode(e.text_a),
+            None if e.text_b is None else tokenizer.encode(e.text_b),
+            max_seq_length,
+            specials,
+        )
+        for e in examples
+    ]
+    input_ids, input_mask, segment_ids = (
+        np.stack(column).reshape(len(examples), max_seq_length) for column in zip(*rows)
+    )
     if task.is_regression:
         labels = np.array([e.label if e.label is not None else 0.0 for e in examples], np.float32)
     else:
-        labels = np.array([task.class_names.index(e.label) if e.label is not None else 0
-                           for e in examples], np.int32)
-    return {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids,
-            "labels": labels}
+        labels = np.array(
+            [task.class_names.index(e.label) if e.label is not None else 0 for e in examples],
+            np.int32,
+        )
+    return {
+        "input_ids": input_ids,
+        "input_mask": input_mask,
+        "segment_ids": segment_ids,
+        "labels": labels,
+    }
 
 
 def predictions_from_logits(task: GlueTask, logits: np.ndarray) -> np.ndarray:
@@ -300,22 +476,34 @@ def predictions_from_logits(task: GlueTask, logits: np.ndarray) -> np.ndarray:
 
 def evaluate(task: GlueTask, predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """The task's official metrics."""
-    functions = {"accuracy": metrics.accuracy, "f1": metrics.binary_f1,
-                 "matthews_corrcoef": metrics.matthews_corrcoef, "pearson": metrics.pearson,
-                 "spearman": metrics.spearman}
+    functions = {
+        "accuracy": metrics.accuracy,
+        "f1": metrics.binary_f1,
+        "matthews_corrcoef": metrics.matthews_corrcoef,
+        "pearson": metrics.pearson,
+        "spearman": metrics.spearman,
+    }
     return {name: functions[name](predictions, labels) for name in task.metric_names}
 
 
-def write_submission(task: GlueTask, split_name: str, examples: Sequence[Example],
-                     predictions: np.ndarray, directory: str) -> str:
+def write_submission(
+    task: GlueTask,
+    split_name: str,
+    examples: Sequence[Example],
+    predictions: np.ndarray,
+    directory: str,
+) -> str:
     """Writes the leaderboard file `<directory>/<TASK>.tsv` (`index<TAB>prediction`)."""
     path = os.path.join(directory, task.split(split_name).submission)
     files.makedirs(directory)
     with files.open(path, "w", encoding="utf-8") as f:
         f.write("index\tprediction\n")
         for example, prediction in zip(examples, predictions, strict=True):
-            value = (f"{float(np.clip(prediction, 0.0, 5.0)):.3f}" if task.is_regression
-                     else task.class_names[int(prediction)])
+            value = (
+                f"{float(np.clip(prediction, 0.0, 5.0)):.3f}"
+                if task.is_regression
+                else task.class_names[int(prediction)]
+            )
             f.write(f"{example.index}\t{value}\n")
     return path
 
@@ -336,11 +524,16 @@ class GlueFinetune(features.Finetune):
         return families.head("classification", model_config, self.task.num_labels, self.options)
 
     def load(self, split: str) -> features.SplitData:
-        examples, skipped = read_examples(self.task, split, self.options.data_dir,
-                                          self.options.tfds_data_dir)
+        examples, skipped = read_examples(
+            self.task, split, self.options.data_dir, self.options.tfds_data_dir
+        )
         examples = features.subset(examples, self.options.max_train_examples, split)
-        return features.SplitData(split, encode(self.task, examples, self.tokenizer,
-                                                self.options.max_seq_length), examples, skipped)
+        return features.SplitData(
+            split,
+            encode(self.task, examples, self.tokenizer, self.options.max_seq_length),
+            examples,
+            skipped,
+        )
 
     def loss(self, logits, batch):
         if self.task.is_regression:
@@ -348,11 +541,13 @@ class GlueFinetune(features.Finetune):
         return objectives.classification_loss(logits, batch["labels"], batch["weights"])
 
     def evaluate(self, data: features.SplitData, logits: np.ndarray) -> dict[str, float]:
-        return evaluate(self.task, predictions_from_logits(self.task, logits),
-                        data.features["labels"])
+        return evaluate(
+            self.task, predictions_from_logits(self.task, logits), data.features["labels"]
+        )
 
-    def baseline(self, train: features.SplitData, data: features.SplitData
-                 ) -> tuple[str, dict[str, float]]:
+    def baseline(
+        self, train: features.SplitData, data: features.SplitData
+    ) -> tuple[str, dict[str, float]]:
         """The majority class of `train` (classification) or its mean score (regression)."""
         labels = train.features["labels"]
         if self.task.is_regression:
@@ -364,7 +559,13 @@ class GlueFinetune(features.Finetune):
             predictions = np.full(len(data), majority)
         return how, evaluate(self.task, predictions, data.features["labels"])
 
-    def write_predictions(self, data: features.SplitData, logits: np.ndarray,
-                          directory: str) -> str:
-        return write_submission(self.task, data.name, data.examples,
-                                predictions_from_logits(self.task, logits), directory)
+    def write_predictions(
+        self, data: features.SplitData, logits: np.ndarray, directory: str
+    ) -> str:
+        return write_submission(
+            self.task,
+            data.name,
+            data.examples,
+            predictions_from_logits(self.task, logits),
+            directory,
+        )

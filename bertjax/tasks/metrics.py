@@ -4,6 +4,7 @@ entity-level precision/recall/F1 (conlleval's chunk rules, IOB1 and IOB2 alike).
 All values are fractions in [0, 1] (correlations in [-1, 1]); inputs are host arrays. Also
 their summary over a fine-tuning run's seeds, as printed.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -14,8 +15,12 @@ import numpy as np
 
 def spread(values: Sequence[float]) -> dict[str, Any]:
     """Mean, standard deviation (ddof 0), median and the values of repeated runs (seeds)."""
-    return {"mean": float(np.mean(values)), "std": float(np.std(values)),
-            "median": float(np.median(values)), "values": list(values)}
+    return {
+        "mean": float(np.mean(values)),
+        "std": float(np.std(values)),
+        "median": float(np.median(values)),
+        "values": list(values),
+    }
 
 
 def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
@@ -63,7 +68,9 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
     """Pearson correlation of the average ranks."""
-    return pearson(_average_ranks(np.asarray(x, np.float64)), _average_ranks(np.asarray(y, np.float64)))
+    return pearson(
+        _average_ranks(np.asarray(x, np.float64)), _average_ranks(np.asarray(y, np.float64))
+    )
 
 
 # ----------------------------------------------------------------------------- CoNLL entities
@@ -108,7 +115,9 @@ def entities(tags: Sequence[str]) -> set[tuple[int, int, str]]:
     return chunks
 
 
-def entity_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict[str, float]:
+def entity_scores(
+    gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]
+) -> dict[str, float]:
     """Micro-averaged entity precision, recall and F1 over sentences (conlleval's totals)."""
     correct = found_gold = found_predicted = 0
     for gold_tags, predicted_tags in zip(gold, predicted, strict=True):
@@ -139,9 +148,13 @@ def metric_value(name: str, value: float, percent: frozenset[str] = frozenset())
     return f"{value:.2f}%" if name in percent else f"{value:.4f}"
 
 
-def summary_lines(task: str, stats: dict[str, dict[str, float]], num_seeds: int,
-                  baselines: dict[str, tuple[str, dict[str, float]]],
-                  percent: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
+def summary_lines(
+    task: str,
+    stats: dict[str, dict[str, float]],
+    num_seeds: int,
+    baselines: dict[str, tuple[str, dict[str, float]]],
+    percent: frozenset[str] = frozenset(),
+) -> tuple[list[str], list[str]]:
     """The run's summary lines (each metric over the seeds, beside its split's baseline), and
     per split a warning naming the metrics whose mean does not beat the baseline: `baselines`
     maps a split to (how the baseline predicts, its metrics); `percent` names the metrics
@@ -150,18 +163,23 @@ def summary_lines(task: str, stats: dict[str, dict[str, float]], num_seeds: int,
     behind: dict[str, list[str]] = {}
     for key, values in stats.items():
         split, metric = key.split("/", 1)
-        mean, std, median = (metric_value(metric, values[k], percent)
-                             for k in ("mean", "std", "median"))
+        mean, std, median = (
+            metric_value(metric, values[k], percent) for k in ("mean", "std", "median")
+        )
         line = f"{task} {key}: mean {mean} std {std} median {median} over {num_seeds} seeds"
         if split in baselines and metric in baselines[split][1]:
             baseline = baselines[split][1][metric]
             line += f"; baseline {baseline:.4f}"
             if values["mean"] <= baseline:
                 behind.setdefault(split, []).append(
-                    f"{metric} {values['mean']:.4f} (baseline {baseline:.4f})")
+                    f"{metric} {values['mean']:.4f} (baseline {baseline:.4f})"
+                )
         lines.append(line)
-    warnings = [f"{split}: {', '.join(names)} do not beat the baseline that ignores the input "
-                f"({baselines[split][0]}): the model has not learned {task}; try more epochs "
-                "(--config.num_train_epochs), another --config.learning_rate, or a longer "
-                "pretrained init_checkpoint" for split, names in behind.items()]
+    warnings = [
+        f"{split}: {', '.join(names)} do not beat the baseline that ignores the input "
+        f"({baselines[split][0]}): the model has not learned {task}; try more epochs "
+        "(--config.num_train_epochs), another --config.learning_rate, or a longer "
+        "pretrained init_checkpoint"
+        for split, names in behind.items()
+    ]
     return lines, warnings

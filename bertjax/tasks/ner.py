@@ -1,6 +1,7 @@
 """CoNLL-2003 named-entity recognition: readers (CoNLL text files, tfds `conll2003`), encoding
 with the first sub-token of each word labelled (the paper's setup), and conlleval scoring.
 """
+
 from __future__ import annotations
 
 import collections
@@ -21,8 +22,11 @@ from bertjax.training import objectives
 
 # The CoNLL-2003 tag set (IOB1 files use the same tags; B- only between touching entities).
 LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
-FILES = {"train": ("train.txt", "eng.train"), "dev": ("valid.txt", "dev.txt", "eng.testa"),
-         "test": ("test.txt", "eng.testb")}
+FILES = {
+    "train": ("train.txt", "eng.train"),
+    "dev": ("valid.txt", "dev.txt", "eng.testa"),
+    "test": ("test.txt", "eng.testb"),
+}
 TFDS_SPLITS = {"train": "train", "dev": "dev", "test": "test"}
 
 
@@ -67,8 +71,11 @@ def read_conll_file(path: str, skips: features.SkipCounter) -> list[Sentence]:
     return sentences
 
 
-def _tfds_sentences(split: str, data_dir: str | None, skips: features.SkipCounter) -> list[Sentence]:
+def _tfds_sentences(
+    split: str, data_dir: str | None, skips: features.SkipCounter
+) -> list[Sentence]:
     import tensorflow_datasets as tfds  # slow to import; only here
+
     names = tfds.builder("conll2003", data_dir=data_dir).info.features["ner"].feature.names
     sentences = []
     for record in tfds_source.open_tfds_source("conll2003", TFDS_SPLITS[split], data_dir):
@@ -82,16 +89,24 @@ def _tfds_sentences(split: str, data_dir: str | None, skips: features.SkipCounte
     return sentences
 
 
-def read_sentences(split: str, data_dir: str = "", tfds_data_dir: str = ""
-                   ) -> tuple[list[Sentence], dict[str, int]]:
+def read_sentences(
+    split: str, data_dir: str = "", tfds_data_dir: str = ""
+) -> tuple[list[Sentence], dict[str, int]]:
     """One split (train/dev/test) from CoNLL text files in `data_dir`, or from tfds when empty."""
     skips = features.SkipCounter()
     if data_dir:
-        path = next((os.path.join(data_dir, name) for name in FILES[split]
-                     if files.exists(os.path.join(data_dir, name))), None)
+        path = next(
+            (
+                os.path.join(data_dir, name)
+                for name in FILES[split]
+                if files.exists(os.path.join(data_dir, name))
+            ),
+            None,
+        )
         if path is None:
-            raise features.TaskDataError(f"CoNLL-2003 {split}: none of {list(FILES[split])} in "
-                                         f"{data_dir}")
+            raise features.TaskDataError(
+                f"CoNLL-2003 {split}: none of {list(FILES[split])} in {data_dir}"
+            )
         sentences, where = read_conll_file(path, skips), path
     else:
         sentences, where = _tfds_sentences(split, tfds_data_dir or None, skips), "tfds conll2003"
@@ -102,8 +117,9 @@ def read_sentences(split: str, data_dir: str = "", tfds_data_dir: str = ""
     return sentences, counts
 
 
-def encode(sentences: Sequence[Sentence], tokenizer: tokenization.Tokenizer, max_seq_length: int
-           ) -> tuple[dict[str, np.ndarray], list[list[int]], dict[str, int]]:
+def encode(
+    sentences: Sequence[Sentence], tokenizer: tokenization.Tokenizer, max_seq_length: int
+) -> tuple[dict[str, np.ndarray], list[list[int]], dict[str, int]]:
     """`[CLS] pieces [SEP]` with each word's tag on its first sub-token (weight 1) and weight 0
     elsewhere. Returns features, each sentence's first-sub-token positions (words cut by
     `max_seq_length` have none: they are predicted "O"), and counts of truncations."""
@@ -125,35 +141,51 @@ def encode(sentences: Sequence[Sentence], tokenizer: tokenization.Tokenizer, max
             labels += [LABELS.index(tag)] + [0] * (len(pieces) - 1)
             weights += [1] + [0] * (len(pieces) - 1)
         ids.append(specials["sep"])
-        input_ids, input_mask, segment_ids = features.pad_row(ids, [0] * len(ids), max_seq_length,
-                                                              specials["pad"])
+        input_ids, input_mask, segment_ids = features.pad_row(
+            ids, [0] * len(ids), max_seq_length, specials["pad"]
+        )
         padding = max_seq_length - len(ids)
-        rows.append((input_ids, input_mask, segment_ids,
-                     np.array(labels + [0] * (1 + padding), np.int32),
-                     np.array(weights + [0] * (1 + padding), np.int32)))
+        rows.append(
+            (
+                input_ids,
+                input_mask,
+                segment_ids,
+                np.array(labels + [0] * (1 + padding), np.int32),
+                np.array(weights + [0] * (1 + padding), np.int32),
+            )
+        )
         positions.append(starts)
     columns = [np.stack(c).reshape(len(sentences), max_seq_length) for c in zip(*rows)]
     names = ("input_ids", "input_mask", "segment_ids", "labels", "label_weights")
     if counts:  # kept, not skipped: their words past the cut are predicted "O"
-        logging.warning("CoNLL-2003: %d of %d sentences truncated at max_seq_length=%d (kept; "
-                        "their words past it are predicted \"O\"); raise "
-                        "--config.max_seq_length to keep them whole",
-                        counts["sentences truncated"], len(sentences), max_seq_length)
+        logging.warning(
+            "CoNLL-2003: %d of %d sentences truncated at max_seq_length=%d (kept; "
+            'their words past it are predicted "O"); raise '
+            "--config.max_seq_length to keep them whole",
+            counts["sentences truncated"],
+            len(sentences),
+            max_seq_length,
+        )
     return dict(zip(names, columns)), positions, dict(counts)
 
 
-def word_tags(predicted_ids: np.ndarray, positions: Sequence[list[int]],
-              sentences: Sequence[Sentence]) -> list[list[str]]:
+def word_tags(
+    predicted_ids: np.ndarray, positions: Sequence[list[int]], sentences: Sequence[Sentence]
+) -> list[list[str]]:
     """Each word's predicted tag (its first sub-token's); words cut by truncation get "O"."""
-    return [[LABELS[int(row[p])] for p in starts] + ["O"] * (len(sentence.words) - len(starts))
-            for row, starts, sentence in zip(predicted_ids, positions, sentences, strict=True)]
+    return [
+        [LABELS[int(row[p])] for p in starts] + ["O"] * (len(sentence.words) - len(starts))
+        for row, starts, sentence in zip(predicted_ids, positions, sentences, strict=True)
+    ]
 
 
 def evaluate(sentences: Sequence[Sentence], predicted: Sequence[list[str]]) -> dict[str, float]:
     return metrics.entity_scores([s.tags for s in sentences], predicted)
 
 
-def write_predictions(path: str, sentences: Sequence[Sentence], predicted: Sequence[list[str]]) -> None:
+def write_predictions(
+    path: str, sentences: Sequence[Sentence], predicted: Sequence[list[str]]
+) -> None:
     """conlleval input: `word gold predicted` per line, a blank line after each sentence."""
     with files.open(path, "w", encoding="utf-8") as f:
         for sentence, tags in zip(sentences, predicted, strict=True):
@@ -181,11 +213,13 @@ class NerFinetune(features.Finetune):
         return families.head("tagging", model_config, len(LABELS), self.options)
 
     def load(self, split: str) -> features.SplitData:
-        sentences, skipped = read_sentences(split, self.options.data_dir,
-                                            self.options.tfds_data_dir)
+        sentences, skipped = read_sentences(
+            split, self.options.data_dir, self.options.tfds_data_dir
+        )
         sentences = features.subset(sentences, self.options.max_train_examples, split)
-        encoded, positions, truncated = encode(sentences, self.tokenizer,
-                                               self.options.max_seq_length)
+        encoded, positions, truncated = encode(
+            sentences, self.tokenizer, self.options.max_seq_length
+        )
         return features.SplitData(split, encoded, (sentences, positions), {**skipped, **truncated})
 
     def loss(self, logits, batch):
@@ -202,8 +236,9 @@ class NerFinetune(features.Finetune):
     def evaluate(self, data: features.SplitData, predicted_ids: np.ndarray) -> dict[str, float]:
         return evaluate(data.examples[0], self._tags(data, predicted_ids))
 
-    def write_predictions(self, data: features.SplitData, predicted_ids: np.ndarray,
-                          directory: str) -> str:
+    def write_predictions(
+        self, data: features.SplitData, predicted_ids: np.ndarray, directory: str
+    ) -> str:
         path = os.path.join(directory, f"{data.name}_predictions.txt")
         write_predictions(path, data.examples[0], self._tags(data, predicted_ids))
         return path

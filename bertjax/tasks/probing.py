@@ -10,6 +10,7 @@ the two segments' means (a [CLS] vector carries nothing below the top layer of a
 trained without NSP, and nothing at all at the embeddings). Shape legend: K layers stacked,
 N examples (or tokens), H hidden size, F probe input size, C classes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,13 @@ from bertjax.runtime import files
 from bertjax.tasks import features, glue, metrics, ner
 
 # Table 7's rows besides single layers; the last two of the "last four" when there are fewer.
-COMBINATIONS = ("second_to_last", "last", "weighted_sum_last_four", "concat_last_four",
-                "weighted_sum_all")
+COMBINATIONS = (
+    "second_to_last",
+    "last",
+    "weighted_sum_last_four",
+    "concat_last_four",
+    "weighted_sum_all",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,16 +54,19 @@ def task_adapter(task: str, options: features.TaskOptions, tokenizer) -> feature
     if task == "conll2003":
         return ner.NerFinetune(options, tokenizer)
     if glue.get_task(task).is_regression:
-        raise ValueError(f"task {task!r} is a regression; probes are classifiers (use a "
-                         "classification task: conll2003 or a GLUE task other than stsb)")
+        raise ValueError(
+            f"task {task!r} is a regression; probes are classifiers (use a "
+            "classification task: conll2003 or a GLUE task other than stsb)"
+        )
     return glue.GlueFinetune(dataclasses.replace(options, task=task), tokenizer)
 
 
 # ----------------------------------------------------------------------------- features
 
 
-def layer_features(model: nn.Module, params: Any, data: features.SplitData,
-                   batch_size: int) -> np.ndarray:
+def layer_features(
+    model: nn.Module, params: Any, data: features.SplitData, batch_size: int
+) -> np.ndarray:
     """The probe inputs of every example at every layer: `[N + 1, examples, F]` for GLUE,
     `[N + 1, labelled tokens, H]` for CoNLL-2003 (layer 0 = the embedding output)."""
     inputs = data.features
@@ -67,8 +76,14 @@ def layer_features(model: nn.Module, params: Any, data: features.SplitData,
     @jax.jit
     def pooled(input_ids, input_mask, segment_ids):
         (layers_NxBxLxH, _), sown = model.apply(
-            {"params": params}, input_ids, segment_ids, input_mask, True, all_layers=True,
-            mutable=["intermediates"])
+            {"params": params},
+            input_ids,
+            segment_ids,
+            input_mask,
+            True,
+            all_layers=True,
+            mutable=["intermediates"],
+        )
         embeddings_BxLxH = sown["intermediates"]["encoder"]["embedding_output"][0]
         stack_KxBxLxH = jnp.concatenate([embeddings_BxLxH[None], layers_NxBxLxH])
         if tokens:
@@ -81,10 +96,13 @@ def layer_features(model: nn.Module, params: Any, data: features.SplitData,
     chunks, count = [], len(inputs["input_ids"])
     for start in range(0, count, batch_size):
         rows = np.arange(start, start + batch_size) % count  # fixed shapes: one compile
-        out = np.asarray(jax.device_get(pooled(*(inputs[k][rows] for k in (
-            "input_ids", "input_mask", "segment_ids")))))[:, :min(batch_size, count - start)]
+        out = np.asarray(
+            jax.device_get(
+                pooled(*(inputs[k][rows] for k in ("input_ids", "input_mask", "segment_ids")))
+            )
+        )[:, : min(batch_size, count - start)]
         if tokens:
-            out = out[:, inputs["label_weights"][rows[:out.shape[1]]] > 0]
+            out = out[:, inputs["label_weights"][rows[: out.shape[1]]] > 0]
         chunks.append(out)
     return np.concatenate(chunks, axis=1)
 
@@ -105,12 +123,14 @@ def layer_sets(num_layers: int) -> dict[str, tuple[list[int], str]]:
     """Probe name -> (stacked layers, "mix" or "concat"): each layer, then Table 7's rows
     (second-to-last and last are the single-layer probes again, by name)."""
     last_four = list(range(max(1, num_layers - 3), num_layers + 1))
-    sets = {("embeddings" if k == 0 else f"layer_{k}"): ([k], "mix")
-            for k in range(num_layers + 1)}
-    sets.update(second_to_last=([num_layers - 1], "mix"), last=([num_layers], "mix"),
-                weighted_sum_last_four=(last_four, "mix"),
-                concat_last_four=(last_four, "concat"),
-                weighted_sum_all=(list(range(1, num_layers + 1)), "mix"))
+    sets = {("embeddings" if k == 0 else f"layer_{k}"): ([k], "mix") for k in range(num_layers + 1)}
+    sets.update(
+        second_to_last=([num_layers - 1], "mix"),
+        last=([num_layers], "mix"),
+        weighted_sum_last_four=(last_four, "mix"),
+        concat_last_four=(last_four, "concat"),
+        weighted_sum_all=(list(range(1, num_layers + 1)), "mix"),
+    )
     return sets
 
 
@@ -128,11 +148,15 @@ def _probe_logits(params: dict, x_KxNxH: jax.Array, combine: str) -> jax.Array:
     return h_NxF @ params["out"]["w"] + params["out"]["b"]
 
 
-def _init_probe(key: jax.Array, num_layers: int, input_size: int, num_classes: int,
-                hidden_size: int) -> dict:
+def _init_probe(
+    key: jax.Array, num_layers: int, input_size: int, num_classes: int, hidden_size: int
+) -> dict:
     def dense(key, fan_in, fan_out):
-        return {"w": jax.random.normal(key, (fan_in, fan_out)) / np.sqrt(fan_in),
-                "b": jnp.zeros(fan_out)}
+        return {
+            "w": jax.random.normal(key, (fan_in, fan_out)) / np.sqrt(fan_in),
+            "b": jnp.zeros(fan_out),
+        }
+
     hidden_key, out_key = jax.random.split(key)
     params = {"layer_weights": jnp.zeros(num_layers), "scale": jnp.ones(())}
     if hidden_size:
@@ -143,8 +167,14 @@ def _init_probe(key: jax.Array, num_layers: int, input_size: int, num_classes: i
 
 
 @functools.partial(jax.jit, static_argnames=("combine", "num_classes", "settings"))
-def train_probe(x_KxNxH: jax.Array, labels_N: jax.Array, seed: int, combine: str,
-                num_classes: int, settings: ProbeSettings) -> dict:
+def train_probe(
+    x_KxNxH: jax.Array,
+    labels_N: jax.Array,
+    seed: int,
+    combine: str,
+    num_classes: int,
+    settings: ProbeSettings,
+) -> dict:
     """A probe trained on frozen features with Adam, `settings.epochs` passes of shuffled
     batches (a seeded init and order)."""
     num_layers, count, width = x_KxNxH.shape
@@ -166,7 +196,7 @@ def train_probe(x_KxNxH: jax.Array, labels_N: jax.Array, seed: int, combine: str
         return (optax.apply_updates(params, updates), opt_state), None
 
     def epoch(carry, key):
-        order = jax.random.permutation(key, count)[:steps_per_epoch * batch]
+        order = jax.random.permutation(key, count)[: steps_per_epoch * batch]
         return jax.lax.scan(step, carry, order.reshape(steps_per_epoch, batch))[0], None
 
     keys = jax.random.split(order_key, settings.epochs)
@@ -183,9 +213,15 @@ def _outputs(adapter: features.Finetune, data: features.SplitData, logits: np.nd
     return predicted
 
 
-def probe_task(adapter: features.Finetune, train: features.SplitData,
-               evaluation: features.SplitData, train_x: np.ndarray, eval_x: np.ndarray,
-               num_classes: int, settings: ProbeSettings) -> dict[str, Any]:
+def probe_task(
+    adapter: features.Finetune,
+    train: features.SplitData,
+    evaluation: features.SplitData,
+    train_x: np.ndarray,
+    eval_x: np.ndarray,
+    num_classes: int,
+    settings: ProbeSettings,
+) -> dict[str, Any]:
     """Every layer's and combination's probe, each seed: `{name: {metric: spread}}` of the
     adapter's official metrics on `evaluation`."""
     labels = jnp.asarray(probe_labels(train))
@@ -198,17 +234,25 @@ def probe_task(adapter: features.Finetune, train: features.SplitData,
     for name, (layers, combine) in layer_sets(train_x.shape[0] - 1).items():
         runs = []
         for seed in settings.seeds:
-            params = train_probe(jnp.asarray(train_x[layers]), labels, seed, combine,
-                                 num_classes, settings)
+            params = train_probe(
+                jnp.asarray(train_x[layers]), labels, seed, combine, num_classes, settings
+            )
             logits = np.asarray(_probe_logits(params, jnp.asarray(eval_x[layers]), combine))
             runs.append(adapter.evaluate(evaluation, _outputs(adapter, evaluation, logits)))
-        results[name] = {metric: metrics.spread([run[metric] for run in runs])
-                         for metric in runs[0]}
+        results[name] = {
+            metric: metrics.spread([run[metric] for run in runs]) for metric in runs[0]
+        }
     return results
 
 
-def run_probes(model: nn.Module, params: Any, tokenizer, tasks: Sequence[str],
-               options: features.TaskOptions, settings: ProbeSettings) -> dict[str, Any]:
+def run_probes(
+    model: nn.Module,
+    params: Any,
+    tokenizer,
+    tasks: Sequence[str],
+    options: features.TaskOptions,
+    settings: ProbeSettings,
+) -> dict[str, Any]:
     """Probes every task in `tasks` (features extracted once per example); the probe.json
     content without the run's own description."""
     out = {}
@@ -218,14 +262,22 @@ def run_probes(model: nn.Module, params: Any, tokenizer, tasks: Sequence[str],
             train, evaluation = adapter.load("train"), adapter.load(adapter.eval_splits[0])
         except ValueError as e:  # an unknown task; the readers' name the file and the fault
             raise features.TaskDataError(str(e)) from e
-        train_x, eval_x = (layer_features(model, params, split, settings.extract_batch_size)
-                           for split in (train, evaluation))
+        train_x, eval_x = (
+            layer_features(model, params, split, settings.extract_batch_size)
+            for split in (train, evaluation)
+        )
         num_classes = len(ner.LABELS) if task == "conll2003" else glue.get_task(task).num_labels
-        out[task] = {"metric": adapter.main_metric, "eval_split": evaluation.name,
-                     "train_examples": len(train), "eval_examples": len(evaluation),
-                     "probe_inputs": int(train_x.shape[1]), "feature_size": int(train_x.shape[2]),
-                     "results": probe_task(adapter, train, evaluation, train_x, eval_x,
-                                           num_classes, settings)}
+        out[task] = {
+            "metric": adapter.main_metric,
+            "eval_split": evaluation.name,
+            "train_examples": len(train),
+            "eval_examples": len(evaluation),
+            "probe_inputs": int(train_x.shape[1]),
+            "feature_size": int(train_x.shape[2]),
+            "results": probe_task(
+                adapter, train, evaluation, train_x, eval_x, num_classes, settings
+            ),
+        }
     return out
 
 
@@ -237,7 +289,9 @@ def table(task: str, entry: dict[str, Any]) -> list[str]:
     width = max(len(n) for n in results)
     return [f"{task} ({entry['eval_split']} {metric}, mean ± std over seeds):"] + [
         f"  {name:<{width}}  {values[metric]['mean']:.4f} ± {values[metric]['std']:.4f}"
-        + ("  best" if name == best else "") for name, values in results.items()]
+        + ("  best" if name == best else "")
+        for name, values in results.items()
+    ]
 
 
 # ----------------------------------------------------------------------------- plot
@@ -252,6 +306,7 @@ def plot(record: dict[str, Any], path: str, title: str = "") -> None:
         raise ImportError(f"{path} needs matplotlib: pip install -e '.[plot]'") from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     combos = ("concat_last_four", "weighted_sum_last_four", "weighted_sum_all")
     markers = ("s", "^", "D")
@@ -262,14 +317,24 @@ def plot(record: dict[str, Any], path: str, title: str = "") -> None:
         num_layers = len(layers) - 1
         means = [100 * results[n][metric]["mean"] for n in layers]
         stds = [100 * results[n][metric]["std"] for n in layers]
-        line = ax.errorbar(range(len(layers)), means, yerr=stds, marker="o", capsize=3,
-                           label=f"{task} ({metric})")
+        line = ax.errorbar(
+            range(len(layers)), means, yerr=stds, marker="o", capsize=3, label=f"{task} ({metric})"
+        )
         for i, (name, marker) in enumerate(zip(combos, markers)):
-            ax.errorbar(len(layers) + i, 100 * results[name][metric]["mean"],
-                        yerr=100 * results[name][metric]["std"], marker=marker, capsize=3,
-                        color=line.lines[0].get_color(), linestyle="none")
-    ticks = ["emb"] + [str(k) for k in range(1, num_layers + 1)] + ["cat\nlast 4", "wsum\nlast 4",
-                                                                    "wsum\nall"]
+            ax.errorbar(
+                len(layers) + i,
+                100 * results[name][metric]["mean"],
+                yerr=100 * results[name][metric]["std"],
+                marker=marker,
+                capsize=3,
+                color=line.lines[0].get_color(),
+                linestyle="none",
+            )
+    ticks = (
+        ["emb"]
+        + [str(k) for k in range(1, num_layers + 1)]
+        + ["cat\nlast 4", "wsum\nlast 4", "wsum\nall"]
+    )
     ax.set_xticks(range(len(ticks)), ticks)
     ax.axvline(num_layers + 0.5, color="grey", linewidth=0.5)
     ax.set_xlabel("layer (0 = embeddings) | Table 7 combinations")

@@ -124,18 +124,29 @@ def _json_questions(path: str) -> Iterator[_Question]:
     for article_index, article in enumerate(data["data"]):
         paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
         if not isinstance(paragraphs, list):
-            raise ValueError(f'{path}: data[{article_index}] is not an article with a "paragraphs" list')
+            raise ValueError(
+                f'{path}: data[{article_index}] is not an article with a "paragraphs" list'
+            )
         for paragraph_index, paragraph in enumerate(paragraphs):
             where = f"{path}: data[{article_index}].paragraphs[{paragraph_index}]"
             try:
                 context = _string(paragraph["context"], "context")
                 for qa in paragraph["qas"]:
-                    answers = [(_string(a["text"], "text"), int(a["answer_start"]))
-                               for a in qa.get("answers", [])]
-                    yield _Question(qa["id"], _string(qa["question"], "question"), context,
-                                    answers, bool(qa.get("is_impossible", False)))
+                    answers = [
+                        (_string(a["text"], "text"), int(a["answer_start"]))
+                        for a in qa.get("answers", [])
+                    ]
+                    yield _Question(
+                        qa["id"],
+                        _string(qa["question"], "question"),
+                        context,
+                        answers,
+                        bool(qa.get("is_impossible", False)),
+                    )
             except (KeyError, TypeError, ValueError, AttributeError) as e:
-                raise ValueError(f"{where}: malformed SQuAD entry, missing or bad field {e}") from None
+                raise ValueError(
+                    f"{where}: malformed SQuAD entry, missing or bad field {e}"
+                ) from None
 
 
 def _string(value: Any, field: str) -> str:
@@ -157,7 +168,11 @@ def _tfds_questions(name: str, split: str, data_dir: str | None) -> Iterator[_Qu
         pairs = [(_text(t), int(s)) for t, s in zip(answers["text"], answers["answer_start"])]
         is_impossible = bool(record.get("is_impossible", False))
         yield _Question(
-            _text(record["id"]), _text(record["question"]), _text(record["context"]), pairs, is_impossible
+            _text(record["id"]),
+            _text(record["question"]),
+            _text(record["context"]),
+            pairs,
+            is_impossible,
         )
 
 
@@ -215,7 +230,10 @@ def read_squad(
             if isinstance(span, str):
                 skipped[span] += 1
                 logging.warning(
-                    "Skipping SQuAD question %s (%s): answer %r", question.qas_id, span, question.answers[:1]
+                    "Skipping SQuAD question %s (%s): answer %r",
+                    question.qas_id,
+                    span,
+                    question.answers[:1],
                 )
                 continue
             example.orig_answer_text, example.start_position, example.end_position = span
@@ -257,7 +275,11 @@ def _max_context_span(spans: Sequence[tuple[int, int]], num_tokens: int) -> np.n
 
 
 def _improve_answer_span(
-    doc_tokens: Sequence[str], start: int, end: int, tokenize: Callable[[str], list[str]], answer_text: str
+    doc_tokens: Sequence[str],
+    start: int,
+    end: int,
+    tokenize: Callable[[str], list[str]],
+    answer_text: str,
 ) -> tuple[int, int]:
     """The sub-span of [start, end] whose tokens equal the tokenized answer, if any.
 
@@ -294,8 +316,9 @@ def _answer_tokens(
     start = word_to_token[example.start_position]
     after = example.end_position + 1
     end = word_to_token[after] - 1 if after < len(word_to_token) else len(doc) - 1
-    return _improve_answer_span(doc, start, end, word_tokenizer(tokenizer),
-                                example.orig_answer_text)
+    return _improve_answer_span(
+        doc, start, end, word_tokenizer(tokenizer), example.orig_answer_text
+    )
 
 
 def convert_examples_to_features(
@@ -369,7 +392,8 @@ def convert_examples_to_features(
     counts["features"] = len(rows["example_index"])
     if counts["examples_without_features"]:
         logging.warning(
-            "%d SQuAD examples have an empty context and get no features", counts["examples_without_features"]
+            "%d SQuAD examples have an empty context and get no features",
+            counts["examples_without_features"],
         )
     array = functools.partial(np.array, dtype=np.int32)
     features = SquadFeatures(

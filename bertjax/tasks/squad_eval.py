@@ -118,13 +118,20 @@ def _raw_scores_v2(
 
 
 def _apply_threshold(
-    scores: Mapping[str, float], na_probs: Mapping[str, float], has_ans: Mapping[str, bool], thresh: float
+    scores: Mapping[str, float],
+    na_probs: Mapping[str, float],
+    has_ans: Mapping[str, bool],
+    thresh: float,
 ) -> dict[str, float]:
     """Questions with na_prob > thresh are predicted unanswerable: right iff they have no answer."""
-    return {qid: float(not has_ans[qid]) if na_probs[qid] > thresh else s for qid, s in scores.items()}
+    return {
+        qid: float(not has_ans[qid]) if na_probs[qid] > thresh else s for qid, s in scores.items()
+    }
 
 
-def _summary(exact: Mapping[str, float], f1: Mapping[str, float], qids: Sequence[str]) -> dict[str, float]:
+def _summary(
+    exact: Mapping[str, float], f1: Mapping[str, float], qids: Sequence[str]
+) -> dict[str, float]:
     total = len(qids)
     return {
         "exact": 100.0 * sum(exact[q] for q in qids) / total,
@@ -184,7 +191,9 @@ def _evaluate_v2(
         result["best_exact"], result["best_exact_thresh"] = best_threshold(
             predictions, exact_raw, na_probs, has_ans
         )
-        result["best_f1"], result["best_f1_thresh"] = best_threshold(predictions, f1_raw, na_probs, has_ans)
+        result["best_f1"], result["best_f1_thresh"] = best_threshold(
+            predictions, f1_raw, na_probs, has_ans
+        )
     return result
 
 
@@ -225,11 +234,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data_file", help="official SQuAD JSON (v1.1 or v2.0)")
     parser.add_argument("pred_file", help="predictions.json: {question id: answer text}")
-    parser.add_argument("--na_prob_file", help="null_odds.json: {question id: no-answer score} (v2.0)")
+    parser.add_argument(
+        "--na_prob_file", help="null_odds.json: {question id: no-answer score} (v2.0)"
+    )
     parser.add_argument(
         "--na_prob_thresh", type=float, default=1.0, help="predict no answer above this na_prob"
     )
-    parser.add_argument("--version_2", action="store_true", help="force v2.0 scoring (default: detect)")
+    parser.add_argument(
+        "--version_2", action="store_true", help="force v2.0 scoring (default: detect)"
+    )
     args = parser.parse_args(argv)
     try:
         with open(args.pred_file, encoding="utf-8") as f:
@@ -238,7 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.na_prob_file:
             with open(args.na_prob_file, encoding="utf-8") as f:
                 na_probs = json.load(f)
-        result = evaluate(args.data_file, predictions, na_probs, args.na_prob_thresh, args.version_2 or None)
+        result = evaluate(
+            args.data_file, predictions, na_probs, args.na_prob_thresh, args.version_2 or None
+        )
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,14 +1,15 @@
 """SQuAD post-processing with the original run_squad.py semantics, and the fine-tuning adapter.
 
-  * `postprocess`: n-best spans over every window of an example (only starts with maximal
-    context, ends not before starts, at most `max_answer_length` tokens), mapped back to the
-    original text with the BasicTokenizer alignment of `get_final_text`; for v2.0 the null
-    score is the smallest [CLS] start+end score over the windows, and the answer is "" when
-    null score - best span score > `null_score_diff_threshold`. A v2.0 example without any
-    valid span predicts "" with null odds 1e6 (the original crashed).
-  * `write_predictions`: predictions.json, nbest_predictions.json (and null_odds.json).
-  * `SquadFinetune`: reading, features, span loss, scoring (`squad_eval`) for bertjax.finetune.
+* `postprocess`: n-best spans over every window of an example (only starts with maximal
+  context, ends not before starts, at most `max_answer_length` tokens), mapped back to the
+  original text with the BasicTokenizer alignment of `get_final_text`; for v2.0 the null
+  score is the smallest [CLS] start+end score over the windows, and the answer is "" when
+  null score - best span score > `null_score_diff_threshold`. A v2.0 example without any
+  valid span predicts "" with null odds 1e6 (the original crashed).
+* `write_predictions`: predictions.json, nbest_predictions.json (and null_odds.json).
+* `SquadFinetune`: reading, features, span loss, scoring (`squad_eval`) for bertjax.finetune.
 """
+
 from __future__ import annotations
 
 import collections
@@ -93,7 +94,9 @@ def _feature_candidates(
     starts = _top_indexes(start_logits, n_best_size)
     ends = _top_indexes(end_logits, n_best_size)
     token_map, max_context = features.token_to_orig_map[f], features.token_is_max_context[f]
-    start_ok = np.array([s in token_map and max_context.get(s, False) for s in starts.tolist()], dtype=bool)
+    start_ok = np.array(
+        [s in token_map and max_context.get(s, False) for s in starts.tolist()], dtype=bool
+    )
     end_ok = np.array([e in token_map for e in ends.tolist()], dtype=bool)
     start_grid, end_grid = np.meshgrid(starts, ends, indexing="ij")
     length = end_grid - start_grid + 1
@@ -141,7 +144,9 @@ def _example_prediction(
             candidates.append(_Candidate(f, s, e, float(starts_f[s]), float(ends_f[e])))
     if null is not None:
         candidates.append(null)
-    candidates.sort(key=lambda c: c.start_logit + c.end_logit, reverse=True)  # Stable, as the original.
+    candidates.sort(
+        key=lambda c: c.start_logit + c.end_logit, reverse=True
+    )  # Stable, as the original.
 
     nbest: list[tuple[str, float, float]] = []
     seen = set()
@@ -237,8 +242,10 @@ def write_predictions(
 ) -> None:
     """Writes predictions.json, nbest_predictions.json and (v2.0: null_odds non-empty) null_odds.json."""
     files.makedirs(directory)
-    outputs: dict[str, Mapping[str, Any]] = {"predictions.json": predictions,
-                                             "nbest_predictions.json": nbest}
+    outputs: dict[str, Mapping[str, Any]] = {
+        "predictions.json": predictions,
+        "nbest_predictions.json": nbest,
+    }
     if null_odds:
         outputs["null_odds.json"] = null_odds
     for name, content in outputs.items():
@@ -258,13 +265,17 @@ class SquadFinetune(features.Finetune):
     eval_splits = ["dev"]
     test_splits: list[str] = []
     percent_metrics = frozenset(  # as the official evaluate-v1.1/v2.0 scripts print them
-        f"{prefix}{name}" for prefix in ("", "HasAns_", "NoAns_", "best_")
-        for name in ("exact_match", "exact", "f1"))
+        f"{prefix}{name}"
+        for prefix in ("", "HasAns_", "NoAns_", "best_")
+        for name in ("exact_match", "exact", "f1")
+    )
 
     def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer):
         if options.causal_attention:
-            raise ValueError("causal_attention=True: SQuAD has no left-to-right model (the "
-                             "paper's LTR SQuAD adds a BiLSTM on top); set it to False")
+            raise ValueError(
+                "causal_attention=True: SQuAD has no left-to-right model (the "
+                "paper's LTR SQuAD adds a BiLSTM on top); set it to False"
+            )
         self.options, self.tokenizer = options, tokenizer
 
     def model(self, model_config: families.ModelConfig) -> nn.Module:
@@ -273,16 +284,22 @@ class SquadFinetune(features.Finetune):
     def load(self, split: str) -> features.SplitData:
         c, training = self.options, split == "train"
         source = c.train_file if training else c.predict_file
-        examples, skipped = squad.read_squad(source, training, c.version_2_with_negative,
-                                             c.tfds_data_dir or None)
+        examples, skipped = squad.read_squad(
+            source, training, c.version_2_with_negative, c.tfds_data_dir or None
+        )
         examples = features.subset(examples, c.max_train_examples, split)
         feats, counts = squad.convert_examples_to_features(
-            examples, self.tokenizer, c.max_seq_length, c.doc_stride, c.max_query_length, training)
+            examples, self.tokenizer, c.max_seq_length, c.doc_stride, c.max_query_length, training
+        )
         if not len(feats.input_ids):
-            raise features.TaskDataError(f"SQuAD {split}: no usable questions in {source} "
-                                         f"({ {**skipped, **counts} })")
-        arrays = {"input_ids": feats.input_ids, "input_mask": feats.input_mask,
-                  "segment_ids": feats.segment_ids}
+            raise features.TaskDataError(
+                f"SQuAD {split}: no usable questions in {source} ({ {**skipped, **counts} })"
+            )
+        arrays = {
+            "input_ids": feats.input_ids,
+            "input_mask": feats.input_mask,
+            "segment_ids": feats.segment_ids,
+        }
         if training:
             arrays.update(start_positions=feats.start_positions, end_positions=feats.end_positions)
         return features.SplitData(split, arrays, (examples, feats), {**skipped, **counts})
@@ -293,24 +310,33 @@ class SquadFinetune(features.Finetune):
 
     def loss(self, logits, batch):
         start, end = logits
-        return objectives.span_loss(start, end, batch["start_positions"], batch["end_positions"],
-                                    batch["weights"])
+        return objectives.span_loss(
+            start, end, batch["start_positions"], batch["end_positions"], batch["weights"]
+        )
 
     def _postprocess(self, data: features.SplitData, logits):
         c = self.options
         examples, feats = data.examples
         return postprocess(
-            examples, feats, logits[0], logits[1], n_best_size=c.n_best_size,
-            max_answer_length=c.max_answer_length, do_lower_case=c.do_lower_case,
+            examples,
+            feats,
+            logits[0],
+            logits[1],
+            n_best_size=c.n_best_size,
+            max_answer_length=c.max_answer_length,
+            do_lower_case=c.do_lower_case,
             version_2_with_negative=c.version_2_with_negative,
-            null_score_diff_threshold=c.null_score_diff_threshold)
+            null_score_diff_threshold=c.null_score_diff_threshold,
+        )
 
     def evaluate(self, data: features.SplitData, logits) -> dict[str, float]:
         predictions, _, null_odds = self._postprocess(data, logits)
         result = squad_eval.evaluate(
-            data.examples[0], predictions,
+            data.examples[0],
+            predictions,
             na_probs=null_odds if self.options.version_2_with_negative else None,
-            version_2=bool(self.options.version_2_with_negative))
+            version_2=bool(self.options.version_2_with_negative),
+        )
         return {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
 
     def write_predictions(self, data: features.SplitData, logits, directory: str) -> str:

@@ -1,5 +1,6 @@
 """The advice for a phase that does not fit (`tools.aot`): the verdict's candidate settings
 compiled, cheapest first, within a time budget; only a setting the compiler confirms is advised."""
+
 from __future__ import annotations
 
 import time
@@ -25,9 +26,15 @@ def with_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any])
     return trial
 
 
-def advise(config: ml_collections.ConfigDict, devices: list[jax.Device], phase_name: str, record: dict[str, Any],
-           target: targets.Target | None, budget_seconds: float,
-           memory_bytes: float | None = None) -> dict[str, Any]:
+def advise(
+    config: ml_collections.ConfigDict,
+    devices: list[jax.Device],
+    phase_name: str,
+    record: dict[str, Any],
+    target: targets.Target | None,
+    budget_seconds: float,
+    memory_bytes: float | None = None,
+) -> dict[str, Any]:
     """Compiles the phase with each of the verdict's candidate settings, cheapest first,
     until one fits or `budget_seconds` have passed (a compile under way is finished):
     `{"fits_with": flags | None, "tried": [...], "untried": [...]}`."""
@@ -43,11 +50,20 @@ def advise(config: ml_collections.ConfigDict, devices: list[jax.Device], phase_n
             tried.append({"flags": candidate["flags"], "fits": False, "text": str(e)})
             continue
         verdict = trial["verdict"]
-        tried.append({"flags": candidate["flags"], "fits": verdict["fits"],
-                      "text": verdict["text"], "compile_seconds": trial["compile_seconds"]})
+        tried.append(
+            {
+                "flags": candidate["flags"],
+                "fits": verdict["fits"],
+                "text": verdict["text"],
+                "compile_seconds": trial["compile_seconds"],
+            }
+        )
         if verdict["fits"]:
-            return {"fits_with": candidate["flags"], "tried": tried,
-                    "untried": [c["flags"] for c in pending]}
+            return {
+                "fits_with": candidate["flags"],
+                "tried": tried,
+                "untried": [c["flags"] for c in pending],
+            }
     return {"fits_with": None, "tried": tried, "untried": [c["flags"] for c in pending]}
 
 
@@ -57,8 +73,12 @@ def advice_lines(advice: dict[str, Any], budget_seconds: float) -> list[str]:
     if advice["fits_with"]:
         lines.append(f"  advice, confirmed by the compiler: {advice['fits_with']}")
     else:
-        lines.append(f"  no setting confirmed to fit within {budget_seconds:.0f} s"
-                     + (f"; not compiled: {', '.join(advice['untried'])}"
-                        if advice["untried"] else "; none of the candidates fits"))
+        lines.append(
+            f"  no setting confirmed to fit within {budget_seconds:.0f} s"
+            + (
+                f"; not compiled: {', '.join(advice['untried'])}"
+                if advice["untried"]
+                else "; none of the candidates fits"
+            )
+        )
     return lines
-

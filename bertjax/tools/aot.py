@@ -17,6 +17,7 @@ libtpu's own estimate (`tools.tpu_estimate`): its step time, the MFU that implie
 and FLOPs. Every figure (memory per device, FLOPs, the censuses) goes to the JSON file
 `--out`, the compilers' own log lines to the `.log` beside it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,11 +56,14 @@ def stderr_to(path: str) -> Iterator[None]:
             os.close(saved)
 
 
-def compile_train_step(config: ml_collections.ConfigDict, devices: list[jax.Device],
-                       phase_names: list[str] | None = None,
-                       target: targets.Target | None = None,
-                       advise_seconds: float = 0.0, memory_bytes: float | None = None
-                       ) -> dict[str, Any]:
+def compile_train_step(
+    config: ml_collections.ConfigDict,
+    devices: list[jax.Device],
+    phase_names: list[str] | None = None,
+    target: targets.Target | None = None,
+    advise_seconds: float = 0.0,
+    memory_bytes: float | None = None,
+) -> dict[str, Any]:
     """Lowers and compiles the train step of each phase for `devices` (of `target`); prints
     each phase's summary and returns the mesh, the start-up report and `{phase: record}`.
     A phase that does not fit `memory_bytes` per device (default: the target's) gets the
@@ -70,28 +74,39 @@ def compile_train_step(config: ml_collections.ConfigDict, devices: list[jax.Devi
         impl = sharded.model.config.resolved_attention_impl()
     result: dict[str, Any] = {
         "target": target.name if target else f"cpu x{len(devices)}",
-        "device_kind": devices[0].device_kind, "devices": len(devices),
-        "mesh": dict(mesh.shape), "attention_impl": impl,
+        "device_kind": devices[0].device_kind,
+        "devices": len(devices),
+        "mesh": dict(mesh.shape),
+        "attention_impl": impl,
         "remat_policy": sharded.model.config.remat_policy,
         "startup_report": memory.report(sharded.model, sharded.abstract_state, mesh, phases),
-        "phases": {}}
-    print(f"{result['target']} ({result['device_kind']}, {len(devices)} devices), mesh "
-          + " ".join(f"{k}={v}" for k, v in mesh.shape.items())
-          + f", attention {impl}, remat {result['remat_policy']}", flush=True)
+        "phases": {},
+    }
+    print(
+        f"{result['target']} ({result['device_kind']}, {len(devices)} devices), mesh "
+        + " ".join(f"{k}={v}" for k, v in mesh.shape.items())
+        + f", attention {impl}, remat {result['remat_policy']}",
+        flush=True,
+    )
     if target is not None and target.platform == "tpu":
         result["matmul_calibration"] = tpu_estimate.matmul_calibration(
-            devices[0], target.peak_tflops)
-        print(f"libtpu's cost model puts an 8192^3 bfloat16 matmul at "
-              f"{result['matmul_calibration']:.0%} of {target.peak_tflops:g} TFLOP/s "
-              "(the MFU below is of that peak)", flush=True)
+            devices[0], target.peak_tflops
+        )
+        print(
+            f"libtpu's cost model puts an 8192^3 bfloat16 matmul at "
+            f"{result['matmul_calibration']:.0%} of {target.peak_tflops:g} TFLOP/s "
+            "(the MFU below is of that peak)",
+            flush=True,
+        )
     for phase in phases:
         record = phase_compile.compile_phase(sharded, phase, config, target, memory_bytes)
         result["phases"][phase.name] = record
         for line in phase_compile.summary_lines(phase.name, record):
             print(line, flush=True)
         if record["verdict"]["fits"] is False:
-            record["advice"] = advice.advise(config, devices, phase.name, record, target,
-                                             advise_seconds, memory_bytes)
+            record["advice"] = advice.advise(
+                config, devices, phase.name, record, target, advise_seconds, memory_bytes
+            )
             for line in advice.advice_lines(record["advice"], advise_seconds):
                 print(line, flush=True)
     return result
@@ -101,20 +116,41 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    config_flags.DEFINE_config_file("config", None, "Config file with get_config().",
-                                    lock_config=True)
-    flags.DEFINE_string("target", "", "Compile for: " + ", ".join(targets.TARGETS)
-                        + ", or a TPU topology such as v5e:4x4; empty: fake CPU devices.")
-    flags.DEFINE_integer("num_devices", 32, "Fake CPU devices to compile for, without "
-                         "--target (the mesh must cover them exactly).")
+    config_flags.DEFINE_config_file(
+        "config", None, "Config file with get_config().", lock_config=True
+    )
+    flags.DEFINE_string(
+        "target",
+        "",
+        "Compile for: "
+        + ", ".join(targets.TARGETS)
+        + ", or a TPU topology such as v5e:4x4; empty: fake CPU devices.",
+    )
+    flags.DEFINE_integer(
+        "num_devices",
+        32,
+        "Fake CPU devices to compile for, without --target (the mesh must cover them exactly).",
+    )
     flags.DEFINE_list("phases", [], "Phases to compile (short, long); default: all.")
-    flags.DEFINE_string("out", "", "JSON file of every figure; default: "
-                        "$TMPDIR/bertjax_aot/TARGET.json. The compilers' log goes beside it.")
-    flags.DEFINE_float("advise_seconds", 1800, "For a phase that does not fit: compile the "
-                       "candidate settings, cheapest first, until one fits or this many "
-                       "seconds have passed (a compile under way is finished); 0: none.")
-    flags.DEFINE_float("memory_gib", 0, "Judge the fit against this many GiB per device "
-                       "instead of the target's memory (headroom to keep; fake CPU devices).")
+    flags.DEFINE_string(
+        "out",
+        "",
+        "JSON file of every figure; default: "
+        "$TMPDIR/bertjax_aot/TARGET.json. The compilers' log goes beside it.",
+    )
+    flags.DEFINE_float(
+        "advise_seconds",
+        1800,
+        "For a phase that does not fit: compile the "
+        "candidate settings, cheapest first, until one fits or this many "
+        "seconds have passed (a compile under way is finished); 0: none.",
+    )
+    flags.DEFINE_float(
+        "memory_gib",
+        0,
+        "Judge the fit against this many GiB per device "
+        "instead of the target's memory (headroom to keep; fake CPU devices).",
+    )
     flags.mark_flags_as_required(["config"])
 
 
@@ -130,20 +166,27 @@ def main(argv: list[str]) -> None:
     try:
         target = targets.parse(FLAGS.target) if FLAGS.target else None
         with stderr_to(log):
-            devices = (targets.devices(target) if target
-                       else jax.devices()[:FLAGS.num_devices])
+            devices = targets.devices(target) if target else jax.devices()[: FLAGS.num_devices]
             with targets.cudnn_for(target, devices[0]) if target else contextlib.nullcontext():
-                result = compile_train_step(FLAGS.config, devices, FLAGS.phases, target,
-                                            FLAGS.advise_seconds,
-                                            FLAGS.memory_gib * fit_verdict.GIB or None)
+                result = compile_train_step(
+                    FLAGS.config,
+                    devices,
+                    FLAGS.phases,
+                    target,
+                    FLAGS.advise_seconds,
+                    FLAGS.memory_gib * fit_verdict.GIB or None,
+                )
     except targets.TargetError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
     except Exception as e:  # sharding and shape errors from JAX/XLA included: one clear line
         first_line = (str(e).splitlines() or [repr(e)])[0]
-        print(f"error: compiling the train step for {label}, mesh "
-              f"{FLAGS.config.mesh.to_dict()}, failed: {first_line} (compiler log: {log})",
-              file=sys.stderr, flush=True)
+        print(
+            f"error: compiling the train step for {label}, mesh "
+            f"{FLAGS.config.mesh.to_dict()}, failed: {first_line} (compiler log: {log})",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(1)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)

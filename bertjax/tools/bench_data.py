@@ -9,6 +9,7 @@ Tokenizer training (SentencePiece on the corpus, when no vocab_file) is timed se
 Per-core rates divide by this process's CPU time (`time.process_time`), so they hold on a
 shared machine; wall-clock seconds are recorded beside them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,24 +37,32 @@ def run(config: ml_collections.ConfigDict, batches: int, cache_dir: str) -> dict
     settings = PretrainingSettings.of(config)
     data = dataclasses.replace(settings.data, masking="dynamic", num_workers=1)
     phase = phase_schedule.phases(settings.train, data, settings.long_phase)[0]
-    tokenizer, tokenizer_seconds = _timed(
-        lambda: pipeline.load_or_train_tokenizer(data, cache_dir))
+    tokenizer, tokenizer_seconds = _timed(lambda: pipeline.load_or_train_tokenizer(data, cache_dir))
     splits, prepare_seconds = _timed(lambda: pipeline.prepare(data, phase, tokenizer, cache_dir))
     prepared = len(splits["train"]) + len(splits["eval"])
-    masking = (pipeline.specials_of(tokenizer, data.whole_word_mask), data.masked_lm_prob,
-               phase.max_predictions_per_seq, data.whole_word_mask)
-    loader = loaders.BatchLoader(splits["train"], phase.global_batch_size, data.seed,
-                                  masking=masking)
+    masking = (
+        pipeline.specials_of(tokenizer, data.whole_word_mask),
+        data.masked_lm_prob,
+        phase.max_predictions_per_seq,
+        data.whole_word_mask,
+    )
+    loader = loaders.BatchLoader(
+        splits["train"], phase.global_batch_size, data.seed, masking=masking
+    )
     loader.batch(0)  # the epoch's permutation
     _, load_seconds = _timed(lambda: [loader.batch(i) for i in range(1, batches + 1)])
     loaded = batches * phase.global_batch_size
     return {
-        "command": " ".join([os.path.basename(sys.executable), "-m", "bertjax.tools.bench_data",
-                             *sys.argv[1:]]),
+        "command": " ".join(
+            [os.path.basename(sys.executable), "-m", "bertjax.tools.bench_data", *sys.argv[1:]]
+        ),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "versions": versions(), "machine": machine(),
-        "max_seq_length": phase.max_seq_length, "batch": phase.global_batch_size,
-        "tokenizer": type(tokenizer).__name__, "tokenizer_seconds": tokenizer_seconds,
+        "versions": versions(),
+        "machine": machine(),
+        "max_seq_length": phase.max_seq_length,
+        "batch": phase.global_batch_size,
+        "tokenizer": type(tokenizer).__name__,
+        "tokenizer_seconds": tokenizer_seconds,
         "prepare": _rates(prepared, prepare_seconds),
         "load_dynamic_masking": _rates(loaded, load_seconds),
     }
@@ -67,18 +76,27 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
 
 
 def _rates(sequences: int, seconds: dict[str, float]) -> dict[str, float]:
-    return {"sequences": sequences, "wall_seconds": seconds["wall"],
-            "cpu_seconds": seconds["cpu"],
-            "sequences_per_second_per_core": sequences / max(seconds["cpu"], 1e-9)}
+    return {
+        "sequences": sequences,
+        "wall_seconds": seconds["wall"],
+        "cpu_seconds": seconds["cpu"],
+        "sequences_per_second_per_core": sequences / max(seconds["cpu"], 1e-9),
+    }
 
 
 def define_flags() -> None:
     from ml_collections import config_flags
-    config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/tiny.py.",
-                                    lock_config=True)
+
+    config_flags.DEFINE_config_file(
+        "config", None, "Config file, e.g. configs/tiny.py.", lock_config=True
+    )
     flags.DEFINE_integer("batches", 200, "Batches to load (after the first).")
-    flags.DEFINE_string("cache_dir", "", "Prepared-data directory; default: a fresh temporary "
-                        "one, so preparation is measured, not a cache hit.")
+    flags.DEFINE_string(
+        "cache_dir",
+        "",
+        "Prepared-data directory; default: a fresh temporary "
+        "one, so preparation is measured, not a cache hit.",
+    )
     flags.DEFINE_string("out", "", "Write the result record as JSON here.")
     flags.mark_flags_as_required(["config"])
 
@@ -92,13 +110,17 @@ def main(argv: list[str]) -> None:
             print(f"error: {e}", file=sys.stderr, flush=True)
             sys.exit(1)
     prep, load = result["prepare"], result["load_dynamic_masking"]
-    print(f"{result['machine']['cpu']}, load {result['machine']['load_average'][0]:.2f}; "
-          f"length {result['max_seq_length']}, tokenizer {result['tokenizer']} "
-          f"(ready in {result['tokenizer_seconds']['wall']:.1f} s)")
+    print(
+        f"{result['machine']['cpu']}, load {result['machine']['load_average'][0]:.2f}; "
+        f"length {result['max_seq_length']}, tokenizer {result['tokenizer']} "
+        f"(ready in {result['tokenizer_seconds']['wall']:.1f} s)"
+    )
     for what, rates in (("prepare from raw text", prep), ("load with dynamic masking", load)):
-        print(f"{what}: {rates['sequences']:,} sequences in {rates['cpu_seconds']:.2f} CPU s "
-              f"({rates['wall_seconds']:.2f} s wall) = "
-              f"{rates['sequences_per_second_per_core']:,.0f} seq/s/core")
+        print(
+            f"{what}: {rates['sequences']:,} sequences in {rates['cpu_seconds']:.2f} CPU s "
+            f"({rates['wall_seconds']:.2f} s wall) = "
+            f"{rates['sequences_per_second_per_core']:,.0f} seq/s/core"
+        )
     if FLAGS.out:
         write_record(result, FLAGS.out)
 

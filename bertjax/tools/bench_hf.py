@@ -7,6 +7,7 @@ dependencies. The step is the library's standard use: the model's own MLM + NSP 
 On a GPU it is what a user gets in a few lines: SDPA attention, bf16 autocast when the
 config computes in bf16, fused AdamW, and optionally `torch.compile` of the model.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,7 +24,8 @@ HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "rel
 
 def hf_config(config: BertConfig) -> transformers.BertConfig:
     return transformers.BertConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
         num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads,
         intermediate_size=config.intermediate_size,
@@ -31,8 +33,11 @@ def hf_config(config: BertConfig) -> transformers.BertConfig:
         hidden_dropout_prob=config.hidden_dropout_prob,
         attention_probs_dropout_prob=config.attention_probs_dropout_prob,
         max_position_embeddings=config.max_position_embeddings,
-        type_vocab_size=config.type_vocab_size, initializer_range=config.initializer_range,
-        layer_norm_eps=config.layer_norm_eps, attn_implementation="sdpa")
+        type_vocab_size=config.type_vocab_size,
+        initializer_range=config.initializer_range,
+        layer_norm_eps=config.layer_norm_eps,
+        attn_implementation="sdpa",
+    )
 
 
 def torch_batch(batch: dict[str, np.ndarray], vocab_size: int) -> dict[str, torch.Tensor]:
@@ -53,29 +58,45 @@ class HFTrainer:
     """One training step of `BertForPreTraining` per `step()` call, on `device` ("cpu" or
     "cuda"); `compile=True` runs the model through `torch.compile`."""
 
-    def __init__(self, config: BertConfig, batch: dict[str, np.ndarray], learning_rate: float,
-                 weight_decay: float, eps: float, clip_global_norm: float, device: str = "cpu",
-                 compile: bool = False):
+    def __init__(
+        self,
+        config: BertConfig,
+        batch: dict[str, np.ndarray],
+        learning_rate: float,
+        weight_decay: float,
+        eps: float,
+        clip_global_norm: float,
+        device: str = "cpu",
+        compile: bool = False,
+    ):
         torch.manual_seed(0)
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"
         self.model = transformers.BertForPreTraining(hf_config(config)).to(self.device).train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate,
-                                           weight_decay=weight_decay, eps=eps, fused=on_gpu)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=learning_rate,
+            weight_decay=weight_decay,
+            eps=eps,
+            fused=on_gpu,
+        )
         self.forward = torch.compile(self.model) if compile else self.model
-        self.autocast_dtype = (torch.bfloat16 if on_gpu and config.dtype == "bfloat16"
-                               else None)
+        self.autocast_dtype = torch.bfloat16 if on_gpu and config.dtype == "bfloat16" else None
         self.compiled = compile
         self.clip = clip_global_norm
-        self.inputs = {k: v.to(self.device)
-                       for k, v in torch_batch(batch, config.vocab_size).items()}
+        self.inputs = {
+            k: v.to(self.device) for k, v in torch_batch(batch, config.vocab_size).items()
+        }
 
     def step(self) -> float:
         """Runs one step to completion; returns its wall-clock seconds."""
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
-                            enabled=self.autocast_dtype is not None):
+        with torch.autocast(
+            self.device.type,
+            dtype=self.autocast_dtype or torch.float32,
+            enabled=self.autocast_dtype is not None,
+        ):
             loss = self.forward(**self.inputs).loss
         loss.backward()
         if self.clip:
@@ -86,7 +107,13 @@ class HFTrainer:
         return time.perf_counter() - start
 
     def describe(self) -> dict[str, object]:
-        return {"torch": torch.__version__, "transformers": transformers.__version__,
-                "torch_threads": torch.get_num_threads(), "device": str(self.device),
-                "autocast": str(self.autocast_dtype), "torch_compile": self.compiled,
-                "attention": "sdpa", "fused_adamw": self.device.type == "cuda"}
+        return {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "device": str(self.device),
+            "autocast": str(self.autocast_dtype),
+            "torch_compile": self.compiled,
+            "attention": "sdpa",
+            "fused_adamw": self.device.type == "cuda",
+        }

@@ -1,5 +1,6 @@
 """What `python -m bertjax.tools.bench` times: a synthetic batch of a phase's shape (plain or
 packed rows) and bertjax's jitted, sharded train step on it."""
+
 from __future__ import annotations
 
 import time
@@ -14,8 +15,15 @@ from bertjax.training import optim, sharded_run, sharding
 from bertjax.training.state import count_params
 
 
-def synthetic_batch(batch: int, length: int, predictions: int, vocab: int, seed: int = 0,
-                    padding: float = 0.0, packed: int = 0) -> dict[str, np.ndarray]:
+def synthetic_batch(
+    batch: int,
+    length: int,
+    predictions: int,
+    vocab: int,
+    seed: int = 0,
+    padding: float = 0.0,
+    packed: int = 0,
+) -> dict[str, np.ndarray]:
     """Sequence pairs with `predictions` distinct masked positions per row, the last `padding`
     share of each row's tokens padding; with `packed` = K, packed rows of K equal instances."""
     rng = np.random.default_rng(seed)
@@ -24,8 +32,9 @@ def synthetic_batch(batch: int, length: int, predictions: int, vocab: int, seed:
     if packed:
         predictions = packing.predictions_per_row(length, predictions, 0.15, packed)
     if real < 2 * instances:
-        raise ValueError(f"--padding={padding} leaves {real} tokens per row: too few for "
-                         f"{instances} instance(s)")
+        raise ValueError(
+            f"--padding={padding} leaves {real} tokens per row: too few for {instances} instance(s)"
+        )
     instance_ids = np.minimum(np.arange(length) * instances // real + 1, instances + 1)
     instance_ids = np.where(np.arange(length) < real, instance_ids, 0).astype(np.int32)
     starts = np.searchsorted(instance_ids[:real], np.arange(1, instances + 1)).astype(np.int32)
@@ -36,17 +45,21 @@ def synthetic_batch(batch: int, length: int, predictions: int, vocab: int, seed:
         "input_ids": np.where(instance_ids > 0, rng.integers(5, vocab, (batch, length)), 0),
         "input_mask": (instance_ids > 0)[None].repeat(batch, 0),
         "segment_ids": (positions >= (real // instances) // 2)[None].repeat(batch, 0),
-        "masked_lm_positions": np.pad(np.sort(rng.permuted(candidates, axis=1)[:, :chosen], axis=1),
-                                      ((0, 0), (0, predictions - chosen))),
+        "masked_lm_positions": np.pad(
+            np.sort(rng.permuted(candidates, axis=1)[:, :chosen], axis=1),
+            ((0, 0), (0, predictions - chosen)),
+        ),
         "masked_lm_ids": rng.integers(5, vocab, (batch, predictions)),
         "masked_lm_weights": (np.arange(predictions) < chosen)[None].repeat(batch, 0),
         "next_sentence_labels": rng.integers(0, 2, (batch,) + ((packed,) if packed else ())),
     }
     if packed:
-        rows.update(position_ids=positions[None].repeat(batch, 0),
-                    instance_ids=instance_ids[None].repeat(batch, 0),
-                    next_sentence_positions=starts[None].repeat(batch, 0),
-                    next_sentence_weights=np.ones((batch, packed), np.float32))
+        rows.update(
+            position_ids=positions[None].repeat(batch, 0),
+            instance_ids=instance_ids[None].repeat(batch, 0),
+            next_sentence_positions=starts[None].repeat(batch, 0),
+            next_sentence_weights=np.ones((batch, packed), np.float32),
+        )
     return {name: value.astype(batch_spec.DTYPES[name]) for name, value in rows.items()}
 
 
@@ -57,8 +70,13 @@ class BertjaxTrainer:
         self.model_config = families.model_config(config.model.to_dict())
         self.mesh = sharding.make_mesh(config.mesh.to_dict())
         sharded = sharded_run.build_pretraining(
-            self.model_config, optim.optimizer_config(config.optimizer, config.train.total_steps),
-            self.mesh, [], config.train.grad_accum_steps, report=False)
+            self.model_config,
+            optim.optimizer_config(config.optimizer, config.train.total_steps),
+            self.mesh,
+            [],
+            config.train.grad_accum_steps,
+            report=False,
+        )
         self.state = sharded.init_state(jax.random.PRNGKey(0))
         self.num_params = count_params(self.state.params)
         self._step = sharded.train_step

@@ -6,6 +6,7 @@ the costliest), with its FLOPs (matmuls and fused attention) and the bytes it re
 writes. The roofline estimate of a kernel is max(FLOPs / peak, bytes / bandwidth); the step's
 is their sum: a lower bound that ignores launch gaps and imperfect kernels, not a measurement.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,11 +16,32 @@ from collections import Counter
 
 SMALL_KERNEL_BYTES = 64 * 1024
 # Ops that launch nothing (bookkeeping, or waits of an async op counted at its start).
-FREE_OPS = frozenset((
-    "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
-    "partition-id", "replica-id", "opt-barrier", "add-dependency", "copy-done", "domain",
-    "all-reduce-done", "all-gather-done", "collective-permute-done", "async-done",
-    "async-update", "send-done", "recv-done", "while", "conditional", "call"))
+FREE_OPS = frozenset(
+    (
+        "parameter",
+        "constant",
+        "get-tuple-element",
+        "tuple",
+        "bitcast",
+        "after-all",
+        "partition-id",
+        "replica-id",
+        "opt-barrier",
+        "add-dependency",
+        "copy-done",
+        "domain",
+        "all-reduce-done",
+        "all-gather-done",
+        "collective-permute-done",
+        "async-done",
+        "async-update",
+        "send-done",
+        "recv-done",
+        "while",
+        "conditional",
+        "call",
+    )
+)
 _SHAPE = re.compile(r"\b(pred|token|[a-z]+\d+[a-z0-9]*)\[([\d,]*)\]")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
@@ -36,8 +58,10 @@ def _dtype_bytes(dtype: str) -> float:
 
 def shapes(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
     """`(dtype, dims)` of every array in an HLO type (a tuple type gives several)."""
-    return [(dtype, tuple(int(d) for d in dims.split(",") if d))
-            for dtype, dims in _SHAPE.findall(type_text)]
+    return [
+        (dtype, tuple(int(d) for d in dims.split(",") if d))
+        for dtype, dims in _SHAPE.findall(type_text)
+    ]
 
 
 def type_bytes(type_text: str) -> float:
@@ -65,14 +89,14 @@ def _split_instruction(name: str, rest: str) -> Instruction:
     else:
         end = rest.index(" ")
     type_text, tail = rest[:end], rest[end:].lstrip()
-    opcode = tail[:tail.index("(")]
+    opcode = tail[: tail.index("(")]
     depth = 0
-    for stop, char in enumerate(tail[len(opcode):], len(opcode)):  # noqa: B007 (read after the loop)
+    for stop, char in enumerate(tail[len(opcode) :], len(opcode)):  # noqa: B007 (read after the loop)
         depth += {"(": 1, ")": -1}.get(char, 0)
         if depth == 0:
             break
-    operands = re.findall(r"%([\w.\-]+)", tail[len(opcode):stop])
-    return Instruction(name, type_text, opcode, operands, tail[stop + 1:])
+    operands = re.findall(r"%([\w.\-]+)", tail[len(opcode) : stop])
+    return Instruction(name, type_text, opcode, operands, tail[stop + 1 :])
 
 
 def parse_module(text: str) -> tuple[dict[str, list[Instruction]], str]:
@@ -119,10 +143,15 @@ class Census:
             setattr(self, field, getattr(self, field) + getattr(other, field) * times)
 
     def as_dict(self) -> dict:
-        return {"kernels": self.kernel_count, "small_kernels": int(self.small_kernels),
-                "by_kind": dict(sorted((k, int(v)) for k, v in self.kernels.items())),
-                "flops": self.flops, "bytes": self.bytes, "non_matmul_bytes":
-                self.non_matmul_bytes, "roofline_seconds": self.seconds}
+        return {
+            "kernels": self.kernel_count,
+            "small_kernels": int(self.small_kernels),
+            "by_kind": dict(sorted((k, int(v)) for k, v in self.kernels.items())),
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "non_matmul_bytes": self.non_matmul_bytes,
+            "roofline_seconds": self.seconds,
+        }
 
 
 def attr(attrs: str, key: str) -> str | None:
@@ -168,8 +197,9 @@ class _Analyzer:
                 result.add(self.census(attr(ins.attrs, "body") or ""), times)
                 result.add(self.census(attr(ins.attrs, "condition") or ""), times)
             elif ins.opcode == "conditional":
-                branches = re.search(r"branch_computations=\{([^}]*)\}", ins.attrs) or \
-                    re.search(r"(true_computation=\S+ false_computation=\S+)", ins.attrs)
+                branches = re.search(r"branch_computations=\{([^}]*)\}", ins.attrs) or re.search(
+                    r"(true_computation=\S+ false_computation=\S+)", ins.attrs
+                )
                 assert branches is not None, f"a conditional without branches: {ins.attrs}"
                 names = re.findall(r"%([\w.\-]+)", branches.group(1))
                 result.add(max((self.census(n) for n in names), key=lambda c: c.seconds))
@@ -186,23 +216,34 @@ class _Analyzer:
         if ins.opcode == "fusion":
             body = self.computations.get(attr(ins.attrs, "calls") or "", [])
             body_types = {i.name: i.type_text for i in body}
-            flops = sum(_dot_flops(i.type_text, body_types[i.operands[0]],
-                                   _dims(i.attrs, "lhs_contracting_dims"))
-                        for i in body if i.opcode == "dot")
+            flops = sum(
+                _dot_flops(
+                    i.type_text, body_types[i.operands[0]], _dims(i.attrs, "lhs_contracting_dims")
+                )
+                for i in body
+                if i.opcode == "dot"
+            )
             root = body[-1].opcode if body else ""
-            kind = "matmul" if flops else (
-                "copy" if root == "copy" else f"fusion:{attr(ins.attrs, 'kind') or '?'}")
+            kind = (
+                "matmul"
+                if flops
+                else ("copy" if root == "copy" else f"fusion:{attr(ins.attrs, 'kind') or '?'}")
+            )
         elif ins.opcode == "dot":
-            flops = _dot_flops(ins.type_text, types[ins.operands[0]],
-                               _dims(ins.attrs, "lhs_contracting_dims"))
+            flops = _dot_flops(
+                ins.type_text, types[ins.operands[0]], _dims(ins.attrs, "lhs_contracting_dims")
+            )
             kind = "matmul"
         elif ins.opcode == "custom-call":
             found = re.search(r'custom_call_target="([^"]+)"', ins.attrs)
             target = found[1] if found else "?"
             if "gemm" in target or "matmul" in target:
                 contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', ins.attrs)
-                dims = [int(d) for d in re.findall(r"\d+", contracting.group(1))] \
-                    if contracting else []
+                dims = (
+                    [int(d) for d in re.findall(r"\d+", contracting.group(1))]
+                    if contracting
+                    else []
+                )
                 flops = _dot_flops(ins.type_text, types[ins.operands[0]], dims)
                 kind = "matmul"
             elif "fmha" in target:
@@ -212,10 +253,14 @@ class _Analyzer:
                 kind = f"custom-call:{target}"
         elif ins.opcode in ("copy", "copy-start"):
             kind = "copy"
-        return Census(kernels=Counter({kind: 1}), small_kernels=float(
-            nbytes < SMALL_KERNEL_BYTES), flops=flops, bytes=nbytes,
+        return Census(
+            kernels=Counter({kind: 1}),
+            small_kernels=float(nbytes < SMALL_KERNEL_BYTES),
+            flops=flops,
+            bytes=nbytes,
             matmul_bytes=nbytes if kind in ("matmul", "attention") else 0.0,
-            seconds=max(flops / self.peak_flops, nbytes / self.bandwidth))
+            seconds=max(flops / self.peak_flops, nbytes / self.bandwidth),
+        )
 
 
 def census(hlo_text: str, peak_tflops: float, bandwidth_bytes_per_second: float) -> Census:

@@ -1,6 +1,7 @@
 """One phase's train step compiled for a target (`tools.aot`): the sharded model and step of
 a config's phases, the fit verdict (`tools.fit_verdict`), memory per device, FLOPs, a GPU's
 roofline estimate or libtpu's own (`tools.tpu_estimate`), and the console's lines for it."""
+
 from __future__ import annotations
 
 import time
@@ -23,9 +24,14 @@ H100_CALIBRATION = 1.6
 
 def _memory_sizes(compiled: jax.stages.Compiled) -> dict[str, int]:
     analysis = compiled.memory_analysis()
-    return {} if analysis is None else {
-        name: int(getattr(analysis, f"{name}_size_in_bytes"))
-        for name in ("argument", "output", "alias", "temp", "generated_code")}
+    return (
+        {}
+        if analysis is None
+        else {
+            name: int(getattr(analysis, f"{name}_size_in_bytes"))
+            for name in ("argument", "output", "alias", "temp", "generated_code")
+        }
+    )
 
 
 def gpu_estimate(hlo_text: str, target: targets.Target, model_flops: float) -> dict[str, Any]:
@@ -33,31 +39,46 @@ def gpu_estimate(hlo_text: str, target: targets.Target, model_flops: float) -> d
     with `H100_CALIBRATION` (an estimate, not a measurement)."""
     result = hlo_census.census(hlo_text, target.peak_tflops, target.hbm_bytes_per_second)
     step = result.seconds * H100_CALIBRATION
-    return {**result.as_dict(), "calibration": H100_CALIBRATION,
-            "estimated_step_seconds": step,
-            "estimated_mfu": model_flops / step / (target.peak_tflops * 1e12)}
+    return {
+        **result.as_dict(),
+        "calibration": H100_CALIBRATION,
+        "estimated_step_seconds": step,
+        "estimated_mfu": model_flops / step / (target.peak_tflops * 1e12),
+    }
 
 
-def compile_phase(sharded: sharded_run.ShardedRun, phase: phase_schedule.Phase,
-                  config: ml_collections.ConfigDict, target: targets.Target | None, memory_bytes: float | None = None
-                  ) -> dict[str, Any]:
+def compile_phase(
+    sharded: sharded_run.ShardedRun,
+    phase: phase_schedule.Phase,
+    config: ml_collections.ConfigDict,
+    target: targets.Target | None,
+    memory_bytes: float | None = None,
+) -> dict[str, Any]:
     """Compiles the train step of `phase`; the verdict (against `memory_bytes` per device,
     default the target's), memory per device, FLOPs and the GPU's or TPU's estimate."""
     mesh = sharded.mesh
     per_device = phase.global_batch_size // sharding.data_parallel_size(mesh)
-    model_flops = flops.train_flops_per_sequence(
-        sharded.model.config, phase.max_seq_length, phase.max_predictions_per_seq
-    ) * phase.global_batch_size / mesh.size
+    model_flops = (
+        flops.train_flops_per_sequence(
+            sharded.model.config, phase.max_seq_length, phase.max_predictions_per_seq
+        )
+        * phase.global_batch_size
+        / mesh.size
+    )
     start = time.time()
-    record: dict[str, Any] = {"max_seq_length": phase.max_seq_length,
-                              "global_batch_size": phase.global_batch_size,
-                              "grad_accum_steps": sharded.grad_accum[phase.name],
-                              "per_device_batch": per_device, "model_flops_per_device":
-                              model_flops}
+    record: dict[str, Any] = {
+        "max_seq_length": phase.max_seq_length,
+        "global_batch_size": phase.global_batch_size,
+        "grad_accum_steps": sharded.grad_accum[phase.name],
+        "per_device_batch": per_device,
+        "model_flops_per_device": model_flops,
+    }
     compiled, refused, sizes = None, None, None
     with sharding.activate(mesh):
-        lowered = sharded.train_step.lower(sharded.abstract_state, memory.abstract_batch(
-            phase, phase.global_batch_size, sharding.batch_sharding(mesh)))
+        lowered = sharded.train_step.lower(
+            sharded.abstract_state,
+            memory.abstract_batch(phase, phase.global_batch_size, sharding.batch_sharding(mesh)),
+        )
         try:
             compiled = lowered.compile()
         except Exception as e:  # the TPU compiler's refusal carries its own numbers
@@ -77,12 +98,22 @@ def compile_phase(sharded: sharded_run.ShardedRun, phase: phase_schedule.Phase,
             record["gpu"] = gpu_estimate(_hlo_text(compiled), target, model_flops)
         elif target is not None and cost and "optimal_seconds" in cost:
             record["tpu"] = tpu_estimate.estimate(
-                cost, _hlo_text(compiled), sharded.grad_accum[phase.name], model_flops,
-                target.peak_tflops, top=CENSUS_GROUPS)
+                cost,
+                _hlo_text(compiled),
+                sharded.grad_accum[phase.name],
+                model_flops,
+                target.peak_tflops,
+                top=CENSUS_GROUPS,
+            )
     record["verdict"] = fit_verdict.verdict(
-        sizes, refused, memory_bytes or (target.hbm_bytes if target else None), config,
-        per_device, memory.per_device_bytes(sharded.abstract_state),
-        sharded.grad_accum[phase.name])
+        sizes,
+        refused,
+        memory_bytes or (target.hbm_bytes if target else None),
+        config,
+        per_device,
+        memory.per_device_bytes(sharded.abstract_state),
+        sharded.grad_accum[phase.name],
+    )
     return record
 
 
@@ -95,11 +126,17 @@ def _hlo_text(compiled: jax.stages.Compiled) -> str:
 
 def summary_lines(name: str, record: dict[str, Any]) -> list[str]:
     """The console's lines for one phase: the verdict, and a GPU's estimate."""
-    lines = [f"Phase {name} (L={record['max_seq_length']}, global batch "
-             f"{record['global_batch_size']}, {record['per_device_batch']} per device"
-             + (f" in {record['grad_accum_steps']} micro-batches"
-                if record["grad_accum_steps"] > 1 else "") + "): "
-             f"{record['verdict']['text']} [compiled in {record['compile_seconds']:.0f} s]"]
+    lines = [
+        f"Phase {name} (L={record['max_seq_length']}, global batch "
+        f"{record['global_batch_size']}, {record['per_device_batch']} per device"
+        + (
+            f" in {record['grad_accum_steps']} micro-batches"
+            if record["grad_accum_steps"] > 1
+            else ""
+        )
+        + "): "
+        f"{record['verdict']['text']} [compiled in {record['compile_seconds']:.0f} s]"
+    ]
     gpu = record.get("gpu")
     if gpu:
         lines.append(
@@ -107,35 +144,43 @@ def summary_lines(name: str, record: dict[str, Any]) -> list[str]:
             f"{gpu['estimated_step_seconds'] * 1e3:.1f} ms per step, MFU "
             f"{gpu['estimated_mfu']:.0%}; roofline {gpu['roofline_seconds'] * 1e3:.1f} ms, "
             f"{gpu['kernels']:,} kernels ({gpu['small_kernels']:,} under 64 KB), "
-            f"non-matmul {gpu['non_matmul_bytes'] / 1e9:.0f} GB")
+            f"non-matmul {gpu['non_matmul_bytes'] / 1e9:.0f} GB"
+        )
     tpu = record.get("tpu")
     if tpu:
-        loop = (f", the loop's body counted {tpu['loop_trips']} times"
-                if tpu["loop_trips"] > 1 else "")
-        time_text = (f"{tpu['optimal_seconds'] * 1e3:.1f} ms per step, MFU "
-                     f"{tpu['estimated_mfu']:.1%}" if tpu["optimal_seconds"] else
-                     f"no step time (libtpu's optimal_seconds: "
-                     f"{tpu['compiler_optimal_seconds']:.4g})")
+        loop = (
+            f", the loop's body counted {tpu['loop_trips']} times" if tpu["loop_trips"] > 1 else ""
+        )
+        time_text = (
+            f"{tpu['optimal_seconds'] * 1e3:.1f} ms per step, MFU {tpu['estimated_mfu']:.1%}"
+            if tpu["optimal_seconds"]
+            else f"no step time (libtpu's optimal_seconds: {tpu['compiler_optimal_seconds']:.4g})"
+        )
         lines.append(
             f"  estimate (libtpu's cost model, not measured{loop}): {time_text}; "
             f"{tpu['bytes_accessed'] / 1e9:.1f} GB accessed; compiler "
             f"{tpu['compiler_flops'] / 1e12:.2f} TFLOP, model {tpu['model_flops'] / 1e12:.2f} "
-            f"({tpu['compiler_flops'] / tpu['model_flops']:.1%})")
+            f"({tpu['compiler_flops'] / tpu['model_flops']:.1%})"
+        )
     return lines
 
 
-def build(config: ml_collections.ConfigDict, devices: list[jax.Device],
-          phase_names: list[str] | None
-          ) -> tuple[sharded_run.ShardedRun, list[phase_schedule.Phase]]:
+def build(
+    config: ml_collections.ConfigDict, devices: list[jax.Device], phase_names: list[str] | None
+) -> tuple[sharded_run.ShardedRun, list[phase_schedule.Phase]]:
     """The sharded model, state and train step of `config`'s phases named `phase_names`."""
     settings = PretrainingSettings.of(config)
     mesh = sharded_run.make_mesh(settings.mesh, devices)
     phases = settings.phases
-    sharded_run.check_batches(mesh, phases, config.train.grad_accum_steps,
-                              config.model.max_position_embeddings)
+    sharded_run.check_batches(
+        mesh, phases, config.train.grad_accum_steps, config.model.max_position_embeddings
+    )
     phases = [p for p in phases if not phase_names or p.name in phase_names]
     return sharded_run.build_pretraining(
         families.model_config(config.model.to_dict()),
-        optim.optimizer_config(config.optimizer, config.train.total_steps), mesh, phases,
-        config.train.grad_accum_steps, report=False), phases
-
+        optim.optimizer_config(config.optimizer, config.train.total_steps),
+        mesh,
+        phases,
+        config.train.grad_accum_steps,
+        report=False,
+    ), phases

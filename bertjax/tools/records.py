@@ -1,5 +1,6 @@
 """What every benchmark record holds besides its numbers: the machine, the library versions,
 and the JSON file it is written to (`tools.bench`, `tools.bench_data`)."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -17,15 +18,23 @@ def machine() -> dict[str, Any]:
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
         cpu = names[0] if names else cpu
-    return {"cpu": cpu, "cpu_cores": os.cpu_count(), "load_average": os.getloadavg(),
-            "device_kind": jax.devices()[0].device_kind, "devices": jax.device_count(),
-            "platform": jax.default_backend(), "hostname": platform.node()}
+    return {
+        "cpu": cpu,
+        "cpu_cores": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "device_kind": jax.devices()[0].device_kind,
+        "devices": jax.device_count(),
+        "platform": jax.default_backend(),
+        "hostname": platform.node(),
+    }
 
 
 def versions() -> dict[str, str]:
     packages = ("jax", "jaxlib", "flax", "optax", "numpy")
-    return {"python": platform.python_version(),
-            **{name: importlib.metadata.version(name) for name in packages}}
+    return {
+        "python": platform.python_version(),
+        **{name: importlib.metadata.version(name) for name in packages},
+    }
 
 
 def write_record(result: dict[str, Any], path: str) -> None:

@@ -7,6 +7,7 @@ trip count (BERT-tiny on tpu-v5p-8: 2.10 GFLOP in one micro-batch, 1.07 in two):
 micro-batches is scaled here by each instruction's share, its cycles and its bytes counted
 n times in the loop. Estimates of the compiler that will run the job, not measurements.
 """
+
 from __future__ import annotations
 
 import collections
@@ -56,19 +57,27 @@ def operations(hlo_text: str, loop_trips: int = 1) -> list[Op]:
         for ins in computations[computation]:
             if ins.opcode == "while":
                 known = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
-                walk(hlo_census.attr(ins.attrs, "body") or "",
-                     times * (int(known.group(1)) if known else loop_trips))
+                walk(
+                    hlo_census.attr(ins.attrs, "body") or "",
+                    times * (int(known.group(1)) if known else loop_trips),
+                )
             elif ins.opcode not in hlo_census.FREE_OPS or ins.opcode == "call":
                 if ins.opcode == "call":
                     walk(hlo_census.attr(ins.attrs, "to_apply") or "", times)
                     continue
                 cycles = _CYCLES.search(ins.attrs)
                 op_name = _OP_NAME.search(ins.attrs)
-                ops.append(Op(ins.name, ins.opcode, op_name.group(1) if op_name else "",
-                              int(cycles.group(1)) if cycles else 0,
-                              hlo_census.type_bytes(ins.type_text) + sum(
-                                  hlo_census.type_bytes(types.get(o, "")) for o in ins.operands),
-                              times))
+                ops.append(
+                    Op(
+                        ins.name,
+                        ins.opcode,
+                        op_name.group(1) if op_name else "",
+                        int(cycles.group(1)) if cycles else 0,
+                        hlo_census.type_bytes(ins.type_text)
+                        + sum(hlo_census.type_bytes(types.get(o, "")) for o in ins.operands),
+                        times,
+                    )
+                )
 
     walk(entry, 1)
     return ops
@@ -78,8 +87,14 @@ def _ratio(total: float, once: float) -> float:
     return total / once if once else 1.0
 
 
-def estimate(cost: dict[str, float], hlo_text: str, loop_trips: int, model_flops: float,
-             peak_tflops: float, top: int = 0) -> dict[str, Any]:
+def estimate(
+    cost: dict[str, float],
+    hlo_text: str,
+    loop_trips: int,
+    model_flops: float,
+    peak_tflops: float,
+    top: int = 0,
+) -> dict[str, Any]:
     """The step's estimated time, MFU, bytes and FLOPs from libtpu's `cost` (one device),
     scaled for a loop of `loop_trips` micro-batches; `top` > 0 adds the costliest groups of
     instructions (`census`)."""
@@ -93,14 +108,18 @@ def estimate(cost: dict[str, float], hlo_text: str, loop_trips: int, model_flops
     # All FLOPs but the update's few per parameter are the loop's.
     flops = float(cost.get("flops", 0.0)) * loop_trips
     result: dict[str, Any] = {
-        "optimal_seconds": seconds, "compiler_optimal_seconds": cost.get("optimal_seconds"),
-        "loop_trips": loop_trips, "time_scale": time_scale,
-        "bytes_accessed": float(cost.get("bytes accessed", 0.0)) * _ratio(
-            sum(op.bytes for op in ops), sum(op.bytes_once for op in ops)),
-        "compiler_flops": flops, "model_flops": model_flops,
+        "optimal_seconds": seconds,
+        "compiler_optimal_seconds": cost.get("optimal_seconds"),
+        "loop_trips": loop_trips,
+        "time_scale": time_scale,
+        "bytes_accessed": float(cost.get("bytes accessed", 0.0))
+        * _ratio(sum(op.bytes for op in ops), sum(op.bytes_once for op in ops)),
+        "compiler_flops": flops,
+        "model_flops": model_flops,
         "estimated_mfu": model_flops / seconds / (peak_tflops * 1e12) if seconds else None,
         "cycles": cycles,
-        "instructions": len(ops)}
+        "instructions": len(ops),
+    }
     if top:
         result["census"] = census(ops, seconds / cycles if seconds and cycles else 0.0, top)
     return result
@@ -125,17 +144,26 @@ def census(ops: list[Op], seconds_per_cycle: float, top: int) -> list[dict[str, 
         group[1] += op.bytes
         group[2] += op.times
     ranked = sorted(groups.items(), key=lambda item: (-item[1][0], -item[1][1]))[:top]
-    return [{"op": name, "cycles": int(c), "seconds": c * seconds_per_cycle, "bytes": b,
-             "count": int(n)} for name, (c, b, n) in ranked]
+    return [
+        {
+            "op": name,
+            "cycles": int(c),
+            "seconds": c * seconds_per_cycle,
+            "bytes": b,
+            "count": int(n),
+        }
+        for name, (c, b, n) in ranked
+    ]
 
 
 def matmul_calibration(device: jax.Device, peak_tflops: float, size: int = 8192) -> float:
     """The share of `peak_tflops` at which libtpu's cost model puts one `size`^3 bfloat16
     matmul on `device`: how far its `optimal_seconds` sits from the chip's peak."""
-    operand = jax.ShapeDtypeStruct((size, size), jnp.bfloat16,
-                                   sharding=jax.sharding.SingleDeviceSharding(device))
+    operand = jax.ShapeDtypeStruct(
+        (size, size), jnp.bfloat16, sharding=jax.sharding.SingleDeviceSharding(device)
+    )
     compiled = jax.jit(jnp.matmul).lower(operand, operand).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     assert cost is not None, "libtpu's compiles have a cost analysis"
-    return 2.0 * size ** 3 / float(cost["optimal_seconds"]) / (peak_tflops * 1e12)
+    return 2.0 * size**3 / float(cost["optimal_seconds"]) / (peak_tflops * 1e12)

@@ -7,6 +7,7 @@ state) plus the activations of the per-device micro-batch: JAX's count of saved 
 that the compilers' own figures set (`tools.aot`, benchmarks/aot/): XLA fuses and frees much
 of what autodiff saves. `python -m bertjax.tools.aot --target=...` verifies the result.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,18 +43,31 @@ def device_memory(device: jax.Device) -> int | None:
         return target.hbm_bytes if target else None
 
 
-def _micro_batch_fits(config: ModelConfig, phase: Phase, micro: int, tensor: int,
-                      state_bytes: int, budget: float, platform: str) -> bool:
-    impl = attention.resolve_impl(config.attention_impl, config.dtype, config.head_size,
-                                  platform, config.attention_probs_dropout_prob,
-                                  phase.max_seq_length)
+def _micro_batch_fits(
+    config: ModelConfig,
+    phase: Phase,
+    micro: int,
+    tensor: int,
+    state_bytes: int,
+    budget: float,
+    platform: str,
+) -> bool:
+    impl = attention.resolve_impl(
+        config.attention_impl,
+        config.dtype,
+        config.head_size,
+        platform,
+        config.attention_probs_dropout_prob,
+        phase.max_seq_length,
+    )
     resolved = dataclasses.replace(config, attention_impl=impl)
     per_device = memory.activation_estimate(resolved, phase, micro, tensor).total
     return state_bytes + ACTIVATION_FACTOR.get(platform, 1.0) * per_device <= budget
 
 
-def accumulation(setting: int, config: ModelConfig, abstract_state, mesh: Mesh,
-                 phases: Sequence[Phase]) -> dict[str, int]:
+def accumulation(
+    setting: int, config: ModelConfig, abstract_state, mesh: Mesh, phases: Sequence[Phase]
+) -> dict[str, int]:
     """Micro-batches per phase: `setting` for every phase, or when it is 0 the smallest power
     of two dividing the per-device batch whose estimate fits the mesh's devices."""
     if setting:
@@ -61,7 +75,8 @@ def accumulation(setting: int, config: ModelConfig, abstract_state, mesh: Mesh,
     device = mesh.devices.flat[0]
     usable = device_memory(device)
     state_bytes = memory.per_device_bytes(abstract_state) + memory.per_device_bytes(
-        abstract_state.params)  # and the gradients
+        abstract_state.params
+    )  # and the gradients
     dp, tensor = sharding.data_parallel_size(mesh), mesh.shape[sharding.TENSOR]
     chosen = {}
     # (traced for the device: a TPU's Pallas kernel as the TPU's, not in interpret mode,
@@ -69,13 +84,15 @@ def accumulation(setting: int, config: ModelConfig, abstract_state, mesh: Mesh,
     with attention.target_device(device):
         for phase in phases:
             per_device = phase.global_batch_size // dp
-            options = [k for k in (2 ** i for i in range(per_device.bit_length()))
-                       if per_device % k == 0] or [1]
+            options = [
+                k for k in (2**i for i in range(per_device.bit_length())) if per_device % k == 0
+            ] or [1]
             chosen[phase.name] = options[-1] if usable else 1
             budget = MEMORY_MARGIN * usable if usable else 0.0
             for k in options if usable else []:
-                if _micro_batch_fits(config, phase, per_device // k, tensor, state_bytes,
-                                     budget, device.platform):
+                if _micro_batch_fits(
+                    config, phase, per_device // k, tensor, state_bytes, budget, device.platform
+                ):
                     chosen[phase.name] = k
                     break
     return chosen

@@ -16,6 +16,7 @@ by value too (`DamagedCheckpoint`). Pruning (keep-latest-N) never removes the ch
 run resumed from until a newer one of that run is sealed (`keep_until_newer_sealed`), nor a
 `pin`ned one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -87,8 +88,10 @@ _digests = jax.jit(lambda tree: jax.tree.map(_leaf_digest, tree))
 def state_digest(state: PyTree) -> dict[str, int]:
     """`{leaf path: digest}` of every array in `state` (see `_leaf_digest`), as JSON ints."""
     digests = jax.device_get(_digests(state))
-    return {jax.tree_util.keystr(path): int(value)
-            for path, value in jax.tree_util.tree_leaves_with_path(digests)}
+    return {
+        jax.tree_util.keystr(path): int(value)
+        for path, value in jax.tree_util.tree_leaves_with_path(digests)
+    }
 
 
 def check_digest(state: PyTree, meta: dict, where: str) -> None:
@@ -100,9 +103,13 @@ def check_digest(state: PyTree, meta: dict, where: str) -> None:
     found = state_digest(state)
     differ = sorted(name for name, value in found.items() if recorded.get(name) != value)
     if differ:
-        raise DamagedCheckpoint(where, (
-            f"{len(differ)} restored array(s) differ from the digest recorded at the save: "
-            f"{', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}"))
+        raise DamagedCheckpoint(
+            where,
+            (
+                f"{len(differ)} restored array(s) differ from the digest recorded at the save: "
+                f"{', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}"
+            ),
+        )
 
 
 class _Kept:
@@ -123,13 +130,22 @@ class _Kept:
 class Checkpointer:
     """Periodic async saves (plus preemption and forced saves), keep-latest-N + every-K."""
 
-    def __init__(self, directory: str, save_every: int, keep_latest: int, keep_every: int = 0,
-                 async_save: bool = True, on_commit: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        directory: str,
+        save_every: int,
+        keep_latest: int,
+        keep_every: int = 0,
+        async_save: bool = True,
+        on_commit: Callable[[int], None] | None = None,
+    ):
         """`on_commit(step)` is called once a save has finished and is sealed (announce it
         then: an async save can still fail until it has)."""
         self._on_commit = on_commit
-        save_policies = [policies.FixedIntervalPolicy(save_every),
-                         policies.PreemptionCheckpointingPolicy()]
+        save_policies = [
+            policies.FixedIntervalPolicy(save_every),
+            policies.PreemptionCheckpointingPolicy(),
+        ]
         self._sealed: set[int] = set()  # steps this run wrote and sealed
         self._kept = _Kept(self._sealed)
         keep_policies = [policies.LatestN(keep_latest), self._kept]
@@ -138,10 +154,14 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             save_decision_policy=policies.AnySavePolicy(save_policies),
             preservation_policy=policies.AnyPreservationPolicy(keep_policies),
-            cleanup_tmp_directories=True, enable_async_checkpointing=async_save, create=True)
+            cleanup_tmp_directories=True,
+            enable_async_checkpointing=async_save,
+            create=True,
+        )
         self.directory = _absolute(directory)
-        self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                              item_names=("state", "data", "meta"))
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=("state", "data", "meta")
+        )
         # Orbax removes unfinished saves in a background thread (a private future in 0.12):
         # wait for it, so that it is over before anything reads the directory and an early
         # exit does not cut it off at interpreter shutdown.
@@ -179,8 +199,9 @@ class Checkpointer:
         SIGTERM to any of them): save now, wait for the write and exit."""
         return self._manager.reached_preemption(step)
 
-    def save(self, step: int, state: PyTree, data_position: dict, meta: dict,
-             force: bool = False) -> bool:
+    def save(
+        self, step: int, state: PyTree, data_position: dict, meta: dict, force: bool = False
+    ) -> bool:
         """Starts an async save of step `step` if the policies (or `force`) say so; `meta`
         is saved with the state's digest added."""
         meta = {**meta, DIGEST: state_digest(state)}
@@ -188,9 +209,15 @@ class Checkpointer:
             with stopping.doing("writing the previous checkpoint"):
                 self._manager.wait_until_finished()  # (as Orbax would) so that the previous
             self.seal_finished()  # save is sealed before this one's pruning is decided
-            started = self._manager.save(step, args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position),
-                meta=ocp.args.JsonSave(meta)), force=force)
+            started = self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    data=ocp.args.JsonSave(data_position),
+                    meta=ocp.args.JsonSave(meta),
+                ),
+                force=force,
+            )
         except Exception as e:  # an earlier async save's failure surfaces here too
             raise self._write_failure(e, self._vanished + self._unsealed or [step]) from e
         if started:
@@ -226,27 +253,36 @@ class Checkpointer:
         what = failures.os_error_line(cause) if cause else failures.first_line(error)
         failed = ", ".join(map(str, steps)) or "?"
         try:
-            kept = sorted(int(p.name) for p in epath.Path(self.directory).iterdir()
-                          if p.name.isdigit() and self._committed(int(p.name)))
+            kept = sorted(
+                int(p.name)
+                for p in epath.Path(self.directory).iterdir()
+                if p.name.isdigit() and self._committed(int(p.name))
+            )
         except FileNotFoundError:
             kept = []
         except OSError:  # (the storage cannot say now)
             kept = None
-        kept_line = (f"kept: the finished checkpoint(s) {', '.join(map(str, kept))}, a rerun "
-                     f"resumes from step {kept[-1]}" if kept else
-                     "no finished checkpoint is kept, a rerun starts from step 0"
-                     if kept == [] else "a rerun resumes from the newest finished checkpoint "
-                     "there (the storage could not list them now)")
-        self._failure = CheckpointWriteError(f"saving checkpoint step {failed} in "
-                                             f"{self.directory} failed: {what}; {kept_line}")
+        kept_line = (
+            f"kept: the finished checkpoint(s) {', '.join(map(str, kept))}, a rerun "
+            f"resumes from step {kept[-1]}"
+            if kept
+            else "no finished checkpoint is kept, a rerun starts from step 0"
+            if kept == []
+            else "a rerun resumes from the newest finished checkpoint "
+            "there (the storage could not list them now)"
+        )
+        self._failure = CheckpointWriteError(
+            f"saving checkpoint step {failed} in {self.directory} failed: {what}; {kept_line}"
+        )
         return self._failure
 
     def verify(self, step: int) -> tuple[bool, str | None]:
         """`(sealed, problem)`: whether step `step` has recorded checksums, and what does not
         match them (None: intact or unsealed). Process 0 checks; every process gets its
         verdict."""
-        sealed, problem = verify(f"{self.directory}/{step}") if jax.process_index() == 0 \
-            else (True, None)
+        sealed, problem = (
+            verify(f"{self.directory}/{step}") if jax.process_index() == 0 else (True, None)
+        )
         if jax.process_count() > 1:
             verdict = multihost_utils.broadcast_one_to_all(np.array([sealed, problem is None]))
             sealed = bool(verdict[0])
@@ -271,19 +307,25 @@ class Checkpointer:
 
     def metadata(self, step: int) -> tuple[dict, dict]:
         """The `(meta, data_position)` JSON items of step `step`, without the state."""
-        items = self._manager.restore(step, args=ocp.args.Composite(
-            meta=ocp.args.JsonRestore(), data=ocp.args.JsonRestore()))
+        items = self._manager.restore(
+            step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), data=ocp.args.JsonRestore())
+        )
         return items["meta"], items["data"]
 
-    def restore(self, step: int, abstract_state: PyTree, expected_meta: dict
-                ) -> tuple[PyTree, dict, dict]:
+    def restore(
+        self, step: int, abstract_state: PyTree, expected_meta: dict
+    ) -> tuple[PyTree, dict, dict]:
         """Restores `(state, data_position, meta)` onto the shardings in `abstract_state`,
         after checking that the checkpoint's metadata matches this run; DamagedCheckpoint if
         the state differs from its recorded digest."""
         meta, _ = self.metadata(step)
         check_compatible(meta, expected_meta, f"{self.directory}/{step}")
-        restored = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
+            ),
+        )
         check_digest(restored["state"], meta, f"{self.directory}/{step}")
         return restored["state"], restored["data"], meta
 
@@ -322,13 +364,16 @@ def check_compatible(found: dict, expected: dict, where: str) -> None:
             raise CheckpointMismatch(
                 f"checkpoint {where} was written with a different {key}:\n  checkpoint: "
                 f"{found.get(key)}\n  this run:   {expected[key]}\nUse a new --workdir, or the "
-                "settings of the run that wrote it.")
+                "settings of the run that wrote it."
+            )
 
 
 def restore_params(directory: str, abstract_params: PyTree) -> PyTree:
     """Loads only the parameters of the latest checkpoint in `directory` (for
     `train.init_checkpoint`), placed on the shardings of `abstract_params`."""
-    with ocp.CheckpointManager(_absolute(directory), item_names=("state", "data", "meta")) as manager:
+    with ocp.CheckpointManager(
+        _absolute(directory), item_names=("state", "data", "meta")
+    ) as manager:
         step = manager.latest_step()
         if step is None:
             raise FileNotFoundError(f"no finished checkpoint in init_checkpoint={directory!r}")
@@ -340,11 +385,16 @@ def restore_params(directory: str, abstract_params: PyTree) -> PyTree:
         try:
             _check_param_shapes(f"{where}/state", abstract_params)
             item = ocp.PyTreeCheckpointer().restore(
-                f"{where}/state", args=ocp.args.PyTreeRestore(
+                f"{where}/state",
+                args=ocp.args.PyTreeRestore(
                     item={"params": abstract_params},
-                    restore_args=jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding),
-                                              {"params": abstract_params}),
-                    partial_restore=True))
+                    restore_args=jax.tree.map(
+                        lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding),
+                        {"params": abstract_params},
+                    ),
+                    partial_restore=True,
+                ),
+            )
         except CheckpointMismatch:
             raise
         except Exception as e:  # noqa: BLE001 (half written, or unreadable)
@@ -352,23 +402,32 @@ def restore_params(directory: str, abstract_params: PyTree) -> PyTree:
                 raise
             raise CheckpointMismatch(
                 f"init_checkpoint {directory}: its latest checkpoint {where} cannot be read ("
-                f"{failures.first_line(e, 160)})" + ("" if sealed else
-                "; it has no checksums, so its save may never have finished: move it out of "
-                "the way to start from the step before it, or finish that run")) from e
+                f"{failures.first_line(e, 160)})"
+                + (
+                    ""
+                    if sealed
+                    else "; it has no checksums, so its save may never have finished: move it out of "
+                    "the way to start from the step before it, or finish that run"
+                )
+            ) from e
         return item["params"]
 
 
 def stored_params(directory: str) -> Any:
     """ShapeDtypeStructs (on the first device) of every parameter that the latest finished
     checkpoint in `directory` holds, whatever model wrote it: a `restore_params` target."""
-    with ocp.CheckpointManager(_absolute(directory), item_names=("state", "data", "meta")) as manager:
+    with ocp.CheckpointManager(
+        _absolute(directory), item_names=("state", "data", "meta")
+    ) as manager:
         step = manager.latest_step()
         if step is None:
             raise FileNotFoundError(f"no finished checkpoint in {directory!r}")
         stored = _stored_tree(f"{manager.directory}/{step}/state")["params"]
     one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype,
-                                                          sharding=one_device), stored)
+    return jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=one_device),
+        stored,
+    )
 
 
 def read_meta(directory: str) -> dict:
@@ -403,8 +462,10 @@ def _check_param_shapes(state_path: str, abstract_params: PyTree) -> None:
     """Raises CheckpointMismatch naming every wanted parameter that the checkpoint lacks or
     stores with another shape."""
     stored = _stored_tree(state_path)["params"]
-    stored_shapes = {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf
-                     in jax.tree_util.tree_leaves_with_path(stored)}
+    stored_shapes = {
+        jax.tree_util.keystr(path): tuple(leaf.shape)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(stored)
+    }
     problems = []
     for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_params):
         name = jax.tree_util.keystr(path)
@@ -415,5 +476,7 @@ def _check_param_shapes(state_path: str, abstract_params: PyTree) -> None:
     if problems:
         raise CheckpointMismatch(
             f"checkpoint {state_path} does not fit the model ({len(problems)} parameters): "
-            + "; ".join(problems[:10]) + ("; ..." if len(problems) > 10 else "")
-            + ". Use the architecture and vocabulary of the run that wrote it.")
+            + "; ".join(problems[:10])
+            + ("; ..." if len(problems) > 10 else "")
+            + ". Use the architecture and vocabulary of the run that wrote it."
+        )

@@ -1,6 +1,7 @@
 """The fine-tuning loop: batches from encoded splits, one seed's training with a dev
 evaluation every epoch, the best epoch's checkpoint and predictions, and the summary over
 seeds. Any task that implements `tasks.features.Finetune` runs here."""
+
 from __future__ import annotations
 
 import bisect
@@ -57,7 +58,7 @@ def host_batch(data: SplitData, rows: np.ndarray, batch_size: int) -> dict[str, 
     """This process's slice of the global batch `rows`, padded to `batch_size` with weight-0
     copies of row 0 (the last evaluation batch)."""
     weights = np.ones(batch_size, np.float32)
-    weights[len(rows):] = 0.0
+    weights[len(rows) :] = 0.0
     rows = np.concatenate([rows, np.zeros(batch_size - len(rows), rows.dtype)])
     local = batch_size // jax.process_count()
     mine = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
@@ -66,11 +67,21 @@ def host_batch(data: SplitData, rows: np.ndarray, batch_size: int) -> dict[str, 
     return batch
 
 
-def apply_model(model: nn.Module, params: optax.Params, batch: Batch, deterministic: bool,
-                rng: jax.Array | None = None):
-    return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
-                       batch["input_mask"], deterministic=deterministic,
-                       rngs=None if deterministic or rng is None else {"dropout": rng})
+def apply_model(
+    model: nn.Module,
+    params: optax.Params,
+    batch: Batch,
+    deterministic: bool,
+    rng: jax.Array | None = None,
+):
+    return model.apply(
+        {"params": params},
+        batch["input_ids"],
+        batch["segment_ids"],
+        batch["input_mask"],
+        deterministic=deterministic,
+        rngs=None if deterministic or rng is None else {"dropout": rng},
+    )
 
 
 @dataclasses.dataclass
@@ -84,9 +95,14 @@ class Trainer:
     learning_rate: Callable[[int], float]  # the schedule's value at a step, for the log
 
 
-def make_trainer(task: Finetune, model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
-                 total_steps: int,
-                 learning_rate: Callable[[int], float]) -> Trainer:
+def make_trainer(
+    task: Finetune,
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    total_steps: int,
+    learning_rate: Callable[[int], float],
+) -> Trainer:
     """Builds and compiles `model` + `tx` on `mesh` with the task's loss and outputs."""
 
     def loss_fn(params, batch, rng):
@@ -95,13 +111,13 @@ def make_trainer(task: Finetune, model: nn.Module, tx: optax.GradientTransformat
     def predict_step(params, batch):
         return task.outputs(apply_model(model, params, batch, True))
 
-    sharded = sharded_run.build(model, tx, mesh, steps.make_loss_train_step(loss_fn, tx),
-                                predict_step)
+    sharded = sharded_run.build(
+        model, tx, mesh, steps.make_loss_train_step(loss_fn, tx), predict_step
+    )
     return Trainer(task, sharded, total_steps, learning_rate)
 
 
-def shuffled_batches(rng: np.random.Generator, rows: int, batch_size: int
-                     ) -> Iterator[np.ndarray]:
+def shuffled_batches(rng: np.random.Generator, rows: int, batch_size: int) -> Iterator[np.ndarray]:
     """Row indices, `batch_size` at a time, from one permutation of the rows after another (a
     batch spans two passes where one ends): the original's repeated, shuffled training set."""
     order = np.zeros(0, np.int64)
@@ -131,8 +147,12 @@ def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any
     for start in range(0, len(data), batch_size):
         rows = np.arange(start, min(start + batch_size, len(data)))
         batch = sharding.global_batch_from_host(host_batch(data, rows, batch_size), mesh)
-        chunks.append(jax.tree.map(lambda x: np.asarray(x)[:len(rows)],  # noqa: B023 (at once)
-                                   jax.device_get(predict_step(params, batch))))
+        chunks.append(
+            jax.tree.map(
+                lambda x: np.asarray(x)[: len(rows)],  # noqa: B023 (at once)
+                jax.device_get(predict_step(params, batch)),
+            )
+        )
     return jax.tree.map(lambda *xs: np.concatenate(xs), *chunks)
 
 
@@ -160,8 +180,11 @@ def _finished(workdir: str) -> dict[str, Any] | None:
         summary = json.loads(files.read_text(os.path.join(workdir, "summary.json")))
     except (FileNotFoundError, ValueError):
         return None
-    return summary if isinstance(summary, dict) and {"best_epoch", "best_step", "dev"} <= \
-        set(summary) else None
+    return (
+        summary
+        if isinstance(summary, dict) and {"best_epoch", "best_step", "dev"} <= set(summary)
+        else None
+    )
 
 
 def _fresh_state(settings: FinetuneSettings, trainer: Trainer, seed: int) -> Any:
@@ -171,13 +194,22 @@ def _fresh_state(settings: FinetuneSettings, trainer: Trainer, seed: int) -> Any
     state = sharded.init_state(jax.random.PRNGKey(seed))
     if settings.init_checkpoint and not settings.random_init:
         parts = families.pretrained_parts(sharded.model.config)
-        params = dict(state.params, **pretrained.load_pretrained(
-            settings.init_checkpoint, {name: sharded.abstract_state.params[name]
-                                       for name in parts},
-            sharded.model.config, reuse=True,
-            optional=families.optional_pretrained_parts(sharded.model.config)))
-        state = state.replace(params=params, opt_state=jax.jit(
-            sharded.tx.init, out_shardings=sharded.state_shardings.opt_state)(params))
+        params = dict(
+            state.params,
+            **pretrained.load_pretrained(
+                settings.init_checkpoint,
+                {name: sharded.abstract_state.params[name] for name in parts},
+                sharded.model.config,
+                reuse=True,
+                optional=families.optional_pretrained_parts(sharded.model.config),
+            ),
+        )
+        state = state.replace(
+            params=params,
+            opt_state=jax.jit(sharded.tx.init, out_shardings=sharded.state_shardings.opt_state)(
+                params
+            ),
+        )
     return state
 
 
@@ -196,16 +228,20 @@ def check_workdir(config_json: str, workdir: str, overwrite: bool) -> None:
     try:
         old = json.loads(files.read_text(path))
     except ValueError as e:
-        raise ConfigError(f"{path} is unreadable ({e}): delete it, or use another "
-                          "--workdir") from e
+        raise ConfigError(f"{path} is unreadable ({e}): delete it, or use another --workdir") from e
     new = json.loads(config_json)
-    changed = [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in sorted({*old, *new})
-               if old.get(key) != new.get(key)]
+    changed = [
+        f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+        for key in sorted({*old, *new})
+        if old.get(key) != new.get(key)
+    ]
     if changed:
-        raise ConfigError(f"{workdir} holds a fine-tuning run with other settings ("
-                          f"{'; '.join(changed[:5])}"
-                          f"{'; ...' if len(changed) > 5 else ''}): use a new "
-                          "--workdir, or --overwrite to replace that run")
+        raise ConfigError(
+            f"{workdir} holds a fine-tuning run with other settings ("
+            f"{'; '.join(changed[:5])}"
+            f"{'; ...' if len(changed) > 5 else ''}): use a new "
+            "--workdir, or --overwrite to replace that run"
+        )
 
 
 @jax.jit
@@ -216,8 +252,13 @@ def _add_metrics(sums: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any
     return jax.tree.map(jnp.add, sums, metrics) if sums else metrics
 
 
-def train_one_seed(settings: FinetuneSettings, record: SeedRecord, trainer: Trainer,
-                   data: dict[str, SplitData], workdir: str) -> dict[str, Any]:
+def train_one_seed(
+    settings: FinetuneSettings,
+    record: SeedRecord,
+    trainer: Trainer,
+    data: dict[str, SplitData],
+    workdir: str,
+) -> dict[str, Any]:
     """Fine-tunes with one seed in `workdir`; returns the best epoch's dev metrics. Every
     epoch ends with a checkpoint (the latest and the best one are kept), which a rerun
     resumes from; at the end only the best one is kept (and named on the console). A rerun
@@ -225,8 +266,9 @@ def train_one_seed(settings: FinetuneSettings, record: SeedRecord, trainer: Trai
     files.makedirs(workdir)
     # (Not announced per epoch: all but the best epoch's are deleted; the kept one is named
     # once the others are gone.)
-    checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                           save_every=10 ** 9, keep_latest=1)
+    checkpointer = checkpoint.Checkpointer(
+        os.path.join(workdir, "checkpoints"), save_every=10**9, keep_latest=1
+    )
     seed_run = SeedRun(settings, record, trainer, data, workdir, checkpointer)
     try:
         with loop.running(trainer.run.mesh) as ctrl_c:
@@ -243,47 +285,64 @@ class SeedRun:
     """One seed's fine-tuning on the loop skeleton (bertjax.training.loop): its state, where it
     stands (step, epoch, best epoch so far) and the actions after each step."""
 
-    def __init__(self, settings: FinetuneSettings, record: SeedRecord, trainer: Trainer,
-                 data: dict[str, SplitData], workdir: str, checkpointer: checkpoint.Checkpointer):
+    def __init__(
+        self,
+        settings: FinetuneSettings,
+        record: SeedRecord,
+        trainer: Trainer,
+        data: dict[str, SplitData],
+        workdir: str,
+        checkpointer: checkpoint.Checkpointer,
+    ):
         self.settings, self.trainer, self.data, self.seed = settings, trainer, data, record.seed
         self.workdir, self.checkpointer, self.task = workdir, checkpointer, trainer.task
         self.total_steps, train, seed = trainer.total_steps, data["train"], record.seed
         self.meta = dataclasses.asdict(record)
         self.best: dict[str, Any] = {"epoch": -1}
-        self.jsonl = os.path.join(workdir, "metrics.jsonl") if jax.process_index() == 0 \
-            else None
+        self.jsonl = os.path.join(workdir, "metrics.jsonl") if jax.process_index() == 0 else None
         self.ends = epoch_ends(len(train), settings.train_batch_size, self.total_steps)
-        self.nonfinite = nonfinite.NonFiniteSteps(0, state_advice=(  # (warns, never stops)
-            "an update of this run made them so from finite gradients: lower "
-            "--config.learning_rate"))
+        self.nonfinite = nonfinite.NonFiniteSteps(
+            0,
+            state_advice=(  # (warns, never stops)
+                "an update of this run made them so from finite gradients: lower "
+                "--config.learning_rate"
+            ),
+        )
         self.finished, latest = _finished(workdir), checkpointer.latest_step()
         self.state: TrainState | None = None
         if self.finished:
             self.best = {key: self.finished[f"best_{key}"] for key in ("epoch", "step")}
             self.best["dev"] = self.finished["dev"]
-            reporting.chief_print(f"seed {seed}: finished (best epoch {self.best['epoch']}); "
-                                  "predicting again with its best checkpoint")
+            reporting.chief_print(
+                f"seed {seed}: finished (best epoch {self.best['epoch']}); "
+                "predicting again with its best checkpoint"
+            )
         elif latest is not None:
             self.state, position = resume.restore_exactly(
-                checkpointer, latest, trainer.run.abstract_state, self.meta)
+                checkpointer, latest, trainer.run.abstract_state, self.meta
+            )
             self.best = position["best"]
             checkpointer.pin(self.best.get("step"))  # (none before the first epoch's end)
-            reporting.chief_print(f"seed {seed}: resuming from {checkpointer.directory}/"
-                                  f"{latest} (epoch {position['epoch']} of {len(self.ends)})")
+            reporting.chief_print(
+                f"seed {seed}: resuming from {checkpointer.directory}/"
+                f"{latest} (epoch {position['epoch']} of {len(self.ends)})"
+            )
         else:
             self.state = _fresh_state(settings, trainer, seed)
         if not self.finished:
             _keep_rows_up_to(self.jsonl, latest or 0)
         self.writer = metrics_writer.open_writer(workdir)
         self.step = self.first_step = latest or 0
-        self.batches = shuffled_batches(np.random.default_rng(seed), len(train),
-                                        settings.train_batch_size)
+        self.batches = shuffled_batches(
+            np.random.default_rng(seed), len(train), settings.train_batch_size
+        )
         for _ in range(self.step):  # the batches already trained on
             next(self.batches)
         reporting.chief_print(
             f"seed {seed}: {len(train)} training rows, {self.total_steps} steps "
             f"({len(train) / settings.train_batch_size:.1f}/epoch), "
-            f"{count_params(trainer.run.abstract_state.params):,} parameters")
+            f"{count_params(trainer.run.abstract_state.params):,} parameters"
+        )
         self.sums: dict[str, Any] = {}
         self.steps_summed, self.started = 0, time.time()
         self.clock, self.eval_seconds = reporting.StepClock(), 0.0
@@ -295,35 +354,56 @@ class SeedRun:
     def eta(self) -> float | None:
         """Steps left at the measured rate (compile excluded), plus the dev evaluations left."""
         seconds = self.clock.seconds_per_step("train")
-        return None if seconds is None else seconds * (self.total_steps - self.step) \
+        return (
+            None
+            if seconds is None
+            else seconds * (self.total_steps - self.step)
             + self.eval_seconds * (len(self.ends) - self.epoch(self.step))
+        )
 
     def save(self, epochs_done: int) -> None:
         """Saves the state at `step` with `epochs_done` epochs done (a stop within the next)."""
         assert self.state is not None  # (set in __init__: restored or fresh)
-        loop.save(self.checkpointer, self.nonfinite, self.step, self.state,
-                  {"epoch": epochs_done, "best": self.best}, self.meta, force=True)
+        loop.save(
+            self.checkpointer,
+            self.nonfinite,
+            self.step,
+            self.state,
+            {"epoch": epochs_done, "best": self.best},
+            self.meta,
+            force=True,
+        )
 
     def train(self, ctrl_c: failures.CtrlC) -> None:
         """The steps left, on the loop skeleton; after Ctrl-C, a save, then Stopped."""
-        actions = [loop.Periodic(self.log, self.settings.log_every, at={self.total_steps}),
-                   loop.Periodic(lambda step: console.TERMINAL.show(reporting.status_bar(
-                       step, self.total_steps, self.eta()))),
-                   loop.Periodic(self.end_epoch, 0, at=set(self.ends)),
-                   loop.Periodic(lambda step: self.stop_request(ctrl_c, step))]
-        _, stopped = loop.run(self.step, self.step if self.finished else self.total_steps,
-                              self.train_step, actions)
+        actions = [
+            loop.Periodic(self.log, self.settings.log_every, at={self.total_steps}),
+            loop.Periodic(
+                lambda step: console.TERMINAL.show(
+                    reporting.status_bar(step, self.total_steps, self.eta())
+                )
+            ),
+            loop.Periodic(self.end_epoch, 0, at=set(self.ends)),
+            loop.Periodic(lambda step: self.stop_request(ctrl_c, step)),
+        ]
+        _, stopped = loop.run(
+            self.step, self.step if self.finished else self.total_steps, self.train_step, actions
+        )
         if stopped:
             self.checkpointer.wait()
-            reporting.chief_print(failures.stopped_line(
-                f"seed {self.seed} step {self.step} of {self.total_steps}", stopped))
+            reporting.chief_print(
+                failures.stopped_line(
+                    f"seed {self.seed} step {self.step} of {self.total_steps}", stopped
+                )
+            )
             raise failures.Stopped(stopped)
 
     def train_step(self, index: int) -> None:
         rows = next(self.batches)
         batch = sharding.global_batch_from_host(
             host_batch(self.data["train"], rows, self.settings.train_batch_size),
-            self.trainer.run.mesh)
+            self.trainer.run.mesh,
+        )
         self.state, metrics = self.trainer.run.train_step(self.state, batch)
         self.step = index + 1
         # Summed on the device: the host waits for a step only when it logs.
@@ -336,16 +416,20 @@ class SeedRun:
     def log(self, step: int) -> None:
         sums = jax.device_get(self.sums)
         self.clock.tick("train", step)
-        means = {"loss": float(sums["loss_sum"] / max(sums["count"], 1.0)),
-                 "grad_norm": float(sums["grad_norm"]) / self.steps_summed,
-                 "learning_rate": self.trainer.learning_rate(step - 1)}
+        means = {
+            "loss": float(sums["loss_sum"] / max(sums["count"], 1.0)),
+            "grad_norm": float(sums["grad_norm"]) / self.steps_summed,
+            "learning_rate": self.trainer.learning_rate(step - 1),
+        }
         left = self.eta()
         reporting.chief_print(
             f"seed {self.seed} step {step}/{self.total_steps} loss {means['loss']:.4f} "
             f"lr {means['learning_rate']:.3e} ({time.time() - self.started:.0f}s"
-            + (f", eta {reporting.duration(left)})" if left is not None else ")"))
-        self.nonfinite.add_counted(step, int(sums["skipped"]), self.steps_summed,
-                                   f"seed {self.seed}: ")
+            + (f", eta {reporting.duration(left)})" if left is not None else ")")
+        )
+        self.nonfinite.add_counted(
+            step, int(sums["skipped"]), self.steps_summed, f"seed {self.seed}: "
+        )
         metrics_writer.write(self.writer, self.jsonl, "train", step, means, split="train")
         self.sums, self.steps_summed = {}, 0
 
@@ -354,21 +438,28 @@ class SeedRun:
         epoch, task = self.epoch(step), self.task
         stopping.now_doing(f"evaluating epoch {epoch + 1}")
         evaluated = time.time()
-        dev = {name: task.evaluate(self.data[name], self.predict(name))
-               for name in task.eval_splits}
+        dev = {
+            name: task.evaluate(self.data[name], self.predict(name)) for name in task.eval_splits
+        }
         self.eval_seconds = time.time() - evaluated
         self.clock.restart()  # the evaluation was no training step
         self.clock.tick("train", step)
         for name, values in dev.items():
-            reporting.chief_print(f"seed {self.seed} epoch {epoch + 1} {name}: " + " ".join(
-                f"{k} {metric_value(k, v, task.percent_metrics)}" for k, v in values.items()))
-            metrics_writer.write(self.writer, self.jsonl, f"eval_{name}", step, values,
-                                 epoch=epoch + 1, split=name)
+            reporting.chief_print(
+                f"seed {self.seed} epoch {epoch + 1} {name}: "
+                + " ".join(
+                    f"{k} {metric_value(k, v, task.percent_metrics)}" for k, v in values.items()
+                )
+            )
+            metrics_writer.write(
+                self.writer, self.jsonl, f"eval_{name}", step, values, epoch=epoch + 1, split=name
+            )
         score = dev[task.eval_splits[0]][task.main_metric]
         if self.best["epoch"] < 0 or score > self.best["score"]:
             self.best = {"epoch": epoch + 1, "step": step, "score": score, "dev": dev}
-            reporting.chief_print(f"seed {self.seed} epoch {epoch + 1}: best "
-                                  f"{task.main_metric} so far")
+            reporting.chief_print(
+                f"seed {self.seed} epoch {epoch + 1}: best {task.main_metric} so far"
+            )
         self.checkpointer.pin(self.best["step"])
         self.save(epoch + 1)
 
@@ -383,8 +474,13 @@ class SeedRun:
 
     def predict(self, split: str) -> Any:
         assert self.state is not None  # (set in __init__: restored or fresh)
-        return predict(self.trainer.run.eval_step, self.state.params, self.data[split],
-                       self.settings.eval_batch_size, self.trainer.run.mesh)
+        return predict(
+            self.trainer.run.eval_step,
+            self.state.params,
+            self.data[split],
+            self.settings.eval_batch_size,
+            self.trainer.run.mesh,
+        )
 
     def predict_with_best(self) -> dict[str, Any]:
         """The best epoch's predictions and the seed's summary (its summary.json, which marks
@@ -392,8 +488,9 @@ class SeedRun:
         checkpointer, best, task, workdir = self.checkpointer, self.best, self.task, self.workdir
         checkpointer.wait()
         if self.state is None or best["step"] != self.step:
-            self.state, _ = resume.restore_exactly(checkpointer, best["step"],
-                                                   self.trainer.run.abstract_state, self.meta)
+            self.state, _ = resume.restore_exactly(
+                checkpointer, best["step"], self.trainer.run.abstract_state, self.meta
+            )
         outputs, scored_tests = {}, {}
         folder = os.path.join(workdir, "predictions")
         files.makedirs(folder)
@@ -405,13 +502,21 @@ class SeedRun:
         if not task.test_splits:  # SQuAD: the best epoch's dev predictions
             first = task.eval_splits[0]
             outputs["dev"] = task.write_predictions(self.data[first], self.predict(first), folder)
-        result = {"seed": self.seed, "best_epoch": best["epoch"], "best_step": best["step"],
-                  "dev": best["dev"], "test": scored_tests, "predictions": outputs,
-                  "seconds": round(time.time() - self.started, 1)}
+        result = {
+            "seed": self.seed,
+            "best_epoch": best["epoch"],
+            "best_step": best["step"],
+            "dev": best["dev"],
+            "test": scored_tests,
+            "predictions": outputs,
+            "seconds": round(time.time() - self.started, 1),
+        }
         if jax.process_index() == 0:  # (marks the seed as finished)
             files.write_text(os.path.join(workdir, "summary.json"), json.dumps(result, indent=1))
         for other in set(checkpointer.all_steps()) - {best["step"]}:
             checkpointer.delete(other)
-        reporting.chief_print(f"seed {self.seed}: best epoch {best['epoch']} kept, checkpoint "
-                              f"step {best['step']} -> {checkpointer.directory}/{best['step']}")
+        reporting.chief_print(
+            f"seed {self.seed}: best epoch {best['epoch']} kept, checkpoint "
+            f"step {best['step']} -> {checkpointer.directory}/{best['step']}"
+        )
         return result

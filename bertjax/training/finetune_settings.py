@@ -4,6 +4,7 @@ the config's own fields (configs/finetune/common.py, same names), what its task 
 (`tasks.features.TaskOptions`), where the model and tokenizer come from (`pretrained.Source`),
 the optimizer section (completed per run: `optimizer_settings`) and the mesh. No ConfigDict
 travels past `finetune.run`."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,13 +50,19 @@ class FinetuneSettings:
         """The settings of a fine-tuning config's `values` (`as_json`: the config's own JSON,
         default: `values` as JSON); fields a task's config lacks (feature_based: NER's) take
         their default."""
-        own = {name: values.get(name, False) if name == "feature_based" else values[name]
-               for name in _OWN_FIELDS}
-        return cls(**own, seeds=tuple(validate.seeds(values["seeds"])),
-                   source=typed(pretrained.Source, values, "", ConfigError, recorded=True),
-                   options=typed(TaskOptions, values, "", ConfigError, recorded=True),
-                   optimizer=dict(values["optimizer"]), mesh=MeshSettings.of(values["mesh"]),
-                   as_json=as_json or json.dumps(values))
+        own = {
+            name: values.get(name, False) if name == "feature_based" else values[name]
+            for name in _OWN_FIELDS
+        }
+        return cls(
+            **own,
+            seeds=tuple(validate.seeds(values["seeds"])),
+            source=typed(pretrained.Source, values, "", ConfigError, recorded=True),
+            options=typed(TaskOptions, values, "", ConfigError, recorded=True),
+            optimizer=dict(values["optimizer"]),
+            mesh=MeshSettings.of(values["mesh"]),
+            as_json=as_json or json.dumps(values),
+        )
 
     @property
     def as_dict(self) -> dict[str, Any]:
@@ -65,8 +72,11 @@ class FinetuneSettings:
     def optimizer_settings(self, total_steps: int) -> optim.OptimizerConfig:
         """The optimizer and learning-rate schedule of a run of `total_steps` steps."""
         return optim.optimizer_config(
-            self.optimizer, total_steps, peak_learning_rate=self.learning_rate,
-            warmup_steps=int(total_steps * self.warmup_proportion))
+            self.optimizer,
+            total_steps,
+            peak_learning_rate=self.learning_rate,
+            warmup_steps=int(total_steps * self.warmup_proportion),
+        )
 
     def train_steps(self, num_examples: int) -> int:
         """Optimizer steps as run_classifier.py and run_squad.py count them:
@@ -74,6 +84,8 @@ class FinetuneSettings:
         return int(num_examples / self.train_batch_size * self.num_train_epochs)
 
 
-
-_OWN_FIELDS = [f.name for f in dataclasses.fields(FinetuneSettings)
-               if f.name not in ("seeds", "source", "options", "optimizer", "mesh", "as_json")]
+_OWN_FIELDS = [
+    f.name
+    for f in dataclasses.fields(FinetuneSettings)
+    if f.name not in ("seeds", "source", "options", "optimizer", "mesh", "as_json")
+]

@@ -5,6 +5,7 @@ it. The pieces both loops use: the running context (`running`: the mesh and Ctrl
 stop request (`stop_request`: Ctrl-C, a preemption notice), the save that refuses a
 non-finite state (`save`) and the NaN policy (`nonfinite.NonFiniteSteps`, whose one setting
 says whether skipped steps stop the run or are only counted and named)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -36,8 +37,9 @@ class Periodic:
         return None
 
 
-def run(start: int, stop: int, step: Callable[[int], None],
-        actions: Sequence[Periodic]) -> tuple[int, int]:
+def run(
+    start: int, stop: int, step: Callable[[int], None], actions: Sequence[Periodic]
+) -> tuple[int, int]:
     """Trains steps `start` to `stop - 1` (`step(index)`: the step that makes `index + 1`
     steps done), after each the actions due, in order, until one returns a signal. Returns
     the steps done and that signal (0: none, the loop reached `stop`)."""
@@ -54,16 +56,16 @@ def run(start: int, stop: int, step: Callable[[int], None],
 
 
 @contextlib.contextmanager
-def running(mesh: jax.sharding.Mesh, forward_as_sigterm: bool = False
-            ) -> Iterator[failures.CtrlC]:
+def running(mesh: jax.sharding.Mesh, forward_as_sigterm: bool = False) -> Iterator[failures.CtrlC]:
     """The mesh active and Ctrl-C asking for a save and a stop (`failures.CtrlC`; in a
     multi-process job, `forward_as_sigterm`) while a loop runs."""
     with sharding.activate(mesh), failures.CtrlC(forward_as_sigterm) as ctrl_c:
         yield ctrl_c
 
 
-def stop_request(ctrl_c: failures.CtrlC, step: int,
-                 checkpointer: checkpoint.Checkpointer | None = None) -> int:
+def stop_request(
+    ctrl_c: failures.CtrlC, step: int, checkpointer: checkpoint.Checkpointer | None = None
+) -> int:
     """The signal that asks a loop to save and stop after `step` (0: none): a preemption
     notice every process has reached (with a `checkpointer`; a Ctrl-C forwarded to every
     process as one too), SIGTERM, or SIGINT for a Ctrl-C; a Ctrl-C of this process alone
@@ -74,15 +76,24 @@ def stop_request(ctrl_c: failures.CtrlC, step: int,
     return 0
 
 
-def save(checkpointer: checkpoint.Checkpointer, policy: nonfinite.NonFiniteSteps, step: int,
-         state: TrainState, position: Mapping[str, Any], record: Mapping[str, Any],
-         force: bool = False) -> None:
+def save(
+    checkpointer: checkpoint.Checkpointer,
+    policy: nonfinite.NonFiniteSteps,
+    step: int,
+    state: TrainState,
+    position: Mapping[str, Any],
+    record: Mapping[str, Any],
+    force: bool = False,
+) -> None:
     """Saves `state` at `step` with its data `position` and the run's `record`, unless every
     step since resuming was non-finite (`policy`: nothing finite has come from the checkpoint
     yet); a state holding NaN or Inf is refused (NonFiniteState, with the policy's advice)."""
     if policy.suspect_resume(step):
-        logging.warning("step %d: no checkpoint saved, since every step since resuming from %s "
-                        "was non-finite", step, policy.resumed_from)
+        logging.warning(
+            "step %d: no checkpoint saved, since every step since resuming from %s was non-finite",
+            step,
+            policy.resumed_from,
+        )
         return
     nonfinite.check_finite(state, step, "; " + policy.state_advice)
     checkpointer.save(step, state, dict(position), dict(record), force=force)

@@ -8,6 +8,7 @@ kept for the backward pass. Activations are JAX's own account of the residuals a
 (so remat policies count exactly), before XLA fuses or reorders anything; XLA's figure for the
 compiled step (`python -m bertjax.tools.aot`) adds temporaries and may drop fused residuals.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,8 +57,10 @@ def _mesh_axes_of(spec_entry: Any) -> tuple[str, ...]:
 
 def per_device_bytes(tree: optax.Params) -> int:
     """Bytes one device holds of a tree of sharded abstract (or real) arrays."""
-    return sum(int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
-               for leaf in jax.tree.leaves(tree))
+    return sum(
+        int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
+        for leaf in jax.tree.leaves(tree)
+    )
 
 
 def _proc_kib(path: str, field: str) -> int | None:
@@ -91,8 +94,11 @@ def check_host_memory(abstract_state: TrainState, mesh: Mesh) -> None:
     """Raises `WontFit` when the state (parameters and optimizer moments) of this process's
     CPU devices, which share the host's memory, cannot be allocated there: XLA's CPU client
     then waits for ever instead of failing."""
-    cpus = [d for d in mesh.devices.flat
-            if d.platform == "cpu" and d.process_index == jax.process_index()]
+    cpus = [
+        d
+        for d in mesh.devices.flat
+        if d.platform == "cpu" and d.process_index == jax.process_index()
+    ]
     allocatable = allocatable_host_bytes()
     if not cpus or allocatable is None:
         return
@@ -103,7 +109,8 @@ def check_host_memory(abstract_state: TrainState, mesh: Mesh) -> None:
             f" on this host's {len(cpus)} CPU device{'s' if len(cpus) > 1 else ''}, but this "
             f"process can allocate only {format_bytes(max(0, allocatable[0]))} more "
             f"({allocatable[1]}); use a smaller model (configs/tiny.py), raise the limit, or "
-            "run on an accelerator")
+            "run on an accelerator"
+        )
 
 
 def check_shardable(config: ModelConfig, abstract_params: optax.Params, mesh: Mesh) -> None:
@@ -114,7 +121,8 @@ def check_shardable(config: ModelConfig, abstract_params: optax.Params, mesh: Me
         raise MeshMismatch(
             f"mesh.tensor={tensor} does not divide model.num_attention_heads="
             f"{config.num_attention_heads}: each device must hold whole heads; choose a tensor "
-            "size that divides the heads (and put the other devices on data or fsdp)")
+            "size that divides the heads (and put the other devices on data or fsdp)"
+        )
     for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_params):
         for dim, entry in zip(leaf.shape, leaf.sharding.spec):
             axes = _mesh_axes_of(entry)
@@ -124,15 +132,30 @@ def check_shardable(config: ModelConfig, abstract_params: optax.Params, mesh: Me
                     f"parameter {_path_name(path)} {tuple(leaf.shape)}: dimension {dim} is split "
                     f"over mesh axes {'x'.join(axes)} ({ways} ways) and is not divisible; change "
                     f"the mesh, or pad the model (e.g. --config.model.vocab_size="
-                    f"{-(-dim // ways) * ways} for the vocabulary)")
+                    f"{-(-dim // ways) * ways} for the vocabulary)"
+                )
 
 
-_DTYPE_BYTES = {"bool": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
-                "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+_DTYPE_BYTES = {
+    "bool": 1,
+    "s8": 1,
+    "u8": 1,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+}
 
 
-def abstract_batch(phase: Phase, batch_size: int, placement: jax.sharding.Sharding | None = None
-                   ) -> dict[str, jax.ShapeDtypeStruct]:
+def abstract_batch(
+    phase: Phase, batch_size: int, placement: jax.sharding.Sharding | None = None
+) -> dict[str, jax.ShapeDtypeStruct]:
     """A batch of `phase` with `batch_size` rows as abstract arrays (optionally sharded)."""
     return batch_spec.abstract(phase, batch_size, placement)
 
@@ -151,8 +174,9 @@ def saved_residuals(config: ModelConfig, phase: Phase, batch_size: int) -> list[
 
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
-        print_saved_residuals(loss, params, abstract_batch(phase, batch_size),
-                              jax.ShapeDtypeStruct((2,), jnp.uint32))
+        print_saved_residuals(
+            loss, params, abstract_batch(phase, batch_size), jax.ShapeDtypeStruct((2,), jnp.uint32)
+        )
     result = []
     for line in text.getvalue().splitlines():
         match = re.match(r"(\w+)\[([\d,]*)\] (.*)", line)
@@ -166,8 +190,11 @@ def _split_over_tensor(shape: tuple, config: ModelConfig, batch: int) -> bool:
     """Whether an activation of this shape is split over the tensor axis: it has the FFN or
     vocabulary dimension, or it is per head ([B, N, ...] or [B, L, N, D])."""
     heads = config.num_attention_heads
-    return (config.intermediate_size in shape or config.vocab_size in shape
-            or (len(shape) == 4 and shape[0] == batch and heads in (shape[1], shape[2])))
+    return (
+        config.intermediate_size in shape
+        or config.vocab_size in shape
+        or (len(shape) == 4 and shape[0] == batch and heads in (shape[1], shape[2]))
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,22 +206,28 @@ class ActivationEstimate:
     total: int
 
 
-def activation_estimate(config: ModelConfig, phase: Phase, batch: int,
-                        tensor: int) -> ActivationEstimate:
+def activation_estimate(
+    config: ModelConfig, phase: Phase, batch: int, tensor: int
+) -> ActivationEstimate:
     """Activations per device for `batch` sequences of `phase` under the config's remat policy;
     per-head, FFN and vocabulary tensors are divided by the tensor-parallel size."""
 
     def per_device(residuals) -> int:
-        return sum(size // tensor if _split_over_tensor(shape, config, batch) else size
-                   for shape, size in residuals)
+        return sum(
+            size // tensor if _split_over_tensor(shape, config, batch) else size
+            for shape, size in residuals
+        )
 
     saved = per_device(saved_residuals(config, phase, batch))
     recompute = 0
     if config.remat_policy != "none":
         one_layer = dataclasses.replace(config, num_hidden_layers=1)
         no_remat = dataclasses.replace(one_layer, remat_policy="none")
-        recompute = max(0, per_device(saved_residuals(no_remat, phase, batch))
-                        - per_device(saved_residuals(one_layer, phase, batch)))
+        recompute = max(
+            0,
+            per_device(saved_residuals(no_remat, phase, batch))
+            - per_device(saved_residuals(one_layer, phase, batch)),
+        )
     return ActivationEstimate(saved, recompute, saved + recompute)
 
 
@@ -217,27 +250,38 @@ def _spec_text(spec: jax.sharding.PartitionSpec) -> str:
     return "(" + ", ".join("-" if e is None else "x".join(_mesh_axes_of(e)) for e in spec) + ")"
 
 
-def parameter_rows(model: nn.Module, abstract_params: optax.Params
-                   ) -> list[tuple[str, str, str, str, int]]:
+def parameter_rows(
+    model: nn.Module, abstract_params: optax.Params
+) -> list[tuple[str, str, str, str, int]]:
     """`(name, shape, logical axes, mesh axes, bytes per device)` per parameter; the layers of
     the unrolled encoder are folded into one `layer_*` row (with the count in the shape)."""
     logical = _logical_specs(model)
     rows: dict[str, list] = {}
-    for (path, leaf), spec in zip(jax.tree_util.tree_leaves_with_path(abstract_params),
-                                  jax.tree.leaves(logical, is_leaf=lambda x: isinstance(
-                                      x, jax.sharding.PartitionSpec))):
+    for (path, leaf), spec in zip(
+        jax.tree_util.tree_leaves_with_path(abstract_params),
+        jax.tree.leaves(logical, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)),
+    ):
         name = re.sub(r"layer_\d+", "layer_*", _path_name(path))
         if name in rows:
             rows[name][-1] += 1
             continue
-        rows[name] = [name, "x".join(map(str, leaf.shape)), _spec_text(spec),
-                      _spec_text(leaf.sharding.spec), per_device_bytes(leaf), 1]
-    return [(name, shape + (f" (x{count})" if count > 1 else ""), axes, mesh_axes, size * count)
-            for name, shape, axes, mesh_axes, size, count in rows.values()]
+        rows[name] = [
+            name,
+            "x".join(map(str, leaf.shape)),
+            _spec_text(spec),
+            _spec_text(leaf.sharding.spec),
+            per_device_bytes(leaf),
+            1,
+        ]
+    return [
+        (name, shape + (f" (x{count})" if count > 1 else ""), axes, mesh_axes, size * count)
+        for name, shape, axes, mesh_axes, size, count in rows.values()
+    ]
 
 
-def summary(model: nn.Module, abstract_state: TrainState, mesh: Mesh,
-            phases: Sequence[Phase]) -> str:
+def summary(
+    model: nn.Module, abstract_state: TrainState, mesh: Mesh, phases: Sequence[Phase]
+) -> str:
     """The report's totals in one line: parameters, mesh, and bytes per device per phase."""
     config: ModelConfig = model.config
     params = per_device_bytes(abstract_state.params)
@@ -249,28 +293,36 @@ def summary(model: nn.Module, abstract_state: TrainState, mesh: Mesh,
         est = activation_estimate(config, phase, phase.global_batch_size // data_parallel, tensor)
         totals.append(f"{format_bytes(2 * params + opt + est.total)} ({phase.name})")
     axes = " ".join(f"{name}={size}" for name, size in mesh.shape.items())
-    return (f"Model: {count:,} parameters; mesh {axes} ({mesh.size} device"
-            f"{'s' if mesh.size > 1 else ''}); per device before XLA temporaries: "
-            + ", ".join(totals))
+    return (
+        f"Model: {count:,} parameters; mesh {axes} ({mesh.size} device"
+        f"{'s' if mesh.size > 1 else ''}); per device before XLA temporaries: " + ", ".join(totals)
+    )
 
 
-def report(model: nn.Module, abstract_state: TrainState, mesh: Mesh,
-           phases: Sequence[Phase]) -> str:
+def report(
+    model: nn.Module, abstract_state: TrainState, mesh: Mesh, phases: Sequence[Phase]
+) -> str:
     """The start-up report; each phase's global batch is split over data x fsdp."""
     config: ModelConfig = model.config
     rows = parameter_rows(model, abstract_state.params)
     width = max(len(r[0]) for r in rows)
-    lines = [f"Mesh {dict(mesh.shape)} ({mesh.size} devices); parameters "
-             "(logical axes -> mesh axes, bytes per device):"]
-    lines += [f"  {name:<{width}}  {shape:<16} {axes:<22} -> {mesh_axes:<16} "
-              f"{format_bytes(size):>11}" for name, shape, axes, mesh_axes, size in rows]
+    lines = [
+        f"Mesh {dict(mesh.shape)} ({mesh.size} devices); parameters "
+        "(logical axes -> mesh axes, bytes per device):"
+    ]
+    lines += [
+        f"  {name:<{width}}  {shape:<16} {axes:<22} -> {mesh_axes:<16} {format_bytes(size):>11}"
+        for name, shape, axes, mesh_axes, size in rows
+    ]
     params = per_device_bytes(abstract_state.params)
     opt = per_device_bytes(abstract_state.opt_state)
     count = sum(leaf.size for leaf in jax.tree.leaves(abstract_state.params))
-    lines += ["Bytes per device:",
-              f"  parameters       {format_bytes(params):>11}  ({count:,} x {config.param_dtype})",
-              f"  gradients        {format_bytes(params):>11}",
-              f"  optimizer state  {format_bytes(opt):>11}"]
+    lines += [
+        "Bytes per device:",
+        f"  parameters       {format_bytes(params):>11}  ({count:,} x {config.param_dtype})",
+        f"  gradients        {format_bytes(params):>11}",
+        f"  optimizer state  {format_bytes(opt):>11}",
+    ]
     data_parallel, tensor = sharding.data_parallel_size(mesh), mesh.shape[sharding.TENSOR]
     for phase in phases:
         batch = phase.global_batch_size // data_parallel
@@ -279,7 +331,10 @@ def report(model: nn.Module, abstract_state: TrainState, mesh: Mesh,
             f"  activations      {format_bytes(est.total):>11}  (phase {phase.name}: {batch} of "
             f"{phase.global_batch_size} sequences x {phase.max_seq_length} tokens per device, "
             f"{config.dtype}, remat {config.remat_policy}; saved for backward "
-            f"{format_bytes(est.saved)} + recomputed {format_bytes(est.recompute)})")
-        lines.append(f"  total            {format_bytes(2 * params + opt + est.total):>11}  "
-                     f"(phase {phase.name}, before XLA temporaries)")
+            f"{format_bytes(est.saved)} + recomputed {format_bytes(est.recompute)})"
+        )
+        lines.append(
+            f"  total            {format_bytes(2 * params + opt + est.total):>11}  "
+            f"(phase {phase.name}, before XLA temporaries)"
+        )
     return "\n".join(lines)

@@ -1,5 +1,6 @@
 """Where a run's metrics are written: TensorBoard's event files (also on an object store)
 and the rows of metrics.jsonl (each an append that a kill -9 cannot leave half-written)."""
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ class _ObjectEventFile:
 
 class _ObjectEventFiles:
     """tensorboardX's writer factory for a URL scheme."""
+
     open = staticmethod(_ObjectEventFile)
 
     def directory_check(self, path: str) -> None:
@@ -49,12 +51,16 @@ def open_writer(workdir: str) -> SummaryWriter | None:
 
     if files.is_remote(workdir):
         record_writer.register_writer_factory(workdir.split(":")[0], _ObjectEventFiles())
-    return SummaryWriter(os.path.join(workdir, "tensorboard")) if jax.process_index() == 0 \
-        else None
+    return SummaryWriter(os.path.join(workdir, "tensorboard")) if jax.process_index() == 0 else None
 
 
-def log_scalars(writer: SummaryWriter | None, prefix: str, values: dict[str, float], step: int,
-                flush: bool = True) -> None:
+def log_scalars(
+    writer: SummaryWriter | None,
+    prefix: str,
+    values: dict[str, float],
+    step: int,
+    flush: bool = True,
+) -> None:
     """`prefix/key` scalars at `step` (no-op without a writer)."""
     if writer:
         for key, value in values.items():
@@ -64,8 +70,15 @@ def log_scalars(writer: SummaryWriter | None, prefix: str, values: dict[str, flo
                 writer.flush()
 
 
-def write(writer: SummaryWriter | None, path: str | None, tag: str, step: int,
-          values: dict[str, float], flush: bool = True, **fields: str | int) -> None:
+def write(
+    writer: SummaryWriter | None,
+    path: str | None,
+    tag: str,
+    step: int,
+    values: dict[str, float],
+    flush: bool = True,
+    **fields: str | int,
+) -> None:
     """One set of metrics, where both loops write it: TensorBoard's `tag/key` scalars at
     `step` (`log_scalars`), and the metrics.jsonl row `{"step": step, **fields, **values}`
     (`fields`: the phase, the epoch, the split) in `path` (`write_jsonl`)."""

@@ -4,6 +4,7 @@
 row, or at once for a non-finite state, and a resume whose every step was non-finite blames
 its checkpoint; fine-tuning, 0, counts and names them) and the check that no checkpoint is
 written from, or restored into, a state holding NaN or Inf (`check_finite`)."""
+
 from __future__ import annotations
 
 import enum
@@ -52,10 +53,10 @@ _ADVICE = {
     NonFinite.INPUTS: "the batch holds NaN or Inf: check the data",
     NonFinite.LOSS_OR_GRADIENTS: "lower optimizer.peak_learning_rate or check the data",
     NonFinite.STATE: "the parameters or optimizer state held NaN or Inf before the step, which "
-                     "is not a learning-rate problem: the checkpoint the run resumed from may be "
-                     "damaged; move it out of WORKDIR/checkpoints to resume from the one before",
+    "is not a learning-rate problem: the checkpoint the run resumed from may be "
+    "damaged; move it out of WORKDIR/checkpoints to resume from the one before",
     NonFinite.UPDATE: "an update of this run made the state non-finite from finite gradients: "
-                      "lower optimizer.peak_learning_rate or set optimizer.clip_global_norm",
+    "lower optimizer.peak_learning_rate or set optimizer.clip_global_norm",
 }
 
 
@@ -69,10 +70,18 @@ class NonFiniteSteps:
     window's skipped ones named (`add_counted`). `state_advice` ends the refusal to save a
     non-finite state (loop.save)."""
 
-    def __init__(self, max_in_a_row: int, start_step: int = 0, resumed_from: str | None = None,
-                 state_advice: str = NonFinite.UPDATE.advice):
-        self.max_in_a_row, self.start_step, self.resumed_from = \
-            max_in_a_row, start_step, resumed_from
+    def __init__(
+        self,
+        max_in_a_row: int,
+        start_step: int = 0,
+        resumed_from: str | None = None,
+        state_advice: str = NonFinite.UPDATE.advice,
+    ):
+        self.max_in_a_row, self.start_step, self.resumed_from = (
+            max_in_a_row,
+            start_step,
+            resumed_from,
+        )
         self.state_advice = state_advice
         self.in_a_row = self.total = self.finite_steps = 0
 
@@ -89,21 +98,30 @@ class NonFiniteSteps:
         if found == NonFinite.STATE and self.finite_steps:  # (restored states are checked:
             found = NonFinite.UPDATE  # an update of this run made it so)
         what, advice = found.what, found.advice
-        logging.warning("step %d (%s): non-finite %s; update skipped (%d in a row, %d in this "
-                        "run)", step, batch, what, self.in_a_row, self.total)
+        logging.warning(
+            "step %d (%s): non-finite %s; update skipped (%d in a row, %d in this run)",
+            step,
+            batch,
+            what,
+            self.in_a_row,
+            self.total,
+        )
         suspect = self.suspect_resume(step) and what != "inputs"
         if suspect:
-            advice = (f"every step since resuming from checkpoint {self.resumed_from} was "
-                      "non-finite, which points at that checkpoint rather than the learning "
-                      "rate: move it out of WORKDIR/checkpoints (e.g. to "
-                      "WORKDIR/checkpoints_quarantine) to resume from the one before")
+            advice = (
+                f"every step since resuming from checkpoint {self.resumed_from} was "
+                "non-finite, which points at that checkpoint rather than the learning "
+                "rate: move it out of WORKDIR/checkpoints (e.g. to "
+                "WORKDIR/checkpoints_quarantine) to resume from the one before"
+            )
         if not self.max_in_a_row:
             return True
         if self.in_a_row >= self.max_in_a_row or found in (NonFinite.STATE, NonFinite.UPDATE):
             raise (NonFiniteAfterResume if suspect else TrainingError)(
                 f"{self.in_a_row} consecutive non-finite steps ending at step {step} "
                 f"({batch}), the last with non-finite {what}; the last checkpoint is intact. "
-                f"{advice[0].upper()}{advice[1:]}, then rerun to resume.")
+                f"{advice[0].upper()}{advice[1:]}, then rerun to resume."
+            )
         return True
 
     def add_counted(self, step: int, skipped: int, steps: int, label: str = "") -> None:
@@ -113,21 +131,33 @@ class NonFiniteSteps:
         self.total += skipped
         self.finite_steps += steps - skipped
         if skipped:
-            logging.warning("%s%d of the %d steps up to step %d skipped: their loss or gradients "
-                            "held NaN or Inf", label, skipped, steps, step)
+            logging.warning(
+                "%s%d of the %d steps up to step %d skipped: their loss or gradients "
+                "held NaN or Inf",
+                label,
+                skipped,
+                steps,
+                step,
+            )
 
     def suspect_resume(self, step: int) -> bool:
         """Whether every step of this run up to `step` (added) was non-finite after a resume:
         nothing finite has come from the checkpoint yet, so none is saved from it."""
-        return bool(self.resumed_from) and step > self.start_step \
+        return (
+            bool(self.resumed_from)
+            and step > self.start_step
             and self.in_a_row == step - self.start_step
+        )
 
 
 def all_finite(tree: optax.Params) -> jax.Array:
     """Whether every float in `tree` is finite (a scalar bool array), one reduction per leaf:
     the host's check of a restored state and of a state about to be saved (`check_finite`)."""
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    leaves = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
@@ -139,5 +169,7 @@ def check_finite(state: TrainState, step: int, advice: str = "") -> None:
     `advice` ends its message."""
     for name in ("params", "opt_state"):
         if not bool(jax.device_get(_all_finite(getattr(state, name)))):
-            raise NonFiniteState(f"step {step}: the {name} hold NaN or Inf; refusing to write a "
-                                 "checkpoint (the last finished checkpoint is intact)" + advice)
+            raise NonFiniteState(
+                f"step {step}: the {name} hold NaN or Inf; refusing to write a "
+                "checkpoint (the last finished checkpoint is intact)" + advice
+            )

@@ -3,6 +3,7 @@
 Metrics are returned as sums plus their denominators so that they can be added over
 micro-batches, steps and hosts without biasing a mean with padding.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,15 +44,20 @@ def next_token_batch(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     ids_BxL, positions_BxP = batch["input_ids"], batch["masked_lm_positions"]
     rows_Bx1 = jnp.arange(ids_BxL.shape[0])[:, None]
     # Padding slots (weight 0, position 0 = [CLS], never masked) write back the id already there.
-    original_BxP = jnp.where(batch["masked_lm_weights"] > 0, batch["masked_lm_ids"],
-                             ids_BxL[rows_Bx1, positions_BxP])
+    original_BxP = jnp.where(
+        batch["masked_lm_weights"] > 0, batch["masked_lm_ids"], ids_BxL[rows_Bx1, positions_BxP]
+    )
     ids_BxL = ids_BxL.at[rows_Bx1, positions_BxP].set(original_BxP)
     batch_size, length = ids_BxL.shape
-    return dict(batch, input_ids=ids_BxL,
-                masked_lm_positions=jnp.broadcast_to(jnp.arange(length - 1, dtype=jnp.int32),
-                                                     (batch_size, length - 1)),
-                masked_lm_ids=ids_BxL[:, 1:],
-                masked_lm_weights=batch["input_mask"][:, 1:].astype(jnp.float32))
+    return dict(
+        batch,
+        input_ids=ids_BxL,
+        masked_lm_positions=jnp.broadcast_to(
+            jnp.arange(length - 1, dtype=jnp.int32), (batch_size, length - 1)
+        ),
+        masked_lm_ids=ids_BxL[:, 1:],
+        masked_lm_weights=batch["input_mask"][:, 1:].astype(jnp.float32),
+    )
 
 
 def _nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -62,8 +68,9 @@ def _nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
     shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
     log_sum = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
     classes = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-    label_shifted = jnp.sum(jnp.where(classes == labels[..., None].astype(jnp.int32), shifted, 0.0),
-                            axis=-1)
+    label_shifted = jnp.sum(
+        jnp.where(classes == labels[..., None].astype(jnp.int32), shifted, 0.0), axis=-1
+    )
     return -(label_shifted - log_sum)
 
 
@@ -74,10 +81,14 @@ def nsp_count(batch: dict[str, jax.Array]) -> jax.Array | int:
     return batch["next_sentence_labels"].shape[0]
 
 
-def pretraining_loss(mlm_logits_BxPxV: jax.Array, nsp_logits_Bx2: jax.Array | None,
-                     batch: dict[str, jax.Array], mlm_weight_total: jax.Array | None = None,
-                     num_sequences_total: jax.Array | float | None = None,
-                     next_sentence_prediction: bool = True):
+def pretraining_loss(
+    mlm_logits_BxPxV: jax.Array,
+    nsp_logits_Bx2: jax.Array | None,
+    batch: dict[str, jax.Array],
+    mlm_weight_total: jax.Array | None = None,
+    num_sequences_total: jax.Array | float | None = None,
+    next_sentence_prediction: bool = True,
+):
     """Returns `(loss, metric_sums)` with loss = MLM + NSP as in the original.
 
     `mlm_weight_total` and `num_sequences_total` are the denominators of the whole optimizer
@@ -101,8 +112,9 @@ def pretraining_loss(mlm_logits_BxPxV: jax.Array, nsp_logits_Bx2: jax.Array | No
         num_sequences_total = nsp_count(batch)
     mlm_loss_sum = jnp.sum(weights_BxP * mlm_nll_BxP)
     nsp_loss_sum = jnp.sum(nsp_weights_B * nsp_nll_B)
-    loss = (mlm_loss_sum / (mlm_weight_total + MLM_WEIGHT_EPSILON)
-            + nsp_loss_sum / num_sequences_total)
+    loss = (
+        mlm_loss_sum / (mlm_weight_total + MLM_WEIGHT_EPSILON) + nsp_loss_sum / num_sequences_total
+    )
     mlm_correct = jnp.argmax(mlm_logits_BxPxV, axis=-1) == batch["masked_lm_ids"]
     nsp_correct = jnp.argmax(nsp_logits_Bx2, axis=-1) == batch["next_sentence_labels"]
     metrics = {
@@ -162,8 +174,13 @@ def tagging_loss(logits_BxLxC: jax.Array, labels_BxL: jax.Array, weights_BxL: ja
     return _weighted_mean(_nll(logits_BxLxC, labels_BxL), weights_BxL)
 
 
-def span_loss(start_logits_BxL: jax.Array, end_logits_BxL: jax.Array, start_positions_B: jax.Array,
-              end_positions_B: jax.Array, weights_B: jax.Array):
+def span_loss(
+    start_logits_BxL: jax.Array,
+    end_logits_BxL: jax.Array,
+    start_positions_B: jax.Array,
+    end_positions_B: jax.Array,
+    weights_B: jax.Array,
+):
     """run_squad: the mean of the start and end cross-entropies."""
     nll = (_nll(start_logits_BxL, start_positions_B) + _nll(end_logits_BxL, end_positions_B)) / 2.0
     return _weighted_mean(nll, weights_B)

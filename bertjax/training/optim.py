@@ -5,6 +5,7 @@ without bias correction, decoupled weight decay added to the Adam ratio, and the
 linear-warmup / linear-decay schedule of `optimization.py`. The modern recipe's
 `stable_adamw` (per-tensor update clipping) and warmup-stable-decay schedule sit beside them.
 """
+
 import dataclasses
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -71,8 +72,9 @@ def _key_name(entry: jax.tree_util.KeyEntry) -> str:
 def _is_decayed(path: tuple) -> bool:
     """Apply the original exclusion rule to one parameter path."""
     names = [_key_name(entry) for entry in path]
-    if any(word in name for name in names for word in _NO_DECAY_ANYWHERE) or \
-            any(name in _NO_DECAY_MODULES for name in names):
+    if any(word in name for name in names for word in _NO_DECAY_ANYWHERE) or any(
+        name in _NO_DECAY_MODULES for name in names
+    ):
         return False
     return not (names and _NO_DECAY_LEAF in names[-1])
 
@@ -113,9 +115,13 @@ class ScaleByStableAdamState(NamedTuple):
     nu: optax.Updates
 
 
-def scale_by_stable_adam(b1: float = 0.9, b2: float = 0.98, eps: float = 1e-6,
-                         weight_decay_rate: float = 0.0,
-                         decay_mask: Any | None = None) -> optax.GradientTransformation:
+def scale_by_stable_adam(
+    b1: float = 0.9,
+    b2: float = 0.98,
+    eps: float = 1e-6,
+    weight_decay_rate: float = 0.0,
+    decay_mask: Any | None = None,
+) -> optax.GradientTransformation:
     """StableAdamW's direction before the learning rate (Wortsman et al. 2023, "Stable and
     low-precision training for large-scale vision-language models", Algorithm 2; ModernBERT's
     optimizer): AdamW's bias-corrected `m / (sqrt(v) + eps) + weight_decay * param`, each
@@ -134,7 +140,7 @@ def scale_by_stable_adam(b1: float = 0.9, b2: float = 0.98, eps: float = 1e-6,
         nu = jax.tree.map(lambda v, g: b2 * v + (1.0 - b2) * jnp.square(g), state.nu, grads)
         count = optax.safe_increment(state.count)
         step = count.astype(jnp.float32)
-        mu_scale, nu_scale = 1.0 / (1.0 - b1 ** step), 1.0 / (1.0 - b2 ** step)
+        mu_scale, nu_scale = 1.0 / (1.0 - b1**step), 1.0 / (1.0 - b2**step)
         decayed = mask(params) if callable(mask) else mask
 
         def direction(g, m, v, p, decay):
@@ -169,8 +175,13 @@ def bert_schedule(peak_lr: float, warmup_steps: int, total_steps: int) -> optax.
     return schedule
 
 
-def wsd_schedule(peak_lr: float, warmup_steps: int, total_steps: int,
-                 decay_fraction: float = 0.1, decay_shape: str = "1-sqrt") -> optax.Schedule:
+def wsd_schedule(
+    peak_lr: float,
+    warmup_steps: int,
+    total_steps: int,
+    decay_fraction: float = 0.1,
+    decay_shape: str = "1-sqrt",
+) -> optax.Schedule:
     """Warmup-stable-decay (the "trapezoidal" schedule; Xing et al. 2018, Hu et al. 2024;
     ModernBERT's, with its 1-sqrt decay of Hägele et al. 2024): linear warmup to `peak_lr`,
     `peak_lr` until the last `decay_fraction` of `total_steps`, then down to 0 at
@@ -216,31 +227,45 @@ def _run_schedule(cfg: "OptimizerConfig") -> optax.Schedule:
     to that step and a second one (its own warmup and peak) from it to `total_steps`."""
     restart = cfg.restart_step
     if cfg.schedule == "wsd":
-        return wsd_schedule(cfg.peak_learning_rate, cfg.warmup_steps, cfg.total_steps,
-                            cfg.decay_fraction, cfg.decay_shape)
+        return wsd_schedule(
+            cfg.peak_learning_rate,
+            cfg.warmup_steps,
+            cfg.total_steps,
+            cfg.decay_fraction,
+            cfg.decay_shape,
+        )
     if not restart:
         return bert_schedule(cfg.peak_learning_rate, cfg.warmup_steps, cfg.total_steps)
     first = bert_schedule(cfg.peak_learning_rate, cfg.warmup_steps, restart)
-    second = bert_schedule(cfg.restart_peak_learning_rate or cfg.peak_learning_rate,
-                           cfg.warmup_steps if cfg.restart_warmup_steps < 0
-                           else cfg.restart_warmup_steps, cfg.total_steps - restart)
+    second = bert_schedule(
+        cfg.restart_peak_learning_rate or cfg.peak_learning_rate,
+        cfg.warmup_steps if cfg.restart_warmup_steps < 0 else cfg.restart_warmup_steps,
+        cfg.total_steps - restart,
+    )
     return lambda step: jnp.where(step < restart, first(step), second(step - restart))
 
 
-def _base_optimizer(cfg: "OptimizerConfig", schedule: optax.Schedule
-                    ) -> optax.GradientTransformation:
+def _base_optimizer(
+    cfg: "OptimizerConfig", schedule: optax.Schedule
+) -> optax.GradientTransformation:
     """Build the optimizer named by `cfg.name`, without gradient clipping."""
     name, weight_decay, b1, b2, eps = cfg.name, cfg.weight_decay_rate, cfg.b1, cfg.b2, cfg.eps
     if name == "bert_adam":
         return bert_adam(schedule, weight_decay, b1=b1, b2=b2, eps=eps)
     if name == "adamw":
         return optax.adamw(
-            schedule, b1=b1, b2=b2, eps=eps, mu_dtype=jnp.float32,
-            weight_decay=weight_decay, mask=decay_mask,
+            schedule,
+            b1=b1,
+            b2=b2,
+            eps=eps,
+            mu_dtype=jnp.float32,
+            weight_decay=weight_decay,
+            mask=decay_mask,
         )
     if name == "stable_adamw":
-        return optax.chain(scale_by_stable_adam(b1, b2, eps, weight_decay),
-                           optax.scale_by_learning_rate(schedule))
+        return optax.chain(
+            scale_by_stable_adam(b1, b2, eps, weight_decay), optax.scale_by_learning_rate(schedule)
+        )
     if name == "lamb":
         return optax.lamb(
             schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask
@@ -261,14 +286,17 @@ def float_leaves_by_shape(tree: optax.Params) -> list[list[jax.Array]]:
 def global_norm(tree: optax.Updates) -> jax.Array:
     """The L2 norm of every float in `tree` (float32): one sum of squares per distinct shape,
     over its leaves added elementwise, not one per leaf."""
-    sums = [jnp.sum(sum(jnp.square(x.astype(jnp.float32)) for x in group))
-            for group in float_leaves_by_shape(tree)]
+    sums = [
+        jnp.sum(sum(jnp.square(x.astype(jnp.float32)) for x in group))
+        for group in float_leaves_by_shape(tree)
+    ]
     return jnp.sqrt(sum(sums)) if sums else jnp.float32(0.0)
 
 
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     """tf.clip_by_global_norm, as the original: `g * max_norm / max(norm, max_norm)`, with
     the norm of `global_norm` (state as optax's clip_by_global_norm: empty)."""
+
     def update(updates, state, params=None):
         del params
         scale = max_norm / jnp.maximum(global_norm(updates), max_norm)
@@ -295,9 +323,14 @@ def at_step(opt_state: optax.OptState, step: jax.Array) -> optax.OptState:
     """`opt_state` with every step counter (optax's integer `count`s) set to the train
     state's `step`: the learning rate applied is then schedule(step), the one the log and
     the phase switch use, also after skipped non-finite steps (which advance `step` only)."""
-    return jax.tree.map(lambda x: jnp.asarray(step, x.dtype)
-                        if jnp.issubdtype(x.dtype, jnp.integer) and x.ndim == 0 else x,
-                        opt_state)
+    return jax.tree.map(
+        lambda x: (
+            jnp.asarray(step, x.dtype)
+            if jnp.issubdtype(x.dtype, jnp.integer) and x.ndim == 0
+            else x
+        ),
+        opt_state,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,17 +361,26 @@ class OptimizerConfig:
 
     def to_json(self) -> dict[str, Any]:
         """This config as JSON values (a checkpoint's `meta`); `from_json` reads it back."""
-        return {**dataclasses.asdict(self),
-                "earlier": [[end, config.to_json()] for end, config in self.earlier]}
+        return {
+            **dataclasses.asdict(self),
+            "earlier": [[end, config.to_json()] for end, config in self.earlier],
+        }
 
     @classmethod
     def from_json(cls, values: dict[str, Any]) -> "OptimizerConfig":
-        return cls(**{**values, "earlier": tuple((end, cls.from_json(config))
-                                                 for end, config in values.get("earlier", []))})
+        return cls(
+            **{
+                **values,
+                "earlier": tuple(
+                    (end, cls.from_json(config)) for end, config in values.get("earlier", [])
+                ),
+            }
+        )
 
 
-def optimizer_config(optimizer: Mapping[str, Any], total_steps: int,
-                     **overrides: float) -> OptimizerConfig:
+def optimizer_config(
+    optimizer: Mapping[str, Any], total_steps: int, **overrides: float
+) -> OptimizerConfig:
     """The one way pretraining and fine-tuning complete their `optimizer` config section:
     with the run's `total_steps`, and `overrides` (fine-tuning's learning rate and warmup,
     which its config holds outside the section)."""
@@ -347,10 +389,13 @@ def optimizer_config(optimizer: Mapping[str, Any], total_steps: int,
     return OptimizerConfig(**{**values, "total_steps": total_steps, **overrides})
 
 
-def train_only_outside(tx: optax.GradientTransformation, params: optax.Params,
-                       frozen: str) -> optax.GradientTransformation:
+def train_only_outside(
+    tx: optax.GradientTransformation, params: optax.Params, frozen: str
+) -> optax.GradientTransformation:
     """`tx` for every top-level entry of `params` but `frozen` (e.g. "bert" for a
     feature-based tagger), which gets no update and no optimizer state (no Adam moments)."""
-    labels = {name: jax.tree.map(lambda _, name=name: "frozen" if name == frozen else "tagger",
-                                 tree) for name, tree in params.items()}
+    labels = {
+        name: jax.tree.map(lambda _, name=name: "frozen" if name == frozen else "tagger", tree)
+        for name, tree in params.items()
+    }
     return optax.multi_transform({"tagger": tx, "frozen": optax.set_to_zero()}, labels)

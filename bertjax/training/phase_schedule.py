@@ -2,6 +2,7 @@
 trains with (phases), and where in the data a run stands (the data position a checkpoint
 saves). The learning-rate schedule is optim.py's; what a run records of both,
 run_schedule.py's."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,21 +32,32 @@ class Phase(PhaseShape):
 BATCH_FIELDS = {"short": "train.global_batch_size", "long": "long_phase.global_batch_size"}
 
 
-def phases(train: TrainSettings, data: DataSettings,
-           long_phase: LongPhaseSettings) -> list[Phase]:
+def phases(train: TrainSettings, data: DataSettings, long_phase: LongPhaseSettings) -> list[Phase]:
     """The paper's schedule from the settings `train`, `data` and `long_phase`:
     `1 - long_phase.fraction` of the steps at data.max_seq_length, the rest at
     long_phase.max_seq_length (one optimizer and learning-rate schedule)."""
     total = train.total_steps
     long_steps = int(round(total * long_phase.fraction))
-    short = Phase("short", data.max_seq_length, data.max_predictions_per_seq,
-                  train.global_batch_size, 0, total - long_steps)
+    short = Phase(
+        "short",
+        data.max_seq_length,
+        data.max_predictions_per_seq,
+        train.global_batch_size,
+        0,
+        total - long_steps,
+    )
     result = [short] if short.end_step > 0 else []
     if long_steps:
-        result.append(Phase("long", long_phase.max_seq_length,
-                            long_phase.max_predictions_per_seq,
-                            long_phase.global_batch_size or train.global_batch_size,
-                            total - long_steps, total))
+        result.append(
+            Phase(
+                "long",
+                long_phase.max_seq_length,
+                long_phase.max_predictions_per_seq,
+                long_phase.global_batch_size or train.global_batch_size,
+                total - long_steps,
+                total,
+            )
+        )
     return result
 
 
@@ -73,14 +85,20 @@ class DataPosition:
         return cls(values["phase"], int(values["batch_index"]))
 
 
-def consistent_position(position: DataPosition, step: int,
-                        schedule: Sequence[Phase]) -> DataPosition:
+def consistent_position(
+    position: DataPosition, step: int, schedule: Sequence[Phase]
+) -> DataPosition:
     """The saved data position, unless the phase schedule changed (e.g. a new total_steps):
     then the position the new schedule implies for `step`."""
     phase = phase_at(schedule, step)
     if position.phase == phase.name:
         return position
     implied = DataPosition(phase.name, step - phase.start_step)
-    logging.warning("checkpoint data position %s does not match this run's phase schedule at "
-                    "step %d; continuing at %s", position.as_dict(), step, implied.as_dict())
+    logging.warning(
+        "checkpoint data position %s does not match this run's phase schedule at "
+        "step %d; continuing at %s",
+        position.as_dict(),
+        step,
+        implied.as_dict(),
+    )
     return implied

@@ -2,6 +2,7 @@
 terminal's status line, chief-only printing and checkpoint announcements. (Where metrics are
 written: bertjax.training.metrics_writer; why a run stops on NaN/Inf: bertjax.training.nonfinite; the console's
 filters and the log file: bertjax.runtime.console.)"""
+
 from __future__ import annotations
 
 import collections
@@ -37,15 +38,19 @@ def announce_commit(directory: str, prefix: str = "") -> Callable[[int], None]:
 def status_bar(step: int, total: int, eta: float | None, width: int = 24) -> str:
     """`137/500 |######......| 27% eta 1m05s`."""
     filled = int(width * step / max(total, 1))
-    return (f"{step}/{total} |{'#' * filled}{'.' * (width - filled)}| {step / max(total, 1):.0%}"
-            + (f" eta {duration(eta)}" if eta is not None else ""))
+    return f"{step}/{total} |{'#' * filled}{'.' * (width - filled)}| {step / max(total, 1):.0%}" + (
+        f" eta {duration(eta)}" if eta is not None else ""
+    )
 
 
 def duration(seconds: float) -> str:
     """`1h05m` or `4m07s`."""
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
-        f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        if seconds >= 3600
+        else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
 
 
 class StepClock:
@@ -64,7 +69,8 @@ class StepClock:
         now = time.perf_counter() if now is None else now
         if self.last and self.last[0] == phase and step > self.last[1]:
             self.intervals.setdefault(phase, collections.deque(maxlen=self.window)).append(
-                (now - self.last[2]) / (step - self.last[1]))
+                (now - self.last[2]) / (step - self.last[1])
+            )
         self.last = (phase, step, now)
 
     def restart(self) -> None:
@@ -76,8 +82,9 @@ class StepClock:
         return float(sorted(measured)[len(measured) // 2]) if measured else None
 
 
-def eta_seconds(clock: StepClock, phases: Sequence[Phase], step: int,
-                relative_cost: dict[str, float]) -> float | None:
+def eta_seconds(
+    clock: StepClock, phases: Sequence[Phase], step: int, relative_cost: dict[str, float]
+) -> float | None:
     """Seconds to the end of the last phase from `step`: each phase's remaining steps at its
     measured time per step; a phase not yet measured at the latest measured one's, scaled by
     `relative_cost` (e.g. model FLOPs per step). None before any measurement."""
@@ -98,9 +105,16 @@ class Progress:
     """Accumulates pretraining metric sums on the host and prints/writes them every report;
     times the steps of each phase for the ETA and the terminal's status line."""
 
-    def __init__(self, phases: Sequence[Phase], nonfinite_steps: nonfinite.NonFiniteSteps,
-                 optimizer: optim.OptimizerConfig, model_config: ModelConfig,
-                 writer: SummaryWriter | None, start_step: int, jsonl_path: str | None):
+    def __init__(
+        self,
+        phases: Sequence[Phase],
+        nonfinite_steps: nonfinite.NonFiniteSteps,
+        optimizer: optim.OptimizerConfig,
+        model_config: ModelConfig,
+        writer: SummaryWriter | None,
+        start_step: int,
+        jsonl_path: str | None,
+    ):
         """`nonfinite_steps`: the run's policy for skipped steps, counted and applied in
         `add`."""
         self.phases, self.total_steps = list(phases), phases[-1].end_step
@@ -112,8 +126,15 @@ class Progress:
         self.window_start, self.window_start_step = time.time(), start_step
         self.peak_tflops = flops.peak_tflops(jax.devices()[0].device_kind)
         self.clock = StepClock()
-        self.flops_per_step = {p.name: float(p.global_batch_size * flops.train_flops_per_sequence(
-            model_config, p.max_seq_length, p.max_predictions_per_seq)) for p in self.phases}
+        self.flops_per_step = {
+            p.name: float(
+                p.global_batch_size
+                * flops.train_flops_per_sequence(
+                    model_config, p.max_seq_length, p.max_predictions_per_seq
+                )
+            )
+            for p in self.phases
+        }
 
     def eta(self, step: int) -> float | None:
         return eta_seconds(self.clock, self.phases, step, self.flops_per_step)
@@ -141,26 +162,37 @@ class Progress:
         means["learning_rate"] = optim.learning_rate_at(self.optimizer, step - 1)
         means["nonfinite_steps"] = self.nonfinite.total
         means["tokens_per_second"] = self.tokens / max(now - self.window_start, 1e-9)
-        flops_per_token = flops.train_flops_per_sequence(
-            self.model_config, phase.max_seq_length, phase.max_predictions_per_seq,
-        ) / phase.max_seq_length
+        flops_per_token = (
+            flops.train_flops_per_sequence(
+                self.model_config,
+                phase.max_seq_length,
+                phase.max_predictions_per_seq,
+            )
+            / phase.max_seq_length
+        )
         means["model_tflops_per_second"] = means["tokens_per_second"] * flops_per_token / 1e12
-        mfu = flops.mfu(means["model_tflops_per_second"] * 1e12, jax.device_count(),
-                        self.peak_tflops)
+        mfu = flops.mfu(
+            means["model_tflops_per_second"] * 1e12, jax.device_count(), self.peak_tflops
+        )
         if mfu is not None:
             means["mfu"] = mfu
         eta = self.eta(step)
-        chief_print((f"step {step}/{self.total_steps} "
-                    f"[{phase.name} L={phase.max_seq_length}] "
-                    f"loss {means['loss']:.4f} mlm_acc {means['mlm_accuracy']:.4f} "
-                    + (f"nsp_acc {means['nsp_accuracy']:.4f} " if "nsp_accuracy" in means else "")
-                    + f"lr {means['learning_rate']:.3e} "
-                    f"tok/s {means['tokens_per_second']:,.0f} "
-                    f"TFLOP/s {means['model_tflops_per_second']:.3g} "
-                    + (f"MFU {mfu:.1%} " if mfu is not None else "")
-                    + (f"eta {duration(eta)}" if eta is not None else "")).rstrip())
-        metrics_writer.write(self.writer, self.jsonl_path, "train", step, means,
-                             phase=phase.name, split="train")
+        chief_print(
+            (
+                f"step {step}/{self.total_steps} "
+                f"[{phase.name} L={phase.max_seq_length}] "
+                f"loss {means['loss']:.4f} mlm_acc {means['mlm_accuracy']:.4f} "
+                + (f"nsp_acc {means['nsp_accuracy']:.4f} " if "nsp_accuracy" in means else "")
+                + f"lr {means['learning_rate']:.3e} "
+                f"tok/s {means['tokens_per_second']:,.0f} "
+                f"TFLOP/s {means['model_tflops_per_second']:.3g} "
+                + (f"MFU {mfu:.1%} " if mfu is not None else "")
+                + (f"eta {duration(eta)}" if eta is not None else "")
+            ).rstrip()
+        )
+        metrics_writer.write(
+            self.writer, self.jsonl_path, "train", step, means, phase=phase.name, split="train"
+        )
         self.sums, self.tokens = {}, 0
         self.window_start, self.window_start_step = now, step
         return means
@@ -168,21 +200,36 @@ class Progress:
     def log_eval(self, step: int, phase: PhaseShape, means: dict[str, float]) -> None:
         """Prints, and writes to TensorBoard and metrics.jsonl, a held-out evaluation (a
         rerun of a finished run, which trains no step, prints it only: its row is there)."""
-        chief_print(f"eval step {step} [{phase.name}]: " + " ".join(
-            f"{k} {v:.4f}" for k, v in sorted(means.items())))
+        chief_print(
+            f"eval step {step} [{phase.name}]: "
+            + " ".join(f"{k} {v:.4f}" for k, v in sorted(means.items()))
+        )
         if self.start_step < self.total_steps:
-            metrics_writer.write(self.writer, self.jsonl_path, "eval", step, means, flush=False,
-                                 phase=phase.name, split="eval")
+            metrics_writer.write(
+                self.writer,
+                self.jsonl_path,
+                "eval",
+                step,
+                means,
+                flush=False,
+                phase=phase.name,
+                split="eval",
+            )
         self.clock.restart()
 
 
-def steps_line(start_step: int, total_steps: int, phases: list[Phase],
-               log_every: int) -> str:
+def steps_line(start_step: int, total_steps: int, phases: list[Phase], log_every: int) -> str:
     """What a run (or a resumed one) has left to train from `start_step`: its steps and
     each unfinished phase's."""
-    left = [(p, p.end_step - max(p.start_step, start_step)) for p in phases
-            if p.end_step > start_step]
-    return (f"Training steps {start_step + 1}-{total_steps}: "
-            + ", ".join(f"{p.name} {steps} step{'s' if steps > 1 else ''} x "
-                        f"{p.global_batch_size} x {p.max_seq_length} tokens" for p, steps in left)
-            + f"; progress every {log_every} steps")
+    left = [
+        (p, p.end_step - max(p.start_step, start_step)) for p in phases if p.end_step > start_step
+    ]
+    return (
+        f"Training steps {start_step + 1}-{total_steps}: "
+        + ", ".join(
+            f"{p.name} {steps} step{'s' if steps > 1 else ''} x "
+            f"{p.global_batch_size} x {p.max_seq_length} tokens"
+            for p, steps in left
+        )
+        + f"; progress every {log_every} steps"
+    )

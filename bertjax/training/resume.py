@@ -15,9 +15,11 @@ was non-finite (bertjax.training.nonfinite), the run falls back once to the chec
 Fine-tuning keeps only its latest and its best checkpoint, so there is nothing to fall back
 to: `restore_exactly` restores the one asked for or fails naming it.
 """
+
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -71,13 +73,24 @@ class Start:
     fell_back: bool = False
 
     @classmethod
-    def of(cls, state: TrainState, position: phase_schedule.DataPosition, found: Found | None,
-           phases: Sequence[phase_schedule.Phase], fell_back: bool = False) -> Start:
+    def of(
+        cls,
+        state: TrainState,
+        position: phase_schedule.DataPosition,
+        found: Found | None,
+        phases: Sequence[phase_schedule.Phase],
+        fell_back: bool = False,
+    ) -> Start:
         """From `state` at the data `position`, or where the schedule `phases` puts its step
         (phase_schedule.consistent_position)."""
         step = int(jax.device_get(state.step))
-        return cls(state, phase_schedule.consistent_position(position, step, phases), step,
-                   found, fell_back)
+        return cls(
+            state,
+            phase_schedule.consistent_position(position, step, phases),
+            step,
+            found,
+            fell_back,
+        )
 
 
 class Resume:
@@ -94,12 +107,10 @@ class Resume:
         """The newest checkpoint that verifies and whose metadata reads (damaged newer ones
         are set aside); None if the workdir has none."""
         for step in reversed(self.checkpointer.all_steps()):
-            sealed, problem = self._read(
-                step, lambda: self.checkpointer.verify(step))  # noqa: B023 (at once)
+            sealed, problem = self._read(step, lambda: self.checkpointer.verify(step))  # noqa: B023 (at once)
             if problem is None:
                 try:
-                    meta, position = self._read(
-                        step, lambda: self.checkpointer.metadata(step))  # noqa: B023 (at once)
+                    meta, position = self._read(step, lambda: self.checkpointer.metadata(step))  # noqa: B023 (at once)
                     return Found(step, RunRecord.of(meta), position, sealed)
                 except UnusableCheckpoint:
                     raise
@@ -107,7 +118,8 @@ class Resume:
                     if sealed:
                         raise UnusableCheckpoint(
                             f"checkpoint {self.where(step)} cannot be read although its files "
-                            f"are intact: {first_line(e)}") from e
+                            f"are intact: {first_line(e)}"
+                        ) from e
                     problem = f"its metadata cannot be read ({first_line(e)})"
             self._set_aside(step, problem)
         if self.set_aside:
@@ -116,7 +128,8 @@ class Resume:
                 f"no usable checkpoint in {self.checkpointer.directory}: step(s) {steps} were "
                 f"damaged and moved to {self.quarantine_directory}. Choices: rerun to start "
                 "from step 0 in this workdir; move a (repaired) checkpoint back from there to "
-                "resume from it; or use another --workdir.")
+                "resume from it; or use another --workdir."
+            )
         return None
 
     def _newest_left(self) -> Found:
@@ -137,45 +150,71 @@ class Resume:
             raise CheckpointUnreadable(
                 f"cannot read checkpoint {self.where(step)}: {first_line(e)}; it was left in "
                 f"place, and a rerun resumes from it (or from a newer one) once the storage "
-                "answers") from e
+                "answers"
+            ) from e
 
     def _set_aside(self, step: int, problem: str) -> None:
         moved = self.checkpointer.quarantine(step, self.quarantine_directory)
         self.set_aside.append(step)
-        reporting.chief_print(f"Checkpoint {self.where(step)} is damaged: {problem}; moved to "
-                              f"{moved}")
+        reporting.chief_print(
+            f"Checkpoint {self.where(step)} is damaged: {problem}; moved to {moved}"
+        )
 
     def resumed_from(self, start: Start) -> str | None:
         """The checkpoint `start` was restored from (None: a new state)."""
         return self.where(start.step) if start.found else None
 
-    def check(self, found: Found, expected: RunRecord, data: DataSettings,
-              phases: Sequence[phase_schedule.Phase], allow_changed_data: bool) -> None:
+    def check(
+        self,
+        found: Found,
+        expected: RunRecord,
+        data: DataSettings,
+        phases: Sequence[phase_schedule.Phase],
+        allow_changed_data: bool,
+    ) -> None:
         """Refuses `found` if this run (its record: `expected`) changes its model (or
         tokenizer, once recorded), its number of processes (`check_processes`) or, mid-phase,
         its data (guards.check_resume)."""
-        checkpoint.check_compatible(found.record.as_json(), expected.as_json(),
-                                    self.where(found.step))
+        checkpoint.check_compatible(
+            found.record.as_json(), expected.as_json(), self.where(found.step)
+        )
         if found.step < phases[-1].end_step:  # (a finished run only evaluates)
             check_processes(found.record, expected, self.where(found.step), allow_changed_data)
-        guards.check_resume(found.record, expected.data or {}, data, found.position,
-                            phase_schedule.phase_at(phases, found.step).name,
-                            self.where(found.step), allow_changed_data)
+        guards.check_resume(
+            found.record,
+            expected.data or {},
+            data,
+            found.position,
+            phase_schedule.phase_at(phases, found.step).name,
+            self.where(found.step),
+            allow_changed_data,
+        )
 
-    def restore(self, found: Found, abstract_state: TrainState, record: RunRecord,
-                check: Callable[[Found], None]) -> tuple[TrainState, phase_schedule.DataPosition]:
+    def restore(
+        self,
+        found: Found,
+        abstract_state: TrainState,
+        record: RunRecord,
+        check: Callable[[Found], None],
+    ) -> tuple[TrainState, phase_schedule.DataPosition]:
         """Restores `found` onto `abstract_state`'s shardings; a checkpoint without checksums
         that fails to restore, or restores NaN/Inf, and any that holds another step than its
         directory's name, is set aside and the next one (passed through `check`) tried."""
         while True:
             try:
-                state, position, _ = self._read(found.step, lambda: self.checkpointer.restore(
-                    found.step, abstract_state, record.as_json()))  # noqa: B023 (run at once)
+                restore = functools.partial(
+                    self.checkpointer.restore, found.step, abstract_state, record.as_json()
+                )
+                state, position, _ = self._read(found.step, restore)
                 nonfinite.check_finite(state, found.step)
                 if int(jax.device_get(state.step)) != found.step:  # (later saves would be
-                    raise checkpoint.DamagedCheckpoint(self.where(found.step), (  # skipped)
-                        f"its directory is named {found.step} but it holds step "
-                        f"{int(jax.device_get(state.step))} (renamed?)"))
+                    raise checkpoint.DamagedCheckpoint(
+                        self.where(found.step),
+                        (  # skipped)
+                            f"its directory is named {found.step} but it holds step "
+                            f"{int(jax.device_get(state.step))} (renamed?)"
+                        ),
+                    )
                 break
             except checkpoint.CheckpointMismatch:
                 raise
@@ -185,25 +224,36 @@ class Resume:
                 check(found)
             except Exception as e:  # noqa: BLE001 (any failure to restore it)
                 if found.sealed or jax.process_count() > 1:
-                    raise UnusableCheckpoint(f"checkpoint {self.where(found.step)} failed to "
-                                             f"restore: {first_line(e)}") from e
+                    raise UnusableCheckpoint(
+                        f"checkpoint {self.where(found.step)} failed to restore: {first_line(e)}"
+                    ) from e
                 self._set_aside(found.step, f"it cannot be restored ({first_line(e)})")
                 found = self._newest_left()
                 check(found)
         if self.set_aside:
-            reporting.chief_print(f"Resuming from step {found.step} instead of "
-                                  f"{max(self.set_aside)}: {max(self.set_aside) - found.step} "
-                                  "steps will be trained again")
+            reporting.chief_print(
+                f"Resuming from step {found.step} instead of "
+                f"{max(self.set_aside)}: {max(self.set_aside) - found.step} "
+                "steps will be trained again"
+            )
         data_position = phase_schedule.DataPosition.from_dict(position)
         self.checkpointer.keep_until_newer_sealed(found.step)
-        reporting.chief_print(f"Resuming from {self.checkpointer.directory} at step "
-                              f"{found.step} (phase {data_position.phase}, next batch "
-                              f"{data_position.batch_index})")
+        reporting.chief_print(
+            f"Resuming from {self.checkpointer.directory} at step "
+            f"{found.step} (phase {data_position.phase}, next batch "
+            f"{data_position.batch_index})"
+        )
         return state, data_position
 
-    def fall_back(self, start: Start, error: nonfinite.NonFiniteAfterResume,
-                  abstract_state: TrainState, record: RunRecord, check: Callable[[Found], None],
-                  phases: Sequence[phase_schedule.Phase]) -> Start:
+    def fall_back(
+        self,
+        start: Start,
+        error: nonfinite.NonFiniteAfterResume,
+        abstract_state: TrainState,
+        record: RunRecord,
+        check: Callable[[Found], None],
+        phases: Sequence[phase_schedule.Phase],
+    ) -> Start:
         """What to train from after every step since resuming from `start` was non-finite
         (`error`, raised again if the run has fallen back already: once): `start`'s
         checkpoint set aside (and any later step, none of which a finite step has come from)
@@ -213,16 +263,20 @@ class Resume:
         self.checkpointer.wait()
         for step in reversed(self.checkpointer.all_steps()):
             if step >= start.found.step:
-                self._set_aside(step, "every step since resuming from it was non-finite; "
-                                      "falling back (once) to the checkpoint before it")
+                self._set_aside(
+                    step,
+                    "every step since resuming from it was non-finite; "
+                    "falling back (once) to the checkpoint before it",
+                )
         previous = self._newest_left()
         check(previous)
         state, position = self.restore(previous, abstract_state, record, check)
         return Start.of(state, position, previous, phases, fell_back=True)
 
 
-def check_processes(found: RunRecord, expected: RunRecord, where: str,
-                    allow_changed_data: bool) -> None:
+def check_processes(
+    found: RunRecord, expected: RunRecord, where: str, allow_changed_data: bool
+) -> None:
     """Refuses to continue the checkpoint `where` (its record: `found`) on another number of
     processes than it was trained by (`processes`; older checkpoints lack it): each
     process prepares its own share of the documents and reads its rows of every batch from
@@ -232,9 +286,13 @@ def check_processes(found: RunRecord, expected: RunRecord, where: str,
     if old is None or old == new:
         return
     if allow_changed_data:
-        logging.warning("continuing checkpoint %s, trained by %d processes, on %d "
-                        "(train.allow_changed_data): the batches differ from here on", where,
-                        old, new)
+        logging.warning(
+            "continuing checkpoint %s, trained by %d processes, on %d "
+            "(train.allow_changed_data): the batches differ from here on",
+            where,
+            old,
+            new,
+        )
         return
     raise OtherProcessCount(
         f"checkpoint {where} was trained by {old} processes (hosts) and this run has {new}: "
@@ -243,18 +301,24 @@ def check_processes(found: RunRecord, expected: RunRecord, where: str,
         f"differ from an uninterrupted run's. Relaunch on {old} processes to resume exactly; "
         "or accept other batches with --config.train.allow_changed_data=True; or start a new "
         "run in another --workdir (--config.train.init_checkpoint=THIS_WORKDIR/checkpoints "
-        "starts it from these parameters)")
+        "starts it from these parameters)"
+    )
 
 
-def restore_exactly(checkpointer: checkpoint.Checkpointer, step: int,
-                    abstract_state: TrainState, meta: dict[str, Any]
-                    ) -> tuple[TrainState, dict[str, Any]]:
+def restore_exactly(
+    checkpointer: checkpoint.Checkpointer,
+    step: int,
+    abstract_state: TrainState,
+    meta: dict[str, Any],
+) -> tuple[TrainState, dict[str, Any]]:
     """`(state, position)` of checkpoint `step`; a checkpoint that differs from its recorded
     checksums (e.g. its epoch or best-so-far in the position edited), fails to restore or
     does not match its digest is one DamagedCheckpoint error naming it and the way on."""
     if step not in checkpointer.all_steps():  # (deleted: no checkpoint before it helps)
-        raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", (
-            "it is missing; start this fine-tuning again with --overwrite"))
+        raise checkpoint.DamagedCheckpoint(
+            f"{checkpointer.directory}/{step}",
+            ("it is missing; start this fine-tuning again with --overwrite"),
+        )
     try:
         problem = checkpointer.verify(step)[1]
         if problem:
@@ -263,9 +327,16 @@ def restore_exactly(checkpointer: checkpoint.Checkpointer, step: int,
     except checkpoint.CheckpointMismatch:
         raise
     except Exception as e:  # noqa: BLE001 (any failure to restore it)
-        problem = e.problem if isinstance(e, checkpoint.DamagedCheckpoint) else (
-            f"it cannot be restored ({failures.first_line(e)})")
-        raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", (
-            f"{problem}; move it out of {checkpointer.directory} and rerun to resume from the "
-            "checkpoint before it, or start this fine-tuning again with --overwrite")) from e
+        problem = (
+            e.problem
+            if isinstance(e, checkpoint.DamagedCheckpoint)
+            else (f"it cannot be restored ({failures.first_line(e)})")
+        )
+        raise checkpoint.DamagedCheckpoint(
+            f"{checkpointer.directory}/{step}",
+            (
+                f"{problem}; move it out of {checkpointer.directory} and rerun to resume from the "
+                "checkpoint before it, or start this fine-tuning again with --overwrite"
+            ),
+        ) from e
     return state, position

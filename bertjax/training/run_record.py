@@ -1,6 +1,7 @@
 """What a pretraining checkpoint records about its run, typed: `RunRecord`, read from and
 written as the checkpoint's `meta` JSON item with the keys it has always had (`of`,
 `as_json`), so that checkpoints written before this type resume exactly."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,19 +33,29 @@ class RunRecord:
     def of(cls, meta: Mapping[str, Any]) -> RunRecord:
         """The record of a checkpoint's `meta`."""
         named = {f.name for f in dataclasses.fields(cls)} - {"others"}
-        return cls(**{key: value for key, value in meta.items() if key in named},
-                   others={key: value for key, value in meta.items() if key not in named})
+        return cls(
+            **{key: value for key, value in meta.items() if key in named},
+            others={key: value for key, value in meta.items() if key not in named},
+        )
 
     @classmethod
-    def new(cls, model: Mapping[str, Any], config_json: str, data: Mapping[str, Any],
-            schedule: Mapping[str, Any]) -> RunRecord:
+    def new(
+        cls,
+        model: Mapping[str, Any],
+        config_json: str,
+        data: Mapping[str, Any],
+        schedule: Mapping[str, Any],
+    ) -> RunRecord:
         """A new run's record (the tokenizer's fingerprint is added once it is loaded)."""
         return cls(dict(model), config_json, dict(data), jax.process_count(), dict(schedule))
 
     def as_json(self) -> dict[str, Any]:
         """The `meta` JSON item: the fields this record holds, under their names."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                  if f.name != "others" and getattr(self, f.name) is not None}
+        values = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "others" and getattr(self, f.name) is not None
+        }
         return {**values, **self.others}
 
     @property

@@ -7,6 +7,7 @@ The fields keep the config's names, types and defaults (configs/base.py document
 validate.py checks their ranges before the conversion. A config an older run recorded
 (`recorded=True`) gives its missing fields their default here, else their type's empty value.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -87,11 +88,14 @@ class PretrainingSettings:
     def of(cls, config: Mapping[str, Any], recorded: bool = False) -> PretrainingSettings:
         """The settings of a pretraining `config`; DataError or ConfigError naming the field
         whose value is not one of its choices."""
-        return cls(TrainSettings.of(config["train"], recorded),
-                   LongPhaseSettings.of(config["long_phase"], recorded),
-                   DataSettings.of(config["data"], recorded), dict(config.get("model", {})),
-                   dict(config.get("optimizer", {})),
-                   MeshSettings.of(dict(config.get("mesh", {}))))
+        return cls(
+            TrainSettings.of(config["train"], recorded),
+            LongPhaseSettings.of(config["long_phase"], recorded),
+            DataSettings.of(config["data"], recorded),
+            dict(config.get("model", {})),
+            dict(config.get("optimizer", {})),
+            MeshSettings.of(dict(config.get("mesh", {}))),
+        )
 
     @functools.cached_property
     def phases(self) -> list[phase_schedule.Phase]:

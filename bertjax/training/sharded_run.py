@@ -2,6 +2,7 @@
 its shardings, the shardability check, the start-up memory report and the compiled steps.
 Pretraining (`train`), fine-tuning (`finetune_loop`), `tools.aot` and `tools.bench` share it;
 nothing here reads data or touches a checkpoint."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,19 +38,22 @@ class ShardedRun:
     grad_accum: dict[str, int] = dataclasses.field(default_factory=dict)  # by phase name
 
     def init_state(self, rng: jax.Array) -> TrainState:
-        state, _, _ = create_train_state(self.model, self.tx, rng,
-                                         families.example_inputs(self.model), self.mesh)
+        state, _, _ = create_train_state(
+            self.model, self.tx, rng, families.example_inputs(self.model), self.mesh
+        )
         assert state is not None  # (materialized)
         return state
 
     def restart_optimizer(self, state: TrainState) -> TrainState:
         """`state` with the optimizer state of a new run from its parameters (zero moments)."""
-        return jax.jit(lambda s: s.replace(opt_state=self.tx.init(s.params)),
-                       out_shardings=self.state_shardings, donate_argnums=0)(state)
+        return jax.jit(
+            lambda s: s.replace(opt_state=self.tx.init(s.params)),
+            out_shardings=self.state_shardings,
+            donate_argnums=0,
+        )(state)
 
 
-def make_mesh(mesh: sharding.MeshSettings, devices: Sequence[jax.Device] | None = None
-              ) -> Mesh:
+def make_mesh(mesh: sharding.MeshSettings, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """The mesh of `config.mesh` over `devices` (default: all); ConfigError if it cannot be."""
     try:
         return sharding.make_mesh(dataclasses.asdict(mesh), devices)
@@ -57,70 +61,97 @@ def make_mesh(mesh: sharding.MeshSettings, devices: Sequence[jax.Device] | None 
         raise ConfigError(str(e)) from e
 
 
-def build(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
-          train_step: Callable, eval_step: Callable) -> ShardedRun:
+def build(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    train_step: Callable,
+    eval_step: Callable,
+) -> ShardedRun:
     """Abstract state and shardings of `model` + `tx` on `mesh`, and the steps compiled for
     them (`train_step(state, batch)`, `eval_step(params, batch)`, not yet jitted)."""
     _, abstract_state, shardings = create_train_state(
-        model, tx, jax.random.PRNGKey(0), families.example_inputs(model), mesh,
-        materialize=False)
-    return ShardedRun(mesh, model, tx, abstract_state, shardings,
-                      steps.jit_train_step(train_step, shardings, mesh),
-                      steps.jit_eval_step(eval_step, shardings.params, mesh))
+        model, tx, jax.random.PRNGKey(0), families.example_inputs(model), mesh, materialize=False
+    )
+    return ShardedRun(
+        mesh,
+        model,
+        tx,
+        abstract_state,
+        shardings,
+        steps.jit_train_step(train_step, shardings, mesh),
+        steps.jit_eval_step(eval_step, shardings.params, mesh),
+    )
 
 
-def pretraining_optimizer(optimizer_cfg: Mapping, total_steps: int,
-                          long_phase: LongPhaseSettings,
-                          phases: Sequence[Phase]) -> optim.OptimizerConfig:
+def pretraining_optimizer(
+    optimizer_cfg: Mapping, total_steps: int, long_phase: LongPhaseSettings, phases: Sequence[Phase]
+) -> optim.OptimizerConfig:
     """`optimizer_cfg` over `total_steps`; with long_phase.restart_optimizer, its schedule
     starts again where the long phase does (the original's second run)."""
     optimizer = optim.optimizer_config(optimizer_cfg, total_steps)
     if not long_phase.restart_optimizer:
         return optimizer
     if len(phases) < 2:
-        raise ConfigError("long_phase.restart_optimizer=True restarts the optimizer between "
-                          "the two phases, but this run has one: set long_phase.fraction "
-                          "between 0 and 1, or restart_optimizer=False")
+        raise ConfigError(
+            "long_phase.restart_optimizer=True restarts the optimizer between "
+            "the two phases, but this run has one: set long_phase.fraction "
+            "between 0 and 1, or restart_optimizer=False"
+        )
     if optimizer.name != "bert_adam":
-        raise ConfigError(f"long_phase.restart_optimizer=True needs optimizer.name='bert_adam' "
-                          f"(the original's, without bias correction), not {optimizer.name!r}, "
-                          "whose bias correction counts the steps of both phases")
+        raise ConfigError(
+            f"long_phase.restart_optimizer=True needs optimizer.name='bert_adam' "
+            f"(the original's, without bias correction), not {optimizer.name!r}, "
+            "whose bias correction counts the steps of both phases"
+        )
     return dataclasses.replace(
-        optimizer, restart_step=phases[-1].start_step,
+        optimizer,
+        restart_step=phases[-1].start_step,
         restart_warmup_steps=long_phase.restart_warmup_steps,
-        restart_peak_learning_rate=long_phase.restart_peak_learning_rate)
+        restart_peak_learning_rate=long_phase.restart_peak_learning_rate,
+    )
 
 
-def check_batches(mesh: Mesh, phases: Sequence[Phase],
-                  grad_accum: int | Mapping[str, int],
-                  max_position_embeddings: int) -> None:
+def check_batches(
+    mesh: Mesh,
+    phases: Sequence[Phase],
+    grad_accum: int | Mapping[str, int],
+    max_position_embeddings: int,
+) -> None:
     """Checks every phase's global batch against the mesh, accumulation (micro-batches, for
     all phases or by phase name; 0 = auto: checked once chosen) and process count, and its
     length against the model's positions."""
     dp = sharding.data_parallel_size(mesh)
     for phase in phases:
         size = phase.global_batch_size
-        grad_accum_steps = (grad_accum.get(phase.name, 1) if isinstance(grad_accum, Mapping)
-                            else grad_accum) or 1
-        if size % jax.process_count() or size % grad_accum_steps or \
-                (size // grad_accum_steps) % dp:
+        grad_accum_steps = (
+            grad_accum.get(phase.name, 1) if isinstance(grad_accum, Mapping) else grad_accum
+        ) or 1
+        if size % jax.process_count() or size % grad_accum_steps or (size // grad_accum_steps) % dp:
             field = phase_schedule.BATCH_FIELDS.get(phase.name, "train.global_batch_size")
             multiple = math.lcm(jax.process_count(), grad_accum_steps * dp)
             raise ConfigError(
                 f"global batch {size} (phase {phase.name}) must be divisible by the process count "
                 f"({jax.process_count()}), and batch / grad_accum_steps ({grad_accum_steps}) by "
                 f"the data-parallel size data*fsdp={dp}: set --config.{field} to a multiple of "
-                f"{multiple}, or change train.grad_accum_steps or config.mesh")
+                f"{multiple}, or change train.grad_accum_steps or config.mesh"
+            )
         if phase.max_seq_length > max_position_embeddings:
-            raise ConfigError(f"phase {phase.name}: max_seq_length {phase.max_seq_length} > "
-                              f"model.max_position_embeddings {max_position_embeddings}")
+            raise ConfigError(
+                f"phase {phase.name}: max_seq_length {phase.max_seq_length} > "
+                f"model.max_position_embeddings {max_position_embeddings}"
+            )
 
 
-def build_pretraining(model_config: ModelConfig, optimizer: optim.OptimizerConfig, mesh: Mesh,
-                      phases: Sequence[Phase], grad_accum_steps: int | Mapping[str, int],
-                      report: bool = True,
-                      objective: objectives.PretrainingObjective = objectives.PretrainingObjective()
-                      ) -> ShardedRun:
+def build_pretraining(
+    model_config: ModelConfig,
+    optimizer: optim.OptimizerConfig,
+    mesh: Mesh,
+    phases: Sequence[Phase],
+    grad_accum_steps: int | Mapping[str, int],
+    report: bool = True,
+    objective: objectives.PretrainingObjective = objectives.PretrainingObjective(),
+) -> ShardedRun:
     """The pretraining run: the family's model (`families.pretraining_model`) with the
     configured optimizer on `mesh`, checked
     against the phases' batches and the mesh's divisibility; the chief prints the memory
@@ -131,17 +162,25 @@ def build_pretraining(model_config: ModelConfig, optimizer: optim.OptimizerConfi
     model = families.pretraining_model(model_config)
     tx = optim.make_optimizer(optimizer)
     _, abstract_state, _ = create_train_state(
-        model, tx, jax.random.PRNGKey(0), families.example_inputs(model), mesh,
-        materialize=False)
-    by_phase = (dict(grad_accum_steps) if isinstance(grad_accum_steps, Mapping) else
-                autofit.accumulation(grad_accum_steps, model_config, abstract_state, mesh, phases))
+        model, tx, jax.random.PRNGKey(0), families.example_inputs(model), mesh, materialize=False
+    )
+    by_phase = (
+        dict(grad_accum_steps)
+        if isinstance(grad_accum_steps, Mapping)
+        else autofit.accumulation(grad_accum_steps, model_config, abstract_state, mesh, phases)
+    )
     check_batches(mesh, phases, by_phase, model_config.max_position_embeddings)
     if isinstance(grad_accum_steps, int) and grad_accum_steps:
         accum: int | dict = grad_accum_steps  # the same for every batch
     else:  # a phase's batch shape -> its micro-batches
         accum = {(p.global_batch_size, p.max_seq_length): by_phase[p.name] for p in phases} or 1
-    run = build(model, tx, mesh, steps.make_train_step(model, tx, accum, objective),
-                steps.make_eval_step(model, objective))
+    run = build(
+        model,
+        tx,
+        mesh,
+        steps.make_train_step(model, tx, accum, objective),
+        steps.make_eval_step(model, objective),
+    )
     run.grad_accum = by_phase
     try:
         memory.check_shardable(model_config, run.abstract_state.params, mesh)

@@ -6,6 +6,7 @@ that says which mesh axis each logical axis is split over. Mesh axes:
   fsdp   - data parallelism with parameters and optimizer state sharded (ZeRO-3 style),
   tensor - Megatron-style tensor parallelism over heads and the FFN.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,9 +42,11 @@ class MeshSettings:
         """ConfigError naming an axis `mesh` sets that the mesh does not have."""
         unknown = sorted(set(mesh) - set(MESH_AXES))
         if unknown:
-            raise ConfigError(f"mesh.{unknown[0]} is not an axis of the mesh (its axes: "
-                             f"{', '.join(MESH_AXES)})")
+            raise ConfigError(
+                f"mesh.{unknown[0]} is not an axis of the mesh (its axes: {', '.join(MESH_AXES)})"
+            )
         return cls(**{axis: int(size) for axis, size in mesh.items()})
+
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     (M.BATCH, (DATA, FSDP)),
@@ -73,12 +76,16 @@ def mesh_shape(axis_sizes: Mapping[str, int], num_devices: int) -> tuple[int, ..
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if num_devices % known:
-            raise ValueError(f"mesh {dict(axis_sizes)}: {num_devices} devices are not divisible "
-                             f"by the fixed axes' product {known}")
+            raise ValueError(
+                f"mesh {dict(axis_sizes)}: {num_devices} devices are not divisible "
+                f"by the fixed axes' product {known}"
+            )
         sizes[sizes.index(-1)] = num_devices // known
     if math.prod(sizes) != num_devices:
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices "
-                         f"but {num_devices} are available; set one axis to -1 to fill")
+        raise ValueError(
+            f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices "
+            f"but {num_devices} are available; set one axis to -1 to fill"
+        )
     return tuple(sizes)
 
 
@@ -86,8 +93,9 @@ def make_mesh(axis_sizes: Mapping[str, int], devices: Sequence[jax.Device] | Non
     """Builds the (data, fsdp, tensor) mesh with Auto axes (jit + NamedSharding semantics)."""
     devices = list(devices if devices is not None else jax.devices())
     shape = mesh_shape(axis_sizes, len(devices))
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                         devices=devices)
+    return jax.make_mesh(
+        shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
+    )
 
 
 def logical_to_sharding(logical_specs: Any, mesh: Mesh) -> Any:
@@ -108,17 +116,24 @@ def data_parallel_size(mesh: Mesh) -> int:
     return mesh.shape[DATA] * mesh.shape[FSDP]
 
 
-def global_batch_from_host(host_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+def global_batch_from_host(
+    host_batch: Mapping[str, np.ndarray], mesh: Mesh
+) -> dict[str, jax.Array]:
     """Assembles this process's rows of the global batch into global, sharded jax.Arrays."""
     sharding = batch_sharding(mesh)
-    return {name: jax.make_array_from_process_local_data(sharding, value)
-            for name, value in host_batch.items()}
+    return {
+        name: jax.make_array_from_process_local_data(sharding, value)
+        for name, value in host_batch.items()
+    }
 
 
 @contextlib.contextmanager
 def activate(mesh: Mesh):
     """Makes `mesh` and the logical rules current, for tracing steps with activation
     constraints; "auto" choices resolve for the mesh's devices (`attention.target_device`)."""
-    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES), \
-            attention.target_device(mesh.devices.flat[0]):
+    with (
+        jax.set_mesh(mesh),
+        nn.logical_axis_rules(LOGICAL_AXIS_RULES),
+        attention.target_device(mesh.devices.flat[0]),
+    ):
         yield

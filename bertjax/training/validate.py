@@ -3,6 +3,7 @@ written, no data prepared, nothing compiled): pretraining (`pretraining`) and fi
 (`finetuning`) configs. A refusal is one line naming the field, its value, the allowed range
 and the fix. (A learning rate of 0 is allowed: a run that only evaluates or converts
 starting weights.)"""
+
 from __future__ import annotations
 
 import math
@@ -37,46 +38,75 @@ def _rules(*entries: tuple[str, tuple[str, Callable[[Any], bool]]]) -> list[Rule
 
 
 PRETRAINING = _rules(
-    ("optimizer.peak_learning_rate", _at_least_0), ("optimizer.warmup_steps", _at_least_0),
-    ("train.total_steps", _at_least_1), ("train.global_batch_size", _at_least_1),
-    ("train.grad_accum_steps", (">= 1, or 0 for auto", lambda v: v >= 0)), ("train.log_every", _at_least_1),
-    ("train.checkpoint_every", _at_least_1), ("train.keep_checkpoints", _at_least_1),
-    ("train.keep_every", _at_least_0), ("train.eval_every", _at_least_0),
-    ("train.eval_batches", _at_least_0), ("train.stop_after_steps", _at_least_0),
+    ("optimizer.peak_learning_rate", _at_least_0),
+    ("optimizer.warmup_steps", _at_least_0),
+    ("train.total_steps", _at_least_1),
+    ("train.global_batch_size", _at_least_1),
+    ("train.grad_accum_steps", (">= 1, or 0 for auto", lambda v: v >= 0)),
+    ("train.log_every", _at_least_1),
+    ("train.checkpoint_every", _at_least_1),
+    ("train.keep_checkpoints", _at_least_1),
+    ("train.keep_every", _at_least_0),
+    ("train.eval_every", _at_least_0),
+    ("train.eval_batches", _at_least_0),
+    ("train.stop_after_steps", _at_least_0),
     ("train.max_nonfinite_steps", _at_least_1),
-    ("data.max_seq_length", _seq_length), ("data.max_predictions_per_seq", _at_least_1),
-    ("data.masked_lm_prob", _probability), ("data.dupe_factor", _at_least_1),
-    ("data.shard_bytes", (">= 1024", lambda v: v >= 1024)), ("data.num_workers", _at_least_0),
-    ("long_phase.fraction", _probability), ("optimizer.decay_fraction", _probability),
+    ("data.max_seq_length", _seq_length),
+    ("data.max_predictions_per_seq", _at_least_1),
+    ("data.masked_lm_prob", _probability),
+    ("data.dupe_factor", _at_least_1),
+    ("data.shard_bytes", (">= 1024", lambda v: v >= 1024)),
+    ("data.num_workers", _at_least_0),
+    ("long_phase.fraction", _probability),
+    ("optimizer.decay_fraction", _probability),
     ("long_phase.global_batch_size", ("> 0, or 0 for train.global_batch_size", lambda v: v >= 0)),
 )
 OPTIMIZER = _rules(  # (both kinds of run)
-    ("optimizer.weight_decay_rate", _at_least_0), ("optimizer.b1", _below_1),
-    ("optimizer.b2", _below_1), ("optimizer.eps", _positive),
+    ("optimizer.weight_decay_rate", _at_least_0),
+    ("optimizer.b1", _below_1),
+    ("optimizer.b2", _below_1),
+    ("optimizer.eps", _positive),
     ("optimizer.clip_global_norm", (">= 0 (0 disables clipping)", lambda v: v >= 0)),
 )
 PRETRAINING += OPTIMIZER
-BERT_DROPOUT = _rules(("model.hidden_dropout_prob", _below_1),  # (ModernBERT's: its check)
-                      ("model.attention_probs_dropout_prob", _below_1))
-LONG_PHASE = _rules(("long_phase.max_seq_length", _seq_length),
-                    ("long_phase.max_predictions_per_seq", _at_least_1))
-FINETUNING = _rules(
-    ("learning_rate", _at_least_0), ("warmup_proportion", _probability),
-    ("train_batch_size", _at_least_1), ("eval_batch_size", _at_least_1),
-    ("num_train_epochs", _positive), ("log_every", _at_least_1),
-    ("max_seq_length", _seq_length), ("max_train_examples", _at_least_0),
-    ("hidden_dropout_prob", _below_1), ("attention_probs_dropout_prob", _below_1),
-) + OPTIMIZER
+BERT_DROPOUT = _rules(
+    ("model.hidden_dropout_prob", _below_1),  # (ModernBERT's: its check)
+    ("model.attention_probs_dropout_prob", _below_1),
+)
+LONG_PHASE = _rules(
+    ("long_phase.max_seq_length", _seq_length), ("long_phase.max_predictions_per_seq", _at_least_1)
+)
+FINETUNING = (
+    _rules(
+        ("learning_rate", _at_least_0),
+        ("warmup_proportion", _probability),
+        ("train_batch_size", _at_least_1),
+        ("eval_batch_size", _at_least_1),
+        ("num_train_epochs", _positive),
+        ("log_every", _at_least_1),
+        ("max_seq_length", _seq_length),
+        ("max_train_examples", _at_least_0),
+        ("hidden_dropout_prob", _below_1),
+        ("attention_probs_dropout_prob", _below_1),
+    )
+    + OPTIMIZER
+)
 FINETUNING_TASKS = _rules(  # the fields of some tasks' configs (squad.py, ner.py)
-    ("doc_stride", _at_least_1), ("max_query_length", _at_least_1), ("n_best_size", _at_least_1),
-    ("max_answer_length", _at_least_1), ("lstm_size", _at_least_1),
+    ("doc_stride", _at_least_1),
+    ("max_query_length", _at_least_1),
+    ("n_best_size", _at_least_1),
+    ("max_answer_length", _at_least_1),
+    ("lstm_size", _at_least_1),
 )
 
 
 # The settings that name one of a few choices (the model's: bert_config.check; the data's,
 # train's and long phase's: PretrainingSettings, checked as it is built).
-CHOICES = {"optimizer.name": optim.OPTIMIZER_NAMES, "optimizer.schedule": optim.SCHEDULE_NAMES,
-           "optimizer.decay_shape": optim.DECAY_SHAPES}
+CHOICES = {
+    "optimizer.name": optim.OPTIMIZER_NAMES,
+    "optimizer.schedule": optim.SCHEDULE_NAMES,
+    "optimizer.decay_shape": optim.DECAY_SHAPES,
+}
 
 
 def _value(config: Any, field: str) -> Any:
@@ -93,8 +123,9 @@ def check(config: Any, rules: list[Rule]) -> None:
         value = _value(config, field)
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not number or not math.isfinite(value) or not test(value):
-            raise ConfigError(f"{field}={value!r} is out of range: it must be {allowed}; set "
-                              f"--config.{field}")
+            raise ConfigError(
+                f"{field}={value!r} is out of range: it must be {allowed}; set --config.{field}"
+            )
 
 
 def check_choices(config: Any, choices: dict[str, tuple[str, ...]]) -> None:
@@ -103,8 +134,10 @@ def check_choices(config: Any, choices: dict[str, tuple[str, ...]]) -> None:
     for field, allowed in choices.items():
         value = _value(config, field)
         if str(value).lower() not in allowed:
-            raise ConfigError(f"{field}={value!r} is not one of {', '.join(map(repr, allowed))}; "
-                              f"set --config.{field}")
+            raise ConfigError(
+                f"{field}={value!r} is not one of {', '.join(map(repr, allowed))}; "
+                f"set --config.{field}"
+            )
 
 
 def settings(config: Any) -> PretrainingSettings:
@@ -121,22 +154,30 @@ def pretraining(config: Any) -> PretrainingSettings:
     the model's shape (`pretraining_model`); the warmup must fit in the run. Returns the
     settings, built once here."""
     model_family(config)
-    check(config, PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
-          + list(families.get(families.family(config.model)).pretraining_rules))
+    check(
+        config,
+        PRETRAINING
+        + (LONG_PHASE if config.long_phase.fraction > 0 else [])
+        + list(families.get(families.family(config.model)).pretraining_rules),
+    )
     check_choices(config, CHOICES)
     typed = settings(config)
     pretraining_model(config, typed)
     warmup, total = config.optimizer.warmup_steps, config.train.total_steps
     if warmup > total:
-        raise ConfigError(f"optimizer.warmup_steps={warmup} is longer than the run "
-                          f"(train.total_steps={total}): the learning rate would never reach "
-                          "its peak nor decay; set --config.optimizer.warmup_steps <= "
-                          f"{total} (the paper warms up for 1% of the steps)")
+        raise ConfigError(
+            f"optimizer.warmup_steps={warmup} is longer than the run "
+            f"(train.total_steps={total}): the learning rate would never reach "
+            "its peak nor decay; set --config.optimizer.warmup_steps <= "
+            f"{total} (the paper warms up for 1% of the steps)"
+        )
     if config.optimizer.schedule == "wsd" and config.long_phase.restart_optimizer:
-        raise ConfigError("long_phase.restart_optimizer=True restarts BERT's linear schedule; "
-                          "optimizer.schedule='wsd' holds its peak through the phases instead: "
-                          "set --config.long_phase.restart_optimizer=False or "
-                          "--config.optimizer.schedule=linear")
+        raise ConfigError(
+            "long_phase.restart_optimizer=True restarts BERT's linear schedule; "
+            "optimizer.schedule='wsd' holds its peak through the phases instead: "
+            "set --config.long_phase.restart_optimizer=False or "
+            "--config.optimizer.schedule=linear"
+        )
     return typed
 
 
@@ -151,21 +192,29 @@ def pretraining_model(config: Any, typed: PretrainingSettings) -> None:
         if phase.max_seq_length > model.max_position_embeddings:
             field = "data.max_seq_length" if phase.name == "short" else "long_phase.max_seq_length"
             shorter = f"--config.{field} <= {model.max_position_embeddings}"
-            fix = (f"{shorter} (the model is init_checkpoint's)" if typed.train.init_checkpoint
-                   else f"--config.model.max_position_embeddings >= {phase.max_seq_length}, "
-                        f"or {shorter}")
-            raise ConfigError(f"{field}={phase.max_seq_length} (phase {phase.name}) is longer than "
-                              f"model.max_position_embeddings={model.max_position_embeddings}; "
-                              f"set {fix}")
+            fix = (
+                f"{shorter} (the model is init_checkpoint's)"
+                if typed.train.init_checkpoint
+                else f"--config.model.max_position_embeddings >= {phase.max_seq_length}, "
+                f"or {shorter}"
+            )
+            raise ConfigError(
+                f"{field}={phase.max_seq_length} (phase {phase.name}) is longer than "
+                f"model.max_position_embeddings={model.max_position_embeddings}; "
+                f"set {fix}"
+            )
     data = typed.data
-    trains_sentencepiece = data.tokenizer == "sentencepiece" and not data.vocab_file \
-        and not data.prepared_dir
+    trains_sentencepiece = (
+        data.tokenizer == "sentencepiece" and not data.vocab_file and not data.prepared_dir
+    )
     if trains_sentencepiece and data.sentencepiece_vocab_size > model.vocab_size:
-        raise ConfigError(f"data.sentencepiece_vocab_size={data.sentencepiece_vocab_size} is "
-                          f"larger than model.vocab_size={model.vocab_size}: the tokenizer "
-                          "the run trains would not fit the model; set "
-                          f"--config.model.vocab_size >= {data.sentencepiece_vocab_size}, or "
-                          f"--config.data.sentencepiece_vocab_size <= {model.vocab_size}")
+        raise ConfigError(
+            f"data.sentencepiece_vocab_size={data.sentencepiece_vocab_size} is "
+            f"larger than model.vocab_size={model.vocab_size}: the tokenizer "
+            "the run trains would not fit the model; set "
+            f"--config.model.vocab_size >= {data.sentencepiece_vocab_size}, or "
+            f"--config.data.sentencepiece_vocab_size <= {model.vocab_size}"
+        )
 
 
 def model_family(config: Any) -> None:
@@ -182,8 +231,11 @@ def finetuning(config: Any) -> None:
     check_choices(config, {"dtype": bert_config.DTYPES, "optimizer.name": optim.OPTIMIZER_NAMES})
     seeds(config.seeds)
     if config.warmup_proportion >= 1:
-        logging.warning("warmup_proportion=%s: the learning rate climbs for the whole run and "
-                        "never decays (the recipe warms up for 0.1)", config.warmup_proportion)
+        logging.warning(
+            "warmup_proportion=%s: the learning rate climbs for the whole run and "
+            "never decays (the recipe warms up for 0.1)",
+            config.warmup_proportion,
+        )
 
 
 def seeds(value: Any) -> list[int]:
@@ -193,8 +245,10 @@ def seeds(value: Any) -> list[int]:
     except ValueError:
         found = []
     if not found:
-        raise ConfigError(f"seeds={value!r} is not a comma-separated list of integers (e.g. "
-                          "1,2,3); set --config.seeds")
+        raise ConfigError(
+            f"seeds={value!r} is not a comma-separated list of integers (e.g. "
+            "1,2,3); set --config.seeds"
+        )
     return found
 
 
@@ -202,6 +256,14 @@ def data_preparation(config: Any) -> PretrainingSettings:
     """The ranges of a pretraining config that its data preparation depends on (the data, the
     phases' lengths and the schedule that makes them); returns the settings."""
     rules = PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
-    check(config, [rule for rule in rules if rule[0].startswith(
-        ("data.", "long_phase.", "train.total_steps", "train.global_batch_size"))])
+    check(
+        config,
+        [
+            rule
+            for rule in rules
+            if rule[0].startswith(
+                ("data.", "long_phase.", "train.total_steps", "train.global_batch_size")
+            )
+        ],
+    )
     return settings(config)

@@ -3,6 +3,7 @@
 Defaults are the original run_classifier / run_squad ones: batch 32, lr 5e-5, 3 epochs, 10%
 linear warmup then linear decay, BERT's AdamWeightDecay, dropout 0.1.
 """
+
 import pathlib
 import runpy
 

@@ -6,6 +6,7 @@
 Tasks: cola sst2 mrpc stsb qqp mnli (also predicts AX) qnli rte wnli. Data: the GLUE
 download layout (`data_dir/MRPC/train.tsv`, ...), or tfds `glue/<task>` when data_dir is empty.
 """
+
 import pathlib
 import runpy
 

@@ -8,6 +8,7 @@ data_dir, or tfds `conll2003` when empty. `--config.feature_based=True` is the p
 feature-based variant: the last four layers concatenated, the encoder frozen, a two-layer
 BiLSTM tagger trained.
 """
+
 import pathlib
 import runpy
 

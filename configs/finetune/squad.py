@@ -11,6 +11,7 @@ fine-tunes BERT-Base on v1.1 with batch 12, lr 3e-5, 2 epochs: --config.train_ba
 Files are the official JSON, or `tfds:squad/v1.1:train`-style names. v2.0: set
 `--config.version_2_with_negative=True`; the best null-score threshold is searched on dev.
 """
+
 import pathlib
 import runpy
 

@@ -1,6 +1,7 @@
 """Run by Python at start-up in a test's child process whose PYTHONPATH starts with this
 directory (tests/injected_faults.py's `pausing`): installs the pause that BERTJAX_TEST_PAUSE
 names before bertjax runs."""
+
 import os
 import sys
 

@@ -1,5 +1,6 @@
 """BERT's hyperparameters (Google's `bert_config.json` plus dtypes and layout switches), the
 activations and the remat policies they name."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,15 +75,27 @@ class BertConfig(FromDict):
 
     def resolved_attention_impl(self, backend: str | None = None) -> str:
         """The implementation training uses on `backend` (default: the target platform)."""
-        return attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend,
-                                      self.attention_probs_dropout_prob)
+        return attention.resolve_impl(
+            self.attention_impl,
+            self.dtype,
+            self.head_size,
+            backend,
+            self.attention_probs_dropout_prob,
+        )
 
 
 DTYPES = ("float32", "bfloat16", "float16")
 # Sizes a model needs at least 1 of.
-SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-               "intermediate_size", "max_position_embeddings", "type_vocab_size",
-               "vocab_pad_multiple")
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "vocab_pad_multiple",
+)
 
 
 def check(values: Mapping[str, Any], prefix: str = "", flag: str = "") -> None:
@@ -94,9 +107,15 @@ def check(values: Mapping[str, Any], prefix: str = "", flag: str = "") -> None:
     fields.sizes(SIZE_FIELDS)
     fields.heads_divide_hidden()
     fields.positive(("initializer_range", "layer_norm_eps"))
-    fields.choices((("hidden_act", ACTIVATIONS), ("remat_policy", REMAT_POLICIES),
-                    ("attention_impl", attention.ATTENTION_IMPLS), ("dtype", DTYPES),
-                    ("param_dtype", DTYPES)))
+    fields.choices(
+        (
+            ("hidden_act", ACTIVATIONS),
+            ("remat_policy", REMAT_POLICIES),
+            ("attention_impl", attention.ATTENTION_IMPLS),
+            ("dtype", DTYPES),
+            ("param_dtype", DTYPES),
+        )
+    )
 
 
 class FieldChecks:
@@ -118,34 +137,43 @@ class FieldChecks:
     def sizes(self, fields: tuple[str, ...]) -> None:
         for field in fields:
             if not isinstance(self.value[field], numbers.Integral) or self.value[field] < 1:
-                raise ValueError(f"{self.name(field)}={self.value[field]!r} is out of range: it "
-                                 f"must be an integer >= 1; set {self.setting(field)}")
+                raise ValueError(
+                    f"{self.name(field)}={self.value[field]!r} is out of range: it "
+                    f"must be an integer >= 1; set {self.setting(field)}"
+                )
 
     def heads_divide_hidden(self) -> None:
         hidden, heads = self.value["hidden_size"], self.value["num_attention_heads"]
         if hidden % heads:
-            near = sorted((d for d in range(1, hidden + 1) if hidden % d == 0),
-                          key=lambda d: (abs(d - heads), d))[:2]
+            near = sorted(
+                (d for d in range(1, hidden + 1) if hidden % d == 0),
+                key=lambda d: (abs(d - heads), d),
+            )[:2]
             raise ValueError(
                 f"{self.name('hidden_size')}={hidden} is not divisible by "
                 f"{self.name('num_attention_heads')}={heads} (each head gets hidden_size / "
                 f"num_attention_heads units): set {self.setting('num_attention_heads')} to a "
                 f"divisor of {hidden} (e.g. {' or '.join(map(str, sorted(near)))}), or "
-                f"{self.setting('hidden_size')} to a multiple of {heads}")
+                f"{self.setting('hidden_size')} to a multiple of {heads}"
+            )
 
     def positive(self, fields: tuple[str, ...]) -> None:
         for field in fields:
             value = self.value[field]
             number = isinstance(value, numbers.Real) and not isinstance(value, bool)
             if not number or not value > 0 or value == float("inf"):
-                raise ValueError(f"{self.name(field)}={value!r} is out of range: it must be a "
-                                 f"number > 0; set {self.setting(field)}")
+                raise ValueError(
+                    f"{self.name(field)}={value!r} is out of range: it must be a "
+                    f"number > 0; set {self.setting(field)}"
+                )
 
     def choices(self, table: tuple[tuple[str, Any], ...]) -> None:
         for field, choices in table:
             if self.value[field] not in choices:
-                raise ValueError(f"{self.name(field)}={self.value[field]!r} is not one of "
-                                 f"{', '.join(map(repr, choices))}; set {self.setting(field)}")
+                raise ValueError(
+                    f"{self.name(field)}={self.value[field]!r} is not one of "
+                    f"{', '.join(map(repr, choices))}; set {self.setting(field)}"
+                )
 
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {

@@ -1,6 +1,7 @@
 """BERT as a model family (`families.Family`): BertForPreTraining (MLM + NSP heads), the
 original's fine-tuning heads, Google TF and Hugging Face forms. Registered as "bert", the
 family of every config and record that names none."""
+
 from __future__ import annotations
 
 import json
@@ -33,14 +34,22 @@ if TYPE_CHECKING:  # (annotations only: these modules import the families)
 def forward(model, params, batch, mask, deterministic: bool, rngs):
     """`(mlm_logits, nsp_logits)` of BertForPreTraining."""
     packed = {name: batch[name] for name in batch_spec.PACKED_INPUTS if name in batch}
-    return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], mask,
-                       batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs,
-                       **packed)
+    return model.apply(
+        {"params": params},
+        batch["input_ids"],
+        batch["segment_ids"],
+        mask,
+        batch["masked_lm_positions"],
+        deterministic=deterministic,
+        rngs=rngs,
+        **packed,
+    )
 
 
 def all_layers(model, params, input_ids, segment_ids, input_mask) -> jax.Array:
-    stacked, _ = model.apply({"params": params}, input_ids, segment_ids, input_mask, True,
-                             all_layers=True)
+    stacked, _ = model.apply(
+        {"params": params}, input_ids, segment_ids, input_mask, True, all_layers=True
+    )
     return stacked
 
 
@@ -50,16 +59,22 @@ def flops(config: BertConfig, seq_length: int, predictions: int) -> int:
     projection) at P positions, and pooler + NSP (`flops.train_flops_per_sequence`)."""
     s, layers, h = seq_length, config.num_hidden_layers, config.hidden_size
     i, v, p = config.intermediate_size, config.vocab_size, predictions
-    return (6 * s * layers * (4 * h * h + 2 * h * i) + 12 * layers * h * s * s
-            + 6 * p * (h * h + h * v) + 6 * (h * h + 2 * h))
+    return (
+        6 * s * layers * (4 * h * h + 2 * h * i)
+        + 12 * layers * h * s * s
+        + 6 * p * (h * h + h * v)
+        + 6 * (h * h + 2 * h)
+    )
 
 
 def check_pretraining(model: Mapping[str, Any], train: TrainSettings) -> None:
     """Pretraining needs two segment types (sentences A and B)."""
     if model["type_vocab_size"] < 2:
-        raise ConfigError(f"model.type_vocab_size={model['type_vocab_size']} is out of range: "
-                          "pretraining needs 2 segment types (sentences A and B); set "
-                          "--config.model.type_vocab_size=2")
+        raise ConfigError(
+            f"model.type_vocab_size={model['type_vocab_size']} is out of range: "
+            "pretraining needs 2 segment types (sentences A and B); set "
+            "--config.model.type_vocab_size=2"
+        )
 
 
 def finetune_config(values: dict[str, Any], source: Source) -> BertConfig:
@@ -69,25 +84,35 @@ def finetune_config(values: dict[str, Any], source: Source) -> BertConfig:
         with files.open(source.model_config, encoding="utf-8") as f:
             values.update(json.load(f))
     if not values:
-        raise PretrainedError("set --config.init_checkpoint (a bertjax run, a Google TF or a "
-                              "Hugging Face checkpoint) or --config.model_config (a "
-                              "bert_config.json) to define the model")
-    values.update(dtype=source.dtype, scan_layers=values.get("scan_layers", False),
-                  hidden_dropout_prob=source.hidden_dropout_prob,
-                  attention_probs_dropout_prob=source.attention_probs_dropout_prob)
+        raise PretrainedError(
+            "set --config.init_checkpoint (a bertjax run, a Google TF or a "
+            "Hugging Face checkpoint) or --config.model_config (a "
+            "bert_config.json) to define the model"
+        )
+    values.update(
+        dtype=source.dtype,
+        scan_layers=values.get("scan_layers", False),
+        hidden_dropout_prob=source.hidden_dropout_prob,
+        attention_probs_dropout_prob=source.attention_probs_dropout_prob,
+    )
     try:
         return BertConfig.from_dict(values)
     except ValueError as e:  # (its fields name the file's keys)
-        where = (f"model_config {source.model_config}" if source.model_config
-                 else f"the model of init_checkpoint {source.init_checkpoint}")
+        where = (
+            f"model_config {source.model_config}"
+            if source.model_config
+            else f"the model of init_checkpoint {source.init_checkpoint}"
+        )
         raise PretrainedError(f"{where}: {e}") from e
 
 
 def finetune_problem(options: object, init_checkpoint: str) -> str | None:
     if getattr(options, "classifier_pooling", None):
-        return ("classifier_pooling is ModernBERT's; init_checkpoint "
-                f"{init_checkpoint} holds a BERT model (it pools with its "
-                "pooler): unset --config.classifier_pooling")
+        return (
+            "classifier_pooling is ModernBERT's; init_checkpoint "
+            f"{init_checkpoint} holds a BERT model (it pools with its "
+            "pooler): unset --config.classifier_pooling"
+        )
     return None
 
 
@@ -96,8 +121,9 @@ def sequence_head(model_config: BertConfig, labels: int, options: TaskOptions) -
 
 
 def tagging_head(model_config: BertConfig, labels: int, options: TaskOptions) -> nn.Module:
-    return BertForTokenClassification(model_config, labels, options.feature_based,
-                                      options.lstm_size, options.causal_attention)
+    return BertForTokenClassification(
+        model_config, labels, options.feature_based, options.lstm_size, options.causal_attention
+    )
 
 
 def span_head(model_config: BertConfig, labels: int, options: TaskOptions) -> nn.Module:
@@ -106,12 +132,14 @@ def span_head(model_config: BertConfig, labels: int, options: TaskOptions) -> nn
 
 def recorded_fields(model: Mapping[str, Any]) -> dict[str, Any]:
     """Its architecture and storage fields (as before families: no `family`)."""
-    return {name: model[name] for name in bert_model.ARCHITECTURE_FIELDS
-            + bert_model.STORAGE_FIELDS}
+    return {
+        name: model[name] for name in bert_model.ARCHITECTURE_FIELDS + bert_model.STORAGE_FIELDS
+    }
 
 
-def write_hf(config: BertConfig, params: dict[str, Any], path: str, head=None,
-             pad_token_id: int = 0) -> int:
+def write_hf(
+    config: BertConfig, params: dict[str, Any], path: str, head=None, pad_token_id: int = 0
+) -> int:
     return hf.save_hf(config, params, path, head, pad_token_id=pad_token_id)
 
 
@@ -119,18 +147,40 @@ def describe(model_config: BertConfig) -> str:
     return hf.TO_HF_ACTIVATION[model_config.hidden_act]
 
 
-FAMILY = families.register(families.Family(
-    name="bert", title="BERT", configs="configs/tiny.py, configs/base.py or configs/large.py",
-    config_class=BertConfig, check=bert_config.check, recorded_fields=recorded_fields,
-    architecture=bert_model.architecture, pretraining_model=BertForPreTraining,
-    encoder=BertModel, encoder_scope="bert", example_inputs=bert_model.example_inputs,
-    forward=forward, all_layers=all_layers,
-    heads={"classification": sequence_head, "tagging": tagging_head, "span": span_head},
-    flops=flops, check_pretraining=check_pretraining, finetune_config=finetune_config,
-    finetune_problem=finetune_problem, pretraining_rules=tuple(validate.BERT_DROPOUT),
-    pretrained_parts=("bert",), records_family=False, probes=True,
-    encoder_only=lambda params: "predictions" not in params,
-    hf=families.HfForm(model_type="bert", read=hf.load_hf, config=hf.hf_config, write=write_hf,
-                       class_prefix="Bert", pretraining_class="BertForPreTraining",
-                       pretraining_heads="masked-LM and next-sentence heads",
-                       describe=describe)))
+FAMILY = families.register(
+    families.Family(
+        name="bert",
+        title="BERT",
+        configs="configs/tiny.py, configs/base.py or configs/large.py",
+        config_class=BertConfig,
+        check=bert_config.check,
+        recorded_fields=recorded_fields,
+        architecture=bert_model.architecture,
+        pretraining_model=BertForPreTraining,
+        encoder=BertModel,
+        encoder_scope="bert",
+        example_inputs=bert_model.example_inputs,
+        forward=forward,
+        all_layers=all_layers,
+        heads={"classification": sequence_head, "tagging": tagging_head, "span": span_head},
+        flops=flops,
+        check_pretraining=check_pretraining,
+        finetune_config=finetune_config,
+        finetune_problem=finetune_problem,
+        pretraining_rules=tuple(validate.BERT_DROPOUT),
+        pretrained_parts=("bert",),
+        records_family=False,
+        probes=True,
+        encoder_only=lambda params: "predictions" not in params,
+        hf=families.HfForm(
+            model_type="bert",
+            read=hf.load_hf,
+            config=hf.hf_config,
+            write=write_hf,
+            class_prefix="Bert",
+            pretraining_class="BertForPreTraining",
+            pretraining_heads="masked-LM and next-sentence heads",
+            describe=describe,
+        ),
+    )
+)

@@ -33,8 +33,13 @@ class BertForSequenceClassification(nn.Module):
             _, pooled_BxH = bert(input_ids, token_type_ids, attention_mask, deterministic)
         else:
             last_Bx1 = jnp.sum(attention_mask, axis=-1, keepdims=True).astype(jnp.int32) - 1
-            _, pooled_Bx1xH = bert(input_ids, token_type_ids, attention.causal_mask(attention_mask),
-                                   deterministic, next_sentence_positions=last_Bx1)
+            _, pooled_Bx1xH = bert(
+                input_ids,
+                token_type_ids,
+                attention.causal_mask(attention_mask),
+                deterministic,
+                next_sentence_positions=last_Bx1,
+            )
             pooled_BxH = pooled_Bx1xH[:, 0]
         pooled_BxH = Dropout(self.config.hidden_dropout_prob)(pooled_BxH, deterministic)
         return output_layer(self, self.config, self.num_labels, pooled_BxH)
@@ -64,17 +69,23 @@ class BertForTokenClassification(nn.Module):
             x_BxLxH, _ = bert(input_ids, token_type_ids, encoder_mask, deterministic)
         else:
             # Features of a frozen encoder: no dropout inside it, no gradient into it.
-            layers_NxBxLxH, _ = bert(input_ids, token_type_ids, encoder_mask, True,
-                                     all_layers=True)
+            layers_NxBxLxH, _ = bert(input_ids, token_type_ids, encoder_mask, True, all_layers=True)
             x_BxLxH = jax.lax.stop_gradient(jnp.concatenate(list(layers_NxBxLxH[-4:]), axis=-1))
             lengths_B = jnp.sum(attention_mask, axis=-1).astype(jnp.int32)
             for i in range(2):
                 forward, backward = (
-                    nn.RNN(nn.OptimizedLSTMCell(self.lstm_size, param_dtype=self.config.param_dtype,
-                                                name=f"lstm_{i}_{direction}"))
-                    for direction in ("forward", "backward"))
-                x_BxLxH = nn.Bidirectional(forward, backward)(x_BxLxH.astype(jnp.float32),
-                                                              seq_lengths=lengths_B)
+                    nn.RNN(
+                        nn.OptimizedLSTMCell(
+                            self.lstm_size,
+                            param_dtype=self.config.param_dtype,
+                            name=f"lstm_{i}_{direction}",
+                        )
+                    )
+                    for direction in ("forward", "backward")
+                )
+                x_BxLxH = nn.Bidirectional(forward, backward)(
+                    x_BxLxH.astype(jnp.float32), seq_lengths=lengths_B
+                )
         x_BxLxH = Dropout(self.config.hidden_dropout_prob)(x_BxLxH, deterministic)
         return output_layer(self, self.config, self.num_labels, x_BxLxH)
 
@@ -108,6 +119,7 @@ class BertForQuestionAnswering(nn.Module):
     @nn.compact
     def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
         x_BxLxH, _ = BertModel(self.config, name="bert")(
-            input_ids, token_type_ids, attention_mask, deterministic)
+            input_ids, token_type_ids, attention_mask, deterministic
+        )
         logits_BxLx2 = ClsScope(self.config, name="cls")(x_BxLxH)
         return logits_BxLx2[..., 0], logits_BxLx2[..., 1]

@@ -1,6 +1,7 @@
 """ModernBERT's hyperparameters: the fields of Hugging Face's `ModernBertConfig` that change
 what the weights compute (same names and defaults as transformers 5.23), plus bertjax's
 compute/parameter dtypes and attention switch."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,9 +12,16 @@ from typing import Any
 from bertjax.models import attention
 from bertjax.models.bert.config import ACTIVATIONS, DTYPES, REMAT_POLICIES, FieldChecks, FromDict
 
-SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-               "num_attention_heads", "max_position_embeddings", "global_attn_every_n_layers",
-               "local_attention")
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_position_embeddings",
+    "global_attn_every_n_layers",
+    "local_attention",
+)
 SWITCHES = ("norm_bias", "attention_bias", "mlp_bias", "decoder_bias", "classifier_bias")
 RATES = ("attention_dropout", "embedding_dropout", "mlp_dropout", "classifier_dropout")
 POOLINGS = ("cls", "mean")  # classifier_pooling: the [CLS] vector, or the mean of the real tokens
@@ -70,14 +78,18 @@ class ModernBertConfig(FromDict):
     def resolved_attention_impl(self, backend: str | None = None) -> str:
         """The implementation training uses on `backend` (default: the target platform): the
         global layers' choice, and the sliding-window layers' (`attention.window_impl`)."""
-        impl = attention.resolve_impl(self.attention_impl, self.dtype, self.head_size, backend,
-                                      self.attention_dropout)
+        impl = attention.resolve_impl(
+            self.attention_impl, self.dtype, self.head_size, backend, self.attention_dropout
+        )
         window = attention.window_impl(impl, self.local_attention // 2, self.attention_dropout)
         if window == "einsum":  # in blocks where they hold fewer scores (local_attention.py)
             window = "blocked einsum"
         local = any(not self.is_global(i) for i in range(self.num_hidden_layers))
-        return f"{impl} (global layers), {window} (sliding windows)" \
-            if local and window != impl else impl
+        return (
+            f"{impl} (global layers), {window} (sliding windows)"
+            if local and window != impl
+            else impl
+        )
 
     def is_global(self, layer: int) -> bool:
         """Whether layer `layer` attends over the whole row (else over its sliding window)."""
@@ -85,12 +97,22 @@ class ModernBertConfig(FromDict):
 
 
 # ModernBertConfig fields that change what the weights compute (checkpoint and run must agree).
-ARCHITECTURE_FIELDS = tuple(f.name for f in dataclasses.fields(ModernBertConfig)
-                            if f.name not in ("dtype", "param_dtype", "remat_policy",
-                                              "attention_impl", "initializer_range",
-                                              "initializer_cutoff_factor", "pad_token_id",
-                                              "classifier_pooling")
-                            and f.name not in RATES)
+ARCHITECTURE_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(ModernBertConfig)
+    if f.name
+    not in (
+        "dtype",
+        "param_dtype",
+        "remat_policy",
+        "attention_impl",
+        "initializer_range",
+        "initializer_cutoff_factor",
+        "pad_token_id",
+        "classifier_pooling",
+    )
+    and f.name not in RATES
+)
 
 
 def architecture(config: ModernBertConfig) -> dict[str, Any]:
@@ -106,22 +128,41 @@ def check(values: Mapping[str, Any], prefix: str = "", flag: str = "") -> None:
     fields.sizes(SIZE_FIELDS)
     fields.heads_divide_hidden()
     if (fields.value["hidden_size"] // fields.value["num_attention_heads"]) % 2:
-        raise ValueError(f"the head size {fields.name('hidden_size')} / "
-                         f"{fields.name('num_attention_heads')} must be even (RoPE rotates "
-                         f"pairs of units); set {fields.setting('num_attention_heads')}")
-    fields.positive(("initializer_range", "initializer_cutoff_factor", "norm_eps",
-                     "global_rope_theta", "local_rope_theta"))
+        raise ValueError(
+            f"the head size {fields.name('hidden_size')} / "
+            f"{fields.name('num_attention_heads')} must be even (RoPE rotates "
+            f"pairs of units); set {fields.setting('num_attention_heads')}"
+        )
+    fields.positive(
+        (
+            "initializer_range",
+            "initializer_cutoff_factor",
+            "norm_eps",
+            "global_rope_theta",
+            "local_rope_theta",
+        )
+    )
     for field in RATES:
         value = fields.value[field]
         if not isinstance(value, numbers.Real) or not 0 <= float(value) < 1:
-            raise ValueError(f"{fields.name(field)}={value!r} is out of range: it must be in "
-                             f"[0, 1); set {fields.setting(field)}")
+            raise ValueError(
+                f"{fields.name(field)}={value!r} is out of range: it must be in "
+                f"[0, 1); set {fields.setting(field)}"
+            )
     for field in SWITCHES:
         if not isinstance(fields.value[field], bool):
-            raise ValueError(f"{fields.name(field)}={fields.value[field]!r} must be True or "
-                             f"False; set {fields.setting(field)}")
-    fields.choices((("hidden_activation", ACTIVATIONS), ("classifier_activation", ACTIVATIONS),
-                    ("classifier_pooling", POOLINGS),
-                    ("remat_policy", REMAT_POLICIES),
-                    ("attention_impl", attention.ATTENTION_IMPLS), ("dtype", DTYPES),
-                    ("param_dtype", DTYPES)))
+            raise ValueError(
+                f"{fields.name(field)}={fields.value[field]!r} must be True or "
+                f"False; set {fields.setting(field)}"
+            )
+    fields.choices(
+        (
+            ("hidden_activation", ACTIVATIONS),
+            ("classifier_activation", ACTIVATIONS),
+            ("classifier_pooling", POOLINGS),
+            ("remat_policy", REMAT_POLICIES),
+            ("attention_impl", attention.ATTENTION_IMPLS),
+            ("dtype", DTYPES),
+            ("param_dtype", DTYPES),
+        )
+    )

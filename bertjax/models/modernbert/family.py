@@ -1,6 +1,7 @@
 """ModernBERT as a model family (`families.Family`): ModernBertForMaskedLM (MLM only, no
 segments), transformers' ModernBertFor... heads and its Hugging Face form. Registered as
 "modernbert"; its records name the family."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -32,9 +33,15 @@ if TYPE_CHECKING:  # (annotations only: these modules import the families)
 def forward(model, params, batch, mask, deterministic: bool, rngs):
     """`(mlm_logits, None)` of ModernBertForMaskedLM (no segments, no NSP head)."""
     packed = {name: batch[name] for name in batch_spec.PACKED_INPUTS[:2] if name in batch}
-    return model.apply({"params": params}, batch["input_ids"], mask,
-                       batch["masked_lm_positions"], deterministic=deterministic, rngs=rngs,
-                       **packed), None
+    return model.apply(
+        {"params": params},
+        batch["input_ids"],
+        mask,
+        batch["masked_lm_positions"],
+        deterministic=deterministic,
+        rngs=rngs,
+        **packed,
+    ), None
 
 
 def all_layers(model, params, input_ids, segment_ids, input_mask) -> jax.Array:
@@ -60,19 +67,22 @@ def flops(config: ModernBertConfig, seq_length: int, predictions: int) -> int:
     i, v, p = config.intermediate_size, config.vocab_size, predictions
     window = min(s, 2 * (config.local_attention // 2) + 1)
     keys = sum(s if config.is_global(layer) else window for layer in range(layers))
-    return (6 * s * layers * (4 * h * h + 3 * h * i) + 12 * h * s * keys
-            + 6 * p * (h * h + h * v))
+    return 6 * s * layers * (4 * h * h + 3 * h * i) + 12 * h * s * keys + 6 * p * (h * h + h * v)
 
 
 def check_pretraining(model: Mapping[str, Any], train: TrainSettings) -> None:
     """What a ModernBERT pretraining run cannot have: an NSP head, a left-to-right
     objective."""
     if train.next_sentence_prediction:
-        raise ConfigError("model.family='modernbert' has no next-sentence head; set "
-                          "--config.train.next_sentence_prediction=False")
+        raise ConfigError(
+            "model.family='modernbert' has no next-sentence head; set "
+            "--config.train.next_sentence_prediction=False"
+        )
     if train.objective != "mlm":
-        raise ConfigError(f"model.family='modernbert' trains objective 'mlm' only, not "
-                          f"{train.objective!r}; set --config.train.objective=mlm")
+        raise ConfigError(
+            f"model.family='modernbert' trains objective 'mlm' only, not "
+            f"{train.objective!r}; set --config.train.objective=mlm"
+        )
 
 
 def finetune_config(values: dict[str, Any], source: Source) -> ModernBertConfig:
@@ -82,24 +92,27 @@ def finetune_config(values: dict[str, Any], source: Source) -> ModernBertConfig:
     if source.classifier_pooling:
         if source.classifier_pooling not in modernbert_config.POOLINGS:
             flag = source.vocab_flag.replace("vocab_file", "classifier_pooling")
-            raise PretrainedError(f"classifier_pooling={source.classifier_pooling!r} is not "
-                                  f"one of {', '.join(map(repr, modernbert_config.POOLINGS))}"
-                                  f"; set {flag}")
+            raise PretrainedError(
+                f"classifier_pooling={source.classifier_pooling!r} is not "
+                f"one of {', '.join(map(repr, modernbert_config.POOLINGS))}"
+                f"; set {flag}"
+            )
         values["classifier_pooling"] = source.classifier_pooling
     try:
         return ModernBertConfig.from_dict(values)
     except ValueError as e:
-        raise PretrainedError(f"the model of init_checkpoint {source.init_checkpoint}: "
-                              f"{e}") from e
+        raise PretrainedError(f"the model of init_checkpoint {source.init_checkpoint}: {e}") from e
 
 
 def finetune_problem(options: object, init_checkpoint: str) -> str | None:
     """The BERT-only fine-tuning options, refused."""
     for field in ("causal_attention", "feature_based"):
         if getattr(options, field, False):
-            return (f"{field}=True is for BERT models; init_checkpoint "
-                    f"{init_checkpoint} holds a ModernBERT model: set "
-                    f"--config.{field}=False")
+            return (
+                f"{field}=True is for BERT models; init_checkpoint "
+                f"{init_checkpoint} holds a ModernBERT model: set "
+                f"--config.{field}=False"
+            )
     return None
 
 
@@ -118,56 +131,97 @@ def span_head(model_config: ModernBertConfig, labels: int, options: TaskOptions)
 def recorded_fields(model: Mapping[str, Any]) -> dict[str, Any]:
     """The family, its architecture and the padding id (what an export's embeddings name)."""
     config = families.model_config(model)
-    return {"family": "modernbert", **modernbert_config.architecture(config),
-            "pad_token_id": config.pad_token_id, "param_dtype": config.param_dtype}
+    return {
+        "family": "modernbert",
+        **modernbert_config.architecture(config),
+        "pad_token_id": config.pad_token_id,
+        "param_dtype": config.param_dtype,
+    }
 
 
-def check_export(model_config: ModernBertConfig, params: dict[str, Any], src: str,
-                 source_format: str, target: str, scan_layers: bool) -> None:
+def check_export(
+    model_config: ModernBertConfig,
+    params: dict[str, Any],
+    src: str,
+    source_format: str,
+    target: str,
+    scan_layers: bool,
+) -> None:
     """No TF form, no scanned layers; a fine-tuned or bare transformers model is read as an
     init_checkpoint only."""
     if target == "tf" or scan_layers:
-        raise tree.ConversionError(f"{src} holds a ModernBERT model, which has no TF "
-                                   "form and no scanned layers: pass --to=hf or --to=bertjax"
-                                   ", without --scan_layers")
+        raise tree.ConversionError(
+            f"{src} holds a ModernBERT model, which has no TF "
+            "form and no scanned layers: pass --to=hf or --to=bertjax"
+            ", without --scan_layers"
+        )
     if source_format == "hf":
         task = hf.finetuned_task(src)
         if task or "head" not in params:
-            kind = (f"a fine-tuned ModernBERT ({task})" if "head" in params
-                    else "a bare ModernBertModel (no MLM head)")
-            raise tree.ConversionError(f"{src} is {kind}: bertjax reads its encoder as "
-                                       "a fine-tuning init_checkpoint, but does not convert "
-                                       "it; use it as --config.init_checkpoint")
+            kind = (
+                f"a fine-tuned ModernBERT ({task})"
+                if "head" in params
+                else "a bare ModernBertModel (no MLM head)"
+            )
+            raise tree.ConversionError(
+                f"{src} is {kind}: bertjax reads its encoder as "
+                "a fine-tuning init_checkpoint, but does not convert "
+                "it; use it as --config.init_checkpoint"
+            )
 
 
-def write_hf(config: ModernBertConfig, params: dict[str, Any], path: str, head=None,
-             pad_token_id: int = 0) -> int:
+def write_hf(
+    config: ModernBertConfig, params: dict[str, Any], path: str, head=None, pad_token_id: int = 0
+) -> int:
     del pad_token_id  # (its config's own)
     return hf_modernbert.save_hf(config, params, path, head)
 
 
 def describe(config: ModernBertConfig) -> str:
-    return (f"GeGLU ({TO_HF_ACTIVATION[config.hidden_activation]}), global attention every "
-            f"{config.global_attn_every_n_layers} layers, sliding windows of "
-            f"{config.local_attention} tokens between")
+    return (
+        f"GeGLU ({TO_HF_ACTIVATION[config.hidden_activation]}), global attention every "
+        f"{config.global_attn_every_n_layers} layers, sliding windows of "
+        f"{config.local_attention} tokens between"
+    )
 
 
-FAMILY = families.register(families.Family(
-    name="modernbert", title="ModernBERT",
-    configs="configs/modernbert_tiny.py, configs/modernbert_base.py or "
-            "configs/modernbert_large.py",
-    config_class=ModernBertConfig, check=modernbert_config.check,
-    recorded_fields=recorded_fields, architecture=modernbert_config.architecture,
-    pretraining_model=modernbert.ModernBertForMaskedLM, encoder=modernbert.ModernBertModel,
-    encoder_scope="model", example_inputs=example_inputs, forward=forward,
-    all_layers=all_layers,
-    heads={"classification": sequence_head, "tagging": tagging_head, "span": span_head},
-    flops=flops, check_pretraining=check_pretraining, finetune_config=finetune_config,
-    finetune_problem=finetune_problem, pretrained_parts=("model", "head"),
-    optional_parts=("head",), token_type_ids=False, tokenizer_pad=True,
-    check_export=check_export,
-    hf=families.HfForm(model_type="modernbert", read=hf_modernbert.load_hf,
-                       config=hf_modernbert.hf_config, write=write_hf,
-                       class_prefix="ModernBert", pretraining_class="ModernBertForMaskedLM",
-                       pretraining_heads="masked-LM head", describe=describe,
-                       output_layer_names=False, sequence_pooler=False)))
+FAMILY = families.register(
+    families.Family(
+        name="modernbert",
+        title="ModernBERT",
+        configs="configs/modernbert_tiny.py, configs/modernbert_base.py or "
+        "configs/modernbert_large.py",
+        config_class=ModernBertConfig,
+        check=modernbert_config.check,
+        recorded_fields=recorded_fields,
+        architecture=modernbert_config.architecture,
+        pretraining_model=modernbert.ModernBertForMaskedLM,
+        encoder=modernbert.ModernBertModel,
+        encoder_scope="model",
+        example_inputs=example_inputs,
+        forward=forward,
+        all_layers=all_layers,
+        heads={"classification": sequence_head, "tagging": tagging_head, "span": span_head},
+        flops=flops,
+        check_pretraining=check_pretraining,
+        finetune_config=finetune_config,
+        finetune_problem=finetune_problem,
+        pretrained_parts=("model", "head"),
+        optional_parts=("head",),
+        token_type_ids=False,
+        tokenizer_pad=True,
+        check_export=check_export,
+        hf=families.HfForm(
+            model_type="modernbert",
+            read=hf_modernbert.load_hf,
+            config=hf_modernbert.hf_config,
+            write=write_hf,
+            class_prefix="ModernBert",
+            pretraining_class="ModernBertForMaskedLM",
+            pretraining_heads="masked-LM head",
+            describe=describe,
+            output_layer_names=False,
+            sequence_pooler=False,
+        ),
+    )
+)

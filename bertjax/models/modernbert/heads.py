@@ -6,6 +6,7 @@ activation, norm; loaded from the pretrained MLM head, as transformers does), dr
 (`classifier_pooling`: the [CLS] vector, or the mean over the real tokens). The call
 signature is BERT's heads' (`bertjax.models.bert.heads`), so the fine-tuning loop runs either family;
 ModernBERT has no segment embeddings and ignores `token_type_ids`."""
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -18,19 +19,24 @@ from bertjax.models.modernbert.config import ModernBertConfig
 from bertjax.models.modernbert.model import ModernBertModel, ModernBertPredictionHead
 
 
-def classifier(config: ModernBertConfig, num_labels: int, x: jax.Array,
-               deterministic: bool) -> jax.Array:
+def classifier(
+    config: ModernBertConfig, num_labels: int, x: jax.Array, deterministic: bool
+) -> jax.Array:
     """The head, dropout and `classifier` (transformers' init: a normal of stddev
     hidden_size**-0.5, truncated) on `x [..., H]`: float32 logits `[..., num_labels]`.
     Called inside the fine-tuning model's compact scope."""
     x = ModernBertPredictionHead(config, name="head")(x)
     x = Dropout(config.classifier_dropout)(x, deterministic)
-    cutoff, std = config.initializer_cutoff_factor, config.hidden_size ** -0.5
+    cutoff, std = config.initializer_cutoff_factor, config.hidden_size**-0.5
     init = nn.initializers.truncated_normal(std, lower=-cutoff, upper=cutoff)
-    return nn.Dense(num_labels, dtype=config.dtype, param_dtype=config.param_dtype,
-                    kernel_init=nn.with_logical_partitioning(init, (EMBED, None)),
-                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)),
-                    name="classifier")(x).astype(jnp.float32)
+    return nn.Dense(
+        num_labels,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        kernel_init=nn.with_logical_partitioning(init, (EMBED, None)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)),
+        name="classifier",
+    )(x).astype(jnp.float32)
 
 
 class ModernBertForSequenceClassification(nn.Module):
@@ -49,7 +55,8 @@ class ModernBertForSequenceClassification(nn.Module):
         else:  # the mean over the real tokens, in float32
             mask_BxLx1 = attention_mask[..., None].astype(jnp.float32)
             pooled_BxH = jnp.sum(x_BxLxH.astype(jnp.float32) * mask_BxLx1, axis=1) / jnp.sum(
-                mask_BxLx1, axis=1)
+                mask_BxLx1, axis=1
+            )
             pooled_BxH = pooled_BxH.astype(x_BxLxH.dtype)
         return classifier(cfg, self.num_labels, pooled_BxH, deterministic)
 
@@ -63,8 +70,9 @@ class ModernBertForTokenClassification(nn.Module):
     @nn.compact
     def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
         del token_type_ids
-        x_BxLxH = ModernBertModel(self.config, name="model")(input_ids, attention_mask,
-                                                              deterministic)
+        x_BxLxH = ModernBertModel(self.config, name="model")(
+            input_ids, attention_mask, deterministic
+        )
         return classifier(self.config, self.num_labels, x_BxLxH, deterministic)
 
 

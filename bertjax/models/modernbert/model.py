@@ -13,6 +13,7 @@ to the token embeddings. Parameter paths follow transformers' module names
 Shape legend: B batch, L sequence length, H hidden size, N heads, D head size, F GeGLU size
 (each half), V vocab size, P gathered (masked) positions.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -41,13 +42,15 @@ from bertjax.models.dropout import Dropout
 from bertjax.models.modernbert.config import ModernBertConfig
 
 
-def _init(config: ModernBertConfig, std: float, axes: tuple[str | None, ...]
-          ) -> nn.initializers.Initializer:
+def _init(
+    config: ModernBertConfig, std: float, axes: tuple[str | None, ...]
+) -> nn.initializers.Initializer:
     """transformers' init: a normal of stddev `std` truncated at `initializer_cutoff_factor`
     stddevs, with logical axes."""
     cutoff = config.initializer_cutoff_factor
     return nn.with_logical_partitioning(
-        nn.initializers.truncated_normal(std, lower=-cutoff, upper=cutoff), axes)
+        nn.initializers.truncated_normal(std, lower=-cutoff, upper=cutoff), axes
+    )
 
 
 def _out_std(config: ModernBertConfig) -> float:
@@ -59,20 +62,36 @@ def _zeros(axes: tuple[str | None, ...]) -> nn.initializers.Initializer:
     return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
-def _dense(config: ModernBertConfig, features: int, axes: tuple[str, str], std: float,
-           use_bias: bool, name: str) -> nn.Dense:
-    return nn.Dense(features, use_bias=use_bias, dtype=config.dtype,
-                    param_dtype=config.param_dtype, kernel_init=_init(config, std, axes),
-                    bias_init=_zeros(axes[1:]), name=name)
+def _dense(
+    config: ModernBertConfig,
+    features: int,
+    axes: tuple[str, str],
+    std: float,
+    use_bias: bool,
+    name: str,
+) -> nn.Dense:
+    return nn.Dense(
+        features,
+        use_bias=use_bias,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        kernel_init=_init(config, std, axes),
+        bias_init=_zeros(axes[1:]),
+        name=name,
+    )
 
 
 def _layer_norm(config: ModernBertConfig, name: str) -> nn.LayerNorm:
     """LayerNorm with statistics in float32; a bias only with `norm_bias`."""
     return nn.LayerNorm(
-        epsilon=config.norm_eps, use_bias=config.norm_bias, dtype=config.dtype,
+        epsilon=config.norm_eps,
+        use_bias=config.norm_bias,
+        dtype=config.dtype,
         param_dtype=config.param_dtype,
         scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (NORM,)),
-        bias_init=_zeros((NORM,)), name=name)
+        bias_init=_zeros((NORM,)),
+        name=name,
+    )
 
 
 def _constrain(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
@@ -93,21 +112,28 @@ class _SplitDense(nn.Module):
     @nn.compact
     def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
         cfg = self.config
-        kernel = self.param("kernel", _init(cfg, cfg.initializer_range, (EMBED, None, self.axis)),
-                            (x_BxLxH.shape[-1], self.parts, self.features), cfg.param_dtype)
+        kernel = self.param(
+            "kernel",
+            _init(cfg, cfg.initializer_range, (EMBED, None, self.axis)),
+            (x_BxLxH.shape[-1], self.parts, self.features),
+            cfg.param_dtype,
+        )
         y = jnp.einsum("blh,hkf->blkf", x_BxLxH.astype(cfg.dtype), kernel.astype(cfg.dtype))
         if self.use_bias:
-            y += self.param("bias", _zeros((None, self.axis)), (self.parts, self.features),
-                            cfg.param_dtype).astype(cfg.dtype)
+            y += self.param(
+                "bias", _zeros((None, self.axis)), (self.parts, self.features), cfg.param_dtype
+            ).astype(cfg.dtype)
         return y
 
 
-def rope_tables(positions_BxL: jax.Array, head_size: int, theta: float
-                ) -> tuple[jax.Array, jax.Array]:
+def rope_tables(
+    positions_BxL: jax.Array, head_size: int, theta: float
+) -> tuple[jax.Array, jax.Array]:
     """RoPE's `(cos, sin)`, float32 `[B, L, D]`: angle `position * theta^(-2i/D)` for the
     i-th of the D/2 frequencies, the D/2 angles repeated for the two halves of a head."""
-    inverse_frequencies = 1.0 / theta ** (jnp.arange(0, head_size, 2, dtype=jnp.float32)
-                                          / head_size)
+    inverse_frequencies = 1.0 / theta ** (
+        jnp.arange(0, head_size, 2, dtype=jnp.float32) / head_size
+    )
     angles_BxLxD2 = positions_BxL.astype(jnp.float32)[..., None] * inverse_frequencies
     angles_BxLxD = jnp.concatenate([angles_BxLxD2, angles_BxLxD2], axis=-1)
     return jnp.cos(angles_BxLxD), jnp.sin(angles_BxLxD)
@@ -131,8 +157,11 @@ class ModernBertEmbeddings(nn.Module):
     def setup(self):
         cfg = self.config
         self.tok_embeddings = self.param(
-            "tok_embeddings", _init(cfg, cfg.initializer_range, (VOCAB, EMBED)),
-            (cfg.vocab_size, cfg.hidden_size), cfg.param_dtype)
+            "tok_embeddings",
+            _init(cfg, cfg.initializer_range, (VOCAB, EMBED)),
+            (cfg.vocab_size, cfg.hidden_size),
+            cfg.param_dtype,
+        )
         self.norm = _layer_norm(cfg, "norm")
         self.drop = Dropout(cfg.embedding_dropout)
 
@@ -151,35 +180,52 @@ class ModernBertAttention(nn.Module):
     deterministic: bool
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array, mask: attention.Mask,
-                 positions_BxL: jax.Array) -> jax.Array:
+    def __call__(
+        self, x_BxLxH: jax.Array, mask: attention.Mask, positions_BxL: jax.Array
+    ) -> jax.Array:
         cfg = self.config
         batch, length, _ = x_BxLxH.shape
-        qkv_BxLx3xH = _SplitDense(cfg, 3, cfg.hidden_size, QKV, cfg.attention_bias,
-                                  name="Wqkv")(x_BxLxH)
-        cos_BxLxD, sin_BxLxD = rope_tables(positions_BxL, cfg.head_size, (
-            cfg.global_rope_theta if self.is_global else cfg.local_rope_theta))
+        qkv_BxLx3xH = _SplitDense(cfg, 3, cfg.hidden_size, QKV, cfg.attention_bias, name="Wqkv")(
+            x_BxLxH
+        )
+        cos_BxLxD, sin_BxLxD = rope_tables(
+            positions_BxL,
+            cfg.head_size,
+            (cfg.global_rope_theta if self.is_global else cfg.local_rope_theta),
+        )
         q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = (
             _constrain(qkv_BxLx3xH[:, :, i], (BATCH, LENGTH, ACT_QKV)).reshape(
-                batch, length, cfg.num_attention_heads, cfg.head_size) for i in range(3))
-        q_BxLxNxD, k_BxLxNxD = (apply_rope(x, cos_BxLxD, sin_BxLxD)
-                                for x in (q_BxLxNxD, k_BxLxNxD))
+                batch, length, cfg.num_attention_heads, cfg.head_size
+            )
+            for i in range(3)
+        )
+        q_BxLxNxD, k_BxLxNxD = (apply_rope(x, cos_BxLxD, sin_BxLxD) for x in (q_BxLxNxD, k_BxLxNxD))
         rate = 0.0 if self.deterministic else cfg.attention_dropout
         if local_attention.runs_blocked(cfg.attention_impl, cfg.dtype, q_BxLxNxD, mask, rate):
             # The key the reference's dropout module (below, also `Dropout_0`) would draw.
             key = Dropout(rate).make_rng("dropout") if rate else None
             context_BxLxNxD = local_attention.blocked_attention(
-                q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, rate, key)
+                q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, rate, key
+            )
         else:
             # (flax types Module.scope Optional; it is bound inside apply)
             seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31  # type: ignore[union-attr]
             context_BxLxNxD = attention.attend(
-                cfg.attention_impl, cfg.dtype, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask,
-                lambda p: Dropout(rate)(p, deterministic=self.deterministic), rate, seed,
-                nn.logical_to_mesh_axes((BATCH, ACT_QKV)))
+                cfg.attention_impl,
+                cfg.dtype,
+                q_BxLxNxD,
+                k_BxLxNxD,
+                v_BxLxNxD,
+                mask,
+                lambda p: Dropout(rate)(p, deterministic=self.deterministic),
+                rate,
+                seed,
+                nn.logical_to_mesh_axes((BATCH, ACT_QKV)),
+            )
         context_BxLxH = context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
-        out_BxLxH = _dense(cfg, cfg.hidden_size, (QKV, EMBED), _out_std(cfg), cfg.attention_bias,
-                           "Wo")(context_BxLxH)
+        out_BxLxH = _dense(
+            cfg, cfg.hidden_size, (QKV, EMBED), _out_std(cfg), cfg.attention_bias, "Wo"
+        )(context_BxLxH)
         return Dropout(rate)(out_BxLxH, deterministic=self.deterministic)
 
 
@@ -193,13 +239,15 @@ class ModernBertMLP(nn.Module):
     @nn.compact
     def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
         cfg = self.config
-        y_BxLx2xF = _SplitDense(cfg, 2, cfg.intermediate_size, MLP, cfg.mlp_bias,
-                                name="Wi")(x_BxLxH)
+        y_BxLx2xF = _SplitDense(cfg, 2, cfg.intermediate_size, MLP, cfg.mlp_bias, name="Wi")(
+            x_BxLxH
+        )
         h_BxLxF = ACTIVATIONS[cfg.hidden_activation](y_BxLx2xF[:, :, 0]) * y_BxLx2xF[:, :, 1]
         h_BxLxF = _constrain(h_BxLxF, (BATCH, LENGTH, ACT_MLP))
         h_BxLxF = Dropout(cfg.mlp_dropout)(h_BxLxF, deterministic=self.deterministic)
-        return _dense(cfg, cfg.hidden_size, (MLP, EMBED), _out_std(cfg), cfg.mlp_bias,
-                      "Wo")(h_BxLxF)
+        return _dense(cfg, cfg.hidden_size, (MLP, EMBED), _out_std(cfg), cfg.mlp_bias, "Wo")(
+            h_BxLxF
+        )
 
 
 class ModernBertLayer(nn.Module):
@@ -211,13 +259,19 @@ class ModernBertLayer(nn.Module):
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array, global_mask: attention.Mask,
-                 local_mask: attention.Mask, positions_BxL: jax.Array) -> jax.Array:
+    def __call__(
+        self,
+        x_BxLxH: jax.Array,
+        global_mask: attention.Mask,
+        local_mask: attention.Mask,
+        positions_BxL: jax.Array,
+    ) -> jax.Array:
         cfg = self.config
         is_global = cfg.is_global(self.layer)
         normed_BxLxH = x_BxLxH if self.layer == 0 else _layer_norm(cfg, "attn_norm")(x_BxLxH)
         x_BxLxH = x_BxLxH + ModernBertAttention(cfg, is_global, self.deterministic, name="attn")(
-            normed_BxLxH, global_mask if is_global else local_mask, positions_BxL)
+            normed_BxLxH, global_mask if is_global else local_mask, positions_BxL
+        )
         mlp = ModernBertMLP(cfg, self.deterministic, name="mlp")
         x_BxLxH = x_BxLxH + mlp(_layer_norm(cfg, "mlp_norm")(x_BxLxH))
         return _constrain(x_BxLxH.astype(cfg.dtype), (BATCH, LENGTH, ACT_EMBED))
@@ -235,15 +289,23 @@ class ModernBertModel(nn.Module):
     config: ModernBertConfig
 
     @nn.compact
-    def __call__(self, input_ids_BxL: jax.Array, attention_mask_BxL: jax.Array,
-                 deterministic: bool = True, *, position_ids: jax.Array | None = None,
-                 instance_ids: jax.Array | None = None, all_layers: bool = False) -> jax.Array:
+    def __call__(
+        self,
+        input_ids_BxL: jax.Array,
+        attention_mask_BxL: jax.Array,
+        deterministic: bool = True,
+        *,
+        position_ids: jax.Array | None = None,
+        instance_ids: jax.Array | None = None,
+        all_layers: bool = False,
+    ) -> jax.Array:
         cfg = self.config
         batch, length = input_ids_BxL.shape
         if position_ids is None:
             position_ids = jnp.broadcast_to(jnp.arange(length), (batch, length))
-        ids_BxL, instances = (attention_mask_BxL, 0) if instance_ids is None \
-            else (instance_ids, length)  # `length`: a bound on the instances per row
+        ids_BxL, instances = (
+            (attention_mask_BxL, 0) if instance_ids is None else (instance_ids, length)
+        )  # `length`: a bound on the instances per row
         global_mask = attention.Mask(ids_BxL, instances)
         local_mask = attention.Mask(ids_BxL, instances, cfg.local_attention // 2)
         x_BxLxH = ModernBertEmbeddings(cfg, name="embeddings")(input_ids_BxL, deterministic)
@@ -253,7 +315,8 @@ class ModernBertModel(nn.Module):
         outputs = []
         for i in range(cfg.num_hidden_layers):
             x_BxLxH = layer_cls(cfg, i, deterministic, name=f"layer_{i}")(
-                x_BxLxH, global_mask, local_mask, position_ids)
+                x_BxLxH, global_mask, local_mask, position_ids
+            )
             outputs.append(x_BxLxH)
         outputs[-1] = _layer_norm(cfg, "final_norm")(x_BxLxH).astype(cfg.dtype)
         return jnp.stack(outputs) if all_layers else outputs[-1]
@@ -267,8 +330,9 @@ class ModernBertPredictionHead(nn.Module):
     @nn.compact
     def __call__(self, x_BxPxH: jax.Array) -> jax.Array:
         cfg = self.config
-        y_BxPxH = _dense(cfg, cfg.hidden_size, (EMBED, EMBED_OUT), _out_std(cfg),
-                         cfg.classifier_bias, "dense")(x_BxPxH)
+        y_BxPxH = _dense(
+            cfg, cfg.hidden_size, (EMBED, EMBED_OUT), _out_std(cfg), cfg.classifier_bias, "dense"
+        )(x_BxPxH)
         return _layer_norm(cfg, "norm")(ACTIVATIONS[cfg.classifier_activation](y_BxPxH))
 
 
@@ -280,14 +344,18 @@ class ModernBertForMaskedLM(nn.Module):
     config: ModernBertConfig
 
     @nn.compact
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
-                 masked_lm_positions: jax.Array | None = None, deterministic: bool = True,
-                 **packed: jax.Array) -> jax.Array:
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array,
+        masked_lm_positions: jax.Array | None = None,
+        deterministic: bool = True,
+        **packed: jax.Array,
+    ) -> jax.Array:
         cfg = self.config
         encoder = ModernBertModel(cfg, name="model")
         # (packed: the encoder's Array keywords, position_ids and instance_ids)
-        sequence_BxLxH = encoder(input_ids, attention_mask, deterministic,
-                                 **packed)  # type: ignore[arg-type]
+        sequence_BxLxH = encoder(input_ids, attention_mask, deterministic, **packed)  # type: ignore[arg-type]
         if masked_lm_positions is not None:
             sequence_BxLxH = gather_positions(sequence_BxLxH, masked_lm_positions)
         h_BxPxH = ModernBertPredictionHead(cfg, name="head")(sequence_BxLxH)
@@ -304,12 +372,16 @@ class ModernBertDecoder(nn.Module):
     @nn.compact
     def __call__(self, h_BxPxH: jax.Array, embeddings_VxH: jax.Array) -> jax.Array:
         cfg = self.config
-        logits_BxPxV = jnp.einsum("bph,vh->bpv", h_BxPxH.astype(cfg.dtype),
-                                  embeddings_VxH.astype(cfg.dtype),
-                                  preferred_element_type=jnp.float32)
+        logits_BxPxV = jnp.einsum(
+            "bph,vh->bpv",
+            h_BxPxH.astype(cfg.dtype),
+            embeddings_VxH.astype(cfg.dtype),
+            preferred_element_type=jnp.float32,
+        )
         if cfg.decoder_bias:
-            logits_BxPxV += self.param("bias", _zeros((VOCAB,)), (cfg.vocab_size,),
-                                       cfg.param_dtype).astype(jnp.float32)
+            logits_BxPxV += self.param(
+                "bias", _zeros((VOCAB,)), (cfg.vocab_size,), cfg.param_dtype
+            ).astype(jnp.float32)
         return logits_BxPxV
 
 
