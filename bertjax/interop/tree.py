@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -59,7 +60,7 @@ def param_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
     return {path: x.shape for path, x in flatten(tree).items()}
 
 
-def flatten(params: Any) -> dict[str, Any]:
+def flatten(params: Mapping[str, Any]) -> dict[str, Any]:
     return traverse_util.flatten_dict(params, sep="/")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -65,7 +65,7 @@ def task_adapter(task: str, options: features.TaskOptions, tokenizer) -> feature
 
 
 def layer_features(
-    model: nn.Module, params: Any, data: features.SplitData, batch_size: int
+    model: nn.Module, params: Mapping[str, Any], data: features.SplitData, batch_size: int
 ) -> np.ndarray:
     """The probe inputs of every example at every layer: `[N + 1, examples, F]` for GLUE,
     `[N + 1, labelled tokens, H]` for CoNLL-2003 (layer 0 = the embedding output)."""
@@ -247,7 +247,7 @@ def probe_task(
 
 def run_probes(
     model: nn.Module,
-    params: Any,
+    params: Mapping[str, Any],
     tokenizer,
     tasks: Sequence[str],
     options: features.TaskOptions,

@@ -26,7 +26,7 @@ Metrics = dict[str, jax.Array]
 
 def forward(
     model: nn.Module,
-    params: Any,
+    params: optax.Params,
     batch: Batch,
     deterministic: bool,
     dropout_rng: jax.Array | None = None,
@@ -120,7 +120,7 @@ def make_train_step(
     return train_step
 
 
-def all_finite_grouped(tree: Any) -> jax.Array:
+def all_finite_grouped(tree: optax.Params) -> jax.Array:
     """`nonfinite.all_finite` as one reduction per distinct shape
     (`optim.float_leaves_by_shape`): the sum of `x * 0` over a group is 0, or NaN where any
     of its elements is not finite."""
@@ -135,7 +135,7 @@ def _apply_update(
     state: TrainState,
     tx: optax.GradientTransformation,
     loss: jax.Array,
-    grads: Any,
+    grads: optax.Updates,
     metrics: Metrics,
     batch: Batch,
 ) -> tuple[TrainState, Metrics]:
@@ -181,7 +181,7 @@ def _apply_update(
 
 
 def make_loss_train_step(
-    loss_fn: Callable[[Any, Batch, jax.Array], tuple[jax.Array, Metrics]],
+    loss_fn: Callable[[optax.Params, Batch, jax.Array], tuple[jax.Array, Metrics]],
     tx: optax.GradientTransformation,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """A train step for any `loss_fn(params, batch, dropout_rng) -> (loss, metric sums)`
@@ -199,10 +199,10 @@ def make_loss_train_step(
 
 def make_eval_step(
     model: nn.Module, objective: objectives.PretrainingObjective = objectives.PretrainingObjective()
-) -> Callable[[Any, Batch], Metrics]:
+) -> Callable[[optax.Params, Batch], Metrics]:
     """Builds the deterministic evaluation step returning metric sums."""
 
-    def eval_step(params: Any, batch: Batch) -> Metrics:
+    def eval_step(params: optax.Params, batch: Batch) -> Metrics:
         if objective.causal:
             batch = objectives.next_token_batch(batch)
         mlm_logits, nsp_logits = forward(model, params, batch, True, causal=objective.causal)

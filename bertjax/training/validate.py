@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import ml_collections
 from absl import logging
 
 from bertjax.data.errors import DataError
@@ -109,14 +110,14 @@ CHOICES = {
 }
 
 
-def _value(config: Any, field: str) -> Any:
+def _value(config: ml_collections.ConfigDict, field: str) -> Any:
     value = config
     for name in field.split("."):
         value = value[name]
     return value
 
 
-def check(config: Any, rules: list[Rule]) -> None:
+def check(config: ml_collections.ConfigDict, rules: list[Rule]) -> None:
     """Raises ConfigError for the first field of `rules` outside its range (or not a finite
     number)."""
     for field, allowed, test in rules:
@@ -128,7 +129,7 @@ def check(config: Any, rules: list[Rule]) -> None:
             )
 
 
-def check_choices(config: Any, choices: dict[str, tuple[str, ...]]) -> None:
+def check_choices(config: ml_collections.ConfigDict, choices: dict[str, tuple[str, ...]]) -> None:
     """Raises ConfigError for the first field of `choices` whose value is not one of its
     choices (compared as lower-case text)."""
     for field, allowed in choices.items():
@@ -140,7 +141,7 @@ def check_choices(config: Any, choices: dict[str, tuple[str, ...]]) -> None:
             )
 
 
-def settings(config: Any) -> PretrainingSettings:
+def settings(config: ml_collections.ConfigDict) -> PretrainingSettings:
     """The typed settings of a pretraining `config` (their choices and the mask mix checked:
     ConfigError)."""
     try:
@@ -149,7 +150,7 @@ def settings(config: Any) -> PretrainingSettings:
         raise ConfigError(str(e)) from e
 
 
-def pretraining(config: Any) -> PretrainingSettings:
+def pretraining(config: ml_collections.ConfigDict) -> PretrainingSettings:
     """Every check a pretraining config allows before any data is read: ranges, choices,
     the model's shape (`pretraining_model`); the warmup must fit in the run. Returns the
     settings, built once here."""
@@ -181,7 +182,7 @@ def pretraining(config: Any) -> PretrainingSettings:
     return typed
 
 
-def pretraining_model(config: Any, typed: PretrainingSettings) -> None:
+def pretraining_model(config: ml_collections.ConfigDict, typed: PretrainingSettings) -> None:
     """The model of a pretraining config (its family and shape checked: `model_family`): what
     its family can pretrain (`Family.check_pretraining`: BERT's two segment types, ModernBERT's
     masked LM alone), positions for every phase's length, and room for the SentencePiece
@@ -217,7 +218,7 @@ def pretraining_model(config: Any, typed: PretrainingSettings) -> None:
         )
 
 
-def model_family(config: Any) -> None:
+def model_family(config: ml_collections.ConfigDict) -> None:
     """The model section's family and shape (`families.check`), as a ConfigError."""
     try:
         families.check(config.model.to_dict())
@@ -225,7 +226,7 @@ def model_family(config: Any) -> None:
         raise ConfigError(str(e)) from e
 
 
-def finetuning(config: Any) -> None:
+def finetuning(config: ml_collections.ConfigDict) -> None:
     """Every range of a fine-tuning config (and of its task's fields), and its seeds."""
     check(config, FINETUNING + [rule for rule in FINETUNING_TASKS if rule[0] in config])
     check_choices(config, {"dtype": bert_config.DTYPES, "optimizer.name": optim.OPTIMIZER_NAMES})
@@ -252,7 +253,7 @@ def seeds(value: Any) -> list[int]:
     return found
 
 
-def data_preparation(config: Any) -> PretrainingSettings:
+def data_preparation(config: ml_collections.ConfigDict) -> PretrainingSettings:
     """The ranges of a pretraining config that its data preparation depends on (the data, the
     phases' lengths and the schedule that makes them); returns the settings."""
     rules = PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
