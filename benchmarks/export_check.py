@@ -18,9 +18,9 @@ import numpy as np
 import torch
 import transformers
 
-from bertjax import finetune
 from bertjax.interop import pretrained
 from bertjax.tasks import glue, glue_tasks
+from bertjax.training import finetune_setup
 from bertjax.training.finetune_settings import FinetuneSettings
 
 
@@ -30,7 +30,7 @@ def main(workdir: str, hf_dir: str, split: str = "dev") -> None:
     source = pretrained.Source(init_checkpoint=workdir)
     tokenizer = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
     bert_config, params = pretrained.read(workdir)
-    task = finetune.make_task(FinetuneSettings.of(config.to_dict()), tokenizer)
+    task = finetune_setup.make_task(FinetuneSettings.of(config.to_dict()), tokenizer)
     data = task.load(split)
     f = data.features
     ours = np.asarray(
