@@ -18,9 +18,9 @@ import numpy as np
 import torch
 import transformers
 
-from bertjax import finetune
 from bertjax.interop import pretrained
-from bertjax.tasks import glue
+from bertjax.tasks import glue, glue_tasks
+from bertjax.training import finetune_setup
 from bertjax.training.finetune_settings import FinetuneSettings
 
 
@@ -30,7 +30,7 @@ def main(workdir: str, hf_dir: str, split: str = "dev") -> None:
     source = pretrained.Source(init_checkpoint=workdir)
     tokenizer = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
     bert_config, params = pretrained.read(workdir)
-    task = finetune.make_task(FinetuneSettings.of(config.to_dict()), tokenizer)
+    task = finetune_setup.make_task(FinetuneSettings.of(config.to_dict()), tokenizer)
     data = task.load(split)
     f = data.features
     ours = np.asarray(
@@ -56,7 +56,7 @@ def main(workdir: str, hf_dir: str, split: str = "dev") -> None:
     model = transformers.AutoModelForSequenceClassification.from_pretrained(hf_dir).eval()
     with torch.no_grad():
         theirs = model(**{k: torch.tensor(v) for k, v in encoded.items()}).logits.numpy()
-    spec = glue.get_task(config.task)
+    spec = glue_tasks.get_task(config.task)
     ours_pred, theirs_pred = (glue.predictions_from_logits(spec, x) for x in (ours, theirs))
     print(
         f"{config.task} {split}: {len(texts)} examples; AutoTokenizer ids equal bertjax's for "

@@ -14,92 +14,24 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import ml_collections
-import optax
 from absl import flags, logging
-from jax.sharding import Mesh
 from ml_collections import config_flags
 
 from bertjax import cli
-from bertjax.data.tokenization import Tokenizer
-from bertjax.errors import ConfigError, UserError
+from bertjax.errors import UserError
 from bertjax.interop import native, pretrained
 from bertjax.models import families
-from bertjax.models.bert import model as bert_model
-from bertjax.models.families import ModelConfig
 from bertjax.runtime import console, failures, files, locks
-from bertjax.tasks import features, glue, metrics, ner, squad_predict
-from bertjax.training import finetune_loop, optim, reporting, sharded_run, sharding, validate
+from bertjax.tasks import metrics
+from bertjax.training import finetune_loop, finetune_setup, reporting, validate
 from bertjax.training.finetune_settings import FinetuneSettings
-
-
-class FinetuneError(UserError, ValueError):
-    """A configuration or input that cannot run; the message says what to change."""
-
-
-TASK_KINDS: dict[str, Callable[[features.TaskOptions, Tokenizer], features.Finetune]] = {
-    "glue": glue.GlueFinetune,
-    "ner": ner.NerFinetune,
-    "squad": squad_predict.SquadFinetune,
-}
-
-
-def make_task(settings: FinetuneSettings, tokenizer: Tokenizer) -> features.Finetune:
-    if settings.kind not in TASK_KINDS:
-        raise FinetuneError(f"kind={settings.kind!r}; choose one of {sorted(TASK_KINDS)}")
-    try:
-        return TASK_KINDS[settings.kind](settings.options, tokenizer)
-    except ValueError as e:
-        raise FinetuneError(str(e)) from e
-
-
-def optimizer(
-    settings: FinetuneSettings, total_steps: int, frozen_encoder_of: optax.Params | None = None
-) -> optax.GradientTransformation:
-    """BERT's optimizer for fine-tuning. With `frozen_encoder_of` (the model's parameter tree;
-    feature-based), only the parameters outside `bert` are trained."""
-    tx = optim.make_optimizer(settings.optimizer_settings(total_steps))
-    return (
-        tx if frozen_encoder_of is None else optim.train_only_outside(tx, frozen_encoder_of, "bert")
-    )
-
-
-def make_trainer(
-    settings: FinetuneSettings,
-    task: features.Finetune,
-    bert_config: ModelConfig,
-    num_train: int,
-    mesh: Mesh,
-) -> finetune_loop.Trainer:
-    """The trainer for `num_train` training examples (task.num_train_examples)."""
-    total_steps = settings.train_steps(num_train)
-    if total_steps < 1:
-        raise FinetuneError(
-            f"{num_train} training examples give no step of batch "
-            f"{settings.train_batch_size} in {settings.num_train_epochs} epochs: "
-            "raise --config.num_train_epochs or lower "
-            "--config.train_batch_size"
-        )
-    model = task.model(bert_config)
-    tx = optimizer(
-        settings, total_steps, bert_model.abstract_params(model) if task.frozen_encoder else None
-    )
-    return finetune_loop.make_trainer(
-        task,
-        model,
-        tx,
-        mesh,
-        total_steps,
-        functools.partial(optim.learning_rate_at, settings.optimizer_settings(total_steps)),
-    )
 
 
 def run(
@@ -132,55 +64,28 @@ def _run(
     config.json and its log file (held open by `accepted`)."""
     source = settings.source
     pretrain = pretrained.pretraining_run(source)
-    bert_config = pretrained.model_config_of(source, pretrain)
-    if pretrain.model and not settings.random_init:  # (the weights must fit: before any work)
-        found = families.from_record(pretrain.model)
-        pretrained.check_architecture(found, bert_config, settings.init_checkpoint)
-    problem = families.of(bert_config).finetune_problem(settings, settings.init_checkpoint)
-    if problem:
-        raise FinetuneError(problem)
+    model_config = pretrained.model_config_of(source, pretrain)
+    finetune_setup.check_model(settings, pretrain, model_config)  # (before any work)
     tokenizer = pretrained.tokenizer_of(source, pretrain)
-    if tokenizer.vocab_size > bert_config.vocab_size:
-        raise FinetuneError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but the model "
-            f"{bert_config.vocab_size}: use the pretraining run's vocabulary"
-        )
-    if settings.max_seq_length > bert_config.max_position_embeddings:
-        raise FinetuneError(
-            f"max_seq_length={settings.max_seq_length} > the model's "
-            f"max_position_embeddings={bert_config.max_position_embeddings}"
-        )
-    try:
-        mesh = sharded_run.make_mesh(settings.mesh, devices)
-    except ConfigError as e:
-        raise FinetuneError(str(e)) from e
-    for size in (settings.train_batch_size, settings.eval_batch_size):
-        if size % (sharding.data_parallel_size(mesh) * jax.process_count()):
-            raise FinetuneError(
-                f"batch size {size} must be divisible by data*fsdp="
-                f"{sharding.data_parallel_size(mesh)} times the process count"
-            )
+    finetune_setup.check_tokenizer(settings, tokenizer, model_config)
+    mesh = finetune_setup.make_mesh(settings, devices)
     if pretrain.finetuned_task:
         reporting.chief_print(
             f"init_checkpoint {settings.init_checkpoint} was fine-tuned on "
             f"{pretrain.finetuned_task}: this run starts from its encoder, "
             "with a new output layer"
         )
-    task = make_task(settings, tokenizer)
-    try:
-        data = {name: task.load(name) for name in ["train", *task.eval_splits]}
-        for name in task.test_splits:  # unlabelled leaderboard inputs are optional
-            try:
-                data[name] = task.load(name)
-            except (features.TaskDataError, FileNotFoundError) as e:
-                logging.warning("no %s predictions: %s", name, e)
-    except ValueError as e:  # readers' errors name the file and what is wrong
-        raise FinetuneError(str(e)) from e
-    trainer = make_trainer(
-        settings, task, bert_config, task.num_train_examples(data["train"]), mesh
+    task = finetune_setup.make_task(settings, tokenizer)
+    data = finetune_setup.load_splits(task)
+    trainer = finetune_setup.make_trainer(
+        settings, task, model_config, task.num_train_examples(data["train"]), mesh
     )
     record = finetune_loop.SeedRecord(
-        settings.task, 0, settings.as_json, families.as_record(bert_config), tokenizer.fingerprint()
+        settings.task,
+        0,
+        settings.as_json,
+        families.as_record(model_config),
+        tokenizer.fingerprint(),
     )
     accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
     if jax.process_index() == 0:

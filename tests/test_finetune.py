@@ -30,7 +30,7 @@ from bertjax.models.bert.heads import (
     BertForTokenClassification,
 )
 from bertjax.models.bert.model import BertConfig, BertModel
-from bertjax.training import checkpoint, finetune_loop, nonfinite
+from bertjax.training import checkpoint, finetune_loop, finetune_setup, nonfinite
 from bertjax.training.finetune_settings import FinetuneSettings
 from test_faults import (
     Trainer,
@@ -369,7 +369,7 @@ def test_feature_based_ner_trains_only_the_tagger(data_root, tmp_path):
     # Adam moments only for the tagger: none for the frozen encoder.
     params = pretrained.abstract_params_on_one_device(tagger)
     moments = jax.eval_shape(
-        finetune.optimizer(FinetuneSettings.of(config.to_dict()), 10, params).init, params
+        finetune_setup.optimizer(FinetuneSettings.of(config.to_dict()), 10, params).init, params
     )
 
     def size(tree):
@@ -452,7 +452,7 @@ def test_clear_errors(data_root, tmp_path):
         config_file("glue.py"), data_root, task="sst2", data_dir=data_root, max_train_examples=1
     )
     with pytest.raises(
-        finetune.FinetuneError,
+        finetune_setup.FinetuneError,
         match=r"^1 training examples give no step of "
         r"batch 32 in 3.0 epochs: raise --config.num_train_epochs or lower "
         r"--config.train_batch_size$",

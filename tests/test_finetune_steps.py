@@ -12,7 +12,7 @@ import pytest
 
 from bertjax.data import tokenization
 from bertjax.tasks import features, glue, ner, squad_predict
-from bertjax.training import checkpoint, finetune_loop, resume
+from bertjax.training import checkpoint, finetune_loop, finetune_trainer, resume
 from bertjax.training.finetune_settings import FinetuneSettings
 
 WORDS = ["a", "b", "c", "d", "john", "paris", "was", "good", "who", "?", "."]
@@ -102,10 +102,10 @@ def test_the_loop_takes_every_step_and_evaluates_at_each_pass_end():
     """110 rows, batch 32, 3 epochs: 10 steps (3 whole passes hold 10.3 batches), evaluated
     after steps 3 (110 // 32), 6 and 10; each pass is one permutation of the rows, and a batch
     spans the boundary between two passes."""
-    assert finetune_loop.epoch_ends(110, 32, steps(110)) == [3, 6, 10]
-    assert finetune_loop.epoch_ends(96, 32, steps(96, epochs=10)) == list(range(3, 31, 3))
-    assert finetune_loop.epoch_ends(10, 32, 2) == [1, 2]  # fewer rows than a batch
-    batches = finetune_loop.shuffled_batches(np.random.default_rng(0), 110, 32)
+    assert finetune_trainer.epoch_ends(110, 32, steps(110)) == [3, 6, 10]
+    assert finetune_trainer.epoch_ends(96, 32, steps(96, epochs=10)) == list(range(3, 31, 3))
+    assert finetune_trainer.epoch_ends(10, 32, 2) == [1, 2]  # fewer rows than a batch
+    batches = finetune_trainer.shuffled_batches(np.random.default_rng(0), 110, 32)
     stream = np.concatenate([next(batches) for _ in range(10)])
     for start in (0, 110):
         assert sorted(stream[start : start + 110]) == list(range(110))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import tokenization
-from bertjax.tasks import features, glue, metrics
+from bertjax.tasks import features, glue, glue_tasks, metrics
 
 GLUE_DIR = "/work/shared/data/glue"
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "d", "."]
@@ -38,7 +38,7 @@ def test_mrpc_tsv_counts_bad_rows_and_keeps_quotes(tmp_path):
         ],
         bom=True,
     )
-    examples, skipped = glue.read_examples(glue.get_task("mrpc"), "train", str(tmp_path))
+    examples, skipped = glue.read_examples(glue_tasks.get_task("mrpc"), "train", str(tmp_path))
     assert [(e.text_a, e.text_b, e.label) for e in examples] == [
         ('He said "hi', "b c", "1"),
         ("a", "b", "0"),
@@ -57,14 +57,14 @@ def test_a_file_that_is_not_utf8_is_named(tmp_path):
         match=r"SST-2/train.tsv is not UTF-8 text \(byte "
         r"18: invalid continuation byte\); convert it to UTF-8",
     ):
-        glue.read_examples(glue.get_task("sst2"), "train", str(tmp_path))
+        glue.read_examples(glue_tasks.get_task("sst2"), "train", str(tmp_path))
 
 
 def test_cola_raw_layout_dev_is_in_plus_out_of_domain(tmp_path):
     raw = tmp_path / "CoLA" / "cola_public" / "raw"
     write(raw / "in_domain_dev.tsv", ["src\t1\t\ta b .", "src\t0\t*\tb a ."])
     write(raw / "out_of_domain_dev.tsv", ["src\t1\t\tc d ."])
-    examples, _ = glue.read_examples(glue.get_task("cola"), "dev", str(tmp_path))
+    examples, _ = glue.read_examples(glue_tasks.get_task("cola"), "dev", str(tmp_path))
     assert [(e.text_a, e.label) for e in examples] == [
         ("a b .", "1"),
         ("b a .", "0"),
@@ -83,16 +83,16 @@ def test_rte_parquet_and_missing_split_error(tmp_path):
         ),
         tmp_path / "RTE" / "validation.parquet",
     )
-    examples, _ = glue.read_examples(glue.get_task("rte"), "dev", str(tmp_path))
+    examples, _ = glue.read_examples(glue_tasks.get_task("rte"), "dev", str(tmp_path))
     assert [e.label for e in examples] == ["not_entailment", "entailment"]
     with pytest.raises(features.TaskDataError, match="train.tsv"):
-        glue.read_examples(glue.get_task("rte"), "train", str(tmp_path))
+        glue.read_examples(glue_tasks.get_task("rte"), "train", str(tmp_path))
     with pytest.raises(ValueError, match="unknown GLUE task"):
-        glue.get_task("mnli-x")
+        glue_tasks.get_task("mnli-x")
 
 
 def test_encode_truncates_the_longer_text_and_writes_a_submission(tmp_path, tokenizer):
-    task = glue.get_task("stsb")
+    task = glue_tasks.get_task("stsb")
     examples = [glue.Example("7", "a b c d a b c d", "a", 4.2), glue.Example("8", "a", "b", 1.0)]
     encoded = glue.encode(task, examples, tokenizer, max_seq_length=8)
     ids = {v: k for k, v in enumerate(VOCAB)}
@@ -105,7 +105,7 @@ def test_encode_truncates_the_longer_text_and_writes_a_submission(tmp_path, toke
     path = glue.write_submission(task, "test", examples, np.array([5.7, 1.23456]), str(tmp_path))
     assert os.path.basename(path) == "STS-B.tsv"
     assert open(path).read() == "index\tprediction\n7\t5.000\n8\t1.235\n"
-    mnli = glue.get_task("mnli")
+    mnli = glue_tasks.get_task("mnli")
     assert mnli.test_splits == ["test_matched", "test_mismatched", "ax"]
     path = glue.write_submission(mnli, "ax", examples, np.array([0, 1]), str(tmp_path))
     assert open(path).read() == "index\tprediction\n7\tcontradiction\n8\tentailment\n"
@@ -128,7 +128,7 @@ def test_real_glue_files_read_completely():
         ("rte", "dev"): 277,
     }
     for (name, split), count in expected.items():
-        examples, skipped = glue.read_examples(glue.get_task(name), split, GLUE_DIR)
+        examples, skipped = glue.read_examples(glue_tasks.get_task(name), split, GLUE_DIR)
         assert (len(examples), skipped) == (count, {}), (name, split)
 
 
@@ -144,7 +144,7 @@ def test_tfds_glue_records_labels_and_test_splits(tmp_path):
         )
 
     def read(task: str, split: str) -> tuple[list[glue.Example], dict]:  # tfds shuffles records
-        examples, skipped = glue.read_examples(glue.get_task(task), split, "", data_dir)
+        examples, skipped = glue.read_examples(glue_tasks.get_task(task), split, "", data_dir)
         return sorted(examples, key=lambda e: e.index), skipped
 
     assert read("sst2", "train") == (

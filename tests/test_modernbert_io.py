@@ -27,7 +27,7 @@ from bertjax.models import families
 from bertjax.models.modernbert import heads as modernbert_heads, model as modernbert
 from bertjax.models.modernbert.config import ModernBertConfig
 from bertjax.tasks import features, glue, ner, squad, squad_predict
-from bertjax.training import checkpoint, init_architecture, validate
+from bertjax.training import checkpoint, finetune_setup, init_architecture, validate
 from test_finetune import (  # noqa: F401
     REPO_ROOT,
     config_file,
@@ -507,7 +507,9 @@ def test_bert_options_are_refused_for_a_modernbert(hf_dir, tmp_path):
     config.update(
         task="sst2", data_dir=str(tmp_path), init_checkpoint=hf_dir, causal_attention=True
     )
-    with pytest.raises(finetune.FinetuneError, match="causal_attention=True is for BERT") as e:
+    with pytest.raises(
+        finetune_setup.FinetuneError, match="causal_attention=True is for BERT"
+    ) as e:
         finetune.run(config, str(tmp_path / "run"))
     assert "\n" not in str(e.value)
     config.update(causal_attention=False, classifier_pooling="max")

@@ -16,9 +16,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax import convert, finetune
+from bertjax import convert
 from bertjax.interop import pretrained
 from bertjax.tasks import ner
+from bertjax.training import finetune_setup
 from bertjax.training.finetune_settings import FinetuneSettings
 from test_exports import fine_tune, write_task_data
 from test_finetune import NAMES, POSITIVE, sentence
@@ -37,7 +38,7 @@ def bertjax_outputs(workdir, split: str):
     source = pretrained.Source(init_checkpoint=str(workdir))
     tokenizer = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
     bert_config, params = pretrained.read(str(workdir))
-    task = finetune.make_task(FinetuneSettings.of(config.to_dict()), tokenizer)
+    task = finetune_setup.make_task(FinetuneSettings.of(config.to_dict()), tokenizer)
     data = task.load(split)
     f = data.features
     outputs = task.model(bert_config).apply(

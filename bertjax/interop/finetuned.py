@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bertjax.interop.tree import ConversionError
-from bertjax.tasks import glue, ner
+from bertjax.tasks import glue_tasks, ner
 
 if TYPE_CHECKING:
     from bertjax.models.families import HfForm
@@ -88,7 +88,7 @@ def hf_head(task_config: dict[str, Any], params: dict[str, Any], form: HfForm) -
             "fine-tuned for CoNLL-2003 NER",
         )
     if kind == "glue":
-        spec = glue.get_task(task)
+        spec = glue_tasks.get_task(task)
         if spec.is_regression:
             config = {**label_maps(("score",)), "problem_type": "regression"}
         else:

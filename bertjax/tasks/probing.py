@@ -25,7 +25,7 @@ import numpy as np
 import optax
 
 from bertjax.runtime import files
-from bertjax.tasks import features, glue, metrics, ner
+from bertjax.tasks import features, glue, glue_tasks, metrics, ner
 
 # Table 7's rows besides single layers; the last two of the "last four" when there are fewer.
 COMBINATIONS = (
@@ -53,7 +53,7 @@ def task_adapter(task: str, options: features.TaskOptions, tokenizer) -> feature
     """The fine-tuning adapter of `task` (conll2003 or a GLUE task name); ValueError if unknown."""
     if task == "conll2003":
         return ner.NerFinetune(options, tokenizer)
-    if glue.get_task(task).is_regression:
+    if glue_tasks.get_task(task).is_regression:
         raise ValueError(
             f"task {task!r} is a regression; probes are classifiers (use a "
             "classification task: conll2003 or a GLUE task other than stsb)"
@@ -266,7 +266,9 @@ def run_probes(
             layer_features(model, params, split, settings.extract_batch_size)
             for split in (train, evaluation)
         )
-        num_classes = len(ner.LABELS) if task == "conll2003" else glue.get_task(task).num_labels
+        num_classes = (
+            len(ner.LABELS) if task == "conll2003" else glue_tasks.get_task(task).num_labels
+        )
         out[task] = {
             "metric": adapter.main_metric,
             "eval_split": evaluation.name,

@@ -1,6 +1,7 @@
-"""The fine-tuning loop: batches from encoded splits, one seed's training with a dev
-evaluation every epoch, the best epoch's checkpoint and predictions, and the summary over
-seeds. Any task that implements `tasks.features.Finetune` runs here."""
+"""The fine-tuning loop: one seed's training with a dev evaluation every epoch, the best
+epoch's checkpoint and predictions; its record, its workdir's resumption. Any task that
+implements `tasks.features.Finetune` runs here (on the `finetune_trainer.Trainer` its seeds
+share)."""
 
 from __future__ import annotations
 
@@ -9,38 +10,31 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import logging
-from jax.sharding import Mesh
 
 from bertjax.errors import ConfigError
 from bertjax.interop import pretrained
 from bertjax.models import families
 from bertjax.runtime import console, failures, files, stopping
-from bertjax.tasks.features import Finetune, SplitData
+from bertjax.tasks.features import SplitData
 from bertjax.tasks.metrics import metric_value
 from bertjax.training import (
     checkpoint,
+    finetune_trainer,
     loop,
     metrics_writer,
     nonfinite,
     reporting,
     resume,
-    sharded_run,
     sharding,
-    steps,
 )
 from bertjax.training.finetune_settings import FinetuneSettings
 from bertjax.training.state import TrainState, count_params
-
-Batch = dict[str, jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,108 +46,6 @@ class SeedRecord:
     config: str  # the whole fine-tuning config as JSON (FinetuneSettings.as_json)
     bert_config: dict[str, Any]  # the model's fields (families.as_record)
     tokenizer_fingerprint: str
-
-
-def host_batch(data: SplitData, rows: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
-    """This process's slice of the global batch `rows`, padded to `batch_size` with weight-0
-    copies of row 0 (the last evaluation batch)."""
-    weights = np.ones(batch_size, np.float32)
-    weights[len(rows) :] = 0.0
-    rows = np.concatenate([rows, np.zeros(batch_size - len(rows), rows.dtype)])
-    local = batch_size // jax.process_count()
-    mine = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
-    batch = {key: value[rows[mine]] for key, value in data.features.items()}
-    batch["weights"] = weights[mine]
-    return batch
-
-
-def apply_model(
-    model: nn.Module,
-    params: optax.Params,
-    batch: Batch,
-    deterministic: bool,
-    rng: jax.Array | None = None,
-):
-    return model.apply(
-        {"params": params},
-        batch["input_ids"],
-        batch["segment_ids"],
-        batch["input_mask"],
-        deterministic=deterministic,
-        rngs=None if deterministic or rng is None else {"dropout": rng},
-    )
-
-
-@dataclasses.dataclass
-class Trainer:
-    """What every seed of a run shares: the task, the sharded run (model, optimizer, compiled
-    train and predict steps) and the step count."""
-
-    task: Finetune
-    run: sharded_run.ShardedRun
-    total_steps: int
-    learning_rate: Callable[[int], float]  # the schedule's value at a step, for the log
-
-
-def make_trainer(
-    task: Finetune,
-    model: nn.Module,
-    tx: optax.GradientTransformation,
-    mesh: Mesh,
-    total_steps: int,
-    learning_rate: Callable[[int], float],
-) -> Trainer:
-    """Builds and compiles `model` + `tx` on `mesh` with the task's loss and outputs."""
-
-    def loss_fn(params, batch, rng):
-        return task.loss(apply_model(model, params, batch, False, rng), batch)
-
-    def predict_step(params, batch):
-        return task.outputs(apply_model(model, params, batch, True))
-
-    sharded = sharded_run.build(
-        model, tx, mesh, steps.make_loss_train_step(loss_fn, tx), predict_step
-    )
-    return Trainer(task, sharded, total_steps, learning_rate)
-
-
-def shuffled_batches(rng: np.random.Generator, rows: int, batch_size: int) -> Iterator[np.ndarray]:
-    """Row indices, `batch_size` at a time, from one permutation of the rows after another (a
-    batch spans two passes where one ends): the original's repeated, shuffled training set."""
-    order = np.zeros(0, np.int64)
-    while True:
-        while len(order) < batch_size:
-            order = np.concatenate([order, rng.permutation(rows)])
-        yield order[:batch_size]
-        order = order[batch_size:]
-
-
-def epoch_ends(rows: int, batch_size: int, total_steps: int) -> list[int]:
-    """The steps after which a dev evaluation runs: where each pass over the `rows` training
-    rows ends, and `total_steps` (the last)."""
-    ends: list[int] = []
-    epoch = 1
-    while not ends or ends[-1] < total_steps:
-        end = min(epoch * rows // batch_size, total_steps)
-        if end > (ends[-1] if ends else 0):
-            ends.append(end)
-        epoch += 1
-    return ends
-
-
-def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any:
-    """Outputs for every row of `data` (host numpy), in order."""
-    chunks = []
-    for start in range(0, len(data), batch_size):
-        rows = np.arange(start, min(start + batch_size, len(data)))
-        batch = sharding.global_batch_from_host(host_batch(data, rows, batch_size), mesh)
-        chunks.append(
-            jax.tree.map(
-                lambda x: np.asarray(x)[: len(rows)],  # noqa: B023 (at once)
-                jax.device_get(predict_step(params, batch)),
-            )
-        )
-    return jax.tree.map(lambda *xs: np.concatenate(xs), *chunks)
 
 
 def _keep_rows_up_to(path: str | None, step: int) -> None:
@@ -187,7 +79,7 @@ def _finished(workdir: str) -> dict[str, Any] | None:
     )
 
 
-def _fresh_state(settings: FinetuneSettings, trainer: Trainer, seed: int) -> Any:
+def _fresh_state(settings: FinetuneSettings, trainer: finetune_trainer.Trainer, seed: int) -> Any:
     """A new state from `seed`, with the encoder (`families.pretrained_parts`) from
     settings.init_checkpoint if any."""
     sharded = trainer.run
@@ -255,7 +147,7 @@ def _add_metrics(sums: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any
 def train_one_seed(
     settings: FinetuneSettings,
     record: SeedRecord,
-    trainer: Trainer,
+    trainer: finetune_trainer.Trainer,
     data: dict[str, SplitData],
     workdir: str,
 ) -> dict[str, Any]:
@@ -289,7 +181,7 @@ class SeedRun:
         self,
         settings: FinetuneSettings,
         record: SeedRecord,
-        trainer: Trainer,
+        trainer: finetune_trainer.Trainer,
         data: dict[str, SplitData],
         workdir: str,
         checkpointer: checkpoint.Checkpointer,
@@ -300,7 +192,9 @@ class SeedRun:
         self.meta = dataclasses.asdict(record)
         self.best: dict[str, Any] = {"epoch": -1}
         self.jsonl = os.path.join(workdir, "metrics.jsonl") if jax.process_index() == 0 else None
-        self.ends = epoch_ends(len(train), settings.train_batch_size, self.total_steps)
+        self.ends = finetune_trainer.epoch_ends(
+            len(train), settings.train_batch_size, self.total_steps
+        )
         self.nonfinite = nonfinite.NonFiniteSteps(
             0,
             state_advice=(  # (warns, never stops)
@@ -333,7 +227,7 @@ class SeedRun:
             _keep_rows_up_to(self.jsonl, latest or 0)
         self.writer = metrics_writer.open_writer(workdir)
         self.step = self.first_step = latest or 0
-        self.batches = shuffled_batches(
+        self.batches = finetune_trainer.shuffled_batches(
             np.random.default_rng(seed), len(train), settings.train_batch_size
         )
         for _ in range(self.step):  # the batches already trained on
@@ -401,7 +295,7 @@ class SeedRun:
     def train_step(self, index: int) -> None:
         rows = next(self.batches)
         batch = sharding.global_batch_from_host(
-            host_batch(self.data["train"], rows, self.settings.train_batch_size),
+            finetune_trainer.host_batch(self.data["train"], rows, self.settings.train_batch_size),
             self.trainer.run.mesh,
         )
         self.state, metrics = self.trainer.run.train_step(self.state, batch)
@@ -474,7 +368,7 @@ class SeedRun:
 
     def predict(self, split: str) -> Any:
         assert self.state is not None  # (set in __init__: restored or fresh)
-        return predict(
+        return finetune_trainer.predict(
             self.trainer.run.eval_step,
             self.state.params,
             self.data[split],
