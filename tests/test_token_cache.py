@@ -107,9 +107,11 @@ def test_what_the_phases_derive_from_the_corpus_is_computed_once(
     before)."""
     calls = collections.Counter()
     for name in ("source_identity", "specials_of"):
-        real = getattr(pipeline, name)
+        real = getattr(corpus_source, name)
         monkeypatch.setattr(
-            pipeline, name, lambda *args, real=real, name=name: calls.update([name]) or real(*args)
+            corpus_source,
+            name,
+            lambda *args, real=real, name=name: calls.update([name]) or real(*args),
         )
     phases = phases_of(config)
     assert [p.name for p in phases] == ["short", "long"]
