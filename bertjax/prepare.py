@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax.data import beam_prepare, pipeline, prepared_files, shard_job, shard_sources
+from bertjax.data import (
+    beam_prepare,
+    corpus_source,
+    pipeline,
+    prepared_files,
+    shard_job,
+    shard_sources,
+)
 from bertjax.errors import ConfigError, UserError
 from bertjax.runtime import files, locks
 from bertjax.training import phase_schedule
@@ -83,8 +90,8 @@ def _prepare_phases(
     data = settings.data
     phases = settings.phases
     nsp = settings.train.pretraining_objective.uses_nsp
-    tokenizer = pipeline.load_or_train_tokenizer(data, os.path.join(local, "tokenizer"))
-    derived = pipeline.Derived(data, tokenizer)  # (once for every phase)
+    tokenizer = corpus_source.load_or_train_tokenizer(data, os.path.join(local, "tokenizer"))
+    derived = corpus_source.Derived(data, tokenizer)  # (once for every phase)
     lines = []
     for phase in phases:
         name = pipeline.phase_directory(phase)

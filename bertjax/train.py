@@ -21,7 +21,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from bertjax import cli
-from bertjax.data import loaders, pipeline
+from bertjax.data import corpus_source, loaders, pipeline
 from bertjax.errors import ConfigError, UserError
 from bertjax.interop import pretrained
 from bertjax.models import families
@@ -124,7 +124,7 @@ def _train_and_evaluate(
         check(found)  # model and data, before any preparation
     model_config = families.model_config(model)
     cache_dir = data.cache_dir or files.local_cache_dir(workdir)
-    tokenizer = pipeline.load_or_train_tokenizer(
+    tokenizer = corpus_source.load_or_train_tokenizer(
         data, cache_dir, jax.process_index(), jax.process_count()
     )
     if not found:

@@ -14,6 +14,7 @@ import pytest
 
 from bertjax import errors
 from bertjax.data import (
+    corpus_source,
     default_corpus,
     instances,
     loaders,
@@ -90,7 +91,7 @@ def test_masking_mix_on_real_instances(tokenized, tokenizer, mix):
     """Table 8's mixes: the share of [MASK], random and kept tokens over ~1,500 predictions."""
     cfg = data_config(mask_token_prob=mix[0], random_token_prob=mix[1])
     features = pipeline.make_features(
-        tokenized, PHASE, cfg, pipeline.specials_of(tokenizer, False), 2, mask=True, seed=3
+        tokenized, PHASE, cfg, corpus_source.specials_of(tokenizer, False), 2, mask=True, seed=3
     )
     shown, original = shown_tokens(shard_format.expand(features))
     assert len(shown) > 1200
@@ -114,13 +115,13 @@ def test_dynamic_masks_follow_the_mix(tokenized, tokenizer):
         tokenized,
         PHASE,
         data_config(),
-        pipeline.specials_of(tokenizer, False),
+        corpus_source.specials_of(tokenizer, False),
         1,
         mask=False,
         seed=3,
     )
     split = pipeline.PreparedSplit([features], masked=False)
-    masking = (pipeline.specials_of(tokenizer, False), 0.15, PREDS, False)
+    masking = (corpus_source.specials_of(tokenizer, False), 0.15, PREDS, False)
     loader = loaders.BatchLoader(split, 64, 1, masking=masking, mask_mix=(1.0, 0.0))
     shown, _ = shown_tokens(loader.batch(0))
     assert len(shown) > 200 and (shown == tokenizer.mask_id).all()

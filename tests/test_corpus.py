@@ -1,4 +1,4 @@
-"""Tests for bertjax.data.corpus: text files, tfds, sentence splitting, default corpus."""
+"""Tests for bertjax.data.corpus: text files, tfds, sentence splitting (data.sentences), default corpus."""
 
 import codecs
 import os
@@ -10,7 +10,7 @@ import tempfile
 import pytest
 
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
-from bertjax.data import corpus, default_corpus, tfds_source
+from bertjax.data import corpus, default_corpus, sentences, tfds_source
 
 
 def write(path, data: bytes | str):
@@ -247,7 +247,7 @@ def test_bad_text_format_is_rejected(tmp_path):
     ],
 )
 def test_split_sentences(text, expected):
-    assert corpus.split_sentences(text) == expected
+    assert sentences.split_sentences(text) == expected
 
 
 def test_tfds_array_record_slices_partition_records(tmp_path):

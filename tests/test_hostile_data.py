@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from bertjax.data import default_corpus, loaders, pipeline
+from bertjax.data import corpus_source, default_corpus, loaders, pipeline
 from bertjax.data.settings import DataSettings
 from test_pipeline import make_config, only_dir, phases_of
 
@@ -91,7 +91,7 @@ def prepare_inputs(tmp_path, input_files: str) -> list[loaders.PhaseData]:
         },
     )
     cache = str(tmp_path / "cache")
-    tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), cache)
+    tokenizer = corpus_source.load_or_train_tokenizer(DataSettings.of(config.data), cache)
     return loaders.prepare_data(
         DataSettings.of(config.data), phases_of(config), config.model.vocab_size, tokenizer, cache
     )

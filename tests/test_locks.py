@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from absl import logging as absl_logging
 
-from bertjax.data import pipeline
+from bertjax.data import corpus_source, pipeline
 from bertjax.data.settings import DataSettings
 from bertjax.runtime import locks
 from test_pipeline import config, corpus_file, documents, short_phase  # noqa: F401 (fixtures)
@@ -136,12 +136,12 @@ def test_two_processes_preparing_one_cache_entry_prepare_it_once(config, tmp_pat
     preparation (the first's directory, renamed in place), the same rows in both, as many
     as meta.json counts. The first pauses with its data written, before meta.json."""
     cache = str(tmp_path / "cache")
-    tokenizer = pipeline.load_or_train_tokenizer(
+    tokenizer = corpus_source.load_or_train_tokenizer(
         DataSettings.of(config.data), cache
     )  # both find it there
     script = (
         "import sys\nsys.path.insert(0, 'tests')\n"
-        "import test_pipeline as t\nfrom bertjax.data import pipeline\n"
+        "import test_pipeline as t\nfrom bertjax.data import corpus_source, pipeline\n"
         "from bertjax.data.settings import DataSettings\n"
         "from bertjax.data import prepared_files\n"
         "records = prepared_files.shard_records\n"
@@ -150,7 +150,7 @@ def test_two_processes_preparing_one_cache_entry_prepare_it_once(config, tmp_pat
         "    return records(directory)\n"
         "prepared_files.shard_records = pause\n"
         "c = t.make_config(sys.argv[1])\n"
-        "tok = pipeline.load_or_train_tokenizer(DataSettings.of(c.data), sys.argv[2])\n"
+        "tok = corpus_source.load_or_train_tokenizer(DataSettings.of(c.data), sys.argv[2])\n"
         "print(len(pipeline.prepare(DataSettings.of(c.data), t.short_phase(c), tok, sys.argv[2])['train']))\n"
     )
     first = start(["-c", script, config.data.input_files, cache])

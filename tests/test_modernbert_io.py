@@ -19,7 +19,7 @@ import pytest
 import tokenizers as tk
 
 from bertjax import convert, finetune, train
-from bertjax.data import bpe, pipeline, tokenization
+from bertjax.data import bpe, corpus_source, pipeline, tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.errors import ConfigError
 from bertjax.interop import hf_modernbert, native, pretrained, tree
@@ -240,7 +240,7 @@ def test_pretraining_data_tokenizes_with_a_bpe_tokenizer_json(hf_dir, tmp_path):
         return DataSettings.of({**small_config("corpus.txt", "").data, **data})
 
     path = os.path.join(hf_dir, "tokenizer.json")
-    tokenizer = pipeline.load_or_train_tokenizer(
+    tokenizer = corpus_source.load_or_train_tokenizer(
         settings(tokenizer="bpe", vocab_file=path), str(tmp_path)
     )
     assert isinstance(tokenizer, bpe.BpeTokenizer)
@@ -251,7 +251,7 @@ def test_pretraining_data_tokenizes_with_a_bpe_tokenizer_json(hf_dir, tmp_path):
     with pytest.raises(
         pipeline.DataError, match="data.tokenizer=bpe needs --config.data.vocab_file=tokenizer.json"
     ):
-        pipeline.load_or_train_tokenizer(settings(tokenizer="bpe"), str(tmp_path))
+        corpus_source.load_or_train_tokenizer(settings(tokenizer="bpe"), str(tmp_path))
     source = pretrained.Source(vocab_file=path)  # fine-tuning's vocab_file: told by its form
     assert isinstance(
         pretrained.tokenizer_of(source, pretrained.PretrainingRun({})), bpe.BpeTokenizer

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from bertjax.data import corpus, default_corpus, pipeline
+from bertjax.data import corpus, corpus_source, default_corpus
 from bertjax.data.loaders import prepare_data
 from bertjax.data.settings import DataSettings
 from bertjax.models.bert.model import BertConfig, BertForPreTraining, example_inputs
@@ -225,7 +225,7 @@ def test_two_processes_train_like_one(tmp_path):
     corpus_file.write_text("\n\n".join("\n".join(doc) for doc in documents) + "\n")
     cache_dir, workdir = str(tmp_path / "cache"), str(tmp_path / "run")
     config = _tiny_config(str(corpus_file), cache_dir)
-    tokenizer = pipeline.load_or_train_tokenizer(
+    tokenizer = corpus_source.load_or_train_tokenizer(
         DataSettings.of(config.data), cache_dir
     )  # shared by both
 
@@ -286,11 +286,11 @@ def test_two_processes_train_like_one(tmp_path):
 
     # Each process prepared its own, disjoint share of the documents.
     shares = [
-        list(pipeline.read_documents(DataSettings.of(config.data), i, 2, corpus.CorpusStats()))
+        list(corpus_source.read_documents(DataSettings.of(config.data), i, 2, corpus.CorpusStats()))
         for i in range(2)
     ]
     everything = list(
-        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
+        corpus_source.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
     )
     assert sorted(map(str, shares[0] + shares[1])) == sorted(map(str, everything))
     assert not {str(d) for d in shares[0]} & {str(d) for d in shares[1]}

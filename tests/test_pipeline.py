@@ -18,6 +18,7 @@ import pytest
 from bertjax.data import (
     batch as batch_spec,
     corpus,
+    corpus_source,
     default_corpus,
     instances,
     loaders,
@@ -268,7 +269,7 @@ def dynamic(dynamic_config, sp_tokenizer, tmp_path_factory):
 
 
 def dynamic_loader(split, tokenizer, seed=12345, batch=32, shuffle=True, whole_word=False):
-    masking = (pipeline.specials_of(tokenizer, whole_word), 0.15, PREDS, whole_word)
+    masking = (corpus_source.specials_of(tokenizer, whole_word), 0.15, PREDS, whole_word)
     return loaders.BatchLoader(traced(split), batch, seed, shuffle=shuffle, masking=masking)
 
 
@@ -334,7 +335,7 @@ def test_prepare_writes_meta_and_holds_out_eval_documents(
 ):
     meta = json.loads((only_dir(static_cache) / "meta.json").read_text())
     docs, counts = tokenize_corpus.tokenize_documents(
-        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()),
+        corpus_source.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()),
         sp_tokenizer,
     )
     assert meta["documents"] == len(docs) == NUM_DOCS
@@ -473,10 +474,12 @@ def test_single_document_corpus_gives_empty_eval_split(sp_tokenizer, documents, 
 
 
 def test_read_documents_partitions_documents_between_processes(config, documents):
-    full = list(pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()))
+    full = list(
+        corpus_source.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
+    )
     assert full == documents
     shards = [
-        list(pipeline.read_documents(DataSettings.of(config.data), i, 3, corpus.CorpusStats()))
+        list(corpus_source.read_documents(DataSettings.of(config.data), i, 3, corpus.CorpusStats()))
         for i in range(3)
     ]
     for i, shard in enumerate(shards):
@@ -488,12 +491,14 @@ def test_read_documents_default_source_is_sharded_too(corpus_file):
     config = make_config(corpus_file, **{"data.source": "default"})
     first = list(
         itertools.islice(
-            pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()), 8
+            corpus_source.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()),
+            8,
         )
     )
     second_shard = list(
         itertools.islice(
-            pipeline.read_documents(DataSettings.of(config.data), 1, 2, corpus.CorpusStats()), 4
+            corpus_source.read_documents(DataSettings.of(config.data), 1, 2, corpus.CorpusStats()),
+            4,
         )
     )
     assert first == list(itertools.islice(default_corpus.default_corpus(), 8))
@@ -595,9 +600,9 @@ def test_sharded_preparation_and_loading_across_shards(config, sp_tokenizer, sta
     size = pathlib.Path(config.data.input_files).stat().st_size
     sharded_config = make_config(config.data.input_files, **{"data.shard_bytes": size // 3})
     documents = list(
-        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
+        corpus_source.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
     )
-    reader = pipeline.corpus_reader(DataSettings.of(config.data), 0, 1)
+    reader = corpus_source.corpus_reader(DataSettings.of(config.data), 0, 1)
     expected = [reader.read(s) for s in shard_sources.cut(reader, corpus.CorpusStats(), size // 3)]
     assert [d for shard in expected for d in shard] == documents and len(expected) >= 3
     sharded = pipeline.prepare(
@@ -645,12 +650,12 @@ def test_one_shard_holds_the_instances_of_the_original_semantics(config, sp_toke
     documents, pairs from the seeded RNG, then masks by the rule from the shard's masking
     stream (row i of the split is row i of the stream)."""
     docs, _ = tokenize_corpus.tokenize_documents(
-        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()),
+        corpus_source.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()),
         sp_tokenizer,
     )
     train_docs, _ = pipeline.split_eval_documents(docs, config.data.eval_fraction, config.data.seed)
     seed = shard_job.hash_seed(config.data.seed, 0, 0, SEQ)
-    specials = pipeline.specials_of(sp_tokenizer, False)
+    specials = corpus_source.specials_of(sp_tokenizer, False)
     pairs = instances.create_instances(
         train_docs,
         SEQ,
@@ -763,7 +768,7 @@ def test_dynamic_masks_follow_the_masking_rules(dynamic, sp_tokenizer):
 
 
 def test_load_or_train_tokenizer_trains_once_and_caches(config, sp_tokenizer, tmp_path):
-    tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
+    tokenizer = corpus_source.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
     (model,) = tmp_path.glob("sentencepiece_*.model")
     assert list(tmp_path.glob("*.tmp*")) == []
     stamp = model.stat().st_mtime_ns
@@ -777,11 +782,13 @@ def test_load_or_train_tokenizer_trains_once_and_caches(config, sp_tokenizer, tm
     ) == (0, 1, 2, 3, 4)
     # Same corpus, size and casing as the fixture's model: the same deterministic training.
     assert vocabulary(tokenizer) == vocabulary(sp_tokenizer)
-    again = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
+    again = corpus_source.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
     assert again.fingerprint() == tokenizer.fingerprint() and model.stat().st_mtime_ns == stamp
     smaller = make_config(config.data.input_files, **{"data.sentencepiece_vocab_size": 300})
     assert (
-        pipeline.load_or_train_tokenizer(DataSettings.of(smaller.data), str(tmp_path)).vocab_size
+        corpus_source.load_or_train_tokenizer(
+            DataSettings.of(smaller.data), str(tmp_path)
+        ).vocab_size
         == 300
     )
     assert len(list(tmp_path.glob("sentencepiece_*.model"))) == 2
@@ -795,7 +802,7 @@ def test_load_or_train_tokenizer_trains_once_and_caches(config, sp_tokenizer, tm
 def test_every_process_trains_the_same_tokenizer(config, sp_tokenizer, tmp_path):
     """Hosts train on their own disks; they must agree on the vocabulary the model uses."""
     hosts = [
-        pipeline.load_or_train_tokenizer(
+        corpus_source.load_or_train_tokenizer(
             DataSettings.of(config.data), str(tmp_path / f"host{i}"), i, 2
         )
         for i in range(2)
@@ -806,8 +813,10 @@ def test_every_process_trains_the_same_tokenizer(config, sp_tokenizer, tmp_path)
 
 
 def test_retrained_tokenizer_keeps_its_fingerprint(config, tmp_path):
-    first = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path / "a"))
-    second = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path / "b"))
+    first = corpus_source.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path / "a"))
+    second = corpus_source.load_or_train_tokenizer(
+        DataSettings.of(config.data), str(tmp_path / "b")
+    )
     assert vocabulary(first) == vocabulary(second)
     assert first.fingerprint() == second.fingerprint()
 
@@ -816,7 +825,7 @@ def test_load_tokenizer_from_a_sentencepiece_vocab_file(config, sp_tokenizer, tm
     model = tmp_path / "given.model"
     model.write_bytes(sp_tokenizer._model_bytes)  # noqa: SLF001
     given = make_config(config.data.input_files, **{"data.vocab_file": str(model)})
-    tokenizer = pipeline.load_or_train_tokenizer(
+    tokenizer = corpus_source.load_or_train_tokenizer(
         DataSettings.of(given.data), str(tmp_path / "cache")
     )
     assert tokenizer.fingerprint() == sp_tokenizer.fingerprint()
@@ -841,13 +850,13 @@ def test_text_source_without_input_files(sp_tokenizer, tmp_path):
     config = make_config("")
     message = r"data.source=text needs --config.data.input_files"
     with pytest.raises(pipeline.DataError, match=message):
-        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
+        corpus_source.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
     with pytest.raises(pipeline.DataError, match=message):
         pipeline.prepare(
             DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path)
         )
     with pytest.raises(pipeline.DataError, match=message):
-        pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
+        corpus_source.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
 
 
 def test_missing_input_file_is_named(sp_tokenizer, tmp_path):
@@ -861,7 +870,7 @@ def test_missing_input_file_is_named(sp_tokenizer, tmp_path):
 def test_tfds_source_without_a_name(corpus_file):
     config = make_config(corpus_file, **{"data.source": "tfds"})
     with pytest.raises(pipeline.DataError, match="needs --config.data.tfds_name"):
-        pipeline.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
+        corpus_source.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
 
 
 def test_wordpiece_needs_a_vocab_file(corpus_file, tmp_path):
@@ -871,7 +880,7 @@ def test_wordpiece_needs_a_vocab_file(corpus_file, tmp_path):
         match=r"data.tokenizer=wordpiece needs "
         r"--config.data.vocab_file",
     ):
-        pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
+        corpus_source.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
 
 
 def test_nonexistent_vocab_file(corpus_file, tmp_path):
@@ -880,7 +889,7 @@ def test_nonexistent_vocab_file(corpus_file, tmp_path):
         **{"data.tokenizer": "wordpiece", "data.vocab_file": str(tmp_path / "vocab.txt")},
     )
     with pytest.raises(pipeline.DataError, match=r"vocab.txt' does not exist"):
-        pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
+        corpus_source.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
 
 
 @pytest.mark.parametrize("text", ["", "\n\n   \n\t\n"])
@@ -1077,7 +1086,7 @@ def test_whole_word_masking_with_wordpiece(wordpiece_vocab, wordpiece_corpus, tm
             "data.whole_word_mask": True,
         },
     )
-    loaded = pipeline.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
+    loaded = corpus_source.load_or_train_tokenizer(DataSettings.of(config.data), str(tmp_path))
     assert loaded.fingerprint() == tokenizer.fingerprint()
     splits = pipeline.prepare(
         DataSettings.of(config.data), short_phase(config), tokenizer, str(tmp_path)

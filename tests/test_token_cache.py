@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from bertjax.data import loaders, pipeline, token_cache, tokenize_corpus
+from bertjax.data import corpus_source, loaders, pipeline, token_cache, tokenize_corpus
 from bertjax.data.settings import DataSettings
 from test_pipeline import config, corpus_file, documents, make_config, phases_of, sp_tokenizer  # noqa: F401
 
@@ -59,7 +59,7 @@ def test_every_phase_reads_the_tokens_of_one_tokenization(config, sp_tokenizer, 
     other = make_config(config.data.input_files, **{"data.shard_bytes": size // 2})
     named = lambda c, share=(0, 1): pipeline.tokens_directory(  # noqa: E731
         str(tmp_path / "both" / "short_64"),
-        pipeline.Derived(DataSettings.of(c.data), sp_tokenizer),
+        corpus_source.Derived(DataSettings.of(c.data), sp_tokenizer),
         *share,
     )
     assert named(cfg) == str(tokens)
@@ -107,9 +107,11 @@ def test_what_the_phases_derive_from_the_corpus_is_computed_once(
     before)."""
     calls = collections.Counter()
     for name in ("source_identity", "specials_of"):
-        real = getattr(pipeline, name)
+        real = getattr(corpus_source, name)
         monkeypatch.setattr(
-            pipeline, name, lambda *args, real=real, name=name: calls.update([name]) or real(*args)
+            corpus_source,
+            name,
+            lambda *args, real=real, name=name: calls.update([name]) or real(*args),
         )
     phases = phases_of(config)
     assert [p.name for p in phases] == ["short", "long"]

@@ -14,7 +14,7 @@ import pytest
 
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 from bertjax import train
-from bertjax.data import corpus, default_corpus, pipeline
+from bertjax.data import default_corpus, pipeline, sentences
 from bertjax.interop import hf, hf_modernbert, pretrained
 from bertjax.models import families
 from bertjax.models.bert.model import BertConfig
@@ -240,7 +240,7 @@ def test_pretrains_from_a_tfds_dataset(cache_dir, tmp_path):
     meta = json.loads(meta_file.read_text())
     assert (meta["corpus"]["documents"], meta["corpus"]["sentences"]) == (
         200,
-        sum(len(corpus.split_sentences(" ".join(doc))) for doc in documents),
+        sum(len(sentences.split_sentences(" ".join(doc))) for doc in documents),
     )
     # An untrained model predicts about uniformly: MLM over the 512 tokens plus NSP over 2.
     losses = [m["loss"] for m in read_metrics(tmp_path / "run")]

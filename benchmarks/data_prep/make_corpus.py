@@ -16,7 +16,7 @@ import glob
 import os
 import random
 
-from bertjax.data import corpus
+from bertjax.data import sentences
 
 PARAGRAPHS_PER_DOCUMENT = 40
 
@@ -29,7 +29,7 @@ def documents(book: str) -> list[list[str]]:
     paragraphs = [p for p in paragraphs if p]
     step = PARAGRAPHS_PER_DOCUMENT
     return [
-        [s for p in paragraphs[i : i + step] for s in corpus.split_sentences(p)]
+        [s for p in paragraphs[i : i + step] for s in sentences.split_sentences(p)]
         for i in range(0, len(paragraphs), step)
     ]
 

@@ -23,7 +23,7 @@ import time
 
 from absl import app, flags
 
-from bertjax.data import loaders, packing, pipeline
+from bertjax.data import corpus_source, loaders, packing, pipeline
 from bertjax.data.settings import DataSettings
 from bertjax.training.phase_schedule import Phase
 
@@ -51,8 +51,8 @@ def main(argv):
         vocab_file=FLAGS.vocab_file,
         num_workers=1,
     )
-    tokenizer = pipeline.load_or_train_tokenizer(DataSettings.of(data_cfg), FLAGS.cache_dir)
-    specials = pipeline.specials_of(tokenizer, data_cfg.whole_word_mask)
+    tokenizer = corpus_source.load_or_train_tokenizer(DataSettings.of(data_cfg), FLAGS.cache_dir)
+    specials = corpus_source.specials_of(tokenizer, data_cfg.whole_word_mask)
     results = {
         "command": " ".join(["python"] + sys.argv),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

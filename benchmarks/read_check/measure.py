@@ -28,7 +28,7 @@ spec = importlib.util.spec_from_file_location("config", sys.argv[1])
 module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
 config = module.get_config()
 from bertjax.training import phase_schedule
-from bertjax.data import loaders, pipeline
+from bertjax.data import corpus_source, loaders, pipeline
 config.data.masking, config.data.num_workers = sys.argv[3], 1
 config.train.global_batch_size = int(sys.argv[5]) or config.train.global_batch_size
 phase = phase_schedule.phases(config.train, config.data, config.long_phase)[0]
@@ -37,9 +37,9 @@ try:  # (a checkout with typed data settings, or one before them)
     data = DataSettings.of(config.data)
 except ImportError:
     data = config.data
-tokenizer = pipeline.load_or_train_tokenizer(data, sys.argv[2])
+tokenizer = corpus_source.load_or_train_tokenizer(data, sys.argv[2])
 split = pipeline.prepare(data, phase, tokenizer, sys.argv[2])["train"]
-masking = (pipeline.specials_of(tokenizer, config.data.whole_word_mask),
+masking = (corpus_source.specials_of(tokenizer, config.data.whole_word_mask),
            config.data.masked_lm_prob, phase.max_predictions_per_seq, config.data.whole_word_mask)
 loader = loaders.BatchLoader(split, phase.global_batch_size, config.data.seed, masking=masking)
 loader.batch(0)

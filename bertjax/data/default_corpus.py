@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from bertjax.data import corpus
+from bertjax.data import corpus, sentences
 
 # Pure-Python (and a few documentation-rich builtin) modules, sorted so the corpus
 # order is fixed. Left out: modules with import side effects (this, antigravity,
@@ -78,7 +78,7 @@ def _clean_documentation(text: str) -> corpus.Document:
             continue
         # A blank line or a code line ends a block.
         if block and _looks_like_prose(block):
-            document.extend(corpus.split_sentences(" ".join(" ".join(block).split())))
+            document.extend(sentences.split_sentences(" ".join(" ".join(block).split())))
         block = []
     return document
 

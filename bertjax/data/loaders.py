@@ -12,6 +12,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from bertjax.data import (
+    corpus_source,
     instances,
     masking as mask_rules,
     packing,
@@ -170,7 +171,7 @@ def prepare_data(
     instances without random-B pairs (pipeline.prepare)."""
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
-    derived = pipeline.Derived(data, tokenizer)  # (once for every phase)
+    derived = corpus_source.Derived(data, tokenizer)  # (once for every phase)
     specials = derived.specials
     result = []
     for phase in phases:

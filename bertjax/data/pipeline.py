@@ -1,5 +1,5 @@
 """From a data config to prepared instances: corpus -> tokens -> instances -> shards on disk
-(batches from them: `data.loaders`).
+(the corpus and the tokenizer: `data.corpus_source`; batches from them: `data.loaders`).
 
 Each process prepares its own share of the documents (document i goes to process i mod P) once,
 in shards of `data.shard_bytes` (compact .npy files, written atomically; docs/data-preparation.md),
@@ -10,18 +10,15 @@ in a checkpoint is just the next batch index and a resume sees exactly the unint
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import glob
-import hashlib
 import json
 import os
 import random
 import shutil
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -29,6 +26,7 @@ from absl import logging
 
 from bertjax.data import (
     corpus,
+    corpus_source,
     instances,
     masking,
     prepared_files,
@@ -47,196 +45,6 @@ from bertjax.data.shard_job import split_eval_documents  # noqa: F401
 from bertjax.runtime import failures, files, locks
 
 FORMAT_VERSION = 5  # bump when the prepared bytes change (pinned: tests/test_prepared_bytes.py)
-
-
-# ----------------------------------------------------------------------------- corpus
-
-
-def corpus_reader(
-    data: DataSettings, process_index: int, process_count: int
-) -> shard_sources.CorpusReader:
-    """This process's documents of the configured source (its files checked now)."""
-    if data.source == "tfds":
-        if not data.tfds_name:
-            raise DataError("data.source=tfds needs --config.data.tfds_name=NAME")
-        return shard_sources.CorpusReader(
-            "tfds",
-            tfds=(data.tfds_name, data.tfds_split, data.tfds_data_dir or None, data.tfds_text_key),
-            process_index=process_index,
-            process_count=process_count,
-        )
-    if data.source == "text":
-        if not data.input_files:
-            raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
-        paths = tuple(corpus.expand_paths(data.input_files.split(",")))
-        return shard_sources.CorpusReader(
-            "text",
-            paths,
-            data.text_format,
-            process_index=process_index,
-            process_count=process_count,
-        )
-    return shard_sources.CorpusReader(
-        "default", process_index=process_index, process_count=process_count
-    )
-
-
-def read_documents(
-    data: DataSettings, process_index: int, process_count: int, stats: corpus.CorpusStats
-) -> Iterator[list[str]]:
-    """Documents of this process's shard, from the configured source."""
-    reader = corpus_reader(data, process_index, process_count)
-    return (document for _, document in reader.documents(stats))
-
-
-def source_identity(data: DataSettings) -> dict[str, Any]:
-    """What identifies the raw corpus: files with their sizes, or the dataset's name (with
-    `data.prepared_dir`: as recorded there, so the corpus need not be on this host)."""
-    if data.prepared_dir:
-        prepared = data.prepared_dir
-        found = files.glob(
-            os.path.join(
-                prepared if files.is_remote(prepared) else glob.escape(prepared), "*", "meta.json"
-            )
-        )
-        if not found:
-            raise DataError(
-                f"data.prepared_dir={data.prepared_dir!r} holds no prepared data "
-                "(no */meta.json); run python -m bertjax.prepare --output=DIR first"
-            )
-        return _read_meta(os.path.dirname(found[0]))[0].get("source", {})
-    if data.source == "text":
-        if not data.input_files:
-            raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
-        paths = corpus.expand_paths(data.input_files.split(","))
-        return {
-            "files": [(files.abspath(f), files.getsize(f)) for f in paths],
-            "format": data.text_format,
-        }
-    if data.source == "tfds":
-        return {"tfds": [data.tfds_name, data.tfds_split, data.tfds_data_dir, data.tfds_text_key]}
-    return {"default": sys.version}
-
-
-def _source_fingerprint(identity: dict[str, Any]) -> dict[str, Any]:
-    """The cache keys' view of the corpus: its `identity` (source_identity) plus file times."""
-    if "files" not in identity:
-        return identity
-    return {**identity, "mtimes": [int(files.getmtime(f)) for f, _ in identity["files"]]}
-
-
-class Derived:
-    """What every phase's preparation derives from the data settings and the tokenizer,
-    computed once (on first use) and shared by the phases: the corpus's identity and cache
-    fingerprint, and the special tokens."""
-
-    def __init__(self, data: DataSettings, tokenizer: tokenization.Tokenizer):
-        self.settings, self.tokenizer = data, tokenizer
-
-    @functools.cached_property
-    def source(self) -> dict[str, Any]:
-        """`source_identity(data)`."""
-        return source_identity(self.settings)
-
-    @functools.cached_property
-    def source_fingerprint(self) -> dict[str, Any]:
-        return _source_fingerprint(self.source)
-
-    @functools.cached_property
-    def specials(self) -> instances.SpecialTokens:
-        return specials_of(self.tokenizer, self.settings.whole_word_mask)
-
-
-def load_or_train_tokenizer(
-    data: DataSettings, cache_dir: str, process_index: int = 0, process_count: int = 1
-) -> tokenization.Tokenizer:
-    """The configured tokenizer; with sentencepiece and no vocab_file, one is trained on the
-    corpus (once, cached) so the default run needs no download. Every process trains on the
-    whole corpus, not its shard, so that all processes get the same vocabulary."""
-    if data.vocab_file:
-        if not files.exists(data.vocab_file):
-            raise DataError(
-                f"data.vocab_file={data.vocab_file!r} does not exist; pass a "
-                "Google vocab.txt (wordpiece), a SentencePiece .model or a "
-                "BPE tokenizer.json (bpe)"
-            )
-        return tokenization.load_tokenizer(
-            data.tokenizer, data.vocab_file, data.do_lower_case, data.strip_accents_option
-        )
-    if data.tokenizer != "sentencepiece":
-        file = "vocab.txt" if data.tokenizer == "wordpiece" else "tokenizer.json"
-        raise DataError(
-            f"data.tokenizer={data.tokenizer} needs --config.data.vocab_file={file} "
-            "(or use data.tokenizer=sentencepiece to train one on the corpus)"
-        )
-    key = _hash(
-        {
-            "source": _source_fingerprint(source_identity(data)),
-            "size": data.sentencepiece_vocab_size,
-            "lower": data.do_lower_case,
-        }
-    )
-    prefix = os.path.join(cache_dir, f"sentencepiece_{key}")
-
-    def train() -> None:
-        logging.info(
-            "Training a SentencePiece model (%d tokens) on the corpus -> %s.model",
-            data.sentencepiece_vocab_size,
-            prefix,
-        )
-        sentences = (s for doc in read_documents(data, 0, 1, corpus.CorpusStats()) for s in doc)
-        tmp_prefix = f"{prefix}.tmp{os.getpid()}"
-        try:
-            tokenization.train_sentencepiece(
-                sentences,
-                tmp_prefix,
-                data.sentencepiece_vocab_size,
-                do_lower_case=data.do_lower_case,
-            )
-        except ValueError as e:  # (SentencePiece's own writes report no cause: a full disk
-            full = shutil.disk_usage(cache_dir).free < 1 << 20  # is recognised by its space)
-            for ext in (".model", ".vocab"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp_prefix + ext)
-            if full:
-                line = failures.os_error_line(failures.no_space(tmp_prefix + ".model"))
-                raise DataError(
-                    f"{line}; the unfinished SentencePiece model was removed; kept: "
-                    f"the data prepared before (in {cache_dir})"
-                ) from e
-            raise DataError(f"could not train a SentencePiece model on the corpus: {e}") from e
-        for ext in (".model", ".vocab"):
-            os.replace(tmp_prefix + ext, prefix + ext)
-
-    locks.build_once(prefix + ".model", prefix + ".model", train)
-    try:
-        return tokenization.SentencePieceTokenizer(prefix + ".model")
-    except ValueError as e:  # truncated or replaced in the cache
-        raise DataError(
-            f"the cached SentencePiece model {prefix}.model is damaged ({e}); "
-            f"delete it and {prefix}.vocab to train it again"
-        ) from e
-
-
-# ----------------------------------------------------------------------------- preparation
-
-
-def _hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def specials_of(
-    tokenizer: tokenization.Tokenizer, whole_word_mask: bool
-) -> instances.SpecialTokens:
-    return instances.SpecialTokens(
-        cls_id=tokenizer.cls_id,
-        sep_id=tokenizer.sep_id,
-        mask_id=tokenizer.mask_id,
-        pad_id=tokenizer.pad_id,
-        vocab_size=tokenizer.vocab_size,
-        never_mask=tokenizer.special_ids(),
-        continuation=tokenizer.continuation_mask() if whole_word_mask else None,
-    )
 
 
 def shard_job_of(
@@ -342,17 +150,17 @@ def prepare(
     process_index: int = 0,
     process_count: int = 1,
     next_sentence_prediction: bool = True,
-    derived: Derived | None = None,
+    derived: corpus_source.Derived | None = None,
 ) -> dict[str, PreparedSplit]:
     """Prepared `train` and `eval` splits for `phase`: read from
     `data.prepared_dir` (this process's share of every shard), or built once and cached under
     cache_dir; `next_sentence_prediction=False` makes no random-B pairs. `derived`: the
-    phases' `Derived(data, tokenizer)`, where the caller prepares several."""
+    phases' `corpus_source.Derived(data, tokenizer)`, where the caller prepares several."""
     shard_job.check_not_in_spawned_import()
     wanted = settings(data, phase, tokenizer, next_sentence_prediction)
     if data.prepared_dir:
         directory = os.path.join(data.prepared_dir, phase_directory(phase))
-        meta, records = _read_meta(directory)
+        meta, records = prepared_files.read_meta(directory)
         check_settings(meta.get("settings", {}), wanted, directory)
         fix = f"prepare it again (python -m bertjax.prepare --output={data.prepared_dir})"
         if files.is_remote(directory):  # training reads a local copy
@@ -361,8 +169,8 @@ def prepare(
         share = (process_index, process_count)
         verb = "Reading prepared data"
     else:
-        derived = derived or Derived(data, tokenizer)
-        key = _hash(
+        derived = derived or corpus_source.Derived(data, tokenizer)
+        key = prepared_files.cache_key(
             {
                 **wanted,
                 "source": derived.source_fingerprint,
@@ -394,7 +202,7 @@ def prepare(
                 f"{phase.name} stopped and its unfinished files were removed; kept: "
                 f"the tokenizer and the data prepared before (in {cache_dir})"
             ) from e
-        meta, records = _read_meta(directory)
+        meta, records = prepared_files.read_meta(directory)
         share, fix = (0, 1), f"delete {directory} to prepare it again"
         verb = "Prepared data" if built else "Reusing prepared data"
         if built:
@@ -489,23 +297,6 @@ def check_settings(found: dict[str, Any], wanted: dict[str, Any], directory: str
         )
 
 
-def _read_meta(directory: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    try:
-        with files.open(os.path.join(directory, "meta.json")) as f:
-            meta = json.load(f)
-        return meta, meta.pop("files")
-    except FileNotFoundError as e:
-        raise DataError(
-            f"no prepared data at {directory} (no meta.json); run python -m "
-            "bertjax.prepare with this config and --output"
-        ) from e
-    except (ValueError, KeyError, AttributeError) as e:
-        raise DataError(
-            f"prepared data file {directory}/meta.json is damaged ({e!r}); delete "
-            f"{directory} to prepare the data again"
-        ) from e
-
-
 def build(
     directory: str,
     data: DataSettings,
@@ -516,22 +307,22 @@ def build(
     nsp: bool = True,
     run_shards: Callable[..., Iterable[dict[str, int]]] = shard_job.run_shards,
     wanted: dict[str, Any] | None = None,
-    derived: Derived | None = None,
+    derived: corpus_source.Derived | None = None,
 ) -> None:
     """Reads the corpus (this process's share), cuts it into shards of `data.shard_bytes` and
     prepares each in a worker (`data.num_workers`; NSP partners come from the same shard, as
     the original's come from the same input file), written atomically to `directory`;
     `run_shards`: local processes, or another engine's (`beam_prepare.shard_runner`);
-    `wanted`: its `settings`, and `derived`: `Derived(data, tokenizer)`, where the caller has
-    them."""
+    `wanted`: its `settings`, and `derived`: `corpus_source.Derived(data, tokenizer)`, where the
+    caller has them."""
     start = time.time()
     stats = corpus.CorpusStats()
     for unfinished in glob.glob(glob.escape(directory) + ".tmp*"):  # left by a crashed run
         if not locks.pid_alive(unfinished.rsplit(".tmp", 1)[1]):
             shutil.rmtree(unfinished, ignore_errors=True)
     tmp = _unfinished(directory)
-    reader = corpus_reader(data, process_index, process_count)
-    derived = derived or Derived(data, tokenizer)
+    reader = corpus_source.corpus_reader(data, process_index, process_count)
+    derived = derived or corpus_source.Derived(data, tokenizer)
     job = dataclasses.replace(
         shard_job_of(data, phase, derived.specials, tokenizer, process_index, tmp, nsp),
         reader=reader,
@@ -577,11 +368,11 @@ def build(
 
 
 def tokens_directory(
-    directory: str, derived: Derived, process_index: int, process_count: int
+    directory: str, derived: corpus_source.Derived, process_index: int, process_count: int
 ) -> str:
     """Where the shards' token ids are kept for every phase, beside `directory` (a phase's):
     named by the corpus, the tokenizer, the shard size and this process's share."""
-    key = _hash(
+    key = prepared_files.cache_key(
         {
             "source": derived.source_fingerprint,
             "tokenizer": derived.tokenizer.fingerprint(),

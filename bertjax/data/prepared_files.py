@@ -1,8 +1,9 @@
 """A prepared phase's files: their records in meta.json (bytes, SHA-256, rows), checked on
-load, and the last step of every preparation, local or Beam: meta.json written beside the
-shards, then the unfinished directory renamed into place. On object storage (`gs://...`), a
-phase is prepared in a local scratch directory under a claim (one preparation per phase at a
-time), uploaded with its meta.json last, and read from a local copy checked as downloaded."""
+load (`read_meta`), and the last step of every preparation, local or Beam: meta.json written
+beside the shards, then the unfinished directory renamed into place (`cache_key` names a cached
+one). On object storage (`gs://...`), a phase is prepared in a local scratch directory under a
+claim (one preparation per phase at a time), uploaded with its meta.json last, and read from a
+local copy checked as downloaded."""
 
 from __future__ import annotations
 
@@ -33,6 +34,29 @@ def file_record(path: str) -> dict[str, Any]:
         while chunk := f.read(1 << 24):
             digest.update(chunk)
     return {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
+
+
+def cache_key(obj: Any) -> str:
+    """The 16 hex digits that name a cache entry made from `obj` (JSON, keys sorted)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_meta(directory: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A prepared phase's meta.json: (its fields, its files' records)."""
+    try:
+        with files.open(os.path.join(directory, "meta.json")) as f:
+            meta = json.load(f)
+        return meta, meta.pop("files")
+    except FileNotFoundError as e:
+        raise DataError(
+            f"no prepared data at {directory} (no meta.json); run python -m "
+            "bertjax.prepare with this config and --output"
+        ) from e
+    except (ValueError, KeyError, AttributeError) as e:
+        raise DataError(
+            f"prepared data file {directory}/meta.json is damaged ({e!r}); delete "
+            f"{directory} to prepare the data again"
+        ) from e
 
 
 def shard_records(directory: str) -> dict[str, dict[str, Any]]:

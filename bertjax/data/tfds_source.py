@@ -7,14 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from bertjax.data import corpus
+from bertjax.data import corpus, sentences
 
 
 def _text_to_document(text: bytes | str) -> corpus.Document:
     """Splits a text into paragraphs at newlines, then each paragraph into sentences."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
-    return [s for paragraph in text.splitlines() for s in corpus.split_sentences(paragraph.strip())]
+    return [
+        s for paragraph in text.splitlines() for s in sentences.split_sentences(paragraph.strip())
+    ]
 
 
 def open_tfds_source(name: str, split: str, data_dir: str | None) -> Sequence[Any]:
@@ -59,7 +61,7 @@ def read_tfds(
     """Reads documents from a tfds dataset in array_record format, without TensorFlow.
 
     Each example's ``text_key`` field becomes one document: split into paragraphs
-    at newlines and into sentences with ``split_sentences``. Process ``i`` of ``n``
+    at newlines and into sentences with ``sentences.split_sentences``. Process ``i`` of ``n``
     reads records ``i, i + n, i + 2n, ...``. Errors (dataset not prepared, wrong
     format, unknown text_key) are raised when this is called.
     """

@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from bertjax.data import bpe, hf_json, pipeline, tokenization
+from bertjax.data import bpe, corpus_source, hf_json, pipeline, tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.errors import UserError
 from bertjax.interop import hf, hf_tokenizer, native, staging, tf, tree
@@ -410,7 +410,9 @@ def _pretraining_tokenizer(source: Source, pretrain: PretrainingRun) -> tokeniza
             f"pass {source.vocab_flag}=PATH.model"
         )
     try:
-        return pipeline.load_or_train_tokenizer(DataSettings.of(data, recorded=True), cache_dir)
+        return corpus_source.load_or_train_tokenizer(
+            DataSettings.of(data, recorded=True), cache_dir
+        )
     except (pipeline.DataError, OSError) as e:
         raise PretrainedError(
             f"cannot rebuild the tokenizer of init_checkpoint="

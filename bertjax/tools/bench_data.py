@@ -24,7 +24,7 @@ import ml_collections
 from absl import flags
 
 from bertjax import cli
-from bertjax.data import loaders, pipeline
+from bertjax.data import corpus_source, loaders, pipeline
 from bertjax.tools.records import machine, versions, write_record
 from bertjax.training import phase_schedule
 from bertjax.training.settings import PretrainingSettings
@@ -37,11 +37,13 @@ def run(config: ml_collections.ConfigDict, batches: int, cache_dir: str) -> dict
     settings = PretrainingSettings.of(config)
     data = dataclasses.replace(settings.data, masking="dynamic", num_workers=1)
     phase = phase_schedule.phases(settings.train, data, settings.long_phase)[0]
-    tokenizer, tokenizer_seconds = _timed(lambda: pipeline.load_or_train_tokenizer(data, cache_dir))
+    tokenizer, tokenizer_seconds = _timed(
+        lambda: corpus_source.load_or_train_tokenizer(data, cache_dir)
+    )
     splits, prepare_seconds = _timed(lambda: pipeline.prepare(data, phase, tokenizer, cache_dir))
     prepared = len(splits["train"]) + len(splits["eval"])
     masking = (
-        pipeline.specials_of(tokenizer, data.whole_word_mask),
+        corpus_source.specials_of(tokenizer, data.whole_word_mask),
         data.masked_lm_prob,
         phase.max_predictions_per_seq,
         data.whole_word_mask,

@@ -14,7 +14,7 @@ from typing import Any
 
 from absl import logging
 
-from bertjax.data import corpus, pipeline
+from bertjax.data import corpus, corpus_source
 from bertjax.data.settings import DataSettings
 from bertjax.training import checkpoint
 from bertjax.training.phase_schedule import Phase
@@ -47,7 +47,7 @@ def data_identity(data_cfg: DataSettings, phases: Sequence[Phase]) -> dict[str, 
     """What a checkpoint records about its data: the corpus (with a content fingerprint of
     each text file) and each phase's shape, as it reads back from JSON (so that it compares
     equal after a restore)."""
-    source = pipeline.source_identity(data_cfg)
+    source = corpus_source.source_identity(data_cfg)
     files = [path for path, _ in source.get("files", [])]
     sample_bytes = max(1 << 16, CORPUS_SAMPLE_BYTES // max(len(files), 1))
     return json.loads(
