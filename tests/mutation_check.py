@@ -100,7 +100,7 @@ MUTATIONS = (
     ),
     Mutation(
         "fine-tuning saves a non-finite state",
-        "bertjax/training/finetune_loop.py",
+        "bertjax/training/loop.py",
         "nonfinite.check_finite(state, step, ",
         "(lambda *_: None)(state, step, ",
         (
@@ -132,8 +132,8 @@ MUTATIONS = (
     Mutation(
         "a resume ignores a changed short_seq_prob",
         "bertjax/training/guards.py",
-        'DATA_FIELDS_NOT_COMPARED = ("cache_dir",',
-        'DATA_FIELDS_NOT_COMPARED = ("short_seq_prob", "cache_dir",',
+        'DATA_FIELDS_NOT_COMPARED = (\n    "cache_dir",',
+        'DATA_FIELDS_NOT_COMPARED = (\n    "short_seq_prob",\n    "cache_dir",',
         (
             "tests/test_guards.py::test_incompatible_resume_is_refused_before_preparation"
             "[short_seq_prob]",
