@@ -155,7 +155,7 @@ MUTATIONS = (
     ),
     Mutation(
         "the GPU path drops the FFN's bias",
-        "bertjax/models/bert/model.py",
+        "bertjax/models/bert/blocks.py",
         "self.activation(y + b))(y, bias)",
         "self.activation(y))(y, bias)",
         (

@@ -14,7 +14,7 @@ import jax
 import ml_collections
 import pytest
 
-from bertjax.models import attention
+from bertjax.models import attention, compile_target
 from bertjax.models.bert import model as bert_model
 from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from bertjax.runtime import backend_env, targets
@@ -225,16 +225,16 @@ def test_auto_attention_resolves_for_the_target_device_not_the_host():
     gpu = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
     tpu = types.SimpleNamespace(platform="tpu")
     assert attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.1) == "einsum"  # host
-    with attention.target_device(gpu):
+    with compile_target.target_device(gpu):
         assert (
             attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.0, packed=True) == "cudnn"
         )
-    with attention.target_device(tpu):
+    with compile_target.target_device(tpu):
         assert attention.resolve_impl("auto", "bfloat16", 64, dropout_rate=0.0) == "pallas"
-    assert attention.target_platform() == "cpu"
+    assert compile_target.target_platform() == "cpu"
     mesh = sharding.make_mesh({"data": -1})
     with sharding.activate(mesh):
-        assert attention._TARGET_DEVICE.get() is mesh.devices.flat[0]
+        assert compile_target._TARGET_DEVICE.get() is mesh.devices.flat[0]
 
 
 def test_auto_accumulation_fits_the_devices_memory(monkeypatch):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bertjax.models import attention, bias_matmul
+from bertjax.models import attention, bias_matmul, compile_target, pallas_attention
 from bertjax.models.bert import model as M
 from bertjax.runtime import backend_env
 from bertjax.training import sharding
@@ -317,7 +317,7 @@ def test_auto_picks_pallas_on_tpu():
     assert attention.resolve_impl("auto", "bfloat16", 64, "gpu", 0.0, 128, True) == "einsum"
     assert attention.resolve_impl("auto", "bfloat16", 64, "gpu", 0.1, 128, False) == "einsum"
     with pytest.raises(ValueError, match="multiple of 128"):
-        attention.pallas_attention(*(jnp.zeros((1, 100, 2, 8)),) * 3, jnp.ones((1, 100)))
+        pallas_attention.pallas_attention(*(jnp.zeros((1, 100, 2, 8)),) * 3, jnp.ones((1, 100)))
 
 
 @pytest.mark.parametrize("impl", ["xla", pytest.param("pallas", marks=pytest.mark.slow)])
@@ -412,7 +412,7 @@ def test_the_bias_gradient_from_the_kernels_matmul_equals_autodiffs(monkeypatch)
         jax.jit(M.BertForPreTraining(config).init)(jax.random.PRNGKey(0), *_inputs())["params"]
     )
     want = _outputs_and_grads(config, _inputs(), {}, params)
-    monkeypatch.setattr(attention, "target_platform", lambda: "tpu")
+    monkeypatch.setattr(compile_target, "target_platform", lambda: "tpu")
     for got_leaf, want_leaf in zip(
         jax.tree.leaves(_outputs_and_grads(config, _inputs(), {}, params)), jax.tree.leaves(want)
     ):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bertjax.models import attention, flash_dropout
+from bertjax.models import attention, compile_target, flash_dropout, pallas_attention
 from bertjax.training import sharding
 
 RATE = 0.1
@@ -151,7 +151,11 @@ def _attend_in_a_layer(impl: str, mesh=None):
         out = _Attend(impl, spec).apply({}, q, k, v, mask, rngs={"dropout": jax.random.key(7)})
         return jnp.sum(jnp.where(real, out, 0).astype(jnp.float32) * cotangent), out
 
-    with sharding.activate(mesh) if mesh is not None else attention.target_device(jax.devices()[0]):
+    with (
+        sharding.activate(mesh)
+        if mesh is not None
+        else compile_target.target_device(jax.devices()[0])
+    ):
         return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v), real
 
 
@@ -187,7 +191,7 @@ def test_attend_runs_the_kernel_per_shard_with_its_seeds():
 
 def test_pallas_refuses_dropout_beyond_its_length_and_in_windows():
     with pytest.raises(ValueError, match="at most 512 with attention dropout"):
-        attention.pallas_attention(
+        pallas_attention.pallas_attention(
             *(jnp.zeros((1, 1024, 2, 8)),) * 3, jnp.ones((1, 1024)), dropout_rate=RATE
         )
     # ModernBERT's sliding windows: the splash kernel has no dropout, the reference runs them

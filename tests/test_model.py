@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from bertjax.models import attention
+from bertjax.models import attention, compile_target
 from bertjax.models.bert import model as M
+from bertjax.models.bert.config import ACTIVATIONS
 from bertjax.training import sharding
 
 SMALL = M.BertConfig(
@@ -160,9 +161,9 @@ def test_original_constants():
     assert SMALL.layer_norm_eps == 1e-12 and attention.ATTENTION_MASK_VALUE == -10000.0
     x = jnp.linspace(-4, 4, 101)
     np.testing.assert_allclose(
-        M.ACTIVATIONS["gelu"](x), _np_gelu(np.asarray(x, np.float64)), atol=1e-6
+        ACTIVATIONS["gelu"](x), _np_gelu(np.asarray(x, np.float64)), atol=1e-6
     )
-    assert not np.allclose(M.ACTIVATIONS["gelu_tanh"](x), _np_gelu(np.asarray(x)), atol=1e-6)
+    assert not np.allclose(ACTIVATIONS["gelu_tanh"](x), _np_gelu(np.asarray(x)), atol=1e-6)
     params = _init(
         M.BertConfig(
             vocab_size=4000,
@@ -347,7 +348,7 @@ def test_the_gpu_targets_rematerialised_activation_changes_no_parameter_value_or
 
     host_params = _init(config)
     host = loss_and_grads(_randomize(host_params))
-    with attention.target_device(gpu):
+    with compile_target.target_device(gpu):
         gpu_params = _init(config)
         jaxpr = str(jax.make_jaxpr(loss_and_grads)(_randomize(gpu_params)))
         on_gpu = loss_and_grads(_randomize(gpu_params))

@@ -1,4 +1,5 @@
-"""Attention implementations of the BERT layer, and which one runs where.
+"""Attention implementations of the BERT layer, and which one runs where (the Pallas TPU kernels
+in `pallas_attention`).
 
 Shape legend: B batch, L sequence length, N heads, D head size, K instances per packed row.
 Inputs are `[B, L, N, D]`; `Mask` says which keys each query sees: the padding mask of
@@ -7,8 +8,6 @@ ordinary rows, or the instance ids of packed rows (`data.packing`).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import math
 from collections.abc import Callable
@@ -18,14 +17,14 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from bertjax.models import flash_dropout
+from bertjax.models import compile_target, flash_dropout, pallas_attention
 
 # "einsum": explicit softmax(QK^T)V with attention dropout from the JAX RNG (the reference);
 # "cudnn": cuDNN's fused flash attention on GPU (padding as key lengths, packed rows as
 # segment offsets on Hopper or later; attention dropout by cuDNN's own generator); "xla":
 # jax.nn.dot_product_attention's portable path (no attention dropout); "pallas": the Pallas
 # TPU flash attention (segment ids; TPU interpret mode elsewhere, for tests), with attention
-# dropout bertjax's own kernel (`flash_dropout`, lengths up to PALLAS_DROPOUT_MAX_LENGTH).
+# dropout bertjax's own kernel (`flash_dropout`, lengths up to flash_dropout.MAX_LENGTH).
 # "auto": "cudnn" on a GPU where no attention dropout is applied (16-bit compute, head size
 # <= 128), "pallas" on TPU (with dropout: up to that length; by libtpu's estimate of
 # BERT-large on v5p-8 it is faster and needs less memory than einsum at 128 and 512 tokens,
@@ -36,30 +35,6 @@ from bertjax.models import flash_dropout
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
 CUDNN_DTYPES = ("bfloat16", "float16")
 ATTENTION_MASK_VALUE = -10000.0  # the original additive mask, not -inf
-PALLAS_BLOCK = 128  # the TPU kernel's key block: lengths must be a multiple of it
-PALLAS_DROPOUT_MAX_LENGTH = flash_dropout.MAX_LENGTH
-
-# The device that traced code will run on (`sharding.activate` sets it from the mesh), so that
-# "auto" resolves for the target, not for the host, when compiling for another platform.
-_TARGET_DEVICE: contextvars.ContextVar[jax.Device | None] = contextvars.ContextVar(
-    "bertjax_target_device", default=None
-)
-
-
-@contextlib.contextmanager
-def target_device(device: jax.Device):
-    """Resolves "auto" (and picks Pallas' interpret mode) for `device` while active."""
-    token = _TARGET_DEVICE.set(device)
-    try:
-        yield
-    finally:
-        _TARGET_DEVICE.reset(token)
-
-
-def target_platform() -> str:
-    """ "gpu", "tpu" or "cpu": the target device's platform, else JAX's default backend."""
-    device = _TARGET_DEVICE.get()
-    return device.platform if device is not None else jax.default_backend()
 
 
 @flax.struct.dataclass
@@ -90,38 +65,29 @@ def resolve_impl(
     head_size: int,
     backend: str | None = None,
     dropout_rate: float = 0.0,
-    length: int = PALLAS_BLOCK,
+    length: int = pallas_attention.BLOCK,
     packed: bool = False,
 ) -> str:
-    """The implementation `impl` means on `backend` (default: `target_platform()`) for a
+    """The implementation `impl` means on `backend` (default: the compile target's platform) for a
     layer applying attention dropout `dropout_rate` to rows of `length` (`packed` or not)."""
     if impl != "auto":
         return impl
-    backend = backend or target_platform()
+    backend = backend or compile_target.target_platform()
     cudnn_fits = dtype in CUDNN_DTYPES and head_size <= 128 and head_size % 8 == 0
     if (
         backend in ("gpu", "cuda")
         and cudnn_fits
         and dropout_rate == 0
-        and (not packed or _gpu_is_hopper_or_later())
+        and (not packed or compile_target.gpu_is_hopper_or_later())
     ):
         return "cudnn"
     if (
         backend == "tpu"
-        and length % PALLAS_BLOCK == 0
-        and (dropout_rate == 0 or length <= PALLAS_DROPOUT_MAX_LENGTH)
+        and length % pallas_attention.BLOCK == 0
+        and (dropout_rate == 0 or length <= flash_dropout.MAX_LENGTH)
     ):
         return "pallas"
     return "einsum"
-
-
-def _gpu_is_hopper_or_later() -> bool:
-    """cuDNN runs packed rows (segment offsets) from compute capability 9.0 on."""
-    try:
-        device = _TARGET_DEVICE.get() or jax.devices("gpu")[0]
-        return float(device.compute_capability) >= 9.0
-    except (RuntimeError, AttributeError, ValueError):
-        return False
 
 
 def attend(
@@ -253,7 +219,7 @@ def fused_attention(
             if dropout_rate > 0
             else None
         )
-        return pallas_attention(
+        return pallas_attention.pallas_attention(
             q_BxLxNxD,
             k_BxLxNxD,
             v_BxLxNxD,
@@ -346,174 +312,3 @@ def cudnn_attention(
         mask_type=MaskType.NO_MASK,
     )
     return jnp.where(real_BxLx1x1, out_BxLxNxD, 0)
-
-
-def pallas_attention(
-    q_BxLxNxD: jax.Array,
-    k_BxLxNxD: jax.Array,
-    v_BxLxNxD: jax.Array,
-    ids_BxL: jax.Array,
-    spec: PartitionSpec | None = None,
-    half_window: int = 0,
-    dropout_rate: float = 0.0,
-    seeds_BxN: jax.Array | None = None,
-) -> jax.Array:
-    """JAX's Pallas TPU flash attention (`jax.experimental.pallas.ops.tpu.flash_attention`)
-    with `ids_BxL` as segment ids: a query sees the keys of its own id (at padding: padding);
-    with a `half_window`, the splash kernel (`splash_attention`) with a local mask, keys at
-    most that many rows away; with a `dropout_rate`, bertjax's kernel (`flash_dropout`) with
-    its mask drawn from `seeds_BxN`. Under a mesh it runs per shard (`jax.shard_map`; XLA
-    cannot partition a Pallas kernel), batch and heads split over the mesh axes `spec` =
-    (batch axes, head axes). Off TPU it runs in TPU interpret mode, forward and backward
-    (slow: for tests)."""
-    from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
-
-    length, head_size = q_BxLxNxD.shape[1], q_BxLxNxD.shape[-1]
-    if length % PALLAS_BLOCK or (dropout_rate and length > PALLAS_DROPOUT_MAX_LENGTH):
-        raise ValueError(
-            f"attention_impl='pallas' needs a sequence length that is a multiple "
-            f"of {PALLAS_BLOCK}"
-            + (
-                f", at most {PALLAS_DROPOUT_MAX_LENGTH} with attention dropout"
-                if dropout_rate
-                else ""
-            )
-            + f", got {length}; use attention_impl='einsum'"
-        )
-    block = {
-        name: PALLAS_BLOCK
-        for name in (
-            "block_q",
-            "block_k_major",
-            "block_k",
-            "block_q_major_dkv",
-            "block_k_major_dkv",
-            "block_k_dkv",
-            "block_q_dkv",
-            "block_k_major_dq",
-            "block_k_dq",
-            "block_q_dq",
-        )
-    }
-    interpret = target_platform() != "tpu"
-
-    def whole_rows(q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL):
-        return tpu_flash.flash_attention(
-            q_BxNxLxD,
-            k_BxNxLxD,
-            v_BxNxLxD,
-            segment_ids=tpu_flash.SegmentIds(ids_BxL, ids_BxL),
-            sm_scale=1.0 / math.sqrt(head_size),
-            block_sizes=tpu_flash.BlockSizes(block_b=1, **block),
-        )
-
-    def with_dropout(qkv_3xBxLxH, ids_BxL, seeds_BxN):
-        return flash_dropout.flash_dropout(qkv_3xBxLxH, ids_BxL, seeds_BxN, dropout_rate, interpret)
-
-    # JAX's kernels take q, k, v heads first, [B, N, L, D]; bertjax's the projections' output
-    # as it is, [3, B, L, N * D] (XLA folds the stack of its slices back into it).
-    shape = q_BxLxNxD.shape
-    qkv: tuple[jax.Array, ...]
-    if dropout_rate:
-        flash, qkv = (
-            with_dropout,
-            (jnp.stack([x.reshape(shape[:2] + (-1,)) for x in (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)]),),
-        )
-        in_spec, out_spec = (
-            (PartitionSpec(None, spec[0], None, spec[1]), PartitionSpec(spec[0], None, spec[1]))
-            if spec
-            else (None, None)
-        )
-    else:
-        flash = _heads_first(
-            functools.partial(_splash_window, half_window=half_window)
-            if half_window
-            else _in_tpu_interpret_mode(whole_rows)
-            if interpret
-            else whole_rows
-        )
-        qkv = (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)
-        in_spec = out_spec = PartitionSpec(spec[0], None, spec[1], None) if spec else None
-    args = (ids_BxL.astype(jnp.int32),) + ((seeds_BxN,) if dropout_rate else ())
-    mesh = jax.sharding.get_abstract_mesh()
-    if spec is not None and not mesh.empty and any(spec):
-        flash = jax.shard_map(
-            flash,
-            mesh=mesh,
-            in_specs=(in_spec,) * len(qkv)
-            + (PartitionSpec(spec[0], None), PartitionSpec(spec[0], spec[1]))[: len(args)],
-            out_specs=out_spec,
-            check_vma=False,
-        )
-    return flash(*qkv, *args).reshape(shape)
-
-
-def _heads_first(flash: Callable) -> Callable:
-    """`flash` (JAX's kernels: `[B, N, L, D]`) on `[B, L, N, D]` arrays."""
-    swap = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
-    return lambda q, k, v, *args: swap(flash(swap(q), swap(k), swap(v), *args))
-
-
-def _splash_window(
-    q_BxNxLxD: jax.Array,
-    k_BxNxLxD: jax.Array,
-    v_BxNxLxD: jax.Array,
-    ids_BxL: jax.Array,
-    half_window: int,
-) -> jax.Array:
-    """The splash kernel with a two-sided local mask of `half_window` rows and `ids_BxL` as
-    segment ids, one row of the batch at a time (the kernel takes `[N, L, D]`)."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import (
-        splash_attention_kernel as splash,
-        splash_attention_mask as masks,
-    )
-
-    heads, length, head_size = q_BxNxLxD.shape[1:]
-    local = masks.LocalMask((length, length), (half_window, half_window), offset=0)
-    sizes = {
-        name: PALLAS_BLOCK
-        for name in (
-            "block_q",
-            "block_kv",
-            "block_kv_compute",
-            "block_q_dkv",
-            "block_kv_dkv",
-            "block_kv_dkv_compute",
-            "block_q_dq",
-            "block_kv_dq",
-        )
-    }
-    kernel = splash.make_splash_mha(
-        masks.MultiHeadMask([local] * heads),
-        head_shards=1,
-        q_seq_shards=1,
-        block_sizes=splash.BlockSizes(**sizes),  # type: ignore[arg-type]
-        interpret=target_platform() != "tpu",
-    )
-    scaled_BxNxLxD = q_BxNxLxD * jnp.asarray(1.0 / math.sqrt(head_size), q_BxNxLxD.dtype)
-    return jax.vmap(lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids)))(
-        scaled_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL
-    )
-
-
-def _in_tpu_interpret_mode(fn: Callable) -> Callable:
-    """`fn` with the Pallas TPU kernels of its forward and its backward pass traced in TPU
-    interpret mode (which runs them on the CPU); a custom VJP, so that the backward kernels,
-    traced when the gradient is taken, are interpreted too."""
-    from jax.experimental.pallas import tpu as pltpu
-
-    @jax.custom_vjp
-    def interpreted(*args):
-        with pltpu.force_tpu_interpret_mode():
-            return fn(*args)
-
-    def forward(*args):
-        with pltpu.force_tpu_interpret_mode():
-            return jax.vjp(fn, *args)
-
-    def backward(vjp_fn, cotangent):
-        with pltpu.force_tpu_interpret_mode():
-            return vjp_fn(cotangent)
-
-    interpreted.defvjp(forward, backward)
-    return interpreted

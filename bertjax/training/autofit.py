@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import jax
 from jax.sharding import Mesh
 
-from bertjax.models import attention
+from bertjax.models import attention, compile_target
 from bertjax.models.families import ModelConfig
 from bertjax.runtime import targets
 from bertjax.training import memory, sharding
@@ -81,7 +81,7 @@ def accumulation(
     chosen = {}
     # (traced for the device: a TPU's Pallas kernel as the TPU's, not in interpret mode,
     # whose host callbacks remat refuses)
-    with attention.target_device(device):
+    with compile_target.target_device(device):
         for phase in phases:
             per_device = phase.global_batch_size // dp
             options = [

@@ -1,6 +1,6 @@
 """Meshes, the one table of logical-axis rules, and host batches -> global arrays.
 
-The model names axes logically (`bertjax.models.bert.model`); `LOGICAL_AXIS_RULES` is the only place
+The model names axes logically (`bertjax.models.bert.blocks`); `LOGICAL_AXIS_RULES` is the only place
 that says which mesh axis each logical axis is split over. Mesh axes:
   data   - pure data parallelism (parameters replicated),
   fsdp   - data parallelism with parameters and optimizer state sharded (ZeRO-3 style),
@@ -21,8 +21,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from bertjax.errors import ConfigError
-from bertjax.models import attention
-from bertjax.models.bert import model as M
+from bertjax.models import compile_target
+from bertjax.models.bert import blocks
 
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
 MESH_AXES = (DATA, FSDP, TENSOR)
@@ -49,22 +49,22 @@ class MeshSettings:
 
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
-    (M.BATCH, (DATA, FSDP)),
-    (M.VOCAB, TENSOR),
-    (M.EMBED, FSDP),
-    (M.EMBED_OUT, None),
-    (M.QKV, TENSOR),
-    (M.MLP, TENSOR),
-    (M.ACT_QKV, TENSOR),
-    (M.ACT_MLP, TENSOR),
-    (M.ACT_EMBED, None),
-    (M.LENGTH, None),
-    (M.POSITION, None),
-    (M.TOKEN_TYPE, None),
-    (M.NORM, None),
-    (M.NSP_CLASSES, None),
-    (M.LABELS, None),
-    (M.LAYERS, None),
+    (blocks.BATCH, (DATA, FSDP)),
+    (blocks.VOCAB, TENSOR),
+    (blocks.EMBED, FSDP),
+    (blocks.EMBED_OUT, None),
+    (blocks.QKV, TENSOR),
+    (blocks.MLP, TENSOR),
+    (blocks.ACT_QKV, TENSOR),
+    (blocks.ACT_MLP, TENSOR),
+    (blocks.ACT_EMBED, None),
+    (blocks.LENGTH, None),
+    (blocks.POSITION, None),
+    (blocks.TOKEN_TYPE, None),
+    (blocks.NORM, None),
+    (blocks.NSP_CLASSES, None),
+    (blocks.LABELS, None),
+    (blocks.LAYERS, None),
 )
 
 
@@ -130,10 +130,10 @@ def global_batch_from_host(
 @contextlib.contextmanager
 def activate(mesh: Mesh):
     """Makes `mesh` and the logical rules current, for tracing steps with activation
-    constraints; "auto" choices resolve for the mesh's devices (`attention.target_device`)."""
+    constraints; "auto" choices resolve for the mesh's devices (`compile_target.target_device`)."""
     with (
         jax.set_mesh(mesh),
         nn.logical_axis_rules(LOGICAL_AXIS_RULES),
-        attention.target_device(mesh.devices.flat[0]),
+        compile_target.target_device(mesh.devices.flat[0]),
     ):
         yield

@@ -23,8 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import attention, local_attention
-from bertjax.models.bert.config import ACTIVATIONS, REMAT_POLICIES
-from bertjax.models.bert.model import (
+from bertjax.models.bert.blocks import (
     ACT_EMBED,
     ACT_MLP,
     ACT_QKV,
@@ -36,8 +35,9 @@ from bertjax.models.bert.model import (
     NORM,
     QKV,
     VOCAB,
-    gather_positions,
 )
+from bertjax.models.bert.config import ACTIVATIONS, REMAT_POLICIES
+from bertjax.models.bert.model import gather_positions
 from bertjax.models.dropout import Dropout
 from bertjax.models.modernbert.config import ModernBertConfig
 

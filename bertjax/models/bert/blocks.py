@@ -1,0 +1,122 @@
+"""What every BERT module is built from: the logical axis names of parameters and activations,
+TF's initialisers with them, Dense and LayerNorm so made, the activation after a Dense.
+
+No mesh axis name appears here: the rules table in `bertjax.training.sharding` maps the logical
+names below to mesh axes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+
+from bertjax.models import compile_target
+from bertjax.models.bert.config import ACTIVATIONS, BertConfig
+
+# Logical axis names: parameters.
+VOCAB = "vocab"
+EMBED = "embed"
+EMBED_OUT = "embed_out"  # output side of the square H->H kernels (pooler, MLM transform)
+QKV = "qkv"  # the H outputs of query/key/value, i.e. N heads x D
+MLP = "mlp"
+POSITION = "position"
+TOKEN_TYPE = "token_type"
+NORM = "norm"
+NSP_CLASSES = "nsp_classes"
+LABELS = "labels"  # fine-tuning head outputs (classes, tags, span start/end)
+LAYERS = "layers"
+# Logical axis names: activations.
+BATCH = "batch"
+LENGTH = "length"
+ACT_EMBED = "act_embed"
+ACT_QKV = "act_qkv"
+ACT_MLP = "act_mlp"
+
+
+def truncated_normal(config: BertConfig, axes: tuple[str, ...]) -> nn.initializers.Initializer:
+    """Truncated normal (2 stddev), as TF's truncated_normal_initializer, with logical axes."""
+    return nn.with_logical_partitioning(
+        nn.initializers.truncated_normal(config.initializer_range), axes
+    )
+
+
+def zeros(axes: tuple[str, ...]) -> nn.initializers.Initializer:
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def dense(
+    config: BertConfig,
+    features: int,
+    axes: tuple[str, str],
+    name: str,
+    cls: type[nn.Dense] = nn.Dense,
+    **fields: Any,
+) -> nn.Dense:
+    return cls(
+        features,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        kernel_init=truncated_normal(config, axes),
+        bias_init=zeros(axes[1:]),
+        name=name,
+        **fields,
+    )
+
+
+def activated_dense(
+    config: BertConfig, features: int, axes: tuple[str, str], x: jax.Array
+) -> jax.Array:
+    """`activation(Dense(x))` with the Dense named "dense" (call from a compact method). On a
+    GPU the bias add and the activation are rematerialised in the backward pass from the
+    matmul's output (`RematActivatedDense`): it lowers the H100 compiler's peak memory and
+    step time, and raises libtpu's peak, hence GPU only (measured in benchmarks/aot/levers.md).
+    Same ops either way: identical values."""
+    activation = ACTIVATIONS[config.hidden_act]
+    if compile_target.target_platform() in ("gpu", "cuda"):
+        return dense(config, features, axes, "dense", RematActivatedDense, activation=activation)(x)
+    return activation(dense(config, features, axes, "dense")(x))
+
+
+class RematActivatedDense(nn.Dense):
+    """`activation(x @ kernel + bias)` with nn.Dense's parameters, the bias add and the
+    activation under `jax.checkpoint`: the backward pass keeps only the matmul's output
+    (which exists anyway), so the forward fusion writes the activation alone, not the biased
+    pre-activation beside it (benchmarks/aot/levers.md)."""
+
+    activation: Callable[[jax.Array], jax.Array] = ACTIVATIONS["gelu"]
+
+    @nn.compact
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        kernel = self.param(
+            "kernel", self.kernel_init, (inputs.shape[-1], self.features), self.param_dtype
+        )
+        bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+        inputs, kernel, bias = self.promote_dtype(  # type: ignore[assignment]  # (none is None)
+            inputs, kernel, bias, dtype=self.dtype
+        )
+        y = jax.lax.dot_general(
+            inputs,
+            kernel,  # type: ignore[arg-type]
+            (((inputs.ndim - 1,), (0,)), ((), ())),
+            precision=self.precision,
+        )
+        return jax.checkpoint(lambda y, b: self.activation(y + b))(y, bias)
+
+
+def layer_norm(config: BertConfig, name: str = "LayerNorm") -> nn.LayerNorm:
+    # Statistics are computed in float32 whatever the compute dtype.
+    return nn.LayerNorm(
+        epsilon=config.layer_norm_eps,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (NORM,)),
+        bias_init=zeros((NORM,)),
+        name=name,
+    )
+
+
+def constrain(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    return nn.with_logical_constraint(x, axes)

@@ -1,0 +1,219 @@
+"""BERT's encoder: the post-LN transformer layer (self-attention, its output, the FFN) and the
+stack of them, unrolled or scanned, rematerialised by the config's policy.
+
+Shape legend: B batch, L sequence length, H hidden size, N heads, D head size, F FFN size.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models import attention, bias_matmul, compile_target
+from bertjax.models.bert.blocks import (
+    ACT_EMBED,
+    ACT_MLP,
+    ACT_QKV,
+    BATCH,
+    EMBED,
+    LAYERS,
+    LENGTH,
+    MLP,
+    QKV,
+    activated_dense,
+    constrain,
+    dense,
+    layer_norm,
+    truncated_normal,
+    zeros,
+)
+from bertjax.models.bert.config import REMAT_POLICIES, BertConfig
+from bertjax.models.dropout import Dropout
+
+
+class _DenseParams(nn.Module):
+    """The kernel and bias of `dense` (same names, initializers and axes), unapplied."""
+
+    config: BertConfig
+    features: int
+    axes: tuple[str, str]
+
+    @nn.compact
+    def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array]:
+        cfg = self.config
+        kernel = self.param(
+            "kernel",
+            truncated_normal(cfg, self.axes),
+            (in_features, self.features),
+            cfg.param_dtype,
+        )
+        return kernel, self.param("bias", zeros(self.axes[1:]), (self.features,), cfg.param_dtype)
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head self-attention over an `attention.Mask` (padding, or packed instances);
+    softmax and mask in float32."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxH: jax.Array, mask: attention.Mask, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        batch, length, _ = x_BxLxH.shape
+
+        # In 16-bit compute one matmul [3, H, H] projects query, key and value (the parameters
+        # stay three Dense layers); float32 keeps three, bit-identical to the original. The
+        # projection index leads the output, so each of q, k, v is a contiguous block: with
+        # it last ([B, L, 3, H]), libtpu copied each slice and each gradient to another layout
+        # (BERT-large on tpu-v5p-8: 6.8 of 85.4 ms at L=128, benchmarks/aot/tpu_census.md).
+        params = [
+            _DenseParams(cfg, cfg.hidden_size, (EMBED, QKV), name=name)(x_BxLxH.shape[-1])
+            for name in ("query", "key", "value")
+        ]
+        groups = [params] if cfg.dtype != "float32" else [[p] for p in params]
+        projected = []
+        for group in groups:
+            kernels, biases = zip(*group)
+            y_KxBxLxH = bias_matmul.project(
+                x_BxLxH.astype(cfg.dtype),
+                jnp.stack(kernels).astype(cfg.dtype),
+                jnp.stack(biases),
+                compile_target.target_platform() == "tpu",
+            )
+            projected += [
+                constrain(y_KxBxLxH[i], (BATCH, LENGTH, ACT_QKV)).reshape(
+                    batch, length, cfg.num_attention_heads, cfg.head_size
+                )
+                for i in range(len(group))
+            ]
+        q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = projected
+        dropout_rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
+        # cuDNN's dropout seed is static: one per layer, from the module's path.
+        seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31  # type: ignore[union-attr]
+        context_BxLxNxD = attention.attend(
+            cfg.attention_impl,
+            cfg.dtype,
+            q_BxLxNxD,
+            k_BxLxNxD,
+            v_BxLxNxD,
+            mask,
+            functools.partial(Dropout(dropout_rate), deterministic=deterministic),
+            dropout_rate,
+            seed,
+            nn.logical_to_mesh_axes((BATCH, ACT_QKV)),
+        )
+        return context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
+
+
+class BertDenseOutput(nn.Module):
+    """Dense back to H, dropout, residual add, post-LayerNorm (attention/output and output)."""
+
+    config: BertConfig
+    input_axis: str
+
+    @nn.compact
+    def __call__(self, y: jax.Array, residual_BxLxH: jax.Array, deterministic: bool) -> jax.Array:
+        cfg = self.config
+        if self.input_axis == QKV and compile_target.target_platform() == "tpu":  # (bias_matmul)
+            kernel, bias = _DenseParams(cfg, cfg.hidden_size, (QKV, EMBED), name="dense")(
+                y.shape[-1]
+            )
+            y_BxLxH = bias_matmul.project(
+                y.astype(cfg.dtype), kernel[None].astype(cfg.dtype), bias[None], True
+            )[0]
+        else:
+            y_BxLxH = dense(cfg, cfg.hidden_size, (self.input_axis, EMBED), "dense")(y)
+        y_BxLxH = Dropout(cfg.hidden_dropout_prob)(y_BxLxH, deterministic=deterministic)
+        out_BxLxH = layer_norm(cfg)(y_BxLxH + residual_BxLxH)
+        return constrain(out_BxLxH.astype(cfg.dtype), (BATCH, LENGTH, ACT_EMBED))
+
+
+class BertAttention(nn.Module):
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxH, mask: attention.Mask, deterministic: bool) -> jax.Array:
+        context = BertSelfAttention(self.config, name="self")(x_BxLxH, mask, deterministic)
+        return BertDenseOutput(self.config, QKV, name="output")(context, x_BxLxH, deterministic)
+
+
+class BertLayer(nn.Module):
+    """One post-LN transformer layer. Returns `(x, x if emit_output else None)` so it can be
+    scanned (the second output is stacked over layers)."""
+
+    config: BertConfig
+    deterministic: bool = True
+    emit_output: bool = False
+
+    @nn.compact
+    def __call__(self, x_BxLxH: jax.Array, mask: attention.Mask):
+        cfg = self.config
+        attended_BxLxH = BertAttention(cfg, name="attention")(x_BxLxH, mask, self.deterministic)
+        intermediate_BxLxF = BertIntermediate(cfg, name="intermediate")(attended_BxLxH)
+        out_BxLxH = BertDenseOutput(cfg, MLP, name="output")(
+            intermediate_BxLxF, attended_BxLxH, self.deterministic
+        )
+        self.sow("intermediates", "hidden_states", out_BxLxH)  # no-op unless made mutable
+        return out_BxLxH, (out_BxLxH if self.emit_output else None)
+
+
+class BertIntermediate(nn.Module):
+    """The FFN's first half: Dense H->F and the activation."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BxLxH: jax.Array) -> jax.Array:
+        cfg = self.config
+        y_BxLxF = activated_dense(cfg, cfg.intermediate_size, (EMBED, MLP), x_BxLxH)
+        return constrain(y_BxLxF, (BATCH, LENGTH, ACT_MLP))
+
+
+class BertEncoder(nn.Module):
+    """The layer stack, unrolled (`layer_0`, `layer_1`, ...) or scanned (`layers`, stacked).
+
+    Returns the last layer's output, or with `all_layers=True` every layer's output stacked
+    `[num_layers, B, L, H]` (the original's `all_encoder_layers`). With
+    `mutable=["intermediates"]` in `apply`, the embedding output and each layer's output are
+    also recorded (`embedding_output`, `hidden_states`), as HF's `output_hidden_states`.
+    """
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        x_BxLxH: jax.Array,
+        mask: attention.Mask,
+        deterministic: bool,
+        all_layers: bool = False,
+    ) -> jax.Array:
+        cfg = self.config
+        self.sow("intermediates", "embedding_output", x_BxLxH)  # no-op unless made mutable
+        layer_cls = BertLayer
+        if cfg.remat_policy != "none":
+            layer_cls = nn.remat(
+                layer_cls, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers
+            )
+        if cfg.scan_layers:
+            stack = nn.scan(
+                layer_cls,
+                variable_axes={"params": 0, "intermediates": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=nn.broadcast,
+                length=cfg.num_hidden_layers,
+                metadata_params={nn.PARTITION_NAME: LAYERS},
+            )
+            x_BxLxH, layers_NxBxLxH = stack(cfg, deterministic, all_layers, name="layers")(
+                x_BxLxH, mask
+            )
+            return layers_NxBxLxH if all_layers else x_BxLxH
+        outputs = []
+        for i in range(cfg.num_hidden_layers):
+            x_BxLxH, _ = layer_cls(cfg, deterministic, name=f"layer_{i}")(x_BxLxH, mask)
+            outputs.append(x_BxLxH)
+        return jnp.stack(outputs) if all_layers else x_BxLxH

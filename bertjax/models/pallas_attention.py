@@ -1,0 +1,191 @@
+"""JAX's Pallas TPU flash attention as bertjax runs it: segment ids for padding and packed rows,
+the splash kernel for sliding windows, bertjax's own kernel (`flash_dropout`) with attention
+dropout, per shard under a mesh, in TPU interpret mode off TPU (for tests).
+
+Shape legend: B batch, L sequence length, N heads, D head size.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from bertjax.models import compile_target, flash_dropout
+
+BLOCK = 128  # the TPU kernel's key block: lengths must be a multiple of it
+
+
+def pallas_attention(
+    q_BxLxNxD: jax.Array,
+    k_BxLxNxD: jax.Array,
+    v_BxLxNxD: jax.Array,
+    ids_BxL: jax.Array,
+    spec: PartitionSpec | None = None,
+    half_window: int = 0,
+    dropout_rate: float = 0.0,
+    seeds_BxN: jax.Array | None = None,
+) -> jax.Array:
+    """JAX's Pallas TPU flash attention (`jax.experimental.pallas.ops.tpu.flash_attention`)
+    with `ids_BxL` as segment ids: a query sees the keys of its own id (at padding: padding);
+    with a `half_window`, the splash kernel (`splash_attention`) with a local mask, keys at
+    most that many rows away; with a `dropout_rate`, bertjax's kernel (`flash_dropout`) with
+    its mask drawn from `seeds_BxN`. Under a mesh it runs per shard (`jax.shard_map`; XLA
+    cannot partition a Pallas kernel), batch and heads split over the mesh axes `spec` =
+    (batch axes, head axes). Off TPU it runs in TPU interpret mode, forward and backward
+    (slow: for tests)."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+
+    length, head_size = q_BxLxNxD.shape[1], q_BxLxNxD.shape[-1]
+    if length % BLOCK or (dropout_rate and length > flash_dropout.MAX_LENGTH):
+        raise ValueError(
+            f"attention_impl='pallas' needs a sequence length that is a multiple "
+            f"of {BLOCK}"
+            + (
+                f", at most {flash_dropout.MAX_LENGTH} with attention dropout"
+                if dropout_rate
+                else ""
+            )
+            + f", got {length}; use attention_impl='einsum'"
+        )
+    block = {
+        name: BLOCK
+        for name in (
+            "block_q",
+            "block_k_major",
+            "block_k",
+            "block_q_major_dkv",
+            "block_k_major_dkv",
+            "block_k_dkv",
+            "block_q_dkv",
+            "block_k_major_dq",
+            "block_k_dq",
+            "block_q_dq",
+        )
+    }
+    interpret = compile_target.target_platform() != "tpu"
+
+    def whole_rows(q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL):
+        return tpu_flash.flash_attention(
+            q_BxNxLxD,
+            k_BxNxLxD,
+            v_BxNxLxD,
+            segment_ids=tpu_flash.SegmentIds(ids_BxL, ids_BxL),
+            sm_scale=1.0 / math.sqrt(head_size),
+            block_sizes=tpu_flash.BlockSizes(block_b=1, **block),
+        )
+
+    def with_dropout(qkv_3xBxLxH, ids_BxL, seeds_BxN):
+        return flash_dropout.flash_dropout(qkv_3xBxLxH, ids_BxL, seeds_BxN, dropout_rate, interpret)
+
+    # JAX's kernels take q, k, v heads first, [B, N, L, D]; bertjax's the projections' output
+    # as it is, [3, B, L, N * D] (XLA folds the stack of its slices back into it).
+    shape = q_BxLxNxD.shape
+    qkv: tuple[jax.Array, ...]
+    if dropout_rate:
+        flash, qkv = (
+            with_dropout,
+            (jnp.stack([x.reshape(shape[:2] + (-1,)) for x in (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)]),),
+        )
+        in_spec, out_spec = (
+            (PartitionSpec(None, spec[0], None, spec[1]), PartitionSpec(spec[0], None, spec[1]))
+            if spec
+            else (None, None)
+        )
+    else:
+        flash = _heads_first(
+            functools.partial(_splash_window, half_window=half_window)
+            if half_window
+            else _in_tpu_interpret_mode(whole_rows)
+            if interpret
+            else whole_rows
+        )
+        qkv = (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)
+        in_spec = out_spec = PartitionSpec(spec[0], None, spec[1], None) if spec else None
+    args = (ids_BxL.astype(jnp.int32),) + ((seeds_BxN,) if dropout_rate else ())
+    mesh = jax.sharding.get_abstract_mesh()
+    if spec is not None and not mesh.empty and any(spec):
+        flash = jax.shard_map(
+            flash,
+            mesh=mesh,
+            in_specs=(in_spec,) * len(qkv)
+            + (PartitionSpec(spec[0], None), PartitionSpec(spec[0], spec[1]))[: len(args)],
+            out_specs=out_spec,
+            check_vma=False,
+        )
+    return flash(*qkv, *args).reshape(shape)
+
+
+def _heads_first(flash: Callable) -> Callable:
+    """`flash` (JAX's kernels: `[B, N, L, D]`) on `[B, L, N, D]` arrays."""
+    swap = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
+    return lambda q, k, v, *args: swap(flash(swap(q), swap(k), swap(v), *args))
+
+
+def _splash_window(
+    q_BxNxLxD: jax.Array,
+    k_BxNxLxD: jax.Array,
+    v_BxNxLxD: jax.Array,
+    ids_BxL: jax.Array,
+    half_window: int,
+) -> jax.Array:
+    """The splash kernel with a two-sided local mask of `half_window` rows and `ids_BxL` as
+    segment ids, one row of the batch at a time (the kernel takes `[N, L, D]`)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as splash,
+        splash_attention_mask as masks,
+    )
+
+    heads, length, head_size = q_BxNxLxD.shape[1:]
+    local = masks.LocalMask((length, length), (half_window, half_window), offset=0)
+    sizes = {
+        name: BLOCK
+        for name in (
+            "block_q",
+            "block_kv",
+            "block_kv_compute",
+            "block_q_dkv",
+            "block_kv_dkv",
+            "block_kv_dkv_compute",
+            "block_q_dq",
+            "block_kv_dq",
+        )
+    }
+    kernel = splash.make_splash_mha(
+        masks.MultiHeadMask([local] * heads),
+        head_shards=1,
+        q_seq_shards=1,
+        block_sizes=splash.BlockSizes(**sizes),  # type: ignore[arg-type]
+        interpret=compile_target.target_platform() != "tpu",
+    )
+    scaled_BxNxLxD = q_BxNxLxD * jnp.asarray(1.0 / math.sqrt(head_size), q_BxNxLxD.dtype)
+    return jax.vmap(lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids)))(
+        scaled_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL
+    )
+
+
+def _in_tpu_interpret_mode(fn: Callable) -> Callable:
+    """`fn` with the Pallas TPU kernels of its forward and its backward pass traced in TPU
+    interpret mode (which runs them on the CPU); a custom VJP, so that the backward kernels,
+    traced when the gradient is taken, are interpreted too."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    @jax.custom_vjp
+    def interpreted(*args):
+        with pltpu.force_tpu_interpret_mode():
+            return fn(*args)
+
+    def forward(*args):
+        with pltpu.force_tpu_interpret_mode():
+            return jax.vjp(fn, *args)
+
+    def backward(vjp_fn, cotangent):
+        with pltpu.force_tpu_interpret_mode():
+            return vjp_fn(cotangent)
+
+    interpreted.defvjp(forward, backward)
+    return interpreted
