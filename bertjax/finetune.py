@@ -31,7 +31,7 @@ from ml_collections import config_flags
 from bertjax import cli
 from bertjax.data.tokenization import Tokenizer
 from bertjax.errors import ConfigError, UserError
-from bertjax.interop import native, pretrained
+from bertjax.interop import native, pretrained, pretrained_weights
 from bertjax.models import families
 from bertjax.models.bert import model as bert_model
 from bertjax.models.families import ModelConfig
@@ -135,7 +135,7 @@ def _run(
     bert_config = pretrained.model_config_of(source, pretrain)
     if pretrain.model and not settings.random_init:  # (the weights must fit: before any work)
         found = families.from_record(pretrain.model)
-        pretrained.check_architecture(found, bert_config, settings.init_checkpoint)
+        pretrained_weights.check_architecture(found, bert_config, settings.init_checkpoint)
     problem = families.of(bert_config).finetune_problem(settings, settings.init_checkpoint)
     if problem:
         raise FinetuneError(problem)

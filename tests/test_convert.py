@@ -16,7 +16,15 @@ from safetensors.numpy import load_file, save_file
 
 from bertjax import convert
 from bertjax.data.settings import DataSettings
-from bertjax.interop import hf, native, pretrained, tf as tf_checkpoint, tf_bundle, tree
+from bertjax.interop import (
+    hf,
+    native,
+    pretrained,
+    pretrained_weights,
+    tf as tf_checkpoint,
+    tf_bundle,
+    tree,
+)
 from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from test_interop_tf import BERT_TINY_INDEX
 
@@ -152,13 +160,14 @@ def test_scan_layout_and_init_params(tmp_path):
         expected = stacked if run_config.scan_layers else params
         for source in ("tf", "bertjax"):
             assert_trees_equal(
-                pretrained.load_pretrained(str(tmp_path / source), abstract, run_config), expected
+                pretrained_weights.load_pretrained(str(tmp_path / source), abstract, run_config),
+                expected,
             )
     wrong = dataclasses.replace(CONFIG, num_attention_heads=4)
     with pytest.raises(
         tree.ConversionError, match="num_attention_heads: checkpoint 2, config.model 4"
     ):
-        pretrained.load_pretrained(str(tmp_path / "tf"), abstract, wrong)
+        pretrained_weights.load_pretrained(str(tmp_path / "tf"), abstract, wrong)
 
 
 def test_real_bert_tiny_index_maps_completely():
