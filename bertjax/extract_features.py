@@ -23,7 +23,7 @@ from absl import flags
 from bertjax import cli
 from bertjax.data import tokenization
 from bertjax.errors import ConfigError, UserError
-from bertjax.interop import pretrained
+from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models import families
 from bertjax.runtime import files
 from bertjax.tasks import features
@@ -134,7 +134,7 @@ def main(argv) -> None:
                 f"--batch_size={FLAGS.batch_size} is out of range: it must be "
                 ">= 1; set --batch_size"
             )
-        model, params, tokenizer = pretrained.load_encoder(source)
+        model, params, tokenizer = pretrained_weights.load_encoder(source)
         num_layers = model.config.num_hidden_layers
         layers = chosen or default_layers(num_layers)
         if any(not -num_layers <= layer < num_layers for layer in layers):

@@ -20,7 +20,7 @@ from absl import flags
 
 from bertjax import cli
 from bertjax.errors import UserError
-from bertjax.interop import pretrained
+from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models import families
 from bertjax.runtime import files
 from bertjax.tasks import features, probing
@@ -75,7 +75,7 @@ def main(argv) -> None:
             hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0,
         )
-        model, params, tokenizer = pretrained.load_encoder(source, FLAGS.random_init)
+        model, params, tokenizer = pretrained_weights.load_encoder(source, FLAGS.random_init)
         if not families.of(model).probes:
             raise pretrained.PretrainedError(
                 f"--init_checkpoint={FLAGS.init_checkpoint} holds a "

@@ -23,7 +23,7 @@ from ml_collections import config_flags
 from bertjax import cli
 from bertjax.data import corpus_source, loaders, pipeline
 from bertjax.errors import ConfigError, UserError
-from bertjax.interop import pretrained
+from bertjax.interop import pretrained_weights
 from bertjax.models import families
 from bertjax.runtime import agreement, console, distributed, failures, files, locks, peers, stopping
 from bertjax.training import (
@@ -287,7 +287,7 @@ def fresh_state(
     state = sharded.init_state(jax.random.PRNGKey(train.seed))
     if train.init_checkpoint:  # Google TF, Hugging Face or bertjax
         state = state.replace(
-            params=pretrained.load_pretrained(
+            params=pretrained_weights.load_pretrained(
                 train.init_checkpoint, sharded.abstract_state.params, sharded.model.config
             )
         )

@@ -16,7 +16,15 @@ from safetensors.numpy import load_file, save_file
 
 from bertjax import convert
 from bertjax.data.settings import DataSettings
-from bertjax.interop import hf, native, pretrained, tf as tf_checkpoint, tree
+from bertjax.interop import (
+    hf,
+    native,
+    pretrained,
+    pretrained_weights,
+    tf as tf_checkpoint,
+    tf_bundle,
+    tree,
+)
 from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from test_interop_tf import BERT_TINY_INDEX
 
@@ -50,12 +58,12 @@ def write_google_checkpoint(
     """What Google's pretraining leaves: weights, Adam slots, global_step, config, vocab."""
     tf_checkpoint.save_tf(config, params, str(directory))
     prefix = str(directory / "bert_model.ckpt")
-    reader = tf_checkpoint.BundleReader(prefix)
+    reader = tf_bundle.BundleReader(prefix)
     tensors = {name: reader.read(name) for name in reader.entries}
     for name in list(tensors):
         tensors[name + "/adam_m"] = tensors[name + "/adam_v"] = np.zeros_like(tensors[name])
     tensors["global_step"] = np.array(1000, np.int64)
-    tf_checkpoint.write_bundle(prefix, tensors)
+    tf_bundle.write_bundle(prefix, tensors)
     lines = config.vocab_size if vocab_lines is None else vocab_lines
     (directory / "vocab.txt").write_text("".join(f"tok{i}\n" for i in range(lines)))
 
@@ -152,13 +160,14 @@ def test_scan_layout_and_init_params(tmp_path):
         expected = stacked if run_config.scan_layers else params
         for source in ("tf", "bertjax"):
             assert_trees_equal(
-                pretrained.load_pretrained(str(tmp_path / source), abstract, run_config), expected
+                pretrained_weights.load_pretrained(str(tmp_path / source), abstract, run_config),
+                expected,
             )
     wrong = dataclasses.replace(CONFIG, num_attention_heads=4)
     with pytest.raises(
         tree.ConversionError, match="num_attention_heads: checkpoint 2, config.model 4"
     ):
-        pretrained.load_pretrained(str(tmp_path / "tf"), abstract, wrong)
+        pretrained_weights.load_pretrained(str(tmp_path / "tf"), abstract, wrong)
 
 
 def test_real_bert_tiny_index_maps_completely():
@@ -166,7 +175,7 @@ def test_real_bert_tiny_index_maps_completely():
     shape its bert_config.json implies, and nothing is left over."""
     if not os.path.exists(BERT_TINY_INDEX):
         pytest.skip("shared/data/bert-tiny not present")
-    reader = tf_checkpoint.BundleReader(BERT_TINY_INDEX[: -len(".index")])
+    reader = tf_bundle.BundleReader(BERT_TINY_INDEX[: -len(".index")])
     config = BertConfig.from_json_file(
         os.path.join(os.path.dirname(BERT_TINY_INDEX), "bert_config.json")
     )

@@ -18,7 +18,7 @@ from safetensors.numpy import load_file, save_file
 
 from bertjax import convert, finetune
 from bertjax.data import tokenization
-from bertjax.interop import hf, native, pretrained
+from bertjax.interop import hf, native, pretrained, pretrained_weights
 from bertjax.models.bert.model import BertModel
 from test_convert import random_params
 from test_finetune import TINY, VOCAB, config_file, run_extract_features, sentence
@@ -101,14 +101,16 @@ def test_fine_tuned_model_exports_as_sequence_classification(sst2_run, tmp_path,
 def test_fine_tuned_model_gives_its_encoder_and_tokenizer(sst2_run):
     """Its encoder (and tokenizer, from the workdir) for extract_features, probe and a new
     fine-tuning run; not what pretraining from a checkpoint needs."""
-    model, params, tokenizer = pretrained.load_encoder(pretrained.Source(init_checkpoint=sst2_run))
+    model, params, tokenizer = pretrained_weights.load_encoder(
+        pretrained.Source(init_checkpoint=sst2_run)
+    )
     _, stored = pretrained.read(sst2_run)
     jax.tree.map(np.testing.assert_array_equal, params, stored["bert"])
     assert model.config.hidden_size == TINY.hidden_size and tokenizer.vocab_size == len(VOCAB)
     run = pretrained.pretraining_run(pretrained.Source(init_checkpoint=sst2_run))
     assert run.finetuned_task == "sst2" and run.config is None
     with pytest.raises(pretrained.ConversionError, match="has no predictions, seq_relationship"):
-        pretrained.load_pretrained(
+        pretrained_weights.load_pretrained(
             sst2_run,
             {
                 "bert": None,
@@ -154,9 +156,9 @@ def test_imported_model_finds_its_tokenizer_beside_it(tmp_path):
             pretrained.Source(init_checkpoint=str(tmp_path / "bare"), vocab_flag="--vocab_file"),
             run,
         )
-    encoder = pretrained.load_pretrained(
+    encoder = pretrained_weights.load_pretrained(
         str(tmp_path / "imported"),
-        {"bert": pretrained.abstract_params_on_one_device(BertModel(TINY))},
+        {"bert": pretrained_weights.abstract_params_on_one_device(BertModel(TINY))},
         TINY,
     )["bert"]
     jax.tree.map(np.testing.assert_array_equal, encoder, params["bert"])
@@ -380,7 +382,9 @@ def test_hugging_face_fine_tuned_model_gives_its_encoder(sst2_run, tmp_path, cap
         "(labels 0, 1): this run starts from its encoder, with a new output layer"
         in capsys.readouterr().out
     )
-    _, encoder, _ = pretrained.load_encoder(pretrained.Source(init_checkpoint=str(tmp_path / "hf")))
+    _, encoder, _ = pretrained_weights.load_encoder(
+        pretrained.Source(init_checkpoint=str(tmp_path / "hf"))
+    )
     jax.tree.map(np.testing.assert_array_equal, encoder, stored["bert"])
     tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
     save_file(

@@ -18,7 +18,7 @@ import pytest
 import toy_family
 from bertjax import convert, extract_features, finetune, train
 from bertjax.errors import ConfigError
-from bertjax.interop import pretrained
+from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models import families
 from bertjax.models.bert.model import BertConfig, BertModel
 from bertjax.models.modernbert.config import ModernBertConfig
@@ -208,7 +208,7 @@ def test_a_family_defined_in_tests_pretrains_resumes_fine_tunes_and_extracts_fea
     source = pretrained.Source(
         init_checkpoint=str(workdir), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
     )
-    model, params, tokenizer = pretrained.load_encoder(source)
+    model, params, tokenizer = pretrained_weights.load_encoder(source)
     assert isinstance(model.config, toy_family.ToyConfig)
     records = list(
         extract_features.extract(

@@ -22,7 +22,7 @@ import pytest
 
 from bertjax import extract_features, finetune, train
 from bertjax.errors import ConfigError
-from bertjax.interop import hf, pretrained, tf
+from bertjax.interop import hf, pretrained, pretrained_weights, tf
 from bertjax.interop.tree import ConversionError
 from bertjax.models.bert.heads import (
     BertForQuestionAnswering,
@@ -66,9 +66,9 @@ def assert_quiet_console(output: str) -> None:
 
 
 def pretrained_encoder(root: str):
-    return pretrained.load_pretrained(
+    return pretrained_weights.load_pretrained(
         os.path.join(root, "pretrain"),
-        {"bert": pretrained.abstract_params_on_one_device(BertModel(TINY))},
+        {"bert": pretrained_weights.abstract_params_on_one_device(BertModel(TINY))},
         TINY,
     )["bert"]
 
@@ -363,11 +363,12 @@ def test_feature_based_ner_trains_only_the_tagger(data_root, tmp_path):
     assert (tmp_path / "seed_1" / "predictions" / "test_predictions.txt").exists()
     tagger = BertForTokenClassification(TINY, 9, feature_based=True, lstm_size=16)
     tuned = checkpoint.restore_params(
-        str(tmp_path / "seed_1" / "checkpoints"), pretrained.abstract_params_on_one_device(tagger)
+        str(tmp_path / "seed_1" / "checkpoints"),
+        pretrained_weights.abstract_params_on_one_device(tagger),
     )
     jax.tree.map(np.testing.assert_array_equal, pretrained_encoder(data_root), tuned["bert"])
     # Adam moments only for the tagger: none for the frozen encoder.
-    params = pretrained.abstract_params_on_one_device(tagger)
+    params = pretrained_weights.abstract_params_on_one_device(tagger)
     moments = jax.eval_shape(
         finetune_setup.optimizer(FinetuneSettings.of(config.to_dict()), 10, params).init, params
     )
@@ -570,9 +571,9 @@ def test_google_and_hugging_face_checkpoints_initialise_fine_tuning(data_root, t
             ),
         )
         assert pretrained.tokenizer_of(source, pretrain).vocab_size == len(VOCAB)
-        loaded = pretrained.load_pretrained(
+        loaded = pretrained_weights.load_pretrained(
             str(directory),
-            {"bert": pretrained.abstract_params_on_one_device(BertModel(TINY))},
+            {"bert": pretrained_weights.abstract_params_on_one_device(BertModel(TINY))},
             TINY,
         )["bert"]
         jax.tree.map(np.testing.assert_array_equal, loaded, expected)

@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bertjax.interop import tf as tf_checkpoint, tree
+from bertjax.interop import tf as tf_checkpoint, tf_bundle, tree
 
 BERT_TINY_INDEX = os.path.join(
     os.path.dirname(__file__), "..", "..", "shared", "data", "bert-tiny", "bert_model.ckpt.index"
@@ -33,63 +33,61 @@ def _tensors():
 def test_write_then_read_is_exact(tmp_path):
     tensors = _tensors()
     prefix = str(tmp_path / "model.ckpt-7")
-    tf_checkpoint.write_bundle(prefix, tensors)
-    reader = tf_checkpoint.BundleReader(prefix)
+    tf_bundle.write_bundle(prefix, tensors)
+    reader = tf_bundle.BundleReader(prefix)
     assert sorted(reader.entries) == sorted(tensors)
     for name, value in tensors.items():
         got = reader.read(name)
         assert got.dtype == value.dtype and got.shape == value.shape, name
         np.testing.assert_array_equal(got, value)
     # Directories resolve through TF's `checkpoint` state file or their only index.
-    assert tf_checkpoint.resolve_prefix(str(tmp_path)) == prefix
+    assert tf_bundle.resolve_prefix(str(tmp_path)) == prefix
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-7"\n')
-    assert tf_checkpoint.resolve_prefix(str(tmp_path)) == prefix
+    assert tf_bundle.resolve_prefix(str(tmp_path)) == prefix
 
 
 def test_entry_encoding_matches_tensorflow_bytes():
     """Re-encoding TF's own entries (from the real BERT-Tiny index) gives TF's exact bytes."""
     if not os.path.exists(BERT_TINY_INDEX):
         pytest.skip("shared/data/bert-tiny not present")
-    entries = tf_checkpoint._read_table(BERT_TINY_INDEX)
-    assert entries[0] == (b"", tf_checkpoint.ONE_SHARD_HEADER)
+    entries = tf_bundle._read_table(BERT_TINY_INDEX)
+    assert entries[0] == (b"", tf_bundle.ONE_SHARD_HEADER)
     for key, value in entries[1:]:
-        assert tf_checkpoint._encode_entry(tf_checkpoint._parse_entry(key.decode(), value)) == value
+        assert tf_bundle._encode_entry(tf_bundle._parse_entry(key.decode(), value)) == value
 
 
 def test_damaged_files_are_named(tmp_path):
     prefix = str(tmp_path / "bert_model.ckpt")
-    tf_checkpoint.write_bundle(prefix, _tensors())
+    tf_bundle.write_bundle(prefix, _tensors())
     data = prefix + ".data-00000-of-00001"
-    reader = tf_checkpoint.BundleReader(prefix)
+    reader = tf_bundle.BundleReader(prefix)
     raw = open(data, "rb").read()
     with open(data, "r+b") as f:  # flip one byte of the word embeddings
         f.seek(reader.entries["bert/embeddings/word_embeddings"].offset + 5)
         f.write(bytes([raw[reader.entries["bert/embeddings/word_embeddings"].offset + 5] ^ 1]))
     with pytest.raises(
-        tf_checkpoint.CheckpointFormatError, match="corrupt: checksum mismatch for tensor"
+        tf_bundle.CheckpointFormatError, match="corrupt: checksum mismatch for tensor"
     ):
         reader.read("bert/embeddings/word_embeddings")
     with open(data, "wb") as f:
         f.write(raw[:100])
-    with pytest.raises(
-        tf_checkpoint.CheckpointFormatError, match="data-00000-of-00001 is truncated"
-    ):
+    with pytest.raises(tf_bundle.CheckpointFormatError, match="data-00000-of-00001 is truncated"):
         reader.read("bert/embeddings/word_embeddings")
     os.remove(data)
-    with pytest.raises(tf_checkpoint.CheckpointFormatError, match="cannot read TF checkpoint data"):
+    with pytest.raises(tf_bundle.CheckpointFormatError, match="cannot read TF checkpoint data"):
         reader.read("global_step")
     index = open(prefix + ".index", "rb").read()
     for damaged in (index[:-10], index[:20] + bytes([index[20] ^ 1]) + index[21:], b""):
         with open(prefix + ".index", "wb") as f:
             f.write(damaged)
-        with pytest.raises(tf_checkpoint.CheckpointFormatError, match=r"\.index"):
-            tf_checkpoint.BundleReader(prefix)
+        with pytest.raises(tf_bundle.CheckpointFormatError, match=r"\.index"):
+            tf_bundle.BundleReader(prefix)
 
 
 def test_real_bert_tiny_index():
     if not os.path.exists(BERT_TINY_INDEX):
         pytest.skip("shared/data/bert-tiny not present")
-    reader = tf_checkpoint.BundleReader(BERT_TINY_INDEX[: -len(".index")])
+    reader = tf_bundle.BundleReader(BERT_TINY_INDEX[: -len(".index")])
     assert len(reader.entries) == 46 and reader.num_shards == 1
     assert reader.entries["bert/embeddings/word_embeddings"].shape == (30522, 128)
     assert sum(int(np.prod(e.shape)) for e in reader.entries.values()) == 4_433_468
@@ -110,7 +108,7 @@ def test_reads_a_checkpoint_tensorflow_wrote():
     skipping the optimizer slots and the step counter."""
     with open(os.path.join(TF_WRITTEN, "values.json")) as f:
         written = json.load(f)
-    reader = tf_checkpoint.BundleReader(tf_checkpoint.resolve_prefix(TF_WRITTEN))
+    reader = tf_bundle.BundleReader(tf_bundle.resolve_prefix(TF_WRITTEN))
     assert sorted(reader.entries) == sorted([*written["variables"], "global_step"])
     for name, values in written["variables"].items():
         got = reader.read(name)
@@ -139,7 +137,7 @@ def test_tensorflow_reads_ours_and_we_read_tensorflows(tmp_path):
     tf = pytest.importorskip("tensorflow")
     tensors = {k: v for k, v in _tensors().items() if k != "bf16"}
     ours = str(tmp_path / "ours" / "model.ckpt")
-    tf_checkpoint.write_bundle(ours, tensors)
+    tf_bundle.write_bundle(ours, tensors)
     tf_reader = tf.train.load_checkpoint(ours)
     for name, value in tensors.items():
         np.testing.assert_array_equal(tf_reader.get_tensor(name), value)
@@ -150,6 +148,6 @@ def test_tensorflow_reads_ours_and_we_read_tensorflows(tmp_path):
         shape_and_slices=[""] * len(tensors),
         tensors=[tf.constant(v) for v in tensors.values()],
     )
-    reader = tf_checkpoint.BundleReader(theirs)
+    reader = tf_bundle.BundleReader(theirs)
     for name, value in tensors.items():
         np.testing.assert_array_equal(reader.read(name), value)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bertjax import convert
-from bertjax.interop import finetuned, hf_modernbert, pretrained, tree
+from bertjax.interop import finetuned, hf_modernbert, pretrained, pretrained_weights, tree
 from bertjax.models import families
 from bertjax.models.modernbert import heads as modernbert_heads, model as modernbert
 from test_modernbert_io import bpe_tokenizer
@@ -144,7 +144,7 @@ def test_a_fine_tuned_classifier_exports_to_transformers_with_the_same_logits(tm
 
 def test_a_transformers_modernbert_with_its_bpe_tokenizer_reads_as_init_checkpoint(tmp_path):
     """Saved by transformers beside a BPE tokenizer.json: bertjax's tokenizer gives
-    AutoTokenizer's ids, and the weights read through `pretrained.load_pretrained` (the
+    AutoTokenizer's ids, and the weights read through `pretrained_weights.load_pretrained` (the
     init_checkpoint path) give transformers' MLM logits."""
     directory = tmp_path / "hf"
     bpe_tokenizer(str(directory / "tokenizer.json"), vocab_size=300)
@@ -163,8 +163,10 @@ def test_a_transformers_modernbert_with_its_bpe_tokenizer_reads_as_init_checkpoi
         assert [tokenizer.cls_id, *tokenizer.encode(text), tokenizer.sep_id] == auto(text)[
             "input_ids"
         ]
-    abstract = pretrained.abstract_params_on_one_device(modernbert.ModernBertForMaskedLM(config))
-    params = pretrained.load_pretrained(str(directory), abstract, config)
+    abstract = pretrained_weights.abstract_params_on_one_device(
+        modernbert.ModernBertForMaskedLM(config)
+    )
+    params = pretrained_weights.load_pretrained(str(directory), abstract, config)
     rows = [[tokenizer.cls_id, *tokenizer.encode(t), tokenizer.sep_id] for t in texts]
     length = max(map(len, rows))
     ids = np.array([r + [tokenizer.pad_id] * (length - len(r)) for r in rows])
@@ -198,8 +200,8 @@ def test_a_transformers_modernbertmodel_gives_its_encoder(tmp_path):
     source = pretrained.Source(init_checkpoint=str(tmp_path / "bare"))
     config = pretrained.model_config_of(source, pretrained.pretraining_run(source))
     model = modernbert_heads.ModernBertForSequenceClassification(config, 2)
-    abstract = pretrained.abstract_params_on_one_device(model)
-    params = pretrained.load_pretrained(
+    abstract = pretrained_weights.abstract_params_on_one_device(model)
+    params = pretrained_weights.load_pretrained(
         str(tmp_path / "bare"),
         {"model": abstract["model"], "head": abstract["head"]},
         config,

@@ -22,7 +22,7 @@ from bertjax import convert, finetune, train
 from bertjax.data import bpe, corpus_source, pipeline, tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.errors import ConfigError
-from bertjax.interop import hf_modernbert, native, pretrained, tree
+from bertjax.interop import hf_modernbert, native, pretrained, pretrained_weights, tree
 from bertjax.models import families
 from bertjax.models.modernbert import heads as modernbert_heads, model as modernbert
 from bertjax.models.modernbert.config import ModernBertConfig
@@ -149,8 +149,10 @@ def test_a_hugging_face_modernbert_directory_is_read_with_its_bpe_tokenizer(hf_d
     assert isinstance(tokenizer, bpe.BpeTokenizer)
     assert tokenizer.vocab_size == config.vocab_size
     expected = random_params(config)  # what bertjax's export wrote
-    abstract = pretrained.abstract_params_on_one_device(modernbert.ModernBertForMaskedLM(config))
-    loaded = pretrained.load_pretrained(hf_dir, abstract, config)
+    abstract = pretrained_weights.abstract_params_on_one_device(
+        modernbert.ModernBertForMaskedLM(config)
+    )
+    loaded = pretrained_weights.load_pretrained(hf_dir, abstract, config)
     for path, value in tree.flatten(expected).items():
         np.testing.assert_array_equal(np.asarray(tree.flatten(loaded)[path]), value, path)
 
@@ -170,15 +172,15 @@ def test_convert_a_hugging_face_modernbert_to_bertjax_and_back(hf_dir, tmp_path)
         open(os.path.join(hf_dir, "tokenizer.json"), encoding="utf-8").read()
     )
     run_config = families.model_config({"family": "modernbert", **dataclasses.asdict(config)})
-    abstract = pretrained.abstract_params_on_one_device(
+    abstract = pretrained_weights.abstract_params_on_one_device(
         modernbert.ModernBertForMaskedLM(run_config)
     )
-    loaded = pretrained.load_pretrained(str(tmp_path / "bertjax"), abstract, run_config)
+    loaded = pretrained_weights.load_pretrained(str(tmp_path / "bertjax"), abstract, run_config)
     for path, value in tree.flatten(params).items():
         np.testing.assert_array_equal(np.asarray(tree.flatten(loaded)[path]), value, path)
     other = dataclasses.replace(run_config, local_attention=16)
     with pytest.raises(tree.ConversionError, match="local_attention: checkpoint 8"):
-        pretrained.load_pretrained(str(tmp_path / "bertjax"), abstract, other)
+        pretrained_weights.load_pretrained(str(tmp_path / "bertjax"), abstract, other)
 
 
 @pytest.fixture(scope="module")
@@ -213,9 +215,9 @@ def test_a_bare_modernbert_model_gives_its_encoder_and_the_head_starts_fresh(
     assert run.finetuned_task == ""
     config = pretrained.model_config_of(source, run)
     model = modernbert_heads.ModernBertForSequenceClassification(config, 2)
-    abstract = pretrained.abstract_params_on_one_device(model)
+    abstract = pretrained_weights.abstract_params_on_one_device(model)
     parts = {name: abstract[name] for name in families.pretrained_parts(config)}
-    loaded = pretrained.load_pretrained(
+    loaded = pretrained_weights.load_pretrained(
         bare_dir, parts, config, optional=families.optional_pretrained_parts(config)
     )
     assert set(loaded) == {"model"}  # the head keeps the fine-tuning model's initialisation
@@ -224,9 +226,11 @@ def test_a_bare_modernbert_model_gives_its_encoder_and_the_head_starts_fresh(
         np.testing.assert_array_equal(np.asarray(value), full[path], path)
     # Pretraining needs the MLM head; converting would write a model without it.
     with pytest.raises(tree.ConversionError, match="has no decoder, head parameters"):
-        pretrained.load_pretrained(
+        pretrained_weights.load_pretrained(
             bare_dir,
-            pretrained.abstract_params_on_one_device(modernbert.ModernBertForMaskedLM(config)),
+            pretrained_weights.abstract_params_on_one_device(
+                modernbert.ModernBertForMaskedLM(config)
+            ),
             config,
         )
     capsys.readouterr()  # (the head's warning above, when absl logs to stderr)
@@ -444,8 +448,8 @@ def test_a_modernbert_fine_tunes_on_glue_and_exports_to_its_transformers_class(
     assert run.finetuned_task == "ModernBertForSequenceClassification (labels 0, 1)"
     config = pretrained.model_config_of(source, run)
     model = modernbert_heads.ModernBertForSequenceClassification(config, 2)
-    abstract = pretrained.abstract_params_on_one_device(model)
-    loaded = pretrained.load_pretrained(
+    abstract = pretrained_weights.abstract_params_on_one_device(model)
+    loaded = pretrained_weights.load_pretrained(
         str(tmp_path / "hf"), {"model": abstract["model"], "head": abstract["head"]}, config
     )
     tuned = native.load_bertjax(sst2_run)[1]
@@ -462,7 +466,9 @@ def test_extract_features_of_a_modernbert(hf_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Wrote 2 records (layers -1,-3)" in result.stdout
     records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    model, params, tokenizer = pretrained.load_encoder(pretrained.Source(init_checkpoint=hf_dir))
+    model, params, tokenizer = pretrained_weights.load_encoder(
+        pretrained.Source(init_checkpoint=hf_dir)
+    )
     ids = np.array(
         [[tokenizer.cls_id, *tokenizer.encode("the movie was good ."), tokenizer.sep_id]]
     )

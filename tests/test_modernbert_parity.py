@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bertjax import convert
-from bertjax.interop import hf_modernbert, pretrained, tree
+from bertjax.interop import hf_modernbert, pretrained_weights, tree
 from bertjax.models.modernbert import model as modernbert
 
 torch = pytest.importorskip("torch")
@@ -159,9 +159,11 @@ def test_an_encoder_without_its_head_gives_its_encoder_and_pretraining_refuses_i
     model.model.save_pretrained(tmp_path)  # ModernBertModel: no MLM head
     config, params = hf_modernbert.load_hf(str(tmp_path))
     assert set(params) == {"model"}
-    abstract = pretrained.abstract_params_on_one_device(modernbert.ModernBertForMaskedLM(config))
+    abstract = pretrained_weights.abstract_params_on_one_device(
+        modernbert.ModernBertForMaskedLM(config)
+    )
     with pytest.raises(tree.ConversionError, match="has no decoder, head parameters") as error:
-        pretrained.load_pretrained(str(tmp_path), abstract, config)
+        pretrained_weights.load_pretrained(str(tmp_path), abstract, config)
     assert "\n" not in str(error.value)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from bertjax import cli, convert, train
 from bertjax.errors import ConfigError
-from bertjax.interop import hf_modernbert, pretrained, tree
+from bertjax.interop import hf_modernbert, pretrained, pretrained_weights, tree
 from bertjax.models import attention, families, flops
 from bertjax.models.bert.model import BertConfig
 from bertjax.models.modernbert.config import ModernBertConfig
@@ -217,7 +217,7 @@ def test_bert_runs_refuse_a_modernbert_checkpoint(tmp_path):
         match="holds a ModernBERT model but the run's "
         "model is BERT: start from a ModernBERT config, configs/modernbert_",
     ) as error:
-        pretrained.load_pretrained(str(tmp_path / "run"), abstract_bert, BertConfig())
+        pretrained_weights.load_pretrained(str(tmp_path / "run"), abstract_bert, BertConfig())
     assert "\n" not in str(error.value)
 
 

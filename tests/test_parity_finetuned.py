@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from bertjax import convert
-from bertjax.interop import pretrained
+from bertjax.interop import pretrained, pretrained_weights
 from bertjax.tasks import ner
 from bertjax.training import finetune_setup
 from bertjax.training.finetune_settings import FinetuneSettings
@@ -226,7 +226,7 @@ def test_transformers_fine_tuned_models_give_their_encoder(tmp_path):
             + "\n"
         )
         expected = run_hf(cls.from_pretrained(str(directory)).bert.eval(), features)
-        model, params, _ = pretrained.load_encoder(
+        model, params, _ = pretrained_weights.load_encoder(
             pretrained.Source(
                 init_checkpoint=str(directory),
                 hidden_dropout_prob=0.0,

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax.interop import hf, pretrained
+from bertjax.interop import hf, pretrained, pretrained_weights
 from bertjax.models.bert.model import BertConfig, BertForPreTraining, example_inputs
 from bertjax.tasks import features, probing
 
@@ -73,7 +73,7 @@ def root(tmp_path_factory) -> str:
 def test_layer_features_are_the_encoder_outputs(root):
     """Layer k's GLUE feature is the mean of layer k's outputs over the real tokens; CoNLL's
     are the labelled first sub-tokens' vectors."""
-    model, params, tokenizer = pretrained.load_encoder(
+    model, params, tokenizer = pretrained_weights.load_encoder(
         pretrained.Source(init_checkpoint=os.path.join(root, "hf"))
     )
     options = features.TaskOptions(data_dir=os.path.join(root, "glue"), max_seq_length=16)
@@ -101,7 +101,7 @@ def test_layer_features_are_the_encoder_outputs(root):
     tokens = probing.layer_features(model, params, dev, batch_size=16)
     assert tokens.shape == (3, 5 * 40, 32) and len(probing.probe_labels(dev)) == 200
     # --random_init: the same architecture, fresh weights.
-    random_model, random_params, _ = pretrained.load_encoder(
+    random_model, random_params, _ = pretrained_weights.load_encoder(
         pretrained.Source(init_checkpoint=os.path.join(root, "hf")), random_init=True
     )
     assert random_model.config == model.config

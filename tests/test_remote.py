@@ -21,7 +21,7 @@ import gcs_faults
 import test_faults
 from bertjax import convert, probe, train
 from bertjax.data import pipeline, prepared_files, tokenization
-from bertjax.interop import hf, native, pretrained, staging
+from bertjax.interop import hf, native, pretrained, pretrained_weights, staging
 from bertjax.runtime import files
 from bertjax.tasks import probing
 from bertjax.training import checkpoint, resume
@@ -165,8 +165,8 @@ def test_google_and_hf_checkpoints_on_gcs_read_as_their_local_copies(gcs, tmp_pa
         (f"{gcs}/models/google", tmp_path / "google"),
         (f"{gcs}/models/google/bert_model.ckpt", tmp_path / "google"),
     ):
-        remote = pretrained.load_encoder(pretrained.Source(init_checkpoint=url))
-        straight = pretrained.load_encoder(pretrained.Source(init_checkpoint=str(local)))
+        remote = pretrained_weights.load_encoder(pretrained.Source(init_checkpoint=url))
+        straight = pretrained_weights.load_encoder(pretrained.Source(init_checkpoint=str(local)))
         assert_trees_equal(remote[1], straight[1])
         assert remote[2].fingerprint() == straight[2].fingerprint()
     staged = staging.local_checkpoint(f"{gcs}/models/hf", "hf")

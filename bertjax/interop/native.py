@@ -118,7 +118,7 @@ def load_bertjax(
 
 def save_bertjax(config: families.ModelConfig, params: dict[str, Any], path: str) -> None:
     """Writes a params-only bertjax checkpoint that `train.init_checkpoint` (and
-    `pretrained.load_pretrained`) reads, in the layer layout of `config.scan_layers` (a
+    `pretrained_weights.load_pretrained`) reads, in the layer layout of `config.scan_layers` (a
     family without scanned layers: unrolled), its record `families.as_record`."""
     params = tree.unstack_layers(params)
     if getattr(config, "scan_layers", False):

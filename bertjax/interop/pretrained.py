@@ -1,8 +1,9 @@
 """Load a pretrained BERT or ModernBERT and its tokenizer from any checkpoint: a bertjax
 pretraining run (workdir or `checkpoints/`), a params-only bertjax checkpoint, a Google TF
 checkpoint or a Hugging Face directory (BERT or ModernBERT, told by config.json's
-`model_type`). The one place that reads pretrained weights (`load_pretrained`) and decides
-which architecture (`model_config_of`) and tokenizer (`tokenizer_of`) go with them.
+`model_type`). The one place that reads pretrained weights (`read`: numpy, unrolled layers)
+and decides which architecture (`model_config_of`) and tokenizer (`tokenizer_of`) go with
+them; `pretrained_weights` places them for a model.
 """
 
 from __future__ import annotations
@@ -15,11 +16,7 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import flax.linen as nn
-import jax
 import ml_collections
-import numpy as np
-from absl import logging
 
 from bertjax.data import bpe, corpus_source, hf_json, pipeline, tokenization
 from bertjax.data.settings import DataSettings
@@ -108,98 +105,9 @@ def read(
 
 
 @functools.lru_cache(maxsize=1)
-def _read_once(path: str) -> tuple[families.ModelConfig, dict[str, Any]]:
+def read_once(path: str) -> tuple[families.ModelConfig, dict[str, Any]]:
     """`read(path)`, once per process (every fine-tuning seed loads the same weights)."""
     return read(path)
-
-
-def other_family(found: families.ModelConfig, run_family: str, where: str) -> str:
-    """The refusal of a checkpoint whose family is not the run's, naming the configs of
-    the checkpoint's family."""
-    found_family = families.of(found)
-    return (
-        f"init_checkpoint {where} holds a {found_family.title} model but the "
-        f"run's model is {families.get(run_family).title}: start from a "
-        f"{found_family.title} config, {found_family.configs}"
-    )
-
-
-def check_architecture(found: families.ModelConfig, run: families.ModelConfig, where: str) -> None:
-    """Refuses a checkpoint whose architecture differs from the run's model config (or of
-    another family: a ModernBERT one for a BERT run, or the reverse)."""
-    if families.name_of(found) != families.name_of(run):
-        raise ConversionError(other_family(found, families.name_of(run), where))
-    diffs = [
-        f"{f}: checkpoint {value!r}, config.model {getattr(run, f)!r}"
-        for f, value in families.architecture(found).items()
-        if value != getattr(run, f)
-    ]
-    if diffs:
-        raise ConversionError(
-            f"init_checkpoint {where} does not fit the model config:\n  "
-            + "\n  ".join(diffs)
-            + "\nSet config.model.* to the checkpoint's values."
-        )
-
-
-def load_pretrained(
-    path: str,
-    abstract_params: dict[str, Any],
-    model_config: families.ModelConfig,
-    reuse: bool = False,
-    optional: tuple[str, ...] = (),
-) -> Any:
-    """The parameters of the checkpoint at `path` (any format) for a model of `model_config`,
-    placed like `abstract_params`: the whole BertForPreTraining (ModernBertForMaskedLM) tree
-    (pretraining from a checkpoint) or some of its top-level entries (`{"bert": ...}`, for
-    ModernBERT `{"model": ..., "head": ...}`: a fine-tuned model's encoder). A bertjax
-    checkpoint in the same layer layout is read straight into the shards. `reuse` keeps the
-    last checkpoint read on the host for the next call (fine-tuning seeds). Entries named in
-    `optional` may be absent from the checkpoint: they are left out of the result (the caller
-    keeps its fresh ones) and logged."""
-    source_format = detect_format(path)
-    if source_format == "bertjax":
-        directory = native.checkpoint_dir(path)
-        found = native.config_of(directory)
-        check_architecture(found, model_config, path)
-        if getattr(found, "scan_layers", False) == getattr(model_config, "scan_layers", False):
-            return checkpoint.restore_params(directory, abstract_params)
-    logging.info("Initialising parameters from %s (%s checkpoint)", path, source_format)
-    found, params = _read_once(path) if reuse else read(path)
-    check_architecture(found, model_config, path)
-    absent = set(abstract_params) - set(params)
-    missing = sorted(absent - set(optional))
-    if missing:
-        raise ConversionError(
-            f"init_checkpoint {path} has no {', '.join(missing)} parameters "
-            "(a fine-tuned model holds its encoder and a task's output layer; "
-            "a bare encoder, no pretraining head): start from a pretraining "
-            "checkpoint"
-        )
-    for name in sorted(absent):
-        logging.warning(
-            "init_checkpoint %s has no %s parameters: they start from their "
-            "random initialisation, as transformers does",
-            path,
-            name,
-        )
-    if getattr(model_config, "scan_layers", False):
-        params = tree.stack_layers(params)
-    wanted = {name: abstract for name, abstract in abstract_params.items() if name in params}
-    return jax.tree.map(
-        lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
-        {name: params[name] for name in wanted},
-        wanted,
-    )
-
-
-def abstract_params_on_one_device(model: nn.Module) -> Any:
-    """The model's parameter shapes, placed on the first device (a restore target)."""
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-        families.abstract_params(model),
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +150,7 @@ def pretraining_run(source: Source) -> PretrainingRun:
             else ""
         )
         return PretrainingRun(
-            families.as_record(_read_once(source.init_checkpoint)[0]), finetuned_task=hf_task
+            families.as_record(read_once(source.init_checkpoint)[0]), finetuned_task=hf_task
         )
     directory = native.checkpoint_dir(source.init_checkpoint)
     try:
@@ -477,24 +385,3 @@ def check_run_tokenizer(
         )
     if data_config.tokenizer == "wordpiece":
         validate_case(path, data_config.do_lower_case, data_config.vocab_file)
-
-
-def load_encoder(
-    source: Source, random_init: bool = False, seed: int = 0
-) -> tuple[nn.Module, dict, tokenization.Tokenizer]:
-    """The family's encoder (`Family.encoder`: BertModel, ModernBertModel) with the
-    checkpoint's parameters on one device, and the tokenizer; `random_init`: the checkpoint's
-    architecture and tokenizer, fresh weights."""
-    pretrain = pretraining_run(source)
-    model_config = model_config_of(source, pretrain)
-    family = families.of(model_config)
-    model = family.encoder(model_config)
-    name = family.encoder_scope
-    if random_init:
-        params = model.init(jax.random.PRNGKey(seed), *families.example_inputs(model))["params"]
-        params = nn.meta.unbox(params)
-    else:
-        params = load_pretrained(
-            source.init_checkpoint, {name: abstract_params_on_one_device(model)}, model_config
-        )[name]
-    return model, params, tokenizer_of(source, pretrain)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from bertjax.interop import hf, hf_tokenizer, native, tf
+from bertjax.interop import hf, hf_tokenizer, native, tf_bundle
 from bertjax.runtime import files
 
 TOKENIZER_FILES = (
@@ -29,7 +29,7 @@ def local_checkpoint(path: str, source_format: str) -> str:
         return files.local_copy(
             path, ["config.json", *hf.weight_files(path), *names.intersection(TOKENIZER_FILES)]
         )
-    prefix = tf.resolve_prefix(path)
+    prefix = tf_bundle.resolve_prefix(path)
     directory, stem = prefix.rsplit("/", 1)
     names = set(files.listdir(directory))
     bundle = [n for n in names if n == f"{stem}.index" or n.startswith(f"{stem}.data-")]

@@ -18,7 +18,7 @@ import numpy as np
 from absl import logging
 
 from bertjax.errors import ConfigError
-from bertjax.interop import pretrained
+from bertjax.interop import pretrained_weights
 from bertjax.models import families
 from bertjax.runtime import console, failures, files, stopping
 from bertjax.tasks.features import SplitData
@@ -88,7 +88,7 @@ def _fresh_state(settings: FinetuneSettings, trainer: finetune_trainer.Trainer, 
         parts = families.pretrained_parts(sharded.model.config)
         params = dict(
             state.params,
-            **pretrained.load_pretrained(
+            **pretrained_weights.load_pretrained(
                 settings.init_checkpoint,
                 {name: sharded.abstract_state.params[name] for name in parts},
                 sharded.model.config,

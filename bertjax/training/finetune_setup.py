@@ -15,7 +15,7 @@ from jax.sharding import Mesh
 
 from bertjax.data.tokenization import Tokenizer
 from bertjax.errors import ConfigError, UserError
-from bertjax.interop import pretrained
+from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models import families
 from bertjax.models.bert import model as bert_model
 from bertjax.models.families import ModelConfig
@@ -42,7 +42,7 @@ def check_model(
     that its family cannot fine-tune with these settings."""
     if pretrain.model and not settings.random_init:
         found = families.from_record(pretrain.model)
-        pretrained.check_architecture(found, model_config, settings.init_checkpoint)
+        pretrained_weights.check_architecture(found, model_config, settings.init_checkpoint)
     problem = families.of(model_config).finetune_problem(settings, settings.init_checkpoint)
     if problem:
         raise FinetuneError(problem)

@@ -12,7 +12,7 @@ from typing import Any
 from bertjax.data import tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.errors import ConfigError
-from bertjax.interop import native, pretrained, tree
+from bertjax.interop import native, pretrained, pretrained_weights, tree
 from bertjax.interop.pretrained import PretrainedError
 from bertjax.interop.tree import ConversionError
 from bertjax.models import families
@@ -52,7 +52,7 @@ def checkpoint_model(
     except (ConversionError, FileNotFoundError) as e:  # (FileNotFoundError: no finished step)
         raise PretrainedError(f"init_checkpoint={path!r}: {e}") from None
     if families.name_of(found) != families.family(model):
-        raise PretrainedError(pretrained.other_family(found, families.family(model), path))
+        raise PretrainedError(pretrained_weights.other_family(found, families.family(model), path))
     values = families.architecture(found)
     contradicted = [
         f"--config.model.{name}={model[name]!r} (the checkpoint's: {value!r})"
