@@ -28,6 +28,7 @@ from bertjax.models import families
 from bertjax.runtime import agreement, console, distributed, failures, files, locks, peers, stopping
 from bertjax.training import (
     checkpoint,
+    checkpoint_checks,
     guards,
     init_architecture,
     memory,
@@ -138,7 +139,7 @@ def _train_and_evaluate(
     record = dataclasses.replace(record, tokenizer=tokenizer.fingerprint())
     agreement.check("tokenizer", agreement.tokenizer_fields(tokenizer), agreement.SAME_FILES)
     if found:  # and the tokenizer
-        checkpoint.check_compatible(
+        checkpoint_checks.check_compatible(
             found.record.as_json(), record.as_json(), resume_from.where(found.step)
         )
     stopping.now_doing("preparing data")
