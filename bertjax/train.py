@@ -144,7 +144,7 @@ def _train_and_evaluate(
     if found:
         state, position = resume_from.restore(found, sharded.abstract_state, record, check)
     else:
-        state, position = pretrain_run.fresh_state(train, sharded, phases)
+        state, position = pretrain_run.fresh_state(train, sharded, model_config, phases)
     start = resume.Start.of(state, position, found, phases)
     state, final_eval, stopped_by, start = pretrain_run.train_to_end(
         train, sharded, phase_data, plan, model_config, record, start, resume_from, check, workdir

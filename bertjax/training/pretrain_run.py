@@ -50,12 +50,12 @@ def checked_tokenizer(
     """The run's tokenizer (trained once into `cache_dir` where configured so) and `record`
     with its fingerprint; refused unless it fits a new run's init_checkpoint, the model's
     vocabulary, the other processes' and the checkpoint `resumed_from` (found, where)."""
-    data, model = settings.data, settings.model
+    train, data, model = settings.train, settings.data, settings.model
     tokenizer = pipeline.load_or_train_tokenizer(
         data, cache_dir, jax.process_index(), jax.process_count()
     )
     if not resumed_from:
-        init_architecture.check_tokenizer(settings.train.init_checkpoint, data, model, tokenizer)
+        init_architecture.check_tokenizer(train.init_checkpoint, data, model, tokenizer)
     if tokenizer.vocab_size > model["vocab_size"]:
         raise pipeline.DataError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but "
@@ -110,14 +110,18 @@ def report_startup(
 
 
 def fresh_state(
-    train: TrainSettings, sharded: ShardedRun, phases: list[phase_schedule.Phase]
+    train: TrainSettings,
+    sharded: ShardedRun,
+    model_config: ModelConfig,
+    phases: list[phase_schedule.Phase],
 ) -> tuple[TrainState, DataPosition]:
-    """A new state, with the parameters of `train.init_checkpoint` when set."""
+    """A new state of `sharded`'s model (of `model_config`), with the parameters of
+    `train.init_checkpoint` when set."""
     state = sharded.init_state(jax.random.PRNGKey(train.seed))
     if train.init_checkpoint:  # Google TF, Hugging Face or bertjax
         state = state.replace(
             params=pretrained.load_pretrained(
-                train.init_checkpoint, sharded.abstract_state.params, sharded.model.config
+                train.init_checkpoint, sharded.abstract_state.params, model_config
             )
         )
     return state, DataPosition(phases[0].name, 0)
