@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
-import json
 import os
 import sys
 import time
@@ -17,35 +15,27 @@ from collections.abc import Collection
 
 import jax
 import ml_collections
-from absl import flags, logging
+from absl import flags
 from ml_collections import config_flags
 
 from bertjax import cli
-from bertjax.data import corpus_source, loaders, pipeline
+from bertjax.data import loaders
 from bertjax.errors import ConfigError, UserError
-from bertjax.interop import pretrained_weights
 from bertjax.models import families
 from bertjax.runtime import agreement, console, distributed, failures, files, locks, peers, stopping
 from bertjax.training import (
     checkpoint,
     guards,
     init_architecture,
-    memory,
-    metrics_writer,
-    nonfinite,
-    phase_schedule,
-    pretrain_loop,
+    pretrain_run,
     reporting,
     resume,
     run_schedule,
     sharded_run,
     validate,
 )
-from bertjax.training.phase_schedule import DataPosition
-from bertjax.training.pretrain_loop import PretrainingLoop
 from bertjax.training.run_record import RunRecord
 from bertjax.training.settings import PretrainingSettings
-from bertjax.training.state import TrainState
 
 
 def train_and_evaluate(
@@ -85,7 +75,6 @@ def _train_and_evaluate(
     its settings are accepted, it writes config.json and its log file (held open by
     `accepted`)."""
     started = time.time()
-    is_chief = jax.process_index() == 0
     train, data, model = settings.train, settings.data, settings.model
     phases = settings.phases
     mesh = sharded_run.make_mesh(settings.mesh, devices)
@@ -124,23 +113,9 @@ def _train_and_evaluate(
         check(found)  # model and data, before any preparation
     model_config = families.model_config(model)
     cache_dir = data.cache_dir or files.local_cache_dir(workdir)
-    tokenizer = corpus_source.load_or_train_tokenizer(
-        data, cache_dir, jax.process_index(), jax.process_count()
+    tokenizer, record = pretrain_run.checked_tokenizer(
+        settings, cache_dir, record, (found, resume_from.where(found.step)) if found else None
     )
-    if not found:
-        init_architecture.check_tokenizer(train.init_checkpoint, data, model, tokenizer)
-    if tokenizer.vocab_size > model["vocab_size"]:
-        raise pipeline.DataError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but "
-            f"model.vocab_size={model['vocab_size']}; set --config.model.vocab_size="
-            f"{tokenizer.vocab_size} (or more)"
-        )
-    record = dataclasses.replace(record, tokenizer=tokenizer.fingerprint())
-    agreement.check("tokenizer", agreement.tokenizer_fields(tokenizer), agreement.SAME_FILES)
-    if found:  # and the tokenizer
-        checkpoint.check_compatible(
-            found.record.as_json(), record.as_json(), resume_from.where(found.step)
-        )
     stopping.now_doing("preparing data")
     phase_data = loaders.prepare_data(
         data,
@@ -162,136 +137,22 @@ def _train_and_evaluate(
         objective=objective,
     )
     accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
-    if is_chief:  # the full table goes to a file, its totals to the console
-        files.write_text(
-            os.path.join(workdir, "config.json"),
-            json.dumps(json.loads(config_json), indent=1) + "\n",
-        )
-        report_path = os.path.join(workdir, "startup_report.txt")
-        files.write_text(
-            report_path, memory.report(sharded.model, sharded.abstract_state, mesh, phases) + "\n"
-        )
-        print(
-            memory.summary(sharded.model, sharded.abstract_state, mesh, phases)
-            + (f"; {jax.process_count()} processes" if jax.process_count() > 1 else "")
-            + f"; full table: {report_path}",
-            flush=True,
-        )
-        if any(steps > 1 for steps in sharded.grad_accum.values()):
-            print(
-                "Micro-batches per step: "
-                + ", ".join(f"{steps} ({name})" for name, steps in sharded.grad_accum.items())
-                + (
-                    ""
-                    if train.grad_accum_steps
-                    else " (train.grad_accum_steps=0: the fewest that fit the devices' memory)"
-                ),
-                flush=True,
-            )
+    pretrain_run.report_startup(workdir, config_json, sharded, phases, train.grad_accum_steps)
     stopping.now_doing(
         f"restoring checkpoint {found.step}" if found else "building the initial state"
     )
     if found:
         state, position = resume_from.restore(found, sharded.abstract_state, record, check)
     else:
-        state, position = fresh_state(settings, sharded, phases)
+        state, position = pretrain_run.fresh_state(train, sharded, model_config, phases)
     start = resume.Start.of(state, position, found, phases)
-    if start.step >= train.total_steps:
-        reporting.chief_print(f"Training already finished ({start.step} steps); evaluating only")
-    else:
-        reporting.chief_print(
-            reporting.steps_line(start.step, train.total_steps, phases, train.log_every)
-        )
-    writer = metrics_writer.open_writer(workdir)
-    try:
-        while True:  # (once more from the checkpoint before, after a suspect resume)
-            progress = reporting.Progress(
-                phases,
-                nonfinite.NonFiniteSteps(
-                    train.max_nonfinite_steps, start.step, resume_from.resumed_from(start)
-                ),
-                optimizer,
-                model_config,
-                writer,
-                start.step,
-                os.path.join(workdir, "metrics.jsonl") if is_chief else None,
-            )
-            pretraining = PretrainingLoop(
-                train,
-                sharded,
-                phase_data,
-                checkpointer,
-                record,
-                progress,
-                writer,
-                restart_step=optimizer.restart_step,
-            )
-            try:
-                state, position, final_eval = pretraining.loop(
-                    start.state, start.position, start.step
-                )
-                break
-            except nonfinite.NonFiniteAfterResume as e:
-                start = resume_from.fall_back(
-                    start, e, sharded.abstract_state, record, check, phases
-                )
-    except Exception as e:  # (told before the close, which may wait for the other processes)
-        peers.announce_failure(e)
-        raise
-    finally:
-        checkpointer.close()
-        if writer:
-            try:
-                writer.close()
-            except OSError as e:  # (a full disk: the loop has already stopped and said so)
-                logging.warning("closing TensorBoard's writer: %s", failures.os_error_line(e))
-    final_step = int(jax.device_get(state.step))
-    if is_chief and final_step >= train.total_steps:  # also marks the run as finished
-        files.write_text(
-            os.path.join(workdir, "final_metrics.json"),
-            json.dumps({"step": final_step, **final_eval}, indent=1),
-        )
-    stopped = pretraining.stopped_by if final_step < train.total_steps else 0
-    last_line = (
-        failures.stopped_line(f"step {final_step} of {train.total_steps}", stopped)
-        if stopped
-        else ""
+    state, final_eval, stopped_by, start = pretrain_run.train_to_end(
+        train, sharded, phase_data, plan, model_config, record, start, resume_from, check, workdir
     )
-    if (
-        not stopped
-        and train.stop_after_steps
-        and final_step == start.step + train.stop_after_steps
-        and final_step < train.total_steps
-    ):
-        last_line = (
-            f"Stopped after {train.stop_after_steps} steps (step {final_step} of "
-            f"{train.total_steps}); rerun the same command to continue"
-        )
-    reporting.chief_print(
-        pretrain_loop.outputs_summary(
-            workdir, final_step, train.total_steps, final_eval, time.time() - started, last_line
-        )
+    pretrain_run.finish(
+        workdir, train, state, final_eval, stopped_by, start.step, time.time() - started
     )
-    if stopped:  # (the exit status says so: 130 or 143)
-        raise failures.Stopped(stopped)
     return final_eval
-
-
-def fresh_state(
-    settings: PretrainingSettings,
-    sharded: sharded_run.ShardedRun,
-    phases: list[phase_schedule.Phase],
-) -> tuple[TrainState, DataPosition]:
-    """A new state, with the parameters of `train.init_checkpoint` when set."""
-    train = settings.train
-    state = sharded.init_state(jax.random.PRNGKey(train.seed))
-    if train.init_checkpoint:  # Google TF, Hugging Face or bertjax
-        state = state.replace(
-            params=pretrained_weights.load_pretrained(
-                train.init_checkpoint, sharded.abstract_state.params, sharded.model.config
-            )
-        )
-    return state, DataPosition(phases[0].name, 0)
 
 
 FLAGS = flags.FLAGS

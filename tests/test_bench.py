@@ -100,7 +100,7 @@ def test_bench_without_torch_or_transformers_says_how_to_install_them_and_still_
 def test_synthetic_packed_batch_has_the_layout_of_packed_rows():
     """`--packed=3 --padding=0.25`: three instances per row, each with its own positions and
     [CLS] slot, the last quarter of the row padding; real tokens are counted without it."""
-    from bertjax.tools.bench import throughput
+    from bertjax.tools.bench_report import throughput
     from bertjax.tools.bench_step import synthetic_batch
 
     batch = synthetic_batch(2, 16, 3, 50, padding=0.25, packed=3)

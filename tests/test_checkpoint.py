@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax.models.bert.model import BertConfig, BertForPreTraining
-from bertjax.training import checkpoint, optim, sharding
+from bertjax.training import checkpoint, checkpoint_checks, optim, sharding
 from bertjax.training.state import create_train_state
 
 CONFIG = BertConfig(
@@ -72,7 +72,7 @@ def test_incompatible_checkpoint_is_refused(tmp_path):
     ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=1)
     ckpt.save(1, state, {"phase": "short", "batch_index": 1}, META)
     ckpt.wait()
-    with pytest.raises(checkpoint.CheckpointMismatch, match="different tokenizer"):
+    with pytest.raises(checkpoint_checks.CheckpointMismatch, match="different tokenizer"):
         ckpt.restore(1, abstract, {**META, "tokenizer": "other"})
     ckpt.close()
 
@@ -126,11 +126,17 @@ def test_older_checkpoints_are_compared_on_the_model_fields_they_record():
     """A checkpoint written before `layer_norm_eps` was recorded still resumes; a field it
     records must still match."""
     run = {"model": {"hidden_size": 8, "layer_norm_eps": 1e-12}, "tokenizer": "abc"}
-    checkpoint.check_compatible({"model": {"hidden_size": 8}, "tokenizer": "abc"}, run, "old")
-    with pytest.raises(checkpoint.CheckpointMismatch, match="different model"):
-        checkpoint.check_compatible({"model": {"hidden_size": 16}, "tokenizer": "abc"}, run, "old")
-    with pytest.raises(checkpoint.CheckpointMismatch, match="different tokenizer"):
-        checkpoint.check_compatible({"model": {"hidden_size": 8}, "tokenizer": "xyz"}, run, "old")
+    checkpoint_checks.check_compatible(
+        {"model": {"hidden_size": 8}, "tokenizer": "abc"}, run, "old"
+    )
+    with pytest.raises(checkpoint_checks.CheckpointMismatch, match="different model"):
+        checkpoint_checks.check_compatible(
+            {"model": {"hidden_size": 16}, "tokenizer": "abc"}, run, "old"
+        )
+    with pytest.raises(checkpoint_checks.CheckpointMismatch, match="different tokenizer"):
+        checkpoint_checks.check_compatible(
+            {"model": {"hidden_size": 8}, "tokenizer": "xyz"}, run, "old"
+        )
 
 
 def test_a_save_interrupted_in_its_announcement_is_announced_once(tmp_path):
@@ -164,7 +170,7 @@ def test_half_written_init_checkpoint_is_one_line(tmp_path):
     ckpt.close()
     os.remove(tmp_path / "6" / checkpoint.CHECKSUMS)
     shutil.rmtree(tmp_path / "6" / "state" / "d")
-    with pytest.raises(checkpoint.CheckpointMismatch) as raised:
+    with pytest.raises(checkpoint_checks.CheckpointMismatch) as raised:
         checkpoint.restore_params(str(tmp_path), abstract.params)
     message = str(raised.value)
     assert (

@@ -30,7 +30,7 @@ from bertjax.models.bert.heads import (
     BertForTokenClassification,
 )
 from bertjax.models.bert.model import BertConfig, BertModel
-from bertjax.training import checkpoint, finetune_loop, finetune_setup, nonfinite
+from bertjax.training import checkpoint, checkpoint_checks, finetune_loop, finetune_setup, nonfinite
 from bertjax.training.finetune_settings import FinetuneSettings
 from test_faults import (
     Trainer,
@@ -638,7 +638,7 @@ def test_fine_tuning_resumes_reruns_and_refuses_other_settings(data_root, tmp_pa
     )
     state_file.write_bytes(state_file.read_bytes()[: state_file.stat().st_size // 2])
     with pytest.raises(
-        checkpoint.DamagedCheckpoint,
+        checkpoint_checks.DamagedCheckpoint,
         match=rf"{latest.name} is damaged: .*; "
         r"move it out of .* and rerun to resume from the checkpoint before it",
     ):
@@ -648,7 +648,7 @@ def test_fine_tuning_resumes_reruns_and_refuses_other_settings(data_root, tmp_pa
     position = damaged / "seed_1" / "checkpoints" / latest.name / "data" / "metadata"
     position.write_text(position.read_text().replace('"epoch": 2', '"epoch": 3', 1))
     with pytest.raises(
-        checkpoint.DamagedCheckpoint,
+        checkpoint_checks.DamagedCheckpoint,
         match=rf"{latest.name} is damaged: "
         r"data/metadata does not match its checksum; move it out",
     ):

@@ -12,7 +12,7 @@ import pytest
 
 from bertjax.data import tokenization
 from bertjax.tasks import features, glue, ner, squad_predict
-from bertjax.training import checkpoint, finetune_loop, finetune_trainer, resume
+from bertjax.training import checkpoint, checkpoint_checks, finetune_loop, finetune_trainer, resume
 from bertjax.training.finetune_settings import FinetuneSettings
 
 WORDS = ["a", "b", "c", "d", "john", "paris", "was", "good", "who", "?", "."]
@@ -139,7 +139,7 @@ def test_a_missing_checkpoint_is_named_with_the_way_on(tmp_path):
     ... and rerun to resume from the checkpoint before it", of which there is none)."""
     checkpointer = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=1)
     with pytest.raises(
-        checkpoint.DamagedCheckpoint,
+        checkpoint_checks.DamagedCheckpoint,
         match=rf"checkpoint {tmp_path}/3 is damaged: "
         r"it is missing; start this fine-tuning again with --overwrite$",
     ):

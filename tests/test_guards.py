@@ -18,7 +18,15 @@ import pytest
 import injected_faults
 from bertjax import train
 from bertjax.models.bert.model import BertConfig
-from bertjax.training import checkpoint, nonfinite, optim, phase_schedule, reporting, resume
+from bertjax.training import (
+    checkpoint,
+    checkpoint_checks,
+    nonfinite,
+    optim,
+    phase_schedule,
+    reporting,
+    resume,
+)
 from test_train import base_config, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
 
 
@@ -261,7 +269,7 @@ def test_incompatible_resume_is_refused_before_preparation(
     else:
         config = tiny_config(corpus_file, cache_dir, **overrides)
     cache = sorted(os.listdir(cache_dir))
-    with edit, pytest.raises(checkpoint.CheckpointMismatch, match=message) as refused:
+    with edit, pytest.raises(checkpoint_checks.CheckpointMismatch, match=message) as refused:
         run(config, workdir)
     assert "--config.train.allow_changed_data=True" in str(refused.value)
     assert sorted(os.listdir(cache_dir)) == cache
@@ -276,7 +284,7 @@ def test_a_changed_model_is_refused(corpus_file, cache_dir, workdir):
     )
     before = listing(workdir)
     with pytest.raises(
-        checkpoint.CheckpointMismatch,
+        checkpoint_checks.CheckpointMismatch,
         match=(
             rf"checkpoint {workdir}/checkpoints/6 was written with a different model:\n"
             r"  checkpoint: \{.*'num_hidden_layers': 2, .*\n  this run:   \{.*"
@@ -346,7 +354,7 @@ def test_a_new_phase_may_change_its_batch(corpus_file, cache_dir, workdir):
     run(switched, workdir)
     assert [m["step"] for m in read_metrics(workdir)][-2:] == [12, 13]
     switched.long_phase.global_batch_size = 8
-    with pytest.raises(checkpoint.CheckpointMismatch, match="global_batch_size: 32 -> 8"):
+    with pytest.raises(checkpoint_checks.CheckpointMismatch, match="global_batch_size: 32 -> 8"):
         run(switched, workdir)
 
 

@@ -20,7 +20,7 @@ from bertjax.interop import hf_modernbert, pretrained, pretrained_weights, tree
 from bertjax.models import attention, families, flops
 from bertjax.models.bert.model import BertConfig
 from bertjax.models.modernbert.config import ModernBertConfig
-from bertjax.training import checkpoint, init_architecture, optim, validate
+from bertjax.training import checkpoint, checkpoint_checks, init_architecture, optim, validate
 from test_modernbert import TINY, abstract, init
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)
 
@@ -253,7 +253,7 @@ def test_pretrains_and_resumes_exactly(corpus_file, cache_dir, tmp_path):  # noq
     assert meta["model"]["family"] == "modernbert"
     bert = small_config(corpus_file, cache_dir)  # (the same schedule: only the model differs)
     bert.model = tiny_config(corpus_file, cache_dir).model
-    with pytest.raises(checkpoint.CheckpointMismatch, match="different model"):
+    with pytest.raises(checkpoint_checks.CheckpointMismatch, match="different model"):
         train.train_and_evaluate(bert, str(resumed))
 
 

@@ -13,7 +13,7 @@ import pytest
 from bertjax import train
 from bertjax.data.settings import DataSettings
 from bertjax.models import families
-from bertjax.training import checkpoint, guards, run_schedule
+from bertjax.training import checkpoint, checkpoint_checks, guards, run_schedule
 from bertjax.training.run_record import RunRecord
 from bertjax.training.settings import PretrainingSettings
 from test_guards import compilation_cache  # noqa: F401 (autouse fixture)
@@ -103,7 +103,7 @@ def test_a_checkpoint_written_before_the_typed_record_resumes_exactly(
     }  # (train.run_metadata before the change)
     old = {**old, "schedule": plan.record()}
     old["tokenizer"] = written["tokenizer"]
-    old[checkpoint.DIGEST] = written[checkpoint.DIGEST]
+    old[checkpoint_checks.DIGEST] = written[checkpoint_checks.DIGEST]
     assert list(written) == list(old) and written == json.loads(json.dumps(old))
     path.write_text(json.dumps(old))
     (stopped / "checkpoints" / "2" / checkpoint.CHECKSUMS).unlink(missing_ok=True)

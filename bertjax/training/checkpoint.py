@@ -10,22 +10,20 @@ Integrity: once Orbax has committed a save, process 0 records every file's size 
 `<step>/bertjax_checksums.json` (`seal`, bertjax.runtime.checksums); `verify` compares them before a
 restore, so a truncated, deleted or bit-flipped file is found by name; `quarantine` moves a
 damaged step out of the way (it is never deleted). A save also records in its `meta` an
-exact digest of every array of the state (`state_digest`), which a restore recomputes: a
-checkpoint that a kill left unsealed, or that was damaged before its seal, is checked value
-by value too (`DamagedCheckpoint`). Pruning (keep-latest-N) never removes the checkpoint a
-run resumed from until a newer one of that run is sealed (`keep_until_newer_sealed`), nor a
-`pin`ned one.
+exact digest of every array of the state, which a restore recomputes, and a restore checks
+the model and tokenizer (both in bertjax.training.checkpoint_checks): a checkpoint that a kill
+left unsealed, or that was damaged before its seal, is checked value by value too. Pruning
+(keep-latest-N) never removes the checkpoint a run resumed from until a newer one of that run
+is sealed (`keep_until_newer_sealed`), nor a `pin`ned one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
@@ -35,15 +33,16 @@ from orbax.checkpoint import checkpoint_managers as policies
 from bertjax.errors import UserError
 from bertjax.runtime import failures, files as file_layer, stopping, storage
 from bertjax.runtime.checksums import CHECKSUMS, seal, verify  # noqa: F401 (this module's API too)
-from bertjax.training.state import TrainState
-
-# A tree of arrays (a TrainState, or a dict of parameters), as Orbax saves and restores it.
-PyTree: TypeAlias = "optax.Params | TrainState"
+from bertjax.training.checkpoint_checks import (
+    DIGEST,
+    CheckpointMismatch,
+    PyTree,
+    check_compatible,
+    check_digest,
+    state_digest,
+)
 
 storage.install_gcsfs()  # (before etils epath caches its gs:// file system)
-
-META_KEYS_MUST_MATCH = ("model", "tokenizer")
-DIGEST = "state_digest"  # the meta field with state_digest(state)
 
 
 def _absolute(directory: str) -> str:
@@ -53,63 +52,8 @@ def _absolute(directory: str) -> str:
     return file_layer.abspath(directory)
 
 
-class CheckpointMismatch(UserError, ValueError):
-    """A checkpoint in the workdir was written by an incompatible configuration."""
-
-
 class CheckpointWriteError(UserError, RuntimeError):
     """Writing a checkpoint failed (possibly in the background writer of an earlier save)."""
-
-
-class DamagedCheckpoint(UserError, RuntimeError):
-    """A restored state differs from the digest its checkpoint recorded when it was saved;
-    `problem` says which arrays."""
-
-    def __init__(self, where: str, problem: str):
-        super().__init__(f"checkpoint {where} is damaged: {problem}")
-        self.problem = problem
-
-
-def _leaf_digest(x: jax.Array) -> jax.Array:
-    """The uint32 sum (mod 2**32) of the bits of every element: exact, and independent of
-    the order of the summation (so of the sharding); any single changed bit changes it."""
-    if x.dtype == jnp.bool_:
-        bits = x.astype(jnp.uint32)
-    elif x.dtype.itemsize == 8:
-        bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-    else:
-        bits = jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
-    return jnp.sum(bits.astype(jnp.uint32), dtype=jnp.uint32)
-
-
-_digests = jax.jit(lambda tree: jax.tree.map(_leaf_digest, tree))
-
-
-def state_digest(state: PyTree) -> dict[str, int]:
-    """`{leaf path: digest}` of every array in `state` (see `_leaf_digest`), as JSON ints."""
-    digests = jax.device_get(_digests(state))
-    return {
-        jax.tree_util.keystr(path): int(value)
-        for path, value in jax.tree_util.tree_leaves_with_path(digests)
-    }
-
-
-def check_digest(state: PyTree, meta: dict, where: str) -> None:
-    """Raises DamagedCheckpoint naming the arrays of the restored `state` whose digest
-    differs from the one `meta` recorded (no-op for checkpoints that recorded none)."""
-    recorded = meta.get(DIGEST)
-    if not recorded:
-        return
-    found = state_digest(state)
-    differ = sorted(name for name, value in found.items() if recorded.get(name) != value)
-    if differ:
-        raise DamagedCheckpoint(
-            where,
-            (
-                f"{len(differ)} restored array(s) differ from the digest recorded at the save: "
-                f"{', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}"
-            ),
-        )
 
 
 class _Kept:
@@ -349,23 +293,6 @@ class Checkpointer:
                 self._manager.close()
             except Exception as e:
                 raise self._write_failure(e, self._vanished + self._unsealed) from e
-
-
-def check_compatible(found: dict, expected: dict, where: str) -> None:
-    """Refuses to resume from a checkpoint of another model or tokenizer."""
-    for key in META_KEYS_MUST_MATCH:
-        if key not in expected:
-            continue
-        wanted = expected[key]
-        if isinstance(wanted, dict) and isinstance(found.get(key), dict):
-            # Older checkpoints record fewer model fields; compare the ones they record.
-            wanted = {name: value for name, value in wanted.items() if name in found[key]}
-        if found.get(key) != wanted:
-            raise CheckpointMismatch(
-                f"checkpoint {where} was written with a different {key}:\n  checkpoint: "
-                f"{found.get(key)}\n  this run:   {expected[key]}\nUse a new --workdir, or the "
-                "settings of the run that wrote it."
-            )
 
 
 def restore_params(directory: str, abstract_params: PyTree) -> PyTree:

@@ -16,7 +16,7 @@ from absl import logging
 
 from bertjax.data import corpus, corpus_source
 from bertjax.data.settings import DataSettings
-from bertjax.training import checkpoint
+from bertjax.training import checkpoint_checks
 from bertjax.training.phase_schedule import Phase
 from bertjax.training.run_record import RunRecord
 
@@ -39,7 +39,7 @@ DATA_FIELDS_NOT_COMPARED = (
 CORPUS_SAMPLE_BYTES = 256 << 20
 
 
-class IncompatibleResume(checkpoint.CheckpointMismatch):
+class IncompatibleResume(checkpoint_checks.CheckpointMismatch):
     """The workdir's checkpoint was written with data settings this run changes."""
 
 

@@ -29,7 +29,14 @@ from absl import logging
 from bertjax.data.settings import DataSettings
 from bertjax.runtime import failures, storage
 from bertjax.runtime.failures import first_line
-from bertjax.training import checkpoint, guards, nonfinite, phase_schedule, reporting
+from bertjax.training import (
+    checkpoint,
+    checkpoint_checks,
+    guards,
+    nonfinite,
+    phase_schedule,
+    reporting,
+)
 from bertjax.training.run_record import RunRecord
 from bertjax.training.state import TrainState
 
@@ -37,11 +44,11 @@ QUARANTINE = "checkpoints_quarantine"
 T = TypeVar("T")
 
 
-class UnusableCheckpoint(checkpoint.CheckpointMismatch):
+class UnusableCheckpoint(checkpoint_checks.CheckpointMismatch):
     """No checkpoint in the workdir can be resumed from; the message names the choices."""
 
 
-class OtherProcessCount(checkpoint.CheckpointMismatch):
+class OtherProcessCount(checkpoint_checks.CheckpointMismatch):
     """The checkpoint was trained by another number of processes, whose batches differ."""
 
 
@@ -175,7 +182,7 @@ class Resume:
         """Refuses `found` if this run (its record: `expected`) changes its model (or
         tokenizer, once recorded), its number of processes (`check_processes`) or, mid-phase,
         its data (guards.check_resume)."""
-        checkpoint.check_compatible(
+        checkpoint_checks.check_compatible(
             found.record.as_json(), expected.as_json(), self.where(found.step)
         )
         if found.step < phases[-1].end_step:  # (a finished run only evaluates)
@@ -208,7 +215,7 @@ class Resume:
                 state, position, _ = self._read(found.step, restore)
                 nonfinite.check_finite(state, found.step)
                 if int(jax.device_get(state.step)) != found.step:  # (later saves would be
-                    raise checkpoint.DamagedCheckpoint(
+                    raise checkpoint_checks.DamagedCheckpoint(
                         self.where(found.step),
                         (  # skipped)
                             f"its directory is named {found.step} but it holds step "
@@ -216,9 +223,9 @@ class Resume:
                         ),
                     )
                 break
-            except checkpoint.CheckpointMismatch:
+            except checkpoint_checks.CheckpointMismatch:
                 raise
-            except checkpoint.DamagedCheckpoint as e:  # (every process computed the digest)
+            except checkpoint_checks.DamagedCheckpoint as e:  # (every process computed the digest)
                 self._set_aside(found.step, e.problem)
                 found = self._newest_left()
                 check(found)
@@ -315,24 +322,24 @@ def restore_exactly(
     checksums (e.g. its epoch or best-so-far in the position edited), fails to restore or
     does not match its digest is one DamagedCheckpoint error naming it and the way on."""
     if step not in checkpointer.all_steps():  # (deleted: no checkpoint before it helps)
-        raise checkpoint.DamagedCheckpoint(
+        raise checkpoint_checks.DamagedCheckpoint(
             f"{checkpointer.directory}/{step}",
             ("it is missing; start this fine-tuning again with --overwrite"),
         )
     try:
         problem = checkpointer.verify(step)[1]
         if problem:
-            raise checkpoint.DamagedCheckpoint(f"{checkpointer.directory}/{step}", problem)
+            raise checkpoint_checks.DamagedCheckpoint(f"{checkpointer.directory}/{step}", problem)
         state, position, _ = checkpointer.restore(step, abstract_state, meta)
-    except checkpoint.CheckpointMismatch:
+    except checkpoint_checks.CheckpointMismatch:
         raise
     except Exception as e:  # noqa: BLE001 (any failure to restore it)
         problem = (
             e.problem
-            if isinstance(e, checkpoint.DamagedCheckpoint)
+            if isinstance(e, checkpoint_checks.DamagedCheckpoint)
             else (f"it cannot be restored ({failures.first_line(e)})")
         )
-        raise checkpoint.DamagedCheckpoint(
+        raise checkpoint_checks.DamagedCheckpoint(
             f"{checkpointer.directory}/{step}",
             (
                 f"{problem}; move it out of {checkpointer.directory} and rerun to resume from the "

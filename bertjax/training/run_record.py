@@ -19,7 +19,7 @@ class RunRecord:
     must match within a phase; the number of `processes` that split the data
     (resume.check_processes); the `schedule` it follows (run_schedule.Plan.record). Older
     checkpoints lack some fields (None); `others` keeps the keys this type does not name
-    (e.g. the state's digest, checkpoint.DIGEST) as read."""
+    (e.g. the state's digest, checkpoint_checks.DIGEST) as read."""
 
     model: Mapping[str, Any] | None = None
     config: str | None = None  # the whole config as JSON

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from bertjax.training import checkpoint, optim, reporting, sharded_run
+from bertjax.training import checkpoint_checks, optim, reporting, sharded_run
 from bertjax.training.phase_schedule import Phase
 from bertjax.training.run_record import RunRecord
 from bertjax.training.settings import PretrainingSettings
@@ -35,7 +35,7 @@ SCHEDULE_FIELDS = (
 )
 
 
-class ScheduleChanged(checkpoint.CheckpointMismatch):
+class ScheduleChanged(checkpoint_checks.CheckpointMismatch):
     """A rerun would change the schedule of steps its checkpoint trained or planned."""
 
 

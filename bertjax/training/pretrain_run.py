@@ -1,0 +1,238 @@
+"""The stages of a pretraining run that `python -m bertjax.train` calls in turn once its
+schedule is planned: the tokenizer, checked (`checked_tokenizer`); the start-up report
+(`report_startup`); a new state (`fresh_state`); the training to its end (`train_to_end`: the
+loop, once more from the checkpoint before after a suspect resume, then the checkpoints and
+metrics closed); and the run's last lines (`finish`: final metrics, the outputs, a stop's
+exit status).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+
+import jax
+from absl import logging
+
+from bertjax.data import corpus_source, tokenization
+from bertjax.data.errors import DataError
+from bertjax.data.loaders import PhaseData
+from bertjax.interop import pretrained_weights
+from bertjax.models.families import ModelConfig
+from bertjax.runtime import agreement, failures, files, peers
+from bertjax.training import (
+    checkpoint_checks,
+    init_architecture,
+    memory,
+    metrics_writer,
+    nonfinite,
+    phase_schedule,
+    pretrain_loop,
+    reporting,
+    resume,
+    run_schedule,
+)
+from bertjax.training.phase_schedule import DataPosition
+from bertjax.training.pretrain_loop import PretrainingLoop
+from bertjax.training.run_record import RunRecord
+from bertjax.training.settings import PretrainingSettings, TrainSettings
+from bertjax.training.sharded_run import ShardedRun
+from bertjax.training.state import TrainState
+
+
+def checked_tokenizer(
+    settings: PretrainingSettings,
+    cache_dir: str,
+    record: RunRecord,
+    resumed_from: tuple[resume.Found, str] | None,
+) -> tuple[tokenization.Tokenizer, RunRecord]:
+    """The run's tokenizer (trained once into `cache_dir` where configured so) and `record`
+    with its fingerprint; refused unless it fits a new run's init_checkpoint, the model's
+    vocabulary, the other processes' and the checkpoint `resumed_from` (found, where)."""
+    train, data, model = settings.train, settings.data, settings.model
+    tokenizer = corpus_source.load_or_train_tokenizer(
+        data, cache_dir, jax.process_index(), jax.process_count()
+    )
+    if not resumed_from:
+        init_architecture.check_tokenizer(train.init_checkpoint, data, model, tokenizer)
+    if tokenizer.vocab_size > model["vocab_size"]:
+        raise DataError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but "
+            f"model.vocab_size={model['vocab_size']}; set --config.model.vocab_size="
+            f"{tokenizer.vocab_size} (or more)"
+        )
+    record = dataclasses.replace(record, tokenizer=tokenizer.fingerprint())
+    agreement.check("tokenizer", agreement.tokenizer_fields(tokenizer), agreement.SAME_FILES)
+    if resumed_from:  # (the model and data were checked before)
+        found, where = resumed_from
+        checkpoint_checks.check_compatible(found.record.as_json(), record.as_json(), where)
+    return tokenizer, record
+
+
+def report_startup(
+    workdir: str,
+    config_json: str,
+    sharded: ShardedRun,
+    phases: list[phase_schedule.Phase],
+    grad_accum_steps: int,
+) -> None:
+    """Process 0 writes config.json and the start-up report's full table into `workdir`, and
+    prints its totals and the micro-batches per step where there are several."""
+    if jax.process_index() != 0:
+        return
+    files.write_text(
+        os.path.join(workdir, "config.json"),
+        json.dumps(json.loads(config_json), indent=1) + "\n",
+    )
+    mesh = sharded.mesh
+    report_path = os.path.join(workdir, "startup_report.txt")
+    files.write_text(
+        report_path, memory.report(sharded.model, sharded.abstract_state, mesh, phases) + "\n"
+    )
+    print(
+        memory.summary(sharded.model, sharded.abstract_state, mesh, phases)
+        + (f"; {jax.process_count()} processes" if jax.process_count() > 1 else "")
+        + f"; full table: {report_path}",
+        flush=True,
+    )
+    if any(steps > 1 for steps in sharded.grad_accum.values()):
+        print(
+            "Micro-batches per step: "
+            + ", ".join(f"{steps} ({name})" for name, steps in sharded.grad_accum.items())
+            + (
+                ""
+                if grad_accum_steps
+                else " (train.grad_accum_steps=0: the fewest that fit the devices' memory)"
+            ),
+            flush=True,
+        )
+
+
+def fresh_state(
+    train: TrainSettings,
+    sharded: ShardedRun,
+    model_config: ModelConfig,
+    phases: list[phase_schedule.Phase],
+) -> tuple[TrainState, DataPosition]:
+    """A new state of `sharded`'s model (of `model_config`), with the parameters of
+    `train.init_checkpoint` when set."""
+    state = sharded.init_state(jax.random.PRNGKey(train.seed))
+    if train.init_checkpoint:  # Google TF, Hugging Face or bertjax
+        state = state.replace(
+            params=pretrained_weights.load_pretrained(
+                train.init_checkpoint, sharded.abstract_state.params, model_config
+            )
+        )
+    return state, DataPosition(phases[0].name, 0)
+
+
+def train_to_end(
+    train: TrainSettings,
+    sharded: ShardedRun,
+    phase_data: list[PhaseData],
+    plan: run_schedule.Plan,
+    model_config: ModelConfig,
+    record: RunRecord,
+    start: resume.Start,
+    resume_from: resume.Resume,
+    check: Callable[[resume.Found], None],
+    workdir: str,
+) -> tuple[TrainState, dict[str, float], int, resume.Start]:
+    """Says where the run starts and trains from `start` to the end (or a stop), once more
+    from the checkpoint before it after a suspect resume (`resume_from.fall_back`, with
+    `check`); then closes the checkpoints and metrics. Returns the state, the final
+    evaluation, the signal that stopped the run (0: none) and what it last started from."""
+    if start.step >= train.total_steps:
+        reporting.chief_print(f"Training already finished ({start.step} steps); evaluating only")
+    else:
+        reporting.chief_print(
+            reporting.steps_line(start.step, train.total_steps, plan.phases, train.log_every)
+        )
+    checkpointer = resume_from.checkpointer
+    writer = metrics_writer.open_writer(workdir)
+    try:
+        while True:  # (once more from the checkpoint before, after a suspect resume)
+            progress = reporting.Progress(
+                plan.phases,
+                nonfinite.NonFiniteSteps(
+                    train.max_nonfinite_steps, start.step, resume_from.resumed_from(start)
+                ),
+                plan.optimizer_config,
+                model_config,
+                writer,
+                start.step,
+                os.path.join(workdir, "metrics.jsonl") if jax.process_index() == 0 else None,
+            )
+            pretraining = PretrainingLoop(
+                train,
+                sharded,
+                phase_data,
+                checkpointer,
+                record,
+                progress,
+                writer,
+                restart_step=plan.optimizer_config.restart_step,
+            )
+            try:
+                state, _, final_eval = pretraining.loop(start.state, start.position, start.step)
+                break
+            except nonfinite.NonFiniteAfterResume as e:
+                start = resume_from.fall_back(
+                    start, e, sharded.abstract_state, record, check, plan.phases
+                )
+    except Exception as e:  # (told before the close, which may wait for the other processes)
+        peers.announce_failure(e)
+        raise
+    finally:
+        checkpointer.close()
+        if writer:
+            try:
+                writer.close()
+            except OSError as e:  # (a full disk: the loop has already stopped and said so)
+                logging.warning("closing TensorBoard's writer: %s", failures.os_error_line(e))
+    return state, final_eval, pretraining.stopped_by, start
+
+
+def finish(
+    workdir: str,
+    train: TrainSettings,
+    state: TrainState,
+    final_eval: dict[str, float],
+    stopped_by: int,
+    start_step: int,
+    seconds: float,
+) -> None:
+    """The run's end after `seconds`: final_metrics.json once finished (it marks the run as
+    such), the outputs' summary and its last line; failures.Stopped after a stop by signal
+    `stopped_by` before the end (exit 130 or 143)."""
+    final_step = int(jax.device_get(state.step))
+    if jax.process_index() == 0 and final_step >= train.total_steps:
+        files.write_text(
+            os.path.join(workdir, "final_metrics.json"),
+            json.dumps({"step": final_step, **final_eval}, indent=1),
+        )
+    stopped = stopped_by if final_step < train.total_steps else 0
+    last_line = (
+        failures.stopped_line(f"step {final_step} of {train.total_steps}", stopped)
+        if stopped
+        else ""
+    )
+    if (
+        not stopped
+        and train.stop_after_steps
+        and final_step == start_step + train.stop_after_steps
+        and final_step < train.total_steps
+    ):
+        last_line = (
+            f"Stopped after {train.stop_after_steps} steps (step {final_step} of "
+            f"{train.total_steps}); rerun the same command to continue"
+        )
+    reporting.chief_print(
+        pretrain_loop.outputs_summary(
+            workdir, final_step, train.total_steps, final_eval, seconds, last_line
+        )
+    )
+    if stopped:  # (the exit status says so: 130 or 143)
+        raise failures.Stopped(stopped)
