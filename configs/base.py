@@ -74,9 +74,8 @@ def get_config() -> ml_collections.ConfigDict:
     # original's come from the same input file (docs/data-preparation.md)
     c.data.num_workers = 0  # processes preparing shards; 0 = one per CPU core
     c.data.prepared_dir = ""  # read data made by `python -m bertjax.prepare --output=DIR`
-    c.data.cache_dir = (
-        ""  # prepared data (local disk); empty = WORKDIR/data (gs://: /tmp/bertjax_data)
-    )
+    # prepared data (local disk); empty = WORKDIR/data (gs://: /tmp/bertjax_data)
+    c.data.cache_dir = ""
     c.data.seed = 12345  # data seed (instances, masks, order); the original's default
 
     c.long_phase = ml_collections.ConfigDict()
