@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
+import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
@@ -46,9 +47,9 @@ FLAGS = flags.FLAGS
 
 
 def prepare_all(
-    config,
+    config: ml_collections.ConfigDict,
     output: str,
-    runner: str = "local",  # noqa: ANN001 (a ConfigDict)
+    runner: str = "local",
     beam_options: str = "--runner=DirectRunner",
 ) -> list[str]:
     """Prepares every phase of `config` into `output` (a directory or a URL such as
