@@ -119,14 +119,7 @@ def define_flags() -> None:
 
 def main(argv) -> None:
     del argv
-    source = pretrained.Source(
-        init_checkpoint=FLAGS.init_checkpoint,
-        vocab_file=FLAGS.vocab_file,
-        do_lower_case=FLAGS.do_lower_case,
-        vocab_flag="--vocab_file",
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    source = pretrained.Source.frozen(FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case)
     try:
         chosen = cli.integers("layers", FLAGS.layers)  # (before the model loads)
         if FLAGS.batch_size < 1:

@@ -67,13 +67,8 @@ def main(argv) -> None:
         settings = probing.ProbeSettings(
             seeds, FLAGS.epochs, FLAGS.batch_size, FLAGS.learning_rate, FLAGS.hidden_size
         )
-        source = pretrained.Source(
-            init_checkpoint=FLAGS.init_checkpoint,
-            vocab_file=FLAGS.vocab_file,
-            do_lower_case=FLAGS.do_lower_case,
-            vocab_flag="--vocab_file",
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
+        source = pretrained.Source.frozen(
+            FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case
         )
         model, params, tokenizer = pretrained_weights.load_encoder(source, FLAGS.random_init)
         if not families.of(model).probes:

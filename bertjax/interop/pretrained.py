@@ -126,6 +126,19 @@ class Source:
     attention_probs_dropout_prob: float = 0.1
     classifier_pooling: str = ""  # ModernBERT: "cls" | "mean"; empty = the checkpoint's
 
+    @classmethod
+    def frozen(cls, init_checkpoint: str, vocab_file: str, do_lower_case: bool) -> Source:
+        """A model read for its features (extract_features, probe): no dropout, and the
+        tokenizer overridden by a `--vocab_file` flag."""
+        return cls(
+            init_checkpoint=init_checkpoint,
+            vocab_file=vocab_file,
+            do_lower_case=do_lower_case,
+            vocab_flag="--vocab_file",
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+
 
 class PretrainingRun(NamedTuple):
     """What a run takes from `init_checkpoint`: architecture fields, and for a bertjax run
