@@ -29,7 +29,7 @@ def train_flops_per_sequence(
 ) -> int:
     """Model FLOPs of one sequence of `seq_length` tokens with `predictions` gathered MLM
     positions, as the model's family counts them (`families.Family.flops`; BERT:
-    `bert_family.flops`, ModernBERT: `modernbert_family.flops`)."""
+    `models.bert.family.flops`, ModernBERT: `models.modernbert.family.flops`)."""
     return families.of(config).flops(config, seq_length, predictions)
 
 
