@@ -15,6 +15,7 @@ import numpy as np
 from flax import traverse_util
 
 from bertjax.errors import UserError
+from bertjax.models import families
 from bertjax.models.bert import model as bert_model
 from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from bertjax.runtime import files
@@ -51,7 +52,7 @@ class LoadReport:
 
 def abstract_params(config: BertConfig) -> Any:
     """ShapeDtypeStructs of BertForPreTraining's parameters, in `config`'s layer layout."""
-    return bert_model.abstract_params(BertForPreTraining(config))
+    return families.abstract_params(BertForPreTraining(config))
 
 
 def param_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:

@@ -17,7 +17,6 @@ from bertjax.data.tokenization import Tokenizer
 from bertjax.errors import ConfigError, UserError
 from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models import families
-from bertjax.models.bert import model as bert_model
 from bertjax.models.families import ModelConfig
 from bertjax.tasks import features, glue, ner, squad_predict
 from bertjax.training import finetune_trainer, optim, sharded_run, sharding
@@ -131,7 +130,7 @@ def make_trainer(
         )
     model = task.model(model_config)
     tx = optimizer(
-        settings, total_steps, bert_model.abstract_params(model) if task.frozen_encoder else None
+        settings, total_steps, families.abstract_params(model) if task.frozen_encoder else None
     )
     return finetune_trainer.build(
         task,

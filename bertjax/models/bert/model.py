@@ -298,12 +298,3 @@ def example_inputs(model: nn.Module) -> tuple[jax.Array, ...]:
         if isinstance(model, BertForPreTraining)
         else ids_1xL
     )
-
-
-def abstract_params(model: nn.Module, boxed: bool = False) -> Any:
-    """The model's parameters as ShapeDtypeStructs, computed without allocating them; `boxed`
-    keeps flax's logical-axis boxes (for partition specs)."""
-    params = jax.eval_shape(
-        lambda: model.init(jax.random.PRNGKey(0), *example_inputs(model))["params"]
-    )
-    return params if boxed else nn.meta.unbox(params)
