@@ -21,8 +21,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from bertjax.errors import ConfigError
-from bertjax.models import compile_target
-from bertjax.models.bert import blocks
+from bertjax.models import axes, compile_target
 
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
 MESH_AXES = (DATA, FSDP, TENSOR)
@@ -49,22 +48,22 @@ class MeshSettings:
 
 
 LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
-    (blocks.BATCH, (DATA, FSDP)),
-    (blocks.VOCAB, TENSOR),
-    (blocks.EMBED, FSDP),
-    (blocks.EMBED_OUT, None),
-    (blocks.QKV, TENSOR),
-    (blocks.MLP, TENSOR),
-    (blocks.ACT_QKV, TENSOR),
-    (blocks.ACT_MLP, TENSOR),
-    (blocks.ACT_EMBED, None),
-    (blocks.LENGTH, None),
-    (blocks.POSITION, None),
-    (blocks.TOKEN_TYPE, None),
-    (blocks.NORM, None),
-    (blocks.NSP_CLASSES, None),
-    (blocks.LABELS, None),
-    (blocks.LAYERS, None),
+    (axes.BATCH, (DATA, FSDP)),
+    (axes.VOCAB, TENSOR),
+    (axes.EMBED, FSDP),
+    (axes.EMBED_OUT, None),
+    (axes.QKV, TENSOR),
+    (axes.MLP, TENSOR),
+    (axes.ACT_QKV, TENSOR),
+    (axes.ACT_MLP, TENSOR),
+    (axes.ACT_EMBED, None),
+    (axes.LENGTH, None),
+    (axes.POSITION, None),
+    (axes.TOKEN_TYPE, None),
+    (axes.NORM, None),
+    (axes.NSP_CLASSES, None),
+    (axes.LABELS, None),
+    (axes.LAYERS, None),
 )
 
 

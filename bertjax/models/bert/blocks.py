@@ -1,9 +1,5 @@
-"""What every BERT module is built from: the logical axis names of parameters and activations,
-TF's initialisers with them, Dense and LayerNorm so made, the activation after a Dense.
-
-No mesh axis name appears here: the rules table in `bertjax.training.sharding` maps the logical
-names below to mesh axes.
-"""
+"""What every BERT module is built from: TF's initialisers with logical axis names
+(`bertjax.models.axes`), Dense and LayerNorm so made, the activation after a Dense."""
 
 from __future__ import annotations
 
@@ -14,26 +10,8 @@ import flax.linen as nn
 import jax
 
 from bertjax.models import compile_target
+from bertjax.models.axes import NORM
 from bertjax.models.bert.config import ACTIVATIONS, BertConfig
-
-# Logical axis names: parameters.
-VOCAB = "vocab"
-EMBED = "embed"
-EMBED_OUT = "embed_out"  # output side of the square H->H kernels (pooler, MLM transform)
-QKV = "qkv"  # the H outputs of query/key/value, i.e. N heads x D
-MLP = "mlp"
-POSITION = "position"
-TOKEN_TYPE = "token_type"
-NORM = "norm"
-NSP_CLASSES = "nsp_classes"
-LABELS = "labels"  # fine-tuning head outputs (classes, tags, span start/end)
-LAYERS = "layers"
-# Logical axis names: activations.
-BATCH = "batch"
-LENGTH = "length"
-ACT_EMBED = "act_embed"
-ACT_QKV = "act_qkv"
-ACT_MLP = "act_mlp"
 
 
 def truncated_normal(config: BertConfig, axes: tuple[str, ...]) -> nn.initializers.Initializer:

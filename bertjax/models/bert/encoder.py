@@ -14,16 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import attention, bias_matmul, compile_target
+from bertjax.models.axes import ACT_EMBED, ACT_MLP, ACT_QKV, BATCH, EMBED, LAYERS, LENGTH, MLP, QKV
 from bertjax.models.bert.blocks import (
-    ACT_EMBED,
-    ACT_MLP,
-    ACT_QKV,
-    BATCH,
-    EMBED,
-    LAYERS,
-    LENGTH,
-    MLP,
-    QKV,
     activated_dense,
     constrain,
     dense,

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import attention
-from bertjax.models.bert.blocks import (
+from bertjax.models.axes import (
     ACT_EMBED,
     BATCH,
     EMBED,
@@ -29,6 +29,8 @@ from bertjax.models.bert.blocks import (
     POSITION,
     TOKEN_TYPE,
     VOCAB,
+)
+from bertjax.models.bert.blocks import (
     activated_dense,
     constrain,
     dense,

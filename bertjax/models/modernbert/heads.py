@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models.bert.blocks import EMBED
+from bertjax.models.axes import EMBED
 from bertjax.models.dropout import Dropout
 from bertjax.models.modernbert.config import ModernBertConfig
 from bertjax.models.modernbert.model import ModernBertModel, ModernBertPredictionHead

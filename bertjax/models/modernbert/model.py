@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import attention, local_attention
-from bertjax.models.bert.blocks import (
+from bertjax.models.axes import (
     ACT_EMBED,
     ACT_MLP,
     ACT_QKV,

@@ -1,0 +1,22 @@
+"""The logical axis names of every family's parameters and activations: the models name their
+axes with these, and the one rules table in `bertjax.training.sharding` maps them to mesh
+axes (no mesh axis name appears in a model)."""
+
+# Logical axis names: parameters.
+VOCAB = "vocab"
+EMBED = "embed"
+EMBED_OUT = "embed_out"  # output side of the square H->H kernels (pooler, MLM transform)
+QKV = "qkv"  # the H outputs of query/key/value, i.e. N heads x D
+MLP = "mlp"
+POSITION = "position"
+TOKEN_TYPE = "token_type"
+NORM = "norm"
+NSP_CLASSES = "nsp_classes"
+LABELS = "labels"  # fine-tuning head outputs (classes, tags, span start/end)
+LAYERS = "layers"
+# Logical axis names: activations.
+BATCH = "batch"
+LENGTH = "length"
+ACT_EMBED = "act_embed"
+ACT_QKV = "act_qkv"
+ACT_MLP = "act_mlp"
