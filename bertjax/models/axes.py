@@ -1,6 +1,11 @@
 """The logical axis names of every family's parameters and activations: the models name their
 axes with these, and the one rules table in `bertjax.training.sharding` maps them to mesh
-axes (no mesh axis name appears in a model)."""
+axes (no mesh axis name appears in a model); `zeros` and `constrain` attach them."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
 
 # Logical axis names: parameters.
 VOCAB = "vocab"
@@ -20,3 +25,13 @@ LENGTH = "length"
 ACT_EMBED = "act_embed"
 ACT_QKV = "act_qkv"
 ACT_MLP = "act_mlp"
+
+
+def zeros(axes: tuple[str | None, ...]) -> nn.initializers.Initializer:
+    """Zeros (a bias's init) with logical axes."""
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def constrain(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    """`x` laid out by its logical axes (as the rules table maps them)."""
+    return nn.with_logical_constraint(x, axes)

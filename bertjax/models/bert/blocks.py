@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 
 from bertjax.models import compile_target
-from bertjax.models.axes import NORM
+from bertjax.models.axes import NORM, zeros
 from bertjax.models.bert.config import ACTIVATIONS, BertConfig
 
 
@@ -19,10 +19,6 @@ def truncated_normal(config: BertConfig, axes: tuple[str, ...]) -> nn.initialize
     return nn.with_logical_partitioning(
         nn.initializers.truncated_normal(config.initializer_range), axes
     )
-
-
-def zeros(axes: tuple[str, ...]) -> nn.initializers.Initializer:
-    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
 def dense(
@@ -94,7 +90,3 @@ def layer_norm(config: BertConfig, name: str = "LayerNorm") -> nn.LayerNorm:
         bias_init=zeros((NORM,)),
         name=name,
     )
-
-
-def constrain(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-    return nn.with_logical_constraint(x, axes)

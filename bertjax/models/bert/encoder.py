@@ -14,15 +14,20 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import attention, bias_matmul, compile_target
-from bertjax.models.axes import ACT_EMBED, ACT_MLP, ACT_QKV, BATCH, EMBED, LAYERS, LENGTH, MLP, QKV
-from bertjax.models.bert.blocks import (
-    activated_dense,
+from bertjax.models.axes import (
+    ACT_EMBED,
+    ACT_MLP,
+    ACT_QKV,
+    BATCH,
+    EMBED,
+    LAYERS,
+    LENGTH,
+    MLP,
+    QKV,
     constrain,
-    dense,
-    layer_norm,
-    truncated_normal,
     zeros,
 )
+from bertjax.models.bert.blocks import activated_dense, dense, layer_norm, truncated_normal
 from bertjax.models.bert.config import REMAT_POLICIES, BertConfig
 from bertjax.models.dropout import Dropout
 

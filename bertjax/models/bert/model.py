@@ -29,15 +29,10 @@ from bertjax.models.axes import (
     POSITION,
     TOKEN_TYPE,
     VOCAB,
-)
-from bertjax.models.bert.blocks import (
-    activated_dense,
     constrain,
-    dense,
-    layer_norm,
-    truncated_normal,
     zeros,
 )
+from bertjax.models.bert.blocks import activated_dense, dense, layer_norm, truncated_normal
 from bertjax.models.bert.config import BertConfig
 from bertjax.models.bert.encoder import BertEncoder
 from bertjax.models.dropout import Dropout

@@ -35,6 +35,8 @@ from bertjax.models.axes import (
     NORM,
     QKV,
     VOCAB,
+    constrain,
+    zeros,
 )
 from bertjax.models.bert.config import ACTIVATIONS, REMAT_POLICIES
 from bertjax.models.bert.model import gather_positions
@@ -58,10 +60,6 @@ def _out_std(config: ModernBertConfig) -> float:
     return config.initializer_range / (2.0 * config.num_hidden_layers) ** 0.5
 
 
-def _zeros(axes: tuple[str | None, ...]) -> nn.initializers.Initializer:
-    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
-
-
 def _dense(
     config: ModernBertConfig,
     features: int,
@@ -76,7 +74,7 @@ def _dense(
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         kernel_init=_init(config, std, axes),
-        bias_init=_zeros(axes[1:]),
+        bias_init=zeros(axes[1:]),
         name=name,
     )
 
@@ -89,13 +87,9 @@ def _layer_norm(config: ModernBertConfig, name: str) -> nn.LayerNorm:
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (NORM,)),
-        bias_init=_zeros((NORM,)),
+        bias_init=zeros((NORM,)),
         name=name,
     )
-
-
-def _constrain(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-    return nn.with_logical_constraint(x, axes)
 
 
 class _SplitDense(nn.Module):
@@ -121,7 +115,7 @@ class _SplitDense(nn.Module):
         y = jnp.einsum("blh,hkf->blkf", x_BxLxH.astype(cfg.dtype), kernel.astype(cfg.dtype))
         if self.use_bias:
             y += self.param(
-                "bias", _zeros((None, self.axis)), (self.parts, self.features), cfg.param_dtype
+                "bias", zeros((None, self.axis)), (self.parts, self.features), cfg.param_dtype
             ).astype(cfg.dtype)
         return y
 
@@ -168,7 +162,7 @@ class ModernBertEmbeddings(nn.Module):
     def __call__(self, input_ids_BxL: jax.Array, deterministic: bool) -> jax.Array:
         x_BxLxH = self.norm(jnp.take(self.tok_embeddings, input_ids_BxL, axis=0))
         x_BxLxH = self.drop(x_BxLxH, deterministic=deterministic)
-        return _constrain(x_BxLxH.astype(self.config.dtype), (BATCH, LENGTH, ACT_EMBED))
+        return constrain(x_BxLxH.astype(self.config.dtype), (BATCH, LENGTH, ACT_EMBED))
 
 
 class ModernBertAttention(nn.Module):
@@ -194,7 +188,7 @@ class ModernBertAttention(nn.Module):
             (cfg.global_rope_theta if self.is_global else cfg.local_rope_theta),
         )
         q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = (
-            _constrain(qkv_BxLx3xH[:, :, i], (BATCH, LENGTH, ACT_QKV)).reshape(
+            constrain(qkv_BxLx3xH[:, :, i], (BATCH, LENGTH, ACT_QKV)).reshape(
                 batch, length, cfg.num_attention_heads, cfg.head_size
             )
             for i in range(3)
@@ -243,7 +237,7 @@ class ModernBertMLP(nn.Module):
             x_BxLxH
         )
         h_BxLxF = ACTIVATIONS[cfg.hidden_activation](y_BxLx2xF[:, :, 0]) * y_BxLx2xF[:, :, 1]
-        h_BxLxF = _constrain(h_BxLxF, (BATCH, LENGTH, ACT_MLP))
+        h_BxLxF = constrain(h_BxLxF, (BATCH, LENGTH, ACT_MLP))
         h_BxLxF = Dropout(cfg.mlp_dropout)(h_BxLxF, deterministic=self.deterministic)
         return _dense(cfg, cfg.hidden_size, (MLP, EMBED), _out_std(cfg), cfg.mlp_bias, "Wo")(
             h_BxLxF
@@ -274,7 +268,7 @@ class ModernBertLayer(nn.Module):
         )
         mlp = ModernBertMLP(cfg, self.deterministic, name="mlp")
         x_BxLxH = x_BxLxH + mlp(_layer_norm(cfg, "mlp_norm")(x_BxLxH))
-        return _constrain(x_BxLxH.astype(cfg.dtype), (BATCH, LENGTH, ACT_EMBED))
+        return constrain(x_BxLxH.astype(cfg.dtype), (BATCH, LENGTH, ACT_EMBED))
 
 
 class ModernBertModel(nn.Module):
@@ -380,7 +374,7 @@ class ModernBertDecoder(nn.Module):
         )
         if cfg.decoder_bias:
             logits_BxPxV += self.param(
-                "bias", _zeros((VOCAB,)), (cfg.vocab_size,), cfg.param_dtype
+                "bias", zeros((VOCAB,)), (cfg.vocab_size,), cfg.param_dtype
             ).astype(jnp.float32)
         return logits_BxPxV
 
