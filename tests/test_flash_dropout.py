@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bertjax.models import attention, compile_target, flash_dropout, pallas_attention
+from bertjax.models import (
+    attention,
+    attention_hash,
+    compile_target,
+    flash_dropout,
+    pallas_attention,
+)
 from bertjax.training import sharding
 
 RATE = 0.1
@@ -43,7 +49,7 @@ def _reference(q, k, v, ids, seeds, rate):
     """The einsum path with the kernel's mask."""
     mask = attention.Mask(jnp.asarray(ids), int(ids.max()) if ids.max() > 1 else 0)
     return attention.einsum_attention(
-        q, k, v, attention.mask_bias(mask), flash_dropout.hash_dropout(seeds, rate)
+        q, k, v, attention.mask_bias(mask), attention_hash.hash_dropout(seeds, rate)
     )
 
 
@@ -109,7 +115,7 @@ def test_kernel_matches_einsum_with_the_same_mask_at_512_tokens(packed):
 
 def test_the_mask_keeps_nine_in_ten_independently_per_row_and_head():
     seeds = jax.random.randint(jax.random.key(1), (4, 4), -(2**31), 2**31 - 1, jnp.int32)
-    keep = np.asarray(flash_dropout.keep_mask(seeds, 256, RATE))
+    keep = np.asarray(attention_hash.keep_mask(seeds, 256, RATE))
     # 2**20 draws: the keep rate within 4 standard deviations of 1 - round(0.1 * 2**16) / 2**16
     expected = 1 - round(RATE * 2**16) / 2**16
     assert abs(keep.mean() - expected) < 4 * np.sqrt(expected * (1 - expected) / keep.size)
@@ -133,9 +139,9 @@ class _Attend(nn.Module):
     @nn.compact
     def __call__(self, q, k, v, mask):
         if self.impl == "reference":
-            seeds = flash_dropout.AttentionSeeds()(q.shape[0], q.shape[2])
+            seeds = attention_hash.AttentionSeeds()(q.shape[0], q.shape[2])
             return attention.einsum_attention(
-                q, k, v, attention.mask_bias(mask), flash_dropout.hash_dropout(seeds, RATE)
+                q, k, v, attention.mask_bias(mask), attention_hash.hash_dropout(seeds, RATE)
             )
         return attention.attend(self.impl, "bfloat16", q, k, v, mask, None, RATE, 0, self.spec)
 

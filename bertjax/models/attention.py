@@ -17,21 +17,31 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from bertjax.models import compile_target, flash_dropout, pallas_attention
+from bertjax.models import (
+    attention_hash,
+    compile_target,
+    flash_dropout,
+    flash_dropout_gpu,
+    pallas_attention,
+)
 
 # "einsum": explicit softmax(QK^T)V with attention dropout from the JAX RNG (the reference);
 # "cudnn": cuDNN's fused flash attention on GPU (padding as key lengths, packed rows as
 # segment offsets on Hopper or later; attention dropout by cuDNN's own generator); "xla":
 # jax.nn.dot_product_attention's portable path (no attention dropout); "pallas": the Pallas
-# TPU flash attention (segment ids; TPU interpret mode elsewhere, for tests), with attention
-# dropout bertjax's own kernel (`flash_dropout`, lengths up to flash_dropout.MAX_LENGTH).
-# "auto": "cudnn" on a GPU where no attention dropout is applied (16-bit compute, head size
-# <= 128), "pallas" on TPU (with dropout: up to that length; by libtpu's estimate of
-# BERT-large on v5p-8 it is faster and needs less memory than einsum at 128 and 512 tokens,
-# benchmarks/aot/flash_dropout.md), else "einsum". With attention dropout, "cudnn" is
-# opt-in: it runs once XLA keeps it out of CUDA graphs (`backend_env`; inside them it aborted
-# on an H100 and an H200), it was 3% faster than einsum in the one step measured (H200, 4
-# layers, L=128), and its dropout is not replayed on resume (benchmarks/gpu/README.md).
+# kernels of the target platform. On TPU, JAX's flash attention (segment ids), with attention
+# dropout bertjax's own kernel (`flash_dropout`, lengths up to flash_dropout.MAX_LENGTH); on a
+# GPU, bertjax's Triton kernel (`flash_dropout_gpu`: FlashAttention-2 with the same attention
+# dropout, padded and packed rows, lengths a multiple of 128, no sliding windows); elsewhere
+# the TPU kernels in interpret mode (tests). Both dropout kernels and the einsum reference
+# given `attention_hash.hash_dropout` draw one mask (`attention_hash`), replayed on resume.
+# "auto": on a GPU "cudnn" where no attention dropout is applied and "pallas" where it is
+# (16-bit compute, head size and length as the Triton kernel takes them); "pallas" on TPU
+# (with dropout: up to that length; by libtpu's estimate of BERT-large on v5p-8 it is faster
+# and needs less memory than einsum at 128 and 512 tokens, benchmarks/aot/flash_dropout.md);
+# else "einsum". With attention dropout, "cudnn" is opt-in: it runs once XLA keeps it out of
+# CUDA graphs (`backend_env`; inside them it aborted on an H100 and an H200), and its dropout
+# is not replayed on resume (benchmarks/gpu/README.md).
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
 CUDNN_DTYPES = ("bfloat16", "float16")
 ATTENTION_MASK_VALUE = -10000.0  # the original additive mask, not -inf
@@ -82,6 +92,13 @@ def resolve_impl(
     ):
         return "cudnn"
     if (
+        backend in ("gpu", "cuda")
+        and dtype in CUDNN_DTYPES
+        and dropout_rate > 0
+        and flash_dropout_gpu.fits(length, head_size)
+    ):
+        return "pallas"
+    if (
         backend == "tpu"
         and length % pallas_attention.BLOCK == 0
         and (dropout_rate == 0 or length <= flash_dropout.MAX_LENGTH)
@@ -122,10 +139,11 @@ def attend(
 
 def window_impl(impl: str, half_window: int, dropout_rate: float = 0.0) -> str:
     """What runs a sliding-window layer whose model asks for `impl` (resolved): the Pallas
-    splash kernel for "pallas", JAX's XLA path for "xla", else (and with attention dropout,
-    which neither applies) the einsum reference (cuDNN, through JAX, has causal windows only;
-    a bidirectional encoder needs both sides)."""
-    fused = impl in ("pallas", "xla") and not dropout_rate
+    splash kernel for "pallas" on TPU, JAX's XLA path for "xla", else (and with attention
+    dropout, which neither applies) the einsum reference (cuDNN, through JAX, has causal
+    windows only; a bidirectional encoder needs both sides; the Triton kernel has none)."""
+    on_gpu = compile_target.target_platform() in ("gpu", "cuda")
+    fused = (impl == "xla" or (impl == "pallas" and not on_gpu)) and not dropout_rate
     return impl if not half_window or fused else "einsum"
 
 
@@ -203,8 +221,8 @@ def fused_attention(
         )
     if window_impl(impl, mask.half_window) != impl:
         raise ValueError(
-            f"attention_impl={impl!r} has no two-sided sliding window; a "
-            "ModernBERT model's windows need 'pallas', 'xla' or 'einsum'"
+            f"attention_impl={impl!r} has no two-sided sliding window here; a "
+            "ModernBERT model's windows need 'pallas' (on TPU), 'xla' or 'einsum'"
         )
     if impl == "cudnn":
         return cudnn_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, dropout_rate, seed)
@@ -215,7 +233,7 @@ def fused_attention(
         )
     if impl == "pallas":
         seeds_BxN = (
-            flash_dropout.AttentionSeeds()(q_BxLxNxD.shape[0], q_BxLxNxD.shape[2])
+            attention_hash.AttentionSeeds()(q_BxLxNxD.shape[0], q_BxLxNxD.shape[2])
             if dropout_rate > 0
             else None
         )

@@ -9,12 +9,9 @@ It reads q, k, v and writes its output as the projections on either side have th
 and those projections stay lane-dense (BERT-large on tpu-v5p-8 at L=128, by libtpu's
 estimate: the copies to and from heads-first `[B, N, L, D]` took 13.7 of 70.0 ms).
 
-The bits are a counter-based hash: keep `(query, key)` of batch row b and head n when the top
-16 bits of `mix((query * L + key) ^ seed[b, n])` are >= round(rate * 2**16), kept values
-scaled by 1 / (1 - rate) (the einsum path's rule and rounding). `seed[b, n]` are 32 random
-bits per row and head drawn from the layer's dropout stream (`AttentionSeeds`), so the stream
-depends on (the step's seed, the layer, the batch row, the head, the query, the key), and
-`keep_mask` draws the identical mask in plain jnp (the tests' einsum reference).
+The bits are `attention_hash`'s counter-based hash of (the row's and head's seed, the query,
+the key), the mask `attention_hash.keep_mask` draws in plain jnp and the GPU kernel
+(`flash_dropout_gpu`) draws too.
 """
 
 from __future__ import annotations
@@ -22,76 +19,20 @@ from __future__ import annotations
 import functools
 import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from bertjax.models import attention_hash
+
 MASK_VALUE = -10000.0  # the original additive mask (attention.ATTENTION_MASK_VALUE)
-KEEP_BITS = 16  # random bits per element, as bertjax.models.dropout
 LANES, SUBLANES = 128, 8
 # Whole rows of [L, L] float32 temporaries in VMEM: 1024 exceeds v4's and v5e's default
 # scoped VMEM (16 MiB) in the deviceless compile; 512 compiles for every target slice.
 MAX_LENGTH = 512
 MAX_BLOCK_ROWS = 2048  # heads per grid step: as many as keep heads * length <= this
-# lowbias32 (C. Wellons' hash prospector): multiply / xor-shift rounds, a bijection on 32 bits.
-_MIX_MULTIPLIERS = tuple(int(np.uint32(m).view(np.int32)) for m in (0x7FEB352D, 0x846CA68B))
-
-
-class AttentionSeeds(nn.Module):
-    """32 random bits (as int32) per batch row and head from the calling layer's "dropout"
-    stream: the kernel's seeds, a different draw at every step and layer."""
-
-    @nn.compact
-    def __call__(self, batch: int, heads: int) -> jax.Array:
-        bits = jax.random.bits(self.make_rng("dropout"), (batch, heads), jnp.uint32)
-        return lax.bitcast_convert_type(bits, jnp.int32)
-
-
-def _shift(x: jax.Array, bits: int) -> jax.Array:
-    return lax.shift_right_logical(x, jnp.full(x.shape, bits, jnp.int32))
-
-
-def _mix(x: jax.Array) -> jax.Array:
-    """lowbias32 on int32 (wrapping multiplies, logical shifts): Mosaic and XLA alike."""
-    x = x ^ _shift(x, 16)
-    x = x * jnp.int32(_MIX_MULTIPLIERS[0])
-    x = x ^ _shift(x, 15)
-    x = x * jnp.int32(_MIX_MULTIPLIERS[1])
-    return x ^ _shift(x, 16)
-
-
-def _threshold(rate: float) -> int:
-    return round(rate * 2**KEEP_BITS)
-
-
-def _keep(counter_QxK: jax.Array, seed: jax.Array, rate: float) -> jax.Array:
-    """Which of the (query, key) counters `query * L + key` are kept under `seed`."""
-    return _shift(_mix(counter_QxK ^ seed), 32 - KEEP_BITS) >= _threshold(rate)
-
-
-def _counters(queries: int, keys: int) -> jax.Array:
-    rows = lax.broadcasted_iota(jnp.int32, (queries, keys), 0)
-    return rows * keys + lax.broadcasted_iota(jnp.int32, (queries, keys), 1)
-
-
-def keep_mask(seeds_BxN: jax.Array, length: int, rate: float) -> jax.Array:
-    """bool `[B, N, L, L]`: the kernel's keep mask, drawn in plain jnp."""
-    counters = _counters(length, length)
-    return _keep(counters[None, None], seeds_BxN[:, :, None, None], rate)
-
-
-def hash_dropout(seeds_BxN: jax.Array, rate: float):
-    """The einsum path's `dropout` (on probabilities `[B, N, L, L]`) with the kernel's mask."""
-
-    def dropout(probs_BxNxLxL: jax.Array) -> jax.Array:
-        keep = keep_mask(seeds_BxN, probs_BxNxLxL.shape[-1], rate)
-        return jnp.where(keep, probs_BxNxLxL / jnp.asarray(1.0 - rate, probs_BxNxLxL.dtype), 0)
-
-    return dropout
 
 
 def _probs(q_LxD, k_LxD, bias_LxL, scale):
@@ -126,11 +67,11 @@ def _forward_kernel(
 ):
     length, width = qkv_ref.shape[2], qkv_ref.shape[3]
     bias = _bias(q_ids_ref, kv_ids_ref, length)
-    counters = _counters(length, length)
+    counters = attention_hash.counters(length, length)
     first = _first_head(width // head_size)
     for h, cols in enumerate(_heads(width, head_size)):
         probs = _probs(qkv_ref[0, 0, :, cols], qkv_ref[1, 0, :, cols], bias, scale)
-        keep = _keep(counters, seeds_ref[first + h], rate)
+        keep = attention_hash.keep(counters, seeds_ref[first + h], rate)
         dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
         v = qkv_ref[2, 0, :, cols]
         o_ref[0, :, cols] = lax.dot(
@@ -152,7 +93,7 @@ def _backward_kernel(
 ):
     length, width = qkv_ref.shape[2], qkv_ref.shape[3]
     bias = _bias(q_ids_ref, kv_ids_ref, length)
-    counters = _counters(length, length)
+    counters = attention_hash.counters(length, length)
     first = _first_head(width // head_size)
     for h, cols in enumerate(_heads(width, head_size)):
         q, k, v = (qkv_ref[i, 0, :, cols] for i in range(3))
@@ -161,7 +102,7 @@ def _backward_kernel(
         d_dropped = lax.dot_general(
             do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
-        keep = _keep(counters, seeds_ref[first + h], rate)
+        keep = attention_hash.keep(counters, seeds_ref[first + h], rate)
         dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
         d_probs = jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
         d_scores = probs * (d_probs - jnp.sum(probs * d_probs, axis=1, keepdims=True)) * scale
@@ -255,8 +196,9 @@ def flash_dropout(
 ) -> jax.Array:
     """Attention `[B, L, N * D]` of q, k, v stacked (N: `seeds_BxN`'s heads): a query sees
     the keys of its own segment id (`ids_BxL` int32: 0 at padding, 1 elsewhere or the packed
-    instance's number), dropout `rate` on the probabilities by `keep_mask(seeds_BxN, L,
-    rate)`. L a multiple of 128; `interpret`: TPU interpret mode (on CPU, for tests)."""
+    instance's number), dropout `rate` on the probabilities by
+    `attention_hash.keep_mask(seeds_BxN, L, rate)`. L a multiple of 128; `interpret`: TPU
+    interpret mode (on CPU, for tests)."""
     return _call(_forward_kernel, qkv_3xBxLxH, None, ids_BxL, seeds_BxN, rate, interpret)
 
 

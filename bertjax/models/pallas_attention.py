@@ -1,6 +1,9 @@
-"""JAX's Pallas TPU flash attention as bertjax runs it: segment ids for padding and packed rows,
-the splash kernel for sliding windows, bertjax's own kernel (`flash_dropout`) with attention
-dropout, per shard under a mesh, in TPU interpret mode off TPU (for tests).
+"""The Pallas attention kernels as bertjax runs them, per shard under a mesh. On TPU: JAX's
+flash attention with segment ids for padding and packed rows, the splash kernel for sliding
+windows, bertjax's own kernel (`flash_dropout`) with attention dropout; in TPU interpret mode
+off TPU (for tests). On a GPU: bertjax's Triton kernel (`flash_dropout_gpu`), with or without
+attention dropout, in Pallas' interpret mode where the program is lowered for another platform
+(tests on the CPU).
 
 Shape legend: B batch, L sequence length, N heads, D head size.
 """
@@ -13,9 +16,10 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.sharding import PartitionSpec
 
-from bertjax.models import compile_target, flash_dropout
+from bertjax.models import compile_target, flash_dropout, flash_dropout_gpu
 
 BLOCK = 128  # the TPU kernel's key block: lengths must be a multiple of it
 
@@ -34,14 +38,23 @@ def pallas_attention(
     with `ids_BxL` as segment ids: a query sees the keys of its own id (at padding: padding);
     with a `half_window`, the splash kernel (`splash_attention`) with a local mask, keys at
     most that many rows away; with a `dropout_rate`, bertjax's kernel (`flash_dropout`) with
-    its mask drawn from `seeds_BxN`. Under a mesh it runs per shard (`jax.shard_map`; XLA
-    cannot partition a Pallas kernel), batch and heads split over the mesh axes `spec` =
-    (batch axes, head axes). Off TPU it runs in TPU interpret mode, forward and backward
-    (slow: for tests)."""
+    its mask drawn from `seeds_BxN`. On a GPU (the compile target's platform): bertjax's
+    Triton kernel (`flash_dropout_gpu`), with that mask if `dropout_rate`, no windows. Under
+    a mesh it runs per shard (`jax.shard_map`; XLA cannot partition a Pallas kernel), batch
+    and heads split over the mesh axes `spec` = (batch axes, head axes). Elsewhere it runs
+    in TPU interpret mode, forward and backward (slow: for tests)."""
     from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 
     length, head_size = q_BxLxNxD.shape[1], q_BxLxNxD.shape[-1]
-    if length % BLOCK or (dropout_rate and length > flash_dropout.MAX_LENGTH):
+    on_gpu = compile_target.target_platform() in ("gpu", "cuda")
+    if on_gpu and (half_window or not flash_dropout_gpu.fits(length, head_size)):
+        raise ValueError(
+            "attention_impl='pallas' on a GPU needs a sequence length that is a multiple of "
+            f"{flash_dropout_gpu.BLOCK_MAJOR}, a head size in {flash_dropout_gpu.HEAD_SIZES} "
+            f"and no sliding window, got length {length}, head size {head_size}; use "
+            "attention_impl='einsum'"
+        )
+    if not on_gpu and (length % BLOCK or (dropout_rate and length > flash_dropout.MAX_LENGTH)):
         raise ValueError(
             f"attention_impl='pallas' needs a sequence length that is a multiple "
             f"of {BLOCK}"
@@ -80,13 +93,17 @@ def pallas_attention(
         )
 
     def with_dropout(qkv_3xBxLxH, ids_BxL, seeds_BxN):
+        if on_gpu:
+            return _triton(qkv_3xBxLxH, ids_BxL, seeds_BxN, dropout_rate)
         return flash_dropout.flash_dropout(qkv_3xBxLxH, ids_BxL, seeds_BxN, dropout_rate, interpret)
 
     # JAX's kernels take q, k, v heads first, [B, N, L, D]; bertjax's the projections' output
     # as it is, [3, B, L, N * D] (XLA folds the stack of its slices back into it).
     shape = q_BxLxNxD.shape
     qkv: tuple[jax.Array, ...]
-    if dropout_rate:
+    if on_gpu and seeds_BxN is None:  # no dropout: the kernel reads no seed
+        seeds_BxN = jnp.zeros((shape[0], shape[2]), jnp.int32)
+    if dropout_rate or on_gpu:
         flash, qkv = (
             with_dropout,
             (jnp.stack([x.reshape(shape[:2] + (-1,)) for x in (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)]),),
@@ -106,7 +123,7 @@ def pallas_attention(
         )
         qkv = (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)
         in_spec = out_spec = PartitionSpec(spec[0], None, spec[1], None) if spec else None
-    args = (ids_BxL.astype(jnp.int32),) + ((seeds_BxN,) if dropout_rate else ())
+    args = (ids_BxL.astype(jnp.int32),) + ((seeds_BxN,) if dropout_rate or on_gpu else ())
     mesh = jax.sharding.get_abstract_mesh()
     if spec is not None and not mesh.empty and any(spec):
         flash = jax.shard_map(
@@ -118,6 +135,19 @@ def pallas_attention(
             check_vma=False,
         )
     return flash(*qkv, *args).reshape(shape)
+
+
+def _triton(
+    qkv_3xBxLxH: jax.Array, ids_BxL: jax.Array, seeds_BxN: jax.Array, rate: float
+) -> jax.Array:
+    """The Triton kernel, compiled where the program is lowered for CUDA, else interpreted."""
+
+    def kernel(interpret: bool) -> Callable:
+        return lambda *args: flash_dropout_gpu.flash_dropout(*args, rate, interpret)
+
+    return lax.platform_dependent(
+        qkv_3xBxLxH, ids_BxL, seeds_BxN, cuda=kernel(False), default=kernel(True)
+    )
 
 
 def _heads_first(flash: Callable) -> Callable:

@@ -1,0 +1,248 @@
+"""Flash attention with the recipe's attention dropout: a Pallas GPU (Triton) kernel.
+
+FlashAttention-2 on the GPU: each program takes one block of queries of one batch row and head
+and runs over the keys in blocks, with a running maximum and sum (the softmax never leaves the
+chip); the backward pass is one program per block of keys and the same block of queries: the
+gradients of k and v over all the queries, then the gradient of q over all the keys
+(deterministic: no atomic adds, so a resume replays the same bits). The backward pass reads
+the forward's row log-sum-exp (4 bytes per row and head) rather than recomputing it, which
+would take a third pass of QK^T over all keys. No dropout mask is kept: both passes draw it
+again from `attention_hash`, the same function of (the row's and head's seed, the query, the
+key) as the TPU kernel (`flash_dropout`) and the einsum reference draw.
+
+It reads q, k, v as the layer's projection writes them, stacked `[3, B, L, N, D]`, and writes
+`[B, L, N, D]` (the backward pass: `[3, B, L, N, D]`), each head a strided block: no transposes
+around it.
+
+Shape legend: B batch, L sequence length, N heads, D head size; Q a block of queries, K of keys.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from bertjax.models import attention_hash
+from bertjax.models.flash_dropout import MASK_VALUE
+
+LOG2_E = math.log2(math.e)  # scores in base 2: exp2 is the GPU's native exponential
+# Block sizes and warps (Triton's fused-attention tutorial for head size 64; powers of two, as
+# Triton needs): the forward's queries and keys per step; the backward's major block (the
+# keys whose dk, dv and the queries whose dq a program writes) and minor block (its loop).
+BLOCK_Q, BLOCK_K = 128, 64
+BLOCK_MAJOR, BLOCK_MINOR = 128, 32
+FORWARD_PARAMS = dict(num_warps=4, num_stages=3)
+BACKWARD_PARAMS = dict(num_warps=4, num_stages=2)
+HEAD_SIZES = (16, 32, 64, 128)  # powers of two; Triton's dot needs at least 16
+
+
+def fits(length: int, head_size: int) -> bool:
+    """Whether the kernel takes rows of `length` tokens and heads of `head_size`: lengths a
+    multiple of the largest block (counters `query * L + key` distinct up to 2**16 tokens)."""
+    return head_size in HEAD_SIZES and length % BLOCK_MAJOR == 0 and length <= 2**16
+
+
+def _scores(q_QxD, k_KxD, q_ids_Q, k_ids_K, scale):
+    """The einsum path's scores `q.k * scale`, plus -10000 between different segment ids, in
+    base 2 (times log2(e)), float32 `[Q, K]`."""
+    scores = plgpu.dot(q_QxD, k_KxD, trans_b=True) * (scale * LOG2_E)
+    return scores + jnp.where(q_ids_Q[:, None] == k_ids_K[None, :], 0.0, MASK_VALUE * LOG2_E)
+
+
+def _kept(probs_QxK, seed, rate, first_query, first_key, length):
+    """The probabilities of a tile with the dropped ones 0 (kept ones not yet scaled)."""
+    if not rate:
+        return probs_QxK
+    queries, keys = probs_QxK.shape
+    counters = attention_hash.counters(queries, keys, length, first_query, first_key)
+    return jnp.where(attention_hash.keep(counters, seed, rate), probs_QxK, 0.0)
+
+
+def _forward_kernel(seed_ref, qkv_ref, ids_ref, o_ref, lse_ref, *, rate: float, scale: float):
+    length, head_size = qkv_ref.shape[1], qkv_ref.shape[2]
+    first_query = pl.program_id(2) * BLOCK_Q
+    queries = pl.ds(first_query, BLOCK_Q)
+    q, q_ids = qkv_ref[0, queries, :], ids_ref[queries]
+    seed = seed_ref[...] if rate else None
+
+    def step(block, carry):
+        out_QxD, max_Q, sum_Q = carry
+        first_key = block * BLOCK_K
+        keys = pl.ds(first_key, BLOCK_K)
+        scores = _scores(q, qkv_ref[1, keys, :], q_ids, ids_ref[keys], scale)
+        new_max_Q = jnp.maximum(max_Q, jnp.max(scores, axis=1))
+        correction_Q = jnp.exp2(max_Q - new_max_Q)
+        probs = jnp.exp2(scores - new_max_Q[:, None])
+        sum_Q = sum_Q * correction_Q + jnp.sum(probs, axis=1)
+        kept = _kept(probs, seed, rate, first_query, first_key, length)
+        v = qkv_ref[2, keys, :]
+        out_QxD = out_QxD * correction_Q[:, None] + plgpu.dot(kept.astype(v.dtype), v)
+        return out_QxD, new_max_Q, sum_Q
+
+    out_QxD, max_Q, sum_Q = lax.fori_loop(
+        0,
+        length // BLOCK_K,
+        step,
+        (
+            jnp.zeros((BLOCK_Q, head_size), jnp.float32),
+            jnp.full((BLOCK_Q,), -jnp.inf, jnp.float32),
+            jnp.zeros((BLOCK_Q,), jnp.float32),
+        ),
+    )
+    o_ref[...] = (out_QxD / (sum_Q[:, None] * (1.0 - rate))).astype(o_ref.dtype)
+    lse_ref[...] = max_Q + jnp.log2(sum_Q)
+
+
+def _backward_kernel(
+    seed_ref, qkv_ref, ids_ref, do_ref, lse_ref, delta_ref, dqkv_ref, *, rate: float, scale: float
+):
+    """dk, dv of keys block j over all queries, then dq of queries block j over all keys."""
+    length = qkv_ref.shape[1]
+    seed = seed_ref[...] if rate else None
+    first = pl.program_id(2) * BLOCK_MAJOR
+    major = pl.ds(first, BLOCK_MAJOR)
+
+    def d_scores(probs, d_dropped, delta, first_query, first_key):
+        """The gradient of the base-e scores from that of the dropped probabilities."""
+        d_probs = _kept(d_dropped, seed, rate, first_query, first_key, length) / (1.0 - rate)
+        return probs * (d_probs - delta[:, None]) * scale
+
+    k, v, k_ids = qkv_ref[1, major, :], qkv_ref[2, major, :], ids_ref[major]
+
+    def key_step(block, carry):
+        dk, dv = carry
+        first_query = block * BLOCK_MINOR
+        queries = pl.ds(first_query, BLOCK_MINOR)
+        q, do = qkv_ref[0, queries, :], do_ref[queries, :]
+        probs = jnp.exp2(_scores(q, k, ids_ref[queries], k_ids, scale) - lse_ref[queries][:, None])
+        dropped = _kept(probs, seed, rate, first_query, first, length) / (1.0 - rate)
+        dv = dv + plgpu.dot(dropped.astype(do.dtype), do, trans_a=True)
+        d_dropped = plgpu.dot(do, v, trans_b=True)
+        ds = d_scores(probs, d_dropped, delta_ref[queries], first_query, first)
+        return dk + plgpu.dot(ds.astype(q.dtype), q, trans_a=True), dv
+
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    dk, dv = lax.fori_loop(0, length // BLOCK_MINOR, key_step, (zeros, zeros))
+    dqkv_ref[1, major, :] = dk.astype(dqkv_ref.dtype)
+    dqkv_ref[2, major, :] = dv.astype(dqkv_ref.dtype)
+
+    q, do, q_ids = qkv_ref[0, major, :], do_ref[major, :], ids_ref[major]
+    lse, delta = lse_ref[major], delta_ref[major]
+
+    def query_step(block, dq):
+        first_key = block * BLOCK_MINOR
+        keys = pl.ds(first_key, BLOCK_MINOR)
+        k, v = qkv_ref[1, keys, :], qkv_ref[2, keys, :]
+        probs = jnp.exp2(_scores(q, k, q_ids, ids_ref[keys], scale) - lse[:, None])
+        ds = d_scores(probs, plgpu.dot(do, v, trans_b=True), delta, first, first_key)
+        return dq + plgpu.dot(ds.astype(k.dtype), k)
+
+    dq = lax.fori_loop(0, length // BLOCK_MINOR, query_step, zeros)
+    dqkv_ref[0, major, :] = dq.astype(dqkv_ref.dtype)
+
+
+def _call_forward(qkv_3xBxLxNxD, ids_BxL, seeds_BxN, rate, interpret):
+    """The output `[B, L, N, D]` and the row log-sum-exp (base 2) `[B, N, L]`."""
+    _, batch, length, heads, head_size = qkv_3xBxLxNxD.shape
+    row = lambda b, n, i: (b, 0)  # noqa: E731
+    return pl.pallas_call(
+        functools.partial(_forward_kernel, rate=rate, scale=1.0 / math.sqrt(head_size)),
+        grid=(batch, heads, length // BLOCK_Q),
+        in_specs=[
+            pl.BlockSpec((None, None), lambda b, n, i: (b, n)),
+            pl.BlockSpec((3, None, length, None, head_size), lambda b, n, i: (0, b, 0, n, 0)),
+            pl.BlockSpec((None, length), row),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, BLOCK_Q, None, head_size), lambda b, n, i: (b, i, n, 0)),
+            pl.BlockSpec((None, None, BLOCK_Q), lambda b, n, i: (b, n, i)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct(qkv_3xBxLxNxD.shape[1:], qkv_3xBxLxNxD.dtype),
+            jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
+        ],
+        compiler_params=plgpu.CompilerParams(**FORWARD_PARAMS),
+        interpret=interpret,
+        name="flash_dropout_forward",
+    )(seeds_BxN, qkv_3xBxLxNxD, ids_BxL)
+
+
+def _call_backward(
+    qkv_3xBxLxNxD, ids_BxL, seeds_BxN, d_out_BxLxNxD, out_BxLxNxD, lse_BxNxL, rate, interpret
+):
+    """The gradient of q, k and v, stacked `[3, B, L, N, D]`."""
+    _, batch, length, heads, head_size = qkv_3xBxLxNxD.shape
+    # rowsum(dO * O) = rowsum(P * dP) (with dropout too: the dropped P times its gradient)
+    delta_BxNxL = jnp.einsum(
+        "blnd,blnd->bnl", out_BxLxNxD, d_out_BxLxNxD, preferred_element_type=jnp.float32
+    )
+    per_head = lambda b, n, i: (b, n, 0)  # noqa: E731
+    return pl.pallas_call(
+        functools.partial(_backward_kernel, rate=rate, scale=1.0 / math.sqrt(head_size)),
+        grid=(batch, heads, length // BLOCK_MAJOR),
+        in_specs=[
+            pl.BlockSpec((None, None), lambda b, n, i: (b, n)),
+            pl.BlockSpec((3, None, length, None, head_size), lambda b, n, i: (0, b, 0, n, 0)),
+            pl.BlockSpec((None, length), lambda b, n, i: (b, 0)),
+            pl.BlockSpec((None, length, None, head_size), lambda b, n, i: (b, 0, n, 0)),
+            pl.BlockSpec((None, None, length), per_head),
+            pl.BlockSpec((None, None, length), per_head),
+        ],
+        out_specs=pl.BlockSpec((3, None, length, None, head_size), lambda b, n, i: (0, b, 0, n, 0)),
+        out_shape=jax.ShapeDtypeStruct(qkv_3xBxLxNxD.shape, qkv_3xBxLxNxD.dtype),
+        compiler_params=plgpu.CompilerParams(**BACKWARD_PARAMS),
+        interpret=interpret,
+        name="flash_dropout_backward",
+    )(seeds_BxN, qkv_3xBxLxNxD, ids_BxL, d_out_BxLxNxD, lse_BxNxL, delta_BxNxL)
+
+
+def _heads(x: jax.Array, heads: int) -> jax.Array:
+    """`[..., N * D]` as `[..., N, D]`."""
+    return x.reshape(x.shape[:-1] + (heads, -1))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def flash_dropout(
+    qkv_3xBxLxH: jax.Array,
+    ids_BxL: jax.Array,
+    seeds_BxN: jax.Array,
+    rate: float,
+    interpret: bool = False,
+) -> jax.Array:
+    """Attention `[B, L, N * D]` of q, k, v stacked (N: `seeds_BxN`'s heads): a query sees
+    the keys of its own segment id (`ids_BxL` int32: 0 at padding, 1 elsewhere or the packed
+    instance's number), dropout `rate` on the probabilities by
+    `attention_hash.keep_mask(seeds_BxN, L, rate)`: `flash_dropout.flash_dropout` on a GPU.
+    L and D as `fits`; `interpret`: Pallas' interpret mode (on CPU, for tests)."""
+    return _forward(qkv_3xBxLxH, ids_BxL, seeds_BxN, rate, interpret)[0]
+
+
+def _forward(qkv, ids, seeds, rate, interpret):
+    out, lse = _call_forward(_heads(qkv, seeds.shape[1]), ids, seeds, rate, interpret)
+    out = out.reshape(qkv.shape[1:])
+    return out, (qkv, ids, seeds, out, lse)
+
+
+def _backward(rate, interpret, residuals, d_out):
+    qkv, ids, seeds, out, lse = residuals
+    heads = seeds.shape[1]
+    d_qkv = _call_backward(
+        _heads(qkv, heads),
+        ids,
+        seeds,
+        _heads(d_out.astype(qkv.dtype), heads),
+        _heads(out, heads),
+        lse,
+        rate,
+        interpret,
+    )
+    return d_qkv.reshape(qkv.shape), None, None
+
+
+flash_dropout.defvjp(_forward, _backward)
