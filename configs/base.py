@@ -34,8 +34,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.remat_policy = "none"  # "none" | "full" | "dots" | "dots_no_batch"
     # "einsum": the reference, attention dropout from the JAX RNG (bit-exact on resume);
     # "cudnn": cuDNN flash attention, attention dropout from cuDNN's own generator;
-    # "xla": jax.nn.dot_product_attention, needs attention_probs_dropout_prob=0 to train.
-    c.model.attention_impl = "auto"  # "auto": fused kernels where no attention dropout applies
+    # "xla": jax.nn.dot_product_attention, needs attention_probs_dropout_prob=0 to train;
+    # "pallas": the Pallas kernels (TPU: Mosaic, GPU: Triton), attention dropout from a hash
+    # of the JAX RNG (bit-exact on resume; docs/deviations.md section 7).
+    c.model.attention_impl = "auto"  # "auto": the fused kernel that fits the platform and dropout
     c.model.vocab_pad_multiple = 1  # MLM projection on the vocab padded to this multiple; 1 = off
 
     c.data = ml_collections.ConfigDict()

@@ -88,7 +88,7 @@ def test_auto_picks_cudnn_only_where_it_runs():
     bf16 = dataclasses.replace(CONFIG, dtype="bfloat16", attention_probs_dropout_prob=0.0)
     assert bf16.resolved_attention_impl("gpu") == "cudnn"
     with_dropout = dataclasses.replace(bf16, attention_probs_dropout_prob=0.1)
-    assert with_dropout.resolved_attention_impl("gpu") == "einsum"  # opt-in: aborted on an H100
+    assert with_dropout.resolved_attention_impl("gpu") == "einsum"  # head size 8: no kernel
     assert bf16.resolved_attention_impl("cpu") == "einsum"
     assert with_dropout.resolved_attention_impl("tpu") == "pallas"  # bertjax's dropout kernel
     assert CONFIG.resolved_attention_impl("gpu") == "einsum"  # float32: no cuDNN flash kernel
@@ -312,10 +312,11 @@ def test_auto_picks_pallas_on_tpu():
     assert resolve(0.1, 1024) == "einsum" and resolve(0.0, 1024) == "pallas"
     assert resolve(0.0, 100) == "einsum"  # not a multiple of the kernel's 128-token blocks
     # cuDNN runs packed rows only from Hopper on; this machine has no GPU to ask. Its
-    # in-kernel dropout aborted on an H100 (benchmarks/gpu/README.md): opt-in only.
+    # in-kernel dropout aborted on an H100 (benchmarks/gpu/README.md): opt-in only; with
+    # dropout a GPU runs bertjax's Triton kernel (tests/test_flash_dropout_gpu.py).
     assert attention.resolve_impl("auto", "bfloat16", 64, "gpu", 0.0, 128, False) == "cudnn"
     assert attention.resolve_impl("auto", "bfloat16", 64, "gpu", 0.0, 128, True) == "einsum"
-    assert attention.resolve_impl("auto", "bfloat16", 64, "gpu", 0.1, 128, False) == "einsum"
+    assert attention.resolve_impl("auto", "bfloat16", 64, "gpu", 0.1, 128, False) == "pallas"
     with pytest.raises(ValueError, match="multiple of 128"):
         pallas_attention.pallas_attention(*(jnp.zeros((1, 100, 2, 8)),) * 3, jnp.ones((1, 100)))
 

@@ -4,6 +4,7 @@ interpret mode on the CPU, against the einsum path given the kernel's own mask
 size 64; its dispatch from `attention.attend` inside a model (seeds from the dropout stream,
 per shard under a mesh); and (`aot`) libtpu's compile of it for every target slice."""
 
+import contextlib
 import os
 
 import flax.linen as nn
@@ -53,7 +54,11 @@ def _reference(q, k, v, ids, seeds, rate):
     )
 
 
-def _check_against_einsum(length: int, packed: bool, dtype, heads: int = 2):
+def _check_against_einsum(
+    length: int, packed: bool, dtype, heads: int = 2, flash=flash_dropout.flash_dropout
+):
+    """`flash` (a kernel taking `[3, B, L, N * D]`, in interpret mode) against the einsum path
+    with its mask: outputs at every real token and gradients."""
     q, k, v, seeds, cotangent = _inputs(length, dtype, heads)
     ids = _ids(length, packed)
     real = (ids > 0)[:, :, None, None]
@@ -68,7 +73,7 @@ def _check_against_einsum(length: int, packed: bool, dtype, heads: int = 2):
 
     def kernel(q, k, v, ids, seeds, rate):  # the kernel takes the projections' [3, B, L, N * D]
         qkv = jnp.stack([x.reshape(x.shape[:2] + (-1,)) for x in (q, k, v)])
-        return flash_dropout.flash_dropout(qkv, ids, seeds, rate, True).reshape(q.shape)
+        return flash(qkv, ids, seeds, rate, True).reshape(q.shape)
 
     (_, got), got_grads = run(kernel)
     (_, want), want_grads = run(_reference)
@@ -86,15 +91,16 @@ def _check_against_einsum(length: int, packed: bool, dtype, heads: int = 2):
         )
 
 
-@pytest.mark.parametrize(
-    "packed, dtype",
-    [
-        (False, jnp.float32),
-        (True, jnp.bfloat16),
-        pytest.param(False, jnp.bfloat16, marks=pytest.mark.slow),
-        pytest.param(True, jnp.float32, marks=pytest.mark.slow),
-    ],
-)
+# (packed, dtype) at 128 tokens: two in the default suite, the other two `slow`
+CASES_AT_128 = [
+    (False, jnp.float32),
+    (True, jnp.bfloat16),
+    pytest.param(False, jnp.bfloat16, marks=pytest.mark.slow),
+    pytest.param(True, jnp.float32, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("packed, dtype", CASES_AT_128)
 def test_kernel_matches_einsum_with_the_same_mask_at_128_tokens(packed, dtype):
     _check_against_einsum(128, packed, dtype)
 
@@ -146,7 +152,7 @@ class _Attend(nn.Module):
         return attention.attend(self.impl, "bfloat16", q, k, v, mask, None, RATE, 0, self.spec)
 
 
-def _attend_in_a_layer(impl: str, mesh=None):
+def _attend_in_a_layer(impl: str, mesh=None, target=None):
     q, k, v, _, cotangent = _inputs(128, jnp.bfloat16, heads=4)
     ids = _ids(128, packed=True)
     mask = attention.Mask(jnp.asarray(ids), 3)
@@ -160,13 +166,16 @@ def _attend_in_a_layer(impl: str, mesh=None):
     with (
         sharding.activate(mesh)
         if mesh is not None
-        else compile_target.target_device(jax.devices()[0])
+        else compile_target.target_device(jax.devices()[0]),
+        compile_target.target_device(target) if target else contextlib.nullcontext(),
     ):
         return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v), real
 
 
-def _assert_layer_matches_reference(mesh=None):
-    ((_, got), got_grads), real = _attend_in_a_layer("pallas", mesh)
+def _assert_layer_matches_reference(mesh=None, target=None):
+    """ "pallas" in a layer (traced for `target`, default the mesh's or the CPU) against the
+    einsum path with the mask of the seeds the layer draws."""
+    ((_, got), got_grads), real = _attend_in_a_layer("pallas", mesh, target)
     ((_, want), want_grads), _ = _attend_in_a_layer("reference")
     np.testing.assert_allclose(
         np.where(real, got, 0).astype(np.float32),

@@ -1,0 +1,232 @@
+"""The Pallas GPU (Triton) kernel with attention dropout (`bertjax.models.flash_dropout_gpu`),
+in Pallas' interpret mode on the CPU: outputs and gradients against the einsum path given the
+same mask (`attention_hash.hash_dropout`), padded and packed rows, float32 and bfloat16; its
+mask bit for bit the TPU kernel's (`attention_hash.keep_mask`); "auto" picking it for dropout
+training on a GPU; a train step resumed from a checkpoint replaying it exactly; and (`aot`)
+its deviceless compile for an H100, which runs Triton's own checks (shared memory, layouts)."""
+
+import re
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax.models import (
+    attention,
+    attention_hash,
+    compile_target,
+    flash_dropout_gpu,
+    pallas_attention,
+)
+from bertjax.models.bert.model import BertConfig, BertForPreTraining
+from bertjax.training import checkpoint, optim, sharding, steps
+from bertjax.training.state import create_train_state
+from test_flash_dropout import (
+    CASES_AT_128,
+    RATE,
+    _assert_layer_matches_reference,
+    _check_against_einsum,
+)
+
+# What "auto" and "pallas" are traced for: a GPU (Hopper); the CPU still runs the program.
+H100 = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+
+
+@pytest.mark.parametrize("packed, dtype", CASES_AT_128)
+def test_gpu_kernel_matches_einsum_with_the_same_mask_at_128_tokens(packed, dtype):
+    """float32: to rounding (1e-5); bfloat16: both paths round the probabilities and the
+    gradients' operands to bfloat16 in different orders (online softmax, base-2 exponentials),
+    about one unit in the last place of values below 2 (2e-2), as the TPU kernel's test."""
+    _check_against_einsum(128, packed, dtype, flash=flash_dropout_gpu.flash_dropout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_gpu_kernel_matches_einsum_with_the_same_mask_at_512_tokens(packed):
+    _check_against_einsum(512, packed, jnp.float32, flash=flash_dropout_gpu.flash_dropout)
+    _check_against_einsum(512, packed, jnp.bfloat16, flash=flash_dropout_gpu.flash_dropout)
+
+
+def _bit_weights(length: int, head_size: int) -> np.ndarray:
+    """`[L, D]`: row r is 2**(r // D) at column r % D, so a sum over rows of kept flags
+    reads back, column by column, as one bit per row."""
+    rows = np.arange(length)
+    weights = np.zeros((length, head_size), np.float32)
+    weights[rows, rows % head_size] = 2.0 ** (rows // head_size)
+    return weights
+
+
+def _bits_to_mask(sums_BxLxNxD: np.ndarray, length: int) -> np.ndarray:
+    """bool `[B, N, L(rows), L(summed)]` from sums of `_bit_weights` rows (integers)."""
+    head_size = sums_BxLxNxD.shape[-1]
+    sums = np.rint(sums_BxLxNxD).astype(np.int64).transpose(0, 2, 1, 3)  # [B, N, L, D]
+    summed = np.arange(length)
+    return (sums[..., summed % head_size] >> (summed // head_size)) & 1 == 1
+
+
+@pytest.mark.parametrize("length", [128, pytest.param(512, marks=pytest.mark.slow)])
+def test_gpu_kernel_draws_the_tpu_kernels_mask_bit_for_bit(length):
+    """q = k = 0 and no padding make every probability 1/L; v (then the output's cotangent)
+    holds one bit per key (query): the output reads back which keys each query kept, the
+    gradient of v which queries kept each key, both equal to `keep_mask`, bit for bit."""
+    batch, heads, head_size = 2, 2, 128
+    seeds = jax.random.randint(jax.random.key(3), (batch, heads), -(2**31), 2**31 - 1, jnp.int32)
+    bits = np.broadcast_to(
+        _bit_weights(length, head_size)[None, :, None], (batch, length, heads, head_size)
+    ).reshape(batch, length, heads * head_size)
+    zeros = np.zeros_like(bits)
+    ids = jnp.ones((batch, length), jnp.int32)
+    scale = length * (1 - RATE)  # each kept value is 1 / L / (1 - rate)
+
+    def out_and_dv(qkv):
+        out, vjp = jax.vjp(
+            lambda qkv: flash_dropout_gpu.flash_dropout(qkv, ids, seeds, RATE, True), qkv
+        )
+        return out, vjp(jnp.asarray(bits))[0][2]
+
+    out, dv = jax.jit(out_and_dv)(jnp.stack([zeros, zeros, bits]))
+    want = np.asarray(attention_hash.keep_mask(seeds, length, RATE))
+    shape = (batch, length, heads, head_size)
+    np.testing.assert_array_equal(
+        _bits_to_mask(np.asarray(out).reshape(shape) * scale, length), want
+    )
+    kept_by_key = _bits_to_mask(np.asarray(dv).reshape(shape) * scale, length)
+    np.testing.assert_array_equal(kept_by_key, want.transpose(0, 1, 3, 2))
+    assert 0.85 < want.mean() < 0.95  # dropout is applied: about 1 - rate kept
+
+
+def test_auto_picks_the_gpu_kernel_for_dropout_training_on_a_gpu():
+    resolve = attention.resolve_impl
+    assert resolve("auto", "bfloat16", 64, "gpu", 0.1, 128, False) == "pallas"
+    assert resolve("auto", "bfloat16", 64, "gpu", 0.1, 512, True) == "pallas"  # packed rows
+    assert resolve("auto", "float16", 64, "gpu", 0.1, 1024) == "pallas"  # no whole-row limit
+    assert resolve("auto", "bfloat16", 64, "gpu", 0.0, 512) == "cudnn"  # no dropout: cuDNN
+    assert resolve("auto", "float32", 64, "gpu", 0.1, 512) == "einsum"  # 16-bit compute only
+    assert resolve("auto", "bfloat16", 64, "gpu", 0.1, 200) == "einsum"  # not 128-token blocks
+    assert resolve("auto", "bfloat16", 48, "gpu", 0.1, 512) == "einsum"  # head size
+    with compile_target.target_device(H100):
+        assert attention.window_impl("pallas", 16) == "einsum"  # no windows in the kernel
+        with pytest.raises(ValueError, match="on a GPU needs a sequence length"):
+            pallas_attention.pallas_attention(
+                *(jnp.zeros((1, 200, 2, 64)),) * 3, jnp.ones((1, 200)), dropout_rate=RATE
+            )
+
+
+def test_attend_runs_the_gpu_kernel_with_the_layers_seeds():
+    """ "pallas" traced for a GPU runs the Triton kernel (interpret mode where the program is
+    lowered for the CPU) with seeds from the layer's dropout stream: the einsum path given
+    the same draw agrees."""
+    _assert_layer_matches_reference(target=H100)
+
+
+@pytest.mark.slow
+def test_attend_runs_the_gpu_kernel_per_shard_with_its_seeds():
+    _assert_layer_matches_reference(
+        sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 2}, jax.devices()[:4]), H100
+    )
+
+
+def _pretraining_batch(seed: int, batch: int = 4, length: int = 128) -> dict:
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, length), np.int32)
+    mask[0, 100:] = 0
+    return {
+        "input_ids": rng.integers(5, 64, (batch, length)).astype(np.int32) * mask,
+        "input_mask": mask,
+        "segment_ids": (np.arange(length) >= 60).astype(np.int32)[None].repeat(batch, 0) * mask,
+        "masked_lm_positions": np.sort(rng.integers(1, 100, (batch, 8)), 1).astype(np.int32),
+        "masked_lm_ids": rng.integers(5, 64, (batch, 8)).astype(np.int32),
+        "masked_lm_weights": np.ones((batch, 8), np.float32),
+        "next_sentence_labels": rng.integers(0, 2, (batch,)).astype(np.int32),
+    }
+
+
+@pytest.mark.slow
+def test_a_train_step_on_the_gpu_kernel_resumes_from_a_checkpoint_bit_for_bit(tmp_path):
+    """BERT (one layer, one head of 64, bfloat16, attention dropout 0.1) with "auto" traced for
+    an H100: the Triton kernel. Two steps from a state restored from the step-2 checkpoint
+    give the uninterrupted run's losses and parameters bit for bit: the mask comes from the
+    checkpointed RNG (cuDNN's generator, advanced by XLA at each execution, would not)."""
+    config = BertConfig(
+        vocab_size=64,
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        dtype="bfloat16",
+    )
+    model = BertForPreTraining(config)
+    tx = optim.make_optimizer(
+        optim.OptimizerConfig(peak_learning_rate=1e-2, warmup_steps=1, total_steps=10)
+    )
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
+    example = (jnp.zeros((1, 8), jnp.int32),) * 3 + (jnp.zeros((1, 2), jnp.int32),)
+    state, abstract, shardings = create_train_state(model, tx, jax.random.PRNGKey(0), example, mesh)
+    step = steps.jit_train_step(steps.make_train_step(model, tx, 1), shardings, mesh)
+    batches = [_pretraining_batch(i) for i in range(4)]
+    meta = {"model": {"hidden_size": 64}}
+
+    def run(state, batches):
+        losses = []
+        with sharding.activate(mesh), compile_target.target_device(H100):
+            for batch in batches:
+                state, metrics = step(state, sharding.global_batch_from_host(batch, mesh))
+                losses.append(np.asarray(metrics["mlm_loss_sum"]))
+        return state, losses
+
+    with sharding.activate(mesh), compile_target.target_device(H100):
+        traced = step.trace(state, sharding.global_batch_from_host(batches[0], mesh))
+    assert re.search(r"pallas_call.*name=flash_dropout_forward", str(traced.jaxpr), re.S)
+    assert config.resolved_attention_impl("gpu") == "pallas"
+
+    at_two, _ = run(state, batches[:2])
+    ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=2, keep_latest=1)
+    assert ckpt.save(2, at_two, {"phase": "short", "batch_index": 2}, meta)
+    ckpt.close()
+    straight, straight_losses = run(at_two, batches[2:])
+    ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=2, keep_latest=1)
+    restored, _, _ = ckpt.restore(2, abstract, meta)
+    ckpt.close()
+    resumed, resumed_losses = run(restored, batches[2:])
+    np.testing.assert_array_equal(resumed_losses, straight_losses)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+        resumed.params,
+        straight.params,
+    )
+
+
+@pytest.mark.aot
+def test_gpu_kernel_compiles_for_an_h100():
+    """The deviceless H100 compile (the CUDA plugin's XLA, no GPU) of attention through
+    `pallas_attention` traced for it, forward and backward at 128 and 512 tokens (BERT-large's
+    16 heads of 64): two Triton kernels per compile and nothing interpreted. XLA runs Triton's
+    passes there, so the limits interpret mode does not check (shared memory per block,
+    layouts, supported ops) are checked (a block over the H100's 227 KiB of shared memory
+    fails this compile: RESOURCE_EXHAUSTED)."""
+    from bertjax.runtime import targets
+
+    device = targets.devices(targets.TARGETS["h100"])[0]
+    placed = jax.sharding.SingleDeviceSharding(device)
+    batch, heads, head_size = 4, 16, 64
+    for length in (128, 512):
+
+        def loss(q, k, v, ids, seeds):
+            out = pallas_attention.pallas_attention(
+                q, k, v, ids, dropout_rate=RATE, seeds_BxN=seeds
+            )
+            return jnp.sum(out.astype(jnp.float32))
+
+        shapes = [
+            jax.ShapeDtypeStruct((batch, length, heads, head_size), jnp.bfloat16, sharding=placed)
+        ] * 3 + [
+            jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=placed),
+            jax.ShapeDtypeStruct((batch, heads), jnp.int32, sharding=placed),
+        ]
+        with compile_target.target_device(device):
+            compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(*shapes).compile().as_text()
+        assert compiled.count('custom_call_target="__gpu$xla.gpu.triton"') == 2
+        assert "while" not in compiled  # no interpreted kernel
