@@ -135,6 +135,29 @@ def test_the_mask_keeps_nine_in_ten_independently_per_row_and_head():
         assert abs(pairs.mean() - (expected**2 + (1 - expected) ** 2)) < 0.01
 
 
+def _lowbias32(x: np.ndarray) -> np.ndarray:
+    """C. Wellons' lowbias32 on uint32, in numpy."""
+    x = x ^ (x >> 16)
+    x = x * np.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * np.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def test_the_mask_is_lowbias32s_top_16_bits_of_counter_xor_seed():
+    """The documented mask (docs/deviations.md section 7), from numpy's lowbias32: `keep`
+    reads its top 16 bits before the last xor-shift, which leaves them unchanged."""
+    seeds = np.random.default_rng(4).integers(-(2**31), 2**31, (3, 2)).astype(np.int32)
+    length = 256
+    counters = np.arange(length * length, dtype=np.uint32).reshape(length, length)
+    hashed = _lowbias32(counters[None, None] ^ seeds.view(np.uint32)[:, :, None, None])
+    want = (hashed >> 16) >= round(RATE * 2**16)
+    got = np.asarray(attention_hash.keep_mask(jnp.asarray(seeds), length, RATE))
+    np.testing.assert_array_equal(got, want)
+    mixed = np.asarray(attention_hash.mix(jnp.asarray(counters.view(np.int32))))
+    np.testing.assert_array_equal(mixed.view(np.uint32), _lowbias32(counters))
+
+
 class _Attend(nn.Module):
     """`attention.attend` as a model layer calls it, or the einsum path with the mask of the
     seeds the layer draws (the same module path, so the same draw)."""

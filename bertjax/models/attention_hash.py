@@ -42,12 +42,17 @@ def shift(x: jax.Array, bits: int) -> jax.Array:
     return lax.shift_right_logical(x, jnp.full(x.shape, bits, jnp.int32))
 
 
-def mix(x: jax.Array) -> jax.Array:
-    """lowbias32 on int32 (wrapping multiplies, logical shifts)."""
+def _mix_rounds(x: jax.Array) -> jax.Array:
+    """lowbias32 but its last xor-shift, which leaves the top 16 bits as they are."""
     x = x ^ shift(x, 16)
     x = x * jnp.int32(MIX_MULTIPLIERS[0])
     x = x ^ shift(x, 15)
-    x = x * jnp.int32(MIX_MULTIPLIERS[1])
+    return x * jnp.int32(MIX_MULTIPLIERS[1])
+
+
+def mix(x: jax.Array) -> jax.Array:
+    """lowbias32 on int32 (wrapping multiplies, logical shifts)."""
+    x = _mix_rounds(x)
     return x ^ shift(x, 16)
 
 
@@ -57,8 +62,10 @@ def threshold(rate: float) -> int:
 
 
 def keep(counter_QxK: jax.Array, seed: jax.Array, rate: float) -> jax.Array:
-    """Which of the (query, key) counters `query * L + key` are kept under `seed`."""
-    return shift(mix(counter_QxK ^ seed), 32 - KEEP_BITS) >= threshold(rate)
+    """Which of the (query, key) counters `query * L + key` are kept under `seed`: the top 16
+    bits of `mix(counter ^ seed)` at least `threshold(rate)`, read before mix's last
+    xor-shift (x ^ x >>> 16 has x's top 16 bits: two vector operations fewer per element)."""
+    return shift(_mix_rounds(counter_QxK ^ seed), 32 - KEEP_BITS) >= threshold(rate)
 
 
 def counters(

@@ -35,15 +35,16 @@ MAX_LENGTH = 512
 MAX_BLOCK_ROWS = 2048  # heads per grid step: as many as keep heads * length <= this
 
 
-def _probs(q_LxD, k_LxD, bias_LxL, scale):
-    """The einsum path's float32 softmax of one head's scores."""
+def _softmax_parts(q_LxD, k_LxD, bias_LxL, scale):
+    """The einsum path's float32 softmax of one head's scores, unnormalized `[L, L]`, and the
+    row sums `[L, 1]` that normalize it (divided once per row, or after the matmul)."""
     scores = (
         lax.dot_general(q_LxD, k_LxD, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         * scale
         + bias_LxL
     )
     unnormalized = jnp.exp(scores - jnp.max(scores, axis=1, keepdims=True))
-    return unnormalized / jnp.sum(unnormalized, axis=1, keepdims=True)
+    return unnormalized, jnp.sum(unnormalized, axis=1, keepdims=True)
 
 
 def _bias(q_ids_ref, kv_ids_ref, length):
@@ -70,13 +71,17 @@ def _forward_kernel(
     counters = attention_hash.counters(length, length)
     first = _first_head(width // head_size)
     for h, cols in enumerate(_heads(width, head_size)):
-        probs = _probs(qkv_ref[0, 0, :, cols], qkv_ref[1, 0, :, cols], bias, scale)
+        unnormalized, sums = _softmax_parts(
+            qkv_ref[0, 0, :, cols], qkv_ref[1, 0, :, cols], bias, scale
+        )
         keep = attention_hash.keep(counters, seeds_ref[first + h], rate)
-        dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
         v = qkv_ref[2, 0, :, cols]
-        o_ref[0, :, cols] = lax.dot(
-            dropped.astype(v.dtype), v, preferred_element_type=jnp.float32
-        ).astype(o_ref.dtype)
+        out = lax.dot(
+            jnp.where(keep, unnormalized, 0.0).astype(v.dtype),
+            v,
+            preferred_element_type=jnp.float32,
+        )  # normalized and scaled by 1 / (1 - rate) per row, `[L, D]` rather than `[L, L]`
+        o_ref[0, :, cols] = (out * (1.0 / ((1.0 - rate) * sums))).astype(o_ref.dtype)
 
 
 def _backward_kernel(
@@ -98,17 +103,23 @@ def _backward_kernel(
     for h, cols in enumerate(_heads(width, head_size)):
         q, k, v = (qkv_ref[i, 0, :, cols] for i in range(3))
         do = do_ref[0, :, cols]
-        probs = _probs(q, k, bias, scale)
+        unnormalized, sums = _softmax_parts(q, k, bias, scale)
+        probs = unnormalized * (1.0 / sums)
         d_dropped = lax.dot_general(
             do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
         keep = attention_hash.keep(counters, seeds_ref[first + h], rate)
-        dropped = jnp.where(keep, probs / (1.0 - rate), 0.0)
-        d_probs = jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
-        d_scores = probs * (d_probs - jnp.sum(probs * d_probs, axis=1, keepdims=True)) * scale
-        for i, (left, right) in enumerate(((d_scores, k), (d_scores.T, q), (dropped.T, do))):
-            dqkv_ref[i, 0, :, cols] = lax.dot(
-                left.astype(right.dtype), right, preferred_element_type=jnp.float32
+        # The kept probabilities and their gradient, not yet scaled by 1 / (1 - rate) (nor the
+        # scores' gradient by `scale`): the matmuls' `[L, D]` results are, once.
+        kept = jnp.where(keep, probs, 0.0)
+        d_kept = jnp.where(keep, d_dropped, 0.0)
+        d_scores = probs * (d_kept - jnp.sum(probs * d_kept, axis=1, keepdims=True))
+        factors = (scale / (1.0 - rate),) * 2 + (1.0 / (1.0 - rate),)
+        operands = ((d_scores, k), (d_scores.T, q), (kept.T, do))
+        for i, ((left, right), factor) in enumerate(zip(operands, factors)):
+            dqkv_ref[i, 0, :, cols] = (
+                lax.dot(left.astype(right.dtype), right, preferred_element_type=jnp.float32)
+                * factor
             ).astype(dqkv_ref.dtype)
 
 

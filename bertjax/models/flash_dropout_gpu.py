@@ -108,10 +108,15 @@ def _backward_kernel(
     first = pl.program_id(2) * BLOCK_MAJOR
     major = pl.ds(first, BLOCK_MAJOR)
 
+    # The tiles' gradients leave out the factors 1 / (1 - rate) and `scale`, common to every
+    # element: the accumulated `[K, D]` and `[Q, D]` gradients take them once at the end.
+    d_factor, v_factor = scale / (1.0 - rate), 1.0 / (1.0 - rate)
+
     def d_scores(probs, d_dropped, delta, first_query, first_key):
-        """The gradient of the base-e scores from that of the dropped probabilities."""
-        d_probs = _kept(d_dropped, seed, rate, first_query, first_key, length) / (1.0 - rate)
-        return probs * (d_probs - delta[:, None]) * scale
+        """The gradient of the base-e scores from that of the dropped probabilities, divided
+        by `d_factor`."""
+        d_kept = _kept(d_dropped, seed, rate, first_query, first_key, length)
+        return probs * (d_kept - delta[:, None] * (1.0 - rate))
 
     k, v, k_ids = qkv_ref[1, major, :], qkv_ref[2, major, :], ids_ref[major]
 
@@ -121,16 +126,16 @@ def _backward_kernel(
         queries = pl.ds(first_query, BLOCK_MINOR)
         q, do = qkv_ref[0, queries, :], do_ref[queries, :]
         probs = jnp.exp2(_scores(q, k, ids_ref[queries], k_ids, scale) - lse_ref[queries][:, None])
-        dropped = _kept(probs, seed, rate, first_query, first, length) / (1.0 - rate)
-        dv = dv + plgpu.dot(dropped.astype(do.dtype), do, trans_a=True)
+        kept = _kept(probs, seed, rate, first_query, first, length)
+        dv = dv + plgpu.dot(kept.astype(do.dtype), do, trans_a=True)
         d_dropped = plgpu.dot(do, v, trans_b=True)
         ds = d_scores(probs, d_dropped, delta_ref[queries], first_query, first)
         return dk + plgpu.dot(ds.astype(q.dtype), q, trans_a=True), dv
 
     zeros = jnp.zeros(k.shape, jnp.float32)
     dk, dv = lax.fori_loop(0, length // BLOCK_MINOR, key_step, (zeros, zeros))
-    dqkv_ref[1, major, :] = dk.astype(dqkv_ref.dtype)
-    dqkv_ref[2, major, :] = dv.astype(dqkv_ref.dtype)
+    dqkv_ref[1, major, :] = (dk * d_factor).astype(dqkv_ref.dtype)
+    dqkv_ref[2, major, :] = (dv * v_factor).astype(dqkv_ref.dtype)
 
     q, do, q_ids = qkv_ref[0, major, :], do_ref[major, :], ids_ref[major]
     lse, delta = lse_ref[major], delta_ref[major]
@@ -144,7 +149,7 @@ def _backward_kernel(
         return dq + plgpu.dot(ds.astype(k.dtype), k)
 
     dq = lax.fori_loop(0, length // BLOCK_MINOR, query_step, zeros)
-    dqkv_ref[0, major, :] = dq.astype(dqkv_ref.dtype)
+    dqkv_ref[0, major, :] = (dq * d_factor).astype(dqkv_ref.dtype)
 
 
 def _call_forward(qkv_3xBxLxNxD, ids_BxL, seeds_BxN, rate, interpret):
