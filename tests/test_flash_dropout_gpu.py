@@ -236,3 +236,10 @@ def test_gpu_kernel_compiles_for_an_h100():
             compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(*shapes).compile().as_text()
         assert compiled.count('custom_call_target="__gpu$xla.gpu.triton"') == 2
         assert "while" not in compiled  # no interpreted kernel
+        # each call carries its FLOPs for the census (XLA counts none in a Triton call)
+        declared = [
+            int(flash_dropout_gpu.cost(batch, heads, length, head_size, backward)["flops"])
+            for backward in (False, True)
+        ]
+        found = re.findall(r"serialized_metadata = .{0,20}flops\\22: \\22(\d+)", compiled)
+        assert sorted(int(f) for f in found) == declared

@@ -48,6 +48,17 @@ def fits(length: int, head_size: int) -> bool:
     return head_size in HEAD_SIZES and length % BLOCK_MAJOR == 0 and length <= 2**16
 
 
+def cost(batch: int, heads: int, length: int, head_size: int, backward: bool) -> dict[str, str]:
+    """The kernel's matmul FLOPs and exponentials, as the pallas_call's metadata (the HLO's
+    `serialized_metadata`: XLA counts no FLOPs in a Triton call). Forward: QK^T and PV;
+    backward: QK^T, dO V^T in both scans, and dv, dk, dq."""
+    scores = batch * heads * length * length
+    return {
+        "flops": str(2 * scores * head_size * (7 if backward else 2)),
+        "transcendentals": str(scores * (2 if backward else 1)),
+    }
+
+
 def _scores(q_QxD, k_KxD, q_ids_Q, k_ids_K, scale):
     """The einsum path's scores `q.k * scale`, plus -10000 between different segment ids, in
     base 2 (times log2(e)), float32 `[Q, K]`."""
@@ -175,6 +186,7 @@ def _call_forward(qkv_3xBxLxNxD, ids_BxL, seeds_BxN, rate, interpret):
         compiler_params=plgpu.CompilerParams(**FORWARD_PARAMS),
         interpret=interpret,
         name="flash_dropout_forward",
+        metadata=cost(batch, heads, length, head_size, backward=False),
     )(seeds_BxN, qkv_3xBxLxNxD, ids_BxL)
 
 
@@ -204,6 +216,7 @@ def _call_backward(
         compiler_params=plgpu.CompilerParams(**BACKWARD_PARAMS),
         interpret=interpret,
         name="flash_dropout_backward",
+        metadata=cost(batch, heads, length, head_size, backward=True),
     )(seeds_BxN, qkv_3xBxLxNxD, ids_BxL, d_out_BxLxNxD, lse_BxNxL, delta_BxNxL)
 
 
