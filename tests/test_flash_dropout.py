@@ -55,7 +55,12 @@ def _reference(q, k, v, ids, seeds, rate):
 
 
 def _check_against_einsum(
-    length: int, packed: bool, dtype, heads: int = 2, flash=flash_dropout.flash_dropout
+    length: int,
+    packed: bool,
+    dtype,
+    heads: int = 2,
+    flash=flash_dropout.flash_dropout,
+    rate: float = RATE,
 ):
     """`flash` (a kernel taking `[3, B, L, N * D]`, in interpret mode) against the einsum path
     with its mask: outputs at every real token and gradients."""
@@ -66,7 +71,7 @@ def _check_against_einsum(
 
     def run(attend):
         def loss(q, k, v):
-            out = attend(q, k, v, ids, seeds, RATE)
+            out = attend(q, k, v, ids, seeds, rate)
             return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
 
         return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)

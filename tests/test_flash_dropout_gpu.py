@@ -55,6 +55,11 @@ def test_gpu_kernel_matches_einsum_with_the_same_mask_at_512_tokens(packed, dtyp
     _check_against_einsum(512, packed, dtype, flash=flash_dropout_gpu.flash_dropout)
 
 
+def test_gpu_kernel_without_dropout_is_flash_attention():
+    """Rate 0 ("pallas" on a GPU where no dropout applies): no hash, every probability kept."""
+    _check_against_einsum(128, True, jnp.float32, flash=flash_dropout_gpu.flash_dropout, rate=0.0)
+
+
 def _bit_weights(length: int, head_size: int) -> np.ndarray:
     """`[L, D]`: row r is 2**(r // D) at column r % D, so a sum over rows of kept flags
     reads back, column by column, as one bit per row."""
