@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from bertjax import cli
+from bertjax.data import wordpiece
 from test_faults import assert_console_in_log, command_line
 from test_finetune import assert_quiet_console
 from test_train import corpus_file  # noqa: F401 (fixture)
@@ -209,6 +210,26 @@ def test_a_flag_mistake_is_one_line_on_every_entry_point(module, args, message, 
     assert result.stderr.splitlines() == [f"error: {result.stderr[7:].strip()}"]
     assert message.format(**names) in result.stderr, result.stderr
     assert not names["w"].exists()
+
+
+def test_an_empty_or_missing_tokenizer_file_is_one_line(tmp_path):
+    """A 0-byte tokenizer.json (a failed download) is the run's one `error:` line, not a
+    ValueError's traceback; a missing one names the path."""
+    empty = tmp_path / "tokenizer.json"
+    empty.write_bytes(b"")
+    result = run(
+        "bertjax.train",
+        "--config=configs/modernbert_tiny.py",
+        f"--workdir={tmp_path / 'w'}",
+        f"--config.data.vocab_file={empty}",
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [
+        f"error: tokenizer file is empty: {empty} (0 bytes: a failed download or copy?); name a "
+        "complete file, or copy it again"
+    ]
+    with pytest.raises(FileNotFoundError, match=f"^tokenizer file not found: {tmp_path}/no.json"):
+        wordpiece.read_bytes(str(tmp_path / "no.json"), "tokenizer file")
 
 
 def test_verbosity_brings_the_library_log_back(tmp_path):
