@@ -210,6 +210,17 @@ def integers(flag: str, value: str) -> list[int]:
         ) from None
 
 
+def check_max_seq_length(max_seq_length: int, max_position_embeddings: int) -> None:
+    """ConfigError unless `--max_seq_length` fits between [CLS] [SEP] and the model's
+    positions (`max_position_embeddings`)."""
+    if not 2 <= max_seq_length <= max_position_embeddings:
+        raise ConfigError(
+            f"--max_seq_length={max_seq_length} is out of range: the model has "
+            f"{max_position_embeddings} positions (max_position_embeddings), and [CLS] and "
+            f"[SEP] take 2; set --max_seq_length between 2 and {max_position_embeddings}"
+        )
+
+
 def leave(message: str, status: int = 1, at_once: bool = False) -> NoReturn:
     """`failures.leave`, with the `error:` line also at the end of the run's log file, if it
     wrote one."""
