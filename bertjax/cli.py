@@ -155,7 +155,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
-        print(f"error: {flag_error_line(e, flags.FLAGS)}", file=sys.stderr, flush=True)
+        print(f"error: {flag_error_line(e, list(flags.FLAGS))}", file=sys.stderr, flush=True)
         sys.exit(2)
 
 
