@@ -742,7 +742,7 @@ def test_a_full_disk_while_fine_tuning_is_one_line_and_the_rerun_resumes_exactly
     run = Trainer(on_a_small_filesystem(args, directory, 1200, f"cp -a {directory} {kept}"))
     run.wait_for("^error: ")
     started = time.time()
-    assert run.finish(timeout=30) == 1, run.output()  # (not held by Orbax's writer threads)
+    assert run.finish(silence=30) == 1, run.output()  # (not held by Orbax's writer threads)
     seconds, output = time.time() - started, run.output(None)
     error = assert_one_full_disk_line(run, directory, 6, 3, workdir)
     assert "checkpoint step 3 ->" not in output  # (named once the run ends with it kept)
@@ -785,7 +785,7 @@ def test_ctrl_c_while_fine_tuning_saves_at_the_step_and_the_rerun_resumes_exactl
     run.proc.send_signal(signal.SIGINT)
     run.wait_for("Ctrl-C: saving a checkpoint at the end of this step")
     run.release()
-    assert run.finish(timeout=60) == 130, run.output()
+    assert run.finish(silence=60) == 130, run.output()
     assert run.lines[-1] == (
         "Stopped at seed 1 step 5 of 9 (Ctrl-C): checkpoint saved; rerun "
         "the same command to continue\n"
