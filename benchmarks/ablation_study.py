@@ -151,10 +151,16 @@ def run_once(cmd: list[str], done_file: str, out: str) -> None:
     print("+ " + shlex.join(cmd), flush=True)
     with open(os.path.join(out, "commands.txt"), "a") as f:
         f.write(shlex.join(cmd) + "\n")
-    subprocess.run(cmd, check=True)
+    try:
+        subprocess.run(cmd, check=True)
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"error: that step exited {e.returncode} (its output is above); rerun to go on")
 
 
 def run(args) -> None:
+    missing = finetune_study.missing_data(args.tasks.split(","), books=True)
+    if missing:
+        sys.exit(f"error: {missing}")
     os.makedirs(args.out, exist_ok=True)
     for row in args.rows.split(","):
         if ROWS[row][0] is not None:

@@ -25,6 +25,23 @@ import sys
 
 # The shared data sets (glue/, conll2003/, gutenberg/): the directory $DATA names, else ./data.
 DATA = os.environ.get("DATA", "data")
+TASK_DIRS = {"sst2": "glue", "mrpc": "glue", "conll2003": "conll2003"}
+
+
+def missing_data(tasks: list[str], books: bool = False) -> str | None:
+    """The first data set that the study's `tasks` (and with `books`, the Gutenberg books)
+    need and $DATA does not hold, as one line saying what to set; None when all are there."""
+    needed = [f"{DATA}/{TASK_DIRS[t]}" for t in tasks if t in TASK_DIRS]
+    for path in needed + ([f"{DATA}/gutenberg"] if books else []):
+        if not glob.glob(os.path.join(path, "*")):
+            return (
+                f"{path} is missing or empty: set DATA to the directory that holds gutenberg/, "
+                f"glue/ and conll2003/ (now {'DATA=' + DATA if 'DATA' in os.environ else './data'}"
+                "; docs/probing-and-ablations.md)"
+            )
+    return None
+
+
 # The study's settings: the original defaults (batch 32, 3 epochs, 10% warmup, BertAdam,
 # dropout 0.1) except peak lr 1e-4 (the small-BERT recommendation), shorter sequences where the
 # task's texts fit, and a fixed random 8000-example subset of SST-2's 67k (CPU time).

@@ -1,16 +1,19 @@
 """What the `python -m bertjax.*` entry points share around their own work: the config file
 and its `--config.a.b=value` overrides checked before absl parses them (a typo or a missing
-`.py` is one line with the nearest valid names, not a traceback), and the console set up for
-absl's `--verbosity` (`console.configure_console`)."""
+`.py` is one line with the nearest valid names, not a traceback), absl's own flag errors (an
+unknown flag, a value of the wrong type, a required flag missing) as one `error:` line and
+exit 2, and the console set up for absl's `--verbosity` (`console.configure_console`)."""
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import glob
 import os
+import re
 import runpy
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NoReturn
 
 import ml_collections
@@ -104,9 +107,63 @@ def config_argument_error(argv: Sequence[str], flag: str = "config") -> str | No
     return None
 
 
+def flag_error_line(error: flags.Error, known: Collection[str]) -> str:
+    """absl's flag parsing `error` as one line naming the flag and what to do; `known`: the
+    defined flag names (for the nearest to a mistyped one)."""
+    if isinstance(error, flags.UnrecognizedFlagError):
+        near = difflib.get_close_matches(error.flagname, list(known), n=3, cutoff=0.7)
+        fix = (
+            "did you mean " + " or ".join(f"--{n}" for n in near) + "?"
+            if near
+            else "--helpfull lists the flags"
+        )
+        return f"--{error.flagname}: no such flag; {fix}"
+    message = str(error)
+    empty = re.fullmatch(r"Missing value for flag --(\S+)", message)
+    if empty:
+        return f"--{empty[1]} has no value: give --{empty[1]}=VALUE"
+    required = re.fullmatch(
+        r"flag --(\S+)=None: Flag --\S+ must have a value other than None\.", message
+    )
+    if required:
+        return f"--{required[1]} is required: give --{required[1]}=VALUE"
+    value = re.fullmatch(r"flag --([^=\s]+)=(.*?): (.*)", message, re.DOTALL)
+    if value and value[1] in known:
+        name, kind = value[1], flags.FLAGS[value[1]].flag_type()
+        return f"--{name}={value[2]}: {value[3]} (a value of type {kind} is due); set --{name}"
+    return message.replace("\n", " ")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser for the entry points that do not use absl (`bertjax.convert`): a
+    mistake is one `error:` line (an unknown option with the nearest one) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        unknown = re.fullmatch(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            options = [o for action in self._actions for o in action.option_strings]
+            first = unknown[1].split()[0]
+            near = difflib.get_close_matches(first.split("=")[0], options, n=3, cutoff=0.5)
+            fix = "did you mean " + " or ".join(near) + "?" if near else f"{self.prog} --help"
+            message = f"{first}: no such option; {fix}"
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parse of `argv`, with one `error:` line and exit 2 for a mistake in it."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        print(f"error: {flag_error_line(e, list(flags.FLAGS))}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
 def run(main: Callable[[list[str]], None], config_flag: str | None = "config") -> None:
     """`app.run(main)`, after checking the config arguments (one `error:` line and exit 1 on
-    a problem) and with the console configured for `--verbosity` before `main` starts."""
+    a problem), with absl's flag errors as one `error:` line and exit 2 (`--only_check_args`
+    stops after them: `launch/tpu_vm.sh` checks a job's flags so), and with the console
+    configured for `--verbosity` before `main` starts."""
     problem = config_argument_error(sys.argv, config_flag) if config_flag else None
     if problem:
         print(f"error: {problem}", file=sys.stderr, flush=True)
@@ -120,7 +177,7 @@ def run(main: Callable[[list[str]], None], config_flag: str | None = "config") -
             leave(str(e))
         main(argv)
 
-    app.run(configured_main)
+    app.run(configured_main, flags_parser=_parse_flags)
 
 
 def leave_on(error: Exception, workdir: str = "") -> NoReturn:
@@ -153,8 +210,52 @@ def integers(flag: str, value: str) -> list[int]:
         ) from None
 
 
+def check_max_seq_length(max_seq_length: int, max_position_embeddings: int) -> None:
+    """ConfigError unless `--max_seq_length` fits between [CLS] [SEP] and the model's
+    positions (`max_position_embeddings`)."""
+    if not 2 <= max_seq_length <= max_position_embeddings:
+        raise ConfigError(
+            f"--max_seq_length={max_seq_length} is out of range: the model has "
+            f"{max_position_embeddings} positions (max_position_embeddings), and [CLS] and "
+            f"[SEP] take 2; set --max_seq_length between 2 and {max_position_embeddings}"
+        )
+
+
 def leave(message: str, status: int = 1, at_once: bool = False) -> NoReturn:
     """`failures.leave`, with the `error:` line also at the end of the run's log file, if it
     wrote one."""
     console.note(f"error: {message}")
     failures.leave(message, status, at_once)
+
+
+# The entry points whose flags are absl's, read through `run`.
+ABSL_JOBS = (
+    "train",
+    "finetune",
+    "prepare",
+    "probe",
+    "extract_features",
+    "tools.aot",
+    "tools.bench",
+    "tools.bench_data",
+)
+
+
+def check_job_flags(job: str, args: Sequence[str]) -> int:
+    """Parses the flags of `python -m bertjax.JOB ARGS` as that job does, and stops before
+    its work (absl's `--only_check_args`): 0 when they parse; the job's own `error:` line and
+    exit status when not; 3, with a note, when they cannot be checked here (a job outside
+    ABSL_JOBS, or one whose dependencies this Python lacks). `launch/tpu_vm.sh` runs it
+    before touching a slice."""
+    if job not in ABSL_JOBS:
+        print(f"note: bertjax.{job}'s flags are not checked before launch", file=sys.stderr)
+        return 3
+    sys.argv = [f"python -m bertjax.{job}", "--only_check_args", *args]
+    try:
+        runpy.run_module(f"bertjax.{job}", run_name="__main__", alter_sys=True)
+    except ImportError as e:
+        print(f"note: bertjax.{job}'s flags are not checked before launch ({e})", file=sys.stderr)
+        return 3
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    return 0

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from bertjax import cli
 from bertjax.errors import UserError
 from bertjax.interop import export, finetuned, hf, native, pretrained, tf, tree
 from bertjax.models import families
@@ -40,7 +41,7 @@ SAVERS = {"tf": tf.save_tf, "bertjax": native.save_bertjax}  # (hf: the family's
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         prog="python -m bertjax.convert",
         description="Convert BERT checkpoints between Google TF, Hugging Face and bertjax.",
     )

@@ -128,6 +128,7 @@ def main(argv) -> None:
                 ">= 1; set --batch_size"
             )
         model, params, tokenizer = pretrained_weights.load_encoder(source)
+        cli.check_max_seq_length(FLAGS.max_seq_length, model.config.max_position_embeddings)
         num_layers = model.config.num_hidden_layers
         layers = chosen or default_layers(num_layers)
         if any(not -num_layers <= layer < num_layers for layer in layers):

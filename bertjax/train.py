@@ -32,6 +32,7 @@ from bertjax.training import (
     resume,
     run_schedule,
     sharded_run,
+    tokenizer_model,
     validate,
 )
 from bertjax.training.run_record import RunRecord
@@ -56,6 +57,10 @@ def train_and_evaluate(
     changed = init_architecture.model_of_init_checkpoint(
         config.model.to_dict(), config.train.init_checkpoint, workdir, overrides
     )
+    if not config.train.init_checkpoint:
+        changed = tokenizer_model.model_of_tokenizer_file(
+            config.model.to_dict(), validate.settings(config).data, overrides
+        )
     if changed:
         config = copy.deepcopy(config)
         config.model.update(changed)

@@ -44,6 +44,12 @@
 #   --interval SECONDS     supervise: seconds between checks (default 300)
 #   --max-checks N         supervise: stop after N checks (default 0 = until training ends)
 #   --dry-run              print the gcloud commands instead of running them
+#
+# Launcher options go before `--`; one after it (e.g. `-- --dry-run`) is refused, since the
+# job would get it. run, train and supervise parse the job's flags here first, as the job
+# parses them (a config typo, an unknown flag: the job's own `error:` line), before any gcloud
+# call; with a python ($BERTJAX_PYTHON, default python3) that lacks bertjax's dependencies
+# they say so and leave the check to the slice.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,6 +76,7 @@ INTERVAL=300
 MAX_CHECKS=0
 DRY_RUN=0
 TRAIN_ARGS=()
+JOB_ARGV=()
 
 die() {
   echo "error: $*" >&2
@@ -254,14 +261,52 @@ stage_data() {
   ssh_workers all "set -e; mkdir -p ${STAGE_DIR}${copies}"
 }
 
-cmd_run() {
-  local args=() quoted=""
+# Sets JOB_ARGV, the job's command-line arguments: --workdir (for jobs that take one), then
+# JOB_ARGS.
+set_job_argv() {
+  JOB_ARGV=()
   if takes_workdir; then
     [[ "${WORKDIR}" == gs://* ]] || die "${JOB} needs --workdir gs://BUCKET/PATH (every worker must see it)"
-    args=("--workdir=${WORKDIR}")
+    JOB_ARGV=("--workdir=${WORKDIR}")
   fi
-  args+=("${TRAIN_ARGS[@]}")
-  if ((${#args[@]})); then quoted="$(printf ' %q' "${args[@]}")"; fi
+  JOB_ARGV+=("${TRAIN_ARGS[@]}")
+}
+
+# Refuses a launcher option after `--`, then parses the job's flags with this checkout's
+# bertjax (absl's --only_check_args: the job stops before its work); exits on a mistake.
+check_job_args() {
+  local arg python="${BERTJAX_PYTHON:-python3}" status=0
+  for arg in "${TRAIN_ARGS[@]}"; do
+    case "${arg%%=*}" in
+      --name | --zone | --project | --accelerator | --version | --spot | --queued | --job | \
+        --workdir | --stage | --allow-dirty | --interval | --max-checks | --dry-run)
+        die "${arg%%=*} comes after --, which hands it to the job (python -m bertjax.${JOB});" \
+          "launcher options go before --" ;;
+    esac
+  done
+  set_job_argv
+  if ! command -v "${python}" > /dev/null; then
+    echo "note: no ${python} here: the job flags are not checked before launch" >&2
+    return
+  fi
+  (cd "${REPO_ROOT}" && PYTHONPATH="${REPO_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" "${python}" -c '
+import sys
+try:
+    from bertjax import cli
+except ImportError as e:
+    print(f"note: the job flags are not checked before launch ({e})", file=sys.stderr)
+    sys.exit(3)
+sys.exit(cli.check_job_flags(sys.argv[1], sys.argv[2:]))' "${JOB}" "${JOB_ARGV[@]}" >&2) || status=$?
+  if ((status != 0 && status != 3)); then
+    echo "launch/tpu_vm.sh: nothing launched (python -m bertjax.${JOB} refuses its flags)" >&2
+    exit 1
+  fi
+}
+
+cmd_run() {
+  local quoted=""
+  set_job_argv
+  if ((${#JOB_ARGV[@]})); then quoted="$(printf ' %q' "${JOB_ARGV[@]}")"; fi
   ssh_workers all "pkill -f '$(job_pattern)' || true; sleep 2; sudo rm -f /tmp/libtpu_lockfile; \
 cd ~/bertjax && setsid nohup python3 -m bertjax.${JOB}${quoted} > $(job_log) 2>&1 < /dev/null &"
 }
@@ -391,6 +436,10 @@ main() {
   done
   [[ -n "${NAME}" ]] || die "--name NAME (or \$TPU_NAME) is required"
   [[ -n "${ZONE}" ]] || die "--zone ZONE (or \$TPU_ZONE) is required"
+  case "${subcommand}" in
+    train) JOB=train; check_job_args ;;
+    run | supervise) check_job_args ;;
+  esac
   "cmd_${subcommand}"
 }
 

@@ -339,3 +339,27 @@ def test_unknown_objective_is_a_config_error():
         errors.ConfigError, match="train.objective='gpt' is not one of 'mlm', 'ltr'"
     ):
         validate.pretraining(config)
+
+
+def test_the_ablation_study_without_its_data_says_what_to_set(tmp_path):
+    """Without $DATA (no ./data here) the study stops in one line naming DATA, before any
+    training run, not with a CalledProcessError's traceback after one."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "ablation_study.py"), f"--out={tmp_path / 's'}"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "DATA": str(tmp_path / "data")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"error: {tmp_path}/data/glue is missing or empty: set DATA to the directory that holds "
+        f"gutenberg/, glue/ and conll2003/ (now DATA={tmp_path}/data; "
+        "docs/probing-and-ablations.md)"
+    ]
+    assert not (tmp_path / "s").exists()

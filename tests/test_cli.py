@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from bertjax import cli
+from bertjax.data import wordpiece
 from test_faults import assert_console_in_log, command_line
 from test_finetune import assert_quiet_console
 from test_train import corpus_file  # noqa: F401 (fixture)
@@ -169,6 +170,66 @@ def test_each_mistake_is_one_line_and_creates_nothing(module, args, message, tmp
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and message.format(**names) in errors[0], result.stderr[-3000:]
     assert not names["w"].exists() and not names["m"].exists()
+
+
+@pytest.mark.parametrize(
+    "module, args, message",
+    [
+        ("bertjax.train", ["--config=configs/tiny.py", "--work_dir=w"], "did you mean --workdir?"),
+        (
+            "bertjax.train",
+            ["--config=configs/tiny.py", "--workdir={w}", "--config.train.total_steps=abc"],
+            "--config.train.total_steps=abc: invalid literal for int() with base 10: 'abc' (a "
+            "value of type int is due); set --config.train.total_steps",
+        ),
+        ("bertjax.train", ["--config=configs/tiny.py"], "--workdir is required"),
+        (
+            "bertjax.finetune",
+            ["--config=configs/finetune/glue.py", "--workdir={w}", "--config.num_train_epochs"],
+            "--config.num_train_epochs has no value: give --config.num_train_epochs=VALUE",
+        ),
+        ("bertjax.prepare", ["--config=configs/tiny.py", "--outptu={w}"], "did you mean --output?"),
+        ("bertjax.probe", ["--init_checkpoint={m}", "--work_dir={w}"], "did you mean --workdir?"),
+        (
+            "bertjax.extract_features",
+            ["--input_file=a", "--output_file=b", "--init_checkpoint={m}", "--max_seq_len=64"],
+            "did you mean --max_seq_length?",
+        ),
+        ("bertjax.tools.aot", ["--config=configs/tiny.py", "--targte=v4-8"], "--target?"),
+        ("bertjax.tools.bench", ["--confg=configs/tiny.py"], "did you mean --config?"),
+        ("bertjax.tools.bench_data", ["--config=configs/tiny.py", "--cache=x"], "--cache_dir?"),
+        ("bertjax.convert", ["{m}", "{w}", "--scna_layers"], "did you mean --scan_layers?"),
+    ],
+)
+def test_a_flag_mistake_is_one_line_on_every_entry_point(module, args, message, tmp_path):
+    """absl's (argparse's) own parse errors: one `error:` line naming the flag (the nearest
+    defined one for a typo) and exit 2, not `FATAL Flags parsing error` and usage text."""
+    names = {"w": tmp_path / "workdir", "m": tmp_path / "missing"}
+    result = run(module, *(a.format(**names) for a in args))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [f"error: {result.stderr[7:].strip()}"]
+    assert message.format(**names) in result.stderr, result.stderr
+    assert not names["w"].exists()
+
+
+def test_an_empty_or_missing_tokenizer_file_is_one_line(tmp_path):
+    """A 0-byte tokenizer.json (a failed download) is the run's one `error:` line, not a
+    ValueError's traceback; a missing one names the path."""
+    empty = tmp_path / "tokenizer.json"
+    empty.write_bytes(b"")
+    result = run(
+        "bertjax.train",
+        "--config=configs/modernbert_tiny.py",
+        f"--workdir={tmp_path / 'w'}",
+        f"--config.data.vocab_file={empty}",
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [
+        f"error: tokenizer file is empty: {empty} (0 bytes: a failed download or copy?); name a "
+        "complete file, or copy it again"
+    ]
+    with pytest.raises(FileNotFoundError, match=f"^tokenizer file not found: {tmp_path}/no.json"):
+        wordpiece.read_bytes(str(tmp_path / "no.json"), "tokenizer file")
 
 
 def test_verbosity_brings_the_library_log_back(tmp_path):

@@ -26,6 +26,9 @@ SHORT_STEPS = 18  # then 6 long-phase ones
 CHECKPOINT_EVERY = 4  # test_train's tiny config
 PREEMPTED = CHECKPOINT_EVERY  # the step that SIGTERM saves at
 SEED_VARIABLE = "BERTJAX_TEST_SEED"
+# A run that printed nothing for this long is stuck (however loaded the machine: a slow run
+# still prints its lines, only later); no fixed time for a whole run, which a busy host exceeds.
+SILENCE = 300
 # Compiled programs are shared between the runs through JAX's persistent cache.
 COMPILE_CACHE = {
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
@@ -59,7 +62,8 @@ def command_line(corpus_file: str, cache_dir: str, workdir: str, **overrides) ->
 
 class Trainer:
     """One training subprocess (one CPU device) whose output lines are read by a thread.
-    `pause`: where it pauses (tests/injected_faults.py), e.g. `step:N` or `save`."""
+    `pause`: where it pauses (tests/injected_faults.py), e.g. `step:N` or `save`. Its waits
+    fail when it printed nothing for `silence` seconds (SILENCE), not after a fixed time."""
 
     def __init__(self, args: list[str], pause: str | None = None, extra_env: dict | None = None):
         env = {
@@ -80,29 +84,37 @@ class Trainer:
             text=True,
         )
         self.lines: list[str] = []
+        self.last_line = time.time()  # (when it last printed)
         self._queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
             self.lines.append(line)
+            self.last_line = time.time()
             self._queue.put(line)
         self._queue.put(None)
 
-    def wait_for(self, pattern: str, timeout: float = 240) -> re.Match:
+    def _check_not_stuck(self, silence: float, waiting_for: str) -> None:
+        if time.time() - self.last_line > silence:
+            raise AssertionError(
+                f"nothing printed for {silence} s while waiting for {waiting_for}:\n"
+                + self.output()
+            )
+
+    def wait_for(self, pattern: str, silence: float = SILENCE) -> re.Match:
         """Blocks until the process prints a line matching `pattern` (re.search); its match."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
+        while True:
             try:
                 line = self._queue.get(timeout=1)
             except queue.Empty:
+                self._check_not_stuck(silence, repr(pattern))
                 continue
             assert line is not None, (
                 f"exited ({self.proc.wait()}) before printing {pattern!r}:\n{self.output()}"
             )
             if match := re.search(pattern, line):
                 return match
-        raise AssertionError(f"no {pattern!r} within {timeout} s:\n{self.output()}")
 
     def wait_for_pause(self) -> str:
         """Blocks until the process has paused (`pause`); where it has."""
@@ -114,13 +126,15 @@ class Trainer:
         self.proc.stdin.write("\n")
         self.proc.stdin.flush()
 
-    def finish(self, timeout: float = 240) -> int:
+    def finish(self, silence: float = SILENCE) -> int:
         """The process's exit status once it ended (killed, and the test failed with its
-        output, if it did not within `timeout` seconds)."""
+        output, if it printed nothing for `silence` seconds meanwhile)."""
         try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running after {timeout} s:\n{self.output()}") from None
+            while True:
+                try:
+                    return self.proc.wait(1)
+                except subprocess.TimeoutExpired:
+                    self._check_not_stuck(silence, "its exit")
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
@@ -241,7 +255,7 @@ def test_sigterm_and_kill_9_anywhere_resume_exactly(corpus_file, cache_dir, refe
     agreed = trainer.wait_for(r"Preemption sync counter is set: (\d+)")  # jaxlib's log line
     released = time.time()
     trainer.release()
-    assert trainer.finish(timeout=60) == 143, trainer.output()
+    assert trainer.finish(silence=60) == 143, trainer.output()
     seconds = time.time() - released
     saved = re.search(r"Preemption notice: saving a checkpoint at step (\d+)", trainer.output())
     assert saved and int(saved.group(1)) == int(agreed.group(1)) == PREEMPTED, trainer.output()
@@ -300,7 +314,7 @@ def test_a_read_only_checkpoint_directory_stops_the_run_at_its_first_save(
     directory.mkdir()
     with read_only(str(directory)):
         trainer = Trainer(command_line(corpus_file, cache_dir, str(tmp_path)))
-        assert trainer.finish(timeout=120) == 1, trainer.output()
+        assert trainer.finish(silence=120) == 1, trainer.output()
     errors = [line for line in trainer.lines if line.startswith("error: ")]
     assert (
         len(errors) == 1
@@ -325,7 +339,7 @@ def test_a_second_run_in_the_workdir_is_refused_and_ctrl_c_saves(
     first = Trainer(args, pause="step:1")
     first.wait_for_pause()
     second = Trainer(args)
-    assert second.finish(timeout=120) == 1, second.output()
+    assert second.finish(silence=120) == 1, second.output()
     errors = [line for line in second.lines if line.startswith("error: ")]
     assert len(errors) == 1 and f"is in use by pid {first.proc.pid} on host" in errors[0], (
         second.output()
@@ -334,7 +348,7 @@ def test_a_second_run_in_the_workdir_is_refused_and_ctrl_c_saves(
     first.proc.send_signal(signal.SIGINT)
     first.wait_for("Ctrl-C: saving a checkpoint at the end of this step")  # handled
     first.release()
-    assert first.finish(timeout=60) == 130, first.output()
+    assert first.finish(silence=60) == 130, first.output()
     assert "Ctrl-C: saving a checkpoint at step 2 and exiting" in first.output(), first.output()
     stopped = (
         f"Stopped at step 2 of {TOTAL_STEPS} (Ctrl-C): checkpoint saved; rerun the same "
@@ -361,7 +375,7 @@ def test_ctrl_c_before_the_first_step_is_one_line_and_exit_130(corpus_file, cach
     )  # (once, in CI's whole suite,
     assert trainer.wait_for_pause() == "the start of training"  # it ran past 60 s: where?)
     trainer.proc.send_signal(signal.SIGINT)
-    assert trainer.finish(timeout=120) == 130, trainer.output()
+    assert trainer.finish(silence=120) == 130, trainer.output()
     errors = [line.strip() for line in trainer.lines if line.startswith("error: ")]
     assert errors == [
         "error: interrupted (Ctrl-C) outside the training steps; nothing to save "
@@ -369,6 +383,22 @@ def test_ctrl_c_before_the_first_step_is_one_line_and_exit_130(corpus_file, cach
     ], trainer.output()
     assert "Traceback" not in trainer.output(None)
     assert finished(tmp_path / "checkpoints") == []
+
+
+def test_a_run_is_given_up_for_its_silence_not_its_length():
+    """Trainer's deadlines: a process that keeps printing (a slow run on a busy host) is
+    waited for past its `silence`; one that prints nothing for that long fails the test
+    (a hang), and is killed."""
+    ticking = "import time\nfor i in range(6):\n    print(i, flush=True)\n    time.sleep(0.5)\n"
+    slow = Trainer([sys.executable, "-c", ticking])
+    assert slow.wait_for("^5$", silence=2) and slow.finish(silence=2) == 0  # (3 s in all)
+    stuck = Trainer(
+        [sys.executable, "-c", "print('started', flush=True); import time; time.sleep(60)"]
+    )
+    stuck.wait_for("started")
+    with pytest.raises(AssertionError, match="nothing printed for 2 s while waiting for its exit"):
+        stuck.finish(silence=2)
+    assert stuck.proc.wait(10) == -signal.SIGKILL
 
 
 def test_a_second_ctrl_c_exits_at_once():

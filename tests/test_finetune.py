@@ -523,6 +523,40 @@ def test_extract_features_says_in_one_line_what_it_cannot_write(data_root, tmp_p
     ], result.stderr[-3000:]
 
 
+def test_a_max_seq_length_beyond_the_positions_is_one_line(data_root, tmp_path):
+    """extract_features and probe check --max_seq_length against the checkpoint's positions
+    (not an XLA shape error's traceback), before any text is read."""
+    positions = TINY.max_position_embeddings
+    line = (
+        f"error: --max_seq_length={positions + 1} is out of range: the model has {positions} "
+        "positions (max_position_embeddings), and [CLS] and [SEP] take 2; set --max_seq_length "
+        f"between 2 and {positions}"
+    )
+    (tmp_path / "in.txt").write_text("the movie was good .\n")
+    extract = run_extract_features(
+        tmp_path, f"{data_root}/pretrain", f"--max_seq_length={positions + 1}"
+    )
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bertjax.probe",
+            f"--init_checkpoint={data_root}/pretrain",
+            f"--workdir={tmp_path}/probe",
+            f"--max_seq_length={positions + 1}",
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    for result in (extract, probe):
+        errors = [e for e in result.stderr.splitlines() if e.startswith("error: ")]
+        assert result.returncode == 1 and errors == [line], result.stderr[-3000:]
+    assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "probe").exists()
+
+
 def test_extract_features_original_format(data_root, tmp_path):
     (tmp_path / "in.txt").write_text("the movie was good .\nacme film ||| paris story bad .\n")
     result = run_extract_features(
@@ -708,7 +742,7 @@ def test_a_full_disk_while_fine_tuning_is_one_line_and_the_rerun_resumes_exactly
     run = Trainer(on_a_small_filesystem(args, directory, 1200, f"cp -a {directory} {kept}"))
     run.wait_for("^error: ")
     started = time.time()
-    assert run.finish(timeout=30) == 1, run.output()  # (not held by Orbax's writer threads)
+    assert run.finish(silence=30) == 1, run.output()  # (not held by Orbax's writer threads)
     seconds, output = time.time() - started, run.output(None)
     error = assert_one_full_disk_line(run, directory, 6, 3, workdir)
     assert "checkpoint step 3 ->" not in output  # (named once the run ends with it kept)
@@ -751,7 +785,7 @@ def test_ctrl_c_while_fine_tuning_saves_at_the_step_and_the_rerun_resumes_exactl
     run.proc.send_signal(signal.SIGINT)
     run.wait_for("Ctrl-C: saving a checkpoint at the end of this step")
     run.release()
-    assert run.finish(timeout=60) == 130, run.output()
+    assert run.finish(silence=60) == 130, run.output()
     assert run.lines[-1] == (
         "Stopped at seed 1 step 5 of 9 (Ctrl-C): checkpoint saved; rerun "
         "the same command to continue\n"

@@ -3,6 +3,7 @@ non-finite state, incompatible resumes refused (an intended phase switch allowed
 failing checkpoint write is tested in test_faults.py: it needs its own process)."""
 
 import contextlib
+import gc
 import json
 import os
 import re
@@ -389,6 +390,13 @@ DAMAGE = {  # what happens to checkpoint 6 (the latest) before the rerun
 }
 
 
+# Orbax's restore of a damaged checkpoint fails in one of its reads and leaves the others'
+# coroutines to the garbage collector, which reports them ("Exception ignored in"): expected
+# here, collected before the test ends, and silenced for these tests alone.
+PLANTED_DAMAGE_LEFTOVERS = "ignore:Exception ignored in:pytest.PytestUnraisableExceptionWarning"
+
+
+@pytest.mark.filterwarnings(PLANTED_DAMAGE_LEFTOVERS)
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_a_damaged_checkpoint_is_set_aside_and_the_previous_one_resumed(
     damage, corpus_file, cache_dir, workdir, capsys
@@ -406,6 +414,7 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_previous_one_resumed(
     losses = [(m["step"], m["loss"]) for m in read_metrics(workdir)]
     assert [step for step, _ in losses] == [1, 2, 3, 4, 5, 6, 5, 6]
     assert losses[4:6] == losses[6:8]
+    gc.collect()  # (the failed restore's leftovers, within this test's filter)
 
 
 def test_a_renamed_step_directory_is_set_aside_and_later_saves_happen(
@@ -544,6 +553,7 @@ def test_non_finite_steps_right_after_a_resume_name_the_checkpoint(resumed_at, b
     )
 
 
+@pytest.mark.filterwarnings(PLANTED_DAMAGE_LEFTOVERS)
 def test_no_usable_checkpoint_names_the_choices(corpus_file, cache_dir, workdir):
     for step in ("4", "6"):
         flip_a_byte(largest_file(workdir / "checkpoints" / step / "state"))
@@ -555,6 +565,7 @@ def test_no_usable_checkpoint_names_the_choices(corpus_file, cache_dir, workdir)
     ):
         run(tiny_config(corpus_file, cache_dir), workdir)
     assert sorted(os.listdir(workdir / "checkpoints_quarantine")) == ["4", "6"]
+    gc.collect()
 
 
 def test_a_full_disk_under_a_writer_stops_the_run_with_a_checkpoint(

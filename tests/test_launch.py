@@ -6,6 +6,7 @@ changes (a real git repository), any bertjax job on the slice, and shellcheck.""
 import importlib.metadata
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -31,8 +32,14 @@ exit 0
 """
 
 
+# The launcher parses a job's flags with this Python (tests of the gcloud commands skip that
+# check, as a host without bertjax's dependencies does; those of the check name it).
+NO_CHECK = {"BERTJAX_PYTHON": "no-such-python"}
+CHECK = {"BERTJAX_PYTHON": sys.executable}
+
+
 def _run(*args: str, env: dict | None = None, script: str = SCRIPT) -> subprocess.CompletedProcess:
-    env = env or {**os.environ, "BERTJAX_LAUNCH_STATE": "/nonexistent/bertjax-launch"}
+    env = env or {**os.environ, **NO_CHECK, "BERTJAX_LAUNCH_STATE": "/nonexistent/bertjax-launch"}
     return subprocess.run(
         ["bash", script, *args], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT, env=env
     )
@@ -169,6 +176,7 @@ def stub_env(tmp_path):
         (bin_dir / name).chmod(0o755)
     env = {
         **os.environ,
+        **NO_CHECK,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "STUB_DIR": str(tmp_path),
         "BERTJAX_LAUNCH_STATE": str(tmp_path / "state"),
@@ -183,6 +191,7 @@ def _calls(stub_dir) -> list[list[str]]:
 
 def test_real_run_against_stub_gcloud(stub_env):
     env, stub_dir = stub_env
+    env = {**env, **CHECK}  # (the job's flags pass the check)
     for subcommand in ("setup", "train"):
         assert (
             _run(subcommand, *COMMON, "--workdir", "gs://b/run", *TRAIN_ARGS, env=env).returncode
@@ -290,6 +299,57 @@ def test_dry_run_relaunch_keeps_the_recorded_kind_and_stages_the_data(stub_env):
         and "gcloud storage cp -r gs://b/corpus $HOME/bertjax/staged/" in lines[8]
         and "nohup python3 -m bertjax.train --workdir=gs://b/run" in lines[9]
     )
+
+
+@pytest.mark.parametrize("subcommand", ["train", "run", "supervise"])
+def test_a_launcher_option_after_the_separator_touches_no_slice(stub_env, subcommand):
+    """`-- ... --dry-run` would hand --dry-run to the job and run gcloud for real: refused,
+    with no gcloud call."""
+    env, stub_dir = stub_env
+    env = {**env, **CHECK}
+    result = _run(subcommand, *COMMON, "--workdir", "gs://b/run", *TRAIN_ARGS, "--dry-run", env=env)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "error: --dry-run comes after --, which hands it to the job (python -m bertjax.train); "
+        "launcher options go before --"
+    ]
+    assert not (stub_dir / "calls").exists()
+
+
+@pytest.mark.parametrize(
+    "job, job_args, message",
+    [
+        ("train", ["--config.train.totl_steps=5"], "did you mean --config.train.total_steps?"),
+        (
+            "train",
+            ["--work_dir=gs://b/x"],
+            "error: --work_dir: no such flag; did you mean --workdir?",
+        ),
+        ("train", ["--config.train.total_steps=abc"], "(a value of type int is due)"),
+        ("tools.bench", ["--confg=configs/tiny.py"], "did you mean --config?"),
+    ],
+)
+def test_job_flags_are_checked_before_any_gcloud_call(stub_env, job, job_args, message):
+    """The job's own flag parser, run here (absl's --only_check_args): its `error:` line, and
+    nothing launched."""
+    env, stub_dir = stub_env
+    env = {**env, **CHECK}
+    args = ["--", "--config=configs/tiny.py", *job_args]
+    result = _run("run", *COMMON, "--job", job, "--workdir", "gs://b/run", *args, env=env)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and message in errors[0], result.stderr
+    assert "nothing launched" in result.stderr
+    assert not (stub_dir / "calls").exists()
+
+
+def test_without_a_python_for_the_check_the_launch_says_so(stub_env):
+    env, stub_dir = stub_env
+    env = {**env, "BERTJAX_PYTHON": "no-such-python"}
+    result = _run("train", *COMMON, "--workdir", "gs://b/run", *TRAIN_ARGS, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "note: no no-such-python here: the job flags are not checked" in result.stderr
+    assert _calls(stub_dir)[0][1:5] == ["compute", "tpus", "tpu-vm", "ssh"]
 
 
 def _git(repo, *args: str) -> str:

@@ -27,7 +27,13 @@ from bertjax.models import families
 from bertjax.models.modernbert import heads as modernbert_heads, model as modernbert
 from bertjax.models.modernbert.config import ModernBertConfig
 from bertjax.tasks import features, glue, ner, squad, squad_predict
-from bertjax.training import checkpoint, finetune_setup, init_architecture, validate
+from bertjax.training import (
+    checkpoint,
+    finetune_setup,
+    init_architecture,
+    tokenizer_model,
+    validate,
+)
 from test_finetune import (  # noqa: F401
     REPO_ROOT,
     config_file,
@@ -304,6 +310,45 @@ def test_continued_pretraining_takes_the_checkpoint_architecture(hf_dir, tmp_pat
     config.model.update(init_architecture.checkpoint_model(config.model.to_dict(), hf_dir))
     init_architecture.check_tokenizer(
         hf_dir, validate.settings(config).data, config.model.to_dict(), tokenizer
+    )
+
+
+def test_a_fresh_run_takes_padding_and_vocabulary_from_its_tokenizer(tmp_path):
+    """Issue 52: a new ModernBERT run with its own BPE tokenizer.json takes the tokenizer's
+    [PAD] id and (where the config's table is smaller) its size, told in a line, instead of
+    two refusals in turn; a value set on the command line that contradicts the tokenizer is
+    refused in one line before any data work, and one that agrees is kept."""
+    path = bpe_tokenizer(str(tmp_path / "tok" / "tokenizer.json"))
+    tokenizer = bpe.BpeTokenizer(path)
+    assert (tokenizer.pad_id, tokenizer.vocab_size) == (3, 300)
+    config = modernbert_tiny()
+    config.data.update(tokenizer="bpe", vocab_file=path)
+    config.model.vocab_size = 256
+    data = validate.settings(config).data
+    changed = tokenizer_model.model_of_tokenizer_file(config.model.to_dict(), data, ())
+    assert changed == {"pad_token_id": 3, "vocab_size": 300}
+    config.model.update(changed)
+    init_architecture.check_tokenizer("", data, config.model.to_dict(), tokenizer)  # accepted
+    config.model.vocab_size = 512  # (a larger table: kept)
+    assert tokenizer_model.model_of_tokenizer_file(config.model.to_dict(), data, ()) == {}
+    config = modernbert_tiny()
+    config.data.update(tokenizer="bpe", vocab_file=path)
+    with pytest.raises(
+        ConfigError,
+        match=r"^--config.model.pad_token_id=0 \(the tokenizer's: 3, its \[PAD\]\) contradicts "
+        r"the tokenizer: drop the override \(the run takes the tokenizer's\), or name the "
+        r"tokenizer it belongs to as --config.data.vocab_file$",
+    ):
+        train.train_and_evaluate(
+            config, str(tmp_path / "run"), overrides={"model.pad_token_id", "model.hidden_size"}
+        )
+    assert not (tmp_path / "run").exists()
+    config.model.update(pad_token_id=3, vocab_size=300)
+    assert (
+        tokenizer_model.model_of_tokenizer_file(
+            config.model.to_dict(), data, {"model.pad_token_id", "model.vocab_size"}
+        )
+        == {}
     )
 
 

@@ -530,7 +530,7 @@ def test_a_stalled_checkpoint_upload_does_not_keep_a_stopped_run_alive(
     time.sleep(2)
     sent = time.monotonic()
     trainer.proc.send_signal(signal.SIGTERM)
-    assert trainer.finish(timeout=120) == 143, trainer.output()
+    assert trainer.finish(silence=120) == 143, trainer.output()
     assert time.monotonic() - sent < 30
     output = trainer.output(None)
     errors = [line for line in output.splitlines() if line.startswith("error:")]

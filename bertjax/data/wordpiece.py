@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from bertjax.data.errors import DataError
 from bertjax.runtime import files
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -42,12 +43,16 @@ def to_text(text: str | bytes) -> str:
 
 
 def read_bytes(path: str, what: str) -> bytes:
-    """Read a whole file, failing with a message that names it."""
+    """Read a whole file, failing with a one-line message that names it and what to do (a
+    FileNotFoundError when it is absent, a DataError when it is empty)."""
     if not files.isfile(path):
-        raise FileNotFoundError(f"{what} not found: {path}")
+        raise FileNotFoundError(f"{what} not found: {path} (check the path)")
     data = files.read_bytes(path)
     if not data:
-        raise ValueError(f"{what} is empty: {path}")
+        raise DataError(
+            f"{what} is empty: {path} (0 bytes: a failed download or copy?); "
+            "name a complete file, or copy it again"
+        )
     return data
 
 
