@@ -5,6 +5,7 @@ was lost), with no traceback and no C++ abort; the rerun resumes exactly."""
 
 import json
 import os
+import re
 import signal
 import socket
 import string
@@ -212,15 +213,37 @@ def test_the_processes_that_never_joined_are_read_from_jax_abort(tmp_path, monke
         ("coordinator_address", "10.0.0.2:8476"),
     ):
         monkeypatch.setattr(jax_distributed.global_state, name, value)
-    assert peers.join_line(peers._abort_reason(str(log)), 10).startswith(
+    assert peers.join_line(peers._abort_reason(str(log)), 10, 10.4).startswith(
         "process 2 of 3 has not joined the job at the coordinator 10.0.0.2:8476 within 10 s; "
         "this process 1 stops (status 75): start every process with the same command"
     )
     no_service = "absl::Status: DEADLINE_EXCEEDED: Deadline Exceeded\n\nRPC: /xla.coordination..."
-    assert peers.join_line(no_service, 10).startswith(
-        "the coordinator 10.0.0.2:8476 (process 0 of 3) has not answered within 10 s: it has "
-        "not started, or cannot be reached; this process 1 stops"
+    assert peers.join_line(no_service, 10, 30.4).startswith(
+        "the coordinator 10.0.0.2:8476 (process 0 of 3) has not answered within 30 s: it has "
+        "not started, cannot be reached, or has stopped already (it waits 10 s for every "
+        "process to join); this process 1 stops"
     )
+
+
+def test_a_coordinator_that_never_answers_is_reported_with_the_time_waited(tmp_path):
+    """Issue 53: a host 25 s late was told "has not answered within 10 s" after about 30 s
+    (the client waits 20 s longer than the service). The abort handler says the time this
+    process waited."""
+    (tmp_path / "abort.txt").write_text(
+        "F1128 client.h:80] Terminating process because the JAX distributed service detected "
+        "fatal errors. ... absl::Status: DEADLINE_EXCEEDED: Deadline Exceeded\n"
+    )
+    result = _child(
+        "with peers.joining(1):\n"
+        "    time.sleep(3)\n"
+        "    os.write(2, open('abort.txt', 'rb').read())\n"
+        "    os.abort()\n",
+        tmp_path,
+    )
+    assert result.returncode == peers.LOST_PEER_STATUS, result.stderr
+    line = result.stderr.splitlines()[-1]
+    waited = re.search(r"has not answered within (\d+) s: .*\(it waits 1 s for every", line)
+    assert waited and 3 <= int(waited.group(1)) <= 10, result.stderr
 
 
 def _child(script: str, tmp_path) -> subprocess.CompletedProcess:

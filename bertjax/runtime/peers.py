@@ -99,10 +99,11 @@ def lost_peer_line(reason: str) -> str:
     )
 
 
-def join_line(reason: str, timeout_s: float) -> str:
+def join_line(reason: str, timeout_s: float, waited_s: float) -> str:
     """The line for JAX's abort `reason` while joining: the processes that have not joined
-    (JAX's service names them once its registration times out) or, without the service's
-    answer, the coordinator that never answered."""
+    (JAX's service names them once its registration, `timeout_s`, times out) or, without the
+    service's answer, the coordinator that has not answered this process for `waited_s` (the
+    client waits longer than the service: `distributed._CLIENT_SLACK_S`)."""
     from jax._src import distributed as jax_distributed  # (not public API)
 
     where = jax_distributed.global_state
@@ -118,7 +119,8 @@ def join_line(reason: str, timeout_s: float) -> str:
     else:
         who = (
             f"the coordinator {where.coordinator_address} (process 0 of {count}) has not "
-            f"answered within {timeout_s:g} s: it has not started, or cannot be reached"
+            f"answered within {waited_s:.0f} s: it has not started, cannot be reached, or has "
+            f"stopped already (it waits {timeout_s:g} s for every process to join)"
         )
     return (
         f"{who}; this process {index} stops (status {LOST_PEER_STATUS}): start every "
@@ -154,7 +156,8 @@ def _on_abort(signum: int) -> None:
         if reason is None:
             line = f"aborted in native code (the details: {_state['log']})"
         elif _state["join"] is not None:
-            line = join_line(reason, _state["join"])
+            timeout_s, started = _state["join"]
+            line = join_line(reason, timeout_s, time.monotonic() - started)
         else:
             line = lost_peer_line(reason)
         os.write(_state["console"], f"error: {line}\n".encode())
@@ -221,7 +224,7 @@ def joining(timeout_s: float) -> Iterator[None]:
     stderr goes to a temporary file meanwhile (`watch` then sends it to the run's log)."""
     path = os.path.join(tempfile.gettempdir(), f"bertjax_join.{os.getpid()}.txt")
     _native_stderr_to(path)
-    _state["join"] = timeout_s
+    _state["join"] = (timeout_s, time.monotonic())
     try:
         yield
     finally:
