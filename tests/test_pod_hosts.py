@@ -286,6 +286,83 @@ def test_a_lost_host_is_announced_by_the_abort_handler(tmp_path):
     assert not any(n in result.stderr for n in NOISE), result.stderr
 
 
+def test_a_process_that_was_frozen_says_so_instead_of_blaming_the_others(tmp_path):
+    """Issue 53: the coordinator frozen for 30 s (SIGSTOP) woke to find the others gone (they
+    had given up on it) and blamed them: `lost processes 3, 2 of 4`. Here a process frozen
+    for 4 s (longer than half its heartbeat timeout of 2 s) then gets JAX's abort naming
+    process 1: it says it was frozen."""
+    (tmp_path / "abort.txt").write_text(JAX_ABORT_LOG)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time, jax\n"
+            "from bertjax.runtime import distributed, peers\n"
+            "distributed.initialize()\n"
+            "jax.process_count = lambda: 2\n"
+            "peers.watch(os.path.abspath('log.txt'), 2)\n"
+            "peers.reached_step(6)\n"
+            "print('ready', flush=True)\n"
+            "while not os.path.exists('woken'): time.sleep(0.1)\n"
+            "os.write(2, open('abort.txt', 'rb').read())\n"
+            "os.abort()\n",
+        ],
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"},
+    )
+    try:
+        assert child.stdout.readline() == "ready\n"
+        time.sleep(1)
+        child.send_signal(signal.SIGSTOP)
+        time.sleep(4)
+        child.send_signal(signal.SIGCONT)
+        (tmp_path / "woken").write_text("")
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == peers.LOST_PEER_STATUS, err
+    line = err.splitlines()[-1]
+    assert re.fullmatch(
+        r"error: this process 0 of 2 was frozen for [4-9] s \(--heartbeat_timeout_seconds=2; "
+        r"stopped with SIGSTOP, or its host suspended\?\), so the other processes gave up on "
+        r"it and stopped; it stopped after step 6; rerun the same command on every host to "
+        r"resume from the last checkpoint",
+        line,
+    ), err
+
+
+def test_a_failed_collective_stays_off_the_console_after_the_cause(tmp_path):
+    """Issue 53: after the watcher's `error: process 1 of 2 ... stopped: ...`, the main
+    thread's failed collective printed `a collective failed: UNKNOWN: Gloo AllGather failed
+    ...` on the console: the last line of the host was not the cause. It goes to the log
+    file now."""
+    result = _child(
+        "from absl import flags\n"
+        "from bertjax.runtime import console\n"
+        "flags.FLAGS(['child'])\n"
+        "flags.FLAGS.verbosity = 0  # (absl's INFO records, as under app.run)\n"
+        "console.configure_console()\n"
+        "peers.watch(os.path.abspath('log.txt'), 10)  # (as bertjax.train: then the run's log)\n"
+        "with console.logging_to(os.path.abspath('log.txt')):\n"
+        "    peers.ACK_WAIT_S = 1  # (for process 1, which is not there, to exit)\n"
+        "    peers.client().key_value_set('bertjax/failed/1', 'h7\\nthe disk is full')\n"
+        "    peers.leave_if_peer_lost(jax.errors.JaxRuntimeError(\n"
+        "        'UNKNOWN: Gloo AllGather failed: Connection closed by peer'))\n",
+        tmp_path,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "error: process 1 of 2 (host h7) stopped: the disk is full"
+    ), result.stderr
+    assert "Gloo" not in result.stderr
+    assert (
+        "a collective failed: UNKNOWN: Gloo AllGather failed" in (tmp_path / "log.txt").read_text()
+    )
+
+
 def test_another_process_announced_failure_ends_this_one(tmp_path):
     """The watcher thread itself: a failure another process announced in the coordination
     service's store ends this one within a second or two, wherever its main thread is (here:

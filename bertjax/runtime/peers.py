@@ -21,6 +21,12 @@ announcement at the latest (what it still does may wait for the others, who are 
 Joining is bounded too (`joining`): JAX's service gives up waiting for processes that never
 register after `--join_timeout_seconds` and aborts every process that did; the abort becomes
 one line naming the missing process ids and the coordinator's address, exit `LOST_PEER_STATUS`.
+
+A process that was itself frozen (SIGSTOP, a suspended host) for longer than the others wait
+finds them gone when it wakes, and JAX's service or client reports them lost: a clock thread
+notices the freeze (`recent_stall`), and the process says it was frozen instead of blaming
+them. What a failed collective said goes to the log file only: the cause (another process's
+line, JAX's abort) is the last line on the console.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from typing import Any, NoReturn
 import jax
 from absl import logging
 
-from bertjax.runtime import failures
+from bertjax.runtime import console, failures
 
 JAX_HEARTBEAT_TIMEOUT_SECONDS = 100  # jax.distributed.initialize's default
 LOST_PEER_STATUS = 75  # EX_TEMPFAIL: run again
@@ -51,6 +57,7 @@ JOIN_TIMEOUT_SECONDS = 120  # --join_timeout_seconds's default
 ACK_WAIT_S = 10.0  # how long a failed process waits for the others to read its line
 LEAVE_WITHIN_S = 30.0  # a failed process's time from its announcement to its exit, at most
 POLL_S = 1.0  # how often every process looks for another's failure
+TICK_S = 0.5  # how often the clock thread looks whether this process was frozen
 _FAILED = "bertjax/failed/"
 _SEEN = "bertjax/seen/"
 _EXITING = "bertjax/exiting/"
@@ -66,6 +73,8 @@ _state: dict[str, Any] = {
     "watching": False,
     "announced": False,
     "left": False,
+    "tick": None,  # the clock thread's last look (time.monotonic())
+    "stall": None,  # (seconds, when it ended): this process's longest recent freeze
 }
 _leaving = threading.Lock()  # (one process prints one last line: the first to take it)
 
@@ -75,9 +84,57 @@ def reached_step(step: int) -> None:
     _state["step"] = step
 
 
+def _watch_clock() -> None:
+    """The thread that notices this process was frozen (SIGSTOP, a suspended VM): its
+    sleeps last much longer than asked."""
+    _state["tick"] = time.monotonic()
+    while True:
+        time.sleep(TICK_S)
+        now = time.monotonic()
+        _note_stall(now - _state["tick"], now)
+        _state["tick"] = now
+
+
+def _note_stall(seconds: float, now: float) -> None:
+    """Records a freeze of `seconds` that ended at `now`, if it may have made the others give
+    up on this process (half the heartbeat timeout or more)."""
+    if seconds >= _state["heartbeat_s"] / 2:
+        _state["stall"] = (seconds, now)
+
+
+def recent_stall() -> float | None:
+    """How long this process was last frozen, if for half the heartbeat timeout or more and
+    ending less than the heartbeat timeout and 30 s ago (its peers may have given up on it);
+    None otherwise."""
+    now = time.monotonic()
+    if _state["tick"] is not None:  # (the clock thread may not have looked since)
+        _note_stall(now - _state["tick"], now)
+    stall = _state["stall"]
+    if stall is None or now - stall[1] > _state["heartbeat_s"] + 30:
+        return None
+    return stall[0]
+
+
+def stalled_line(seconds: float) -> str:
+    """The line of a process that was frozen for `seconds` (the others lost it, and its own
+    service or client then reports them lost: they are not to blame)."""
+    step = _state["step"]
+    when = f"after step {step}" if step is not None else "before the first training step"
+    return (
+        f"this process {jax.process_index()} of {jax.process_count()} was frozen for "
+        f"{seconds:.0f} s (--heartbeat_timeout_seconds={_state['heartbeat_s']}; stopped with "
+        "SIGSTOP, or its host suspended?), so the other processes gave up on it and stopped; "
+        f"it stopped {when}; {RERUN_ALL} to resume from the last checkpoint"
+    )
+
+
 def lost_peer_line(reason: str) -> str:
     """The line for JAX's abort `reason` (the coordination service's status): which process
-    was lost, this process's last step, and what to do."""
+    was lost, this process's last step, and what to do; or, if this process itself was
+    frozen meanwhile (`recent_stall`), that."""
+    stall = recent_stall()
+    if stall is not None:
+        return stalled_line(stall)
     listed = re.search(r"stopped sending heartbeats\):\s*([\d\s,]+)", reason)
     ids = re.findall(r"\d+", listed.group(1)) if listed else re.findall(r"task:(\d+)", reason)
     ids = [i for i in dict.fromkeys(ids) if int(i) != jax.process_index()]
@@ -244,6 +301,7 @@ def watch(log_file: str, heartbeat_timeout_seconds: int | None) -> None:
     _state["watching"] = True
     failures.before_leaving(_after_own_line)
     threading.Thread(target=_watch_peers, name="bertjax-peers", daemon=True).start()
+    threading.Thread(target=_watch_clock, name="bertjax-clock", daemon=True).start()
     if not os.path.dirname(log_file):
         return  # (no workdir named: the run stops with that error)
     path = native_log_path(log_file)
@@ -373,7 +431,7 @@ def leave_if_peer_lost(error: BaseException) -> None:
     returns for any other error."""
     if jax.process_count() == 1 or not isinstance(error, jax.errors.JaxRuntimeError):
         return
-    logging.info("a collective failed: %s", error)
+    console.log_only(f"a collective failed: {error}")  # (the cause's line comes on the console)
     time.sleep(_state["heartbeat_s"] + 10)
     leave(
         f"a collective with the other processes failed ({str(error).splitlines()[0][:200]}) "
