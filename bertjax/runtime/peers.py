@@ -24,7 +24,7 @@ one line naming the missing process ids and the coordinator's address, exit `LOS
 
 A process that was itself frozen (SIGSTOP, a suspended host) for longer than the others wait
 finds them gone when it wakes, and JAX's service or client reports them lost: a clock thread
-notices the freeze (`recent_stall`), and the process says it was frozen instead of blaming
+notices the freeze (bertjax.runtime.stalls), and the process says it was frozen instead of blaming
 them. What a failed collective said goes to the log file only: the cause (another process's
 line, JAX's abort) is the last line on the console.
 """
@@ -48,7 +48,7 @@ from typing import Any, NoReturn
 import jax
 from absl import logging
 
-from bertjax.runtime import console, failures
+from bertjax.runtime import console, failures, stalls
 
 JAX_HEARTBEAT_TIMEOUT_SECONDS = 100  # jax.distributed.initialize's default
 LOST_PEER_STATUS = 75  # EX_TEMPFAIL: run again
@@ -57,7 +57,6 @@ JOIN_TIMEOUT_SECONDS = 120  # --join_timeout_seconds's default
 ACK_WAIT_S = 10.0  # how long a failed process waits for the others to read its line
 LEAVE_WITHIN_S = 30.0  # a failed process's time from its announcement to its exit, at most
 POLL_S = 1.0  # how often every process looks for another's failure
-TICK_S = 0.5  # how often the clock thread looks whether this process was frozen
 _FAILED = "bertjax/failed/"
 _SEEN = "bertjax/seen/"
 _EXITING = "bertjax/exiting/"
@@ -73,8 +72,6 @@ _state: dict[str, Any] = {
     "watching": False,
     "announced": False,
     "left": False,
-    "tick": None,  # the clock thread's last look (time.monotonic())
-    "stall": None,  # (seconds, when it ended): this process's longest recent freeze
 }
 _leaving = threading.Lock()  # (one process prints one last line: the first to take it)
 
@@ -82,37 +79,6 @@ _leaving = threading.Lock()  # (one process prints one last line: the first to t
 def reached_step(step: int) -> None:
     """Records that this process has finished training step `step` (for the lost-peer line)."""
     _state["step"] = step
-
-
-def _watch_clock() -> None:
-    """The thread that notices this process was frozen (SIGSTOP, a suspended VM): its
-    sleeps last much longer than asked."""
-    _state["tick"] = time.monotonic()
-    while True:
-        time.sleep(TICK_S)
-        now = time.monotonic()
-        _note_stall(now - _state["tick"], now)
-        _state["tick"] = now
-
-
-def _note_stall(seconds: float, now: float) -> None:
-    """Records a freeze of `seconds` that ended at `now`, if it may have made the others give
-    up on this process (half the heartbeat timeout or more)."""
-    if seconds >= _state["heartbeat_s"] / 2:
-        _state["stall"] = (seconds, now)
-
-
-def recent_stall() -> float | None:
-    """How long this process was last frozen, if for half the heartbeat timeout or more and
-    ending less than the heartbeat timeout and 30 s ago (its peers may have given up on it);
-    None otherwise."""
-    now = time.monotonic()
-    if _state["tick"] is not None:  # (the clock thread may not have looked since)
-        _note_stall(now - _state["tick"], now)
-    stall = _state["stall"]
-    if stall is None or now - stall[1] > _state["heartbeat_s"] + 30:
-        return None
-    return stall[0]
 
 
 def stalled_line(seconds: float) -> str:
@@ -131,8 +97,8 @@ def stalled_line(seconds: float) -> str:
 def lost_peer_line(reason: str) -> str:
     """The line for JAX's abort `reason` (the coordination service's status): which process
     was lost, this process's last step, and what to do; or, if this process itself was
-    frozen meanwhile (`recent_stall`), that."""
-    stall = recent_stall()
+    frozen meanwhile (`stalls.recent`), that."""
+    stall = stalls.recent(_state["heartbeat_s"])
     if stall is not None:
         return stalled_line(stall)
     listed = re.search(r"stopped sending heartbeats\):\s*([\d\s,]+)", reason)
@@ -301,7 +267,7 @@ def watch(log_file: str, heartbeat_timeout_seconds: int | None) -> None:
     _state["watching"] = True
     failures.before_leaving(_after_own_line)
     threading.Thread(target=_watch_peers, name="bertjax-peers", daemon=True).start()
-    threading.Thread(target=_watch_clock, name="bertjax-clock", daemon=True).start()
+    stalls.watch(_state["heartbeat_s"])
     if not os.path.dirname(log_file):
         return  # (no workdir named: the run stops with that error)
     path = native_log_path(log_file)

@@ -19,6 +19,7 @@ is sealed (`keep_until_newer_sealed`), nor a `pin`ned one.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from bertjax.errors import UserError
-from bertjax.runtime import failures, files as file_layer, stopping, storage
+from bertjax.runtime import agreement, failures, files as file_layer, stopping, storage
 from bertjax.runtime.checksums import CHECKSUMS, seal, verify  # noqa: F401 (this module's API too)
 from bertjax.training.checkpoint_checks import (
     DIGEST,
@@ -54,6 +55,27 @@ def _absolute(directory: str) -> str:
 
 class CheckpointWriteError(UserError, RuntimeError):
     """Writing a checkpoint failed (possibly in the background writer of an earlier save)."""
+
+
+class StateUnreadable(UserError, RuntimeError):
+    """A checkpoint's state failed to restore (on every process alike: `problem` names the
+    process that failed first when there are several)."""
+
+    def __init__(self, where: str, problem: str):
+        super().__init__(f"checkpoint {where} cannot be restored: {problem}")
+        self.problem = problem
+
+
+# TensorStore's errors end with the repr of a bound method, cut off in any one line.
+_TENSORSTORE_DETAILS = re.compile(r"\s*See full TensorStore details:.*", re.DOTALL)
+
+
+def unreadable_problem(error: BaseException) -> str:
+    """What a failed read of a checkpoint's state says, in one line without TensorStore's
+    object repr."""
+    text = _TENSORSTORE_DETAILS.sub("", str(error)).strip()
+    line = text.splitlines()[0] if text else type(error).__name__
+    return line if len(line) <= 240 else line[:240] + "..."
 
 
 class _Kept:
@@ -113,6 +135,7 @@ class Checkpointer:
         self._unsealed: list[int] = []  # finished or in-flight saves without checksums yet
         self._vanished: list[int] = []  # saves that ended without Orbax's commit
         self._failure: CheckpointWriteError | None = None  # the first failed save's error
+        self._restores = 0  # (each restore's agreement between the processes is its own)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -262,16 +285,39 @@ class Checkpointer:
         """Restores `(state, data_position, meta)` onto the shardings in `abstract_state`,
         after checking that the checkpoint's metadata matches this run; DamagedCheckpoint if
         the state differs from its recorded digest."""
-        meta, _ = self.metadata(step)
+        meta, position = self.metadata(step)
         check_compatible(meta, expected_meta, f"{self.directory}/{step}")
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
-            ),
-        )
-        check_digest(restored["state"], meta, f"{self.directory}/{step}")
-        return restored["state"], restored["data"], meta
+        state = self._restore_state(step, abstract_state)
+        check_digest(state, meta, f"{self.directory}/{step}")
+        return state, position, meta
+
+    def _restore_state(self, step: int, abstract_state: PyTree) -> PyTree:
+        """The `state` item of step `step`, read by its handler (no barrier: a process that
+        fails to read its part does not leave the others waiting in Orbax's), then agreed:
+        if any process failed, every process raises StateUnreadable alike (or
+        StorageUnavailable, if the storage failed, which proves nothing)."""
+        handler = ocp.StandardCheckpointHandler()
+        state, failure = None, None
+        try:
+            state = handler.restore(
+                epath.Path(self.directory) / str(step) / "state",
+                args=ocp.args.StandardRestore(abstract_state),
+            )
+        except Exception as e:  # noqa: BLE001 (agreed on below)
+            failure = {"storage": storage.unavailable(e), "problem": unreadable_problem(e)}
+            logging.info("restoring checkpoint step %d failed: %s", step, e)
+        finally:
+            handler.close()
+        self._restores += 1
+        agreed = agreement.first_failure(f"restore {step}.{self._restores}", failure)
+        if agreed is not None:
+            where, problem = f"{self.directory}/{step}", agreed["problem"]
+            if jax.process_count() > 1:
+                problem = f"process {agreed['process']} of {jax.process_count()}: {problem}"
+            if agreed["storage"]:
+                raise storage.StorageUnavailable(f"reading checkpoint {where}", problem, 0)
+            raise StateUnreadable(where, problem)
+        return state
 
     def wait(self) -> None:
         """Blocks until pending saves are written (and sealed); raises if the async writer

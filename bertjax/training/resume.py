@@ -254,6 +254,8 @@ class Resume:
                 self._set_aside(found.step, e.problem)
                 found = self._newest_left()
                 check(found)
+            except checkpoint.StateUnreadable as e:  # (every process alike: agreed)
+                found = self._unreadable(found, e, check)
             except Exception as e:  # noqa: BLE001 (any failure to restore it)
                 if found.sealed or jax.process_count() > 1:
                     raise UnusableCheckpoint(
@@ -278,6 +280,23 @@ class Resume:
             f"{data_position.batch_index})"
         )
         return state, data_position
+
+    def _unreadable(
+        self, found: Found, error: checkpoint.StateUnreadable, check: Callable[[Found], None]
+    ) -> Found:
+        """The checkpoint to try after `found`'s state failed to restore (`error`): for one
+        without checksums (its save may have been cut off, or it was damaged before its
+        seal), the next older one, `found` set aside; one whose files match their
+        checksums is not damaged: UnusableCheckpoint, with what failed."""
+        if found.sealed:
+            raise UnusableCheckpoint(
+                f"checkpoint {self.where(found.step)} failed to restore although its files "
+                f"match their checksums: {error.problem}"
+            ) from error
+        self._set_aside(found.step, f"it cannot be restored ({error.problem})")
+        older = self._newest_left()
+        check(older)
+        return older
 
     def fall_back(
         self,
