@@ -736,3 +736,44 @@ def relaunch_on_fewer_hosts(tmp_path, workdir: str) -> None:
         f"error: checkpoint {where} was trained by 4 processes (hosts) and this run has 2: "
     ), results[0][2][-3000:]
     _assert_all_stop_with(results, line)
+
+
+@pytest.mark.slow  # (two 2-process runs: about 2 minutes on 2 busy cores)
+@pytest.mark.parametrize("mesh, damaged", [("fsdp", 1), ("data", 0)])
+def test_an_unsealed_damaged_checkpoint_is_set_aside_on_every_host(tmp_path, mesh, damaged):
+    """Issue 53: checkpoint 8 without checksums (its run stopped before its seal) and one of
+    its array files truncated. Before: every host stopped with a cut-off TensorStore repr
+    (`... See full TensorStore details: <bound method ...`). Now every host agrees that it
+    cannot be restored, it is set aside and the run resumes from checkpoint 4, also when
+    only one process reads the damaged file (fsdp: each reads its own shards, written by
+    it), and steps 5 to 8 get the losses they had."""
+    _corpus(tmp_path / "corpus.txt")
+    overrides = {
+        "data.input_files": tmp_path / "corpus.txt",
+        "mesh.data": 2 if mesh == "data" else 1,
+        "mesh.fsdp": 2 if mesh == "fsdp" else 1,
+    }
+    results = _finish(_start(tmp_path, 2, overrides), timeout=300)
+    assert all(code == 0 for code, _, _ in results), results[0][2][-3000:]
+    first = {row["step"]: row["loss"] for row in _train_rows(tmp_path / "run")}
+    step8 = tmp_path / "run" / "checkpoints" / "8"
+    (step8 / "bertjax_checksums.json").unlink()
+    data = step8 / "state" / f"ocdbt.process_{damaged}" / "d"
+    largest = max(data.iterdir(), key=lambda p: p.stat().st_size)
+    largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
+
+    results = _finish(_start(tmp_path, 2, overrides), timeout=300)
+    for index, (code, out, err) in enumerate(results):
+        assert code == 0, f"process {index}:\n{out[-2000:]}\n{err[-3000:]}"
+        assert "TensorStore details" not in out + err and not any(n in err for n in NOISE)
+    out = results[0][1]
+    print("\n".join(line for line in out.splitlines() if "Checkpoint" in line or "Resum" in line))
+    assert re.search(
+        rf"Checkpoint {step8} is damaged: it cannot be restored \(process {damaged} of 2: its "
+        rf"array [\w.]+: Encountered error while reading array index: [^\n]+\); moved to {tmp_path / 'run' / resume.QUARANTINE / '8'}\n",
+        out,
+    ), out[-3000:]
+    assert "Resuming from step 4 instead of 8: 4 steps will be trained again" in out
+    rerun = _train_rows(tmp_path / "run")[len(first) :]
+    assert [row["step"] for row in rerun] == [5, 6, 7, 8]
+    assert [row["loss"] for row in rerun] == [first[step] for step in (5, 6, 7, 8)]

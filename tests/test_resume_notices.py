@@ -100,3 +100,35 @@ def test_a_refusal_names_no_older_checkpoint_when_none_matches(tmp_path):
         "Use a new --workdir, or the settings of the run that wrote it."
     )
     resume_from.checkpointer.close()
+
+
+# The error of a truncated array file as TensorStore raised it (issue 53), abridged: its
+# message ends with the repr of the array's TensorStore, on many lines.
+TENSORSTORE_ERROR = """\
+Encountered error while reading array index: (slice(16, 32, 1), slice(0, 32, 1)). See full \
+TensorStore details: <bound method pybind11_detail_function_record_v1_system_libstdcpp_gxx_abi\
+_1xxx_use_cxx11_abi_1.spec of TensorStore({
+  'base': {
+    'driver': 'zarr',
+    'kvstore': {
+      'base': {
+        'driver': 'file',
+        'path': '/w/checkpoints/8/state/',
+      },
+      'driver': 'ocdbt',
+      'manifest': {'driver': 'file', 'path': '/w/checkpoints/8/state/'},
+      'path': 'params.bert.encoder.layer_0.attention.self.value.kernel/',
+    },
+    'metadata': {'chunks': [16, 32], 'dtype': '<f4'},
+  },
+  'driver': 'cast',
+})>."""
+
+
+def test_a_failed_read_is_named_by_its_array_without_tensorstore_repr():
+    """Issue 53: the line was TensorStore's repr, cut off. It names the array now."""
+    assert checkpoint.unreadable_problem(RuntimeError(TENSORSTORE_ERROR)) == (
+        "its array params.bert.encoder.layer_0.attention.self.value.kernel: Encountered error "
+        "while reading array index: (slice(16, 32, 1), slice(0, 32, 1))."
+    )
+    assert checkpoint.unreadable_problem(ValueError("Expecting value\nmore")) == "Expecting value"

@@ -12,7 +12,8 @@ restore, so a truncated, deleted or bit-flipped file is found by name; `quaranti
 damaged step out of the way (it is never deleted). A save also records in its `meta` an
 exact digest of every array of the state, which a restore recomputes, and a restore checks
 the model and tokenizer (both in bertjax.training.checkpoint_checks): a checkpoint that a kill
-left unsealed, or that was damaged before its seal, is checked value by value too. Pruning
+left unsealed, or that was damaged before its seal, is checked value by value too; a state
+that any process fails to read fails the restore on every process alike. Pruning
 (keep-latest-N) never removes the checkpoint a run resumed from until a newer one of that run
 is sealed (`keep_until_newer_sealed`), nor a `pin`ned one.
 """
@@ -32,7 +33,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from bertjax.errors import UserError
-from bertjax.runtime import agreement, failures, files as file_layer, stopping, storage
+from bertjax.runtime import agreement, console, failures, files as file_layer, stopping, storage
 from bertjax.runtime.checksums import CHECKSUMS, seal, verify  # noqa: F401 (this module's API too)
 from bertjax.training.checkpoint_checks import (
     DIGEST,
@@ -66,16 +67,21 @@ class StateUnreadable(UserError, RuntimeError):
         self.problem = problem
 
 
-# TensorStore's errors end with the repr of a bound method, cut off in any one line.
+# TensorStore's errors end with the repr of the array's TensorStore (its spec, on many lines),
+# whose last `path` is the array's name in the checkpoint.
 _TENSORSTORE_DETAILS = re.compile(r"\s*See full TensorStore details:.*", re.DOTALL)
+_SPEC_PATH = re.compile(r"'path': '([^']+)'")
 
 
 def unreadable_problem(error: BaseException) -> str:
-    """What a failed read of a checkpoint's state says, in one line without TensorStore's
-    object repr."""
-    text = _TENSORSTORE_DETAILS.sub("", str(error)).strip()
-    line = text.splitlines()[0] if text else type(error).__name__
-    return line if len(line) <= 240 else line[:240] + "..."
+    """What a failed read of a checkpoint's state says, in one line: the array that cannot
+    be read, if TensorStore names it, and its error without TensorStore's repr."""
+    text = str(error)
+    details = _TENSORSTORE_DETAILS.search(text)
+    line = _TENSORSTORE_DETAILS.sub("", text).strip().split("\n", 1)[0] or type(error).__name__
+    line = line if len(line) <= 200 else line[:200] + "..."
+    arrays = _SPEC_PATH.findall(details.group(0)) if details else []
+    return f"its array {arrays[-1].rstrip('/')}: {line}" if arrays else line
 
 
 class _Kept:
@@ -284,7 +290,8 @@ class Checkpointer:
     ) -> tuple[PyTree, dict, dict]:
         """Restores `(state, data_position, meta)` onto the shardings in `abstract_state`,
         after checking that the checkpoint's metadata matches this run; DamagedCheckpoint if
-        the state differs from its recorded digest."""
+        the state differs from its recorded digest, StateUnreadable (on every process alike)
+        if any process cannot read its part."""
         meta, position = self.metadata(step)
         check_compatible(meta, expected_meta, f"{self.directory}/{step}")
         state = self._restore_state(step, abstract_state)
@@ -305,7 +312,7 @@ class Checkpointer:
             )
         except Exception as e:  # noqa: BLE001 (agreed on below)
             failure = {"storage": storage.unavailable(e), "problem": unreadable_problem(e)}
-            logging.info("restoring checkpoint step %d failed: %s", step, e)
+            console.log_only(f"restoring checkpoint step {step} failed: {e}")
         finally:
             handler.close()
         self._restores += 1
