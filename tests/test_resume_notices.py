@@ -127,8 +127,11 @@ _1xxx_use_cxx11_abi_1.spec of TensorStore({
 
 def test_a_failed_read_is_named_by_its_array_without_tensorstore_repr():
     """Issue 53: the line was TensorStore's repr, cut off. It names the array now."""
-    assert checkpoint.unreadable_problem(RuntimeError(TENSORSTORE_ERROR)) == (
+    assert checkpoint_checks.unreadable_problem(RuntimeError(TENSORSTORE_ERROR)) == (
         "its array params.bert.encoder.layer_0.attention.self.value.kernel: Encountered error "
         "while reading array index: (slice(16, 32, 1), slice(0, 32, 1))."
     )
-    assert checkpoint.unreadable_problem(ValueError("Expecting value\nmore")) == "Expecting value"
+    assert (
+        checkpoint_checks.unreadable_problem(ValueError("Expecting value\nmore"))
+        == "Expecting value"
+    )

@@ -20,7 +20,6 @@ is sealed (`keep_until_newer_sealed`), nor a `pin`ned one.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -39,9 +38,11 @@ from bertjax.training.checkpoint_checks import (
     DIGEST,
     CheckpointMismatch,
     PyTree,
+    StateUnreadable,
     check_compatible,
     check_digest,
     state_digest,
+    unreadable_problem,
 )
 
 storage.install_gcsfs()  # (before etils epath caches its gs:// file system)
@@ -56,32 +57,6 @@ def _absolute(directory: str) -> str:
 
 class CheckpointWriteError(UserError, RuntimeError):
     """Writing a checkpoint failed (possibly in the background writer of an earlier save)."""
-
-
-class StateUnreadable(UserError, RuntimeError):
-    """A checkpoint's state failed to restore (on every process alike: `problem` names the
-    process that failed first when there are several)."""
-
-    def __init__(self, where: str, problem: str):
-        super().__init__(f"checkpoint {where} cannot be restored: {problem}")
-        self.problem = problem
-
-
-# TensorStore's errors end with the repr of the array's TensorStore (its spec, on many lines),
-# whose last `path` is the array's name in the checkpoint.
-_TENSORSTORE_DETAILS = re.compile(r"\s*See full TensorStore details:.*", re.DOTALL)
-_SPEC_PATH = re.compile(r"'path': '([^']+)'")
-
-
-def unreadable_problem(error: BaseException) -> str:
-    """What a failed read of a checkpoint's state says, in one line: the array that cannot
-    be read, if TensorStore names it, and its error without TensorStore's repr."""
-    text = str(error)
-    details = _TENSORSTORE_DETAILS.search(text)
-    line = _TENSORSTORE_DETAILS.sub("", text).strip().split("\n", 1)[0] or type(error).__name__
-    line = line if len(line) <= 200 else line[:200] + "..."
-    arrays = _SPEC_PATH.findall(details.group(0)) if details else []
-    return f"its array {arrays[-1].rstrip('/')}: {line}" if arrays else line
 
 
 class _Kept:

@@ -254,7 +254,7 @@ class Resume:
                 self._set_aside(found.step, e.problem)
                 found = self._newest_left()
                 check(found)
-            except checkpoint.StateUnreadable as e:  # (every process alike: agreed)
+            except checkpoint_checks.StateUnreadable as e:  # (every process alike: agreed)
                 found = self._unreadable(found, e, check)
             except Exception as e:  # noqa: BLE001 (any failure to restore it)
                 if found.sealed or jax.process_count() > 1:
@@ -282,7 +282,7 @@ class Resume:
         return state, data_position
 
     def _unreadable(
-        self, found: Found, error: checkpoint.StateUnreadable, check: Callable[[Found], None]
+        self, found: Found, error: checkpoint_checks.StateUnreadable, check: Callable[[Found], None]
     ) -> Found:
         """The checkpoint to try after `found`'s state failed to restore (`error`): for one
         without checksums (its save may have been cut off, or it was damaged before its
