@@ -777,3 +777,44 @@ def test_an_unsealed_damaged_checkpoint_is_set_aside_on_every_host(tmp_path, mes
     rerun = _train_rows(tmp_path / "run")[len(first) :]
     assert [row["step"] for row in rerun] == [5, 6, 7, 8]
     assert [row["loss"] for row in rerun] == [first[step] for step in (5, 6, 7, 8)]
+
+
+@pytest.mark.slow  # (a 2-process run to step 6, frozen 25 s: about 90 s)
+def test_a_frozen_coordinator_does_not_blame_the_processes_that_gave_up_on_it(tmp_path):
+    """Issue 53's attack: the coordinator frozen (SIGSTOP) for longer than the heartbeat
+    timeout. The other process gives up on it (exit 75, `lost process 0 of 2 (the
+    coordinator)`); before, the coordinator then woke and blamed it (`lost process 1 of 2
+    ...`). Now it says that it was frozen."""
+    _corpus(tmp_path / "corpus.txt")
+    procs = _start(
+        tmp_path,
+        2,
+        {"data.input_files": tmp_path / "corpus.txt"},
+        env_of={0: injected_faults.pausing("step:6", REPO_ROOT)},
+    )
+    try:
+        for line in procs[0].stdout:
+            if "paused at step 6" in line:
+                break
+        procs[0].send_signal(signal.SIGSTOP)
+        time.sleep(25)
+        procs[0].send_signal(signal.SIGCONT)
+        procs[0].stdin.write("\n")
+        procs[0].stdin.flush()
+        results = _finish(procs, timeout=120)
+    finally:
+        for proc in procs:
+            proc.kill()
+    (code0, _, err0), (code1, _, err1) = results
+    assert code1 == peers.LOST_PEER_STATUS, err1[-3000:]
+    assert err1.splitlines()[-1].startswith(
+        "error: lost process 0 of 2 (the coordinator); this process 1 stopped after step"
+    ), err1[-3000:]
+    assert code0 == peers.LOST_PEER_STATUS, err0[-3000:]
+    assert re.fullmatch(
+        r"error: this process 0 of 2 was frozen for 2\d s \(--heartbeat_timeout_seconds=10; "
+        r"stopped with SIGSTOP, or its host suspended\?\), so the other processes gave up on "
+        r"it and stopped; it stopped after step 6; rerun the same command on every host to "
+        r"resume from the last checkpoint",
+        err0.splitlines()[-1],
+    ), err0[-3000:]
