@@ -818,3 +818,25 @@ def test_a_frozen_coordinator_does_not_blame_the_processes_that_gave_up_on_it(tm
         r"resume from the last checkpoint",
         err0.splitlines()[-1],
     ), err0[-3000:]
+
+
+@pytest.mark.slow  # (about 30 s: one process waits 2 s and the client's 20 s more)
+def test_a_host_whose_coordinator_never_answers_says_how_long_it_waited(tmp_path):
+    """Issue 53's attack: a host late (or its coordinator absent) with
+    --join_timeout_seconds=2 was told `has not answered within 2 s` after 22 s. The line
+    says the time it waited."""
+    _corpus(tmp_path / "corpus.txt")
+    procs = _start(
+        tmp_path,
+        2,
+        {"data.input_files": tmp_path / "corpus.txt"},
+        extra_flags=["--join_timeout_seconds=2"],
+    )
+    procs[0].kill()  # (the coordinator never answers)
+    started = time.time()
+    code, out, err = _finish(procs[1:], timeout=120)[0]
+    procs[0].communicate()
+    assert code == peers.LOST_PEER_STATUS, err[-3000:]
+    waited = re.search(r"has not answered within (\d+) s: .*\(it waits 2 s", err.splitlines()[-1])
+    assert waited and 20 <= int(waited.group(1)) <= time.time() - started + 1, err[-3000:]
+    assert not any(n in err + out for n in NOISE), err[-3000:]
