@@ -155,3 +155,17 @@ def tokenizer_fields(tokenizer: Tokenizer) -> dict[str, str]:
         "the tokenizer": f"{tokenizer.vocab_size} tokens, fingerprint "
         f"{tokenizer.fingerprint()[:12]}"
     }
+
+
+def first_failure(stage: str, failure: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Every process's `failure` at `stage` (None: it succeeded; JSON values), agreed: the
+    failure of the first process that failed, with its `process` index added, the same on
+    every process; None if none failed. Every process calls it at the same point, with a
+    `stage` of its own."""
+    if jax.process_count() == 1:
+        return failure and {**failure, "process": 0}
+    for index, report in enumerate(_gather(stage, json.dumps(failure))):
+        found = json.loads(report)
+        if found is not None:
+            return {**found, "process": index}
+    return None

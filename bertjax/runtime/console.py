@@ -239,6 +239,23 @@ def logging_to(path: str | None) -> Iterator[None]:
         handler.close()
 
 
+def log_only(message: str) -> None:
+    """Keeps `message` in the run's log file (or with the records kept for it), not on the
+    console: detail that must not come after a line that says what went wrong."""
+    caller = sys._getframe(1)  # noqa: SLF001 (where the log file says it came from)
+    RUN_LOG.take(
+        std_logging.LogRecord(
+            "bertjax",
+            std_logging.INFO,
+            caller.f_code.co_filename,
+            caller.f_lineno,
+            message,
+            None,
+            None,
+        )
+    )
+
+
 def note(line: str) -> None:
     """Appends `line` (already shown on the console: a run's last one, e.g. its `error:`
     line) to the log file this process's run has written and closed, if any."""

@@ -11,8 +11,9 @@ works once the runtime is up. Where the coordinator comes from, in order:
    timeout defaults to a week: there is no other process whose death it could detect, and JAX's
    default (100 s) would abort a run that was merely paused (SIGSTOP, a suspended VM) on resume.
 
-Joining waits at most `join_timeout_seconds` (default `peers.JOIN_TIMEOUT_SECONDS`) for
-every process to register: then each process that did ends with one line naming the ones
+Joining waits at most `join_timeout_seconds` (default `peers.JOIN_TIMEOUT_SECONDS`; both
+timeouts are bounded, 1 s to `MAX_TIMEOUT_SECONDS`: `check_timeout`) for every process to
+register: then each process that did ends with one line naming the ones
 that did not and the coordinator's address (`peers.joining`), exit `peers.LOST_PEER_STATUS`.
 """
 
@@ -31,6 +32,9 @@ from bertjax.errors import UserError
 from bertjax.runtime import peers
 
 LOCAL_HEARTBEAT_TIMEOUT_SECONDS = 7 * 24 * 3600
+# The longest --join_timeout_seconds and --heartbeat_timeout_seconds: a week (JAX's C++ side
+# takes 32-bit seconds, and a longer wait for a peer is a hang).
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 
 
 class DistributedSetupError(UserError, ValueError):
@@ -88,6 +92,16 @@ def _registration_timeout(seconds: int) -> Iterator[None]:
         jax_distributed._jax = library  # noqa: SLF001
 
 
+def check_timeout(flag: str, seconds: int) -> None:
+    """Refuses `--flag=seconds` outside 1 s to `MAX_TIMEOUT_SECONDS` in one line. (0 cannot
+    mean "do not wait": every process must register, and the service would give up on the
+    others before they could.)"""
+    if not 1 <= seconds <= MAX_TIMEOUT_SECONDS:
+        raise DistributedSetupError(
+            f"--{flag}={seconds} is out of bounds: give 1 to {MAX_TIMEOUT_SECONDS} seconds (a week)"
+        )
+
+
 def _join(join_timeout_seconds: int, **kwargs: Any) -> None:
     """`jax.distributed.initialize(**kwargs)`, waiting at most `join_timeout_seconds` for
     every process (see the module's note)."""
@@ -105,16 +119,14 @@ def initialize(
     join_timeout_seconds: int | None = None,
 ) -> str:
     """Initialises `jax.distributed` once; returns how: "explicit", "cluster", "local" or "already"."""
+    join = peers.JOIN_TIMEOUT_SECONDS if join_timeout_seconds is None else join_timeout_seconds
+    check_timeout("join_timeout_seconds", join)
+    if heartbeat_timeout_seconds is not None:
+        check_timeout("heartbeat_timeout_seconds", heartbeat_timeout_seconds)
     if jax.distributed.is_initialized():
         return "already"
     extra: dict[str, Any] = {}  # (initialize's keywords)
-    join = join_timeout_seconds or peers.JOIN_TIMEOUT_SECONDS
-    if join <= 0 or (heartbeat_timeout_seconds is not None and heartbeat_timeout_seconds <= 0):
-        raise DistributedSetupError(
-            "--join_timeout_seconds and --heartbeat_timeout_seconds "
-            "must be positive numbers of seconds"
-        )
-    if heartbeat_timeout_seconds:
+    if heartbeat_timeout_seconds is not None:
         extra["heartbeat_timeout_seconds"] = heartbeat_timeout_seconds
     coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
     if num_processes is None:

@@ -21,6 +21,12 @@ announcement at the latest (what it still does may wait for the others, who are 
 Joining is bounded too (`joining`): JAX's service gives up waiting for processes that never
 register after `--join_timeout_seconds` and aborts every process that did; the abort becomes
 one line naming the missing process ids and the coordinator's address, exit `LOST_PEER_STATUS`.
+
+A process that was itself frozen (SIGSTOP, a suspended host) for longer than the others wait
+finds them gone when it wakes, and JAX's service or client reports them lost: a clock thread
+notices the freeze (bertjax.runtime.stalls), and the process says it was frozen instead of blaming
+them. What a failed collective said goes to the log file only: the cause (another process's
+line, JAX's abort) is the last line on the console.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from typing import Any, NoReturn
 import jax
 from absl import logging
 
-from bertjax.runtime import failures
+from bertjax.runtime import console, failures, stalls
 
 JAX_HEARTBEAT_TIMEOUT_SECONDS = 100  # jax.distributed.initialize's default
 LOST_PEER_STATUS = 75  # EX_TEMPFAIL: run again
@@ -75,9 +81,26 @@ def reached_step(step: int) -> None:
     _state["step"] = step
 
 
+def stalled_line(seconds: float) -> str:
+    """The line of a process that was frozen for `seconds` (the others lost it, and its own
+    service or client then reports them lost: they are not to blame)."""
+    step = _state["step"]
+    when = f"after step {step}" if step is not None else "before the first training step"
+    return (
+        f"this process {jax.process_index()} of {jax.process_count()} was frozen for "
+        f"{seconds:.0f} s (--heartbeat_timeout_seconds={_state['heartbeat_s']}; stopped with "
+        "SIGSTOP, or its host suspended?), so the other processes gave up on it and stopped; "
+        f"it stopped {when}; {RERUN_ALL} to resume from the last checkpoint"
+    )
+
+
 def lost_peer_line(reason: str) -> str:
     """The line for JAX's abort `reason` (the coordination service's status): which process
-    was lost, this process's last step, and what to do."""
+    was lost, this process's last step, and what to do; or, if this process itself was
+    frozen meanwhile (`stalls.recent`), that."""
+    stall = stalls.recent(_state["heartbeat_s"])
+    if stall is not None:
+        return stalled_line(stall)
     listed = re.search(r"stopped sending heartbeats\):\s*([\d\s,]+)", reason)
     ids = re.findall(r"\d+", listed.group(1)) if listed else re.findall(r"task:(\d+)", reason)
     ids = [i for i in dict.fromkeys(ids) if int(i) != jax.process_index()]
@@ -99,10 +122,11 @@ def lost_peer_line(reason: str) -> str:
     )
 
 
-def join_line(reason: str, timeout_s: float) -> str:
+def join_line(reason: str, timeout_s: float, waited_s: float) -> str:
     """The line for JAX's abort `reason` while joining: the processes that have not joined
-    (JAX's service names them once its registration times out) or, without the service's
-    answer, the coordinator that never answered."""
+    (JAX's service names them once its registration, `timeout_s`, times out) or, without the
+    service's answer, the coordinator that has not answered this process for `waited_s` (the
+    client waits longer than the service: `distributed._CLIENT_SLACK_S`)."""
     from jax._src import distributed as jax_distributed  # (not public API)
 
     where = jax_distributed.global_state
@@ -118,7 +142,8 @@ def join_line(reason: str, timeout_s: float) -> str:
     else:
         who = (
             f"the coordinator {where.coordinator_address} (process 0 of {count}) has not "
-            f"answered within {timeout_s:g} s: it has not started, or cannot be reached"
+            f"answered within {waited_s:.0f} s: it has not started, cannot be reached, or has "
+            f"stopped already (it waits {timeout_s:g} s for every process to join)"
         )
     return (
         f"{who}; this process {index} stops (status {LOST_PEER_STATUS}): start every "
@@ -154,7 +179,8 @@ def _on_abort(signum: int) -> None:
         if reason is None:
             line = f"aborted in native code (the details: {_state['log']})"
         elif _state["join"] is not None:
-            line = join_line(reason, _state["join"])
+            timeout_s, started = _state["join"]
+            line = join_line(reason, timeout_s, time.monotonic() - started)
         else:
             line = lost_peer_line(reason)
         os.write(_state["console"], f"error: {line}\n".encode())
@@ -221,7 +247,7 @@ def joining(timeout_s: float) -> Iterator[None]:
     stderr goes to a temporary file meanwhile (`watch` then sends it to the run's log)."""
     path = os.path.join(tempfile.gettempdir(), f"bertjax_join.{os.getpid()}.txt")
     _native_stderr_to(path)
-    _state["join"] = timeout_s
+    _state["join"] = (timeout_s, time.monotonic())
     try:
         yield
     finally:
@@ -241,6 +267,7 @@ def watch(log_file: str, heartbeat_timeout_seconds: int | None) -> None:
     _state["watching"] = True
     failures.before_leaving(_after_own_line)
     threading.Thread(target=_watch_peers, name="bertjax-peers", daemon=True).start()
+    stalls.watch(_state["heartbeat_s"])
     if not os.path.dirname(log_file):
         return  # (no workdir named: the run stops with that error)
     path = native_log_path(log_file)
@@ -370,7 +397,7 @@ def leave_if_peer_lost(error: BaseException) -> None:
     returns for any other error."""
     if jax.process_count() == 1 or not isinstance(error, jax.errors.JaxRuntimeError):
         return
-    logging.info("a collective failed: %s", error)
+    console.log_only(f"a collective failed: {error}")  # (the cause's line comes on the console)
     time.sleep(_state["heartbeat_s"] + 10)
     leave(
         f"a collective with the other processes failed ({str(error).splitlines()[0][:200]}) "

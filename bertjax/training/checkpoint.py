@@ -12,7 +12,8 @@ restore, so a truncated, deleted or bit-flipped file is found by name; `quaranti
 damaged step out of the way (it is never deleted). A save also records in its `meta` an
 exact digest of every array of the state, which a restore recomputes, and a restore checks
 the model and tokenizer (both in bertjax.training.checkpoint_checks): a checkpoint that a kill
-left unsealed, or that was damaged before its seal, is checked value by value too. Pruning
+left unsealed, or that was damaged before its seal, is checked value by value too; a state
+that any process fails to read fails the restore on every process alike. Pruning
 (keep-latest-N) never removes the checkpoint a run resumed from until a newer one of that run
 is sealed (`keep_until_newer_sealed`), nor a `pin`ned one.
 """
@@ -31,15 +32,17 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from bertjax.errors import UserError
-from bertjax.runtime import failures, files as file_layer, stopping, storage
+from bertjax.runtime import agreement, console, failures, files as file_layer, stopping, storage
 from bertjax.runtime.checksums import CHECKSUMS, seal, verify  # noqa: F401 (this module's API too)
 from bertjax.training.checkpoint_checks import (
     DIGEST,
     CheckpointMismatch,
     PyTree,
+    StateUnreadable,
     check_compatible,
     check_digest,
     state_digest,
+    unreadable_problem,
 )
 
 storage.install_gcsfs()  # (before etils epath caches its gs:// file system)
@@ -113,6 +116,7 @@ class Checkpointer:
         self._unsealed: list[int] = []  # finished or in-flight saves without checksums yet
         self._vanished: list[int] = []  # saves that ended without Orbax's commit
         self._failure: CheckpointWriteError | None = None  # the first failed save's error
+        self._restores = 0  # (each restore's agreement between the processes is its own)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -261,17 +265,41 @@ class Checkpointer:
     ) -> tuple[PyTree, dict, dict]:
         """Restores `(state, data_position, meta)` onto the shardings in `abstract_state`,
         after checking that the checkpoint's metadata matches this run; DamagedCheckpoint if
-        the state differs from its recorded digest."""
-        meta, _ = self.metadata(step)
+        the state differs from its recorded digest, StateUnreadable (on every process alike)
+        if any process cannot read its part."""
+        meta, position = self.metadata(step)
         check_compatible(meta, expected_meta, f"{self.directory}/{step}")
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()
-            ),
-        )
-        check_digest(restored["state"], meta, f"{self.directory}/{step}")
-        return restored["state"], restored["data"], meta
+        state = self._restore_state(step, abstract_state)
+        check_digest(state, meta, f"{self.directory}/{step}")
+        return state, position, meta
+
+    def _restore_state(self, step: int, abstract_state: PyTree) -> PyTree:
+        """The `state` item of step `step`, read by its handler (no barrier: a process that
+        fails to read its part does not leave the others waiting in Orbax's), then agreed:
+        if any process failed, every process raises StateUnreadable alike (or
+        StorageUnavailable, if the storage failed, which proves nothing)."""
+        handler = ocp.StandardCheckpointHandler()
+        state, failure = None, None
+        try:
+            state = handler.restore(
+                epath.Path(self.directory) / str(step) / "state",
+                args=ocp.args.StandardRestore(abstract_state),
+            )
+        except Exception as e:  # noqa: BLE001 (agreed on below)
+            failure = {"storage": storage.unavailable(e), "problem": unreadable_problem(e)}
+            console.log_only(f"restoring checkpoint step {step} failed: {e}")
+        finally:
+            handler.close()
+        self._restores += 1
+        agreed = agreement.first_failure(f"restore {step}.{self._restores}", failure)
+        if agreed is not None:
+            where, problem = f"{self.directory}/{step}", agreed["problem"]
+            if jax.process_count() > 1:
+                problem = f"process {agreed['process']} of {jax.process_count()}: {problem}"
+            if agreed["storage"]:
+                raise storage.StorageUnavailable(f"reading checkpoint {where}", problem, 0)
+            raise StateUnreadable(where, problem)
+        return state
 
     def wait(self) -> None:
         """Blocks until pending saves are written (and sealed); raises if the async writer

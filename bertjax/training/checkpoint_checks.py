@@ -1,12 +1,14 @@
 """Whether a checkpoint fits the run that restores it: written by the same model and
 tokenizer (`check_compatible`, else CheckpointMismatch, the base of every refusal to resume),
 and holding the values it was saved with (`state_digest`, recorded in its `meta` at the save
-and recomputed at the restore by `check_digest`, else DamagedCheckpoint). No Orbax here: the
+and recomputed at the restore by `check_digest`, else DamagedCheckpoint); a state that cannot
+be read is StateUnreadable, said in one line (`unreadable_problem`). No Orbax here: the
 Checkpointer (bertjax.training.checkpoint) calls these around its saves and restores.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TypeAlias
 
 import jax
@@ -34,6 +36,32 @@ class DamagedCheckpoint(UserError, RuntimeError):
     def __init__(self, where: str, problem: str):
         super().__init__(f"checkpoint {where} is damaged: {problem}")
         self.problem = problem
+
+
+class StateUnreadable(UserError, RuntimeError):
+    """A checkpoint's state failed to restore (on every process alike: `problem` names the
+    process that failed first when there are several)."""
+
+    def __init__(self, where: str, problem: str):
+        super().__init__(f"checkpoint {where} cannot be restored: {problem}")
+        self.problem = problem
+
+
+# TensorStore's errors end with the repr of the array's TensorStore (its spec, on many lines),
+# whose last `path` is the array's name in the checkpoint.
+_TENSORSTORE_DETAILS = re.compile(r"\s*See full TensorStore details:.*", re.DOTALL)
+_SPEC_PATH = re.compile(r"'path': '([^']+)'")
+
+
+def unreadable_problem(error: BaseException) -> str:
+    """What a failed read of a checkpoint's state says, in one line: the array that cannot
+    be read, if TensorStore names it, and its error without TensorStore's repr."""
+    text = str(error)
+    details = _TENSORSTORE_DETAILS.search(text)
+    line = _TENSORSTORE_DETAILS.sub("", text).strip().split("\n", 1)[0] or type(error).__name__
+    line = line if len(line) <= 200 else line[:200] + "..."
+    arrays = _SPEC_PATH.findall(details.group(0)) if details else []
+    return f"its array {arrays[-1].rstrip('/')}: {line}" if arrays else line
 
 
 def check_compatible(found: dict, expected: dict, where: str) -> None:

@@ -182,9 +182,12 @@ class Resume:
         """Refuses `found` if this run (its record: `expected`) changes its model (or
         tokenizer, once recorded), its number of processes (`check_processes`) or, mid-phase,
         its data (guards.check_resume)."""
-        checkpoint_checks.check_compatible(
-            found.record.as_json(), expected.as_json(), self.where(found.step)
-        )
+        try:
+            checkpoint_checks.check_compatible(
+                found.record.as_json(), expected.as_json(), self.where(found.step)
+            )
+        except checkpoint_checks.CheckpointMismatch as e:
+            raise self._naming_an_older_match(e, found.step, expected) from e
         if found.step < phases[-1].end_step:  # (a finished run only evaluates)
             check_processes(found.record, expected, self.where(found.step), allow_changed_data)
         guards.check_resume(
@@ -196,6 +199,28 @@ class Resume:
             self.where(found.step),
             allow_changed_data,
         )
+
+    def _naming_an_older_match(
+        self, error: checkpoint_checks.CheckpointMismatch, step: int, expected: RunRecord
+    ) -> checkpoint_checks.CheckpointMismatch:
+        """`error` (checkpoint `step` refused: another model or tokenizer), naming the newest
+        older checkpoint that verifies and was written with this run's settings, if any: moving
+        the newer ones aside resumes from it."""
+        for older in reversed([s for s in self.checkpointer.all_steps() if s < step]):
+            if self.checkpointer.verify(older)[1] is not None:
+                continue
+            try:
+                meta, _ = self.checkpointer.metadata(older)
+                checkpoint_checks.check_compatible(meta, expected.as_json(), self.where(older))
+            except Exception:  # noqa: BLE001 (unreadable or another model too: not this one)
+                continue
+            newer = [s for s in self.checkpointer.all_steps() if s > older]
+            return checkpoint_checks.CheckpointMismatch(
+                f"{error}\nCheckpoint {self.where(older)} matches these settings: move "
+                f"{', '.join(self.where(s) for s in newer)} aside (e.g. into "
+                f"{self.quarantine_directory}) and rerun to resume from step {older}."
+            )
+        return error
 
     def restore(
         self,
@@ -212,7 +237,7 @@ class Resume:
                 restore = functools.partial(
                     self.checkpointer.restore, found.step, abstract_state, record.as_json()
                 )
-                state, position, _ = self._read(found.step, restore)
+                state, position, meta = self._read(found.step, restore)
                 nonfinite.check_finite(state, found.step)
                 if int(jax.device_get(state.step)) != found.step:  # (later saves would be
                     raise checkpoint_checks.DamagedCheckpoint(
@@ -229,6 +254,8 @@ class Resume:
                 self._set_aside(found.step, e.problem)
                 found = self._newest_left()
                 check(found)
+            except checkpoint_checks.StateUnreadable as e:  # (every process alike: agreed)
+                found = self._unreadable(found, e, check)
             except Exception as e:  # noqa: BLE001 (any failure to restore it)
                 if found.sealed or jax.process_count() > 1:
                     raise UnusableCheckpoint(
@@ -243,6 +270,8 @@ class Resume:
                 f"{max(self.set_aside)}: {max(self.set_aside) - found.step} "
                 "steps will be trained again"
             )
+        if not found.sealed:
+            reporting.chief_print(unsealed_notice(self.where(found.step), meta))
         data_position = phase_schedule.DataPosition.from_dict(position)
         self.checkpointer.keep_until_newer_sealed(found.step)
         reporting.chief_print(
@@ -251,6 +280,23 @@ class Resume:
             f"{data_position.batch_index})"
         )
         return state, data_position
+
+    def _unreadable(
+        self, found: Found, error: checkpoint_checks.StateUnreadable, check: Callable[[Found], None]
+    ) -> Found:
+        """The checkpoint to try after `found`'s state failed to restore (`error`): for one
+        without checksums (its save may have been cut off, or it was damaged before its
+        seal), the next older one, `found` set aside; one whose files match their
+        checksums is not damaged: UnusableCheckpoint, with what failed."""
+        if found.sealed:
+            raise UnusableCheckpoint(
+                f"checkpoint {self.where(found.step)} failed to restore although its files "
+                f"match their checksums: {error.problem}"
+            ) from error
+        self._set_aside(found.step, f"it cannot be restored ({error.problem})")
+        older = self._newest_left()
+        check(older)
+        return older
 
     def fall_back(
         self,
@@ -279,6 +325,22 @@ class Resume:
         check(previous)
         state, position = self.restore(previous, abstract_state, record, check)
         return Start.of(state, position, previous, phases, fell_back=True)
+
+
+def unsealed_notice(where: str, meta: dict[str, Any]) -> str:
+    """The line for resuming from the checkpoint `where` (its `meta`), which has no checksums
+    (its run stopped between its save and its seal): what was checked instead."""
+    digest = meta.get(checkpoint_checks.DIGEST)
+    checked = (
+        f"its restored state matches the digest recorded at its save ({len(digest)} arrays, "
+        "bit for bit) and is finite"
+        if digest
+        else "only that it restores and is finite (it records no digest of its state)"
+    )
+    return (
+        f"Checkpoint {where} was not sealed (no {checkpoint.CHECKSUMS}: its run stopped between "
+        f"its save and its seal), so its files were not checked; checked instead: {checked}"
+    )
 
 
 def check_processes(
