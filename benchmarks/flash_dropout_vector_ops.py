@@ -2,9 +2,9 @@
 
     JAX_PLATFORMS=cpu python benchmarks/flash_dropout_vector_ops.py --target=tpu-v5p-8 \
         --out=benchmarks/aot/flash_dropout_vector_ops.json
-    # another version of the kernel: its tree on PYTHONPATH, named in the record
-    git archive eaea010 bertjax | tar -x -C /tmp/before
-    PYTHONPATH=/tmp/before python benchmarks/flash_dropout_vector_ops.py \
+    # another version of the kernel: its tree (a directory BEFORE) on PYTHONPATH, named in the record
+    git archive eaea010 bertjax | tar -x -C BEFORE
+    PYTHONPATH=BEFORE python benchmarks/flash_dropout_vector_ops.py \
         --source="eaea010 (before the vector-work cut)" --out=...
 
 Compiles `flash_dropout` forward and backward deviceless (BERT-large's 16 heads of 64, batch
