@@ -45,6 +45,6 @@ def test_resume_check_is_bit_exact_and_sees_a_difference(tmp_path, monkeypatch):
 def test_dry_run_times_bertjax_beside_transformers(tmp_path):
     args = ["--dry_run", "--steps=1", "--rounds=1", "--resume_steps=1", "--resume_batch=8"]
     assert same_run.main([*args, f"--out={tmp_path}"]) == 0
-    record = json.loads((tmp_path / "same_run_L32_B4.json").read_text())
+    record = json.loads((tmp_path / "same_run_L32_B8.json").read_text())
     assert record["speedup_vs_hf_eager"] > 0
     assert record["hf_eager"]["torch"] and record["bertjax"]

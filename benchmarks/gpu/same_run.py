@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     if not args.skip_compare:
         lengths = [int(length) for length in args.shapes.split(",")]
-        shapes = ((32, 4, 5),) if args.dry_run else [s for s in SHAPES if s[0] in lengths]
+        shapes = ((32, 8, 5),) if args.dry_run else [s for s in SHAPES if s[0] in lengths]
         for length, batch, predictions in shapes:
             compare(args, length, batch, predictions)
     if args.skip_resume:
