@@ -243,7 +243,7 @@ def test_gpu_kernel_compiles_for_an_h100():
         assert "while" not in compiled  # no interpreted kernel
         # each call carries its FLOPs for the census (XLA counts none in a Triton call)
         declared = [
-            int(flash_dropout_gpu.cost(batch, heads, length, head_size, backward)["flops"])
+            flash_dropout_gpu.cost(batch, heads, length, head_size, 2, backward).flops
             for backward in (False, True)
         ]
         found = re.findall(r"serialized_metadata = .{0,20}flops\\22: \\22(\d+)", compiled)

@@ -48,15 +48,27 @@ def fits(length: int, head_size: int) -> bool:
     return head_size in HEAD_SIZES and length % BLOCK_MAJOR == 0 and length <= 2**16
 
 
-def cost(batch: int, heads: int, length: int, head_size: int, backward: bool) -> dict[str, str]:
-    """The kernel's matmul FLOPs and exponentials, as the pallas_call's metadata (the HLO's
-    `serialized_metadata`: XLA counts no FLOPs in a Triton call). Forward: QK^T and PV;
-    backward: QK^T, dO V^T in both scans, and dv, dk, dq."""
+def cost(
+    batch: int, heads: int, length: int, head_size: int, itemsize: int, backward: bool
+) -> pl.CostEstimate:
+    """The kernel's matmul FLOPs, exponentials and HBM bytes (what `tools.gpu_census` charges
+    it: XLA counts no FLOPs in a Triton call). Forward: QK^T and PV, reading q, k, v and
+    writing the output and the row log-sum-exp; backward: QK^T, dO V^T in both scans, and dv,
+    dk, dq, reading q, k, v, dO, the log-sum-exp and rowsum(dO * O), writing dq, dk, dv."""
     scores = batch * heads * length * length
-    return {
-        "flops": str(2 * scores * head_size * (7 if backward else 2)),
-        "transcendentals": str(scores * (2 if backward else 1)),
-    }
+    tensor = batch * length * heads * head_size * itemsize
+    rows = batch * heads * length * 4
+    ids = batch * length * 4 + batch * heads * 4
+    return pl.CostEstimate(
+        flops=2 * scores * head_size * (7 if backward else 2),
+        transcendentals=scores * (2 if backward else 1),
+        bytes_accessed=ids + (tensor * 7 + rows * 2 if backward else tensor * 4 + rows),
+    )
+
+
+def _metadata(estimate: pl.CostEstimate) -> dict[str, str]:
+    """`estimate`'s FLOPs and exponentials as the call's HLO `serialized_metadata`."""
+    return {"flops": str(estimate.flops), "transcendentals": str(estimate.transcendentals)}
 
 
 def _scores(q_QxD, k_KxD, q_ids_Q, k_ids_K, scale):
@@ -166,6 +178,8 @@ def _backward_kernel(
 def _call_forward(qkv_3xBxLxNxD, ids_BxL, seeds_BxN, rate, interpret):
     """The output `[B, L, N, D]` and the row log-sum-exp (base 2) `[B, N, L]`."""
     _, batch, length, heads, head_size = qkv_3xBxLxNxD.shape
+    itemsize = qkv_3xBxLxNxD.dtype.itemsize
+    estimate = cost(batch, heads, length, head_size, itemsize, backward=False)
     row = lambda b, n, i: (b, 0)  # noqa: E731
     return pl.pallas_call(
         functools.partial(_forward_kernel, rate=rate, scale=1.0 / math.sqrt(head_size)),
@@ -186,7 +200,8 @@ def _call_forward(qkv_3xBxLxNxD, ids_BxL, seeds_BxN, rate, interpret):
         compiler_params=plgpu.CompilerParams(**FORWARD_PARAMS),
         interpret=interpret,
         name="flash_dropout_forward",
-        metadata=cost(batch, heads, length, head_size, backward=False),
+        cost_estimate=estimate,
+        metadata=_metadata(estimate),
     )(seeds_BxN, qkv_3xBxLxNxD, ids_BxL)
 
 
@@ -195,6 +210,8 @@ def _call_backward(
 ):
     """The gradient of q, k and v, stacked `[3, B, L, N, D]`."""
     _, batch, length, heads, head_size = qkv_3xBxLxNxD.shape
+    itemsize = qkv_3xBxLxNxD.dtype.itemsize
+    estimate = cost(batch, heads, length, head_size, itemsize, backward=True)
     # rowsum(dO * O) = rowsum(P * dP) (with dropout too: the dropped P times its gradient)
     delta_BxNxL = jnp.einsum(
         "blnd,blnd->bnl", out_BxLxNxD, d_out_BxLxNxD, preferred_element_type=jnp.float32
@@ -216,7 +233,8 @@ def _call_backward(
         compiler_params=plgpu.CompilerParams(**BACKWARD_PARAMS),
         interpret=interpret,
         name="flash_dropout_backward",
-        metadata=cost(batch, heads, length, head_size, backward=True),
+        cost_estimate=estimate,
+        metadata=_metadata(estimate),
     )(seeds_BxN, qkv_3xBxLxNxD, ids_BxL, d_out_BxLxNxD, lse_BxNxL, delta_BxNxL)
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import math
 import re
 from collections import Counter
+from collections.abc import Callable, Mapping
 
 SMALL_KERNEL_BYTES = 64 * 1024
 # Ops that launch nothing (bookkeeping, or waits of an async op counted at its start).
@@ -42,6 +43,9 @@ FREE_OPS = frozenset(
         "call",
     )
 )
+# Custom-call targets of Pallas kernels on a GPU: the Triton lowering (jaxlib <= 0.10.2 lets
+# XLA compile it; later jaxlibs compile it themselves) and Mosaic GPU.
+PALLAS_GPU_TARGETS = frozenset(("__gpu$xla.gpu.triton", "triton_kernel_call_ffi", "mosaic_gpu_v2"))
 _SHAPE = re.compile(r"\b(pred|token|[a-z]+\d+[a-z0-9]*)\[([\d,]*)\]")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _COMPUTATION = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
@@ -127,6 +131,8 @@ class Census:
     bytes: float = 0
     matmul_bytes: float = 0
     seconds: float = 0  # roofline estimate
+    # label (`census`'s `describe`) -> [launches, roofline seconds, bytes, FLOPs]
+    groups: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     @property
     def kernel_count(self) -> int:
@@ -141,6 +147,10 @@ class Census:
             self.kernels[key] += count * times
         for field in ("small_kernels", "flops", "bytes", "matmul_bytes", "seconds"):
             setattr(self, field, getattr(self, field) + getattr(other, field) * times)
+        for label, figures in other.groups.items():
+            mine = self.groups.setdefault(label, [0.0] * len(figures))
+            for i, value in enumerate(figures):
+                mine[i] += value * times
 
     def as_dict(self) -> dict:
         return {
@@ -177,10 +187,32 @@ def _attention_flops(target: str, q_type: str, k_type: str) -> float:
     return (10.0 if "backward" in target.lower() else 4.0) * b * n * lq * lk * d
 
 
+def pallas_name(attrs: str) -> str:
+    """The name a Pallas kernel was given (`pallas_call(name=...)`, else its function's), read
+    from its custom call's op_name (`.../NAME/pallas_call`)."""
+    found = re.search(r'op_name="(?:[^"]*/)?([^"/]+)/pallas_call"', attrs)
+    return found.group(1) if found else "?"
+
+
+# A Pallas kernel's declared cost, by (name, result shapes): (FLOPs, bytes accessed).
+PallasCosts = Mapping[tuple[str, tuple[tuple[int, ...], ...]], tuple[float, float]]
+# (the kernel's instruction, its kind, the computations of its module) -> a group's label
+Describe = Callable[[Instruction, str, dict[str, list[Instruction]]], str]
+
+
 class _Analyzer:
-    def __init__(self, text: str, peak_flops: float, bandwidth: float):
+    def __init__(
+        self,
+        text: str,
+        peak_flops: float,
+        bandwidth: float,
+        pallas_costs: PallasCosts | None = None,
+        describe: Describe | None = None,
+    ):
         self.computations, self.entry = parse_module(text)
         self.peak_flops, self.bandwidth = peak_flops, bandwidth
+        self.pallas_costs = pallas_costs or {}
+        self.describe = describe
         self.cache: dict[str, Census] = {}
 
     def types(self, computation: str) -> dict[str, str]:
@@ -249,21 +281,38 @@ class _Analyzer:
             elif "fmha" in target:
                 flops = _attention_flops(target, types[ins.operands[0]], types[ins.operands[1]])
                 kind = "attention"
+            elif target in PALLAS_GPU_TARGETS:
+                kind = "pallas"
+                key = (pallas_name(ins.attrs), tuple(dims for _, dims in shapes(ins.type_text)))
+                flops, nbytes = self.pallas_costs.get(key, (0.0, nbytes))
             else:
                 kind = f"custom-call:{target}"
         elif ins.opcode in ("copy", "copy-start"):
             kind = "copy"
+        seconds = max(flops / self.peak_flops, nbytes / self.bandwidth)
+        label = self.describe(ins, kind, self.computations) if self.describe else kind
         return Census(
             kernels=Counter({kind: 1}),
             small_kernels=float(nbytes < SMALL_KERNEL_BYTES),
             flops=flops,
             bytes=nbytes,
-            matmul_bytes=nbytes if kind in ("matmul", "attention") else 0.0,
-            seconds=max(flops / self.peak_flops, nbytes / self.bandwidth),
+            matmul_bytes=nbytes if kind in ("matmul", "attention") or flops else 0.0,
+            seconds=seconds,
+            groups={label: [1.0, seconds, nbytes, flops]},
         )
 
 
-def census(hlo_text: str, peak_tflops: float, bandwidth_bytes_per_second: float) -> Census:
-    """The kernel census and roofline estimate of an optimized HLO module's text."""
-    analyzer = _Analyzer(hlo_text, peak_tflops * 1e12, bandwidth_bytes_per_second)
+def census(
+    hlo_text: str,
+    peak_tflops: float,
+    bandwidth_bytes_per_second: float,
+    pallas_costs: PallasCosts | None = None,
+    describe: Describe | None = None,
+) -> Census:
+    """The kernel census and roofline estimate of an optimized HLO module's text. A Pallas
+    kernel costs what `pallas_costs` declares for it (else its operands' and results' bytes,
+    no FLOPs); `describe` labels each kernel for `Census.groups` (default: its kind)."""
+    analyzer = _Analyzer(
+        hlo_text, peak_tflops * 1e12, bandwidth_bytes_per_second, pallas_costs, describe
+    )
     return analyzer.census(analyzer.entry)

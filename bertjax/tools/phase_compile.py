@@ -12,11 +12,12 @@ import ml_collections
 
 from bertjax.models import families, flops
 from bertjax.runtime import targets
-from bertjax.tools import fit_verdict, hlo_census, tpu_estimate
+from bertjax.tools import fit_verdict, gpu_census, hlo_census, tpu_estimate
 from bertjax.training import memory, optim, phase_schedule, sharded_run, sharding
 from bertjax.training.settings import PretrainingSettings
 
 CENSUS_GROUPS = 25  # the costliest instruction groups kept in a TPU phase's record
+GPU_CENSUS_GROUPS = 40  # the costliest kernel groups kept in a GPU phase's record
 # Measured step time / roofline estimate of the one version timed on a real H100 (589f15d,
 # BERT-large: 116.4 / 75.3 ms at L=128, 175.4 / 105.5 ms at L=512).
 H100_CALIBRATION = 1.6
@@ -34,13 +35,26 @@ def _memory_sizes(compiled: jax.stages.Compiled) -> dict[str, int]:
     )
 
 
-def gpu_estimate(hlo_text: str, target: targets.Target, model_flops: float) -> dict[str, Any]:
-    """The kernel census of a GPU step, its roofline time and the MFU estimate that follows
-    with `H100_CALIBRATION` (an estimate, not a measurement)."""
-    result = hlo_census.census(hlo_text, target.peak_tflops, target.hbm_bytes_per_second)
+def gpu_estimate(
+    hlo_text: str,
+    target: targets.Target,
+    model_flops: float,
+    pallas_costs: hlo_census.PallasCosts | None = None,
+) -> dict[str, Any]:
+    """The kernel census of a GPU step (`tools.gpu_census`: by family, and its costliest
+    groups), its roofline time and the MFU estimate that follows with `H100_CALIBRATION` (an
+    estimate, not a measurement). Pallas kernels cost what `pallas_costs` declares."""
+    result = hlo_census.census(
+        hlo_text,
+        target.peak_tflops,
+        target.hbm_bytes_per_second,
+        pallas_costs,
+        gpu_census.describe,
+    )
     step = result.seconds * H100_CALIBRATION
     return {
         **result.as_dict(),
+        **gpu_census.summarize(result, GPU_CENSUS_GROUPS),
         "calibration": H100_CALIBRATION,
         "estimated_step_seconds": step,
         "estimated_mfu": model_flops / step / (target.peak_tflops * 1e12),
@@ -75,12 +89,12 @@ def compile_phase(
     }
     compiled, refused, sizes = None, None, None
     with sharding.activate(mesh):
-        lowered = sharded.train_step.lower(
+        traced = sharded.train_step.trace(
             sharded.abstract_state,
             memory.abstract_batch(phase, phase.global_batch_size, sharding.batch_sharding(mesh)),
         )
         try:
-            compiled = lowered.compile()
+            compiled = traced.lower().compile()
         except Exception as e:  # the TPU compiler's refusal carries its own numbers
             refused = fit_verdict.parse_refusal(str(e))
             if refused is None:
@@ -95,7 +109,12 @@ def compile_phase(
         if cost and "flops" in cost:
             record["compiler_flops_per_device"] = float(cost["flops"])
         if target is not None and target.platform == "cuda":
-            record["gpu"] = gpu_estimate(_hlo_text(compiled), target, model_flops)
+            record["gpu"] = gpu_estimate(
+                _hlo_text(compiled),
+                target,
+                model_flops,
+                gpu_census.pallas_costs(traced.jaxpr.jaxpr),
+            )
         elif target is not None and cost and "optimal_seconds" in cost:
             record["tpu"] = tpu_estimate.estimate(
                 cost,
