@@ -47,7 +47,8 @@ def test_a_kernel_of_integer_ops_counts_each_per_element_and_grid_step(rounds):
     run on 4 grid steps: 3 * rounds * 4,096 (libtpu charges none of them)."""
     x = jnp.zeros((GRID * ROWS, LANES), jnp.int32)
     kernels = vector_ops.pallas_kernels(_jaxpr(_hash_call(rounds), x))
-    assert kernels == {f"kernel[{GRID * ROWS}, {LANES}]": 3.0 * rounds * GRID * ROWS * LANES}
+    key = vector_ops.kernel_key((GRID * ROWS, LANES), None, None, None)
+    assert kernels == {key: 3.0 * rounds * GRID * ROWS * LANES}
 
 
 def test_each_kind_of_elementwise_op_counts_and_data_movement_does_not():
@@ -68,8 +69,9 @@ def test_each_kind_of_elementwise_op_counts_and_data_movement_does_not():
 
 
 def test_flash_dropouts_kernels_are_found_forward_and_backward_with_their_hash():
-    """The step's two kernels under their compiled names and shapes; each does more vector
-    work per score than its hash's integer ops alone (at least 8 per score)."""
+    """The step's two kernels, by their shapes and declared costs as the compiled custom
+    calls have them; each does more vector work per score than its hash's integer ops alone
+    (at least 8 per score)."""
     batch, heads, length, width = 2, 2, 128, 128
     qkv = jnp.zeros((3, batch, length, width), jnp.bfloat16)
     ids = jnp.ones((batch, length), jnp.int32)
@@ -81,9 +83,18 @@ def test_flash_dropouts_kernels_are_found_forward_and_backward_with_their_hash()
 
     kernels = vector_ops.pallas_kernels(_jaxpr(jax.grad(loss), qkv))
     scores = batch * heads * length * length
+    costs = {
+        backward: flash_dropout.cost(batch, heads, length, width // heads, 2, backward)
+        for backward in (False, True)
+    }
     assert set(kernels) == {
-        f"_forward_kernel[{batch}, {length}, {width}]",
-        f"_backward_kernel[3, {batch}, {length}, {width}]",
+        vector_ops.kernel_key(
+            shape,
+            costs[backward].flops,
+            costs[backward].transcendentals,
+            costs[backward].bytes_accessed,
+        )
+        for shape, backward in (((batch, length, width), False), ((3, batch, length, width), True))
     }
     assert all(ops > 8 * scores for ops in kernels.values())
 
@@ -135,17 +146,19 @@ ENTRY %main (w: s32[8,128], q: bf16[3,2,128,128]) -> bf16[2,128,128] {
   %zero = s32[] constant(0)
   %init = (s32[], s32[8,128]{1,0}) tuple(%zero, %w)
   %loop = (s32[], s32[8,128]{1,0}) while(%init), condition=%cond, body=%body
-  %k = bf16[2,128,128]{2,1,0} custom-call(%q), custom_call_target="tpu_custom_call", kernel_name="_forward_kernel", backend_config={"window_config":{"estimated_cycles":"1000"}}
+  %k = bf16[2,128,128]{2,1,0} custom-call(%q), custom_call_target="tpu_custom_call", backend_config={"custom_call_config":{"body":"TUzvUgFN","cost_estimate":{"flops":"8388608","transcendentals":"65536","bytes_accessed":"262144"}},"window_config":{"estimated_cycles":"1000"}}
   ROOT %copy = bf16[2,128,128]{2,1,0} copy(%k), backend_config={"window_config":{"estimated_cycles":"200"}}
 }
 """
 KERNEL_OPS = 2e6  # the kernel's elementwise operations per call, as its jaxpr would give
+KERNEL = vector_ops.kernel_key((2, 128, 128), 8388608, 65536, 262144)
 
 
 def test_hlo_fusions_count_integer_ops_reductions_and_the_kernel_per_run():
     """Per micro-batch 4 ops x 1,024 in the integer fusion and 1,024 in the reduction, 3
-    times; the Pallas kernel's count from its jaxpr, matched by name and shape, once."""
-    kernels = {"_forward_kernel[2, 128, 128]": KERNEL_OPS}
+    times; the Pallas kernel's count from its jaxpr, matched by shape and declared cost,
+    once."""
+    kernels = {KERNEL: KERNEL_OPS}
     ops = tpu_estimate.operations(HLO, loop_trips=3, kernels=kernels)
     by_name = {op.name: op.vector_ops for op in ops}
     assert by_name == {"h": 3 * 4 * 1024, "r": 3 * 1024, "k": KERNEL_OPS, "copy": 0}
@@ -153,8 +166,9 @@ def test_hlo_fusions_count_integer_ops_reductions_and_the_kernel_per_run():
 
 def test_an_unmatched_kernel_is_named_not_silently_counted_as_free():
     unmatched: set[str] = set()
-    ops = tpu_estimate.operations(HLO, 3, {"_forward_kernel[4, 128, 128]": 1.0}, unmatched)
-    assert unmatched == {"_forward_kernel[2, 128, 128]"}
+    other = vector_ops.kernel_key((2, 128, 128), 8388608, 65536, 1)
+    ops = tpu_estimate.operations(HLO, 3, {other: 1.0}, unmatched)
+    assert unmatched == {KERNEL}
     assert sum(op.vector_ops for op in ops if op.opcode == "custom-call") == 0
 
 
@@ -165,7 +179,7 @@ def test_the_record_has_the_vector_unit_beside_libtpus_estimate():
     unit = vector_ops.VectorUnit(alus=1, cores=1, clock_hz=1e12 / 1024)
     assert unit.ops_per_second == pytest.approx(1e12)
     cost = {"optimal_seconds": 1.4e-6, "flops": 1e6, "bytes accessed": 1e4}
-    kernels = {"_forward_kernel[2, 128, 128]": KERNEL_OPS}
+    kernels = {KERNEL: KERNEL_OPS}
     record = tpu_estimate.estimate(cost, HLO, 3, 2e6, 1.0, top=4, kernels=kernels, unit=unit)
     assert record["optimal_seconds"] == pytest.approx(1.8e-6)
     vector = 3 * 5 * 1024 + KERNEL_OPS

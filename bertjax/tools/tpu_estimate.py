@@ -3,9 +3,10 @@
 A deviceless libtpu compile fills `compiled.cost_analysis()` with `optimal_seconds` (its cost
 model's time for the step), `flops` and `bytes accessed`, and writes each instruction's
 `estimated_cycles` into the optimized HLO. Both count a while loop's body once, whatever its
-trip count (BERT-tiny on tpu-v5p-8: 2.10 GFLOP in one micro-batch, 1.07 in two): a step of n
-micro-batches is scaled here by each instruction's share, its cycles and its bytes counted
-n times in the loop. Estimates of the compiler that will run the job, not measurements.
+trip count (BERT-tiny on tpu-v5p-8: 2.10 GFLOP in one micro-batch, 1.07 in two; the loops
+over the shards of a windowed einsum likewise, `tools.tpu_hlo`): the step is scaled here by
+each instruction's share, its cycles, bytes and matmul FLOPs counted as often as its loops
+run. Estimates of the compiler that will run the job, not measurements.
 
 Beside it, the vector unit's time (`tools.vector_ops`): the step's elementwise operations at
 the unit's rate, and the vector-aware bound, each instruction taking at least the longer of
@@ -22,7 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bertjax.tools import hlo_census, vector_ops
+from bertjax.tools import hlo_census, tpu_hlo, vector_ops
 
 _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
@@ -40,6 +41,7 @@ class Op:
     bytes_once: float
     times: int
     vector_ops_once: float = 0.0  # elementwise operations (`vector_ops`)
+    flops_once: float = 0.0  # matmul FLOPs (`tpu_hlo.Flops`)
 
     @property
     def cycles(self) -> int:
@@ -48,6 +50,10 @@ class Op:
     @property
     def bytes(self) -> float:
         return self.bytes_once * self.times
+
+    @property
+    def flops(self) -> float:
+        return self.flops_once * self.times
 
     @property
     def vector_ops(self) -> float:
@@ -60,24 +66,24 @@ def operations(
     kernels: dict[str, float] | None = None,
     unmatched_kernels: set[str] | None = None,
 ) -> list[Op]:
-    """Every instruction of the entry computation and of its while loops' bodies (a loop
-    without a known trip count runs `loop_trips` times: the micro-batches), with its
-    elementwise operations (Pallas kernels' from `kernels`, `vector_ops.pallas_kernels`;
+    """Every instruction of the entry computation and of its while loops' bodies, as often
+    as it runs (a loop's trip count from `tpu_hlo.trip_count`, or `loop_trips`: the
+    micro-batches), with its matmul FLOPs and its elementwise operations (Pallas kernels' from `kernels`, `vector_ops.pallas_kernels`;
     those not there are added to `unmatched_kernels`). A conditional's branches are left
     out: in this step it only names the cause of a skipped update."""
     computations, entry = hlo_census.parse_module(hlo_text)
     counter = vector_ops.HloVectorOps(computations, kernels or {})
+    flops = tpu_hlo.Flops(computations)
+    constants = tpu_hlo.integer_constants(hlo_text)
     ops: list[Op] = []
 
     def walk(computation: str, times: int) -> None:
-        types = {i.name: i.type_text for i in computations[computation]}
+        instructions = {i.name: i for i in computations[computation]}
+        types = {name: i.type_text for name, i in instructions.items()}
         for ins in computations[computation]:
             if ins.opcode == "while":
-                known = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
-                walk(
-                    hlo_census.attr(ins.attrs, "body") or "",
-                    times * (int(known.group(1)) if known else loop_trips),
-                )
+                trips = tpu_hlo.trip_count(ins, computations, instructions, constants)
+                walk(hlo_census.attr(ins.attrs, "body") or "", times * (trips or loop_trips))
             elif ins.opcode not in hlo_census.FREE_OPS or ins.opcode == "call":
                 if ins.opcode == "call":
                     walk(hlo_census.attr(ins.attrs, "to_apply") or "", times)
@@ -94,6 +100,7 @@ def operations(
                         + sum(hlo_census.type_bytes(types.get(o, "")) for o in ins.operands),
                         times,
                         counter.instruction(ins, types),
+                        flops.instruction(ins, types),
                     )
                 )
 
@@ -130,8 +137,12 @@ def estimate(
     # libtpu 0.0.42 gives a negative figure for v4 and v5e steps (-5.0 s for BERT-tiny):
     # no estimate then.
     seconds = max(float(cost.get("optimal_seconds", 0.0)), 0.0) * time_scale or None
-    # All FLOPs but the update's few per parameter are the loop's.
-    flops = float(cost.get("flops", 0.0)) * loop_trips
+    # Scaled by each instruction's matmul FLOPs as often as it runs (the micro-batch loop's
+    # and the windowed einsums' bodies, `tpu_hlo`); without matmuls, by the micro-batches.
+    flops_once = sum(op.flops_once for op in ops)
+    flops = float(cost.get("flops", 0.0)) * (
+        sum(op.flops for op in ops) / flops_once if flops_once else loop_trips
+    )
     result: dict[str, Any] = {
         "optimal_seconds": seconds,
         "compiler_optimal_seconds": cost.get("optimal_seconds"),

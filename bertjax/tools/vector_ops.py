@@ -7,7 +7,7 @@ Here every elementwise operation (integer and float arithmetic, bitwise ops, shi
 compares, selects, conversions, transcendentals) counts once per element it runs on, and a
 reduction once per input element:
 - in a Pallas kernel, from its jaxpr, times its grid (`kernel_ops`, found in the step's
-  jaxpr by `pallas_kernels`, matched to the compiled custom call by kernel name and shape);
+  jaxpr by `pallas_kernels`, matched to the compiled custom call by shape and declared cost);
 - in XLA's fusions and unfused ops, from the optimized HLO (`HloVectorOps`).
 Matmuls (MXU), transposes (XLU), copies, broadcasts and scalar ops are not counted. The
 count is of the program as written; Mosaic and XLA may emit more (a division is one
@@ -222,23 +222,30 @@ def kernel_ops(eqn: Any) -> float:
     return jaxpr_vector_ops(eqn.params["jaxpr"]) * math.prod(int(g) for g in grid)
 
 
-def _kernel_key(name: str, dims: tuple[int, ...]) -> str:
-    return f"{name}{list(dims)}"
+def kernel_key(dims: Any, flops: Any, transcendentals: Any, bytes_accessed: Any) -> str:
+    """A Pallas kernel's identity in both the jaxpr and the compiled HLO (which keeps no
+    kernel name): its first output's shape and its declared cost."""
+    return f"{list(dims)} flops={flops} transcendentals={transcendentals} bytes={bytes_accessed}"
 
 
 def pallas_kernels(jaxpr: Any) -> dict[str, float]:
-    """`{kernel name and first output's shape: elementwise operations per call}` of every
-    Pallas kernel in a jaxpr (nested ones included; the shapes are a shard's under
-    `shard_map`, as the compiled custom call has them)."""
+    """`{kernel_key: elementwise operations per call}` of every Pallas kernel in a jaxpr
+    (nested ones included; the shapes are a shard's under `shard_map`, as the compiled custom
+    call has them)."""
     found: dict[str, float] = {}
 
     def walk(inner: Any) -> None:
         for eqn in inner.eqns:
             if eqn.primitive.name == "pallas_call":
-                # The custom call's kernel_name, as Pallas's TPU lowering derives it.
-                name = eqn.params["name"] or eqn.params["jaxpr"].debug_info.func_name
-                shape = tuple(eqn.params["out_avals"][0].shape)
-                found[_kernel_key(re.sub(r"[^\w.-]", "_", name), shape)] = kernel_ops(eqn)
+                cost = eqn.params["cost_estimate"]
+                key = kernel_key(
+                    tuple(eqn.params["out_avals"][0].shape),
+                    *(
+                        getattr(cost, f, None)
+                        for f in ("flops", "transcendentals", "bytes_accessed")
+                    ),
+                )
+                found[key] = kernel_ops(eqn)
             for sub in _sub_jaxprs(eqn.params):
                 walk(sub)
 
@@ -246,7 +253,10 @@ def pallas_kernels(jaxpr: Any) -> dict[str, float]:
     return found
 
 
-_KERNEL_NAME = re.compile(r'kernel_name="([^"]+)"|\\?"kernel_name\\?":\s*\\?"([^"\\]+)')
+def _declared(attrs: str, field: str) -> str:
+    """A field of a Pallas custom call's declared cost estimate ("None" when undeclared)."""
+    found = re.search(rf'"cost_estimate":\{{[^}}]*"{field}":"?(\d+)', attrs)
+    return found.group(1) if found else "None"
 
 
 class HloVectorOps:
@@ -284,9 +294,10 @@ class HloVectorOps:
                 per_element, 1
             )
         if ins.opcode == "custom-call" and PALLAS_TARGET in ins.attrs:
-            found = _KERNEL_NAME.search(ins.attrs)
-            name = (found.group(1) or found.group(2)) if found else "?"
-            key = _kernel_key(name, hlo_census.shapes(ins.type_text)[0][1])
+            key = kernel_key(
+                hlo_census.shapes(ins.type_text)[0][1],
+                *(_declared(ins.attrs, f) for f in ("flops", "transcendentals", "bytes_accessed")),
+            )
             if key not in self.kernels:
                 self.unmatched_kernels.add(key)
             return self.kernels.get(key, 0.0)
