@@ -379,6 +379,10 @@ def test_tpu_estimate_of_a_micro_batch_loop_is_scaled(tmp_path):
     assert two["loop_trips"] == 2 and two["time_scale"] > 1.3
     assert two["optimal_seconds"] == two["compiler_optimal_seconds"] * two["time_scale"]
     assert 0 < one["estimated_mfu"] < 1 and one["census"][0]["seconds"] > 0
+    # The vector unit beside it: every Pallas kernel's jaxpr matched to its custom call.
+    assert one["vector_unmatched_kernels"] == [] and one["vector_seconds"] > 0
+    assert one["vector_aware_seconds"] >= one["optimal_seconds"]
+    assert "  vector unit (not in libtpu's figure): " in result.stdout
 
 
 @pytest.mark.aot

@@ -1,6 +1,7 @@
 """One phase's train step compiled for a target (`tools.aot`): the sharded model and step of
 a config's phases, the fit verdict (`tools.fit_verdict`), memory per device, FLOPs, a GPU's
-roofline estimate or libtpu's own (`tools.tpu_estimate`), and the console's lines for it."""
+roofline estimate or libtpu's own with the vector unit's time beside it (`tools.tpu_estimate`),
+and the console's lines for it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import ml_collections
 
 from bertjax.models import families, flops
 from bertjax.runtime import targets
-from bertjax.tools import fit_verdict, gpu_census, hlo_census, tpu_estimate
+from bertjax.tools import fit_verdict, gpu_census, hlo_census, tpu_estimate, vector_ops
 from bertjax.training import memory, optim, phase_schedule, sharded_run, sharding
 from bertjax.training.settings import PretrainingSettings
 
@@ -123,6 +124,8 @@ def compile_phase(
                 model_flops,
                 target.peak_tflops,
                 top=CENSUS_GROUPS,
+                kernels=vector_ops.pallas_kernels(traced.jaxpr.jaxpr),
+                unit=vector_ops.vector_unit(target.topology),
             )
     record["verdict"] = fit_verdict.verdict(
         sizes,
@@ -144,7 +147,7 @@ def _hlo_text(compiled: jax.stages.Compiled) -> str:
 
 
 def summary_lines(name: str, record: dict[str, Any]) -> list[str]:
-    """The console's lines for one phase: the verdict, and a GPU's estimate."""
+    """The console's lines for one phase: the verdict, and a GPU's or a TPU's estimate."""
     lines = [
         f"Phase {name} (L={record['max_seq_length']}, global batch "
         f"{record['global_batch_size']}, {record['per_device_batch']} per device"
@@ -181,7 +184,30 @@ def summary_lines(name: str, record: dict[str, Any]) -> list[str]:
             f"{tpu['compiler_flops'] / 1e12:.2f} TFLOP, model {tpu['model_flops'] / 1e12:.2f} "
             f"({tpu['compiler_flops'] / tpu['model_flops']:.1%})"
         )
+        if "vector_seconds" in tpu:
+            lines.append(_vector_line(tpu))
     return lines
+
+
+def _vector_line(tpu: dict[str, Any]) -> str:
+    """The console's line for the vector unit's time and the vector-aware bound."""
+    bound = (
+        f"; vector-aware bound {tpu['vector_aware_seconds'] * 1e3:.1f} ms per step, MFU at "
+        f"most {tpu['vector_aware_mfu']:.1%}"
+        if tpu["vector_aware_seconds"]
+        else ""
+    )
+    missing = (
+        f" (NOT counted: the kernels {', '.join(tpu['vector_unmatched_kernels'])})"
+        if tpu["vector_unmatched_kernels"]
+        else ""
+    )
+    return (
+        f"  vector unit (not in libtpu's figure): {tpu['vector_ops'] / 1e9:,.0f} G elementwise "
+        f"ops ({tpu['vector_kernel_ops'] / 1e9:,.0f} G in Pallas kernels{missing}) at "
+        f"{tpu['vector_ops_per_second'] / 1e12:.1f} T/s, {tpu['vector_seconds'] * 1e3:.1f} ms"
+        + bound
+    )
 
 
 def build(

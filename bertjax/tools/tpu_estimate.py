@@ -3,9 +3,14 @@
 A deviceless libtpu compile fills `compiled.cost_analysis()` with `optimal_seconds` (its cost
 model's time for the step), `flops` and `bytes accessed`, and writes each instruction's
 `estimated_cycles` into the optimized HLO. Both count a while loop's body once, whatever its
-trip count (BERT-tiny on tpu-v5p-8: 2.10 GFLOP in one micro-batch, 1.07 in two): a step of n
-micro-batches is scaled here by each instruction's share, its cycles and its bytes counted
-n times in the loop. Estimates of the compiler that will run the job, not measurements.
+trip count (BERT-tiny on tpu-v5p-8: 2.10 GFLOP in one micro-batch, 1.07 in two; the loops
+over the shards of a windowed einsum likewise, `tools.tpu_hlo`): the step is scaled here by
+each instruction's share, its cycles, bytes and matmul FLOPs counted as often as its loops
+run. Estimates of the compiler that will run the job, not measurements.
+
+Beside it, the vector unit's time (`tools.vector_ops`): the step's elementwise operations at
+the unit's rate, and the vector-aware bound, each instruction taking at least the longer of
+libtpu's time and its vector time.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bertjax.tools import hlo_census
+from bertjax.tools import hlo_census, tpu_hlo, vector_ops
 
 _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
@@ -35,6 +40,8 @@ class Op:
     cycles_once: int
     bytes_once: float
     times: int
+    vector_ops_once: float = 0.0  # elementwise operations (`vector_ops`)
+    flops_once: float = 0.0  # matmul FLOPs (`tpu_hlo.Flops`)
 
     @property
     def cycles(self) -> int:
@@ -44,23 +51,39 @@ class Op:
     def bytes(self) -> float:
         return self.bytes_once * self.times
 
+    @property
+    def flops(self) -> float:
+        return self.flops_once * self.times
 
-def operations(hlo_text: str, loop_trips: int = 1) -> list[Op]:
-    """Every instruction of the entry computation and of its while loops' bodies (a loop
-    without a known trip count runs `loop_trips` times: the micro-batches). A conditional's
-    branches are left out: in this step it only names the cause of a skipped update."""
+    @property
+    def vector_ops(self) -> float:
+        return self.vector_ops_once * self.times
+
+
+def operations(
+    hlo_text: str,
+    loop_trips: int = 1,
+    kernels: dict[str, float] | None = None,
+    unmatched_kernels: set[str] | None = None,
+) -> list[Op]:
+    """Every instruction of the entry computation and of its while loops' bodies, as often
+    as it runs (a loop's trip count from `tpu_hlo.trip_count`, or `loop_trips`: the
+    micro-batches), with its matmul FLOPs and its elementwise operations (Pallas kernels' from `kernels`, `vector_ops.pallas_kernels`;
+    those not there are added to `unmatched_kernels`). A conditional's branches are left
+    out: in this step it only names the cause of a skipped update."""
     computations, entry = hlo_census.parse_module(hlo_text)
+    counter = vector_ops.HloVectorOps(computations, kernels or {})
+    flops = tpu_hlo.Flops(computations)
+    constants = tpu_hlo.integer_constants(hlo_text)
     ops: list[Op] = []
 
     def walk(computation: str, times: int) -> None:
-        types = {i.name: i.type_text for i in computations[computation]}
+        instructions = {i.name: i for i in computations[computation]}
+        types = {name: i.type_text for name, i in instructions.items()}
         for ins in computations[computation]:
             if ins.opcode == "while":
-                known = re.search(r'"known_trip_count":\{"n":"(\d+)"', ins.attrs)
-                walk(
-                    hlo_census.attr(ins.attrs, "body") or "",
-                    times * (int(known.group(1)) if known else loop_trips),
-                )
+                trips = tpu_hlo.trip_count(ins, computations, instructions, constants)
+                walk(hlo_census.attr(ins.attrs, "body") or "", times * (trips or loop_trips))
             elif ins.opcode not in hlo_census.FREE_OPS or ins.opcode == "call":
                 if ins.opcode == "call":
                     walk(hlo_census.attr(ins.attrs, "to_apply") or "", times)
@@ -76,10 +99,14 @@ def operations(hlo_text: str, loop_trips: int = 1) -> list[Op]:
                         hlo_census.type_bytes(ins.type_text)
                         + sum(hlo_census.type_bytes(types.get(o, "")) for o in ins.operands),
                         times,
+                        counter.instruction(ins, types),
+                        flops.instruction(ins, types),
                     )
                 )
 
     walk(entry, 1)
+    if unmatched_kernels is not None:
+        unmatched_kernels.update(counter.unmatched_kernels)
     return ops
 
 
@@ -94,19 +121,28 @@ def estimate(
     model_flops: float,
     peak_tflops: float,
     top: int = 0,
+    kernels: dict[str, float] | None = None,
+    unit: vector_ops.VectorUnit | None = None,
 ) -> dict[str, Any]:
     """The step's estimated time, MFU, bytes and FLOPs from libtpu's `cost` (one device),
-    scaled for a loop of `loop_trips` micro-batches; `top` > 0 adds the costliest groups of
+    scaled for a loop of `loop_trips` micro-batches; with the vector `unit`, its time for the
+    step's elementwise operations (Pallas `kernels`' from `vector_ops.pallas_kernels`) and
+    the vector-aware bound (`vector_aware`); `top` > 0 adds the costliest groups of
     instructions (`census`)."""
-    ops = operations(hlo_text, loop_trips)
+    unmatched: set[str] = set()
+    ops = operations(hlo_text, loop_trips, kernels, unmatched)
     cycles_once = sum(op.cycles_once for op in ops)
     cycles = sum(op.cycles for op in ops)
     time_scale = _ratio(cycles, cycles_once)
     # libtpu 0.0.42 gives a negative figure for v4 and v5e steps (-5.0 s for BERT-tiny):
     # no estimate then.
     seconds = max(float(cost.get("optimal_seconds", 0.0)), 0.0) * time_scale or None
-    # All FLOPs but the update's few per parameter are the loop's.
-    flops = float(cost.get("flops", 0.0)) * loop_trips
+    # Scaled by each instruction's matmul FLOPs as often as it runs (the micro-batch loop's
+    # and the windowed einsums' bodies, `tpu_hlo`); without matmuls, by the micro-batches.
+    flops_once = sum(op.flops_once for op in ops)
+    flops = float(cost.get("flops", 0.0)) * (
+        sum(op.flops for op in ops) / flops_once if flops_once else loop_trips
+    )
     result: dict[str, Any] = {
         "optimal_seconds": seconds,
         "compiler_optimal_seconds": cost.get("optimal_seconds"),
@@ -120,9 +156,39 @@ def estimate(
         "cycles": cycles,
         "instructions": len(ops),
     }
+    seconds_per_cycle = seconds / cycles if seconds and cycles else 0.0
+    rate = unit.ops_per_second if unit else 0.0
+    if unit:
+        result.update(vector_aware(ops, seconds_per_cycle, rate, model_flops, peak_tflops))
+        # Pallas kernels whose jaxpr was not found: their vector work is missing.
+        result["vector_unmatched_kernels"] = sorted(unmatched)
     if top:
-        result["census"] = census(ops, seconds / cycles if seconds and cycles else 0.0, top)
+        result["census"] = census(ops, seconds_per_cycle, top, rate)
     return result
+
+
+def vector_aware(
+    ops: list[Op], seconds_per_cycle: float, rate: float, model_flops: float, peak_tflops: float
+) -> dict[str, Any]:
+    """The vector unit's time for the step's elementwise operations at `rate` per second, and
+    the vector-aware bound: each instruction takes at least the longer of libtpu's time
+    (its cycles at `seconds_per_cycle`; 0: no step time) and its vector time, the MXU, the
+    vector unit and the memory working in parallel (a bound on the step's time from below,
+    so the MFU it implies is one from above)."""
+    vector = sum(op.vector_ops for op in ops)
+    bound = (
+        sum(max(op.cycles * seconds_per_cycle, op.vector_ops / rate) for op in ops)
+        if seconds_per_cycle
+        else None
+    )
+    return {
+        "vector_ops": vector,
+        "vector_kernel_ops": sum(op.vector_ops for op in ops if op.opcode == "custom-call"),
+        "vector_ops_per_second": rate,
+        "vector_seconds": vector / rate,
+        "vector_aware_seconds": bound,
+        "vector_aware_mfu": model_flops / bound / (peak_tflops * 1e12) if bound else None,
+    }
 
 
 def _group(op: Op) -> str:
@@ -133,16 +199,19 @@ def _group(op: Op) -> str:
     return f"{op.opcode}: {name}"
 
 
-def census(ops: list[Op], seconds_per_cycle: float, top: int) -> list[dict[str, Any]]:
+def census(
+    ops: list[Op], seconds_per_cycle: float, top: int, vector_rate: float = 0.0
+) -> list[dict[str, Any]]:
     """The `top` costliest groups of instructions (same opcode and source op, every layer
     together), by estimated cycles: cycles, seconds (0 without an estimate of the step),
-    bytes and how many run per step."""
-    groups: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
+    bytes, how many run per step and, with the vector unit's `vector_rate`, its seconds."""
+    groups: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0, 0.0])
     for op in ops:
         group = groups[_group(op)]
         group[0] += op.cycles
         group[1] += op.bytes
         group[2] += op.times
+        group[3] += op.vector_ops
     ranked = sorted(groups.items(), key=lambda item: (-item[1][0], -item[1][1]))[:top]
     return [
         {
@@ -152,7 +221,8 @@ def census(ops: list[Op], seconds_per_cycle: float, top: int) -> list[dict[str, 
             "bytes": b,
             "count": int(n),
         }
-        for name, (c, b, n) in ranked
+        | ({"vector_seconds": v / vector_rate} if vector_rate else {})
+        for name, (c, b, n, v) in ranked
     ]
 
 
