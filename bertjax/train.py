@@ -7,7 +7,6 @@ Running the same command again resumes from the latest checkpoint in DIR.
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import sys
 import time
@@ -52,13 +51,8 @@ def train_and_evaluate(
     if not workdir.strip():
         raise ConfigError("--workdir is empty: name the directory of the run")
     agreement.check("config", agreement.config_fields(config.to_dict(), workdir))
+    config = init_architecture.with_checkpoint_model(config, workdir, overrides)
     validate.model_family(config)
-    changed = init_architecture.model_of_init_checkpoint(
-        config.model.to_dict(), config.train.init_checkpoint, workdir, overrides
-    )
-    if changed:
-        config = copy.deepcopy(config)
-        config.model.update(changed)
     settings = validate.pretraining(config)  # (typed, built once)
     with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
         return _train_and_evaluate(settings, config.to_json(), workdir, devices, accepted)
@@ -194,8 +188,15 @@ def define_flags() -> None:
 def main(argv: list[str]) -> None:
     del argv
     failures.one_line_thread_errors()
+    overrides = config_flags.get_override_values(FLAGS["config"]).keys()
     try:
-        validate.pretraining(FLAGS.config)  # (a flag error: the same line on every host, unjoined)
+        checked = init_architecture.with_checkpoint_model(  # (the model the run takes, told
+            FLAGS.config,
+            FLAGS.workdir,
+            overrides,
+            tell=False,  # later: no JAX backend yet)
+        )
+        validate.pretraining(checked)  # (a flag error: the same line on every host, unjoined)
         distributed.initialize(
             FLAGS.coordinator_address,
             FLAGS.num_processes,
@@ -205,11 +206,7 @@ def main(argv: list[str]) -> None:
         )
         stopping.take_sigterm()  # (JAX's preemption notice, seen also while stuck)
         peers.watch(console.log_file(FLAGS.workdir), FLAGS.heartbeat_timeout_seconds)
-        train_and_evaluate(
-            FLAGS.config,
-            FLAGS.workdir,
-            overrides=config_flags.get_override_values(FLAGS["config"]).keys(),
-        )
+        train_and_evaluate(FLAGS.config, FLAGS.workdir, overrides=overrides)
     except failures.Stopped as e:  # (its last line said so)
         sys.exit(e.status)
     except KeyboardInterrupt:

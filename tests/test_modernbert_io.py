@@ -27,7 +27,7 @@ from bertjax.models import families
 from bertjax.models.modernbert import heads as modernbert_heads, model as modernbert
 from bertjax.models.modernbert.config import ModernBertConfig
 from bertjax.tasks import features, glue, ner, squad, squad_predict
-from bertjax.training import checkpoint, finetune_setup, init_architecture, validate
+from bertjax.training import checkpoint, finetune_setup, init_architecture
 from test_finetune import (  # noqa: F401
     REPO_ROOT,
     config_file,
@@ -298,13 +298,9 @@ def test_continued_pretraining_takes_the_checkpoint_architecture(hf_dir, tmp_pat
         match=r"^model.pad_token_id=0 but the tokenizer's \[PAD\] "
         r"is 3; set --config.model.pad_token_id=3$",
     ):
-        init_architecture.check_tokenizer(
-            "", validate.settings(config).data, config.model.to_dict(), tokenizer
-        )
+        init_architecture.check_tokenizer(config.model.to_dict(), tokenizer)
     config.model.update(init_architecture.checkpoint_model(config.model.to_dict(), hf_dir))
-    init_architecture.check_tokenizer(
-        hf_dir, validate.settings(config).data, config.model.to_dict(), tokenizer
-    )
+    init_architecture.check_tokenizer(config.model.to_dict(), tokenizer)
 
 
 @pytest.mark.slow  # a real pretraining run
