@@ -9,14 +9,17 @@ fresh heads; an architecture override is checked against the checkpoint, not the
 import dataclasses
 import os
 import runpy
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from bertjax import train
-from bertjax.interop import hf, pretrained
+from bertjax import finetune, train
+from bertjax.interop import hf, pretrained, pretrained_weights
 from bertjax.models.bert.model import BertConfig
-from test_convert import random_params
+from test_convert import random_params, write_google_checkpoint
+from test_finetune import config_file
 from test_shipped_tokenizers import TEXTS, sentence_transformers_dir, text_words
 from test_train import REPO_ROOT, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
 
@@ -32,8 +35,12 @@ def bare_encoder(tmp_path_factory, corpus_file) -> str:  # noqa: F811 (fixture)
     return sentence_transformers_dir(tmp_path_factory.mktemp("hub") / "all-MiniLM-like", words)
 
 
+@pytest.mark.slow  # a real pretraining run (70 s on a 2-core host)
 def test_a_bare_encoder_continues_pretraining_with_fresh_heads(
-    bare_encoder, corpus_file, tmp_path, capsys  # noqa: F811 (fixture)
+    bare_encoder,
+    corpus_file,
+    tmp_path,
+    capsys,  # noqa: F811 (fixture)
 ):
     """A Hub BertModel (no heads, no vocab.txt) as init_checkpoint of configs/base.py's
     shape: no tokenizer flag (the tokenizer.json beside it is taken), the encoder's weights
@@ -65,3 +72,123 @@ def test_a_bare_encoder_continues_pretraining_with_fresh_heads(
     kernel = params["predictions"]["transform"]["dense"]["kernel"]
     assert 0.01 < kernel.std() < 0.03  # initializer_range 0.02
     assert read_metrics(tmp_path / "run")
+
+
+def vocab(path, tokens: list[str]) -> str:
+    path.write_text("".join(t + "\n" for t in tokens))
+    return str(path)
+
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = [f"word{i}" for i in range(40)]
+
+
+@pytest.fixture
+def checkpoints(tmp_path) -> dict[str, str]:
+    """A Hugging Face and a Google checkpoint of 48 embedding rows, each with a 45-token
+    vocab.txt beside it (fewer tokens than rows, as BERT's padded tables)."""
+    config = BertConfig(
+        vocab_size=48,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    )
+    params = random_params(config)
+    hf.save_hf(config, params, str(tmp_path / "hf"))
+    write_google_checkpoint(tmp_path / "google", config, params)
+    for name in ("hf", "google"):
+        vocab(tmp_path / name / "vocab.txt", SPECIALS + WORDS)
+    return {"hf": str(tmp_path / "hf"), "google": str(tmp_path / "google")}
+
+
+def test_a_named_tokenizer_must_have_the_checkpoints_ids(checkpoints, tmp_path):
+    """Finding 2, on the function every entry point resolves its tokenizer with: for a
+    Hugging Face and a Google checkpoint, the vocab.txt beside it is taken (fewer tokens than
+    embedding rows is fine), and so is a named prefix of it; a named vocabulary with other
+    tokens, or more ids than embedding rows, is refused in one line naming both."""
+    prefix = vocab(tmp_path / "prefix.txt", SPECIALS + WORDS[:10])
+    other = vocab(tmp_path / "other.txt", SPECIALS + [f"other{i}" for i in range(40)])
+    larger = vocab(tmp_path / "larger.txt", SPECIALS + WORDS + ["extra1", "extra2", "extra3", "x"])
+    for path in checkpoints.values():
+        source = pretrained.Source(init_checkpoint=path)
+        run = pretrained.pretraining_run(source)
+        assert pretrained.tokenizer_of(source, run).vocab_size == 45  # of 48 rows
+        named = dataclasses.replace(source, vocab_file=prefix)
+        assert pretrained.tokenizer_of(named, run).vocab_size == 15
+        with pytest.raises(
+            pretrained.PretrainedError,
+            match=rf"^--config.vocab_file={other} is not the tokenizer of init_checkpoint "
+            rf"{path}: its id 5 is 'other0', the checkpoint's 'word0'; drop "
+            r"--config.vocab_file to take the checkpoint's own tokenizer",
+        ):
+            pretrained.tokenizer_of(dataclasses.replace(source, vocab_file=other), run)
+        os.remove(os.path.join(path, "vocab.txt"))  # nothing beside it to compare with:
+        with pytest.raises(  # the embedding rows only
+            pretrained.PretrainedError,
+            match=rf"^--config.vocab_file={larger} has 49 tokens but init_checkpoint {path} "
+            r"has 48 embedding rows: its ids do not fit the checkpoint",
+        ):
+            pretrained.tokenizer_of(dataclasses.replace(source, vocab_file=larger), run)
+
+
+def test_every_entry_point_refuses_a_tokenizer_of_other_ids_before_any_data_work(
+    checkpoints,
+    corpus_file,
+    tmp_path,  # noqa: F811 (fixture)
+):
+    """Finding 2: train, finetune, and extract_features and probe (both `load_encoder`)
+    refuse a vocabulary that is not the checkpoint's before any data is prepared or read."""
+    other = vocab(tmp_path / "other.txt", SPECIALS + [f"other{i}" for i in range(40)])
+    hf_dir = checkpoints["hf"]
+    config = tiny_config(
+        corpus_file,
+        str(tmp_path / "cache"),
+        **{
+            "train.init_checkpoint": hf_dir,
+            "data.tokenizer": "wordpiece",
+            "data.vocab_file": other,
+            "data.max_seq_length": 32,
+            "long_phase.fraction": 0.0,
+        },
+    )
+    with pytest.raises(pretrained.PretrainedError, match="is not the tokenizer of"):
+        train.train_and_evaluate(config, str(tmp_path / "run"))
+    assert not (tmp_path / "cache").exists()  # nothing prepared
+    fine_tune = config_file("glue.py")
+    fine_tune.update(init_checkpoint=hf_dir, vocab_file=other, data_dir=str(tmp_path / "none"))
+    with pytest.raises(pretrained.PretrainedError, match="is not the tokenizer of"):
+        finetune.run(fine_tune, str(tmp_path / "finetune"))  # (its data is never read)
+    with pytest.raises(pretrained.PretrainedError, match="^--vocab_file=.* is not the tokenizer"):
+        pretrained_weights.load_encoder(pretrained.Source.frozen(hf_dir, other, True))
+
+
+def test_an_override_is_checked_against_the_checkpoint_not_the_config(checkpoints, tmp_path):
+    """Finding 8: configs/base.py (12 heads) from a checkpoint of hidden 16 and 2 heads with
+    --config.model.hidden_size=64 is one line naming the checkpoint's value, before any work;
+    the same without the override validates the checkpoint's architecture."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bertjax.train",
+            "--config=configs/base.py",
+            f"--workdir={tmp_path / 'run'}",
+            f"--config.train.init_checkpoint={checkpoints['hf']}",
+            "--config.model.hidden_size=64",
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        f"error: --config.model.hidden_size=64 (the checkpoint's: 16) contradicts "
+        f"init_checkpoint {checkpoints['hf']}, whose architecture the run takes: drop the "
+        "override, or start from another checkpoint"
+    ], result.stderr
+    assert not (tmp_path / "run").exists()

@@ -112,7 +112,9 @@ def _held(
     return {name: abstract for name, abstract in abstract_params.items() if name in held}
 
 
-def pretraining_heads(params: dict[str, Any], model_config: families.ModelConfig) -> tuple[str, ...]:
+def pretraining_heads(
+    params: dict[str, Any], model_config: families.ModelConfig
+) -> tuple[str, ...]:
     """The top-level entries of a pretraining model's `params` outside its encoder: the heads
     (BERT's `predictions` and `seq_relationship`, ModernBERT's `head` and decoder bias) that a
     bare encoder or a fine-tuned model does not hold."""
@@ -147,6 +149,7 @@ def load_encoder(
     pretrain = pretrained.pretraining_run(source)
     model_config = pretrained.model_config_of(source, pretrain)
     family = families.of(model_config)
+    tokenizer = pretrained.tokenizer_of(source, pretrain)  # (checked before any weight is read)
     model = family.encoder(model_config)
     name = family.encoder_scope
     if random_init:
@@ -156,4 +159,4 @@ def load_encoder(
         params = load_pretrained(
             source.init_checkpoint, {name: abstract_params_on_one_device(model)}, model_config
         )[name]
-    return model, params, pretrained.tokenizer_of(source, pretrain)
+    return model, params, tokenizer
