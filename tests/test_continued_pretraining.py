@@ -18,7 +18,7 @@ import pytest
 from bertjax import finetune, train
 from bertjax.interop import hf, pretrained, pretrained_weights
 from bertjax.models.bert.model import BertConfig
-from test_convert import random_params, write_google_checkpoint
+from test_convert import random_params, run_cli, write_google_checkpoint
 from test_finetune import config_file
 from test_shipped_tokenizers import TEXTS, sentence_transformers_dir, text_words
 from test_train import REPO_ROOT, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
@@ -192,3 +192,55 @@ def test_an_override_is_checked_against_the_checkpoint_not_the_config(checkpoint
         "override, or start from another checkpoint"
     ], result.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # four real pretraining runs
+def test_a_runs_own_model_and_its_export_continue_pretraining(
+    corpus_file,
+    tmp_path,
+    capsys,  # noqa: F811 (fixture)
+):
+    """Finding 1, the Quick start's case: a run whose SentencePiece model has fewer pieces
+    than the model's embedding rows continues from its workdir with no tokenizer flag, with
+    its own .model named, and from its Hugging Face export; the continued runs tokenize
+    as the first (same fingerprint)."""
+    cache = str(tmp_path / "cache")
+    short = {
+        "train.total_steps": 2,
+        "train.checkpoint_every": 2,
+        "long_phase.fraction": 0.0,
+        "train.eval_batches": 1,
+        "optimizer.warmup_steps": 0,
+        "model.vocab_size": 600,  # rows
+    }
+    first = tmp_path / "first"
+    train.train_and_evaluate(tiny_config(corpus_file, cache, **short), str(first))
+    fingerprint = pretrained.pretraining_run(
+        pretrained.Source(init_checkpoint=str(first))
+    ).tokenizer_fingerprint
+    (own_model,) = [str(p) for p in (tmp_path / "cache").glob("sentencepiece_*.model")]
+    assert (
+        pretrained.own_tokenizer(
+            pretrained.Source(init_checkpoint=str(first)),
+            pretrained.pretraining_run(pretrained.Source(init_checkpoint=str(first))),
+            rebuild=False,
+        ).vocab_size
+        < 600
+    )
+    assert run_cli(str(first), str(tmp_path / "first_hf")).returncode == 0
+    for name, init, named in (
+        ("from_workdir", str(first), ""),
+        ("own_model_named", str(first), own_model),
+        ("from_hf_export", str(tmp_path / "first_hf"), ""),
+    ):
+        config = tiny_config(
+            corpus_file,
+            str(tmp_path / f"cache_{name}"),
+            **{**short, "train.init_checkpoint": init, "data.vocab_file": named},
+        )
+        train.train_and_evaluate(config, str(tmp_path / name))
+        continued = pretrained.pretraining_run(
+            pretrained.Source(init_checkpoint=str(tmp_path / name))
+        )
+        assert continued.tokenizer_fingerprint == fingerprint, name
+    assert "error" not in capsys.readouterr().out
