@@ -7,6 +7,7 @@ Running the same command again resumes from the latest checkpoint in DIR.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 import time
@@ -51,11 +52,28 @@ def train_and_evaluate(
     if not workdir.strip():
         raise ConfigError("--workdir is empty: name the directory of the run")
     agreement.check("config", agreement.config_fields(config.to_dict(), workdir))
-    config = init_architecture.with_checkpoint_model(config, workdir, overrides)
+    config = with_checkpoint_model(config, workdir, overrides)
     validate.model_family(config)
     settings = validate.pretraining(config)  # (typed, built once)
     with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
         return _train_and_evaluate(settings, config.to_json(), workdir, devices, accepted)
+
+
+def with_checkpoint_model(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    overrides: Collection[str],
+    tell: bool = True,
+) -> ml_collections.ConfigDict:
+    """A copy of `config` with its train.init_checkpoint's model and the command line's
+    `overrides` (`init_architecture.model_of_init_checkpoint`; told if `tell`)."""
+    config = copy.deepcopy(config)
+    config.model.update(
+        init_architecture.model_of_init_checkpoint(
+            config.model.to_dict(), config.train.init_checkpoint, workdir, overrides, tell
+        )
+    )
+    return config
 
 
 def _train_and_evaluate(
@@ -190,7 +208,7 @@ def main(argv: list[str]) -> None:
     failures.one_line_thread_errors()
     overrides = config_flags.get_override_values(FLAGS["config"]).keys()
     try:
-        checked = init_architecture.with_checkpoint_model(  # (the model the run takes, told
+        checked = with_checkpoint_model(  # (the model the run takes, told
             FLAGS.config,
             FLAGS.workdir,
             overrides,

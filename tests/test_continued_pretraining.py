@@ -9,16 +9,19 @@ fresh heads; an architecture override is checked against the checkpoint, not the
 import dataclasses
 import os
 import runpy
+import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+import test_faults
 from bertjax import finetune, train
 from bertjax.interop import hf, pretrained, pretrained_weights
 from bertjax.models.bert.model import BertConfig
 from test_convert import random_params, run_cli, write_google_checkpoint
+from test_faults import Trainer
 from test_finetune import config_file
 from test_shipped_tokenizers import TEXTS, sentence_transformers_dir, text_words
 from test_train import REPO_ROOT, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
@@ -244,3 +247,42 @@ def test_a_runs_own_model_and_its_export_continue_pretraining(
         )
         assert continued.tokenizer_fingerprint == fingerprint, name
     assert "error" not in capsys.readouterr().out
+
+
+@pytest.mark.slow  # three real pretraining runs in subprocesses
+def test_a_bare_encoders_continued_pretraining_resumes_exactly_after_ctrl_c(
+    bare_encoder,
+    corpus_file,
+    tmp_path,  # noqa: F811 (fixture)
+):
+    """Finding 4: pretraining from a bare Hub encoder (fresh heads), stopped by Ctrl-C after
+    its first step, resumes from its checkpoint (the heads as saved, not fresh again): every
+    loss the two runs logged equals an uninterrupted run's."""
+    overrides = {
+        "train.total_steps": 6,
+        "train.checkpoint_every": 2,
+        "long_phase.fraction": 0.0,
+        "optimizer.warmup_steps": 2,
+        "train.eval_batches": 1,
+        "train.init_checkpoint": bare_encoder,
+        "data.tokenizer": "wordpiece",
+    }
+    cache = str(tmp_path / "cache")
+    reference = Trainer(
+        test_faults.command_line(corpus_file, cache, str(tmp_path / "ref"), **overrides)
+    )
+    assert reference.finish(timeout=600) == 0, reference.output()
+    assert "fresh pretraining heads" in reference.output(None)
+    args = test_faults.command_line(corpus_file, cache, str(tmp_path / "run"), **overrides)
+    first = Trainer(args, pause="step:1")
+    first.wait_for_pause()
+    first.proc.send_signal(signal.SIGINT)
+    first.wait_for("Ctrl-C: saving a checkpoint at the end of this step")
+    first.release()
+    assert first.finish(timeout=120) == 130, first.output()
+    second = Trainer(args)
+    assert second.finish(timeout=600) == 0, second.output()
+    assert "fresh pretraining heads" not in second.output(None)  # (restored, not fresh)
+    logged = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "run")}
+    expected = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "ref")}
+    assert logged == expected and len(expected) == 6, (logged, expected)

@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import json
 import os
-import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -233,7 +232,7 @@ def tokenizer_of(
         )
         if source.init_checkpoint and isinstance(named, tokenization.WordPieceTokenizer):
             try:
-                validate_case(
+                tokenizer_fit.validate_case(
                     source.init_checkpoint,
                     named.do_lower_case,
                     source.vocab_file,
@@ -257,12 +256,13 @@ def tokenizer_of(
             if own
             else "the run's tokenizer"
         )
+    record = pretrain.model  # (the checkpoint's architecture)
     found = source.init_checkpoint and tokenizer_fit.problem(
         named,
         what,
         own,
         pretrain.tokenizer_fingerprint,
-        pretrain.model.get("vocab_size"),
+        record.get("vocab_size"),
         source.init_checkpoint,
         source.vocab_flag,
     )
@@ -371,14 +371,14 @@ def _tokenizer_from(
             )
         return tokenization.WordPieceTokenizer(vocab, **casing._asdict())
     if do_lower_case is None:
-        do_lower_case = checkpoint_case(path)
+        do_lower_case = tokenizer_fit.checkpoint_case(path)
     if do_lower_case is None:
         try:
-            validate_case(path, True, vocab, flag)
+            tokenizer_fit.validate_case(path, True, vocab, flag)
             do_lower_case = True
         except ConversionError:  # upper-case tokens: a cased vocabulary
             do_lower_case = False
-    validate_case(path, do_lower_case, vocab, flag)
+    tokenizer_fit.validate_case(path, do_lower_case, vocab, flag)
     return tokenization.load_tokenizer("wordpiece", vocab, do_lower_case)
 
 
@@ -416,41 +416,3 @@ def _pretraining_tokenizer(
             f"{source.init_checkpoint!r} ({e}); pass "
             f"{source.vocab_flag}=PATH"
         ) from e
-
-
-def checkpoint_case(path: str) -> bool | None:
-    """True/False if a path names an uncased/cased model (Google's `uncased_L-12_H-768_A-12`,
-    `multi_cased_...`, HF's `bert-base-cased`), None if it does not say."""
-    for part in reversed(os.path.normpath(os.path.abspath(path)).split(os.sep)):
-        match = re.search(r"(?:^|[^a-z])(uncased|cased)(?:$|[^a-z])", part.lower())
-        if match:
-            return match.group(1) == "uncased"
-    return None
-
-
-def validate_case(
-    path: str,
-    do_lower_case: bool,
-    vocab_file: str = "",
-    case_flag: str = "--config.data.do_lower_case",
-) -> None:
-    """Google's `validate_case_matches_checkpoint`: an uncased model with a cased tokenizer
-    (or the reverse) trains on text it never saw. Also refuses lower-casing with a vocab
-    that holds upper-case tokens (those could never be produced). `case_flag`: the entry
-    point's flag for do_lower_case, named in the messages."""
-    field = case_flag.removeprefix("--config.").removeprefix("--")
-    lowered = checkpoint_case(path)
-    if lowered is not None and lowered != do_lower_case:
-        kind = "an uncased" if lowered else "a cased"
-        raise ConversionError(
-            f"init_checkpoint {path} is {kind} model but {field}={do_lower_case}; "
-            f"set {case_flag}={lowered}"
-        )
-    if do_lower_case and vocab_file and vocab_file.endswith(".txt"):
-        with files.open(vocab_file, encoding="utf-8", errors="replace") as f:
-            upper = sum(1 for t in f if not t.startswith("[") and t.strip().lower() != t.strip())
-        if upper > 100:
-            raise ConversionError(
-                f"{vocab_file} is a cased vocab ({upper} tokens with upper-case letters) but "
-                f"{field}=True would never produce them; set {case_flag}=False"
-            )

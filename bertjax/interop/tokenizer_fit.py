@@ -1,14 +1,17 @@
 """Whether a tokenizer's ids are a checkpoint's (`problem`): the one test every entry point
 (train, finetune, extract_features, probe) applies to the tokenizer it resolved
 (`pretrained.tokenizer_of`), for bertjax, Hugging Face and Google checkpoints alike, before
-any data work; and whether a checkpoint directory holds a tokenizer at all (`files_beside`)."""
+any data work; whether a checkpoint directory holds a tokenizer at all (`files_beside`); and
+whether WordPiece's casing is the checkpoint's (`validate_case`, from its name)."""
 
 from __future__ import annotations
 
 import os
+import re
 
 from bertjax.data import tokenization
 from bertjax.interop import hf_tokenizer, native
+from bertjax.interop.tree import ConversionError
 from bertjax.runtime import files
 
 
@@ -73,3 +76,41 @@ def _first_difference(tokenizer: tokenization.Tokenizer, own: tokenization.Token
         if mine != theirs:
             return f"its id {i} is {mine!r}, the checkpoint's {theirs!r}"
     return ""
+
+
+def checkpoint_case(path: str) -> bool | None:
+    """True/False if a path names an uncased/cased model (Google's `uncased_L-12_H-768_A-12`,
+    `multi_cased_...`, HF's `bert-base-cased`), None if it does not say."""
+    for part in reversed(os.path.normpath(os.path.abspath(path)).split(os.sep)):
+        match = re.search(r"(?:^|[^a-z])(uncased|cased)(?:$|[^a-z])", part.lower())
+        if match:
+            return match.group(1) == "uncased"
+    return None
+
+
+def validate_case(
+    path: str,
+    do_lower_case: bool,
+    vocab_file: str = "",
+    case_flag: str = "--config.data.do_lower_case",
+) -> None:
+    """Google's `validate_case_matches_checkpoint`: an uncased model with a cased tokenizer
+    (or the reverse) trains on text it never saw. Also refuses lower-casing with a vocab
+    that holds upper-case tokens (those could never be produced). `case_flag`: the entry
+    point's flag for do_lower_case, named in the messages."""
+    field = case_flag.removeprefix("--config.").removeprefix("--")
+    lowered = checkpoint_case(path)
+    if lowered is not None and lowered != do_lower_case:
+        kind = "an uncased" if lowered else "a cased"
+        raise ConversionError(
+            f"init_checkpoint {path} is {kind} model but {field}={do_lower_case}; "
+            f"set {case_flag}={lowered}"
+        )
+    if do_lower_case and vocab_file and vocab_file.endswith(".txt"):
+        with files.open(vocab_file, encoding="utf-8", errors="replace") as f:
+            upper = sum(1 for t in f if not t.startswith("[") and t.strip().lower() != t.strip())
+        if upper > 100:
+            raise ConversionError(
+                f"{vocab_file} is a cased vocab ({upper} tokens with upper-case letters) but "
+                f"{field}=True would never produce them; set {case_flag}=False"
+            )

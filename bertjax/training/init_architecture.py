@@ -5,12 +5,9 @@ against the tokenizer (`check_tokenizer`; which tokenizer: `pretrained.tokenizer
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Collection, Mapping
 from typing import Any
-
-import ml_collections
 
 from bertjax.data import tokenization
 from bertjax.errors import ConfigError
@@ -80,25 +77,6 @@ def model_of_init_checkpoint(
             + " (the config's replaced)"
         )
     return changed
-
-
-def with_checkpoint_model(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    overrides: Collection[str],
-    tell: bool = True,
-) -> ml_collections.ConfigDict:
-    """`config` (a copy where it changes) whose `model` section is its train.init_checkpoint's
-    (`model_of_init_checkpoint`, told if `tell`), so that every check of the model, and the
-    run, sees the checkpoint's architecture with the command line's `overrides` applied."""
-    changed = model_of_init_checkpoint(
-        config.model.to_dict(), config.train.init_checkpoint, workdir, overrides, tell
-    )
-    if not changed:
-        return config
-    config = copy.deepcopy(config)
-    config.model.update(changed)
-    return config
 
 
 def check_tokenizer(model: Mapping[str, Any], tokenizer: tokenization.Tokenizer) -> None:
