@@ -12,6 +12,7 @@ import runpy
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -286,3 +287,16 @@ def test_a_bare_encoders_continued_pretraining_resumes_exactly_after_ctrl_c(
     logged = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "run")}
     expected = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "ref")}
     assert logged == expected and len(expected) == 6, (logged, expected)
+
+
+def test_an_unreadable_tokenizer_beside_a_checkpoint_is_one_line(checkpoints):
+    """A vocab.txt beside the checkpoint without BERT's special tokens: one line naming it
+    and the flag to pass, not a ValueError's traceback."""
+    path = checkpoints["hf"]
+    vocab(Path(path) / "vocab.txt", WORDS)
+    source = pretrained.Source(init_checkpoint=path)
+    with pytest.raises(
+        pretrained.PretrainedError,
+        match=r"vocab.txt lacks special tokens .*; pass --config.vocab_file=PATH$",
+    ):
+        pretrained.tokenizer_of(source, pretrained.pretraining_run(source))

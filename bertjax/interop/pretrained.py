@@ -339,7 +339,12 @@ def checkpoint_tokenizer(
         found = hf_tokenizer.tokenizer_file(local if files.isdir(local) else os.path.dirname(local))
     except (ConversionError, pipeline.DataError) as e:
         raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) from None
-    return _tokenizer_from(path, found, do_lower_case, vocab_flag)
+    try:
+        return _tokenizer_from(path, found, do_lower_case, vocab_flag)
+    except UserError:
+        raise
+    except ValueError as e:  # (e.g. a vocab.txt without BERT's special tokens)
+        raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) from None
 
 
 def _tokenizer_from(
