@@ -303,3 +303,21 @@ def test_an_unreadable_tokenizer_beside_a_checkpoint_is_one_line(checkpoints):
         match=r"vocab.txt lacks special tokens .*; pass --config.vocab_file=PATH$",
     ):
         pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
+
+
+def test_pretraining_resolves_its_tokenizer_as_fine_tuning_does(checkpoints, tmp_path):
+    """Finding 5: pretraining's resolution (its `configured` tokenizer: the config's, trained
+    or read) is not consulted where init_checkpoint has a tokenizer beside it, and
+    `data.vocab_file` may name a checkpoint directory, as fine-tuning's vocab_file may."""
+
+    def configured():
+        raise AssertionError("the config's tokenizer was built")
+
+    for path in checkpoints.values():
+        source = pretrained.Source(
+            init_checkpoint=path, tokenizer="sentencepiece", vocab_flag="--config.data.vocab_file"
+        )
+        run = pretrained.pretraining_run(source)
+        assert pretrained.tokenizer_of(source, run, configured).vocab_size == 45
+        no_checkpoint = pretrained.Source(vocab_file=path, tokenizer="wordpiece")
+        assert pretrained.tokenizer_of(no_checkpoint, run, configured).vocab_size == 45
