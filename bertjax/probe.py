@@ -71,13 +71,13 @@ def main(argv) -> None:
             FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case
         )
         model, params, tokenizer = pretrained_weights.load_encoder(source, FLAGS.random_init)
-        cli.check_max_seq_length(FLAGS.max_seq_length, model.config.max_position_embeddings)
         if not families.of(model).probes:
             raise pretrained.PretrainedError(
                 f"--init_checkpoint={FLAGS.init_checkpoint} holds a "
                 f"{families.of(model).title} model; the probes "
                 "read BERT's layers only (for now)"
             )
+        cli.check_max_seq_length(FLAGS.max_seq_length, model.config.max_position_embeddings)
         tasks = [t.strip() for t in FLAGS.task.split(",") if t.strip()]
         record = {
             "init_checkpoint": FLAGS.init_checkpoint,

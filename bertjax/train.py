@@ -53,20 +53,34 @@ def train_and_evaluate(
     if not workdir.strip():
         raise ConfigError("--workdir is empty: name the directory of the run")
     agreement.check("config", agreement.config_fields(config.to_dict(), workdir))
+    config = with_checkpoint_model(config, workdir, overrides)
     validate.model_family(config)
-    changed = init_architecture.model_of_init_checkpoint(
-        config.model.to_dict(), config.train.init_checkpoint, workdir, overrides
-    )
     if not config.train.init_checkpoint:
-        changed = tokenizer_model.model_of_tokenizer_file(
-            config.model.to_dict(), validate.settings(config).data, overrides
+        config.model.update(
+            tokenizer_model.model_of_tokenizer_file(
+                config.model.to_dict(), validate.settings(config).data, overrides
+            )
         )
-    if changed:
-        config = copy.deepcopy(config)
-        config.model.update(changed)
     settings = validate.pretraining(config)  # (typed, built once)
     with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
         return _train_and_evaluate(settings, config.to_json(), workdir, devices, accepted)
+
+
+def with_checkpoint_model(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    overrides: Collection[str],
+    tell: bool = True,
+) -> ml_collections.ConfigDict:
+    """A copy of `config` with its train.init_checkpoint's model and the command line's
+    `overrides` (`init_architecture.model_of_init_checkpoint`; told if `tell`)."""
+    config = copy.deepcopy(config)
+    config.model.update(
+        init_architecture.model_of_init_checkpoint(
+            config.model.to_dict(), config.train.init_checkpoint, workdir, overrides, tell
+        )
+    )
+    return config
 
 
 def _train_and_evaluate(
@@ -199,8 +213,15 @@ def define_flags() -> None:
 def main(argv: list[str]) -> None:
     del argv
     failures.one_line_thread_errors()
+    overrides = config_flags.get_override_values(FLAGS["config"]).keys()
     try:
-        validate.pretraining(FLAGS.config)  # (a flag error: the same line on every host, unjoined)
+        checked = with_checkpoint_model(  # (the model the run takes, told
+            FLAGS.config,
+            FLAGS.workdir,
+            overrides,
+            tell=False,  # later: no JAX backend yet)
+        )
+        validate.pretraining(checked)  # (a flag error: the same line on every host, unjoined)
         distributed.initialize(
             FLAGS.coordinator_address,
             FLAGS.num_processes,
@@ -210,11 +231,7 @@ def main(argv: list[str]) -> None:
         )
         stopping.take_sigterm()  # (JAX's preemption notice, seen also while stuck)
         peers.watch(console.log_file(FLAGS.workdir), FLAGS.heartbeat_timeout_seconds)
-        train_and_evaluate(
-            FLAGS.config,
-            FLAGS.workdir,
-            overrides=config_flags.get_override_values(FLAGS["config"]).keys(),
-        )
+        train_and_evaluate(FLAGS.config, FLAGS.workdir, overrides=overrides)
     except failures.Stopped as e:  # (its last line said so)
         sys.exit(e.status)
     except KeyboardInterrupt:

@@ -237,7 +237,8 @@ def test_verbosity_brings_the_library_log_back(tmp_path):
         "bertjax.train",
         "--config=configs/tiny.py",
         f"--workdir={tmp_path}/w",
-        f"--config.train.init_checkpoint={tmp_path}/missing",
+        "--config.data.source=text",  # (refused once the processes have joined)
+        f"--config.data.input_files={tmp_path}/missing.txt",
         "--verbosity=1",
     )
     assert result.returncode == 1

@@ -15,7 +15,6 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from bertjax import convert
-from bertjax.data.settings import DataSettings
 from bertjax.interop import (
     hf,
     native,
@@ -23,6 +22,7 @@ from bertjax.interop import (
     pretrained_weights,
     tf as tf_checkpoint,
     tf_bundle,
+    tokenizer_fit,
     tree,
 )
 from bertjax.models.bert.model import BertConfig, BertForPreTraining
@@ -258,57 +258,35 @@ def test_bad_checkpoints_get_clear_errors(tmp_path, capsys):
 
 
 def test_case_and_vocab_checks(tmp_path):
-    pretrained.validate_case(str(tmp_path / "uncased_L-12_H-768_A-12"), do_lower_case=True)
+    tokenizer_fit.validate_case(str(tmp_path / "uncased_L-12_H-768_A-12"), do_lower_case=True)
     with pytest.raises(tree.ConversionError, match="is a cased model but data.do_lower_case=True"):
-        pretrained.validate_case(str(tmp_path / "multi_cased_L-12_H-768_A-12"), do_lower_case=True)
+        tokenizer_fit.validate_case(
+            str(tmp_path / "multi_cased_L-12_H-768_A-12"), do_lower_case=True
+        )
     with pytest.raises(
         tree.ConversionError, match="is an uncased model but data.do_lower_case=False"
     ):
-        pretrained.validate_case(str(tmp_path / "bert-base-uncased"), do_lower_case=False)
+        tokenizer_fit.validate_case(str(tmp_path / "bert-base-uncased"), do_lower_case=False)
     # fine-tuning's flag is --config.do_lower_case (no data section): the message names it
     with pytest.raises(
         tree.ConversionError,
         match=r"is an uncased model but do_lower_case=False; "
         r"set --config.do_lower_case=True$",
     ):
-        pretrained.validate_case(
+        tokenizer_fit.validate_case(
             str(tmp_path / "bert-base-uncased"),
             do_lower_case=False,
             case_flag="--config.do_lower_case",
         )
     cased_vocab = tmp_path / "vocab.txt"
     cased_vocab.write_text("[PAD]\n[UNK]\n" + "".join(f"Word{i}\nword{i}\n" for i in range(200)))
-    pretrained.validate_case(
+    tokenizer_fit.validate_case(
         str(tmp_path / "model"), do_lower_case=False, vocab_file=str(cased_vocab)
     )
     with pytest.raises(tree.ConversionError, match="is a cased vocab .200 tokens with upper-case"):
-        pretrained.validate_case(
+        tokenizer_fit.validate_case(
             str(tmp_path / "model"), do_lower_case=True, vocab_file=str(cased_vocab)
         )
-    data = DataSettings.of(
-        {"tokenizer": "wordpiece", "do_lower_case": True, "vocab_file": str(cased_vocab)},
-        recorded=True,
-    )
-    with pytest.raises(tree.ConversionError, match="the tokenizer has 402 tokens but"):
-        pretrained.check_run_tokenizer("ckpt", data, 402, 30522)
-    with pytest.raises(tree.ConversionError, match="is a cased vocab"):
-        pretrained.check_run_tokenizer("ckpt", data, 402, 402)
-    # Fewer tokens than embedding rows (padded to a multiple, as ModernBERT's): the tokenizer
-    # file of the checkpoint's own directory only.
-    own = DataSettings.of(
-        {"tokenizer": "bpe", "vocab_file": str(tmp_path / "tokenizer.json")}, recorded=True
-    )
-    pretrained.check_run_tokenizer(str(tmp_path), own, 402, 448)
-    pretrained.check_run_tokenizer(
-        str(tmp_path),
-        DataSettings.of({"tokenizer": "bpe", "vocab_file": str(tmp_path)}, recorded=True),
-        402,
-        448,
-    )
-    with pytest.raises(tree.ConversionError, match="the tokenizer has 402 tokens but"):
-        pretrained.check_run_tokenizer(str(tmp_path / "model"), own, 402, 448)
-    with pytest.raises(tree.ConversionError, match="the tokenizer has 449 tokens but"):
-        pretrained.check_run_tokenizer(str(tmp_path), own, 449, 448)
 
 
 def test_checkpoint_written_by_tensorflow_saver(tmp_path):

@@ -304,13 +304,9 @@ def test_continued_pretraining_takes_the_checkpoint_architecture(hf_dir, tmp_pat
         match=r"^model.pad_token_id=0 but the tokenizer's \[PAD\] "
         r"is 3; set --config.model.pad_token_id=3$",
     ):
-        init_architecture.check_tokenizer(
-            "", validate.settings(config).data, config.model.to_dict(), tokenizer
-        )
+        init_architecture.check_tokenizer(config.model.to_dict(), tokenizer)
     config.model.update(init_architecture.checkpoint_model(config.model.to_dict(), hf_dir))
-    init_architecture.check_tokenizer(
-        hf_dir, validate.settings(config).data, config.model.to_dict(), tokenizer
-    )
+    init_architecture.check_tokenizer(config.model.to_dict(), tokenizer)
 
 
 def test_a_fresh_run_takes_padding_and_vocabulary_from_its_tokenizer(tmp_path):
@@ -328,7 +324,7 @@ def test_a_fresh_run_takes_padding_and_vocabulary_from_its_tokenizer(tmp_path):
     changed = tokenizer_model.model_of_tokenizer_file(config.model.to_dict(), data, ())
     assert changed == {"pad_token_id": 3, "vocab_size": 300}
     config.model.update(changed)
-    init_architecture.check_tokenizer("", data, config.model.to_dict(), tokenizer)  # accepted
+    init_architecture.check_tokenizer(config.model.to_dict(), tokenizer)  # accepted
     config.model.vocab_size = 512  # (a larger table: kept)
     assert tokenizer_model.model_of_tokenizer_file(config.model.to_dict(), data, ()) == {}
     config = modernbert_tiny()

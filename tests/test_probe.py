@@ -147,6 +147,7 @@ def test_what_the_probes_cannot_read_is_one_line(root, tmp_path, flag, message):
         "bertjax.probe",
         f"--init_checkpoint={root}/hf",
         f"--workdir={tmp_path}/out",
+        "--max_seq_length=16",  # (the model's 32 positions)
         flag.format(tmp=tmp_path),
     ]
     result = subprocess.run(

@@ -330,6 +330,7 @@ def test_init_checkpoint_from_a_google_tf_checkpoint(corpus_file, cache_dir, tmp
     model_config = BertConfig.from_dict(config.model.to_dict())
     params = random_params(model_config)
     write_google_checkpoint(tmp_path / "google", model_config, params)
+    os.remove(tmp_path / "google" / "vocab.txt")  # no tokenizer beside it: the config's is used
     train.train_and_evaluate(config, str(tmp_path / "run"))
     assert_trees_equal(pretrained.read(str(tmp_path / "run"))[1], params)
 

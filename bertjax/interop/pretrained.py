@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import json
 import os
-import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -21,9 +20,10 @@ import ml_collections
 from bertjax.data import bpe, corpus_source, hf_json, pipeline, tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.errors import UserError
-from bertjax.interop import hf, hf_tokenizer, native, staging, tf, tree
+from bertjax.interop import hf, hf_tokenizer, native, staging, tf, tokenizer_fit, tree
 from bertjax.interop.tree import ConversionError
 from bertjax.models import families
+from bertjax.models.bert.model import BertConfig
 from bertjax.runtime import files
 from bertjax.training import checkpoint
 
@@ -73,10 +73,15 @@ def detect_format(path: str) -> str:
     )
 
 
+def exists(path: str) -> bool:
+    """Whether a checkpoint is at `path` (a directory, or a TF checkpoint prefix)."""
+    return bool(path) and (files.exists(path) or files.exists(path + ".index"))
+
+
 def check_exists(path: str, field: str) -> None:
     """Refuses a checkpoint path that does not exist, before anything reads (or creates)
     it; `field` names the config field in the message."""
-    if not (files.exists(path) or files.exists(path + ".index")):
+    if not exists(path):
         raise PretrainedError(
             f"{field}={path!r} does not exist; give a bertjax pretraining "
             "workdir, a Google TF or a Hugging Face checkpoint directory"
@@ -151,6 +156,24 @@ class PretrainingRun(NamedTuple):
     finetuned_task: str = ""
 
 
+def architecture_of(path: str) -> families.ModelConfig:
+    """The model config of the checkpoint at `path` (any format; local or a URL), from its
+    config file alone: a Hugging Face `config.json`, Google's `bert_config.json`, a bertjax
+    run's recorded config. No weights are read."""
+    source_format = detect_format(path)
+    if source_format == "bertjax":
+        return native.config_of(native.checkpoint_dir(path))
+    if source_format == "hf":
+        values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
+        return families.by_hf_type(values.get("model_type", "")).hf_form.config(values, path)
+    directory = path if files.isdir(path) else os.path.dirname(path)
+    config_file = os.path.join(directory, "bert_config.json")
+    try:
+        return BertConfig.from_dict(tree.read_json_config(config_file, "Google"))
+    except ValueError as e:
+        raise ConversionError(f"{config_file}: {e}") from None
+
+
 def pretraining_run(source: Source) -> PretrainingRun:
     """The architecture (and bertjax run metadata) of `source.init_checkpoint`."""
     if not source.init_checkpoint:
@@ -163,7 +186,7 @@ def pretraining_run(source: Source) -> PretrainingRun:
             else ""
         )
         return PretrainingRun(
-            families.as_record(read_once(source.init_checkpoint)[0]), finetuned_task=hf_task
+            families.as_record(architecture_of(source.init_checkpoint)), finetuned_task=hf_task
         )
     directory = native.checkpoint_dir(source.init_checkpoint)
     try:
@@ -190,36 +213,84 @@ def model_config_of(source: Source, pretrain: PretrainingRun) -> families.ModelC
     return families.get(families.family(values)).finetune_config(values, source)
 
 
-def tokenizer_of(source: Source, pretrain: PretrainingRun) -> tokenization.Tokenizer:
-    """`vocab_file` if set, else the tokenizer the pretraining run used. With a bertjax
-    checkpoint, the tokenizer must be the one it was pretrained with (same fingerprint)."""
+def tokenizer_of(
+    source: Source,
+    pretrain: PretrainingRun,
+    configured: Callable[[], tokenization.Tokenizer] | None = None,
+) -> tokenization.Tokenizer:
+    """The one rule of every entry point (train, finetune, extract_features, probe): the
+    tokenizer `source.vocab_file` names, else init_checkpoint's own (`own_tokenizer`), else
+    `configured()` (pretraining's: a named vocab file, or a SentencePiece model trained on the
+    corpus; without one, refused). Refused unless its ids are the checkpoint's
+    (`tokenizer_fit.check`): the same fingerprint as a bertjax run recorded, the same token
+    at every id as the tokenizer beside it, and no more ids than its embedding rows."""
     if source.vocab_file:
-        tokenizer = _vocab_file_tokenizer(source)
-    elif google_or_hf(source.init_checkpoint):  # Google and HF: the tokenizer beside it
-        return _vocab_beside(source)
-    elif pretrain.config is None:  # a fine-tuned or converted model: its tokenizer beside it
-        if not source.init_checkpoint:
+        named = (
+            configured()
+            if configured and not files.isdir(source.vocab_file)
+            else _vocab_file_tokenizer(source)
+        )
+        if source.init_checkpoint and isinstance(named, tokenization.WordPieceTokenizer):
+            try:
+                tokenizer_fit.validate_case(
+                    source.init_checkpoint,
+                    named.do_lower_case,
+                    source.vocab_file,
+                    source.vocab_flag.replace("vocab_file", "do_lower_case"),
+                )
+            except ConversionError as e:
+                raise PretrainedError(str(e)) from None
+        what = f"{source.vocab_flag}={source.vocab_file}"
+        own = own_tokenizer(source, pretrain, rebuild=False) if source.init_checkpoint else None
+    else:
+        own = own_tokenizer(source, pretrain, rebuild=True, required=configured is None)
+        if own is None:
+            assert configured is not None  # (else own_tokenizer refused)
+            named = configured()
+        else:
+            named = own
+        what = (
+            "the tokenizer rebuilt from the pretraining corpus"
+            if pretrain.config is not None
+            else f"the tokenizer of {source.init_checkpoint}"
+            if own
+            else "the run's tokenizer"
+        )
+    record = pretrain.model  # (the checkpoint's architecture)
+    found = source.init_checkpoint and tokenizer_fit.problem(
+        named,
+        what,
+        own,
+        pretrain.tokenizer_fingerprint,
+        record.get("vocab_size"),
+        source.init_checkpoint,
+        source.vocab_flag,
+    )
+    if found:
+        raise PretrainedError(found)
+    return named
+
+
+def own_tokenizer(
+    source: Source, pretrain: PretrainingRun, rebuild: bool, required: bool = False
+) -> tokenization.Tokenizer | None:
+    """The tokenizer `source.init_checkpoint` comes with: the one beside it (Google, Hugging
+    Face, a converted or fine-tuned bertjax directory), else its pretraining run's (`rebuild`:
+    trained again from that run's corpus where it is not cached; otherwise None). None where
+    the checkpoint has none, unless `required` (then refused, naming what to pass)."""
+    path = source.init_checkpoint
+    if not path:
+        if required:
             raise PretrainedError(
                 f"set {source.vocab_flag} (no init_checkpoint to take the tokenizer from)"
             )
-        tokenizer = native.tokenizer_beside(source.init_checkpoint) or _vocab_beside(source)
-    else:
-        tokenizer = _pretraining_tokenizer(source, pretrain)
-    expected = pretrain.tokenizer_fingerprint
-    if expected and tokenizer.fingerprint() != expected:
-        what = (
-            f"vocab_file={source.vocab_file!r}"
-            if source.vocab_file
-            else "the tokenizer rebuilt from the pretraining corpus"
-        )
-        raise PretrainedError(
-            f"{what} is not the tokenizer init_checkpoint="
-            f"{source.init_checkpoint!r} was pretrained with (fingerprint "
-            f"{tokenizer.fingerprint()[:12]}, checkpoint {expected[:12]}); "
-            f"pass {source.vocab_flag}=PATH to that run's vocabulary or .model "
-            "file (with its do_lower_case)"
-        )
-    return tokenizer
+        return None
+    if pretrain.config is not None:  # a bertjax pretraining run
+        return _pretraining_tokenizer(source, pretrain, rebuild)
+    beside = None if google_or_hf(path) else native.tokenizer_beside(path)
+    if beside is None and (required or tokenizer_fit.files_beside(path)):
+        beside = _vocab_beside(source)
+    return beside
 
 
 def _vocab_beside(source: Source) -> tokenization.Tokenizer:
@@ -268,7 +339,12 @@ def checkpoint_tokenizer(
         found = hf_tokenizer.tokenizer_file(local if files.isdir(local) else os.path.dirname(local))
     except (ConversionError, pipeline.DataError) as e:
         raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) from None
-    return _tokenizer_from(path, found, do_lower_case, vocab_flag)
+    try:
+        return _tokenizer_from(path, found, do_lower_case, vocab_flag)
+    except UserError:
+        raise
+    except ValueError as e:  # (e.g. a vocab.txt without BERT's special tokens)
+        raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) from None
 
 
 def _tokenizer_from(
@@ -300,21 +376,24 @@ def _tokenizer_from(
             )
         return tokenization.WordPieceTokenizer(vocab, **casing._asdict())
     if do_lower_case is None:
-        do_lower_case = checkpoint_case(path)
+        do_lower_case = tokenizer_fit.checkpoint_case(path)
     if do_lower_case is None:
         try:
-            validate_case(path, True, vocab, flag)
+            tokenizer_fit.validate_case(path, True, vocab, flag)
             do_lower_case = True
         except ConversionError:  # upper-case tokens: a cased vocabulary
             do_lower_case = False
-    validate_case(path, do_lower_case, vocab, flag)
+    tokenizer_fit.validate_case(path, do_lower_case, vocab, flag)
     return tokenization.load_tokenizer("wordpiece", vocab, do_lower_case)
 
 
-def _pretraining_tokenizer(source: Source, pretrain: PretrainingRun) -> tokenization.Tokenizer:
+def _pretraining_tokenizer(
+    source: Source, pretrain: PretrainingRun, rebuild: bool = True
+) -> tokenization.Tokenizer | None:
     """The pretraining run's tokenizer: its vocab_file, else the SentencePiece model in its
     data cache whose fingerprint the checkpoint recorded (found even if the corpus has since
-    moved or been touched), else one trained again from the corpus."""
+    moved or been touched), else (`rebuild`; otherwise None) one trained again from the
+    corpus."""
     assert pretrain.config is not None  # (a bertjax run's: read with its config)
     data = pretrain.config.data
     workdir = os.path.dirname(native.checkpoint_dir(source.init_checkpoint).rstrip("/"))
@@ -325,6 +404,8 @@ def _pretraining_tokenizer(source: Source, pretrain: PretrainingRun) -> tokeniza
                 candidate = tokenization.SentencePieceTokenizer(os.path.join(cache_dir, name))
                 if candidate.fingerprint() == pretrain.tokenizer_fingerprint:
                     return candidate
+    if not rebuild and not data.vocab_file:
+        return None
     if not data.vocab_file and not os.path.isdir(cache_dir):
         raise PretrainedError(
             f"the pretraining run's SentencePiece model is not in {cache_dir}; "
@@ -340,61 +421,3 @@ def _pretraining_tokenizer(source: Source, pretrain: PretrainingRun) -> tokeniza
             f"{source.init_checkpoint!r} ({e}); pass "
             f"{source.vocab_flag}=PATH"
         ) from e
-
-
-def checkpoint_case(path: str) -> bool | None:
-    """True/False if a path names an uncased/cased model (Google's `uncased_L-12_H-768_A-12`,
-    `multi_cased_...`, HF's `bert-base-cased`), None if it does not say."""
-    for part in reversed(os.path.normpath(os.path.abspath(path)).split(os.sep)):
-        match = re.search(r"(?:^|[^a-z])(uncased|cased)(?:$|[^a-z])", part.lower())
-        if match:
-            return match.group(1) == "uncased"
-    return None
-
-
-def validate_case(
-    path: str,
-    do_lower_case: bool,
-    vocab_file: str = "",
-    case_flag: str = "--config.data.do_lower_case",
-) -> None:
-    """Google's `validate_case_matches_checkpoint`: an uncased model with a cased tokenizer
-    (or the reverse) trains on text it never saw. Also refuses lower-casing with a vocab
-    that holds upper-case tokens (those could never be produced). `case_flag`: the entry
-    point's flag for do_lower_case, named in the messages."""
-    field = case_flag.removeprefix("--config.").removeprefix("--")
-    lowered = checkpoint_case(path)
-    if lowered is not None and lowered != do_lower_case:
-        kind = "an uncased" if lowered else "a cased"
-        raise ConversionError(
-            f"init_checkpoint {path} is {kind} model but {field}={do_lower_case}; "
-            f"set {case_flag}={lowered}"
-        )
-    if do_lower_case and vocab_file and vocab_file.endswith(".txt"):
-        with files.open(vocab_file, encoding="utf-8", errors="replace") as f:
-            upper = sum(1 for t in f if not t.startswith("[") and t.strip().lower() != t.strip())
-        if upper > 100:
-            raise ConversionError(
-                f"{vocab_file} is a cased vocab ({upper} tokens with upper-case letters) but "
-                f"{field}=True would never produce them; set {case_flag}=False"
-            )
-
-
-def check_run_tokenizer(
-    path: str, data_config: DataSettings, tokenizer_vocab_size: int, model_vocab_size: int
-) -> None:
-    """A run from a pretrained checkpoint must tokenize as the checkpoint was trained: the
-    same vocabulary size (or fewer tokens than embedding rows with the checkpoint directory's
-    own tokenizer, as ModernBERT's padded rows) and, for WordPiece, the same casing."""
-    where = os.path.abspath(data_config.vocab_file or "/")
-    own = os.path.abspath(path) in (where, os.path.dirname(where))
-    if tokenizer_vocab_size != model_vocab_size and not (
-        own and tokenizer_vocab_size < model_vocab_size
-    ):
-        raise ConversionError(
-            f"the tokenizer has {tokenizer_vocab_size} tokens but init_checkpoint {path} has "
-            f"{model_vocab_size}: pass the checkpoint's own tokenizer file as "
-            "--config.data.vocab_file"
-        )
-    if data_config.tokenizer == "wordpiece":
-        validate_case(path, data_config.do_lower_case, data_config.vocab_file)

@@ -71,11 +71,29 @@ def load_pretrained(
         found = native.config_of(directory)
         check_architecture(found, model_config, path)
         if getattr(found, "scan_layers", False) == getattr(model_config, "scan_layers", False):
-            return checkpoint.restore_params(directory, abstract_params)
+            held = set(checkpoint.stored_params(directory))
+            return checkpoint.restore_params(
+                directory, _held(abstract_params, held, optional, path)
+            )
     logging.info("Initialising parameters from %s (%s checkpoint)", path, source_format)
     found, params = pretrained.read_once(path) if reuse else pretrained.read(path)
     check_architecture(found, model_config, path)
-    absent = set(abstract_params) - set(params)
+    wanted = _held(abstract_params, set(params), optional, path)
+    if getattr(model_config, "scan_layers", False):
+        params = tree.stack_layers(params)
+    return jax.tree.map(
+        lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
+        {name: params[name] for name in wanted},
+        wanted,
+    )
+
+
+def _held(
+    abstract_params: dict[str, Any], held: set[str], optional: tuple[str, ...], path: str
+) -> dict[str, Any]:
+    """The entries of `abstract_params` that the checkpoint at `path` holds (`held`: its
+    top-level names); refused where it lacks one that is not `optional` (those are logged)."""
+    absent = set(abstract_params) - held
     missing = sorted(absent - set(optional))
     if missing:
         raise ConversionError(
@@ -91,13 +109,25 @@ def load_pretrained(
             path,
             name,
         )
-    if getattr(model_config, "scan_layers", False):
-        params = tree.stack_layers(params)
-    wanted = {name: abstract for name, abstract in abstract_params.items() if name in params}
-    return jax.tree.map(
-        lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
-        {name: params[name] for name in wanted},
-        wanted,
+    return {name: abstract for name, abstract in abstract_params.items() if name in held}
+
+
+def pretraining_heads(
+    params: dict[str, Any], model_config: families.ModelConfig
+) -> tuple[str, ...]:
+    """The top-level entries of a pretraining model's `params` outside its encoder: the heads
+    (BERT's `predictions` and `seq_relationship`, ModernBERT's `head` and decoder bias) that a
+    bare encoder or a fine-tuned model does not hold."""
+    scope = families.of(model_config).encoder_scope
+    return tuple(name for name in params if name != scope)
+
+
+def fresh_heads_line(path: str, names: list[str]) -> str:
+    """The line that says which pretraining heads start fresh from a checkpoint without them."""
+    return (
+        f"init_checkpoint {path} has no {', '.join(names)} parameters (a bare encoder or a "
+        "fine-tuned model): fresh pretraining heads, initialised as the original initialises "
+        "them, the masked-LM output tied to the word embeddings"
     )
 
 
@@ -119,6 +149,7 @@ def load_encoder(
     pretrain = pretrained.pretraining_run(source)
     model_config = pretrained.model_config_of(source, pretrain)
     family = families.of(model_config)
+    tokenizer = pretrained.tokenizer_of(source, pretrain)  # (checked before any weight is read)
     model = family.encoder(model_config)
     name = family.encoder_scope
     if random_init:
@@ -128,4 +159,4 @@ def load_encoder(
         params = load_pretrained(
             source.init_checkpoint, {name: abstract_params_on_one_device(model)}, model_config
         )[name]
-    return model, params, pretrained.tokenizer_of(source, pretrain)
+    return model, params, tokenizer

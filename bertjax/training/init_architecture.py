@@ -1,7 +1,7 @@
 """The model of a pretraining run's `train.init_checkpoint`: the architecture read from the
-checkpoint's config file (`architecture_of`), which the run's `model` section takes
-(`checkpoint_model`, `model_of_init_checkpoint`), and the tokenizer checked to fit it
-(`check_tokenizer`)."""
+checkpoint's config file (`pretrained.architecture_of`), which the run's `model` section takes
+(`checkpoint_model`, `model_of_init_checkpoint`), and a ModernBERT's padding id checked
+against the tokenizer (`check_tokenizer`; which tokenizer: `pretrained.tokenizer_of`)."""
 
 from __future__ import annotations
 
@@ -10,33 +10,13 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from bertjax.data import tokenization
-from bertjax.data.settings import DataSettings
 from bertjax.errors import ConfigError
-from bertjax.interop import native, pretrained, pretrained_weights, tree
+from bertjax.interop import pretrained, pretrained_weights
 from bertjax.interop.pretrained import PretrainedError
 from bertjax.interop.tree import ConversionError
 from bertjax.models import families
-from bertjax.models.bert.model import BertConfig
 from bertjax.runtime import files
 from bertjax.training import reporting
-
-
-def architecture_of(path: str) -> families.ModelConfig:
-    """The model config of the checkpoint at `path` (any format; local or a URL), from its
-    config file alone: a Hugging Face `config.json`, Google's `bert_config.json`, a bertjax
-    run's recorded config. No weights are read."""
-    source_format = pretrained.detect_format(path)
-    if source_format == "bertjax":
-        return native.config_of(native.checkpoint_dir(path))
-    if source_format == "hf":
-        values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
-        return families.by_hf_type(values.get("model_type", "")).hf_form.config(values, path)
-    directory = path if files.isdir(path) else os.path.dirname(path)
-    config_file = os.path.join(directory, "bert_config.json")
-    try:
-        return BertConfig.from_dict(tree.read_json_config(config_file, "Google"))
-    except ValueError as e:
-        raise ConversionError(f"{config_file}: {e}") from None
 
 
 def checkpoint_model(
@@ -48,7 +28,7 @@ def checkpoint_model(
     names set on the command line) sets to another value than the checkpoint's, or a
     checkpoint of another family, is refused in one line before any data work."""
     try:
-        found = architecture_of(path)
+        found = pretrained.architecture_of(path)
     except (ConversionError, FileNotFoundError) as e:  # (FileNotFoundError: no finished step)
         raise PretrainedError(f"init_checkpoint={path!r}: {e}") from None
     if families.name_of(found) != families.family(model):
@@ -73,20 +53,24 @@ def checkpoint_model(
 
 
 def model_of_init_checkpoint(
-    model: Mapping[str, Any], init_checkpoint: str, workdir: str, overrides: Collection[str]
+    model: Mapping[str, Any],
+    init_checkpoint: str,
+    workdir: str,
+    overrides: Collection[str],
+    tell: bool = True,
 ) -> dict[str, Any]:
     """The fields of the `model` section that the architecture of `init_checkpoint` changes
-    (`checkpoint_model`; none without one), told in a line. A resumed run (in `workdir`)
+    (`checkpoint_model`; none without one), told in a line if `tell`. A resumed run (in `workdir`)
     whose init_checkpoint has gone since takes its own checkpoints' architecture."""
     path = init_checkpoint
-    if not path:
-        return {}
-    if not (files.exists(path) or files.exists(path + ".index")):
+    if not path or families.family(model) not in families.names():
+        return {}  # (an unknown family: validate.model_family names it)
+    if not pretrained.exists(path):
         if not files.exists(os.path.join(workdir, "checkpoints")):
             pretrained.check_exists(path, "train.init_checkpoint")
         path = workdir
     changed = checkpoint_model(model, path, overrides)
-    if changed:
+    if changed and tell:
         reporting.chief_print(
             f"The model of init_checkpoint {path}: "
             + ", ".join(f"{name}={value}" for name, value in changed.items())
@@ -95,19 +79,9 @@ def model_of_init_checkpoint(
     return changed
 
 
-def check_tokenizer(
-    init_checkpoint: str,
-    data: DataSettings,
-    model: Mapping[str, Any],
-    tokenizer: tokenization.Tokenizer,
-) -> None:
-    """Before a new run prepares data: the tokenizer is the init_checkpoint's
-    (`pretrained.check_run_tokenizer`), and a ModernBERT's padding id (`model`: the `model`
-    section's values) is its [PAD] (what an export's config.json names)."""
-    if init_checkpoint:
-        pretrained.check_run_tokenizer(
-            init_checkpoint, data, tokenizer.vocab_size, model["vocab_size"]
-        )
+def check_tokenizer(model: Mapping[str, Any], tokenizer: tokenization.Tokenizer) -> None:
+    """Before a new run prepares data: a ModernBERT's padding id (`model`: the `model`
+    section's values) is its tokenizer's [PAD] (what an export's config.json names)."""
     if (
         families.get(families.family(model)).tokenizer_pad
         and model["pad_token_id"] != tokenizer.pad_id

@@ -19,7 +19,7 @@ from absl import logging
 from bertjax.data import corpus_source, tokenization
 from bertjax.data.errors import DataError
 from bertjax.data.loaders import PhaseData
-from bertjax.interop import pretrained_weights
+from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models.families import ModelConfig
 from bertjax.runtime import agreement, failures, files, peers
 from bertjax.training import (
@@ -48,15 +48,31 @@ def checked_tokenizer(
     record: RunRecord,
     resumed_from: tuple[resume.Found, str] | None,
 ) -> tuple[tokenization.Tokenizer, RunRecord]:
-    """The run's tokenizer (trained once into `cache_dir` where configured so) and `record`
-    with its fingerprint; refused unless it fits a new run's init_checkpoint, the model's
-    vocabulary, the other processes' and the checkpoint `resumed_from` (found, where)."""
+    """The run's tokenizer, as every entry point resolves it (`pretrained.tokenizer_of`):
+    `data.vocab_file` if named, else init_checkpoint's own, else the configured one (a
+    SentencePiece model trained once into `cache_dir`); and `record` with its fingerprint.
+    Refused unless its ids are init_checkpoint's, it fits the model's vocabulary, and it is
+    the other processes' and the checkpoint's `resumed_from` (found, where)."""
     train, data, model = settings.train, settings.data, settings.model
-    tokenizer = corpus_source.load_or_train_tokenizer(
-        data, cache_dir, jax.process_index(), jax.process_count()
+    init_checkpoint = train.init_checkpoint
+    if resumed_from and not pretrained.exists(init_checkpoint):
+        init_checkpoint = ""  # (gone since: the checkpoint's record names its tokenizer)
+    source = pretrained.Source(
+        init_checkpoint=init_checkpoint,
+        vocab_file=data.vocab_file,
+        tokenizer=data.tokenizer,
+        do_lower_case=data.do_lower_case,
+        vocab_flag="--config.data.vocab_file",
+    )
+    tokenizer = pretrained.tokenizer_of(
+        source,
+        pretrained.pretraining_run(source),
+        lambda: corpus_source.load_or_train_tokenizer(
+            data, cache_dir, jax.process_index(), jax.process_count()
+        ),
     )
     if not resumed_from:
-        init_architecture.check_tokenizer(train.init_checkpoint, data, model, tokenizer)
+        init_architecture.check_tokenizer(model, tokenizer)
     if tokenizer.vocab_size > model["vocab_size"]:
         raise DataError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but "
@@ -117,14 +133,18 @@ def fresh_state(
     phases: list[phase_schedule.Phase],
 ) -> tuple[TrainState, DataPosition]:
     """A new state of `sharded`'s model (of `model_config`), with the parameters of
-    `train.init_checkpoint` when set."""
+    `train.init_checkpoint` when set; the pretraining heads a bare encoder (or a fine-tuned
+    model) lacks keep their initialisation, as the original's, which is said in a line."""
     state = sharded.init_state(jax.random.PRNGKey(train.seed))
     if train.init_checkpoint:  # Google TF, Hugging Face or bertjax
-        state = state.replace(
-            params=pretrained_weights.load_pretrained(
-                train.init_checkpoint, sharded.abstract_state.params, model_config
-            )
+        heads = pretrained_weights.pretraining_heads(state.params, model_config)
+        loaded = pretrained_weights.load_pretrained(
+            train.init_checkpoint, sharded.abstract_state.params, model_config, optional=heads
         )
+        fresh = [name for name in heads if name not in loaded]
+        if fresh:
+            reporting.chief_print(pretrained_weights.fresh_heads_line(train.init_checkpoint, fresh))
+        state = state.replace(params=dict(state.params, **loaded))
     return state, DataPosition(phases[0].name, 0)
 
 
