@@ -3,6 +3,7 @@ hosts of a pod slice, with one host given another setting, corpus or tokenizer, 
 mid-run. Every process must stop with the same one line naming what differs (or which process
 was lost), with no traceback and no C++ abort; the rerun resumes exactly."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -17,9 +18,11 @@ import pytest
 
 import injected_faults
 from bertjax.data import default_corpus
+from bertjax.errors import ConfigError
 from bertjax.runtime import agreement, distributed, peers
-from bertjax.training import resume
-from bertjax.training.run_record import RunRecord
+from bertjax.training import phase_schedule, resume, sharded_run
+from bertjax.training.run_record import GLOBAL, RunRecord
+from bertjax.training.sharding import MeshSettings
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO_ROOT, "configs", "tiny.py")
@@ -593,23 +596,64 @@ def host_that_never_joins(tmp_path, workdir: str) -> None:
     assert time.time() - started < 10 + 60
 
 
-def test_another_process_count_is_refused_unless_accepted(caplog):
-    """The check behind a relaunch on another number of hosts (checkpoints of older
-    versions record none: not checked)."""
-    four, two = RunRecord(processes=4), RunRecord(processes=2)
+def test_another_shape_continues_with_a_notice(capsys, caplog):
+    """The check behind a relaunch on another shape (issue 53): a checkpoint whose global
+    batches do not depend on the shape continues with one line naming both shapes; only a
+    multi-process checkpoint of an older version (each process on its own share of the
+    documents) is refused, unless other batches are accepted. Checkpoints of older versions
+    that record no shape are not checked."""
+
+    def record(processes, devices=None, order=GLOBAL):
+        return RunRecord(processes=processes, devices=devices, data_order=order)
+
+    four_by_one, two_by_two, two_by_one = record(4, 4), record(2, 4), record(2, 2)
+    resume.check_shape(four_by_one, record(4, 4), "W/8", allow_changed_data=False)
+    assert capsys.readouterr().out == ""
+    resume.check_shape(four_by_one, two_by_two, "W/8", allow_changed_data=False)
+    assert capsys.readouterr().out == (
+        "The run's shape changed: checkpoint W/8 was trained on 4 processes x 1 device, this "
+        "run has 2 processes x 2 devices; it continues with the same global batches and masks "
+        "(the same device count: exactly)\n"
+    )
+    resume.check_shape(four_by_one, two_by_one, "W/8", allow_changed_data=False)
+    assert capsys.readouterr().out.endswith(
+        "this run has 2 processes x 1 device; it continues with the same global batches and "
+        "masks (another device count: the losses differ only by the order of the sums)\n"
+    )
+    # One process read the whole corpus before too: its batches were already global.
+    resume.check_shape(record(1, order=None), two_by_two, "W/8", allow_changed_data=False)
+    assert "trained on 1 process, this run has 2 processes x 2 devices" in capsys.readouterr().out
+    older = record(4, order=None)
     with pytest.raises(
         resume.OtherProcessCount,
         match=(
-            r"^checkpoint W/8 was trained by 4 processes \(hosts\) and this run has 2: .* "
-            r"Relaunch on 4 processes to resume exactly; or accept other batches with "
+            r"^checkpoint W/8 was trained by 4 processes with an older bertjax, whose processes "
+            r"each prepared their own share of the documents .* Accept them with "
             r"--config.train.allow_changed_data=True; or start a new run"
         ),
     ):
-        resume.check_processes(four, two, "W/8", allow_changed_data=False)
-    resume.check_processes(four, four, "W/8", allow_changed_data=False)
-    resume.check_processes(RunRecord(), two, "W/8", allow_changed_data=False)
-    resume.check_processes(four, two, "W/8", allow_changed_data=True)
-    assert "trained by 4 processes, on 2" in caplog.text
+        resume.check_shape(older, four_by_one, "W/8", allow_changed_data=False)
+    resume.check_shape(RunRecord(), two_by_two, "W/8", allow_changed_data=False)
+    resume.check_shape(older, two_by_two, "W/8", allow_changed_data=True)
+    assert "trained by 4 processes each on its own share" in caplog.text
+
+
+def test_a_batch_the_devices_do_not_divide_is_refused_with_the_nearest_that_work(tmp_path):
+    """What cannot continue on a new shape: a global batch its data-parallel size does not
+    divide, refused in one line naming the nearest batch and the nearest data-parallel sizes
+    that work."""
+    mesh = sharded_run.make_mesh(MeshSettings(data=-1), None)  # (8 fake devices)
+    phase = phase_schedule.Phase("short", 64, 10, 12, 0, 8)
+    with pytest.raises(ConfigError) as refused:
+        sharded_run.check_batches(mesh, [phase], 1, 64)
+    assert str(refused.value) == (
+        "global batch 12 (phase short) must be divisible by the process count (1), and batch / "
+        "grad_accum_steps (1) by the data-parallel size data*fsdp=8: set "
+        "--config.train.global_batch_size to a multiple of 8 (the nearest: 8 or 16), or change "
+        "train.grad_accum_steps or config.mesh; to keep this batch (a run that continues on "
+        "other hardware), use a data-parallel size that divides 12 (the nearest: 6 or 12)"
+    )
+    sharded_run.check_batches(mesh, [dataclasses.replace(phase, global_batch_size=16)], 1, 64)
 
 
 @pytest.mark.slow  # (a 4-process run of 4 steps, then 2 processes: about 100 s)
