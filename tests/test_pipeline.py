@@ -442,21 +442,43 @@ def test_prepare_rebuilds_an_incomplete_cache_directory(config, sp_tokenizer, tm
     np.testing.assert_array_equal(again["train"].features["input_ids"], expected)
 
 
-def test_prepare_per_process_shards(config, sp_tokenizer, tmp_path):
-    shards = [
-        pipeline.prepare(
-            DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path), i, 2
-        )
-        for i in range(2)
-    ]
-    directories = entries(tmp_path)
-    assert len(directories) == 2
-    metas = [json.loads((d / "meta.json").read_text()) for d in directories]
-    assert sorted(m["documents"] for m in metas) == [NUM_DOCS // 2, NUM_DOCS // 2]
-    sizes = [len(s["train"]) for s in shards]
-    assert all(1000 < n < 3500 for n in sizes), sizes
-    rows = [set(map(bytes, unmasked_ids(s["train"].features))) for s in shards]
-    assert len(rows[0] & rows[1]) < 0.01 * min(sizes)
+@pytest.mark.parametrize("packed", [False, True])
+def test_global_batch_k_is_the_same_on_any_number_of_processes(
+    config, sp_tokenizer, tmp_path, packed
+):
+    """Issue 53 (an elastic relaunch): every process prepares the same data (one cache entry)
+    and process i of P reads rows [i*B/P, (i+1)*B/P) of global batch k, so the global batch,
+    its dynamic masks and its packing are the same for P = 1, 2 and 4, in the second epoch
+    too. (Before, each process prepared its own share of the documents: other instances.)"""
+    data = dataclasses.replace(DataSettings.of(config.data), masking="dynamic", packing=packed)
+    phase = short_phase(config)
+    by_count = {}
+    for count in (1, 2, 4):
+        loaders_of = [
+            loaders.prepare_data(data, [phase], SP_VOCAB, sp_tokenizer, str(tmp_path), i, count)[
+                0
+            ].train
+            for i in range(count)
+        ]
+        assert {loader.batches_per_epoch for loader in loaders_of} == {
+            loaders_of[0].batches_per_epoch
+        }
+        indices = (0, 3, loaders_of[0].batches_per_epoch + 1)
+        by_count[count] = [
+            {
+                name: np.concatenate([loader.batch(k)[name] for loader in loaders_of])
+                for name in loaders_of[0].batch(k)
+            }
+            for k in indices
+        ]
+        assert all(len(b["input_ids"]) == BATCH for b in by_count[count])
+    assert len(entries(tmp_path)) == 1  # (prepared once, whatever the count)
+    for count in (2, 4):
+        for one, other in zip(by_count[1], by_count[count]):
+            assert one.keys() == other.keys()
+            for name in one:
+                np.testing.assert_array_equal(one[name], other[name], err_msg=name)
+    assert not np.array_equal(by_count[1][0]["input_ids"], by_count[1][1]["input_ids"])
 
 
 def test_single_document_corpus_gives_empty_eval_split(sp_tokenizer, documents, tmp_path):
@@ -842,7 +864,9 @@ def test_corpus_too_small_for_one_batch(sp_tokenizer, documents, tmp_path):
         DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path / "cache")
     )
     assert 0 < len(splits["train"]) < 256
-    with pytest.raises(pipeline.DataError, match=r"fewer than one batch of 256 per process"):
+    with pytest.raises(
+        pipeline.DataError, match=r"fewer than one batch of 256: use a larger corpus"
+    ):
         loaders.BatchLoader(splits["train"], 256, seed=0)
 
 

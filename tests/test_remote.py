@@ -565,12 +565,13 @@ def test_an_ambiguous_upload_is_checked_not_repeated(gcs, proxy, tmp_path, monke
 
 
 @pytest.mark.parametrize(
-    "attack", ["damaged_shard_on_one_host", "host_that_never_joins", "relaunch_on_fewer_hosts"]
+    "attack", ["damaged_shard_on_one_host", "host_that_never_joins", "relaunch_on_another_shape"]
 )
 def test_pod_attacks_on_a_gcs_workdir_under_storage_faults(gcs, proxy, tmp_path, attack):
-    """Issue 43's three pod attacks (tests/test_pod_hosts.py) with four hosts sharing a
-    gs:// workdir, every 4th request to it answered 503 (retried): the same outcome, the
-    same lines."""
+    """Issue 43's pod attacks (tests/test_pod_hosts.py) with four hosts sharing a gs://
+    workdir, every 4th request to it answered 503 (retried): the same outcome, the same
+    lines; and issue 53's shape change there (4 x 1 stopped at step 8, continued on 2 x 2):
+    bit for bit the uninterrupted run."""
     import test_pod_hosts
 
     proxy.add(path=f"pod-{attack}", every=4)

@@ -27,7 +27,7 @@ def main() -> None:
             np.load(path, mmap_mode="r")
             before = time.process_time() - start
             start = time.process_time()
-            shard_reader.load(path, record, "input_ids", rows.dtype, (128,), (0, 1), "")
+            shard_reader.load(path, record, "input_ids", rows.dtype, (128,), "")
             after = time.process_time() - start
             print(
                 f"{os.path.getsize(path) / 1e6:.0f} MB: before (SHA-256, memory map) "

@@ -9,7 +9,6 @@ from collections.abc import Iterator, Sequence
 import jax
 import numpy as np
 from absl import logging
-from jax.experimental import multihost_utils
 
 from bertjax.data import (
     corpus_source,
@@ -23,47 +22,57 @@ from bertjax.data import (
 from bertjax.data.batch import PhaseShape
 from bertjax.data.pipeline import DataError, PreparedSplit
 from bertjax.data.settings import DataSettings
-from bertjax.runtime import stopping
 
 
 class BatchLoader:
-    """Deterministic, resumable batches of this process's rows.
+    """Deterministic, resumable batches: this process's rows of every global batch.
 
-    `batch(k)` depends only on (seed, k); epochs reshuffle with a permutation seeded by
-    (seed, epoch); the remainder of an epoch that does not fill a batch is dropped.
+    Global batch k holds the same instances whatever the number of processes: `batch(k)`
+    depends only on (seed, k); epochs reshuffle the whole split with a permutation seeded by
+    (seed, epoch), and the remainder of an epoch that does not fill a global batch is
+    dropped. Process i of P (`share` = (i, P)) reads rows [i*B/P, (i+1)*B/P) of each global
+    batch of B rows; a row's dynamic mask depends on its instance and epoch, not on the
+    process.
     """
 
     def __init__(
         self,
         split: PreparedSplit,
-        local_batch_size: int,
+        global_batch_size: int,
         seed: int,
         shuffle: bool = True,
         masking: tuple[instances.SpecialTokens, float, int, bool] | None = None,
         name: str = "train",
         mask_mix: tuple[float, float] = mask_rules.PAPER_MASK_MIX,
+        share: tuple[int, int] = (0, 1),
     ):
-        if len(split) < local_batch_size:
+        if len(split) < global_batch_size:
             raise DataError(
                 f"the {name} split has {len(split)} sequences, fewer than one batch of "
-                f"{local_batch_size} per process: use a larger corpus, a higher dupe_factor, or a "
+                f"{global_batch_size}: use a larger corpus, a higher dupe_factor, or a "
                 "smaller train.global_batch_size"
             )
         if not split.masked and masking is None:
             raise ValueError("an unmasked split needs masking parameters (dynamic masking)")
-        self.split, self.local_batch_size, self.seed = split, local_batch_size, seed
-        self.shuffle = shuffle
+        self.split, self.global_batch_size, self.seed = split, global_batch_size, seed
+        self.shuffle, self.share = shuffle, share
+        self.local_batch_size = global_batch_size // share[1]
         self.rule = None if masking is None else mask_rules.MaskingRule(*masking, mask_mix)
-        self.batches_per_epoch = len(split) // local_batch_size
+        self.batches_per_epoch = len(split) // global_batch_size
         self._order_epoch, self._order = -1, np.arange(len(split))
+
+    def mine(self, global_rows: np.ndarray) -> np.ndarray:
+        """This process's rows of a global batch's `global_rows`."""
+        start = self.share[0] * self.local_batch_size
+        return global_rows[start : start + self.local_batch_size]
 
     def _rows(self, index: int) -> tuple[int, np.ndarray]:
         epoch, within = divmod(index, self.batches_per_epoch)
         if self.shuffle and epoch != self._order_epoch:
             self._order = np.random.default_rng([self.seed, epoch]).permutation(len(self.split))
             self._order_epoch = epoch
-        start = within * self.local_batch_size
-        return epoch, self._order[start : start + self.local_batch_size]
+        start = within * self.global_batch_size
+        return epoch, self.mine(self._order[start : start + self.global_batch_size])
 
     def batch(self, index: int) -> dict[str, np.ndarray]:
         """The `index`-th batch (0-based, counting across epochs)."""
@@ -96,15 +105,6 @@ class BatchLoader:
         while True:
             yield self.batch(index)
             index += 1
-
-
-def fewest_over_processes(count: int) -> int:
-    """The smallest of every process's `count`: each process holds its own share of the data,
-    but all must run the same number of (collective) steps."""
-    if jax.process_count() == 1:
-        return count
-    with stopping.doing("waiting for the other processes (to agree on a count of batches)"):
-        return int(np.min(multihost_utils.process_allgather(np.int64(count))))
 
 
 Loader = BatchLoader | packing.PackedLoader
@@ -146,11 +146,10 @@ def packed_loaders(
     if not packed_train.batches_per_epoch:
         raise DataError(
             f"the {phase.name} train split packs into {packed_train.stats.rows} "
-            f"rows, fewer than one batch of {packed_train.local_batch_size} per "
-            "process: use a larger corpus, a higher dupe_factor, or a smaller "
+            f"rows, fewer than one batch of {packed_train.global_batch_size}: use a larger corpus, a higher dupe_factor, or a smaller "
             "train.global_batch_size"
         )
-    if packed_eval is not None and not fewest_over_processes(packed_eval.batches_per_epoch):
+    if packed_eval is not None and not packed_eval.batches_per_epoch:
         packed_eval = None
     return packed_train, packed_eval
 
@@ -165,29 +164,24 @@ def prepare_data(
     process_count: int | None = None,
     next_sentence_prediction: bool = True,
 ) -> list[PhaseData]:
-    """Prepares (or loads from cache) every phase's splits of this process's share of the
-    documents (default: this process's index and count) and checks
-    their token ids against the model's `vocab_size`. `next_sentence_prediction=False`:
-    instances without random-B pairs (pipeline.prepare)."""
+    """Prepares (or loads from cache) every phase's splits, the same on every process, checks
+    their token ids against the model's `vocab_size`, and gives each phase's loaders of this
+    process's rows of every global batch (process `process_index` of `process_count`, default
+    this one's). `next_sentence_prediction=False`: instances without random-B pairs
+    (pipeline.prepare)."""
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
+    share = (process_index, process_count)
     derived = corpus_source.Derived(data, tokenizer)  # (once for every phase)
     specials = derived.specials
     result = []
     for phase in phases:
         splits = pipeline.prepare(
-            data,
-            phase,
-            tokenizer,
-            cache_dir,
-            process_index,
-            process_count,
-            next_sentence_prediction,
-            derived,
+            data, phase, tokenizer, cache_dir, next_sentence_prediction, derived
         )
         for name, split in splits.items():
             pipeline.check_token_ids(split, vocab_size, f"{name} data ({phase.name})")
-        local_batch = phase.global_batch_size // process_count
+        batch = phase.global_batch_size
         masking = (
             specials,
             data.masked_lm_prob,
@@ -196,16 +190,22 @@ def prepare_data(
         )
         train_loader = BatchLoader(
             splits["train"],
-            local_batch,
+            batch,
             data.seed,
             masking=masking,
             name=f"{phase.name} train",
             mask_mix=data.mask_mix,
+            share=share,
         )
         eval_loader = None
-        if fewest_over_processes(len(splits["eval"])) >= local_batch:
+        if len(splits["eval"]) >= batch:
             eval_loader = BatchLoader(
-                splits["eval"], local_batch, data.seed, shuffle=False, name=f"{phase.name} eval"
+                splits["eval"],
+                batch,
+                data.seed,
+                shuffle=False,
+                name=f"{phase.name} eval",
+                share=share,
             )
         loaders: tuple[Loader, Loader | None] = (train_loader, eval_loader)
         if data.packing:
@@ -216,7 +216,7 @@ def prepare_data(
                 "evaluation skipped (raise data.eval_fraction)",
                 phase.name,
                 len(splits["eval"]),
-                local_batch,
+                batch,
             )
         result.append(PhaseData(phase, *loaders))
     return result

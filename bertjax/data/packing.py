@@ -34,9 +34,12 @@ class InstanceSource(Protocol):
     """What packing needs of `loaders.BatchLoader`: the split and the instances of an epoch."""
 
     split: PreparedSplit
+    global_batch_size: int
     local_batch_size: int
     seed: int
     shuffle: bool
+
+    def mine(self, global_rows: np.ndarray) -> np.ndarray: ...
 
     def features(self, rows: np.ndarray, epoch: int) -> dict[str, np.ndarray]: ...
 
@@ -159,12 +162,13 @@ class PackedLoader:
         self.source, self.max_seq_length, self.pad_id = source, max_seq_length, pad_id
         self.max_instances, self.max_predictions = max_instances, max_predictions
         self.lengths = instance_lengths(source.split)
+        self.global_batch_size = source.global_batch_size
         self.local_batch_size = source.local_batch_size
         self._epoch, self._rows = 0, self._plan(0)
         self.stats = PackingStats(
             len(self.lengths), len(self._rows), int(self.lengths.sum()), max_seq_length
         )
-        self.batches_per_epoch = len(self._rows) // self.local_batch_size
+        self.batches_per_epoch = len(self._rows) // self.global_batch_size
 
     def _plan(self, epoch: int) -> np.ndarray:
         """The rows of `epoch`, in training order."""
@@ -177,13 +181,13 @@ class PackedLoader:
         return np.random.default_rng([seed, epoch, 1]).permutation(rows) if shuffle else rows
 
     def rows_of(self, index: int) -> tuple[int, np.ndarray]:
-        """The epoch of batch `index` and the instances of its rows `[batch, K]` (-1: empty)."""
+        """The epoch of batch `index` and the instances of this process's rows of it
+        `[local batch, K]` (-1: empty)."""
         epoch, within = divmod(index, self.batches_per_epoch)
         if epoch != self._epoch:
             self._epoch, self._rows = epoch, self._plan(epoch)
-        return epoch, self._rows[
-            within * self.local_batch_size : (within + 1) * self.local_batch_size
-        ]
+        size = self.global_batch_size
+        return epoch, self.source.mine(self._rows[within * size : (within + 1) * size])
 
     def batch(self, index: int) -> dict[str, np.ndarray]:
         """The `index`-th batch of packed rows (0-based, counting across epochs)."""

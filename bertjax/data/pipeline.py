@@ -1,10 +1,12 @@
 """From a data config to prepared instances: corpus -> tokens -> instances -> shards on disk
 (the corpus and the tokenizer: `data.corpus_source`; batches from them: `data.loaders`).
 
-Each process prepares its own share of the documents (document i goes to process i mod P) once,
-in shards of `data.shard_bytes` (compact .npy files, written atomically; docs/data-preparation.md),
-or reads `data.prepared_dir`. Batch k is a pure function of (seed, k), so the data position saved
-in a checkpoint is just the next batch index and a resume sees exactly the uninterrupted batches.
+Every process prepares the whole corpus once (the same instances whatever the number of
+processes), in shards of `data.shard_bytes` (compact .npy files, written atomically;
+docs/data-preparation.md), or reads `data.prepared_dir`. Global batch k is a pure function of
+(seed, k), and each process reads its rows of it (`loaders.BatchLoader`), so the data position
+saved in a checkpoint is just the next batch index, and a resume, on any number of processes,
+sees exactly the uninterrupted batches.
 """
 
 from __future__ import annotations
@@ -52,7 +54,6 @@ def shard_job_of(
     phase: PhaseShape,
     specials: instances.SpecialTokens,
     tokenizer: tokenization.Tokenizer | None = None,
-    process_index: int = 0,
     output: str = "",
     next_sentence_prediction: bool = True,
 ) -> shard_job.ShardJob:
@@ -69,7 +70,7 @@ def shard_job_of(
         mask_mix=data.mask_mix,
         eval_fraction=data.eval_fraction,
         seed=data.seed,
-        shard_seed=(data.seed, process_index),
+        shard_seed=(data.seed, 0),  # (0: the whole corpus's, as one process prepared it)
         dynamic=data.dynamic,
         next_sentence_prediction=next_sentence_prediction,
         output=output,
@@ -147,14 +148,11 @@ def prepare(
     phase: PhaseShape,
     tokenizer: tokenization.Tokenizer,
     cache_dir: str,
-    process_index: int = 0,
-    process_count: int = 1,
     next_sentence_prediction: bool = True,
     derived: corpus_source.Derived | None = None,
 ) -> dict[str, PreparedSplit]:
-    """Prepared `train` and `eval` splits for `phase`: read from
-    `data.prepared_dir` (this process's share of every shard), or built once and cached under
-    cache_dir; `next_sentence_prediction=False` makes no random-B pairs. `derived`: the
+    """Prepared `train` and `eval` splits for `phase`, all of them: read from
+    `data.prepared_dir`, or built once and cached under cache_dir; `next_sentence_prediction=False` makes no random-B pairs. `derived`: the
     phases' `corpus_source.Derived(data, tokenizer)`, where the caller prepares several."""
     shard_job.check_not_in_spawned_import()
     wanted = settings(data, phase, tokenizer, next_sentence_prediction)
@@ -166,7 +164,6 @@ def prepare(
         if files.is_remote(directory):  # training reads a local copy
             remote, directory = directory, prepared_files.local_copy(directory, records, cache_dir)
             fix = f"delete {directory} (the local copy of {remote}) to download it again"
-        share = (process_index, process_count)
         verb = "Reading prepared data"
     else:
         derived = derived or corpus_source.Derived(data, tokenizer)
@@ -174,7 +171,7 @@ def prepare(
             {
                 **wanted,
                 "source": derived.source_fingerprint,
-                "shard": [process_index, process_count],
+                "shard": [0, 1],  # (the key's share of the corpus: all of it)
             }
         )
         directory = os.path.join(cache_dir, f"{phase.name}_{phase.max_seq_length}_{key}")
@@ -188,8 +185,6 @@ def prepare(
                     data,
                     phase,
                     tokenizer,
-                    process_index,
-                    process_count,
                     next_sentence_prediction,
                     wanted=wanted,
                     derived=derived,
@@ -203,7 +198,7 @@ def prepare(
                 f"the tokenizer and the data prepared before (in {cache_dir})"
             ) from e
         meta, records = prepared_files.read_meta(directory)
-        share, fix = (0, 1), f"delete {directory} to prepare it again"
+        fix = f"delete {directory} to prepare it again"
         verb = "Prepared data" if built else "Reusing prepared data"
         if built:
             _note_older_formats(cache_dir, phase)
@@ -220,7 +215,7 @@ def prepare(
     expected = (phase.max_seq_length, phase.max_predictions_per_seq, tokenizer.vocab_size)
     splits = {
         name: shard_reader.load_split(
-            directory, name, records, masked, expected, share, fix + ", then rerun (it resumes)"
+            directory, name, records, masked, expected, fix + ", then rerun (it resumes)"
         )
         for name, masked in (("train", not data.dynamic), ("eval", True))
     }
@@ -302,14 +297,12 @@ def build(
     data: DataSettings,
     phase: PhaseShape,
     tokenizer: tokenization.Tokenizer,
-    process_index: int = 0,
-    process_count: int = 1,
     nsp: bool = True,
     run_shards: Callable[..., Iterable[dict[str, int]]] = shard_job.run_shards,
     wanted: dict[str, Any] | None = None,
     derived: corpus_source.Derived | None = None,
 ) -> None:
-    """Reads the corpus (this process's share), cuts it into shards of `data.shard_bytes` and
+    """Reads the corpus, cuts it into shards of `data.shard_bytes` and
     prepares each in a worker (`data.num_workers`; NSP partners come from the same shard, as
     the original's come from the same input file), written atomically to `directory`;
     `run_shards`: local processes, or another engine's (`beam_prepare.shard_runner`);
@@ -321,12 +314,12 @@ def build(
         if not locks.pid_alive(unfinished.rsplit(".tmp", 1)[1]):
             shutil.rmtree(unfinished, ignore_errors=True)
     tmp = _unfinished(directory)
-    reader = corpus_source.corpus_reader(data, process_index, process_count)
+    reader = corpus_source.corpus_reader(data, 0, 1)
     derived = derived or corpus_source.Derived(data, tokenizer)
     job = dataclasses.replace(
-        shard_job_of(data, phase, derived.specials, tokenizer, process_index, tmp, nsp),
+        shard_job_of(data, phase, derived.specials, tokenizer, tmp, nsp),
         reader=reader,
-        tokens=tokens_directory(directory, derived, process_index, process_count),
+        tokens=tokens_directory(directory, derived),
     )
     meta: collections.Counter[str] = collections.Counter()
     try:
@@ -367,17 +360,15 @@ def build(
     )
 
 
-def tokens_directory(
-    directory: str, derived: corpus_source.Derived, process_index: int, process_count: int
-) -> str:
+def tokens_directory(directory: str, derived: corpus_source.Derived) -> str:
     """Where the shards' token ids are kept for every phase, beside `directory` (a phase's):
-    named by the corpus, the tokenizer, the shard size and this process's share."""
+    named by the corpus, the tokenizer and the shard size."""
     key = prepared_files.cache_key(
         {
             "source": derived.source_fingerprint,
             "tokenizer": derived.tokenizer.fingerprint(),
             "shard_bytes": derived.settings.shard_bytes,
-            "share": [process_index, process_count],
+            "share": [0, 1],  # (the key's share of the corpus: all of it)
             "version": token_cache.VERSION,
         }
     )

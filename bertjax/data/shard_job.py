@@ -62,7 +62,7 @@ class ShardJob:
     mask_mix: tuple[float, float]
     eval_fraction: float
     seed: int
-    shard_seed: tuple[int, ...]  # (seed, process_index): hashed with the shard index
+    shard_seed: tuple[int, ...]  # (seed, 0): hashed with the shard index
     dynamic: bool
     next_sentence_prediction: bool
     output: str  # the shards go to output/{train,eval}/shard_NNNNN

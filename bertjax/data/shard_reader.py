@@ -3,7 +3,7 @@ original's TFRecords check a CRC on every record they read.
 
 Loading reads each file once, checking its size and SHA-256 against meta.json's record and its
 .npy header (element type, row shape, rows) against this run's phase, and takes, in the same
-pass and so from the same bytes, a 32-bit hash of every row this process serves. The arrays of
+pass and so from the same bytes, a 32-bit hash of every row. The arrays of
 a few bytes per row (`NARROW`: lengths, labels) are then held in memory; the wide ones (token
 ids, masked positions and ids) stay on disk and are read per batch with `pread`, every row
 checked against its hash before it is used. A file shortened under the job reads short (an
@@ -44,8 +44,7 @@ def row_hashes(rows: np.ndarray) -> np.ndarray:
 
 
 class RowFile:
-    """Rows `[start, start + len)` of one wide stored array, read on demand from the file
-    loaded, each checked against its hash from loading; `what_to_do` ends every error."""
+    """The rows of one wide stored array, read on demand from the file loaded, each checked against its hash from loading; `what_to_do` ends every error."""
 
     def __init__(
         self,
@@ -54,13 +53,12 @@ class RowFile:
         dtype: np.dtype,
         row_shape: tuple[int, ...],
         offset: int,
-        start: int,
         hashes: np.ndarray,
         largest: int,
         what_to_do: str,
     ):
         self.fd, self.path, self.dtype, self.row_shape = fd, path, dtype, row_shape
-        self.offset, self.start, self.hashes, self.largest = offset, start, hashes, largest
+        self.offset, self.hashes, self.largest = offset, hashes, largest
         self.row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
         self.what_to_do = what_to_do
         weakref.finalize(self, os.close, fd)
@@ -77,16 +75,16 @@ class RowFile:
         return self.largest
 
     def __getitem__(self, rows: slice | Sequence[int] | np.ndarray) -> np.ndarray:
-        """Rows `rows` (indices into this share), read now and checked."""
+        """Rows `rows`, read now and checked."""
         rows = np.arange(len(self))[rows] if isinstance(rows, slice) else np.asarray(rows)
         out = np.empty((len(rows),) + self.row_shape, self.dtype)
         for i, row in enumerate(rows.tolist()):
-            at = self.offset + (self.start + row) * self.row_bytes
+            at = self.offset + row * self.row_bytes
             # (numpy's stubs declare arrays buffers only for Python >= 3.12)
             if os.preadv(self.fd, [out[i : i + 1]], at) != self.row_bytes:  # type: ignore[list-item]
                 raise DataError(
                     f"prepared data file {self.path} was shortened while in use (to "
-                    f"{os.fstat(self.fd).st_size} bytes; row {self.start + row} ends at byte "
+                    f"{os.fstat(self.fd).st_size} bytes; row {row} ends at byte "
                     f"{at + self.row_bytes}); the run stopped before training on it: "
                     f"{self.what_to_do}"
                 )
@@ -98,7 +96,7 @@ class RowFile:
         if len(changed):
             raise DataError(
                 f"prepared data file {self.path} changed while in use (row "
-                f"{self.start + int(rows[changed[0]])} differs from what was loaded and "
+                f"{int(rows[changed[0]])} differs from what was loaded and "
                 f"checked); the run stopped before training on it: {self.what_to_do}"
             )
         return out
@@ -125,13 +123,11 @@ def load(
     name: str,
     dtype: np.dtype,
     row_shape: tuple[int, ...],
-    share: tuple[int, int],
     what_to_do: str,
 ) -> np.ndarray | RowFile:
     """Shard file `path` (stored array `name`) checked against its meta.json `record` and the
-    `dtype` and `row_shape` this run expects; the contiguous share of its rows that process
-    `share[0]` of `share[1]` serves (shards are shuffled): in memory for a `NARROW` array,
-    else a `RowFile`."""
+    `dtype` and `row_shape` this run expects: in memory for a `NARROW` array, else a
+    `RowFile`."""
 
     def fail(problem: str) -> DataError:
         return DataError(f"prepared data file {path} {problem}; {what_to_do}")
@@ -157,10 +153,7 @@ def load(
             offset = f.tell()
             f.seek(0)
             digest = hashlib.sha256(f.read(offset))
-            start, stop = (shape[0] * share[0] // share[1], shape[0] * (share[0] + 1) // share[1])
-            kept, size = _read_rows(
-                f, digest, dtype, row_shape, shape[0], (start, stop), name in NARROW
-            )
+            kept, size = _read_rows(f, digest, dtype, row_shape, shape[0], name in NARROW)
         if size + offset != record["bytes"] or digest.hexdigest() != record["sha256"]:
             raise fail(
                 f"changed since preparation ({record['bytes']} bytes, sha256 "
@@ -173,7 +166,7 @@ def load(
         os.close(fd)
         return kept
     hashes, largest = kept
-    return RowFile(fd, path, dtype, row_shape, offset, start, hashes, largest, what_to_do)
+    return RowFile(fd, path, dtype, row_shape, offset, hashes, largest, what_to_do)
 
 
 def _read_rows(
@@ -182,10 +175,9 @@ def _read_rows(
     dtype: np.dtype,
     row_shape: tuple[int, ...],
     rows: int,
-    keep: tuple[int, int],
     narrow: bool,
 ) -> tuple[Any, int]:
-    """Reads the rest of `f` into `digest`; rows `keep` as an array (`narrow`), else as their
+    """Reads the rest of `f` into `digest`; its rows as an array (`narrow`), else as their
     hashes and largest element. Returns them and the bytes read."""
     row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
     per_read = max(1, READ_BYTES // max(row_bytes, 1))
@@ -194,9 +186,8 @@ def _read_rows(
         digest.update(block)
         size += len(block)
         count = len(block) // row_bytes if row_bytes else 0
-        lo, hi = max(keep[0], row) - row, min(keep[1], row + count) - row
-        if lo < hi and len(block) % max(row_bytes, 1) == 0:
-            array = np.frombuffer(block, dtype).reshape((count,) + row_shape)[lo:hi]
+        if count and len(block) % max(row_bytes, 1) == 0:
+            array = np.frombuffer(block, dtype).reshape((count,) + row_shape)
             parts.append(array.copy() if narrow else (row_hashes(array), array.max()))
         row += count
     if row != rows:  # (a short file: its digest fails too)
@@ -214,7 +205,6 @@ def load_split(
     records: dict[str, dict[str, Any]],
     masked: bool,
     expected: tuple[int, int, int],
-    share: tuple[int, int],
     what_to_do: str,
 ) -> shard_format.PreparedSplit:
     """The shards of `split` listed in meta.json's `records`, each file checked (`load`)
@@ -238,7 +228,6 @@ def load_split(
             name,
             dtypes[name],
             shapes[name],
-            share,
             what_to_do,
         )
     for shard, arrays in sorted(shards.items()):

@@ -26,7 +26,7 @@ from bertjax.data.tokenization import Tokenizer
 from bertjax.errors import UserError
 from bertjax.runtime import peers
 
-# Fields that may differ between hosts: where a host keeps its own share of the prepared data
+# Fields that may differ between hosts: where a host keeps its copy of the prepared data
 # (its local disk); the data itself is compared as the corpus and the tokenizer.
 PER_HOST_FIELDS = ("data.cache_dir",)
 RERUN = "run the same command on every host"

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import optax
 
-from bertjax.data.loaders import Loader, PhaseData, fewest_over_processes
+from bertjax.data.loaders import Loader, PhaseData
 from bertjax.runtime import failures, files, peers, stopping
 from bertjax.training import (
     checkpoint,
@@ -36,7 +36,7 @@ def evaluate(
     if loader is None:
         return {}
     sums: dict[str, float] = {}
-    for index in range(fewest_over_processes(min(num_batches, loader.batches_per_epoch))):
+    for index in range(min(num_batches, loader.batches_per_epoch)):
         batch = sharding.global_batch_from_host(loader.batch(index), mesh)
         for key, value in jax.device_get(eval_step(params, batch)).items():
             sums[key] = sums.get(key, 0.0) + float(value)

@@ -37,7 +37,7 @@ from bertjax.training import (
     phase_schedule,
     reporting,
 )
-from bertjax.training.run_record import RunRecord
+from bertjax.training.run_record import GLOBAL, RunRecord
 from bertjax.training.state import TrainState
 
 QUARANTINE = "checkpoints_quarantine"
@@ -49,7 +49,8 @@ class UnusableCheckpoint(checkpoint_checks.CheckpointMismatch):
 
 
 class OtherProcessCount(checkpoint_checks.CheckpointMismatch):
-    """The checkpoint was trained by another number of processes, whose batches differ."""
+    """The checkpoint was trained by several processes of an older version, each on its own
+    share of the documents: its batches cannot be reproduced."""
 
 
 class CheckpointUnreadable(UnusableCheckpoint):
@@ -180,8 +181,8 @@ class Resume:
         allow_changed_data: bool,
     ) -> None:
         """Refuses `found` if this run (its record: `expected`) changes its model (or
-        tokenizer, once recorded), its number of processes (`check_processes`) or, mid-phase,
-        its data (guards.check_resume)."""
+        tokenizer, once recorded) or, mid-phase, its data (guards.check_resume); a changed
+        shape (processes, devices) continues with a notice (`check_shape`)."""
         try:
             checkpoint_checks.check_compatible(
                 found.record.as_json(), expected.as_json(), self.where(found.step)
@@ -189,7 +190,7 @@ class Resume:
         except checkpoint_checks.CheckpointMismatch as e:
             raise self._naming_an_older_match(e, found.step, expected) from e
         if found.step < phases[-1].end_step:  # (a finished run only evaluates)
-            check_processes(found.record, expected, self.where(found.step), allow_changed_data)
+            check_shape(found.record, expected, self.where(found.step), allow_changed_data)
         guards.check_resume(
             found.record,
             expected.data or {},
@@ -343,34 +344,60 @@ def unsealed_notice(where: str, meta: dict[str, Any]) -> str:
     )
 
 
-def check_processes(
+def shape(processes: int, devices: int | None) -> str:
+    """`4 processes x 1 device`: a run's shape as its record gives it."""
+    if devices is None:
+        return f"{processes} process{'es' if processes != 1 else ''}"
+    per = devices // processes
+    return (
+        f"{processes} process{'es' if processes != 1 else ''} x "
+        f"{per} device{'s' if per != 1 else ''}"
+    )
+
+
+def check_shape(
     found: RunRecord, expected: RunRecord, where: str, allow_changed_data: bool
 ) -> None:
-    """Refuses to continue the checkpoint `where` (its record: `found`) on another number of
-    processes than it was trained by (`processes`; older checkpoints lack it): each
-    process prepares its own share of the documents and reads its rows of every batch from
-    it, so the batches would differ from the uninterrupted run's. With `allow_changed_data`,
-    warns instead."""
+    """Continues the checkpoint `where` (its record: `found`) on this run's shape: global
+    batch k holds the same instances and masks on any number of processes and devices, so a
+    relaunch on another shape says so in one line and continues (exactly on the same number
+    of devices; on another, the sums are reduced in another order). Refused (OtherProcessCount)
+    only for a checkpoint of an older version trained by several processes, each on its own
+    share of the documents, whose batches cannot be reproduced; with `allow_changed_data`,
+    a warning instead."""
     old, new = found.processes, expected.processes
-    if old is None or old == new:
+    if old is None or new is None:
         return
-    if allow_changed_data:
-        logging.warning(
-            "continuing checkpoint %s, trained by %d processes, on %d "
-            "(train.allow_changed_data): the batches differ from here on",
-            where,
-            old,
-            new,
+    if found.data_order != GLOBAL and old > 1:
+        if allow_changed_data:
+            logging.warning(
+                "continuing checkpoint %s, trained by %d processes each on its own share "
+                "of the documents (train.allow_changed_data): the batches differ from here on",
+                where,
+                old,
+            )
+            return
+        raise OtherProcessCount(
+            f"checkpoint {where} was trained by {old} processes with an older bertjax, whose "
+            f"processes each prepared their own share of the documents (document i on "
+            f"process i mod {old}); this version's batches are the same on any number of "
+            "processes but are not those, so the batches from here on would differ from an "
+            "uninterrupted run's. Accept them with --config.train.allow_changed_data=True; or "
+            "start a new run in another --workdir (--config.train.init_checkpoint="
+            "THIS_WORKDIR/checkpoints starts it from these parameters)"
         )
+    if (old, found.devices) == (new, expected.devices) or found.devices is None and old == new:
         return
-    raise OtherProcessCount(
-        f"checkpoint {where} was trained by {old} processes (hosts) and this run has {new}: "
-        f"each process prepares its own share of the documents (document i on process i mod "
-        f"{old}) and reads its rows of every batch from it, so the batches from here on would "
-        f"differ from an uninterrupted run's. Relaunch on {old} processes to resume exactly; "
-        "or accept other batches with --config.train.allow_changed_data=True; or start a new "
-        "run in another --workdir (--config.train.init_checkpoint=THIS_WORKDIR/checkpoints "
-        "starts it from these parameters)"
+    same_devices = found.devices == expected.devices
+    reporting.chief_print(
+        f"The run's shape changed: checkpoint {where} was trained on "
+        f"{shape(old, found.devices)}, this run has {shape(new, expected.devices)}; it "
+        "continues with the same global batches and masks"
+        + (
+            " (the same device count: exactly)"
+            if same_devices
+            else " (another device count: the losses differ only by the order of the sums)"
+        )
     )
 
 

@@ -11,20 +11,25 @@ from typing import Any
 
 import jax
 
+GLOBAL = "global"  # `data_order` of a run whose global batches do not depend on its shape
+
 
 @dataclasses.dataclass(frozen=True)
 class RunRecord:
     """A run's record: its `model` (families.recorded_fields) and `tokenizer` (fingerprint)
     must match to resume; its `data` (guards.data_identity) and its `config`'s data fields
-    must match within a phase; the number of `processes` that split the data
-    (resume.check_processes); the `schedule` it follows (run_schedule.Plan.record). Older
-    checkpoints lack some fields (None); `others` keeps the keys this type does not name
+    must match within a phase; its shape, `processes` and `devices` (all of them), and its
+    `data_order` (GLOBAL: global batch k is the same on any shape; older multi-process runs
+    read per-process shares: resume.check_shape); the `schedule` it follows
+    (run_schedule.Plan.record). Older checkpoints lack some fields (None); `others` keeps the keys this type does not name
     (e.g. the state's digest, checkpoint_checks.DIGEST) as read."""
 
     model: Mapping[str, Any] | None = None
     config: str | None = None  # the whole config as JSON
     data: Mapping[str, Any] | None = None
     processes: int | None = None
+    devices: int | None = None
+    data_order: str | None = None
     schedule: Mapping[str, Any] | None = None
     tokenizer: str | None = None
     others: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -47,7 +52,15 @@ class RunRecord:
         schedule: Mapping[str, Any],
     ) -> RunRecord:
         """A new run's record (the tokenizer's fingerprint is added once it is loaded)."""
-        return cls(dict(model), config_json, dict(data), jax.process_count(), dict(schedule))
+        return cls(
+            dict(model),
+            config_json,
+            dict(data),
+            jax.process_count(),
+            jax.device_count(),
+            GLOBAL,
+            dict(schedule),
+        )
 
     def as_json(self) -> dict[str, Any]:
         """The `meta` JSON item: the fields this record holds, under their names."""

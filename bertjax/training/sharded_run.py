@@ -112,6 +112,15 @@ def pretraining_optimizer(
     )
 
 
+def nearest_divisors(number: int, target: int) -> list[int]:
+    """The divisors of `number` nearest `target`: the largest below it and the smallest above
+    (one of them where the other does not exist)."""
+    divisors = [d for d in range(1, number + 1) if number % d == 0]
+    below = [d for d in divisors if d < target][-1:]
+    above = [d for d in divisors if d > target][:1]
+    return below + above
+
+
 def check_batches(
     mesh: Mesh,
     phases: Sequence[Phase],
@@ -130,11 +139,22 @@ def check_batches(
         if size % jax.process_count() or size % grad_accum_steps or (size // grad_accum_steps) % dp:
             field = phase_schedule.BATCH_FIELDS.get(phase.name, "train.global_batch_size")
             multiple = math.lcm(jax.process_count(), grad_accum_steps * dp)
+            below, above = size // multiple * multiple, (size // multiple + 1) * multiple
+            keep = (
+                ""
+                if size % grad_accum_steps
+                else (
+                    "; to keep this batch (a run that continues on other hardware), use a "
+                    f"data-parallel size that divides {size // grad_accum_steps} (the nearest: "
+                    f"{' or '.join(map(str, nearest_divisors(size // grad_accum_steps, dp)))})"
+                )
+            )
             raise ConfigError(
                 f"global batch {size} (phase {phase.name}) must be divisible by the process count "
                 f"({jax.process_count()}), and batch / grad_accum_steps ({grad_accum_steps}) by "
                 f"the data-parallel size data*fsdp={dp}: set --config.{field} to a multiple of "
-                f"{multiple}, or change train.grad_accum_steps or config.mesh"
+                f"{multiple} (the nearest: {' or '.join(str(b) for b in (below, above) if b)}), "
+                f"or change train.grad_accum_steps or config.mesh{keep}"
             )
         if phase.max_seq_length > max_position_embeddings:
             raise ConfigError(
