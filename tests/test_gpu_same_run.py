@@ -1,14 +1,19 @@
 """benchmarks/gpu/same_run.py, the prepared GPU comparison, end to end on the CPU with
 configs/tiny.py: the resume check (slow), the transformers half (`parity`: torch)."""
 
+import importlib.util
 import json
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "gpu"))
-import same_run  # noqa: E402
+SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(__file__)), "benchmarks", "gpu", "same_run.py"
+)
+_spec = importlib.util.spec_from_file_location("same_run", SCRIPT)
+assert _spec and _spec.loader
+same_run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(same_run)
 
 
 def test_missing_wheels_are_one_error_line(monkeypatch, tmp_path, capsys):

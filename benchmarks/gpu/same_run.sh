@@ -8,8 +8,9 @@ set -u
 . benchmarks/gpu/stages.sh
 begin "${1:?OUT_DIR}" "${2:-540}"
 if ls .whl/*.whl >/dev/null 2>&1; then
+    SITE=$(mktemp -d)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+        --target "$SITE" .whl/*.whl && export PYTHONPATH="$PYTHONPATH:$SITE"
 fi
 say "machine: $(nvidia-smi -L 2>&1 | head -1); $(nproc) cores"
 python3 -m pip show jax jaxlib flax optax torch transformers 2>/dev/null \

@@ -17,7 +17,7 @@ from typing import Any
 
 from jax.extend import core as jax_core
 
-from bertjax.tools import hlo_census
+from bertjax.tools import hlo_census, vector_ops
 
 # What a fusion's ops say it computes, checked in this order (the first is its family).
 # A tag needs every opcode of its set somewhere in the fusion (nested computations included).
@@ -122,15 +122,6 @@ def describe(
     return f"{family(kind, fusion_tags, step, module)} | {step} {module}{what} {result}"
 
 
-def _subjaxprs(params: dict[str, Any]) -> Iterator[jax_core.Jaxpr]:
-    for value in params.values():
-        for item in value if isinstance(value, tuple | list) else (value,):
-            if isinstance(item, jax_core.ClosedJaxpr):
-                yield item.jaxpr
-            elif isinstance(item, jax_core.Jaxpr):
-                yield item
-
-
 def pallas_costs(jaxpr: jax_core.Jaxpr) -> dict[tuple[str, tuple], tuple[float, float]]:
     """{(name, result shapes): (FLOPs, bytes accessed)} of every Pallas kernel in `jaxpr`
     (nested jaxprs included) that declares a `pl.CostEstimate`."""
@@ -141,7 +132,7 @@ def pallas_costs(jaxpr: jax_core.Jaxpr) -> dict[tuple[str, tuple], tuple[float, 
             name = str(eqn.params.get("name") or eqn.params["jaxpr"].debug_info.func_name)
             shapes = tuple(tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars)
             costs[(name, shapes)] = (float(estimate.flops), float(estimate.bytes_accessed))
-        for sub in _subjaxprs(eqn.params):
+        for sub in vector_ops.sub_jaxprs(eqn.params):
             costs.update(pallas_costs(sub))
     return costs
 

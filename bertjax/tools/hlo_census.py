@@ -170,12 +170,14 @@ def attr(attrs: str, key: str) -> str | None:
     return match.group(1) if match else None
 
 
-def _dims(attrs: str, key: str) -> list[int]:
+def contracting_dims(attrs: str, key: str) -> list[int]:
+    """The dimension list an HLO dot names under `key` (`lhs_contracting_dims`, ...)."""
     match = re.search(rf"\b{key}=\{{([\d,]*)\}}", attrs)
     return [int(d) for d in match.group(1).split(",") if d] if match else []
 
 
-def _dot_flops(out_type: str, lhs_type: str, contracting: list[int]) -> float:
+def dot_flops(out_type: str, lhs_type: str, contracting: list[int]) -> float:
+    """A dot's FLOPs: 2 x its output's elements x the contracted extent of its lhs."""
     out, lhs = shapes(out_type)[0][1], shapes(lhs_type)[0][1]
     return 2.0 * math.prod(out) * math.prod(lhs[d] for d in contracting)
 
@@ -249,8 +251,10 @@ class _Analyzer:
             body = self.computations.get(attr(ins.attrs, "calls") or "", [])
             body_types = {i.name: i.type_text for i in body}
             flops = sum(
-                _dot_flops(
-                    i.type_text, body_types[i.operands[0]], _dims(i.attrs, "lhs_contracting_dims")
+                dot_flops(
+                    i.type_text,
+                    body_types[i.operands[0]],
+                    contracting_dims(i.attrs, "lhs_contracting_dims"),
                 )
                 for i in body
                 if i.opcode == "dot"
@@ -262,8 +266,10 @@ class _Analyzer:
                 else ("copy" if root == "copy" else f"fusion:{attr(ins.attrs, 'kind') or '?'}")
             )
         elif ins.opcode == "dot":
-            flops = _dot_flops(
-                ins.type_text, types[ins.operands[0]], _dims(ins.attrs, "lhs_contracting_dims")
+            flops = dot_flops(
+                ins.type_text,
+                types[ins.operands[0]],
+                contracting_dims(ins.attrs, "lhs_contracting_dims"),
             )
             kind = "matmul"
         elif ins.opcode == "custom-call":
@@ -276,7 +282,7 @@ class _Analyzer:
                     if contracting
                     else []
                 )
-                flops = _dot_flops(ins.type_text, types[ins.operands[0]], dims)
+                flops = dot_flops(ins.type_text, types[ins.operands[0]], dims)
                 kind = "matmul"
             elif "fmha" in target:
                 flops = _attention_flops(target, types[ins.operands[0]], types[ins.operands[1]])

@@ -140,10 +140,10 @@ class Flops:
         if ins.opcode == "convolution":
             return convolution_flops(ins, types)
         if ins.opcode == "dot":
-            return hlo_census._dot_flops(
+            return hlo_census.dot_flops(
                 ins.type_text,
                 types[ins.operands[0]],
-                hlo_census._dims(ins.attrs, "lhs_contracting_dims"),
+                hlo_census.contracting_dims(ins.attrs, "lhs_contracting_dims"),
             )
         declared = re.search(r'"cost_estimate":\{[^}]*"flops":"?(\d+)', ins.attrs)
         return float(declared.group(1)) if ins.opcode == "custom-call" and declared else 0.0

@@ -19,8 +19,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+from jax.extend import core as jax_core
 
 from bertjax.tools import hlo_census
 
@@ -180,22 +182,23 @@ def vector_unit(topology: str) -> VectorUnit | None:
     return VECTOR_UNITS.get(topology.split(":")[0])
 
 
-def _size(aval: Any) -> int:
+def _size(aval: object) -> int:
     """Elements of an array value; 0 for scalars (the scalar unit's) and non-arrays."""
     shape = getattr(aval, "shape", ())
     return math.prod(shape) if shape else 0
 
 
-def _sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
+def sub_jaxprs(params: dict[str, Any]) -> Iterator[jax_core.Jaxpr]:
     """The jaxprs among an equation's parameters (a closed jaxpr's inner one)."""
     for value in params.values():
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            inner = getattr(item, "jaxpr", item)
-            if hasattr(inner, "eqns"):
-                yield inner
+        for item in value if isinstance(value, tuple | list) else (value,):
+            if isinstance(item, jax_core.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jax_core.Jaxpr):
+                yield item
 
 
-def jaxpr_vector_ops(jaxpr: Any) -> float:
+def jaxpr_vector_ops(jaxpr: jax_core.Jaxpr) -> float:
     """Elementwise operations of a jaxpr (counted per element, reductions per input element);
     a scan's body times its length, a conditional's costliest branch, a while loop's body
     once, a Pallas kernel by `kernel_ops`."""
@@ -209,32 +212,34 @@ def jaxpr_vector_ops(jaxpr: Any) -> float:
         elif name == "pallas_call":
             total += kernel_ops(eqn)
         elif name == "cond":
-            total += max((jaxpr_vector_ops(b) for b in _sub_jaxprs(eqn.params)), default=0.0)
+            total += max((jaxpr_vector_ops(b) for b in sub_jaxprs(eqn.params)), default=0.0)
         else:
-            inner = sum(jaxpr_vector_ops(j) for j in _sub_jaxprs(eqn.params))
+            inner = sum(jaxpr_vector_ops(j) for j in sub_jaxprs(eqn.params))
             total += inner * (eqn.params.get("length", 1) if name == "scan" else 1)
     return total
 
 
-def kernel_ops(eqn: Any) -> float:
+def kernel_ops(eqn: jax_core.JaxprEqn) -> float:
     """A `pallas_call` equation's elementwise operations: its body's, once per grid step."""
     grid = eqn.params["grid_mapping"].grid
     return jaxpr_vector_ops(eqn.params["jaxpr"]) * math.prod(int(g) for g in grid)
 
 
-def kernel_key(dims: Any, flops: Any, transcendentals: Any, bytes_accessed: Any) -> str:
+def kernel_key(
+    dims: Sequence[int], flops: object, transcendentals: object, bytes_accessed: object
+) -> str:
     """A Pallas kernel's identity in both the jaxpr and the compiled HLO (which keeps no
     kernel name): its first output's shape and its declared cost."""
     return f"{list(dims)} flops={flops} transcendentals={transcendentals} bytes={bytes_accessed}"
 
 
-def pallas_kernels(jaxpr: Any) -> dict[str, float]:
+def pallas_kernels(jaxpr: jax_core.Jaxpr) -> dict[str, float]:
     """`{kernel_key: elementwise operations per call}` of every Pallas kernel in a jaxpr
     (nested ones included; the shapes are a shard's under `shard_map`, as the compiled custom
     call has them)."""
     found: dict[str, float] = {}
 
-    def walk(inner: Any) -> None:
+    def walk(inner: jax_core.Jaxpr) -> None:
         for eqn in inner.eqns:
             if eqn.primitive.name == "pallas_call":
                 cost = eqn.params["cost_estimate"]
@@ -246,7 +251,7 @@ def pallas_kernels(jaxpr: Any) -> dict[str, float]:
                     ),
                 )
                 found[key] = kernel_ops(eqn)
-            for sub in _sub_jaxprs(eqn.params):
+            for sub in sub_jaxprs(eqn.params):
                 walk(sub)
 
     walk(jaxpr)
