@@ -71,10 +71,11 @@ def _start(
     env_of: dict | None = None,
     extra_flags: tuple = (),
     workdir: str | None = None,
+    prefix_of: dict | None = None,
 ) -> list[subprocess.Popen]:
     """`count` processes of `python -m bertjax.train` as the hosts of one job, in `workdir`
     (default: tmp_path/run); process i also gets the flags `per_process[i]` (later flags
-    win) and runs in `cwds[i]`."""
+    win), runs in `cwds[i]` and is started through the command `prefix_of[i]`."""
     port = port or distributed.free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
@@ -86,6 +87,7 @@ def _start(
     return [
         subprocess.Popen(
             [
+                *(prefix_of or {}).get(i, []),
                 sys.executable,
                 "-m",
                 "bertjax.train",
@@ -590,6 +592,72 @@ def test_lost_host_stops_the_others_and_the_rerun_resumes_exactly(tmp_path, coun
     results = _finish(_start(tmp_path, count, overrides, devices=devices), timeout=300)
     for index, (code, out, err) in enumerate(results):
         assert code == 0, f"process {index}:\n{out[-2000:]}\n{err[-3000:]}"
+    rerun = _train_rows(tmp_path / "run")[len(first) :]
+    assert [row["step"] for row in rerun] == [5, 6, 7, 8]
+    assert [row["loss"] for row in rerun[:2]] == [first[5], first[6]]
+
+
+def _another_hostname(name: str) -> list[str]:
+    """A command prefix that runs a process with the host name `name` (in a new UTS
+    namespace), or [] where this machine allows none (`unshare` missing or refused)."""
+    prefix = ["unshare", "--uts", "--user", "--map-root-user"]
+    prefix += ["sh", "-c", f'hostname {name} && exec "$@"', "sh"]
+    try:
+        probe = subprocess.run([*prefix, "hostname"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return []
+    return prefix if probe.returncode == 0 and probe.stdout.strip() == name else []
+
+
+@pytest.mark.slow  # (two 8-process runs of up to 8 steps: about 4 minutes on 2 cores)
+def test_eight_hosts_one_replaced_by_a_fresh_machine_continue_exactly(tmp_path):
+    """Issue 53's round six: eight hosts, each with its own local cache; host 5 is killed with
+    -9 after step 6 (checkpoint at 4) and the other seven stop with the lost-host line. The
+    relaunch replaces host 5 by a fresh machine: an empty cache (it prepares its data again),
+    another working directory and, where this machine allows a UTS namespace, another host
+    name. Every host resumes from step 4, the losses of steps 5 and 6 equal the first run's
+    bit for bit, and the run finishes."""
+    _corpus(tmp_path / "corpus.txt")
+    count, replaced = 8, 5
+    overrides = {"data.input_files": tmp_path / "corpus.txt"}
+    caches = {i: {"data.cache_dir": tmp_path / f"cache{i}"} for i in range(count)}
+    procs = _start(
+        tmp_path,
+        count,
+        overrides,
+        caches,
+        env_of={replaced: injected_faults.pausing("step:6", REPO_ROOT)},
+    )
+    try:
+        for line in procs[replaced].stdout:
+            if "paused at step 6" in line:
+                break
+        procs[replaced].send_signal(signal.SIGKILL)
+        survivors = _finish([p for i, p in enumerate(procs) if i != replaced], timeout=180)
+    finally:
+        for proc in procs:
+            proc.kill()
+    lost = (
+        f"error: lost process {replaced} of {count} (JAX's coordination service reported it "
+        "stopped sending heartbeats; --heartbeat_timeout_seconds=10); this process"
+    )
+    for (code, out, err), index in zip(survivors, [i for i in range(count) if i != replaced]):
+        assert code == peers.LOST_PEER_STATUS, f"process {index}: {code}\n{err[-3000:]}"
+        assert err.splitlines()[-1].startswith(f"{lost} {index} stopped after step 6"), err[-3000:]
+        assert not any(n in err + out for n in NOISE), f"process {index}:\n{err[-3000:]}"
+    first = {row["step"]: row["loss"] for row in _train_rows(tmp_path / "run")}
+
+    fresh = tmp_path / "fresh_machine"
+    fresh.mkdir()
+    caches[replaced] = {"data.cache_dir": fresh / "cache"}
+    prefix = _another_hostname("fresh-machine")
+    print(f"the fresh machine's host name: {'fresh-machine' if prefix else 'unchanged'}")
+    cwds = [fresh if i == replaced else REPO_ROOT for i in range(count)]
+    relaunched = _start(tmp_path, count, overrides, caches, cwds=cwds, prefix_of={replaced: prefix})
+    for index, (code, out, err) in enumerate(_finish(relaunched, timeout=400)):
+        assert code == 0, f"process {index}:\n{out[-2000:]}\n{err[-3000:]}"
+        assert not any(n in err + out for n in NOISE), f"process {index}:\n{err[-3000:]}"
+    assert os.listdir(fresh / "cache")  # (the fresh machine prepared its data)
     rerun = _train_rows(tmp_path / "run")[len(first) :]
     assert [row["step"] for row in rerun] == [5, 6, 7, 8]
     assert [row["loss"] for row in rerun[:2]] == [first[5], first[6]]
