@@ -597,11 +597,16 @@ def test_lost_host_stops_the_others_and_the_rerun_resumes_exactly(tmp_path, coun
     assert [row["loss"] for row in rerun[:2]] == [first[5], first[6]]
 
 
-def _another_hostname(name: str) -> list[str]:
-    """A command prefix that runs a process with the host name `name` (in a new UTS
-    namespace), or [] where this machine allows none (`unshare` missing or refused)."""
-    prefix = ["unshare", "--uts", "--user", "--map-root-user"]
-    prefix += ["sh", "-c", f'hostname {name} && exec "$@"', "sh"]
+def _another_hostname(name: str, resolvable: bool = True) -> list[str]:
+    """A command prefix that runs a process with the host name `name` (in new UTS and mount
+    namespaces; `resolvable`: listed in its own /etc/hosts, as a real machine's is), or []
+    where this machine allows none (`unshare` missing or refused)."""
+    listed = (
+        'H=$(mktemp) && cat /etc/hosts > "$H" && echo "127.0.0.1 {0}" >> "$H" && '
+        'mount --bind "$H" /etc/hosts && '
+    )
+    script = f'hostname {name} && {listed.format(name) if resolvable else ""}exec "$@"'
+    prefix = ["unshare", "--uts", "--mount", "--user", "--map-root-user", "sh", "-c", script, "sh"]
     try:
         probe = subprocess.run([*prefix, "hostname"], capture_output=True, text=True, timeout=30)
     except OSError:

@@ -21,11 +21,24 @@ from bertjax.runtime import backend_env, files
 
 
 def process_index() -> int:
-    """JAX's process index; 0 in a process that has not imported JAX (as `bertjax.prepare`
-    does not: it starts about 3 s sooner without it), which no `jax.distributed` can have
-    joined."""
-    jax = sys.modules.get("jax")
-    return jax.process_index() if jax is not None else 0
+    """This process's index in `jax.distributed`'s job (0 alone), read from the job's setup:
+    valid before JAX's backend starts (whose start may be what failed) and without importing
+    JAX (`bertjax.prepare` starts about 3 s sooner without it)."""
+    return _job_state()[0]
+
+
+def process_count() -> int:
+    """The processes of `jax.distributed`'s job (1 alone), as `process_index` reads it."""
+    return _job_state()[1]
+
+
+def _job_state() -> tuple[int, int]:
+    if "jax" not in sys.modules:
+        return 0, 1
+    from jax._src import distributed  # (not public API: jax.process_index starts the backend)
+
+    state = distributed.global_state
+    return (state.process_id, state.num_processes) if state.client is not None else (0, 1)
 
 
 class TerminalLine:

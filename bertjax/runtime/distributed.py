@@ -15,12 +15,17 @@ Joining waits at most `join_timeout_seconds` (default `peers.JOIN_TIMEOUT_SECOND
 timeouts are bounded, 1 s to `MAX_TIMEOUT_SECONDS`: `check_timeout`) for every process to
 register: then each process that did ends with one line naming the ones
 that did not and the coordinator's address (`peers.joining`), exit `peers.LOST_PEER_STATUS`.
+Once joined, a process follows the others' failures (`peers.follow_failures`) while JAX's
+backend starts, which waits for every process's devices: a process whose devices cannot
+start (its host name does not resolve, say) says why in one line, and so do the others
+(`start_devices`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -29,7 +34,7 @@ import jax
 from absl import logging
 
 from bertjax.errors import UserError
-from bertjax.runtime import peers
+from bertjax.runtime import console, peers
 
 LOCAL_HEARTBEAT_TIMEOUT_SECONDS = 7 * 24 * 3600
 # The longest --join_timeout_seconds and --heartbeat_timeout_seconds: a week (JAX's C++ side
@@ -90,6 +95,47 @@ def _registration_timeout(seconds: int) -> Iterator[None]:
         yield
     finally:
         jax_distributed._jax = library  # noqa: SLF001
+
+
+def start_devices() -> None:
+    """Starts JAX's backend (which waits for every process's devices). Where this host's
+    cannot start: DistributedSetupError saying why (the others read it: `peers`). Where
+    another process's never came (it stopped without a word): one line naming it, exit
+    `peers.LOST_PEER_STATUS`."""
+    try:
+        jax.devices()
+    except RuntimeError as e:
+        missing, line = devices_failure(str(e), socket.gethostname())
+        if missing:
+            peers.leave(line, peers.LOST_PEER_STATUS)
+        raise DistributedSetupError(line) from None
+
+
+def devices_failure(error: str, hostname: str) -> tuple[bool, str]:
+    """For JAX's error `error` while starting its backend on the host `hostname`: whether it
+    waited in vain for other processes' devices, and the line that says what to do."""
+    count, index = console.process_count(), console.process_index()
+    waited_for = sorted(set(re.findall(r"local_topology/\w+/(\d+)", error)), key=int)
+    if waited_for and "timed out" in error:
+        plural = len(waited_for) > 1
+        return True, (
+            f"process{'es' if plural else ''} {', '.join(waited_for)} of {count} joined the "
+            f"job but {'their' if plural else 'its'} devices never came (JAX's backend waits "
+            "for every process's): stopped or stuck while starting them, see "
+            f"{'their consoles' if plural else 'its console'}; this process {index} stops "
+            f"(status {peers.LOST_PEER_STATUS}): {peers.RERUN_ALL}"
+        )
+    cause = error.strip().splitlines()[0] if error.strip() else "no reason given"
+    cause = re.sub(r"\s*\(set JAX_PLATFORMS=.*\)$", "", cause)
+    try:
+        socket.getaddrinfo(hostname, None)
+        hint = "; fix that, then " + peers.RERUN_ALL
+    except OSError:
+        hint = (
+            f"; this host's name {hostname!r} does not resolve to an address (JAX's "
+            "collectives bind to it): add it to /etc/hosts or the DNS, then " + peers.RERUN_ALL
+        )
+    return False, f"JAX could not start this host's devices ({cause}){hint}"
 
 
 def check_timeout(flag: str, seconds: int) -> None:
@@ -156,6 +202,8 @@ def initialize(
             extra.setdefault("heartbeat_timeout_seconds", LOCAL_HEARTBEAT_TIMEOUT_SECONDS)
             jax.distributed.initialize(f"localhost:{free_port()}", 1, 0, **extra)
             how = "local"
+    peers.follow_failures()
+    start_devices()
     log = logging.info if jax.process_count() > 1 else logging.debug  # one process: nothing new
     log(
         "jax.distributed (%s): process %d of %d, %d local / %d global devices",

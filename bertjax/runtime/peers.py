@@ -70,6 +70,7 @@ _state: dict[str, Any] = {
     "restore": None,
     "join": None,
     "watching": False,
+    "following": False,
     "announced": False,
     "left": False,
 }
@@ -87,7 +88,7 @@ def stalled_line(seconds: float) -> str:
     step = _state["step"]
     when = f"after step {step}" if step is not None else "before the first training step"
     return (
-        f"this process {jax.process_index()} of {jax.process_count()} was frozen for "
+        f"this process {console.process_index()} of {console.process_count()} was frozen for "
         f"{seconds:.0f} s (--heartbeat_timeout_seconds={_state['heartbeat_s']}; stopped with "
         "SIGSTOP, or its host suspended?), so the other processes gave up on it and stopped; "
         f"it stopped {when}; {RERUN_ALL} to resume from the last checkpoint"
@@ -103,21 +104,21 @@ def lost_peer_line(reason: str) -> str:
         return stalled_line(stall)
     listed = re.search(r"stopped sending heartbeats\):\s*([\d\s,]+)", reason)
     ids = re.findall(r"\d+", listed.group(1)) if listed else re.findall(r"task:(\d+)", reason)
-    ids = [i for i in dict.fromkeys(ids) if int(i) != jax.process_index()]
+    ids = [i for i in dict.fromkeys(ids) if int(i) != console.process_index()]
     if ids:
         who = (
             f"process{'es' if len(ids) > 1 else ''} {', '.join(ids)} of "
-            f"{jax.process_count()} (JAX's coordination service reported it stopped sending "
+            f"{console.process_count()} (JAX's coordination service reported it stopped sending "
             f"heartbeats; --heartbeat_timeout_seconds={_state['heartbeat_s']})"
         )
-    elif jax.process_index() != 0:
-        who = f"process 0 of {jax.process_count()} (the coordinator)"
+    elif console.process_index() != 0:
+        who = f"process 0 of {console.process_count()} (the coordinator)"
     else:
-        who = f"another process of {jax.process_count()}"
+        who = f"another process of {console.process_count()}"
     step = _state["step"]
     when = f"after step {step}" if step is not None else "before the first training step"
     return (
-        f"lost {who}; this process {jax.process_index()} stopped {when}; {RERUN_ALL} to resume from the "
+        f"lost {who}; this process {console.process_index()} stopped {when}; {RERUN_ALL} to resume from the "
         "last checkpoint"
     )
 
@@ -262,18 +263,28 @@ def watch(log_file: str, heartbeat_timeout_seconds: int | None) -> None:
     stderr kept on the console, a lost peer reported as one line, and another process's
     failure ending this one (`_watch_peers`)."""
     _state["heartbeat_s"] = heartbeat_timeout_seconds or JAX_HEARTBEAT_TIMEOUT_SECONDS
-    if jax.process_count() == 1 or _state["watching"]:
+    if console.process_count() == 1 or _state["watching"]:
         return
     _state["watching"] = True
-    failures.before_leaving(_after_own_line)
-    threading.Thread(target=_watch_peers, name="bertjax-peers", daemon=True).start()
+    follow_failures()
     stalls.watch(_state["heartbeat_s"])
     if not os.path.dirname(log_file):
         return  # (no workdir named: the run stops with that error)
     path = native_log_path(log_file)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     _native_stderr_to(path)
-    logging.info("native stderr of process %d -> %s", jax.process_index(), path)
+    logging.info("native stderr of process %d -> %s", console.process_index(), path)
+
+
+def follow_failures() -> None:
+    """In a multi-process run, from the moment it has joined (before JAX's backend starts,
+    which waits for every process's devices): another process's announced failure ends this
+    one (`_watch_peers`), and this one's own last line waits for the others to read it."""
+    if console.process_count() == 1 or _state["following"]:
+        return
+    _state["following"] = True
+    failures.before_leaving(_after_own_line)
+    threading.Thread(target=_watch_peers, name="bertjax-peers", daemon=True).start()
 
 
 def client() -> Any:
@@ -298,7 +309,7 @@ def announce_failure(error: BaseException) -> None:
     JaxRuntimeError, as when a peer is lost: `leave_if_peer_lost` waits for the reason)."""
     if (
         not jax.distributed.is_initialized()
-        or jax.process_count() == 1
+        or console.process_count() == 1
         or _state["announced"]
         or isinstance(error, jax.errors.JaxRuntimeError)
     ):
@@ -308,7 +319,7 @@ def announce_failure(error: BaseException) -> None:
     message = message.strip().splitlines()[0] if message.strip() else type(error).__name__
     try:
         client().key_value_set(
-            f"{_FAILED}{jax.process_index()}",
+            f"{_FAILED}{console.process_index()}",
             f"{socket.gethostname()}\n{message}",
             allow_overwrite=True,
         )
@@ -343,17 +354,19 @@ def _last_out() -> None:
     """Before this process exits: process 0, which hosts the coordination service, waits (at
     most `ACK_WAIT_S`) for the others to exit, since its exit aborts those still running (a
     lost coordinator); the others say they are exiting."""
-    if jax.process_index() == 0:
+    if console.process_index() == 0:
         _wait_for(_EXITING)
     else:
         with contextlib.suppress(Exception):  # (the coordinator gone: nobody to tell)
-            client().key_value_set(f"{_EXITING}{jax.process_index()}", "1", allow_overwrite=True)
+            client().key_value_set(
+                f"{_EXITING}{console.process_index()}", "1", allow_overwrite=True
+            )
 
 
 def _wait_for(*directories: str) -> None:
     """Waits (at most `ACK_WAIT_S`) until every other process has a key in one of
     `directories` of the coordination service's store (or the coordinator is gone)."""
-    others = {str(i) for i in range(jax.process_count())} - {str(jax.process_index())}
+    others = {str(i) for i in range(console.process_count())} - {str(console.process_index())}
     deadline = time.monotonic() + ACK_WAIT_S
     while time.monotonic() < deadline:
         found = [_others_done(directory) for directory in directories]
@@ -371,12 +384,12 @@ def announced_failure() -> str | None:
     except Exception:  # noqa: BLE001 (the coordinator lost: JAX's abort follows)
         return None
     failed = [(int(key.rsplit("/", 1)[-1]), value) for key, value in failed]
-    failed = sorted((index, value) for index, value in failed if index != jax.process_index())
+    failed = sorted((index, value) for index, value in failed if index != console.process_index())
     if not failed:
         return None
     index, value = failed[0]
     host, _, message = value.partition("\n")
-    return f"process {index} of {jax.process_count()} (host {host}) stopped: {message}"
+    return f"process {index} of {console.process_count()} (host {host}) stopped: {message}"
 
 
 def _watch_peers() -> None:
@@ -386,7 +399,9 @@ def _watch_peers() -> None:
         failed = announced_failure()
         if failed and _leaving.acquire(blocking=False):
             with contextlib.suppress(Exception):  # (tell the failed one it was heard)
-                client().key_value_set(f"{_SEEN}{jax.process_index()}", "1", allow_overwrite=True)
+                client().key_value_set(
+                    f"{_SEEN}{console.process_index()}", "1", allow_overwrite=True
+                )
             _leave_now(failed, lambda: _wait_for(_SEEN, _FAILED))
 
 
@@ -395,7 +410,7 @@ def leave_if_peer_lost(error: BaseException) -> None:
     closed): waits for the line of a peer that announced its failure (`_watch_peers`) or for
     JAX's abort on the lost peer (see `watch`), at most the heartbeat timeout and 10 s more;
     returns for any other error."""
-    if jax.process_count() == 1 or not isinstance(error, jax.errors.JaxRuntimeError):
+    if console.process_count() == 1 or not isinstance(error, jax.errors.JaxRuntimeError):
         return
     console.log_only(f"a collective failed: {error}")  # (the cause's line comes on the console)
     time.sleep(_state["heartbeat_s"] + 10)
@@ -409,7 +424,7 @@ def leave_on_bug(error: BaseException) -> None:
     """For an unexpected error (a bug) in a multi-process run: the others are told, its
     traceback printed, and the process ends at once (a normal exit would wait for the others
     at JAX's shutdown barrier). Returns in a one-process run (the caller re-raises)."""
-    if not jax.distributed.is_initialized() or jax.process_count() == 1:
+    if not jax.distributed.is_initialized() or console.process_count() == 1:
         return
     announce_failure(error)
     traceback.print_exception(error, file=sys.stderr)
@@ -418,17 +433,17 @@ def leave_on_bug(error: BaseException) -> None:
     )
 
 
-def leave(message: str) -> NoReturn:
-    """`error: message` and exit at once (a normal exit waits for the others at JAX's
-    shutdown barrier)."""
+def leave(message: str, status: int = 1) -> NoReturn:
+    """`error: message` and exit at once with `status` (a normal exit waits for the others at
+    JAX's shutdown barrier)."""
     _leaving.acquire(blocking=False)
-    _leave_now(message)
+    _leave_now(message, status=status)
 
 
-def _leave_now(message: str, then: Callable[[], Any] = lambda: None) -> NoReturn:
+def _leave_now(message: str, then: Callable[[], Any] = lambda: None, status: int = 1) -> NoReturn:
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     _state["left"] = True  # (a coordinator gone from now on is no news)
     then()
     _last_out()
-    os._exit(1)
+    os._exit(status)
