@@ -61,9 +61,11 @@ def _check_against_einsum(
     heads: int = 2,
     flash=flash_dropout.flash_dropout,
     rate: float = RATE,
+    axis: int = 0,
 ):
-    """`flash` (a kernel taking `[3, B, L, N * D]`, in interpret mode) against the einsum path
-    with its mask: outputs at every real token and gradients."""
+    """`flash` (a kernel taking q, k, v `[B, L, N * D]` stacked on `axis`: the TPU kernel's
+    `[3, B, L, N * D]`, the GPU kernel's `[B, L, 3, N * D]`, in interpret mode) against the
+    einsum path with its mask: outputs at every real token and gradients."""
     q, k, v, seeds, cotangent = _inputs(length, dtype, heads)
     ids = _ids(length, packed)
     real = (ids > 0)[:, :, None, None]
@@ -76,8 +78,8 @@ def _check_against_einsum(
 
         return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
 
-    def kernel(q, k, v, ids, seeds, rate):  # the kernel takes the projections' [3, B, L, N * D]
-        qkv = jnp.stack([x.reshape(x.shape[:2] + (-1,)) for x in (q, k, v)])
+    def kernel(q, k, v, ids, seeds, rate):  # the kernel takes the projections stacked
+        qkv = jnp.stack([x.reshape(x.shape[:2] + (-1,)) for x in (q, k, v)], axis)
         return flash(qkv, ids, seeds, rate, True).reshape(q.shape)
 
     (_, got), got_grads = run(kernel)

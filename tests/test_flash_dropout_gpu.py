@@ -28,6 +28,9 @@ from test_flash_dropout import (
     RATE,
     _assert_layer_matches_reference,
     _check_against_einsum,
+    _ids,
+    _inputs,
+    _reference,
 )
 
 # What "auto" and "pallas" are traced for: a GPU (Hopper); the CPU still runs the program.
@@ -39,7 +42,7 @@ def test_gpu_kernel_matches_einsum_with_the_same_mask_at_128_tokens(packed, dtyp
     """float32: to rounding (1e-5); bfloat16: both paths round the probabilities and the
     gradients' operands to bfloat16 in different orders (online softmax, base-2 exponentials),
     about one unit in the last place of values below 2 (2e-2), as the TPU kernel's test."""
-    _check_against_einsum(128, packed, dtype, flash=flash_dropout_gpu.flash_dropout)
+    _check_against_einsum(128, packed, dtype, flash=flash_dropout_gpu.flash_dropout, axis=2)
 
 
 @pytest.mark.parametrize(
@@ -52,12 +55,62 @@ def test_gpu_kernel_matches_einsum_with_the_same_mask_at_128_tokens(packed, dtyp
     ],
 )
 def test_gpu_kernel_matches_einsum_with_the_same_mask_at_512_tokens(packed, dtype):
-    _check_against_einsum(512, packed, dtype, flash=flash_dropout_gpu.flash_dropout)
+    _check_against_einsum(512, packed, dtype, flash=flash_dropout_gpu.flash_dropout, axis=2)
 
 
 def test_gpu_kernel_without_dropout_is_flash_attention():
     """Rate 0 ("pallas" on a GPU where no dropout applies): no hash, every probability kept."""
-    _check_against_einsum(128, True, jnp.float32, flash=flash_dropout_gpu.flash_dropout, rate=0.0)
+    _check_against_einsum(
+        128, True, jnp.float32, flash=flash_dropout_gpu.flash_dropout, rate=0.0, axis=2
+    )
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gpu_kernel_adds_the_biases_and_returns_their_gradient(dtype):
+    """`flash_dropout_biased` (what the layer runs on a GPU: the projections without their
+    biases, which the kernel adds) against the einsum path on the biased q, k, v: outputs,
+    the projections' gradients and the biases' (float32 sums over every row's)."""
+    q, k, v, seeds, cotangent = _inputs(128, dtype)
+    ids = _ids(128, packed=True)
+    real = (ids > 0)[:, :, None, None]
+    cotangent = jnp.where(real, cotangent, 0).astype(jnp.float32)
+    bias = jax.random.normal(jax.random.key(9), (3,) + q.shape[2:], jnp.float32)
+
+    def run(attend):
+        def loss(qkv, bias):
+            out = attend(qkv, bias)
+            return jnp.sum(out.astype(jnp.float32) * cotangent), out
+
+        qkv = jnp.stack([q, k, v], axis=2)
+        return jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(qkv, bias)
+
+    def kernel(qkv, bias):
+        flat = qkv.reshape(qkv.shape[:3] + (-1,))
+        out = flash_dropout_gpu.flash_dropout_biased(
+            flat, bias.reshape(3, -1), ids, seeds, RATE, True
+        )
+        return out.reshape(q.shape)
+
+    def reference(qkv, bias):
+        biased = (qkv + bias.astype(dtype)).astype(dtype)
+        return _reference(*(biased[:, :, i] for i in range(3)), ids, seeds, RATE)
+
+    (_, got), got_grads = run(kernel)
+    (_, want), want_grads = run(reference)
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(
+        np.where(real, got.astype(np.float32), 0),
+        np.where(real, want.astype(np.float32), 0),
+        **tolerance,
+    )
+    np.testing.assert_allclose(
+        got_grads[0].astype(np.float32), want_grads[0].astype(np.float32), **tolerance
+    )
+    # the bias's gradient: the kernel's own row gradients summed (before it rounds them), and
+    # the reference's, each of 256 rows within the tolerance above (bfloat16: summed, 0.25)
+    for grads, atol in ((got_grads, 5e-2), (want_grads, 0.25)):
+        summed = np.sum(grads[0].astype(np.float32), axis=(0, 1))
+        np.testing.assert_allclose(got_grads[1], summed, rtol=tolerance["rtol"], atol=atol)
 
 
 def _bit_weights(length: int, head_size: int) -> np.ndarray:
@@ -95,9 +148,9 @@ def test_gpu_kernel_draws_the_tpu_kernels_mask_bit_for_bit(length):
         out, vjp = jax.vjp(
             lambda qkv: flash_dropout_gpu.flash_dropout(qkv, ids, seeds, RATE, True), qkv
         )
-        return out, vjp(jnp.asarray(bits))[0][2]
+        return out, vjp(jnp.asarray(bits))[0][:, :, 2]
 
-    out, dv = jax.jit(out_and_dv)(jnp.stack([zeros, zeros, bits]))
+    out, dv = jax.jit(out_and_dv)(jnp.stack([zeros, zeros, bits], axis=2))
     want = np.asarray(attention_hash.keep_mask(seeds, length, RATE))
     shape = (batch, length, heads, head_size)
     np.testing.assert_array_equal(

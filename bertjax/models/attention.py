@@ -123,18 +123,59 @@ def attend(
     reference with `dropout` on its probabilities, or a fused kernel applying `dropout_rate`
     itself (cuDNN: seeded by `seed`). `spec`: the mesh axes of the batch and the heads (the
     Pallas kernel runs per shard)."""
-    if impl == "auto" and mask.ids_BxL.ndim == 3:
-        impl = "einsum"  # a per-query mask (causal): the reference
-    impl = window_impl(
-        resolve_impl(
-            impl, dtype, q_BxLxNxD.shape[-1], None, dropout_rate, q_BxLxNxD.shape[1], mask.packed
-        ),
-        mask.half_window,
-        dropout_rate,
-    )
+    impl = _layer_impl(impl, dtype, q_BxLxNxD.shape[-1], q_BxLxNxD.shape[1], mask, dropout_rate)
     if impl == "einsum":
         return einsum_attention(q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask_bias(mask), dropout)
     return fused_attention(impl, q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, mask, dropout_rate, seed, spec)
+
+
+def _layer_impl(
+    impl: str, dtype: str, head_size: int, length: int, mask: Mask, dropout_rate: float
+) -> str:
+    """What `attend` runs for `impl` on rows of `length` under `mask`."""
+    if impl == "auto" and mask.ids_BxL.ndim == 3:
+        impl = "einsum"  # a per-query mask (causal): the reference
+    return window_impl(
+        resolve_impl(impl, dtype, head_size, None, dropout_rate, length, mask.packed),
+        mask.half_window,
+        dropout_rate,
+    )
+
+
+def runs_triton(
+    impl: str, dtype: str, head_size: int, length: int, mask: Mask, dropout_rate: float
+) -> bool:
+    """Whether `attend` runs bertjax's Triton kernel here (`impl` "pallas", or "auto" resolved
+    to it, on a GPU target, padding or packed rows): the layer then projects q, k and v
+    stacked as the kernel reads them (`bias_matmul.project_stacked`) for `attend_stacked`."""
+    on_gpu = compile_target.target_platform() in ("gpu", "cuda")
+    return (
+        on_gpu
+        and mask.ids_BxL.ndim == 2
+        and _layer_impl(impl, dtype, head_size, length, mask, dropout_rate) == "pallas"
+    )
+
+
+def attend_stacked(
+    qkv_BxLx3xNxD: jax.Array,
+    bias_3xNxD: jax.Array,
+    mask: Mask,
+    dropout_rate: float,
+    spec: PartitionSpec | None = None,
+) -> jax.Array:
+    """`attend` where `runs_triton`, on q, k and v stacked on axis 2 as one GEMM writes them
+    without their biases `bias_3xNxD`: bertjax's Triton kernel reads them there, adds the
+    biases (and writes their gradients so), seeds drawn as `attend` draws them."""
+    batch, _, _, heads, _ = qkv_BxLx3xNxD.shape
+    seeds_BxN = _seeds(batch, heads, dropout_rate)
+    return pallas_attention.triton_attention(
+        qkv_BxLx3xNxD, bias_3xNxD, mask.ids_BxL, seeds_BxN, dropout_rate, spec
+    )
+
+
+def _seeds(batch: int, heads: int, dropout_rate: float) -> jax.Array | None:
+    """The kernels' dropout seeds `[B, N]` from the layer's dropout stream (None without)."""
+    return attention_hash.AttentionSeeds()(batch, heads) if dropout_rate > 0 else None
 
 
 def window_impl(impl: str, half_window: int, dropout_rate: float = 0.0) -> str:
@@ -232,11 +273,7 @@ def fused_attention(
             "attention_probs_dropout_prob=0 or attention_impl='einsum', 'pallas' or 'cudnn'"
         )
     if impl == "pallas":
-        seeds_BxN = (
-            attention_hash.AttentionSeeds()(q_BxLxNxD.shape[0], q_BxLxNxD.shape[2])
-            if dropout_rate > 0
-            else None
-        )
+        seeds_BxN = _seeds(q_BxLxNxD.shape[0], q_BxLxNxD.shape[2], dropout_rate)
         return pallas_attention.pallas_attention(
             q_BxLxNxD,
             k_BxLxNxD,

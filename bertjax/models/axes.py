@@ -32,6 +32,6 @@ def zeros(axes: tuple[str | None, ...]) -> nn.initializers.Initializer:
     return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
-def constrain(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
     """`x` laid out by its logical axes (as the rules table maps them)."""
     return nn.with_logical_constraint(x, axes)

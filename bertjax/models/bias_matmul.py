@@ -7,6 +7,13 @@ output denses'), against 0.4 at memory speed. Here the backward pass multiplies 
 by `[x, 1]` instead of `x`: the last row of that product is the bias's gradient, and the
 matmul that computes the kernel's gradient computes it too. On TPU only (`fused`): other
 backends keep autodiff's ops, so their numbers are unchanged.
+
+`project_stacked` is the GPU's form (where the layer feeds bertjax's Triton attention kernel):
+one GEMM `[B * L, I] x [I, K * O]` whose output is `[B, L, K, O]`, without the bias: the
+kernel adds it as it loads each block and sums its gradient as it writes the projections'
+(`flash_dropout_gpu.flash_dropout_biased`; XLA left the bias add out of the GEMM's epilogue
+there). The backward pass's dX and dW are then plain GEMMs of the gradient as the kernel
+writes it, with no transposes and no bias reduce.
 """
 
 from __future__ import annotations
@@ -27,6 +34,16 @@ def project(
     return jnp.einsum("bli,kio->kblo", x_BxLxI, kernel_KxIxO) + bias_KxO[:, None, None].astype(
         x_BxLxI.dtype
     )
+
+
+def project_stacked(x_BxLxI: jax.Array, kernel_KxIxO: jax.Array) -> jax.Array:
+    """`[B, L, K, O]`: x through each of K stacked kernels, in x's dtype, as one GEMM with the
+    K kernels side by side (`[I, K * O]`: the small weight transposed); no bias (above)."""
+    batch, length, inputs = x_BxLxI.shape
+    stacks, _, outputs = kernel_KxIxO.shape
+    kernel_IxKO = jnp.moveaxis(kernel_KxIxO.astype(x_BxLxI.dtype), 0, 1).reshape(inputs, -1)
+    y_BLxKO = x_BxLxI.reshape(-1, inputs) @ kernel_IxKO
+    return y_BLxKO.reshape(batch, length, stacks, outputs)
 
 
 @jax.custom_vjp

@@ -10,9 +10,10 @@ would take a third pass of QK^T over all keys. No dropout mask is kept: both pas
 again from `attention_hash`, the same function of (the row's and head's seed, the query, the
 key) as the TPU kernel (`flash_dropout`) and the einsum reference draw.
 
-It reads q, k, v as the layer's projection writes them, stacked `[3, B, L, N, D]`, and writes
-`[B, L, N, D]` (the backward pass: `[3, B, L, N, D]`), each head a strided block: no transposes
-around it.
+It reads q, k, v as the layer's projection writes them, one GEMM's `[B, L, 3, N, D]`
+(`bias_matmul.project_stacked`), and writes `[B, L, N, D]` (the backward pass: the gradient
+`[B, L, 3, N, D]`, which the projection's dX and dW GEMMs take as it is), each head a
+strided block: no transposes around it.
 
 Shape legend: B batch, L sequence length, N heads, D head size; Q a block of queries, K of keys.
 """
@@ -87,24 +88,32 @@ def _kept(probs_QxK, seed, rate, first_query, first_key, length):
     return jnp.where(attention_hash.keep(counters, seed, rate), probs_QxK, 0.0)
 
 
-def _forward_kernel(seed_ref, qkv_ref, ids_ref, o_ref, lse_ref, *, rate: float, scale: float):
-    length, head_size = qkv_ref.shape[1], qkv_ref.shape[2]
+def _projection(qkv_ref, bias_ref, rows, which: int):
+    """q, k or v (`which`: 0, 1, 2) of `rows` plus its bias (in float32), in q's dtype."""
+    x = qkv_ref[rows, which, :]
+    return (x.astype(jnp.float32) + bias_ref[which, :].astype(jnp.float32)[None, :]).astype(x.dtype)
+
+
+def _forward_kernel(
+    seed_ref, qkv_ref, bias_ref, ids_ref, o_ref, lse_ref, *, rate: float, scale: float
+):
+    length, head_size = qkv_ref.shape[0], qkv_ref.shape[2]
     first_query = pl.program_id(2) * BLOCK_Q
     queries = pl.ds(first_query, BLOCK_Q)
-    q, q_ids = qkv_ref[0, queries, :], ids_ref[queries]
+    q, q_ids = _projection(qkv_ref, bias_ref, queries, 0), ids_ref[queries]
     seed = seed_ref[...] if rate else None
 
     def step(block, carry):
         out_QxD, max_Q, sum_Q = carry
         first_key = block * BLOCK_K
         keys = pl.ds(first_key, BLOCK_K)
-        scores = _scores(q, qkv_ref[1, keys, :], q_ids, ids_ref[keys], scale)
+        scores = _scores(q, _projection(qkv_ref, bias_ref, keys, 1), q_ids, ids_ref[keys], scale)
         new_max_Q = jnp.maximum(max_Q, jnp.max(scores, axis=1))
         correction_Q = jnp.exp2(max_Q - new_max_Q)
         probs = jnp.exp2(scores - new_max_Q[:, None])
         sum_Q = sum_Q * correction_Q + jnp.sum(probs, axis=1)
         kept = _kept(probs, seed, rate, first_query, first_key, length)
-        v = qkv_ref[2, keys, :]
+        v = _projection(qkv_ref, bias_ref, keys, 2)
         out_QxD = out_QxD * correction_Q[:, None] + plgpu.dot(kept.astype(v.dtype), v)
         return out_QxD, new_max_Q, sum_Q
 
@@ -123,10 +132,22 @@ def _forward_kernel(seed_ref, qkv_ref, ids_ref, o_ref, lse_ref, *, rate: float, 
 
 
 def _backward_kernel(
-    seed_ref, qkv_ref, ids_ref, do_ref, lse_ref, delta_ref, dqkv_ref, *, rate: float, scale: float
+    seed_ref,
+    qkv_ref,
+    bias_ref,
+    ids_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dqkv_ref,
+    dbias_ref,
+    *,
+    rate: float,
+    scale: float,
 ):
-    """dk, dv of keys block j over all queries, then dq of queries block j over all keys."""
-    length = qkv_ref.shape[1]
+    """dk, dv of keys block j over all queries, then dq of queries block j over all keys; and
+    each one's sum over the block's rows (float32: its share of the bias's gradient)."""
+    length = qkv_ref.shape[0]
     seed = seed_ref[...] if rate else None
     first = pl.program_id(2) * BLOCK_MAJOR
     major = pl.ds(first, BLOCK_MAJOR)
@@ -141,13 +162,14 @@ def _backward_kernel(
         d_kept = _kept(d_dropped, seed, rate, first_query, first_key, length)
         return probs * (d_kept - delta[:, None] * (1.0 - rate))
 
-    k, v, k_ids = qkv_ref[1, major, :], qkv_ref[2, major, :], ids_ref[major]
+    k, v = _projection(qkv_ref, bias_ref, major, 1), _projection(qkv_ref, bias_ref, major, 2)
+    k_ids = ids_ref[major]
 
     def key_step(block, carry):
         dk, dv = carry
         first_query = block * BLOCK_MINOR
         queries = pl.ds(first_query, BLOCK_MINOR)
-        q, do = qkv_ref[0, queries, :], do_ref[queries, :]
+        q, do = _projection(qkv_ref, bias_ref, queries, 0), do_ref[queries, :]
         probs = jnp.exp2(_scores(q, k, ids_ref[queries], k_ids, scale) - lse_ref[queries][:, None])
         kept = _kept(probs, seed, rate, first_query, first, length)
         dv = dv + plgpu.dot(kept.astype(do.dtype), do, trans_a=True)
@@ -157,44 +179,46 @@ def _backward_kernel(
 
     zeros = jnp.zeros(k.shape, jnp.float32)
     dk, dv = lax.fori_loop(0, length // BLOCK_MINOR, key_step, (zeros, zeros))
-    dqkv_ref[1, major, :] = (dk * d_factor).astype(dqkv_ref.dtype)
-    dqkv_ref[2, major, :] = (dv * v_factor).astype(dqkv_ref.dtype)
+    for which, gradient in ((1, dk * d_factor), (2, dv * v_factor)):
+        dqkv_ref[major, which, :] = gradient.astype(dqkv_ref.dtype)
+        dbias_ref[which, :] = jnp.sum(gradient, axis=0)
 
-    q, do, q_ids = qkv_ref[0, major, :], do_ref[major, :], ids_ref[major]
+    q, do, q_ids = _projection(qkv_ref, bias_ref, major, 0), do_ref[major, :], ids_ref[major]
     lse, delta = lse_ref[major], delta_ref[major]
 
     def query_step(block, dq):
         first_key = block * BLOCK_MINOR
         keys = pl.ds(first_key, BLOCK_MINOR)
-        k, v = qkv_ref[1, keys, :], qkv_ref[2, keys, :]
+        k, v = _projection(qkv_ref, bias_ref, keys, 1), _projection(qkv_ref, bias_ref, keys, 2)
         probs = jnp.exp2(_scores(q, k, q_ids, ids_ref[keys], scale) - lse[:, None])
         ds = d_scores(probs, plgpu.dot(do, v, trans_b=True), delta, first, first_key)
         return dq + plgpu.dot(ds.astype(k.dtype), k)
 
     dq = lax.fori_loop(0, length // BLOCK_MINOR, query_step, zeros)
-    dqkv_ref[0, major, :] = (dq * d_factor).astype(dqkv_ref.dtype)
+    dqkv_ref[major, 0, :] = (dq * d_factor).astype(dqkv_ref.dtype)
+    dbias_ref[0, :] = jnp.sum(dq * d_factor, axis=0)
 
 
-def _call_forward(qkv_3xBxLxNxD, ids_BxL, seeds_BxN, rate, interpret):
+def _call_forward(qkv_BxLx3xNxD, bias_3xNxD, ids_BxL, seeds_BxN, rate, interpret):
     """The output `[B, L, N, D]` and the row log-sum-exp (base 2) `[B, N, L]`."""
-    _, batch, length, heads, head_size = qkv_3xBxLxNxD.shape
-    itemsize = qkv_3xBxLxNxD.dtype.itemsize
+    batch, length, _, heads, head_size = qkv_BxLx3xNxD.shape
+    itemsize = qkv_BxLx3xNxD.dtype.itemsize
     estimate = cost(batch, heads, length, head_size, itemsize, backward=False)
-    row = lambda b, n, i: (b, 0)  # noqa: E731
     return pl.pallas_call(
         functools.partial(_forward_kernel, rate=rate, scale=1.0 / math.sqrt(head_size)),
         grid=(batch, heads, length // BLOCK_Q),
         in_specs=[
             pl.BlockSpec((None, None), lambda b, n, i: (b, n)),
-            pl.BlockSpec((3, None, length, None, head_size), lambda b, n, i: (0, b, 0, n, 0)),
-            pl.BlockSpec((None, length), row),
+            _stacked(length, head_size),
+            pl.BlockSpec((3, None, head_size), lambda b, n, i: (0, n, 0)),
+            pl.BlockSpec((None, length), lambda b, n, i: (b, 0)),
         ],
         out_specs=[
             pl.BlockSpec((None, BLOCK_Q, None, head_size), lambda b, n, i: (b, i, n, 0)),
             pl.BlockSpec((None, None, BLOCK_Q), lambda b, n, i: (b, n, i)),
         ],
         out_shape=[
-            jax.ShapeDtypeStruct(qkv_3xBxLxNxD.shape[1:], qkv_3xBxLxNxD.dtype),
+            jax.ShapeDtypeStruct((batch, length, heads, head_size), qkv_BxLx3xNxD.dtype),
             jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
         ],
         compiler_params=plgpu.CompilerParams(**FORWARD_PARAMS),
@@ -202,40 +226,63 @@ def _call_forward(qkv_3xBxLxNxD, ids_BxL, seeds_BxN, rate, interpret):
         name="flash_dropout_forward",
         cost_estimate=estimate,
         metadata=_metadata(estimate),
-    )(seeds_BxN, qkv_3xBxLxNxD, ids_BxL)
+    )(seeds_BxN, qkv_BxLx3xNxD, bias_3xNxD, ids_BxL)
+
+
+def _stacked(length: int, head_size: int) -> pl.BlockSpec:
+    """One head's q, k, v (or their gradients) of one row of the batch in `[B, L, 3, N, D]`:
+    strided blocks `[L, 3, D]`."""
+    return pl.BlockSpec((None, length, 3, None, head_size), lambda b, n, i: (b, 0, 0, n, 0))
 
 
 def _call_backward(
-    qkv_3xBxLxNxD, ids_BxL, seeds_BxN, d_out_BxLxNxD, out_BxLxNxD, lse_BxNxL, rate, interpret
+    qkv_BxLx3xNxD,
+    bias_3xNxD,
+    ids_BxL,
+    seeds_BxN,
+    d_out_BxLxNxD,
+    out_BxLxNxD,
+    lse_BxNxL,
+    rate,
+    interpret,
 ):
-    """The gradient of q, k and v, stacked `[3, B, L, N, D]`."""
-    _, batch, length, heads, head_size = qkv_3xBxLxNxD.shape
-    itemsize = qkv_3xBxLxNxD.dtype.itemsize
+    """The gradient of q, k and v, stacked `[B, L, 3, N, D]`, and its sums over each block
+    of rows, float32 `[B, L / BLOCK_MAJOR, 3, N, D]` (the bias's gradient summed over them)."""
+    batch, length, _, heads, head_size = qkv_BxLx3xNxD.shape
+    itemsize = qkv_BxLx3xNxD.dtype.itemsize
     estimate = cost(batch, heads, length, head_size, itemsize, backward=True)
     # rowsum(dO * O) = rowsum(P * dP) (with dropout too: the dropped P times its gradient)
     delta_BxNxL = jnp.einsum(
         "blnd,blnd->bnl", out_BxLxNxD, d_out_BxLxNxD, preferred_element_type=jnp.float32
     )
     per_head = lambda b, n, i: (b, n, 0)  # noqa: E731
+    blocks = length // BLOCK_MAJOR
     return pl.pallas_call(
         functools.partial(_backward_kernel, rate=rate, scale=1.0 / math.sqrt(head_size)),
-        grid=(batch, heads, length // BLOCK_MAJOR),
+        grid=(batch, heads, blocks),
         in_specs=[
             pl.BlockSpec((None, None), lambda b, n, i: (b, n)),
-            pl.BlockSpec((3, None, length, None, head_size), lambda b, n, i: (0, b, 0, n, 0)),
+            _stacked(length, head_size),
+            pl.BlockSpec((3, None, head_size), lambda b, n, i: (0, n, 0)),
             pl.BlockSpec((None, length), lambda b, n, i: (b, 0)),
             pl.BlockSpec((None, length, None, head_size), lambda b, n, i: (b, 0, n, 0)),
             pl.BlockSpec((None, None, length), per_head),
             pl.BlockSpec((None, None, length), per_head),
         ],
-        out_specs=pl.BlockSpec((3, None, length, None, head_size), lambda b, n, i: (0, b, 0, n, 0)),
-        out_shape=jax.ShapeDtypeStruct(qkv_3xBxLxNxD.shape, qkv_3xBxLxNxD.dtype),
+        out_specs=[
+            _stacked(length, head_size),
+            pl.BlockSpec((None, None, 3, None, head_size), lambda b, n, i: (b, i, 0, n, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct(qkv_BxLx3xNxD.shape, qkv_BxLx3xNxD.dtype),
+            jax.ShapeDtypeStruct((batch, blocks, 3, heads, head_size), jnp.float32),
+        ],
         compiler_params=plgpu.CompilerParams(**BACKWARD_PARAMS),
         interpret=interpret,
         name="flash_dropout_backward",
         cost_estimate=estimate,
         metadata=_metadata(estimate),
-    )(seeds_BxN, qkv_3xBxLxNxD, ids_BxL, d_out_BxLxNxD, lse_BxNxL, delta_BxNxL)
+    )(seeds_BxN, qkv_BxLx3xNxD, bias_3xNxD, ids_BxL, d_out_BxLxNxD, lse_BxNxL, delta_BxNxL)
 
 
 def _heads(x: jax.Array, heads: int) -> jax.Array:
@@ -243,33 +290,51 @@ def _heads(x: jax.Array, heads: int) -> jax.Array:
     return x.reshape(x.shape[:-1] + (heads, -1))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def flash_dropout(
-    qkv_3xBxLxH: jax.Array,
+    qkv_BxLx3xH: jax.Array,
     ids_BxL: jax.Array,
     seeds_BxN: jax.Array,
     rate: float,
     interpret: bool = False,
 ) -> jax.Array:
-    """Attention `[B, L, N * D]` of q, k, v stacked (N: `seeds_BxN`'s heads): a query sees
-    the keys of its own segment id (`ids_BxL` int32: 0 at padding, 1 elsewhere or the packed
-    instance's number), dropout `rate` on the probabilities by
+    """Attention `[B, L, N * D]` of q, k, v stacked on axis 2 (N: `seeds_BxN`'s heads): a
+    query sees the keys of its own segment id (`ids_BxL` int32: 0 at padding, 1 elsewhere or
+    the packed instance's number), dropout `rate` on the probabilities by
     `attention_hash.keep_mask(seeds_BxN, L, rate)`: `flash_dropout.flash_dropout` on a GPU.
     L and D as `fits`; `interpret`: Pallas' interpret mode (on CPU, for tests)."""
-    return _forward(qkv_3xBxLxH, ids_BxL, seeds_BxN, rate, interpret)[0]
+    bias_3xH = jnp.zeros((3, qkv_BxLx3xH.shape[-1]), jnp.float32)
+    return flash_dropout_biased(qkv_BxLx3xH, bias_3xH, ids_BxL, seeds_BxN, rate, interpret)
 
 
-def _forward(qkv, ids, seeds, rate, interpret):
-    out, lse = _call_forward(_heads(qkv, seeds.shape[1]), ids, seeds, rate, interpret)
-    out = out.reshape(qkv.shape[1:])
-    return out, (qkv, ids, seeds, out, lse)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def flash_dropout_biased(
+    qkv_BxLx3xH: jax.Array,
+    bias_3xH: jax.Array,
+    ids_BxL: jax.Array,
+    seeds_BxN: jax.Array,
+    rate: float,
+    interpret: bool = False,
+) -> jax.Array:
+    """`flash_dropout` of the projections without their biases (one GEMM's output) and the
+    biases `[3, N * D]`, which the kernel adds as it loads each block (in float32) and whose
+    gradient it sums as it writes q's, k's and v's: XLA adds no bias in the forward pass and
+    reduces none in the backward."""
+    return _forward(qkv_BxLx3xH, bias_3xH, ids_BxL, seeds_BxN, rate, interpret)[0]
+
+
+def _forward(qkv, bias, ids, seeds, rate, interpret):
+    heads = seeds.shape[1]
+    out, lse = _call_forward(_heads(qkv, heads), _heads(bias, heads), ids, seeds, rate, interpret)
+    out = out.reshape(ids.shape + qkv.shape[-1:])
+    return out, (qkv, bias, ids, seeds, out, lse)
 
 
 def _backward(rate, interpret, residuals, d_out):
-    qkv, ids, seeds, out, lse = residuals
+    qkv, bias, ids, seeds, out, lse = residuals
     heads = seeds.shape[1]
-    d_qkv = _call_backward(
+    d_qkv, d_bias_parts = _call_backward(
         _heads(qkv, heads),
+        _heads(bias, heads),
         ids,
         seeds,
         _heads(d_out.astype(qkv.dtype), heads),
@@ -278,7 +343,8 @@ def _backward(rate, interpret, residuals, d_out):
         rate,
         interpret,
     )
-    return d_qkv.reshape(qkv.shape), None, None
+    d_bias = jnp.sum(d_bias_parts, axis=(0, 1)).reshape(bias.shape).astype(bias.dtype)
+    return d_qkv.reshape(qkv.shape), d_bias, None, None
 
 
-flash_dropout.defvjp(_forward, _backward)
+flash_dropout_biased.defvjp(_forward, _backward)

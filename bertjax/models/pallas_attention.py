@@ -92,20 +92,17 @@ def pallas_attention(
             block_sizes=tpu_flash.BlockSizes(block_b=1, **block),
         )
 
-    def with_dropout(qkv_3xBxLxH, ids_BxL, seeds_BxN):
-        if on_gpu:
-            return _triton(qkv_3xBxLxH, ids_BxL, seeds_BxN, dropout_rate)
-        return flash_dropout.flash_dropout(qkv_3xBxLxH, ids_BxL, seeds_BxN, dropout_rate, interpret)
+    shape = q_BxLxNxD.shape
+    if on_gpu:  # the projections stacked as the GPU kernel takes them
+        qkv_BxLx3xNxD = jnp.stack([q_BxLxNxD, k_BxLxNxD, v_BxLxNxD], axis=2)
+        return triton_attention(qkv_BxLx3xNxD, None, ids_BxL, seeds_BxN, dropout_rate, spec)
 
     # JAX's kernels take q, k, v heads first, [B, N, L, D]; bertjax's the projections' output
     # as it is, [3, B, L, N * D] (XLA folds the stack of its slices back into it).
-    shape = q_BxLxNxD.shape
     qkv: tuple[jax.Array, ...]
-    if on_gpu and seeds_BxN is None:  # no dropout: the kernel reads no seed
-        seeds_BxN = jnp.zeros((shape[0], shape[2]), jnp.int32)
-    if dropout_rate or on_gpu:
+    if dropout_rate:
         flash, qkv = (
-            with_dropout,
+            lambda *args: flash_dropout.flash_dropout(*args, dropout_rate, interpret),
             (jnp.stack([x.reshape(shape[:2] + (-1,)) for x in (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)]),),
         )
         in_spec, out_spec = (
@@ -123,30 +120,76 @@ def pallas_attention(
         )
         qkv = (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)
         in_spec = out_spec = PartitionSpec(spec[0], None, spec[1], None) if spec else None
-    args = (ids_BxL.astype(jnp.int32),) + ((seeds_BxN,) if dropout_rate or on_gpu else ())
-    mesh = jax.sharding.get_abstract_mesh()
-    if spec is not None and not mesh.empty and any(spec):
-        flash = jax.shard_map(
-            flash,
-            mesh=mesh,
-            in_specs=(in_spec,) * len(qkv)
-            + (PartitionSpec(spec[0], None), PartitionSpec(spec[0], spec[1]))[: len(args)],
-            out_specs=out_spec,
-            check_vma=False,
-        )
-    return flash(*qkv, *args).reshape(shape)
+    args = (ids_BxL.astype(jnp.int32),) + ((seeds_BxN,) if dropout_rate else ())
+    return _per_shard(flash, spec, (in_spec,) * len(qkv), out_spec, len(args))(*qkv, *args).reshape(
+        shape
+    )
 
 
-def _triton(
-    qkv_3xBxLxH: jax.Array, ids_BxL: jax.Array, seeds_BxN: jax.Array, rate: float
+def triton_attention(
+    qkv_BxLx3xNxD: jax.Array,
+    bias_3xNxD: jax.Array | None,
+    ids_BxL: jax.Array,
+    seeds_BxN: jax.Array | None,
+    dropout_rate: float,
+    spec: PartitionSpec | None = None,
 ) -> jax.Array:
-    """The Triton kernel, compiled where the program is lowered for CUDA, else interpreted."""
+    """bertjax's Triton kernel (`flash_dropout_gpu`) on q, k, v stacked on axis 2 (one GEMM's
+    output: `bias_matmul.project_stacked`) plus their biases (None: none), `[B, L, N, D]`:
+    compiled where the program is lowered for CUDA, else interpreted; per shard under a mesh
+    as `pallas_attention`."""
+    batch, length, _, heads, head_size = qkv_BxLx3xNxD.shape
+    if seeds_BxN is None:  # no dropout: the kernel reads no seed
+        seeds_BxN = jnp.zeros((batch, heads), jnp.int32)
+    if bias_3xNxD is None:
+        bias_3xNxD = jnp.zeros((3, heads, head_size), jnp.float32)
 
-    def kernel(interpret: bool) -> Callable:
-        return lambda *args: flash_dropout_gpu.flash_dropout(*args, rate, interpret)
+    def flash(qkv_BxLx3xH, bias_3xH, ids_BxL, seeds_BxN):
+        def kernel(interpret: bool) -> Callable:
+            return lambda *args: flash_dropout_gpu.flash_dropout_biased(
+                *args, dropout_rate, interpret
+            )
 
-    return lax.platform_dependent(
-        qkv_3xBxLxH, ids_BxL, seeds_BxN, cuda=kernel(False), default=kernel(True)
+        return lax.platform_dependent(
+            qkv_BxLx3xH, bias_3xH, ids_BxL, seeds_BxN, cuda=kernel(False), default=kernel(True)
+        )
+
+    in_specs, out_spec = (
+        (
+            (PartitionSpec(spec[0], None, None, spec[1]), PartitionSpec(None, spec[1])),
+            PartitionSpec(spec[0], None, spec[1]),
+        )
+        if spec
+        else ((None, None), None)
+    )
+    qkv_BxLx3xH = qkv_BxLx3xNxD.reshape(batch, length, 3, heads * head_size)
+    return _per_shard(flash, spec, in_specs, out_spec, 2)(
+        qkv_BxLx3xH,
+        bias_3xNxD.reshape(3, heads * head_size),
+        ids_BxL.astype(jnp.int32),
+        seeds_BxN,
+    ).reshape(batch, length, heads, head_size)
+
+
+def _per_shard(
+    flash: Callable,
+    spec: PartitionSpec | None,
+    in_specs: tuple[PartitionSpec | None, ...],
+    out_spec: PartitionSpec | None,
+    args: int,
+) -> Callable:
+    """`flash` per shard (`jax.shard_map`: XLA cannot partition a Pallas kernel) where a mesh
+    is active and `spec` names its axes; its inputs `in_specs`, then `args` of the ids and
+    seeds."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if spec is None or mesh.empty or not any(spec):
+        return flash
+    return jax.shard_map(
+        flash,
+        mesh=mesh,
+        in_specs=in_specs + (PartitionSpec(spec[0], None), PartitionSpec(spec[0], spec[1]))[:args],
+        out_specs=out_spec,
+        check_vma=False,
     )
 
 

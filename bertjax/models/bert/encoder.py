@@ -71,6 +71,25 @@ class BertSelfAttention(nn.Module):
             _DenseParams(cfg, cfg.hidden_size, (EMBED, QKV), name=name)(x_BxLxH.shape[-1])
             for name in ("query", "key", "value")
         ]
+        dropout_rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
+        spec = nn.logical_to_mesh_axes((BATCH, ACT_QKV))
+        if cfg.dtype != "float32" and attention.runs_triton(
+            cfg.attention_impl, cfg.dtype, cfg.head_size, length, mask, dropout_rate
+        ):
+            # On a GPU the Triton kernel reads q, k, v from one GEMM's `[B, L, 3, H]`, adds
+            # their biases, and writes their gradients so: no layout copies, bias add or bias
+            # reduce around it in either pass (bias_matmul.project_stacked).
+            kernels, biases = zip(*params)
+            heads = (cfg.num_attention_heads, cfg.head_size)
+            qkv_BxLx3xH = bias_matmul.project_stacked(x_BxLxH.astype(cfg.dtype), jnp.stack(kernels))
+            qkv_BxLx3xNxD = constrain(qkv_BxLx3xH, (BATCH, LENGTH, None, ACT_QKV)).reshape(
+                batch, length, 3, *heads
+            )
+            bias_3xNxD = jnp.stack(biases).reshape(3, *heads)
+            context_BxLxNxD = attention.attend_stacked(
+                qkv_BxLx3xNxD, bias_3xNxD, mask, dropout_rate, spec
+            )
+            return context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
         groups = [params] if cfg.dtype != "float32" else [[p] for p in params]
         projected = []
         for group in groups:
@@ -88,7 +107,6 @@ class BertSelfAttention(nn.Module):
                 for i in range(len(group))
             ]
         q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = projected
-        dropout_rate = 0.0 if deterministic else cfg.attention_probs_dropout_prob
         # cuDNN's dropout seed is static: one per layer, from the module's path.
         seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31  # type: ignore[union-attr]
         context_BxLxNxD = attention.attend(
@@ -101,7 +119,7 @@ class BertSelfAttention(nn.Module):
             functools.partial(Dropout(dropout_rate), deterministic=deterministic),
             dropout_rate,
             seed,
-            nn.logical_to_mesh_axes((BATCH, ACT_QKV)),
+            spec,
         )
         return context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
 
