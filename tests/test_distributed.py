@@ -104,3 +104,43 @@ def test_an_out_of_bounds_timeout_is_one_line_on_the_console(tmp_path):
         "error: --join_timeout_seconds=9999999999 is out of bounds: give 1 to 604800 seconds "
         "(a week)"
     ], result.stderr
+
+
+GLOO_FAILED = (
+    "Unable to initialize backend 'cpu': [enforce fail at external/gloo/gloo/transport/tcp/"
+    "device.cc:99] rv == 0. -2 vs 0 (set JAX_PLATFORMS='' to automatically choose an "
+    "available backend)"
+)
+
+
+def test_devices_that_cannot_start_say_why_and_name_an_unresolvable_host():
+    from bertjax.runtime import distributed
+
+    missing, line = distributed.devices_failure(GLOO_FAILED, "no-such-host-53.invalid")
+    assert not missing
+    assert line == (
+        "JAX could not start this host's devices (Unable to initialize backend 'cpu': "
+        "[enforce fail at external/gloo/gloo/transport/tcp/device.cc:99] rv == 0. -2 vs 0); "
+        "this host's name 'no-such-host-53.invalid' does not resolve to an address (JAX's "
+        "collectives bind to it): add it to /etc/hosts or the DNS, then rerun the same "
+        "command on every host"
+    )
+    missing, line = distributed.devices_failure("INTERNAL: no devices", "localhost")
+    assert not missing and line == (
+        "JAX could not start this host's devices (INTERNAL: no devices); fix that, then "
+        "rerun the same command on every host"
+    )
+
+
+def test_devices_of_other_processes_that_never_came_are_named():
+    from bertjax.runtime import distributed
+
+    error = (
+        "Unable to initialize backend 'cpu': INTERNAL: Getting local topologies failed: "
+        "Error 1: GetKeyValue() timed out with key: cpu:local_topology/cpu/3 and duration: 2m"
+        "\nError 2: GetKeyValue() timed out with key: cpu:local_topology/cpu/1 and duration: 2m"
+    )
+    missing, line = distributed.devices_failure(error, "localhost")
+    assert missing
+    assert line.startswith("processes 1, 3 of ") and "joined the job but their devices" in line
+    assert line.endswith("(status 75): rerun the same command on every host")

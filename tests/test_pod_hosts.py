@@ -614,6 +614,37 @@ def _another_hostname(name: str, resolvable: bool = True) -> list[str]:
     return prefix if probe.returncode == 0 and probe.stdout.strip() == name else []
 
 
+@pytest.mark.slow  # (about 30 s: 2 processes start, one fails at once)
+def test_a_host_whose_name_does_not_resolve_is_one_line_on_every_host(tmp_path):
+    """Round six: a fresh machine whose host name does not resolve (JAX's CPU collectives,
+    Gloo, bind to it). Before: a bare traceback there, and the other host waited 2 minutes for
+    its devices, then a traceback. Now it says so in one line, and the other repeats it within
+    seconds."""
+    prefix = _another_hostname("unresolvable-machine", resolvable=False)
+    if not prefix:
+        pytest.skip("this machine cannot give a process another host name (unshare)")
+    _corpus(tmp_path / "corpus.txt")
+    started = time.time()
+    procs = _start(
+        tmp_path, 2, {"data.input_files": tmp_path / "corpus.txt"}, prefix_of={1: prefix}
+    )
+    results = _finish(procs, timeout=180)
+    own = (
+        "JAX could not start this host's devices (Unable to initialize backend 'cpu': "
+        "[enforce fail at external/gloo/gloo/transport/tcp/device.cc:99] rv == 0. -2 vs 0); "
+        "this host's name 'unresolvable-machine' does not resolve to an address (JAX's "
+        "collectives bind to it): add it to /etc/hosts or the DNS, then rerun the same "
+        "command on every host"
+    )
+    expected = [f"process 1 of 2 (host unresolvable-machine) stopped: {own}", own]
+    for index, (code, out, err) in enumerate(results):
+        assert code == 1, f"process {index}: {code}\n{err[-3000:]}"
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert errors == [f"error: {expected[index]}"], err[-3000:]
+        assert not any(n in err + out for n in NOISE), f"process {index}:\n{err[-3000:]}"
+    assert time.time() - started < 90
+
+
 @pytest.mark.slow  # (two 8-process runs of up to 8 steps: about 4 minutes on 2 cores)
 def test_eight_hosts_one_replaced_by_a_fresh_machine_continue_exactly(tmp_path):
     """Issue 53's round six: eight hosts, each with its own local cache; host 5 is killed with
