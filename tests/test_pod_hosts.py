@@ -21,7 +21,7 @@ import pytest
 import injected_faults
 from bertjax.data import default_corpus
 from bertjax.errors import ConfigError
-from bertjax.runtime import agreement, distributed, files, peers
+from bertjax.runtime import agreement, console, distributed, files, peers
 from bertjax.training import phase_schedule, resume, sharded_run
 from bertjax.training.run_record import GLOBAL, RunRecord
 from bertjax.training.sharding import MeshSettings
@@ -175,18 +175,17 @@ RPC: /xla.coordination.CoordinationService/PollForError [type.googleapis.com/ten
 
 
 def test_the_lost_process_is_read_from_jax_abort(tmp_path, monkeypatch):
-    import jax
 
     log = tmp_path / "log.txt"
     log.write_text("earlier lines\n" + JAX_ABORT_LOG)
-    monkeypatch.setattr(jax, "process_count", lambda: 4)
+    monkeypatch.setattr(console, "process_count", lambda: 4)
     monkeypatch.setitem(peers._state, "step", 6)
     assert peers.lost_peer_line(peers._abort_reason(str(log))) == (
         "lost process 1 of 4 (JAX's coordination service reported it stopped sending "
         "heartbeats; --heartbeat_timeout_seconds=100); this process 0 stopped after step 6; "
         "rerun the same command on every host to resume from the last checkpoint"
     )
-    monkeypatch.setattr(jax, "process_index", lambda: 2)  # the coordinator's socket closed
+    monkeypatch.setattr(console, "process_index", lambda: 2)  # the coordinator's socket closed
     assert peers.lost_peer_line("UNAVAILABLE: Socket closed").startswith(
         "lost process 0 of 4 (the coordinator); this process 2 stopped after step 6"
     )
@@ -253,12 +252,13 @@ def test_a_coordinator_that_never_answers_is_reported_with_the_time_waited(tmp_p
 
 
 def _child(script: str, tmp_path) -> subprocess.CompletedProcess:
-    """`script` run by a one-process job whose `jax.process_count()` says 2."""
+    """`script` run by a one-process job whose process count (JAX's and the one peers reads,
+    `console.process_count`) says 2."""
     prologue = (
         "import os, sys, time, jax\n"
-        "from bertjax.runtime import distributed, peers\n"
+        "from bertjax.runtime import console, distributed, peers\n"
         "distributed.initialize()\n"
-        "jax.process_count = lambda: 2\n"
+        "jax.process_count = console.process_count = lambda: 2\n"
     )
     return subprocess.run(
         [sys.executable, "-c", prologue + script],
@@ -303,9 +303,9 @@ def test_a_process_that_was_frozen_says_so_instead_of_blaming_the_others(tmp_pat
             sys.executable,
             "-c",
             "import os, sys, time, jax\n"
-            "from bertjax.runtime import distributed, peers\n"
+            "from bertjax.runtime import console, distributed, peers\n"
             "distributed.initialize()\n"
-            "jax.process_count = lambda: 2\n"
+            "jax.process_count = console.process_count = lambda: 2\n"
             "peers.watch(os.path.abspath('log.txt'), 2)\n"
             "peers.reached_step(6)\n"
             "print('ready', flush=True)\n"
