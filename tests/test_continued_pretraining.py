@@ -275,7 +275,7 @@ def test_a_bare_encoders_continued_pretraining_resumes_exactly_after_ctrl_c(
         return [arg for arg in args if not arg.startswith("--config.model.")]
 
     reference = Trainer(command_line(str(tmp_path / "ref")))
-    assert reference.finish(timeout=600) == 0, reference.output()
+    assert reference.finish() == 0, reference.output()
     assert "fresh pretraining heads" in reference.output(None)
     args = command_line(str(tmp_path / "run"))
     first = Trainer(args, pause="step:1")
@@ -283,9 +283,9 @@ def test_a_bare_encoders_continued_pretraining_resumes_exactly_after_ctrl_c(
     first.proc.send_signal(signal.SIGINT)
     first.wait_for("Ctrl-C: saving a checkpoint at the end of this step")
     first.release()
-    assert first.finish(timeout=120) == 130, first.output()
+    assert first.finish() == 130, first.output()
     second = Trainer(args)
-    assert second.finish(timeout=600) == 0, second.output()
+    assert second.finish() == 0, second.output()
     assert "fresh pretraining heads" not in second.output(None)  # (restored, not fresh)
     logged = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "run")}
     expected = {m["step"]: m["loss"] for m in read_metrics(tmp_path / "ref")}
