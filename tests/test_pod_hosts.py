@@ -543,6 +543,21 @@ def _train_rows(workdir) -> list[dict]:
         return [row for row in map(json.loads, f) if row["split"] == "train"]
 
 
+def _kill_at_step_6(procs, killed: int, timeout: float) -> tuple[list, float]:
+    """kill -9 of process `killed` once it paused at step 6 (`injected_faults.pausing`); the
+    others' results and the time of the kill."""
+    try:
+        for line in procs[killed].stdout:
+            if "paused at step 6" in line:
+                break
+        procs[killed].send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        return _finish([p for i, p in enumerate(procs) if i != killed], timeout), killed_at
+    finally:
+        for proc in procs:
+            proc.kill()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("count, killed, devices", [(2, 1, 2), (4, 0, 1)])
 def test_lost_host_stops_the_others_and_the_rerun_resumes_exactly(tmp_path, count, killed, devices):
@@ -559,16 +574,7 @@ def test_lost_host_stops_the_others_and_the_rerun_resumes_exactly(tmp_path, coun
         devices=devices,
         env_of={killed: injected_faults.pausing("step:6", REPO_ROOT)},
     )
-    try:
-        for line in procs[killed].stdout:
-            if "paused at step 6" in line:
-                break
-        procs[killed].send_signal(signal.SIGKILL)
-        killed_at = time.time()
-        survivors = _finish([p for i, p in enumerate(procs) if i != killed], timeout=120)
-    finally:
-        for proc in procs:
-            proc.kill()
+    survivors, killed_at = _kill_at_step_6(procs, killed, timeout=120)
     waited = time.time() - killed_at
     print(f"survivors stopped {waited:.1f} s after the kill")
     assert waited < 10 + 30, waited
@@ -664,15 +670,7 @@ def test_eight_hosts_one_replaced_by_a_fresh_machine_continue_exactly(tmp_path):
         caches,
         env_of={replaced: injected_faults.pausing("step:6", REPO_ROOT)},
     )
-    try:
-        for line in procs[replaced].stdout:
-            if "paused at step 6" in line:
-                break
-        procs[replaced].send_signal(signal.SIGKILL)
-        survivors = _finish([p for i, p in enumerate(procs) if i != replaced], timeout=180)
-    finally:
-        for proc in procs:
-            proc.kill()
+    survivors, _ = _kill_at_step_6(procs, replaced, timeout=180)
     lost = (
         f"error: lost process {replaced} of {count} (JAX's coordination service reported it "
         "stopped sending heartbeats; --heartbeat_timeout_seconds=10); this process"
