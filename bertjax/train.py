@@ -122,6 +122,7 @@ def _train_and_evaluate(
         config_json,
         guards.data_identity(data, phases),
         plan.record(),
+        mesh.devices.size,
     )
     agreement.check("corpus", agreement.data_fields(record.data or {}), agreement.SAME_FILES)
 

@@ -48,6 +48,8 @@ def test_resume_check_is_bit_exact_and_sees_a_difference(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parity
 def test_dry_run_times_bertjax_beside_transformers(tmp_path):
+    pytest.importorskip("torch")  # (the `slow` stage runs without the parity extra)
+    pytest.importorskip("transformers")
     args = ["--dry_run", "--steps=1", "--rounds=1", "--resume_steps=1", "--resume_batch=8"]
     assert same_run.main([*args, f"--out={tmp_path}"]) == 0
     record = json.loads((tmp_path / "same_run_L32_B8.json").read_text())

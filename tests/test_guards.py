@@ -433,6 +433,8 @@ def test_a_renamed_step_directory_is_set_aside_and_later_saves_happen(
     assert {"8", "10"} <= set(os.listdir(workdir / "checkpoints"))
     assert f"checkpoint step 8 -> {workdir}/checkpoints/8" in out
     assert [m["step"] for m in read_metrics(workdir)][-6:] == [5, 6, 7, 8, 9, 10]
+    # the record names the devices the run trained on (its mesh's), not the host's eight
+    assert checkpoint.read_meta(str(workdir / "checkpoints"))["devices"] == 1
 
 
 def record_peak_learning_rate(step_dir, rate: float) -> float:

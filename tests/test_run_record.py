@@ -14,7 +14,7 @@ from bertjax import train
 from bertjax.data.settings import DataSettings
 from bertjax.models import families
 from bertjax.training import checkpoint, checkpoint_checks, guards, run_schedule
-from bertjax.training.run_record import RunRecord
+from bertjax.training.run_record import GLOBAL, RunRecord
 from bertjax.training.settings import PretrainingSettings
 from test_guards import compilation_cache  # noqa: F401 (autouse fixture)
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)
@@ -104,6 +104,8 @@ def test_a_checkpoint_written_before_the_typed_record_resumes_exactly(
     old = {**old, "schedule": plan.record()}
     old["tokenizer"] = written["tokenizer"]
     old[checkpoint_checks.DIGEST] = written[checkpoint_checks.DIGEST]
+    # what this code adds since: the device count and the data order (resume.check_shape)
+    assert written.pop("devices") == 1 and written.pop("data_order") == GLOBAL
     assert list(written) == list(old) and written == json.loads(json.dumps(old))
     path.write_text(json.dumps(old))
     (stopped / "checkpoints" / "2" / checkpoint.CHECKSUMS).unlink(missing_ok=True)

@@ -50,14 +50,16 @@ class RunRecord:
         config_json: str,
         data: Mapping[str, Any],
         schedule: Mapping[str, Any],
+        devices: int,
     ) -> RunRecord:
-        """A new run's record (the tokenizer's fingerprint is added once it is loaded)."""
+        """A new run's record on `devices` (its mesh's, in all processes; the tokenizer's
+        fingerprint is added once it is loaded)."""
         return cls(
             dict(model),
             config_json,
             dict(data),
             jax.process_count(),
-            jax.device_count(),
+            devices,
             GLOBAL,
             dict(schedule),
         )
