@@ -185,7 +185,8 @@ def leave_on(error: Exception, workdir: str = "") -> NoReturn:
     an OSError as `failures.os_error_line`; a failed checkpoint save or training error
     pointing to the run's log file (where the libraries' tracebacks went); after a failed save
     at once."""
-    from bertjax.training import checkpoint, nonfinite  # (JAX and Orbax: not for bertjax.prepare)
+    from bertjax.checkpoints import checkpoint
+    from bertjax.training import nonfinite  # (JAX and Orbax: not for bertjax.prepare)
 
     message = failures.os_error_line(error) if isinstance(error, OSError) else str(error)
     log = console.log_file(workdir) if workdir else ""

@@ -19,12 +19,13 @@ from absl import flags
 from ml_collections import config_flags
 
 from bertjax import cli
+from bertjax.checkpoints import checkpoint
+from bertjax.checkpoints.run_record import RunRecord
 from bertjax.data import loaders
 from bertjax.errors import ConfigError, UserError
 from bertjax.models import families
 from bertjax.runtime import agreement, console, distributed, failures, files, locks, peers, stopping
 from bertjax.training import (
-    checkpoint,
     guards,
     init_architecture,
     pretrain_run,
@@ -35,7 +36,6 @@ from bertjax.training import (
     tokenizer_model,
     validate,
 )
-from bertjax.training.run_record import RunRecord
 from bertjax.training.settings import PretrainingSettings
 
 

@@ -78,8 +78,8 @@ def install(where: str) -> None:
 
 
 def _pause_after_step(step: int) -> None:
+    from bertjax.checkpoints import checkpoint
     from bertjax.runtime import stopping
-    from bertjax.training import checkpoint
 
     created: list[checkpoint.Checkpointer] = []
     init, now_doing = checkpoint.Checkpointer.__init__, stopping.now_doing

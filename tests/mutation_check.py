@@ -124,7 +124,7 @@ MUTATIONS = (
     ),
     Mutation(
         "a failed write does not name its file",
-        "bertjax/runtime/failures.py",
+        "bertjax/runtime/files.py",
         "raise OSError(e.errno, e.strerror, path) from e",
         "raise e",
         ("tests/test_faults.py::test_a_full_disk_while_preparing_data_is_one_line",),

@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax.checkpoints import checkpoint, checkpoint_checks
 from bertjax.models.bert.model import BertConfig, BertForPreTraining
-from bertjax.training import checkpoint, checkpoint_checks, optim, sharding
+from bertjax.training import optim, sharding
 from bertjax.training.state import create_train_state
 
 CONFIG = BertConfig(

@@ -7,7 +7,8 @@ import runpy
 import pytest
 
 from bertjax.models.bert.model import BertConfig
-from bertjax.training import optim, phase_schedule
+from bertjax.training import optim
+from bertjax.training.settings import plan_phases
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -46,7 +47,7 @@ def test_base_and_large_follow_the_paper():
             0.8,
             0.1,
         )
-        short, long = phase_schedule.phases(c.train, c.data, c.long_phase)
+        short, long = plan_phases(c.train, c.data, c.long_phase)
         assert (short.max_seq_length, short.max_predictions_per_seq, short.end_step) == (
             128,
             20,

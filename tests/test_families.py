@@ -17,12 +17,12 @@ import pytest
 
 import toy_family
 from bertjax import convert, extract_features, finetune, train
+from bertjax.checkpoints import checkpoint
 from bertjax.errors import ConfigError
 from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models import families
 from bertjax.models.bert.model import BertConfig, BertModel
 from bertjax.models.modernbert.config import ModernBertConfig
-from bertjax.training import checkpoint
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "bertjax"
@@ -33,6 +33,7 @@ FAMILY_MODULES = (
     "models/families.py",
     "models/bert/",
     "models/modernbert/",
+    "families/",
     "interop/hf.py",
     "interop/tf.py",
     "interop/hf_modernbert.py",

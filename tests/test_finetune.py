@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from bertjax import extract_features, finetune, train
+from bertjax.checkpoints import checkpoint, checkpoint_checks
 from bertjax.errors import ConfigError
 from bertjax.interop import hf, pretrained, pretrained_weights, tf
 from bertjax.interop.tree import ConversionError
@@ -30,7 +31,7 @@ from bertjax.models.bert.heads import (
     BertForTokenClassification,
 )
 from bertjax.models.bert.model import BertConfig, BertModel
-from bertjax.training import checkpoint, checkpoint_checks, finetune_loop, finetune_setup, nonfinite
+from bertjax.training import finetune_loop, finetune_setup, nonfinite
 from bertjax.training.finetune_settings import FinetuneSettings
 from test_faults import (
     Trainer,

@@ -10,9 +10,10 @@ import runpy
 import numpy as np
 import pytest
 
+from bertjax.checkpoints import checkpoint, checkpoint_checks
 from bertjax.data import tokenization
 from bertjax.tasks import features, glue, ner, squad_predict
-from bertjax.training import checkpoint, checkpoint_checks, finetune_loop, finetune_trainer, resume
+from bertjax.training import finetune_loop, finetune_trainer, resume
 from bertjax.training.finetune_settings import FinetuneSettings
 
 WORDS = ["a", "b", "c", "d", "john", "paris", "was", "good", "who", "?", "."]

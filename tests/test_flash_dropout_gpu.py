@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax.checkpoints import checkpoint
 from bertjax.models import (
     attention,
     attention_hash,
@@ -21,7 +22,7 @@ from bertjax.models import (
     pallas_attention,
 )
 from bertjax.models.bert.model import BertConfig, BertForPreTraining
-from bertjax.training import checkpoint, optim, sharding, steps
+from bertjax.training import optim, sharding, steps
 from bertjax.training.state import create_train_state
 from test_flash_dropout import (
     CASES_AT_128,

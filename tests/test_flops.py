@@ -7,7 +7,8 @@ import pytest
 
 from bertjax.models import flops
 from bertjax.models.bert.model import BertConfig
-from bertjax.training import nonfinite, optim, phase_schedule, reporting
+from bertjax.training import nonfinite, optim, reporting
+from bertjax.training.settings import plan_phases
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 base_config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "base.py"))["get_config"]
@@ -65,7 +66,7 @@ def test_mfu():
 def test_training_progress_logs_model_flops(capsys):
     config = base_config()
     config.train.log_every, config.train.total_steps = 1, 10
-    phases = phase_schedule.phases(config.train, config.data, config.long_phase)
+    phases = plan_phases(config.train, config.data, config.long_phase)
     progress = reporting.Progress(
         phases,
         nonfinite.NonFiniteSteps(config.train.max_nonfinite_steps, 0),

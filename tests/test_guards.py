@@ -18,16 +18,10 @@ import pytest
 
 import injected_faults
 from bertjax import train
+from bertjax.checkpoints import checkpoint, checkpoint_checks
 from bertjax.models.bert.model import BertConfig
-from bertjax.training import (
-    checkpoint,
-    checkpoint_checks,
-    nonfinite,
-    optim,
-    phase_schedule,
-    reporting,
-    resume,
-)
+from bertjax.training import nonfinite, optim, reporting, resume
+from bertjax.training.settings import plan_phases
 from test_train import base_config, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
 
 
@@ -105,7 +99,7 @@ def test_host_stops_on_repeated_non_finite_steps_or_at_once_on_a_non_finite_stat
     "state" (a damaged checkpoint) on the run's first step, "update" (the learning rate)
     after a finite step of this run, since restored states are checked."""
     config = tiny_config("", "", **{"train.total_steps": 10, "long_phase.fraction": 0.0})
-    phases = phase_schedule.phases(config.train, config.data, config.long_phase)
+    phases = plan_phases(config.train, config.data, config.long_phase)
 
     def progress(limit):
         return reporting.Progress(
@@ -522,7 +516,7 @@ def test_non_finite_steps_right_after_a_resume_name_the_checkpoint(resumed_at, b
     """Non-finite loss in every step since a resume (at step 6) names the checkpoint resumed
     from, not the learning rate; in a fresh run, or after finite steps, the learning rate."""
     config = base_config()
-    phases = phase_schedule.phases(config.train, config.data, config.long_phase)
+    phases = plan_phases(config.train, config.data, config.long_phase)
     progress = reporting.Progress(
         phases,
         nonfinite.NonFiniteSteps(2, resumed_at or 4, "/w/checkpoints/6" if resumed_at else None),

@@ -1,9 +1,8 @@
 """The import layering of bertjax/ (issue 12), read from the source with `ast`:
 
 * nothing imports an entry point (the `python -m` modules);
-* the layers (issue 45): runtime/ imports no models, training, tasks or interop; data/ imports
-  only runtime/; the models' layers import nothing outside models/ (each family's `family`
-  module is its adapter to the rest); data/ and tasks/ import no training code but its losses;
+* the floors (issue 54, FLOORS): no import climbs a floor, no package imports one that imports
+  it, no module imports one that imports it (each rule proven by a planted violation);
 * tools/ (measurement) is imported by nothing outside tools/;
 * no module reaches a private (`_name`) of another bertjax module;
 * no library function takes the whole config: no parameter annotated ConfigDict, no parameter
@@ -16,6 +15,7 @@
 """
 
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -142,66 +142,138 @@ def test_nothing_imports_an_entry_point():
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
-def reached(layer: str, outside: tuple[str, ...], allowed: tuple[str, ...] = ()) -> dict:
-    """What the modules of `layer` (a package prefix) import from `outside` packages, less the
-    `allowed` modules (a package's own `__init__`, named by `from package import module`, is
-    not counted)."""
-    packages = {n for n, path in modules().items() if path.name == "__init__.py"}
-    offenders = {
-        name: sorted(
-            i
-            for i in imports(parsed(name)) - packages
-            if i.startswith(outside) and not i.startswith(allowed)
-        )
-        for name in KNOWN
-        if name.startswith(layer)
-    }
-    return {k: v for k, v in offenders.items() if v}
-
-
-HIGHER = (
-    "bertjax.models",
-    "bertjax.training",
-    "bertjax.tasks",
-    "bertjax.interop",
-    "bertjax.tools",
-    *sorted(ENTRY_POINTS - LIBRARY_WITH_CLI),
+# The floors, bottom up: a module imports only modules on its own floor or below (an entry
+# point: none of another). A floor names its packages (or modules); `bertjax` is the package's
+# face, bertjax/__init__.py. The models' family registry loads the built-in families (on the
+# families floor) by name, as it would a plugin, not by an import.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("bertjax.errors",),  # UserError, the base of every error a user can act on
+    ("bertjax.runtime",),  # processes, files, stops and failures
+    ("bertjax.data",),  # corpus to batches
+    ("bertjax.models",),  # the networks, their shared layers, the family interface and registry
+    ("bertjax.checkpoints",),  # checkpoints on disk: Orbax, their checks, the run record
+    ("bertjax.tasks",),  # the fine-tuning tasks
+    ("bertjax.interop",),  # checkpoint formats: Google TF, Hugging Face, bertjax's own
+    ("bertjax.training",),  # settings, state, steps, optimizer, resume, the loops
+    ("bertjax.families",),  # each family's adapter (BERT, ModernBERT)
+    ("bertjax.cli",),  # what every entry point shares
+    ("bertjax", *sorted(n for n in ENTRY_POINTS - LIBRARY_WITH_CLI if "tools" not in n)),
+    ("bertjax.tools",),  # measurement: imported by nothing else
 )
 
 
-def test_runtime_is_the_ground_floor():
-    assert reached("bertjax.runtime", HIGHER) == {}
+def floor(name: str) -> int:
+    """The floor of module `name`: the one naming it or its package (the longest such name);
+    KeyError for a module on no floor."""
+    found = [
+        (len(prefix), index)
+        for index, prefixes in enumerate(FLOORS)
+        for prefix in prefixes
+        if name == prefix or (prefix != "bertjax" and name.startswith(prefix + "."))
+    ]
+    if not found:
+        raise KeyError(f"{name} is on no floor: name it (or its package) in FLOORS")
+    return max(found)[1]
 
 
-def test_the_data_layer_imports_only_the_runtime():
-    """bertjax/data/ knows a phase by its batches' shape (`bertjax.data.batch.PhaseShape`), not
-    by the run's schedule."""
-    assert reached("bertjax.data", HIGHER) == {}
+def package(name: str) -> str:
+    """What the package rules compare: bertjax's subpackage (`bertjax.training`), or a
+    top-level module (`bertjax.train`)."""
+    return ".".join(name.split(".")[:2])
 
 
-def test_the_models_layers_import_nothing_outside_models():
-    """Only the family interface and each family's `family` module (its adapter: settings,
-    checkpoints, task heads) reach outside models/."""
-    adapters = {
-        "bertjax.models.families",
-        "bertjax.models.bert.family",
-        "bertjax.models.modernbert.family",
-    }
-    found = reached(
-        "bertjax.models", HIGHER + ("bertjax.runtime", "bertjax.data"), allowed=("bertjax.models",)
+@functools.cache
+def import_graph() -> dict[str, set[str]]:
+    """Each module of bertjax/ and the modules it imports (a package's `__init__`, named by
+    `from package import module`, is not counted)."""
+    packages = {n for n, path in modules().items() if path.name == "__init__.py"}
+    return {name: imports(parsed(name)) - packages - {name} for name in KNOWN}
+
+
+def climbs(graph: dict[str, set[str]]) -> list[str]:
+    """The imports that climb a floor."""
+    return sorted(
+        f"{a} -> {b}" for a, targets in graph.items() for b in targets if floor(b) > floor(a)
     )
-    assert set(found) == adapters & set(found) and "bertjax.models.bert.family" in found
 
 
-def test_tasks_import_no_training_code_but_its_losses():
-    assert (
-        reached(
-            "bertjax.tasks",
-            ("bertjax.training", "bertjax.train", "bertjax.finetune"),
-            allowed=("bertjax.training.objectives",),
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        out.setdefault(package(a), set()).update(
+            package(b) for b in targets if package(b) != package(a)
         )
-        == {}
+    return out
+
+
+def test_every_module_is_on_a_floor():
+    assert {floor(n) for n in KNOWN} == set(range(len(FLOORS)))
+    assert (
+        floor("bertjax.training.steps")
+        > floor("bertjax.interop.pretrained")
+        > floor("bertjax.runtime.files")
     )
+
+
+def test_no_import_climbs_a_floor():
+    assert climbs(import_graph()) == []
+
+
+def test_no_package_imports_another_that_imports_it():
+    assert cycles(package_graph(import_graph())) == []
+
+
+def test_no_module_imports_one_that_imports_it():
+    """Also not through others, nor only for annotations (`if TYPE_CHECKING:`)."""
+    assert cycles(import_graph()) == []
+
+
+def test_the_floor_rules_catch_planted_violations():
+    planted = {
+        "bertjax.runtime.files": {"bertjax.data.batch"},  # climbs
+        "bertjax.interop.native": {"bertjax.training.state"},  # climbs; a package cycle ...
+        "bertjax.training.resume": {"bertjax.interop.pretrained"},  # ... through other files
+        "bertjax.data.a": {"bertjax.data.b"},  # a file cycle inside one package
+        "bertjax.data.b": {"bertjax.data.c"},
+        "bertjax.data.c": {"bertjax.data.a"},
+    }
+    assert climbs(planted) == [
+        "bertjax.interop.native -> bertjax.training.state",
+        "bertjax.runtime.files -> bertjax.data.batch",
+    ]
+    assert cycles(package_graph(planted)) == [["bertjax.interop", "bertjax.training"]]
+    assert cycles(planted) == [["bertjax.data.a", "bertjax.data.b", "bertjax.data.c"]]
+    with pytest.raises(KeyError, match="bertjax.nowhere is on no floor"):
+        floor("bertjax.nowhere")
 
 
 def untyped_settings(tree: ast.AST) -> list[str]:

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import test_faults
+from bertjax.checkpoints.run_record import RunRecord
 from bertjax.errors import ConfigError
 from bertjax.training import optim, run_schedule, validate
-from bertjax.training.run_record import RunRecord
 from test_modernbert_train import CONFIG_FILE, modernbert_tiny, small_config
 from test_optim import _flat, _params, _run
 from test_train import corpus_file, read_metrics  # noqa: F401 (fixture)

@@ -16,9 +16,10 @@ from jax.sharding import PartitionSpec
 
 from bertjax.interop import hf_modernbert, tree
 from bertjax.models import attention
+from bertjax.models.layers import losses as layer_losses
 from bertjax.models.modernbert import model as MB
 from bertjax.models.modernbert.config import ModernBertConfig
-from bertjax.training import objectives, optim, sharding, steps
+from bertjax.training import optim, sharding, steps
 from bertjax.training.state import create_train_state
 
 TINY = ModernBertConfig(
@@ -293,7 +294,7 @@ def test_trains_on_the_sharded_machinery():
             deterministic=False,
             rngs={"dropout": dropout_rng},
         )
-        return objectives.tagging_loss(logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
+        return layer_losses.tagging_loss(logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
 
     one_device = jax.jit(loss_fn)(jax.device_get(state.params), batch, jax.random.PRNGKey(0))[0]
     train_step = steps.jit_train_step(steps.make_loss_train_step(loss_fn, tx), shardings, mesh)

@@ -19,6 +19,7 @@ import pytest
 import tokenizers as tk
 
 from bertjax import convert, finetune, train
+from bertjax.checkpoints import checkpoint
 from bertjax.data import bpe, corpus_source, pipeline, tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.errors import ConfigError
@@ -27,13 +28,7 @@ from bertjax.models import families
 from bertjax.models.modernbert import heads as modernbert_heads, model as modernbert
 from bertjax.models.modernbert.config import ModernBertConfig
 from bertjax.tasks import features, glue, ner, squad, squad_predict
-from bertjax.training import (
-    checkpoint,
-    finetune_setup,
-    init_architecture,
-    tokenizer_model,
-    validate,
-)
+from bertjax.training import finetune_setup, init_architecture, tokenizer_model, validate
 from test_finetune import (  # noqa: F401
     REPO_ROOT,
     config_file,

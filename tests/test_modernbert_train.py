@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 
 from bertjax import cli, convert, train
+from bertjax.checkpoints import checkpoint, checkpoint_checks
 from bertjax.errors import ConfigError
 from bertjax.interop import hf_modernbert, pretrained, pretrained_weights, tree
 from bertjax.models import attention, families, flops
 from bertjax.models.bert.model import BertConfig
 from bertjax.models.modernbert.config import ModernBertConfig
-from bertjax.training import checkpoint, checkpoint_checks, init_architecture, optim, validate
+from bertjax.training import init_architecture, optim, validate
 from test_modernbert import TINY, abstract, init
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)
 

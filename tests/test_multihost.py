@@ -17,12 +17,14 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
+from bertjax.checkpoints import checkpoint
 from bertjax.data import corpus, corpus_source, default_corpus
 from bertjax.data.loaders import prepare_data
 from bertjax.data.settings import DataSettings
 from bertjax.models.bert.model import BertConfig, BertForPreTraining, example_inputs
 from bertjax.runtime import distributed
-from bertjax.training import checkpoint, objectives, optim, phase_schedule, sharding, steps
+from bertjax.training import objectives, optim, sharding, steps
+from bertjax.training.settings import plan_phases
 from bertjax.training.state import create_train_state
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -299,7 +301,7 @@ def test_two_processes_train_like_one(tmp_path):
     )
 
     # One process, 8 devices, the same global batches (process 0's rows, then process 1's).
-    phases = phase_schedule.phases(config.train, config.data, config.long_phase)
+    phases = plan_phases(config.train, config.data, config.long_phase)
     loaders = [
         pd[0].train
         for pd in (

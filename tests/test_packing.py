@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 from bertjax import train
+from bertjax.checkpoints.run_record import RunRecord
 from bertjax.data import batch as batch_spec, instances, loaders, packing, pipeline
 from bertjax.data.settings import DataSettings
 from bertjax.models.bert.model import BertConfig, BertForPreTraining, example_inputs
 from bertjax.training import guards, objectives
 from bertjax.training.phase_schedule import Phase
-from bertjax.training.run_record import RunRecord
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)  # noqa: F401 (fixtures)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

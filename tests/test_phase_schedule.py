@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from bertjax.checkpoints.run_record import RunRecord
 from bertjax.errors import ConfigError
 from bertjax.training import phase_schedule, run_schedule, validate
 from bertjax.training.phase_schedule import DataPosition, Phase
-from bertjax.training.run_record import RunRecord
 from bertjax.training.settings import LongPhaseSettings, PretrainingSettings, TrainSettings
 from test_pipeline import BATCH, LONG_PREDS, LONG_SEQ, PREDS, SEQ, make_config, phases_of
 

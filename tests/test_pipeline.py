@@ -31,6 +31,7 @@ from bertjax.data import (
 )
 from bertjax.data.settings import DataSettings
 from bertjax.training import memory, phase_schedule
+from bertjax.training.settings import plan_phases
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 base_config = runpy.run_path(str(REPO_ROOT / "configs" / "base.py"))["get_config"]
@@ -75,7 +76,7 @@ def make_config(input_files: str, **overrides):
 
 
 def phases_of(config) -> list[phase_schedule.Phase]:
-    return phase_schedule.phases(config.train, config.data, config.long_phase)
+    return plan_phases(config.train, config.data, config.long_phase)
 
 
 def short_phase(config) -> phase_schedule.Phase:

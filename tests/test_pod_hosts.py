@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 import injected_faults
+from bertjax.checkpoints.run_record import GLOBAL, RunRecord
 from bertjax.data import default_corpus
 from bertjax.errors import ConfigError
 from bertjax.runtime import agreement, console, distributed, files, peers
 from bertjax.training import phase_schedule, resume, sharded_run
-from bertjax.training.run_record import GLOBAL, RunRecord
 from bertjax.training.sharding import MeshSettings
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -20,11 +20,12 @@ import pytest
 import gcs_faults
 import test_faults
 from bertjax import convert, probe, train
+from bertjax.checkpoints import checkpoint
 from bertjax.data import pipeline, prepared_files, tokenization
 from bertjax.interop import hf, native, pretrained, pretrained_weights, staging
 from bertjax.runtime import files
 from bertjax.tasks import probing
-from bertjax.training import checkpoint, resume
+from bertjax.training import resume
 from test_convert import assert_trees_equal, random_params, write_google_checkpoint
 from test_faults import Trainer, command_line
 from test_guards import compilation_cache  # noqa: F401 (autouse fixture)

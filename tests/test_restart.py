@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from bertjax import errors, train
-from bertjax.training import optim, phase_schedule, sharded_run
+from bertjax.training import optim, sharded_run
+from bertjax.training.settings import plan_phases
 from test_guards import compilation_cache, saved_state  # noqa: F401 (autouse fixture)
 from test_train import corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
 
@@ -88,7 +89,7 @@ def test_restart_resumes_exactly_and_equals_the_two_run_original(corpus_file, ca
 
 def test_restart_needs_two_phases_and_bert_adam(corpus_file):
     config = tiny_config(corpus_file, "", **RESTART)
-    phases = phase_schedule.phases(config.train, config.data, config.long_phase)
+    phases = plan_phases(config.train, config.data, config.long_phase)
     optimizer = sharded_run.pretraining_optimizer(
         config.optimizer, config.train.total_steps, config.long_phase, phases
     )
@@ -105,5 +106,5 @@ def test_restart_needs_two_phases_and_bert_adam(corpus_file):
             config.optimizer,
             config.train.total_steps,
             config.long_phase,
-            phase_schedule.phases(config.train, config.data, config.long_phase),
+            plan_phases(config.train, config.data, config.long_phase),
         )

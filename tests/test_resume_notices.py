@@ -8,8 +8,9 @@ import json
 import jax
 import pytest
 
-from bertjax.training import checkpoint, checkpoint_checks, resume, sharding
-from bertjax.training.run_record import RunRecord
+from bertjax.checkpoints import checkpoint, checkpoint_checks
+from bertjax.checkpoints.run_record import RunRecord
+from bertjax.training import resume, sharding
 from test_checkpoint import _state
 
 RECORD = RunRecord(model={"hidden_size": 16, "intermediate_size": 32}, tokenizer="abc")

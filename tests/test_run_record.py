@@ -1,4 +1,4 @@
-"""The run record (bertjax.training.run_record): what checkpoints written before it was typed hold in
+"""The run record (bertjax.checkpoints.run_record): what checkpoints written before it was typed hold in
 their `meta` item (literal dicts here, in the layout of train.run_metadata up to 6e5d96b)
 reads back as a record and writes the same JSON, and a run resumes from such a checkpoint
 exactly as from its own."""
@@ -11,10 +11,11 @@ import jax
 import pytest
 
 from bertjax import train
+from bertjax.checkpoints import checkpoint, checkpoint_checks
+from bertjax.checkpoints.run_record import GLOBAL, RunRecord
 from bertjax.data.settings import DataSettings
 from bertjax.models import families
-from bertjax.training import checkpoint, checkpoint_checks, guards, run_schedule
-from bertjax.training.run_record import GLOBAL, RunRecord
+from bertjax.training import guards, run_schedule
 from bertjax.training.settings import PretrainingSettings
 from test_guards import compilation_cache  # noqa: F401 (autouse fixture)
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)

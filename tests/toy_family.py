@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.errors import ConfigError
-from bertjax.models.bert import family as bert_family, model as bert_model
+from bertjax.families import bert as bert_family
+from bertjax.models.bert import model as bert_model
 from bertjax.models.bert.model import BertConfig, BertMaskedLMHead, BertModel, gather_positions
 
 

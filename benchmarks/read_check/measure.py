@@ -28,10 +28,11 @@ spec = importlib.util.spec_from_file_location("config", sys.argv[1])
 module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
 config = module.get_config()
 from bertjax.training import phase_schedule
+from bertjax.training.settings import plan_phases
 from bertjax.data import corpus_source, loaders, pipeline
 config.data.masking, config.data.num_workers = sys.argv[3], 1
 config.train.global_batch_size = int(sys.argv[5]) or config.train.global_batch_size
-phase = phase_schedule.phases(config.train, config.data, config.long_phase)[0]
+phase = plan_phases(config.train, config.data, config.long_phase)[0]
 try:  # (a checkout with typed data settings, or one before them)
     from bertjax.data.settings import DataSettings
     data = DataSettings.of(config.data)

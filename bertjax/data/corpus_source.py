@@ -170,7 +170,7 @@ def load_or_train_tokenizer(
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(tmp_prefix + ext)
             if full:
-                line = failures.os_error_line(failures.no_space(tmp_prefix + ".model"))
+                line = failures.os_error_line(files.no_space(tmp_prefix + ".model"))
                 raise DataError(
                     f"{line}; the unfinished SentencePiece model was removed; kept: "
                     f"the data prepared before (in {cache_dir})"

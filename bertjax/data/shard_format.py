@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertjax.data.batch import FEATURES
-from bertjax.runtime import failures
+from bertjax.runtime import files
 
 STORED = (
     "input_ids",
@@ -108,7 +108,7 @@ class ShardWriter:
         self.rows, self.written, self.files = rows, 0, {}
         for name in STORED:  # (a failed write, e.g. a full disk, names its file)
             path = os.path.join(directory, name + ".npy")
-            with failures.naming(path):
+            with files.naming(path):
                 f = open(path, "wb")
                 np.lib.format.write_array_header_1_0(
                     f,
@@ -122,13 +122,13 @@ class ShardWriter:
 
     def write(self, chunk: dict[str, np.ndarray]) -> None:
         for name, f in self.files.items():
-            with failures.naming(f.name):
+            with files.naming(f.name):
                 f.write(np.ascontiguousarray(chunk[name]).tobytes())
         self.written += len(chunk["lengths"])
 
     def close(self) -> None:
         for f in self.files.values():
-            with failures.naming(f.name):
+            with files.naming(f.name):
                 f.close()
         if self.written != self.rows:
             raise RuntimeError(f"wrote {self.written} rows of {self.rows}")

@@ -1,4 +1,4 @@
-"""bertjax's own checkpoints (Orbax, through `bertjax.training.checkpoint`) as host parameters: a
+"""bertjax's own checkpoints (Orbax, through `bertjax.checkpoints.checkpoint`) as host parameters: a
 pretraining workdir or its `checkpoints/` folder, a fine-tuning workdir (its best seed) or a
 seed's folder, or a params-only checkpoint written by `save_bertjax` (what `python -m
 bertjax.convert` writes for `train.init_checkpoint`). A directory's tokenizer lives beside
@@ -14,11 +14,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from bertjax.checkpoints import checkpoint
 from bertjax.data import bpe, tokenization
 from bertjax.interop import hf_tokenizer, tree
 from bertjax.models import families
 from bertjax.runtime import files
-from bertjax.training import checkpoint
 
 TOKENIZER_FILE = "bertjax_tokenizer.json"  # which file beside it is the tokenizer, and how
 SENTENCEPIECE_FILE = hf_tokenizer.SENTENCEPIECE_FILES[0]

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import ml_collections
 
+from bertjax.checkpoints import checkpoint
 from bertjax.data import bpe, corpus_source, hf_json, pipeline, tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.errors import UserError
@@ -25,7 +26,6 @@ from bertjax.interop.tree import ConversionError
 from bertjax.models import families
 from bertjax.models.bert.model import BertConfig
 from bertjax.runtime import files
-from bertjax.training import checkpoint
 
 FORMATS = ("tf", "hf", "bertjax")
 

@@ -14,11 +14,11 @@ import jax
 import numpy as np
 from absl import logging
 
+from bertjax.checkpoints import checkpoint
 from bertjax.data import tokenization
 from bertjax.interop import native, pretrained, tree
 from bertjax.interop.tree import ConversionError
 from bertjax.models import families
-from bertjax.training import checkpoint
 
 
 def other_family(found: families.ModelConfig, run_family: str, where: str) -> str:

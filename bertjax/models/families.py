@@ -1,26 +1,23 @@
 """Model families (`config.model.family`: "bert", the default, or "modernbert"): the one
 interface through which the shared machinery (mesh, state, steps, data, checkpoints, tasks,
 interop) meets a model. Each family is a `Family` registered here (`register`), found by
-name (`get`) or by its config (`of`); BERT's is `bertjax.models.bert.family`, ModernBERT's
-`bertjax.models.modernbert.family`. Shared code asks the family, it never branches on it."""
+name (`get`) or by its config (`of`); BERT's is `bertjax.families.bert`, ModernBERT's
+`bertjax.families.modernbert`. Shared code asks the family, it never branches on it."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import flax.linen as nn
 import jax
 
 from bertjax.errors import ConfigError
 
-if TYPE_CHECKING:  # (annotations only: the tasks import this module)
-    from bertjax.tasks.features import TaskOptions
-
 DEFAULT = "bert"  # the family of a `model` section that names none (BERT's configs, records)
-_BUILTIN = ("bertjax.models.bert.family", "bertjax.models.modernbert.family")
+_BUILTIN = ("bertjax.families.bert", "bertjax.families.modernbert")
 
 
 class ModelConfig(Protocol):
@@ -262,7 +259,7 @@ def optional_pretrained_parts(config: ModelConfig) -> tuple[str, ...]:
     return of(config).optional_parts
 
 
-def head(kind: str, config: ModelConfig, num_labels: int, options: TaskOptions) -> nn.Module:
+def head(kind: str, config: ModelConfig, num_labels: int, options: object) -> nn.Module:
     """The fine-tuning model of a task `kind` ("classification", "tagging", "span") for
     `config`'s family; `options`: the task's (`features.TaskOptions`)."""
     own = of(config)

@@ -29,7 +29,7 @@ def train_flops_per_sequence(
 ) -> int:
     """Model FLOPs of one sequence of `seq_length` tokens with `predictions` gathered MLM
     positions, as the model's family counts them (`families.Family.flops`; BERT:
-    `models.bert.family.flops`, ModernBERT: `models.modernbert.family.flops`)."""
+    `families.bert.flops`, ModernBERT: `families.modernbert.flops`)."""
     return families.of(config).flops(config, seq_length, predictions)
 
 

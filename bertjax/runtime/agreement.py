@@ -18,11 +18,10 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 
-from bertjax.data.tokenization import Tokenizer
 from bertjax.errors import UserError
 from bertjax.runtime import peers
 
@@ -149,7 +148,15 @@ def check(stage: str, fields: dict[str, str], hint: str = RERUN) -> None:
         raise HostsDisagree(line)
 
 
-def tokenizer_fields(tokenizer: Tokenizer) -> dict[str, str]:
+class Fingerprinted(Protocol):
+    """What hosts compare of a tokenizer (`bertjax.data.tokenization.Tokenizer`)."""
+
+    vocab_size: int
+
+    def fingerprint(self) -> str: ...
+
+
+def tokenizer_fields(tokenizer: Fingerprinted) -> dict[str, str]:
     """The tokenizer as compared between hosts: its size and fingerprint."""
     return {
         "the tokenizer": f"{tokenizer.vocab_size} tokens, fingerprint "

@@ -6,7 +6,6 @@ reports it as text (Orbax's TensorStore)."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging as std_logging
 import os
@@ -17,7 +16,7 @@ import sys
 import threading
 import traceback
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from absl import logging
@@ -44,27 +43,10 @@ def os_error_line(error: OSError) -> str:
     return f"{error.strerror}{where}" + (f" ({hint})" if hint else "")
 
 
-def no_space(path: str) -> OSError:
-    """The OSError of a full disk under `path` (for a library that reports none)."""
-    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-
-
 def first_line(error: BaseException, limit: int = 300) -> str:
     """The start of an error's message (TensorStore's run to many lines)."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-@contextlib.contextmanager
-def naming(path: str) -> Iterator[None]:
-    """Gives an OSError raised in the block without a file name (a failed write names none)
-    the name `path`."""
-    try:
-        yield
-    except OSError as e:
-        if e.errno is not None and e.filename is None:
-            raise OSError(e.errno, e.strerror, path) from e
-        raise
 
 
 # TensorStore's account of a failed write: `Failed writing: "FILE": ... [os_error_code='28']`.

@@ -17,16 +17,35 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
+import errno
 import functools
 import glob as _glob
 import io
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
-from bertjax.runtime import failures, storage
+from bertjax.runtime import storage
+
+
+def no_space(path: str) -> OSError:
+    """The OSError of a full disk under `path` (for a library that reports none)."""
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+
+@contextlib.contextmanager
+def naming(path: str) -> Iterator[None]:
+    """Gives an OSError raised in the block without a file name (a failed write names none)
+    the name `path`."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno is not None and e.filename is None:
+            raise OSError(e.errno, e.strerror, path) from e
+        raise
 
 
 def _emulator_defaults() -> None:
@@ -114,11 +133,11 @@ def write_text(path: str, text: str, append: bool = False) -> None:
             text.encode("utf-8"),
         )
         try:
-            with failures.naming(path):
+            with naming(path):
                 written = os.write(fd, data)
                 if written < len(data):  # a full disk: no partial line is left behind
                     os.ftruncate(fd, os.fstat(fd).st_size - written)
-                    raise failures.no_space(path)
+                    raise no_space(path)
         finally:
             os.close(fd)
         return

@@ -20,10 +20,10 @@ from absl import logging
 
 from bertjax.data import tfds_source, tokenization
 from bertjax.models import families
+from bertjax.models.layers import losses
 from bertjax.runtime import files
 from bertjax.tasks import features, metrics
 from bertjax.tasks.glue_tasks import GlueTask, Split, get_task
-from bertjax.training import objectives
 
 
 @dataclasses.dataclass
@@ -294,8 +294,8 @@ class GlueFinetune(features.Finetune):
 
     def loss(self, logits, batch):
         if self.task.is_regression:
-            return objectives.regression_loss(logits, batch["labels"], batch["weights"])
-        return objectives.classification_loss(logits, batch["labels"], batch["weights"])
+            return losses.regression_loss(logits, batch["labels"], batch["weights"])
+        return losses.classification_loss(logits, batch["labels"], batch["weights"])
 
     def evaluate(self, data: features.SplitData, logits: np.ndarray) -> dict[str, float]:
         return evaluate(

@@ -16,9 +16,9 @@ from absl import logging
 
 from bertjax.data import tfds_source, tokenization
 from bertjax.models import families
+from bertjax.models.layers import losses
 from bertjax.runtime import files
 from bertjax.tasks import features, metrics
-from bertjax.training import objectives
 
 # The CoNLL-2003 tag set (IOB1 files use the same tags; B- only between touching entities).
 LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
@@ -224,7 +224,7 @@ class NerFinetune(features.Finetune):
 
     def loss(self, logits, batch):
         weights = batch["label_weights"] * batch["weights"][:, None]
-        return objectives.tagging_loss(logits, batch["labels"], weights)
+        return losses.tagging_loss(logits, batch["labels"], weights)
 
     def outputs(self, logits):
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)

@@ -27,10 +27,10 @@ from bertjax.data import tokenization
 from bertjax.data.bpe import BYTE_LEVEL_SPACE
 from bertjax.data.tokenization import basic_tokenize
 from bertjax.models import families
+from bertjax.models.layers import losses
 from bertjax.runtime import files
 from bertjax.tasks import features, squad, squad_eval
 from bertjax.tasks.squad import SquadExample, SquadFeatures
-from bertjax.training import objectives
 
 # Null odds of a v2.0 example without any valid span: "certainly unanswerable" (the original's
 # initial null score).
@@ -310,7 +310,7 @@ class SquadFinetune(features.Finetune):
 
     def loss(self, logits, batch):
         start, end = logits
-        return objectives.span_loss(
+        return losses.span_loss(
             start, end, batch["start_positions"], batch["end_positions"], batch["weights"]
         )
 

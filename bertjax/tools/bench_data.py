@@ -26,8 +26,7 @@ from absl import flags
 from bertjax import cli
 from bertjax.data import corpus_source, loaders, pipeline
 from bertjax.tools.records import machine, versions, write_record
-from bertjax.training import phase_schedule
-from bertjax.training.settings import PretrainingSettings
+from bertjax.training.settings import PretrainingSettings, plan_phases
 
 FLAGS = flags.FLAGS
 
@@ -36,7 +35,7 @@ def run(config: ml_collections.ConfigDict, batches: int, cache_dir: str) -> dict
     """Times preparation and dynamic-masking loading of the config's first phase."""
     settings = PretrainingSettings.of(config)
     data = dataclasses.replace(settings.data, masking="dynamic", num_workers=1)
-    phase = phase_schedule.phases(settings.train, data, settings.long_phase)[0]
+    phase = plan_phases(settings.train, data, settings.long_phase)[0]
     tokenizer, tokenizer_seconds = _timed(
         lambda: corpus_source.load_or_train_tokenizer(data, cache_dir)
     )

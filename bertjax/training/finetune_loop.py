@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from bertjax.checkpoints import checkpoint
 from bertjax.errors import ConfigError
 from bertjax.interop import pretrained_weights
 from bertjax.models import families
@@ -24,7 +25,6 @@ from bertjax.runtime import console, failures, files, stopping
 from bertjax.tasks.features import SplitData
 from bertjax.tasks.metrics import metric_value
 from bertjax.training import (
-    checkpoint,
     finetune_trainer,
     loop,
     metrics_writer,

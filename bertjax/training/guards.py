@@ -14,11 +14,11 @@ from typing import Any
 
 from absl import logging
 
+from bertjax.checkpoints import checkpoint_checks
+from bertjax.checkpoints.run_record import RunRecord
 from bertjax.data import corpus, corpus_source
 from bertjax.data.settings import DataSettings
-from bertjax.training import checkpoint_checks
 from bertjax.training.phase_schedule import Phase
-from bertjax.training.run_record import RunRecord
 
 # Per-phase settings that a resume within the same phase must keep.
 PHASE_FIELDS = ("max_seq_length", "max_predictions_per_seq", "global_batch_size")

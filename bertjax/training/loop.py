@@ -17,8 +17,9 @@ from typing import Any
 import jax
 from absl import logging
 
+from bertjax.checkpoints import checkpoint
 from bertjax.runtime import failures, stopping
-from bertjax.training import checkpoint, nonfinite, sharding
+from bertjax.training import nonfinite, sharding
 from bertjax.training.state import TrainState
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from bertjax.runtime import failures, files
+from bertjax.runtime import files
 
 if TYPE_CHECKING:  # importing tensorboardX imports torch when it is installed: seconds
     from tensorboardX import SummaryWriter
@@ -66,7 +66,7 @@ def log_scalars(
         for key, value in values.items():
             writer.add_scalar(f"{prefix}/{key}", value, step)
         if flush:
-            with failures.naming(writer.logdir):
+            with files.naming(writer.logdir):
                 writer.flush()
 
 

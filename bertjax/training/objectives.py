@@ -11,6 +11,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from bertjax.models.layers import losses
+
 MLM_WEIGHT_EPSILON = 1e-5  # the original: sum(w * nll) / (sum(w) + 1e-5)
 OBJECTIVES = ("mlm", "ltr")
 
@@ -60,20 +62,6 @@ def next_token_batch(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     )
 
 
-def _nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """`-log_softmax(logits)[label]` as jax.nn.log_softmax computes it (bit for bit), with the
-    label's logit picked by a compare against an iota rather than a gather: its gradient is
-    elementwise, not a scatter into a zero [..., classes] array."""
-    logits = logits.astype(jnp.float32)
-    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    log_sum = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))
-    classes = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-    label_shifted = jnp.sum(
-        jnp.where(classes == labels[..., None].astype(jnp.int32), shifted, 0.0), axis=-1
-    )
-    return -(label_shifted - log_sum)
-
-
 def nsp_count(batch: dict[str, jax.Array]) -> jax.Array | int:
     """Next-sentence predictions in `batch`: one per row, or per packed instance."""
     if "next_sentence_weights" in batch:
@@ -102,9 +90,9 @@ def pretraining_loss(
         next_sentence_prediction = False
         nsp_logits_Bx2 = jnp.zeros(batch["next_sentence_labels"].shape + (2,), jnp.float32)
     weights_BxP = batch["masked_lm_weights"].astype(jnp.float32)
-    mlm_nll_BxP = _nll(mlm_logits_BxPxV, batch["masked_lm_ids"])
+    mlm_nll_BxP = losses.nll(mlm_logits_BxPxV, batch["masked_lm_ids"])
     nsp_weight = 1.0 if next_sentence_prediction else 0.0
-    nsp_nll_B = nsp_weight * _nll(nsp_logits_Bx2, batch["next_sentence_labels"])
+    nsp_nll_B = nsp_weight * losses.nll(nsp_logits_Bx2, batch["next_sentence_labels"])
     nsp_weights_B = batch.get("next_sentence_weights", jnp.ones_like(nsp_nll_B))
     if mlm_weight_total is None:
         mlm_weight_total = jnp.sum(weights_BxP)
@@ -145,42 +133,3 @@ def summarize(sums: dict[str, float]) -> dict[str, float]:
         out["nsp_accuracy"] = sums["nsp_correct_sum"] / sums["nsp_count"]
         out["loss"] += out["nsp_loss"]
     return out
-
-
-# ----------------------------------------------------------------------------- fine-tuning
-# Each returns `(loss, {"loss_sum", "count"})`: the loss is the mean over weighted examples
-# (tokens for tagging); weights are 0 for padding rows/tokens.
-
-
-def _weighted_mean(values: jax.Array, weights: jax.Array):
-    weights = weights.astype(jnp.float32)
-    loss_sum, count = jnp.sum(weights * values), jnp.sum(weights)
-    return loss_sum / jnp.maximum(count, 1.0), {"loss_sum": loss_sum, "count": count}
-
-
-def classification_loss(logits_BxC: jax.Array, labels_B: jax.Array, weights_B: jax.Array):
-    """Mean cross-entropy (run_classifier)."""
-    return _weighted_mean(_nll(logits_BxC, labels_B), weights_B)
-
-
-def regression_loss(predictions_Bx1: jax.Array, targets_B: jax.Array, weights_B: jax.Array):
-    """Mean squared error (STS-B)."""
-    error = predictions_Bx1[:, 0].astype(jnp.float32) - targets_B.astype(jnp.float32)
-    return _weighted_mean(error * error, weights_B)
-
-
-def tagging_loss(logits_BxLxC: jax.Array, labels_BxL: jax.Array, weights_BxL: jax.Array):
-    """Mean cross-entropy over the labelled tokens (first sub-token of each word)."""
-    return _weighted_mean(_nll(logits_BxLxC, labels_BxL), weights_BxL)
-
-
-def span_loss(
-    start_logits_BxL: jax.Array,
-    end_logits_BxL: jax.Array,
-    start_positions_B: jax.Array,
-    end_positions_B: jax.Array,
-    weights_B: jax.Array,
-):
-    """run_squad: the mean of the start and end cross-entropies."""
-    nll = (_nll(start_logits_BxL, start_positions_B) + _nll(end_logits_BxL, end_positions_B)) / 2.0
-    return _weighted_mean(nll, weights_B)

@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from absl import logging
 
 from bertjax.data.batch import PhaseShape
-
-if TYPE_CHECKING:  # (settings -> objectives -> jax: not imported at run time)
-    from bertjax.data.settings import DataSettings
-    from bertjax.training.settings import LongPhaseSettings, TrainSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,35 +26,6 @@ class Phase(PhaseShape):
 
 # The config field that sets each phase's global batch (the long phase's: 0 = the short's).
 BATCH_FIELDS = {"short": "train.global_batch_size", "long": "long_phase.global_batch_size"}
-
-
-def phases(train: TrainSettings, data: DataSettings, long_phase: LongPhaseSettings) -> list[Phase]:
-    """The paper's schedule from the settings `train`, `data` and `long_phase`:
-    `1 - long_phase.fraction` of the steps at data.max_seq_length, the rest at
-    long_phase.max_seq_length (one optimizer and learning-rate schedule)."""
-    total = train.total_steps
-    long_steps = int(round(total * long_phase.fraction))
-    short = Phase(
-        "short",
-        data.max_seq_length,
-        data.max_predictions_per_seq,
-        train.global_batch_size,
-        0,
-        total - long_steps,
-    )
-    result = [short] if short.end_step > 0 else []
-    if long_steps:
-        result.append(
-            Phase(
-                "long",
-                long_phase.max_seq_length,
-                long_phase.max_predictions_per_seq,
-                long_phase.global_batch_size or train.global_batch_size,
-                total - long_steps,
-                total,
-            )
-        )
-    return result
 
 
 def phase_at(schedule: Sequence[Phase], step: int) -> Phase:

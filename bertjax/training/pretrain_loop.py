@@ -11,19 +11,12 @@ from typing import Any
 import jax
 import optax
 
+from bertjax.checkpoints import checkpoint
+from bertjax.checkpoints.run_record import RunRecord
 from bertjax.data.loaders import Loader, PhaseData
 from bertjax.runtime import failures, files, peers, stopping
-from bertjax.training import (
-    checkpoint,
-    loop,
-    nonfinite,
-    objectives,
-    phase_schedule,
-    reporting,
-    sharding,
-)
+from bertjax.training import loop, nonfinite, objectives, phase_schedule, reporting, sharding
 from bertjax.training.phase_schedule import DataPosition
-from bertjax.training.run_record import RunRecord
 from bertjax.training.settings import TrainSettings
 from bertjax.training.sharded_run import ShardedRun
 from bertjax.training.state import TrainState

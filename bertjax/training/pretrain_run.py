@@ -16,6 +16,8 @@ from collections.abc import Callable
 import jax
 from absl import logging
 
+from bertjax.checkpoints import checkpoint_checks
+from bertjax.checkpoints.run_record import RunRecord
 from bertjax.data import corpus_source, tokenization
 from bertjax.data.errors import DataError
 from bertjax.data.loaders import PhaseData
@@ -23,7 +25,6 @@ from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models.families import ModelConfig
 from bertjax.runtime import agreement, failures, files, peers
 from bertjax.training import (
-    checkpoint_checks,
     init_architecture,
     memory,
     metrics_writer,
@@ -36,7 +37,6 @@ from bertjax.training import (
 )
 from bertjax.training.phase_schedule import DataPosition
 from bertjax.training.pretrain_loop import PretrainingLoop
-from bertjax.training.run_record import RunRecord
 from bertjax.training.settings import PretrainingSettings, TrainSettings
 from bertjax.training.sharded_run import ShardedRun
 from bertjax.training.state import TrainState

@@ -26,18 +26,12 @@ from typing import Any, TypeVar
 import jax
 from absl import logging
 
+from bertjax.checkpoints import checkpoint, checkpoint_checks
+from bertjax.checkpoints.run_record import GLOBAL, RunRecord
 from bertjax.data.settings import DataSettings
 from bertjax.runtime import failures, storage
 from bertjax.runtime.failures import first_line
-from bertjax.training import (
-    checkpoint,
-    checkpoint_checks,
-    guards,
-    nonfinite,
-    phase_schedule,
-    reporting,
-)
-from bertjax.training.run_record import GLOBAL, RunRecord
+from bertjax.training import guards, nonfinite, phase_schedule, reporting
 from bertjax.training.state import TrainState
 
 QUARANTINE = "checkpoints_quarantine"

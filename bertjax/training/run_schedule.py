@@ -15,9 +15,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from bertjax.training import checkpoint_checks, optim, reporting, sharded_run
+from bertjax.checkpoints import checkpoint_checks
+from bertjax.checkpoints.run_record import RunRecord
+from bertjax.training import optim, reporting, sharded_run
 from bertjax.training.phase_schedule import Phase
-from bertjax.training.run_record import RunRecord
 from bertjax.training.settings import PretrainingSettings
 
 # The config fields that set the phases' step ranges or the learning rate of a step.

@@ -99,6 +99,37 @@ class PretrainingSettings:
 
     @functools.cached_property
     def phases(self) -> list[phase_schedule.Phase]:
-        """The phases these settings plan (phase_schedule.phases), derived once: the run's
+        """The phases these settings plan (plan_phases), derived once: the run's
         check, its schedule (run_schedule) and its data preparation read them here."""
-        return phase_schedule.phases(self.train, self.data, self.long_phase)
+        return plan_phases(self.train, self.data, self.long_phase)
+
+
+def plan_phases(
+    train: TrainSettings, data: DataSettings, long_phase: LongPhaseSettings
+) -> list[phase_schedule.Phase]:
+    """The paper's schedule from the settings `train`, `data` and `long_phase`:
+    `1 - long_phase.fraction` of the steps at data.max_seq_length, the rest at
+    long_phase.max_seq_length (one optimizer and learning-rate schedule)."""
+    total = train.total_steps
+    long_steps = int(round(total * long_phase.fraction))
+    short = phase_schedule.Phase(
+        "short",
+        data.max_seq_length,
+        data.max_predictions_per_seq,
+        train.global_batch_size,
+        0,
+        total - long_steps,
+    )
+    result = [short] if short.end_step > 0 else []
+    if long_steps:
+        result.append(
+            phase_schedule.Phase(
+                "long",
+                long_phase.max_seq_length,
+                long_phase.max_predictions_per_seq,
+                long_phase.global_batch_size or train.global_batch_size,
+                total - long_steps,
+                total,
+            )
+        )
+    return result

@@ -3,23 +3,21 @@ tokenizer (`check_compatible`, else CheckpointMismatch, the base of every refusa
 and holding the values it was saved with (`state_digest`, recorded in its `meta` at the save
 and recomputed at the restore by `check_digest`, else DamagedCheckpoint); a state that cannot
 be read is StateUnreadable, said in one line (`unreadable_problem`). No Orbax here: the
-Checkpointer (bertjax.training.checkpoint) calls these around its saves and restores.
+Checkpointer (bertjax.checkpoints.checkpoint) calls these around its saves and restores.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from bertjax.errors import UserError
-from bertjax.training.state import TrainState
 
-# A tree of arrays (a TrainState, or a dict of parameters), as a checkpoint holds it.
-PyTree: TypeAlias = "optax.Params | TrainState"
+# A tree of arrays (a training state, or a dict of parameters), as a checkpoint holds it.
+PyTree: TypeAlias = Any
 
 META_KEYS_MUST_MATCH = ("model", "tokenizer")
 DIGEST = "state_digest"  # the meta field with state_digest(state)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -24,11 +24,9 @@ from bertjax.models.bert.heads import (
 )
 from bertjax.models.bert.model import BertConfig, BertForPreTraining, BertModel
 from bertjax.runtime import files
+from bertjax.tasks.features import TaskOptions
 from bertjax.training import validate
-
-if TYPE_CHECKING:  # (annotations only: these modules import the families)
-    from bertjax.tasks.features import TaskOptions
-    from bertjax.training.settings import TrainSettings
+from bertjax.training.settings import TrainSettings
 
 
 def forward(model, params, batch, mask, deterministic: bool, rngs):

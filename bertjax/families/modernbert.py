@@ -5,7 +5,7 @@ segments), transformers' ModernBertFor... heads and its Hugging Face form. Regis
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -24,10 +24,8 @@ from bertjax.models.modernbert.heads import (
     ModernBertForSequenceClassification,
     ModernBertForTokenClassification,
 )
-
-if TYPE_CHECKING:  # (annotations only: these modules import the families)
-    from bertjax.tasks.features import TaskOptions
-    from bertjax.training.settings import TrainSettings
+from bertjax.tasks.features import TaskOptions
+from bertjax.training.settings import TrainSettings
 
 
 def forward(model, params, batch, mask, deterministic: bool, rngs):

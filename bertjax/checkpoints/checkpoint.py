@@ -11,7 +11,7 @@ Integrity: once Orbax has committed a save, process 0 records every file's size 
 restore, so a truncated, deleted or bit-flipped file is found by name; `quarantine` moves a
 damaged step out of the way (it is never deleted). A save also records in its `meta` an
 exact digest of every array of the state, which a restore recomputes, and a restore checks
-the model and tokenizer (both in bertjax.training.checkpoint_checks): a checkpoint that a kill
+the model and tokenizer (both in bertjax.checkpoints.checkpoint_checks): a checkpoint that a kill
 left unsealed, or that was damaged before its seal, is checked value by value too; a state
 that any process fails to read fails the restore on every process alike. Pruning
 (keep-latest-N) never removes the checkpoint a run resumed from until a newer one of that run
@@ -31,10 +31,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
-from bertjax.errors import UserError
-from bertjax.runtime import agreement, console, failures, files as file_layer, stopping, storage
-from bertjax.runtime.checksums import CHECKSUMS, seal, verify  # noqa: F401 (this module's API too)
-from bertjax.training.checkpoint_checks import (
+from bertjax.checkpoints.checkpoint_checks import (
     DIGEST,
     CheckpointMismatch,
     PyTree,
@@ -44,6 +41,9 @@ from bertjax.training.checkpoint_checks import (
     state_digest,
     unreadable_problem,
 )
+from bertjax.errors import UserError
+from bertjax.runtime import agreement, console, failures, files as file_layer, stopping, storage
+from bertjax.runtime.checksums import CHECKSUMS, seal, verify  # noqa: F401 (this module's API too)
 
 storage.install_gcsfs()  # (before etils epath caches its gs:// file system)
 

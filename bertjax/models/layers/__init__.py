@@ -1,0 +1,1 @@
+"""What the model families share: losses, activations, remat policies, dtypes, gathers."""
