@@ -13,7 +13,8 @@ from scipy.special import erf
 
 from bertjax.models import attention, compile_target
 from bertjax.models.bert import model as M
-from bertjax.models.bert.config import ACTIVATIONS
+from bertjax.models.layers.config import ACTIVATIONS
+from bertjax.models.layers.gather import gather_positions
 from bertjax.training import sharding
 
 SMALL = M.BertConfig(
@@ -310,12 +311,12 @@ def test_gathered_positions_and_their_gradient_equal_the_gather(dtype):
     def reference(x):
         return jnp.take_along_axis(x, positions[:, :, None], axis=1)
 
-    assert M.gather_positions(x, positions).dtype == dtype
+    assert gather_positions(x, positions).dtype == dtype
     np.testing.assert_array_equal(
-        np.asarray(M.gather_positions(x, positions), np.float32),
+        np.asarray(gather_positions(x, positions), np.float32),
         np.asarray(reference(x), np.float32),
     )
-    grad = jax.vjp(lambda x: M.gather_positions(x, positions), x)[1](cotangent)[0]
+    grad = jax.vjp(lambda x: gather_positions(x, positions), x)[1](cotangent)[0]
     expected = jax.vjp(reference, x)[1](cotangent)[0]
     np.testing.assert_array_equal(np.asarray(grad, np.float32), np.asarray(expected, np.float32))
 

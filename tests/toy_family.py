@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from bertjax.errors import ConfigError
 from bertjax.families import bert as bert_family
 from bertjax.models.bert import model as bert_model
-from bertjax.models.bert.model import BertConfig, BertMaskedLMHead, BertModel, gather_positions
+from bertjax.models.bert.model import BertConfig, BertMaskedLMHead, BertModel
+from bertjax.models.layers.gather import gather_positions
 
 
 @dataclasses.dataclass(frozen=True)

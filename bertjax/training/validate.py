@@ -16,7 +16,7 @@ from absl import logging
 from bertjax.data.errors import DataError
 from bertjax.errors import ConfigError
 from bertjax.models import families
-from bertjax.models.bert import config as bert_config
+from bertjax.models.layers import config as layer_config
 from bertjax.training import optim
 from bertjax.training.settings import PretrainingSettings
 
@@ -229,7 +229,7 @@ def model_family(config: ml_collections.ConfigDict) -> None:
 def finetuning(config: ml_collections.ConfigDict) -> None:
     """Every range of a fine-tuning config (and of its task's fields), and its seeds."""
     check(config, FINETUNING + [rule for rule in FINETUNING_TASKS if rule[0] in config])
-    check_choices(config, {"dtype": bert_config.DTYPES, "optimizer.name": optim.OPTIMIZER_NAMES})
+    check_choices(config, {"dtype": layer_config.DTYPES, "optimizer.name": optim.OPTIMIZER_NAMES})
     seeds(config.seeds)
     if config.warmup_proportion >= 1:
         logging.warning(

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bertjax.models import attention
-from bertjax.models.bert.config import ACTIVATIONS, DTYPES, REMAT_POLICIES, FieldChecks, FromDict
+from bertjax.models.layers.config import ACTIVATIONS, DTYPES, REMAT_POLICIES, FieldChecks, FromDict
 
 SIZE_FIELDS = (
     "vocab_size",
@@ -36,7 +36,7 @@ class ModernBertConfig(FromDict):
     intermediate_size: int = 1152  # per GeGLU half: Wi projects to 2 x this
     num_hidden_layers: int = 22
     num_attention_heads: int = 12
-    hidden_activation: str = "gelu"  # one of bert_config.ACTIVATIONS (the GeGLU's)
+    hidden_activation: str = "gelu"  # one of layers.config.ACTIVATIONS (the GeGLU's)
     max_position_embeddings: int = 8192  # RoPE: the longest row the model was trained for
     initializer_range: float = 0.02
     initializer_cutoff_factor: float = 2.0  # truncation of the normal init, in stddevs

@@ -38,9 +38,9 @@ from bertjax.models.axes import (
     constrain,
     zeros,
 )
-from bertjax.models.bert.config import ACTIVATIONS, REMAT_POLICIES
-from bertjax.models.bert.model import gather_positions
 from bertjax.models.dropout import Dropout
+from bertjax.models.layers.config import ACTIVATIONS, REMAT_POLICIES
+from bertjax.models.layers.gather import gather_positions
 from bertjax.models.modernbert.config import ModernBertConfig
 
 
