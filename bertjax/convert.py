@@ -20,7 +20,6 @@ command finds beside it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import os
 import shutil
@@ -108,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         if target == "hf" and not task_config and family.encoder_only(params):
             head = finetuned.ENCODER_ONLY  # (an encoder imported from a fine-tuned model)
-        if target == "bertjax" and hasattr(config, "scan_layers"):
-            config = dataclasses.replace(config, scan_layers=args.scan_layers)
+        if target == "bertjax":
+            config = families.with_layout(config, args.scan_layers)
         num_params = sum(int(np.size(v)) for v in tree.flatten(params).values())
         tokenizer = export.checkpoint_tokenizer(args.src, source_format, args.dst)
         if tokenizer is not None:

@@ -27,26 +27,44 @@ from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "bertjax"
 REPO_ROOT = PACKAGE.parent
-# The family modules: the interface, each family's package and its interop (BERT's Hugging Face
-# and TF forms, ModernBERT's Hugging Face form). Only these may name a family.
-FAMILY_MODULES = (
-    "models/families.py",
-    "models/bert/",
-    "models/modernbert/",
-    "families/",
-    "interop/hf.py",
-    "interop/tf.py",
-    "interop/hf_modernbert.py",
-)
+# The family modules: the interface, each family's networks and its adapter. Only these may
+# name a family (interop/ included: its readers ask the family).
+FAMILY_MODULES = ("models/families.py", "models/bert/", "models/modernbert/", "families/")
 FAMILY_NAMES = ("bert", "modernbert")
+
+
+def family_only_fields() -> set[str]:
+    """The config fields some registered family has and another lacks (`scan_layers`, ...)."""
+    fields = [
+        {f.name for f in dataclasses.fields(families.get(name).config_class)}
+        for name in families.names()
+    ]
+    return set.union(*fields) - set.intersection(*fields)
+
+
+FAMILY_ONLY = family_only_fields()
+
+
+def duck_typed(node: ast.AST) -> bool:
+    """A family told by its config's fields: `getattr`/`hasattr` of a field only some families
+    have, or `dataclasses.replace` setting one."""
+    if not isinstance(node, ast.Call):
+        return False
+    name = ast.unparse(node.func)
+    if name in ("getattr", "hasattr") and len(node.args) > 1:
+        return isinstance(node.args[1], ast.Constant) and node.args[1].value in FAMILY_ONLY
+    return name.endswith("replace") and any(k.arg in FAMILY_ONLY for k in node.keywords)
 
 
 def family_branches(tree: ast.AST) -> list[int]:
     """Lines that choose by family: `isinstance(x, <a Bert class>)`, a comparison with a
-    family's name, `is_modernbert`, or an `if`/ternary on a `modern` flag."""
+    family's name, `is_modernbert`, an `if`/ternary on a `modern` flag, or a duck-typed read
+    of a family's own config field (`duck_typed`)."""
     found = set()
     for node in ast.walk(tree):
-        if (
+        if duck_typed(node):
+            found.add(node.lineno)
+        elif (
             isinstance(node, ast.Call)
             and getattr(node.func, "id", "") == "isinstance"
             and len(node.args) == 2
@@ -94,6 +112,9 @@ def test_shared_code_never_branches_on_the_family():
         "ok = 'bert' != name",
         "modern = families.is_modernbert(config)",
         "save = one if modern else other",
+        "if getattr(config, 'scan_layers', False):\n    pass",
+        "ok = hasattr(config, 'pad_token_id')",
+        "config = dataclasses.replace(config, scan_layers=False)",
     ],
 )
 def test_the_branch_count_catches_planted_branches(source):

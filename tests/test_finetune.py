@@ -371,7 +371,7 @@ def test_feature_based_ner_trains_only_the_tagger(data_root, tmp_path):
     # Adam moments only for the tagger: none for the frozen encoder.
     params = pretrained_weights.abstract_params_on_one_device(tagger)
     moments = jax.eval_shape(
-        finetune_setup.optimizer(FinetuneSettings.of(config.to_dict()), 10, params).init, params
+        finetune_setup.optimizer(FinetuneSettings.of(config.to_dict()), 10, tagger).init, params
     )
 
     def size(tree):

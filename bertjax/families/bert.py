@@ -4,6 +4,7 @@ family of every config and record that names none."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -170,8 +171,10 @@ FAMILY = families.register(
         records_family=False,
         probes=True,
         encoder_only=lambda params: "predictions" not in params,
+        scanned=lambda cfg: cfg.scan_layers,
+        with_scanned=lambda cfg, scan: dataclasses.replace(cfg, scan_layers=scan),
         hf=families.HfForm(
-            model_type="bert",
+            model_type=hf.MODEL_TYPE,
             read=hf.load_hf,
             config=hf.hf_config,
             write=write_hf,

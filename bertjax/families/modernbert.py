@@ -4,6 +4,7 @@ segments), transformers' ModernBertFor... heads and its Hugging Face form. Regis
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -209,8 +210,10 @@ FAMILY = families.register(
         token_type_ids=False,
         tokenizer_pad=True,
         check_export=check_export,
+        pad_id=lambda cfg: cfg.pad_token_id,
+        with_pad_id=lambda cfg, pad_id: dataclasses.replace(cfg, pad_token_id=pad_id),
         hf=families.HfForm(
-            model_type="modernbert",
+            model_type=hf_modernbert.MODEL_TYPE,
             read=hf_modernbert.load_hf,
             config=hf_modernbert.hf_config,
             write=write_hf,

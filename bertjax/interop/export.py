@@ -5,7 +5,6 @@ that wrote the source (`python -m bertjax.convert`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -104,15 +103,16 @@ def with_tokenizer_padding(
     ModernBERT) with its tokenizer's padding id, what the export's config.json names (a run
     recorded before this was checked may say otherwise; the id does not change what the
     weights compute)."""
-    pad_token_id = getattr(config, "pad_token_id", None)  # (a tokenizer_pad family's field)
-    if not families.of(config).tokenizer_pad or pad_token_id == tokenizer.pad_id:
+    family = families.of(config)
+    pad_token_id = family.pad_id(config)
+    if not family.tokenizer_pad or pad_token_id == tokenizer.pad_id:
         return config
     print(
         f"pad_token_id={tokenizer.pad_id}: the tokenizer's [PAD] (the checkpoint's config "
         f"says {pad_token_id}, another token there)",
         flush=True,
     )
-    return dataclasses.replace(config, pad_token_id=tokenizer.pad_id)
+    return family.with_pad_id(config, tokenizer.pad_id)
 
 
 def export_tokenizer(

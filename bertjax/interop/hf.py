@@ -17,6 +17,7 @@ from bertjax.models.bert import model as bert_model
 from bertjax.models.bert.model import BertConfig
 from bertjax.runtime import files
 
+MODEL_TYPE = "bert"  # config.json's `model_type` of this form
 HF_ACTIVATIONS = {
     "gelu": "gelu",
     "gelu_new": "gelu_tanh",
@@ -52,16 +53,16 @@ def path_to_hf(path: str) -> tuple[str, bool]:
 
 
 def hf_config(values: dict[str, Any], where: str) -> BertConfig:
-    if values.get("model_type", "bert") == "modernbert":
-        raise tree.ConversionError(
-            f"{where}: a ModernBERT model, which "
-            "bertjax.interop.hf_modernbert reads (pretrained.read "
-            "chooses it by model_type)"
-        )
-    if values.get("model_type", "bert") != "bert":
-        raise tree.ConversionError(
-            f"{where}: model_type={values['model_type']!r}; only BERT is supported"
-        )
+    """The BertConfig of a transformers `config.json` (another family's: refused, naming it)."""
+    model_type = values.get("model_type", MODEL_TYPE)
+    if model_type != MODEL_TYPE:
+        other = families.by_hf_type(model_type)
+        if other.hf_form.model_type == model_type:
+            raise tree.ConversionError(
+                f"{where}: a {other.title} model, which its family's reader reads "
+                "(pretrained.read chooses it by model_type)"
+            )
+        raise tree.ConversionError(f"{where}: model_type={model_type!r}; only BERT is supported")
     if values.get("position_embedding_type", "absolute") != "absolute":
         raise tree.ConversionError(
             f"{where}: position_embedding_type="
@@ -255,7 +256,7 @@ def save_hf(
         hidden_dropout_prob=config.hidden_dropout_prob,
         attention_probs_dropout_prob=config.attention_probs_dropout_prob,
         initializer_range=config.initializer_range,
-        model_type="bert",
+        model_type=MODEL_TYPE,
         architectures=[head.architecture if head else "BertForPreTraining"],
         tie_word_embeddings=head is None,
         pad_token_id=pad_token_id,

@@ -30,6 +30,8 @@ FINETUNED_CLASSES = (
 )
 ROPE_TYPES = {"full_attention": "global_rope_theta", "sliding_attention": "local_rope_theta"}
 
+MODEL_TYPE = "modernbert"  # config.json's `model_type` of this form
+
 
 def path_to_hf(path: str) -> tuple[str, str]:
     """The transformers name of a bertjax ModernBERT path, and how the tensor converts:
@@ -94,9 +96,9 @@ def global_every(layer_types: list[str], where: str) -> int:
 def hf_config(values: dict[str, Any], where: str) -> ModernBertConfig:
     """The ModernBertConfig of a transformers `config.json` (v5's `layer_types` and
     `rope_parameters`, or v4's `global_attn_every_n_layers` and rope thetas)."""
-    if values.get("model_type") != "modernbert":
+    if values.get("model_type") != MODEL_TYPE:
         raise tree.ConversionError(
-            f"{where}: model_type={values.get('model_type')!r}; expected 'modernbert'"
+            f"{where}: model_type={values.get('model_type')!r}; expected {MODEL_TYPE!r}"
         )
     values = dict(values)
     if values.get("layer_types"):
@@ -223,7 +225,7 @@ def save_hf(
             layer_type: {"rope_type": "default", "rope_theta": getattr(config, field)}
             for layer_type, field in ROPE_TYPES.items()
         },
-        model_type="modernbert",
+        model_type=MODEL_TYPE,
         architectures=[head.architecture if head else "ModernBertForMaskedLM"],
         tie_word_embeddings=head is None,
         **(head.config if head else {}),

@@ -6,7 +6,6 @@ its checkpoints (`save_tokenizer`), so that it stands alone."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from typing import Any
@@ -111,17 +110,15 @@ def load_bertjax(
     params = tree.unstack_layers(jax.tree.map(np.asarray, restored))
     report.source, report.format = directory, "bertjax"
     report.found = report.mapped = len(tree.flatten(params))
-    if getattr(config, "scan_layers", False):  # (read unrolled)
-        config = dataclasses.replace(config, scan_layers=False)
-    return config, params
+    return families.with_layout(config, False), params  # (read unrolled)
 
 
 def save_bertjax(config: families.ModelConfig, params: dict[str, Any], path: str) -> None:
     """Writes a params-only bertjax checkpoint that `train.init_checkpoint` (and
-    `pretrained_weights.load_pretrained`) reads, in the layer layout of `config.scan_layers` (a
+    `pretrained_weights.load_pretrained`) reads, in the layer layout of `config` (`families.scanned` (a
     family without scanned layers: unrolled), its record `families.as_record`."""
     params = tree.unstack_layers(params)
-    if getattr(config, "scan_layers", False):
+    if families.scanned(config):
         params = tree.stack_layers(params)
     checkpoint.save_params(path, params, {"model": families.as_record(config)})
 

@@ -70,7 +70,7 @@ def load_pretrained(
         directory = native.checkpoint_dir(path)
         found = native.config_of(directory)
         check_architecture(found, model_config, path)
-        if getattr(found, "scan_layers", False) == getattr(model_config, "scan_layers", False):
+        if families.scanned(found) == families.scanned(model_config):
             held = set(checkpoint.stored_params(directory))
             return checkpoint.restore_params(
                 directory, _held(abstract_params, held, optional, path)
@@ -79,7 +79,7 @@ def load_pretrained(
     found, params = pretrained.read_once(path) if reuse else pretrained.read(path)
     check_architecture(found, model_config, path)
     wanted = _held(abstract_params, set(params), optional, path)
-    if getattr(model_config, "scan_layers", False):
+    if families.scanned(model_config):
         params = tree.stack_layers(params)
     return jax.tree.map(
         lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),

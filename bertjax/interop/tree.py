@@ -16,8 +16,6 @@ from flax import traverse_util
 
 from bertjax.errors import UserError
 from bertjax.models import families
-from bertjax.models.bert import model as bert_model
-from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from bertjax.runtime import files
 
 LAYER_PATH = re.compile(r"^bert/encoder/layer_(\d+)/(.*)$")
@@ -50,14 +48,15 @@ class LoadReport:
         return "\n".join(lines)
 
 
-def abstract_params(config: BertConfig) -> Any:
-    """ShapeDtypeStructs of BertForPreTraining's parameters, in `config`'s layer layout."""
-    return families.abstract_params(BertForPreTraining(config))
+def abstract_params(config: families.ModelConfig) -> Any:
+    """ShapeDtypeStructs of the pretraining model's parameters (BertForPreTraining's), in
+    `config`'s layer layout."""
+    return families.abstract_params(families.pretraining_model(config))
 
 
-def param_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
-    """`{path: shape}` of BertForPreTraining's parameters, unrolled layers."""
-    tree = abstract_params(dataclasses.replace(config, scan_layers=False))
+def param_shapes(config: families.ModelConfig) -> dict[str, tuple[int, ...]]:
+    """`{path: shape}` of the pretraining model's parameters, unrolled layers."""
+    tree = abstract_params(families.with_layout(config, False))
     return {path: x.shape for path, x in flatten(tree).items()}
 
 
@@ -104,17 +103,18 @@ def is_model_name(path: str) -> bool:
 
 def collect(
     tensors: dict[str, np.ndarray],
-    config: BertConfig,
+    config: families.ModelConfig,
     where: str,
     report: LoadReport,
     encoder_only: bool = False,
 ) -> dict[str, Any]:
     """Checks mapped tensors against the shapes `config` implies (for `encoder_only`, those of
     the encoder, `bert/...`); returns the param tree."""
+    encoder = families.of(config).encoder_scope + "/"
     expected = {
         path: shape
         for path, shape in param_shapes(config).items()
-        if not encoder_only or path.startswith("bert/")
+        if not encoder_only or path.startswith(encoder)
     }
     unknown = sorted(set(tensors) - set(expected))
     missing = sorted(set(expected) - set(tensors))
@@ -135,15 +135,16 @@ def collect(
     return unflatten(tensors)
 
 
-def describe(config: BertConfig) -> str:
-    return ", ".join(f"{f}={getattr(config, f)}" for f in bert_model.ARCHITECTURE_FIELDS[:5])
+def describe(config: families.ModelConfig) -> str:
+    """The config's first five architecture fields, `name=value`."""
+    return ", ".join(f"{f}={v}" for f, v in list(families.architecture(config).items())[:5])
 
 
 def few(names: list[str]) -> str:
     return ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
 
 
-def check_vocab_file(directory: str, config: BertConfig) -> None:
+def check_vocab_file(directory: str, config: families.ModelConfig) -> None:
     """A `vocab.txt` next to a checkpoint must have one line per embedding row."""
     path = os.path.join(directory, "vocab.txt")
     if not os.path.isfile(path):

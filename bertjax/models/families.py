@@ -124,6 +124,13 @@ class Family:
     check_export: Callable[..., None] = lambda *args: None
     encoder_only: Callable[[dict[str, Any]], bool] = lambda params: False  # no heads at all
     hf: HfForm | None = None  # its transformers form, if any
+    # (config) -> whether its layers are stacked (scanned); (config, scanned) -> that layout's
+    scanned: Callable[[Any], bool] = lambda cfg: False
+    with_scanned: Callable[[Any, bool], Any] = lambda cfg, scanned: cfg
+    # (config) -> the tokenizer's [PAD] id its config names (a `tokenizer_pad` family's);
+    # (config, id) -> the config naming `id`
+    pad_id: Callable[[Any], int | None] = lambda cfg: None
+    with_pad_id: Callable[[Any, int], Any] = lambda cfg, pad_id: cfg
 
     @property
     def hf_form(self) -> HfForm:
@@ -288,3 +295,14 @@ def abstract_params(model: nn.Module, boxed: bool = False) -> Any:
         lambda: model.init(jax.random.PRNGKey(0), *example_inputs(model))["params"]
     )
     return params if boxed else nn.meta.unbox(params)
+
+
+def scanned(config: ModelConfig) -> bool:
+    """Whether `config`'s layers are stacked for `nn.scan` (its parameters `[layers, ...]`)."""
+    return of(config).scanned(config)
+
+
+def with_layout(config: ModelConfig, scan: bool) -> Any:
+    """`config` with its layers stacked (`scan`) or unrolled (a family that never scans: as
+    it is)."""
+    return of(config).with_scanned(config, scan)

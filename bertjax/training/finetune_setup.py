@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import flax.linen as nn
 import jax
 import optax
 from absl import logging
@@ -102,14 +103,17 @@ def load_splits(task: features.Finetune) -> dict[str, features.SplitData]:
 
 
 def optimizer(
-    settings: FinetuneSettings, total_steps: int, frozen_encoder_of: optax.Params | None = None
+    settings: FinetuneSettings,
+    total_steps: int,
+    frozen_encoder_of: nn.Module | None = None,
 ) -> optax.GradientTransformation:
-    """BERT's optimizer for fine-tuning. With `frozen_encoder_of` (the model's parameter tree;
-    feature-based), only the parameters outside `bert` are trained."""
+    """BERT's optimizer for fine-tuning. With `frozen_encoder_of` (the model; feature-based),
+    only the parameters outside its encoder (`Family.encoder_scope`) are trained."""
     tx = optim.make_optimizer(settings.optimizer_settings(total_steps))
-    return (
-        tx if frozen_encoder_of is None else optim.train_only_outside(tx, frozen_encoder_of, "bert")
-    )
+    if frozen_encoder_of is None:
+        return tx
+    scope = families.of(frozen_encoder_of).encoder_scope
+    return optim.train_only_outside(tx, families.abstract_params(frozen_encoder_of), scope)
 
 
 def make_trainer(
@@ -129,9 +133,7 @@ def make_trainer(
             "--config.train_batch_size"
         )
     model = task.model(model_config)
-    tx = optimizer(
-        settings, total_steps, families.abstract_params(model) if task.frozen_encoder else None
-    )
+    tx = optimizer(settings, total_steps, model if task.frozen_encoder else None)
     return finetune_trainer.build(
         task,
         model,

@@ -46,9 +46,7 @@ def checkpoint_model(
             "from another checkpoint"
         )
     if families.of(found).tokenizer_pad and "model.pad_token_id" not in explicit:
-        values["pad_token_id"] = getattr(
-            found, "pad_token_id", None
-        )  # (checked against the tokenizer's [PAD])
+        values["pad_token_id"] = families.of(found).pad_id(found)  # (checked: the tokenizer's)
     return {name: value for name, value in values.items() if model[name] != value}
 
 
