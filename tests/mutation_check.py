@@ -110,7 +110,7 @@ MUTATIONS = (
     ),
     Mutation(
         "masked positions picked one off",
-        "bertjax/models/bert/model.py",
+        "bertjax/models/layers/gather.py",
         "positions_BxP[:, :, None] == jnp.arange(x_BxLxH.shape[1])",
         "positions_BxP[:, :, None] == jnp.arange(x_BxLxH.shape[1]) + 1",
         ("tests/test_model.py::test_gathered_positions_and_their_gradient_equal_the_gather",),

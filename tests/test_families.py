@@ -1,6 +1,6 @@
 """The model-family interface (`bertjax.models.families`): shared code never branches on the family
 (an AST count, 0), and a third family defined in tests/ (`toy_family`: BERT without NSP under
-another name) registers through the interface and then pretrains, resumes, fine-tunes and
+another name) registers through the interface (a subclass of BERT's adapter) and then pretrains, resumes, fine-tunes and
 extracts features with no edit to shared code."""
 
 import ast

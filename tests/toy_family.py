@@ -13,7 +13,6 @@ import jax.numpy as jnp
 
 from bertjax.errors import ConfigError
 from bertjax.families import bert as bert_family
-from bertjax.models.bert import model as bert_model
 from bertjax.models.bert.model import BertConfig, BertMaskedLMHead, BertModel
 from bertjax.models.layers.gather import gather_positions
 
@@ -50,49 +49,49 @@ class ToyForMaskedLM(nn.Module):
         )
 
 
-def forward(model, params, batch, mask, deterministic, rngs) -> tuple[jax.Array, None]:
-    return bert_family.forward(model, params, batch, mask, deterministic, rngs), None
+class ToyFamily(bert_family.BertFamily):
+    """BERT's adapter with the toy's name, config class and model: no NSP head, no
+    transformers form, no probes."""
+
+    name = "toy"
+    title = "Toy"
+    configs = "tests/toy_family.py"
+    config_class = ToyConfig
+    records_family = True
+    probes = False
+    hf = None
+
+    def pretraining_model(self, config: ToyConfig) -> nn.Module:
+        return ToyForMaskedLM(config)
+
+    def example_inputs(self, model: nn.Module) -> tuple:
+        inputs = super().example_inputs(model)
+        extra = (jnp.zeros((1, 2), jnp.int32),) if isinstance(model, ToyForMaskedLM) else ()
+        return inputs + extra
+
+    def recorded_fields(self, model: Any) -> dict[str, Any]:
+        return {"family": "toy", **super().recorded_fields(model)}
+
+    def forward(self, model, params, batch, mask, deterministic, rngs) -> tuple[jax.Array, None]:
+        return super().forward(model, params, batch, mask, deterministic, rngs), None
+
+    def flops(self, config: ToyConfig, seq_length: int, predictions: int) -> int:
+        h = config.hidden_size
+        return super().flops(config, seq_length, predictions) - 6 * (h * h + 2 * h)
+
+    def check_pretraining(self, model: Any, objective: str, next_sentence_prediction: bool) -> None:
+        super().check_pretraining(model, objective, next_sentence_prediction)
+        if next_sentence_prediction:
+            raise ConfigError(
+                "model.family='toy' has no next-sentence head; set "
+                "--config.train.next_sentence_prediction=False"
+            )
+
+    def finetune_config(self, values: dict[str, Any], source: Any) -> ToyConfig:
+        return ToyConfig(**dataclasses.asdict(super().finetune_config(values, source)))
+
+    def encoder_only(self, params: dict[str, Any]) -> bool:
+        return False
 
 
-def example_inputs(model: nn.Module) -> tuple:
-    inputs = bert_model.example_inputs(model)
-    return inputs + (jnp.zeros((1, 2), jnp.int32),) if isinstance(model, ToyForMaskedLM) else inputs
-
-
-def flops(model_config: ToyConfig, seq_length: int, predictions: int) -> int:
-    h = model_config.hidden_size
-    return bert_family.flops(model_config, seq_length, predictions) - 6 * (h * h + 2 * h)
-
-
-def check_pretraining(model: Any, train: Any) -> None:
-    bert_family.check_pretraining(model, train)
-    if train.next_sentence_prediction:
-        raise ConfigError(
-            "model.family='toy' has no next-sentence head; set "
-            "--config.train.next_sentence_prediction=False"
-        )
-
-
-def finetune_config(values: dict[str, Any], source: Any) -> ToyConfig:
-    bert = bert_family.finetune_config(values, source)
-    return ToyConfig(**dataclasses.asdict(bert))
-
-
-FAMILY = dataclasses.replace(
-    bert_family.FAMILY,
-    name="toy",
-    title="Toy",
-    configs="tests/toy_family.py",
-    config_class=ToyConfig,
-    pretraining_model=ToyForMaskedLM,
-    example_inputs=example_inputs,
-    recorded_fields=lambda model: {"family": "toy", **bert_family.recorded_fields(model)},
-    forward=forward,
-    flops=flops,
-    check_pretraining=check_pretraining,
-    finetune_config=finetune_config,
-    records_family=True,
-    probes=False,
-    encoder_only=lambda params: False,
-    hf=None,
-)
+FAMILY = ToyFamily()

@@ -6,13 +6,15 @@ name (`get`) or by its config (`of`); BERT's is `bertjax.families.bert`, ModernB
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import flax.linen as nn
 import jax
+from jax.typing import ArrayLike
 
 from bertjax.errors import ConfigError
 
@@ -68,6 +70,48 @@ class ModelConfig(Protocol):
     def from_dict(cls, values: Mapping[str, Any]) -> Any: ...
 
 
+class HeadOptions(Protocol):
+    """What a task's head reads of its options (`tasks.features.TaskOptions`)."""
+
+    @property
+    def causal_attention(self) -> bool: ...
+
+    @property
+    def feature_based(self) -> bool: ...
+
+    @property
+    def lstm_size(self) -> int: ...
+
+
+class FinetuneSource(Protocol):
+    """What a family reads of a fine-tuning run's model source (`interop.pretrained.Source`)."""
+
+    @property
+    def init_checkpoint(self) -> str: ...
+
+    @property
+    def model_config(self) -> str: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def hidden_dropout_prob(self) -> float: ...
+
+    @property
+    def attention_probs_dropout_prob(self) -> float: ...
+
+    @property
+    def classifier_pooling(self) -> str: ...
+
+    @property
+    def vocab_flag(self) -> str: ...
+
+
+Config = TypeVar("Config", bound=ModelConfig)  # a family's model config class
+Params = Mapping[str, Any]  # a model's parameter tree
+
+
 @dataclasses.dataclass(frozen=True)
 class HfForm:
     """A family's transformers form: how `convert` and `pretrained` read and write it."""
@@ -84,35 +128,17 @@ class HfForm:
     sequence_pooler: bool = True  # its sequence classifier has BERT's pooler
 
 
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """Everything shared code needs of one model family."""
+class Family(abc.ABC, Generic[Config]):
+    """Everything shared code needs of one model family, T5X's BaseModel style: a subclass
+    sets the class attributes and implements the abstract methods (`bertjax.families.bert`);
+    `register(Subclass())` makes it known."""
 
     name: str  # `model.family`
     title: str  # for messages: "BERT"
     configs: str  # the config files whose `model` section its runs start from
-    config_class: type[ModelConfig]  # a frozen dataclass with `from_dict`
-    check: Callable[[Mapping[str, Any], str, str], None]  # (values, prefix, flag): ValueError
-    # (the `model` section) -> what a checkpoint records of the model (a resume must match it)
-    recorded_fields: Callable[[Mapping[str, Any]], dict[str, Any]]
-    architecture: Callable[[Any], dict[str, Any]]  # the fields a checkpoint fixes
-    pretraining_model: Callable[[Any], nn.Module]  # the module pretraining trains
-    encoder: Callable[[Any], nn.Module]  # the bare encoder (features, probes)
+    config_class: type[Config]  # a frozen dataclass with `from_dict`
     encoder_scope: str  # the encoder's top-level parameter name inside every model
-    example_inputs: Callable[[nn.Module], tuple]  # inputs for `model.init`
-    # (model, params, batch, attention mask, deterministic, rngs) -> (mlm logits, nsp or None)
-    forward: Callable[..., tuple[jax.Array, jax.Array | None]]
-    # (encoder, params, input_ids, segment_ids, input_mask) -> every layer's output [N, B, L, H]
-    all_layers: Callable[..., jax.Array]
-    # task kind ("classification", "tagging", "span") -> (config, num_labels, options) -> model
-    heads: Mapping[str, Callable[..., nn.Module]]
-    flops: Callable[[Any, int, int], int]  # (config, seq_length, predictions) per sequence
-    # (model section, TrainSettings) -> a pretraining run it cannot train: ConfigError
-    check_pretraining: Callable[[Mapping[str, Any], Any], None]
-    # (architecture values, pretrained.Source) -> the fine-tuning model config
-    finetune_config: Callable[[dict[str, Any], Any], Any]
-    # (fine-tuning options, init_checkpoint) -> the refusal of an option it has no use for
-    finetune_problem: Callable[[object, str], str | None]
+    head_kinds: tuple[str, ...] = ("classification", "tagging", "span")  # its task heads
     pretraining_rules: tuple = ()  # validate's (field, check, message) rules of its section
     pretrained_parts: tuple[str, ...] = ()  # what fine-tuning takes from a pretrained model
     optional_parts: tuple[str, ...] = ()  # the pretrained_parts a checkpoint may lack
@@ -120,17 +146,109 @@ class Family:
     token_type_ids: bool = True  # its inputs have segments (tokenizer exports name them)
     tokenizer_pad: bool = False  # its config names the tokenizer's [PAD] id (`pad_token_id`)
     probes: bool = False  # bertjax.probe reads its layers
-    # (config, params, src, source format, target, scan_layers) -> ConversionError if refused
-    check_export: Callable[..., None] = lambda *args: None
-    encoder_only: Callable[[dict[str, Any]], bool] = lambda params: False  # no heads at all
     hf: HfForm | None = None  # its transformers form, if any
-    # (config) -> whether its layers are stacked (scanned); (config, scanned) -> that layout's
-    scanned: Callable[[Any], bool] = lambda cfg: False
-    with_scanned: Callable[[Any, bool], Any] = lambda cfg, scanned: cfg
-    # (config) -> the tokenizer's [PAD] id its config names (a `tokenizer_pad` family's);
-    # (config, id) -> the config naming `id`
-    pad_id: Callable[[Any], int | None] = lambda cfg: None
-    with_pad_id: Callable[[Any, int], Any] = lambda cfg, pad_id: cfg
+
+    @abc.abstractmethod
+    def check(self, values: Mapping[str, Any], prefix: str, flag: str) -> None:
+        """A `model` section its config cannot build: ValueError (one line)."""
+
+    @abc.abstractmethod
+    def recorded_fields(self, model: Mapping[str, Any]) -> dict[str, Any]:
+        """What a checkpoint records of the `model` section (a resume must match it)."""
+
+    @abc.abstractmethod
+    def architecture(self, config: Config) -> dict[str, Any]:
+        """The fields a checkpoint fixes."""
+
+    @abc.abstractmethod
+    def pretraining_model(self, config: Config) -> nn.Module:
+        """The module pretraining trains."""
+
+    @abc.abstractmethod
+    def encoder(self, config: Config) -> nn.Module:
+        """The bare encoder (features, probes)."""
+
+    @abc.abstractmethod
+    def example_inputs(self, model: nn.Module) -> tuple:
+        """Inputs for `model.init`."""
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        model: nn.Module,
+        params: Params,
+        batch: Mapping[str, jax.Array],
+        mask: jax.Array,
+        deterministic: bool,
+        rngs: dict[str, Any] | None,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """`(mlm logits, nsp logits or None)` of its pretraining model on `batch`."""
+
+    @abc.abstractmethod
+    def all_layers(
+        self,
+        encoder: nn.Module,
+        params: Params,
+        input_ids: ArrayLike,
+        segment_ids: ArrayLike,
+        input_mask: ArrayLike,
+    ) -> jax.Array:
+        """Every layer's output of the encoder, `[N, B, L, H]`."""
+
+    @abc.abstractmethod
+    def head(self, kind: str, config: Config, num_labels: int, options: HeadOptions) -> nn.Module:
+        """The fine-tuning model of a task `kind` (one of `head_kinds`)."""
+
+    @abc.abstractmethod
+    def flops(self, config: Config, seq_length: int, predictions: int) -> int:
+        """Training FLOPs per sequence."""
+
+    @abc.abstractmethod
+    def check_pretraining(
+        self, model: Mapping[str, Any], objective: str, next_sentence_prediction: bool
+    ) -> None:
+        """A pretraining run (`model` section, `train.objective`, `train
+        .next_sentence_prediction`) it cannot train: ConfigError."""
+
+    @abc.abstractmethod
+    def finetune_config(self, values: dict[str, Any], source: FinetuneSource) -> Config:
+        """The fine-tuning model config of architecture `values` and a `pretrained.Source`."""
+
+    @abc.abstractmethod
+    def finetune_problem(self, options: object, init_checkpoint: str) -> str | None:
+        """The refusal of a fine-tuning option it has no use for (None: none)."""
+
+    def check_export(
+        self,
+        config: Config,
+        params: dict[str, Any],
+        src: str,
+        source_format: str,
+        target: str,
+        scan_layers: bool,
+    ) -> None:
+        """A conversion it refuses: ConversionError (none by default)."""
+        return None
+
+    def encoder_only(self, params: dict[str, Any]) -> bool:
+        """Whether `params` hold its encoder alone (no heads at all)."""
+        return False
+
+    def scanned(self, config: Config) -> bool:
+        """Whether `config`'s layers are stacked (scanned)."""
+        return False
+
+    def with_scanned(self, config: Config, scanned: bool) -> Config:
+        """`config` in that layer layout (a family that never scans: as it is)."""
+        return config
+
+    def pad_id(self, config: Config) -> int | None:
+        """The tokenizer's [PAD] id its config names (a `tokenizer_pad` family's)."""
+        return None
+
+    def with_pad_id(self, config: Config, pad_id: int) -> Config:
+        """The config naming `pad_id` as the [PAD] id."""
+        return config
 
     @property
     def hf_form(self) -> HfForm:
@@ -140,8 +258,8 @@ class Family:
         return self.hf
 
 
-_FAMILIES: dict[str, Family] = {}
-_BY_CLASS: dict[type, Family] = {}
+_FAMILIES: dict[str, Family[Any]] = {}
+_BY_CLASS: dict[type, Family[Any]] = {}
 
 
 def register(family: Family) -> Family:
@@ -266,16 +384,16 @@ def optional_pretrained_parts(config: ModelConfig) -> tuple[str, ...]:
     return of(config).optional_parts
 
 
-def head(kind: str, config: ModelConfig, num_labels: int, options: object) -> nn.Module:
+def head(kind: str, config: ModelConfig, num_labels: int, options: HeadOptions) -> nn.Module:
     """The fine-tuning model of a task `kind` ("classification", "tagging", "span") for
     `config`'s family; `options`: the task's (`features.TaskOptions`)."""
     own = of(config)
-    if kind not in own.heads:
+    if kind not in own.head_kinds:
         raise ValueError(
             f"a {own.title} model has no {kind} head; fine-tune it on a task of "
-            f"kind {', '.join(map(repr, own.heads))}"
+            f"kind {', '.join(map(repr, own.head_kinds))}"
         )
-    return own.heads[kind](config, num_labels, options)
+    return own.head(kind, config, num_labels, options)
 
 
 def pretraining_model(config: ModelConfig) -> nn.Module:

@@ -188,7 +188,9 @@ def pretraining_model(config: ml_collections.ConfigDict, typed: PretrainingSetti
     masked LM alone), positions for every phase's length, and room for the SentencePiece
     model it trains."""
     model = config.model
-    families.get(families.family(model)).check_pretraining(model, typed.train)
+    families.get(families.family(model)).check_pretraining(
+        model, typed.train.objective, typed.train.next_sentence_prediction
+    )
     for phase in typed.phases:
         if phase.max_seq_length > model.max_position_embeddings:
             field = "data.max_seq_length" if phase.name == "short" else "long_phase.max_seq_length"
