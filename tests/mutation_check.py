@@ -45,9 +45,9 @@ MUTATIONS = (
     ),
     Mutation(
         "MLM loss without its weights",
-        "bertjax/training/objectives.py",
-        "mlm_loss_sum = jnp.sum(weights_BxP * mlm_nll_BxP)",
-        "mlm_loss_sum = jnp.sum(mlm_nll_BxP)",
+        "bertjax/models/layers/losses.py",
+        "loss_sum = jnp.sum(weights_BxP * nll(logits_BxPxV",
+        "loss_sum = jnp.sum(nll(logits_BxPxV",
         (
             "tests/test_steps.py::test_eval_is_deterministic_with_dropout_and_matches_numpy",
             "tests/test_packing.py::test_packed_rows_give_each_instance_its_own_logits_loss_"
@@ -56,7 +56,7 @@ MUTATIONS = (
     ),
     Mutation(
         "NSP loss dropped",
-        "bertjax/training/objectives.py",
+        "bertjax/families/bert.py",
         "nsp_weight = 1.0 if next_sentence_prediction else 0.0",
         "nsp_weight = 0.0",
         ("tests/test_steps.py::test_eval_is_deterministic_with_dropout_and_matches_numpy",),

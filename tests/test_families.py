@@ -139,6 +139,30 @@ def test_families_are_found_by_name_config_and_transformers_type():
     assert "family" not in families.as_record(BertConfig())  # (BERT's records as before)
 
 
+def test_each_family_owns_its_pretraining_loss():
+    """BERT's is the masked LM's plus the next sentence's (the whole batch's denominators
+    from `loss_denominators`); ModernBERT's the masked LM's alone, its NSP sums 0."""
+    rng = np.random.default_rng(0)
+    batch = {
+        "masked_lm_ids": rng.integers(0, 7, (4, 3)).astype(np.int32),
+        "masked_lm_weights": np.array([[1, 1, 0]] * 4, np.float32),
+        "next_sentence_labels": rng.integers(0, 2, (4,)).astype(np.int32),
+    }
+    mlm, nsp = rng.normal(size=(4, 3, 7)), rng.normal(size=(4, 2))
+    mlm_nll = -np.take_along_axis(jax.nn.log_softmax(mlm), batch["masked_lm_ids"][..., None], -1)
+    nsp_nll = -np.take_along_axis(
+        jax.nn.log_softmax(nsp), batch["next_sentence_labels"][:, None], -1
+    )
+    mlm_mean = (mlm_nll[..., 0] * batch["masked_lm_weights"]).sum() / (8 + 1e-5)
+    bert, modernbert = families.get("bert"), families.get("modernbert")
+    loss, sums = bert.pretraining_loss((mlm, nsp), batch)
+    assert bert.loss_denominators(batch)["sequences"] == 4 and sums["nsp_count"] == 4
+    np.testing.assert_allclose(loss, mlm_mean + nsp_nll.mean(), rtol=1e-5)
+    loss, sums = modernbert.pretraining_loss((mlm, None), batch)
+    np.testing.assert_allclose(loss, mlm_mean, rtol=1e-5)
+    assert sums["nsp_loss_sum"] == sums["nsp_count"] == 0 and sums["mlm_weight_sum"] == 8
+
+
 @pytest.fixture
 def toy(monkeypatch):
     """The toy family registered for one test (the registry restored after it)."""

@@ -23,8 +23,9 @@ from bertjax import train
 from bertjax.checkpoints.run_record import RunRecord
 from bertjax.data import batch as batch_spec, instances, loaders, packing, pipeline
 from bertjax.data.settings import DataSettings
+from bertjax.models import families
 from bertjax.models.bert.model import BertConfig, BertForPreTraining, example_inputs
-from bertjax.training import guards, objectives
+from bertjax.training import guards
 from bertjax.training.phase_schedule import Phase
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)  # noqa: F401 (fixtures)
 
@@ -152,7 +153,7 @@ def test_packed_rows_give_each_instance_its_own_logits_loss_and_gradient():
                 batch["masked_lm_positions"],
                 **extra,
             )
-            loss, sums = objectives.pretraining_loss(mlm, nsp, batch)
+            loss, sums = families.of(model).pretraining_loss((mlm, nsp), batch)
             return loss, (mlm, nsp, sums)
 
         return jax.value_and_grad(loss_fn, has_aux=True)(params)

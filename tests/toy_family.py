@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from bertjax.errors import ConfigError
 from bertjax.families import bert as bert_family
 from bertjax.models.bert.model import BertConfig, BertMaskedLMHead, BertModel
+from bertjax.models.layers import losses
 from bertjax.models.layers.gather import gather_positions
 
 
@@ -74,6 +75,11 @@ class ToyFamily(bert_family.BertFamily):
 
     def forward(self, model, params, batch, mask, deterministic, rngs) -> tuple[jax.Array, None]:
         return super().forward(model, params, batch, mask, deterministic, rngs), None
+
+    def pretraining_loss(self, outputs, batch, denominators=None, next_sentence_prediction=False):
+        """The masked LM's alone (no next-sentence head)."""
+        denominators = denominators or self.loss_denominators(batch)
+        return losses.masked_lm_only(outputs[0], batch, denominators["mlm_weights"])
 
     def flops(self, config: ToyConfig, seq_length: int, predictions: int) -> int:
         h = config.hidden_size

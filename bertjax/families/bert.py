@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from bertjax.data import batch as batch_spec
@@ -25,8 +26,16 @@ from bertjax.models.bert.heads import (
     BertForTokenClassification,
 )
 from bertjax.models.bert.model import BertConfig, BertForPreTraining, BertModel
+from bertjax.models.layers import losses
 from bertjax.runtime import files
 from bertjax.training import validate
+
+
+def next_sentences(batch: Mapping[str, jax.Array]) -> jax.Array | int:
+    """Next-sentence predictions in `batch`: one per row, or per packed instance."""
+    if "next_sentence_weights" in batch:
+        return jnp.sum(batch["next_sentence_weights"].astype(jnp.float32))
+    return batch["next_sentence_labels"].shape[0]
 
 
 class BertFamily(families.Family[BertConfig]):
@@ -97,6 +106,37 @@ class BertFamily(families.Family[BertConfig]):
             **packed,
         )
         return cast(tuple[jax.Array, jax.Array], outputs)
+
+    def pretraining_loss(
+        self,
+        outputs: tuple[jax.Array, jax.Array | None],
+        batch: Mapping[str, jax.Array],
+        denominators: Mapping[str, Any] | None = None,
+        next_sentence_prediction: bool = True,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """MLM + NSP as in the original; without `next_sentence_prediction` the MLM's alone,
+        the NSP sums 0. Packed rows have `[B, K, 2]` NSP logits and `next_sentence_weights`
+        (0 for empty slots)."""
+        mlm_logits_BxPxV, nsp_logits_Bx2 = outputs
+        if nsp_logits_Bx2 is None:
+            raise TypeError("BertForPreTraining gives next-sentence logits")
+        denominators = denominators or self.loss_denominators(batch)
+        mlm_loss, sums = losses.masked_lm(mlm_logits_BxPxV, batch, denominators["mlm_weights"])
+        nsp_weight = 1.0 if next_sentence_prediction else 0.0
+        nsp_nll_B = nsp_weight * losses.nll(nsp_logits_Bx2, batch["next_sentence_labels"])
+        nsp_weights_B = batch.get("next_sentence_weights", jnp.ones_like(nsp_nll_B))
+        nsp_loss_sum = jnp.sum(nsp_weights_B * nsp_nll_B)
+        nsp_correct = jnp.argmax(nsp_logits_Bx2, axis=-1) == batch["next_sentence_labels"]
+        return mlm_loss + nsp_loss_sum / denominators["sequences"], {
+            **sums,
+            "nsp_loss_sum": nsp_loss_sum,
+            "nsp_correct_sum": nsp_weight * jnp.sum(nsp_weights_B * nsp_correct),
+            "nsp_count": jnp.float32(nsp_weight * next_sentences(batch)),
+        }
+
+    def loss_denominators(self, batch: Mapping[str, jax.Array]) -> dict[str, Any]:
+        """Its masked-LM weights and next-sentence predictions."""
+        return {**super().loss_denominators(batch), "sequences": next_sentences(batch)}
 
     def all_layers(
         self,

@@ -19,6 +19,7 @@ from bertjax.interop.hf import TO_HF_ACTIVATION
 from bertjax.interop.pretrained import PretrainedError
 from bertjax.models import families
 from bertjax.models.bert import model as bert_model
+from bertjax.models.layers import losses
 from bertjax.models.modernbert import config as modernbert_config, model as modernbert
 from bertjax.models.modernbert.config import ModernBertConfig
 from bertjax.models.modernbert.heads import (
@@ -126,6 +127,17 @@ class ModernBertFamily(families.Family[ModernBertConfig]):
             **packed,
         )
         return cast(jax.Array, mlm_logits), None
+
+    def pretraining_loss(
+        self,
+        outputs: tuple[jax.Array, jax.Array | None],
+        batch: Mapping[str, jax.Array],
+        denominators: Mapping[str, Any] | None = None,
+        next_sentence_prediction: bool = False,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The masked LM's alone (no next-sentence head)."""
+        denominators = denominators or self.loss_denominators(batch)
+        return losses.masked_lm_only(outputs[0], batch, denominators["mlm_weights"])
 
     def all_layers(
         self,

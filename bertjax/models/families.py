@@ -17,6 +17,7 @@ import jax
 from jax.typing import ArrayLike
 
 from bertjax.errors import ConfigError
+from bertjax.models.layers import losses
 
 DEFAULT = "bert"  # the family of a `model` section that names none (BERT's configs, records)
 _BUILTIN = ("bertjax.families.bert", "bertjax.families.modernbert")
@@ -183,6 +184,24 @@ class Family(abc.ABC, Generic[Config]):
         rngs: dict[str, Any] | None,
     ) -> tuple[jax.Array, jax.Array | None]:
         """`(mlm logits, nsp logits or None)` of its pretraining model on `batch`."""
+
+    @abc.abstractmethod
+    def pretraining_loss(
+        self,
+        outputs: tuple[jax.Array, jax.Array | None],
+        batch: Mapping[str, jax.Array],
+        denominators: Mapping[str, Any] | None = None,
+        next_sentence_prediction: bool = True,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """`(loss, metric sums)` of `forward`'s outputs on `batch`: the sums add up over
+        micro-batches, steps and hosts (`objectives.summarize` makes them means);
+        `denominators`: `loss_denominators` of the whole optimizer batch (default: `batch`'s),
+        so that micro-batch losses add up to its loss."""
+
+    def loss_denominators(self, batch: Mapping[str, jax.Array]) -> dict[str, Any]:
+        """What `pretraining_loss` divides by, of a whole optimizer batch: its masked-LM
+        weights."""
+        return {"mlm_weights": losses.mlm_weight_total(batch)}
 
     @abc.abstractmethod
     def all_layers(

@@ -32,7 +32,7 @@ from bertjax.data import batch as batch_spec
 from bertjax.errors import UserError
 from bertjax.models import families
 from bertjax.models.families import ModelConfig
-from bertjax.training import objectives, sharding, steps
+from bertjax.training import sharding, steps
 from bertjax.training.phase_schedule import Phase
 from bertjax.training.state import TrainState
 
@@ -169,8 +169,8 @@ def saved_residuals(config: ModelConfig, phase: Phase, batch_size: int) -> list[
     params = families.abstract_params(model)
 
     def loss(params, batch, rng):
-        mlm_logits, nsp_logits = steps.forward(model, params, batch, False, rng)
-        return objectives.pretraining_loss(mlm_logits, nsp_logits, batch)[0]
+        outputs = steps.forward(model, params, batch, False, rng)
+        return families.of(model).pretraining_loss(outputs, batch)[0]
 
     text = io.StringIO()
     with contextlib.redirect_stdout(text):

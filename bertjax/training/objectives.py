@@ -1,7 +1,7 @@
-"""Pretraining losses and metric sums (the original `run_pretraining.py` definitions).
-
-Metrics are returned as sums plus their denominators so that they can be added over
-micro-batches, steps and hosts without biasing a mean with padding.
+"""What pretraining optimises (`train.objective`, `train.next_sentence_prediction`), the
+left-to-right objective's batches, and the means of a step's metric sums. The loss itself is
+the model family's (`Family.pretraining_loss`): its metrics are sums plus their denominators,
+so that they add over micro-batches, steps and hosts without biasing a mean with padding.
 """
 
 from __future__ import annotations
@@ -11,9 +11,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from bertjax.models.layers import losses
-
-MLM_WEIGHT_EPSILON = 1e-5  # the original: sum(w * nll) / (sum(w) + 1e-5)
 OBJECTIVES = ("mlm", "ltr")
 
 
@@ -60,60 +57,6 @@ def next_token_batch(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
         masked_lm_ids=ids_BxL[:, 1:],
         masked_lm_weights=batch["input_mask"][:, 1:].astype(jnp.float32),
     )
-
-
-def nsp_count(batch: dict[str, jax.Array]) -> jax.Array | int:
-    """Next-sentence predictions in `batch`: one per row, or per packed instance."""
-    if "next_sentence_weights" in batch:
-        return jnp.sum(batch["next_sentence_weights"].astype(jnp.float32))
-    return batch["next_sentence_labels"].shape[0]
-
-
-def pretraining_loss(
-    mlm_logits_BxPxV: jax.Array,
-    nsp_logits_Bx2: jax.Array | None,
-    batch: dict[str, jax.Array],
-    mlm_weight_total: jax.Array | None = None,
-    num_sequences_total: jax.Array | float | None = None,
-    next_sentence_prediction: bool = True,
-):
-    """Returns `(loss, metric_sums)` with loss = MLM + NSP as in the original.
-
-    `mlm_weight_total` and `num_sequences_total` are the denominators of the whole optimizer
-    batch; passing them makes the sum of micro-batch losses equal the full-batch loss, so
-    gradient accumulation gives exactly the large-batch gradient. They default to this batch.
-    Without `next_sentence_prediction` the loss is the MLM's alone and the NSP sums are 0.
-    Packed rows have `[B, K, 2]` NSP logits and `next_sentence_weights` (0 for empty slots).
-    A model without an NSP head (ModernBERT) passes `nsp_logits_Bx2=None`: as NSP switched off.
-    """
-    if nsp_logits_Bx2 is None:
-        next_sentence_prediction = False
-        nsp_logits_Bx2 = jnp.zeros(batch["next_sentence_labels"].shape + (2,), jnp.float32)
-    weights_BxP = batch["masked_lm_weights"].astype(jnp.float32)
-    mlm_nll_BxP = losses.nll(mlm_logits_BxPxV, batch["masked_lm_ids"])
-    nsp_weight = 1.0 if next_sentence_prediction else 0.0
-    nsp_nll_B = nsp_weight * losses.nll(nsp_logits_Bx2, batch["next_sentence_labels"])
-    nsp_weights_B = batch.get("next_sentence_weights", jnp.ones_like(nsp_nll_B))
-    if mlm_weight_total is None:
-        mlm_weight_total = jnp.sum(weights_BxP)
-    if num_sequences_total is None:
-        num_sequences_total = nsp_count(batch)
-    mlm_loss_sum = jnp.sum(weights_BxP * mlm_nll_BxP)
-    nsp_loss_sum = jnp.sum(nsp_weights_B * nsp_nll_B)
-    loss = (
-        mlm_loss_sum / (mlm_weight_total + MLM_WEIGHT_EPSILON) + nsp_loss_sum / num_sequences_total
-    )
-    mlm_correct = jnp.argmax(mlm_logits_BxPxV, axis=-1) == batch["masked_lm_ids"]
-    nsp_correct = jnp.argmax(nsp_logits_Bx2, axis=-1) == batch["next_sentence_labels"]
-    metrics = {
-        "mlm_loss_sum": mlm_loss_sum,
-        "mlm_correct_sum": jnp.sum(weights_BxP * mlm_correct),
-        "mlm_weight_sum": jnp.sum(weights_BxP),
-        "nsp_loss_sum": nsp_loss_sum,
-        "nsp_correct_sum": nsp_weight * jnp.sum(nsp_weights_B * nsp_correct),
-        "nsp_count": jnp.float32(nsp_weight * nsp_count(batch)),
-    }
-    return loss, metrics
 
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:

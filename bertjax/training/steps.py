@@ -61,11 +61,11 @@ def make_train_step(
     micro-batches, or as many as it gives for the batch's `(rows, length)`: one per phase),
     clip + update (inside `tx`), and a skip of non-finite updates."""
 
-    def loss_fn(params, micro: Batch, rng, weight_total, num_sequences):
-        mlm_logits, nsp_logits = forward(model, params, micro, False, rng, objective.causal)
-        return objectives.pretraining_loss(
-            mlm_logits, nsp_logits, micro, weight_total, num_sequences, objective.uses_nsp
-        )
+    family = families.of(model)
+
+    def loss_fn(params, micro: Batch, rng, denominators):
+        outputs = forward(model, params, micro, False, rng, objective.causal)
+        return family.pretraining_loss(outputs, micro, denominators, objective.uses_nsp)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -78,33 +78,22 @@ def make_train_step(
         if objective.causal:
             batch = objectives.next_token_batch(batch)
         step_rng = jax.random.fold_in(state.rng, state.step)
-        weight_total = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
-        num_sequences = objectives.nsp_count(batch)
+        denominators = family.loss_denominators(batch)  # (the whole batch's, for each micro)
         if micro_batches == 1:
-            (loss, metrics), grads = grad_fn(
-                state.params, batch, step_rng, weight_total, num_sequences
-            )
+            (loss, metrics), grads = grad_fn(state.params, batch, step_rng, denominators)
         else:
 
             def accumulate(carry, micro_and_index):
                 micro, index = micro_and_index
                 (loss, metrics), grads = grad_fn(
-                    state.params,
-                    micro,
-                    jax.random.fold_in(step_rng, index),
-                    weight_total,
-                    num_sequences,
+                    state.params, micro, jax.random.fold_in(step_rng, index), denominators
                 )
                 return jax.tree.map(jnp.add, carry, (loss, metrics, grads)), None
 
             split = _split_micro_batches(batch, micro_batches)
             zero = jax.eval_shape(
                 lambda: grad_fn(
-                    state.params,
-                    jax.tree.map(lambda x: x[0], split),
-                    step_rng,
-                    weight_total,
-                    num_sequences,
+                    state.params, jax.tree.map(lambda x: x[0], split), step_rng, denominators
                 )
             )
             (zero_loss, zero_metrics), zero_grads = jax.tree.map(
@@ -205,9 +194,9 @@ def make_eval_step(
     def eval_step(params: optax.Params, batch: Batch) -> Metrics:
         if objective.causal:
             batch = objectives.next_token_batch(batch)
-        mlm_logits, nsp_logits = forward(model, params, batch, True, causal=objective.causal)
-        return objectives.pretraining_loss(
-            mlm_logits, nsp_logits, batch, next_sentence_prediction=objective.uses_nsp
+        outputs = forward(model, params, batch, True, causal=objective.causal)
+        return families.of(model).pretraining_loss(
+            outputs, batch, next_sentence_prediction=objective.uses_nsp
         )[1]
 
     return eval_step

@@ -1,11 +1,16 @@
-"""The losses every model and task shares: the cross-entropy (`nll`), and the fine-tuning
-heads' losses. Each returns `(loss, {"loss_sum", "count"})`: the loss is the mean over weighted
+"""The losses every model and task shares: the cross-entropy (`nll`), the masked LM's term of
+a pretraining loss (each family's `pretraining_loss` builds on it), and the fine-tuning heads'
+losses. A fine-tuning loss returns `(loss, {"loss_sum", "count"})`: the mean over weighted
 examples (tokens for tagging); weights are 0 for padding rows/tokens."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import jax
 import jax.numpy as jnp
+
+MLM_WEIGHT_EPSILON = 1e-5  # the original: sum(w * nll) / (sum(w) + 1e-5)
 
 
 def nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -20,6 +25,37 @@ def nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
         jnp.where(classes == labels[..., None].astype(jnp.int32), shifted, 0.0), axis=-1
     )
     return -(label_shifted - log_sum)
+
+
+def mlm_weight_total(batch: Mapping[str, jax.Array]) -> jax.Array:
+    """The masked-LM weights of a (whole optimizer) batch: the masked LM's denominator."""
+    return jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
+
+
+def masked_lm(
+    logits_BxPxV: jax.Array, batch: Mapping[str, jax.Array], weight_total: jax.Array
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The masked LM's term of a pretraining loss, `sum(w * nll) / (weight_total + 1e-5)` as
+    in the original `run_pretraining.py` (`weight_total`: the whole optimizer batch's, so
+    micro-batches add up to it), and its metric sums (loss, correct, weight)."""
+    weights_BxP = batch["masked_lm_weights"].astype(jnp.float32)
+    loss_sum = jnp.sum(weights_BxP * nll(logits_BxPxV, batch["masked_lm_ids"]))
+    correct_BxP = jnp.argmax(logits_BxPxV, axis=-1) == batch["masked_lm_ids"]
+    return loss_sum / (weight_total + MLM_WEIGHT_EPSILON), {
+        "mlm_loss_sum": loss_sum,
+        "mlm_correct_sum": jnp.sum(weights_BxP * correct_BxP),
+        "mlm_weight_sum": jnp.sum(weights_BxP),
+    }
+
+
+def masked_lm_only(
+    logits_BxPxV: jax.Array, batch: Mapping[str, jax.Array], weight_total: jax.Array
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The pretraining loss of a model without a next-sentence head: the masked LM's alone,
+    with the next-sentence sums every pretraining step reports at 0."""
+    loss, sums = masked_lm(logits_BxPxV, batch, weight_total)
+    zero = jnp.zeros((), jnp.float32)
+    return loss, {**sums, "nsp_loss_sum": zero, "nsp_correct_sum": zero, "nsp_count": zero}
 
 
 def weighted_mean(values: jax.Array, weights: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
