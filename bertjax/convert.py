@@ -32,11 +32,9 @@ import numpy as np
 
 from bertjax import cli
 from bertjax.errors import UserError
-from bertjax.interop import export, finetuned, hf, native, pretrained, tf, tree
+from bertjax.interop import export, finetuned, hf, native, pretrained, tree
 from bertjax.models import families
 from bertjax.runtime import console
-
-SAVERS = {"tf": tf.save_tf, "bertjax": native.save_bertjax}  # (hf: the family's writer)
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -94,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         family = families.of(config)
         family.check_export(config, params, args.src, source_format, target, args.scan_layers)
-        if target == "hf" and family.hf is None:
+        if (target == "hf" and family.hf is None) or (target == "tf" and family.tf is None):
             raise tree.ConversionError(
                 f"{args.src} holds a {family.title} model, which has no "
-                "transformers class: pass --to=bertjax"
+                f"{'transformers class' if target == 'hf' else 'Google TF form'}: pass --to=bertjax"
             )
         task_config = native.finetuned_config(args.src) if source_format == "bertjax" else None
         head = (
@@ -106,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             else None
         )
         if target == "hf" and not task_config and family.encoder_only(params):
-            head = finetuned.ENCODER_ONLY  # (an encoder imported from a fine-tuned model)
+            head = finetuned.encoder_only(family.hf_form)  # (imported from a fine-tuned model)
         if target == "bertjax":
             config = families.with_layout(config, args.scan_layers)
         num_params = sum(int(np.size(v)) for v in tree.flatten(params).values())
@@ -118,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                 family.hf_form.write, pad_token_id=tokenizer.pad_id if tokenizer else 0
             )
             if target == "hf"
-            else SAVERS[target]
+            else family.tf_form.write
+            if target == "tf"
+            else native.save_bertjax
         )
         if head:
             num_params = save(config, params, args.dst, head)

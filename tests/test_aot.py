@@ -519,8 +519,8 @@ def test_the_python_api_is_as_quiet_as_the_command_line(hf_dir, tmp_path):  # no
     script = (
         "import numpy as np\n"
         "from bertjax.models.modernbert import model as modernbert\n"
-        "from bertjax.interop import hf_modernbert\n"
-        f"config, params = hf_modernbert.load_hf({hf_dir!r})\n"
+        "from bertjax.families import modernbert_hf\n"
+        f"config, params = modernbert_hf.load_hf({hf_dir!r})\n"
         "input_ids = np.full((1, 8), 5, np.int32)\n"
         "logits = modernbert.ModernBertForMaskedLM(config).apply(\n"
         "    {'params': params}, input_ids, np.ones_like(input_ids))\n"

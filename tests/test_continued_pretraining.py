@@ -19,7 +19,8 @@ import pytest
 
 import test_faults
 from bertjax import finetune, train
-from bertjax.interop import hf, pretrained, pretrained_weights
+from bertjax.families import bert_hf
+from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models.bert.model import BertConfig
 from test_convert import random_params, run_cli, write_google_checkpoint
 from test_faults import Trainer
@@ -66,7 +67,7 @@ def test_a_bare_encoder_continues_pretraining_with_fresh_heads(
     train.train_and_evaluate(config, str(tmp_path / "run"))
     out = capsys.readouterr().out
     assert "has no predictions, seq_relationship parameters (a bare encoder" in out, out
-    encoder = hf.load_hf(bare_encoder)[1]["bert"]
+    encoder = bert_hf.load_hf(bare_encoder)[1]["bert"]
     params = pretrained.read(str(tmp_path / "run"))[1]
     np.testing.assert_array_equal(  # learning rate 0: the encoder as loaded
         params["bert"]["embeddings"]["word_embeddings"],
@@ -100,7 +101,7 @@ def checkpoints(tmp_path) -> dict[str, str]:
         max_position_embeddings=64,
     )
     params = random_params(config)
-    hf.save_hf(config, params, str(tmp_path / "hf"))
+    bert_hf.save_hf(config, params, str(tmp_path / "hf"))
     write_google_checkpoint(tmp_path / "google", config, params)
     for name in ("hf", "google"):
         vocab(tmp_path / name / "vocab.txt", SPECIALS + WORDS)

@@ -15,16 +15,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from bertjax import convert
-from bertjax.interop import (
-    hf,
-    native,
-    pretrained,
-    pretrained_weights,
-    tf as tf_checkpoint,
-    tf_bundle,
-    tokenizer_fit,
-    tree,
-)
+from bertjax.families import bert_hf, bert_tf as tf_checkpoint
+from bertjax.interop import native, pretrained, pretrained_weights, tf_bundle, tokenizer_fit, tree
 from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from test_interop_tf import BERT_TINY_INDEX
 
@@ -102,7 +94,7 @@ def test_tf_to_bertjax_to_hf_command_line(tmp_path):
     assert_trees_equal(loaded, params)
     assert main_ok(str(tmp_path / "bertjax"), str(tmp_path / "hf"))  # default: bertjax -> hf
     assert pretrained.detect_format(str(tmp_path / "hf")) == "hf"
-    assert_trees_equal(hf.load_hf(str(tmp_path / "hf"))[1], params)
+    assert_trees_equal(bert_hf.load_hf(str(tmp_path / "hf"))[1], params)
     exported = tmp_path / "hf"
     assert (exported / "vocab.txt").read_text().split() == vocab
     config = json.loads((exported / "tokenizer_config.json").read_text())
@@ -123,8 +115,8 @@ def test_tf_to_bertjax_to_hf_command_line(tmp_path):
 
 def test_round_trips_are_exact(tmp_path):
     params = random_params(CONFIG, seed=1)
-    hf.save_hf(CONFIG, params, str(tmp_path / "hf"))
-    config, from_hf = hf.load_hf(str(tmp_path / "hf"))
+    bert_hf.save_hf(CONFIG, params, str(tmp_path / "hf"))
+    config, from_hf = bert_hf.load_hf(str(tmp_path / "hf"))
     assert config == CONFIG
     assert_trees_equal(from_hf, params)
     weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
@@ -234,7 +226,7 @@ def test_bad_checkpoints_get_clear_errors(tmp_path, capsys):
     with pytest.raises(tree.ConversionError, match="bert_config.json not found"):
         tf_checkpoint.load_tf(str(tmp_path / "ok"))
 
-    hf.save_hf(CONFIG, params, str(tmp_path / "hf"))
+    bert_hf.save_hf(CONFIG, params, str(tmp_path / "hf"))
     weights_file = tmp_path / "hf" / "model.safetensors"
     weights = load_file(str(weights_file))
     untied = weights["bert.embeddings.word_embeddings.weight"] + 1
@@ -244,10 +236,10 @@ def test_bad_checkpoints_get_clear_errors(tmp_path, capsys):
         metadata={"format": "pt"},
     )
     with pytest.raises(tree.ConversionError, match="cls.predictions.decoder.weight differs"):
-        hf.load_hf(str(tmp_path / "hf"))
+        bert_hf.load_hf(str(tmp_path / "hf"))
     weights_file.write_bytes(weights_file.read_bytes()[:1000])
     with pytest.raises(tree.ConversionError, match="model.safetensors .*truncated"):
-        hf.load_hf(str(tmp_path / "hf"))
+        bert_hf.load_hf(str(tmp_path / "hf"))
 
     (tmp_path / "junk").mkdir()
     with pytest.raises(tree.ConversionError, match="cannot tell the checkpoint format"):
@@ -378,5 +370,5 @@ def test_exports_never_overwrite_unless_asked(tmp_path, capsys):
     assert not {"vocab.txt", "tokenizer_config.json", "model.safetensors.index.json"} & set(
         os.listdir(hf_dir)
     )
-    assert_trees_equal(hf.load_hf(str(hf_dir))[1], params)
+    assert_trees_equal(bert_hf.load_hf(str(hf_dir))[1], params)
     assert not [name for name in os.listdir(tmp_path) if ".tmp" in name]

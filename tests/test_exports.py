@@ -18,7 +18,8 @@ from safetensors.numpy import load_file, save_file
 
 from bertjax import convert, finetune
 from bertjax.data import tokenization
-from bertjax.interop import hf, native, pretrained, pretrained_weights
+from bertjax.families import bert_hf
+from bertjax.interop import native, pretrained, pretrained_weights
 from bertjax.models.bert.model import BertModel
 from test_convert import random_params
 from test_finetune import TINY, VOCAB, config_file, run_extract_features, sentence
@@ -89,7 +90,7 @@ def test_fine_tuned_model_exports_as_sequence_classification(sst2_run, tmp_path,
     assert values["problem_type"] == "single_label_classification"
     tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
     _, params = pretrained.read(sst2_run)
-    encoder = {hf.path_to_hf("bert/" + p)[0] for p in native.tree.flatten(params["bert"])}
+    encoder = {bert_hf.path_to_hf("bert/" + p)[0] for p in native.tree.flatten(params["bert"])}
     assert set(tensors) == encoder | {"classifier.weight", "classifier.bias"}
     np.testing.assert_array_equal(tensors["classifier.weight"], params["output_weights"])
     assert {"tokenizer.json", "vocab.txt", "README.md"} <= set(os.listdir(tmp_path / "hf"))
@@ -142,7 +143,7 @@ def test_imported_model_finds_its_tokenizer_beside_it(tmp_path):
     """HF -> bertjax writes the tokenizer beside the checkpoint; without one, the message
     names the flag of the command that reads it."""
     bert_config, params = TINY, random_params(TINY)
-    hf.save_hf(bert_config, params, str(tmp_path / "hf"))
+    bert_hf.save_hf(bert_config, params, str(tmp_path / "hf"))
     (tmp_path / "hf" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     assert convert.main([str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
     assert {"vocab.txt", native.TOKENIZER_FILE} <= set(os.listdir(tmp_path / "imported"))
@@ -250,7 +251,7 @@ def wordpiece_json_dir(
     )
     built.add_special_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     config = dataclasses.replace(TINY, vocab_size=len(tokens))
-    hf.save_hf(config, random_params(config), str(path))
+    bert_hf.save_hf(config, random_params(config), str(path))
     built.save(str(path / "tokenizer.json"))
     if tokenizer_config is not None:
         (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))

@@ -23,7 +23,8 @@ import pytest
 from bertjax import extract_features, finetune, train
 from bertjax.checkpoints import checkpoint, checkpoint_checks
 from bertjax.errors import ConfigError
-from bertjax.interop import hf, pretrained, pretrained_weights, tf
+from bertjax.families import bert_hf, bert_tf
+from bertjax.interop import pretrained, pretrained_weights
 from bertjax.interop.tree import ConversionError
 from bertjax.models.bert.heads import (
     BertForQuestionAnswering,
@@ -588,7 +589,7 @@ def test_google_and_hugging_face_checkpoints_initialise_fine_tuning(data_root, t
     beside it), gives the same architecture, tokenizer and encoder weights to fine-tuning."""
     bert_config, params = pretrained.read(os.path.join(data_root, "pretrain"))
     expected = pretrained_encoder(data_root)
-    for kind, save in (("tf", tf.save_tf), ("hf", hf.save_hf)):
+    for kind, save in (("tf", bert_tf.save_tf), ("hf", bert_hf.save_hf)):
         directory = tmp_path / f"uncased_{kind}"
         save(bert_config, params, str(directory))
         (directory / "vocab.txt").write_text("\n".join(VOCAB) + "\n")

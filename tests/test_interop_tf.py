@@ -9,7 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bertjax.interop import tf as tf_checkpoint, tf_bundle, tree
+from bertjax.families import bert_tf as tf_checkpoint
+from bertjax.interop import tf_bundle, tree
 
 BERT_TINY_INDEX = os.path.join(
     os.path.dirname(__file__), "..", "..", "shared", "data", "bert-tiny", "bert_model.ckpt.index"

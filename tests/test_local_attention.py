@@ -169,7 +169,7 @@ def test_rows_in_blocks_give_transformers_logits(name, tmp_path):
     for blocks (its own rows of 16 run the band mask): MLM logits within 1e-5."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from bertjax.interop import hf_modernbert
+    from bertjax.families import modernbert_hf
     from test_modernbert_parity import (
         assert_close_at_real_tokens,
         bertjax_logits,
@@ -179,7 +179,7 @@ def test_rows_in_blocks_give_transformers_logits(name, tmp_path):
 
     model = random_hf_model(name)
     model.save_pretrained(tmp_path)
-    config, params = hf_modernbert.load_hf(str(tmp_path))
+    config, params = modernbert_hf.load_hf(str(tmp_path))
     length = 64
     mask = np.ones((3, length), np.int64)
     mask[1, 40:] = 0

@@ -1,7 +1,7 @@
 """The ModernBERT family (bertjax.models.modernbert.model) without torch: shapes and parameters, the
 sliding-window band mask, RoPE against a hand computation, locality of the local layers,
 packed rows against the same instances run alone, and the transformers-format round trip
-(bertjax.interop.hf_modernbert). Parity with transformers itself: test_modernbert_parity.py."""
+(bertjax.families.modernbert_hf). Parity with transformers itself: test_modernbert_parity.py."""
 
 import dataclasses
 import functools
@@ -14,7 +14,8 @@ import pytest
 from flax import traverse_util
 from jax.sharding import PartitionSpec
 
-from bertjax.interop import hf_modernbert, tree
+from bertjax.families import modernbert_hf
+from bertjax.interop import tree
 from bertjax.models import attention
 from bertjax.models.layers import losses as layer_losses
 from bertjax.models.modernbert import model as MB
@@ -239,22 +240,22 @@ def test_transformers_format_round_trip_without_torch(tmp_path):
         hidden_activation="gelu_tanh",
     )
     params = init(config)
-    count = hf_modernbert.save_hf(config, params, str(tmp_path))
+    count = modernbert_hf.save_hf(config, params, str(tmp_path))
     assert count == sum(x.size for x in jax.tree.leaves(params))
-    found, loaded = hf_modernbert.load_hf(str(tmp_path))
+    found, loaded = modernbert_hf.load_hf(str(tmp_path))
     assert found == config
     for path, value in tree.flatten(params).items():
         np.testing.assert_array_equal(tree.flatten(loaded)[path], value, err_msg=path)
-    assert hf_modernbert.path_to_hf("model/layer_2/attn/Wqkv/kernel") == (
+    assert modernbert_hf.path_to_hf("model/layer_2/attn/Wqkv/kernel") == (
         "model.layers.2.attn.Wqkv.weight",
         "split",
     )
 
 
 def test_layer_types_other_than_every_n_are_refused():
-    assert hf_modernbert.global_every(["full_attention", "sliding_attention"] * 2, "x") == 2
+    assert modernbert_hf.global_every(["full_attention", "sliding_attention"] * 2, "x") == 2
     with pytest.raises(tree.ConversionError, match="only pattern"):
-        hf_modernbert.global_every(["sliding_attention", "full_attention"], "x")
+        modernbert_hf.global_every(["sliding_attention", "full_attention"], "x")
 
 
 @pytest.mark.slow  # 20 s of CPU: compiles the sharded init and train step

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from bertjax import convert
-from bertjax.interop import finetuned, hf_modernbert, pretrained, pretrained_weights, tree
+from bertjax.families import modernbert_hf
+from bertjax.interop import finetuned, hf, pretrained, pretrained_weights, tree
 from bertjax.models import families
 from bertjax.models.modernbert import heads as modernbert_heads, model as modernbert
 from test_modernbert_io import bpe_tokenizer
@@ -77,18 +78,18 @@ def random_hf_head(name):
 
 def bertjax_head(name, directory):
     """The bertjax model of HEADS[name] and its parameters from transformers' `directory`
-    (named by `hf_modernbert.path_to_hf`, as the export writes them)."""
+    (named by `modernbert_hf.path_to_hf`, as the export writes them)."""
     _, cls, switches = HEADS[name]
-    config = hf_modernbert.hf_config(
+    config = modernbert_hf.hf_config(
         tree.read_json_config(f"{directory}/config.json", "hf"), directory
     )
     model = cls(config) if name == "question-answering" else cls(config, switches["num_labels"])
-    tensors = hf_modernbert.read_tensors(directory)
+    tensors = hf.read_tensors(directory)
     shapes = tree.flatten(families.abstract_params(model))
     params = {}
     for path, shape in shapes.items():
-        hf_name, kind = hf_modernbert.path_to_hf(path)
-        params[path] = hf_modernbert.from_hf(tensors.pop(hf_name), kind, shape.shape)
+        hf_name, kind = modernbert_hf.path_to_hf(path)
+        params[path] = modernbert_hf.from_hf(tensors.pop(hf_name), kind, shape.shape)
     assert not tensors, sorted(tensors)  # every transformers weight has its bertjax place
     return model, tree.unflatten(params)
 
@@ -126,7 +127,7 @@ def test_a_fine_tuned_classifier_exports_to_transformers_with_the_same_logits(tm
     head = finetuned.hf_head(
         {"kind": "glue", "task": "stsb"}, params, families.get("modernbert").hf
     )
-    hf_modernbert.save_hf(ours_model.config, params, str(tmp_path / "export"), head)
+    modernbert_hf.save_hf(ours_model.config, params, str(tmp_path / "export"), head)
     loaded, info = transformers.AutoModelForSequenceClassification.from_pretrained(
         tmp_path / "export", output_loading_info=True
     )

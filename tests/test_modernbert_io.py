@@ -23,7 +23,8 @@ from bertjax.checkpoints import checkpoint
 from bertjax.data import bpe, corpus_source, pipeline, tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.errors import ConfigError
-from bertjax.interop import hf_modernbert, native, pretrained, pretrained_weights, tree
+from bertjax.families import modernbert_hf
+from bertjax.interop import hf as hf_files, native, pretrained, pretrained_weights, tree
 from bertjax.models import families
 from bertjax.models.modernbert import heads as modernbert_heads, model as modernbert
 from bertjax.models.modernbert.config import ModernBertConfig
@@ -103,7 +104,7 @@ def hf_dir(tmp_path_factory) -> str:
     directory = str(tmp_path_factory.mktemp("hf") / "modernbert")
     tokenizer_json = bpe_tokenizer(os.path.join(directory, "tokenizer.json"))
     config = tiny_config(bpe.BpeTokenizer(tokenizer_json).vocab_size)
-    hf_modernbert.save_hf(config, random_params(config), directory)
+    modernbert_hf.save_hf(config, random_params(config), directory)
     return directory
 
 
@@ -164,8 +165,8 @@ def test_convert_a_hugging_face_modernbert_to_bertjax_and_back(hf_dir, tmp_path)
     with identical parameters."""
     assert convert.main([hf_dir, str(tmp_path / "bertjax")]) == 0
     assert convert.main([str(tmp_path / "bertjax"), str(tmp_path / "hf")]) == 0
-    config, params = hf_modernbert.load_hf(hf_dir)
-    again_config, again = hf_modernbert.load_hf(str(tmp_path / "hf"))
+    config, params = modernbert_hf.load_hf(hf_dir)
+    again_config, again = modernbert_hf.load_hf(str(tmp_path / "hf"))
     assert again_config == config
     for path, value in tree.flatten(params).items():
         np.testing.assert_array_equal(tree.flatten(again)[path], value, path)
@@ -191,7 +192,7 @@ def bare_dir(hf_dir, tmp_path_factory) -> str:
     from safetensors.numpy import save_file
 
     directory = tmp_path_factory.mktemp("bare")
-    tensors = hf_modernbert.read_tensors(hf_dir)
+    tensors = hf_files.read_tensors(hf_dir)
     save_file(
         {
             name[len("model.") :]: value
@@ -222,7 +223,7 @@ def test_a_bare_modernbert_model_gives_its_encoder_and_the_head_starts_fresh(
         bare_dir, parts, config, optional=families.optional_pretrained_parts(config)
     )
     assert set(loaded) == {"model"}  # the head keeps the fine-tuning model's initialisation
-    full = tree.flatten(hf_modernbert.load_hf(hf_dir)[1])
+    full = tree.flatten(modernbert_hf.load_hf(hf_dir)[1])
     for path, value in tree.flatten(loaded).items():
         np.testing.assert_array_equal(np.asarray(value), full[path], path)
     # Pretraining needs the MLM head; converting would write a model without it.
@@ -268,7 +269,7 @@ def test_continued_pretraining_takes_the_checkpoint_architecture(hf_dir, tmp_pat
     (configs/modernbert_tiny.py's defaults replaced, as from_pretrained does); an override
     given on the command line that contradicts it is one line naming both values, before any
     data work; one that agrees is accepted. The padding id is the tokenizer's [PAD]."""
-    found = hf_modernbert.hf_config(
+    found = modernbert_hf.hf_config(
         tree.read_json_config(os.path.join(hf_dir, "config.json"), "Hugging Face"), hf_dir
     )
     config = modernbert_tiny()
@@ -350,7 +351,7 @@ def test_pretraining_continues_a_transformers_modernbert_with_its_tokenizer(
     """`train.init_checkpoint` a Hugging Face ModernBERT and `data.tokenizer=bpe` its
     tokenizer.json: the run tokenizes as the checkpoint did, starts from its weights, records
     the tokenizer, and exports it unchanged."""
-    hf_config, hf_params = hf_modernbert.load_hf(hf_dir)
+    hf_config, hf_params = modernbert_hf.load_hf(hf_dir)
     config = small_config(corpus_file, cache_dir)  # (its model: the checkpoint's, not restated)
     config.data.update(
         tokenizer="bpe", vocab_file=os.path.join(hf_dir, "tokenizer.json"), max_seq_length=64
@@ -469,7 +470,7 @@ def test_a_modernbert_fine_tunes_on_glue_and_exports_to_its_transformers_class(
     values = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert values["architectures"] == ["ModernBertForSequenceClassification"]
     assert (values["classifier_pooling"], values["num_labels"]) == ("mean", 2)
-    names = set(hf_modernbert.read_tensors(str(tmp_path / "hf")))
+    names = set(hf_files.read_tensors(str(tmp_path / "hf")))
     assert {
         "classifier.weight",
         "classifier.bias",
@@ -561,7 +562,7 @@ def test_bert_options_are_refused_for_a_modernbert(hf_dir, tmp_path):
 
 def test_each_task_builds_the_transformers_head_of_a_modernbert(hf_dir):
     tokenizer = pretrained.checkpoint_tokenizer(hf_dir, None)
-    config = hf_modernbert.load_hf(hf_dir)[0]
+    config = modernbert_hf.load_hf(hf_dir)[0]
     tasks = {
         glue.GlueFinetune(
             features.TaskOptions(task="mrpc"), tokenizer

@@ -1,6 +1,6 @@
 """ModernBERT parity with Hugging Face transformers (PyTorch, CPU, float32) on the same random
 weights: a `ModernBertForMaskedLM` saved by transformers reads into bertjax
-(bertjax.interop.hf_modernbert) with MLM logits within 1e-5, and bertjax's export of it loads
+(bertjax.families.modernbert_hf) with MLM logits within 1e-5, and bertjax's export of it loads
 back through `AutoModelForMaskedLM` with the same logits and no missing or unexpected weights.
 
 Needs the `parity` extra; deselected by default, run with `python -m pytest -q -m parity tests`.
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from bertjax import convert
-from bertjax.interop import hf_modernbert, pretrained_weights, tree
+from bertjax.families import modernbert_hf
+from bertjax.interop import pretrained_weights, tree
 from bertjax.models.modernbert import model as modernbert
 
 torch = pytest.importorskip("torch")
@@ -120,7 +121,7 @@ def test_mlm_logits_equal_transformers(name, tmp_path):
     model = random_hf_model(name)
     model.save_pretrained(tmp_path)
     report = tree.LoadReport()
-    config, params = hf_modernbert.load_hf(str(tmp_path), report)
+    config, params = modernbert_hf.load_hf(str(tmp_path), report)
     assert config.num_hidden_layers == CONFIGS[name][0] and report.mapped == len(
         tree.flatten(params)
     )
@@ -134,8 +135,8 @@ def test_mlm_logits_equal_transformers(name, tmp_path):
 def test_export_loads_in_transformers_with_the_same_logits(name, tmp_path):
     model = random_hf_model(name)
     model.save_pretrained(tmp_path / "hf")
-    config, params = hf_modernbert.load_hf(str(tmp_path / "hf"))
-    hf_modernbert.save_hf(config, params, str(tmp_path / "export"))
+    config, params = modernbert_hf.load_hf(str(tmp_path / "hf"))
+    modernbert_hf.save_hf(config, params, str(tmp_path / "export"))
     loaded, info = transformers.AutoModelForMaskedLM.from_pretrained(
         tmp_path / "export", output_loading_info=True
     )
@@ -145,7 +146,7 @@ def test_export_loads_in_transformers_with_the_same_logits(name, tmp_path):
     assert_close_at_real_tokens(
         hf_logits(loaded.eval(), ids, mask), hf_logits(model, ids, mask), mask
     )
-    again, params_again = hf_modernbert.load_hf(str(tmp_path / "export"))
+    again, params_again = modernbert_hf.load_hf(str(tmp_path / "export"))
     assert again == config
     for path, value in tree.flatten(params).items():
         np.testing.assert_array_equal(tree.flatten(params_again)[path], value, err_msg=path)
@@ -157,7 +158,7 @@ def test_an_encoder_without_its_head_gives_its_encoder_and_pretraining_refuses_i
     it, which needs the MLM head, is refused in one line."""
     model = random_hf_model("one-layer")
     model.model.save_pretrained(tmp_path)  # ModernBertModel: no MLM head
-    config, params = hf_modernbert.load_hf(str(tmp_path))
+    config, params = modernbert_hf.load_hf(str(tmp_path))
     assert set(params) == {"model"}
     abstract = pretrained_weights.abstract_params_on_one_device(
         modernbert.ModernBertForMaskedLM(config)

@@ -17,7 +17,8 @@ import pytest
 from bertjax import cli, convert, train
 from bertjax.checkpoints import checkpoint, checkpoint_checks
 from bertjax.errors import ConfigError
-from bertjax.interop import hf_modernbert, pretrained, pretrained_weights, tree
+from bertjax.families import modernbert_hf
+from bertjax.interop import pretrained, pretrained_weights, tree
 from bertjax.models import attention, families, flops
 from bertjax.models.bert.model import BertConfig
 from bertjax.models.modernbert.config import ModernBertConfig
@@ -173,7 +174,7 @@ def modernbert_checkpoint(path, config: ModernBertConfig = TINY) -> dict:
 def test_convert_exports_a_modernbert_checkpoint_to_hugging_face(tmp_path, capsys):
     params = modernbert_checkpoint(tmp_path / "run")
     assert convert.main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
-    config, exported = hf_modernbert.load_hf(str(tmp_path / "hf"))
+    config, exported = modernbert_hf.load_hf(str(tmp_path / "hf"))
     assert config == TINY
     for path, value in tree.flatten(params).items():
         np.testing.assert_array_equal(tree.flatten(exported)[path], value, err_msg=path)
@@ -237,7 +238,7 @@ def test_pretrains_and_resumes_exactly(corpus_file, cache_dir, tmp_path):  # noq
     assert {"config.json", "model.safetensors", "tokenizer.json", "README.md"} <= set(
         os.listdir(tmp_path / "hf")
     )
-    assert hf_modernbert.load_hf(str(tmp_path / "hf"))[0] == families.model_config(
+    assert modernbert_hf.load_hf(str(tmp_path / "hf"))[0] == families.model_config(
         config.model.to_dict()
     )
     resumed = tmp_path / "resumed"

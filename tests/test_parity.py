@@ -16,7 +16,8 @@ import pytest
 
 from bertjax import convert, train
 from bertjax.data import tokenization
-from bertjax.interop import hf, pretrained
+from bertjax.families import bert_hf
+from bertjax.interop import pretrained
 from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from test_convert import assert_trees_equal, random_params
 from test_exports import wordpiece_json_dir
@@ -89,7 +90,7 @@ def two_segment_batch(vocab, type_vocab, batch=3, length=24):
 def test_outputs_match_transformers(dims, tmp_path):
     hf_model = random_hf_model(*dims)
     hf_model.save_pretrained(tmp_path)
-    config, params = hf.load_hf(str(tmp_path))
+    config, params = bert_hf.load_hf(str(tmp_path))
     ids, token_types, mask = two_segment_batch(dims[4], dims[5])
     with torch.no_grad():
         expected = hf_model(
@@ -130,7 +131,7 @@ def test_bertjax_to_hf_to_bertjax_is_exact(tmp_path):
         max_position_embeddings=32,
     )
     params = random_params(config, seed=5)
-    hf.save_hf(config, params, str(tmp_path / "ours"))
+    bert_hf.save_hf(config, params, str(tmp_path / "ours"))
     model, info = transformers.BertForPreTraining.from_pretrained(
         str(tmp_path / "ours"), output_loading_info=True
     )
@@ -141,7 +142,7 @@ def test_bertjax_to_hf_to_bertjax_is_exact(tmp_path):
     torch.save(model.state_dict(), tmp_path / "old" / "pytorch_model.bin")
     shutil.copy(tmp_path / "theirs" / "config.json", tmp_path / "old" / "config.json")
     for directory in ("theirs", "old"):
-        loaded_config, loaded = hf.load_hf(str(tmp_path / directory))
+        loaded_config, loaded = bert_hf.load_hf(str(tmp_path / directory))
         assert loaded_config == config
         assert_trees_equal(loaded, params)
 

@@ -16,7 +16,8 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax.interop import hf, pretrained, pretrained_weights
+from bertjax.families import bert_hf
+from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models.bert.model import BertConfig, BertForPreTraining, example_inputs
 from bertjax.tasks import features, probing
 
@@ -49,7 +50,7 @@ def root(tmp_path_factory) -> str:
     rng = random.Random(0)
     model = BertForPreTraining(TINY)
     params = nn.meta.unbox(model.init(jax.random.PRNGKey(3), *example_inputs(model))["params"])
-    hf.save_hf(TINY, jax.tree.map(np.asarray, params), str(root / "hf"))
+    bert_hf.save_hf(TINY, jax.tree.map(np.asarray, params), str(root / "hf"))
     (root / "hf" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     os.makedirs(root / "glue" / "SST-2")
     for split, count in (("train", 160), ("dev", 60)):

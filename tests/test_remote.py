@@ -22,7 +22,8 @@ import test_faults
 from bertjax import convert, probe, train
 from bertjax.checkpoints import checkpoint
 from bertjax.data import pipeline, prepared_files, tokenization
-from bertjax.interop import hf, native, pretrained, pretrained_weights, staging
+from bertjax.families import bert_hf
+from bertjax.interop import native, pretrained, pretrained_weights, staging
 from bertjax.runtime import files
 from bertjax.tasks import probing
 from bertjax.training import resume
@@ -154,7 +155,7 @@ def test_google_and_hf_checkpoints_on_gcs_read_as_their_local_copies(gcs, tmp_pa
     (WordPiece, or a SentencePiece model) as the same files on local disk; only the files
     their readers need are fetched."""
     params = random_params(TINY)
-    hf.save_hf(TINY, params, str(tmp_path / "hf"))
+    bert_hf.save_hf(TINY, params, str(tmp_path / "hf"))
     write_google_checkpoint(tmp_path / "google", TINY, params)
     for model in ("hf", "google"):
         (tmp_path / model / "vocab.txt").write_text("\n".join(VOCAB) + "\n")

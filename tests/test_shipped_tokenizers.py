@@ -18,7 +18,8 @@ from safetensors.numpy import load_file, save_file
 from bertjax import finetune
 from bertjax.data import bpe, tokenization
 from bertjax.data.errors import DataError
-from bertjax.interop import hf, hf_tokenizer, pretrained
+from bertjax.families import bert_hf
+from bertjax.interop import hf_tokenizer, pretrained
 from test_convert import random_params
 from test_finetune import TINY, config_file, run_extract_features, sentence
 from test_modernbert_io import bpe_tokenizer
@@ -70,7 +71,7 @@ def sentence_transformers_dir(directory, words: list[str]) -> str:
     os.makedirs(directory, exist_ok=True)
     vocab_size = wordpiece_json(words, str(directory / "tokenizer.json")).get_vocab_size()
     config = dataclasses.replace(TINY, vocab_size=vocab_size, num_hidden_layers=1)
-    hf.save_hf(config, random_params(config), str(directory))
+    bert_hf.save_hf(config, random_params(config), str(directory))
     weights = load_file(str(directory / "model.safetensors"))
     save_file(
         {k.removeprefix("bert."): v for k, v in weights.items() if k.startswith("bert.")},

@@ -15,7 +15,8 @@ import pytest
 import tfds_fixture  # tests/ is on sys.path under pytest's default import mode.
 from bertjax import train
 from bertjax.data import default_corpus, pipeline, sentences
-from bertjax.interop import hf, hf_modernbert, pretrained
+from bertjax.families import bert_hf, modernbert_hf
+from bertjax.interop import pretrained
 from bertjax.models import families
 from bertjax.models.bert.model import BertConfig
 from bertjax.models.modernbert import model as modernbert
@@ -350,7 +351,7 @@ def test_a_bert_run_takes_the_architecture_of_a_google_or_hugging_face_checkpoin
         layer_norm_eps=1e-7,
     )
     write_google_checkpoint(tmp_path / "google", found, random_params(found))
-    hf.save_hf(found, random_params(found), str(tmp_path / "hf"))
+    bert_hf.save_hf(found, random_params(found), str(tmp_path / "hf"))
     for checkpoint_dir in (tmp_path / "google", tmp_path / "hf"):
         config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
         config.model.update(
@@ -374,7 +375,7 @@ def test_a_bert_run_takes_the_architecture_of_a_google_or_hugging_face_checkpoin
         num_attention_heads=2,
     )
     shapes = families.abstract_params(modernbert.ModernBertForMaskedLM(modern))
-    hf_modernbert.save_hf(
+    modernbert_hf.save_hf(
         modern, jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), shapes), str(tmp_path / "modern")
     )
     with pytest.raises(

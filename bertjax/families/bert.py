@@ -16,7 +16,7 @@ from jax.typing import ArrayLike
 
 from bertjax.data import batch as batch_spec
 from bertjax.errors import ConfigError
-from bertjax.interop import hf
+from bertjax.families import bert_hf, bert_tf
 from bertjax.interop.pretrained import PretrainedError
 from bertjax.models import families
 from bertjax.models.bert import config as bert_config, model as bert_model
@@ -51,16 +51,8 @@ class BertFamily(families.Family[BertConfig]):
     pretrained_parts = ("bert",)
     records_family = False
     probes = True
-    hf = families.HfForm(
-        model_type=hf.MODEL_TYPE,
-        read=hf.load_hf,
-        config=hf.hf_config,
-        write=hf.save_hf,
-        class_prefix="Bert",
-        pretraining_class="BertForPreTraining",
-        pretraining_heads="masked-LM and next-sentence heads",
-        describe=lambda bert: hf.TO_HF_ACTIVATION[bert.hidden_act],
-    )
+    hf = bert_hf.BertHf()
+    tf = bert_tf.BertTf()
 
     def check(self, values: Mapping[str, Any], prefix: str, flag: str) -> None:
         bert_config.check(values, prefix, flag)

@@ -14,8 +14,8 @@ from jax.typing import ArrayLike
 
 from bertjax.data import batch as batch_spec
 from bertjax.errors import ConfigError
-from bertjax.interop import hf, hf_modernbert, tree
-from bertjax.interop.hf import TO_HF_ACTIVATION
+from bertjax.families import modernbert_hf
+from bertjax.interop import hf, tree
 from bertjax.interop.pretrained import PretrainedError
 from bertjax.models import families
 from bertjax.models.bert import model as bert_model
@@ -27,21 +27,6 @@ from bertjax.models.modernbert.heads import (
     ModernBertForSequenceClassification,
     ModernBertForTokenClassification,
 )
-
-
-def write_hf(
-    config: ModernBertConfig, params: dict[str, Any], path: str, head=None, pad_token_id: int = 0
-) -> int:
-    del pad_token_id  # (its config's own)
-    return hf_modernbert.save_hf(config, params, path, head)
-
-
-def describe(config: ModernBertConfig) -> str:
-    return (
-        f"GeGLU ({TO_HF_ACTIVATION[config.hidden_activation]}), global attention every "
-        f"{config.global_attn_every_n_layers} layers, sliding windows of "
-        f"{config.local_attention} tokens between"
-    )
 
 
 class ModernBertFamily(families.Family[ModernBertConfig]):
@@ -59,18 +44,7 @@ class ModernBertFamily(families.Family[ModernBertConfig]):
     optional_parts = ("head",)
     token_type_ids = False
     tokenizer_pad = True
-    hf = families.HfForm(
-        model_type=hf_modernbert.MODEL_TYPE,
-        read=hf_modernbert.load_hf,
-        config=hf_modernbert.hf_config,
-        write=write_hf,
-        class_prefix="ModernBert",
-        pretraining_class="ModernBertForMaskedLM",
-        pretraining_heads="masked-LM head",
-        describe=describe,
-        output_layer_names=False,
-        sequence_pooler=False,
-    )
+    hf = modernbert_hf.ModernBertHf()
 
     def check(self, values: Mapping[str, Any], prefix: str, flag: str) -> None:
         modernbert_config.check(values, prefix, flag)

@@ -4,7 +4,7 @@
 layers are stored `[labels, hidden]`, as a torch Linear's weight; the pooler goes only where
 the transformers class has one (sequence classification). A ModernBERT model gets the
 `ModernBertFor...` class of its task, whose weights (`head`, `classifier`) are its own
-parameters' names (`hf_modernbert` writes them)."""
+parameters' names (`families.modernbert_hf` writes them)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,16 @@ class HFHead:
     description: str  # for the model card
 
 
-# An encoder without pretraining or task heads (imported from a fine-tuned HF model).
-ENCODER_ONLY = HFHead("BertModel", {}, {}, True, "the encoder only: no pretraining or task heads")
+def encoder_only(form: HfForm) -> HFHead:
+    """An encoder without pretraining or task heads (imported from a fine-tuned HF model): the
+    family's `{prefix}Model`."""
+    return HFHead(
+        f"{form.class_prefix}Model",
+        {},
+        {},
+        form.sequence_pooler,
+        "the encoder only: no pretraining or task heads",
+    )
 
 
 def label_maps(labels: tuple[str, ...]) -> dict[str, Any]:

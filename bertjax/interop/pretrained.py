@@ -21,10 +21,9 @@ from bertjax.checkpoints import checkpoint
 from bertjax.data import bpe, corpus_source, hf_json, pipeline, tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.errors import UserError
-from bertjax.interop import hf, hf_tokenizer, native, staging, tf, tokenizer_fit, tree
+from bertjax.interop import hf, hf_tokenizer, native, staging, tokenizer_fit, tree
 from bertjax.interop.tree import ConversionError
 from bertjax.models import families
-from bertjax.models.bert.model import BertConfig
 from bertjax.runtime import files
 
 FORMATS = ("tf", "hf", "bertjax")
@@ -43,8 +42,15 @@ def load_hf(
     return hf_family(path).hf_form.read(path, report)
 
 
+def load_tf(
+    path: str, report: tree.LoadReport | None = None
+) -> tuple[families.ModelConfig, dict[str, Any]]:
+    """A Google TF checkpoint, read by the family whose form it is (`families.tf_form`)."""
+    return families.tf_form().read(path, report)
+
+
 Loader = Callable[[str, tree.LoadReport], tuple[families.ModelConfig, dict[str, Any]]]
-LOADERS: dict[str, Loader] = {"tf": tf.load_tf, "hf": load_hf, "bertjax": native.load_bertjax}
+LOADERS: dict[str, Loader] = {"tf": load_tf, "hf": load_hf, "bertjax": native.load_bertjax}
 
 
 class PretrainedError(UserError, ValueError):
@@ -158,20 +164,15 @@ class PretrainingRun(NamedTuple):
 
 def architecture_of(path: str) -> families.ModelConfig:
     """The model config of the checkpoint at `path` (any format; local or a URL), from its
-    config file alone: a Hugging Face `config.json`, Google's `bert_config.json`, a bertjax
-    run's recorded config. No weights are read."""
+    config file alone: a Hugging Face `config.json`, Google's `bert_config.json` (its
+    family's `TfForm`), a bertjax run's recorded config. No weights are read."""
     source_format = detect_format(path)
     if source_format == "bertjax":
         return native.config_of(native.checkpoint_dir(path))
     if source_format == "hf":
         values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
         return families.by_hf_type(values.get("model_type", "")).hf_form.config(values, path)
-    directory = path if files.isdir(path) else os.path.dirname(path)
-    config_file = os.path.join(directory, "bert_config.json")
-    try:
-        return BertConfig.from_dict(tree.read_json_config(config_file, "Google"))
-    except ValueError as e:
-        raise ConversionError(f"{config_file}: {e}") from None
+    return families.tf_form().config(path if files.isdir(path) else os.path.dirname(path))
 
 
 def pretraining_run(source: Source) -> PretrainingRun:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from bertjax.interop import hf, hf_tokenizer, native, tf_bundle
+from bertjax.models import families
 from bertjax.runtime import files
 
 TOKENIZER_FILES = (
@@ -33,5 +34,6 @@ def local_checkpoint(path: str, source_format: str) -> str:
     directory, stem = prefix.rsplit("/", 1)
     names = set(files.listdir(directory))
     bundle = [n for n in names if n == f"{stem}.index" or n.startswith(f"{stem}.data-")]
-    needed = [*bundle, *names.intersection({"bert_config.json", *TOKENIZER_FILES})]
+    config_file = families.tf_form().config_file  # ("bert_config.json")
+    needed = [*bundle, *names.intersection({config_file, *TOKENIZER_FILES})]
     return os.path.join(files.local_copy(directory, needed), stem)

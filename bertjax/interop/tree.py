@@ -96,16 +96,11 @@ def unstack_layers(params: dict[str, Any]) -> dict[str, Any]:
     return unflatten(flat)
 
 
-def is_model_name(path: str) -> bool:
-    """Whether a (bertjax-style) path belongs to BERT itself, so a stray one is an error."""
-    return path.startswith(("bert/", "predictions/", "seq_relationship/"))
-
-
 def collect(
     tensors: dict[str, np.ndarray],
     config: families.ModelConfig,
     where: str,
-    report: LoadReport,
+    report: families.Report,
     encoder_only: bool = False,
 ) -> dict[str, Any]:
     """Checks mapped tensors against the shapes `config` implies (for `encoder_only`, those of

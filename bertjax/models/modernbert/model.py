@@ -8,7 +8,7 @@ for the global layers and another for the sliding-window ones; a GeGLU MLP; bias
 norm-bias switches; a final norm; the MLM head (dense, activation, norm) and a decoder tied
 to the token embeddings. Parameter paths follow transformers' module names
 (`model/layer_3/attn/Wqkv/kernel`), so interop is a rename plus transposes
-(`bertjax.interop.hf_modernbert`).
+(`bertjax.families.modernbert_hf`).
 
 Shape legend: B batch, L sequence length, H hidden size, N heads, D head size, F GeGLU size
 (each half), V vocab size, P gathered (masked) positions.

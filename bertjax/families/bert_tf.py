@@ -1,4 +1,5 @@
-"""Google BERT's TensorFlow checkpoints <-> bertjax parameters, without TensorFlow.
+"""BERT's Google TF form (`families.TfForm`): Google BERT's TensorFlow checkpoints <-> bertjax
+parameters, without TensorFlow.
 
 `load_tf` / `save_tf` map Google's variable names one to one (`cls/` dropped, LayerNorm
 `gamma`/`beta` -> `scale`/`bias`) and read/write `bert_config.json`; the checkpoint files
@@ -14,8 +15,11 @@ from typing import Any
 import numpy as np
 
 from bertjax.interop import tf_bundle, tree
+from bertjax.models import families
 from bertjax.models.bert import model as bert_model
 from bertjax.models.bert.model import BertConfig
+
+CONFIG_FILE = "bert_config.json"
 
 
 def tf_to_path(name: str) -> str:
@@ -35,12 +39,12 @@ def skip_reason(name: str) -> str | None:
         return "optimizer slot"
     if name == "global_step":
         return "training step counter"
-    if not tree.is_model_name(tf_to_path(name)):
+    if not tf_to_path(name).startswith(("bert/", "predictions/", "seq_relationship/")):
         return "not a BertForPreTraining variable"
     return None
 
 
-def load_tf(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfig, dict[str, Any]]:
+def load_tf(path: str, report: families.Report | None = None) -> tuple[BertConfig, dict[str, Any]]:
     """Reads a Google BERT TF checkpoint: a directory with `bert_config.json` and
     `bert_model.ckpt.*` (or a checkpoint prefix with `bert_config.json` beside it)."""
     report = report if report is not None else tree.LoadReport()
@@ -48,8 +52,9 @@ def load_tf(path: str, report: tree.LoadReport | None = None) -> tuple[BertConfi
         prefix = tf_bundle.resolve_prefix(path)
         reader = tf_bundle.BundleReader(prefix)
         directory = os.path.dirname(prefix)
-        config_file = os.path.join(directory, "bert_config.json")
-        config = BertConfig.from_dict(tree.read_json_config(config_file, "Google"))
+        config = BertConfig.from_dict(
+            tree.read_json_config(os.path.join(directory, CONFIG_FILE), "Google")
+        )
         report.source, report.format, report.found = path, "Google TF", len(reader.entries)
         tensors = {}
         for name in reader.entries:
@@ -78,5 +83,24 @@ def save_tf(config: BertConfig, params: dict[str, Any], path: str) -> None:
         "initializer_range",
     )
     tree.write_json(
-        os.path.join(path, "bert_config.json"), {name: getattr(config, name) for name in fields}
+        os.path.join(path, CONFIG_FILE), {name: getattr(config, name) for name in fields}
     )
+
+
+def read_config(directory: str) -> BertConfig:
+    """The BertConfig of `bert_config.json` in `directory`."""
+    config_file = os.path.join(directory, CONFIG_FILE)
+    try:
+        return BertConfig.from_dict(tree.read_json_config(config_file, "Google"))
+    except ValueError as e:
+        raise tree.ConversionError(f"{config_file}: {e}") from None
+
+
+class BertTf(families.TfForm[BertConfig]):
+    """`bert_config.json` and `bert_model.ckpt.*`."""
+
+    config_file = CONFIG_FILE
+
+    read = staticmethod(load_tf)
+    config = staticmethod(read_config)
+    write = staticmethod(save_tf)

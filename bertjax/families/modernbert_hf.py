@@ -1,5 +1,5 @@
-"""Hugging Face `transformers` ModernBERT directories <-> bertjax ModernBERT parameters (no
-torch needed for safetensors), parallel to `hf` for BERT: names mapped, Linear weights
+"""ModernBERT's Hugging Face form (`families.HfForm`): `transformers` ModernBERT directories
+<-> bertjax ModernBERT parameters (no torch needed for safetensors), parallel to `bert_hf`: names mapped, Linear weights
 transposed ([out, in] in PyTorch), the fused Wqkv / Wi weights split into their parts
 (`bertjax.models.modernbert.model._SplitDense`), the decoder weight tied to the token embeddings checked,
 not stored twice."""
@@ -15,9 +15,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bertjax.interop import tree
-from bertjax.interop.finetuned import HFHead
-from bertjax.interop.hf import HF_ACTIVATIONS, TO_HF_ACTIVATION, read_tensors
+from bertjax.interop import hf, tree
+from bertjax.models import families
 from bertjax.models.modernbert import model as modernbert
 from bertjax.models.modernbert.config import ModernBertConfig
 
@@ -114,11 +113,11 @@ def hf_config(values: dict[str, Any], where: str) -> ModernBertConfig:
             values[field] = rope["rope_theta"]
     for field in ("hidden_activation", "classifier_activation"):
         act = values.get(field, "gelu")
-        if act not in HF_ACTIVATIONS:
+        if act not in hf.HF_ACTIVATIONS:
             raise tree.ConversionError(
-                f"{where}: {field}={act!r}; supported: {sorted(HF_ACTIVATIONS)}"
+                f"{where}: {field}={act!r}; supported: {sorted(hf.HF_ACTIVATIONS)}"
             )
-        values[field] = HF_ACTIVATIONS[act]
+        values[field] = hf.HF_ACTIVATIONS[act]
     if values.get("pad_token_id") is None:
         values.pop("pad_token_id", None)
     try:
@@ -128,7 +127,7 @@ def hf_config(values: dict[str, Any], where: str) -> ModernBertConfig:
 
 
 def load_hf(
-    path: str, report: tree.LoadReport | None = None
+    path: str, report: families.Report | None = None
 ) -> tuple[ModernBertConfig, dict[str, Any]]:
     """Reads a transformers ModernBERT directory (`config.json` + `model.safetensors`, sharded
     safetensors, or `pytorch_model.bin` with torch): ModernBertForMaskedLM's parameters; of a
@@ -138,7 +137,7 @@ def load_hf(
     report = report if report is not None else tree.LoadReport()
     values = tree.read_json_config(os.path.join(path, "config.json"), "Hugging Face")
     config = hf_config(values, path)
-    tensors = read_tensors(path)
+    tensors = hf.read_tensors(path)
     report.source, report.format, report.found = path, "Hugging Face ModernBERT", len(tensors)
     shapes = param_shapes(config)
     if (values.get("architectures") or [""])[0] in FINETUNED_CLASSES:
@@ -189,7 +188,10 @@ def load_hf(
 
 
 def save_hf(
-    config: ModernBertConfig, params: dict[str, Any], path: str, head: HFHead | None = None
+    config: ModernBertConfig,
+    params: dict[str, Any],
+    path: str,
+    head: families.TaskHead | None = None,
 ) -> int:
     """Writes `config.json` + `model.safetensors` that `transformers.AutoModelForMaskedLM
     .from_pretrained(path)` loads as a ModernBertForMaskedLM with no missing or unexpected
@@ -197,26 +199,20 @@ def save_hf(
     `classifier` parameters), the `ModernBertFor...` class it names, with its label maps. The
     special tokens' ids are left to the tokenizer's files. Returns the number of parameters
     written."""
-    from safetensors.numpy import save_file
-
     os.makedirs(path, exist_ok=True)
     tensors = {}
     for p, value in tree.flatten(params).items():
         name, kind = path_to_hf(p)
         tensors[name] = to_hf(np.asarray(value), kind)
-    weights = os.path.join(path, "model.safetensors")
-    save_file(tensors, weights, metadata={"format": "pt"})
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(weights, 0o666 & ~umask)  # safetensors writes 0600: give it an ordinary file's mode
+    hf.write_safetensors(tensors, path)
     values = {
         k: v
         for k, v in dataclasses.asdict(config).items()
         if k not in ("dtype", "param_dtype", "remat_policy", "attention_impl")
     }
     values.update(
-        hidden_activation=TO_HF_ACTIVATION[config.hidden_activation],
-        classifier_activation=TO_HF_ACTIVATION[config.classifier_activation],
+        hidden_activation=hf.TO_HF_ACTIVATION[config.hidden_activation],
+        classifier_activation=hf.TO_HF_ACTIVATION[config.classifier_activation],
         layer_types=[
             "full_attention" if config.is_global(i) else "sliding_attention"
             for i in range(config.num_hidden_layers)
@@ -238,3 +234,36 @@ def save_hf(
     )
     tree.write_json(os.path.join(path, "config.json"), values)
     return sum(int(np.size(v)) for v in tensors.values())
+
+
+class ModernBertHf(families.HfForm[ModernBertConfig]):
+    """ModernBertForMaskedLM and the ModernBertFor... task classes."""
+
+    model_type = MODEL_TYPE
+    class_prefix = "ModernBert"
+    pretraining_class = "ModernBertForMaskedLM"
+    pretraining_heads = "masked-LM head"
+    pretrained_classes = ("ModernBertForMaskedLM", "ModernBertModel")
+    output_layer_names = False
+    sequence_pooler = False
+
+    read = staticmethod(load_hf)
+    config = staticmethod(hf_config)
+
+    def write(
+        self,
+        config: ModernBertConfig,
+        params: dict[str, Any],
+        path: str,
+        head: families.TaskHead | None = None,
+        pad_token_id: int = 0,
+    ) -> int:
+        del pad_token_id  # (its config's own)
+        return save_hf(config, params, path, head)
+
+    def describe(self, config: ModernBertConfig) -> str:
+        return (
+            f"GeGLU ({hf.TO_HF_ACTIVATION[config.hidden_activation]}), global attention every "
+            f"{config.global_attn_every_n_layers} layers, sliding windows of "
+            f"{config.local_attention} tokens between"
+        )
