@@ -56,7 +56,7 @@ class RowFile:
         hashes: np.ndarray,
         largest: int,
         what_to_do: str,
-    ):
+    ) -> None:
         self.fd, self.path, self.dtype, self.row_shape = fd, path, dtype, row_shape
         self.offset, self.hashes, self.largest = offset, hashes, largest
         self.row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))

@@ -271,7 +271,7 @@ def write_submission(
 class GlueFinetune(features.Finetune):
     """Sentence(-pair) classification or regression on the pooled output."""
 
-    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer):
+    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer) -> None:
         self.options, self.tokenizer = options, tokenizer
         self.task = get_task(options.task)
         self.main_metric = self.task.metric_names[0]

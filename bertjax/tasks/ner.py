@@ -45,7 +45,7 @@ def read_conll_file(path: str, skips: features.SkipCounter) -> list[Sentence]:
     tags: list[str] = []
     bad: str | None = None
 
-    def flush():
+    def flush() -> None:
         nonlocal words, tags, bad
         if bad:
             skips[bad] += 1
@@ -205,7 +205,7 @@ class NerFinetune(features.Finetune):
     test_splits = ["test"]
     scored_test_splits = ["test"]
 
-    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer):
+    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer) -> None:
         self.options, self.tokenizer = options, tokenizer
         self.frozen_encoder = bool(options.feature_based)
 

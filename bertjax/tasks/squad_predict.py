@@ -270,7 +270,7 @@ class SquadFinetune(features.Finetune):
         for name in ("exact_match", "exact", "f1")
     )
 
-    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer):
+    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer) -> None:
         if options.causal_attention:
             raise ValueError(
                 "causal_attention=True: SQuAD has no left-to-right model (the "

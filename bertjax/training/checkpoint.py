@@ -63,7 +63,7 @@ class _Kept:
     """A preservation policy: keeps step `anchor` while no later step is in `sealed`, and
     step `pinned` always."""
 
-    def __init__(self, sealed: set[int]):
+    def __init__(self, sealed: set[int]) -> None:
         self.anchor: int | None = None
         self.pinned: int | None = None
         self.sealed = sealed
@@ -85,7 +85,7 @@ class Checkpointer:
         keep_every: int = 0,
         async_save: bool = True,
         on_commit: Callable[[int], None] | None = None,
-    ):
+    ) -> None:
         """`on_commit(step)` is called once a save has finished and is sealed (announce it
         then: an async save can still fail until it has)."""
         self._on_commit = on_commit

@@ -8,7 +8,7 @@ import functools
 import json
 import numbers
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import flax.linen as nn
 import jax
@@ -29,7 +29,7 @@ class FromDict:
     __dataclass_fields__: ClassVar[dict[str, Any]]  # (set by @dataclass on the subclass)
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]):
+    def from_dict(cls, values: Mapping[str, Any]) -> Self:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
 
@@ -60,7 +60,7 @@ class BertConfig(FromDict):
     # for aligned GPU/TPU matmuls); parameters and logits keep vocab_size. 1 = no padding.
     vocab_pad_multiple: int = 1
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check(dataclasses.asdict(self))
 
     @classmethod
@@ -123,7 +123,7 @@ class FieldChecks:
     over the class's defaults, each refusal one line naming `{prefix}{field}` and the setting
     `{flag}{prefix}{field}` that fixes it."""
 
-    def __init__(self, cls: type, values: Mapping[str, Any], prefix: str, flag: str):
+    def __init__(self, cls: type, values: Mapping[str, Any], prefix: str, flag: str) -> None:
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         self.value = {**defaults, **{k: v for k, v in values.items() if k in defaults}}
         self.prefix, self.flag = prefix, flag

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import flax.linen as nn
 import jax
 
-from bertjax.data import batch as batch_spec
 from bertjax.errors import ConfigError
 from bertjax.interop import hf
+from bertjax.interop.finetuned import HFHead
 from bertjax.interop.pretrained import PretrainedError, Source
 from bertjax.models import families
 from bertjax.models.bert import config as bert_config, model as bert_model
@@ -31,10 +31,17 @@ if TYPE_CHECKING:  # (annotations only: these modules import the families)
     from bertjax.training.settings import TrainSettings
 
 
-def forward(model, params, batch, mask, deterministic: bool, rngs):
-    """`(mlm_logits, nsp_logits)` of BertForPreTraining."""
-    packed = {name: batch[name] for name in batch_spec.PACKED_INPUTS if name in batch}
-    return model.apply(
+def forward(
+    model: nn.Module,
+    params: dict[str, Any],
+    batch: Mapping[str, jax.Array],
+    mask: jax.Array,
+    deterministic: bool,
+    rngs: dict[str, jax.Array] | None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """`(mlm_logits, nsp_logits)` of BertForPreTraining (packed rows: with their
+    positions, instance ids and [CLS] positions)."""
+    logits = model.apply(
         {"params": params},
         batch["input_ids"],
         batch["segment_ids"],
@@ -42,11 +49,20 @@ def forward(model, params, batch, mask, deterministic: bool, rngs):
         batch["masked_lm_positions"],
         deterministic=deterministic,
         rngs=rngs,
-        **packed,
+        position_ids=batch.get("position_ids"),
+        instance_ids=batch.get("instance_ids"),
+        next_sentence_positions=batch.get("next_sentence_positions"),
     )
+    return cast(tuple[jax.Array, jax.Array], logits)  # (flax types `apply` for `mutable` too)
 
 
-def all_layers(model, params, input_ids, segment_ids, input_mask) -> jax.Array:
+def all_layers(
+    model: nn.Module,
+    params: dict[str, Any],
+    input_ids: jax.Array,
+    segment_ids: jax.Array,
+    input_mask: jax.Array,
+) -> jax.Array:
     stacked, _ = model.apply(
         {"params": params}, input_ids, segment_ids, input_mask, True, all_layers=True
     )
@@ -138,7 +154,11 @@ def recorded_fields(model: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write_hf(
-    config: BertConfig, params: dict[str, Any], path: str, head=None, pad_token_id: int = 0
+    config: BertConfig,
+    params: dict[str, Any],
+    path: str,
+    head: HFHead | None = None,
+    pad_token_id: int = 0,
 ) -> int:
     return hf.save_hf(config, params, path, head, pad_token_id=pad_token_id)
 

@@ -5,14 +5,14 @@ segments), transformers' ModernBertFor... heads and its Hugging Face form. Regis
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import flax.linen as nn
 import jax
 
-from bertjax.data import batch as batch_spec
 from bertjax.errors import ConfigError
 from bertjax.interop import hf, hf_modernbert, tree
+from bertjax.interop.finetuned import HFHead
 from bertjax.interop.hf import TO_HF_ACTIVATION
 from bertjax.interop.pretrained import PretrainedError, Source
 from bertjax.models import families
@@ -30,26 +30,41 @@ if TYPE_CHECKING:  # (annotations only: these modules import the families)
     from bertjax.training.settings import TrainSettings
 
 
-def forward(model, params, batch, mask, deterministic: bool, rngs):
+def forward(
+    model: nn.Module,
+    params: dict[str, Any],
+    batch: Mapping[str, jax.Array],
+    mask: jax.Array,
+    deterministic: bool,
+    rngs: dict[str, jax.Array] | None,
+) -> tuple[jax.Array, jax.Array | None]:
     """`(mlm_logits, None)` of ModernBertForMaskedLM (no segments, no NSP head)."""
-    packed = {name: batch[name] for name in batch_spec.PACKED_INPUTS[:2] if name in batch}
-    return model.apply(
+    logits = model.apply(
         {"params": params},
         batch["input_ids"],
         mask,
         batch["masked_lm_positions"],
         deterministic=deterministic,
         rngs=rngs,
-        **packed,
-    ), None
+        position_ids=batch.get("position_ids"),
+        instance_ids=batch.get("instance_ids"),
+    )
+    return cast(jax.Array, logits), None  # (flax types `apply` for `mutable` too)
 
 
-def all_layers(model, params, input_ids, segment_ids, input_mask) -> jax.Array:
+def all_layers(
+    model: nn.Module,
+    params: dict[str, Any],
+    input_ids: jax.Array,
+    segment_ids: jax.Array,
+    input_mask: jax.Array,
+) -> jax.Array:
     del segment_ids  # (no segment embeddings)
-    return model.apply({"params": params}, input_ids, input_mask, True, all_layers=True)
+    layers = model.apply({"params": params}, input_ids, input_mask, True, all_layers=True)
+    return cast(jax.Array, layers)  # (flax types `apply` for `mutable` too)
 
 
-def example_inputs(model) -> tuple:
+def example_inputs(model: nn.Module) -> tuple:
     """The pretraining model's and the encoder's; the heads take BERT's (their call signature
     is BERT's heads')."""
     if not isinstance(model, (modernbert.ModernBertForMaskedLM, modernbert.ModernBertModel)):
@@ -171,7 +186,11 @@ def check_export(
 
 
 def write_hf(
-    config: ModernBertConfig, params: dict[str, Any], path: str, head=None, pad_token_id: int = 0
+    config: ModernBertConfig,
+    params: dict[str, Any],
+    path: str,
+    head: HFHead | None = None,
+    pad_token_id: int = 0,
 ) -> int:
     del pad_token_id  # (its config's own)
     return hf_modernbert.save_hf(config, params, path, head)
