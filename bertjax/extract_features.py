@@ -63,7 +63,7 @@ def extract(
 
     @jax.jit
     def all_layers(
-        input_ids: np.ndarray, input_mask: np.ndarray, segment_ids: np.ndarray
+        input_ids: jax.Array, input_mask: jax.Array, segment_ids: jax.Array
     ) -> jax.Array:
         stacked = families.of(model).all_layers(model, params, input_ids, segment_ids, input_mask)
         return stacked[jnp.array(layers)]

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import flax.linen as nn
+import jax
 import numpy as np
 from absl import logging
 
@@ -268,7 +269,7 @@ def write_submission(
 # ----------------------------------------------------------------------------- fine-tuning
 
 
-class GlueFinetune(features.Finetune):
+class GlueFinetune(features.Finetune[jax.Array, np.ndarray]):
     """Sentence(-pair) classification or regression on the pooled output."""
 
     def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer) -> None:
@@ -292,7 +293,7 @@ class GlueFinetune(features.Finetune):
             skipped,
         )
 
-    def loss(self, logits, batch):
+    def loss(self, logits: jax.Array, batch: dict[str, jax.Array]) -> objectives.Loss:
         if self.task.is_regression:
             return objectives.regression_loss(logits, batch["labels"], batch["weights"])
         return objectives.classification_loss(logits, batch["labels"], batch["weights"])

@@ -168,7 +168,7 @@ def saved_residuals(config: ModelConfig, phase: Phase, batch_size: int) -> list[
     model = families.pretraining_model(config)
     params = families.abstract_params(model)
 
-    def loss(params, batch, rng):
+    def loss(params: optax.Params, batch: steps.Batch, rng: jax.Array) -> jax.Array:
         mlm_logits, nsp_logits = steps.forward(model, params, batch, False, rng)
         return objectives.pretraining_loss(mlm_logits, nsp_logits, batch)[0]
 
@@ -212,7 +212,7 @@ def activation_estimate(
     """Activations per device for `batch` sequences of `phase` under the config's remat policy;
     per-head, FFN and vocabulary tensors are divided by the tensor-parallel size."""
 
-    def per_device(residuals) -> int:
+    def per_device(residuals: list[tuple[tuple, int]]) -> int:
         return sum(
             size // tensor if _split_over_tensor(shape, config, batch) else size
             for shape, size in residuals

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 MLM_WEIGHT_EPSILON = 1e-5  # the original: sum(w * nll) / (sum(w) + 1e-5)
 OBJECTIVES = ("mlm", "ltr")
+Loss = tuple[jax.Array, dict[str, jax.Array]]  # (loss, its metric sums)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +89,7 @@ def pretraining_loss(
     mlm_weight_total: jax.Array | None = None,
     num_sequences_total: jax.Array | float | None = None,
     next_sentence_prediction: bool = True,
-):
+) -> Loss:
     """Returns `(loss, metric_sums)` with loss = MLM + NSP as in the original.
 
     `mlm_weight_total` and `num_sequences_total` are the denominators of the whole optimizer
@@ -152,24 +153,24 @@ def summarize(sums: dict[str, float]) -> dict[str, float]:
 # (tokens for tagging); weights are 0 for padding rows/tokens.
 
 
-def _weighted_mean(values: jax.Array, weights: jax.Array):
+def _weighted_mean(values: jax.Array, weights: jax.Array) -> Loss:
     weights = weights.astype(jnp.float32)
     loss_sum, count = jnp.sum(weights * values), jnp.sum(weights)
     return loss_sum / jnp.maximum(count, 1.0), {"loss_sum": loss_sum, "count": count}
 
 
-def classification_loss(logits_BxC: jax.Array, labels_B: jax.Array, weights_B: jax.Array):
+def classification_loss(logits_BxC: jax.Array, labels_B: jax.Array, weights_B: jax.Array) -> Loss:
     """Mean cross-entropy (run_classifier)."""
     return _weighted_mean(_nll(logits_BxC, labels_B), weights_B)
 
 
-def regression_loss(predictions_Bx1: jax.Array, targets_B: jax.Array, weights_B: jax.Array):
+def regression_loss(predictions_Bx1: jax.Array, targets_B: jax.Array, weights_B: jax.Array) -> Loss:
     """Mean squared error (STS-B)."""
     error = predictions_Bx1[:, 0].astype(jnp.float32) - targets_B.astype(jnp.float32)
     return _weighted_mean(error * error, weights_B)
 
 
-def tagging_loss(logits_BxLxC: jax.Array, labels_BxL: jax.Array, weights_BxL: jax.Array):
+def tagging_loss(logits_BxLxC: jax.Array, labels_BxL: jax.Array, weights_BxL: jax.Array) -> Loss:
     """Mean cross-entropy over the labelled tokens (first sub-token of each word)."""
     return _weighted_mean(_nll(logits_BxLxC, labels_BxL), weights_BxL)
 
@@ -180,7 +181,7 @@ def span_loss(
     start_positions_B: jax.Array,
     end_positions_B: jax.Array,
     weights_B: jax.Array,
-):
+) -> Loss:
     """run_squad: the mean of the start and end cross-entropies."""
     nll = (_nll(start_logits_BxL, start_positions_B) + _nll(end_logits_BxL, end_positions_B)) / 2.0
     return _weighted_mean(nll, weights_B)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -127,7 +127,7 @@ def global_batch_from_host(
 
 
 @contextlib.contextmanager
-def activate(mesh: Mesh):
+def activate(mesh: Mesh) -> Iterator[None]:
     """Makes `mesh` and the logical rules current, for tracing steps with activation
     constraints; "auto" choices resolve for the mesh's devices (`compile_target.target_device`)."""
     with (

@@ -31,7 +31,7 @@ def forward(
     deterministic: bool,
     dropout_rng: jax.Array | None = None,
     causal: bool = False,
-):
+) -> tuple[jax.Array, jax.Array | None]:
     """`(mlm_logits, nsp_logits)` of the family's pretraining model (`nsp_logits` None
     without an NSP head: `families.Family.forward`); `causal`: each position attends to
     itself and the positions before it only (the left-to-right objective)."""
@@ -44,7 +44,7 @@ def _split_micro_batches(batch: Batch, accum_steps: int) -> Batch:
     """[B, ...] -> [A, B/A, ...], micro-batch a taking rows a, a+A, ... so every device
     contributes to every micro-batch (no resharding of the data-parallel axis)."""
 
-    def split(x):
+    def split(x: jax.Array) -> jax.Array:
         x = x.reshape((x.shape[0] // accum_steps, accum_steps) + x.shape[1:])
         return jnp.moveaxis(x, 1, 0)
 
@@ -61,7 +61,13 @@ def make_train_step(
     micro-batches, or as many as it gives for the batch's `(rows, length)`: one per phase),
     clip + update (inside `tx`), and a skip of non-finite updates."""
 
-    def loss_fn(params, micro: Batch, rng, weight_total, num_sequences):
+    def loss_fn(
+        params: optax.Params,
+        micro: Batch,
+        rng: jax.Array,
+        weight_total: jax.Array,
+        num_sequences: jax.Array | int,
+    ) -> objectives.Loss:
         mlm_logits, nsp_logits = forward(model, params, micro, False, rng, objective.causal)
         return objectives.pretraining_loss(
             mlm_logits, nsp_logits, micro, weight_total, num_sequences, objective.uses_nsp
@@ -86,7 +92,10 @@ def make_train_step(
             )
         else:
 
-            def accumulate(carry, micro_and_index):
+            def accumulate(
+                carry: tuple[jax.Array, Metrics, optax.Updates],
+                micro_and_index: tuple[Batch, jax.Array],
+            ) -> tuple[tuple[jax.Array, Metrics, optax.Updates], None]:
                 micro, index = micro_and_index
                 (loss, metrics), grads = grad_fn(
                     state.params,
@@ -159,7 +168,7 @@ def _apply_update(
     )
     new_params = optax.apply_updates(state.params, updates)
 
-    def cause(_):
+    def cause(_: None) -> jax.Array:
         return jnp.select(
             [~all_finite_grouped(batch), ~all_finite_grouped((state.params, state.opt_state))],
             [float(NonFinite.INPUTS), float(NonFinite.STATE)],
