@@ -101,7 +101,7 @@ class RowFile:
             )
         return out
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
         rows = self[:]
         return rows if dtype is None else rows.astype(dtype)
 

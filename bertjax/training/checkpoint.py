@@ -20,7 +20,7 @@ is sealed (`keep_until_newer_sealed`), nor a `pin`ned one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -68,7 +68,12 @@ class _Kept:
         self.pinned: int | None = None
         self.sealed = sealed
 
-    def should_preserve(self, checkpoints: Any, *, context: Any) -> list[bool]:
+    def should_preserve(
+        self,
+        checkpoints: Sequence[policies.PolicyCheckpointInfo],
+        *,
+        context: policies.PreservationContext,
+    ) -> list[bool]:
         del context
         anchor = self.anchor if not any(s > (self.anchor or 0) for s in self.sealed) else None
         return [c.step in (anchor, self.pinned) for c in checkpoints]

@@ -49,7 +49,7 @@ def _path_name(path: tuple) -> str:
     return "/".join(str(getattr(key, "key", getattr(key, "name", key))) for key in path)
 
 
-def _mesh_axes_of(spec_entry: Any) -> tuple[str, ...]:
+def _mesh_axes_of(spec_entry: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
     if spec_entry is None:
         return ()
     return tuple(spec_entry) if isinstance(spec_entry, (tuple, list)) else (spec_entry,)

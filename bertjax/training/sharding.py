@@ -97,7 +97,7 @@ def make_mesh(axis_sizes: Mapping[str, int], devices: Sequence[jax.Device] | Non
     )
 
 
-def logical_to_sharding(logical_specs: Any, mesh: Mesh) -> Any:
+def logical_to_sharding(logical_specs: Mapping[str, Any], mesh: Mesh) -> Any:
     """Maps a tree of logical PartitionSpecs to NamedShardings on `mesh`."""
     return nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
 
