@@ -14,7 +14,7 @@ import re
 import runpy
 import sys
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import ml_collections
 from absl import app, flags
@@ -52,7 +52,7 @@ def _missing_file(flag: str, path: str) -> str:
     return f"--{flag}={path}: no such file; {hint}"
 
 
-def _unknown_field(flag: str, fields: Any, name: str, path: str) -> str | None:
+def _unknown_field(flag: str, fields: object, name: str, path: str) -> str | None:
     """The problem with override `name` (dotted) on the nested `fields` (any ConfigDict the
     file builds), or None if it names a field."""
     node, parts = fields, name.split(".")

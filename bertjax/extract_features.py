@@ -62,7 +62,9 @@ def extract(
     ]
 
     @jax.jit
-    def all_layers(input_ids, input_mask, segment_ids):
+    def all_layers(
+        input_ids: jax.Array, input_mask: jax.Array, segment_ids: jax.Array
+    ) -> jax.Array:
         stacked = families.of(model).all_layers(model, params, input_ids, segment_ids, input_mask)
         return stacked[jnp.array(layers)]
 
@@ -117,7 +119,7 @@ def define_flags() -> None:
     flags.mark_flags_as_required(["input_file", "output_file", "init_checkpoint"])
 
 
-def main(argv) -> None:
+def main(argv: list[str]) -> None:
     del argv
     source = pretrained.Source.frozen(FLAGS.init_checkpoint, FLAGS.vocab_file, FLAGS.do_lower_case)
     try:

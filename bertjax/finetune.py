@@ -167,7 +167,7 @@ def define_flags() -> None:
     flags.mark_flags_as_required(["config", "workdir"])
 
 
-def main(argv) -> None:
+def main(argv: list[str]) -> None:
     del argv
     failures.one_line_thread_errors()
     try:

@@ -60,7 +60,7 @@ def write_outputs(record: dict, workdir: str, title: str) -> str:
     return f"Wrote {workdir}/probe.json and probe.png"
 
 
-def main(argv) -> None:
+def main(argv: list[str]) -> None:
     del argv
     try:
         seeds = tuple(cli.integers("seeds", FLAGS.seeds))

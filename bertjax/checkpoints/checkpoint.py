@@ -20,7 +20,7 @@ is sealed (`keep_until_newer_sealed`), nor a `pin`ned one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -63,12 +63,17 @@ class _Kept:
     """A preservation policy: keeps step `anchor` while no later step is in `sealed`, and
     step `pinned` always."""
 
-    def __init__(self, sealed: set[int]):
+    def __init__(self, sealed: set[int]) -> None:
         self.anchor: int | None = None
         self.pinned: int | None = None
         self.sealed = sealed
 
-    def should_preserve(self, checkpoints: Any, *, context: Any) -> list[bool]:
+    def should_preserve(
+        self,
+        checkpoints: Sequence[policies.PolicyCheckpointInfo],
+        *,
+        context: policies.PreservationContext,
+    ) -> list[bool]:
         del context
         anchor = self.anchor if not any(s > (self.anchor or 0) for s in self.sealed) else None
         return [c.step in (anchor, self.pinned) for c in checkpoints]
@@ -85,7 +90,7 @@ class Checkpointer:
         keep_every: int = 0,
         async_save: bool = True,
         on_commit: Callable[[int], None] | None = None,
-    ):
+    ) -> None:
         """`on_commit(step)` is called once a save has finished and is sealed (announce it
         then: an async save can still fail until it has)."""
         self._on_commit = on_commit

@@ -31,7 +31,7 @@ class DamagedCheckpoint(UserError, RuntimeError):
     """A restored state differs from the digest its checkpoint recorded when it was saved;
     `problem` says which arrays."""
 
-    def __init__(self, where: str, problem: str):
+    def __init__(self, where: str, problem: str) -> None:
         super().__init__(f"checkpoint {where} is damaged: {problem}")
         self.problem = problem
 
@@ -40,7 +40,7 @@ class StateUnreadable(UserError, RuntimeError):
     """A checkpoint's state failed to restore (on every process alike: `problem` names the
     process that failed first when there are several)."""
 
-    def __init__(self, where: str, problem: str):
+    def __init__(self, where: str, problem: str) -> None:
         super().__init__(f"checkpoint {where} cannot be restored: {problem}")
         self.problem = problem
 

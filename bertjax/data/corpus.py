@@ -21,7 +21,7 @@ import hashlib
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import IO, Any
 
 from absl import logging
 
@@ -183,7 +183,7 @@ def content_fingerprint(path: str, sample_bytes: int = 4 << 20, blocks: int = 64
     return {"bytes": size, "mtime": int(files.getmtime(path)), "sampled_sha256": digest.hexdigest()}
 
 
-def _skip_rest_of_line(file: Any) -> int:
+def _skip_rest_of_line(file: IO) -> int:
     """Consumes the remainder of an over-long line; returns how many bytes it had."""
     skipped = 0
     while chunk := file.readline(1 << 20):

@@ -101,7 +101,7 @@ class Derived:
     computed once (on first use) and shared by the phases: the corpus's identity and cache
     fingerprint, and the special tokens."""
 
-    def __init__(self, data: DataSettings, tokenizer: tokenization.Tokenizer):
+    def __init__(self, data: DataSettings, tokenizer: tokenization.Tokenizer) -> None:
         self.settings, self.tokenizer = data, tokenizer
 
     @functools.cached_property

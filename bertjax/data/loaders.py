@@ -45,7 +45,7 @@ class BatchLoader:
         name: str = "train",
         mask_mix: tuple[float, float] = mask_rules.PAPER_MASK_MIX,
         share: tuple[int, int] = (0, 1),
-    ):
+    ) -> None:
         if len(split) < global_batch_size:
             raise DataError(
                 f"the {name} split has {len(split)} sequences, fewer than one batch of "

@@ -156,7 +156,7 @@ class PackedLoader:
         max_instances: int,
         max_predictions: int,
         pad_id: int,
-    ):
+    ) -> None:
         if max_instances < 1:
             raise DataError(f"data.packing_max_instances={max_instances} must be at least 1")
         self.source, self.max_seq_length, self.pad_id = source, max_seq_length, pad_id

@@ -272,7 +272,7 @@ def held_out_route(meta: dict[str, Any]) -> str:
 def check_settings(found: dict[str, Any], wanted: dict[str, Any], directory: str) -> None:
     """DataError naming every setting in which prepared data differs from this config."""
 
-    def flat(d):
+    def flat(d: dict[str, Any]) -> dict[str, Any]:
         return {
             **{k: v for k, v in d.items() if k != "data"},
             **{f"data.{k}": v for k, v in d.get("data", {}).items()},

@@ -36,7 +36,7 @@ def file_record(path: str) -> dict[str, Any]:
     return {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
 
 
-def cache_key(obj: Any) -> str:
+def cache_key(obj: object) -> str:
     """The 16 hex digits that name a cache entry made from `obj` (JSON, keys sorted)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -101,7 +101,7 @@ class ShardWriter:
 
     def __init__(
         self, directory: str, rows: int, max_seq_length: int, max_predictions: int, vocab_size: int
-    ):
+    ) -> None:
         os.makedirs(directory, exist_ok=True)
         dtypes = stored_dtypes(max_seq_length, max_predictions, vocab_size)
         shapes = stored_shapes(max_seq_length, max_predictions)
@@ -170,7 +170,7 @@ class PreparedSplit:
     whether masks are stored (static masking) or drawn by the loader (dynamic). `take` and
     `features` give `FEATURES`."""
 
-    def __init__(self, shards: Sequence[dict[str, np.ndarray]], masked: bool):
+    def __init__(self, shards: Sequence[dict[str, np.ndarray]], masked: bool) -> None:
         self.shards, self.masked = list(shards), masked
         self._offsets = np.cumsum([0] + [len(shard["lengths"]) for shard in self.shards])
 

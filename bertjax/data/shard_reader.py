@@ -56,7 +56,7 @@ class RowFile:
         hashes: np.ndarray,
         largest: int,
         what_to_do: str,
-    ):
+    ) -> None:
         self.fd, self.path, self.dtype, self.row_shape = fd, path, dtype, row_shape
         self.offset, self.hashes, self.largest = offset, hashes, largest
         self.row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
@@ -101,7 +101,7 @@ class RowFile:
             )
         return out
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
         rows = self[:]
         return rows if dtype is None else rows.astype(dtype)
 

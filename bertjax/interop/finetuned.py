@@ -65,7 +65,7 @@ def hf_head(task_config: dict[str, Any], params: dict[str, Any], form: HfForm) -
     kind, task = task_config.get("kind"), task_config.get("task", "")
     family = form.class_prefix
 
-    def linear(prefix: str, output: Any) -> dict[str, np.ndarray]:
+    def linear(prefix: str, output: dict[str, Any]) -> dict[str, np.ndarray]:
         return _linear(prefix, output) if form.output_layer_names else {}
 
     if task_config.get("causal_attention"):

@@ -319,7 +319,7 @@ def resolve_prefix(path: str) -> str:
 class BundleReader:
     """The index of a TF checkpoint; `read(name)` loads and checks one tensor."""
 
-    def __init__(self, prefix: str):
+    def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.index_path = prefix + ".index"
         self.num_shards = 1

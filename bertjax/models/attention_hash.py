@@ -69,7 +69,11 @@ def keep(counter_QxK: jax.Array, seed: jax.Array, rate: float) -> jax.Array:
 
 
 def counters(
-    queries: int, keys: int, length: int | None = None, first_query=0, first_key=0
+    queries: int,
+    keys: int,
+    length: int | None = None,
+    first_query: int | jax.Array = 0,
+    first_key: int | jax.Array = 0,
 ) -> jax.Array:
     """int32 `[queries, keys]`: the counters `query * length + key` of a tile of rows of
     `length` keys (default `keys`) whose first query and key are `first_query`, `first_key`

@@ -47,15 +47,19 @@ def project_stacked(x_BxLxI: jax.Array, kernel_KxIxO: jax.Array) -> jax.Array:
 
 
 @jax.custom_vjp
-def _fused_project(x_BxLxI, kernel_KxIxO, bias_KxO):
+def _fused_project(x_BxLxI: jax.Array, kernel_KxIxO: jax.Array, bias_KxO: jax.Array) -> jax.Array:
     return project(x_BxLxI, kernel_KxIxO, bias_KxO, False)
 
 
-def _forward(x_BxLxI, kernel_KxIxO, bias_KxO):
+def _forward(
+    x_BxLxI: jax.Array, kernel_KxIxO: jax.Array, bias_KxO: jax.Array
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     return project(x_BxLxI, kernel_KxIxO, bias_KxO, False), (x_BxLxI, kernel_KxIxO)
 
 
-def _backward(saved, g_KxBxLxO):
+def _backward(
+    saved: tuple[jax.Array, jax.Array], g_KxBxLxO: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     x_BxLxI, kernel_KxIxO = saved
     inputs = x_BxLxI.shape[-1]
     ones_BxLx1 = jnp.ones(x_BxLxI.shape[:-1] + (1,), x_BxLxI.dtype)

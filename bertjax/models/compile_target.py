@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from collections.abc import Iterator
 
 import jax
 
@@ -15,7 +16,7 @@ _TARGET_DEVICE: contextvars.ContextVar[jax.Device | None] = contextvars.ContextV
 
 
 @contextlib.contextmanager
-def target_device(device: jax.Device):
+def target_device(device: jax.Device) -> Iterator[None]:
     """Resolves "auto" (and picks Pallas' interpret mode) for `device` while active."""
     token = _TARGET_DEVICE.set(device)
     try:

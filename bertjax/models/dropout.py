@@ -79,11 +79,11 @@ def apply_packed_mask(x: jax.Array, packed: jax.Array, rate: float) -> jax.Array
     )
 
 
-def _apply_forward(x: jax.Array, packed: jax.Array, rate: float):
+def _apply_forward(x: jax.Array, packed: jax.Array, rate: float) -> tuple[jax.Array, jax.Array]:
     return apply_packed_mask(x, packed, rate), packed
 
 
-def _apply_backward(rate: float, packed: jax.Array, cotangent: jax.Array):
+def _apply_backward(rate: float, packed: jax.Array, cotangent: jax.Array) -> tuple[jax.Array, None]:
     return apply_packed_mask(cotangent, packed, rate), None
 
 

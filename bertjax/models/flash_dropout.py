@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +36,9 @@ MAX_LENGTH = 512
 MAX_BLOCK_ROWS = 2048  # heads per grid step: as many as keep heads * length <= this
 
 
-def _softmax_parts(q_LxD, k_LxD, bias_LxL, scale):
+def _softmax_parts(
+    q_LxD: jax.Array, k_LxD: jax.Array, bias_LxL: jax.Array, scale: float
+) -> tuple[jax.Array, jax.Array]:
     """The einsum path's float32 softmax of one head's scores, unnormalized `[L, L]`, and the
     row sums `[L, 1]` that normalize it (divided once per row, or after the matmul)."""
     scores = (
@@ -47,7 +50,7 @@ def _softmax_parts(q_LxD, k_LxD, bias_LxL, scale):
     return unnormalized, jnp.sum(unnormalized, axis=1, keepdims=True)
 
 
-def _bias(q_ids_ref, kv_ids_ref, length):
+def _bias(q_ids_ref: jax.Ref, kv_ids_ref: jax.Ref, length: int) -> jax.Array:
     """0 where query and key share a segment id, else the additive mask: `[L, L]`."""
     q_ids = jnp.tile(q_ids_ref[0], (1, length // LANES))
     return jnp.where(q_ids == kv_ids_ref[0, :1], 0.0, MASK_VALUE).astype(jnp.float32)
@@ -58,14 +61,22 @@ def _heads(width: int, head_size: int) -> list[slice]:
     return [slice(h * head_size, (h + 1) * head_size) for h in range(width // head_size)]
 
 
-def _first_head(heads_per_step: int):
+def _first_head(heads_per_step: int) -> jax.Array:
     """The flat `b * N + n` index of this grid step's first (row, head): its first seed."""
     return (pl.program_id(0) * pl.num_programs(1) + pl.program_id(1)) * heads_per_step
 
 
 def _forward_kernel(
-    seeds_ref, qkv_ref, q_ids_ref, kv_ids_ref, o_ref, *, rate: float, scale: float, head_size: int
-):
+    seeds_ref: jax.Ref,
+    qkv_ref: jax.Ref,
+    q_ids_ref: jax.Ref,
+    kv_ids_ref: jax.Ref,
+    o_ref: jax.Ref,
+    *,
+    rate: float,
+    scale: float,
+    head_size: int,
+) -> None:
     length, width = qkv_ref.shape[2], qkv_ref.shape[3]
     bias = _bias(q_ids_ref, kv_ids_ref, length)
     counters = attention_hash.counters(length, length)
@@ -85,17 +96,17 @@ def _forward_kernel(
 
 
 def _backward_kernel(
-    seeds_ref,
-    qkv_ref,
-    do_ref,
-    q_ids_ref,
-    kv_ids_ref,
-    dqkv_ref,
+    seeds_ref: jax.Ref,
+    qkv_ref: jax.Ref,
+    do_ref: jax.Ref,
+    q_ids_ref: jax.Ref,
+    kv_ids_ref: jax.Ref,
+    dqkv_ref: jax.Ref,
     *,
     rate: float,
     scale: float,
     head_size: int,
-):
+) -> None:
     length, width = qkv_ref.shape[2], qkv_ref.shape[3]
     bias = _bias(q_ids_ref, kv_ids_ref, length)
     counters = attention_hash.counters(length, length)
@@ -155,7 +166,7 @@ def cost(
 
 
 def _call(
-    kernel,
+    kernel: Callable[..., None],
     qkv_3xBxLxH: jax.Array,
     d_out_BxLxH: jax.Array | None,
     ids_BxL: jax.Array,
@@ -213,11 +224,18 @@ def flash_dropout(
     return _call(_forward_kernel, qkv_3xBxLxH, None, ids_BxL, seeds_BxN, rate, interpret)
 
 
-def _forward(qkv, ids, seeds, rate, interpret):
+def _forward(
+    qkv: jax.Array, ids: jax.Array, seeds: jax.Array, rate: float, interpret: bool
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
     return flash_dropout(qkv, ids, seeds, rate, interpret), (qkv, ids, seeds)
 
 
-def _backward(rate, interpret, residuals, d_out):
+def _backward(
+    rate: float,
+    interpret: bool,
+    residuals: tuple[jax.Array, jax.Array, jax.Array],
+    d_out: jax.Array,
+) -> tuple[jax.Array, None, None]:
     qkv, ids, seeds = residuals
     return (
         _call(_backward_kernel, qkv, d_out.astype(qkv.dtype), ids, seeds, rate, interpret),

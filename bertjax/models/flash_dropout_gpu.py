@@ -72,38 +72,60 @@ def _metadata(estimate: pl.CostEstimate) -> dict[str, str]:
     return {"flops": str(estimate.flops), "transcendentals": str(estimate.transcendentals)}
 
 
-def _scores(q_QxD, k_KxD, q_ids_Q, k_ids_K, scale):
+def _scores(
+    q_QxD: jax.Array, k_KxD: jax.Array, q_ids_Q: jax.Array, k_ids_K: jax.Array, scale: float
+) -> jax.Array:
     """The einsum path's scores `q.k * scale`, plus -10000 between different segment ids, in
     base 2 (times log2(e)), float32 `[Q, K]`."""
     scores = plgpu.dot(q_QxD, k_KxD, trans_b=True) * (scale * LOG2_E)
     return scores + jnp.where(q_ids_Q[:, None] == k_ids_K[None, :], 0.0, MASK_VALUE * LOG2_E)
 
 
-def _kept(probs_QxK, seed, rate, first_query, first_key, length):
-    """The probabilities of a tile with the dropped ones 0 (kept ones not yet scaled)."""
-    if not rate:
+def _kept(
+    probs_QxK: jax.Array,
+    seed: jax.Array | None,
+    rate: float,
+    first_query: jax.Array,
+    first_key: jax.Array,
+    length: int,
+) -> jax.Array:
+    """The probabilities of a tile with the dropped ones 0 (kept ones not yet scaled); no
+    `seed`: rate 0 (none read), all kept."""
+    if seed is None:
         return probs_QxK
     queries, keys = probs_QxK.shape
     counters = attention_hash.counters(queries, keys, length, first_query, first_key)
     return jnp.where(attention_hash.keep(counters, seed, rate), probs_QxK, 0.0)
 
 
-def _projection(qkv_ref, bias_ref, rows, which: int):
+def _projection(
+    qkv_ref: jax.Ref, bias_ref: jax.Ref, rows: slice | pl.Slice, which: int
+) -> jax.Array:
     """q, k or v (`which`: 0, 1, 2) of `rows` plus its bias (in float32), in q's dtype."""
     x = qkv_ref[rows, which, :]
     return (x.astype(jnp.float32) + bias_ref[which, :].astype(jnp.float32)[None, :]).astype(x.dtype)
 
 
 def _forward_kernel(
-    seed_ref, qkv_ref, bias_ref, ids_ref, o_ref, lse_ref, *, rate: float, scale: float
-):
+    seed_ref: jax.Ref,
+    qkv_ref: jax.Ref,
+    bias_ref: jax.Ref,
+    ids_ref: jax.Ref,
+    o_ref: jax.Ref,
+    lse_ref: jax.Ref,
+    *,
+    rate: float,
+    scale: float,
+) -> None:
     length, head_size = qkv_ref.shape[0], qkv_ref.shape[2]
     first_query = pl.program_id(2) * BLOCK_Q
     queries = pl.ds(first_query, BLOCK_Q)
     q, q_ids = _projection(qkv_ref, bias_ref, queries, 0), ids_ref[queries]
     seed = seed_ref[...] if rate else None
 
-    def step(block, carry):
+    def step(
+        block: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
         out_QxD, max_Q, sum_Q = carry
         first_key = block * BLOCK_K
         keys = pl.ds(first_key, BLOCK_K)
@@ -132,19 +154,19 @@ def _forward_kernel(
 
 
 def _backward_kernel(
-    seed_ref,
-    qkv_ref,
-    bias_ref,
-    ids_ref,
-    do_ref,
-    lse_ref,
-    delta_ref,
-    dqkv_ref,
-    dbias_ref,
+    seed_ref: jax.Ref,
+    qkv_ref: jax.Ref,
+    bias_ref: jax.Ref,
+    ids_ref: jax.Ref,
+    do_ref: jax.Ref,
+    lse_ref: jax.Ref,
+    delta_ref: jax.Ref,
+    dqkv_ref: jax.Ref,
+    dbias_ref: jax.Ref,
     *,
     rate: float,
     scale: float,
-):
+) -> None:
     """dk, dv of keys block j over all queries, then dq of queries block j over all keys; and
     each one's sum over the block's rows (float32: its share of the bias's gradient)."""
     length = qkv_ref.shape[0]
@@ -156,7 +178,13 @@ def _backward_kernel(
     # element: the accumulated `[K, D]` and `[Q, D]` gradients take them once at the end.
     d_factor, v_factor = scale / (1.0 - rate), 1.0 / (1.0 - rate)
 
-    def d_scores(probs, d_dropped, delta, first_query, first_key):
+    def d_scores(
+        probs: jax.Array,
+        d_dropped: jax.Array,
+        delta: jax.Array,
+        first_query: jax.Array,
+        first_key: jax.Array,
+    ) -> jax.Array:
         """The gradient of the base-e scores from that of the dropped probabilities, divided
         by `d_factor`."""
         d_kept = _kept(d_dropped, seed, rate, first_query, first_key, length)
@@ -165,7 +193,9 @@ def _backward_kernel(
     k, v = _projection(qkv_ref, bias_ref, major, 1), _projection(qkv_ref, bias_ref, major, 2)
     k_ids = ids_ref[major]
 
-    def key_step(block, carry):
+    def key_step(
+        block: jax.Array, carry: tuple[jax.Array, jax.Array]
+    ) -> tuple[jax.Array, jax.Array]:
         dk, dv = carry
         first_query = block * BLOCK_MINOR
         queries = pl.ds(first_query, BLOCK_MINOR)
@@ -186,7 +216,7 @@ def _backward_kernel(
     q, do, q_ids = _projection(qkv_ref, bias_ref, major, 0), do_ref[major, :], ids_ref[major]
     lse, delta = lse_ref[major], delta_ref[major]
 
-    def query_step(block, dq):
+    def query_step(block: jax.Array, dq: jax.Array) -> jax.Array:
         first_key = block * BLOCK_MINOR
         keys = pl.ds(first_key, BLOCK_MINOR)
         k, v = _projection(qkv_ref, bias_ref, keys, 1), _projection(qkv_ref, bias_ref, keys, 2)
@@ -199,7 +229,14 @@ def _backward_kernel(
     dbias_ref[0, :] = jnp.sum(dq * d_factor, axis=0)
 
 
-def _call_forward(qkv_BxLx3xNxD, bias_3xNxD, ids_BxL, seeds_BxN, rate, interpret):
+def _call_forward(
+    qkv_BxLx3xNxD: jax.Array,
+    bias_3xNxD: jax.Array,
+    ids_BxL: jax.Array,
+    seeds_BxN: jax.Array,
+    rate: float,
+    interpret: bool,
+) -> tuple[jax.Array, jax.Array]:
     """The output `[B, L, N, D]` and the row log-sum-exp (base 2) `[B, N, L]`."""
     batch, length, _, heads, head_size = qkv_BxLx3xNxD.shape
     itemsize = qkv_BxLx3xNxD.dtype.itemsize
@@ -236,16 +273,16 @@ def _stacked(length: int, head_size: int) -> pl.BlockSpec:
 
 
 def _call_backward(
-    qkv_BxLx3xNxD,
-    bias_3xNxD,
-    ids_BxL,
-    seeds_BxN,
-    d_out_BxLxNxD,
-    out_BxLxNxD,
-    lse_BxNxL,
-    rate,
-    interpret,
-):
+    qkv_BxLx3xNxD: jax.Array,
+    bias_3xNxD: jax.Array,
+    ids_BxL: jax.Array,
+    seeds_BxN: jax.Array,
+    d_out_BxLxNxD: jax.Array,
+    out_BxLxNxD: jax.Array,
+    lse_BxNxL: jax.Array,
+    rate: float,
+    interpret: bool,
+) -> tuple[jax.Array, jax.Array]:
     """The gradient of q, k and v, stacked `[B, L, 3, N, D]`, and its sums over each block
     of rows, float32 `[B, L / BLOCK_MAJOR, 3, N, D]` (the bias's gradient summed over them)."""
     batch, length, _, heads, head_size = qkv_BxLx3xNxD.shape
@@ -322,14 +359,26 @@ def flash_dropout_biased(
     return _forward(qkv_BxLx3xH, bias_3xH, ids_BxL, seeds_BxN, rate, interpret)[0]
 
 
-def _forward(qkv, bias, ids, seeds, rate, interpret):
+Residuals = tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]
+
+
+def _forward(
+    qkv: jax.Array,
+    bias: jax.Array,
+    ids: jax.Array,
+    seeds: jax.Array,
+    rate: float,
+    interpret: bool,
+) -> tuple[jax.Array, Residuals]:
     heads = seeds.shape[1]
     out, lse = _call_forward(_heads(qkv, heads), _heads(bias, heads), ids, seeds, rate, interpret)
     out = out.reshape(ids.shape + qkv.shape[-1:])
     return out, (qkv, bias, ids, seeds, out, lse)
 
 
-def _backward(rate, interpret, residuals, d_out):
+def _backward(
+    rate: float, interpret: bool, residuals: Residuals, d_out: jax.Array
+) -> tuple[jax.Array, jax.Array, None, None]:
     qkv, bias, ids, seeds, out, lse = residuals
     heads = seeds.shape[1]
     d_qkv, d_bias_parts = _call_backward(

@@ -82,7 +82,9 @@ def pallas_attention(
     }
     interpret = compile_target.target_platform() != "tpu"
 
-    def whole_rows(q_BxNxLxD, k_BxNxLxD, v_BxNxLxD, ids_BxL):
+    def whole_rows(
+        q_BxNxLxD: jax.Array, k_BxNxLxD: jax.Array, v_BxNxLxD: jax.Array, ids_BxL: jax.Array
+    ) -> jax.Array:
         return tpu_flash.flash_attention(
             q_BxNxLxD,
             k_BxNxLxD,
@@ -144,7 +146,9 @@ def triton_attention(
     if bias_3xNxD is None:
         bias_3xNxD = jnp.zeros((3, heads, head_size), jnp.float32)
 
-    def flash(qkv_BxLx3xH, bias_3xH, ids_BxL, seeds_BxN):
+    def flash(
+        qkv_BxLx3xH: jax.Array, bias_3xH: jax.Array, ids_BxL: jax.Array, seeds_BxN: jax.Array
+    ) -> jax.Array:
         def kernel(interpret: bool) -> Callable:
             return lambda *args: flash_dropout_gpu.flash_dropout_biased(
                 *args, dropout_rate, interpret
@@ -248,15 +252,15 @@ def _in_tpu_interpret_mode(fn: Callable) -> Callable:
     from jax.experimental.pallas import tpu as pltpu
 
     @jax.custom_vjp
-    def interpreted(*args):
+    def interpreted(*args: jax.Array) -> jax.Array:
         with pltpu.force_tpu_interpret_mode():
             return fn(*args)
 
-    def forward(*args):
+    def forward(*args: jax.Array) -> tuple[jax.Array, Callable]:
         with pltpu.force_tpu_interpret_mode():
             return jax.vjp(fn, *args)
 
-    def backward(vjp_fn, cotangent):
+    def backward(vjp_fn: Callable, cotangent: jax.Array) -> tuple[jax.Array, ...]:
         with pltpu.force_tpu_interpret_mode():
             return vjp_fn(cotangent)
 

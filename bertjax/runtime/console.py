@@ -200,7 +200,7 @@ class _Echo:
     """sys.stdout that also hands each complete line to the run's log (`RUN_LOG`); the
     terminal's status line (written after a carriage return) stays on the console."""
 
-    def __init__(self, console: TextIO):
+    def __init__(self, console: TextIO) -> None:
         self.console, self.pending, self.lock = console, "", threading.RLock()
 
     def write(self, text: str) -> int:
@@ -286,7 +286,7 @@ class _OtherThreadsTo:
     several threads at once (Orbax's writers of a failed save print their tracebacks
     together, and unlocked writes interleaved them and once left bytes that are not UTF-8)."""
 
-    def __init__(self, log: std_logging.StreamHandler, console: TextIO):
+    def __init__(self, log: std_logging.StreamHandler, console: TextIO) -> None:
         self.log, self.console = log, console
 
     def write(self, text: str) -> int:

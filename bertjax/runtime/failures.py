@@ -166,7 +166,7 @@ class CtrlC:
         "to exit at once)"
     )
 
-    def __init__(self, forward_as_sigterm: bool):
+    def __init__(self, forward_as_sigterm: bool) -> None:
         self.forward_as_sigterm = forward_as_sigterm
         self.requested = False
         self._previous: Any = None
@@ -222,7 +222,7 @@ class Stopped(Exception):
     number (130 for Ctrl-C, 143 for SIGTERM), as a shell reports a process the signal ended,
     so that nothing reads the unfinished run as done and a supervisor restarts it."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int) -> None:
         super().__init__(STOPPING[signum])
         self.status = 128 + signum
 

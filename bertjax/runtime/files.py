@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from bertjax.runtime import storage
 
@@ -47,6 +47,9 @@ def naming(path: str) -> Iterator[None]:
             raise OSError(e.errno, e.strerror, path) from e
         raise
 
+if TYPE_CHECKING:  # (fsspec is imported where a remote path is used)
+    from fsspec import AbstractFileSystem
+
 
 def _emulator_defaults() -> None:
     host = os.environ.get("STORAGE_EMULATOR_HOST", "")
@@ -65,7 +68,7 @@ def is_remote(path: str) -> bool:
     return "://" in str(path)
 
 
-def _fs(path: str) -> tuple[Any, str]:
+def _fs(path: str) -> tuple[AbstractFileSystem, str]:
     _emulator_defaults()  # (an emulator named after this module was imported)
     storage.install_gcsfs()
     try:
@@ -76,7 +79,7 @@ def _fs(path: str) -> tuple[Any, str]:
         raise ImportError(f"cannot read {path}: {e}; pip install 'bertjax[gcs]'") from None
 
 
-def _url(fs: Any, fs_path: str) -> str:
+def _url(fs: AbstractFileSystem, fs_path: str) -> str:
     """fsspec's bare path (`bucket/key`) back to a URL."""
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     return fs_path if "://" in fs_path else f"{protocol}://{fs_path}"
@@ -148,7 +151,7 @@ def write_text(path: str, text: str, append: bool = False) -> None:
 
 
 def _local_or_remote(
-    path: str, local: Callable[[str], Any], remote: Callable[[Any, str], Any]
+    path: str, local: Callable[[str], Any], remote: Callable[[AbstractFileSystem, str], Any]
 ) -> Any:
     """`local(path)` for a local path, else `remote(filesystem, fsspec path)`."""
     if not is_remote(path):
@@ -163,7 +166,7 @@ def exists(path: str) -> bool:
     return _local_or_remote(path, os.path.exists, _exists_remote)
 
 
-def _exists_remote(fs: Any, fs_path: str) -> bool:
+def _exists_remote(fs: AbstractFileSystem, fs_path: str) -> bool:
     try:
         fs.info(fs_path)
         return True

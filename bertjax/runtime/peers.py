@@ -224,7 +224,7 @@ def _native_stderr_to(path: str) -> None:
     _state["log"] = path
 
 
-def _set_sigabrt(handler: Any) -> None:
+def _set_sigabrt(handler: ctypes.c_void_p | int) -> None:
     libc = ctypes.CDLL(None)
     libc.signal.restype = ctypes.c_void_p
     libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]

@@ -41,7 +41,7 @@ FIRST_DELAY, MAX_DELAY = 0.5, 30.0
 class StorageUnavailable(OSError):
     """A storage request still failed transiently after retrying for the allowed time."""
 
-    def __init__(self, what: str, cause: str, seconds: float):
+    def __init__(self, what: str, cause: str, seconds: float) -> None:
         super().__init__(
             f"{what}: {cause}, still after retrying for {seconds:.0f} s "
             f"(the storage is unavailable; {RETRY_ENV} sets how long to retry)"
@@ -189,7 +189,7 @@ def gcs_class() -> type:
     raw = gcsfs.GCSFileSystem._request.__wrapped__  # (without gcsfs's 6 fixed tries)
 
     class RetryingGCSFileSystem(gcsfs.GCSFileSystem):
-        def __init__(self, *args: Any, **kwargs: Any):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault(
                 "requests_timeout",
                 aiohttp.ClientTimeout(sock_connect=STALL_SECONDS, sock_read=STALL_SECONDS),

@@ -158,7 +158,7 @@ def cudnn_for(target: Target, device: jax.Device) -> Iterator[None]:
 
     own = tuple(float(x) for x in str(device.compute_capability).split("."))
 
-    def capability(text):
+    def capability(text: str) -> tuple[float, ...]:
         return tuple(float(x) for x in text.split("."))
 
     replacements = {

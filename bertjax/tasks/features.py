@@ -9,7 +9,7 @@ import collections
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 from absl import logging
@@ -19,8 +19,10 @@ from bertjax.errors import UserError
 
 if TYPE_CHECKING:  # (the model modules: only for the adapter's annotations)
     import flax.linen as nn
+    import jax
 
     from bertjax.models.families import ModelConfig
+    from bertjax.models.layers.losses import Loss
 
 
 class TaskDataError(UserError, ValueError):
@@ -146,7 +148,11 @@ def subset(items: list, limit: int, split: str) -> list:
     return [items[i] for i in keep]
 
 
-class Finetune(abc.ABC):
+Outputs = TypeVar("Outputs")  # a batch's model outputs: logits, or (start, end) logits
+Fetched = TypeVar("Fetched")  # `outputs` over a split, fetched (numpy)
+
+
+class Finetune(abc.ABC, Generic[Outputs, Fetched]):
     """What the fine-tuning driver (and the probes) need from a task, its adapter. A task
     sets `main_metric`, `eval_splits` and `test_splits` (on the class or in `__init__`) and
     provides the abstract methods: the model head, loading a split, the loss, scoring and
@@ -171,16 +177,16 @@ class Finetune(abc.ABC):
         naming the file and what is wrong."""
 
     @abc.abstractmethod
-    def loss(self, logits: Any, batch: dict[str, Any]) -> Any:
+    def loss(self, logits: Outputs, batch: dict[str, jax.Array]) -> Loss:
         """The training loss (a scalar: the weighted mean) of the model's `logits` on
         `batch`, inside jit."""
 
     @abc.abstractmethod
-    def evaluate(self, data: SplitData, outputs: np.ndarray) -> dict[str, float]:
+    def evaluate(self, data: SplitData, outputs: Fetched) -> dict[str, float]:
         """The task's metrics on `data` from the fetched `outputs(model outputs)`."""
 
     @abc.abstractmethod
-    def write_predictions(self, data: SplitData, outputs: np.ndarray, directory: str) -> str:
+    def write_predictions(self, data: SplitData, outputs: Fetched, directory: str) -> str:
         """Writes the predictions on `data` into `directory` in the task's format; returns
         the path written."""
 
@@ -188,7 +194,7 @@ class Finetune(abc.ABC):
         """What the step count counts: examples, one row each (as run_classifier.py)."""
         return len(train)
 
-    def outputs(self, model_outputs):
+    def outputs(self, model_outputs: Outputs) -> Outputs:
         """Reduces the model outputs on device before they are fetched (default: as is)."""
         return model_outputs
 

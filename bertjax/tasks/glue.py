@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import flax.linen as nn
+import jax
 import numpy as np
 from absl import logging
 
@@ -268,10 +269,10 @@ def write_submission(
 # ----------------------------------------------------------------------------- fine-tuning
 
 
-class GlueFinetune(features.Finetune):
+class GlueFinetune(features.Finetune[jax.Array, np.ndarray]):
     """Sentence(-pair) classification or regression on the pooled output."""
 
-    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer):
+    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer) -> None:
         self.options, self.tokenizer = options, tokenizer
         self.task = get_task(options.task)
         self.main_metric = self.task.metric_names[0]
@@ -292,7 +293,7 @@ class GlueFinetune(features.Finetune):
             skipped,
         )
 
-    def loss(self, logits, batch):
+    def loss(self, logits: jax.Array, batch: dict[str, jax.Array]) -> losses.Loss:
         if self.task.is_regression:
             return losses.regression_loss(logits, batch["labels"], batch["weights"])
         return losses.classification_loss(logits, batch["labels"], batch["weights"])

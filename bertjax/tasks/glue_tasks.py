@@ -72,20 +72,20 @@ class GlueTask:
 
 
 def _pair_task(
-    name,
-    directory,
-    labels,
-    metric_names,
-    hf_keys,
-    hf_labels,
-    a,
-    b,
-    label,
-    test_a=None,
-    test_b=None,
-    test_file="test.tsv",
-    submission=None,
-):
+    name: str,
+    directory: str,
+    labels: tuple[str, ...] | None,
+    metric_names: tuple[str, ...],
+    hf_keys: tuple[str, str | None],
+    hf_labels: tuple[str, ...] | None,
+    a: int,
+    b: int | None,
+    label: int,
+    test_a: int | None = None,
+    test_b: int | None = None,
+    test_file: str = "test.tsv",
+    submission: str | None = None,
+) -> GlueTask:
     test_a = a if test_a is None else test_a
     test_b = b if test_b is None else test_b
     return GlueTask(

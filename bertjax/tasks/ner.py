@@ -10,6 +10,7 @@ import os
 from collections.abc import Sequence
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
@@ -45,7 +46,7 @@ def read_conll_file(path: str, skips: features.SkipCounter) -> list[Sentence]:
     tags: list[str] = []
     bad: str | None = None
 
-    def flush():
+    def flush() -> None:
         nonlocal words, tags, bad
         if bad:
             skips[bad] += 1
@@ -197,7 +198,7 @@ def write_predictions(
 # ----------------------------------------------------------------------------- fine-tuning
 
 
-class NerFinetune(features.Finetune):
+class NerFinetune(features.Finetune[jax.Array, np.ndarray]):
     """CoNLL-2003 tagging; fine-tuned, or feature-based with a frozen encoder."""
 
     main_metric = "f1"
@@ -205,7 +206,7 @@ class NerFinetune(features.Finetune):
     test_splits = ["test"]
     scored_test_splits = ["test"]
 
-    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer):
+    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer) -> None:
         self.options, self.tokenizer = options, tokenizer
         self.frozen_encoder = bool(options.feature_based)
 
@@ -222,11 +223,11 @@ class NerFinetune(features.Finetune):
         )
         return features.SplitData(split, encoded, (sentences, positions), {**skipped, **truncated})
 
-    def loss(self, logits, batch):
+    def loss(self, logits: jax.Array, batch: dict[str, jax.Array]) -> losses.Loss:
         weights = batch["label_weights"] * batch["weights"][:, None]
         return losses.tagging_loss(logits, batch["labels"], weights)
 
-    def outputs(self, logits):
+    def outputs(self, logits: jax.Array) -> jax.Array:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
     def _tags(self, data: features.SplitData, predicted_ids: np.ndarray) -> list[list[str]]:

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bertjax.data import tokenization
 from bertjax.runtime import files
 from bertjax.tasks import features, glue, glue_tasks, metrics, ner
 
@@ -35,6 +36,8 @@ COMBINATIONS = (
     "concat_last_four",
     "weighted_sum_all",
 )
+Adapter = features.Finetune[jax.Array, np.ndarray]  # a classifier's: GLUE's or CoNLL-2003's
+ProbeState = tuple[dict, optax.OptState]  # a probe's parameters and Adam's state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +52,9 @@ class ProbeSettings:
     extract_batch_size: int = 32  # sequences per encoder forward pass
 
 
-def task_adapter(task: str, options: features.TaskOptions, tokenizer) -> features.Finetune:
+def task_adapter(
+    task: str, options: features.TaskOptions, tokenizer: tokenization.Tokenizer
+) -> Adapter:
     """The fine-tuning adapter of `task` (conll2003 or a GLUE task name); ValueError if unknown."""
     if task == "conll2003":
         return ner.NerFinetune(options, tokenizer)
@@ -74,7 +79,7 @@ def layer_features(
     pair = bool(np.any(inputs["segment_ids"]))
 
     @jax.jit
-    def pooled(input_ids, input_mask, segment_ids):
+    def pooled(input_ids: jax.Array, input_mask: jax.Array, segment_ids: jax.Array) -> jax.Array:
         (layers_NxBxLxH, _), sown = model.apply(
             {"params": params},
             input_ids,
@@ -151,14 +156,14 @@ def _probe_logits(params: dict, x_KxNxH: jax.Array, combine: str) -> jax.Array:
 def _init_probe(
     key: jax.Array, num_layers: int, input_size: int, num_classes: int, hidden_size: int
 ) -> dict:
-    def dense(key, fan_in, fan_out):
+    def dense(key: jax.Array, fan_in: int, fan_out: int) -> dict[str, jax.Array]:
         return {
             "w": jax.random.normal(key, (fan_in, fan_out)) / np.sqrt(fan_in),
             "b": jnp.zeros(fan_out),
         }
 
     hidden_key, out_key = jax.random.split(key)
-    params = {"layer_weights": jnp.zeros(num_layers), "scale": jnp.ones(())}
+    params: dict[str, Any] = {"layer_weights": jnp.zeros(num_layers), "scale": jnp.ones(())}
     if hidden_size:
         params["hidden"] = dense(hidden_key, input_size, hidden_size)
         input_size = hidden_size
@@ -185,17 +190,17 @@ def train_probe(
     params = _init_probe(init_key, num_layers, input_size, num_classes, settings.hidden_size)
     tx = optax.adam(settings.learning_rate)
 
-    def loss_fn(params, rows):
+    def loss_fn(params: dict, rows: jax.Array) -> jax.Array:
         logits = _probe_logits(params, x_KxNxH[:, rows], combine)
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels_N[rows]).mean()
 
-    def step(carry, rows):
+    def step(carry: ProbeState, rows: jax.Array) -> tuple[ProbeState, None]:
         params, opt_state = carry
         grads = jax.grad(loss_fn)(params, rows)
         updates, opt_state = tx.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), None
 
-    def epoch(carry, key):
+    def epoch(carry: ProbeState, key: jax.Array) -> tuple[ProbeState, None]:
         order = jax.random.permutation(key, count)[: steps_per_epoch * batch]
         return jax.lax.scan(step, carry, order.reshape(steps_per_epoch, batch))[0], None
 
@@ -204,7 +209,7 @@ def train_probe(
     return params
 
 
-def _outputs(adapter: features.Finetune, data: features.SplitData, logits: np.ndarray):
+def _outputs(adapter: Adapter, data: features.SplitData, logits: np.ndarray) -> np.ndarray:
     """What the adapter scores: logits per example (GLUE) or tag ids per token (CoNLL)."""
     if "label_weights" not in data.features:
         return logits
@@ -214,7 +219,7 @@ def _outputs(adapter: features.Finetune, data: features.SplitData, logits: np.nd
 
 
 def probe_task(
-    adapter: features.Finetune,
+    adapter: Adapter,
     train: features.SplitData,
     evaluation: features.SplitData,
     train_x: np.ndarray,
@@ -248,7 +253,7 @@ def probe_task(
 def run_probes(
     model: nn.Module,
     params: Mapping[str, Any],
-    tokenizer,
+    tokenizer: tokenization.Tokenizer,
     tasks: Sequence[str],
     options: features.TaskOptions,
     settings: ProbeSettings,

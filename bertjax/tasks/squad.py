@@ -149,13 +149,13 @@ def _json_questions(path: str) -> Iterator[_Question]:
                 ) from None
 
 
-def _string(value: Any, field: str) -> str:
+def _string(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{field!r} is {type(value).__name__}, not text")
     return value
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import flax.linen as nn
+import jax
 import numpy as np
 from absl import logging
 
@@ -257,7 +258,7 @@ def write_predictions(
 # ----------------------------------------------------------------------------- fine-tuning
 
 
-class SquadFinetune(features.Finetune):
+class SquadFinetune(features.Finetune[tuple[jax.Array, jax.Array], tuple[np.ndarray, np.ndarray]]):
     """SQuAD v1.1 / v2.0 span prediction (readers, post-processing and scorer in
     `bertjax.tasks.squad` / `squad_eval`)."""
 
@@ -270,7 +271,7 @@ class SquadFinetune(features.Finetune):
         for name in ("exact_match", "exact", "f1")
     )
 
-    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer):
+    def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer) -> None:
         if options.causal_attention:
             raise ValueError(
                 "causal_attention=True: SQuAD has no left-to-right model (the "
@@ -308,13 +309,17 @@ class SquadFinetune(features.Finetune):
         """Questions, not their document windows, as run_squad.py counts `train_examples`."""
         return len(train.examples[0])
 
-    def loss(self, logits, batch):
+    def loss(
+        self, logits: tuple[jax.Array, jax.Array], batch: dict[str, jax.Array]
+    ) -> losses.Loss:
         start, end = logits
         return losses.span_loss(
             start, end, batch["start_positions"], batch["end_positions"], batch["weights"]
         )
 
-    def _postprocess(self, data: features.SplitData, logits):
+    def _postprocess(
+        self, data: features.SplitData, logits: tuple[np.ndarray, np.ndarray]
+    ) -> tuple[dict[str, str], dict[str, list[dict[str, Any]]], dict[str, float]]:
         c = self.options
         examples, feats = data.examples
         return postprocess(
@@ -329,7 +334,9 @@ class SquadFinetune(features.Finetune):
             null_score_diff_threshold=c.null_score_diff_threshold,
         )
 
-    def evaluate(self, data: features.SplitData, logits) -> dict[str, float]:
+    def evaluate(
+        self, data: features.SplitData, logits: tuple[np.ndarray, np.ndarray]
+    ) -> dict[str, float]:
         predictions, _, null_odds = self._postprocess(data, logits)
         result = squad_eval.evaluate(
             data.examples[0],
@@ -339,6 +346,8 @@ class SquadFinetune(features.Finetune):
         )
         return {k: float(v) for k, v in result.items() if isinstance(v, (int, float))}
 
-    def write_predictions(self, data: features.SplitData, logits, directory: str) -> str:
+    def write_predictions(
+        self, data: features.SplitData, logits: tuple[np.ndarray, np.ndarray], directory: str
+    ) -> str:
         write_predictions(directory, *self._postprocess(data, logits))
         return os.path.join(directory, "predictions.json")

@@ -68,7 +68,7 @@ class HFTrainer:
         clip_global_norm: float,
         device: str = "cpu",
         compile: bool = False,
-    ):
+    ) -> None:
         torch.manual_seed(0)
         self.device = torch.device(device)
         on_gpu = self.device.type == "cuda"

@@ -66,7 +66,7 @@ def synthetic_batch(
 class BertjaxTrainer:
     """The jitted, donated, sharded train step of `bertjax.train` on one fixed batch."""
 
-    def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]):
+    def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]) -> None:
         self.model_config = families.model_config(config.model.to_dict())
         self.mesh = sharding.make_mesh(config.mesh.to_dict())
         sharded = sharded_run.build_pretraining(

@@ -60,7 +60,9 @@ def _opcodes(
                 yield from _opcodes(callee, computations, seen)
 
 
-def tags(ins: hlo_census.Instruction, computations: dict[str, list[hlo_census.Instruction]]):
+def tags(
+    ins: hlo_census.Instruction, computations: dict[str, list[hlo_census.Instruction]]
+) -> list[str]:
     """`TAGS` that a fusion's ops match, in `TAGS`'s order, without those whose ops an
     earlier match already used (the hash's shifts are no second "dropout apply")."""
     ops = set(_opcodes(hlo_census.attr(ins.attrs, "calls") or "", computations, set()))

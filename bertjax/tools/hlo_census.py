@@ -210,7 +210,7 @@ class _Analyzer:
         bandwidth: float,
         pallas_costs: PallasCosts | None = None,
         describe: Describe | None = None,
-    ):
+    ) -> None:
         self.computations, self.entry = parse_module(text)
         self.peak_flops, self.bandwidth = peak_flops, bandwidth
         self.pallas_costs = pallas_costs or {}

@@ -123,7 +123,7 @@ class Flops:
     """Matmul FLOPs per run of each instruction: a fusion's by its body's convolutions and
     dots, a Pallas kernel's as it declares them (its custom call's cost estimate)."""
 
-    def __init__(self, computations: dict[str, list[hlo_census.Instruction]]):
+    def __init__(self, computations: dict[str, list[hlo_census.Instruction]]) -> None:
         self.computations = computations
         self.cache: dict[str, float] = {}
 

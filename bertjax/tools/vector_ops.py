@@ -269,7 +269,9 @@ class HloVectorOps:
     fusion's by its body, an unfused elementwise op's or reduction's, a Pallas kernel's by
     `kernels` (`pallas_kernels`; 0 for one not there)."""
 
-    def __init__(self, computations: dict[str, list[hlo_census.Instruction]], kernels: dict):
+    def __init__(
+        self, computations: dict[str, list[hlo_census.Instruction]], kernels: dict
+    ) -> None:
         self.computations, self.kernels = computations, kernels
         self.cache: dict[str, float] = {}
         self.unmatched_kernels: set[str] = set()

@@ -21,6 +21,7 @@ from bertjax.models.families import ModelConfig
 from bertjax.runtime import targets
 from bertjax.training import memory, sharding
 from bertjax.training.phase_schedule import Phase
+from bertjax.training.state import TrainState
 
 # Compiled activation bytes / JAX's saved residuals (BERT-large, L=512, with a margin). TPU:
 # einsum attention, JAX counts 1.94 GiB per sequence; beside 5.0 GiB of state the compiler
@@ -66,7 +67,11 @@ def _micro_batch_fits(
 
 
 def accumulation(
-    setting: int, config: ModelConfig, abstract_state, mesh: Mesh, phases: Sequence[Phase]
+    setting: int,
+    config: ModelConfig,
+    abstract_state: TrainState,
+    mesh: Mesh,
+    phases: Sequence[Phase],
 ) -> dict[str, int]:
     """Micro-batches per phase: `setting` for every phase, or when it is 0 the smallest power
     of two dividing the per-device batch whose estimate fits the mesh's devices."""

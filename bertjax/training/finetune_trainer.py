@@ -16,6 +16,7 @@ import optax
 from jax.sharding import Mesh
 
 from bertjax.tasks.features import Finetune, SplitData
+from bertjax.models.layers import losses
 from bertjax.training import sharded_run, sharding, steps
 
 Batch = dict[str, jax.Array]
@@ -40,7 +41,8 @@ def apply_model(
     batch: Batch,
     deterministic: bool,
     rng: jax.Array | None = None,
-):
+) -> Any:
+    """The task model's outputs on `batch` (logits, or a span model's (start, end) logits)."""
     return model.apply(
         {"params": params},
         batch["input_ids"],
@@ -72,10 +74,10 @@ def build(
 ) -> Trainer:
     """Builds and compiles `model` + `tx` on `mesh` with the task's loss and outputs."""
 
-    def loss_fn(params, batch, rng):
+    def loss_fn(params: optax.Params, batch: Batch, rng: jax.Array) -> losses.Loss:
         return task.loss(apply_model(model, params, batch, False, rng), batch)
 
-    def predict_step(params, batch):
+    def predict_step(params: optax.Params, batch: Batch) -> Any:
         return task.outputs(apply_model(model, params, batch, True))
 
     sharded = sharded_run.build(
@@ -108,7 +110,13 @@ def epoch_ends(rows: int, batch_size: int, total_steps: int) -> list[int]:
     return ends
 
 
-def predict(predict_step, params, data: SplitData, batch_size: int, mesh) -> Any:
+def predict(
+    predict_step: Callable[[optax.Params, Batch], Any],
+    params: optax.Params,
+    data: SplitData,
+    batch_size: int,
+    mesh: Mesh,
+) -> Any:
     """Outputs for every row of `data` (host numpy), in order."""
     chunks = []
     for start in range(0, len(data), batch_size):

@@ -92,7 +92,7 @@ def _corpus_changes(found: Mapping[str, Any], expected: Mapping[str, Any]) -> li
     return changes
 
 
-def _json(value: Any) -> Any:
+def _json(value: object) -> Any:
     return json.loads(json.dumps(value))
 
 

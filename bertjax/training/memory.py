@@ -49,7 +49,7 @@ def _path_name(path: tuple) -> str:
     return "/".join(str(getattr(key, "key", getattr(key, "name", key))) for key in path)
 
 
-def _mesh_axes_of(spec_entry: Any) -> tuple[str, ...]:
+def _mesh_axes_of(spec_entry: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
     if spec_entry is None:
         return ()
     return tuple(spec_entry) if isinstance(spec_entry, (tuple, list)) else (spec_entry,)
@@ -168,7 +168,7 @@ def saved_residuals(config: ModelConfig, phase: Phase, batch_size: int) -> list[
     model = families.pretraining_model(config)
     params = families.abstract_params(model)
 
-    def loss(params, batch, rng):
+    def loss(params: optax.Params, batch: steps.Batch, rng: jax.Array) -> jax.Array:
         outputs = steps.forward(model, params, batch, False, rng)
         return families.of(model).pretraining_loss(outputs, batch)[0]
 
@@ -212,7 +212,7 @@ def activation_estimate(
     """Activations per device for `batch` sequences of `phase` under the config's remat policy;
     per-head, FFN and vocabulary tensors are divided by the tensor-parallel size."""
 
-    def per_device(residuals) -> int:
+    def per_device(residuals: list[tuple[tuple, int]]) -> int:
         return sum(
             size // tensor if _split_over_tensor(shape, config, batch) else size
             for shape, size in residuals

@@ -76,7 +76,7 @@ class NonFiniteSteps:
         start_step: int = 0,
         resumed_from: str | None = None,
         state_advice: str = NonFinite.UPDATE.advice,
-    ):
+    ) -> None:
         self.max_in_a_row, self.start_step, self.resumed_from = (
             max_in_a_row,
             start_step,

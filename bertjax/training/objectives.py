@@ -23,7 +23,7 @@ class PretrainingObjective:
     kind: str = "mlm"
     next_sentence_prediction: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in OBJECTIVES:
             raise ValueError(f"train.objective={self.kind!r}; choose one of {list(OBJECTIVES)}")
 

@@ -47,7 +47,11 @@ def scale_by_adam_no_bias_correction(
             nu=optax.tree_utils.tree_zeros_like(params, dtype=jnp.float32),
         )
 
-    def update_fn(updates, state, params=None):
+    def update_fn(
+        updates: optax.Updates,
+        state: ScaleByAdamNoBiasCorrectionState,
+        params: optax.Params | None = None,
+    ) -> tuple[optax.Updates, ScaleByAdamNoBiasCorrectionState]:
         del params
         grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), updates)
         mu = jax.tree_util.tree_map(lambda m, g: b1 * m + (1.0 - b1) * g, state.mu, grads)
@@ -134,7 +138,9 @@ def scale_by_stable_adam(
         zeros = optax.tree_utils.tree_zeros_like(params, dtype=jnp.float32)
         return ScaleByStableAdamState(jnp.zeros([], jnp.int32), zeros, zeros)
 
-    def update_fn(updates, state, params=None):
+    def update_fn(
+        updates: optax.Updates, state: ScaleByStableAdamState, params: optax.Params | None = None
+    ) -> tuple[optax.Updates, ScaleByStableAdamState]:
         grads = jax.tree.map(lambda g: g.astype(jnp.float32), updates)
         mu = jax.tree.map(lambda m, g: b1 * m + (1.0 - b1) * g, state.mu, grads)
         nu = jax.tree.map(lambda v, g: b2 * v + (1.0 - b2) * jnp.square(g), state.nu, grads)
@@ -143,7 +149,9 @@ def scale_by_stable_adam(
         mu_scale, nu_scale = 1.0 / (1.0 - b1**step), 1.0 / (1.0 - b2**step)
         decayed = mask(params) if callable(mask) else mask
 
-        def direction(g, m, v, p, decay):
+        def direction(
+            g: jax.Array, m: jax.Array, v: jax.Array, p: jax.Array, decay: bool
+        ) -> jax.Array:
             v_hat = v * nu_scale
             rms = jnp.sqrt(jnp.mean(jnp.square(g) / jnp.maximum(v_hat, eps * eps)))
             update = m * mu_scale / (jnp.sqrt(v_hat) + eps)
@@ -164,7 +172,7 @@ def bert_schedule(peak_lr: float, warmup_steps: int, total_steps: int) -> optax.
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps must be non-negative, got {warmup_steps}")
 
-    def schedule(step):
+    def schedule(step: jax.typing.ArrayLike) -> jax.Array:
         step = jnp.asarray(step, jnp.float32)
         # The original decays from step 0 and overrides with warmup while
         # step < warmup, so the decay is not shifted by the warmup length.
@@ -193,7 +201,7 @@ def wsd_schedule(
     decay_steps = max(1, round(decay_fraction * total_steps))
     decay_start = total_steps - decay_steps
 
-    def schedule(step):
+    def schedule(step: jax.typing.ArrayLike) -> jax.Array:
         step = jnp.asarray(step, jnp.float32)
         done = jnp.clip((step - decay_start) / decay_steps, 0.0, 1.0)
         factor = 1.0 - (jnp.sqrt(done) if decay_shape == "1-sqrt" else done)
@@ -213,7 +221,7 @@ def _schedule_from_config(cfg: "OptimizerConfig") -> optax.Schedule:
     ends = [end for end, _ in earlier]
     before = [_run_schedule(config) for _, config in earlier]
 
-    def schedule(step):
+    def schedule(step: jax.typing.ArrayLike) -> jax.Array:
         value = current(step)
         for end, rate in reversed(list(zip(ends, before))):
             value = jnp.where(step < end, rate(step), value)
@@ -297,7 +305,9 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     """tf.clip_by_global_norm, as the original: `g * max_norm / max(norm, max_norm)`, with
     the norm of `global_norm` (state as optax's clip_by_global_norm: empty)."""
 
-    def update(updates, state, params=None):
+    def update(
+        updates: optax.Updates, state: optax.EmptyState, params: optax.Params | None = None
+    ) -> tuple[optax.Updates, optax.EmptyState]:
         del params
         scale = max_norm / jnp.maximum(global_norm(updates), max_norm)
         return jax.tree.map(lambda g: (g * scale).astype(g.dtype), updates), state

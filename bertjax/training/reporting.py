@@ -58,7 +58,7 @@ class StepClock:
     step a process trains in each phase (which compiles) only starts that phase's clock. The
     median of the recent intervals ignores the occasional evaluation or checkpoint pause."""
 
-    def __init__(self, window: int = 200):
+    def __init__(self, window: int = 200) -> None:
         self.window = window
         self.intervals: dict[str, collections.deque] = {}
         self.last: tuple[str, int, float] | None = None
@@ -114,7 +114,7 @@ class Progress:
         writer: SummaryWriter | None,
         start_step: int,
         jsonl_path: str | None,
-    ):
+    ) -> None:
         """`nonfinite_steps`: the run's policy for skipped steps, counted and applied in
         `add`."""
         self.phases, self.total_steps = list(phases), phases[-1].end_step

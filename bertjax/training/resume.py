@@ -98,7 +98,7 @@ class Start:
 class Resume:
     """Finds, checks and restores the checkpoint a run continues from."""
 
-    def __init__(self, checkpointer: checkpoint.Checkpointer, quarantine_directory: str):
+    def __init__(self, checkpointer: checkpoint.Checkpointer, quarantine_directory: str) -> None:
         self.checkpointer, self.quarantine_directory = checkpointer, quarantine_directory
         self.set_aside: list[int] = []  # damaged steps moved to the quarantine this run
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -97,7 +97,7 @@ def make_mesh(axis_sizes: Mapping[str, int], devices: Sequence[jax.Device] | Non
     )
 
 
-def logical_to_sharding(logical_specs: Any, mesh: Mesh) -> Any:
+def logical_to_sharding(logical_specs: Mapping[str, Any], mesh: Mesh) -> Any:
     """Maps a tree of logical PartitionSpecs to NamedShardings on `mesh`."""
     return nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
 
@@ -127,7 +127,7 @@ def global_batch_from_host(
 
 
 @contextlib.contextmanager
-def activate(mesh: Mesh):
+def activate(mesh: Mesh) -> Iterator[None]:
     """Makes `mesh` and the logical rules current, for tracing steps with activation
     constraints; "auto" choices resolve for the mesh's devices (`compile_target.target_device`)."""
     with (

@@ -8,7 +8,7 @@ shardings) is the restore target for checkpoints, on any mesh.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -32,10 +32,10 @@ class TrainState(flax.struct.PyTreeNode):
 
 def _init_fn(
     model: nn.Module, tx: optax.GradientTransformation, example_inputs: tuple[jax.Array, ...]
-) -> Callable[[jax.Array], tuple[TrainState, Any]]:
+) -> Callable[[jax.Array], tuple[TrainState, Mapping[str, Any]]]:
     """Returns `rng -> (state, boxed_params)`; the boxed params carry logical axis names."""
 
-    def init(rng: jax.Array):
+    def init(rng: jax.Array) -> tuple[TrainState, Mapping[str, Any]]:
         params_rng, state_rng = jax.random.split(rng)
         boxed_params = model.init(params_rng, *example_inputs)["params"]
         params = nn.meta.unbox(boxed_params)
@@ -48,14 +48,17 @@ def _init_fn(
 
 
 def state_shardings(
-    abstract_state: TrainState, boxed_params: Any, tx: optax.GradientTransformation, mesh: Mesh
+    abstract_state: TrainState,
+    boxed_params: Mapping[str, Any],
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
 ) -> TrainState:
     """NamedShardings for every leaf: params by their logical axes, optimizer moments like
     their params, everything else (counters, rng) replicated."""
     param_shardings = sharding.logical_to_sharding(nn.get_partition_spec(boxed_params), mesh)
     replicated = sharding.replicated(mesh)
 
-    def masked(x):
+    def masked(x: object) -> bool:
         return isinstance(x, optax.MaskedNode)  # no state for a frozen parameter
 
     opt_shardings = optax.tree_map_params(

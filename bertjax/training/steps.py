@@ -16,6 +16,7 @@ import optax
 from jax.sharding import Mesh
 
 from bertjax.models import attention, families
+from bertjax.models.layers import losses
 from bertjax.training import objectives, optim, sharding
 from bertjax.training.nonfinite import NonFinite
 from bertjax.training.state import TrainState
@@ -31,7 +32,7 @@ def forward(
     deterministic: bool,
     dropout_rng: jax.Array | None = None,
     causal: bool = False,
-):
+) -> tuple[jax.Array, jax.Array | None]:
     """`(mlm_logits, nsp_logits)` of the family's pretraining model (`nsp_logits` None
     without an NSP head: `families.Family.forward`); `causal`: each position attends to
     itself and the positions before it only (the left-to-right objective)."""
@@ -44,7 +45,7 @@ def _split_micro_batches(batch: Batch, accum_steps: int) -> Batch:
     """[B, ...] -> [A, B/A, ...], micro-batch a taking rows a, a+A, ... so every device
     contributes to every micro-batch (no resharding of the data-parallel axis)."""
 
-    def split(x):
+    def split(x: jax.Array) -> jax.Array:
         x = x.reshape((x.shape[0] // accum_steps, accum_steps) + x.shape[1:])
         return jnp.moveaxis(x, 1, 0)
 
@@ -63,7 +64,9 @@ def make_train_step(
 
     family = families.of(model)
 
-    def loss_fn(params, micro: Batch, rng, denominators):
+    def loss_fn(
+        params: optax.Params, micro: Batch, rng: jax.Array, denominators: Mapping[str, Any]
+    ) -> losses.Loss:
         outputs = forward(model, params, micro, False, rng, objective.causal)
         return family.pretraining_loss(outputs, micro, denominators, objective.uses_nsp)
 
@@ -83,7 +86,10 @@ def make_train_step(
             (loss, metrics), grads = grad_fn(state.params, batch, step_rng, denominators)
         else:
 
-            def accumulate(carry, micro_and_index):
+            def accumulate(
+                carry: tuple[jax.Array, Metrics, optax.Updates],
+                micro_and_index: tuple[Batch, jax.Array],
+            ) -> tuple[tuple[jax.Array, Metrics, optax.Updates], None]:
                 micro, index = micro_and_index
                 (loss, metrics), grads = grad_fn(
                     state.params, micro, jax.random.fold_in(step_rng, index), denominators
@@ -148,7 +154,7 @@ def _apply_update(
     )
     new_params = optax.apply_updates(state.params, updates)
 
-    def cause(_):
+    def cause(_: None) -> jax.Array:
         return jnp.select(
             [~all_finite_grouped(batch), ~all_finite_grouped((state.params, state.opt_state))],
             [float(NonFinite.INPUTS), float(NonFinite.STATE)],

@@ -241,7 +241,7 @@ def finetuning(config: ml_collections.ConfigDict) -> None:
         )
 
 
-def seeds(value: Any) -> list[int]:
+def seeds(value: object) -> list[int]:
     """The seeds of a fine-tuning config's comma-separated `seeds` (at least one)."""
     try:
         found = [int(s) for s in str(value).replace(" ", "").split(",") if s]

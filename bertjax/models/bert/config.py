@@ -44,7 +44,7 @@ class BertConfig(FromDict):
     # for aligned GPU/TPU matmuls); parameters and logits keep vocab_size. 1 = no padding.
     vocab_pad_multiple: int = 1
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check(dataclasses.asdict(self))
 
     @classmethod

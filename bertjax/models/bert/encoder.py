@@ -151,7 +151,7 @@ class BertAttention(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BxLxH, mask: attention.Mask, deterministic: bool) -> jax.Array:
+    def __call__(self, x_BxLxH: jax.Array, mask: attention.Mask, deterministic: bool) -> jax.Array:
         context = BertSelfAttention(self.config, name="self")(x_BxLxH, mask, deterministic)
         return BertDenseOutput(self.config, QKV, name="output")(context, x_BxLxH, deterministic)
 
@@ -165,7 +165,9 @@ class BertLayer(nn.Module):
     emit_output: bool = False
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array, mask: attention.Mask):
+    def __call__(
+        self, x_BxLxH: jax.Array, mask: attention.Mask
+    ) -> tuple[jax.Array, jax.Array | None]:
         cfg = self.config
         attended_BxLxH = BertAttention(cfg, name="attention")(x_BxLxH, mask, self.deterministic)
         intermediate_BxLxF = BertIntermediate(cfg, name="intermediate")(attended_BxLxH)
@@ -226,7 +228,7 @@ class BertEncoder(nn.Module):
             x_BxLxH, layers_NxBxLxH = stack(cfg, deterministic, all_layers, name="layers")(
                 x_BxLxH, mask
             )
-            return layers_NxBxLxH if all_layers else x_BxLxH
+            return x_BxLxH if layers_NxBxLxH is None else layers_NxBxLxH  # (all_layers)
         outputs = []
         for i in range(cfg.num_hidden_layers):
             x_BxLxH, _ = layer_cls(cfg, deterministic, name=f"layer_{i}")(x_BxLxH, mask)

@@ -3,6 +3,8 @@ layers, with the original checkpoints' parameter names (`output_weights`, `cls/s
 
 from __future__ import annotations
 
+from typing import cast
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -27,7 +29,13 @@ class BertForSequenceClassification(nn.Module):
     causal: bool = False
 
     @nn.compact
-    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        token_type_ids: jax.Array,
+        attention_mask: jax.Array,
+        deterministic: bool = True,
+    ) -> jax.Array:
         bert = BertModel(self.config, name="bert")
         if not self.causal:
             _, pooled_BxH = bert(input_ids, token_type_ids, attention_mask, deterministic)
@@ -62,7 +70,13 @@ class BertForTokenClassification(nn.Module):
     causal: bool = False
 
     @nn.compact
-    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        token_type_ids: jax.Array,
+        attention_mask: jax.Array,
+        deterministic: bool = True,
+    ) -> jax.Array:
         bert = BertModel(self.config, name="bert")
         encoder_mask = attention.causal_mask(attention_mask) if self.causal else attention_mask
         if not self.feature_based:
@@ -83,8 +97,11 @@ class BertForTokenClassification(nn.Module):
                     )
                     for direction in ("forward", "backward")
                 )
-                x_BxLxH = nn.Bidirectional(forward, backward)(
-                    x_BxLxH.astype(jnp.float32), seq_lengths=lengths_B
+                x_BxLxH = cast(  # (flax types the call for `return_carry` too)
+                    jax.Array,
+                    nn.Bidirectional(forward, backward)(
+                        x_BxLxH.astype(jnp.float32), seq_lengths=lengths_B
+                    ),
                 )
         x_BxLxH = Dropout(self.config.hidden_dropout_prob)(x_BxLxH, deterministic)
         return output_layer(self, self.config, self.num_labels, x_BxLxH)
@@ -117,7 +134,13 @@ class BertForQuestionAnswering(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        token_type_ids: jax.Array,
+        attention_mask: jax.Array,
+        deterministic: bool = True,
+    ) -> tuple[jax.Array, jax.Array]:
         x_BxLxH, _ = BertModel(self.config, name="bert")(
             input_ids, token_type_ids, attention_mask, deterministic
         )

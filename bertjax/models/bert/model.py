@@ -44,7 +44,7 @@ class BertEmbeddings(nn.Module):
 
     config: BertConfig
 
-    def setup(self):
+    def setup(self) -> None:
         cfg = self.config
         for name, axis, rows in (
             ("word_embeddings", VOCAB, cfg.vocab_size),
@@ -98,7 +98,7 @@ class BertPooler(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BxLxH: jax.Array, cls_positions_BxK: jax.Array | None = None):
+    def __call__(self, x_BxLxH: jax.Array, cls_positions_BxK: jax.Array | None = None) -> jax.Array:
         cfg = self.config
         first = (
             x_BxLxH[:, 0]
@@ -114,10 +114,10 @@ class BertModel(nn.Module):
 
     config: BertConfig
 
-    def setup(self):
-        self.embeddings, self.encoder, self.pooler = (
-            module(self.config) for module in (BertEmbeddings, BertEncoder, BertPooler)
-        )
+    def setup(self) -> None:
+        self.embeddings = BertEmbeddings(self.config)
+        self.encoder = BertEncoder(self.config)
+        self.pooler = BertPooler(self.config)
 
     def __call__(
         self,
@@ -130,7 +130,7 @@ class BertModel(nn.Module):
         position_ids: jax.Array | None = None,
         instance_ids: jax.Array | None = None,
         next_sentence_positions: jax.Array | None = None,
-    ):
+    ) -> tuple[jax.Array, jax.Array]:
         """With `all_layers`, returns `(layers [num_layers, B, L, H], pooled)` instead."""
         mask = (
             attention.Mask(attention_mask_BxL)
@@ -223,7 +223,7 @@ class BertForPreTraining(nn.Module):
 
     config: BertConfig
 
-    def setup(self):
+    def setup(self) -> None:
         self.bert = BertModel(self.config)
         self.predictions = BertMaskedLMHead(self.config)
         self.seq_relationship = BertNSPHead(self.config)
@@ -235,10 +235,19 @@ class BertForPreTraining(nn.Module):
         attention_mask: jax.Array,
         masked_lm_positions: jax.Array,
         deterministic: bool = True,
-        **packed: jax.Array,
-    ):
+        *,
+        position_ids: jax.Array | None = None,
+        instance_ids: jax.Array | None = None,
+        next_sentence_positions: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array]:
         sequence_BxLxH, pooled_BxH = self.bert(
-            input_ids, token_type_ids, attention_mask, deterministic, **packed
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            deterministic,
+            position_ids=position_ids,
+            instance_ids=instance_ids,
+            next_sentence_positions=next_sentence_positions,
         )
         masked_BxPxH = gather_positions(sequence_BxLxH, masked_lm_positions)
         mlm_logits = self.predictions(masked_BxPxH, self.bert.embeddings.word_embeddings)

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 MLM_WEIGHT_EPSILON = 1e-5  # the original: sum(w * nll) / (sum(w) + 1e-5)
+Loss = tuple[jax.Array, dict[str, jax.Array]]  # (loss, its metric sums)
 
 
 def nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -34,7 +35,7 @@ def mlm_weight_total(batch: Mapping[str, jax.Array]) -> jax.Array:
 
 def masked_lm(
     logits_BxPxV: jax.Array, batch: Mapping[str, jax.Array], weight_total: jax.Array
-) -> tuple[jax.Array, dict[str, jax.Array]]:
+) -> Loss:
     """The masked LM's term of a pretraining loss, `sum(w * nll) / (weight_total + 1e-5)` as
     in the original `run_pretraining.py` (`weight_total`: the whole optimizer batch's, so
     micro-batches add up to it), and its metric sums (loss, correct, weight)."""
@@ -50,7 +51,7 @@ def masked_lm(
 
 def masked_lm_only(
     logits_BxPxV: jax.Array, batch: Mapping[str, jax.Array], weight_total: jax.Array
-) -> tuple[jax.Array, dict[str, jax.Array]]:
+) -> Loss:
     """The pretraining loss of a model without a next-sentence head: the masked LM's alone,
     with the next-sentence sums every pretraining step reports at 0."""
     loss, sums = masked_lm(logits_BxPxV, batch, weight_total)
@@ -58,25 +59,25 @@ def masked_lm_only(
     return loss, {**sums, "nsp_loss_sum": zero, "nsp_correct_sum": zero, "nsp_count": zero}
 
 
-def weighted_mean(values: jax.Array, weights: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+def weighted_mean(values: jax.Array, weights: jax.Array) -> Loss:
     """`(sum(w * values) / max(sum(w), 1), {"loss_sum", "count"})`."""
     weights = weights.astype(jnp.float32)
     loss_sum, count = jnp.sum(weights * values), jnp.sum(weights)
     return loss_sum / jnp.maximum(count, 1.0), {"loss_sum": loss_sum, "count": count}
 
 
-def classification_loss(logits_BxC: jax.Array, labels_B: jax.Array, weights_B: jax.Array):
+def classification_loss(logits_BxC: jax.Array, labels_B: jax.Array, weights_B: jax.Array) -> Loss:
     """Mean cross-entropy (run_classifier)."""
     return weighted_mean(nll(logits_BxC, labels_B), weights_B)
 
 
-def regression_loss(predictions_Bx1: jax.Array, targets_B: jax.Array, weights_B: jax.Array):
+def regression_loss(predictions_Bx1: jax.Array, targets_B: jax.Array, weights_B: jax.Array) -> Loss:
     """Mean squared error (STS-B)."""
     error = predictions_Bx1[:, 0].astype(jnp.float32) - targets_B.astype(jnp.float32)
     return weighted_mean(error * error, weights_B)
 
 
-def tagging_loss(logits_BxLxC: jax.Array, labels_BxL: jax.Array, weights_BxL: jax.Array):
+def tagging_loss(logits_BxLxC: jax.Array, labels_BxL: jax.Array, weights_BxL: jax.Array) -> Loss:
     """Mean cross-entropy over the labelled tokens (first sub-token of each word)."""
     return weighted_mean(nll(logits_BxLxC, labels_BxL), weights_BxL)
 
@@ -87,7 +88,7 @@ def span_loss(
     start_positions_B: jax.Array,
     end_positions_B: jax.Array,
     weights_B: jax.Array,
-):
+) -> Loss:
     """run_squad: the mean of the start and end cross-entropies."""
     mean_nll = (
         nll(start_logits_BxL, start_positions_B) + nll(end_logits_BxL, end_positions_B)

@@ -62,7 +62,7 @@ class ModernBertConfig(FromDict):
     remat_policy: str = "none"  # one of REMAT_POLICIES
     attention_impl: str = "auto"  # sliding windows run the einsum reference for now
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check(dataclasses.asdict(self))
 
     @property

@@ -46,7 +46,13 @@ class ModernBertForSequenceClassification(nn.Module):
     num_labels: int
 
     @nn.compact
-    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        token_type_ids: jax.Array,
+        attention_mask: jax.Array,
+        deterministic: bool = True,
+    ) -> jax.Array:
         del token_type_ids
         cfg = self.config
         x_BxLxH = ModernBertModel(cfg, name="model")(input_ids, attention_mask, deterministic)
@@ -68,20 +74,47 @@ class ModernBertForTokenClassification(nn.Module):
     num_labels: int
 
     @nn.compact
-    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        token_type_ids: jax.Array,
+        attention_mask: jax.Array,
+        deterministic: bool = True,
+    ) -> jax.Array:
         del token_type_ids
-        x_BxLxH = ModernBertModel(self.config, name="model")(
-            input_ids, attention_mask, deterministic
-        )
-        return classifier(self.config, self.num_labels, x_BxLxH, deterministic)
+        return tagged(self.config, self.num_labels, input_ids, attention_mask, deterministic)
 
 
-class ModernBertForQuestionAnswering(ModernBertForTokenClassification):
+class ModernBertForQuestionAnswering(nn.Module):
     """Span prediction: the token classifier with two outputs, returned as
     `(start_logits [B, L], end_logits [B, L])`."""
 
+    config: ModernBertConfig
     num_labels: int = 2
 
-    def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
-        logits_BxLx2 = super().__call__(input_ids, token_type_ids, attention_mask, deterministic)
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        token_type_ids: jax.Array,
+        attention_mask: jax.Array,
+        deterministic: bool = True,
+    ) -> tuple[jax.Array, jax.Array]:
+        del token_type_ids
+        logits_BxLx2 = tagged(
+            self.config, self.num_labels, input_ids, attention_mask, deterministic
+        )
         return logits_BxLx2[..., 0], logits_BxLx2[..., 1]
+
+
+def tagged(
+    config: ModernBertConfig,
+    num_labels: int,
+    input_ids: jax.Array,
+    attention_mask: jax.Array,
+    deterministic: bool,
+) -> jax.Array:
+    """The encoder (`model`) and `classifier` on every position: logits `[B, L, num_labels]`.
+    Called inside the fine-tuning model's compact scope."""
+    x_BxLxH = ModernBertModel(config, name="model")(input_ids, attention_mask, deterministic)
+    return classifier(config, num_labels, x_BxLxH, deterministic)

@@ -148,7 +148,7 @@ class ModernBertEmbeddings(nn.Module):
 
     config: ModernBertConfig
 
-    def setup(self):
+    def setup(self) -> None:
         cfg = self.config
         self.tok_embeddings = self.param(
             "tok_embeddings",
@@ -344,12 +344,19 @@ class ModernBertForMaskedLM(nn.Module):
         attention_mask: jax.Array,
         masked_lm_positions: jax.Array | None = None,
         deterministic: bool = True,
-        **packed: jax.Array,
+        *,
+        position_ids: jax.Array | None = None,
+        instance_ids: jax.Array | None = None,
     ) -> jax.Array:
         cfg = self.config
         encoder = ModernBertModel(cfg, name="model")
-        # (packed: the encoder's Array keywords, position_ids and instance_ids)
-        sequence_BxLxH = encoder(input_ids, attention_mask, deterministic, **packed)  # type: ignore[arg-type]
+        sequence_BxLxH = encoder(
+            input_ids,
+            attention_mask,
+            deterministic,
+            position_ids=position_ids,
+            instance_ids=instance_ids,
+        )
         if masked_lm_positions is not None:
             sequence_BxLxH = gather_positions(sequence_BxLxH, masked_lm_positions)
         h_BxPxH = ModernBertPredictionHead(cfg, name="head")(sequence_BxLxH)
