@@ -47,6 +47,7 @@ def naming(path: str) -> Iterator[None]:
             raise OSError(e.errno, e.strerror, path) from e
         raise
 
+
 if TYPE_CHECKING:  # (fsspec is imported where a remote path is used)
     from fsspec import AbstractFileSystem
 

@@ -309,9 +309,7 @@ class SquadFinetune(features.Finetune[tuple[jax.Array, jax.Array], tuple[np.ndar
         """Questions, not their document windows, as run_squad.py counts `train_examples`."""
         return len(train.examples[0])
 
-    def loss(
-        self, logits: tuple[jax.Array, jax.Array], batch: dict[str, jax.Array]
-    ) -> losses.Loss:
+    def loss(self, logits: tuple[jax.Array, jax.Array], batch: dict[str, jax.Array]) -> losses.Loss:
         start, end = logits
         return losses.span_loss(
             start, end, batch["start_positions"], batch["end_positions"], batch["weights"]

@@ -15,8 +15,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from bertjax.tasks.features import Finetune, SplitData
 from bertjax.models.layers import losses
+from bertjax.tasks.features import Finetune, SplitData
 from bertjax.training import sharded_run, sharding, steps
 
 Batch = dict[str, jax.Array]

@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import numbers
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import flax.linen as nn
 import jax
@@ -34,7 +34,7 @@ class FromDict:
     __dataclass_fields__: ClassVar[dict[str, Any]]  # (set by @dataclass on the subclass)
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]):
+    def from_dict(cls, values: Mapping[str, Any]) -> Self:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
 
