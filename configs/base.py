@@ -108,6 +108,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.init_checkpoint = ""  # params to start from: Google TF, Hugging Face or bertjax dir
     c.train.stop_after_steps = 0  # stop this run after N steps (time-limited jobs); 0 = no limit
     c.train.max_nonfinite_steps = 10  # consecutive non-finite steps before the run stops
+    # Trace N steps with jax.profiler (those after this run's first, compiled, step) into
+    # WORKDIR/profile, for TensorBoard's profile plugin or Perfetto; 0 = no trace.
+    c.train.profile_steps = 0
     # Resume in the middle of a phase with changed data settings or corpus (refused by
     # default: the batches would differ from an uninterrupted run's); True accepts the change.
     c.train.allow_changed_data = False

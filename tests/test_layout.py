@@ -527,14 +527,6 @@ def test_parameters_typed_any_only_go_down():
     ) == ["f(a)", "f(c)", "f(e)"]
 
 
-# Until the loop rewrite (issue 54 item 4) lands: the modules it replaces by annotated classes.
-UNANNOTATED_UNTIL_LOOP_REWRITE = {
-    "bertjax.training.pretrain_loop",
-    "bertjax.training.finetune_loop",
-    "bertjax.training.loop",
-}
-
-
 def unannotated(tree: ast.AST) -> list[str]:
     """`function(parameter)` for each parameter without an annotation (a method's first
     `self` or `cls` aside) and `function -> ?` for each function without a return annotation
@@ -552,7 +544,7 @@ def unannotated(tree: ast.AST) -> list[str]:
 def test_every_function_is_annotated():
     """Every parameter and return of every function in bertjax/ is annotated (nested ones
     too), so that mypy's `disallow_untyped_defs` holds and every body is checked."""
-    found = {name: unannotated(parsed(name)) for name in KNOWN - UNANNOTATED_UNTIL_LOOP_REWRITE}
+    found = {name: unannotated(parsed(name)) for name in KNOWN}
     assert {k: v for k, v in found.items() if v} == {}
     planted = (
         "class C:\n"

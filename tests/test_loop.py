@@ -6,8 +6,10 @@ import signal
 
 import pytest
 
+from bertjax import train
 from bertjax.runtime import failures
 from bertjax.training import loop, nonfinite
+from test_train import cache_dir, corpus_file, tiny_config  # noqa: F401 (fixtures)
 
 
 def test_actions_run_when_due_in_order_until_one_stops_the_loop():
@@ -54,3 +56,31 @@ def test_the_nan_policy_stops_pretraining_and_names_fine_tunings_skipped_steps(c
     assert caplog.text.count("skipped") == 4 + 1  # (the per-step lines, then one window's)
     assert "seed 1: 3 of the 4 steps up to step 8 skipped" in caplog.text
     assert (warns.total, warns.finite_steps) == (7, 5)
+
+
+def test_the_profiler_traces_the_steps_after_the_first_into_the_workdir(
+    corpus_file, cache_dir, tmp_path, capsys
+):
+    """train.profile_steps=1 in a 3-step run: process 0 writes a jax.profiler trace of step 2
+    (after the first, compiled, step) where TensorBoard's profile plugin reads it under
+    WORKDIR/profile, and says where in one line; the default (0) writes none (test_train)."""
+    config = tiny_config(
+        corpus_file,
+        cache_dir,
+        **{
+            "train.total_steps": 3,
+            "train.profile_steps": 1,
+            "long_phase.fraction": 0.0,
+            "optimizer.warmup_steps": 1,
+        },
+    )
+    train.train_and_evaluate(config, str(tmp_path))
+    profile = tmp_path / "profile"
+    traces = list(profile.glob("plugins/profile/*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0, list(profile.rglob("*"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "Profile" in line]
+    assert lines == [
+        f"Profile of steps 2-2: {profile} (view it with tensorboard --logdir {profile} and "
+        "tensorboard-plugin-profile installed, or open its .trace.json.gz in "
+        "https://ui.perfetto.dev)"
+    ]

@@ -125,6 +125,7 @@ def test_loss_falls_and_checkpoint_written(corpus_file, cache_dir, tmp_path, cap
     assert evaluation["step"] == 40 and evaluation["mlm_loss"] == final["mlm_loss"]
     assert json.loads((tmp_path / "config.json").read_text())["train"]["total_steps"] == 40
     assert "Bytes per device" in (tmp_path / "startup_report.txt").read_text()
+    assert not (tmp_path / "profile").exists()  # (train.profile_steps=0: no trace; test_loop)
 
 
 @pytest.mark.slow  # (CI's `slow` stage: the default run stays under 10 minutes)

@@ -30,6 +30,7 @@ def config_of(path):
         ("train.log_every", 0, ">= 1"),
         ("train.checkpoint_every", 0, ">= 1"),
         ("train.keep_checkpoints", 0, ">= 1"),
+        ("train.profile_steps", -1, ">= 0"),
         ("long_phase.fraction", 1.5, "between 0 and 1"),
         ("optimizer.peak_learning_rate", float("nan"), ">= 0"),
         ("optimizer.b1", 1.5, ">= 0 and < 1"),

@@ -386,8 +386,7 @@ def positioned_documents(
         raise ValueError(f"text_format must be one of {TEXT_FORMATS}, got {text_format!r}.")
     number, first_file, offset, skip = start or (0, 0, 0, 0)
 
-    def generate() -> Iterator[tuple[TextPosition, Document]]:
-        nonlocal number
+    def generate(number: int) -> Iterator[tuple[TextPosition, Document]]:
         for file_index, path in enumerate(paths[first_file:], first_file):
             begin, to_skip = (offset, skip) if file_index == first_file else (0, 0)
             cursor, file_stats = Cursor(begin), CorpusStats(files=1)
@@ -407,4 +406,4 @@ def positioned_documents(
                     else (number, file_index, 0, in_file)
                 )
 
-    return generate()
+    return generate(number)

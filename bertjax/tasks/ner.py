@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import os
 from collections.abc import Sequence
 
@@ -45,22 +46,15 @@ def read_conll_file(path: str, skips: features.SkipCounter) -> list[Sentence]:
     words: list[str] = []
     tags: list[str] = []
     bad: str | None = None
-
-    def flush() -> None:
-        nonlocal words, tags, bad
-        if bad:
-            skips[bad] += 1
-        elif words:
-            sentences.append(Sentence(words, tags))
-        words, tags, bad = [], [], None
-
     with files.open(path, encoding="utf-8") as f, features.decoding(path):
-        for line in f:
+        for line in itertools.chain(f, [""]):  # (a blank line ends the last sentence)
             fields = line.split()
-            if not fields:
-                flush()
-            elif fields[0] == "-DOCSTART-":
-                flush()
+            if not fields or fields[0] == "-DOCSTART-":
+                if bad:
+                    skips[bad] += 1
+                elif words:
+                    sentences.append(Sentence(words, tags))
+                words, tags, bad = [], [], None
             elif len(fields) < 2:
                 bad = bad or "line without a tag"
             elif fields[-1] not in LABELS:
@@ -68,7 +62,6 @@ def read_conll_file(path: str, skips: features.SkipCounter) -> list[Sentence]:
             else:
                 words.append(fields[0])
                 tags.append(fields[-1])
-    flush()
     return sentences
 
 

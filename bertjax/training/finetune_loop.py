@@ -173,9 +173,9 @@ def train_one_seed(
             seed_run.writer.close()
 
 
-class SeedRun:
+class SeedRun(loop.Loop):
     """One seed's fine-tuning on the loop skeleton (bertjax.training.loop): its state, where it
-    stands (step, epoch, best epoch so far) and the actions after each step."""
+    stands (step, epoch, best epoch so far), its step and the actions after each step."""
 
     def __init__(
         self,
@@ -185,7 +185,7 @@ class SeedRun:
         data: dict[str, SplitData],
         workdir: str,
         checkpointer: checkpoint.Checkpointer,
-    ):
+    ) -> None:
         self.settings, self.trainer, self.data, self.seed = settings, trainer, data, record.seed
         self.workdir, self.checkpointer, self.task = workdir, checkpointer, trainer.task
         self.total_steps, train, seed = trainer.total_steps, data["train"], record.seed
@@ -270,18 +270,8 @@ class SeedRun:
 
     def train(self, ctrl_c: failures.CtrlC) -> None:
         """The steps left, on the loop skeleton; after Ctrl-C, a save, then Stopped."""
-        actions = [
-            loop.Periodic(self.log, self.settings.log_every, at={self.total_steps}),
-            loop.Periodic(
-                lambda step: console.TERMINAL.show(
-                    reporting.status_bar(step, self.total_steps, self.eta())
-                )
-            ),
-            loop.Periodic(self.end_epoch, 0, at=set(self.ends)),
-            loop.Periodic(lambda step: self.stop_request(ctrl_c, step)),
-        ]
-        _, stopped = loop.run(
-            self.step, self.step if self.finished else self.total_steps, self.train_step, actions
+        _, stopped = self.train_steps(
+            self.step, self.step if self.finished else self.total_steps, ctrl_c
         )
         if stopped:
             self.checkpointer.wait()
@@ -291,6 +281,19 @@ class SeedRun:
                 )
             )
             raise failures.Stopped(stopped)
+
+    def actions(self, ctrl_c: failures.CtrlC) -> list[loop.Periodic]:
+        """Loss lines, the status bar, each epoch's end, the stop request."""
+        return [
+            loop.Periodic(self.log, self.settings.log_every, at={self.total_steps}),
+            loop.Periodic(
+                lambda step: console.TERMINAL.show(
+                    reporting.status_bar(step, self.total_steps, self.eta())
+                )
+            ),
+            loop.Periodic(self.end_epoch, 0, at=set(self.ends)),
+            loop.Periodic(lambda step: self.stop_request(ctrl_c, step)),
+        ]
 
     def train_step(self, index: int) -> None:
         rows = next(self.batches)
@@ -362,7 +365,7 @@ class SeedRun:
         after the last), then SIGINT."""
         stopped = loop.stop_request(ctrl_c, step)
         if stopped and step not in self.ends:
-            reporting.chief_print(f"Ctrl-C: saving a checkpoint at step {step} and exiting")
+            loop.announce_stop(ctrl_c, step)
             self.save(self.epoch(step))
         return stopped
 

@@ -1,13 +1,16 @@
 """The one loop skeleton of pretraining (pretrain_loop) and fine-tuning (finetune_loop), in
 the style of CLU's periodic actions: `run` trains one step after another and after each runs
 the actions that are due, in order; an action that returns a signal (a stop request) ends
-it. The pieces both loops use: the running context (`running`: the mesh and Ctrl-C), the
-stop request (`stop_request`: Ctrl-C, a preemption notice), the save that refuses a
-non-finite state (`save`) and the NaN policy (`nonfinite.NonFiniteSteps`, whose one setting
-says whether skipped steps stop the run or are only counted and named)."""
+it. Both loops are a `Loop`: a step and its actions, trained by `Loop.train_steps`. The
+pieces both use: the running context (`running`: the mesh and Ctrl-C), the stop request
+(`stop_request`: Ctrl-C, a preemption notice) and its line (`announce_stop`), the save that
+refuses a non-finite state (`save`), the profiler (`Profile`: a trace of a few steps) and the
+NaN policy (`nonfinite.NonFiniteSteps`, whose one setting says whether skipped steps stop the
+run or are only counted and named)."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import signal
@@ -19,7 +22,7 @@ from absl import logging
 
 from bertjax.checkpoints import checkpoint
 from bertjax.runtime import failures, stopping
-from bertjax.training import nonfinite, sharding
+from bertjax.training import nonfinite, reporting, sharding
 from bertjax.training.state import TrainState
 
 
@@ -56,6 +59,89 @@ def run(
     return done, 0
 
 
+class Profile:
+    """The profiler's action: a `jax.profiler` trace of `steps` steps (0: none) into
+    `directory` (as TensorBoard's profile plugin reads it: `plugins/profile/SESSION/HOST.xplane.pb`,
+    and HOST.trace.json.gz for Perfetto), from process 0 only: every process runs the same
+    program, and the profiler names its files by host, so that processes sharing a host would
+    overwrite each other's. The traced steps follow the first this loop trains (which
+    compiles): steps `start + 2` to `start + steps + 1`, fewer if the loop stops sooner;
+    `wait` (for the steps dispatched so far) bounds them. Used as a context, it ends a trace
+    that a stop or an error interrupts."""
+
+    def __init__(
+        self, directory: str, steps: int, start: int, stop: int, wait: Callable[[], object]
+    ) -> None:
+        self.directory, self.wait, self.tracing = directory, wait, False
+        self.first = start + 1  # (done, and compiled, when the trace starts)
+        self.last = min(start + 1 + steps, stop)
+        self.done = start
+        self.enabled = steps > 0 and self.first < self.last and jax.process_index() == 0
+
+    def actions(self) -> list[Periodic]:
+        """This action (after every step), if it traces at all."""
+        return [Periodic(self)] if self.enabled else []
+
+    def __call__(self, step: int) -> None:
+        self.done = step
+        if step == self.first:
+            self.wait()
+            jax.profiler.start_trace(self.directory)
+            self.tracing = True
+        elif step == self.last and self.tracing:
+            self.finish()
+
+    def finish(self, wait: bool = True) -> None:
+        """Ends the trace (after the steps dispatched, with `wait`) and says where it is."""
+        if wait:
+            self.wait()
+        jax.profiler.stop_trace()
+        self.tracing = False
+        reporting.chief_print(
+            f"Profile of steps {self.first + 1}-{self.done}: {self.directory} (view it with "
+            f"tensorboard --logdir {self.directory} and tensorboard-plugin-profile installed, "
+            "or open its .trace.json.gz in https://ui.perfetto.dev)"
+        )
+
+    def __enter__(self) -> Profile:
+        return self
+
+    def __exit__(self, error_type: type[BaseException] | None, *_: object) -> None:
+        if self.tracing:
+            self.finish(wait=error_type is None)
+
+
+class Loop(abc.ABC):
+    """What pretraining's and fine-tuning's loops are: the state their steps make, one step
+    (`train_step`) and the actions due after each step (`actions`), trained on the skeleton
+    by `train_steps` (with the profiler's action first)."""
+
+    state: Any  # the train state the steps make (the profiler waits for it)
+
+    @abc.abstractmethod
+    def train_step(self, index: int) -> None:
+        """Trains the step that makes `index + 1` steps done."""
+
+    @abc.abstractmethod
+    def actions(self, ctrl_c: failures.CtrlC) -> list[Periodic]:
+        """The actions after each step, in order (`ctrl_c`: the stop request's)."""
+
+    def train_steps(
+        self,
+        start: int,
+        stop: int,
+        ctrl_c: failures.CtrlC,
+        profile_steps: int = 0,
+        profile_dir: str = "",
+    ) -> tuple[int, int]:
+        """`run` from `start` to `stop` on this loop's step and actions, with a profile of
+        `profile_steps` steps into `profile_dir` (`Profile`); returns `run`'s."""
+        with Profile(
+            profile_dir, profile_steps, start, stop, lambda: jax.block_until_ready(self.state)
+        ) as profile:
+            return run(start, stop, self.train_step, [*profile.actions(), *self.actions(ctrl_c)])
+
+
 @contextlib.contextmanager
 def running(mesh: jax.sharding.Mesh, forward_as_sigterm: bool = False) -> Iterator[failures.CtrlC]:
     """The mesh active and Ctrl-C asking for a save and a stop (`failures.CtrlC`; in a
@@ -75,6 +161,14 @@ def stop_request(
     if preempted or (ctrl_c.requested and not ctrl_c.forward_as_sigterm):
         return signal.SIGINT if ctrl_c.requested else signal.SIGTERM
     return 0
+
+
+def announce_stop(ctrl_c: failures.CtrlC, step: int) -> None:
+    """The line of a stop request (`stop_request`) that saves at `step` and exits."""
+    reporting.chief_print(
+        f"{'Ctrl-C' if ctrl_c.requested else 'Preemption notice'}: saving a checkpoint at "
+        f"step {step} and exiting"
+    )
 
 
 def save(

@@ -192,8 +192,8 @@ def train_to_end(
                 checkpointer,
                 record,
                 progress,
-                writer,
                 restart_step=plan.optimizer_config.restart_step,
+                profile_dir=os.path.join(workdir, "profile"),
             )
             try:
                 state, _, final_eval = pretraining.loop(start.state, start.position, start.step)

@@ -37,6 +37,7 @@ class TrainSettings:
     init_checkpoint: str  # a directory; empty = fresh parameters
     stop_after_steps: int  # steps; 0 = no limit
     max_nonfinite_steps: int = 10  # consecutive steps
+    profile_steps: int = 0  # steps traced by jax.profiler into WORKDIR/profile; 0 = none
     allow_changed_data: bool = False
     extend: bool = False
     seed: int = 42  # parameter init and dropout

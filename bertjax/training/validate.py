@@ -52,6 +52,7 @@ PRETRAINING = _rules(
     ("train.eval_batches", _at_least_0),
     ("train.stop_after_steps", _at_least_0),
     ("train.max_nonfinite_steps", _at_least_1),
+    ("train.profile_steps", _at_least_0),
     ("data.max_seq_length", _seq_length),
     ("data.max_predictions_per_seq", _at_least_1),
     ("data.masked_lm_prob", _probability),

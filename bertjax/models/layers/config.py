@@ -44,7 +44,7 @@ class FieldChecks:
     over the class's defaults, each refusal one line naming `{prefix}{field}` and the setting
     `{flag}{prefix}{field}` that fixes it."""
 
-    def __init__(self, cls: type, values: Mapping[str, Any], prefix: str, flag: str):
+    def __init__(self, cls: type, values: Mapping[str, Any], prefix: str, flag: str) -> None:
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         self.value = {**defaults, **{k: v for k, v in values.items() if k in defaults}}
         self.prefix, self.flag = prefix, flag
