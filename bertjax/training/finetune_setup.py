@@ -19,7 +19,7 @@ from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models import families
 from bertjax.models.families import ModelConfig
 from bertjax.tasks import features, glue, ner, squad_predict
-from bertjax.training import finetune_trainer, optim, sharded_run, sharding
+from bertjax.training import finetune_trainer, optim, param_masks, schedules, sharded_run, sharding
 from bertjax.training.finetune_settings import FinetuneSettings
 
 
@@ -108,7 +108,9 @@ def optimizer(
     feature-based), only the parameters outside `bert` are trained."""
     tx = optim.make_optimizer(settings.optimizer_settings(total_steps))
     return (
-        tx if frozen_encoder_of is None else optim.train_only_outside(tx, frozen_encoder_of, "bert")
+        tx
+        if frozen_encoder_of is None
+        else param_masks.train_only_outside(tx, frozen_encoder_of, "bert")
     )
 
 
@@ -138,5 +140,5 @@ def make_trainer(
         tx,
         mesh,
         total_steps,
-        functools.partial(optim.learning_rate_at, settings.optimizer_settings(total_steps)),
+        functools.partial(schedules.learning_rate_at, settings.optimizer_settings(total_steps)),
     )
