@@ -117,7 +117,7 @@ MUTATIONS = (
     ),
     Mutation(
         "weight-decay mask inverted",
-        "bertjax/training/optim.py",
+        "bertjax/training/param_masks.py",
         "lambda path, _: _is_decayed(path)",
         "lambda path, _: not _is_decayed(path)",
         ("tests/test_optim.py",),

@@ -17,7 +17,7 @@ import pytest
 import test_faults
 from bertjax.checkpoints.run_record import RunRecord
 from bertjax.errors import ConfigError
-from bertjax.training import optim, run_schedule, validate
+from bertjax.training import optim, run_schedule, schedules, validate
 from test_modernbert_train import CONFIG_FILE, modernbert_tiny, small_config
 from test_optim import _flat, _params, _run
 from test_train import corpus_file, read_metrics  # noqa: F401 (fixture)
@@ -88,7 +88,7 @@ def test_stable_adamw_is_wortsmans_algorithm_and_clips_a_spike():
     reference within 1e-6; the spike made the reference clip (RMS > 1), and plain AdamW
     lands elsewhere."""
     config, grads = _config(), _grads(spike_at=5)
-    lrs = [optim.learning_rate_at(config, step) for step in range(8)]
+    lrs = [schedules.learning_rate_at(config, step) for step in range(8)]
     actual = _flat(_run(optim.make_optimizer(config), _params(), grads))
     expected, largest = _reference_stable_adamw(_params(), grads, lrs)
     assert largest > 2  # (clipped by more than half)
@@ -113,7 +113,7 @@ def test_stable_adamw_without_a_spike_is_adamw():
 def test_wsd_warms_up_holds_and_decays_to_zero(shape, at_half_decay):
     """100 steps, warmup 10, the last 20 decaying: linear to the peak, the peak from step 10
     to 80, then down to 0 at step 100 (half way: 0.5 or 1 - sqrt(0.5) of the peak)."""
-    schedule = jax.jit(optim.wsd_schedule(2e-3, 10, 100, decay_fraction=0.2, decay_shape=shape))
+    schedule = jax.jit(schedules.wsd_schedule(2e-3, 10, 100, decay_fraction=0.2, decay_shape=shape))
     values = np.asarray(schedule(np.arange(101)), np.float64) / 2e-3
     np.testing.assert_allclose(values[:11], np.arange(11) / 10, atol=1e-6)
     np.testing.assert_allclose(values[10:81], 1.0, atol=1e-6)

@@ -22,7 +22,7 @@ from bertjax.interop import pretrained, pretrained_weights, tree
 from bertjax.models import attention, families, flops
 from bertjax.models.bert.model import BertConfig
 from bertjax.models.modernbert.config import ModernBertConfig
-from bertjax.training import init_architecture, optim, validate
+from bertjax.training import init_architecture, param_masks, validate
 from test_modernbert import TINY, abstract, init
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)
 
@@ -151,7 +151,7 @@ def test_model_flops_count_the_geglu_and_the_windows():
 
 def test_weight_decay_spares_norms_and_biases():
     config = ModernBertConfig(**{**TINY.__dict__, "norm_bias": True, "mlp_bias": True})
-    mask = tree.flatten(optim.decay_mask(nn.meta.unbox(abstract(config))))
+    mask = tree.flatten(param_masks.decay_mask(nn.meta.unbox(abstract(config))))
     spared = sorted(path for path, decayed in mask.items() if not decayed)
     assert all(path.endswith(("/bias", "/scale")) for path in spared)
     assert "model/layer_1/attn_norm/scale" in spared and "model/final_norm/bias" in spared

@@ -1,4 +1,5 @@
-"""Tests for bertjax.training.optim against a numpy re-implementation of BERT's optimizer."""
+"""Tests for bertjax.training.optim, optimizers, schedules and param_masks against a numpy
+re-implementation of BERT's optimizer."""
 
 import re
 
@@ -9,7 +10,8 @@ import optax
 import pytest
 from flax.core import FrozenDict
 
-from bertjax.training import nonfinite, optim
+from bertjax.errors import ConfigError
+from bertjax.training import nonfinite, optim, optimizers, param_masks, schedules
 
 B1, B2, EPS, WD = 0.9, 0.999, 1e-6, 0.01
 
@@ -117,12 +119,12 @@ def _config(**overrides) -> optim.OptimizerConfig:
 def test_bert_adam_matches_reference_three_steps():
     grads = [_grads(i) for i in range(3)]
     lr = 1e-2
-    actual = _run(optim.bert_adam(lr, WD, B1, B2, EPS), _params(), grads)
+    actual = _run(optimizers.bert_adam(lr, WD, B1, B2, EPS), _params(), grads)
     _assert_flat_close(actual, _reference_bert_adam(_params(), grads, [lr] * 3))
 
 
 def test_decay_mask_excludes_layernorm_and_biases():
-    mask = optim.decay_mask(_params())
+    mask = param_masks.decay_mask(_params())
     assert mask == {
         "layer": {
             "dense": {"kernel": True, "bias": False},
@@ -153,7 +155,7 @@ def test_decay_mask_path_rules_and_frozendict():
             "cls": {"predictions": {"output_bias": 1.0}},
         }
     )
-    mask = optim.decay_mask(params)
+    mask = param_masks.decay_mask(params)
     assert isinstance(mask, FrozenDict)
     output = mask["bert"]["encoder"]["layer_0"]["attention"]["output"]
     assert output["LayerNorm"]["scale"] is False
@@ -169,7 +171,7 @@ def test_weight_decay_moves_decayed_param_differently():
     params = {"dense": {"kernel": value, "bias": value}}
     grads = {"dense": {"kernel": value, "bias": value}}
     lr = 1e-2
-    new = _run(optim.bert_adam(lr, weight_decay_rate=WD), params, [grads])
+    new = _run(optimizers.bert_adam(lr, weight_decay_rate=WD), params, [grads])
     # Same gradient and value, so the only difference is the decoupled lr * wd * param;
     # atol covers float32 rounding of params near 1.
     np.testing.assert_allclose(
@@ -181,7 +183,7 @@ def test_no_bias_correction_on_first_step():
     g = np.array([1e-3, -2e-3, 0.5], np.float32)
     params = {"dense": {"bias": np.zeros(3, np.float32)}}
     lr = 1e-2
-    new = _run(optim.bert_adam(lr), params, [{"dense": {"bias": g}}])
+    new = _run(optimizers.bert_adam(lr), params, [{"dense": {"bias": g}}])
     expected = -lr * g * (1 - B1) / (np.sqrt((1 - B2) * g**2) + EPS)
     np.testing.assert_allclose(new["dense"]["bias"], expected, rtol=1e-6)
     # With bias correction, Adam's first step would be about lr * sign(g).
@@ -190,12 +192,12 @@ def test_no_bias_correction_on_first_step():
 
 def test_moments_are_float32_with_param_structure():
     params = jax.tree_util.tree_map(lambda p: jnp.asarray(p, jnp.bfloat16), _params())
-    state = optim.scale_by_adam_no_bias_correction().init(params)
+    state = optimizers.scale_by_adam_no_bias_correction().init(params)
     structure = jax.tree_util.tree_structure(params)
     for moment in (state.mu, state.nu):
         assert jax.tree_util.tree_structure(moment) == structure
         assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(moment))
-    _, state = optim.scale_by_adam_no_bias_correction().update(params, state)
+    _, state = optimizers.scale_by_adam_no_bias_correction().update(params, state)
     assert int(state.count) == 1
 
 
@@ -237,14 +239,14 @@ SCHEDULE_CASES = [
 
 @pytest.mark.parametrize("step,expected", SCHEDULE_CASES)
 def test_bert_schedule_values(step, expected):
-    schedule = optim.bert_schedule(1e-4, 10_000, 1_000_000)
+    schedule = schedules.bert_schedule(1e-4, 10_000, 1_000_000)
     value = schedule(step)
     assert value.dtype == jnp.float32
     np.testing.assert_allclose(float(value), expected, rtol=1e-6, atol=1e-12)
 
 
 def test_bert_schedule_under_jit():
-    schedule = jax.jit(optim.bert_schedule(1e-4, 10_000, 1_000_000))
+    schedule = jax.jit(schedules.bert_schedule(1e-4, 10_000, 1_000_000))
     steps = jnp.array([step for step, _ in SCHEDULE_CASES], jnp.int32)
     expected = [value for _, value in SCHEDULE_CASES]
     np.testing.assert_allclose(np.asarray(schedule(steps)), expected, rtol=1e-6, atol=1e-12)
@@ -252,11 +254,11 @@ def test_bert_schedule_under_jit():
 
 def test_learning_rate_at_uses_schedule():
     cfg = _config(peak_learning_rate=1e-4, warmup_steps=10_000)
-    assert isinstance(optim.learning_rate_at(cfg, 5_000), float)
-    np.testing.assert_allclose(optim.learning_rate_at(cfg, 5_000), 5e-5, rtol=1e-6)
+    assert isinstance(schedules.learning_rate_at(cfg, 5_000), float)
+    np.testing.assert_allclose(schedules.learning_rate_at(cfg, 5_000), 5e-5, rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", optim.OPTIMIZER_NAMES)
+@pytest.mark.parametrize("name", optim.names())
 def test_make_optimizer_runs_jitted_update(name):
     params = _params()
     new = _run(optim.make_optimizer(_config(name=name)), params, [_grads(0)])
@@ -266,7 +268,11 @@ def test_make_optimizer_runs_jitted_update(name):
 
 
 def test_make_optimizer_unknown_name():
-    with pytest.raises(ValueError, match="bert_adam, adamw, lamb"):
+    with pytest.raises(
+        ConfigError,
+        match="^optimizer.name='sgd' is not one of 'bert_adam', 'adamw', 'lamb', "
+        "'stable_adamw': an optimizer must be registered",
+    ):
         optim.make_optimizer(_config(name="sgd"))
 
 
@@ -276,7 +282,7 @@ def test_twenty_steps_with_warmup_decay_and_clipping_match_the_original():
     grads = [jax.tree_util.tree_map(lambda g: g * 1e4, _grads(i)) for i in range(20)]
     cfg = _config(peak_learning_rate=1e-2, warmup_steps=4, total_steps=20)
     actual = _run(optim.make_optimizer(cfg), _params(), grads)
-    lrs = [optim.learning_rate_at(cfg, step) for step in range(20)]
+    lrs = [schedules.learning_rate_at(cfg, step) for step in range(20)]
     expected = _reference_bert_adam(_params(), grads, lrs, clip_norm=1.0)
     for name, value in _flat(actual).items():
         np.testing.assert_allclose(value, expected[name], rtol=0, atol=1e-6, err_msg=name)
@@ -287,7 +293,7 @@ def test_twenty_steps_with_warmup_decay_and_clipping_match_the_original():
     )
 
 
-@pytest.mark.parametrize("name", optim.OPTIMIZER_NAMES)
+@pytest.mark.parametrize("name", optim.names())
 def test_every_integer_in_the_optimizer_state_counts_steps(name):
     """at_step sets every integer scalar of the state to the train step: that must be what
     each of them is (a count of updates), for every optimizer."""

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bertjax import errors, train
-from bertjax.training import optim, sharded_run
+from bertjax.training import schedules, sharded_run
 from bertjax.training.settings import plan_phases
 from test_guards import compilation_cache, saved_state  # noqa: F401 (autouse fixture)
 from test_train import corpus_file, read_metrics, tiny_config  # noqa: F401 (fixture)
@@ -42,7 +42,7 @@ def test_restart_resumes_exactly_and_equals_the_two_run_original(corpus_file, ca
     config = tiny_config(corpus_file, cache_dir, **NO_DROPOUT, **RESTART)
     fit(config, tmp_path / "straight")
     straight = {m["step"]: m for m in read_metrics(tmp_path / "straight")}
-    short_phase = optim.bert_schedule(2e-3, 4, 12)  # decays to 0 at the switch
+    short_phase = schedules.bert_schedule(2e-3, 4, 12)  # decays to 0 at the switch
     assert straight[12]["learning_rate"] == pytest.approx(float(short_phase(11)))
     assert [straight[s]["learning_rate"] for s in (13, 14, 15, 16)] == pytest.approx(
         [0.0, 5e-4, 5e-4, 2.5e-4]

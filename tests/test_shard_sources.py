@@ -6,7 +6,7 @@ and with several processes."""
 import pytest
 
 import tfds_fixture
-from bertjax.data import corpus, shard_sources
+from bertjax.data import corpora, corpus, shard_sources
 from test_corpus import LINES_TEXT, PARAGRAPHS_TEXT, write
 
 
@@ -44,7 +44,9 @@ def test_every_position_reads_the_rest_of_the_corpus(mixed_files):
 @pytest.mark.parametrize("process_count", [1, 3])
 def test_shards_read_from_their_descriptors_are_the_cut_documents(mixed_files, process_count):
     for index in range(process_count):
-        reader = shard_sources.CorpusReader("text", mixed_files, "auto", None, index, process_count)
+        reader = shard_sources.CorpusReader(
+            corpora.get("text"), (mixed_files, "auto"), index, process_count
+        )
         documents = [document for _, document in reader.documents()]
         stats = corpus.CorpusStats()
         shards = list(shard_sources.cut(reader, stats, shard_bytes=150))
@@ -63,14 +65,14 @@ def test_tfds_and_default_sources_read_their_shards_by_position(tmp_path):
     name = tfds_fixture.prepare(str(tmp_path))
     readers = [
         shard_sources.CorpusReader(
-            "tfds", tfds=(name, "train", str(tmp_path), "text"), process_index=1, process_count=2
+            corpora.get("tfds"), (name, "train", str(tmp_path), "text"), 1, 2
         ),
-        shard_sources.CorpusReader("default", process_index=1, process_count=2),
+        shard_sources.CorpusReader(corpora.get("default"), None, 1, 2),
     ]
     for reader, shard_bytes in zip(readers, (60, 200_000)):
         documents = [document for _, document in reader.documents()]
         shards = list(shard_sources.cut(reader, corpus.CorpusStats(), shard_bytes))
         assert len(shards) >= 2
         assert [d for shard in shards for d in reader.read(shard)] == documents
-    everything = [d for _, d in shard_sources.CorpusReader("default").documents()]
+    everything = [d for _, d in shard_sources.CorpusReader(corpora.get("default")).documents()]
     assert documents == everything[1::2]

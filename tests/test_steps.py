@@ -12,7 +12,7 @@ import pytest
 
 from bertjax.models.bert.model import BertConfig, BertForPreTraining
 from bertjax.models.layers import losses
-from bertjax.training import nonfinite, optim, pretrain_loop, sharding, steps
+from bertjax.training import nonfinite, optim, pretrain_loop, schedules, sharding, steps
 from bertjax.training.state import TrainState, create_train_state
 
 CONFIG = BertConfig(
@@ -206,7 +206,7 @@ def test_scanned_rematerialised_layers_shard_and_match_one_device():
 def test_after_a_skipped_step_the_applied_learning_rate_is_the_logged_one():
     """Steps 1 and 3 finite, step 2 NaN (skipped). Step 3's update is measured from the
     parameters and Adam's moments: its learning rate is schedule(2), the one the log reports
-    for step 3 (optim.learning_rate_at(cfg, step - 1)), not schedule(1)."""
+    for step 3 (schedules.learning_rate_at(cfg, step - 1)), not schedule(1)."""
     cfg = optim.OptimizerConfig(
         peak_learning_rate=0.1,
         warmup_steps=4,
@@ -230,8 +230,8 @@ def test_after_a_skipped_step_the_applied_learning_rate_is_the_logged_one():
     assert float(metrics["nonfinite"]) == 0.0 and int(state.step) == 3
     mu, nu = (optax.tree_utils.tree_get(state.opt_state, name)["w"] for name in ("mu", "nu"))
     applied = (before - state.params["w"]) / (mu / (jnp.sqrt(nu) + cfg.eps))
-    logged = optim.learning_rate_at(cfg, 2)
-    assert logged != optim.learning_rate_at(cfg, 1)
+    logged = schedules.learning_rate_at(cfg, 2)
+    assert logged != schedules.learning_rate_at(cfg, 1)
     np.testing.assert_allclose(applied, [logged] * 3, rtol=1e-5)
 
 
@@ -273,7 +273,7 @@ def test_non_finite_loss_and_non_finite_update_are_named():
     assert run(after)[1] == "state"  # (which `reporting` names "update" after a finite step)
 
 
-@pytest.mark.parametrize("name", optim.OPTIMIZER_NAMES)
+@pytest.mark.parametrize("name", optim.names())
 def test_finite_gradients_keep_a_reachable_state_finite(name):
     """Why the step checks only the loss and the gradients' norm: a finite norm means every
     gradient's square is finite, and from there each optimizer's moments and update stay

@@ -1,16 +1,9 @@
 """Reading raw text into documents, the unit BERT pretraining samples from.
 
-A document is a ``list[str]`` of non-empty, stripped sentences. Three sources:
-
-* ``read_text_files``: text files, local or URLs (gs://), either the original BERT format
-  (one sentence per line, blank line between documents) or plain paragraphs.
-* ``tfds_source.read_tfds``: a tensorflow-datasets dataset prepared in
-  ``array_record`` format, read by random access without TensorFlow.
-* ``default_corpus.default_corpus``: an offline corpus of real English assembled from the
-  documentation that ships with every Python installation: the language
-  reference topics in ``pydoc_data.topics`` plus the docstrings of a fixed list
-  of standard-library modules (about 1 MB of text; its exact content depends on
-  the Python version, and is identical between runs of the same version).
+A document is a ``list[str]`` of non-empty, stripped sentences. This module reads text files
+(the "text" source, `corpora`), local or URLs (gs://), either in the original BERT format (one
+sentence per line, blank line between documents) or as plain paragraphs; the other sources
+(`tfds_source`, `default_corpus`) count their documents in its `CorpusStats`.
 """
 
 from __future__ import annotations
@@ -21,12 +14,16 @@ import hashlib
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from absl import logging
 
-from bertjax.data import sentences
+from bertjax.data import corpora, sentences
+from bertjax.data.errors import DataError
 from bertjax.runtime import files
+
+if TYPE_CHECKING:
+    from bertjax.data.settings import DataSettings
 
 Document = list[str]
 
@@ -407,3 +404,29 @@ def positioned_documents(
                 )
 
     return generate(number)
+
+
+def _text_arguments(data: DataSettings) -> tuple[tuple[str, ...], str]:
+    """The "text" source's files (globs expanded) and their format."""
+    if not data.input_files:
+        raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
+    return tuple(expand_paths(data.input_files.split(","))), data.text_format
+
+
+def _text_documents(
+    arguments: tuple[tuple[str, ...], str],
+    index: int,
+    count: int,
+    stats: CorpusStats | None,
+    start: TextPosition | None,
+) -> Iterator[tuple[TextPosition, Document]]:
+    read = positioned_documents(*arguments, stats, start=start)
+    return ((p, document) for p, document in read if p[0] % count == index)
+
+
+def _text_identity(data: DataSettings) -> dict[str, Any]:
+    paths, text_format = _text_arguments(data)
+    return {"files": [(files.abspath(f), files.getsize(f)) for f in paths], "format": text_format}
+
+
+corpora.register(corpora.Source("text", _text_arguments, _text_documents, _text_identity))

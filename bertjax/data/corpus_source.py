@@ -11,13 +11,12 @@ import functools
 import glob
 import os
 import shutil
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 from absl import logging
 
-from bertjax.data import corpus, instances, prepared_files, shard_sources, tokenization
+from bertjax.data import corpora, corpus, instances, prepared_files, shard_sources, tokenization
 from bertjax.data.errors import DataError
 from bertjax.data.settings import DataSettings
 from bertjax.runtime import failures, files, locks
@@ -26,30 +25,9 @@ from bertjax.runtime import failures, files, locks
 def corpus_reader(
     data: DataSettings, process_index: int, process_count: int
 ) -> shard_sources.CorpusReader:
-    """This process's documents of the configured source (its files checked now)."""
-    if data.source == "tfds":
-        if not data.tfds_name:
-            raise DataError("data.source=tfds needs --config.data.tfds_name=NAME")
-        return shard_sources.CorpusReader(
-            "tfds",
-            tfds=(data.tfds_name, data.tfds_split, data.tfds_data_dir or None, data.tfds_text_key),
-            process_index=process_index,
-            process_count=process_count,
-        )
-    if data.source == "text":
-        if not data.input_files:
-            raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
-        paths = tuple(corpus.expand_paths(data.input_files.split(",")))
-        return shard_sources.CorpusReader(
-            "text",
-            paths,
-            data.text_format,
-            process_index=process_index,
-            process_count=process_count,
-        )
-    return shard_sources.CorpusReader(
-        "default", process_index=process_index, process_count=process_count
-    )
+    """This process's documents of the configured source (its settings checked now)."""
+    source = corpora.get(data.source)
+    return shard_sources.CorpusReader(source, source.arguments(data), process_index, process_count)
 
 
 def read_documents(
@@ -76,17 +54,7 @@ def source_identity(data: DataSettings) -> dict[str, Any]:
                 "(no */meta.json); run python -m bertjax.prepare --output=DIR first"
             )
         return prepared_files.read_meta(os.path.dirname(found[0]))[0].get("source", {})
-    if data.source == "text":
-        if not data.input_files:
-            raise DataError("data.source=text needs --config.data.input_files=PATH[,PATH...]")
-        paths = corpus.expand_paths(data.input_files.split(","))
-        return {
-            "files": [(files.abspath(f), files.getsize(f)) for f in paths],
-            "format": data.text_format,
-        }
-    if data.source == "tfds":
-        return {"tfds": [data.tfds_name, data.tfds_split, data.tfds_data_dir, data.tfds_text_key]}
-    return {"default": sys.version}
+    return corpora.get(data.source).identity(data)
 
 
 def _source_fingerprint(identity: dict[str, Any]) -> dict[str, Any]:

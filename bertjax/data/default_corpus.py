@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
 import re
+import sys
 import types
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bertjax.data import corpus, sentences
+from bertjax.data import corpora, corpus, sentences
+
+if TYPE_CHECKING:
+    from bertjax.data.settings import DataSettings
 
 # Pure-Python (and a few documentation-rich builtin) modules, sorted so the corpus
 # order is fixed. Left out: modules with import side effects (this, antigravity,
@@ -144,3 +149,25 @@ def _default_documents() -> Iterator[corpus.Document]:
         document = _clean_documentation(text)
         if document:
             yield document
+
+
+def _no_arguments(data: DataSettings) -> None:
+    return None
+
+
+def _numbered_documents(
+    arguments: None,
+    index: int,
+    count: int,
+    stats: corpus.CorpusStats | None,
+    start: int | None,
+) -> Iterator[tuple[int, corpus.Document]]:
+    numbered = itertools.islice(enumerate(default_corpus(stats)), start, None)
+    return ((p, document) for p, document in numbered if p % count == index)
+
+
+def _python_version(data: DataSettings) -> dict[str, Any]:
+    return {"default": sys.version}  # (the corpus is the documentation of this Python)
+
+
+corpora.register(corpora.Source("default", _no_arguments, _numbered_documents, _python_version))

@@ -15,7 +15,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
-from bertjax.data import masking
+from bertjax.data import corpora, masking
 from bertjax.data.errors import DataError
 
 
@@ -23,7 +23,7 @@ from bertjax.data.errors import DataError
 class DataSettings:
     """The pretraining data's settings (`config.data`, same field names)."""
 
-    source: Literal["default", "text", "tfds"]
+    source: str  # one of corpora.names() (the registered corpus sources)
     input_files: str  # comma-separated paths or globs
     text_format: Literal["auto", "lines", "paragraphs"]
     tfds_name: str
@@ -58,7 +58,15 @@ class DataSettings:
         """The settings of `data` (config.data); DataError naming the field if a choice is not
         one of its values or the mask mix is not one. `recorded`: `data` is a config an older
         run recorded, whose missing fields take their type's empty value (a choice's first)."""
-        settings = typed(cls, data, "data", DataError, recorded, case_free=("strip_accents",))
+        settings = typed(
+            cls,
+            data,
+            "data",
+            DataError,
+            recorded,
+            case_free=("strip_accents",),
+            registered={"source": corpora.names()},
+        )
         try:
             masking.check_mask_mix(*settings.mask_mix)
         except ValueError as e:
@@ -113,13 +121,15 @@ def typed(
     error: type[Exception],
     recorded: bool = False,
     case_free: tuple[str, ...] = (),
+    registered: Mapping[str, tuple[str, ...]] | None = None,
 ) -> T:
     """The settings class `cls` (a frozen dataclass) from the config section `section`'s
     `values`; `error` naming the `--config.SECTION.FIELD` to set where a choice is not one of
     its values (compared exactly, but for the `case_free` fields: a truth value written as
-    text in any case). `recorded`: `values` is a section an older run recorded, whose missing
-    fields take their default, else their type's empty value (a choice's first)."""
-    hints, allowed = typing.get_type_hints(cls), choices(cls)
+    text in any case; the `registered` fields: one of the names a registry holds now).
+    `recorded`: `values` is a section an older run recorded, whose missing fields take their
+    default, else their type's empty value (a choice's first)."""
+    hints, allowed = typing.get_type_hints(cls), {**choices(cls), **(registered or {})}
 
     def missing(field: dataclasses.Field) -> Any:
         if field.default is not dataclasses.MISSING:

@@ -2,7 +2,8 @@
 documents it holds. The process that cuts the corpus into shards of `data.shard_bytes` reads it
 once, one document at a time, and keeps only these; the process that prepares a shard (a local
 worker or a Beam worker) reads the shard's documents itself from that position: a byte offset
-in a text file, a record index in a tfds dataset, a document number in the default corpus."""
+in a text file, a record index in a tfds dataset, a document number in the default corpus:
+whatever its source's reader returned."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from bertjax.data import corpus, default_corpus, tfds_source
+from bertjax.data import corpora, corpus
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,14 +26,12 @@ class ShardSource:
 
 @dataclasses.dataclass(frozen=True)
 class CorpusReader:
-    """Process `process_index` of `process_count`'s documents of one corpus (document i goes to
-    process i mod P): `source` text (`paths`, expanded, in `text_format`), tfds (`tfds`: name,
-    split, data_dir, text_key) or default."""
+    """Process `process_index` of `process_count`'s documents of one corpus: those of `source`
+    (a registered `corpora.Source`) read with its `arguments` (document i goes to process i mod
+    P)."""
 
-    source: str
-    paths: tuple[str, ...] = ()
-    text_format: str = "auto"
-    tfds: tuple[str, str, str | None, str] | None = None
+    source: corpora.Source
+    arguments: Any = None
     process_index: int = 0
     process_count: int = 1
 
@@ -41,15 +40,9 @@ class CorpusReader:
     ) -> Iterator[tuple[Any, corpus.Document]]:
         """`(position, document)` of this process's documents, from the first (counted into
         `stats`) or, not counted again, from `start` (a position this returned)."""
-        index, count = self.process_index, self.process_count
-        if self.source == "tfds":
-            assert self.tfds is not None  # (a tfds source names its dataset)
-            return tfds_source.positioned_tfds(*self.tfds, index, count, stats, start)
-        if self.source == "text":
-            read = corpus.positioned_documents(self.paths, self.text_format, stats, start=start)
-            return ((p, document) for p, document in read if p[0] % count == index)
-        numbered = itertools.islice(enumerate(default_corpus.default_corpus(stats)), start, None)
-        return ((p, document) for p, document in numbered if p % count == index)
+        return self.source.documents(
+            self.arguments, self.process_index, self.process_count, stats, start
+        )
 
     def read(self, shard: ShardSource) -> list[corpus.Document]:
         """The documents of `shard`."""

@@ -5,9 +5,15 @@ readers use for their tfds datasets)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bertjax.data import corpus, sentences
+from bertjax.data import corpora, corpus, sentences
+from bertjax.data.errors import DataError
+
+if TYPE_CHECKING:
+    from bertjax.data.settings import DataSettings
+
+TfdsArguments = tuple[str, str, str | None, str]  # name, split, data_dir, text_key
 
 
 def _text_to_document(text: bytes | str) -> corpus.Document:
@@ -114,3 +120,26 @@ def positioned_tfds(
             stats if stats is not None else corpus.CorpusStats(),
         )
     return ((where[0], document) for document in read)
+
+
+def _tfds_arguments(data: DataSettings) -> TfdsArguments:
+    if not data.tfds_name:
+        raise DataError("data.source=tfds needs --config.data.tfds_name=NAME")
+    return (data.tfds_name, data.tfds_split, data.tfds_data_dir or None, data.tfds_text_key)
+
+
+def _tfds_documents(
+    arguments: TfdsArguments,
+    index: int,
+    count: int,
+    stats: corpus.CorpusStats | None,
+    start: int | None,
+) -> Iterator[tuple[int, corpus.Document]]:
+    return positioned_tfds(*arguments, index, count, stats, start)
+
+
+def _tfds_identity(data: DataSettings) -> dict[str, Any]:
+    return {"tfds": [data.tfds_name, data.tfds_split, data.tfds_data_dir, data.tfds_text_key]}
+
+
+corpora.register(corpora.Source("tfds", _tfds_arguments, _tfds_documents, _tfds_identity))

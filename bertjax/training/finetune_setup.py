@@ -20,7 +20,7 @@ from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models import families
 from bertjax.models.families import ModelConfig
 from bertjax.tasks import features, glue, ner, squad_predict
-from bertjax.training import finetune_trainer, optim, sharded_run, sharding
+from bertjax.training import finetune_trainer, optim, param_masks, schedules, sharded_run, sharding
 from bertjax.training.finetune_settings import FinetuneSettings
 
 
@@ -113,7 +113,7 @@ def optimizer(
     if frozen_encoder_of is None:
         return tx
     scope = families.of(frozen_encoder_of).encoder_scope
-    return optim.train_only_outside(tx, families.abstract_params(frozen_encoder_of), scope)
+    return param_masks.train_only_outside(tx, families.abstract_params(frozen_encoder_of), scope)
 
 
 def make_trainer(
@@ -140,5 +140,5 @@ def make_trainer(
         tx,
         mesh,
         total_steps,
-        functools.partial(optim.learning_rate_at, settings.optimizer_settings(total_steps)),
+        functools.partial(schedules.learning_rate_at, settings.optimizer_settings(total_steps)),
     )

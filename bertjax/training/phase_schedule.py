@@ -1,6 +1,6 @@
 """The phase schedule of pretraining: which sequence length, predictions and batch each step
 trains with (phases), and where in the data a run stands (the data position a checkpoint
-saves). The learning-rate schedule is optim.py's; what a run records of both,
+saves). The learning-rate schedule is schedules.py's; what a run records of both,
 run_schedule.py's."""
 
 from __future__ import annotations

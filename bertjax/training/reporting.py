@@ -16,7 +16,7 @@ from bertjax.data.batch import PhaseShape
 from bertjax.models import flops
 from bertjax.models.families import ModelConfig
 from bertjax.runtime import console
-from bertjax.training import metrics_writer, nonfinite, objectives, optim, phase_schedule
+from bertjax.training import metrics_writer, nonfinite, objectives, optim, phase_schedule, schedules
 from bertjax.training.phase_schedule import Phase
 
 if TYPE_CHECKING:  # importing tensorboardX imports torch when it is installed: seconds
@@ -159,7 +159,7 @@ class Progress:
         now = time.time()
         means = objectives.summarize(self.sums)
         means["grad_norm"] = self.sums["grad_norm"] / self.sums["steps"]
-        means["learning_rate"] = optim.learning_rate_at(self.optimizer, step - 1)
+        means["learning_rate"] = schedules.learning_rate_at(self.optimizer, step - 1)
         means["nonfinite_steps"] = self.nonfinite.total
         means["tokens_per_second"] = self.tokens / max(now - self.window_start, 1e-9)
         flops_per_token = (

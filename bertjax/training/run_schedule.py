@@ -17,7 +17,7 @@ from typing import Any
 
 from bertjax.checkpoints import checkpoint_checks
 from bertjax.checkpoints.run_record import RunRecord
-from bertjax.training import optim, reporting, sharded_run
+from bertjax.training import optim, reporting, schedules, sharded_run
 from bertjax.training.phase_schedule import Phase
 from bertjax.training.settings import PretrainingSettings
 
@@ -156,6 +156,6 @@ def resumed(
     reporting.chief_print(
         f"Extending the run past step {end} (train.extend): steps "
         f"{end + 1}-{train.total_steps} train in phase {phases[-1].name}, the "
-        f"learning rate from {optim.learning_rate_at(extended, end):.3e}"
+        f"learning rate from {schedules.learning_rate_at(extended, end):.3e}"
     )
     return Plan(phases, extended)

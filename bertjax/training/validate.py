@@ -17,7 +17,7 @@ from bertjax.data.errors import DataError
 from bertjax.errors import ConfigError
 from bertjax.models import families
 from bertjax.models.layers import config as layer_config
-from bertjax.training import optim
+from bertjax.training import optim, schedules
 from bertjax.training.settings import PretrainingSettings
 
 # [CLS] A [SEP] B [SEP]: three special tokens and at least one token of each segment.
@@ -102,13 +102,15 @@ FINETUNING_TASKS = _rules(  # the fields of some tasks' configs (squad.py, ner.p
 )
 
 
-# The settings that name one of a few choices (the model's: bert_config.check; the data's,
-# train's and long phase's: PretrainingSettings, checked as it is built).
-CHOICES = {
-    "optimizer.name": optim.OPTIMIZER_NAMES,
-    "optimizer.schedule": optim.SCHEDULE_NAMES,
-    "optimizer.decay_shape": optim.DECAY_SHAPES,
-}
+def optimizer_choices() -> dict[str, tuple[str, ...]]:
+    """The optimizer section's settings that name one of a few choices (the optimizers:
+    those registered now, `optim.names`). The model's: bert_config.check; the data's, train's
+    and long phase's: PretrainingSettings, checked as it is built."""
+    return {
+        "optimizer.name": optim.names(),
+        "optimizer.schedule": schedules.SCHEDULE_NAMES,
+        "optimizer.decay_shape": schedules.DECAY_SHAPES,
+    }
 
 
 def _value(config: ml_collections.ConfigDict, field: str) -> Any:
@@ -162,7 +164,7 @@ def pretraining(config: ml_collections.ConfigDict) -> PretrainingSettings:
         + (LONG_PHASE if config.long_phase.fraction > 0 else [])
         + list(families.get(families.family(config.model)).pretraining_rules),
     )
-    check_choices(config, CHOICES)
+    check_choices(config, optimizer_choices())
     typed = settings(config)
     pretraining_model(config, typed)
     warmup, total = config.optimizer.warmup_steps, config.train.total_steps
@@ -232,7 +234,7 @@ def model_family(config: ml_collections.ConfigDict) -> None:
 def finetuning(config: ml_collections.ConfigDict) -> None:
     """Every range of a fine-tuning config (and of its task's fields), and its seeds."""
     check(config, FINETUNING + [rule for rule in FINETUNING_TASKS if rule[0] in config])
-    check_choices(config, {"dtype": layer_config.DTYPES, "optimizer.name": optim.OPTIMIZER_NAMES})
+    check_choices(config, {"dtype": layer_config.DTYPES, "optimizer.name": optim.names()})
     seeds(config.seeds)
     if config.warmup_proportion >= 1:
         logging.warning(
