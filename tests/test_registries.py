@@ -16,11 +16,12 @@ import pytest
 import toy_optimizer
 import toy_source
 from bertjax import train
+from bertjax.checkpoints import checkpoint
 from bertjax.data import corpora, corpus, corpus_source, shard_sources
 from bertjax.data.errors import DataError
 from bertjax.data.settings import DataSettings
 from bertjax.errors import ConfigError
-from bertjax.training import checkpoint, optim, validate
+from bertjax.training import optim, validate
 from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)
 
 BUILTIN_OPTIMIZERS = "'bert_adam', 'adamw', 'lamb', 'stable_adamw'"

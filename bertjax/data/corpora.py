@@ -9,13 +9,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bertjax.data.errors import DataError
-
-if TYPE_CHECKING:  # (annotations only: the built-in sources import this module)
-    from bertjax.data.corpus import CorpusStats, Document
-    from bertjax.data.settings import DataSettings
 
 # The built-in sources, each registered by its module, in the order `names` lists them.
 _BUILTIN = {
@@ -28,19 +24,21 @@ _BUILTIN = {
 @dataclasses.dataclass(frozen=True)
 class Source:
     """One kind of corpus. Its functions are module-level (a source travels to the workers
-    that prepare shards, pickled by reference)."""
+    that prepare shards, pickled by reference). They are typed by their comments, not in
+    terms of `DataSettings` and `corpus.CorpusStats`: the modules that define those import
+    this one (a source registers itself), and no module imports one that imports it."""
 
     name: str  # `data.source`
     # (data settings) -> what its reader needs (picklable); DataError (one line naming the
     # --config.data field to set) where the settings lack it
-    arguments: Callable[[DataSettings], Any]
+    arguments: Callable[..., Any]
     # (arguments, process index, process count, stats, start) -> (position, document) of that
     # process's documents (document i goes to process i mod count), from the first (counted
     # into stats) or, not counted again, from `start` (a position it returned)
-    documents: Callable[[Any, int, int, CorpusStats | None, Any], Iterator[tuple[Any, Document]]]
+    documents: Callable[..., Iterator[tuple[Any, list[str]]]]
     # (data settings) -> what identifies the corpus (JSON values, in cache keys and checkpoints;
     # a "files" list of [path, bytes] also has its files' times in the cache key)
-    identity: Callable[[DataSettings], dict[str, Any]]
+    identity: Callable[..., dict[str, Any]]
 
 
 _SOURCES: dict[str, Source] = {}

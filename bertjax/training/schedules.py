@@ -1,21 +1,45 @@
 """Learning-rate schedules: the original's linear warmup and linear decay
 (`optimization.py`), with a restart (long_phase.restart_optimizer) and the schedules of an
 extended run's earlier plans, and the modern recipe's warmup-stable-decay; each built from an
-`optim.OptimizerConfig` (`of_config`)."""
+optimizer config (`of_config`: any object with `ScheduleFields`, such as
+`optim.OptimizerConfig`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
 import optax
 
-if TYPE_CHECKING:  # (annotations only: optim builds its optimizers on these schedules)
-    from bertjax.training.optim import OptimizerConfig
-
 SCHEDULE_NAMES = ("linear", "wsd")  # BERT's warmup + linear decay | warmup-stable-decay
 DECAY_SHAPES = ("linear", "1-sqrt")  # how "wsd" decays to 0
+
+
+class ScheduleFields(Protocol):
+    """What a schedule reads of an optimizer config (`optim.OptimizerConfig` has them; optim
+    builds its optimizers on these schedules, so this module does not import it)."""
+
+    @property
+    def schedule(self) -> str: ...
+    @property
+    def peak_learning_rate(self) -> float: ...
+    @property
+    def warmup_steps(self) -> int: ...
+    @property
+    def total_steps(self) -> int: ...
+    @property
+    def decay_fraction(self) -> float: ...
+    @property
+    def decay_shape(self) -> str: ...
+    @property
+    def restart_step(self) -> int: ...
+    @property
+    def restart_warmup_steps(self) -> int: ...
+    @property
+    def restart_peak_learning_rate(self) -> float: ...
+    @property
+    def earlier(self) -> tuple[tuple[int, ScheduleFields], ...]: ...
 
 
 def bert_schedule(peak_lr: float, warmup_steps: int, total_steps: int) -> optax.Schedule:
@@ -64,7 +88,7 @@ def wsd_schedule(
     return schedule
 
 
-def of_config(cfg: OptimizerConfig) -> optax.Schedule:
+def of_config(cfg: ScheduleFields) -> optax.Schedule:
     """The schedule of `cfg` (`_run_schedule`), after those of the steps it extends
     (`cfg.earlier`: each holds for the steps before its end step)."""
     earlier = cfg.earlier
@@ -83,7 +107,7 @@ def of_config(cfg: OptimizerConfig) -> optax.Schedule:
     return schedule
 
 
-def _run_schedule(cfg: OptimizerConfig) -> optax.Schedule:
+def _run_schedule(cfg: ScheduleFields) -> optax.Schedule:
     """Build the BERT schedule from a config's lr fields: with a `restart_step`, one schedule
     to that step and a second one (its own warmup and peak) from it to `total_steps`."""
     restart = cfg.restart_step
@@ -106,6 +130,6 @@ def _run_schedule(cfg: OptimizerConfig) -> optax.Schedule:
     return lambda step: jnp.where(step < restart, first(step), second(step - restart))
 
 
-def learning_rate_at(cfg: OptimizerConfig, step: int) -> float:
+def learning_rate_at(cfg: ScheduleFields, step: int) -> float:
     """Host-side learning rate at `step`, for logging."""
     return float(of_config(cfg)(step))
