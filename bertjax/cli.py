@@ -146,7 +146,7 @@ class ArgumentParser(argparse.ArgumentParser):
             near = difflib.get_close_matches(first.split("=")[0], options, n=3, cutoff=0.5)
             fix = "did you mean " + " or ".join(near) + "?" if near else f"{self.prog} --help"
             message = f"{first}: no such option; {fix}"
-        print(f"error: {message}", file=sys.stderr, flush=True)
+        console.error(message)
         sys.exit(2)
 
 
@@ -155,7 +155,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
-        print(f"error: {flag_error_line(e, list(flags.FLAGS))}", file=sys.stderr, flush=True)
+        console.error(flag_error_line(e, list(flags.FLAGS)))
         sys.exit(2)
 
 
@@ -166,7 +166,7 @@ def run(main: Callable[[list[str]], None], config_flag: str | None = "config") -
     configured for `--verbosity` before `main` starts."""
     problem = config_argument_error(sys.argv, config_flag) if config_flag else None
     if problem:
-        print(f"error: {problem}", file=sys.stderr, flush=True)
+        console.error(problem)
         sys.exit(1)
 
     def configured_main(argv: list[str]) -> None:
@@ -225,7 +225,7 @@ def check_max_seq_length(max_seq_length: int, max_position_embeddings: int) -> N
 def leave(message: str, status: int = 1, at_once: bool = False) -> NoReturn:
     """`failures.leave`, with the `error:` line also at the end of the run's log file, if it
     wrote one."""
-    console.note(f"error: {message}")
+    console.note(console.error_line(message))
     failures.leave(message, status, at_once)
 
 
@@ -249,13 +249,13 @@ def check_job_flags(job: str, args: Sequence[str]) -> int:
     ABSL_JOBS, or one whose dependencies this Python lacks). `launch/tpu_vm.sh` runs it
     before touching a slice."""
     if job not in ABSL_JOBS:
-        print(f"note: bertjax.{job}'s flags are not checked before launch", file=sys.stderr)
+        console.say(f"note: bertjax.{job}'s flags are not checked before launch", err=True)
         return 3
     sys.argv = [f"python -m bertjax.{job}", "--only_check_args", *args]
     try:
         runpy.run_module(f"bertjax.{job}", run_name="__main__", alter_sys=True)
     except ImportError as e:
-        print(f"note: bertjax.{job}'s flags are not checked before launch ({e})", file=sys.stderr)
+        console.say(f"note: bertjax.{job}'s flags are not checked before launch ({e})", err=True)
         return 3
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 1

@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             os.replace(args.dst, final_dst)
             args.dst = final_dst
     except (UserError, FileNotFoundError, FileExistsError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        console.error(str(e))
         return 1
     finally:
         if args.dst != final_dst:

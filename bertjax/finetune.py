@@ -30,7 +30,7 @@ from bertjax.interop import native, pretrained
 from bertjax.models import families
 from bertjax.runtime import console, failures, files, locks
 from bertjax.tasks import metrics
-from bertjax.training import finetune_loop, finetune_setup, reporting, validate
+from bertjax.training import finetune_loop, finetune_setup, validate
 from bertjax.training.finetune_settings import FinetuneSettings
 
 
@@ -70,7 +70,7 @@ def _run(
     finetune_setup.check_tokenizer(settings, tokenizer, model_config)
     mesh = finetune_setup.make_mesh(settings, devices)
     if pretrain.finetuned_task:
-        reporting.chief_print(
+        console.chief_print(
             f"init_checkpoint {settings.init_checkpoint} was fine-tuned on "
             f"{pretrain.finetuned_task}: this run starts from its encoder, "
             "with a new output layer"

@@ -37,7 +37,7 @@ from bertjax.data import (
     shard_sources,
 )
 from bertjax.errors import ConfigError, UserError
-from bertjax.runtime import files, locks
+from bertjax.runtime import console, files, locks
 from bertjax.training import phase_schedule
 
 if TYPE_CHECKING:  # (not at run time: spawned workers re-import this module, without jax)
@@ -183,7 +183,7 @@ def main(argv: list[str]) -> None:
         for line in prepare_all(FLAGS.config, FLAGS.output, FLAGS.runner, FLAGS.beam_options):
             print(line, flush=True)
     except (UserError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        console.error(str(e))
         sys.exit(1)
 
 

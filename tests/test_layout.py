@@ -12,7 +12,10 @@
   variable, no config field for tests only (tests inject faults from tests/);
 * each entry point catches an exception class once (UserError covers its subclasses);
 * parameters typed `Any` as a whole: at most ANY_PARAMETERS (issue 45: it only goes down);
-* every function is annotated, each parameter and its return (issue 54).
+* every function is annotated, each parameter and its return (issue 54);
+* one reporter (issue 54): no module but the entry points and bertjax.runtime.console calls
+  `print`, and one function (console.error_line) writes the `error:` prefix (both rules
+  proven by planted violations).
 """
 
 import ast
@@ -558,3 +561,81 @@ def test_every_function_is_annotated():
     assert sorted(unannotated(ast.parse(planted))) == sorted(
         ["__init__ -> ?", "k(b)", "f(a)", "f(d)", "g -> ?"]
     )
+
+
+# The one module that writes lines to the console (`say`, `chief_print`, `warning`, `error`).
+# An entry point may print its own results on stdout (a table, JSON, `wrote ...`); its
+# progress, notices and `error:` line go through the reporter too.
+REPORTER = "bertjax.runtime.console"
+
+
+def prints(tree: ast.AST) -> list[int]:
+    """The lines of the calls of the builtin `print` (`x.print(...)` is another function)."""
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "print"
+    )
+
+
+def test_library_modules_do_not_print():
+    """Only the reporter and the entry points call `print`: a library (data/tokenization and
+    tasks/squad_eval, whose command lines are library functions, and tools/records included)
+    says what it says through bertjax.runtime.console."""
+    checked = KNOWN - (ENTRY_POINTS - LIBRARY_WITH_CLI) - {REPORTER}
+    offenders = {name: prints(parsed(name)) for name in checked}
+    assert len(checked) > 100 and {k: v for k, v in offenders.items() if v} == {}
+    assert len(prints(parsed(REPORTER))) == 1  # (in `say`)
+    planted = (
+        "import sys\n"
+        "class C:\n"
+        "    def m(self) -> None:\n"
+        "        print('x', file=sys.stderr)\n"
+        "f = lambda: print(1)\n"
+        "console.say('fine'); self.print('fine too')\n"
+        "print()\n"
+    )
+    assert prints(ast.parse(planted)) == [4, 5, 7]
+
+
+def error_prefixes(tree: ast.AST) -> list[str]:
+    """The functions (`<module>` for the top level) holding a string or an f-string that
+    starts `error:`, the prefix of the one line that says what went wrong."""
+    found = set()
+
+    def visit(node: ast.AST, where: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            where = getattr(node, "name", "<lambda>")
+        text = None
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        elif isinstance(node, ast.JoinedStr) and node.values:
+            first = node.values[0]
+            text = first.value if isinstance(first, ast.Constant) else None
+        if isinstance(text, str) and text.startswith("error:"):
+            found.add(where)
+        for child in ast.iter_child_nodes(node):
+            visit(child, where)
+
+    visit(tree, "<module>")
+    return sorted(found)
+
+
+def test_one_function_writes_the_error_prefix():
+    """cli.py, runtime/failures.py, runtime/peers.py, the entry points and the console's own
+    error records all write their `error:` line through console.error_line."""
+    found = [f"{name}.{where}" for name in sorted(KNOWN) for where in error_prefixes(parsed(name))]
+    assert found == [f"{REPORTER}.error_line"]
+    planted = (
+        "def f(e):\n"
+        "    print(f'error: {e}', file=sys.stderr)\n"
+        "def g():\n"
+        "    def h():\n"
+        "        return 'error: x'\n"
+        "    return 'an error: y', f'{level}: z'\n"
+        "X = 'error:y'\n"
+        "k = lambda: sys.exit(f'error: {X}')\n"
+    )
+    assert error_prefixes(ast.parse(planted)) == ["<lambda>", "<module>", "f", "h"]

@@ -22,6 +22,7 @@ from bertjax.data import (
 from bertjax.data.batch import PhaseShape
 from bertjax.data.pipeline import DataError, PreparedSplit
 from bertjax.data.settings import DataSettings
+from bertjax.runtime import console
 
 
 class BatchLoader:
@@ -138,8 +139,8 @@ def packed_loaders(
         packed = packing.PackedLoader(
             loader, phase.max_seq_length, max_instances, predictions, pad_id
         )
-        if jax.process_index() == 0:  # (printed lines reach the run's log file too)
-            print(f"Packing {phase.name} {name}: {packed.stats.summary()}", flush=True)
+        # (a printed line reaches the run's log file too)
+        console.chief_print(f"Packing {phase.name} {name}: {packed.stats.summary()}")
         loaders.append(packed)
     packed_train, packed_eval = loaders
     assert packed_train is not None

@@ -37,7 +37,7 @@ from bertjax.data.wordpiece import (  # noqa: F401 (the tokenizers and tokens, i
     read_bytes,
     to_text,
 )
-from bertjax.runtime import files
+from bertjax.runtime import console, files
 
 _SP_MODEL_TYPES = ("unigram", "bpe", "char", "word")
 
@@ -342,7 +342,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
         do_lower_case=args.lowercase,
     )
     vocab_size = SentencePieceTokenizer(model).vocab_size
-    print(f"wrote {model} and {args.model_prefix}.vocab ({vocab_size} pieces)")
+    console.say(f"wrote {model} and {args.model_prefix}.vocab ({vocab_size} pieces)")
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> None:
@@ -351,8 +351,8 @@ def _cmd_tokenize(args: argparse.Namespace) -> None:
         args.kind, args.vocab, do_lower_case=not args.cased, flag_prefix="--"
     )
     tokens = tokenizer.tokenize(args.text)
-    print(" ".join(tokens))
-    print(" ".join(map(str, tokenizer.convert_tokens_to_ids(tokens))))
+    console.say(" ".join(tokens))
+    console.say(" ".join(map(str, tokenizer.convert_tokens_to_ids(tokens))))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -395,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.run(args)
     except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        console.error(str(e))
         return 2
     return 0
 

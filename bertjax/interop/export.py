@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from bertjax.data import tokenization
 from bertjax.interop import hf_tokenizer, native, pretrained, tree
 from bertjax.models import families
-from bertjax.runtime import files
+from bertjax.runtime import console, files
 
 
 def source_tokenizer(src: str, source_format: str) -> tokenization.Tokenizer:
@@ -84,7 +83,7 @@ def run_facts(src: str) -> list[tuple[str, str]]:
 
 
 def _tokenizer_failed(dst: str, error: Exception) -> None:
-    print(f"warning: no tokenizer written to {dst}: {error}", file=sys.stderr, flush=True)
+    console.warning(f"no tokenizer written to {dst}: {error}")
 
 
 def checkpoint_tokenizer(src: str, source_format: str, dst: str) -> tokenization.Tokenizer | None:
@@ -107,10 +106,9 @@ def with_tokenizer_padding(
     pad_token_id = family.pad_id(config)
     if not family.tokenizer_pad or pad_token_id == tokenizer.pad_id:
         return config
-    print(
+    console.say(
         f"pad_token_id={tokenizer.pad_id}: the tokenizer's [PAD] (the checkpoint's config "
-        f"says {pad_token_id}, another token there)",
-        flush=True,
+        f"says {pad_token_id}, another token there)"
     )
     return family.with_pad_id(config, tokenizer.pad_id)
 
@@ -139,5 +137,5 @@ def export_tokenizer(
     kind = type(tokenizer).__name__.replace("Tokenizer", "")
     if isinstance(tokenizer, tokenization.WordPieceTokenizer):
         kind += ", lower-cased" if tokenizer.do_lower_case else ", cased"
-    print(f"tokenizer ({kind}): {', '.join(names)}", flush=True)
+    console.say(f"tokenizer ({kind}): {', '.join(names)}")
     return [("tokenizer", f"{kind}, {tokenizer.vocab_size:,} tokens (`{names[0]}`)")]

@@ -1,6 +1,9 @@
-"""What the console shows and what the run's log file keeps: the terminal's status line,
-the console's library log filters (`configure_console`, every entry point) and the log file
-(`logging_to`), which holds every console line of the run besides the libraries' records."""
+"""What the console shows and what the run's log file keeps: bertjax's one reporter. The
+lines a process prints (`say`; `chief_print`, process 0's alone; `warning`), the one `error:`
+line (`error_line`, printed by `error`), the terminal's status line, the console's library
+log filters (`configure_console`, every entry point) and the log file (`logging_to`), which
+holds every console line of the run besides the libraries' records. Library modules print
+nothing themselves: every line goes through here."""
 
 from __future__ import annotations
 
@@ -64,6 +67,39 @@ class TerminalLine:
 TERMINAL = TerminalLine()  # the process's one console
 
 
+def say(line: str, err: bool = False) -> None:
+    """`line` on this process's console (stdout; stderr with `err`), whichever process it is,
+    the terminal's status line cleared first."""
+    TERMINAL.clear()
+    print(line, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def chief_print(line: str) -> None:
+    """`line` from process 0 only: progress and notices, which every process computes alike."""
+    if process_index() == 0:
+        say(line)
+
+
+def warning(message: str) -> None:
+    """`warning: message` on stderr, from whichever process meets it."""
+    say(f"warning: {message}", err=True)
+
+
+def error_line(message: str) -> str:
+    """`error: message`, the one line that says what went wrong and what to do: the only
+    place bertjax writes the prefix (the console's own error records included)."""
+    return f"error: {message}"
+
+
+def error(message: str, fd: int | None = None) -> None:
+    """`error_line(message)` on stderr; with `fd`, written to that descriptor at once, as
+    from a signal handler or a native thread (no Python stream, no status line touched)."""
+    if fd is not None:
+        os.write(fd, (error_line(message) + "\n").encode())
+        return
+    say(error_line(message), err=True)
+
+
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # bertjax/
 # Library warnings that describe nothing wrong: Orbax reading one item of a checkpoint alone
 # (the metadata file is the whole checkpoint's, one directory up).
@@ -105,7 +141,9 @@ class ConsoleFormat(std_logging.Formatter):
             return message
         level = "warning" if record.levelno < std_logging.ERROR else "error"
         library = library_name(record.pathname)
-        return f"{level} ({library}): {message}" if library else f"{level}: {message}"
+        if library:
+            return f"{level} ({library}): {message}"
+        return error_line(message) if level == "error" else f"warning: {message}"
 
 
 def library_name(pathname: str) -> str | None:

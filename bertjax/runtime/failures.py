@@ -90,7 +90,7 @@ def leave(message: str, status: int = 1, at_once: bool = False) -> NoReturn:
     wait for minutes for signals that never come, and a normal exit joins them). A process of
     a multi-process job always leaves at once: a normal exit waits at JAX's shutdown barrier
     for the other processes, which may never come."""
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    console.error(message)
     if _joined_other_processes():
         for hook in _BEFORE_LEAVING:
             hook()
@@ -187,7 +187,7 @@ class CtrlC:
 
     def _print_notices(self) -> None:
         for notice in iter(self._notices.get, None):
-            print(notice, flush=True)
+            console.say(notice)
 
     def __enter__(self) -> CtrlC:
         if threading.current_thread() is threading.main_thread():

@@ -184,7 +184,7 @@ def _on_abort(signum: int) -> None:
             line = join_line(reason, timeout_s, time.monotonic() - started)
         else:
             line = lost_peer_line(reason)
-        os.write(_state["console"], f"error: {line}\n".encode())
+        console.error(line, fd=_state["console"])
     finally:  # (whatever happened above: no C++ abort after it)
         os._exit(LOST_PEER_STATUS if reason is not None else 134)
 
@@ -336,7 +336,7 @@ def announce_failure(error: BaseException) -> None:
 def _leave_announced() -> None:
     """This process's announced line, if it has not printed its last line yet, and exit 1."""
     if not _state["left"]:
-        os.write(_state["console"] or 2, f"error: {_state['announced']}\n".encode())
+        console.error(_state["announced"], fd=_state["console"] or 2)
     os._exit(1)
 
 
@@ -441,7 +441,7 @@ def leave(message: str, status: int = 1) -> NoReturn:
 
 
 def _leave_now(message: str, then: Callable[[], Any] = lambda: None, status: int = 1) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    console.error(message)
     sys.stdout.flush()
     _state["left"] = True  # (a coordinator gone from now on is no news)
     then()

@@ -91,7 +91,7 @@ def _where_main_is() -> str:
 
 def _leave(line: str, status: int) -> None:
     """`cli.leave(line, status, at_once=True)` (which cli, importing this module, owns)."""
-    console.note(f"error: {line}")
+    console.note(console.error_line(line))
     failures.leave(line, status, at_once=True)
 
 
@@ -124,7 +124,7 @@ def _watch(reader: socket.socket) -> None:
             if signum not in _NAMES:
                 continue
             if signum == signal.SIGINT and _state["requested"] == signal.SIGINT:
-                print("Second Ctrl-C: exiting without saving", flush=True)
+                console.say("Second Ctrl-C: exiting without saving")
                 _leave(
                     f"stopped by a second Ctrl-C while {_state['doing']}; a rerun of the "
                     "same command resumes from the last complete checkpoint",

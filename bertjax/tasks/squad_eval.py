@@ -29,6 +29,8 @@ from typing import Any
 
 from absl import logging
 
+from bertjax.runtime import console
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCTUATION = frozenset(string.punctuation)
 
@@ -255,9 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.data_file, predictions, na_probs, args.na_prob_thresh, args.version_2 or None
         )
     except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        console.error(str(e))
         return 1
-    print(json.dumps(result, indent=2))
+    console.say(json.dumps(result, indent=2))
     return 0
 
 

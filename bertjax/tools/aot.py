@@ -34,7 +34,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bertjax import cli
-from bertjax.runtime import targets
+from bertjax.runtime import console, targets
 from bertjax.tools import advice, fit_verdict, phase_compile, tpu_estimate
 from bertjax.training import memory, sharding
 
@@ -177,15 +177,13 @@ def main(argv: list[str]) -> None:
                     FLAGS.memory_gib * fit_verdict.GIB or None,
                 )
     except targets.TargetError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        console.error(str(e))
         sys.exit(1)
     except Exception as e:  # sharding and shape errors from JAX/XLA included: one clear line
         first_line = (str(e).splitlines() or [repr(e)])[0]
-        print(
-            f"error: compiling the train step for {label}, mesh "
-            f"{FLAGS.config.mesh.to_dict()}, failed: {first_line} (compiler log: {log})",
-            file=sys.stderr,
-            flush=True,
+        console.error(
+            f"compiling the train step for {label}, mesh "
+            f"{FLAGS.config.mesh.to_dict()}, failed: {first_line} (compiler log: {log})"
         )
         sys.exit(1)
     with open(out, "w", encoding="utf-8") as f:

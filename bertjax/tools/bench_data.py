@@ -25,6 +25,7 @@ from absl import flags
 
 from bertjax import cli
 from bertjax.data import corpus_source, loaders, pipeline
+from bertjax.runtime import console
 from bertjax.tools.records import machine, versions, write_record
 from bertjax.training.settings import PretrainingSettings, plan_phases
 
@@ -108,7 +109,7 @@ def main(argv: list[str]) -> None:
         try:
             result = run(FLAGS.config, FLAGS.batches, FLAGS.cache_dir or tmp)
         except pipeline.DataError as e:
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            console.error(str(e))
             sys.exit(1)
     prep, load = result["prepare"], result["load_dynamic_masking"]
     print(

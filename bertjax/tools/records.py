@@ -11,6 +11,8 @@ from typing import Any
 
 import jax
 
+from bertjax.runtime import console
+
 
 def machine() -> dict[str, Any]:
     cpu = platform.processor()
@@ -42,4 +44,4 @@ def write_record(result: dict[str, Any], path: str) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"wrote {path}")
+    console.say(f"wrote {path}")

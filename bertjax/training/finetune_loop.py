@@ -207,7 +207,7 @@ class SeedRun(loop.Loop):
         if self.finished:
             self.best = {key: self.finished[f"best_{key}"] for key in ("epoch", "step")}
             self.best["dev"] = self.finished["dev"]
-            reporting.chief_print(
+            console.chief_print(
                 f"seed {seed}: finished (best epoch {self.best['epoch']}); "
                 "predicting again with its best checkpoint"
             )
@@ -217,7 +217,7 @@ class SeedRun(loop.Loop):
             )
             self.best = position["best"]
             checkpointer.pin(self.best.get("step"))  # (none before the first epoch's end)
-            reporting.chief_print(
+            console.chief_print(
                 f"seed {seed}: resuming from {checkpointer.directory}/"
                 f"{latest} (epoch {position['epoch']} of {len(self.ends)})"
             )
@@ -232,7 +232,7 @@ class SeedRun(loop.Loop):
         )
         for _ in range(self.step):  # the batches already trained on
             next(self.batches)
-        reporting.chief_print(
+        console.chief_print(
             f"seed {seed}: {len(train)} training rows, {self.total_steps} steps "
             f"({len(train) / settings.train_batch_size:.1f}/epoch), "
             f"{count_params(trainer.run.abstract_state.params):,} parameters"
@@ -275,7 +275,7 @@ class SeedRun(loop.Loop):
         )
         if stopped:
             self.checkpointer.wait()
-            reporting.chief_print(
+            console.chief_print(
                 failures.stopped_line(
                     f"seed {self.seed} step {self.step} of {self.total_steps}", stopped
                 )
@@ -319,7 +319,7 @@ class SeedRun(loop.Loop):
             "learning_rate": self.trainer.learning_rate(step - 1),
         }
         left = self.eta()
-        reporting.chief_print(
+        console.chief_print(
             f"seed {self.seed} step {step}/{self.total_steps} loss {means['loss']:.4f} "
             f"lr {means['learning_rate']:.3e} ({time.time() - self.started:.0f}s"
             + (f", eta {reporting.duration(left)})" if left is not None else ")")
@@ -342,7 +342,7 @@ class SeedRun(loop.Loop):
         self.clock.restart()  # the evaluation was no training step
         self.clock.tick("train", step)
         for name, values in dev.items():
-            reporting.chief_print(
+            console.chief_print(
                 f"seed {self.seed} epoch {epoch + 1} {name}: "
                 + " ".join(
                     f"{k} {metric_value(k, v, task.percent_metrics)}" for k, v in values.items()
@@ -354,7 +354,7 @@ class SeedRun(loop.Loop):
         score = dev[task.eval_splits[0]][task.main_metric]
         if self.best["epoch"] < 0 or score > self.best["score"]:
             self.best = {"epoch": epoch + 1, "step": step, "score": score, "dev": dev}
-            reporting.chief_print(
+            console.chief_print(
                 f"seed {self.seed} epoch {epoch + 1}: best {task.main_metric} so far"
             )
         self.checkpointer.pin(self.best["step"])
@@ -412,7 +412,7 @@ class SeedRun(loop.Loop):
             files.write_text(os.path.join(workdir, "summary.json"), json.dumps(result, indent=1))
         for other in set(checkpointer.all_steps()) - {best["step"]}:
             checkpointer.delete(other)
-        reporting.chief_print(
+        console.chief_print(
             f"seed {self.seed}: best epoch {best['epoch']} kept, checkpoint "
             f"step {best['step']} -> {checkpointer.directory}/{best['step']}"
         )

@@ -15,8 +15,7 @@ from bertjax.interop import pretrained, pretrained_weights
 from bertjax.interop.pretrained import PretrainedError
 from bertjax.interop.tree import ConversionError
 from bertjax.models import families
-from bertjax.runtime import files
-from bertjax.training import reporting
+from bertjax.runtime import console, files
 
 
 def checkpoint_model(
@@ -69,7 +68,7 @@ def model_of_init_checkpoint(
         path = workdir
     changed = checkpoint_model(model, path, overrides)
     if changed and tell:
-        reporting.chief_print(
+        console.chief_print(
             f"The model of init_checkpoint {path}: "
             + ", ".join(f"{name}={value}" for name, value in changed.items())
             + " (the config's replaced)"

@@ -21,8 +21,8 @@ import jax
 from absl import logging
 
 from bertjax.checkpoints import checkpoint
-from bertjax.runtime import failures, stopping
-from bertjax.training import nonfinite, reporting, sharding
+from bertjax.runtime import console, failures, stopping
+from bertjax.training import nonfinite, sharding
 from bertjax.training.state import TrainState
 
 
@@ -97,7 +97,7 @@ class Profile:
             self.wait()
         jax.profiler.stop_trace()
         self.tracing = False
-        reporting.chief_print(
+        console.chief_print(
             f"Profile of steps {self.first + 1}-{self.done}: {self.directory} (view it with "
             f"tensorboard --logdir {self.directory} and tensorboard-plugin-profile installed, "
             "or open its .trace.json.gz in https://ui.perfetto.dev)"
@@ -165,7 +165,7 @@ def stop_request(
 
 def announce_stop(ctrl_c: failures.CtrlC, step: int) -> None:
     """The line of a stop request (`stop_request`) that saves at `step` and exits."""
-    reporting.chief_print(
+    console.chief_print(
         f"{'Ctrl-C' if ctrl_c.requested else 'Preemption notice'}: saving a checkpoint at "
         f"step {step} and exiting"
     )

@@ -15,7 +15,7 @@ import optax
 from bertjax.checkpoints import checkpoint
 from bertjax.checkpoints.run_record import RunRecord
 from bertjax.data.loaders import Loader, PhaseData
-from bertjax.runtime import failures, files, peers, stopping
+from bertjax.runtime import console, failures, files, peers, stopping
 from bertjax.training import (
     loop,
     nonfinite,
@@ -183,7 +183,7 @@ class PretrainingLoop(loop.Loop):
         upcoming = phase_schedule.phase_at(self.phases, index + 1)
         if upcoming.name != self.current.name:
             self.current, self.batch_index = upcoming, -1
-            reporting.chief_print(
+            console.chief_print(
                 f"phase {upcoming.name} from step {upcoming.start_step + 1}: "
                 f"{upcoming.max_seq_length} tokens, {upcoming.max_predictions_per_seq} "
                 f"predictions per sequence, batch {upcoming.global_batch_size}"

@@ -23,7 +23,7 @@ from bertjax.data.errors import DataError
 from bertjax.data.loaders import PhaseData
 from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models.families import ModelConfig
-from bertjax.runtime import agreement, failures, files, peers
+from bertjax.runtime import agreement, console, failures, files, peers
 from bertjax.training import (
     init_architecture,
     memory,
@@ -107,22 +107,20 @@ def report_startup(
     files.write_text(
         report_path, memory.report(sharded.model, sharded.abstract_state, mesh, phases) + "\n"
     )
-    print(
+    console.say(
         memory.summary(sharded.model, sharded.abstract_state, mesh, phases)
         + (f"; {jax.process_count()} processes" if jax.process_count() > 1 else "")
-        + f"; full table: {report_path}",
-        flush=True,
+        + f"; full table: {report_path}"
     )
     if any(steps > 1 for steps in sharded.grad_accum.values()):
-        print(
+        console.say(
             "Micro-batches per step: "
             + ", ".join(f"{steps} ({name})" for name, steps in sharded.grad_accum.items())
             + (
                 ""
                 if grad_accum_steps
                 else " (train.grad_accum_steps=0: the fewest that fit the devices' memory)"
-            ),
-            flush=True,
+            )
         )
 
 
@@ -143,7 +141,7 @@ def fresh_state(
         )
         fresh = [name for name in heads if name not in loaded]
         if fresh:
-            reporting.chief_print(pretrained_weights.fresh_heads_line(train.init_checkpoint, fresh))
+            console.chief_print(pretrained_weights.fresh_heads_line(train.init_checkpoint, fresh))
         state = state.replace(params=dict(state.params, **loaded))
     return state, DataPosition(phases[0].name, 0)
 
@@ -165,9 +163,9 @@ def train_to_end(
     `check`); then closes the checkpoints and metrics. Returns the state, the final
     evaluation, the signal that stopped the run (0: none) and what it last started from."""
     if start.step >= train.total_steps:
-        reporting.chief_print(f"Training already finished ({start.step} steps); evaluating only")
+        console.chief_print(f"Training already finished ({start.step} steps); evaluating only")
     else:
-        reporting.chief_print(
+        console.chief_print(
             reporting.steps_line(start.step, train.total_steps, plan.phases, train.log_every)
         )
     checkpointer = resume_from.checkpointer
@@ -249,7 +247,7 @@ def finish(
             f"Stopped after {train.stop_after_steps} steps (step {final_step} of "
             f"{train.total_steps}); rerun the same command to continue"
         )
-    reporting.chief_print(
+    console.chief_print(
         pretrain_loop.outputs_summary(
             workdir, final_step, train.total_steps, final_eval, seconds, last_line
         )

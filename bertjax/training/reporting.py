@@ -1,7 +1,8 @@
 """What a run tells its operator: progress lines with throughput, MFU and a steady ETA, the
-terminal's status line, chief-only printing and checkpoint announcements. (Where metrics are
-written: bertjax.training.metrics_writer; why a run stops on NaN/Inf: bertjax.training.nonfinite; the console's
-filters and the log file: bertjax.runtime.console.)"""
+terminal's status line and checkpoint announcements, printed from process 0 through
+bertjax.runtime.console (which also holds the console's filters and the log file). (Where
+metrics are written: bertjax.training.metrics_writer; why a run stops on NaN/Inf:
+bertjax.training.nonfinite.)"""
 
 from __future__ import annotations
 
@@ -23,16 +24,9 @@ if TYPE_CHECKING:  # importing tensorboardX imports torch when it is installed: 
     from tensorboardX import SummaryWriter
 
 
-def chief_print(line: str) -> None:
-    """Progress lines come from process 0 only (every process computes the same values)."""
-    if jax.process_index() == 0:
-        console.TERMINAL.clear()
-        print(line, flush=True)
-
-
 def announce_commit(directory: str, prefix: str = "") -> Callable[[int], None]:
     """A Checkpointer's `on_commit`: `checkpoint step N -> DIRECTORY/N` once step N is sealed."""
-    return lambda step: chief_print(f"{prefix}checkpoint step {step} -> {directory}/{step}")
+    return lambda step: console.chief_print(f"{prefix}checkpoint step {step} -> {directory}/{step}")
 
 
 def status_bar(step: int, total: int, eta: float | None, width: int = 24) -> str:
@@ -177,7 +171,7 @@ class Progress:
         if mfu is not None:
             means["mfu"] = mfu
         eta = self.eta(step)
-        chief_print(
+        console.chief_print(
             (
                 f"step {step}/{self.total_steps} "
                 f"[{phase.name} L={phase.max_seq_length}] "
@@ -200,7 +194,7 @@ class Progress:
     def log_eval(self, step: int, phase: PhaseShape, means: dict[str, float]) -> None:
         """Prints, and writes to TensorBoard and metrics.jsonl, a held-out evaluation (a
         rerun of a finished run, which trains no step, prints it only: its row is there)."""
-        chief_print(
+        console.chief_print(
             f"eval step {step} [{phase.name}]: "
             + " ".join(f"{k} {v:.4f}" for k, v in sorted(means.items()))
         )

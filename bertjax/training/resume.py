@@ -29,9 +29,9 @@ from absl import logging
 from bertjax.checkpoints import checkpoint, checkpoint_checks
 from bertjax.checkpoints.run_record import GLOBAL, RunRecord
 from bertjax.data.settings import DataSettings
-from bertjax.runtime import failures, storage
+from bertjax.runtime import console, failures, storage
 from bertjax.runtime.failures import first_line
-from bertjax.training import guards, nonfinite, phase_schedule, reporting
+from bertjax.training import guards, nonfinite, phase_schedule
 from bertjax.training.state import TrainState
 
 QUARANTINE = "checkpoints_quarantine"
@@ -158,7 +158,7 @@ class Resume:
     def _set_aside(self, step: int, problem: str) -> None:
         moved = self.checkpointer.quarantine(step, self.quarantine_directory)
         self.set_aside.append(step)
-        reporting.chief_print(
+        console.chief_print(
             f"Checkpoint {self.where(step)} is damaged: {problem}; moved to {moved}"
         )
 
@@ -260,16 +260,16 @@ class Resume:
                 found = self._newest_left()
                 check(found)
         if self.set_aside:
-            reporting.chief_print(
+            console.chief_print(
                 f"Resuming from step {found.step} instead of "
                 f"{max(self.set_aside)}: {max(self.set_aside) - found.step} "
                 "steps will be trained again"
             )
         if not found.sealed:
-            reporting.chief_print(unsealed_notice(self.where(found.step), meta))
+            console.chief_print(unsealed_notice(self.where(found.step), meta))
         data_position = phase_schedule.DataPosition.from_dict(position)
         self.checkpointer.keep_until_newer_sealed(found.step)
-        reporting.chief_print(
+        console.chief_print(
             f"Resuming from {self.checkpointer.directory} at step "
             f"{found.step} (phase {data_position.phase}, next batch "
             f"{data_position.batch_index})"
@@ -383,7 +383,7 @@ def check_shape(
     if (old, found.devices) == (new, expected.devices) or found.devices is None and old == new:
         return
     same_devices = found.devices == expected.devices
-    reporting.chief_print(
+    console.chief_print(
         f"The run's shape changed: checkpoint {where} was trained on "
         f"{shape(old, found.devices)}, this run has {shape(new, expected.devices)}; it "
         "continues with the same global batches and masks"

@@ -17,7 +17,8 @@ from typing import Any
 
 from bertjax.checkpoints import checkpoint_checks
 from bertjax.checkpoints.run_record import RunRecord
-from bertjax.training import optim, reporting, schedules, sharded_run
+from bertjax.runtime import console
+from bertjax.training import optim, schedules, sharded_run
 from bertjax.training.phase_schedule import Phase
 from bertjax.training.settings import PretrainingSettings
 
@@ -153,7 +154,7 @@ def resumed(
     recorded_config = before.optimizer_config
     earlier = recorded_config.earlier + ((end, dataclasses.replace(recorded_config, earlier=())),)
     extended = dataclasses.replace(extension, earlier=earlier)
-    reporting.chief_print(
+    console.chief_print(
         f"Extending the run past step {end} (train.extend): steps "
         f"{end + 1}-{train.total_steps} train in phase {phases[-1].name}, the "
         f"learning rate from {schedules.learning_rate_at(extended, end):.3e}"

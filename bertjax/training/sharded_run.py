@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 from bertjax.errors import ConfigError
 from bertjax.models import families
 from bertjax.models.families import ModelConfig
+from bertjax.runtime import console
 from bertjax.training import autofit, memory, objectives, optim, phase_schedule, sharding, steps
 from bertjax.training.phase_schedule import Phase
 from bertjax.training.settings import LongPhaseSettings
@@ -207,6 +208,6 @@ def build_pretraining(
         memory.check_host_memory(run.abstract_state, mesh)
     except (memory.MeshMismatch, memory.WontFit) as e:
         raise ConfigError(str(e)) from e
-    if report and jax.process_index() == 0:
-        print(memory.report(model, run.abstract_state, mesh, phases), flush=True)
+    if report:
+        console.chief_print(memory.report(model, run.abstract_state, mesh, phases))
     return run

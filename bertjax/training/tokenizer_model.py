@@ -14,8 +14,7 @@ from bertjax.data import tokenization
 from bertjax.data.settings import DataSettings
 from bertjax.errors import ConfigError
 from bertjax.models import families
-from bertjax.runtime import files
-from bertjax.training import reporting
+from bertjax.runtime import console, files
 
 
 def tokenizer_fields(
@@ -58,7 +57,7 @@ def model_of_tokenizer_file(
     )
     changed = tokenizer_fields(model, tokenizer, explicit)
     if changed:
-        reporting.chief_print(
+        console.chief_print(
             f"The model of tokenizer {data.vocab_file}: "
             + ", ".join(f"{name}={value}" for name, value in changed.items())
             + " (the config's replaced)"
