@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import finetune_study  # noqa: E402  (the fine-tuning tasks' data and settings)
+import finetune_study  # (the fine-tuning tasks' data and settings)
 
 GUTENBERG = os.path.join(finetune_study.DATA, "gutenberg", "*.txt")
 # Row -> (pretraining overrides, description). "paper" is the paper's recipe.

@@ -34,8 +34,8 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ablation_study  # noqa: E402  (the rows' shared pretraining and fine-tuning commands)
-import finetune_study  # noqa: E402
+import ablation_study  # (the rows' shared pretraining and fine-tuning commands)
+import finetune_study
 
 MODERN = "configs/modernbert_tiny.py"
 MODERN_MASKING = ["--config.data.max_predictions_per_seq=20"]  # 30% of 64 tokens is 19.2

@@ -24,7 +24,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ablation_study import books_pretrain_command, run_once  # noqa: E402
+from ablation_study import books_pretrain_command, run_once
 
 ARMS = ("continue", "restart")
 

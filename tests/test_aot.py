@@ -509,7 +509,7 @@ def test_tpu_estimate_without_libtpus_step_time():
 
 
 @pytest.mark.aot
-def test_the_python_api_is_as_quiet_as_the_command_line(hf_dir, tmp_path):  # noqa: F811
+def test_the_python_api_is_as_quiet_as_the_command_line(hf_dir, tmp_path):
     """docs/modernbert.md's "In Python" on a host without accelerators, with libtpu and the
     CUDA plugin installed (the `aot` extra): nothing but what it prints itself (the plugins'
     start-up tracebacks came first; issue 42)."""

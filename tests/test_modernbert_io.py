@@ -347,7 +347,7 @@ def test_a_fresh_run_takes_padding_and_vocabulary_from_its_tokenizer(tmp_path):
 @pytest.mark.slow  # a real pretraining run
 def test_pretraining_continues_a_transformers_modernbert_with_its_tokenizer(
     hf_dir, corpus_file, cache_dir, tmp_path
-):  # noqa: F811
+):
     """`train.init_checkpoint` a Hugging Face ModernBERT and `data.tokenizer=bpe` its
     tokenizer.json: the run tokenizes as the checkpoint did, starts from its weights, records
     the tokenizer, and exports it unchanged."""
@@ -591,7 +591,7 @@ def test_each_task_builds_the_transformers_head_of_a_modernbert(hf_dir):
 
 
 @pytest.mark.slow  # two real fine-tuning runs
-def test_ner_and_squad_fine_tune_a_modernbert_end_to_end(hf_dir, data_root, tmp_path):  # noqa: F811
+def test_ner_and_squad_fine_tune_a_modernbert_end_to_end(hf_dir, data_root, tmp_path):
     """CoNLL-2003 and SQuAD v1.1 files through `bertjax.finetune` from a transformers-layout
     ModernBERT and its BPE tokenizer: entity-level scores on dev and test, and SQuAD
     predictions for every question whose official EM/F1 are the ones reported."""

@@ -224,7 +224,7 @@ def test_bert_runs_refuse_a_modernbert_checkpoint(tmp_path):
 
 
 @pytest.mark.slow  # three tiny runs: about a minute of CPU
-def test_pretrains_and_resumes_exactly(corpus_file, cache_dir, tmp_path):  # noqa: F811
+def test_pretrains_and_resumes_exactly(corpus_file, cache_dir, tmp_path):
     """The MLM-only run learns and exports to Hugging Face with its tokenizer; one stopped at
     step 5, which lost its step-5 checkpoint, resumes from step 4 with every logged loss
     equal to the uninterrupted run's, bit for bit; its checkpoint records the family, and a
@@ -311,7 +311,7 @@ def test_aot_compiles_the_modernbert_step_for_fake_devices(tmp_path):
 
 
 @pytest.mark.slow  # a one-step run: about 20 s of CPU
-def test_a_run_starts_from_a_modernbert_checkpoint(corpus_file, cache_dir, tmp_path):  # noqa: F811
+def test_a_run_starts_from_a_modernbert_checkpoint(corpus_file, cache_dir, tmp_path):
     """`train.init_checkpoint` of the same architecture: the run's first step starts from its
     weights (random normals of stddev 0.3, far from the run's own initialisation)."""
     config = small_config(corpus_file, cache_dir)

@@ -27,7 +27,7 @@ from bertjax.models import families
 from bertjax.models.bert.model import BertConfig, BertForPreTraining, example_inputs
 from bertjax.training import guards
 from bertjax.training.phase_schedule import Phase
-from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)  # noqa: F401 (fixtures)
+from test_train import cache_dir, corpus_file, read_metrics, tiny_config  # noqa: F401 (fixtures)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB, SEQ, PREDS, MAX_INSTANCES = 97, 64, 10, 4

@@ -846,7 +846,7 @@ def test_retrained_tokenizer_keeps_its_fingerprint(config, tmp_path):
 
 def test_load_tokenizer_from_a_sentencepiece_vocab_file(config, sp_tokenizer, tmp_path):
     model = tmp_path / "given.model"
-    model.write_bytes(sp_tokenizer._model_bytes)  # noqa: SLF001
+    model.write_bytes(sp_tokenizer._model_bytes)
     given = make_config(config.data.input_files, **{"data.vocab_file": str(model)})
     tokenizer = corpus_source.load_or_train_tokenizer(
         DataSettings.of(given.data), str(tmp_path / "cache")

@@ -234,7 +234,7 @@ def test_no_tokenizer_found_names_what_it_looks_for(tmp_path):
         hf_tokenizer.tokenizer_file(str(tmp_path))
 
 
-def test_bpe_and_wordpiece_ids_equal_the_tokenizers_library_over_a_text_file(corpus_file, tmp_path):  # noqa: F811
+def test_bpe_and_wordpiece_ids_equal_the_tokenizers_library_over_a_text_file(corpus_file, tmp_path):
     """Every line of the tests' training corpus (and TEXTS), as bertjax's BPE (a byte-level
     BPE trained on that corpus: every merge rule is used) and WordPiece (Google's, from a
     vocab of that corpus) tokenize it and as the `tokenizers` library does."""

@@ -255,7 +255,7 @@ def logging_to(path: str | None) -> Iterator[None]:
 def log_only(message: str) -> None:
     """Keeps `message` in the run's log file (or with the records kept for it), not on the
     console: detail that must not come after a line that says what went wrong."""
-    caller = sys._getframe(1)  # noqa: SLF001 (where the log file says it came from)
+    caller = sys._getframe(1)  # (where the log file says it came from)
     RUN_LOG.take(
         std_logging.LogRecord(
             "bertjax",

@@ -126,7 +126,7 @@ async def call_async(operation: Callable[[], Awaitable[T]], what: str) -> T:
     while True:
         try:
             return await operation()
-        except Exception as e:  # noqa: BLE001 (classified below)
+        except Exception as e:  # (classified below)
             cause = transient(e)
             if cause is None:
                 raise
