@@ -59,7 +59,7 @@ def test_instance_layout(pairs):
         seps = np.flatnonzero(p.tokens == SEP)
         assert p.tokens.dtype == p.segment_ids.dtype == np.int32
         assert p.tokens[0] == CLS and len(seps) == 2 and seps[1] == len(p.tokens) - 1
-        assert 1 <= seps[0] - 1 and seps[1] - seps[0] >= 2  # A and B are non-empty.
+        assert seps[0] - 1 >= 1 and seps[1] - seps[0] >= 2  # A and B are non-empty.
         assert (p.segment_ids[: seps[0] + 1] == 0).all()
         assert (p.segment_ids[seps[0] + 1 :] == 1).all()
         assert len(p.tokens) <= SEQ

@@ -145,7 +145,7 @@ def check_layout(features, tokenizer, seq: int, preds: int) -> np.ndarray:
     expected_segments = (columns > first_sep[:, None]) & in_row
     np.testing.assert_array_equal(features["segment_ids"], expected_segments.astype(np.int32))
     assert set(np.unique(features["next_sentence_labels"]).tolist()) <= {0, 1}
-    assert 0 <= int(np.asarray(features["input_ids"]).min())
+    assert int(np.asarray(features["input_ids"]).min()) >= 0
     assert int(np.asarray(features["input_ids"]).max()) < tokenizer.vocab_size
     return original
 

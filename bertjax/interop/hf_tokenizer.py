@@ -223,8 +223,10 @@ def _unigram_proto(spec: dict) -> bytes | None:
         or pre.get("prepend_scheme") not in ("always", "never")
         or any(
             s.get("type") not in ("Precompiled", "Strip", "Replace")
-            or s["type"] == "Replace"
-            and (s.get("pattern"), s.get("content")) != ({"Regex": " {2,}"}, " ")
+            or (
+                s["type"] == "Replace"
+                and (s.get("pattern"), s.get("content")) != ({"Regex": " {2,}"}, " ")
+            )
             for s in steps
         )
     ):

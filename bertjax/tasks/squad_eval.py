@@ -174,7 +174,7 @@ def _evaluate_v2(
     """Official v2.0 result dict (exact, f1, total, HasAns_*, NoAns_*, best_* with na_probs)."""
     has_ans = {qid: bool(golds) for qid, golds in questions}
     exact_raw, f1_raw = _raw_scores_v2(questions, predictions)
-    probs = na_probs if na_probs is not None else {qid: 0.0 for qid in predictions}
+    probs = na_probs if na_probs is not None else dict.fromkeys(predictions, 0.0)
     missing_probs = [qid for qid in exact_raw if qid not in probs]
     if missing_probs:
         raise ValueError(

@@ -380,7 +380,7 @@ def check_shape(
             "start a new run in another --workdir (--config.train.init_checkpoint="
             "THIS_WORKDIR/checkpoints starts it from these parameters)"
         )
-    if (old, found.devices) == (new, expected.devices) or found.devices is None and old == new:
+    if (old, found.devices) == (new, expected.devices) or (found.devices is None and old == new):
         return
     same_devices = found.devices == expected.devices
     reporting.chief_print(
