@@ -31,7 +31,7 @@ ARMS = ("continue", "restart")
 
 def phase_steps(args) -> tuple[int, int]:
     """(phase-1 steps, phase-2 steps), as bertjax.training.phase_schedule splits `--steps`."""
-    long_steps = int(round(args.steps * args.long_fraction))
+    long_steps = round(args.steps * args.long_fraction)
     return args.steps - long_steps, long_steps
 
 

@@ -104,7 +104,7 @@ def unmasked_ids(features) -> np.ndarray:
 
 def expected_predictions(lengths: np.ndarray, prob: float, max_predictions: int) -> np.ndarray:
     """The original's count: round(length * prob), at least 1, at most max_predictions."""
-    return np.array([min(max_predictions, max(1, int(round(int(n) * prob)))) for n in lengths])
+    return np.array([min(max_predictions, max(1, round(int(n) * prob))) for n in lengths])
 
 
 def vocabulary(tokenizer) -> list[str]:

@@ -71,8 +71,8 @@ def readme_commands() -> list[str]:
     for language, block in blocks:
         if language:  # ```python: the snippet, run on its own
             continue
-        for line in block.replace("\\\n", " ").splitlines():
-            line = re.sub(r"\s+#.*$", "", line.split("&& ")[-1]).strip()
+        for raw in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", raw.split("&& ")[-1]).strip()
             if line.startswith("python -m bertjax"):
                 commands.append(re.sub(r"\s+", " ", line))
     return commands

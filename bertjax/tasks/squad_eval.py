@@ -108,10 +108,10 @@ def _raw_scores_v2(
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Official v2.0 per-question EM and F1 (before the no-answer threshold)."""
     exact, f1 = {}, {}
-    for qid, golds in questions:
+    for qid, answers in questions:
         if qid not in predictions:
             continue
-        golds = [g for g in golds if normalize_answer(g)] or [""]
+        golds = [g for g in answers if normalize_answer(g)] or [""]
         exact[qid] = max(exact_match_score(predictions[qid], g) for g in golds)
         f1[qid] = max(f1_score(predictions[qid], g, version_2=True) for g in golds)
     return exact, f1

@@ -263,8 +263,8 @@ class SquadFinetune(features.Finetune[tuple[jax.Array, jax.Array], tuple[np.ndar
     `bertjax.tasks.squad` / `squad_eval`)."""
 
     main_metric = "f1"
-    eval_splits = ["dev"]
-    test_splits: list[str] = []
+    eval_splits = ["dev"]  # noqa: RUF012 (read only, as the base class's)
+    test_splits: list[str] = []  # noqa: RUF012
     percent_metrics = frozenset(  # as the official evaluate-v1.1/v2.0 scripts print them
         f"{prefix}{name}"
         for prefix in ("", "HasAns_", "NoAns_", "best_")

@@ -28,7 +28,7 @@ def peak_memory_bytes() -> int | None:
 def throughput(
     step_seconds: float, batch: int, length: int, chips: int, padding: float = 0.0
 ) -> dict[str, float]:
-    real_tokens = batch * (length - int(round(padding * length)))
+    real_tokens = batch * (length - round(padding * length))
     return {
         "step_ms": step_seconds * 1e3,
         "sequences_per_second": batch / step_seconds,
