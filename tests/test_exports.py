@@ -5,6 +5,7 @@ its tokenizer beside it.
 Logit parity with transformers is in test_parity.py."""
 
 import dataclasses
+import itertools
 import json
 import os
 import pathlib
@@ -300,7 +301,7 @@ def test_hugging_face_wordpiece_tokenizer_json_alone_is_read(lower, tmp_path):
         100,
     )  # (transformers' BertTokenizer: 100 characters a word)
     pieces = 0
-    for a, b in zip(WORDPIECE_TEXTS, WORDPIECE_TEXTS[1:]):
+    for a, b in itertools.pairwise(WORDPIECE_TEXTS):
         expected = built.encode(a, b)
         assert [
             ours.cls_id,

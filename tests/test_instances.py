@@ -1,5 +1,6 @@
 """Tests for bertjax.data.instances: sentence pairs, masking and features."""
 
+import itertools
 import random
 
 import numpy as np
@@ -76,7 +77,9 @@ def test_pairs_come_from_consecutive_sentences(corpus, pairs):
     }
     untruncated_next = [p for p in pairs if not p.is_random_next and len(p.tokens) < SEQ]
     assert len(untruncated_next) > 100
-    assert all(tuple(sum(split_pair(p), [])) in runs for p in untruncated_next)
+    assert all(
+        tuple(itertools.chain.from_iterable(split_pair(p))) in runs for p in untruncated_next
+    )
 
 
 def test_next_sentence_is_random_about_half_the_time():

@@ -90,13 +90,15 @@ def test_a_live_holder_is_named_and_a_dead_ones_lock_taken_over(tmp_path):
     path = str(tmp_path / "run.lock")
     proc = holder(path)
     try:
-        with pytest.raises(
-            locks.LockHeld,
-            match=rf"the test lock is in use by pid {proc.pid} on "
-            r"host .* \(started .*\) \(lock file ",
+        with (
+            pytest.raises(
+                locks.LockHeld,
+                match=rf"the test lock is in use by pid {proc.pid} on "
+                r"host .* \(started .*\) \(lock file ",
+            ),
+            locks.exclusive(path, "the test lock"),
         ):
-            with locks.exclusive(path, "the test lock"):
-                pass
+            pass
     finally:
         proc.kill()  # dies holding it: the lock file still names it
         proc.wait()

@@ -351,7 +351,7 @@ def test_pretraining_continues_a_transformers_modernbert_with_its_tokenizer(
     """`train.init_checkpoint` a Hugging Face ModernBERT and `data.tokenizer=bpe` its
     tokenizer.json: the run tokenizes as the checkpoint did, starts from its weights, records
     the tokenizer, and exports it unchanged."""
-    hf_config, hf_params = modernbert_hf.load_hf(hf_dir)
+    _hf_config, hf_params = modernbert_hf.load_hf(hf_dir)
     config = small_config(corpus_file, cache_dir)  # (its model: the checkpoint's, not restated)
     config.data.update(
         tokenizer="bpe", vocab_file=os.path.join(hf_dir, "tokenizer.json"), max_seq_length=64

@@ -74,7 +74,7 @@ def test_the_tiny_config_validates_and_documents_every_field():
     config = modernbert_tiny()
     validate.pretraining(config)
     assert isinstance(families.model_config(config.model.to_dict()), ModernBertConfig)
-    names = {f for f in ModernBertConfig.__dataclass_fields__}
+    names = set(ModernBertConfig.__dataclass_fields__)
     assert set(config.model) == names | {"family"}
     with open(CONFIG_FILE, encoding="utf-8") as f:
         settings = [line for line in f if line.strip().startswith("m.")]

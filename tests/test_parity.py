@@ -6,6 +6,7 @@ Needs the `parity` extra (pip install -e '.[parity]'); deselected by default, ru
 """
 
 import collections
+import itertools
 import os
 import shutil
 import unicodedata
@@ -243,7 +244,7 @@ def test_wordpiece_tokenizer_json_alone_matches_transformers(
             line.strip() for line in open(corpus_file, encoding="utf-8").readlines()[:200:10]
         ]
     )
-    for a, b in zip(texts, texts[1:]):
+    for a, b in itertools.pairwise(texts):
         encoded = theirs(a, b)
         assert encoded["input_ids"] == [
             ours.cls_id,
@@ -306,7 +307,7 @@ def test_hugging_face_export_tokenizes_and_predicts_as_bertjax(kind, corpus_file
         ]
     )
     rows = []
-    for a, b in zip(texts, texts[1:]):
+    for a, b in itertools.pairwise(texts):
         expected = [ours.cls_id, *ours.encode(a), ours.sep_id, *ours.encode(b), ours.sep_id]
         encoded = theirs(a, b)
         assert encoded["input_ids"] == expected, (a, b)

@@ -740,7 +740,7 @@ def damaged_shard_on_one_host(tmp_path, workdir: str) -> None:
         procs[damaged].stdin.write("\n")
         procs[damaged].stdin.flush()
         damaged_at = time.time()
-        results = _finish(procs, timeout=float(os.environ.get("BERTJAX_STOP_SECONDS", 60)) + 30)
+        results = _finish(procs, timeout=float(os.environ.get("BERTJAX_STOP_SECONDS", "60")) + 30)
         print(f"every process stopped {time.time() - damaged_at:.1f} s after the fault")
     finally:
         for proc in procs:

@@ -192,7 +192,7 @@ def test_google_and_hf_checkpoints_on_gcs_read_as_their_local_copies(gcs, tmp_pa
     )
     assert convert.main([f"{gcs}/models/hf", str(tmp_path / "out")]) == 0
     assert f"{gcs}/models/hf: Hugging Face checkpoint" in capsys.readouterr().out
-    config, converted = native.load_bertjax(str(tmp_path / "out"))
+    _config, converted = native.load_bertjax(str(tmp_path / "out"))
     assert_trees_equal(converted, params)
     assert native.tokenizer_beside(str(tmp_path / "out")).fingerprint() == remote[2].fingerprint()
 

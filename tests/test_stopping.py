@@ -178,7 +178,7 @@ def test_a_process_started_with_ctrl_c_ignored_still_stops_on_it():
     # (blocked, ignored): SIGINT ignored
     assert ready.startswith("ready") and int(ast.literal_eval(ready[5:])[1], 16) & 2, ready
     proc.signal_masks = ready
-    status, seconds, _, err = stop_stuck(proc, signal.SIGINT)
+    status, _seconds, _, err = stop_stuck(proc, signal.SIGINT)
     assert status == 130 and "error: stop requested (Ctrl-C) 2 s ago" in err, (status, err)
 
 

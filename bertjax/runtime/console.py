@@ -273,9 +273,9 @@ def note(line: str) -> None:
     """Appends `line` (already shown on the console: a run's last one, e.g. its `error:`
     line) to the log file this process's run has written and closed, if any."""
     if RUN_LOG.last_path and RUN_LOG.handler is None:
-        with contextlib.suppress(OSError):  # (a full disk: the console has it)
-            with open(RUN_LOG.last_path, "a", encoding="utf-8") as f:
-                f.write(LogFileFormat().format(printed(line)) + "\n")
+        # (OSError: a full disk; the console has it)
+        with contextlib.suppress(OSError), open(RUN_LOG.last_path, "a", encoding="utf-8") as f:
+            f.write(LogFileFormat().format(printed(line)) + "\n")
 
 
 class _OtherThreadsTo:
