@@ -180,7 +180,8 @@ def test_sentencepiece_model_leaves_and_comes_back(tmp_path):
     native.save_tokenizer(tokenizer, str(tmp_path / "bertjax"))
     assert convert.main([str(tmp_path / "bertjax"), str(tmp_path / "hf")]) == 0
     assert convert.main([str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
-    texts = make_sentences(20, seed=1) + [
+    texts = [
+        *make_sentences(20, seed=1),
         "Unseen wörds, [MASK] and   spaces.",
         " ＦＵＬＬ\twidth ① ",
         "",

@@ -193,7 +193,7 @@ def sst2(root: pathlib.Path) -> None:
             f"{' '.join(rng.sample(words, 3))} {rng.choice(sentiment[i % 2])} .\t{i % 2}"
             for i in range(count)
         ]
-        (root / "SST-2" / f"{split}.tsv").write_text("\n".join(["sentence\tlabel"] + rows) + "\n")
+        (root / "SST-2" / f"{split}.tsv").write_text("\n".join(["sentence\tlabel", *rows]) + "\n")
 
 
 @pytest.mark.slow  # (about a minute on 2 cores)

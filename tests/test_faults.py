@@ -432,13 +432,14 @@ def on_a_small_filesystem(args: list[str], directory, kib: int, then: str = "") 
         pytest.skip("no unshare(1) to mount a small file system")
     namespace = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
     probe = subprocess.run(
-        namespace + ["sh", "-c", f"mount -t tmpfs tmpfs {directory}"],
+        [*namespace, "sh", "-c", f"mount -t tmpfs tmpfs {directory}"],
         capture_output=True,
         text=True,
     )
     if probe.returncode:
         pytest.skip(f"cannot mount a small tmpfs here: {probe.stderr.strip()}")
-    return namespace + [
+    return [
+        *namespace,
         "sh",
         "-c",
         f"mount -t tmpfs -o size={kib}k tmpfs {directory} && "

@@ -45,9 +45,19 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POSITIVE, NEGATIVE = ["good", "great", "fun", "lovely"], ["bad", "awful", "dull", "boring"]
 NAMES = ["john", "paris", "acme", "mary"]
 FILLER = ["the", "movie", "was", "a", "plot", "and", "very", "film", "story", "it", "what", "?"]
-VOCAB = (
-    ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ","] + POSITIVE + NEGATIVE + NAMES + FILLER
-)
+VOCAB = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    ".",
+    ",",
+    *POSITIVE,
+    *NEGATIVE,
+    *NAMES,
+    *FILLER,
+]
 
 
 TINY = BertConfig(
@@ -81,7 +91,7 @@ def config_file(name: str):
 
 def sentence(rng: random.Random, positive: bool) -> str:
     words = [rng.choice(FILLER[:10]) for _ in range(3)]
-    return " ".join(words + [rng.choice(POSITIVE if positive else NEGATIVE), "."])
+    return " ".join([*words, rng.choice(POSITIVE if positive else NEGATIVE), "."])
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +111,7 @@ def data_root(tmp_path_factory) -> str:
         rows = [f"{sentence(rng, i % 2 == 1)}\t{i % 2}" for i in range(count)]
         extra = ["a row without a label", "the film\t7"] if split == "train" else []
         (root / "SST-2" / f"{split}.tsv").write_text(
-            "\n".join(["sentence\tlabel"] + rows + extra) + "\n"
+            "\n".join(["sentence\tlabel", *rows, *extra]) + "\n"
         )
     (root / "SST-2" / "test.tsv").write_text(
         "index\tsentence\n" + "".join(f"{i}\t{sentence(rng, i % 2 == 1)}\n" for i in range(10))

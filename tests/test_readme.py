@@ -102,7 +102,7 @@ def task_files(root) -> None:
             )
             rows.append(f"{i if split == 'test' else i % 2}\t{i}\t{i + 1}\t{a}\t{b}")
         (root / "glue_data" / "MRPC" / f"{split}.tsv").write_text(
-            "\n".join([header.replace("Quality", "index") if split == "test" else header] + rows)
+            "\n".join([header.replace("Quality", "index") if split == "test" else header, *rows])
             + "\n"
         )
     os.makedirs(root / "glue_data" / "SST-2")
@@ -114,7 +114,7 @@ def task_files(root) -> None:
             for i in range(count)
         ]
         (root / "glue_data" / "SST-2" / f"{split}.tsv").write_text(
-            "\n".join(["index\tsentence" if split == "test" else "sentence\tlabel"] + rows) + "\n"
+            "\n".join(["index\tsentence" if split == "test" else "sentence\tlabel", *rows]) + "\n"
         )
     os.makedirs(root / "conll2003")
     for split in ("train.txt", "valid.txt", "test.txt"):

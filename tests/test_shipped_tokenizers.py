@@ -255,7 +255,7 @@ def test_bpe_and_wordpiece_ids_equal_the_tokenizers_library_over_a_text_file(cor
     ]
     some = [w for w in text_words(lines) if len(w) > 2][::3]  # (the rest: split into pieces)
     hf_wp = wordpiece_json(
-        some + ["un", "##aff", "##able"], str(tmp_path / "wp.json"), padded=False
+        [*some, "un", "##aff", "##able"], str(tmp_path / "wp.json"), padded=False
     )
     wordpiece = tokenization.WordPieceTokenizer(
         _vocab_txt(hf_wp, tmp_path / "vocab.txt"), max_input_chars_per_word=100
@@ -288,7 +288,7 @@ def test_a_sentence_transformers_directory_fine_tunes_and_extracts_features(ship
     os.makedirs(tmp_path / "SST-2")
     for split, part in (("train", rows[:32]), ("dev", rows[32:])):
         (tmp_path / "SST-2" / f"{split}.tsv").write_text(
-            "\n".join(["sentence\tlabel"] + part) + "\n"
+            "\n".join(["sentence\tlabel", *part]) + "\n"
         )
     config = config_file("glue.py")
     config.update(

@@ -128,7 +128,7 @@ def test_greedy_longest_match(wp):
 def test_greedy_does_not_backtrack(tmp_path):
     # "unaf" wins as the longest prefix; "##fable" is absent so the whole word
     # is [UNK] even though un ##aff ##able would have worked.
-    path = write_vocab(tmp_path / "v.txt", VOCAB + ["unaf"])
+    path = write_vocab(tmp_path / "v.txt", [*VOCAB, "unaf"])
     assert tok.WordPieceTokenizer(path).tokenize("unaffable") == ["[UNK]"]
 
 
@@ -214,13 +214,13 @@ def test_fingerprint_tracks_vocab_and_options(tmp_path, vocab_file):
         fp(do_lower_case=False),
         fp(strip_accents=False),
         fp(max_input_chars_per_word=100),
-        fp(write_vocab(tmp_path / "other.txt", VOCAB + ["extra"])),
+        fp(write_vocab(tmp_path / "other.txt", [*VOCAB, "extra"])),
     }
     assert base not in others and len(others) == 4
 
 
 def test_vocab_lines_stripped_crlf_and_duplicates(tmp_path):
-    path = write_vocab(tmp_path / "crlf.txt", VOCAB + ["the "], newline="\r\n")
+    path = write_vocab(tmp_path / "crlf.txt", [*VOCAB, "the "], newline="\r\n")
     t = tok.WordPieceTokenizer(path)
     assert t.vocab_size == len(VOCAB) + 1
     # A duplicate maps to its last line, as Google's dict-based load_vocab does.
@@ -334,7 +334,7 @@ def test_sentencepiece_counts_the_lines_it_leaves_out(tmp_path, caplog, capfd):
     """A line over max_sentence_length bytes is left out of learning the vocabulary: one
     bertjax warning counts them, and SentencePiece's own log lines stay off the console."""
     long_line = " ".join(make_sentences(40, seed=1))
-    sentences = make_sentences() + [long_line, "", long_line]
+    sentences = [*make_sentences(), long_line, "", long_line]
     with caplog.at_level("WARNING"):
         tok.train_sentencepiece(
             sentences,

@@ -199,7 +199,7 @@ class PreparedSplit:
         rows = np.asarray(rows)
         shard_of_row = np.searchsorted(self._offsets, rows, side="right") - 1
         out = {
-            name: np.empty((len(rows),) + array.shape[1:], array.dtype)
+            name: np.empty((len(rows), *array.shape[1:]), array.dtype)
             for name, array in self.shards[0].items()
         }
         for shard_index in np.unique(shard_of_row):

@@ -170,7 +170,7 @@ def save_tokenizer(
         names.append("tokenizer.json")
     tree.write_json(os.path.join(path, "tokenizer_config.json"), config)
     tree.write_json(os.path.join(path, "special_tokens_map.json"), SPECIAL_TOKENS)
-    return names + ["tokenizer_config.json", "special_tokens_map.json"]
+    return [*names, "tokenizer_config.json", "special_tokens_map.json"]
 
 
 def tokenizer_file(directory: str) -> tuple[str, str, hf_json.Casing | None]:

@@ -324,7 +324,7 @@ def _call_backward(
 
 def _heads(x: jax.Array, heads: int) -> jax.Array:
     """`[..., N * D]` as `[..., N, D]`."""
-    return x.reshape(x.shape[:-1] + (heads, -1))
+    return x.reshape((*x.shape[:-1], heads, -1))
 
 
 def flash_dropout(

@@ -105,7 +105,7 @@ def pallas_attention(
     if dropout_rate:
         flash, qkv = (
             lambda *args: flash_dropout.flash_dropout(*args, dropout_rate, interpret),
-            (jnp.stack([x.reshape(shape[:2] + (-1,)) for x in (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)]),),
+            (jnp.stack([x.reshape((*shape[:2], -1)) for x in (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)]),),
         )
         in_spec, out_spec = (
             (PartitionSpec(None, spec[0], None, spec[1]), PartitionSpec(spec[0], None, spec[1]))
