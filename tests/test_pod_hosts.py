@@ -59,7 +59,7 @@ def _corpus(path, documents: int = 120, skip: int = 0) -> None:
         f.write("\n\n".join("\n".join(doc) for doc in docs) + "\n")
 
 
-def _start(
+def _start(  # noqa: PLR0913, PLR0917 (the tests' knobs, defaulted)
     tmp_path,
     count: int,
     overrides: dict,

@@ -119,7 +119,7 @@ def _softmax(scores: Sequence[float]) -> list[float]:
     return [e / sum(exps) for e in exps]
 
 
-def _example_prediction(
+def _example_prediction(  # noqa: C901 (run_squad.py's write_predictions, step for step)
     example: SquadExample,
     features: SquadFeatures,
     feature_indexes: Sequence[int],

@@ -39,7 +39,7 @@ def throughput(
     }
 
 
-def result_record(
+def result_record(  # noqa: PLR0913 (the record's fields, keyword-only)
     config: ml_collections.ConfigDict,
     trainers: dict[str, Any],
     times: dict[str, list[float]],
