@@ -355,6 +355,7 @@ def test_the_ablation_study_without_its_data_says_what_to_set(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     assert result.returncode == 1
     assert result.stderr.splitlines() == [

@@ -385,6 +385,7 @@ def test_importing_bertjax_on_an_nvidia_host_sets_a_flag_this_jaxlib_accepts():
         text=True,
         env=dict(env, JAX_PLATFORMS="cpu"),
         timeout=120,
+        check=False,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == [backend_env.CUDNN_OUTSIDE_COMMAND_BUFFERS, "2.0"]

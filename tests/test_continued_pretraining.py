@@ -188,6 +188,7 @@ def test_an_override_is_checked_against_the_checkpoint_not_the_config(checkpoint
         capture_output=True,
         text=True,
         timeout=300,
+        check=False,
     )
     assert result.returncode == 1, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]

@@ -68,6 +68,7 @@ def run_cli(*args):
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": REPO_ROOT},
         timeout=300,
+        check=False,
     )
 
 

@@ -41,7 +41,13 @@ CHECK = {"BERTJAX_PYTHON": sys.executable}
 def _run(*args: str, env: dict | None = None, script: str = SCRIPT) -> subprocess.CompletedProcess:
     env = env or {**os.environ, **NO_CHECK, "BERTJAX_LAUNCH_STATE": "/nonexistent/bertjax-launch"}
     return subprocess.run(
-        ["bash", script, *args], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT, env=env
+        ["bash", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+        env=env,
+        check=False,
     )
 
 
@@ -404,6 +410,6 @@ def shellcheck_binary() -> str:
 
 def test_shellcheck_clean():
     result = subprocess.run(
-        [shellcheck_binary(), SCRIPT], capture_output=True, text=True, timeout=60
+        [shellcheck_binary(), SCRIPT], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stdout

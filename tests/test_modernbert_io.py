@@ -539,6 +539,7 @@ def test_probes_refuse_a_modernbert_in_one_line(hf_dir, tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
+        check=False,
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("error: --init_checkpoint=")

@@ -287,6 +287,7 @@ def test_aot_compiles_the_modernbert_step_for_fake_devices(tmp_path):
         timeout=300,
         cwd=REPO_ROOT,
         env=env,
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith(

@@ -267,6 +267,7 @@ def _child(script: str, tmp_path) -> subprocess.CompletedProcess:
         capture_output=True,
         timeout=60,
         env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"},
+        check=False,
     )
 
 
@@ -614,7 +615,9 @@ def _another_hostname(name: str, resolvable: bool = True) -> list[str]:
     script = f'hostname {name} && {listed.format(name) if resolvable else ""}exec "$@"'
     prefix = ["unshare", "--uts", "--mount", "--user", "--map-root-user", "sh", "-c", script, "sh"]
     try:
-        probe = subprocess.run([*prefix, "hostname"], capture_output=True, text=True, timeout=30)
+        probe = subprocess.run(
+            [*prefix, "hostname"], capture_output=True, text=True, timeout=30, check=False
+        )
     except OSError:
         return []
     return prefix if probe.returncode == 0 and probe.stdout.strip() == name else []

@@ -261,6 +261,7 @@ def test_errors_python_can_only_ignore_stay_off_the_console(tmp_path):
         text=True,
         env={**os.environ, "PYTHONPATH": root},
         timeout=60,
+        check=False,
     )
     assert "Event loop is closed" not in result.stderr, result.stderr
     assert result.stderr.rstrip().endswith("ValueError: a bug"), result.stderr

@@ -285,6 +285,7 @@ def test_command_line_errors_are_one_clear_line(overrides, message, tmp_path):
         text=True,
         timeout=120,
         cwd=REPO_ROOT,
+        check=False,
     )
     assert result.returncode == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
