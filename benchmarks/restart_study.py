@@ -80,7 +80,8 @@ def run(args) -> None:
 
 def read_run(workdir: str) -> dict:
     """A finished run's eval rows (switch and end) and train rows (the loss curve)."""
-    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
     evals = [r for r in rows if r["split"] == "eval"]
     keep = ("step", "phase", "loss", "mlm_loss", "mlm_accuracy", "learning_rate")
     return {

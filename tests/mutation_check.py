@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -200,7 +201,7 @@ def copy_repository(target: str) -> None:
 def patch(root: str, mutation: Mutation, forward: bool = True) -> None:
     """Replaces `old` by `new` (or back); exits if the string is not there exactly once."""
     path = os.path.join(root, mutation.path)
-    text = open(path, encoding="utf-8").read()
+    text = Path(path).read_text(encoding="utf-8")
     old, new = (mutation.old, mutation.new) if forward else (mutation.new, mutation.old)
     if text.count(old) != 1:
         sys.exit(

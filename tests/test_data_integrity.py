@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -84,9 +85,9 @@ def test_meta_json_claims_are_checked_against_the_arrays(corpus_file, tmp_path):
     output = str(tmp_path / "prepared")
     prepare.prepare_all(config, output)
     (meta_path,) = glob.glob(os.path.join(output, "*", "meta.json"))
-    meta = json.load(open(meta_path))
+    meta = json.loads(Path(meta_path).read_text())
     meta["settings"]["phase"] = [64, 20]
-    json.dump(meta, open(meta_path, "w"))
+    Path(meta_path).write_text(json.dumps(meta))
     config.data.update(prepared_dir=output, max_predictions_per_seq=20)
     with pytest.raises(pipeline.DataError) as error:
         train.train_and_evaluate(config, str(tmp_path / "run"), devices=jax.devices()[:1])

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -149,7 +150,7 @@ def assert_console_in_log(output: str, log_path) -> None:
     """Every line the console showed (`output`: stdout and stderr) is in the run's log file;
     a log record's without the console's `warning: ` or `error (library): ` (the file's
     `LEVEL FILE:LINE] ` in its place)."""
-    log = open(log_path, encoding="utf-8").read()
+    log = Path(log_path).read_text(encoding="utf-8")
     for line in output.splitlines():
         text = re.sub(r"^(warning|error)( \([\w.]+\))?: ", "", line)
         assert text in log, f"{line!r} is not in {log_path}:\n{log[-3000:]}"

@@ -13,6 +13,7 @@ import string
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -413,7 +414,7 @@ def test_squad_end_to_end(data_root, tmp_path):
     # The official SQuAD v1.1 scores of the predictions written (each question has one answer).
     gold = {
         qa["id"]: qa["answers"][0]["text"]
-        for paragraph in json.loads(open(squad_file).read())["data"][0]["paragraphs"]
+        for paragraph in json.loads(Path(squad_file).read_text())["data"][0]["paragraphs"]
         for qa in paragraph["qas"]
     }
     scores = [official_squad_v1(predictions[qid], answer) for qid, answer in gold.items()]

@@ -1,6 +1,7 @@
 """GLUE readers (TSV layouts, CoLA raw, parquet), bad-row counting, encoding, submissions."""
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,11 +105,11 @@ def test_encode_truncates_the_longer_text_and_writes_a_submission(tmp_path, toke
     assert encoded["labels"].tolist() == pytest.approx([4.2, 1.0])
     path = glue.write_submission(task, "test", examples, np.array([5.7, 1.23456]), str(tmp_path))
     assert os.path.basename(path) == "STS-B.tsv"
-    assert open(path).read() == "index\tprediction\n7\t5.000\n8\t1.235\n"
+    assert Path(path).read_text() == "index\tprediction\n7\t5.000\n8\t1.235\n"
     mnli = glue_tasks.get_task("mnli")
     assert mnli.test_splits == ["test_matched", "test_mismatched", "ax"]
     path = glue.write_submission(mnli, "ax", examples, np.array([0, 1]), str(tmp_path))
-    assert open(path).read() == "index\tprediction\n7\tcontradiction\n8\tentailment\n"
+    assert Path(path).read_text() == "index\tprediction\n7\tcontradiction\n8\tentailment\n"
 
 
 @pytest.mark.skipif(not os.path.isdir(GLUE_DIR), reason="real GLUE data not present")

@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -371,7 +372,7 @@ def test_setup_refuses_uncommitted_changes_unless_allowed(stub_env):
     repo = stub_dir / "repo"
     (repo / "launch").mkdir(parents=True)
     script = repo / "launch" / "tpu_vm.sh"
-    script.write_text(open(SCRIPT).read())
+    script.write_text(Path(SCRIPT).read_text())
     (repo / "a.txt").write_text("committed\n")
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")

@@ -11,6 +11,7 @@ import random
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -171,7 +172,7 @@ def test_convert_a_hugging_face_modernbert_to_bertjax_and_back(hf_dir, tmp_path)
     for path, value in tree.flatten(params).items():
         np.testing.assert_array_equal(tree.flatten(again)[path], value, path)
     assert json.loads((tmp_path / "hf" / "tokenizer.json").read_text()) == json.loads(
-        open(os.path.join(hf_dir, "tokenizer.json"), encoding="utf-8").read()
+        Path(os.path.join(hf_dir, "tokenizer.json")).read_text(encoding="utf-8")
     )
     run_config = families.model_config({"family": "modernbert", **dataclasses.asdict(config)})
     abstract = pretrained_weights.abstract_params_on_one_device(
@@ -201,7 +202,7 @@ def bare_dir(hf_dir, tmp_path_factory) -> str:
         },
         str(directory / "model.safetensors"),
     )
-    values = json.loads(open(os.path.join(hf_dir, "config.json"), encoding="utf-8").read())
+    values = json.loads(Path(os.path.join(hf_dir, "config.json")).read_text(encoding="utf-8"))
     (directory / "config.json").write_text(
         json.dumps({**values, "architectures": ["ModernBertModel"]})
     )
@@ -369,9 +370,9 @@ def test_pretraining_continues_a_transformers_modernbert_with_its_tokenizer(
     for path, value in tree.flatten(hf_params).items():  # two steps of at most the peak rate
         np.testing.assert_allclose(after[path], value, atol=1e-2, err_msg=path)
     assert convert.main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
-    assert (tmp_path / "hf" / "tokenizer.json").read_text(encoding="utf-8") == open(
-        config.data.vocab_file, encoding="utf-8"
-    ).read()
+    assert (tmp_path / "hf" / "tokenizer.json").read_text(encoding="utf-8") == Path(
+        config.data.vocab_file
+    ).read_text(encoding="utf-8")
 
 
 def test_the_export_keeps_what_the_tokenizer_says(hf_dir, tmp_path, capsys):
@@ -627,7 +628,7 @@ def test_ner_and_squad_fine_tune_a_modernbert_end_to_end(hf_dir, data_root, tmp_
     )
     gold = {
         qa["id"]: qa["answers"][0]["text"]
-        for paragraph in json.loads(open(squad_file).read())["data"][0]["paragraphs"]
+        for paragraph in json.loads(Path(squad_file).read_text())["data"][0]["paragraphs"]
         for qa in paragraph["qas"]
     }
     assert sorted(predictions) == sorted(gold)

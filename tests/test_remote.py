@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import time
+from pathlib import Path
 
 import jax
 import pytest
@@ -116,7 +117,7 @@ def test_pretraining_from_and_into_gcs_resumes_exactly(gcs, corpus_file, tmp_pat
     """The corpus as two gs:// objects named by a glob; the run stops after 5 steps and
     resumes from its gs:// checkpoint (step 5) to step 8. Every logged loss equals that of
     an uninterrupted run on local copies of the same files, bit for bit."""
-    text = open(corpus_file, encoding="utf-8").read()
+    text = Path(corpus_file).read_text(encoding="utf-8")
     half = text.index("\n\n", len(text) // 2) + 2  # between documents
     for i, part in enumerate((text[:half], text[half:])):
         files.write_text(f"{gcs}/corpus/part-{i}.txt", part)
@@ -233,7 +234,7 @@ def test_prepare_to_gcs_then_train_from_it_as_from_a_local_directory(
             open_file(path, mode, *a, **k),
         )[1],
     )
-    files.write_text(f"{gcs}/books.txt", open(corpus_file, encoding="utf-8").read())
+    files.write_text(f"{gcs}/books.txt", Path(corpus_file).read_text(encoding="utf-8"))
     config = tiny_config(
         f"{gcs}/books.txt",
         str(tmp_path / "cache"),

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import jax
 import pytest
@@ -239,5 +240,5 @@ def test_the_ctrl_c_notice_reaches_the_log_whatever_the_main_thread_was_writing(
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    log = open(path, encoding="utf-8").read()
+    log = Path(path).read_text(encoding="utf-8")
     assert log.count("Ctrl-C: saving a checkpoint at the end of this step, then exiting") == rounds

@@ -109,7 +109,7 @@ class ShardWriter:
         for name in STORED:  # (a failed write, e.g. a full disk, names its file)
             path = os.path.join(directory, name + ".npy")
             with files.naming(path):
-                f = open(path, "wb")
+                f = open(path, "wb")  # noqa: SIM115 (kept in self.files: close() closes it)
                 np.lib.format.write_array_header_1_0(
                     f,
                     {
