@@ -336,7 +336,7 @@ def test_unknown_objective_is_a_config_error():
     config = base_config()
     config.train.objective = "gpt"
     with pytest.raises(
-        errors.ConfigError, match="train.objective='gpt' is not one of 'mlm', 'ltr'"
+        errors.ConfigError, match=r"train\.objective='gpt' is not one of 'mlm', 'ltr'"
     ):
         validate.pretraining(config)
 

@@ -165,7 +165,7 @@ def test_every_entry_point_refuses_a_tokenizer_of_other_ids_before_any_data_work
     fine_tune.update(init_checkpoint=hf_dir, vocab_file=other, data_dir=str(tmp_path / "none"))
     with pytest.raises(pretrained.PretrainedError, match="is not the tokenizer of"):
         finetune.run(fine_tune, str(tmp_path / "finetune"))  # (its data is never read)
-    with pytest.raises(pretrained.PretrainedError, match="^--vocab_file=.* is not the tokenizer"):
+    with pytest.raises(pretrained.PretrainedError, match=r"^--vocab_file=.* is not the tokenizer"):
         pretrained_weights.load_encoder(pretrained.Source.frozen(hf_dir, other, True))
 
 

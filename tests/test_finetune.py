@@ -445,7 +445,7 @@ def test_clear_errors(data_root, tmp_path):
         data_dir=data_root,
         init_checkpoint=str(tmp_path / "nothing"),
     )
-    with pytest.raises(pretrained.PretrainedError, match="init_checkpoint=.* does not exist"):
+    with pytest.raises(pretrained.PretrainedError, match=r"init_checkpoint=.* does not exist"):
         finetune.run(config, str(tmp_path / "a"), devices=jax.devices()[:1])
     assert not (tmp_path / "nothing").exists()  # nothing created in passing
     os.makedirs(tmp_path / "empty")
@@ -460,7 +460,7 @@ def test_clear_errors(data_root, tmp_path):
         data_dir=data_root,
         model_config=str(tmp_path / "bigger.json"),
     )
-    with pytest.raises(ConversionError, match="hidden_size: checkpoint 32, config.model 64"):
+    with pytest.raises(ConversionError, match=r"hidden_size: checkpoint 32, config\.model 64"):
         finetune.run(config, str(tmp_path / "b"), devices=jax.devices()[:1])
     assert not (tmp_path / "b").exists()  # refused after taking its lock: no log.txt, config.json
     config = small(

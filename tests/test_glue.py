@@ -86,7 +86,7 @@ def test_rte_parquet_and_missing_split_error(tmp_path):
     )
     examples, _ = glue.read_examples(glue_tasks.get_task("rte"), "dev", str(tmp_path))
     assert [e.label for e in examples] == ["not_entailment", "entailment"]
-    with pytest.raises(features.TaskDataError, match="train.tsv"):
+    with pytest.raises(features.TaskDataError, match=r"train\.tsv"):
         glue.read_examples(glue_tasks.get_task("rte"), "train", str(tmp_path))
     with pytest.raises(ValueError, match="unknown GLUE task"):
         glue_tasks.get_task("mnli-x")
@@ -165,7 +165,7 @@ def test_tfds_glue_records_labels_and_test_splits(tmp_path):
     assert skipped == {"unknown label": 1}
     assert read("mnli", "dev_mismatched")[0] == [glue.Example("0", "c", "a", "contradiction")]
     assert [e.index for e in read("mnli", "test_matched")[0]] == ["0"]
-    with pytest.raises(features.TaskDataError, match="tfds build glue/rte.*RTE/train.tsv"):
+    with pytest.raises(features.TaskDataError, match=r"tfds build glue/rte.*RTE/train\.tsv"):
         read("rte", "train")
 
 

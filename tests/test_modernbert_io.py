@@ -256,7 +256,8 @@ def test_pretraining_data_tokenizes_with_a_bpe_tokenizer_json(hf_dir, tmp_path):
         == tk.Tokenizer.from_file(path).encode(" john went", add_special_tokens=False).ids
     )
     with pytest.raises(
-        pipeline.DataError, match="data.tokenizer=bpe needs --config.data.vocab_file=tokenizer.json"
+        pipeline.DataError,
+        match=r"data\.tokenizer=bpe needs --config\.data\.vocab_file=tokenizer\.json",
     ):
         corpus_source.load_or_train_tokenizer(settings(tokenizer="bpe"), str(tmp_path))
     source = pretrained.Source(vocab_file=path)  # fine-tuning's vocab_file: told by its form

@@ -133,7 +133,7 @@ def test_a_family_whose_config_section_is_the_other_familys_names_its_configs():
 def test_bert_configs_are_checked_as_before():
     config = tiny_config("corpus.txt", "")
     config.model.attention_probs_dropout_prob = 1.0
-    with pytest.raises(ConfigError, match="model.attention_probs_dropout_prob=1.0"):
+    with pytest.raises(ConfigError, match=r"model\.attention_probs_dropout_prob=1\.0"):
         validate.pretraining(config)
     assert "family" not in families.recorded_fields(config.model)
 
@@ -201,7 +201,7 @@ def test_a_resumed_run_whose_init_checkpoint_has_gone_keeps_its_own_model(tmp_pa
         )
     )
     assert families.model_config(model) == dataclasses.replace(TINY, dtype="float32")
-    with pytest.raises(pretrained.PretrainedError, match="gone'? does not exist"):
+    with pytest.raises(pretrained.PretrainedError, match=r"gone'? does not exist"):
         init_architecture.model_of_init_checkpoint(
             model, config.train.init_checkpoint, str(tmp_path / "new"), ()
         )

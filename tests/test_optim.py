@@ -270,8 +270,8 @@ def test_make_optimizer_runs_jitted_update(name):
 def test_make_optimizer_unknown_name():
     with pytest.raises(
         ConfigError,
-        match="^optimizer.name='sgd' is not one of 'bert_adam', 'adamw', 'lamb', "
-        "'stable_adamw': an optimizer must be registered",
+        match=r"^optimizer\.name='sgd' is not one of 'bert_adam', 'adamw', 'lamb', "
+        r"'stable_adamw': an optimizer must be registered",
     ):
         optim.make_optimizer(_config(name="sgd"))
 

@@ -265,7 +265,7 @@ def test_a_resume_that_turns_packing_on_or_off_mid_phase_is_refused():
         (packed, unpacked),
         (packed, data_config(source="default", packing=True, packing_max_instances=2)),
     ):
-        with pytest.raises(guards.IncompatibleResume, match="data.packing"):
+        with pytest.raises(guards.IncompatibleResume, match=r"data\.packing"):
             resume(old, new, 3)
     resume(unpacked, packed, 0)  # a phase's start
     resume(before_packing, unpacked, 3)  # a checkpoint older than data.packing
@@ -299,7 +299,7 @@ def test_packed_pretraining_resumes_exactly_and_refuses_a_packing_change(
     assert [m["loss"] for m in records[4:]] == [m["loss"] for m in straight[2:]]
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "4")
     config.data.packing = False
-    with pytest.raises(guards.IncompatibleResume, match="data.packing"):
+    with pytest.raises(guards.IncompatibleResume, match=r"data\.packing"):
         train.train_and_evaluate(config, str(tmp_path / "resumed"))
 
 

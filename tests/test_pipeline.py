@@ -886,7 +886,7 @@ def test_text_source_without_input_files(sp_tokenizer, tmp_path):
 
 def test_missing_input_file_is_named(sp_tokenizer, tmp_path):
     config = make_config(str(tmp_path / "nope.txt"))
-    with pytest.raises(FileNotFoundError, match="nope.txt"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.txt"):
         pipeline.prepare(
             DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path)
         )
@@ -894,7 +894,7 @@ def test_missing_input_file_is_named(sp_tokenizer, tmp_path):
 
 def test_tfds_source_without_a_name(corpus_file):
     config = make_config(corpus_file, **{"data.source": "tfds"})
-    with pytest.raises(pipeline.DataError, match="needs --config.data.tfds_name"):
+    with pytest.raises(pipeline.DataError, match=r"needs --config\.data\.tfds_name"):
         corpus_source.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
 
 

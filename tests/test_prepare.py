@@ -63,7 +63,7 @@ def test_training_reads_the_prepared_job_and_refuses_other_settings(
         r"2 there, 3 here\); prepare it again",
     ):
         pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, "")
-    with pytest.raises(pipeline.DataError, match="data.dupe_factor: 2 there, 3 here"):
+    with pytest.raises(pipeline.DataError, match=r"data\.dupe_factor: 2 there, 3 here"):
         prepare.prepare_all(config_without_dir(config), output)
 
 

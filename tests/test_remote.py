@@ -104,7 +104,7 @@ def test_file_layer_reads_writes_globs_and_moves_objects(gcs):
     assert not files.exists(f"{gcs}/layer/b.txt")
     assert sorted(files.listdir(f"{gcs}/moved")) == ["a.txt", "b.txt"]
     assert files.read_text(f"{gcs}/moved/b.txt") == "one\ntwo words\n"
-    with pytest.raises(FileNotFoundError, match="gs://bertjax-test/moved/c.txt"):
+    with pytest.raises(FileNotFoundError, match=r"gs://bertjax-test/moved/c\.txt"):
         files.open(f"{gcs}/moved/c.txt")
 
 

@@ -230,11 +230,11 @@ def test_vocab_lines_stripped_crlf_and_duplicates(tmp_path):
 
 def test_vocab_errors_name_the_file(tmp_path):
     missing = tmp_path / "nope.txt"
-    with pytest.raises(FileNotFoundError, match="nope.txt"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.txt"):
         tok.WordPieceTokenizer(str(missing))
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
-    with pytest.raises(ValueError, match="empty.txt"):
+    with pytest.raises(ValueError, match=r"empty\.txt"):
         tok.WordPieceTokenizer(str(empty))
     no_specials = write_vocab(tmp_path / "plain.txt", ["the", "a"])
     with pytest.raises(ValueError, match=r"plain.txt.*\[PAD\]"):
@@ -380,11 +380,11 @@ def test_sentencepiece_errors(tmp_path):
         tok.train_sentencepiece(["a b"], str(tmp_path / "e"), vocab_size=50, model_type="wordpiece")
     with pytest.raises(ValueError, match="vocab_size"):
         tok.train_sentencepiece(make_sentences(20), str(tmp_path / "e"), vocab_size=8)
-    with pytest.raises(FileNotFoundError, match="gone.model"):
+    with pytest.raises(FileNotFoundError, match=r"gone\.model"):
         tok.SentencePieceTokenizer(str(tmp_path / "gone.model"))
     garbage = tmp_path / "garbage.model"
     garbage.write_bytes(b"not a model")
-    with pytest.raises(ValueError, match="garbage.model"):
+    with pytest.raises(ValueError, match=r"garbage\.model"):
         tok.SentencePieceTokenizer(str(garbage))
 
 
