@@ -22,9 +22,10 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import finetune_study  # noqa: E402  (the fine-tuning tasks' data and settings)
+import finetune_study  # (the fine-tuning tasks' data and settings)
 
 GUTENBERG = os.path.join(finetune_study.DATA, "gutenberg", "*.txt")
 # Row -> (pretraining overrides, description). "paper" is the paper's recipe.
@@ -185,11 +186,11 @@ def collect(out: str, rows: dict = ROWS) -> dict:
         entry = {"description": description}
         final = os.path.join(out, "pretrain", row, "final_metrics.json")
         if os.path.exists(final):
-            entry["pretraining"] = json.load(open(final))
+            entry["pretraining"] = json.loads(Path(final).read_text())
         for task, metrics in finetune_study.METRICS.items():
             path = os.path.join(out, "finetune", row, task, "summary.json")
             if os.path.exists(path):
-                summary = json.load(open(path))["summary"]
+                summary = json.loads(Path(path).read_text())["summary"]
                 entry[task] = {m: summary[m] for m in metrics}
         if len(entry) > 1:
             record[row] = entry

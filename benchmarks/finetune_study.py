@@ -22,6 +22,7 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 # The shared data sets (glue/, conll2003/, gutenberg/): the directory $DATA names, else ./data.
 DATA = os.environ.get("DATA", "data")
@@ -118,7 +119,7 @@ def best_runs(
         run_dir = os.path.join(out, f"{task}_{init}")
         if not os.path.exists(os.path.join(run_dir, "summary.json")):
             continue
-        summary = json.load(open(os.path.join(run_dir, "summary.json")))
+        summary = json.loads(Path(os.path.join(run_dir, "summary.json")).read_text())
         summary["learning_rate"] = learning_rate(run_dir, summary)
         tried.append((summary["learning_rate"], summary["summary"][main_metric]["mean"]))
         if best is None or tried[-1][1] > best["summary"][main_metric]["mean"]:

@@ -32,10 +32,11 @@ import re
 import runpy
 import shutil
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ablation_study  # noqa: E402  (the rows' shared pretraining and fine-tuning commands)
-import finetune_study  # noqa: E402
+import ablation_study  # (the rows' shared pretraining and fine-tuning commands)
+import finetune_study
 
 MODERN = "configs/modernbert_tiny.py"
 MODERN_MASKING = ["--config.data.max_predictions_per_seq=20"]  # 30% of 64 tokens is 19.2
@@ -92,15 +93,16 @@ def flops_per_row(config_path: str, overrides: list[str]) -> int:
 def train_seconds(workdir: str) -> tuple[float, int]:
     """(seconds from the `Training steps` line to the last progress line, steps) of log.txt."""
     stamps, last_step = [], 0
-    for line in open(os.path.join(workdir, "log.txt")):
-        match = LOG_TIME.match(line)
-        if match:
-            stamps.append(datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f"))
-            last_step = (
-                int(line.split("step ")[1].split("/")[0])
-                if match.group(2) != "Training steps"
-                else last_step
-            )
+    with open(os.path.join(workdir, "log.txt")) as f:
+        for line in f:
+            match = LOG_TIME.match(line)
+            if match:
+                stamps.append(datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f"))
+                last_step = (
+                    int(line.split("step ")[1].split("/")[0])
+                    if match.group(2) != "Training steps"
+                    else last_step
+                )
     return (stamps[-1] - stamps[0]).total_seconds(), last_step
 
 
@@ -176,7 +178,7 @@ def table(args) -> None:
         )
         again = f"{args.out}/eval15/{row}/final_metrics.json"
         if os.path.exists(again):
-            entry["eval15"] = json.load(open(again))
+            entry["eval15"] = json.loads(Path(again).read_text())
         elif row in SAME_EVAL:  # its own evaluation already is one at 15%, unpacked
             entry["eval15"] = entry["pretraining"]
         cells = [

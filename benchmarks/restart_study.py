@@ -24,14 +24,14 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ablation_study import books_pretrain_command, run_once  # noqa: E402
+from ablation_study import books_pretrain_command, run_once
 
 ARMS = ("continue", "restart")
 
 
 def phase_steps(args) -> tuple[int, int]:
     """(phase-1 steps, phase-2 steps), as bertjax.training.phase_schedule splits `--steps`."""
-    long_steps = int(round(args.steps * args.long_fraction))
+    long_steps = round(args.steps * args.long_fraction)
     return args.steps - long_steps, long_steps
 
 
@@ -80,7 +80,8 @@ def run(args) -> None:
 
 def read_run(workdir: str) -> dict:
     """A finished run's eval rows (switch and end) and train rows (the loss curve)."""
-    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
     evals = [r for r in rows if r["split"] == "eval"]
     keep = ("step", "phase", "loss", "mlm_loss", "mlm_accuracy", "learning_rate")
     return {

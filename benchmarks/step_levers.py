@@ -252,6 +252,7 @@ def summarize_trace(trace_dir, n_steps):
         [sys.executable, tool, sorted(files)[-1], "--steps", str(n_steps), "--top", "25"],
         capture_output=True,
         text=True,
+        check=False,
     )
     return out.stdout + out.stderr
 

@@ -76,7 +76,7 @@ def _unknown_field(flag: str, fields: object, name: str, path: str) -> str | Non
     return None
 
 
-def config_argument_error(argv: Sequence[str], flag: str = "config") -> str | None:
+def config_argument_error(argv: Sequence[str], flag: str = "config") -> str | None:  # noqa: PLR0911 (one return per problem, in order)
     """The first problem with `--flag=FILE` and its overrides in `argv`, as one line; None
     when there is none (or no such flag: absl reports a missing required flag itself)."""
     file_arg, overrides = _config_arguments(argv, flag)

@@ -64,7 +64,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0912, PLR0915 (the command: each format pair in one sequence)
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     console.configure_console(args.verbosity)
     start = time.perf_counter()

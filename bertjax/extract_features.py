@@ -32,8 +32,8 @@ from bertjax.tasks import features
 def _read_lines(path: str) -> list[tuple[str, str | None]]:
     pairs = []
     with files.open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
+        for raw in f:
+            line = raw.strip()
             if line:
                 a, _, b = line.partition(" ||| ")
                 pairs.append((a, b or None))

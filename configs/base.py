@@ -11,7 +11,7 @@ linear decay to 0; 90% of the steps at length 128 (20 predictions), the last 10%
 import ml_collections
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config() -> ml_collections.ConfigDict:  # noqa: PLR0915 (one statement per setting)
     c = ml_collections.ConfigDict()
 
     c.model = ml_collections.ConfigDict()

@@ -10,7 +10,7 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402 (after the environment it reads)
+import jax  # (after the environment it reads)
 
 _CACHE = tempfile.mkdtemp(prefix="bertjax_test_jax_cache_")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)

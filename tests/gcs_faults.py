@@ -114,7 +114,7 @@ class FaultProxy:
         self._server.server_close()
 
 
-def _handler(proxy: FaultProxy) -> Callable:
+def _handler(proxy: FaultProxy) -> Callable:  # noqa: C901 (one branch per fault the proxy injects)
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -200,7 +201,7 @@ def copy_repository(target: str) -> None:
 def patch(root: str, mutation: Mutation, forward: bool = True) -> None:
     """Replaces `old` by `new` (or back); exits if the string is not there exactly once."""
     path = os.path.join(root, mutation.path)
-    text = open(path, encoding="utf-8").read()
+    text = Path(path).read_text(encoding="utf-8")
     old, new = (mutation.old, mutation.new) if forward else (mutation.new, mutation.old)
     if text.count(old) != 1:
         sys.exit(
@@ -221,6 +222,7 @@ def run_tests(root: str, tests: tuple[str, ...]) -> tuple[int, str, float]:
         env=env,
         capture_output=True,
         text=True,
+        check=False,
     )
     lines = [
         line for line in result.stdout.splitlines() if re.search(r"\d+ (passed|failed|error)", line)
@@ -255,6 +257,7 @@ def main() -> int:
             env={**os.environ, "PYTHONPATH": root},
             capture_output=True,
             text=True,
+            check=False,
         ).stdout.strip()
         if not imported.startswith(root):
             sys.exit(f"error: the copy imports bertjax from {imported}, not from {root}")

@@ -140,7 +140,7 @@ def test_cudnn_path_lowers_to_fused_kernel_with_padding_and_dropout(monkeypatch)
 def test_cudnn_path_is_refused_by_jax_without_a_gpu():
     ids, segments, mask, positions = _inputs()
     config = dataclasses.replace(CONFIG, dtype="bfloat16", attention_impl="cudnn")
-    with pytest.raises(Exception, match="cuDNN|GPU|gpu|cuda|CUDA"):
+    with pytest.raises(Exception, match=r"cuDNN|GPU|gpu|cuda|CUDA"):
         jax.eval_shape(
             M.BertForPreTraining(config).init, jax.random.PRNGKey(0), ids, segments, mask, positions
         )
@@ -385,6 +385,7 @@ def test_importing_bertjax_on_an_nvidia_host_sets_a_flag_this_jaxlib_accepts():
         text=True,
         env=dict(env, JAX_PLATFORMS="cpu"),
         timeout=120,
+        check=False,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == [backend_env.CUDNN_OUTSIDE_COMMAND_BUFFERS, "2.0"]

@@ -37,6 +37,7 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=180,
+        check=False,
     )
 
 

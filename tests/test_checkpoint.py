@@ -84,7 +84,7 @@ def test_init_checkpoint_restores_params_only(tmp_path):
     ckpt = checkpoint.Checkpointer(str(tmp_path), save_every=1, keep_latest=1)
     ckpt.save(3, source, {"phase": "short", "batch_index": 3}, META)
     ckpt.close()
-    fresh, abstract, _ = _state(mesh, seed=2)
+    _fresh, abstract, _ = _state(mesh, seed=2)
     params = checkpoint.restore_params(str(tmp_path), abstract.params)
     _assert_trees_equal(params, source.params)
     with pytest.raises(FileNotFoundError, match="no finished checkpoint"):

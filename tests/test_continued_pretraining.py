@@ -32,7 +32,7 @@ TINY_PY = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_con
 
 
 @pytest.fixture(scope="module")
-def bare_encoder(tmp_path_factory, corpus_file) -> str:  # noqa: F811 (fixture)
+def bare_encoder(tmp_path_factory, corpus_file) -> str:
     """A sentence-transformers directory as shipped (a BertModel: no pretraining heads, a
     tokenizer.json and no vocab.txt) whose WordPiece knows the corpus's words."""
     with open(corpus_file, encoding="utf-8") as f:
@@ -45,7 +45,7 @@ def test_a_bare_encoder_continues_pretraining_with_fresh_heads(
     bare_encoder,
     corpus_file,
     tmp_path,
-    capsys,  # noqa: F811 (fixture)
+    capsys,
 ):
     """A Hub BertModel (no heads, no vocab.txt) as init_checkpoint of configs/base.py's
     shape: no tokenizer flag (the tokenizer.json beside it is taken), the encoder's weights
@@ -141,7 +141,7 @@ def test_a_named_tokenizer_must_have_the_checkpoints_ids(checkpoints, tmp_path):
 def test_every_entry_point_refuses_a_tokenizer_of_other_ids_before_any_data_work(
     checkpoints,
     corpus_file,
-    tmp_path,  # noqa: F811 (fixture)
+    tmp_path,
 ):
     """Finding 2: train, finetune, and extract_features and probe (both `load_encoder`)
     refuse a vocabulary that is not the checkpoint's before any data is prepared or read."""
@@ -165,7 +165,7 @@ def test_every_entry_point_refuses_a_tokenizer_of_other_ids_before_any_data_work
     fine_tune.update(init_checkpoint=hf_dir, vocab_file=other, data_dir=str(tmp_path / "none"))
     with pytest.raises(pretrained.PretrainedError, match="is not the tokenizer of"):
         finetune.run(fine_tune, str(tmp_path / "finetune"))  # (its data is never read)
-    with pytest.raises(pretrained.PretrainedError, match="^--vocab_file=.* is not the tokenizer"):
+    with pytest.raises(pretrained.PretrainedError, match=r"^--vocab_file=.* is not the tokenizer"):
         pretrained_weights.load_encoder(pretrained.Source.frozen(hf_dir, other, True))
 
 
@@ -188,6 +188,7 @@ def test_an_override_is_checked_against_the_checkpoint_not_the_config(checkpoint
         capture_output=True,
         text=True,
         timeout=300,
+        check=False,
     )
     assert result.returncode == 1, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
@@ -203,7 +204,7 @@ def test_an_override_is_checked_against_the_checkpoint_not_the_config(checkpoint
 def test_a_runs_own_model_and_its_export_continue_pretraining(
     corpus_file,
     tmp_path,
-    capsys,  # noqa: F811 (fixture)
+    capsys,
 ):
     """Finding 1, the Quick start's case: a run whose SentencePiece model has fewer pieces
     than the model's embedding rows continues from its workdir with no tokenizer flag, with
@@ -255,7 +256,7 @@ def test_a_runs_own_model_and_its_export_continue_pretraining(
 def test_a_bare_encoders_continued_pretraining_resumes_exactly_after_ctrl_c(
     bare_encoder,
     corpus_file,
-    tmp_path,  # noqa: F811 (fixture)
+    tmp_path,
 ):
     """Finding 4: pretraining from a bare Hub encoder (fresh heads), stopped by Ctrl-C after
     its first step, resumes from its checkpoint (the heads as saved, not fresh again): every

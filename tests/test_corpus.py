@@ -186,7 +186,7 @@ def test_binary_file_is_skipped_and_counted_but_stray_control_bytes_are_not(tmp_
 
 def test_missing_file_names_the_path(tmp_path):
     missing = str(tmp_path / "nope.txt")
-    with pytest.raises(FileNotFoundError, match="nope.txt"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.txt"):
         corpus.read_text_files([missing])
 
 

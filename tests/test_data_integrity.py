@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -24,7 +25,7 @@ PAUSED_AT = 6  # batch 7 is read during step 6 (prefetched); the fault lands bef
 
 
 @pytest.fixture(scope="module")
-def reference(corpus_file, cache_dir, tmp_path_factory) -> dict[int, float]:  # noqa: F811
+def reference(corpus_file, cache_dir, tmp_path_factory) -> dict[int, float]:
     """Per-step losses of the uninterrupted run (which prepares the data copied by the tests)."""
     workdir = tmp_path_factory.mktemp("reference")
     run_to_end(command_line(corpus_file, cache_dir, str(workdir), **STEPS))
@@ -49,7 +50,7 @@ def shorten(path: str) -> None:
 )
 def test_a_shard_damaged_mid_run_stops_it_before_a_checkpoint_of_bad_rows(
     fault, problem, reference, corpus_file, cache_dir, tmp_path
-):  # noqa: F811
+):
     cache = tmp_path / "cache"
     shutil.copytree(cache_dir, cache, ignore=shutil.ignore_patterns("*.lock"))
     workdir = tmp_path / "run"
@@ -75,7 +76,7 @@ def test_a_shard_damaged_mid_run_stops_it_before_a_checkpoint_of_bad_rows(
     ]  # none at 8, whose batch held the bad rows
 
 
-def test_meta_json_claims_are_checked_against_the_arrays(corpus_file, tmp_path):  # noqa: F811
+def test_meta_json_claims_are_checked_against_the_arrays(corpus_file, tmp_path):
     """meta.json edited to claim 20 predictions per sequence for shards of 10, trained with
     data.max_predictions_per_seq=20: refused with one line naming the file."""
     config = tiny_config(
@@ -84,9 +85,9 @@ def test_meta_json_claims_are_checked_against_the_arrays(corpus_file, tmp_path):
     output = str(tmp_path / "prepared")
     prepare.prepare_all(config, output)
     (meta_path,) = glob.glob(os.path.join(output, "*", "meta.json"))
-    meta = json.load(open(meta_path))
+    meta = json.loads(Path(meta_path).read_text())
     meta["settings"]["phase"] = [64, 20]
-    json.dump(meta, open(meta_path, "w"))
+    Path(meta_path).write_text(json.dumps(meta))
     config.data.update(prepared_dir=output, max_predictions_per_seq=20)
     with pytest.raises(pipeline.DataError) as error:
         train.train_and_evaluate(config, str(tmp_path / "run"), devices=jax.devices()[:1])

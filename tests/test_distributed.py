@@ -98,6 +98,7 @@ def test_an_out_of_bounds_timeout_is_one_line_on_the_console(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     assert result.returncode == 1
     assert result.stderr.splitlines() == [

@@ -40,10 +40,10 @@ def test_the_packed_mask_is_the_16_bit_rule_bit_by_bit(shape):
     the low and high halves of hash word k, kept when >= round(rate * 2**16)."""
     key = jax.random.PRNGKey(7)
     packed = np.asarray(D.packed_keep_mask(key, shape, 0.3))
-    assert packed.dtype == np.uint8 and packed.shape == shape[:-1] + (-(-shape[-1] // 8),)
+    assert packed.dtype == np.uint8 and packed.shape == (*shape[:-1], -(-shape[-1] // 8))
     words = np.stack([np.asarray(w) for w in D._hash_words(key, packed.shape)], -1)
-    halves = np.stack([words & 0xFFFF, words >> 16], -1).reshape(packed.shape + (8,))
-    expected = (halves >= round(0.3 * 2**16)).reshape(shape[:-1] + (-1,))[..., : shape[-1]]
+    halves = np.stack([words & 0xFFFF, words >> 16], -1).reshape((*packed.shape, 8))
+    expected = (halves >= round(0.3 * 2**16)).reshape((*shape[:-1], -1))[..., : shape[-1]]
     x = np.arange(1, np.prod(shape) + 1, dtype=np.float32).reshape(shape)
     y = np.asarray(D.apply_packed_mask(jnp.asarray(x), jnp.asarray(packed), 0.3))
     np.testing.assert_array_equal(y != 0, expected)

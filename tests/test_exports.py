@@ -5,6 +5,7 @@ its tokenizer beside it.
 Logit parity with transformers is in test_parity.py."""
 
 import dataclasses
+import itertools
 import json
 import os
 import pathlib
@@ -179,7 +180,8 @@ def test_sentencepiece_model_leaves_and_comes_back(tmp_path):
     native.save_tokenizer(tokenizer, str(tmp_path / "bertjax"))
     assert convert.main([str(tmp_path / "bertjax"), str(tmp_path / "hf")]) == 0
     assert convert.main([str(tmp_path / "hf"), str(tmp_path / "imported")]) == 0
-    texts = make_sentences(20, seed=1) + [
+    texts = [
+        *make_sentences(20, seed=1),
         "Unseen wörds, [MASK] and   spaces.",
         " ＦＵＬＬ\twidth ① ",
         "",
@@ -300,7 +302,7 @@ def test_hugging_face_wordpiece_tokenizer_json_alone_is_read(lower, tmp_path):
         100,
     )  # (transformers' BertTokenizer: 100 characters a word)
     pieces = 0
-    for a, b in zip(WORDPIECE_TEXTS, WORDPIECE_TEXTS[1:]):
+    for a, b in itertools.pairwise(WORDPIECE_TEXTS):
         expected = built.encode(a, b)
         assert [
             ours.cls_id,

@@ -178,7 +178,7 @@ def test_a_registered_family_is_known_to_the_config_checks(toy):
     config = families.model_config({**dataclasses.asdict(BertConfig()), "family": "toy"})
     assert isinstance(config, toy_family.ToyConfig)
     with pytest.raises(
-        ValueError, match="model.family='gpt' is not one of 'bert', 'modernbert', 'toy'"
+        ValueError, match=r"model\.family='gpt' is not one of 'bert', 'modernbert', 'toy'"
     ):
         families.check({"family": "gpt"})
 
@@ -193,7 +193,7 @@ def sst2(root: pathlib.Path) -> None:
             f"{' '.join(rng.sample(words, 3))} {rng.choice(sentiment[i % 2])} .\t{i % 2}"
             for i in range(count)
         ]
-        (root / "SST-2" / f"{split}.tsv").write_text("\n".join(["sentence\tlabel"] + rows) + "\n")
+        (root / "SST-2" / f"{split}.tsv").write_text("\n".join(["sentence\tlabel", *rows]) + "\n")
 
 
 @pytest.mark.slow  # (about a minute on 2 cores)
@@ -227,7 +227,7 @@ def test_a_family_defined_in_tests_pretrains_resumes_fine_tunes_and_extracts_fea
     )
     # Its own checks run: no NSP head.
     config.train.next_sentence_prediction = True
-    with pytest.raises(ConfigError, match="model.family='toy' has no next-sentence head"):
+    with pytest.raises(ConfigError, match=r"model\.family='toy' has no next-sentence head"):
         train.train_and_evaluate(config, str(tmp_path / "nsp"), devices=one_device)
 
     # Fine-tunes on SST-2 from the toy checkpoint (its encoder, a new BERT output layer).

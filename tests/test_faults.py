@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -149,7 +150,7 @@ def assert_console_in_log(output: str, log_path) -> None:
     """Every line the console showed (`output`: stdout and stderr) is in the run's log file;
     a log record's without the console's `warning: ` or `error (library): ` (the file's
     `LEVEL FILE:LINE] ` in its place)."""
-    log = open(log_path, encoding="utf-8").read()
+    log = Path(log_path).read_text(encoding="utf-8")
     for line in output.splitlines():
         text = re.sub(r"^(warning|error)( \([\w.]+\))?: ", "", line)
         assert text in log, f"{line!r} is not in {log_path}:\n{log[-3000:]}"
@@ -215,7 +216,7 @@ def resumed_step(output: str) -> int:
 def read_only(directory: str):
     """No new files in `directory`, even for root (chattr +i), else by permissions."""
     if os.geteuid() == 0:
-        if subprocess.run(["chattr", "+i", directory], capture_output=True).returncode:
+        if subprocess.run(["chattr", "+i", directory], capture_output=True, check=False).returncode:
             pytest.skip("running as root on a filesystem without chattr +i")
         try:
             yield
@@ -417,6 +418,7 @@ def test_a_second_ctrl_c_exits_at_once():
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": REPO_ROOT},
         timeout=300,
+        check=False,
     )
     sent = re.search(r"requested True ([\d.]+)", result.stdout)
     seconds = time.time() - float(sent.group(1))  # since the second SIGINT
@@ -432,13 +434,15 @@ def on_a_small_filesystem(args: list[str], directory, kib: int, then: str = "") 
         pytest.skip("no unshare(1) to mount a small file system")
     namespace = ["unshare", "--mount"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
     probe = subprocess.run(
-        namespace + ["sh", "-c", f"mount -t tmpfs tmpfs {directory}"],
+        [*namespace, "sh", "-c", f"mount -t tmpfs tmpfs {directory}"],
         capture_output=True,
         text=True,
+        check=False,
     )
     if probe.returncode:
         pytest.skip(f"cannot mount a small tmpfs here: {probe.stderr.strip()}")
-    return namespace + [
+    return [
+        *namespace,
         "sh",
         "-c",
         f"mount -t tmpfs -o size={kib}k tmpfs {directory} && "

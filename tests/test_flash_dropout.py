@@ -79,7 +79,7 @@ def _check_against_einsum(
         return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
 
     def kernel(q, k, v, ids, seeds, rate):  # the kernel takes the projections stacked
-        qkv = jnp.stack([x.reshape(x.shape[:2] + (-1,)) for x in (q, k, v)], axis)
+        qkv = jnp.stack([x.reshape((*x.shape[:2], -1)) for x in (q, k, v)], axis)
         return flash(qkv, ids, seeds, rate, True).reshape(q.shape)
 
     (_, got), got_grads = run(kernel)
@@ -264,8 +264,7 @@ def test_kernel_compiles_for_every_target_slice(target):
         shapes = [
             jax.ShapeDtypeStruct(
                 (3, batch, length, heads * HEAD_SIZE), jnp.bfloat16, sharding=placed
-            )
-        ] + [
+            ),
             jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=placed),
             jax.ShapeDtypeStruct((batch, heads), jnp.int32, sharding=placed),
         ]

@@ -75,7 +75,7 @@ def test_gpu_kernel_adds_the_biases_and_returns_their_gradient(dtype):
     ids = _ids(128, packed=True)
     real = (ids > 0)[:, :, None, None]
     cotangent = jnp.where(real, cotangent, 0).astype(jnp.float32)
-    bias = jax.random.normal(jax.random.key(9), (3,) + q.shape[2:], jnp.float32)
+    bias = jax.random.normal(jax.random.key(9), (3, *q.shape[2:]), jnp.float32)
 
     def run(attend):
         def loss(qkv, bias):
@@ -86,7 +86,7 @@ def test_gpu_kernel_adds_the_biases_and_returns_their_gradient(dtype):
         return jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(qkv, bias)
 
     def kernel(qkv, bias):
-        flat = qkv.reshape(qkv.shape[:3] + (-1,))
+        flat = qkv.reshape((*qkv.shape[:3], -1))
         out = flash_dropout_gpu.flash_dropout_biased(
             flat, bias.reshape(3, -1), ids, seeds, RATE, True
         )

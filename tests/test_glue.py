@@ -1,6 +1,7 @@
 """GLUE readers (TSV layouts, CoLA raw, parquet), bad-row counting, encoding, submissions."""
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,7 +86,7 @@ def test_rte_parquet_and_missing_split_error(tmp_path):
     )
     examples, _ = glue.read_examples(glue_tasks.get_task("rte"), "dev", str(tmp_path))
     assert [e.label for e in examples] == ["not_entailment", "entailment"]
-    with pytest.raises(features.TaskDataError, match="train.tsv"):
+    with pytest.raises(features.TaskDataError, match=r"train\.tsv"):
         glue.read_examples(glue_tasks.get_task("rte"), "train", str(tmp_path))
     with pytest.raises(ValueError, match="unknown GLUE task"):
         glue_tasks.get_task("mnli-x")
@@ -104,11 +105,11 @@ def test_encode_truncates_the_longer_text_and_writes_a_submission(tmp_path, toke
     assert encoded["labels"].tolist() == pytest.approx([4.2, 1.0])
     path = glue.write_submission(task, "test", examples, np.array([5.7, 1.23456]), str(tmp_path))
     assert os.path.basename(path) == "STS-B.tsv"
-    assert open(path).read() == "index\tprediction\n7\t5.000\n8\t1.235\n"
+    assert Path(path).read_text() == "index\tprediction\n7\t5.000\n8\t1.235\n"
     mnli = glue_tasks.get_task("mnli")
     assert mnli.test_splits == ["test_matched", "test_mismatched", "ax"]
     path = glue.write_submission(mnli, "ax", examples, np.array([0, 1]), str(tmp_path))
-    assert open(path).read() == "index\tprediction\n7\tcontradiction\n8\tentailment\n"
+    assert Path(path).read_text() == "index\tprediction\n7\tcontradiction\n8\tentailment\n"
 
 
 @pytest.mark.skipif(not os.path.isdir(GLUE_DIR), reason="real GLUE data not present")
@@ -164,7 +165,7 @@ def test_tfds_glue_records_labels_and_test_splits(tmp_path):
     assert skipped == {"unknown label": 1}
     assert read("mnli", "dev_mismatched")[0] == [glue.Example("0", "c", "a", "contradiction")]
     assert [e.index for e in read("mnli", "test_matched")[0]] == ["0"]
-    with pytest.raises(features.TaskDataError, match="tfds build glue/rte.*RTE/train.tsv"):
+    with pytest.raises(features.TaskDataError, match=r"tfds build glue/rte.*RTE/train\.tsv"):
         read("rte", "train")
 
 

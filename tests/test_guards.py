@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import types
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -194,7 +195,7 @@ def workdir(stopped_run, tmp_path):
 def edited(path: str, edit):
     """`path` rewritten by `edit(text)` for the block, then restored with its mtime (the data
     cache of the other tests is keyed by it)."""
-    original, stat = open(path).read(), os.stat(path)
+    original, stat = Path(path).read_text(), os.stat(path)
     try:
         with open(path, "w") as f:
             f.write(edit(original))
@@ -257,7 +258,7 @@ def test_incompatible_resume_is_refused_before_preparation(
     config, edit = tiny_config(corpus_file, cache_dir), contextlib.nullcontext()
     if overrides == "other corpus":
         other = workdir.parent / "other.txt"
-        other.write_text(open(corpus_file).read() + "\nOne more document.\n")
+        other.write_text(Path(corpus_file).read_text() + "\nOne more document.\n")
         config.data.input_files = str(other)
     elif isinstance(overrides, str):
         edit = edited(corpus_file, CORPUS_EDITS[overrides])

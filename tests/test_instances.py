@@ -1,5 +1,6 @@
 """Tests for bertjax.data.instances: sentence pairs, masking and features."""
 
+import itertools
 import random
 
 import numpy as np
@@ -59,7 +60,7 @@ def test_instance_layout(pairs):
         seps = np.flatnonzero(p.tokens == SEP)
         assert p.tokens.dtype == p.segment_ids.dtype == np.int32
         assert p.tokens[0] == CLS and len(seps) == 2 and seps[1] == len(p.tokens) - 1
-        assert 1 <= seps[0] - 1 and seps[1] - seps[0] >= 2  # A and B are non-empty.
+        assert seps[0] - 1 >= 1 and seps[1] - seps[0] >= 2  # A and B are non-empty.
         assert (p.segment_ids[: seps[0] + 1] == 0).all()
         assert (p.segment_ids[seps[0] + 1 :] == 1).all()
         assert len(p.tokens) <= SEQ
@@ -76,7 +77,9 @@ def test_pairs_come_from_consecutive_sentences(corpus, pairs):
     }
     untruncated_next = [p for p in pairs if not p.is_random_next and len(p.tokens) < SEQ]
     assert len(untruncated_next) > 100
-    assert all(tuple(sum(split_pair(p), [])) in runs for p in untruncated_next)
+    assert all(
+        tuple(itertools.chain.from_iterable(split_pair(p))) in runs for p in untruncated_next
+    )
 
 
 def test_next_sentence_is_random_about_half_the_time():

@@ -4,6 +4,7 @@ installed) TensorFlow's own reader/writer."""
 
 import json
 import os
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -62,7 +63,7 @@ def test_damaged_files_are_named(tmp_path):
     tf_bundle.write_bundle(prefix, _tensors())
     data = prefix + ".data-00000-of-00001"
     reader = tf_bundle.BundleReader(prefix)
-    raw = open(data, "rb").read()
+    raw = Path(data).read_bytes()
     with open(data, "r+b") as f:  # flip one byte of the word embeddings
         f.seek(reader.entries["bert/embeddings/word_embeddings"].offset + 5)
         f.write(bytes([raw[reader.entries["bert/embeddings/word_embeddings"].offset + 5] ^ 1]))
@@ -77,7 +78,7 @@ def test_damaged_files_are_named(tmp_path):
     os.remove(data)
     with pytest.raises(tf_bundle.CheckpointFormatError, match="cannot read TF checkpoint data"):
         reader.read("global_step")
-    index = open(prefix + ".index", "rb").read()
+    index = Path(prefix + ".index").read_bytes()
     for damaged in (index[:-10], index[:20] + bytes([index[20] ^ 1]) + index[21:], b""):
         with open(prefix + ".index", "wb") as f:
             f.write(damaged)

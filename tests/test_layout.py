@@ -68,7 +68,7 @@ def imports(tree: ast.AST) -> set[str]:
     return found & KNOWN
 
 
-def private_reaches(tree: ast.AST) -> list[str]:
+def private_reaches(tree: ast.AST) -> list[str]:  # noqa: C901 (one branch per form of reach)
     """`from bertjax.x import _name` and `alias._name` for an imported bertjax module."""
     aliases, found = {}, []
     for node in ast.walk(tree):
@@ -276,7 +276,7 @@ def test_the_floor_rules_catch_planted_violations():
     ]
     assert cycles(package_graph(planted)) == [["bertjax.interop", "bertjax.training"]]
     assert cycles(planted) == [["bertjax.data.a", "bertjax.data.b", "bertjax.data.c"]]
-    with pytest.raises(KeyError, match="bertjax.nowhere is on no floor"):
+    with pytest.raises(KeyError, match=r"bertjax\.nowhere is on no floor"):
         floor("bertjax.nowhere")
 
 

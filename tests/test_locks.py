@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,23 +91,25 @@ def test_a_live_holder_is_named_and_a_dead_ones_lock_taken_over(tmp_path):
     path = str(tmp_path / "run.lock")
     proc = holder(path)
     try:
-        with pytest.raises(
-            locks.LockHeld,
-            match=rf"the test lock is in use by pid {proc.pid} on "
-            r"host .* \(started .*\) \(lock file ",
+        with (
+            pytest.raises(
+                locks.LockHeld,
+                match=rf"the test lock is in use by pid {proc.pid} on "
+                r"host .* \(started .*\) \(lock file ",
+            ),
+            locks.exclusive(path, "the test lock"),
         ):
-            with locks.exclusive(path, "the test lock"):
-                pass
+            pass
     finally:
         proc.kill()  # dies holding it: the lock file still names it
         proc.wait()
-    assert json.loads(open(path).read())["pid"] == proc.pid
+    assert json.loads(Path(path).read_text())["pid"] == proc.pid
     with warnings() as logged, locks.exclusive(path, "the test lock") as stale:
         assert stale["pid"] == proc.pid and not locks.pid_alive(proc.pid)
-        assert json.loads(open(path).read())["pid"] == os.getpid()
+        assert json.loads(Path(path).read_text())["pid"] == os.getpid()
     taken_over = f"Taking over the lock of the test lock on {path}: pid {proc.pid} on host "
     assert len(logged.messages) == 1 and logged.messages[0].startswith(taken_over), logged.messages
-    assert open(path).read() == ""  # released cleanly: nothing stale for the next one
+    assert Path(path).read_text() == ""  # released cleanly: nothing stale for the next one
     with locks.exclusive(path, "the test lock") as stale:
         assert stale is None
 
@@ -172,7 +175,7 @@ def test_two_processes_preparing_one_cache_entry_prepare_it_once(config, tmp_pat
     (directory,) = [n for n in os.listdir(cache) if n.startswith("short_")]
     assert os.path.join(cache, directory) == building.rsplit(".tmp", 1)[0]
     assert os.stat(os.path.join(cache, directory)).st_ino == inode  # the first's preparation
-    meta = json.load(open(os.path.join(cache, directory, "meta.json")))
+    meta = json.loads(Path(os.path.join(cache, directory, "meta.json")).read_text())
     assert meta["train_instances"] == len(second["train"])
     again = pipeline.prepare(DataSettings.of(config.data), short_phase(config), tokenizer, cache)
     np.testing.assert_array_equal(

@@ -73,7 +73,7 @@ def original_mask(tokens, rng, prob, preds, whole_word, mix=(0.8, 0.1)):
         else:
             groups.append([i])
     rng.shuffle(groups)
-    num_to_predict = min(preds, max(1, int(round(len(tokens) * prob))))
+    num_to_predict = min(preds, max(1, round(len(tokens) * prob)))
     output, positions = list(tokens), []
     for group in groups:
         if len(positions) >= num_to_predict:

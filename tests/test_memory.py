@@ -116,6 +116,7 @@ def _aot(*flags: str, out: str = "") -> subprocess.CompletedProcess:
         timeout=300,
         cwd=REPO_ROOT,
         env=env,
+        check=False,
     )
 
 
@@ -206,6 +207,7 @@ for hidden, abstract in states.items():
             "JAX_PLATFORMS": "cpu",
             "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
         },
+        check=False,
     )
     lines = result.stdout.splitlines()
     assert lines[:1] == ["32 fits"], result.stdout + result.stderr

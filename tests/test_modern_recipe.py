@@ -160,7 +160,9 @@ def test_a_checkpoint_from_before_the_schedule_fields_resumes_on_its_schedule():
     resumed = run_schedule.resumed(meta, "ckpt/8", validate.settings(config), config.optimizer)
     assert resumed == plan
     config.optimizer.schedule = "wsd"
-    with pytest.raises(run_schedule.ScheduleChanged, match="optimizer.schedule: 'linear' -> 'wsd'"):
+    with pytest.raises(
+        run_schedule.ScheduleChanged, match=r"optimizer\.schedule: 'linear' -> 'wsd'"
+    ):
         run_schedule.resumed(meta, "ckpt/8", validate.settings(config), config.optimizer)
 
 

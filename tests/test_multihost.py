@@ -8,6 +8,7 @@ import os
 import runpy
 import subprocess
 import sys
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -296,9 +297,9 @@ def test_two_processes_train_like_one(tmp_path):
     documents = len(
         list(corpus_source.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats()))
     )
-    assert json.load(open(os.path.join(cache_dir, prepared[0], "meta.json")))["documents"] == (
-        documents
-    )
+    assert json.loads(Path(os.path.join(cache_dir, prepared[0], "meta.json")).read_text())[
+        "documents"
+    ] == (documents)
 
     # One process, 8 devices, the same global batches (process 0's rows, then process 1's).
     phases = plan_phases(config.train, config.data, config.long_phase)

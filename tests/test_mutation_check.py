@@ -3,6 +3,7 @@ can move a file or rewrap a line that a mutation replaces): each mutation's stri
 file exactly once and each test it names exists."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ import mutation_check
 def test_each_mutation_still_applies(mutation, tmp_path):
     source = os.path.join(mutation_check.REPO_ROOT, mutation.path)
     target = tmp_path / os.path.basename(mutation.path)
-    target.write_text(open(source, encoding="utf-8").read(), encoding="utf-8")
+    target.write_text(Path(source).read_text(encoding="utf-8"), encoding="utf-8")
     planted = mutation_check.Mutation(mutation.name, target.name, mutation.old, mutation.new, ())
     mutation_check.patch(str(tmp_path), planted)  # (exits unless the string is there once)
     assert target.read_text(encoding="utf-8").count(mutation.new) >= 1
@@ -23,7 +24,7 @@ def test_each_mutation_still_applies(mutation, tmp_path):
         assert os.path.isfile(test_file), test
         if name:  # (a test file alone names all its tests)
             function = name.split("[")[0]
-            assert f"def {function}(" in open(test_file, encoding="utf-8").read(), test
+            assert f"def {function}(" in Path(test_file).read_text(encoding="utf-8"), test
 
 
 def test_a_mutation_whose_string_moved_is_refused(tmp_path):

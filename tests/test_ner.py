@@ -46,7 +46,7 @@ def test_reader_skips_docstart_and_counts_bad_sentences(tmp_path):
         (["Newark", "."], ["B-LOC", "O"]),
     ]
     assert skipped == {"unknown label": 1}
-    with pytest.raises(features.TaskDataError, match="valid.txt"):
+    with pytest.raises(features.TaskDataError, match=r"valid\.txt"):
         ner.read_sentences("dev", str(tmp_path))
     (tmp_path / "valid.txt").write_bytes(b"Jos\xe9 NNP B-NP B-PER\n")  # Latin-1: named
     with pytest.raises(features.TaskDataError, match=r"valid.txt is not UTF-8 text"):

@@ -59,8 +59,8 @@ def _reference_bert_adam(params, grads_per_step, lrs, wd=WD, eps=EPS, clip_norm=
     params = _flat(params)
     m = {k: np.zeros_like(v) for k, v in params.items()}
     v = {k: np.zeros_like(p) for k, p in params.items()}
-    for grads, lr in zip(grads_per_step, lrs):
-        grads = _flat(grads)
+    for step_grads, lr in zip(grads_per_step, lrs):
+        grads = _flat(step_grads)
         if clip_norm is not None:
             norm = np.sqrt(sum(np.sum(g**2) for g in grads.values()))
             grads = {k: g * clip_norm / max(norm, clip_norm) for k, g in grads.items()}
@@ -270,8 +270,8 @@ def test_make_optimizer_runs_jitted_update(name):
 def test_make_optimizer_unknown_name():
     with pytest.raises(
         ConfigError,
-        match="^optimizer.name='sgd' is not one of 'bert_adam', 'adamw', 'lamb', "
-        "'stable_adamw': an optimizer must be registered",
+        match=r"^optimizer\.name='sgd' is not one of 'bert_adam', 'adamw', 'lamb', "
+        r"'stable_adamw': an optimizer must be registered",
     ):
         optim.make_optimizer(_config(name="sgd"))
 

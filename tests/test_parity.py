@@ -6,9 +6,11 @@ Needs the `parity` extra (pip install -e '.[parity]'); deselected by default, ru
 """
 
 import collections
+import itertools
 import os
 import shutil
 import unicodedata
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -39,6 +41,11 @@ CONFIGS = [
     (3, 64, 8, 37, 1000, 3, "gelu_new"),
     (4, 128, 2, 512, 30522, 2, "gelu"),  # BERT-Tiny's widths and vocabulary, 4 layers
 ]
+
+
+def _read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return f.readlines()
 
 
 def random_hf_model(layers, hidden, heads, intermediate, vocab, type_vocab, act):
@@ -240,10 +247,10 @@ def test_wordpiece_tokenizer_json_alone_matches_transformers(
     texts = (
         [t for t in TEXTS if t]
         + [  # transformers reads an empty second text as none
-            line.strip() for line in open(corpus_file, encoding="utf-8").readlines()[:200:10]
+            line.strip() for line in _read_lines(corpus_file)[:200:10]
         ]
     )
-    for a, b in zip(texts, texts[1:]):
+    for a, b in itertools.pairwise(texts):
         encoded = theirs(a, b)
         assert encoded["input_ids"] == [
             ours.cls_id,
@@ -290,7 +297,7 @@ def test_hugging_face_export_tokenizes_and_predicts_as_bertjax(kind, corpus_file
             {
                 "data.tokenizer": "wordpiece",
                 "data.vocab_file": vocab,
-                "model.vocab_size": len(open(vocab).read().split("\n")) - 1,
+                "model.vocab_size": len(Path(vocab).read_text().split("\n")) - 1,
             }
         )
     config = tiny_config(corpus_file, str(tmp_path / "cache"), **overrides)
@@ -302,11 +309,11 @@ def test_hugging_face_export_tokenizes_and_predicts_as_bertjax(kind, corpus_file
     texts = (
         [t for t in TEXTS if t]
         + [  # transformers reads an empty second text as none
-            line.strip() for line in open(corpus_file, encoding="utf-8").readlines()[:200:10]
+            line.strip() for line in _read_lines(corpus_file)[:200:10]
         ]
     )
     rows = []
-    for a, b in zip(texts, texts[1:]):
+    for a, b in itertools.pairwise(texts):
         expected = [ours.cls_id, *ours.encode(a), ours.sep_id, *ours.encode(b), ours.sep_id]
         encoded = theirs(a, b)
         assert encoded["input_ids"] == expected, (a, b)

@@ -114,6 +114,6 @@ def test_train_settings_are_typed_once_with_their_choices_checked():
     config.train.objective = "LTR"  # choices are exact
     with pytest.raises(
         ConfigError,
-        match="^train.objective='LTR' is not one of 'mlm', 'ltr'; set --config.train.objective$",
+        match=r"^train\.objective='LTR' is not one of 'mlm', 'ltr'; set --config\.train\.objective$",
     ):
         validate.settings(config)

@@ -104,7 +104,7 @@ def unmasked_ids(features) -> np.ndarray:
 
 def expected_predictions(lengths: np.ndarray, prob: float, max_predictions: int) -> np.ndarray:
     """The original's count: round(length * prob), at least 1, at most max_predictions."""
-    return np.array([min(max_predictions, max(1, int(round(int(n) * prob)))) for n in lengths])
+    return np.array([min(max_predictions, max(1, round(int(n) * prob))) for n in lengths])
 
 
 def vocabulary(tokenizer) -> list[str]:
@@ -145,7 +145,7 @@ def check_layout(features, tokenizer, seq: int, preds: int) -> np.ndarray:
     expected_segments = (columns > first_sep[:, None]) & in_row
     np.testing.assert_array_equal(features["segment_ids"], expected_segments.astype(np.int32))
     assert set(np.unique(features["next_sentence_labels"]).tolist()) <= {0, 1}
-    assert 0 <= int(np.asarray(features["input_ids"]).min())
+    assert int(np.asarray(features["input_ids"]).min()) >= 0
     assert int(np.asarray(features["input_ids"]).max()) < tokenizer.vocab_size
     return original
 
@@ -846,7 +846,7 @@ def test_retrained_tokenizer_keeps_its_fingerprint(config, tmp_path):
 
 def test_load_tokenizer_from_a_sentencepiece_vocab_file(config, sp_tokenizer, tmp_path):
     model = tmp_path / "given.model"
-    model.write_bytes(sp_tokenizer._model_bytes)  # noqa: SLF001
+    model.write_bytes(sp_tokenizer._model_bytes)
     given = make_config(config.data.input_files, **{"data.vocab_file": str(model)})
     tokenizer = corpus_source.load_or_train_tokenizer(
         DataSettings.of(given.data), str(tmp_path / "cache")
@@ -886,7 +886,7 @@ def test_text_source_without_input_files(sp_tokenizer, tmp_path):
 
 def test_missing_input_file_is_named(sp_tokenizer, tmp_path):
     config = make_config(str(tmp_path / "nope.txt"))
-    with pytest.raises(FileNotFoundError, match="nope.txt"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.txt"):
         pipeline.prepare(
             DataSettings.of(config.data), short_phase(config), sp_tokenizer, str(tmp_path)
         )
@@ -894,7 +894,7 @@ def test_missing_input_file_is_named(sp_tokenizer, tmp_path):
 
 def test_tfds_source_without_a_name(corpus_file):
     config = make_config(corpus_file, **{"data.source": "tfds"})
-    with pytest.raises(pipeline.DataError, match="needs --config.data.tfds_name"):
+    with pytest.raises(pipeline.DataError, match=r"needs --config\.data\.tfds_name"):
         corpus_source.read_documents(DataSettings.of(config.data), 0, 1, corpus.CorpusStats())
 
 

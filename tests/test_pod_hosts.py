@@ -59,7 +59,7 @@ def _corpus(path, documents: int = 120, skip: int = 0) -> None:
         f.write("\n\n".join("\n".join(doc) for doc in docs) + "\n")
 
 
-def _start(
+def _start(  # noqa: PLR0913, PLR0917 (the tests' knobs, defaulted)
     tmp_path,
     count: int,
     overrides: dict,
@@ -267,6 +267,7 @@ def _child(script: str, tmp_path) -> subprocess.CompletedProcess:
         capture_output=True,
         timeout=60,
         env={**os.environ, "PYTHONPATH": REPO_ROOT, "JAX_PLATFORMS": "cpu"},
+        check=False,
     )
 
 
@@ -614,7 +615,9 @@ def _another_hostname(name: str, resolvable: bool = True) -> list[str]:
     script = f'hostname {name} && {listed.format(name) if resolvable else ""}exec "$@"'
     prefix = ["unshare", "--uts", "--mount", "--user", "--map-root-user", "sh", "-c", script, "sh"]
     try:
-        probe = subprocess.run([*prefix, "hostname"], capture_output=True, text=True, timeout=30)
+        probe = subprocess.run(
+            [*prefix, "hostname"], capture_output=True, text=True, timeout=30, check=False
+        )
     except OSError:
         return []
     return prefix if probe.returncode == 0 and probe.stdout.strip() == name else []
@@ -740,7 +743,7 @@ def damaged_shard_on_one_host(tmp_path, workdir: str) -> None:
         procs[damaged].stdin.write("\n")
         procs[damaged].stdin.flush()
         damaged_at = time.time()
-        results = _finish(procs, timeout=float(os.environ.get("BERTJAX_STOP_SECONDS", 60)) + 30)
+        results = _finish(procs, timeout=float(os.environ.get("BERTJAX_STOP_SECONDS", "60")) + 30)
         print(f"every process stopped {time.time() - damaged_at:.1f} s after the fault")
     finally:
         for proc in procs:

@@ -68,7 +68,7 @@ def files(tmp_path_factory) -> tuple[str, str]:
     vocab = root / "vocab.txt"
     vocab.write_text("\n".join([*tokenization.SPECIAL_TOKENS, *WORDS, *PIECES, "."]) + "\n")
     rng = random.Random(0)
-    surface = WORDS + ["underness", "quietly", "suddenly"]
+    surface = [*WORDS, "underness", "quietly", "suddenly"]
     documents = [
         [
             " ".join(rng.choice(surface) for _ in range(rng.randint(4, 12))) + "."

@@ -25,14 +25,19 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POSITIVE, NEGATIVE = ["good", "great", "fun", "lovely"], ["bad", "awful", "dull", "boring"]
 NAMES, PLACES = ["john", "mary", "anna"], ["paris", "rome", "oslo"]
 FILLER = ["the", "movie", "was", "a", "plot", "and", "very", "film", "story", "it"]
-VOCAB = (
-    ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."]
-    + POSITIVE
-    + NEGATIVE
-    + NAMES
-    + PLACES
-    + FILLER
-)
+VOCAB = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    ".",
+    *POSITIVE,
+    *NEGATIVE,
+    *NAMES,
+    *PLACES,
+    *FILLER,
+]
 TINY = BertConfig(
     vocab_size=len(VOCAB),
     hidden_size=32,
@@ -55,7 +60,7 @@ def root(tmp_path_factory) -> str:
     os.makedirs(root / "glue" / "SST-2")
     for split, count in (("train", 160), ("dev", 60)):
         rows = [
-            " ".join(rng.sample(FILLER, 3) + [rng.choice(POSITIVE if i % 2 else NEGATIVE)])
+            " ".join([*rng.sample(FILLER, 3), rng.choice(POSITIVE if i % 2 else NEGATIVE)])
             + f"\t{i % 2}"
             for i in range(count)
         ]
@@ -158,6 +163,7 @@ def test_what_the_probes_cannot_read_is_one_line(root, tmp_path, flag, message):
         text=True,
         timeout=300,
         env={**os.environ, "PYTHONPATH": REPO_ROOT},
+        check=False,
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
@@ -195,6 +201,7 @@ def test_probe_cli_writes_json_table_and_plot(root, tmp_path):
         text=True,
         timeout=300,
         env={**os.environ, "PYTHONPATH": f"{no_matplotlib.parent}{os.pathsep}{REPO_ROOT}"},
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (

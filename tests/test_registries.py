@@ -116,12 +116,12 @@ def test_a_registered_source_is_checked_read_cut_and_sent_to_workers(
         travelled = pickle.loads(pickle.dumps(reader))  # (as a worker process gets it)
         read = [d for shard in shards for d in travelled.read(shard)]
         assert read == expected[index::2]
-    with pytest.raises(DataError, match="needs --config.data.input_files"):
+    with pytest.raises(DataError, match=r"needs --config\.data\.input_files"):
         corpus_source.corpus_reader(DataSettings.of({**data, "input_files": ""}), 0, 1)
     with pytest.raises(
         DataError,
-        match="^data.source='json' is not one of 'default', 'text', 'tfds', 'jsonl'; set "
-        "--config.data.source$",
+        match=r"^data\.source='json' is not one of 'default', 'text', 'tfds', 'jsonl'; set "
+        r"--config\.data\.source$",
     ):
         DataSettings.of({**data, "source": "json"})
 

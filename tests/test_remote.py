@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import time
+from pathlib import Path
 
 import jax
 import pytest
@@ -103,7 +104,7 @@ def test_file_layer_reads_writes_globs_and_moves_objects(gcs):
     assert not files.exists(f"{gcs}/layer/b.txt")
     assert sorted(files.listdir(f"{gcs}/moved")) == ["a.txt", "b.txt"]
     assert files.read_text(f"{gcs}/moved/b.txt") == "one\ntwo words\n"
-    with pytest.raises(FileNotFoundError, match="gs://bertjax-test/moved/c.txt"):
+    with pytest.raises(FileNotFoundError, match=r"gs://bertjax-test/moved/c\.txt"):
         files.open(f"{gcs}/moved/c.txt")
 
 
@@ -116,7 +117,7 @@ def test_pretraining_from_and_into_gcs_resumes_exactly(gcs, corpus_file, tmp_pat
     """The corpus as two gs:// objects named by a glob; the run stops after 5 steps and
     resumes from its gs:// checkpoint (step 5) to step 8. Every logged loss equals that of
     an uninterrupted run on local copies of the same files, bit for bit."""
-    text = open(corpus_file, encoding="utf-8").read()
+    text = Path(corpus_file).read_text(encoding="utf-8")
     half = text.index("\n\n", len(text) // 2) + 2  # between documents
     for i, part in enumerate((text[:half], text[half:])):
         files.write_text(f"{gcs}/corpus/part-{i}.txt", part)
@@ -192,7 +193,7 @@ def test_google_and_hf_checkpoints_on_gcs_read_as_their_local_copies(gcs, tmp_pa
     )
     assert convert.main([f"{gcs}/models/hf", str(tmp_path / "out")]) == 0
     assert f"{gcs}/models/hf: Hugging Face checkpoint" in capsys.readouterr().out
-    config, converted = native.load_bertjax(str(tmp_path / "out"))
+    _config, converted = native.load_bertjax(str(tmp_path / "out"))
     assert_trees_equal(converted, params)
     assert native.tokenizer_beside(str(tmp_path / "out")).fingerprint() == remote[2].fingerprint()
 
@@ -233,7 +234,7 @@ def test_prepare_to_gcs_then_train_from_it_as_from_a_local_directory(
             open_file(path, mode, *a, **k),
         )[1],
     )
-    files.write_text(f"{gcs}/books.txt", open(corpus_file, encoding="utf-8").read())
+    files.write_text(f"{gcs}/books.txt", Path(corpus_file).read_text(encoding="utf-8"))
     config = tiny_config(
         f"{gcs}/books.txt",
         str(tmp_path / "cache"),

@@ -95,13 +95,13 @@ def test_restart_needs_two_phases_and_bert_adam(corpus_file):
     )
     assert (optimizer.restart_step, optimizer.restart_warmup_steps) == (12, 2)
     config.optimizer.name = "adamw"
-    with pytest.raises(errors.ConfigError, match="needs optimizer.name='bert_adam'"):
+    with pytest.raises(errors.ConfigError, match=r"needs optimizer\.name='bert_adam'"):
         sharded_run.pretraining_optimizer(
             config.optimizer, config.train.total_steps, config.long_phase, phases
         )
     config.optimizer.name = "bert_adam"
     config.long_phase.fraction = 0.0
-    with pytest.raises(errors.ConfigError, match="set long_phase.fraction between 0 and 1"):
+    with pytest.raises(errors.ConfigError, match=r"set long_phase\.fraction between 0 and 1"):
         sharded_run.pretraining_optimizer(
             config.optimizer,
             config.train.total_steps,

@@ -5,6 +5,7 @@ kind refused in one line; and bertjax's BPE and WordPiece ids equal the `tokeniz
 over a whole text file."""
 
 import dataclasses
+import itertools
 import json
 import os
 import random
@@ -88,12 +89,9 @@ def sentence_transformers_dir(directory, words: list[str]) -> str:
             "strip_accents": None,
             "tokenizer_class": "BertTokenizer",
             "model_max_length": 512,
-            **{
-                k: t
-                for k, t in zip(
-                    ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIALS
-                )
-            },
+            **dict(
+                zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIALS)
+            ),
         },
         "special_tokens_map.json": {"pad_token": "[PAD]", "unk_token": "[UNK]"},
         "sentence_bert_config.json": {"max_seq_length": 256, "do_lower_case": False},
@@ -234,7 +232,7 @@ def test_no_tokenizer_found_names_what_it_looks_for(tmp_path):
         hf_tokenizer.tokenizer_file(str(tmp_path))
 
 
-def test_bpe_and_wordpiece_ids_equal_the_tokenizers_library_over_a_text_file(corpus_file, tmp_path):  # noqa: F811
+def test_bpe_and_wordpiece_ids_equal_the_tokenizers_library_over_a_text_file(corpus_file, tmp_path):
     """Every line of the tests' training corpus (and TEXTS), as bertjax's BPE (a byte-level
     BPE trained on that corpus: every merge rule is used) and WordPiece (Google's, from a
     vocab of that corpus) tokenize it and as the `tokenizers` library does."""
@@ -257,7 +255,7 @@ def test_bpe_and_wordpiece_ids_equal_the_tokenizers_library_over_a_text_file(cor
     ]
     some = [w for w in text_words(lines) if len(w) > 2][::3]  # (the rest: split into pieces)
     hf_wp = wordpiece_json(
-        some + ["un", "##aff", "##able"], str(tmp_path / "wp.json"), padded=False
+        [*some, "un", "##aff", "##able"], str(tmp_path / "wp.json"), padded=False
     )
     wordpiece = tokenization.WordPieceTokenizer(
         _vocab_txt(hf_wp, tmp_path / "vocab.txt"), max_input_chars_per_word=100
@@ -286,11 +284,11 @@ def _vocab_txt(built: tk.Tokenizer, path) -> str:
 def test_a_sentence_transformers_directory_fine_tunes_and_extracts_features(shipped, tmp_path):
     """No --vocab_file: the tokenizer.json shipped beside the BertModel is read as
     transformers reads it, for fine-tuning and for extract_features."""
-    rows, sentences = sst2_rows()
+    rows, _sentences = sst2_rows()
     os.makedirs(tmp_path / "SST-2")
     for split, part in (("train", rows[:32]), ("dev", rows[32:])):
         (tmp_path / "SST-2" / f"{split}.tsv").write_text(
-            "\n".join(["sentence\tlabel"] + part) + "\n"
+            "\n".join(["sentence\tlabel", *part]) + "\n"
         )
     config = config_file("glue.py")
     config.update(
@@ -320,7 +318,7 @@ def test_a_sentence_transformers_directory_tokenizes_as_auto_tokenizer(shipped):
     theirs = transformers.AutoTokenizer.from_pretrained(shipped)
     source = pretrained.Source(init_checkpoint=shipped)
     ours = pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
-    for a, b in zip(TEXTS, TEXTS[1:]):
+    for a, b in itertools.pairwise(TEXTS):
         encoded = theirs(a, b)
         assert encoded["input_ids"] == [
             ours.cls_id,

@@ -130,11 +130,11 @@ def test_read_json_v2_keeps_unanswerable_questions(tmp_path):
 
 
 def test_read_errors_name_the_problem(tmp_path):
-    with pytest.raises(FileNotFoundError, match="absent.json"):
+    with pytest.raises(FileNotFoundError, match=r"absent\.json"):
         squad.read_squad(str(tmp_path / "absent.json"), False, False)
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(ValueError, match="bad.json is not a valid JSON"):
+    with pytest.raises(ValueError, match=r"bad\.json is not a valid JSON"):
         squad.read_squad(str(bad), False, False)
     bad.write_text(json.dumps({"version": "1.1"}))
     with pytest.raises(ValueError, match='"data" list'):
@@ -145,7 +145,7 @@ def test_read_errors_name_the_problem(tmp_path):
     bad.write_text(json.dumps(_squad_json([{"id": "q", "answers": []}], CONTEXT)))
     with pytest.raises(ValueError, match=r"data\[0\].paragraphs\[0\].*'question'"):
         squad.read_squad(str(bad), False, False)
-    with pytest.raises(ValueError, match="tfds:squad/v1.1:validation"):
+    with pytest.raises(ValueError, match=r"tfds:squad/v1\.1:validation"):
         squad.read_squad("tfds:squad", False, False)
 
 
@@ -310,11 +310,11 @@ def test_subwords_improved_answer_span_padding_and_query_truncation(tokenizer):
 
 
 def test_features_reject_bad_inputs(tokenizer):
-    with pytest.raises(ValueError, match="'e' has no answer word span .* is_training=True"):
+    with pytest.raises(ValueError, match=r"'e' has no answer word span .* is_training=True"):
         squad.convert_examples_to_features([_letters_example()], tokenizer, is_training=True)
     example = SquadExample("long", "who was he", list(LETTERS))
     with pytest.raises(
-        ValueError, match="max_seq_length 6 .* question 'long' after its 3-token query"
+        ValueError, match=r"max_seq_length 6 .* question 'long' after its 3-token query"
     ):
         squad.convert_examples_to_features([example], tokenizer, max_seq_length=6)
 

@@ -207,6 +207,7 @@ def test_cli_prints_official_dict(tmp_path):
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["best_f1"] == pytest.approx(70.0)
@@ -217,6 +218,7 @@ def test_cli_prints_official_dict(tmp_path):
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
     assert out.returncode == 1 and out.stderr.startswith("error:") and "absent.json" in out.stderr
 

@@ -27,7 +27,7 @@ def test_the_final_chunk_of_a_resumable_upload(content_range, final):
 def test_only_resumable_upload_posts_are_final_chunks():
     headers = {"Content-Range": "bytes 0-99/100"}
     assert storage._final_chunk("PUT", UPLOAD, headers) is None
-    assert storage._final_chunk("POST", UPLOAD.split("&upload_id")[0], headers) is None
+    assert storage._final_chunk("POST", UPLOAD.split("&upload_id", maxsplit=1)[0], headers) is None
     assert storage._final_chunk("POST", UPLOAD, None) is None
 
 

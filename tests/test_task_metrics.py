@@ -69,5 +69,5 @@ def test_every_task_provides_what_the_adapter_interface_declares():
     class NoPredictions(features.Finetune):
         model = load = loss = evaluate = lambda *args: None
 
-    with pytest.raises(TypeError, match="abstract method.*write_predictions"):
+    with pytest.raises(TypeError, match=r"abstract method.*write_predictions"):
         NoPredictions()

@@ -128,7 +128,7 @@ def test_greedy_longest_match(wp):
 def test_greedy_does_not_backtrack(tmp_path):
     # "unaf" wins as the longest prefix; "##fable" is absent so the whole word
     # is [UNK] even though un ##aff ##able would have worked.
-    path = write_vocab(tmp_path / "v.txt", VOCAB + ["unaf"])
+    path = write_vocab(tmp_path / "v.txt", [*VOCAB, "unaf"])
     assert tok.WordPieceTokenizer(path).tokenize("unaffable") == ["[UNK]"]
 
 
@@ -214,13 +214,13 @@ def test_fingerprint_tracks_vocab_and_options(tmp_path, vocab_file):
         fp(do_lower_case=False),
         fp(strip_accents=False),
         fp(max_input_chars_per_word=100),
-        fp(write_vocab(tmp_path / "other.txt", VOCAB + ["extra"])),
+        fp(write_vocab(tmp_path / "other.txt", [*VOCAB, "extra"])),
     }
     assert base not in others and len(others) == 4
 
 
 def test_vocab_lines_stripped_crlf_and_duplicates(tmp_path):
-    path = write_vocab(tmp_path / "crlf.txt", VOCAB + ["the "], newline="\r\n")
+    path = write_vocab(tmp_path / "crlf.txt", [*VOCAB, "the "], newline="\r\n")
     t = tok.WordPieceTokenizer(path)
     assert t.vocab_size == len(VOCAB) + 1
     # A duplicate maps to its last line, as Google's dict-based load_vocab does.
@@ -230,11 +230,11 @@ def test_vocab_lines_stripped_crlf_and_duplicates(tmp_path):
 
 def test_vocab_errors_name_the_file(tmp_path):
     missing = tmp_path / "nope.txt"
-    with pytest.raises(FileNotFoundError, match="nope.txt"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.txt"):
         tok.WordPieceTokenizer(str(missing))
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
-    with pytest.raises(ValueError, match="empty.txt"):
+    with pytest.raises(ValueError, match=r"empty\.txt"):
         tok.WordPieceTokenizer(str(empty))
     no_specials = write_vocab(tmp_path / "plain.txt", ["the", "a"])
     with pytest.raises(ValueError, match=r"plain.txt.*\[PAD\]"):
@@ -334,7 +334,7 @@ def test_sentencepiece_counts_the_lines_it_leaves_out(tmp_path, caplog, capfd):
     """A line over max_sentence_length bytes is left out of learning the vocabulary: one
     bertjax warning counts them, and SentencePiece's own log lines stay off the console."""
     long_line = " ".join(make_sentences(40, seed=1))
-    sentences = make_sentences() + [long_line, "", long_line]
+    sentences = [*make_sentences(), long_line, "", long_line]
     with caplog.at_level("WARNING"):
         tok.train_sentencepiece(
             sentences,
@@ -380,11 +380,11 @@ def test_sentencepiece_errors(tmp_path):
         tok.train_sentencepiece(["a b"], str(tmp_path / "e"), vocab_size=50, model_type="wordpiece")
     with pytest.raises(ValueError, match="vocab_size"):
         tok.train_sentencepiece(make_sentences(20), str(tmp_path / "e"), vocab_size=8)
-    with pytest.raises(FileNotFoundError, match="gone.model"):
+    with pytest.raises(FileNotFoundError, match=r"gone\.model"):
         tok.SentencePieceTokenizer(str(tmp_path / "gone.model"))
     garbage = tmp_path / "garbage.model"
     garbage.write_bytes(b"not a model")
-    with pytest.raises(ValueError, match="garbage.model"):
+    with pytest.raises(ValueError, match=r"garbage\.model"):
         tok.SentencePieceTokenizer(str(garbage))
 
 
@@ -401,6 +401,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
 
 

@@ -112,7 +112,10 @@ class BertjaxGlue(tfds.core.GeneratorBasedBuilder):
     """`glue/sst2` and `glue/mnli` features over GLUE_RECORDS."""
 
     VERSION = tfds.core.Version("2.0.0")
-    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="sst2"), tfds.core.BuilderConfig(name="mnli")]
+    BUILDER_CONFIGS = [  # noqa: RUF012 (tfds reads the class attribute)
+        tfds.core.BuilderConfig(name="sst2"),
+        tfds.core.BuilderConfig(name="mnli"),
+    ]
 
     def _info(self) -> tfds.core.DatasetInfo:
         if self.builder_config.name == "sst2":

@@ -7,6 +7,7 @@ belong to, the optimizer), then the costliest groups of kernels.
 
 import json
 import sys
+from pathlib import Path
 
 
 def table(census: dict) -> str:
@@ -35,6 +36,6 @@ def table(census: dict) -> str:
 
 
 if __name__ == "__main__":
-    record = json.load(open(sys.argv[1]))
+    record = json.loads(Path(sys.argv[1]).read_text())
     phase = sys.argv[2] if len(sys.argv) > 2 else "short"
     print(table(record["phases"][phase]["gpu"]))

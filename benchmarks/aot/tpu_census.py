@@ -6,6 +6,7 @@ instructions by libtpu's estimated time, with their bytes.
 
 import json
 import sys
+from pathlib import Path
 
 
 def table(estimate: dict) -> str:
@@ -26,6 +27,6 @@ def table(estimate: dict) -> str:
 
 
 if __name__ == "__main__":
-    record = json.load(open(sys.argv[1]))
+    record = json.loads(Path(sys.argv[1]).read_text())
     phase = sys.argv[2] if len(sys.argv) > 2 else "short"
     print(table(record["phases"][phase]["tpu"] if "phases" in record else record["tpu"]))

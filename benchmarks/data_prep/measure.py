@@ -7,6 +7,7 @@ processes: the peak of the summed RSS of the process tree, sampled every 0.1 s w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import subprocess
@@ -19,10 +20,8 @@ import psutil
 def tree_rss(process: psutil.Process) -> int:
     total = 0
     for p in [process, *process.children(recursive=True)]:
-        try:
+        with contextlib.suppress(psutil.Error):
             total += p.memory_info().rss
-        except psutil.Error:
-            pass
     return total
 
 
@@ -32,10 +31,8 @@ def main() -> None:
     child = subprocess.Popen(command)
     process, peak = psutil.Process(child.pid), 0
     while child.poll() is None:
-        try:
+        with contextlib.suppress(psutil.Error):
             peak = max(peak, tree_rss(process))
-        except psutil.Error:
-            pass
         time.sleep(0.1)
     wall = time.time() - start
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -9,6 +9,7 @@ they call) and prints each stage's seconds and share of the whole run's CPU time
 from __future__ import annotations
 
 import collections
+import contextlib
 import runpy
 import sys
 import time
@@ -61,10 +62,8 @@ def main() -> None:
         "--config.data.num_workers=1",
     ]
     start = time.process_time()
-    try:
+    with contextlib.suppress(SystemExit):
         runpy.run_module("bertjax.prepare", run_name="__main__")
-    except SystemExit:
-        pass
     total = time.process_time() - start
     rest = total - sum(SECONDS.values())
     print(f"total CPU s (this process): {total:.1f}")

@@ -32,9 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from step_levers import LARGE, synthetic_batch, time_variant  # noqa: E402  (benchmarks/)
+from step_levers import LARGE, synthetic_batch, time_variant  # (benchmarks/)
 
-from bertjax.models.bert import model as M  # noqa: E402
+from bertjax.models.bert import model as M
 
 TWO_LAYERS = dataclasses.replace(LARGE, num_hidden_layers=2)
 IMPL = sys.argv[2] if len(sys.argv) > 2 else "cudnn"  # "einsum": the CPU check

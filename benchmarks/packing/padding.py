@@ -54,7 +54,7 @@ def main(argv):
     tokenizer = corpus_source.load_or_train_tokenizer(DataSettings.of(data_cfg), FLAGS.cache_dir)
     specials = corpus_source.specials_of(tokenizer, data_cfg.whole_word_mask)
     results = {
-        "command": " ".join(["python"] + sys.argv),
+        "command": " ".join(["python", *sys.argv]),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "data": data_cfg.to_dict(),
         "text_formats": {},

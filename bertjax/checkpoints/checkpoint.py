@@ -357,7 +357,7 @@ def restore_params(directory: str, abstract_params: PyTree) -> PyTree:
             )
         except CheckpointMismatch:
             raise
-        except Exception as e:  # noqa: BLE001 (half written, or unreadable)
+        except Exception as e:  # (half written, or unreadable)
             if storage.unavailable(e):
                 raise
             raise CheckpointMismatch(

@@ -261,8 +261,8 @@ def _read_lines(
     path: str, max_line_chars: int, stats: CorpusStats, cursor: Cursor | None = None
 ) -> Iterator[str]:
     """Yields decoded lines without their line ending, each at most max_line_chars long."""
-    for line, overflow in _decoded_lines(path, max_line_chars, stats, cursor or Cursor()):
-        line = line.rstrip("\r\n")
+    for decoded, overflow in _decoded_lines(path, max_line_chars, stats, cursor or Cursor()):
+        line = decoded.rstrip("\r\n")
         if overflow or len(line) > max_line_chars:
             stats.truncated_long_lines += 1
             line = line[:max_line_chars]

@@ -93,7 +93,7 @@ def _import_quietly(name: str) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return importlib.import_module(name)
-    except Exception:  # Missing or broken on this platform: leave it out.
+    except Exception:  # noqa: BLE001 (missing or broken on this platform: leave it out)
         return None
 
 

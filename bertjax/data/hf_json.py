@@ -56,7 +56,7 @@ def library_tokenizer(text: str, path: str) -> tk.Tokenizer:
     truncation, as transformers encodes one text; DataError if the library cannot read it."""
     try:
         hf = tk.Tokenizer.from_str(text)
-    except Exception as e:  # (tokenizers raises plain Exception)
+    except Exception as e:  # noqa: BLE001 (tokenizers raises plain Exception)
         raise DataError(
             f"{path} is not a tokenizer.json the tokenizers library reads ({e})"
         ) from None

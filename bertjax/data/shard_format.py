@@ -109,7 +109,7 @@ class ShardWriter:
         for name in STORED:  # (a failed write, e.g. a full disk, names its file)
             path = os.path.join(directory, name + ".npy")
             with files.naming(path):
-                f = open(path, "wb")
+                f = open(path, "wb")  # noqa: SIM115 (kept in self.files: close() closes it)
                 np.lib.format.write_array_header_1_0(
                     f,
                     {
@@ -199,7 +199,7 @@ class PreparedSplit:
         rows = np.asarray(rows)
         shard_of_row = np.searchsorted(self._offsets, rows, side="right") - 1
         out = {
-            name: np.empty((len(rows),) + array.shape[1:], array.dtype)
+            name: np.empty((len(rows), *array.shape[1:]), array.dtype)
             for name, array in self.shards[0].items()
         }
         for shard_index in np.unique(shard_of_row):

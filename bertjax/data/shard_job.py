@@ -91,7 +91,7 @@ def split_eval_documents(documents: list, eval_fraction: float, seed: int) -> tu
     if eval_fraction <= 0 or len(documents) < 2:
         return documents, []
     order = np.random.default_rng([seed, 1]).permutation(len(documents))
-    num_eval = max(1, int(round(len(documents) * eval_fraction)))
+    num_eval = max(1, round(len(documents) * eval_fraction))
     eval_ids = set(order[:num_eval].tolist())
     train = [d for i, d in enumerate(documents) if i not in eval_ids]
     return train, [d for i, d in enumerate(documents) if i in eval_ids]

@@ -68,7 +68,7 @@ class RowFile:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (len(self),) + self.row_shape
+        return (len(self), *self.row_shape)
 
     def max(self) -> int:
         """The largest element (taken while loading)."""
@@ -77,7 +77,7 @@ class RowFile:
     def __getitem__(self, rows: slice | Sequence[int] | np.ndarray) -> np.ndarray:
         """Rows `rows`, read now and checked."""
         rows = np.arange(len(self))[rows] if isinstance(rows, slice) else np.asarray(rows)
-        out = np.empty((len(rows),) + self.row_shape, self.dtype)
+        out = np.empty((len(rows), *self.row_shape), self.dtype)
         for i, row in enumerate(rows.tolist()):
             at = self.offset + row * self.row_bytes
             # (numpy's stubs declare arrays buffers only for Python >= 3.12)
@@ -187,13 +187,13 @@ def _read_rows(
         size += len(block)
         count = len(block) // row_bytes if row_bytes else 0
         if count and len(block) % max(row_bytes, 1) == 0:
-            array = np.frombuffer(block, dtype).reshape((count,) + row_shape)
+            array = np.frombuffer(block, dtype).reshape((count, *row_shape))
             parts.append(array.copy() if narrow else (row_hashes(array), array.max()))
         row += count
     if row != rows:  # (a short file: its digest fails too)
         parts = []
     if narrow:
-        empty = np.zeros((0,) + row_shape, dtype)
+        empty = np.zeros((0, *row_shape), dtype)
         return np.concatenate([empty, *parts]) if parts else empty, size
     hashes = np.concatenate([np.zeros(0, np.uint32), *[h for h, _ in parts]])
     return (hashes, int(max((m for _, m in parts), default=0))), size

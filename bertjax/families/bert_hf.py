@@ -150,13 +150,13 @@ def save_hf(
     `pad_token_id`: the tokenizer's [PAD]. Returns the number of parameters written."""
     os.makedirs(path, exist_ok=True)
     tensors = {}
-    for p, value in tree.flatten(tree.unstack_layers(params)).items():
+    for p, leaf in tree.flatten(tree.unstack_layers(params)).items():
         if head and (
             not p.startswith("bert/") or (p.startswith("bert/pooler/") and not head.pooler)
         ):
             continue  # the output layer comes from `head`; no pooler where the class has none
         name, transpose = path_to_hf(p)
-        value = np.asarray(value)
+        value = np.asarray(leaf)
         tensors[name] = np.ascontiguousarray(value.T if transpose else value)
     tensors.update(head.tensors if head else {})
     hf.write_safetensors(tensors, path)

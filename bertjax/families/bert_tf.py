@@ -77,7 +77,8 @@ def save_tf(config: BertConfig, params: dict[str, Any], path: str) -> None:
         path_to_tf(p): np.asarray(v) for p, v in tree.flatten(tree.unstack_layers(params)).items()
     }
     tf_bundle.write_bundle(os.path.join(path, "bert_model.ckpt"), tensors)
-    fields = bert_model.ARCHITECTURE_FIELDS + (
+    fields = (
+        *bert_model.ARCHITECTURE_FIELDS,
         "hidden_dropout_prob",
         "attention_probs_dropout_prob",
         "initializer_range",

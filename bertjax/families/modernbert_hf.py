@@ -126,7 +126,7 @@ def hf_config(values: dict[str, Any], where: str) -> ModernBertConfig:
         raise tree.ConversionError(f"{where}: {e}") from None
 
 
-def load_hf(
+def load_hf(  # noqa: C901, PLR0912 (each checkpoint form and class in turn)
     path: str, report: families.Report | None = None
 ) -> tuple[ModernBertConfig, dict[str, Any]]:
     """Reads a transformers ModernBERT directory (`config.json` + `model.safetensors`, sharded

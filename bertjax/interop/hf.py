@@ -71,7 +71,7 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
         ) from None
     try:
         state = torch.load(bin_path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several types for damaged files
+    except Exception as e:  # noqa: BLE001 (torch raises several types for damaged files)
         raise tree.ConversionError(f"cannot read {bin_path}: {e}") from None
     # numpy has no bfloat16: such tensors are widened to float32.
     return {k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in state.items()}

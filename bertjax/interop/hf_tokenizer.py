@@ -170,7 +170,7 @@ def save_tokenizer(
         names.append("tokenizer.json")
     tree.write_json(os.path.join(path, "tokenizer_config.json"), config)
     tree.write_json(os.path.join(path, "special_tokens_map.json"), SPECIAL_TOKENS)
-    return names + ["tokenizer_config.json", "special_tokens_map.json"]
+    return [*names, "tokenizer_config.json", "special_tokens_map.json"]
 
 
 def tokenizer_file(directory: str) -> tuple[str, str, hf_json.Casing | None]:
@@ -223,8 +223,10 @@ def _unigram_proto(spec: dict) -> bytes | None:
         or pre.get("prepend_scheme") not in ("always", "never")
         or any(
             s.get("type") not in ("Precompiled", "Strip", "Replace")
-            or s["type"] == "Replace"
-            and (s.get("pattern"), s.get("content")) != ({"Regex": " {2,}"}, " ")
+            or (
+                s["type"] == "Replace"
+                and (s.get("pattern"), s.get("content")) != ({"Regex": " {2,}"}, " ")
+            )
             for s in steps
         )
     ):

@@ -150,7 +150,7 @@ def save_tokenizer(tokenizer: tokenization.Tokenizer, directory: str) -> list[st
             f"a {type(tokenizer).__name__} cannot be written beside a checkpoint"
         )
     tree.write_json(os.path.join(directory, TOKENIZER_FILE), spec)
-    return names + [TOKENIZER_FILE]
+    return [*names, TOKENIZER_FILE]
 
 
 def tokenizer_beside(path: str) -> tokenization.Tokenizer | None:

@@ -395,4 +395,4 @@ def write_bundle(prefix: str, tensors: dict[str, np.ndarray]) -> None:
             entries.append((name.encode("utf-8"), _encode_entry(entry)))
             offset += len(data)
     with open(prefix + ".index", "wb") as f:
-        f.write(_table([(b"", ONE_SHARD_HEADER)] + entries))
+        f.write(_table([(b"", ONE_SHARD_HEADER), *entries]))

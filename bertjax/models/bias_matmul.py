@@ -62,7 +62,7 @@ def _backward(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     x_BxLxI, kernel_KxIxO = saved
     inputs = x_BxLxI.shape[-1]
-    ones_BxLx1 = jnp.ones(x_BxLxI.shape[:-1] + (1,), x_BxLxI.dtype)
+    ones_BxLx1 = jnp.ones((*x_BxLxI.shape[:-1], 1), x_BxLxI.dtype)
     kernel_and_bias = jnp.einsum(
         "bli,kblo->kio", jnp.concatenate([x_BxLxI, ones_BxLx1], -1), g_KxBxLxO
     )

@@ -39,7 +39,7 @@ def _hash_words(
     if index is None:
         index = jnp.arange(math.prod(shape), dtype=jnp.uint32).reshape(shape)
     if data.shape != (2,):
-        words = jax.random.bits(key, index.shape + (4,), jnp.uint32)
+        words = jax.random.bits(key, (*index.shape, 4), jnp.uint32)
         return [words[..., j] for j in range(4)]
     lanes: list[jax.Array] = []
     for lane in range(2):
@@ -55,7 +55,7 @@ def packed_keep_mask(
     """uint8 `[..., ceil(shape[-1] / 8)]`: bit i of byte j keeps element 8j + i of the last
     axis, kept when its 16 random bits are >= round(rate * 2**16). `byte_index` (uint32):
     instead, the bytes at these flat indices of that mask, in its shape."""
-    packed_shape = tuple(shape[:-1]) + (-(-shape[-1] // 8),)
+    packed_shape = (*shape[:-1], -(-shape[-1] // 8))
     threshold = jnp.uint32(round(rate * 2**16))
     words = _hash_words(key, packed_shape, byte_index)
     byte = jnp.zeros(words[0].shape, jnp.uint32)
@@ -67,7 +67,7 @@ def packed_keep_mask(
 
 def _unpacked(packed: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     bits = (packed[..., None] >> jnp.arange(8, dtype=jnp.uint8)) & 1
-    return bits.reshape(packed.shape[:-1] + (-1,))[..., : shape[-1]].astype(jnp.bool_)
+    return bits.reshape((*packed.shape[:-1], -1))[..., : shape[-1]].astype(jnp.bool_)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

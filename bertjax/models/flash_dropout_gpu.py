@@ -153,7 +153,7 @@ def _forward_kernel(
     lse_ref[...] = max_Q + jnp.log2(sum_Q)
 
 
-def _backward_kernel(
+def _backward_kernel(  # noqa: PLR0913 (Pallas hands the kernel its refs)
     seed_ref: jax.Ref,
     qkv_ref: jax.Ref,
     bias_ref: jax.Ref,
@@ -324,7 +324,7 @@ def _call_backward(
 
 def _heads(x: jax.Array, heads: int) -> jax.Array:
     """`[..., N * D]` as `[..., N, D]`."""
-    return x.reshape(x.shape[:-1] + (heads, -1))
+    return x.reshape((*x.shape[:-1], heads, -1))
 
 
 def flash_dropout(

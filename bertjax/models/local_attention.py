@@ -55,7 +55,7 @@ def _key_blocks(x_BxLxF: jax.Array, blocks: int, block: int, fill: int) -> jax.A
     batch, length = x_BxLxF.shape[:2]
     pad = [(0, 0), (block, (blocks + 1) * block - length)] + [(0, 0)] * (x_BxLxF.ndim - 2)
     padded = jnp.pad(x_BxLxF, pad, constant_values=fill).reshape(
-        (batch, blocks + 2, block) + x_BxLxF.shape[2:]
+        (batch, blocks + 2, block, *x_BxLxF.shape[2:])
     )
     return jnp.concatenate([padded[:, :-2], padded[:, 1:-1], padded[:, 2:]], axis=2)
 

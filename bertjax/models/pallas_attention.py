@@ -65,9 +65,8 @@ def pallas_attention(
             )
             + f", got {length}; use attention_impl='einsum'"
         )
-    block = {
-        name: BLOCK
-        for name in (
+    block = dict.fromkeys(
+        (
             "block_q",
             "block_k_major",
             "block_k",
@@ -78,8 +77,9 @@ def pallas_attention(
             "block_k_major_dq",
             "block_k_dq",
             "block_q_dq",
-        )
-    }
+        ),
+        BLOCK,
+    )
     interpret = compile_target.target_platform() != "tpu"
 
     def whole_rows(
@@ -105,7 +105,7 @@ def pallas_attention(
     if dropout_rate:
         flash, qkv = (
             lambda *args: flash_dropout.flash_dropout(*args, dropout_rate, interpret),
-            (jnp.stack([x.reshape(shape[:2] + (-1,)) for x in (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)]),),
+            (jnp.stack([x.reshape((*shape[:2], -1)) for x in (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)]),),
         )
         in_spec, out_spec = (
             (PartitionSpec(None, spec[0], None, spec[1]), PartitionSpec(spec[0], None, spec[1]))
@@ -219,9 +219,8 @@ def _splash_window(
 
     heads, length, head_size = q_BxNxLxD.shape[1:]
     local = masks.LocalMask((length, length), (half_window, half_window), offset=0)
-    sizes = {
-        name: BLOCK
-        for name in (
+    sizes = dict.fromkeys(
+        (
             "block_q",
             "block_kv",
             "block_kv_compute",
@@ -230,8 +229,9 @@ def _splash_window(
             "block_kv_dkv_compute",
             "block_q_dq",
             "block_kv_dq",
-        )
-    }
+        ),
+        BLOCK,
+    )
     kernel = splash.make_splash_mha(
         masks.MultiHeadMask([local] * heads),
         head_shards=1,

@@ -293,7 +293,7 @@ def logging_to(path: str | None) -> Iterator[None]:
 def log_only(message: str) -> None:
     """Keeps `message` in the run's log file (or with the records kept for it), not on the
     console: detail that must not come after a line that says what went wrong."""
-    caller = sys._getframe(1)  # noqa: SLF001 (where the log file says it came from)
+    caller = sys._getframe(1)  # (where the log file says it came from)
     RUN_LOG.take(
         std_logging.LogRecord(
             "bertjax",
@@ -311,9 +311,9 @@ def note(line: str) -> None:
     """Appends `line` (already shown on the console: a run's last one, e.g. its `error:`
     line) to the log file this process's run has written and closed, if any."""
     if RUN_LOG.last_path and RUN_LOG.handler is None:
-        with contextlib.suppress(OSError):  # (a full disk: the console has it)
-            with open(RUN_LOG.last_path, "a", encoding="utf-8") as f:
-                f.write(LogFileFormat().format(printed(line)) + "\n")
+        # (OSError: a full disk; the console has it)
+        with contextlib.suppress(OSError), open(RUN_LOG.last_path, "a", encoding="utf-8") as f:
+            f.write(LogFileFormat().format(printed(line)) + "\n")
 
 
 class _OtherThreadsTo:

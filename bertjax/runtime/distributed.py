@@ -78,7 +78,7 @@ def _registration_timeout(seconds: int) -> Iterator[None]:
     clients' initialization timeout, and they would abort without the names)."""
     from jax._src import distributed as jax_distributed  # (not public API)
 
-    library = jax_distributed._jax  # noqa: SLF001
+    library = jax_distributed._jax
 
     class WithRegistrationTimeout:
         def __getattr__(self, name: str) -> Any:
@@ -90,11 +90,11 @@ def _registration_timeout(seconds: int) -> Iterator[None]:
                 *args, cluster_register_timeout=seconds, **kwargs
             )
 
-    jax_distributed._jax = WithRegistrationTimeout()  # noqa: SLF001
+    jax_distributed._jax = WithRegistrationTimeout()
     try:
         yield
     finally:
-        jax_distributed._jax = library  # noqa: SLF001
+        jax_distributed._jax = library
 
 
 def start_devices() -> None:

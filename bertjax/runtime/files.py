@@ -86,10 +86,10 @@ def _url(fs: AbstractFileSystem, fs_path: str) -> str:
     return fs_path if "://" in fs_path else f"{protocol}://{fs_path}"
 
 
-def open(
+def open(  # noqa: A001 (files.open: builtins.open for URLs too)
     path: str,
     mode: str = "r",
-    encoding: str | None = None,  # noqa: A001
+    encoding: str | None = None,
     errors: str | None = None,
     newline: str | None = None,
 ) -> IO:

@@ -58,7 +58,7 @@ def retry_seconds() -> float:
         raise ValueError(f"{RETRY_ENV}={value!r} is not a number of seconds") from None
 
 
-def transient(error: BaseException) -> str | None:
+def transient(error: BaseException) -> str | None:  # noqa: PLR0911 (one return per kind of transient error)
     """What made `error` transient ("HTTP 503 ...", "connection reset", ...); None if it is
     not (a 404, a 403, a bad request: retrying would not help)."""
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
@@ -126,7 +126,7 @@ async def call_async(operation: Callable[[], Awaitable[T]], what: str) -> T:
     while True:
         try:
             return await operation()
-        except Exception as e:  # noqa: BLE001 (classified below)
+        except Exception as e:  # (classified below)
             cause = transient(e)
             if cause is None:
                 raise

@@ -161,7 +161,7 @@ class Finetune(abc.ABC, Generic[Outputs, Fetched]):
     main_metric: str  # the metric that picks the best checkpoint
     eval_splits: list[str]  # scored every epoch; the first one picks the best checkpoint
     test_splits: list[str]  # predicted (and written) with the best checkpoint
-    scored_test_splits: list[str] = []  # test splits with labels, also scored
+    scored_test_splits: list[str] = []  # test splits with labels, also scored  # noqa: RUF012
     frozen_encoder = False  # train only the head (feature-based)
     # Metrics in percent (0-100), as the task's official scorer reports them; others are
     # fractions (0-1), as GLUE's scorers and conlleval's counts give them.

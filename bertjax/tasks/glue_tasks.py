@@ -71,7 +71,7 @@ class GlueTask:
         return [s.name for s in self.splits if s.submission]
 
 
-def _pair_task(
+def _pair_task(  # noqa: PLR0913, PLR0917 (one row of the GLUE task table)
     name: str,
     directory: str,
     labels: tuple[str, ...] | None,

@@ -104,7 +104,7 @@ def entities(tags: Sequence[str]) -> set[tuple[int, int, str]]:
     (I- starts a chunk unless it continues one of the same type) and IOB2 alike."""
     chunks, start = set(), None
     prev, prev_type = "O", ""
-    for i, tag in enumerate(list(tags) + ["O"]):
+    for i, tag in enumerate([*tags, "O"]):
         prefix, kind = _split_tag(tag)
         if start is not None and _ends(prev, prev_type, prefix, kind):
             chunks.add((start, i - 1, prev_type))

@@ -195,9 +195,9 @@ class NerFinetune(features.Finetune[jax.Array, np.ndarray]):
     """CoNLL-2003 tagging; fine-tuned, or feature-based with a frozen encoder."""
 
     main_metric = "f1"
-    eval_splits = ["dev"]
-    test_splits = ["test"]
-    scored_test_splits = ["test"]
+    eval_splits = ["dev"]  # noqa: RUF012 (read only, as the base class's)
+    test_splits = ["test"]  # noqa: RUF012
+    scored_test_splits = ["test"]  # noqa: RUF012
 
     def __init__(self, options: features.TaskOptions, tokenizer: tokenization.Tokenizer) -> None:
         self.options, self.tokenizer = options, tokenizer

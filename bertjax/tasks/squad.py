@@ -321,7 +321,7 @@ def _answer_tokens(
     )
 
 
-def convert_examples_to_features(
+def convert_examples_to_features(  # noqa: PLR0915 (run_squad.py's, step for step)
     examples: Sequence[SquadExample],
     tokenizer: Tokenizer,
     max_seq_length: int = 384,

@@ -110,10 +110,10 @@ def _raw_scores_v2(
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Official v2.0 per-question EM and F1 (before the no-answer threshold)."""
     exact, f1 = {}, {}
-    for qid, golds in questions:
+    for qid, answers in questions:
         if qid not in predictions:
             continue
-        golds = [g for g in golds if normalize_answer(g)] or [""]
+        golds = [g for g in answers if normalize_answer(g)] or [""]
         exact[qid] = max(exact_match_score(predictions[qid], g) for g in golds)
         f1[qid] = max(f1_score(predictions[qid], g, version_2=True) for g in golds)
     return exact, f1
@@ -176,7 +176,7 @@ def _evaluate_v2(
     """Official v2.0 result dict (exact, f1, total, HasAns_*, NoAns_*, best_* with na_probs)."""
     has_ans = {qid: bool(golds) for qid, golds in questions}
     exact_raw, f1_raw = _raw_scores_v2(questions, predictions)
-    probs = na_probs if na_probs is not None else {qid: 0.0 for qid in predictions}
+    probs = na_probs if na_probs is not None else dict.fromkeys(predictions, 0.0)
     missing_probs = [qid for qid in exact_raw if qid not in probs]
     if missing_probs:
         raise ValueError(

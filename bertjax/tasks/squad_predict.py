@@ -119,7 +119,7 @@ def _softmax(scores: Sequence[float]) -> list[float]:
     return [e / sum(exps) for e in exps]
 
 
-def _example_prediction(
+def _example_prediction(  # noqa: C901 (run_squad.py's write_predictions, step for step)
     example: SquadExample,
     features: SquadFeatures,
     feature_indexes: Sequence[int],
@@ -263,8 +263,8 @@ class SquadFinetune(features.Finetune[tuple[jax.Array, jax.Array], tuple[np.ndar
     `bertjax.tasks.squad` / `squad_eval`)."""
 
     main_metric = "f1"
-    eval_splits = ["dev"]
-    test_splits: list[str] = []
+    eval_splits = ["dev"]  # noqa: RUF012 (read only, as the base class's)
+    test_splits: list[str] = []  # noqa: RUF012
     percent_metrics = frozenset(  # as the official evaluate-v1.1/v2.0 scripts print them
         f"{prefix}{name}"
         for prefix in ("", "HasAns_", "NoAns_", "best_")

@@ -179,7 +179,7 @@ def main(argv: list[str]) -> None:
     except targets.TargetError as e:
         console.error(str(e))
         sys.exit(1)
-    except Exception as e:  # sharding and shape errors from JAX/XLA included: one clear line
+    except Exception as e:  # noqa: BLE001 (JAX/XLA's sharding and shape errors too: one line)
         first_line = (str(e).splitlines() or [repr(e)])[0]
         console.error(
             f"compiling the train step for {label}, mesh "

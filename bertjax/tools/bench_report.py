@@ -28,7 +28,7 @@ def peak_memory_bytes() -> int | None:
 def throughput(
     step_seconds: float, batch: int, length: int, chips: int, padding: float = 0.0
 ) -> dict[str, float]:
-    real_tokens = batch * (length - int(round(padding * length)))
+    real_tokens = batch * (length - round(padding * length))
     return {
         "step_ms": step_seconds * 1e3,
         "sequences_per_second": batch / step_seconds,
@@ -39,7 +39,7 @@ def throughput(
     }
 
 
-def result_record(
+def result_record(  # noqa: PLR0913 (the record's fields, keyword-only)
     config: ml_collections.ConfigDict,
     trainers: dict[str, Any],
     times: dict[str, list[float]],

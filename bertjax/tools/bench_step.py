@@ -27,7 +27,7 @@ def synthetic_batch(
     """Sequence pairs with `predictions` distinct masked positions per row, the last `padding`
     share of each row's tokens padding; with `packed` = K, packed rows of K equal instances."""
     rng = np.random.default_rng(seed)
-    real = length - int(round(padding * length))
+    real = length - round(padding * length)
     instances = max(packed, 1)
     if packed:
         predictions = packing.predictions_per_row(length, predictions, 0.15, packed)

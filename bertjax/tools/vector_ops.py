@@ -179,7 +179,7 @@ VECTOR_UNITS = {
 
 def vector_unit(topology: str) -> VectorUnit | None:
     """The vector unit of a TPU topology such as `v5:2x2x1` (None: not a known TPU)."""
-    return VECTOR_UNITS.get(topology.split(":")[0])
+    return VECTOR_UNITS.get(topology.split(":", maxsplit=1)[0])
 
 
 def _size(aval: object) -> int:

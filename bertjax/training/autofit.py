@@ -39,7 +39,7 @@ def device_memory(device: jax.Device) -> int | None:
         return None
     try:
         return int(device.memory_stats()["bytes_limit"])
-    except Exception:  # compile-only devices have no memory statistics
+    except Exception:  # noqa: BLE001 (compile-only devices have no memory statistics)
         target = targets.for_device_kind(device.device_kind)
         return target.hbm_bytes if target else None
 

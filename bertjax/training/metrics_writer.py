@@ -50,7 +50,9 @@ def open_writer(workdir: str) -> SummaryWriter | None:
     from tensorboardX import SummaryWriter, record_writer
 
     if files.is_remote(workdir):
-        record_writer.register_writer_factory(workdir.split(":")[0], _ObjectEventFiles())
+        record_writer.register_writer_factory(
+            workdir.split(":", maxsplit=1)[0], _ObjectEventFiles()
+        )
     return SummaryWriter(os.path.join(workdir, "tensorboard")) if jax.process_index() == 0 else None
 
 

@@ -88,7 +88,8 @@ def eta_seconds(
         return None
     reference, reference_seconds = known[-1]
     total = 0.0
-    for phase, (name, seconds) in zip(phases, measured):
+    for phase, (name, measured_seconds) in zip(phases, measured):
+        seconds = measured_seconds
         if seconds is None:
             seconds = reference_seconds * relative_cost[name] / relative_cost[reference]
         total += max(0, phase.end_step - max(step, phase.start_step)) * seconds

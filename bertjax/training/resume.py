@@ -116,7 +116,7 @@ class Resume:
                     return Found(step, RunRecord.of(meta), position, sealed)
                 except UnusableCheckpoint:
                     raise
-                except Exception as e:  # noqa: BLE001 (any other failure to read it)
+                except Exception as e:  # (any other failure to read it)
                     if sealed:
                         raise UnusableCheckpoint(
                             f"checkpoint {self.where(step)} cannot be read although its files "
@@ -251,7 +251,7 @@ class Resume:
                 check(found)
             except checkpoint_checks.StateUnreadable as e:  # (every process alike: agreed)
                 found = self._unreadable(found, e, check)
-            except Exception as e:  # noqa: BLE001 (any failure to restore it)
+            except Exception as e:  # (any failure to restore it)
                 if found.sealed or jax.process_count() > 1:
                     raise UnusableCheckpoint(
                         f"checkpoint {self.where(found.step)} failed to restore: {first_line(e)}"
@@ -380,7 +380,7 @@ def check_shape(
             "start a new run in another --workdir (--config.train.init_checkpoint="
             "THIS_WORKDIR/checkpoints starts it from these parameters)"
         )
-    if (old, found.devices) == (new, expected.devices) or found.devices is None and old == new:
+    if (old, found.devices) == (new, expected.devices) or (found.devices is None and old == new):
         return
     same_devices = found.devices == expected.devices
     console.chief_print(
@@ -416,7 +416,7 @@ def restore_exactly(
         state, position, _ = checkpointer.restore(step, abstract_state, meta)
     except checkpoint_checks.CheckpointMismatch:
         raise
-    except Exception as e:  # noqa: BLE001 (any failure to restore it)
+    except Exception as e:  # (any failure to restore it)
         problem = (
             e.problem
             if isinstance(e, checkpoint_checks.DamagedCheckpoint)

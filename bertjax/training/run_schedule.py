@@ -152,7 +152,7 @@ def resumed(
     phases[-1] = dataclasses.replace(phases[-1], end_step=train.total_steps)
     extension = sharded_run.pretraining_optimizer(optimizer, train.total_steps, long_phase, phases)
     recorded_config = before.optimizer_config
-    earlier = recorded_config.earlier + ((end, dataclasses.replace(recorded_config, earlier=())),)
+    earlier = (*recorded_config.earlier, (end, dataclasses.replace(recorded_config, earlier=())))
     extended = dataclasses.replace(extension, earlier=earlier)
     console.chief_print(
         f"Extending the run past step {end} (train.extend): steps "

@@ -112,7 +112,7 @@ def plan_phases(
     `1 - long_phase.fraction` of the steps at data.max_seq_length, the rest at
     long_phase.max_seq_length (one optimizer and learning-rate schedule)."""
     total = train.total_steps
-    long_steps = int(round(total * long_phase.fraction))
+    long_steps = round(total * long_phase.fraction)
     short = phase_schedule.Phase(
         "short",
         data.max_seq_length,

@@ -46,7 +46,7 @@ def _split_micro_batches(batch: Batch, accum_steps: int) -> Batch:
     contributes to every micro-batch (no resharding of the data-parallel axis)."""
 
     def split(x: jax.Array) -> jax.Array:
-        x = x.reshape((x.shape[0] // accum_steps, accum_steps) + x.shape[1:])
+        x = x.reshape((x.shape[0] // accum_steps, accum_steps, *x.shape[1:]))
         return jnp.moveaxis(x, 1, 0)
 
     return jax.tree.map(split, batch)

@@ -287,7 +287,7 @@ def example_inputs(model: nn.Module) -> tuple[jax.Array, ...]:
     length = 128 if getattr(config, "max_position_embeddings", 0) >= 128 else 8
     ids_1xL = (jnp.zeros((1, length), jnp.int32),) * 3
     return (
-        ids_1xL + (jnp.zeros((1, 2), jnp.int32),)
+        (*ids_1xL, jnp.zeros((1, 2), jnp.int32))
         if isinstance(model, BertForPreTraining)
         else ids_1xL
     )
