@@ -1,13 +1,17 @@
 """The shipped configs: the paper's recipe, loadable from any directory, every field documented."""
 
+import dataclasses
 import pathlib
 import re
 import runpy
 
 import pytest
 
+from bertjax.errors import ConfigError
 from bertjax.models.bert.model import BertConfig
-from bertjax.training import optim
+from bertjax.runtime import schema
+from bertjax.tools import config_reference
+from bertjax.training import optim, validate
 from bertjax.training.settings import plan_phases
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -69,14 +73,55 @@ def test_configs_load_from_any_directory(name, tmp_path, monkeypatch):
 
 
 def test_every_base_field_has_a_comment():
-    """Each `c.section.field = value` line says what the field is (and its unit): on the line,
-    or in the comment block right above it."""
+    """Each `c.section.field = value` line of the sections configs/base.py sets itself (model,
+    optimizer, mesh) says what the field is (and its unit): on the line, or in the comment
+    block right above it. (The schema'd sections: test_every_schema_field_is_documented.)"""
     lines = (CONFIGS / "base.py").read_text().splitlines()
     fields = [i for i, line in enumerate(lines) if re.match(r"\s+c\.\w+\.\w+ = ", line)]
-    assert len(fields) > 50
+    assert len(fields) > 30
     undocumented = [
         lines[i].strip()
         for i in fields
         if "  # " not in lines[i] and not lines[i - 1].strip().startswith("#")
     ]
     assert not undocumented, undocumented
+
+
+def test_every_schema_field_is_documented_and_its_default_allowed():
+    """Each field of the schema'd sections has a doc, and its default (base.py's value) is in
+    its range and among its choices: the default the schema states is one it accepts."""
+    base = load("base")
+    for name, cls in validate.SECTIONS.items():
+        kinds = schema.choices(cls)
+        for field in dataclasses.fields(cls):
+            assert field.metadata["doc"].strip(), f"{name}.{field.name} has no doc"
+            assert base[name][field.name] == field.default
+            allowed = field.metadata["allowed"]
+            assert allowed is None or allowed.holds(field.default), f"{name}.{field.name}"
+            assert field.name not in kinds or field.default in kinds[field.name]
+        assert set(base[name]) == {f.name for f in dataclasses.fields(cls)}
+
+
+def test_a_schema_range_is_what_the_config_check_enforces():
+    """validate reads a field's range off its schema: a narrower range there refuses a value
+    the shipped one accepts, naming the field."""
+    config = load("tiny")
+    validate.check_sections(config, {"train": ()})  # (the shipped ranges accept tiny's)
+    narrow = dataclasses.field(
+        default=16,
+        metadata={"doc": "d", "unit": "", "allowed": schema.Range("> 16", lambda v: v > 16)},
+    )
+    narrowed = dataclasses.make_dataclass("Train", [("global_batch_size", int, narrow)])
+    with pytest.raises(
+        ConfigError, match=r"^train\.global_batch_size=16 is out of range: it must be > 16"
+    ):
+        validate.check_sections(config, {"train": ()}, {"train": narrowed})
+
+
+def test_the_configuration_reference_is_current():
+    """docs/configuration.md is what `python -m bertjax.tools.config_reference` writes now."""
+    written = (CONFIGS.parent / "docs" / "configuration.md").read_text()
+    assert written == config_reference.text() + "\n", (
+        "docs/configuration.md is out of date: run "
+        "python -m bertjax.tools.config_reference > docs/configuration.md"
+    )

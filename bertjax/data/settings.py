@@ -1,64 +1,134 @@
-"""`config.data` as typed, frozen settings, built once at an entry point (`DataSettings.of`):
-its choices checked there, in one line naming the `--config.data.FIELD` to set, and what the
-data layer derives from them (the mask mix, dynamic masking, accent stripping) computed there.
-`typed` builds any config section's settings class the same way (bertjax.training.settings: train,
-long_phase).
-
-The fields keep the config's names, types and defaults (configs/base.py documents each one);
-validate.py checks their ranges before the conversion.
+"""`config.data`'s schema and typed, frozen settings, built once at an entry point
+(`DataSettings.of`): each field's default, unit, range and doc (bertjax.runtime.schema), its
+choices checked in one line naming the `--config.data.FIELD` to set, and what the data layer
+derives from them (the mask mix, dynamic masking, accent stripping) computed here.
+validate.py checks the ranges before the conversion.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, Protocol, TypeVar
+from typing import Any, Literal
 
 from bertjax.data import corpora, masking
 from bertjax.data.errors import DataError
+from bertjax.runtime import schema
+from bertjax.runtime.schema import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    PROBABILITY,
+    SEQ_LENGTH,
+    Range,
+    setting,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
     """The pretraining data's settings (`config.data`, same field names)."""
 
-    source: str  # one of corpora.names() (the registered corpus sources)
-    input_files: str  # comma-separated paths or globs
-    text_format: Literal["auto", "lines", "paragraphs"]
-    tfds_name: str
-    tfds_split: str
-    tfds_data_dir: str
-    tfds_text_key: str
-    tokenizer: Literal["wordpiece", "sentencepiece", "bpe"]
-    vocab_file: str
-    sentencepiece_vocab_size: int  # tokens
-    do_lower_case: bool
-    strip_accents: Literal["auto", "true", "false"]
-    max_seq_length: int  # tokens, first phase
-    max_predictions_per_seq: int  # first phase
-    masked_lm_prob: float  # fraction of tokens
-    mask_token_prob: float  # probability
-    random_token_prob: float  # probability
-    short_seq_prob: float  # probability
-    dupe_factor: int
-    masking: Literal["static", "dynamic"]
-    whole_word_mask: bool
-    packing: bool
-    packing_max_instances: int
-    eval_fraction: float
-    shard_bytes: int  # bytes of text per shard
-    num_workers: int  # 0 = one per CPU core
-    prepared_dir: str  # data made by `python -m bertjax.prepare`; empty = prepare here
-    cache_dir: str  # where data is prepared; empty = WORKDIR/data
-    seed: int  # instances, masks and order
+    source: str = setting(
+        "text",
+        "the corpus: one of corpora.names() (`default`: the embedded stdlib corpus, `text`: files,"
+        " `tfds`: a TFDS dataset)",
+    )
+    input_files: str = setting("", "comma-separated paths or globs (source=text)")
+    text_format: Literal["auto", "lines", "paragraphs"] = setting(
+        "auto",
+        "`lines`: a sentence per line, blank lines between documents (the original's); "
+        "`paragraphs`; `auto`: told from the text",
+    )
+    tfds_name: str = setting("", 'e.g. "wikipedia/20230601.en" (source=tfds, array_record format)')
+    tfds_split: str = setting("train", "the TFDS split")
+    tfds_data_dir: str = setting("", "TFDS data_dir; empty = TFDS's default")
+    tfds_text_key: str = setting("text", "the feature holding the text")
+    tokenizer: Literal["wordpiece", "sentencepiece", "bpe"] = setting(
+        "wordpiece", "`wordpiece` (Google's vocab.txt), `sentencepiece` or `bpe`"
+    )
+    vocab_file: str = setting(
+        "",
+        "vocab.txt, a SentencePiece .model or tokenizer.json (bpe); empty: train a SentencePiece "
+        "model",
+    )
+    sentencepiece_vocab_size: int = setting(
+        30522, "the vocabulary of a SentencePiece model the run trains", "tokens"
+    )
+    do_lower_case: bool = setting(True, "lower-case the input (uncased models)")
+    strip_accents: Literal["auto", "true", "false"] = setting(
+        "auto", "`auto` (= do_lower_case, the original's), `true` or `false`"
+    )
+    max_seq_length: int = setting(
+        128, "tokens per sequence in the first phase", "tokens", SEQ_LENGTH
+    )
+    max_predictions_per_seq: int = setting(
+        20, "masked positions per sequence in the first phase", "positions", AT_LEAST_1
+    )
+    masked_lm_prob: float = setting(
+        0.15, "the fraction of tokens masked (chosen for prediction)", "fraction", PROBABILITY
+    )
+    mask_token_prob: float = setting(
+        0.8,
+        "of the chosen tokens, the fraction replaced by [MASK] (paper: 0.8; Table 8 ablates the "
+        "mix)",
+        "probability",
+    )
+    random_token_prob: float = setting(
+        0.1,
+        "of the chosen tokens, the fraction replaced by a random token (the rest keep theirs); "
+        "mask_token_prob + this must be <= 1",
+        "probability",
+    )
+    short_seq_prob: float = setting(
+        0.1, "the probability of a shorter target length", "probability"
+    )
+    dupe_factor: int = setting(
+        10, "copies of the corpus with different masks (static masking)", "copies", AT_LEAST_1
+    )
+    masking: Literal["static", "dynamic"] = setting(
+        "static",
+        "`static` (the original's: masked once when prepared) or `dynamic` (masked by the loader "
+        "each epoch)",
+    )
+    whole_word_mask: bool = setting(False, "mask all pieces of a word together")
+    packing: bool = setting(
+        False,
+        "deviation, off = the original: pack whole instances into rows of max_seq_length, each "
+        "with its own positions, segment ids, [CLS] and NSP prediction (block-diagonal attention: "
+        "an instance computes exactly what it does alone)",
+    )
+    packing_max_instances: int = setting(
+        4, "instances per packed row at most (NSP slots per row)", "instances"
+    )
+    eval_fraction: float = setting(
+        0.01, "the fraction of documents held out for evaluation", "fraction"
+    )
+    shard_bytes: int = setting(
+        16 << 20,
+        "text prepared at a time by one worker (bounds its memory); documents never span shards, "
+        "NSP partners come from the same shard (docs/data-preparation.md)",
+        "bytes",
+        Range(">= 1024", lambda v: v >= 1024),
+    )
+    num_workers: int = setting(
+        0, "processes preparing shards; 0 = one per CPU core", "processes", AT_LEAST_0
+    )
+    prepared_dir: str = setting(
+        "", "read data made by `python -m bertjax.prepare --output=DIR`; empty = prepare it here"
+    )
+    cache_dir: str = setting(
+        "",
+        "where data is prepared (local disk); empty = WORKDIR/data (gs:// workdirs: "
+        "/tmp/bertjax_data)",
+    )
+    seed: int = setting(12345, "the data seed (instances, masks, order); the original's default")
 
     @classmethod
     def of(cls, data: Mapping[str, Any], recorded: bool = False) -> DataSettings:
         """The settings of `data` (config.data); DataError naming the field if a choice is not
         one of its values or the mask mix is not one. `recorded`: `data` is a config an older
         run recorded, whose missing fields take their type's empty value (a choice's first)."""
-        settings = typed(
+        settings = schema.typed(
             cls,
             data,
             "data",
@@ -93,60 +163,3 @@ class DataSettings:
     def items(self) -> list[tuple[str, Any]]:
         """`(field, value)` in the config's order."""
         return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
-
-
-class _Dataclass(Protocol):
-    """Any dataclass (what `dataclasses.fields` takes)."""
-
-    __dataclass_fields__: ClassVar[dict[str, Any]]
-
-
-T = TypeVar("T", bound=_Dataclass)
-
-
-def choices(cls: type) -> dict[str, tuple[Any, ...]]:
-    """The fields of the settings class `cls` that name one of a few choices, read off their
-    Literal types."""
-    return {
-        name: typing.get_args(kind)
-        for name, kind in typing.get_type_hints(cls).items()
-        if typing.get_origin(kind) is Literal
-    }
-
-
-def typed(
-    cls: type[T],
-    values: Mapping[str, Any],
-    section: str,
-    error: type[Exception],
-    recorded: bool = False,
-    case_free: tuple[str, ...] = (),
-    registered: Mapping[str, tuple[str, ...]] | None = None,
-) -> T:
-    """The settings class `cls` (a frozen dataclass) from the config section `section`'s
-    `values`; `error` naming the `--config.SECTION.FIELD` to set where a choice is not one of
-    its values (compared exactly, but for the `case_free` fields: a truth value written as
-    text in any case; the `registered` fields: one of the names a registry holds now).
-    `recorded`: `values` is a section an older run recorded, whose missing fields take their
-    default, else their type's empty value (a choice's first)."""
-    hints, allowed = typing.get_type_hints(cls), {**choices(cls), **(registered or {})}
-
-    def missing(field: dataclasses.Field) -> Any:
-        if field.default is not dataclasses.MISSING:
-            return field.default
-        return allowed[field.name][0] if field.name in allowed else hints[field.name]()
-
-    settings = cls(
-        **{
-            f.name: values[f.name] if f.name in values or not recorded else missing(f)
-            for f in dataclasses.fields(cls)
-        }
-    )
-    for field, options in allowed.items():
-        value = getattr(settings, field)
-        if (str(value).lower() if field in case_free else value) not in options:
-            raise error(
-                f"{section}.{field}={value!r} is not one of "
-                f"{', '.join(map(repr, options))}; set --config.{section}.{field}"
-            )
-    return settings

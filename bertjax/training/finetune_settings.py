@@ -12,9 +12,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from bertjax.data.settings import typed
 from bertjax.errors import ConfigError
 from bertjax.interop import pretrained
+from bertjax.runtime.schema import typed
 from bertjax.tasks.features import TaskOptions
 from bertjax.training import optim, validate
 from bertjax.training.sharding import MeshSettings

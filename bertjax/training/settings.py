@@ -1,11 +1,11 @@
-"""Pretraining's settings as typed, frozen values, built once at an entry point
-(`PretrainingSettings.of`, from validate.py): `config.train`, `config.long_phase` and
-`config.data` (bertjax.data.settings), with their choices checked there in one line naming the
+"""Pretraining's settings: the schema of `config.train` and `config.long_phase` (each field's
+default, unit, range and doc: bertjax.runtime.schema), and the typed, frozen values of a whole
+pretraining config, built once at an entry point (`PretrainingSettings.of`, from validate.py),
+with `config.data` (bertjax.data.settings): their choices checked there in one line naming the
 `--config.SECTION.FIELD` to set, and what the run derives from them computed there.
 
-The fields keep the config's names, types and defaults (configs/base.py documents each one);
-validate.py checks their ranges before the conversion. A config an older run recorded
-(`recorded=True`) gives its missing fields their default here, else their type's empty value.
+validate.py checks the ranges before the conversion. A config an older run recorded
+(`recorded=True`) gives its missing fields their default here.
 """
 
 from __future__ import annotations
@@ -13,10 +13,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from bertjax.data.settings import DataSettings, typed
+from bertjax.data.settings import DataSettings
 from bertjax.errors import ConfigError
+from bertjax.runtime.schema import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    PROBABILITY,
+    SEQ_LENGTH,
+    Range,
+    setting,
+    typed,
+)
 from bertjax.training import objectives, phase_schedule
 from bertjax.training.sharding import MeshSettings
 
@@ -25,24 +34,72 @@ from bertjax.training.sharding import MeshSettings
 class TrainSettings:
     """How pretraining runs (`config.train`, same field names)."""
 
-    global_batch_size: int  # sequences per optimizer step, all hosts
-    grad_accum_steps: int  # micro-batches per step; 0 = auto
-    total_steps: int  # optimizer steps, both phases
-    log_every: int  # steps
-    eval_every: int  # steps; 0 = only at the end
-    eval_batches: int  # batches per evaluation
-    checkpoint_every: int  # steps
-    keep_checkpoints: int  # checkpoints
-    keep_every: int  # steps; 0 = none kept beyond the latest
-    init_checkpoint: str  # a directory; empty = fresh parameters
-    stop_after_steps: int  # steps; 0 = no limit
-    max_nonfinite_steps: int = 10  # consecutive steps
-    profile_steps: int = 0  # steps traced by jax.profiler into WORKDIR/profile; 0 = none
-    allow_changed_data: bool = False
-    extend: bool = False
-    seed: int = 42  # parameter init and dropout
-    next_sentence_prediction: bool = True
-    objective: Literal["mlm", "ltr"] = "mlm"
+    global_batch_size: int = setting(
+        256, "sequences per optimizer step, summed over all hosts", "sequences", AT_LEAST_1
+    )
+    grad_accum_steps: int = setting(
+        0,
+        "micro-batches per step (the global batch stays the same); 0 = auto: per phase, the "
+        "fewest that fit the devices' memory (bertjax.training.autofit; 1 on CPU)",
+        "micro-batches",
+        Range(">= 1, or 0 for auto", lambda v: v >= 0),
+    )
+    total_steps: int = setting(1_000_000, "optimizer steps, both phases", "steps", AT_LEAST_1)
+    log_every: int = setting(
+        100, "steps between progress lines and TensorBoard scalars", "steps", AT_LEAST_1
+    )
+    eval_every: int = setting(
+        10_000, "steps between evaluations; 0 = only at the end", "steps", AT_LEAST_0
+    )
+    eval_batches: int = setting(50, "batches per evaluation", "batches", AT_LEAST_0)
+    checkpoint_every: int = setting(
+        10_000, "steps between checkpoints (one is also saved at the end)", "steps", AT_LEAST_1
+    )
+    keep_checkpoints: int = setting(3, "latest checkpoints kept", "checkpoints", AT_LEAST_1)
+    keep_every: int = setting(
+        100_000,
+        "also keep every checkpoint at a multiple of this; 0 = none",
+        "steps",
+        AT_LEAST_0,
+    )
+    init_checkpoint: str = setting(
+        "", "parameters to start from: a Google TF, Hugging Face or bertjax directory"
+    )
+    stop_after_steps: int = setting(
+        0, "stop this run after N steps (time-limited jobs); 0 = no limit", "steps", AT_LEAST_0
+    )
+    max_nonfinite_steps: int = setting(
+        10, "consecutive non-finite steps before the run stops", "steps", AT_LEAST_1
+    )
+    profile_steps: int = setting(
+        0,
+        "trace N steps with jax.profiler (those after this run's first, compiled, step) into "
+        "WORKDIR/profile, for TensorBoard's profile plugin or Perfetto; 0 = no trace",
+        "steps",
+        AT_LEAST_0,
+    )
+    allow_changed_data: bool = setting(
+        False,
+        "resume in the middle of a phase with changed data settings or corpus (refused by "
+        "default: the batches would differ from an uninterrupted run's)",
+    )
+    extend: bool = setting(
+        False,
+        "rerun a workdir with another schedule (run_schedule.SCHEDULE_FIELDS; refused by "
+        "default): the run's steps keep their phases and learning rates, the added steps "
+        'train in its last phase (docs/pretraining.md, "Extending a run")',
+    )
+    seed: int = setting(42, "parameter init and dropout seed")
+    next_sentence_prediction: bool = setting(
+        True,
+        "ablation (paper Table 5); False: no NSP loss, and instances whose B always really "
+        "follows A; the NSP head stays in the parameters",
+    )
+    objective: Literal["mlm", "ltr"] = setting(
+        "mlm",
+        "`mlm` (masked LM) or `ltr`: left-to-right LM, causal attention, next-token loss over "
+        "every real token, no NSP, einsum attention only",
+    )
 
     @classmethod
     def of(cls, train: Mapping[str, Any], recorded: bool = False) -> TrainSettings:
@@ -59,13 +116,37 @@ class TrainSettings:
 class LongPhaseSettings:
     """The long-sequence phase (`config.long_phase`, same field names)."""
 
-    fraction: float  # of train.total_steps; 0 = no long phase
-    max_seq_length: int  # tokens
-    max_predictions_per_seq: int
-    global_batch_size: int = 0  # sequences per step; 0 = train.global_batch_size
-    restart_optimizer: bool = False
-    restart_warmup_steps: int = -1  # steps; -1 = optimizer.warmup_steps
-    restart_peak_learning_rate: float = 0.0  # 0 = optimizer.peak_learning_rate
+    fraction: float = setting(
+        0.1,
+        "the fraction of train.total_steps at the long length; 0 disables",
+        "fraction",
+        PROBABILITY,
+    )
+    max_seq_length: int = setting(512, "tokens per sequence", "tokens", SEQ_LENGTH)
+    max_predictions_per_seq: int = setting(
+        80, "masked positions per sequence", "positions", AT_LEAST_1
+    )
+    global_batch_size: int = setting(
+        0,
+        "sequences per step; 0 = train.global_batch_size",
+        "sequences",
+        Range("> 0, or 0 for train.global_batch_size", lambda v: v >= 0),
+    )
+    restart_optimizer: bool = setting(
+        False,
+        "deviation, off = one optimizer and schedule over both phases (the paper's wording); "
+        "True starts the long phase as the original code's second run did: fresh Adam "
+        "moments, a new warmup and linear decay (docs/deviations.md)",
+    )
+    restart_warmup_steps: int = setting(
+        -1, "warmup after the restart; -1 = optimizer.warmup_steps", "steps"
+    )
+    restart_peak_learning_rate: float = setting(
+        0.0, "peak after the restart; 0 = optimizer.peak_learning_rate", "learning rate"
+    )
+
+    #: the fields checked only when the phase runs (fraction > 0)
+    RUN_ONLY: ClassVar[tuple[str, ...]] = ("max_seq_length", "max_predictions_per_seq")
 
     @classmethod
     def of(cls, long_phase: Mapping[str, Any], recorded: bool = False) -> LongPhaseSettings:

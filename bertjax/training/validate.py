@@ -6,100 +6,76 @@ starting weights.)"""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import Any
 
 import ml_collections
 from absl import logging
 
 from bertjax.data.errors import DataError
+from bertjax.data.settings import DataSettings
 from bertjax.errors import ConfigError
 from bertjax.models import families
 from bertjax.models.layers import config as layer_config
+from bertjax.runtime import schema
+from bertjax.runtime.schema import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    BELOW_1,
+    POSITIVE,
+    PROBABILITY,
+    SEQ_LENGTH,
+    Range,
+    Schema,
+)
 from bertjax.training import optim, schedules
-from bertjax.training.settings import PretrainingSettings
+from bertjax.training.settings import LongPhaseSettings, PretrainingSettings, TrainSettings
 
-# [CLS] A [SEP] B [SEP]: three special tokens and at least one token of each segment.
-MIN_SEQ_LENGTH = 5
+# (field, its range): the sections validate checks field by field (optimizer, model,
+# fine-tuning); train, long_phase and data carry their ranges in their schema (SECTIONS).
+Rule = tuple[str, Range]
 
-# (field, allowed-range text, test)
-Rule = tuple[str, str, Callable[[Any], bool]]
-
-_positive = ("> 0", lambda v: v > 0)
-_at_least_1 = (">= 1", lambda v: v >= 1)
-_at_least_0 = (">= 0", lambda v: v >= 0)
-_seq_length = (f">= {MIN_SEQ_LENGTH}", lambda v: v >= MIN_SEQ_LENGTH)
-_probability = ("between 0 and 1", lambda v: 0 <= v <= 1)
-_below_1 = (">= 0 and < 1", lambda v: 0 <= v < 1)  # (a dropout rate of 1 drops everything)
-
-
-def _rules(*entries: tuple[str, tuple[str, Callable[[Any], bool]]]) -> list[Rule]:
-    return [(field, allowed, test) for field, (allowed, test) in entries]
-
-
-PRETRAINING = _rules(
-    ("optimizer.peak_learning_rate", _at_least_0),
-    ("optimizer.warmup_steps", _at_least_0),
-    ("train.total_steps", _at_least_1),
-    ("train.global_batch_size", _at_least_1),
-    ("train.grad_accum_steps", (">= 1, or 0 for auto", lambda v: v >= 0)),
-    ("train.log_every", _at_least_1),
-    ("train.checkpoint_every", _at_least_1),
-    ("train.keep_checkpoints", _at_least_1),
-    ("train.keep_every", _at_least_0),
-    ("train.eval_every", _at_least_0),
-    ("train.eval_batches", _at_least_0),
-    ("train.stop_after_steps", _at_least_0),
-    ("train.max_nonfinite_steps", _at_least_1),
-    ("train.profile_steps", _at_least_0),
-    ("data.max_seq_length", _seq_length),
-    ("data.max_predictions_per_seq", _at_least_1),
-    ("data.masked_lm_prob", _probability),
-    ("data.dupe_factor", _at_least_1),
-    ("data.shard_bytes", (">= 1024", lambda v: v >= 1024)),
-    ("data.num_workers", _at_least_0),
-    ("long_phase.fraction", _probability),
-    ("optimizer.decay_fraction", _probability),
-    ("long_phase.global_batch_size", ("> 0, or 0 for train.global_batch_size", lambda v: v >= 0)),
-)
-OPTIMIZER = _rules(  # (both kinds of run)
-    ("optimizer.weight_decay_rate", _at_least_0),
-    ("optimizer.b1", _below_1),
-    ("optimizer.b2", _below_1),
-    ("optimizer.eps", _positive),
-    ("optimizer.clip_global_norm", (">= 0 (0 disables clipping)", lambda v: v >= 0)),
-)
-PRETRAINING += OPTIMIZER
-BERT_DROPOUT = _rules(
-    ("model.hidden_dropout_prob", _below_1),  # (ModernBERT's: its check)
-    ("model.attention_probs_dropout_prob", _below_1),
-)
-LONG_PHASE = _rules(
-    ("long_phase.max_seq_length", _seq_length), ("long_phase.max_predictions_per_seq", _at_least_1)
-)
-FINETUNING = (
-    _rules(
-        ("learning_rate", _at_least_0),
-        ("warmup_proportion", _probability),
-        ("train_batch_size", _at_least_1),
-        ("eval_batch_size", _at_least_1),
-        ("num_train_epochs", _positive),
-        ("log_every", _at_least_1),
-        ("max_seq_length", _seq_length),
-        ("max_train_examples", _at_least_0),
-        ("hidden_dropout_prob", _below_1),
-        ("attention_probs_dropout_prob", _below_1),
-    )
-    + OPTIMIZER
-)
-FINETUNING_TASKS = _rules(  # the fields of some tasks' configs (squad.py, ner.py)
-    ("doc_stride", _at_least_1),
-    ("max_query_length", _at_least_1),
-    ("n_best_size", _at_least_1),
-    ("max_answer_length", _at_least_1),
-    ("lstm_size", _at_least_1),
-)
+SECTIONS: dict[str, type[Schema]] = {
+    "train": TrainSettings,
+    "long_phase": LongPhaseSettings,
+    "data": DataSettings,
+}
+OPTIMIZER: list[Rule] = [  # (both kinds of run)
+    ("optimizer.weight_decay_rate", AT_LEAST_0),
+    ("optimizer.b1", BELOW_1),
+    ("optimizer.b2", BELOW_1),
+    ("optimizer.eps", POSITIVE),
+    ("optimizer.clip_global_norm", Range(">= 0 (0 disables clipping)", lambda v: v >= 0)),
+]
+PRETRAINING: list[Rule] = [
+    ("optimizer.peak_learning_rate", AT_LEAST_0),
+    ("optimizer.warmup_steps", AT_LEAST_0),
+    ("optimizer.decay_fraction", PROBABILITY),
+    *OPTIMIZER,
+]
+BERT_DROPOUT: list[Rule] = [
+    ("model.hidden_dropout_prob", BELOW_1),  # (ModernBERT's: its check)
+    ("model.attention_probs_dropout_prob", BELOW_1),
+]
+FINETUNING: list[Rule] = [
+    ("learning_rate", AT_LEAST_0),
+    ("warmup_proportion", PROBABILITY),
+    ("train_batch_size", AT_LEAST_1),
+    ("eval_batch_size", AT_LEAST_1),
+    ("num_train_epochs", POSITIVE),
+    ("log_every", AT_LEAST_1),
+    ("max_seq_length", SEQ_LENGTH),
+    ("max_train_examples", AT_LEAST_0),
+    ("hidden_dropout_prob", BELOW_1),
+    ("attention_probs_dropout_prob", BELOW_1),
+    *OPTIMIZER,
+]
+FINETUNING_TASKS: list[Rule] = [  # the fields of some tasks' configs (squad.py, ner.py)
+    ("doc_stride", AT_LEAST_1),
+    ("max_query_length", AT_LEAST_1),
+    ("n_best_size", AT_LEAST_1),
+    ("max_answer_length", AT_LEAST_1),
+    ("lstm_size", AT_LEAST_1),
+]
 
 
 def optimizer_choices() -> dict[str, tuple[str, ...]]:
@@ -123,13 +99,30 @@ def _value(config: ml_collections.ConfigDict, field: str) -> Any:
 def check(config: ml_collections.ConfigDict, rules: list[Rule]) -> None:
     """Raises ConfigError for the first field of `rules` outside its range (or not a finite
     number)."""
-    for field, allowed, test in rules:
+    for field, allowed in rules:
         value = _value(config, field)
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or not math.isfinite(value) or not test(value):
+        if not allowed.holds(value):
             raise ConfigError(
-                f"{field}={value!r} is out of range: it must be {allowed}; set --config.{field}"
+                f"{field}={value!r} is out of range: it must be {allowed.text}; "
+                f"set --config.{field}"
             )
+
+
+def check_sections(
+    config: ml_collections.ConfigDict,
+    only: dict[str, tuple[str, ...]],
+    sections: dict[str, type[Schema]] = SECTIONS,
+) -> None:
+    """Raises ConfigError for the first field of the schema'd `sections` outside its range: of
+    the sections `only` names, all fields (an empty tuple) or those it lists. The long phase's
+    own lengths are checked only when it runs."""
+    for name, fields in only.items():
+        values = {k: v for k, v in config[name].items() if not fields or k in fields}
+        runs = name != "long_phase" or config.long_phase.fraction > 0
+        skip = () if runs else LongPhaseSettings.RUN_ONLY
+        refusal = schema.out_of_range(sections[name], values, name, skip)
+        if refusal:
+            raise ConfigError(refusal)
 
 
 def check_choices(config: ml_collections.ConfigDict, choices: dict[str, tuple[str, ...]]) -> None:
@@ -158,12 +151,8 @@ def pretraining(config: ml_collections.ConfigDict) -> PretrainingSettings:
     the model's shape (`pretraining_model`); the warmup must fit in the run. Returns the
     settings, built once here."""
     model_family(config)
-    check(
-        config,
-        PRETRAINING
-        + (LONG_PHASE if config.long_phase.fraction > 0 else [])
-        + list(families.get(families.family(config.model)).pretraining_rules),
-    )
+    check_sections(config, dict.fromkeys(SECTIONS, ()))
+    check(config, PRETRAINING + list(families.get(families.family(config.model)).pretraining_rules))
     check_choices(config, optimizer_choices())
     typed = settings(config)
     pretraining_model(config, typed)
@@ -261,15 +250,7 @@ def seeds(value: object) -> list[int]:
 def data_preparation(config: ml_collections.ConfigDict) -> PretrainingSettings:
     """The ranges of a pretraining config that its data preparation depends on (the data, the
     phases' lengths and the schedule that makes them); returns the settings."""
-    rules = PRETRAINING + (LONG_PHASE if config.long_phase.fraction > 0 else [])
-    check(
-        config,
-        [
-            rule
-            for rule in rules
-            if rule[0].startswith(
-                ("data.", "long_phase.", "train.total_steps", "train.global_batch_size")
-            )
-        ],
+    check_sections(
+        config, {"data": (), "long_phase": (), "train": ("total_steps", "global_batch_size")}
     )
     return settings(config)

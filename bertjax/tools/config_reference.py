@@ -1,0 +1,31 @@
+"""`python -m bertjax.tools.config_reference > docs/configuration.md`: the pretraining config's
+schema'd sections (train, long_phase, data) as Markdown tables, each field with its default,
+unit, range or choices, and doc (bertjax.runtime.schema.reference)."""
+
+from __future__ import annotations
+
+from bertjax.runtime import console, schema
+from bertjax.training import validate
+
+HEADER = """# Configuration reference
+
+The pretraining config's `train`, `long_phase` and `data` sections, as their schema holds them
+(`bertjax/training/settings.py`, `bertjax/data/settings.py`): each field's default (the
+paper's recipe, BERT-base: `configs/base.py` starts from these), its unit, the values it
+allows, and what it is. Set any of them on the command line, e.g.
+`--config.train.total_steps=100`; a value outside its range is refused in one line before any
+work. The `model`, `optimizer` and `mesh` sections are documented where `configs/base.py`
+sets them.
+
+Written by `python -m bertjax.tools.config_reference > docs/configuration.md`
+(tests/test_configs.py checks that it is current).
+"""
+
+
+def text() -> str:
+    """The whole reference page (without its last line's end)."""
+    return f"{HEADER}\n{schema.reference(validate.SECTIONS)}".rstrip("\n")
+
+
+if __name__ == "__main__":
+    console.say(text())
