@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import sys
-import time
 from collections.abc import Collection
 
 import jax
@@ -19,24 +17,14 @@ from absl import flags
 from ml_collections import config_flags
 
 from bertjax import cli
-from bertjax.checkpoints import checkpoint
-from bertjax.checkpoints.run_record import RunRecord
-from bertjax.data import loaders
 from bertjax.errors import ConfigError, UserError
-from bertjax.models import families
-from bertjax.runtime import agreement, console, distributed, failures, files, locks, peers, stopping
+from bertjax.runtime import agreement, console, distributed, failures, locks, peers, stopping
 from bertjax.training import (
-    guards,
     init_architecture,
     pretrain_run,
-    reporting,
-    resume,
-    run_schedule,
-    sharded_run,
     tokenizer_model,
     validate,
 )
-from bertjax.training.settings import PretrainingSettings
 
 
 def train_and_evaluate(
@@ -63,7 +51,8 @@ def train_and_evaluate(
         )
     settings = validate.pretraining(config)  # (typed, built once)
     with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
-        return _train_and_evaluate(settings, config.to_json(), workdir, devices, accepted)
+        run = pretrain_run.PretrainingRun(settings, config.to_json(), workdir, devices)
+        return run.run(accepted)
 
 
 def with_checkpoint_model(
@@ -81,98 +70,6 @@ def with_checkpoint_model(
         )
     )
     return config
-
-
-def _train_and_evaluate(
-    settings: PretrainingSettings,
-    config_json: str,
-    workdir: str,
-    devices: list[jax.Device] | None,
-    accepted: contextlib.ExitStack,
-) -> dict[str, float]:
-    """The run of `settings` (`config_json`: its whole config) in its locked `workdir`; once
-    its settings are accepted, it writes config.json and its log file (held open by
-    `accepted`)."""
-    started = time.time()
-    train, data, model = settings.train, settings.data, settings.model
-    phases = settings.phases
-    mesh = sharded_run.make_mesh(settings.mesh, devices)
-    sharded_run.check_batches(
-        mesh, phases, train.grad_accum_steps, model["max_position_embeddings"]
-    )  # before preparing any data
-    objective = train.pretraining_objective
-    checkpointer = checkpoint.Checkpointer(  # (its clean-up of unfinished saves needs the lock)
-        os.path.join(workdir, "checkpoints"),
-        train.checkpoint_every,
-        train.keep_checkpoints,
-        train.keep_every,
-        on_commit=reporting.announce_commit(os.path.join(workdir, "checkpoints")),
-    )
-    resume_from = resume.Resume(checkpointer, os.path.join(workdir, resume.QUARANTINE))
-    found = resume_from.newest()
-    sections = (settings, settings.optimizer)
-    plan = (
-        run_schedule.resumed(found.record, resume_from.where(found.step), *sections)
-        if found
-        else run_schedule.planned(*sections)
-    )  # (refuses a changed schedule)
-    phases, optimizer = plan.phases, plan.optimizer_config
-    record = RunRecord.new(
-        families.recorded_fields(model),
-        config_json,
-        guards.data_identity(data, phases),
-        plan.record(),
-        mesh.devices.size,
-    )
-    agreement.check("corpus", agreement.data_fields(record.data or {}), agreement.SAME_FILES)
-
-    def check(found: resume.Found) -> None:
-        resume_from.check(found, record, data, phases, train.allow_changed_data)
-
-    if found:
-        check(found)  # model and data, before any preparation
-    model_config = families.model_config(model)
-    cache_dir = data.cache_dir or files.local_cache_dir(workdir)
-    tokenizer, record = pretrain_run.checked_tokenizer(
-        settings, cache_dir, record, (found, resume_from.where(found.step)) if found else None
-    )
-    stopping.now_doing("preparing data")
-    phase_data = loaders.prepare_data(
-        data,
-        phases,
-        model["vocab_size"],
-        tokenizer,
-        cache_dir,
-        next_sentence_prediction=objective.uses_nsp,
-    )
-    agreement.check("prepared", {})  # (where a host that failed to prepare stops the others)
-    stopping.now_doing("building the model (compiling)")
-    sharded = sharded_run.build_pretraining(
-        model_config,
-        optimizer,
-        mesh,
-        phases,
-        train.grad_accum_steps,
-        report=False,
-        objective=objective,
-    )
-    accepted.enter_context(console.logging_to(console.log_file(workdir)))  # (once accepted)
-    pretrain_run.report_startup(workdir, config_json, sharded, phases, train.grad_accum_steps)
-    stopping.now_doing(
-        f"restoring checkpoint {found.step}" if found else "building the initial state"
-    )
-    if found:
-        state, position = resume_from.restore(found, sharded.abstract_state, record, check)
-    else:
-        state, position = pretrain_run.fresh_state(train, sharded, model_config, phases)
-    start = resume.Start.of(state, position, found, phases)
-    state, final_eval, stopped_by, start = pretrain_run.train_to_end(
-        train, sharded, phase_data, plan, model_config, record, start, resume_from, check, workdir
-    )
-    pretrain_run.finish(
-        workdir, train, state, final_eval, stopped_by, start.step, time.time() - started
-    )
-    return final_eval
 
 
 FLAGS = flags.FLAGS
