@@ -6,8 +6,6 @@ Running the same command again resumes from the latest checkpoint in DIR.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import sys
 from collections.abc import Collection
 
@@ -18,11 +16,9 @@ from ml_collections import config_flags
 
 from bertjax import cli
 from bertjax.errors import ConfigError, UserError
-from bertjax.runtime import agreement, console, distributed, failures, locks, peers, stopping
+from bertjax.runtime import console, distributed, failures, peers, stopping
 from bertjax.training import (
-    init_architecture,
     pretrain_run,
-    tokenizer_model,
     validate,
 )
 
@@ -40,36 +36,10 @@ def train_and_evaluate(
     dotted fields set on the command line) must agree with it."""
     if not workdir.strip():
         raise ConfigError("--workdir is empty: name the directory of the run")
-    agreement.check("config", agreement.config_fields(config.to_dict(), workdir))
-    config = with_checkpoint_model(config, workdir, overrides)
-    validate.model_family(config)
-    if not config.train.init_checkpoint:
-        config.model.update(
-            tokenizer_model.model_of_tokenizer_file(
-                config.model.to_dict(), validate.settings(config).data, overrides
-            )
-        )
-    settings = validate.pretraining(config)  # (typed, built once)
-    with locks.held_workdir(workdir, jax.process_index()), contextlib.ExitStack() as accepted:
-        run = pretrain_run.PretrainingRun(settings, config.to_json(), workdir, devices)
-        return run.run(accepted)
-
-
-def with_checkpoint_model(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    overrides: Collection[str],
-    tell: bool = True,
-) -> ml_collections.ConfigDict:
-    """A copy of `config` with its train.init_checkpoint's model and the command line's
-    `overrides` (`init_architecture.model_of_init_checkpoint`; told if `tell`)."""
-    config = copy.deepcopy(config)
-    config.model.update(
-        init_architecture.model_of_init_checkpoint(
-            config.model.to_dict(), config.train.init_checkpoint, workdir, overrides, tell
-        )
+    settings = validate.sections(config)  # (typed, built once: the model is the run's)
+    return pretrain_run.PretrainingRun(settings, config.to_json(), workdir, devices).train(
+        overrides
     )
-    return config
 
 
 FLAGS = flags.FLAGS
@@ -113,13 +83,12 @@ def main(argv: list[str]) -> None:
     failures.one_line_thread_errors()
     overrides = config_flags.get_override_values(FLAGS["config"]).keys()
     try:
-        checked = with_checkpoint_model(  # (the model the run takes, told
-            FLAGS.config,
-            FLAGS.workdir,
-            overrides,
-            tell=False,  # later: no JAX backend yet)
+        # A flag error: the same line on every host, unjoined (the model the run takes is
+        # told later: no JAX backend yet).
+        settings = validate.sections(FLAGS.config)
+        pretrain_run.PretrainingRun(settings, FLAGS.config.to_json(), FLAGS.workdir).resolved(
+            overrides, tell=False
         )
-        validate.pretraining(checked)  # (a flag error: the same line on every host, unjoined)
         distributed.initialize(
             FLAGS.coordinator_address,
             FLAGS.num_processes,

@@ -14,9 +14,10 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import jax
+import ml_collections
 from absl import logging
 
 from bertjax.checkpoints import checkpoint, checkpoint_checks
@@ -27,7 +28,7 @@ from bertjax.data.loaders import PhaseData
 from bertjax.interop import pretrained, pretrained_weights
 from bertjax.models import families
 from bertjax.models.families import ModelConfig
-from bertjax.runtime import agreement, console, failures, files, peers, stopping
+from bertjax.runtime import agreement, console, failures, files, locks, peers, stopping
 from bertjax.training import (
     guards,
     init_architecture,
@@ -40,6 +41,8 @@ from bertjax.training import (
     resume,
     run_schedule,
     sharded_run,
+    tokenizer_model,
+    validate,
 )
 from bertjax.training.phase_schedule import DataPosition
 from bertjax.training.pretrain_loop import PretrainingLoop
@@ -64,6 +67,46 @@ class PretrainingRun:
         self.config_json = config_json
         self.workdir = workdir
         self.devices = devices
+
+    def train(self, overrides: Collection[str] = ()) -> dict[str, float]:
+        """Pretrains (or resumes) in the workdir, which no other run may use meanwhile (a
+        lock); returns the final evaluation metrics. The hosts agree on the config first; then
+        the run takes its model (`resolved`, told)."""
+        agreement.check(
+            "config", agreement.config_fields(json.loads(self.config_json), self.workdir)
+        )
+        self.settings, self.config_json = self.resolved(overrides)
+        with (
+            locks.held_workdir(self.workdir, jax.process_index()),
+            contextlib.ExitStack() as accepted,
+        ):
+            return self.run(accepted)
+
+    def resolved(
+        self, overrides: Collection[str], tell: bool = True
+    ) -> tuple[PretrainingSettings, str]:
+        """The settings and config JSON with the model the run takes, checked
+        (`validate.model`): train.init_checkpoint's (`init_architecture.model_of_init_checkpoint`),
+        else the config's with the fields its tokenizer file sets
+        (`tokenizer_model.model_of_tokenizer_file`); `overrides` (the dotted fields set on the
+        command line) must agree with it; each change told in a line if `tell`."""
+        settings = self.settings
+        config = ml_collections.ConfigDict(json.loads(self.config_json))
+        config.model.update(
+            init_architecture.model_of_init_checkpoint(
+                dict(settings.model), settings.train.init_checkpoint, self.workdir, overrides, tell
+            )
+        )
+        validate.model_family(config.model)
+        if not settings.train.init_checkpoint:
+            config.model.update(
+                tokenizer_model.model_of_tokenizer_file(
+                    config.model.to_dict(), settings.data, overrides, tell
+                )
+            )
+        settings = settings.with_model(config.model.to_dict())
+        validate.model(settings)
+        return settings, config.to_json()
 
     def run(self, accepted: contextlib.ExitStack) -> dict[str, float]:
         """Trains (or resumes) to the end; returns the final evaluation metrics. Once its

@@ -179,6 +179,10 @@ class PretrainingSettings:
             MeshSettings.of(dict(config.get("mesh", {}))),
         )
 
+    def with_model(self, model: Mapping[str, Any]) -> PretrainingSettings:
+        """These settings with the model section `model` (the run's, once resolved)."""
+        return dataclasses.replace(self, model=dict(model))
+
     @functools.cached_property
     def phases(self) -> list[phase_schedule.Phase]:
         """The phases these settings plan (plan_phases), derived once: the run's

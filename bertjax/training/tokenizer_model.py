@@ -43,11 +43,11 @@ def tokenizer_fields(
 
 
 def model_of_tokenizer_file(
-    model: Mapping[str, Any], data: DataSettings, explicit: Collection[str]
+    model: Mapping[str, Any], data: DataSettings, explicit: Collection[str], tell: bool = True
 ) -> dict[str, Any]:
     """`tokenizer_fields` of the tokenizer `data.vocab_file` names (none without one, or
     where it is absent: preparation says so; none for a family whose config names no [PAD]),
-    told in a line."""
+    told in a line if `tell`."""
     if not families.get(families.family(model)).tokenizer_pad:
         return {}
     if not data.vocab_file or not files.exists(data.vocab_file):
@@ -56,7 +56,7 @@ def model_of_tokenizer_file(
         data.tokenizer, data.vocab_file, data.do_lower_case, data.strip_accents_option
     )
     changed = tokenizer_fields(model, tokenizer, explicit)
-    if changed:
+    if changed and tell:
         console.chief_print(
             f"The model of tokenizer {data.vocab_file}: "
             + ", ".join(f"{name}={value}" for name, value in changed.items())

@@ -6,6 +6,7 @@ starting weights.)"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
@@ -89,14 +90,14 @@ def optimizer_choices() -> dict[str, tuple[str, ...]]:
     }
 
 
-def _value(config: ml_collections.ConfigDict, field: str) -> Any:
+def _value(config: Mapping[str, Any], field: str) -> Any:
     value = config
     for name in field.split("."):
         value = value[name]
     return value
 
 
-def check(config: ml_collections.ConfigDict, rules: list[Rule]) -> None:
+def check(config: Mapping[str, Any], rules: list[Rule]) -> None:
     """Raises ConfigError for the first field of `rules` outside its range (or not a finite
     number)."""
     for field, allowed in rules:
@@ -147,15 +148,21 @@ def settings(config: ml_collections.ConfigDict) -> PretrainingSettings:
 
 
 def pretraining(config: ml_collections.ConfigDict) -> PretrainingSettings:
-    """Every check a pretraining config allows before any data is read: ranges, choices,
-    the model's shape (`pretraining_model`); the warmup must fit in the run. Returns the
-    settings, built once here."""
-    model_family(config)
+    """Every check a pretraining config allows before any data is read, its model the
+    config's own (`sections`, then `model`). Returns the settings, built once here."""
+    typed = sections(config)
+    model(typed)
+    return typed
+
+
+def sections(config: ml_collections.ConfigDict) -> PretrainingSettings:
+    """The checks of a pretraining config that do not depend on its model (which a run may
+    take from its init checkpoint or its tokenizer: `model` checks it then): the ranges, the
+    choices, a warmup that fits in the run. Returns the settings, built once here."""
     check_sections(config, dict.fromkeys(SECTIONS, ()))
-    check(config, PRETRAINING + list(families.get(families.family(config.model)).pretraining_rules))
+    check(config, PRETRAINING)
     check_choices(config, optimizer_choices())
     typed = settings(config)
-    pretraining_model(config, typed)
     warmup, total = config.optimizer.warmup_steps, config.train.total_steps
     if warmup > total:
         raise ConfigError(
@@ -174,19 +181,29 @@ def pretraining(config: ml_collections.ConfigDict) -> PretrainingSettings:
     return typed
 
 
-def pretraining_model(config: ml_collections.ConfigDict, typed: PretrainingSettings) -> None:
-    """The model of a pretraining config (its family and shape checked: `model_family`): what
-    its family can pretrain (`Family.check_pretraining`: BERT's two segment types, ModernBERT's
-    masked LM alone), positions for every phase's length, and room for the SentencePiece
-    model it trains."""
-    model = config.model
+def model(typed: PretrainingSettings) -> None:
+    """The model of pretraining settings `typed`: its family and shape (`model_family`), its
+    family's ranges, and what the run asks of it (`pretraining_model`)."""
+    model_family(typed.model)
+    rules = list(families.get(families.family(typed.model)).pretraining_rules)
+    check({"model": typed.model}, rules)
+    pretraining_model(typed)
+
+
+def pretraining_model(typed: PretrainingSettings) -> None:
+    """The model of pretraining settings `typed` (its family and shape checked:
+    `model_family`): what its family can pretrain (`Family.check_pretraining`: BERT's two
+    segment types, ModernBERT's masked LM alone), positions for every phase's length, and room
+    for the SentencePiece model it trains."""
+    model = typed.model
     families.get(families.family(model)).check_pretraining(
         model, typed.train.objective, typed.train.next_sentence_prediction
     )
+    positions, vocab_size = model["max_position_embeddings"], model["vocab_size"]
     for phase in typed.phases:
-        if phase.max_seq_length > model.max_position_embeddings:
+        if phase.max_seq_length > positions:
             field = "data.max_seq_length" if phase.name == "short" else "long_phase.max_seq_length"
-            shorter = f"--config.{field} <= {model.max_position_embeddings}"
+            shorter = f"--config.{field} <= {positions}"
             fix = (
                 f"{shorter} (the model is init_checkpoint's)"
                 if typed.train.init_checkpoint
@@ -195,27 +212,27 @@ def pretraining_model(config: ml_collections.ConfigDict, typed: PretrainingSetti
             )
             raise ConfigError(
                 f"{field}={phase.max_seq_length} (phase {phase.name}) is longer than "
-                f"model.max_position_embeddings={model.max_position_embeddings}; "
+                f"model.max_position_embeddings={positions}; "
                 f"set {fix}"
             )
     data = typed.data
     trains_sentencepiece = (
         data.tokenizer == "sentencepiece" and not data.vocab_file and not data.prepared_dir
     )
-    if trains_sentencepiece and data.sentencepiece_vocab_size > model.vocab_size:
+    if trains_sentencepiece and data.sentencepiece_vocab_size > vocab_size:
         raise ConfigError(
             f"data.sentencepiece_vocab_size={data.sentencepiece_vocab_size} is "
-            f"larger than model.vocab_size={model.vocab_size}: the tokenizer "
+            f"larger than model.vocab_size={vocab_size}: the tokenizer "
             "the run trains would not fit the model; set "
             f"--config.model.vocab_size >= {data.sentencepiece_vocab_size}, or "
-            f"--config.data.sentencepiece_vocab_size <= {model.vocab_size}"
+            f"--config.data.sentencepiece_vocab_size <= {vocab_size}"
         )
 
 
-def model_family(config: ml_collections.ConfigDict) -> None:
+def model_family(model: Mapping[str, Any]) -> None:
     """The model section's family and shape (`families.check`), as a ConfigError."""
     try:
-        families.check(config.model.to_dict())
+        families.check(dict(model))
     except ValueError as e:
         raise ConfigError(str(e)) from e
 
