@@ -12,7 +12,7 @@ import ml_collections
 
 from bertjax.data.settings import DataSettings
 from bertjax.runtime import schema
-from bertjax.training.settings import LongPhaseSettings, TrainSettings
+from bertjax.training.settings import LongPhaseSettings, OptimizerSettings, TrainSettings
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -44,28 +44,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.attention_impl = "auto"  # "auto": the fused kernel that fits the platform and dropout
     c.model.vocab_pad_multiple = 1  # MLM projection on the vocab padded to this multiple; 1 = off
 
-    # The data, long phase and train sections: the paper's recipe, each field's default in its
-    # schema with its unit, range and doc (docs/configuration.md lists them all).
+    # The data, long phase, train and optimizer sections: the paper's recipe, each field's
+    # default in its schema with its unit, range and doc (docs/configuration.md lists them all).
     c.data = schema.section_config(DataSettings)
     c.long_phase = schema.section_config(LongPhaseSettings)
     c.train = schema.section_config(TrainSettings)
 
-    c.optimizer = ml_collections.ConfigDict()
-    # "bert_adam" (original) | "adamw" (bias-corrected) | "lamb" | "stable_adamw" (AdamW with
-    # per-tensor update clipping: Wortsman et al. 2023; ModernBERT's)
-    c.optimizer.name = "bert_adam"
-    c.optimizer.peak_learning_rate = 1e-4  # learning rate after warmup
-    c.optimizer.warmup_steps = 10_000  # steps of linear warmup
-    # "linear" (the paper's: decays from the peak to 0 at the last step) | "wsd"
-    # (warmup-stable-decay: the peak until the last decay_fraction of the steps; ModernBERT's)
-    c.optimizer.schedule = "linear"
-    c.optimizer.decay_fraction = 0.1  # "wsd": the last fraction of the steps, decaying to 0
-    c.optimizer.decay_shape = "1-sqrt"  # "wsd": "linear" | "1-sqrt" (Hägele et al. 2024)
-    c.optimizer.weight_decay_rate = 0.01  # decoupled decay (x lr); not on LayerNorm or biases
-    c.optimizer.b1 = 0.9  # Adam beta1
-    c.optimizer.b2 = 0.999  # Adam beta2
-    c.optimizer.eps = 1e-6  # Adam epsilon
-    c.optimizer.clip_global_norm = 1.0  # gradient global-norm clip; 0 disables
+    c.optimizer = schema.section_config(OptimizerSettings)
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1  # data-parallel replicas; -1 = all remaining devices

@@ -501,6 +501,40 @@ def test_an_overflowing_update_is_never_saved_and_skipped_steps_are_named(
     assert not list((tmp_path / "run").glob("**/checkpoints/[0-9]*"))
 
 
+def test_fine_tuning_profiles_the_steps_after_each_seeds_first(data_root, tmp_path, capsys):
+    """profile_steps=1: process 0 writes a jax.profiler trace of the step after the seed's
+    first (compiled) one where TensorBoard's profile plugin reads it, under
+    DIR/seed_S/profile, and says where in one line."""
+    config = small(
+        config_file("glue.py"),
+        data_root,
+        task="sst2",
+        data_dir=data_root,
+        num_train_epochs=1.0,
+        profile_steps=1,
+    )
+    finetune.run(config, str(tmp_path / "run"), devices=jax.devices()[:1])
+    profile = tmp_path / "run" / "seed_1" / "profile"
+    traces = list(profile.glob("plugins/profile/*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0, list(profile.rglob("*"))
+    assert f"Profile of steps 2-2: {profile} (view it with" in capsys.readouterr().out
+
+
+def test_a_rerun_may_change_how_it_is_watched_but_not_what_it_computes(tmp_path):
+    """A used DIR holds the same run whatever its profile_steps (`OBSERVING_FIELDS`); any
+    other changed field is refused, naming it."""
+    config = {"learning_rate": 5e-5, "profile_steps": 0, "seeds": "1"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    finetune_loop.check_workdir(json.dumps({**config, "profile_steps": 3}), str(tmp_path), False)
+    without = {k: v for k, v in config.items() if k != "profile_steps"}  # (written before it)
+    (tmp_path / "config.json").write_text(json.dumps(without))
+    finetune_loop.check_workdir(json.dumps(config), str(tmp_path), False)
+    with pytest.raises(ConfigError, match=r"other settings \(learning_rate: 5e-05 -> 0\.0001\)"):
+        finetune_loop.check_workdir(
+            json.dumps({**config, "learning_rate": 1e-4}), str(tmp_path), False
+        )
+
+
 def run_extract_features(
     directory, init_checkpoint: str, *flags: str
 ) -> subprocess.CompletedProcess:

@@ -105,10 +105,14 @@ def _fresh_state(settings: FinetuneSettings, trainer: finetune_trainer.Trainer, 
     return state
 
 
+# Config fields that say how a run is watched, not what it computes: a rerun may change them.
+OBSERVING_FIELDS = ("profile_steps",)
+
+
 def check_workdir(config_json: str, workdir: str, overwrite: bool) -> None:
     """Refuses a `workdir` that holds a fine-tuning run with settings other than `config_json`
-    (naming them); with `overwrite`, empties it instead. The same settings continue (or
-    re-evaluate) it."""
+    (naming them; but `OBSERVING_FIELDS`); with `overwrite`, empties it instead. The same
+    settings continue (or re-evaluate) it."""
     path = os.path.join(workdir, "config.json")
     if not files.exists(path):
         return
@@ -124,7 +128,7 @@ def check_workdir(config_json: str, workdir: str, overwrite: bool) -> None:
     new = json.loads(config_json)
     changed = [
         f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
-        for key in sorted({*old, *new})
+        for key in sorted({*old, *new} - set(OBSERVING_FIELDS))
         if old.get(key) != new.get(key)
     ]
     if changed:
@@ -271,7 +275,11 @@ class SeedRun(loop.Loop):
     def train(self, ctrl_c: failures.CtrlC) -> None:
         """The steps left, on the loop skeleton; after Ctrl-C, a save, then Stopped."""
         _, stopped = self.train_steps(
-            self.step, self.step if self.finished else self.total_steps, ctrl_c
+            self.step,
+            self.step if self.finished else self.total_steps,
+            ctrl_c,
+            self.settings.profile_steps,
+            os.path.join(self.workdir, "profile"),
         )
         if stopped:
             self.checkpointer.wait()

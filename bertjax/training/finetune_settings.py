@@ -35,6 +35,7 @@ class FinetuneSettings:
     learning_rate: float
     warmup_proportion: float
     log_every: int
+    profile_steps: int  # steps of each seed traced by jax.profiler; 0 = none
     seeds: tuple[int, ...]
     classifier_pooling: str
     causal_attention: bool
@@ -51,7 +52,7 @@ class FinetuneSettings:
         default: `values` as JSON); fields a task's config lacks (feature_based: NER's) take
         their default."""
         own = {
-            name: values.get(name, False) if name == "feature_based" else values[name]
+            name: values.get(name, _ADDED_SINCE[name]) if name in _ADDED_SINCE else values[name]
             for name in _OWN_FIELDS
         }
         return cls(
@@ -84,6 +85,9 @@ class FinetuneSettings:
         return int(num_examples / self.train_batch_size * self.num_train_epochs)
 
 
+# Fields some configs lack (feature_based: NER's; profile_steps: a config written before it),
+# with the value they mean there.
+_ADDED_SINCE = {"feature_based": False, "profile_steps": 0}
 _OWN_FIELDS = [
     f.name
     for f in dataclasses.fields(FinetuneSettings)

@@ -20,6 +20,8 @@ from bertjax.errors import ConfigError
 from bertjax.runtime.schema import (
     AT_LEAST_0,
     AT_LEAST_1,
+    BELOW_1,
+    POSITIVE,
     PROBABILITY,
     SEQ_LENGTH,
     Range,
@@ -151,6 +153,47 @@ class LongPhaseSettings:
     @classmethod
     def of(cls, long_phase: Mapping[str, Any], recorded: bool = False) -> LongPhaseSettings:
         return typed(cls, long_phase, "long_phase", ConfigError, recorded)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+    """The schema of the optimizer and its learning-rate schedule (`config.optimizer`, same
+    field names; fine-tuning's lacks the learning rate and warmup, which it sets its own way).
+    A run completes it with its step counts (`optim.optimizer_config`)."""
+
+    name: str = setting(
+        "bert_adam",
+        "one of optim.names() (the registered optimizers): `bert_adam` (the original's), `adamw` "
+        "(bias-corrected), `lamb`, `stable_adamw` (AdamW with per-tensor update clipping: "
+        "Wortsman et al. 2023; ModernBERT's)",
+    )
+    peak_learning_rate: float = setting(
+        1e-4, "the learning rate after warmup", "learning rate", AT_LEAST_0
+    )
+    warmup_steps: int = setting(10_000, "steps of linear warmup", "steps", AT_LEAST_0)
+    schedule: str = setting(
+        "linear",
+        "`linear` (the paper's: decays from the peak to 0 at the last step) or `wsd` "
+        "(warmup-stable-decay: the peak until the last decay_fraction of the steps; ModernBERT's)",
+    )
+    decay_fraction: float = setting(
+        0.1, "`wsd`: the last fraction of the steps, decaying to 0", "fraction", PROBABILITY
+    )
+    decay_shape: str = setting(
+        "1-sqrt", "`wsd`: the decay's shape, `linear` or `1-sqrt` (Hägele et al. 2024)"
+    )
+    weight_decay_rate: float = setting(
+        0.01, "decoupled weight decay (x lr); not on LayerNorm or biases", "rate", AT_LEAST_0
+    )
+    b1: float = setting(0.9, "Adam's beta1", "decay rate", BELOW_1)
+    b2: float = setting(0.999, "Adam's beta2", "decay rate", BELOW_1)
+    eps: float = setting(1e-6, "Adam's epsilon", "", POSITIVE)
+    clip_global_norm: float = setting(
+        1.0,
+        "the gradients' global-norm clip; 0 disables",
+        "norm",
+        Range(">= 0 (0 disables clipping)", lambda v: v >= 0),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,12 @@ from bertjax.runtime.schema import (
     Schema,
 )
 from bertjax.training import optim, schedules
-from bertjax.training.settings import LongPhaseSettings, PretrainingSettings, TrainSettings
+from bertjax.training.settings import (
+    LongPhaseSettings,
+    OptimizerSettings,
+    PretrainingSettings,
+    TrainSettings,
+)
 
 # (field, its range): the sections validate checks field by field (optimizer, model,
 # fine-tuning); train, long_phase and data carry their ranges in their schema (SECTIONS).
@@ -39,20 +44,8 @@ SECTIONS: dict[str, type[Schema]] = {
     "train": TrainSettings,
     "long_phase": LongPhaseSettings,
     "data": DataSettings,
+    "optimizer": OptimizerSettings,  # (fine-tuning's too: the fields it has)
 }
-OPTIMIZER: list[Rule] = [  # (both kinds of run)
-    ("optimizer.weight_decay_rate", AT_LEAST_0),
-    ("optimizer.b1", BELOW_1),
-    ("optimizer.b2", BELOW_1),
-    ("optimizer.eps", POSITIVE),
-    ("optimizer.clip_global_norm", Range(">= 0 (0 disables clipping)", lambda v: v >= 0)),
-]
-PRETRAINING: list[Rule] = [
-    ("optimizer.peak_learning_rate", AT_LEAST_0),
-    ("optimizer.warmup_steps", AT_LEAST_0),
-    ("optimizer.decay_fraction", PROBABILITY),
-    *OPTIMIZER,
-]
 BERT_DROPOUT: list[Rule] = [
     ("model.hidden_dropout_prob", BELOW_1),  # (ModernBERT's: its check)
     ("model.attention_probs_dropout_prob", BELOW_1),
@@ -64,11 +57,11 @@ FINETUNING: list[Rule] = [
     ("eval_batch_size", AT_LEAST_1),
     ("num_train_epochs", POSITIVE),
     ("log_every", AT_LEAST_1),
+    ("profile_steps", AT_LEAST_0),
     ("max_seq_length", SEQ_LENGTH),
     ("max_train_examples", AT_LEAST_0),
     ("hidden_dropout_prob", BELOW_1),
     ("attention_probs_dropout_prob", BELOW_1),
-    *OPTIMIZER,
 ]
 FINETUNING_TASKS: list[Rule] = [  # the fields of some tasks' configs (squad.py, ner.py)
     ("doc_stride", AT_LEAST_1),
@@ -160,7 +153,6 @@ def sections(config: ml_collections.ConfigDict) -> PretrainingSettings:
     take from its init checkpoint or its tokenizer: `model` checks it then): the ranges, the
     choices, a warmup that fits in the run. Returns the settings, built once here."""
     check_sections(config, dict.fromkeys(SECTIONS, ()))
-    check(config, PRETRAINING)
     check_choices(config, optimizer_choices())
     typed = settings(config)
     warmup, total = config.optimizer.warmup_steps, config.train.total_steps
@@ -240,6 +232,7 @@ def model_family(model: Mapping[str, Any]) -> None:
 def finetuning(config: ml_collections.ConfigDict) -> None:
     """Every range of a fine-tuning config (and of its task's fields), and its seeds."""
     check(config, FINETUNING + [rule for rule in FINETUNING_TASKS if rule[0] in config])
+    check_sections(config, {"optimizer": ()})
     check_choices(config, {"dtype": layer_config.DTYPES, "optimizer.name": optim.names()})
     seeds(config.seeds)
     if config.warmup_proportion >= 1:

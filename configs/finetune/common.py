@@ -46,6 +46,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.seeds = "1"  # comma-separated seeds: one full run each, summarised (mean/std/median)
     c.max_train_examples = 0  # random subset of the training set (0 = all); for quick studies
     c.log_every = 50  # steps between training-loss lines
+    # Trace N steps of each seed with jax.profiler (those after its first, compiled, step) into
+    # WORKDIR/seed_S/profile, for TensorBoard's profile plugin or Perfetto; 0 = no trace.
+    c.profile_steps = 0
 
     pretraining = base_config()  # the same optimizer and mesh fields as pretraining
     c.optimizer = pretraining.optimizer
