@@ -13,6 +13,7 @@ import ml_collections
 from bertjax.data.settings import DataSettings
 from bertjax.runtime import schema
 from bertjax.training.settings import LongPhaseSettings, OptimizerSettings, TrainSettings
+from bertjax.training.sharding import MeshSettings
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -44,7 +45,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.attention_impl = "auto"  # "auto": the fused kernel that fits the platform and dropout
     c.model.vocab_pad_multiple = 1  # MLM projection on the vocab padded to this multiple; 1 = off
 
-    # The data, long phase, train and optimizer sections: the paper's recipe, each field's
+    # The data, long phase, train, optimizer and mesh sections: the paper's recipe, each field's
     # default in its schema with its unit, range and doc (docs/configuration.md lists them all).
     c.data = schema.section_config(DataSettings)
     c.long_phase = schema.section_config(LongPhaseSettings)
@@ -52,8 +53,5 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.optimizer = schema.section_config(OptimizerSettings)
 
-    c.mesh = ml_collections.ConfigDict()
-    c.mesh.data = -1  # data-parallel replicas; -1 = all remaining devices
-    c.mesh.fsdp = 1  # parameter/optimizer-sharded data parallelism
-    c.mesh.tensor = 1  # tensor parallelism over heads and FFN
+    c.mesh = schema.section_config(MeshSettings)
     return c

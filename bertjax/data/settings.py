@@ -118,8 +118,8 @@ class DataSettings:
     )
     cache_dir: str = setting(
         "",
-        "where data is prepared (local disk); empty = WORKDIR/data (gs:// workdirs: "
-        "/tmp/bertjax_data)",
+        "where data is prepared (local disk); empty = WORKDIR/data (gs:// workdirs: a local "
+        "temporary folder)",
     )
     seed: int = setting(12345, "the data seed (instances, masks, order); the original's default")
 

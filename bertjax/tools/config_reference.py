@@ -1,5 +1,5 @@
 """`python -m bertjax.tools.config_reference > docs/configuration.md`: the pretraining config's
-schema'd sections (train, long_phase, data, optimizer) as Markdown tables, each field with its default,
+schema'd sections (train, long_phase, data, optimizer, mesh) as Markdown tables, each field with its default,
 unit, range or choices, and doc (bertjax.runtime.schema.reference)."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from bertjax.training import validate
 
 HEADER = """# Configuration reference
 
-The pretraining config's `train`, `long_phase`, `data` and `optimizer` sections, as their
-schema holds them (`bertjax/training/settings.py`, `bertjax/data/settings.py`): each field's default (the
+The pretraining config's `train`, `long_phase`, `data`, `optimizer` and `mesh` sections, as
+their schema holds them (`bertjax/training/settings.py`, `bertjax/data/settings.py`,
+`bertjax/training/sharding.py`): each field's default (the
 paper's recipe, BERT-base: `configs/base.py` starts from these), its unit, the values it
 allows, and what it is. Set any of them on the command line, e.g.
 `--config.train.total_steps=100`; a value outside its range is refused in one line before any
-work. The `model` and `mesh` sections are documented where `configs/base.py` sets them;
+work. The `model` section is its family's (`configs/base.py` documents BERT's fields);
 fine-tuning's `optimizer` section is this one without `peak_learning_rate` and `warmup_steps`
 (configs/finetune/common.py).
 

@@ -22,6 +22,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from bertjax.errors import ConfigError
 from bertjax.models import axes, compile_target
+from bertjax.runtime.schema import setting
 
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
 MESH_AXES = (DATA, FSDP, TENSOR)
@@ -32,9 +33,11 @@ class MeshSettings:
     """`config.mesh`, typed (built once at an entry point): each axis's size, one of them
     -1 for all the devices the others leave."""
 
-    data: int = 1
-    fsdp: int = 1
-    tensor: int = 1
+    data: int = setting(
+        -1, "data-parallel replicas; -1 = all the devices the others leave", "devices"
+    )
+    fsdp: int = setting(1, "parameter- and optimizer-sharded data parallelism", "devices")
+    tensor: int = setting(1, "tensor parallelism over the heads and the FFN", "devices")
 
     @classmethod
     def of(cls, mesh: Mapping[str, int]) -> MeshSettings:

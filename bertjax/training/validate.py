@@ -35,6 +35,7 @@ from bertjax.training.settings import (
     PretrainingSettings,
     TrainSettings,
 )
+from bertjax.training.sharding import MeshSettings
 
 # (field, its range): the sections validate checks field by field (optimizer, model,
 # fine-tuning); train, long_phase and data carry their ranges in their schema (SECTIONS).
@@ -45,6 +46,7 @@ SECTIONS: dict[str, type[Schema]] = {
     "long_phase": LongPhaseSettings,
     "data": DataSettings,
     "optimizer": OptimizerSettings,  # (fine-tuning's too: the fields it has)
+    "mesh": MeshSettings,  # (no ranges: the mesh checks its sizes against the devices)
 }
 BERT_DROPOUT: list[Rule] = [
     ("model.hidden_dropout_prob", BELOW_1),  # (ModernBERT's: its check)
