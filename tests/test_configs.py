@@ -102,6 +102,24 @@ def test_every_schema_field_is_documented_and_its_default_allowed():
         assert set(base[name]) == {f.name for f in dataclasses.fields(cls)}
 
 
+def test_every_finetuning_field_is_in_a_schema_documented_and_its_default_allowed():
+    """A fine-tuning config's fields (but its optimizer and mesh sections) are those of its
+    schemas (every config's, and its task's), each with a doc and a default its range and
+    choices accept; squad.py and ner.py keep their schemas' defaults."""
+    schemas = dict(zip(("common", "squad", "ner"), validate.FINETUNING, strict=True))
+    for cls in schemas.values():
+        for field in dataclasses.fields(cls):
+            assert field.metadata["doc"].strip(), f"{field.name} has no doc"
+            allowed = field.metadata["allowed"]
+            assert allowed is None or allowed.holds(field.default), field.name
+    for name, extra in {"glue": (), "ner": ("ner",), "squad": ("squad",)}.items():
+        config = load(f"finetune/{name}")
+        fields = {f.name for key in ("common", *extra) for f in dataclasses.fields(schemas[key])}
+        assert set(config) - {"optimizer", "mesh"} == fields, name
+        for key in extra:
+            assert all(config[k] == v for k, v in schema.defaults(schemas[key]).items())
+
+
 def test_a_schema_range_is_what_the_config_check_enforces():
     """validate reads a field's range off its schema: a narrower range there refuses a value
     the shipped one accepts, naming the field."""

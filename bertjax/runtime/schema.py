@@ -86,20 +86,27 @@ def out_of_range(
     cls: type[Schema], values: Mapping[str, Any], section: str, skip: tuple[str, ...] = ()
 ) -> str | None:
     """The one-line refusal of the first field of `values` (the config section `section`,
-    typed by `cls`) outside its range, or None; the `skip` fields are not checked."""
+    typed by `cls`; "" for the fields at the config's top) outside its range, or None; the
+    `skip` fields are not checked."""
     for name, allowed in ranges(cls).items():
         if name in values and name not in skip and not allowed.holds(values[name]):
+            field = f"{section}.{name}" if section else name
             return (
-                f"{section}.{name}={values[name]!r} is out of range: it must be "
-                f"{allowed.text}; set --config.{section}.{name}"
+                f"{field}={values[name]!r} is out of range: it must be {allowed.text}; "
+                f"set --config.{field}"
             )
     return None
+
+
+def defaults(cls: type[Schema]) -> dict[str, Any]:
+    """Every field of `cls` at its default, in the schema's order."""
+    return {f.name: f.default for f in dataclasses.fields(cls)}
 
 
 def section_config(cls: type[Schema]) -> ml_collections.ConfigDict:
     """The config section of `cls` with every field at its default, in the schema's order
     (what configs/base.py starts from)."""
-    return ml_collections.ConfigDict({f.name: f.default for f in dataclasses.fields(cls)})
+    return ml_collections.ConfigDict(defaults(cls))
 
 
 def typed(
@@ -140,12 +147,14 @@ def typed(
     return settings
 
 
-def reference(sections: Mapping[str, type[Schema]]) -> str:
+def reference(sections: Mapping[str, type[Schema]], top: bool = False) -> str:
     """The schema'd `sections` (name -> class) as Markdown: one table per section, a row per
-    field with its default, unit, range or choices, and doc."""
+    field with its default, unit, range or choices, and doc. `top`: the fields stand at the
+    config's top (a fine-tuning config's), each name a title."""
     out = []
     for name, cls in sections.items():
-        out += [f"## `{name}`", "", "| field | default | unit | allowed | what it is |"]
+        heading = name if top else f"`{name}`"
+        out += [f"## {heading}", "", "| field | default | unit | allowed | what it is |"]
         out.append("|---|---|---|---|---|")
         kinds = choices(cls)
         for f in dataclasses.fields(cls):
@@ -159,7 +168,8 @@ def reference(sections: Mapping[str, type[Schema]]) -> str:
             )
             doc = f.metadata["doc"].replace("|", "\\|")
             out.append(
-                f"| `{name}.{f.name}` | `{f.default!r}` | {f.metadata['unit']} | "
+                f"| `{f.name if top else f'{name}.{f.name}'}` | `{f.default!r}` | "
+                f"{f.metadata['unit']} | "
                 f"{allowed_text} | {doc} |"
             )
         out.append("")

@@ -15,18 +15,31 @@ their schema holds them (`bertjax/training/settings.py`, `bertjax/data/settings.
 paper's recipe, BERT-base: `configs/base.py` starts from these), its unit, the values it
 allows, and what it is. Set any of them on the command line, e.g.
 `--config.train.total_steps=100`; a value outside its range is refused in one line before any
-work. The `model` section is its family's (`configs/base.py` documents BERT's fields);
-fine-tuning's `optimizer` section is this one without `peak_learning_rate` and `warmup_steps`
-(configs/finetune/common.py).
+work. The `model` section is its family's (`configs/base.py` documents BERT's fields). Fine-tuning's
+fields follow the pretraining sections.
 
 Written by `python -m bertjax.tools.config_reference > docs/configuration.md`
 (tests/test_configs.py checks that it is current).
 """
 
 
+FINETUNING_HEADER = """# Fine-tuning
+
+A fine-tuning config's own fields stand at its top (`--config.learning_rate=3e-5`), as their
+schema holds them (`bertjax/training/finetune_schema.py`; `configs/finetune/common.py` starts
+from these); its `optimizer` section is the one above without `peak_learning_rate` and
+`warmup_steps`, and its `mesh` section the one above.
+"""
+
+
 def text() -> str:
     """The whole reference page (without its last line's end)."""
-    return f"{HEADER}\n{schema.reference(validate.SECTIONS)}".rstrip("\n")
+    titles = ("Every fine-tuning config", "SQuAD's (squad.py)", "NER's (ner.py)")
+    finetuning = dict(zip(titles, validate.FINETUNING, strict=True))
+    return (
+        f"{HEADER}\n{schema.reference(validate.SECTIONS)}\n{FINETUNING_HEADER}\n"
+        f"{schema.reference(finetuning, top=True)}"
+    ).rstrip("\n")
 
 
 if __name__ == "__main__":

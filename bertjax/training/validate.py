@@ -19,16 +19,12 @@ from bertjax.models import families
 from bertjax.models.layers import config as layer_config
 from bertjax.runtime import schema
 from bertjax.runtime.schema import (
-    AT_LEAST_0,
-    AT_LEAST_1,
     BELOW_1,
-    POSITIVE,
-    PROBABILITY,
-    SEQ_LENGTH,
     Range,
     Schema,
 )
 from bertjax.training import optim, schedules
+from bertjax.training.finetune_schema import FinetuneFields, NerFields, SquadFields
 from bertjax.training.settings import (
     LongPhaseSettings,
     OptimizerSettings,
@@ -37,8 +33,8 @@ from bertjax.training.settings import (
 )
 from bertjax.training.sharding import MeshSettings
 
-# (field, its range): the sections validate checks field by field (optimizer, model,
-# fine-tuning); train, long_phase and data carry their ranges in their schema (SECTIONS).
+# (field, its range): the model's dropout, which validate checks field by field; the other
+# sections carry their ranges in their schema (SECTIONS, FINETUNING).
 Rule = tuple[str, Range]
 
 SECTIONS: dict[str, type[Schema]] = {
@@ -52,26 +48,7 @@ BERT_DROPOUT: list[Rule] = [
     ("model.hidden_dropout_prob", BELOW_1),  # (ModernBERT's: its check)
     ("model.attention_probs_dropout_prob", BELOW_1),
 ]
-FINETUNING: list[Rule] = [
-    ("learning_rate", AT_LEAST_0),
-    ("warmup_proportion", PROBABILITY),
-    ("train_batch_size", AT_LEAST_1),
-    ("eval_batch_size", AT_LEAST_1),
-    ("num_train_epochs", POSITIVE),
-    ("log_every", AT_LEAST_1),
-    ("profile_steps", AT_LEAST_0),
-    ("max_seq_length", SEQ_LENGTH),
-    ("max_train_examples", AT_LEAST_0),
-    ("hidden_dropout_prob", BELOW_1),
-    ("attention_probs_dropout_prob", BELOW_1),
-]
-FINETUNING_TASKS: list[Rule] = [  # the fields of some tasks' configs (squad.py, ner.py)
-    ("doc_stride", AT_LEAST_1),
-    ("max_query_length", AT_LEAST_1),
-    ("n_best_size", AT_LEAST_1),
-    ("max_answer_length", AT_LEAST_1),
-    ("lstm_size", AT_LEAST_1),
-]
+FINETUNING: tuple[type[Schema], ...] = (FinetuneFields, SquadFields, NerFields)  # (at the top)
 
 
 def optimizer_choices() -> dict[str, tuple[str, ...]]:
@@ -233,7 +210,10 @@ def model_family(model: Mapping[str, Any]) -> None:
 
 def finetuning(config: ml_collections.ConfigDict) -> None:
     """Every range of a fine-tuning config (and of its task's fields), and its seeds."""
-    check(config, FINETUNING + [rule for rule in FINETUNING_TASKS if rule[0] in config])
+    for fields in FINETUNING:  # (a task's fields where its config has them)
+        refusal = schema.out_of_range(fields, config, "")
+        if refusal:
+            raise ConfigError(refusal)
     check_sections(config, {"optimizer": ()})
     check_choices(config, {"dtype": layer_config.DTYPES, "optimizer.name": optim.names()})
     seeds(config.seeds)

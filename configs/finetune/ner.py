@@ -12,6 +12,9 @@ BiLSTM tagger trained.
 import pathlib
 import runpy
 
+from bertjax.runtime import schema
+from bertjax.training.finetune_schema import NerFields
+
 common = runpy.run_path(str(pathlib.Path(__file__).with_name("common.py")))["get_config"]
 
 
@@ -20,6 +23,5 @@ def get_config():
     c.kind = "ner"
     c.task = "conll2003"
     c.do_lower_case = False  # the paper used cased models for NER; set True for uncased vocabs
-    c.feature_based = False  # freeze BERT, concatenate its last 4 layers, train a BiLSTM tagger
-    c.lstm_size = 768  # units per direction of the feature-based BiLSTM (the paper: 768)
+    c.update(schema.defaults(NerFields))  # (the paper's; the schema's docs)
     return c

@@ -15,6 +15,9 @@ Files are the official JSON, or `tfds:squad/v1.1:train`-style names. v2.0: set
 import pathlib
 import runpy
 
+from bertjax.runtime import schema
+from bertjax.training.finetune_schema import SquadFields
+
 common = runpy.run_path(str(pathlib.Path(__file__).with_name("common.py")))["get_config"]
 
 
@@ -23,12 +26,5 @@ def get_config():
     c.kind = "squad"
     c.task = "squad"
     c.max_seq_length = 384  # tokens per window
-    c.train_file = "tfds:squad/v1.1:train"  # official JSON path or tfds:NAME:SPLIT
-    c.predict_file = "tfds:squad/v1.1:validation"  # official JSON path or tfds:NAME:SPLIT
-    c.version_2_with_negative = False  # SQuAD 2.0: unanswerable questions
-    c.doc_stride = 128  # tokens between the starts of a document's windows
-    c.max_query_length = 64  # question tokens kept
-    c.n_best_size = 20  # candidate spans per question
-    c.max_answer_length = 30  # tokens in an answer
-    c.null_score_diff_threshold = 0.0  # v2: predict "" when null score - best > this
+    c.update(schema.defaults(SquadFields))  # (run_squad's defaults; the schema's docs)
     return c
