@@ -127,7 +127,7 @@ class DataSettings:
     def of(cls, data: Mapping[str, Any], recorded: bool = False) -> DataSettings:
         """The settings of `data` (config.data); DataError naming the field if a choice is not
         one of its values or the mask mix is not one. `recorded`: `data` is a config an older
-        run recorded, whose missing fields take their type's empty value (a choice's first)."""
+        run recorded, whose missing fields take their default."""
         settings = schema.typed(
             cls,
             data,

@@ -123,17 +123,11 @@ def typed(
     its values (compared exactly, but for the `case_free` fields: a truth value written as
     text in any case; the `registered` fields: one of the names a registry holds now).
     `recorded`: `values` is a section an older run recorded, whose missing fields take their
-    default, else their type's empty value (a choice's first)."""
-    hints, allowed = typing.get_type_hints(cls), {**choices(cls), **(registered or {})}
-
-    def missing(field: dataclasses.Field) -> Any:
-        if field.default is not dataclasses.MISSING:
-            return field.default
-        return allowed[field.name][0] if field.name in allowed else hints[field.name]()
-
+    default (every field of a schema has one)."""
+    allowed = {**choices(cls), **(registered or {})}
     settings = cls(
         **{
-            f.name: values[f.name] if f.name in values or not recorded else missing(f)
+            f.name: values[f.name] if f.name in values or not recorded else f.default
             for f in dataclasses.fields(cls)
         }
     )

@@ -1,6 +1,7 @@
 """`python -m bertjax.tools.config_reference > docs/configuration.md`: the pretraining config's
-schema'd sections (train, long_phase, data, optimizer, mesh) as Markdown tables, each field with its default,
-unit, range or choices, and doc (bertjax.runtime.schema.reference)."""
+schema'd sections (train, long_phase, data, optimizer, mesh) and a fine-tuning config's fields
+as Markdown tables, each field with its default, unit, range or choices, and doc
+(bertjax.runtime.schema.reference)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ HEADER = """# Configuration reference
 
 The pretraining config's `train`, `long_phase`, `data`, `optimizer` and `mesh` sections, as
 their schema holds them (`bertjax/training/settings.py`, `bertjax/data/settings.py`,
-`bertjax/training/sharding.py`): each field's default (the
-paper's recipe, BERT-base: `configs/base.py` starts from these), its unit, the values it
-allows, and what it is. Set any of them on the command line, e.g.
-`--config.train.total_steps=100`; a value outside its range is refused in one line before any
-work. The `model` section is its family's (`configs/base.py` documents BERT's fields). Fine-tuning's
-fields follow the pretraining sections.
+`bertjax/training/sharding.py`): each field's default (the paper's recipe, BERT-base:
+`configs/base.py` starts from these), its unit, the values it allows, and what it is. Set any
+of them on the command line, e.g. `--config.train.total_steps=100`; a value outside its range
+is refused in one line before any work. The `model` section is its family's
+(`configs/base.py` documents BERT's fields). Fine-tuning's fields follow the pretraining
+sections.
 
 Written by `python -m bertjax.tools.config_reference > docs/configuration.md`
 (tests/test_configs.py checks that it is current).

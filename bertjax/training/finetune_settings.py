@@ -14,9 +14,11 @@ from typing import Any
 
 from bertjax.errors import ConfigError
 from bertjax.interop import pretrained
+from bertjax.runtime import schema
 from bertjax.runtime.schema import typed
 from bertjax.tasks.features import TaskOptions
 from bertjax.training import optim, validate
+from bertjax.training.finetune_schema import FinetuneFields, NerFields
 from bertjax.training.sharding import MeshSettings
 
 
@@ -86,8 +88,11 @@ class FinetuneSettings:
 
 
 # Fields some configs lack (feature_based: NER's; profile_steps: a config written before it),
-# with the value they mean there.
-_ADDED_SINCE = {"feature_based": False, "profile_steps": 0}
+# with the value they mean there: their schema's default.
+_ADDED_SINCE = {
+    name: {**schema.defaults(FinetuneFields), **schema.defaults(NerFields)}[name]
+    for name in ("feature_based", "profile_steps")
+}
 _OWN_FIELDS = [
     f.name
     for f in dataclasses.fields(FinetuneSettings)
