@@ -669,9 +669,8 @@ def test_google_and_hugging_face_checkpoints_initialise_fine_tuning(data_root, t
         do_lower_case=False,
     )
     with pytest.raises(ValueError, match="uncased model"):
-        pretrained.tokenizer_of(
-            FinetuneSettings.of(config.to_dict()).source, pretrained.PretrainingRun({})
-        )
+        source = FinetuneSettings.of(config.to_dict()).source
+        pretrained.tokenizer_of(source, pretrained.pretraining_run(source))
 
 
 class Killed(Exception):

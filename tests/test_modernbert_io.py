@@ -143,12 +143,18 @@ def test_a_tokenizer_json_without_the_special_tokens_is_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_a_hugging_face_modernbert_directory_is_read_with_its_bpe_tokenizer(hf_dir):
+def test_a_hugging_face_modernbert_directory_is_read_with_its_bpe_tokenizer(hf_dir, monkeypatch):
+    detected = []
+    detect_format = pretrained.detect_format
+    monkeypatch.setattr(
+        pretrained, "detect_format", lambda path: detected.append(path) or detect_format(path)
+    )
     source = pretrained.Source(init_checkpoint=hf_dir)
     run = pretrained.pretraining_run(source)
     config = pretrained.model_config_of(source, run)
     assert families.name_of(config) == "modernbert" and run.finetuned_task == ""
     tokenizer = pretrained.tokenizer_of(source, run)
+    assert detected == [hf_dir] and run.format == "hf"  # (the format told once, for both)
     assert isinstance(tokenizer, bpe.BpeTokenizer)
     assert tokenizer.vocab_size == config.vocab_size
     expected = random_params(config)  # what bertjax's export wrote
@@ -302,9 +308,9 @@ def test_continued_pretraining_takes_the_checkpoint_architecture(hf_dir, tmp_pat
         match=r"^model.pad_token_id=0 but the tokenizer's \[PAD\] "
         r"is 3; set --config.model.pad_token_id=3$",
     ):
-        init_architecture.check_tokenizer(config.model.to_dict(), tokenizer)
+        init_architecture.check_tokenizer(families.model_config(config.model), tokenizer)
     config.model.update(init_architecture.checkpoint_model(config.model.to_dict(), hf_dir))
-    init_architecture.check_tokenizer(config.model.to_dict(), tokenizer)
+    init_architecture.check_tokenizer(families.model_config(config.model), tokenizer)
 
 
 def test_a_fresh_run_takes_padding_and_vocabulary_from_its_tokenizer(tmp_path):
@@ -322,7 +328,7 @@ def test_a_fresh_run_takes_padding_and_vocabulary_from_its_tokenizer(tmp_path):
     changed = tokenizer_model.model_of_tokenizer_file(config.model.to_dict(), data, ())
     assert changed == {"pad_token_id": 3, "vocab_size": 300}
     config.model.update(changed)
-    init_architecture.check_tokenizer(config.model.to_dict(), tokenizer)  # accepted
+    init_architecture.check_tokenizer(families.model_config(config.model), tokenizer)  # accepted
     config.model.vocab_size = 512  # (a larger table: kept)
     assert tokenizer_model.model_of_tokenizer_file(config.model.to_dict(), data, ()) == {}
     config = modernbert_tiny()
@@ -392,11 +398,7 @@ def test_the_export_keeps_what_the_tokenizer_says(hf_dir, tmp_path, capsys):
         checkpoint.save_params(
             run,
             random_params(config),
-            {
-                "model": families.recorded_fields(
-                    {"family": "modernbert", **dataclasses.asdict(config)}
-                )
-            },
+            {"model": families.recorded_fields(config)},
         )
         native.save_tokenizer(tokenizer, run)
         capsys.readouterr()

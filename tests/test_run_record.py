@@ -97,7 +97,7 @@ def test_a_checkpoint_written_before_the_typed_record_resumes_exactly(
     phases = settings.phases
     plan = run_schedule.planned(settings, config.optimizer)
     old = {
-        "model": families.recorded_fields(config.model),
+        "model": families.recorded_fields(settings.model_config),
         "config": config.to_json(),
         "data": guards.data_identity(DataSettings.of(config.data), phases),
         "processes": jax.process_count(),

@@ -70,8 +70,8 @@ class ToyFamily(bert_family.BertFamily):
         extra = (jnp.zeros((1, 2), jnp.int32),) if isinstance(model, ToyForMaskedLM) else ()
         return inputs + extra
 
-    def recorded_fields(self, model: Any) -> dict[str, Any]:
-        return {"family": "toy", **super().recorded_fields(model)}
+    def recorded_fields(self, config: ToyConfig) -> dict[str, Any]:
+        return {"family": "toy", **super().recorded_fields(config)}
 
     def forward(self, model, params, batch, mask, deterministic, rngs) -> tuple[jax.Array, None]:
         return super().forward(model, params, batch, mask, deterministic, rngs), None
@@ -85,8 +85,10 @@ class ToyFamily(bert_family.BertFamily):
         h = config.hidden_size
         return super().flops(config, seq_length, predictions) - 6 * (h * h + 2 * h)
 
-    def check_pretraining(self, model: Any, objective: str, next_sentence_prediction: bool) -> None:
-        super().check_pretraining(model, objective, next_sentence_prediction)
+    def check_pretraining(
+        self, config: ToyConfig, objective: str, next_sentence_prediction: bool
+    ) -> None:
+        super().check_pretraining(config, objective, next_sentence_prediction)
         if next_sentence_prediction:
             raise ConfigError(
                 "model.family='toy' has no next-sentence head; set "

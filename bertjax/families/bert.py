@@ -57,10 +57,10 @@ class BertFamily(families.Family[BertConfig]):
     def check(self, values: Mapping[str, Any], prefix: str, flag: str) -> None:
         bert_config.check(values, prefix, flag)
 
-    def recorded_fields(self, model: Mapping[str, Any]) -> dict[str, Any]:
+    def recorded_fields(self, config: BertConfig) -> dict[str, Any]:
         """Its architecture and storage fields (as before families: no `family`)."""
         fields = bert_model.ARCHITECTURE_FIELDS + bert_model.STORAGE_FIELDS
-        return {name: model[name] for name in fields}
+        return {name: getattr(config, name) for name in fields}
 
     def architecture(self, config: BertConfig) -> dict[str, Any]:
         return bert_model.architecture(config)
@@ -172,12 +172,12 @@ class BertFamily(families.Family[BertConfig]):
         )
 
     def check_pretraining(
-        self, model: Mapping[str, Any], objective: str, next_sentence_prediction: bool
+        self, config: BertConfig, objective: str, next_sentence_prediction: bool
     ) -> None:
         """Pretraining needs two segment types (sentences A and B)."""
-        if model["type_vocab_size"] < 2:
+        if config.type_vocab_size < 2:
             raise ConfigError(
-                f"model.type_vocab_size={model['type_vocab_size']} is out of range: "
+                f"model.type_vocab_size={config.type_vocab_size} is out of range: "
                 "pretraining needs 2 segment types (sentences A and B); set "
                 "--config.model.type_vocab_size=2"
             )

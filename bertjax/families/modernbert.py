@@ -49,10 +49,9 @@ class ModernBertFamily(families.Family[ModernBertConfig]):
     def check(self, values: Mapping[str, Any], prefix: str, flag: str) -> None:
         modernbert_config.check(values, prefix, flag)
 
-    def recorded_fields(self, model: Mapping[str, Any]) -> dict[str, Any]:
+    def recorded_fields(self, config: ModernBertConfig) -> dict[str, Any]:
         """The family, its architecture and the padding id (what an export's embeddings
         name)."""
-        config = families.model_config(model)
         return {
             "family": "modernbert",
             **modernbert_config.architecture(config),
@@ -147,7 +146,7 @@ class ModernBertFamily(families.Family[ModernBertConfig]):
         )
 
     def check_pretraining(
-        self, model: Mapping[str, Any], objective: str, next_sentence_prediction: bool
+        self, config: ModernBertConfig, objective: str, next_sentence_prediction: bool
     ) -> None:
         """What a ModernBERT pretraining run cannot have: an NSP head, a left-to-right
         objective."""

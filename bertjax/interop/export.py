@@ -24,7 +24,7 @@ def source_tokenizer(src: str, source_format: str) -> tokenization.Tokenizer:
         run = pretrained.pretraining_run(source)
         if run.config is not None or native.tokenizer_beside(src) is not None:
             return pretrained.tokenizer_of(source, run)
-    return pretrained.checkpoint_tokenizer(src, None)
+    return pretrained.checkpoint_tokenizer(src, None, source_format=source_format)
 
 
 def run_facts(src: str) -> list[tuple[str, str]]:

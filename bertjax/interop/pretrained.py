@@ -94,12 +94,13 @@ def check_exists(path: str, field: str) -> None:
         )
 
 
-def google_or_hf(path: str) -> bool:
-    """Whether `path` is a Google TF or Hugging Face checkpoint (else a bertjax run)."""
+def checkpoint_format(path: str) -> str:
+    """`detect_format`, where a path that is no checkpoint at all reads as "bertjax" (whose
+    reader names the problem)."""
     try:
-        return bool(path) and detect_format(path) != "bertjax"
+        return detect_format(path)
     except ConversionError:
-        return False  # not a checkpoint at all: the bertjax reader names the problem
+        return "bertjax"
 
 
 def read(
@@ -160,13 +161,18 @@ class PretrainingRun(NamedTuple):
     config: ml_collections.ConfigDict | None = None
     tokenizer_fingerprint: str | None = None
     finetuned_task: str = ""
+    format: str = ""  # "tf", "hf" or "bertjax", detected once (`checkpoint_format`); "": none
 
 
 def architecture_of(path: str) -> families.ModelConfig:
     """The model config of the checkpoint at `path` (any format; local or a URL), from its
     config file alone: a Hugging Face `config.json`, Google's `bert_config.json` (its
     family's `TfForm`), a bertjax run's recorded config. No weights are read."""
-    source_format = detect_format(path)
+    return _architecture(path, detect_format(path))
+
+
+def _architecture(path: str, source_format: str) -> families.ModelConfig:
+    """`architecture_of` the checkpoint at `path`, in `source_format`."""
     if source_format == "bertjax":
         return native.config_of(native.checkpoint_dir(path))
     if source_format == "hf":
@@ -179,15 +185,14 @@ def pretraining_run(source: Source) -> PretrainingRun:
     """The architecture (and bertjax run metadata) of `source.init_checkpoint`."""
     if not source.init_checkpoint:
         return PretrainingRun({})
-    check_exists(source.init_checkpoint, "init_checkpoint")
-    if google_or_hf(source.init_checkpoint):  # architecture from bert_config.json/config.json
-        hf_task = (
-            hf.finetuned_task(source.init_checkpoint)
-            if detect_format(source.init_checkpoint) == "hf"
-            else ""
-        )
+    path = source.init_checkpoint
+    check_exists(path, "init_checkpoint")
+    source_format = checkpoint_format(path)
+    if source_format != "bertjax":  # architecture from bert_config.json/config.json
         return PretrainingRun(
-            families.as_record(architecture_of(source.init_checkpoint)), finetuned_task=hf_task
+            families.as_record(_architecture(path, source_format)),
+            finetuned_task=hf.finetuned_task(path) if source_format == "hf" else "",
+            format=source_format,
         )
     directory = native.checkpoint_dir(source.init_checkpoint)
     try:
@@ -199,10 +204,14 @@ def pretraining_run(source: Source) -> PretrainingRun:
             families.as_record(native.config_from_meta(meta, directory)),
             tokenizer_fingerprint=meta.get("tokenizer_fingerprint"),
             finetuned_task=meta["task"] or json.loads(meta["config"])["kind"],
+            format=source_format,
         )
     config = json.loads(meta["config"]) if "config" in meta else None  # None: params-only
     return PretrainingRun(
-        meta["model"], config and ml_collections.ConfigDict(config), meta.get("tokenizer")
+        meta["model"],
+        config and ml_collections.ConfigDict(config),
+        meta.get("tokenizer"),
+        format=source_format,
     )
 
 
@@ -288,16 +297,13 @@ def own_tokenizer(
         return None
     if pretrain.config is not None:  # a bertjax pretraining run
         return _pretraining_tokenizer(source, pretrain, rebuild)
-    beside = None if google_or_hf(path) else native.tokenizer_beside(path)
+    source_format = pretrain.format or checkpoint_format(path)
+    beside = native.tokenizer_beside(path) if source_format == "bertjax" else None
     if beside is None and (required or tokenizer_fit.files_beside(path)):
-        beside = _vocab_beside(source)
+        beside = checkpoint_tokenizer(
+            path, source.do_lower_case, source.vocab_flag, pretrain.format
+        )
     return beside
-
-
-def _vocab_beside(source: Source) -> tokenization.Tokenizer:
-    """The tokenizer beside `source.init_checkpoint` (Google, Hugging Face or a converted
-    directory); WordPiece cased as `source.do_lower_case` says (checked against the name)."""
-    return checkpoint_tokenizer(source.init_checkpoint, source.do_lower_case, source.vocab_flag)
 
 
 def _vocab_file_tokenizer(source: Source) -> tokenization.Tokenizer:
@@ -331,12 +337,13 @@ def _vocab_file_tokenizer(source: Source) -> tokenization.Tokenizer:
 
 
 def checkpoint_tokenizer(
-    path: str, do_lower_case: bool | None, vocab_flag: str = ""
+    path: str, do_lower_case: bool | None, vocab_flag: str = "", source_format: str = ""
 ) -> tokenization.Tokenizer:
     """The `vocab.txt`, SentencePiece model or `tokenizer.json` beside the Google / Hugging Face
-    checkpoint at `path` (local or a URL): `_tokenizer_from`."""
+    checkpoint at `path` (local or a URL; `source_format`: its format, if known):
+    `_tokenizer_from`."""
     try:
-        local = staging.local_checkpoint(path, detect_format(path))
+        local = staging.local_checkpoint(path, source_format or detect_format(path))
         found = hf_tokenizer.tokenizer_file(local if files.isdir(local) else os.path.dirname(local))
     except (ConversionError, pipeline.DataError) as e:
         raise PretrainedError(f"{e}; pass {vocab_flag}=PATH" if vocab_flag else str(e)) from None

@@ -136,9 +136,9 @@ def from_record(values: Mapping[str, Any]) -> Any:
     return get(family(values)).config_class.from_dict(dict(values))
 
 
-def recorded_fields(model: Mapping[str, Any]) -> dict[str, Any]:
-    """What a checkpoint records of the model (a resume must match it)."""
-    return get(family(model)).recorded_fields(model)
+def recorded_fields(config: ModelConfig) -> dict[str, Any]:
+    """What a checkpoint records of a run's model (a resume must match it)."""
+    return of(config).recorded_fields(config)
 
 
 def name_of(config: ModelConfig) -> str:

@@ -211,8 +211,8 @@ class Family(abc.ABC, Generic[Config]):
         """A `model` section its config cannot build: ValueError (one line)."""
 
     @abc.abstractmethod
-    def recorded_fields(self, model: Mapping[str, Any]) -> dict[str, Any]:
-        """What a checkpoint records of the `model` section (a resume must match it)."""
+    def recorded_fields(self, config: Config) -> dict[str, Any]:
+        """What a checkpoint records of a run's model (a resume must match it)."""
 
     @abc.abstractmethod
     def architecture(self, config: Config) -> dict[str, Any]:
@@ -281,10 +281,10 @@ class Family(abc.ABC, Generic[Config]):
 
     @abc.abstractmethod
     def check_pretraining(
-        self, model: Mapping[str, Any], objective: str, next_sentence_prediction: bool
+        self, config: Config, objective: str, next_sentence_prediction: bool
     ) -> None:
-        """A pretraining run (`model` section, `train.objective`, `train
-        .next_sentence_prediction`) it cannot train: ConfigError."""
+        """A pretraining run (its model, `train.objective`, `train.next_sentence_prediction`)
+        it cannot train: ConfigError."""
 
     @abc.abstractmethod
     def finetune_config(self, values: dict[str, Any], source: FinetuneSource) -> Config:

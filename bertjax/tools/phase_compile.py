@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from bertjax.models import families, flops
+from bertjax.models import flops
 from bertjax.runtime import targets
 from bertjax.tools import fit_verdict, gpu_census, hlo_census, tpu_estimate, vector_ops
 from bertjax.training import memory, optim, phase_schedule, sharded_run, sharding
@@ -217,15 +217,14 @@ def build(
     settings = PretrainingSettings.of(config)
     mesh = sharded_run.make_mesh(settings.mesh, devices)
     phases = settings.phases
-    sharded_run.check_batches(
-        mesh, phases, config.train.grad_accum_steps, config.model.max_position_embeddings
-    )
+    train, model = settings.train, settings.model_config
+    sharded_run.check_batches(mesh, phases, train.grad_accum_steps, model.max_position_embeddings)
     phases = [p for p in phases if not phase_names or p.name in phase_names]
     return sharded_run.build_pretraining(
-        families.model_config(config.model.to_dict()),
-        optim.optimizer_config(config.optimizer, config.train.total_steps),
+        model,
+        optim.optimizer_config(config.optimizer, train.total_steps),
         mesh,
         phases,
-        config.train.grad_accum_steps,
+        train.grad_accum_steps,
         report=False,
     ), phases

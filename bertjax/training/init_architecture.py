@@ -15,6 +15,7 @@ from bertjax.interop import pretrained, pretrained_weights
 from bertjax.interop.pretrained import PretrainedError
 from bertjax.interop.tree import ConversionError
 from bertjax.models import families
+from bertjax.models.families import ModelConfig
 from bertjax.runtime import console, files
 
 
@@ -76,15 +77,13 @@ def model_of_init_checkpoint(
     return changed
 
 
-def check_tokenizer(model: Mapping[str, Any], tokenizer: tokenization.Tokenizer) -> None:
-    """Before a new run prepares data: a ModernBERT's padding id (`model`: the `model`
-    section's values) is its tokenizer's [PAD] (what an export's config.json names)."""
-    if (
-        families.get(families.family(model)).tokenizer_pad
-        and model["pad_token_id"] != tokenizer.pad_id
-    ):
+def check_tokenizer(config: ModelConfig, tokenizer: tokenization.Tokenizer) -> None:
+    """Before a new run prepares data: a ModernBERT's padding id (`config`: the run's model)
+    is its tokenizer's [PAD] (what an export's config.json names)."""
+    family = families.of(config)
+    if family.tokenizer_pad and family.pad_id(config) != tokenizer.pad_id:
         raise ConfigError(
-            f"model.pad_token_id={model['pad_token_id']} but the tokenizer's "
+            f"model.pad_token_id={family.pad_id(config)} but the tokenizer's "
             f"[PAD] is {tokenizer.pad_id}; set --config.model.pad_token_id="
             f"{tokenizer.pad_id}"
         )

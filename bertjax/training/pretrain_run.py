@@ -114,11 +114,11 @@ class PretrainingRun:
         `accepted`)."""
         started = time.time()
         settings, workdir = self.settings, self.workdir
-        train, data, model = settings.train, settings.data, settings.model
+        train, data, model = settings.train, settings.data, settings.model_config
         phases = settings.phases
         mesh = sharded_run.make_mesh(settings.mesh, self.devices)
         sharded_run.check_batches(
-            mesh, phases, train.grad_accum_steps, model["max_position_embeddings"]
+            mesh, phases, train.grad_accum_steps, model.max_position_embeddings
         )  # before preparing any data
         objective = train.pretraining_objective
         checkpointer = checkpoint.Checkpointer(  # (its clean-up of unfinished saves needs the lock)
@@ -151,7 +151,6 @@ class PretrainingRun:
 
         if found:
             check(found)  # model and data, before any preparation
-        model_config = families.model_config(model)
         cache_dir = data.cache_dir or files.local_cache_dir(workdir)
         tokenizer, record = self.checked_tokenizer(
             cache_dir, record, (found, resume_from.where(found.step)) if found else None
@@ -160,7 +159,7 @@ class PretrainingRun:
         phase_data = loaders.prepare_data(
             data,
             phases,
-            model["vocab_size"],
+            model.vocab_size,
             tokenizer,
             cache_dir,
             next_sentence_prediction=objective.uses_nsp,
@@ -168,7 +167,7 @@ class PretrainingRun:
         agreement.check("prepared", {})  # (where a host that failed to prepare stops the others)
         stopping.now_doing("building the model (compiling)")
         sharded = sharded_run.build_pretraining(
-            model_config,
+            model,
             plan.optimizer_config,
             mesh,
             phases,
@@ -184,10 +183,10 @@ class PretrainingRun:
         if found:
             state, position = resume_from.restore(found, sharded.abstract_state, record, check)
         else:
-            state, position = self.fresh_state(sharded, model_config, phases)
+            state, position = self.fresh_state(sharded, model, phases)
         start = resume.Start.of(state, position, found, phases)
         state, final_eval, stopped_by, start = self.train_to_end(
-            sharded, phase_data, plan, model_config, record, start, resume_from, check
+            sharded, phase_data, plan, model, record, start, resume_from, check
         )
         self.finish(state, final_eval, stopped_by, start.step, time.time() - started)
         return final_eval
@@ -203,7 +202,7 @@ class PretrainingRun:
         SentencePiece model trained once into `cache_dir`); and `record` with its fingerprint.
         Refused unless its ids are init_checkpoint's, it fits the model's vocabulary, and it is
         the other processes' and the checkpoint's `resumed_from` (found, where)."""
-        train, data, model = self.settings.train, self.settings.data, self.settings.model
+        train, data, model = self.settings.train, self.settings.data, self.settings.model_config
         init_checkpoint = train.init_checkpoint
         if resumed_from and not pretrained.exists(init_checkpoint):
             init_checkpoint = ""  # (gone since: the checkpoint's record names its tokenizer)
@@ -223,10 +222,10 @@ class PretrainingRun:
         )
         if not resumed_from:
             init_architecture.check_tokenizer(model, tokenizer)
-        if tokenizer.vocab_size > model["vocab_size"]:
+        if tokenizer.vocab_size > model.vocab_size:
             raise DataError(
                 f"the tokenizer has {tokenizer.vocab_size} tokens but "
-                f"model.vocab_size={model['vocab_size']}; set --config.model.vocab_size="
+                f"model.vocab_size={model.vocab_size}; set --config.model.vocab_size="
                 f"{tokenizer.vocab_size} (or more)"
             )
         record = dataclasses.replace(record, tokenizer=tokenizer.fingerprint())

@@ -17,6 +17,8 @@ from typing import Any, ClassVar, Literal
 
 from bertjax.data.settings import DataSettings
 from bertjax.errors import ConfigError
+from bertjax.models import families
+from bertjax.models.families import ModelConfig
 from bertjax.runtime.schema import (
     AT_LEAST_0,
     AT_LEAST_1,
@@ -199,8 +201,9 @@ class OptimizerSettings:
 @dataclasses.dataclass(frozen=True)
 class PretrainingSettings:
     """A pretraining config's sections: train, long_phase and data typed; the model section
-    as its values (`families.model_config` types it), the optimizer section as its values
-    (completed by run_schedule: optim.OptimizerConfig), the mesh typed."""
+    as its values, which the run resolves (`PretrainingRun.resolved`) and then reads typed
+    (`model_config`); the optimizer section as its values (completed by run_schedule:
+    optim.OptimizerConfig), the mesh typed."""
 
     train: TrainSettings
     long_phase: LongPhaseSettings
@@ -225,6 +228,13 @@ class PretrainingSettings:
     def with_model(self, model: Mapping[str, Any]) -> PretrainingSettings:
         """These settings with the model section `model` (the run's, once resolved)."""
         return dataclasses.replace(self, model=dict(model))
+
+    @functools.cached_property
+    def model_config(self) -> ModelConfig:
+        """The model section as its family's config (`families.model_config`), built once:
+        what the run and its checks read of the model (`validate.model_family` first names a
+        section it cannot build)."""
+        return families.model_config(self.model)
 
     @functools.cached_property
     def phases(self) -> list[phase_schedule.Phase]:

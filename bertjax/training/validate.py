@@ -166,11 +166,11 @@ def pretraining_model(typed: PretrainingSettings) -> None:
     `model_family`): what its family can pretrain (`Family.check_pretraining`: BERT's two
     segment types, ModernBERT's masked LM alone), positions for every phase's length, and room
     for the SentencePiece model it trains."""
-    model = typed.model
-    families.get(families.family(model)).check_pretraining(
+    model = typed.model_config
+    families.of(model).check_pretraining(
         model, typed.train.objective, typed.train.next_sentence_prediction
     )
-    positions, vocab_size = model["max_position_embeddings"], model["vocab_size"]
+    positions, vocab_size = model.max_position_embeddings, model.vocab_size
     for phase in typed.phases:
         if phase.max_seq_length > positions:
             field = "data.max_seq_length" if phase.name == "short" else "long_phase.max_seq_length"
