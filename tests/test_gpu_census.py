@@ -189,3 +189,73 @@ def test_a_pallas_triton_kernel_compiled_for_an_h100_counts_its_declared_cost():
         gpu_census.describe,
     )
     assert census.kernels["pallas"] == 1 and census.flops == 5e9
+
+
+# A finite step's update, and the cause a skipped step computes in the other branch.
+SKIPPED_HLO = """HloModule jit_train_step
+
+%fused_check (p0: f32[1024]) -> pred[] {
+  %p0 = f32[1024]{0} parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+%finite (arg: (f32[1024])) -> f32[] {
+  %arg = (f32[1024]{0}) parameter(0)
+  ROOT %zero = f32[] constant(0)
+}
+
+%skipped (arg: (f32[1024])) -> f32[] {
+  %arg = (f32[1024]{0}) parameter(0)
+  %w = f32[1024]{0} get-tuple-element(%arg), index=0
+  %check = pred[] fusion(%w), kind=kLoop, calls=%fused_check, metadata={op_name="jit(train_step)/cond/branch_1_fun/skipped_step/reduce_sum"}
+  ROOT %cause = f32[] convert(%check), metadata={op_name="jit(train_step)/cond/branch_1_fun/skipped_step/select_n"}
+}
+
+ENTRY %main (w: f32[1024], p: pred[]) -> f32[] {
+  %w = f32[1024]{0} parameter(0)
+  %p = pred[] parameter(1)
+  %adam = f32[1024]{0} sqrt(%w), metadata={op_name="jit(train_step)/sqrt"}
+  %i = s32[] convert(%p)
+  %t = (f32[1024]{0}) tuple(%adam)
+  ROOT %r = f32[] conditional(%i, %t, %t), branch_computations={%finite, %skipped}
+}
+"""
+
+
+def test_a_skipped_steps_kernels_stay_out_of_the_roofline():
+    """Bytes at 1 GB/s: the update reads and writes 4 KiB, the branch index's convert 1 + 4
+    bytes; the skipped branch's two kernels 4 KiB + 1 and 1 + 4 bytes."""
+    counted = hlo_census.census(SKIPPED_HLO, 1.0, 1e9)
+    apart = hlo_census.census(SKIPPED_HLO, 1.0, 1e9, skipped_step_scope="skipped_step")
+    update, cause = (8192 + 5) / 1e9, (4096 + 1 + 1 + 4) / 1e9
+    assert counted.seconds == pytest.approx(update + cause) and counted.kernel_count == 4
+    assert apart.seconds == pytest.approx(update) and apart.kernel_count == 2
+    assert apart.skipped_step_seconds == pytest.approx(cause)
+    assert apart.as_dict()["skipped_step_seconds"] == pytest.approx(cause)
+
+
+def test_the_train_steps_non_finite_cause_is_named_as_a_skipped_steps():
+    """The real step, compiled: what only a skipped step computes (the finiteness of the
+    batch and the whole state) carries `steps.SKIPPED_STEP_SCOPE`, so the census can leave
+    it out; removing the scope from `steps._apply_update` fails this."""
+    import optax
+
+    from bertjax.training import steps
+    from bertjax.training.state import TrainState
+
+    def loss_fn(params, batch, rng):
+        loss = jnp.mean((batch["x"] @ params["w"]) ** 2)
+        return loss, {"loss": loss}
+
+    tx = optax.adam(1e-3)
+    params = {"w": jnp.ones((256, 256))}
+    state = TrainState(
+        step=jnp.int32(0), params=params, opt_state=tx.init(params), rng=jax.random.PRNGKey(0)
+    )
+    step = jax.jit(steps.make_loss_train_step(loss_fn, tx))
+    text = step.lower(state, {"x": jnp.ones((8, 256))}).compile().as_text()
+    apart = hlo_census.census(text, 1.0, 1e9, skipped_step_scope=steps.SKIPPED_STEP_SCOPE)
+    counted = hlo_census.census(text, 1.0, 1e9)
+    # the state's finiteness check reads every parameter and both Adam moments
+    assert apart.skipped_step_seconds >= 3 * 256 * 256 * 4 / 1e9
+    assert apart.seconds < counted.seconds

@@ -14,7 +14,8 @@ def table(census: dict) -> str:
     total_s = census["roofline_seconds"]
     lines = [
         f"roofline {total_s * 1e3:.1f} ms, {census['kernels']:,} kernels, "
-        f"{census['bytes'] / 1e9:.1f} GB, {census['flops'] / 1e12:.2f} TFLOP",
+        f"{census['bytes'] / 1e9:.1f} GB, {census['flops'] / 1e12:.2f} TFLOP; "
+        f"a skipped step {census.get('skipped_step_seconds', 0.0) * 1e3:.2f} ms more",
         "",
         "| family | ms | share | kernels | GB | TFLOP |",
         "|---|---|---|---|---|---|",

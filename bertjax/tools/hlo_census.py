@@ -5,6 +5,8 @@ counted as often as it runs (loop bodies times their trip count; of a conditiona
 the costliest), with its FLOPs (matmuls and fused attention) and the bytes it reads and
 writes. The roofline estimate of a kernel is max(FLOPs / peak, bytes / bandwidth); the step's
 is their sum: a lower bound that ignores launch gaps and imperfect kernels, not a measurement.
+Kernels under a skipped step's name scope (`census`'s `skipped_step_scope`) run only when the
+step is skipped, so they stay out of it and are reported apart.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ class Census:
     bytes: float = 0
     matmul_bytes: float = 0
     seconds: float = 0  # roofline estimate
+    skipped_step_seconds: float = 0  # what a skipped step adds (its costliest branch)
     # label (`census`'s `describe`) -> [launches, roofline seconds, bytes, FLOPs]
     groups: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
@@ -145,7 +148,14 @@ class Census:
     def add(self, other: Census, times: int = 1) -> None:
         for key, count in other.kernels.items():
             self.kernels[key] += count * times
-        for field in ("small_kernels", "flops", "bytes", "matmul_bytes", "seconds"):
+        for field in (
+            "small_kernels",
+            "flops",
+            "bytes",
+            "matmul_bytes",
+            "seconds",
+            "skipped_step_seconds",
+        ):
             setattr(self, field, getattr(self, field) + getattr(other, field) * times)
         for label, figures in other.groups.items():
             mine = self.groups.setdefault(label, [0.0] * len(figures))
@@ -161,6 +171,7 @@ class Census:
             "bytes": self.bytes,
             "non_matmul_bytes": self.non_matmul_bytes,
             "roofline_seconds": self.seconds,
+            "skipped_step_seconds": self.skipped_step_seconds,
         }
 
 
@@ -189,6 +200,11 @@ def _attention_flops(target: str, q_type: str, k_type: str) -> float:
     return (10.0 if "backward" in target.lower() else 4.0) * b * n * lq * lk * d
 
 
+def _op_name(attrs: str) -> str:
+    found = re.search(r'op_name="([^"]*)"', attrs)
+    return found.group(1) if found else ""
+
+
 def pallas_name(attrs: str) -> str:
     """The name a Pallas kernel was given (`pallas_call(name=...)`, else its function's), read
     from its custom call's op_name (`.../NAME/pallas_call`)."""
@@ -210,11 +226,13 @@ class _Analyzer:
         bandwidth: float,
         pallas_costs: PallasCosts | None = None,
         describe: Describe | None = None,
+        skipped_step_scope: str = "",
     ) -> None:
         self.computations, self.entry = parse_module(text)
         self.peak_flops, self.bandwidth = peak_flops, bandwidth
         self.pallas_costs = pallas_costs or {}
         self.describe = describe
+        self.skipped_step_marker = f"/{skipped_step_scope}/" if skipped_step_scope else None
         self.cache: dict[str, Census] = {}
 
     def types(self, computation: str) -> dict[str, str]:
@@ -235,12 +253,21 @@ class _Analyzer:
                     r"(true_computation=\S+ false_computation=\S+)", ins.attrs
                 )
                 assert branches is not None, f"a conditional without branches: {ins.attrs}"
-                names = re.findall(r"%([\w.\-]+)", branches.group(1))
-                result.add(max((self.census(n) for n in names), key=lambda c: c.seconds))
+                branch_censuses = [self.census(n) for n in re.findall(r"%([\w.\-]+)", branches[1])]
+                chosen = max(branch_censuses, key=lambda c: c.seconds)
+                result.add(chosen)
+                result.skipped_step_seconds += (
+                    max(c.skipped_step_seconds for c in branch_censuses)
+                    - chosen.skipped_step_seconds
+                )
             elif ins.opcode == "call":
                 result.add(self.census(attr(ins.attrs, "to_apply") or ""))
             elif ins.opcode not in FREE_OPS:
-                result.add(self.kernel(ins, types))
+                kernel = self.kernel(ins, types)
+                if self.skipped_step_marker and self.skipped_step_marker in _op_name(ins.attrs):
+                    result.skipped_step_seconds += kernel.seconds
+                else:
+                    result.add(kernel)
         self.cache[computation] = result
         return result
 
@@ -314,11 +341,19 @@ def census(
     bandwidth_bytes_per_second: float,
     pallas_costs: PallasCosts | None = None,
     describe: Describe | None = None,
+    skipped_step_scope: str = "",
 ) -> Census:
     """The kernel census and roofline estimate of an optimized HLO module's text. A Pallas
     kernel costs what `pallas_costs` declares for it (else its operands' and results' bytes,
-    no FLOPs); `describe` labels each kernel for `Census.groups` (default: its kind)."""
+    no FLOPs); `describe` labels each kernel for `Census.groups` (default: its kind). Kernels
+    whose op_name has the `skipped_step_scope` (a `jax.named_scope`) count only in
+    `skipped_step_seconds`: a finite step never runs them."""
     analyzer = _Analyzer(
-        hlo_text, peak_tflops * 1e12, bandwidth_bytes_per_second, pallas_costs, describe
+        hlo_text,
+        peak_tflops * 1e12,
+        bandwidth_bytes_per_second,
+        pallas_costs,
+        describe,
+        skipped_step_scope,
     )
     return analyzer.census(analyzer.entry)

@@ -14,7 +14,7 @@ import ml_collections
 from bertjax.models import flops
 from bertjax.runtime import targets
 from bertjax.tools import fit_verdict, gpu_census, hlo_census, tpu_estimate, vector_ops
-from bertjax.training import memory, optim, phase_schedule, sharded_run, sharding
+from bertjax.training import memory, optim, phase_schedule, sharded_run, sharding, steps
 from bertjax.training.settings import PretrainingSettings
 
 CENSUS_GROUPS = 25  # the costliest instruction groups kept in a TPU phase's record
@@ -51,6 +51,7 @@ def gpu_estimate(
         target.hbm_bytes_per_second,
         pallas_costs,
         gpu_census.describe,
+        steps.SKIPPED_STEP_SCOPE,
     )
     step = result.seconds * H100_CALIBRATION
     return {
@@ -166,7 +167,8 @@ def summary_lines(name: str, record: dict[str, Any]) -> list[str]:
             f"{gpu['estimated_step_seconds'] * 1e3:.1f} ms per step, MFU "
             f"{gpu['estimated_mfu']:.0%}; roofline {gpu['roofline_seconds'] * 1e3:.1f} ms, "
             f"{gpu['kernels']:,} kernels ({gpu['small_kernels']:,} under 64 KB), "
-            f"non-matmul {gpu['non_matmul_bytes'] / 1e9:.0f} GB"
+            f"non-matmul {gpu['non_matmul_bytes'] / 1e9:.0f} GB; a skipped step "
+            f"{gpu.get('skipped_step_seconds', 0.0) * 1e3:.1f} ms more"
         )
     tpu = record.get("tpu")
     if tpu:
