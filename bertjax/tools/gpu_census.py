@@ -78,8 +78,7 @@ def tags(
 def where(attrs: str) -> tuple[str, str]:
     """(pass, module path) from a kernel's op_name: "fwd" / "bwd" inside the model's
     differentiation, else "update"; the path without the jit and layer numbers."""
-    found = re.search(r'op_name="([^"]*)"', attrs)
-    name = found.group(1) if found else ""
+    name = hlo_census.op_name(attrs)
     step = "update"
     for marker, label in _PASSES:
         if marker in name:

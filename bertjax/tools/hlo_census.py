@@ -200,7 +200,8 @@ def _attention_flops(target: str, q_type: str, k_type: str) -> float:
     return (10.0 if "backward" in target.lower() else 4.0) * b * n * lq * lk * d
 
 
-def _op_name(attrs: str) -> str:
+def op_name(attrs: str) -> str:
+    """The `op_name` of an HLO instruction's metadata (its JAX name stack), or ""."""
     found = re.search(r'op_name="([^"]*)"', attrs)
     return found.group(1) if found else ""
 
@@ -264,7 +265,7 @@ class _Analyzer:
                 result.add(self.census(attr(ins.attrs, "to_apply") or ""))
             elif ins.opcode not in FREE_OPS:
                 kernel = self.kernel(ins, types)
-                if self.skipped_step_marker and self.skipped_step_marker in _op_name(ins.attrs):
+                if self.skipped_step_marker and self.skipped_step_marker in op_name(ins.attrs):
                     result.skipped_step_seconds += kernel.seconds
                 else:
                     result.add(kernel)

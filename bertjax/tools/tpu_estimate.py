@@ -26,7 +26,6 @@ import jax.numpy as jnp
 from bertjax.tools import hlo_census, tpu_hlo, vector_ops
 
 _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
 @dataclasses.dataclass
@@ -89,12 +88,11 @@ def operations(
                     walk(hlo_census.attr(ins.attrs, "to_apply") or "", times)
                     continue
                 cycles = _CYCLES.search(ins.attrs)
-                op_name = _OP_NAME.search(ins.attrs)
                 ops.append(
                     Op(
                         ins.name,
                         ins.opcode,
-                        op_name.group(1) if op_name else "",
+                        hlo_census.op_name(ins.attrs),
                         int(cycles.group(1)) if cycles else 0,
                         hlo_census.type_bytes(ins.type_text)
                         + sum(hlo_census.type_bytes(types.get(o, "")) for o in ins.operands),
