@@ -101,7 +101,7 @@ def test_flash_dropouts_kernels_are_found_forward_and_backward_with_their_hash()
 
 # A TPU step in miniature: a loop of 3 micro-batches with a fusion of 4 elementwise ops (two
 # of them integer) on s32[8,128] and a reduction; outside it a Pallas kernel's custom call
-# and a copy (no vector work).
+# and a copy (no vector work). libtpu writes no cycles into a Pallas kernel's custom call.
 HLO = """HloModule jit_train_step, is_scheduled=true
 
 %fused_hash (p0: s32[8,128]) -> s32[8,128] {
@@ -146,7 +146,7 @@ ENTRY %main (w: s32[8,128], q: bf16[3,2,128,128]) -> bf16[2,128,128] {
   %zero = s32[] constant(0)
   %init = (s32[], s32[8,128]{1,0}) tuple(%zero, %w)
   %loop = (s32[], s32[8,128]{1,0}) while(%init), condition=%cond, body=%body
-  %k = bf16[2,128,128]{2,1,0} custom-call(%q), custom_call_target="tpu_custom_call", backend_config={"custom_call_config":{"body":"TUzvUgFN","cost_estimate":{"flops":"8388608","transcendentals":"65536","bytes_accessed":"262144"}},"window_config":{"estimated_cycles":"1000"}}
+  %k = bf16[2,128,128]{2,1,0} custom-call(%q), custom_call_target="tpu_custom_call", backend_config={"custom_call_config":{"body":"TUzvUgFN","cost_estimate":{"flops":"8388608","transcendentals":"65536","bytes_accessed":"262144"}}}
   ROOT %copy = bf16[2,128,128]{2,1,0} copy(%k), backend_config={"window_config":{"estimated_cycles":"200"}}
 }
 """
@@ -173,15 +173,20 @@ def test_an_unmatched_kernel_is_named_not_silently_counted_as_free():
 
 
 def test_the_record_has_the_vector_unit_beside_libtpus_estimate():
-    """At 1,800 cycles per step (the loop's 200 three times, 1,200 outside) in 1.8 us, each
-    instruction takes max(libtpu's time, its vector time): here the vector unit bounds the
-    kernel (2e6 ops at 1e12/s: 2 us against libtpu's 1 us), not the rest."""
+    """libtpu's 1.4 us for the step with the loop's body once: the kernel's 1 us (compiled
+    alone) and 0.4 us for the 400 cycles of the rest (the loop's 200, the copy's 200), so
+    1 ns a cycle; with the loop's 3 runs 0.8 + 1 = 1.8 us. Each instruction takes
+    max(libtpu's time, its vector time): here the vector unit bounds the kernel (2e6 ops at
+    1e12/s: 2 us against libtpu's 1 us), not the rest."""
     unit = vector_ops.VectorUnit(alus=1, cores=1, clock_hz=1e12 / 1024)
     assert unit.ops_per_second == pytest.approx(1e12)
     cost = {"optimal_seconds": 1.4e-6, "flops": 1e6, "bytes accessed": 1e4}
     kernels = {KERNEL: KERNEL_OPS}
-    record = tpu_estimate.estimate(cost, HLO, 3, 2e6, 1.0, top=4, kernels=kernels, unit=unit)
+    record = tpu_estimate.estimate(
+        cost, HLO, 3, 2e6, 1.0, top=4, kernels=kernels, unit=unit, kernel_seconds={KERNEL: 1e-6}
+    )
     assert record["optimal_seconds"] == pytest.approx(1.8e-6)
+    assert record["kernel_seconds"] == pytest.approx(1e-6)
     vector = 3 * 5 * 1024 + KERNEL_OPS
     assert record["vector_ops"] == vector and record["vector_kernel_ops"] == KERNEL_OPS
     assert record["vector_seconds"] == pytest.approx(vector / 1e12)
@@ -190,8 +195,10 @@ def test_the_record_has_the_vector_unit_beside_libtpus_estimate():
     assert record["vector_aware_seconds"] == pytest.approx(0.6e-6 + 0.2e-6 + 2e-6)
     assert record["vector_aware_mfu"] == pytest.approx(2e6 / 2.8e-6 / 1e12)
     assert record["vector_unmatched_kernels"] == []
-    kernel_group = next(g for g in record["census"] if g["op"].startswith("custom-call"))
-    assert kernel_group["vector_seconds"] == pytest.approx(2e-6)
+    census = {g["op"].split(":")[0]: g for g in record["census"]}
+    assert census["custom-call"]["vector_seconds"] == pytest.approx(2e-6)
+    assert census["custom-call"]["seconds"] == pytest.approx(1e-6)
+    assert census["copy"]["seconds"] == pytest.approx(0.2e-6)
     lines = phase_compile.summary_lines(
         "short",
         {
@@ -204,6 +211,7 @@ def test_the_record_has_the_vector_unit_beside_libtpus_estimate():
             "tpu": record,
         },
     )
+    assert "(Pallas kernels 0.0 ms, each compiled alone)" in lines[1]
     assert lines[2].startswith("  vector unit (not in libtpu's figure): 0 G elementwise ops")
     assert "vector-aware bound 0.0 ms per step, MFU at most 71.4%" in lines[2]
 

@@ -6,7 +6,10 @@ model's time for the step), `flops` and `bytes accessed`, and writes each instru
 trip count (BERT-tiny on tpu-v5p-8: 2.10 GFLOP in one micro-batch, 1.07 in two; the loops
 over the shards of a windowed einsum likewise, `tools.tpu_hlo`): the step is scaled here by
 each instruction's share, its cycles, bytes and matmul FLOPs counted as often as its loops
-run. Estimates of the compiler that will run the job, not measurements.
+run. A Pallas kernel's custom call has no `estimated_cycles`, though `optimal_seconds`
+charges it (by its declared `CostEstimate`): each kernel is compiled alone for the same chip
+(`kernel_seconds`), and the step's other instructions share what is left of the step's time
+by their cycles. Estimates of the compiler that will run the job, not measurements.
 
 Beside it, the vector unit's time (`tools.vector_ops`): the step's elementwise operations at
 the unit's rate, and the vector-aware bound, each instruction taking at least the longer of
@@ -17,11 +20,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import re
+import typing
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.extend import core as jax_core
 
 from bertjax.tools import hlo_census, tpu_hlo, vector_ops
 
@@ -41,6 +47,16 @@ class Op:
     times: int
     vector_ops_once: float = 0.0  # elementwise operations (`vector_ops`)
     flops_once: float = 0.0  # matmul FLOPs (`tpu_hlo.Flops`)
+    kernel_seconds_once: float = 0.0  # a Pallas kernel's libtpu time, compiled alone
+
+    @property
+    def kernel_seconds(self) -> float:
+        return self.kernel_seconds_once * self.times
+
+    def seconds(self, seconds_per_cycle: float) -> float:
+        """libtpu's time for the instruction as often as it runs: its cycles at
+        `seconds_per_cycle`, or a Pallas kernel's own time."""
+        return self.cycles * seconds_per_cycle + self.kernel_seconds
 
     @property
     def cycles(self) -> int:
@@ -64,12 +80,14 @@ def operations(
     loop_trips: int = 1,
     kernels: dict[str, float] | None = None,
     unmatched_kernels: set[str] | None = None,
+    kernel_seconds: dict[str, float] | None = None,
 ) -> list[Op]:
     """Every instruction of the entry computation and of its while loops' bodies, as often
     as it runs (a loop's trip count from `tpu_hlo.trip_count`, or `loop_trips`: the
     micro-batches), with its matmul FLOPs and its elementwise operations (Pallas kernels' from `kernels`, `vector_ops.pallas_kernels`;
-    those not there are added to `unmatched_kernels`). A conditional's branches are left
-    out: in this step it only names the cause of a skipped update."""
+    those not there are added to `unmatched_kernels`) and their libtpu time from
+    `kernel_seconds`. A conditional's branches are left out: in this step it only names the
+    cause of a skipped update."""
     computations, entry = hlo_census.parse_module(hlo_text)
     counter = vector_ops.HloVectorOps(computations, kernels or {})
     flops = tpu_hlo.Flops(computations)
@@ -88,6 +106,7 @@ def operations(
                     walk(hlo_census.attr(ins.attrs, "to_apply") or "", times)
                     continue
                 cycles = _CYCLES.search(ins.attrs)
+                kernel = vector_ops.hlo_kernel_key(ins)
                 ops.append(
                     Op(
                         ins.name,
@@ -99,6 +118,7 @@ def operations(
                         times,
                         counter.instruction(ins, types),
                         flops.instruction(ins, types),
+                        (kernel_seconds or {}).get(kernel, 0.0) if kernel else 0.0,
                     )
                 )
 
@@ -121,20 +141,26 @@ def estimate(
     top: int = 0,
     kernels: dict[str, float] | None = None,
     unit: vector_ops.VectorUnit | None = None,
+    kernel_seconds: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The step's estimated time, MFU, bytes and FLOPs from libtpu's `cost` (one device),
     scaled for a loop of `loop_trips` micro-batches; with the vector `unit`, its time for the
     step's elementwise operations (Pallas `kernels`' from `vector_ops.pallas_kernels`) and
-    the vector-aware bound (`vector_aware`); `top` > 0 adds the costliest groups of
-    instructions (`census`)."""
+    the vector-aware bound (`vector_aware`); Pallas kernels take their time alone from
+    `kernel_seconds` (`kernel_seconds`), the other instructions the rest by their cycles;
+    `top` > 0 adds the costliest groups of instructions (`census`)."""
     unmatched: set[str] = set()
-    ops = operations(hlo_text, loop_trips, kernels, unmatched)
+    ops = operations(hlo_text, loop_trips, kernels, unmatched, kernel_seconds)
     cycles_once = sum(op.cycles_once for op in ops)
     cycles = sum(op.cycles for op in ops)
     time_scale = _ratio(cycles, cycles_once)
     # libtpu 0.0.42 gives a negative figure for v4 and v5e steps (-5.0 s for BERT-tiny):
     # no estimate then.
-    seconds = max(float(cost.get("optimal_seconds", 0.0)), 0.0) * time_scale or None
+    compiler_seconds = max(float(cost.get("optimal_seconds", 0.0)), 0.0)
+    kernels_seconds = sum(op.kernel_seconds for op in ops)
+    # The instructions with cycles share the step's time once its kernels' is taken out.
+    rest_once = max(compiler_seconds - sum(op.kernel_seconds_once for op in ops), 0.0)
+    seconds = (rest_once * time_scale + kernels_seconds) if compiler_seconds else None
     # Scaled by each instruction's matmul FLOPs as often as it runs (the micro-batch loop's
     # and the windowed einsums' bodies, `tpu_hlo`); without matmuls, by the micro-batches.
     flops_once = sum(op.flops_once for op in ops)
@@ -153,8 +179,9 @@ def estimate(
         "estimated_mfu": model_flops / seconds / (peak_tflops * 1e12) if seconds else None,
         "cycles": cycles,
         "instructions": len(ops),
+        "kernel_seconds": kernels_seconds,
     }
-    seconds_per_cycle = seconds / cycles if seconds and cycles else 0.0
+    seconds_per_cycle = rest_once / cycles_once if compiler_seconds and cycles_once else 0.0
     rate = unit.ops_per_second if unit else 0.0
     if unit:
         result.update(vector_aware(ops, seconds_per_cycle, rate, model_flops, peak_tflops))
@@ -170,12 +197,12 @@ def vector_aware(
 ) -> dict[str, Any]:
     """The vector unit's time for the step's elementwise operations at `rate` per second, and
     the vector-aware bound: each instruction takes at least the longer of libtpu's time
-    (its cycles at `seconds_per_cycle`; 0: no step time) and its vector time, the MXU, the
+    (`Op.seconds`; `seconds_per_cycle` 0: no step time) and its vector time, the MXU, the
     vector unit and the memory working in parallel (a bound on the step's time from below,
     so the MFU it implies is one from above)."""
     vector = sum(op.vector_ops for op in ops)
     bound = (
-        sum(max(op.cycles * seconds_per_cycle, op.vector_ops / rate) for op in ops)
+        sum(max(op.seconds(seconds_per_cycle), op.vector_ops / rate) for op in ops)
         if seconds_per_cycle
         else None
     )
@@ -201,27 +228,49 @@ def census(
     ops: list[Op], seconds_per_cycle: float, top: int, vector_rate: float = 0.0
 ) -> list[dict[str, Any]]:
     """The `top` costliest groups of instructions (same opcode and source op, every layer
-    together), by estimated cycles: cycles, seconds (0 without an estimate of the step),
-    bytes, how many run per step and, with the vector unit's `vector_rate`, its seconds."""
-    groups: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0, 0.0])
+    together), by estimated time, then cycles: cycles, seconds (`Op.seconds`; without an
+    estimate of the step, a Pallas kernel's only), bytes, how many run per step and, with
+    the vector unit's `vector_rate`, its seconds."""
+    groups: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0, 0.0])
     for op in ops:
         group = groups[_group(op)]
-        group[0] += op.cycles
-        group[1] += op.bytes
-        group[2] += op.times
-        group[3] += op.vector_ops
-    ranked = sorted(groups.items(), key=lambda item: (-item[1][0], -item[1][1]))[:top]
+        group[0] += op.seconds(seconds_per_cycle)
+        group[1] += op.cycles
+        group[2] += op.bytes
+        group[3] += op.times
+        group[4] += op.vector_ops
+    ranked = sorted(groups.items(), key=lambda item: (-item[1][0], -item[1][1], -item[1][2]))
     return [
         {
             "op": name,
             "cycles": int(c),
-            "seconds": c * seconds_per_cycle,
+            "seconds": s,
             "bytes": b,
             "count": int(n),
         }
         | ({"vector_seconds": v / vector_rate} if vector_rate else {})
-        for name, (c, b, n, v) in ranked
+        for name, (s, c, b, n, v) in ranked[:top]
     ]
+
+
+def kernel_seconds(equations: dict[str, jax_core.JaxprEqn], device: jax.Device) -> dict[str, float]:
+    """`{kernel_key: libtpu's time}` of each Pallas kernel (`vector_ops.pallas_equations`)
+    compiled alone for `device`: what the step's `optimal_seconds` charges for it (by its
+    declared `CostEstimate`), which the step's HLO leaves out of its cycles."""
+    placed = jax.sharding.SingleDeviceSharding(device)
+    found = {}
+    for key, eqn in equations.items():
+        operands = [
+            jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=placed)
+            for aval in (typing.cast(jax.core.ShapedArray, v.aval) for v in eqn.invars)
+        ]
+        compiled = (
+            jax.jit(functools.partial(eqn.primitive.bind, **eqn.params)).lower(*operands).compile()
+        )
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        found[key] = max(float((cost or {}).get("optimal_seconds", 0.0)), 0.0)
+    return found
 
 
 def matmul_calibration(device: jax.Device, peak_tflops: float, size: int = 8192) -> float:

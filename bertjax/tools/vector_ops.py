@@ -233,11 +233,11 @@ def kernel_key(
     return f"{list(dims)} flops={flops} transcendentals={transcendentals} bytes={bytes_accessed}"
 
 
-def pallas_kernels(jaxpr: jax_core.Jaxpr) -> dict[str, float]:
-    """`{kernel_key: elementwise operations per call}` of every Pallas kernel in a jaxpr
-    (nested ones included; the shapes are a shard's under `shard_map`, as the compiled custom
-    call has them)."""
-    found: dict[str, float] = {}
+def pallas_equations(jaxpr: jax_core.Jaxpr) -> dict[str, jax_core.JaxprEqn]:
+    """`{kernel_key: its pallas_call equation}` of every Pallas kernel in a jaxpr (nested ones
+    included; the shapes are a shard's under `shard_map`, as the compiled custom call has
+    them)."""
+    found: dict[str, jax_core.JaxprEqn] = {}
 
     def walk(inner: jax_core.Jaxpr) -> None:
         for eqn in inner.eqns:
@@ -250,12 +250,28 @@ def pallas_kernels(jaxpr: jax_core.Jaxpr) -> dict[str, float]:
                         for f in ("flops", "transcendentals", "bytes_accessed")
                     ),
                 )
-                found[key] = kernel_ops(eqn)
+                found[key] = eqn
             for sub in sub_jaxprs(eqn.params):
                 walk(sub)
 
     walk(jaxpr)
     return found
+
+
+def pallas_kernels(jaxpr: jax_core.Jaxpr) -> dict[str, float]:
+    """`{kernel_key: elementwise operations per call}` of every Pallas kernel in a jaxpr."""
+    return {key: kernel_ops(eqn) for key, eqn in pallas_equations(jaxpr).items()}
+
+
+def hlo_kernel_key(ins: hlo_census.Instruction) -> str | None:
+    """The `kernel_key` of a compiled Pallas kernel's custom call; None for any other
+    instruction."""
+    if ins.opcode != "custom-call" or PALLAS_TARGET not in ins.attrs:
+        return None
+    return kernel_key(
+        hlo_census.shapes(ins.type_text)[0][1],
+        *(_declared(ins.attrs, f) for f in ("flops", "transcendentals", "bytes_accessed")),
+    )
 
 
 def _declared(attrs: str, field: str) -> str:
@@ -300,11 +316,8 @@ class HloVectorOps:
             return float(max((_elements(types.get(o, "")) for o in inputs), default=0)) * max(
                 per_element, 1
             )
-        if ins.opcode == "custom-call" and PALLAS_TARGET in ins.attrs:
-            key = kernel_key(
-                hlo_census.shapes(ins.type_text)[0][1],
-                *(_declared(ins.attrs, f) for f in ("flops", "transcendentals", "bytes_accessed")),
-            )
+        key = hlo_kernel_key(ins)
+        if key is not None:
             if key not in self.kernels:
                 self.unmatched_kernels.add(key)
             return self.kernels.get(key, 0.0)
