@@ -42,30 +42,53 @@ def shift(x: jax.Array, bits: int) -> jax.Array:
     return lax.shift_right_logical(x, jnp.full(x.shape, bits, jnp.int32))
 
 
-def _mix_rounds(x: jax.Array) -> jax.Array:
-    """lowbias32 but its last xor-shift, which leaves the top 16 bits as they are."""
-    x = x ^ shift(x, 16)
-    x = x * jnp.int32(MIX_MULTIPLIERS[0])
+def premix(x: jax.Array) -> jax.Array:
+    """lowbias32's first xor-shift, x ^ x >>> 16. It distributes over xor, premix(counter ^
+    seed) == premix(counter) ^ premix(seed): a kernel premixes its counters once for all
+    its heads and each head's seed once (a scalar)."""
+    return x ^ shift(x, 16)
+
+
+def _mix_rounds(premixed: jax.Array) -> jax.Array:
+    """lowbias32 after its first xor-shift and before its last, which leaves the top 16
+    bits as they are."""
+    x = premixed * jnp.int32(MIX_MULTIPLIERS[0])
     x = x ^ shift(x, 15)
     return x * jnp.int32(MIX_MULTIPLIERS[1])
 
 
 def mix(x: jax.Array) -> jax.Array:
     """lowbias32 on int32 (wrapping multiplies, logical shifts)."""
-    x = _mix_rounds(x)
+    x = _mix_rounds(premix(x))
     return x ^ shift(x, 16)
 
 
 def threshold(rate: float) -> int:
-    """The 16-bit draws below which an element is dropped."""
-    return round(rate * 2**KEEP_BITS)
+    """The 16-bit draws below which an element is dropped: `rate` in [0, 1), rounded to a
+    multiple of 2**-16 below 1."""
+    drawn = round(rate * 2**KEEP_BITS)
+    if rate < 0 or drawn >= 2**KEEP_BITS:
+        raise ValueError(
+            f"attention dropout rate {rate}: the fused kernels take a rate in [0, 1 - 2**-17)"
+        )
+    return drawn
+
+
+def keep_premixed(
+    premixed_counter_QxK: jax.Array, premixed_seed: jax.Array, rate: float
+) -> jax.Array:
+    """`keep` of counters and a seed already `premix`ed. The top 16 bits of x at least t
+    is x at least t * 2**16 unsigned: no shift before the compare."""
+    mixed = _mix_rounds(premixed_counter_QxK ^ premixed_seed)
+    bound = jnp.uint32(threshold(rate) << (32 - KEEP_BITS))
+    return lax.bitcast_convert_type(mixed, jnp.uint32) >= bound
 
 
 def keep(counter_QxK: jax.Array, seed: jax.Array, rate: float) -> jax.Array:
     """Which of the (query, key) counters `query * L + key` are kept under `seed`: the top 16
     bits of `mix(counter ^ seed)` at least `threshold(rate)`, read before mix's last
     xor-shift (x ^ x >>> 16 has x's top 16 bits: two vector operations fewer per element)."""
-    return shift(_mix_rounds(counter_QxK ^ seed), 32 - KEEP_BITS) >= threshold(rate)
+    return keep_premixed(premix(counter_QxK), premix(seed), rate)
 
 
 def counters(

@@ -1,9 +1,13 @@
 """Flash attention with the recipe's attention dropout: a Pallas TPU (Mosaic) kernel.
 
 Each grid step takes one batch row and a block of heads, whole rows of keys (lengths up to
-MAX_LENGTH), so the softmax needs no running maximum and the backward pass
-recomputes the probabilities exactly instead of reading any saved statistic. No dropout mask
-is kept: as FlashAttention-2 does on GPU, the backward pass draws the same random bits again.
+MAX_LENGTH), so the softmax needs no running maximum. As FlashAttention-2 does, the forward
+pass keeps each row's log-sum-exp (4 bytes a row and head) and the backward pass recomputes
+the probabilities from it, with the softmax gradient's row term from the output, rowsum(dO *
+O) over the head's `D` columns rather than the `[L, L]` scores: per score the backward does
+no maximum, sum or normalization of its own. No dropout mask is kept: the backward pass
+draws the same random bits again, the counters' share of the hash done once per grid step
+for all its heads (`attention_hash.premix`).
 It reads q, k, v and writes its output as the projections on either side have them,
 `[B, L, N * D]`, each head a static slice of columns: no transposes or relayouts around it,
 and those projections stay lane-dense (BERT-large on tpu-v5p-8 at L=128, by libtpu's
@@ -19,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,22 +41,26 @@ MAX_LENGTH = 512
 MAX_BLOCK_ROWS = 2048  # heads per grid step: as many as keep heads * length <= this
 
 
-def _softmax_parts(
-    q_LxD: jax.Array, k_LxD: jax.Array, bias_LxL: jax.Array, scale: float
-) -> tuple[jax.Array, jax.Array]:
-    """The einsum path's float32 softmax of one head's scores, unnormalized `[L, L]`, and the
-    row sums `[L, 1]` that normalize it (divided once per row, or after the matmul)."""
-    scores = (
-        lax.dot_general(q_LxD, k_LxD, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+def _scores(q_LxD: jax.Array, k_LxD: jax.Array, bias_LxL: jax.Array, scale: float) -> jax.Array:
+    """The einsum path's float32 scores of one head, masked, transposed: `[keys, queries]`
+    (a query's statistics are then a row, broadcast down the sublanes)."""
+    return (
+        lax.dot_general(k_LxD, q_LxD, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         * scale
         + bias_LxL
     )
-    unnormalized = jnp.exp(scores - jnp.max(scores, axis=1, keepdims=True))
-    return unnormalized, jnp.sum(unnormalized, axis=1, keepdims=True)
+
+
+def _counters(length: int) -> jax.Array:
+    """The premixed counters `query * L + key` of a head's scores `[keys, queries]`."""
+    keys = lax.broadcasted_iota(jnp.int32, (length, length), 0)
+    queries = lax.broadcasted_iota(jnp.int32, (length, length), 1)
+    return attention_hash.premix(queries * length + keys)
 
 
 def _bias(q_ids_ref: jax.Ref, kv_ids_ref: jax.Ref, length: int) -> jax.Array:
-    """0 where query and key share a segment id, else the additive mask: `[L, L]`."""
+    """0 where query and key share a segment id, else the additive mask: `[L, L]`, the same
+    either way round."""
     q_ids = jnp.tile(q_ids_ref[0], (1, length // LANES))
     return jnp.where(q_ids == kv_ids_ref[0, :1], 0.0, MASK_VALUE).astype(jnp.float32)
 
@@ -59,6 +68,11 @@ def _bias(q_ids_ref: jax.Ref, kv_ids_ref: jax.Ref, length: int) -> jax.Array:
 def _heads(width: int, head_size: int) -> list[slice]:
     """The columns of each head in a block `width` columns wide (static slices)."""
     return [slice(h * head_size, (h + 1) * head_size) for h in range(width // head_size)]
+
+
+def _keep(counters_LxL: jax.Array, seed: jax.Array, rate: float) -> jax.Array:
+    """`attention_hash.keep` of the grid step's premixed counters under one head's seed."""
+    return attention_hash.keep_premixed(counters_LxL, attention_hash.premix(seed), rate)
 
 
 def _first_head(heads_per_step: int) -> jax.Array:
@@ -72,6 +86,7 @@ def _forward_kernel(
     q_ids_ref: jax.Ref,
     kv_ids_ref: jax.Ref,
     o_ref: jax.Ref,
+    lse_ref: jax.Ref,
     *,
     rate: float,
     scale: float,
@@ -79,26 +94,31 @@ def _forward_kernel(
 ) -> None:
     length, width = qkv_ref.shape[2], qkv_ref.shape[3]
     bias = _bias(q_ids_ref, kv_ids_ref, length)
-    counters = attention_hash.counters(length, length)
+    counters = _counters(length)
     first = _first_head(width // head_size)
     for h, cols in enumerate(_heads(width, head_size)):
-        unnormalized, sums = _softmax_parts(
-            qkv_ref[0, 0, :, cols], qkv_ref[1, 0, :, cols], bias, scale
-        )
-        keep = attention_hash.keep(counters, seeds_ref[first + h], rate)
+        scores = _scores(qkv_ref[0, 0, :, cols], qkv_ref[1, 0, :, cols], bias, scale)
+        peak = jnp.max(scores, axis=0, keepdims=True)
+        unnormalized = jnp.exp(scores - peak)
+        sums = jnp.sum(unnormalized, axis=0, keepdims=True)
+        keep = _keep(counters, seeds_ref[first + h], rate)
         v = qkv_ref[2, 0, :, cols]
-        out = lax.dot(
-            jnp.where(keep, unnormalized, 0.0).astype(v.dtype),
+        out = lax.dot_general(
             v,
+            jnp.where(keep, unnormalized, 0.0).astype(v.dtype),
+            (((0,), (0,)), ((), ())),
             preferred_element_type=jnp.float32,
-        )  # normalized and scaled by 1 / (1 - rate) per row, `[L, D]` rather than `[L, L]`
-        o_ref[0, :, cols] = (out * (1.0 / ((1.0 - rate) * sums))).astype(o_ref.dtype)
+        )  # `[D, queries]`, normalized and scaled by 1 / (1 - rate) per query there
+        o_ref[0, :, cols] = (out * (1.0 / ((1.0 - rate) * sums))).T.astype(o_ref.dtype)
+        lse_ref[0, 0, h : h + 1, :] = peak + jnp.log(sums)
 
 
 def _backward_kernel(
     seeds_ref: jax.Ref,
     qkv_ref: jax.Ref,
     do_ref: jax.Ref,
+    lse_ref: jax.Ref,
+    row_term_ref: jax.Ref,
     q_ids_ref: jax.Ref,
     kv_ids_ref: jax.Ref,
     dqkv_ref: jax.Ref,
@@ -109,29 +129,33 @@ def _backward_kernel(
 ) -> None:
     length, width = qkv_ref.shape[2], qkv_ref.shape[3]
     bias = _bias(q_ids_ref, kv_ids_ref, length)
-    counters = attention_hash.counters(length, length)
+    counters = _counters(length)
     first = _first_head(width // head_size)
     for h, cols in enumerate(_heads(width, head_size)):
         q, k, v = (qkv_ref[i, 0, :, cols] for i in range(3))
         do = do_ref[0, :, cols]
-        unnormalized, sums = _softmax_parts(q, k, bias, scale)
-        probs = unnormalized * (1.0 / sums)
+        probs = jnp.exp(_scores(q, k, bias, scale) - lse_ref[0, 0, h : h + 1, :])
         d_dropped = lax.dot_general(
-            do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
-        keep = attention_hash.keep(counters, seeds_ref[first + h], rate)
+        keep = _keep(counters, seeds_ref[first + h], rate)
         # The kept probabilities and their gradient, not yet scaled by 1 / (1 - rate) (nor the
-        # scores' gradient by `scale`): the matmuls' `[L, D]` results are, once.
+        # scores' gradient by `scale`): the matmuls' `[L, D]` results are, once. The row term
+        # rowsum(probs * d_kept) is (1 - rate) * rowsum(dO * O) (`_row_terms`).
         kept = jnp.where(keep, probs, 0.0)
         d_kept = jnp.where(keep, d_dropped, 0.0)
-        d_scores = probs * (d_kept - jnp.sum(probs * d_kept, axis=1, keepdims=True))
+        d_scores = probs * (d_kept - row_term_ref[0, 0, h : h + 1, :])
         factors = (scale / (1.0 - rate),) * 2 + (1.0 / (1.0 - rate),)
-        operands = ((d_scores, k), (d_scores.T, q), (kept.T, do))
-        for i, ((left, right), factor) in enumerate(zip(operands, factors)):
-            dqkv_ref[i, 0, :, cols] = (
-                lax.dot(left.astype(right.dtype), right, preferred_element_type=jnp.float32)
-                * factor
-            ).astype(dqkv_ref.dtype)
+        # `[keys, queries]` on the left: dq contracts its keys, dk and dv its queries.
+        operands = ((d_scores, k, 0), (d_scores, q, 1), (kept, do, 1))
+        for i, ((left, right, contracted), factor) in enumerate(zip(operands, factors)):
+            product = lax.dot_general(
+                left.astype(right.dtype),
+                right,
+                (((contracted,), (0,)), ((), ())),
+                preferred_element_type=jnp.float32,
+            )
+            dqkv_ref[i, 0, :, cols] = (product * factor).astype(dqkv_ref.dtype)
 
 
 def block_heads(heads: int, length: int, head_size: int) -> int:
@@ -153,59 +177,127 @@ def cost(
     batch: int, heads: int, length: int, head_size: int, itemsize: int, backward: bool
 ) -> pl.CostEstimate:
     """The kernel's cost: matmul FLOPs (forward QK^T and PV; backward their recomputed QK^T
-    and the four gradient matmuls), one exp per score, the HBM bytes of its operands. The
-    integer hash and the softmax's elementwise work (VPU) are not FLOPs."""
+    and the four gradient matmuls), one exp per score, the HBM bytes of its operands (the
+    row statistics: forward writes the log-sum-exp, backward reads it and the row term).
+    The integer hash and the softmax's elementwise work (VPU) are not FLOPs."""
     scores = batch * heads * length * length
     tensor = batch * heads * length * head_size * itemsize
     ids = batch * length * (LANES + SUBLANES) * 4 + batch * heads * 4
+    row_stats = batch * heads * length * 4
     return pl.CostEstimate(
         flops=2 * scores * head_size * (5 if backward else 2),
         transcendentals=scores,
-        bytes_accessed=tensor * (7 if backward else 4) + ids,
+        bytes_accessed=tensor * (7 if backward else 4) + ids + row_stats * (2 if backward else 1),
     )
+
+
+class _Grid(NamedTuple):
+    """The kernels' grid: a batch row and `per_step` heads a step, `head_size` columns each."""
+
+    batch: int
+    length: int
+    heads: int
+    head_size: int
+    per_step: int
+
+    @classmethod
+    def of(cls, qkv_3xBxLxH: jax.Array, heads: int) -> _Grid:
+        _, batch, length, width = qkv_3xBxLxH.shape
+        head_size = width // heads
+        return cls(batch, length, heads, head_size, block_heads(heads, length, head_size))
+
+    def columns(self) -> pl.BlockSpec:
+        """A `[B, L, H]` tensor's block: the step's row, its heads' columns."""
+        return pl.BlockSpec(
+            (1, self.length, self.per_step * self.head_size), lambda b, h, seeds: (b, 0, h)
+        )
+
+    def stacked(self) -> pl.BlockSpec:
+        """q, k and v stacked `[3, B, L, H]`: the step's row and heads' columns of each."""
+        return pl.BlockSpec(
+            (3, 1, self.length, self.per_step * self.head_size), lambda b, h, seeds: (0, b, 0, h)
+        )
+
+    def row_stats(self) -> pl.BlockSpec:
+        """A float32 per (row, head, query) `[B, N / per_step, per_step, L]`: the step's."""
+        return pl.BlockSpec((1, 1, self.per_step, self.length), lambda b, h, seeds: (b, h, 0, 0))
+
+    def row_stats_shape(self) -> jax.ShapeDtypeStruct:
+        shape = (self.batch, self.heads // self.per_step, self.per_step, self.length)
+        return jax.ShapeDtypeStruct(shape, jnp.float32)
 
 
 def _call(
     kernel: Callable[..., None],
-    qkv_3xBxLxH: jax.Array,
-    d_out_BxLxH: jax.Array | None,
+    grid: _Grid,
+    tensors: tuple[jax.Array, ...],
+    in_specs: list[pl.BlockSpec],
+    out_specs: list[pl.BlockSpec],
+    out_shape: list[jax.ShapeDtypeStruct],
     ids_BxL: jax.Array,
     seeds_BxN: jax.Array,
     rate: float,
     interpret: bool,
-) -> jax.Array:
-    """The forward kernel's output `[B, L, H]`, or with `d_out_BxLxH` the backward kernel's
-    gradient of q, k and v, `[3, B, L, H]`."""
-    _, batch, length, width = qkv_3xBxLxH.shape
-    heads = seeds_BxN.shape[1]
-    head_size = width // heads
-    per_step = block_heads(heads, length, head_size)
-    one = pl.BlockSpec((1, length, per_step * head_size), lambda b, h, seeds: (b, 0, h))
-    three = pl.BlockSpec((3, 1, length, per_step * head_size), lambda b, h, seeds: (0, b, 0, h))
-    backward = d_out_BxLxH is not None
-    q_ids = lax.broadcast_in_dim(ids_BxL, (batch, length, LANES), (0, 1))
-    kv_ids = lax.broadcast_in_dim(ids_BxL, (batch, SUBLANES, length), (0, 2))
-    tensors = (qkv_3xBxLxH,) + ((d_out_BxLxH,) if backward else ())
+) -> list[jax.Array]:
+    """`kernel` over `grid` on `tensors` (`in_specs`), then the segment ids and the seeds."""
+    q_ids = lax.broadcast_in_dim(ids_BxL, (grid.batch, grid.length, LANES), (0, 1))
+    kv_ids = lax.broadcast_in_dim(ids_BxL, (grid.batch, SUBLANES, grid.length), (0, 2))
     return pl.pallas_call(
-        functools.partial(kernel, rate=rate, scale=1.0 / math.sqrt(head_size), head_size=head_size),
+        functools.partial(
+            kernel, rate=rate, scale=1.0 / math.sqrt(grid.head_size), head_size=grid.head_size
+        ),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,
-            grid=(batch, heads // per_step),
-            in_specs=[three]
-            + ([one] if backward else [])
+            grid=(grid.batch, grid.heads // grid.per_step),
+            in_specs=in_specs
             + [
-                pl.BlockSpec((1, length, LANES), lambda b, h, seeds: (b, 0, 0)),
-                pl.BlockSpec((1, SUBLANES, length), lambda b, h, seeds: (b, 0, 0)),
+                pl.BlockSpec((1, grid.length, LANES), lambda b, h, seeds: (b, 0, 0)),
+                pl.BlockSpec((1, SUBLANES, grid.length), lambda b, h, seeds: (b, 0, 0)),
             ],
-            out_specs=three if backward else one,
+            out_specs=out_specs,
         ),
-        out_shape=jax.ShapeDtypeStruct(
-            qkv_3xBxLxH.shape if backward else qkv_3xBxLxH.shape[1:], qkv_3xBxLxH.dtype
-        ),
+        out_shape=out_shape,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
-        cost_estimate=cost(batch, heads, length, head_size, qkv_3xBxLxH.dtype.itemsize, backward),
+        cost_estimate=cost(
+            grid.batch,
+            grid.heads,
+            grid.length,
+            grid.head_size,
+            tensors[0].dtype.itemsize,
+            kernel is _backward_kernel,
+        ),
         interpret=pltpu.InterpretParams() if interpret else False,
     )(seeds_BxN.reshape(-1), *tensors, q_ids, kv_ids)
+
+
+def _attend(
+    qkv_3xBxLxH: jax.Array, ids_BxL: jax.Array, seeds_BxN: jax.Array, rate: float, interpret: bool
+) -> tuple[jax.Array, jax.Array]:
+    """The forward kernel: the output `[B, L, H]` and its rows' log-sum-exp (`_Grid.row_stats`)."""
+    grid = _Grid.of(qkv_3xBxLxH, seeds_BxN.shape[1])
+    out, lse = _call(
+        _forward_kernel,
+        grid,
+        (qkv_3xBxLxH,),
+        [grid.stacked()],
+        [grid.columns(), grid.row_stats()],
+        [jax.ShapeDtypeStruct(qkv_3xBxLxH.shape[1:], qkv_3xBxLxH.dtype), grid.row_stats_shape()],
+        ids_BxL,
+        seeds_BxN,
+        rate,
+        interpret,
+    )
+    return out, lse
+
+
+def _row_terms(grid: _Grid, out_BxLxH: jax.Array, d_out_BxLxH: jax.Array, rate: float) -> jax.Array:
+    """The softmax gradient's row term of each (row, head, query), rowsum(probs * d_kept) of
+    the backward kernel (its d_kept not yet scaled by 1 / (1 - rate)): (1 - rate) times
+    rowsum(dO * O) over the head's columns, laid out as `_Grid.row_stats`."""
+    products = out_BxLxH.astype(jnp.float32) * d_out_BxLxH.astype(jnp.float32)
+    terms = jnp.sum(products.reshape(*products.shape[:2], grid.heads, grid.head_size), -1)
+    stats = terms.reshape(grid.batch, grid.length, grid.heads // grid.per_step, grid.per_step)
+    return jnp.transpose(stats * (1.0 - rate), (0, 2, 3, 1))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -221,27 +313,38 @@ def flash_dropout(
     instance's number), dropout `rate` on the probabilities by
     `attention_hash.keep_mask(seeds_BxN, L, rate)`. L a multiple of 128; `interpret`: TPU
     interpret mode (on CPU, for tests)."""
-    return _call(_forward_kernel, qkv_3xBxLxH, None, ids_BxL, seeds_BxN, rate, interpret)
+    return _attend(qkv_3xBxLxH, ids_BxL, seeds_BxN, rate, interpret)[0]
+
+
+Residuals = tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]
 
 
 def _forward(
     qkv: jax.Array, ids: jax.Array, seeds: jax.Array, rate: float, interpret: bool
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
-    return flash_dropout(qkv, ids, seeds, rate, interpret), (qkv, ids, seeds)
+) -> tuple[jax.Array, Residuals]:
+    out, lse = _attend(qkv, ids, seeds, rate, interpret)
+    return out, (qkv, ids, seeds, out, lse)
 
 
 def _backward(
-    rate: float,
-    interpret: bool,
-    residuals: tuple[jax.Array, jax.Array, jax.Array],
-    d_out: jax.Array,
+    rate: float, interpret: bool, residuals: Residuals, d_out: jax.Array
 ) -> tuple[jax.Array, None, None]:
-    qkv, ids, seeds = residuals
-    return (
-        _call(_backward_kernel, qkv, d_out.astype(qkv.dtype), ids, seeds, rate, interpret),
-        None,
-        None,
+    qkv, ids, seeds, out, lse = residuals
+    grid = _Grid.of(qkv, seeds.shape[1])
+    d_out = d_out.astype(qkv.dtype)
+    (dqkv,) = _call(
+        _backward_kernel,
+        grid,
+        (qkv, d_out, lse, _row_terms(grid, out, d_out, rate)),
+        [grid.stacked(), grid.columns(), grid.row_stats(), grid.row_stats()],
+        [grid.stacked()],
+        [jax.ShapeDtypeStruct(qkv.shape, qkv.dtype)],
+        ids,
+        seeds,
+        rate,
+        interpret,
     )
+    return dqkv, None, None
 
 
 flash_dropout.defvjp(_forward, _backward)
