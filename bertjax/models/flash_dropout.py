@@ -113,7 +113,7 @@ def _forward_kernel(
         lse_ref[0, 0, h : h + 1, :] = peak + jnp.log(sums)
 
 
-def _backward_kernel(
+def _backward_kernel(  # noqa: PLR0913 (Pallas hands the kernel its refs)
     seeds_ref: jax.Ref,
     qkv_ref: jax.Ref,
     do_ref: jax.Ref,
@@ -249,8 +249,8 @@ def _call(
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,
             grid=(grid.batch, grid.heads // grid.per_step),
-            in_specs=in_specs
-            + [
+            in_specs=[
+                *in_specs,
                 pl.BlockSpec((1, grid.length, LANES), lambda b, h, seeds: (b, 0, 0)),
                 pl.BlockSpec((1, SUBLANES, grid.length), lambda b, h, seeds: (b, 0, 0)),
             ],
