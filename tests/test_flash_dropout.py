@@ -21,6 +21,7 @@ from bertjax.models import (
     flash_dropout,
     pallas_attention,
 )
+from bertjax.models.bert import model as bert_model
 from bertjax.training import sharding
 
 RATE = 0.1
@@ -232,6 +233,52 @@ def test_attend_runs_the_kernel_per_shard_with_its_seeds():
     _assert_layer_matches_reference(
         sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 2}, jax.devices()[:4])
     )
+
+
+def _layer_loss_and_grads(direct: bool, monkeypatch):
+    """A bfloat16 BERT layer (two heads of 64, attention dropout 0.1, "pallas") on packed rows
+    in training: its loss and gradients, with the kernel reading the projection's stack as
+    it is (`direct`) or through `attend`'s q, k and v (as the layer did before)."""
+    config = bert_model.BertConfig(
+        vocab_size=64,
+        hidden_size=2 * HEAD_SIZE,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        attention_impl="pallas",
+        dtype="bfloat16",
+        attention_probs_dropout_prob=RATE,
+    )
+    ids = _ids(128, packed=True)
+    tokens = np.where(ids > 0, np.arange(128) % 60 + 4, 0).astype(np.int32)
+    model = bert_model.BertModel(config)
+    inputs = (tokens, np.zeros_like(tokens), ids)
+    params = jax.jit(model.init)(jax.random.key(0), *inputs)["params"]
+    with monkeypatch.context() as patch:
+        if not direct:
+            patch.setattr(attention, "runs_flash_dropout", lambda *args: False)
+
+        def loss(params):
+            sequence, _ = model.apply(
+                {"params": params}, *inputs, False, rngs={"dropout": jax.random.key(5)}
+            )
+            return jnp.sum(jnp.where(ids[:, :, None] > 0, sequence, 0).astype(jnp.float32) ** 2)
+
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+
+def test_the_layer_hands_the_kernel_its_projection_as_it_is(monkeypatch):
+    """On TPU the layer gives the kernel the projection's `[3, B, L, H]` (no q, k, v slices
+    to restack in the backward pass): the same loss and gradients, bit for bit, as through
+    `attend`, so the same seeds and the same layout."""
+    mask = attention.Mask(jnp.asarray(_ids(128, True)), 3)
+    assert attention.runs_flash_dropout("pallas", "bfloat16", HEAD_SIZE, 128, mask, RATE)
+    assert not attention.runs_flash_dropout("pallas", "bfloat16", HEAD_SIZE, 128, mask, 0.0)
+    direct_loss, direct_grads = _layer_loss_and_grads(True, monkeypatch)
+    loss, grads = _layer_loss_and_grads(False, monkeypatch)
+    assert float(direct_loss) == float(loss)
+    jax.tree.map(np.testing.assert_array_equal, direct_grads, grads)
 
 
 def test_pallas_refuses_dropout_beyond_its_length_and_in_windows():

@@ -116,9 +116,9 @@ def _forward_kernel(
 def _backward_kernel(  # noqa: PLR0913 (Pallas hands the kernel its refs)
     seeds_ref: jax.Ref,
     qkv_ref: jax.Ref,
+    o_ref: jax.Ref,
     do_ref: jax.Ref,
     lse_ref: jax.Ref,
-    row_term_ref: jax.Ref,
     q_ids_ref: jax.Ref,
     kv_ids_ref: jax.Ref,
     dqkv_ref: jax.Ref,
@@ -134,17 +134,23 @@ def _backward_kernel(  # noqa: PLR0913 (Pallas hands the kernel its refs)
     for h, cols in enumerate(_heads(width, head_size)):
         q, k, v = (qkv_ref[i, 0, :, cols] for i in range(3))
         do = do_ref[0, :, cols]
+        # The softmax gradient's row term rowsum(probs * d_kept) (d_kept not yet scaled by
+        # 1 / (1 - rate)) is (1 - rate) * rowsum(dO * O): `[D, queries]` summed over D.
+        row_term = jnp.sum(
+            (o_ref[0, :, cols].astype(jnp.float32) * do.astype(jnp.float32)).T,
+            axis=0,
+            keepdims=True,
+        ) * (1.0 - rate)
         probs = jnp.exp(_scores(q, k, bias, scale) - lse_ref[0, 0, h : h + 1, :])
         d_dropped = lax.dot_general(
             v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
         keep = _keep(counters, seeds_ref[first + h], rate)
         # The kept probabilities and their gradient, not yet scaled by 1 / (1 - rate) (nor the
-        # scores' gradient by `scale`): the matmuls' `[L, D]` results are, once. The row term
-        # rowsum(probs * d_kept) is (1 - rate) * rowsum(dO * O) (`_row_terms`).
+        # scores' gradient by `scale`): the matmuls' `[L, D]` results are, once.
         kept = jnp.where(keep, probs, 0.0)
         d_kept = jnp.where(keep, d_dropped, 0.0)
-        d_scores = probs * (d_kept - row_term_ref[0, 0, h : h + 1, :])
+        d_scores = probs * (d_kept - row_term)
         factors = (scale / (1.0 - rate),) * 2 + (1.0 / (1.0 - rate),)
         # `[keys, queries]` on the left: dq contracts its keys, dk and dv its queries.
         operands = ((d_scores, k, 0), (d_scores, q, 1), (kept, do, 1))
@@ -178,7 +184,7 @@ def cost(
 ) -> pl.CostEstimate:
     """The kernel's cost: matmul FLOPs (forward QK^T and PV; backward their recomputed QK^T
     and the four gradient matmuls), one exp per score, the HBM bytes of its operands (the
-    row statistics: forward writes the log-sum-exp, backward reads it and the row term).
+    log-sum-exp of each row: forward writes it, backward reads it beside the output).
     The integer hash and the softmax's elementwise work (VPU) are not FLOPs."""
     scores = batch * heads * length * length
     tensor = batch * heads * length * head_size * itemsize
@@ -187,7 +193,7 @@ def cost(
     return pl.CostEstimate(
         flops=2 * scores * head_size * (5 if backward else 2),
         transcendentals=scores,
-        bytes_accessed=tensor * (7 if backward else 4) + ids + row_stats * (2 if backward else 1),
+        bytes_accessed=tensor * (8 if backward else 4) + ids + row_stats,
     )
 
 
@@ -290,16 +296,6 @@ def _attend(
     return out, lse
 
 
-def _row_terms(grid: _Grid, out_BxLxH: jax.Array, d_out_BxLxH: jax.Array, rate: float) -> jax.Array:
-    """The softmax gradient's row term of each (row, head, query), rowsum(probs * d_kept) of
-    the backward kernel (its d_kept not yet scaled by 1 / (1 - rate)): (1 - rate) times
-    rowsum(dO * O) over the head's columns, laid out as `_Grid.row_stats`."""
-    products = out_BxLxH.astype(jnp.float32) * d_out_BxLxH.astype(jnp.float32)
-    terms = jnp.sum(products.reshape(*products.shape[:2], grid.heads, grid.head_size), -1)
-    stats = terms.reshape(grid.batch, grid.length, grid.heads // grid.per_step, grid.per_step)
-    return jnp.transpose(stats * (1.0 - rate), (0, 2, 3, 1))
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def flash_dropout(
     qkv_3xBxLxH: jax.Array,
@@ -335,8 +331,8 @@ def _backward(
     (dqkv,) = _call(
         _backward_kernel,
         grid,
-        (qkv, d_out, lse, _row_terms(grid, out, d_out, rate)),
-        [grid.stacked(), grid.columns(), grid.row_stats(), grid.row_stats()],
+        (qkv, out, d_out, lse),
+        [grid.stacked(), grid.columns(), grid.columns(), grid.row_stats()],
         [grid.stacked()],
         [jax.ShapeDtypeStruct(qkv.shape, qkv.dtype)],
         ids,

@@ -46,25 +46,7 @@ def pallas_attention(
     from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 
     length, head_size = q_BxLxNxD.shape[1], q_BxLxNxD.shape[-1]
-    on_gpu = compile_target.target_platform() in ("gpu", "cuda")
-    if on_gpu and (half_window or not flash_dropout_gpu.fits(length, head_size)):
-        raise ValueError(
-            "attention_impl='pallas' on a GPU needs a sequence length that is a multiple of "
-            f"{flash_dropout_gpu.BLOCK_MAJOR}, a head size in {flash_dropout_gpu.HEAD_SIZES} "
-            f"and no sliding window, got length {length}, head size {head_size}; use "
-            "attention_impl='einsum'"
-        )
-    if not on_gpu and (length % BLOCK or (dropout_rate and length > flash_dropout.MAX_LENGTH)):
-        raise ValueError(
-            f"attention_impl='pallas' needs a sequence length that is a multiple "
-            f"of {BLOCK}"
-            + (
-                f", at most {flash_dropout.MAX_LENGTH} with attention dropout"
-                if dropout_rate
-                else ""
-            )
-            + f", got {length}; use attention_impl='einsum'"
-        )
+    _check_shape(length, head_size, half_window, dropout_rate)
     block = dict.fromkeys(
         (
             "block_q",
@@ -95,37 +77,78 @@ def pallas_attention(
         )
 
     shape = q_BxLxNxD.shape
-    if on_gpu:  # the projections stacked as the GPU kernel takes them
+    if compile_target.target_platform() in ("gpu", "cuda"):  # the GPU kernel's stacking
         qkv_BxLx3xNxD = jnp.stack([q_BxLxNxD, k_BxLxNxD, v_BxLxNxD], axis=2)
         return triton_attention(qkv_BxLx3xNxD, None, ids_BxL, seeds_BxN, dropout_rate, spec)
 
-    # JAX's kernels take q, k, v heads first, [B, N, L, D]; bertjax's the projections' output
-    # as it is, [3, B, L, N * D] (XLA folds the stack of its slices back into it).
-    qkv: tuple[jax.Array, ...]
-    if dropout_rate:
-        flash, qkv = (
-            lambda *args: flash_dropout.flash_dropout(*args, dropout_rate, interpret),
-            (jnp.stack([x.reshape((*shape[:2], -1)) for x in (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)]),),
+    if dropout_rate:  # bertjax's kernel takes q, k, v stacked first, `[3, B, L, N * D]`
+        qkv_3xBxLxH = jnp.stack(
+            [x.reshape((*shape[:2], -1)) for x in (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)]
         )
-        in_spec, out_spec = (
-            (PartitionSpec(None, spec[0], None, spec[1]), PartitionSpec(spec[0], None, spec[1]))
-            if spec
-            else (None, None)
-        )
-    else:
-        flash = _heads_first(
-            functools.partial(_splash_window, half_window=half_window)
-            if half_window
-            else _in_tpu_interpret_mode(whole_rows)
-            if interpret
-            else whole_rows
-        )
-        qkv = (q_BxLxNxD, k_BxLxNxD, v_BxLxNxD)
-        in_spec = out_spec = PartitionSpec(spec[0], None, spec[1], None) if spec else None
-    args = (ids_BxL.astype(jnp.int32),) + ((seeds_BxN,) if dropout_rate else ())
-    return _per_shard(flash, spec, (in_spec,) * len(qkv), out_spec, len(args))(*qkv, *args).reshape(
-        shape
+        assert seeds_BxN is not None, "attention dropout draws the kernel's seeds"
+        return tpu_flash_dropout(qkv_3xBxLxH, ids_BxL, seeds_BxN, dropout_rate, spec).reshape(shape)
+    # JAX's kernels take q, k, v heads first, [B, N, L, D].
+    flash = _heads_first(
+        functools.partial(_splash_window, half_window=half_window)
+        if half_window
+        else _in_tpu_interpret_mode(whole_rows)
+        if interpret
+        else whole_rows
     )
+    in_spec = PartitionSpec(spec[0], None, spec[1], None) if spec else None
+    return _per_shard(flash, spec, (in_spec,) * 3, in_spec, 1)(
+        q_BxLxNxD, k_BxLxNxD, v_BxLxNxD, ids_BxL.astype(jnp.int32)
+    ).reshape(shape)
+
+
+def tpu_flash_dropout(
+    qkv_3xBxLxH: jax.Array,
+    ids_BxL: jax.Array,
+    seeds_BxN: jax.Array,
+    dropout_rate: float,
+    spec: PartitionSpec | None = None,
+) -> jax.Array:
+    """bertjax's TPU kernel (`flash_dropout`) on q, k and v stacked first, as one projection
+    writes them (`bias_matmul.project`): `[B, L, N * D]`, N the seeds' heads. Off TPU in
+    interpret mode; per shard under a mesh as `pallas_attention`."""
+    _, _, length, width = qkv_3xBxLxH.shape
+    _check_shape(length, width // seeds_BxN.shape[1], 0, dropout_rate)
+    interpret = compile_target.target_platform() != "tpu"
+    in_spec, out_spec = (
+        (PartitionSpec(None, spec[0], None, spec[1]), PartitionSpec(spec[0], None, spec[1]))
+        if spec
+        else (None, None)
+    )
+    return _per_shard(
+        lambda *args: flash_dropout.flash_dropout(*args, dropout_rate, interpret),
+        spec,
+        (in_spec,),
+        out_spec,
+        2,
+    )(qkv_3xBxLxH, ids_BxL.astype(jnp.int32), seeds_BxN)
+
+
+def _check_shape(length: int, head_size: int, half_window: int, dropout_rate: float) -> None:
+    """A clear error where the platform's Pallas kernel cannot take these rows."""
+    if compile_target.target_platform() in ("gpu", "cuda"):
+        if half_window or not flash_dropout_gpu.fits(length, head_size):
+            raise ValueError(
+                "attention_impl='pallas' on a GPU needs a sequence length that is a multiple of "
+                f"{flash_dropout_gpu.BLOCK_MAJOR}, a head size in {flash_dropout_gpu.HEAD_SIZES} "
+                f"and no sliding window, got length {length}, head size {head_size}; use "
+                "attention_impl='einsum'"
+            )
+    elif length % BLOCK or (dropout_rate and length > flash_dropout.MAX_LENGTH):
+        raise ValueError(
+            f"attention_impl='pallas' needs a sequence length that is a multiple "
+            f"of {BLOCK}"
+            + (
+                f", at most {flash_dropout.MAX_LENGTH} with attention dropout"
+                if dropout_rate
+                else ""
+            )
+            + f", got {length}; use attention_impl='einsum'"
+        )
 
 
 def triton_attention(

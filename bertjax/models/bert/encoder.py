@@ -91,21 +91,34 @@ class BertSelfAttention(nn.Module):
             )
             return context_BxLxNxD.reshape(batch, length, cfg.hidden_size)
         groups = [params] if cfg.dtype != "float32" else [[p] for p in params]
-        projected = []
-        for group in groups:
-            kernels, biases = zip(*group)
-            y_KxBxLxH = bias_matmul.project(
+        projected_KxBxLxH = [
+            bias_matmul.project(
                 x_BxLxH.astype(cfg.dtype),
                 jnp.stack(kernels).astype(cfg.dtype),
                 jnp.stack(biases),
                 compile_target.target_platform() == "tpu",
             )
-            projected += [
-                constrain(y_KxBxLxH[i], (BATCH, LENGTH, ACT_QKV)).reshape(
-                    batch, length, cfg.num_attention_heads, cfg.head_size
-                )
-                for i in range(len(group))
-            ]
+            for kernels, biases in (zip(*group) for group in groups)
+        ]
+        if len(groups) == 1 and attention.runs_flash_dropout(
+            cfg.attention_impl, cfg.dtype, cfg.head_size, length, mask, dropout_rate
+        ):
+            # On TPU the kernel reads the projection's `[3, B, L, H]` and writes its gradient
+            # so: no slices of q, k, v to restack in the backward pass.
+            return attention.attend_projected(
+                constrain(projected_KxBxLxH[0], (None, BATCH, LENGTH, ACT_QKV)),
+                cfg.num_attention_heads,
+                mask,
+                dropout_rate,
+                spec,
+            )
+        projected = [
+            constrain(y_BxLxH, (BATCH, LENGTH, ACT_QKV)).reshape(
+                batch, length, cfg.num_attention_heads, cfg.head_size
+            )
+            for y_KxBxLxH in projected_KxBxLxH
+            for y_BxLxH in y_KxBxLxH
+        ]
         q_BxLxNxD, k_BxLxNxD, v_BxLxNxD = projected
         # cuDNN's dropout seed is static: one per layer, from the module's path.
         seed = zlib.crc32("/".join(self.scope.path).encode()) % 2**31  # type: ignore[union-attr]
