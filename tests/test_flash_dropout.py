@@ -166,6 +166,54 @@ def test_the_mask_is_lowbias32s_top_16_bits_of_counter_xor_seed():
     np.testing.assert_array_equal(mixed.view(np.uint32), _lowbias32(counters))
 
 
+def bit_weights(length: int, head_size: int) -> np.ndarray:
+    """`[L, D]`: row r is 2**(r // D) at column r % D, so a sum over rows of kept flags
+    reads back, column by column, as one bit per row."""
+    rows = np.arange(length)
+    weights = np.zeros((length, head_size), np.float32)
+    weights[rows, rows % head_size] = 2.0 ** (rows // head_size)
+    return weights
+
+
+def bits_to_mask(sums_BxLxNxD: np.ndarray, length: int) -> np.ndarray:
+    """bool `[B, N, L(rows), L(summed)]` from sums of `bit_weights` rows (integers)."""
+    head_size = sums_BxLxNxD.shape[-1]
+    sums = np.rint(sums_BxLxNxD).astype(np.int64).transpose(0, 2, 1, 3)  # [B, N, L, D]
+    summed = np.arange(length)
+    return (sums[..., summed % head_size] >> (summed // head_size)) & 1 == 1
+
+
+@pytest.mark.parametrize("length", [128, pytest.param(512, marks=pytest.mark.slow)])
+def test_the_kernel_draws_keep_masks_mask_bit_for_bit(length):
+    """q = k = 0 and no padding make every probability 1/L; v (then the output's cotangent)
+    holds one bit per key (query): the output reads back which keys each query kept, the
+    gradient of v which queries kept each key, both equal to `keep_mask`, bit for bit."""
+    batch, heads = 2, 2
+    seeds = jax.random.randint(jax.random.key(3), (batch, heads), -(2**31), 2**31 - 1, jnp.int32)
+    bits = np.broadcast_to(
+        bit_weights(length, HEAD_SIZE)[None, :, None], (batch, length, heads, HEAD_SIZE)
+    ).reshape(batch, length, heads * HEAD_SIZE)
+    zeros = np.zeros_like(bits)
+    ids = jnp.ones((batch, length), jnp.int32)
+    scale = length * (1 - RATE)  # each kept value is 1 / L / (1 - rate)
+
+    def out_and_dv(qkv):
+        out, vjp = jax.vjp(
+            lambda qkv: flash_dropout.flash_dropout(qkv, ids, seeds, RATE, True), qkv
+        )
+        return out, vjp(jnp.asarray(bits))[0][2]
+
+    out, dv = jax.jit(out_and_dv)(jnp.stack([zeros, zeros, bits]))
+    want = np.asarray(attention_hash.keep_mask(seeds, length, RATE))
+    shape = (batch, length, heads, HEAD_SIZE)
+    np.testing.assert_array_equal(
+        bits_to_mask(np.asarray(out).reshape(shape) * scale, length), want
+    )
+    kept_by_key = bits_to_mask(np.asarray(dv).reshape(shape) * scale, length)
+    np.testing.assert_array_equal(kept_by_key, want.transpose(0, 1, 3, 2))
+    assert 0.85 < want.mean() < 0.95  # dropout is applied: about 1 - rate kept
+
+
 class _Attend(nn.Module):
     """`attention.attend` as a model layer calls it, or the einsum path with the mask of the
     seeds the layer draws (the same module path, so the same draw)."""

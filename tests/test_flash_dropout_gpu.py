@@ -32,6 +32,8 @@ from test_flash_dropout import (
     _ids,
     _inputs,
     _reference,
+    bit_weights,
+    bits_to_mask,
 )
 
 # What "auto" and "pallas" are traced for: a GPU (Hopper); the CPU still runs the program.
@@ -114,23 +116,6 @@ def test_gpu_kernel_adds_the_biases_and_returns_their_gradient(dtype):
         np.testing.assert_allclose(got_grads[1], summed, rtol=tolerance["rtol"], atol=atol)
 
 
-def _bit_weights(length: int, head_size: int) -> np.ndarray:
-    """`[L, D]`: row r is 2**(r // D) at column r % D, so a sum over rows of kept flags
-    reads back, column by column, as one bit per row."""
-    rows = np.arange(length)
-    weights = np.zeros((length, head_size), np.float32)
-    weights[rows, rows % head_size] = 2.0 ** (rows // head_size)
-    return weights
-
-
-def _bits_to_mask(sums_BxLxNxD: np.ndarray, length: int) -> np.ndarray:
-    """bool `[B, N, L(rows), L(summed)]` from sums of `_bit_weights` rows (integers)."""
-    head_size = sums_BxLxNxD.shape[-1]
-    sums = np.rint(sums_BxLxNxD).astype(np.int64).transpose(0, 2, 1, 3)  # [B, N, L, D]
-    summed = np.arange(length)
-    return (sums[..., summed % head_size] >> (summed // head_size)) & 1 == 1
-
-
 @pytest.mark.parametrize("length", [128, pytest.param(512, marks=pytest.mark.slow)])
 def test_gpu_kernel_draws_the_tpu_kernels_mask_bit_for_bit(length):
     """q = k = 0 and no padding make every probability 1/L; v (then the output's cotangent)
@@ -139,7 +124,7 @@ def test_gpu_kernel_draws_the_tpu_kernels_mask_bit_for_bit(length):
     batch, heads, head_size = 2, 2, 128
     seeds = jax.random.randint(jax.random.key(3), (batch, heads), -(2**31), 2**31 - 1, jnp.int32)
     bits = np.broadcast_to(
-        _bit_weights(length, head_size)[None, :, None], (batch, length, heads, head_size)
+        bit_weights(length, head_size)[None, :, None], (batch, length, heads, head_size)
     ).reshape(batch, length, heads * head_size)
     zeros = np.zeros_like(bits)
     ids = jnp.ones((batch, length), jnp.int32)
@@ -155,9 +140,9 @@ def test_gpu_kernel_draws_the_tpu_kernels_mask_bit_for_bit(length):
     want = np.asarray(attention_hash.keep_mask(seeds, length, RATE))
     shape = (batch, length, heads, head_size)
     np.testing.assert_array_equal(
-        _bits_to_mask(np.asarray(out).reshape(shape) * scale, length), want
+        bits_to_mask(np.asarray(out).reshape(shape) * scale, length), want
     )
-    kept_by_key = _bits_to_mask(np.asarray(dv).reshape(shape) * scale, length)
+    kept_by_key = bits_to_mask(np.asarray(dv).reshape(shape) * scale, length)
     np.testing.assert_array_equal(kept_by_key, want.transpose(0, 1, 3, 2))
     assert 0.85 < want.mean() < 0.95  # dropout is applied: about 1 - rate kept
 
