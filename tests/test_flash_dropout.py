@@ -183,35 +183,38 @@ def bits_to_mask(sums_BxLxNxD: np.ndarray, length: int) -> np.ndarray:
     return (sums[..., summed % head_size] >> (summed // head_size)) & 1 == 1
 
 
-@pytest.mark.parametrize("length", [128, pytest.param(512, marks=pytest.mark.slow)])
-def test_the_kernel_draws_keep_masks_mask_bit_for_bit(length):
+def assert_kernel_draws_keep_mask(flash, length: int, head_size: int, axis: int) -> None:
     """q = k = 0 and no padding make every probability 1/L; v (then the output's cotangent)
-    holds one bit per key (query): the output reads back which keys each query kept, the
-    gradient of v which queries kept each key, both equal to `keep_mask`, bit for bit."""
+    holds one bit per key (query): the output of `flash` (q, k, v stacked on `axis`, in
+    interpret mode) reads back which keys each query kept, the gradient of v which queries
+    kept each key, both equal to `keep_mask`, bit for bit."""
     batch, heads = 2, 2
     seeds = jax.random.randint(jax.random.key(3), (batch, heads), -(2**31), 2**31 - 1, jnp.int32)
     bits = np.broadcast_to(
-        bit_weights(length, HEAD_SIZE)[None, :, None], (batch, length, heads, HEAD_SIZE)
-    ).reshape(batch, length, heads * HEAD_SIZE)
+        bit_weights(length, head_size)[None, :, None], (batch, length, heads, head_size)
+    ).reshape(batch, length, heads * head_size)
     zeros = np.zeros_like(bits)
     ids = jnp.ones((batch, length), jnp.int32)
     scale = length * (1 - RATE)  # each kept value is 1 / L / (1 - rate)
 
     def out_and_dv(qkv):
-        out, vjp = jax.vjp(
-            lambda qkv: flash_dropout.flash_dropout(qkv, ids, seeds, RATE, True), qkv
-        )
-        return out, vjp(jnp.asarray(bits))[0][2]
+        out, vjp = jax.vjp(lambda qkv: flash(qkv, ids, seeds, RATE, True), qkv)
+        return out, jnp.take(vjp(jnp.asarray(bits))[0], 2, axis)
 
-    out, dv = jax.jit(out_and_dv)(jnp.stack([zeros, zeros, bits]))
+    out, dv = jax.jit(out_and_dv)(jnp.stack([zeros, zeros, bits], axis))
     want = np.asarray(attention_hash.keep_mask(seeds, length, RATE))
-    shape = (batch, length, heads, HEAD_SIZE)
+    shape = (batch, length, heads, head_size)
     np.testing.assert_array_equal(
         bits_to_mask(np.asarray(out).reshape(shape) * scale, length), want
     )
     kept_by_key = bits_to_mask(np.asarray(dv).reshape(shape) * scale, length)
     np.testing.assert_array_equal(kept_by_key, want.transpose(0, 1, 3, 2))
     assert 0.85 < want.mean() < 0.95  # dropout is applied: about 1 - rate kept
+
+
+@pytest.mark.parametrize("length", [128, pytest.param(512, marks=pytest.mark.slow)])
+def test_the_kernel_draws_keep_masks_mask_bit_for_bit(length):
+    assert_kernel_draws_keep_mask(flash_dropout.flash_dropout, length, HEAD_SIZE, axis=0)
 
 
 class _Attend(nn.Module):

@@ -16,7 +16,6 @@ import pytest
 from bertjax.checkpoints import checkpoint
 from bertjax.models import (
     attention,
-    attention_hash,
     compile_target,
     flash_dropout_gpu,
     pallas_attention,
@@ -32,8 +31,7 @@ from test_flash_dropout import (
     _ids,
     _inputs,
     _reference,
-    bit_weights,
-    bits_to_mask,
+    assert_kernel_draws_keep_mask,
 )
 
 # What "auto" and "pallas" are traced for: a GPU (Hopper); the CPU still runs the program.
@@ -118,33 +116,7 @@ def test_gpu_kernel_adds_the_biases_and_returns_their_gradient(dtype):
 
 @pytest.mark.parametrize("length", [128, pytest.param(512, marks=pytest.mark.slow)])
 def test_gpu_kernel_draws_the_tpu_kernels_mask_bit_for_bit(length):
-    """q = k = 0 and no padding make every probability 1/L; v (then the output's cotangent)
-    holds one bit per key (query): the output reads back which keys each query kept, the
-    gradient of v which queries kept each key, both equal to `keep_mask`, bit for bit."""
-    batch, heads, head_size = 2, 2, 128
-    seeds = jax.random.randint(jax.random.key(3), (batch, heads), -(2**31), 2**31 - 1, jnp.int32)
-    bits = np.broadcast_to(
-        bit_weights(length, head_size)[None, :, None], (batch, length, heads, head_size)
-    ).reshape(batch, length, heads * head_size)
-    zeros = np.zeros_like(bits)
-    ids = jnp.ones((batch, length), jnp.int32)
-    scale = length * (1 - RATE)  # each kept value is 1 / L / (1 - rate)
-
-    def out_and_dv(qkv):
-        out, vjp = jax.vjp(
-            lambda qkv: flash_dropout_gpu.flash_dropout(qkv, ids, seeds, RATE, True), qkv
-        )
-        return out, vjp(jnp.asarray(bits))[0][:, :, 2]
-
-    out, dv = jax.jit(out_and_dv)(jnp.stack([zeros, zeros, bits], axis=2))
-    want = np.asarray(attention_hash.keep_mask(seeds, length, RATE))
-    shape = (batch, length, heads, head_size)
-    np.testing.assert_array_equal(
-        bits_to_mask(np.asarray(out).reshape(shape) * scale, length), want
-    )
-    kept_by_key = bits_to_mask(np.asarray(dv).reshape(shape) * scale, length)
-    np.testing.assert_array_equal(kept_by_key, want.transpose(0, 1, 3, 2))
-    assert 0.85 < want.mean() < 0.95  # dropout is applied: about 1 - rate kept
+    assert_kernel_draws_keep_mask(flash_dropout_gpu.flash_dropout, length, 128, axis=2)
 
 
 def test_auto_picks_the_gpu_kernel_for_dropout_training_on_a_gpu():
