@@ -143,6 +143,18 @@ def test_the_mask_keeps_nine_in_ten_independently_per_row_and_head():
         assert abs(pairs.mean() - (expected**2 + (1 - expected) ** 2)) < 0.01
 
 
+def test_the_fused_kernels_refuse_a_rate_their_16_bit_draws_cannot_take():
+    """The keep test compares the hash with threshold << 16: a rate that rounds to 2**16
+    (1, or within 2**-17 of it) or a negative one is refused with the rate named."""
+    assert attention_hash.threshold(RATE) == 6554
+    assert attention_hash.threshold(1 - 2**-16) == 2**16 - 1
+    for rate in (1.0, 1 - 2**-18, -0.1):
+        with pytest.raises(
+            ValueError, match=rf"attention dropout rate {rate}: .*\[0, 1 - 2\*\*-17\)"
+        ):
+            attention_hash.threshold(rate)
+
+
 def _lowbias32(x: np.ndarray) -> np.ndarray:
     """C. Wellons' lowbias32 on uint32, in numpy."""
     x = x ^ (x >> 16)
