@@ -46,7 +46,7 @@ def test_a_kernel_of_integer_ops_counts_each_per_element_and_grid_step(rounds):
     """A chain of 3 * rounds integer multiply, shift and xor ops over a block of 8 x 128,
     run on 4 grid steps: 3 * rounds * 4,096 (libtpu charges none of them)."""
     x = jnp.zeros((GRID * ROWS, LANES), jnp.int32)
-    kernels = vector_ops.pallas_kernels(_jaxpr(_hash_call(rounds), x))
+    kernels = vector_ops.pallas_kernels(vector_ops.pallas_equations(_jaxpr(_hash_call(rounds), x)))
     key = vector_ops.kernel_key((GRID * ROWS, LANES), None, None, None)
     assert kernels == {key: 3.0 * rounds * GRID * ROWS * LANES}
 
@@ -81,7 +81,7 @@ def test_flash_dropouts_kernels_are_found_forward_and_backward_with_their_hash()
         out = flash_dropout.flash_dropout(qkv, ids, seeds, 0.1, True)
         return out.astype(jnp.float32).sum()
 
-    kernels = vector_ops.pallas_kernels(_jaxpr(jax.grad(loss), qkv))
+    kernels = vector_ops.pallas_kernels(vector_ops.pallas_equations(_jaxpr(jax.grad(loss), qkv)))
     scores = batch * heads * length * length
     costs = {
         backward: flash_dropout.cost(batch, heads, length, width // heads, 2, backward)

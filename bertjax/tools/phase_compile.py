@@ -118,6 +118,7 @@ def compile_phase(
                 gpu_census.pallas_costs(traced.jaxpr.jaxpr),
             )
         elif target is not None and cost and "optimal_seconds" in cost:
+            equations = vector_ops.pallas_equations(traced.jaxpr.jaxpr)
             record["tpu"] = tpu_estimate.estimate(
                 cost,
                 _hlo_text(compiled),
@@ -125,11 +126,9 @@ def compile_phase(
                 model_flops,
                 target.peak_tflops,
                 top=CENSUS_GROUPS,
-                kernels=vector_ops.pallas_kernels(traced.jaxpr.jaxpr),
+                kernels=vector_ops.pallas_kernels(equations),
                 unit=vector_ops.vector_unit(target.topology),
-                kernel_seconds=tpu_estimate.kernel_seconds(
-                    vector_ops.pallas_equations(traced.jaxpr.jaxpr), mesh.devices.flat[0]
-                ),
+                kernel_seconds=tpu_estimate.kernel_seconds(equations, mesh.devices.flat[0]),
             )
     record["verdict"] = fit_verdict.verdict(
         sizes,

@@ -84,7 +84,8 @@ def operations(
 ) -> list[Op]:
     """Every instruction of the entry computation and of its while loops' bodies, as often
     as it runs (a loop's trip count from `tpu_hlo.trip_count`, or `loop_trips`: the
-    micro-batches), with its matmul FLOPs and its elementwise operations (Pallas kernels' from `kernels`, `vector_ops.pallas_kernels`;
+    micro-batches), with its matmul FLOPs and its elementwise operations (Pallas kernels' from
+    `kernels`, `vector_ops.pallas_kernels`;
     those not there are added to `unmatched_kernels`) and their libtpu time from
     `kernel_seconds`. A conditional's branches are left out: in this step it only names the
     cause of a skipped update."""
@@ -147,7 +148,7 @@ def estimate(
     scaled for a loop of `loop_trips` micro-batches; with the vector `unit`, its time for the
     step's elementwise operations (Pallas `kernels`' from `vector_ops.pallas_kernels`) and
     the vector-aware bound (`vector_aware`); Pallas kernels take their time alone from
-    `kernel_seconds` (`kernel_seconds`), the other instructions the rest by their cycles;
+    `kernel_seconds` (the function's), the other instructions the rest by their cycles;
     `top` > 0 adds the costliest groups of instructions (`census`)."""
     unmatched: set[str] = set()
     ops = operations(hlo_text, loop_trips, kernels, unmatched, kernel_seconds)
@@ -264,13 +265,17 @@ def kernel_seconds(equations: dict[str, jax_core.JaxprEqn], device: jax.Device) 
             jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=placed)
             for aval in (typing.cast(jax.core.ShapedArray, v.aval) for v in eqn.invars)
         ]
-        compiled = (
-            jax.jit(functools.partial(eqn.primitive.bind, **eqn.params)).lower(*operands).compile()
-        )
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
-        found[key] = max(float((cost or {}).get("optimal_seconds", 0.0)), 0.0)
+        kernel = jax.jit(functools.partial(eqn.primitive.bind, **eqn.params))
+        found[key] = max(_optimal_seconds(kernel.lower(*operands).compile()), 0.0)
     return found
+
+
+def _optimal_seconds(compiled: jax.stages.Compiled) -> float:
+    """libtpu's `optimal_seconds` for a program compiled alone for one device."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    assert cost is not None, "libtpu's compiles have a cost analysis"
+    return float(cost["optimal_seconds"])
 
 
 def matmul_calibration(device: jax.Device, peak_tflops: float, size: int = 8192) -> float:
@@ -279,8 +284,5 @@ def matmul_calibration(device: jax.Device, peak_tflops: float, size: int = 8192)
     operand = jax.ShapeDtypeStruct(
         (size, size), jnp.bfloat16, sharding=jax.sharding.SingleDeviceSharding(device)
     )
-    compiled = jax.jit(jnp.matmul).lower(operand, operand).compile()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    assert cost is not None, "libtpu's compiles have a cost analysis"
-    return 2.0 * size**3 / float(cost["optimal_seconds"]) / (peak_tflops * 1e12)
+    seconds = _optimal_seconds(jax.jit(jnp.matmul).lower(operand, operand).compile())
+    return 2.0 * size**3 / seconds / (peak_tflops * 1e12)

@@ -7,7 +7,7 @@ Here every elementwise operation (integer and float arithmetic, bitwise ops, shi
 compares, selects, conversions, transcendentals) counts once per element it runs on, and a
 reduction once per input element:
 - in a Pallas kernel, from its jaxpr, times its grid (`kernel_ops`, found in the step's
-  jaxpr by `pallas_kernels`, matched to the compiled custom call by shape and declared cost);
+  jaxpr by `pallas_equations`, matched to the compiled custom call by shape and declared cost);
 - in XLA's fusions and unfused ops, from the optimized HLO (`HloVectorOps`).
 Matmuls (MXU), transposes (XLU), copies, broadcasts and scalar ops are not counted. The
 count is of the program as written; Mosaic and XLA may emit more (a division is one
@@ -258,9 +258,10 @@ def pallas_equations(jaxpr: jax_core.Jaxpr) -> dict[str, jax_core.JaxprEqn]:
     return found
 
 
-def pallas_kernels(jaxpr: jax_core.Jaxpr) -> dict[str, float]:
-    """`{kernel_key: elementwise operations per call}` of every Pallas kernel in a jaxpr."""
-    return {key: kernel_ops(eqn) for key, eqn in pallas_equations(jaxpr).items()}
+def pallas_kernels(equations: dict[str, jax_core.JaxprEqn]) -> dict[str, float]:
+    """`{kernel_key: elementwise operations per call}` of the Pallas kernels `equations`
+    (`pallas_equations`)."""
+    return {key: kernel_ops(eqn) for key, eqn in equations.items()}
 
 
 def hlo_kernel_key(ins: hlo_census.Instruction) -> str | None:
