@@ -43,6 +43,9 @@ def get_config() -> ml_collections.ConfigDict:
     # "pallas": the Pallas kernels (TPU: Mosaic, GPU: Triton), attention dropout from a hash
     # of the JAX RNG (bit-exact on resume; docs/deviations.md section 7).
     c.model.attention_impl = "auto"  # "auto": the fused kernel that fits the platform and dropout
+    # "auto": on a GPU in 16-bit compute the FFN's GEMMs apply bias + activation in their
+    # epilogues (Triton, bertjax.models.feed_forward_gpu); "xla": XLA's ops; "triton": always.
+    c.model.ffn_impl = "auto"
     c.model.vocab_pad_multiple = 1  # MLM projection on the vocab padded to this multiple; 1 = off
 
     # The data, long phase, train, optimizer and mesh sections: the paper's recipe, each field's

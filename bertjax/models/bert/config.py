@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from bertjax.models import attention
+from bertjax.models import attention, feed_forward_gpu
 from bertjax.models.layers.config import (
     ACTIVATIONS,
     DTYPES,
@@ -40,6 +40,9 @@ class BertConfig(FromDict):
     remat_policy: str = "none"  # one of REMAT_POLICIES
     # One of attention.ATTENTION_IMPLS; "auto" picks per backend when the model is traced.
     attention_impl: str = "auto"
+    # One of feed_forward_gpu.FFN_IMPLS: "auto" runs the FFN's GEMMs with the activation in
+    # their epilogues (Triton) on a GPU in 16-bit compute, XLA's ops elsewhere.
+    ffn_impl: str = "auto"
     # The MLM output projection runs on the vocabulary padded to a multiple of this (e.g. 128
     # for aligned GPU/TPU matmuls); parameters and logits keep vocab_size. 1 = no padding.
     vocab_pad_multiple: int = 1
@@ -95,6 +98,7 @@ def check(values: Mapping[str, Any], prefix: str = "", flag: str = "") -> None:
             ("hidden_act", ACTIVATIONS),
             ("remat_policy", REMAT_POLICIES),
             ("attention_impl", attention.ATTENTION_IMPLS),
+            ("ffn_impl", feed_forward_gpu.FFN_IMPLS),
             ("dtype", DTYPES),
             ("param_dtype", DTYPES),
         )

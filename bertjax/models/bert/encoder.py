@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import attention, bias_matmul, compile_target
+from bertjax.models import attention, bias_matmul, compile_target, feed_forward_gpu
 from bertjax.models.axes import (
     ACT_EMBED,
     ACT_MLP,
@@ -138,15 +138,35 @@ class BertSelfAttention(nn.Module):
 
 
 class BertDenseOutput(nn.Module):
-    """Dense back to H, dropout, residual add, post-LayerNorm (attention/output and output)."""
+    """Dense back to H, dropout, residual add, post-LayerNorm (attention/output and output).
+    With `first_dense` (the FFN's first kernel and bias), `y` is the FFN's input and the
+    output's GEMMs apply the activation in their epilogues (`feed_forward_gpu`)."""
 
     config: BertConfig
     input_axis: str
 
     @nn.compact
-    def __call__(self, y: jax.Array, residual_BxLxH: jax.Array, deterministic: bool) -> jax.Array:
+    def __call__(
+        self,
+        y: jax.Array,
+        residual_BxLxH: jax.Array,
+        deterministic: bool,
+        first_dense: tuple[jax.Array, jax.Array] | None = None,
+    ) -> jax.Array:
         cfg = self.config
-        if self.input_axis == QKV and compile_target.target_platform() == "tpu":  # (bias_matmul)
+        if first_dense is not None:
+            kernel, bias = _DenseParams(cfg, cfg.hidden_size, (MLP, EMBED), name="dense")(
+                cfg.intermediate_size
+            )
+            first_kernel, first_bias = first_dense
+            y_BxLxH = feed_forward_gpu.feed_forward_layer(
+                y.astype(cfg.dtype),
+                first_kernel.astype(cfg.dtype),
+                first_bias.astype(cfg.dtype),
+                kernel.astype(cfg.dtype),
+                cfg.hidden_act,
+            ) + bias.astype(cfg.dtype)
+        elif self.input_axis == QKV and compile_target.target_platform() == "tpu":  # (bias_matmul)
             kernel, bias = _DenseParams(cfg, cfg.hidden_size, (QKV, EMBED), name="dense")(
                 y.shape[-1]
             )
@@ -183,10 +203,25 @@ class BertLayer(nn.Module):
     ) -> tuple[jax.Array, jax.Array | None]:
         cfg = self.config
         attended_BxLxH = BertAttention(cfg, name="attention")(x_BxLxH, mask, self.deterministic)
-        intermediate_BxLxF = BertIntermediate(cfg, name="intermediate")(attended_BxLxH)
-        out_BxLxH = BertDenseOutput(cfg, MLP, name="output")(
-            intermediate_BxLxF, attended_BxLxH, self.deterministic
-        )
+        if feed_forward_gpu.runs(
+            cfg.ffn_impl,
+            cfg.dtype,
+            x_BxLxH.shape[1],
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.hidden_act,
+        ):
+            out_BxLxH = BertDenseOutput(cfg, MLP, name="output")(
+                attended_BxLxH,
+                attended_BxLxH,
+                self.deterministic,
+                _IntermediateParams(cfg, name="intermediate")(),
+            )
+        else:
+            intermediate_BxLxF = BertIntermediate(cfg, name="intermediate")(attended_BxLxH)
+            out_BxLxH = BertDenseOutput(cfg, MLP, name="output")(
+                intermediate_BxLxF, attended_BxLxH, self.deterministic
+            )
         self.sow("intermediates", "hidden_states", out_BxLxH)  # no-op unless made mutable
         return out_BxLxH, (out_BxLxH if self.emit_output else None)
 
@@ -201,6 +236,18 @@ class BertIntermediate(nn.Module):
         cfg = self.config
         y_BxLxF = activated_dense(cfg, cfg.intermediate_size, (EMBED, MLP), x_BxLxH)
         return constrain(y_BxLxF, (BATCH, LENGTH, ACT_MLP))
+
+
+class _IntermediateParams(nn.Module):
+    """`BertIntermediate`'s kernel and bias (same names), unapplied: the output's GEMMs apply
+    them with the activation in their epilogues (`feed_forward_gpu`)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self) -> tuple[jax.Array, jax.Array]:
+        cfg = self.config
+        return _DenseParams(cfg, cfg.intermediate_size, (EMBED, MLP), name="dense")(cfg.hidden_size)
 
 
 class BertEncoder(nn.Module):
