@@ -170,7 +170,8 @@ def test_a_train_step_on_the_gpu_kernel_resumes_from_a_checkpoint_bit_for_bit(tm
     """BERT (one layer, one head of 64, bfloat16, attention dropout 0.1) with "auto" traced for
     an H100: the Triton kernel. Two steps from a state restored from the step-2 checkpoint
     give the uninterrupted run's losses and parameters bit for bit: the mask comes from the
-    checkpointed RNG (cuDNN's generator, advanced by XLA at each execution, would not)."""
+    checkpointed RNG (cuDNN's generator, advanced by XLA at each execution, would not). The
+    FFN runs its Triton GEMMs too (`feed_forward_gpu`)."""
     config = BertConfig(
         vocab_size=64,
         hidden_size=64,
@@ -202,6 +203,7 @@ def test_a_train_step_on_the_gpu_kernel_resumes_from_a_checkpoint_bit_for_bit(tm
     with sharding.activate(mesh), compile_target.target_device(H100):
         traced = step.trace(state, sharding.global_batch_from_host(batches[0], mesh))
     assert re.search(r"pallas_call.*name=flash_dropout_forward", str(traced.jaxpr), re.S)
+    assert re.search(r"pallas_call.*name=feed_forward_forward", str(traced.jaxpr), re.S)
     assert config.resolved_attention_impl("gpu") == "pallas"
 
     at_two, _ = run(state, batches[:2])
