@@ -43,9 +43,10 @@ def get_config() -> ml_collections.ConfigDict:
     # "pallas": the Pallas kernels (TPU: Mosaic, GPU: Triton), attention dropout from a hash
     # of the JAX RNG (bit-exact on resume; docs/deviations.md section 7).
     c.model.attention_impl = "auto"  # "auto": the fused kernel that fits the platform and dropout
-    # "auto": on a GPU in 16-bit compute the FFN's GEMMs apply bias + activation in their
-    # epilogues (Triton, bertjax.models.feed_forward_gpu); "xla": XLA's ops; "triton": always.
-    c.model.ffn_impl = "auto"
+    # "auto": on a GPU in 16-bit compute, Triton kernels for the FFN's GEMMs with bias + GELU in
+    # their epilogues and for bias + dropout + residual + LayerNorm in one pass
+    # (bertjax.models.feed_forward_gpu, add_norm_gpu); "xla": XLA's ops; "triton": always.
+    c.model.dense_impl = "auto"
     c.model.vocab_pad_multiple = 1  # MLM projection on the vocab padded to this multiple; 1 = off
 
     # The data, long phase, train, optimizer and mesh sections: the paper's recipe, each field's

@@ -1,9 +1,10 @@
 """The FFN's GEMMs with the activation in their epilogues (`bertjax.models.feed_forward_gpu`),
 in Pallas' interpret mode on the CPU: its erf against float64's; the block's output and
 gradients against XLA's ops (`act(x @ W1 + b1) @ W2`) for each activation, float32 and
-bfloat16; BERT's layer on it against the layer on XLA's ops (the same parameters, names and
-initial values: checkpoints move between them), per shard under a mesh too; "auto" picking it
-on a GPU only; and (`aot`) its deviceless compile for an H100, which runs Triton's own checks."""
+bfloat16; BERT's layer on `dense_impl="triton"` (these kernels and `add_norm_gpu`'s) against
+the layer on XLA's ops (the same parameters, names and initial values: checkpoints move between
+them), per shard under a mesh too; "auto" picking it on a GPU only; and (`aot`) its deviceless
+compile for an H100, which runs Triton's own checks."""
 
 import functools
 import re
@@ -22,6 +23,12 @@ from bertjax.models.bert.config import BertConfig
 from bertjax.training import sharding
 
 H100 = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+KERNELS = (
+    "feed_forward_forward",
+    "feed_forward_backward",
+    "add_norm_forward",
+    "add_norm_backward",
+)
 XLA_ACTIVATIONS = {
     "gelu": functools.partial(nn.gelu, approximate=False),
     "gelu_tanh": functools.partial(nn.gelu, approximate=True),
@@ -143,15 +150,19 @@ def _assert_close(got, want, rtol: float, name: str = "loss") -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_layer_on_the_kernels_is_the_layer_on_xlas_ops(dtype):
-    """BERT's encoder (2 layers, dropout on) with ffn_impl "triton" (interpret mode) and "xla":
-    the same parameters by name and initial value, and the same loss and gradients (float32
-    to 1e-5 of each gradient's largest value; bfloat16 to 3e-2). The keys' bias is left out:
-    softmax cancels it, so its gradient is rounding noise on either path."""
+    """BERT's encoder (2 layers, dropout on) with dense_impl "triton" (both kernels, interpret
+    mode) and "xla": the same parameters by name and initial value, and the same loss and
+    gradients (float32 to 1e-5 of each gradient's largest value; bfloat16 to 3e-2), so the
+    same dropout masks. The keys' bias is left out: softmax cancels it, so its gradient is
+    rounding noise on either path."""
     on_xla, on_kernels = (
-        _config(dtype=dtype, ffn_impl="xla"),
-        _config(dtype=dtype, ffn_impl="triton"),
+        _config(dtype=dtype, dense_impl="xla"),
+        _config(dtype=dtype, dense_impl="triton"),
     )
     params = _init(on_xla)
+    for config, kernels in ((on_xla, set()), (on_kernels, set(KERNELS))):
+        traced = str(jax.make_jaxpr(lambda p, c=config: _encoder_loss_and_grads(c, p))(params))
+        assert set(re.findall(r"name=(\w+_(?:forward|backward))", traced)) == kernels
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), params, _init(on_kernels)))
     (want_loss, want), (got_loss, got) = (
         _encoder_loss_and_grads(c, params) for c in (on_xla, on_kernels)
@@ -167,7 +178,7 @@ def test_the_layer_on_the_kernels_is_the_layer_on_xlas_ops(dtype):
 def test_the_layer_runs_the_kernels_per_shard_of_the_batch():
     """Under a 4-device mesh (data 2 x fsdp 2) the kernels run per shard (shard_map) and the
     kernels' gradients are summed over the shards: the unsharded run's loss and gradients."""
-    config = _config(ffn_impl="triton")
+    config = _config(dense_impl="triton")
     params = _init(config)
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 1}, jax.devices()[:4])
     (want_loss, want), (got_loss, got) = (
@@ -193,10 +204,10 @@ def test_auto_picks_the_kernels_on_a_gpu_in_16_bit_compute_only():
             assert not runs("auto", "bfloat16", 128)  # the FFN's width split: XLA's ops
             with pytest.raises(ValueError, match="no mesh axis splitting the FFN's width"):
                 runs("triton", "bfloat16", 128)
-    with pytest.raises(ValueError, match=r"multiple of 128.*got length 200.*ffn_impl='xla'"):
+    with pytest.raises(ValueError, match=r"multiple of 128.*got length 200.*dense_impl='xla'"):
         runs("triton", "bfloat16", 200)
-    with pytest.raises(ValueError, match="ffn_impl"):
-        _config(ffn_impl="cublas")
+    with pytest.raises(ValueError, match="dense_impl"):
+        _config(dense_impl="cublas")
 
 
 @pytest.mark.aot

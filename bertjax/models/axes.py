@@ -32,6 +32,17 @@ def zeros(axes: tuple[str | None, ...]) -> nn.initializers.Initializer:
     return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
+def ones(axes: tuple[str | None, ...]) -> nn.initializers.Initializer:
+    """Ones (a LayerNorm scale's init) with logical axes."""
+    return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
+
+
 def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
     """`x` laid out by its logical axes (as the rules table maps them)."""
     return nn.with_logical_constraint(x, axes)
+
+
+def mesh_axes(logical: str) -> str | tuple[str, ...] | None:
+    """The mesh axes the active rules map the logical axis `logical` to (None: none)."""
+    spec = nn.logical_to_mesh_axes((logical,))
+    return None if spec is None else spec[0]

@@ -24,8 +24,12 @@ class Dropout(nn.Module):
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         if deterministic or self.rate == 0.0:
             return x
-        packed = packed_keep_mask(self.make_rng("dropout"), x.shape, self.rate)
-        return apply_packed_mask(x, packed, self.rate)
+        return apply_packed_mask(x, self.packed_mask(x.shape), self.rate)
+
+    def packed_mask(self, shape: tuple[int, ...]) -> jax.Array:
+        """The packed keep mask `__call__` draws for an input of `shape` (the same draw, for a
+        kernel that applies it itself: `add_norm_gpu`)."""
+        return packed_keep_mask(self.make_rng("dropout"), shape, self.rate)
 
 
 def _hash_words(

@@ -27,16 +27,14 @@ import functools
 import math
 from collections.abc import Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
-from jax.sharding import PartitionSpec
 
-from bertjax.models import compile_target
-from bertjax.models.axes import ACT_MLP, BATCH
+from bertjax.models import compile_target, gpu_kernels
+from bertjax.models.axes import ACT_MLP, mesh_axes
 
 # Tiles of a Hopper GEMM in Triton: 128 x 128 outputs, 64 of the reduced axis per step, three
 # steps in flight (3 x 32 KiB of shared memory), 8 warps (64 float32 accumulators a thread).
@@ -207,7 +205,7 @@ def _call_forward(
         interpret=interpret,
         name="feed_forward_forward",
         cost_estimate=estimate,
-        metadata=_metadata(estimate),
+        metadata=gpu_kernels.metadata(estimate),
     )(x_MxH, kernel_HxF, bias_F)
 
 
@@ -241,13 +239,8 @@ def _call_backward(
         interpret=interpret,
         name="feed_forward_backward",
         cost_estimate=estimate,
-        metadata=_metadata(estimate),
+        metadata=gpu_kernels.metadata(estimate),
     )(d_out_MxH, out_kernel_FxH, pre_MxF)
-
-
-def _metadata(estimate: pl.CostEstimate) -> dict[str, str]:
-    """`estimate`'s FLOPs and transcendentals as the call's HLO `serialized_metadata`."""
-    return {"flops": str(estimate.flops), "transcendentals": str(estimate.transcendentals)}
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -296,25 +289,19 @@ def _backward(
 feed_forward.defvjp(_forward, _backward)
 
 
-# "auto": these kernels on a GPU target in 16-bit compute where they fit and no mesh axis splits
-# the FFN's width, else XLA's ops; "xla": XLA's ops; "triton": these kernels wherever they fit
-# (compiled on a GPU, in Pallas' interpret mode elsewhere: tests).
-FFN_IMPLS = ("auto", "xla", "triton")
-
-
 def runs(impl: str, dtype: str, length: int, width: int, features: int, activation: str) -> bool:
-    """Whether the BERT layer's FFN runs these kernels for `impl` (`FFN_IMPLS`) on rows of
-    `length` tokens; "triton" where they cannot: a ValueError that names the fix."""
+    """Whether the BERT layer's FFN runs these kernels for `impl` (`BertConfig.dense_impl`) on
+    rows of `length` tokens; "triton" where they cannot: a ValueError that names the fix."""
     if impl == "xla":
         return False
     fit = fits(length, width, features, activation)
     if impl == "triton" and not (fit and not _width_split()):
         raise ValueError(
-            f"ffn_impl='triton' needs a sequence length that is a multiple of {BLOCK_M}, an FFN "
+            f"dense_impl='triton' needs a sequence length that is a multiple of {BLOCK_M}, an FFN "
             f"size that is a multiple of {BLOCK_N}, a hidden size that is a multiple of "
             f"{BLOCK_K}, an activation in {sorted(ACTIVATIONS)} and no mesh axis splitting the "
             f"FFN's width, got length {length}, hidden size {width}, FFN size {features}, "
-            f"activation {activation!r}; use ffn_impl='xla'"
+            f"activation {activation!r}; use dense_impl='xla'"
         )
     on_gpu = compile_target.target_platform() in ("gpu", "cuda")
     return impl == "triton" or (on_gpu and dtype != "float32" and fit and not _width_split())
@@ -323,15 +310,9 @@ def runs(impl: str, dtype: str, length: int, width: int, features: int, activati
 def _width_split() -> bool:
     """Whether the active mesh splits the FFN's width (tensor parallelism)."""
     mesh = jax.sharding.get_abstract_mesh()
-    axes = _mesh_axes(ACT_MLP)
+    axes = mesh_axes(ACT_MLP)
     names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
     return not mesh.empty and any(mesh.shape[name] > 1 for name in names if name in mesh.shape)
-
-
-def _mesh_axes(logical: str) -> str | tuple[str, ...] | None:
-    """The mesh axes the rules map the logical axis `logical` to (None: none, or no rules)."""
-    spec = nn.logical_to_mesh_axes((logical,))
-    return None if spec is None else spec[0]
 
 
 def feed_forward_layer(
@@ -341,29 +322,14 @@ def feed_forward_layer(
     out_kernel_FxH: jax.Array,
     activation: str,
 ) -> jax.Array:
-    """`feed_forward` on the layer's `[B, L, H]` (every operand in x's dtype): compiled where
-    the program is lowered for CUDA, else interpreted; per shard of the batch under a mesh
-    (`jax.shard_map`: XLA cannot partition a Pallas kernel)."""
+    """`feed_forward` on the layer's `[B, L, H]`, every operand in x's dtype (`gpu_kernels`:
+    compiled on CUDA, else interpreted; per shard of the batch under a mesh)."""
 
-    def run(x: jax.Array, kernel: jax.Array, bias: jax.Array, out_kernel: jax.Array) -> jax.Array:
-        def call(interpret: bool) -> Callable:
+    def run(x: jax.Array, *kernels: jax.Array) -> jax.Array:
+        def kernel(interpret: bool) -> Callable:
             return lambda *args: feed_forward(*args, activation, interpret)
 
         x_MxH = x.reshape(-1, x.shape[-1])
-        y_MxH = lax.platform_dependent(
-            x_MxH, kernel, bias, out_kernel, cuda=call(False), default=call(True)
-        )
-        return y_MxH.reshape(x.shape)
+        return gpu_kernels.compiled_or_interpreted(kernel, x_MxH, *kernels).reshape(x.shape)
 
-    mesh = jax.sharding.get_abstract_mesh()
-    rows = _mesh_axes(BATCH)
-    if mesh.empty or rows is None:
-        return run(x_BxLxH, kernel_HxF, bias_F, out_kernel_FxH)
-    whole = PartitionSpec()
-    return jax.shard_map(
-        run,
-        mesh=mesh,
-        in_specs=(PartitionSpec(rows), whole, whole, whole),
-        out_specs=PartitionSpec(rows),
-        check_vma=False,
-    )(x_BxLxH, kernel_HxF, bias_F, out_kernel_FxH)
+    return gpu_kernels.per_batch_shard(run, (x_BxLxH,), (kernel_HxF, bias_F, out_kernel_FxH))

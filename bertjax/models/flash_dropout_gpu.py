@@ -29,7 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from bertjax.models import attention_hash
+from bertjax.models import attention_hash, gpu_kernels
 from bertjax.models.flash_dropout import MASK_VALUE
 
 LOG2_E = math.log2(math.e)  # scores in base 2: exp2 is the GPU's native exponential
@@ -65,11 +65,6 @@ def cost(
         transcendentals=scores * (2 if backward else 1),
         bytes_accessed=ids + (tensor * 7 + rows * 2 if backward else tensor * 4 + rows),
     )
-
-
-def _metadata(estimate: pl.CostEstimate) -> dict[str, str]:
-    """`estimate`'s FLOPs and exponentials as the call's HLO `serialized_metadata`."""
-    return {"flops": str(estimate.flops), "transcendentals": str(estimate.transcendentals)}
 
 
 def _scores(
@@ -262,7 +257,7 @@ def _call_forward(
         interpret=interpret,
         name="flash_dropout_forward",
         cost_estimate=estimate,
-        metadata=_metadata(estimate),
+        metadata=gpu_kernels.metadata(estimate),
     )(seeds_BxN, qkv_BxLx3xNxD, bias_3xNxD, ids_BxL)
 
 
@@ -318,7 +313,7 @@ def _call_backward(
         interpret=interpret,
         name="flash_dropout_backward",
         cost_estimate=estimate,
-        metadata=_metadata(estimate),
+        metadata=gpu_kernels.metadata(estimate),
     )(seeds_BxN, qkv_BxLx3xNxD, bias_3xNxD, ids_BxL, d_out_BxLxNxD, lse_BxNxL, delta_BxNxL)
 
 

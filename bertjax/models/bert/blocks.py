@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 
 from bertjax.models import compile_target
-from bertjax.models.axes import NORM, zeros
+from bertjax.models.axes import NORM, ones, zeros
 from bertjax.models.bert.config import ACTIVATIONS, BertConfig
 
 
@@ -86,7 +86,7 @@ def layer_norm(config: BertConfig, name: str = "LayerNorm") -> nn.LayerNorm:
         epsilon=config.layer_norm_eps,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
-        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (NORM,)),
+        scale_init=ones((NORM,)),
         bias_init=zeros((NORM,)),
         name=name,
     )

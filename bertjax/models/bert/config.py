@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from bertjax.models import attention, feed_forward_gpu
+from bertjax.models import attention
 from bertjax.models.layers.config import (
     ACTIVATIONS,
     DTYPES,
@@ -16,6 +16,12 @@ from bertjax.models.layers.config import (
     FieldChecks,
     FromDict,
 )
+
+# "auto": the Triton kernels on a GPU target in 16-bit compute where they fit (the FFN's: no mesh
+# axis splitting its width; the dense outputs': in training, with dropout), else XLA's ops;
+# "xla": XLA's ops; "triton": the kernels wherever they fit (compiled on a GPU, in Pallas'
+# interpret mode elsewhere: tests).
+DENSE_IMPLS = ("auto", "xla", "triton")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +46,10 @@ class BertConfig(FromDict):
     remat_policy: str = "none"  # one of REMAT_POLICIES
     # One of attention.ATTENTION_IMPLS; "auto" picks per backend when the model is traced.
     attention_impl: str = "auto"
-    # One of feed_forward_gpu.FFN_IMPLS: "auto" runs the FFN's GEMMs with the activation in
-    # their epilogues (Triton) on a GPU in 16-bit compute, XLA's ops elsewhere.
-    ffn_impl: str = "auto"
+    # One of DENSE_IMPLS: the layer's dense blocks on bertjax's Triton kernels (the FFN's GEMMs
+    # with the activation in their epilogues, `feed_forward_gpu`; the dense outputs' bias,
+    # dropout, residual and LayerNorm in one pass, `add_norm_gpu`) or on XLA's ops.
+    dense_impl: str = "auto"
     # The MLM output projection runs on the vocabulary padded to a multiple of this (e.g. 128
     # for aligned GPU/TPU matmuls); parameters and logits keep vocab_size. 1 = no padding.
     vocab_pad_multiple: int = 1
@@ -98,7 +105,7 @@ def check(values: Mapping[str, Any], prefix: str = "", flag: str = "") -> None:
             ("hidden_act", ACTIVATIONS),
             ("remat_policy", REMAT_POLICIES),
             ("attention_impl", attention.ATTENTION_IMPLS),
-            ("ffn_impl", feed_forward_gpu.FFN_IMPLS),
+            ("dense_impl", DENSE_IMPLS),
             ("dtype", DTYPES),
             ("param_dtype", DTYPES),
         )

@@ -13,7 +13,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import attention, bias_matmul, compile_target, feed_forward_gpu
+from bertjax.models import (
+    add_norm_gpu,
+    attention,
+    bias_matmul,
+    compile_target,
+    feed_forward_gpu,
+)
 from bertjax.models.axes import (
     ACT_EMBED,
     ACT_MLP,
@@ -23,8 +29,10 @@ from bertjax.models.axes import (
     LAYERS,
     LENGTH,
     MLP,
+    NORM,
     QKV,
     constrain,
+    ones,
     zeros,
 )
 from bertjax.models.bert.blocks import activated_dense, dense, layer_norm, truncated_normal
@@ -140,7 +148,8 @@ class BertSelfAttention(nn.Module):
 class BertDenseOutput(nn.Module):
     """Dense back to H, dropout, residual add, post-LayerNorm (attention/output and output).
     With `first_dense` (the FFN's first kernel and bias), `y` is the FFN's input and the
-    output's GEMMs apply the activation in their epilogues (`feed_forward_gpu`)."""
+    output's GEMMs apply the activation in their epilogues (`feed_forward_gpu`). Where
+    `add_norm_gpu.runs`, the bias, dropout, residual and LayerNorm are one kernel's pass."""
 
     config: BertConfig
     input_axis: str
@@ -154,6 +163,11 @@ class BertDenseOutput(nn.Module):
         first_dense: tuple[jax.Array, jax.Array] | None = None,
     ) -> jax.Array:
         cfg = self.config
+        rate = 0.0 if deterministic else cfg.hidden_dropout_prob
+        in_one_pass = add_norm_gpu.runs(
+            cfg.dense_impl, cfg.dtype, y.shape[1], cfg.hidden_size, rate
+        )
+        bias: jax.Array | None = None  # None: added (below: the kernel adds it)
         if first_dense is not None:
             kernel, bias = _DenseParams(cfg, cfg.hidden_size, (MLP, EMBED), name="dense")(
                 cfg.intermediate_size
@@ -165,19 +179,52 @@ class BertDenseOutput(nn.Module):
                 first_bias.astype(cfg.dtype),
                 kernel.astype(cfg.dtype),
                 cfg.hidden_act,
-            ) + bias.astype(cfg.dtype)
+            )
         elif self.input_axis == QKV and compile_target.target_platform() == "tpu":  # (bias_matmul)
-            kernel, bias = _DenseParams(cfg, cfg.hidden_size, (QKV, EMBED), name="dense")(
+            kernel, dense_bias = _DenseParams(cfg, cfg.hidden_size, (QKV, EMBED), name="dense")(
                 y.shape[-1]
             )
             y_BxLxH = bias_matmul.project(
-                y.astype(cfg.dtype), kernel[None].astype(cfg.dtype), bias[None], True
+                y.astype(cfg.dtype), kernel[None].astype(cfg.dtype), dense_bias[None], True
             )[0]
+        elif in_one_pass:
+            kernel, bias = _DenseParams(
+                cfg, cfg.hidden_size, (self.input_axis, EMBED), name="dense"
+            )(y.shape[-1])
+            y_BxLxH = y.astype(cfg.dtype) @ kernel.astype(cfg.dtype)
         else:
             y_BxLxH = dense(cfg, cfg.hidden_size, (self.input_axis, EMBED), "dense")(y)
-        y_BxLxH = Dropout(cfg.hidden_dropout_prob)(y_BxLxH, deterministic=deterministic)
-        out_BxLxH = layer_norm(cfg)(y_BxLxH + residual_BxLxH)
+        if in_one_pass:
+            scale, offset = _LayerNormParams(cfg, name="LayerNorm")()
+            out_BxLxH = add_norm_gpu.add_norm_layer(
+                y_BxLxH,
+                jnp.zeros_like(scale) if bias is None else bias,
+                Dropout(rate).packed_mask(y_BxLxH.shape),
+                residual_BxLxH.astype(cfg.dtype),
+                scale,
+                offset,
+                rate,
+                cfg.layer_norm_eps,
+            )
+        else:
+            if bias is not None:
+                y_BxLxH = y_BxLxH + bias.astype(cfg.dtype)
+            y_BxLxH = Dropout(cfg.hidden_dropout_prob)(y_BxLxH, deterministic=deterministic)
+            out_BxLxH = layer_norm(cfg)(y_BxLxH + residual_BxLxH)
         return constrain(out_BxLxH.astype(cfg.dtype), (BATCH, LENGTH, ACT_EMBED))
+
+
+class _LayerNormParams(nn.Module):
+    """`layer_norm`'s scale and bias (same names, initializers and axes), unapplied."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self) -> tuple[jax.Array, jax.Array]:
+        cfg = self.config
+        shape = (cfg.hidden_size,)
+        scale = self.param("scale", ones((NORM,)), shape, cfg.param_dtype)
+        return scale, self.param("bias", zeros((NORM,)), shape, cfg.param_dtype)
 
 
 class BertAttention(nn.Module):
@@ -204,7 +251,7 @@ class BertLayer(nn.Module):
         cfg = self.config
         attended_BxLxH = BertAttention(cfg, name="attention")(x_BxLxH, mask, self.deterministic)
         if feed_forward_gpu.runs(
-            cfg.ffn_impl,
+            cfg.dense_impl,
             cfg.dtype,
             x_BxLxH.shape[1],
             cfg.hidden_size,
