@@ -6,6 +6,7 @@ the layer on XLA's ops (the same parameters, names and initial values: checkpoin
 them), per shard under a mesh too; "auto" picking it on a GPU only; and (`aot`) its deviceless
 compile for an H100, which runs Triton's own checks."""
 
+import contextlib
 import functools
 import re
 import types
@@ -129,9 +130,7 @@ def _encoder_loss_and_grads(config: BertConfig, params, mesh=None):
         )
         return jnp.sum(out.astype(jnp.float32) * weights)
 
-    if mesh is None:
-        return jax.value_and_grad(loss)(params)
-    with sharding.activate(mesh):
+    with contextlib.nullcontext() if mesh is None else sharding.activate(mesh):
         return jax.jit(jax.value_and_grad(loss))(params)
 
 
