@@ -122,3 +122,24 @@ def test_synthetic_packed_batch_has_the_layout_of_packed_rows():
     ].max() < 8
     with pytest.raises(ValueError, match="too few"):
         synthetic_batch(2, 16, 3, 50, padding=0.9, packed=3)
+
+
+def test_bench_times_the_step_on_xlas_dense_ops_in_alternating_rounds():
+    """--compare=xla_dense: a second trainer of the same config with model.dense_impl=xla,
+    timed in the same rounds, its rates and bertjax's speedup over it in the record and a
+    line. (On the CPU both run XLA's ops: "auto" picks the Triton kernels on a GPU only.)"""
+    from bertjax.tools import bench
+
+    config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
+    config.model.update(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1)
+    config.train.global_batch_size = 8
+    config.data.update(max_seq_length=16, max_predictions_per_seq=2)
+    lines = []
+    record = bench.run(config, 2, 2, "xla_dense", 0.5, log=lines.append)
+    dense = record["xla_dense"]
+    assert len(dense["step_times_s"]) == len(record["bertjax"]["step_times_s"]) == 4
+    assert record["speedup_vs_xla_dense"] == pytest.approx(
+        np.median(dense["step_times_s"]) / np.median(record["bertjax"]["step_times_s"])
+    )
+    assert config.model.dense_impl == "auto"  # the reference's copy, not the config, changed
+    assert any(line.startswith("xla_dense (model.dense_impl=xla): step ") for line in lines)

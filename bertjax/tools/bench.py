@@ -14,12 +14,16 @@ tokens that are not padding, so packed and unpacked runs compare at their paddin
 `--compare=hf` also trains Hugging Face `BertForPreTraining` (PyTorch) on the same config
 and batch, alternating rounds of steps with bertjax in this process, and prints the
 throughput ratios: eager on the CPU; on a GPU both eager and `torch.compile` (bf16 autocast,
-SDPA attention, fused AdamW), recorded as `speedup_vs_hf_eager` and `speedup_vs_hf_compile`. `--out=benchmarks/NAME.json` records everything with the command, versions
-and machine.
+SDPA attention, fused AdamW), recorded as `speedup_vs_hf_eager` and `speedup_vs_hf_compile`.
+`--compare=xla_dense` times the same step with `model.dense_impl=xla` (XLA's ops for the FFN
+and the dense outputs instead of bertjax's Triton kernels) in alternating rounds, recorded as
+`speedup_vs_xla_dense`. `--out=benchmarks/NAME.json` records everything with the command,
+versions and machine.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 from collections.abc import Callable
@@ -109,6 +113,12 @@ def run(
             )
             trainers[name].step()  # warm-up (and compilation)
             trainers[name].step()
+    if compare == "xla_dense":
+        xla_dense = copy.deepcopy(config)
+        xla_dense.model.dense_impl = "xla"
+        trainers["xla_dense"] = BertjaxTrainer(xla_dense, host_batch)
+        trainers["xla_dense"].step()  # compile
+        trainers["xla_dense"].step()
     if compare == "unpacked":
         trainers["unpacked"] = BertjaxTrainer(
             config,
@@ -153,9 +163,10 @@ def define_flags() -> None:
     flags.DEFINE_enum(
         "compare",
         "",
-        ["", "hf", "unpacked"],
-        "Also time a reference: Hugging "
-        "Face, or (with --packed) unpacked rows of --unpacked_padding.",
+        ["", "hf", "unpacked", "xla_dense"],
+        "Also time a reference: Hugging Face, (with --packed) unpacked rows of "
+        "--unpacked_padding, or the same step with model.dense_impl=xla (XLA's ops for the "
+        "FFN and the dense outputs, not bertjax's Triton kernels).",
     )
     flags.DEFINE_float("peak_tflops", 0.0, "Peak TFLOP/s per chip for MFU (default: the table).")
     flags.DEFINE_string("out", "", "Write the result record as JSON here.")

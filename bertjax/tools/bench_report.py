@@ -56,7 +56,8 @@ def result_record(  # noqa: PLR0913 (the record's fields, keyword-only)
     skipped: str | None,
 ) -> dict[str, Any]:
     """The record of a bench run of `config`: `times` holds each of `trainers`' step times
-    (`bertjax` first; `hf_*` references, or `unpacked` rows of `unpacked_padding`); the rest
+    (`bertjax` first; `hf_*` references, `xla_dense` (the step on XLA's dense ops), or
+    `unpacked` rows of `unpacked_padding`); the rest
     is how it ran (`skipped`: why the Hugging Face comparison did not)."""
     bertjax = trainers["bertjax"]
     batch_size, length = config.train.global_batch_size, config.data.max_seq_length
@@ -110,6 +111,14 @@ def result_record(  # noqa: PLR0913 (the record's fields, keyword-only)
             **trainers[name].describe(),
         }
         result[f"speedup_vs_{name}"] = hf_median / median
+    if "xla_dense" in trainers:
+        dense_median = statistics.median(times["xla_dense"])
+        result["xla_dense"] = {
+            **throughput(dense_median, batch_size, length, chips, padding),
+            "mfu": flops.mfu(step_flops / dense_median, chips, peak),
+            "step_times_s": times["xla_dense"],
+        }
+        result["speedup_vs_xla_dense"] = dense_median / median
     if "unpacked" in trainers:
         result["unpacked"] = {
             **throughput(
@@ -177,6 +186,13 @@ def print_summary(r: dict[str, Any], log: Callable[[str], None]) -> None:
             f"{h['torch_threads']} threads): step {h['step_ms']:.1f} ms (median of "
             f"{len(h['step_times_s'])}), {h['sequences_per_second']:,.1f} seq/s; bertjax / "
             f"{name} throughput {r[f'speedup_vs_{name}']:.2f}x"
+        )
+    if "xla_dense" in r:
+        x = r["xla_dense"]
+        log(
+            f"xla_dense (model.dense_impl=xla): step {x['step_ms']:.1f} ms (median of "
+            f"{len(x['step_times_s'])}), {x['sequences_per_second']:,.1f} seq/s; bertjax / "
+            f"xla_dense throughput {r['speedup_vs_xla_dense']:.2f}x"
         )
     if "packing" in r:
         u, p = r["unpacked"], r["packing"]
