@@ -147,16 +147,26 @@ def _assert_close(got, want, rtol: float, name: str = "loss") -> None:
     )
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_layer_on_the_kernels_is_the_layer_on_xlas_ops(dtype):
+@pytest.mark.parametrize(
+    "dtype, layout",
+    [
+        ("float32", {}),
+        ("bfloat16", {}),
+        pytest.param(
+            "float32", {"scan_layers": True, "remat_policy": "full"}, marks=pytest.mark.slow
+        ),
+        pytest.param("float32", {"remat_policy": "dots"}, marks=pytest.mark.slow),
+    ],
+)
+def test_the_layer_on_the_kernels_is_the_layer_on_xlas_ops(dtype, layout):
     """BERT's encoder (2 layers, dropout on) with dense_impl "triton" (both kernels, interpret
     mode) and "xla": the same parameters by name and initial value, and the same loss and
     gradients (float32 to 1e-5 of each gradient's largest value; bfloat16 to 3e-2), so the
-    same dropout masks. The keys' bias is left out: softmax cancels it, so its gradient is
-    rounding noise on either path."""
+    same dropout masks; scanned and rematerialised layers too (slow). The keys' bias is left
+    out: softmax cancels it, so its gradient is rounding noise on either path."""
     on_xla, on_kernels = (
-        _config(dtype=dtype, dense_impl="xla"),
-        _config(dtype=dtype, dense_impl="triton"),
+        _config(dtype=dtype, dense_impl="xla", **layout),
+        _config(dtype=dtype, dense_impl="triton", **layout),
     )
     params = _init(on_xla)
     for config, kernels in ((on_xla, set()), (on_kernels, set(KERNELS))):
