@@ -25,6 +25,15 @@ TINY = [
 ]
 
 
+def _smallest_config():
+    """configs/tiny.py at one layer of 16, 8 rows of 16 tokens: what `bench.run` takes."""
+    config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
+    config.model.update(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1)
+    config.train.global_batch_size = 8
+    config.data.update(max_seq_length=16, max_predictions_per_seq=2)
+    return config
+
+
 def run_bench(*args: str) -> subprocess.CompletedProcess:
     # Two fake CPU devices: per-chip rates are checked without an 8-device compile.
     env = dict(
@@ -86,10 +95,7 @@ def test_bench_without_torch_or_transformers_says_how_to_install_them_and_still_
         "find_spec",
         lambda name, *a: None if name in ("torch", "transformers") else find_spec(name, *a),
     )
-    config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
-    config.model.update(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1)
-    config.train.global_batch_size = 8
-    config.data.update(max_seq_length=16, max_predictions_per_seq=2)
+    config = _smallest_config()
     lines = []
     record = bench.run(config, 1, 1, "hf", 0.5, log=lines.append)
     missing = "torch and transformers not installed (pip install -e '.[parity]')"
@@ -130,10 +136,7 @@ def test_bench_times_the_step_on_xlas_dense_ops_in_alternating_rounds():
     line. (On the CPU both run XLA's ops: "auto" picks the Triton kernels on a GPU only.)"""
     from bertjax.tools import bench
 
-    config = runpy.run_path(os.path.join(REPO_ROOT, "configs", "tiny.py"))["get_config"]()
-    config.model.update(vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1)
-    config.train.global_batch_size = 8
-    config.data.update(max_seq_length=16, max_predictions_per_seq=2)
+    config = _smallest_config()
     lines = []
     record = bench.run(config, 2, 2, "xla_dense", 0.5, log=lines.append)
     dense = record["xla_dense"]

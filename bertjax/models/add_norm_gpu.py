@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from bertjax.models import compile_target, gpu_kernels
 
@@ -96,7 +95,10 @@ def _forward_kernel(  # noqa: PLR0913 (Pallas hands the kernel its refs)
     stats_ref[1, :] = inverse_std
 
 
-def _call_forward(
+Residuals = tuple[jax.Array, jax.Array, jax.Array, jax.Array]
+
+
+def _forward(
     y: jax.Array,
     bias: jax.Array,
     packed: jax.Array,
@@ -106,14 +108,14 @@ def _call_forward(
     rate: float,
     epsilon: float,
     interpret: bool,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The output and the sum `[M, H]` in y's dtype, and float32 `[2, M]`: each row's mean
-    and reciprocal standard deviation."""
+) -> tuple[jax.Array, Residuals]:
+    """The output, and what the backward pass reads: the sum `[M, H]` in y's dtype, float32
+    `[2, M]` (each row's mean and reciprocal standard deviation), the mask and the scale."""
     rows, width = y.shape
     estimate = cost(rows, width, y.dtype.itemsize, backward=False)
     block = pl.BlockSpec((BLOCK_M, width), lambda i: (i, 0))
     whole = pl.BlockSpec((width,), lambda i: (0,))
-    return pl.pallas_call(
+    out, summed, stats = gpu_kernels.pallas_call(
         functools.partial(_forward_kernel, rate=rate, epsilon=epsilon),
         grid=(rows // BLOCK_M,),
         in_specs=[
@@ -130,12 +132,12 @@ def _call_forward(
             jax.ShapeDtypeStruct((rows, width), y.dtype),
             jax.ShapeDtypeStruct((2, rows), jnp.float32),
         ],
-        compiler_params=plgpu.CompilerParams(**PARAMS),
+        params=PARAMS,
         interpret=interpret,
         name="add_norm_forward",
-        cost_estimate=estimate,
-        metadata=gpu_kernels.metadata(estimate),
+        estimate=estimate,
     )(y, bias, packed, residual, scale, offset)
+    return out, (summed, stats, packed, scale)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
@@ -156,26 +158,6 @@ def add_norm(
     gradients' too); `interpret`: Pallas' interpret mode."""
     args = (y_MxH, bias_H, packed_MxH8, residual_MxH, scale_H, offset_H)
     return _forward(*args, rate, epsilon, interpret)[0]
-
-
-Residuals = tuple[jax.Array, jax.Array, jax.Array, jax.Array]
-
-
-def _forward(
-    y: jax.Array,
-    bias: jax.Array,
-    packed: jax.Array,
-    residual: jax.Array,
-    scale: jax.Array,
-    offset: jax.Array,
-    rate: float,
-    epsilon: float,
-    interpret: bool,
-) -> tuple[jax.Array, Residuals]:
-    out, summed, stats = _call_forward(
-        y, bias, packed, residual, scale, offset, rate, epsilon, interpret
-    )
-    return out, (summed, stats, packed, scale)
 
 
 def _backward_kernel(
@@ -242,7 +224,7 @@ def _call_backward(
     rows, width = summed.shape
     estimate = cost(rows, width, summed.dtype.itemsize, backward=True)
     block = pl.BlockSpec((BACKWARD_ROWS, width), lambda i: (i, 0))
-    return pl.pallas_call(
+    return gpu_kernels.pallas_call(
         functools.partial(_backward_kernel, rate=rate),
         grid=(rows // BACKWARD_ROWS,),
         in_specs=[
@@ -258,11 +240,10 @@ def _call_backward(
             jax.ShapeDtypeStruct((rows, width), summed.dtype),
             jax.ShapeDtypeStruct((rows // BACKWARD_ROWS, 3, width), jnp.float32),
         ],
-        compiler_params=plgpu.CompilerParams(**PARAMS),
+        params=PARAMS,
         interpret=interpret,
         name="add_norm_backward",
-        cost_estimate=estimate,
-        metadata=gpu_kernels.metadata(estimate),
+        estimate=estimate,
     )(d_out, summed, stats, packed, scale)
 
 

@@ -179,34 +179,54 @@ def _backward_kernel(
     d_bias_ref[...] = jnp.sum(d_pre, axis=0)
 
 
-def _tiles(rows: int, features: int) -> tuple[int, int]:
-    return rows // BLOCK_M, features // BLOCK_N
+# One `[BLOCK_M, BLOCK_N]` tile of an `[M, F]` output per program.
+_TILE = pl.BlockSpec((BLOCK_M, BLOCK_N), lambda i, j: (i, j))
+
+
+def _call_tiled(
+    body: Callable,
+    name: str,
+    operands: tuple[jax.Array, ...],
+    operand_specs: list[pl.BlockSpec],
+    outputs: list[tuple[pl.BlockSpec, jax.ShapeDtypeStruct]],
+    backward: bool,
+    interpret: bool,
+) -> list[jax.Array]:
+    """`body` with one program per `_TILE` of `outputs[0]`'s `[M, F]`: the first operand
+    `[M, H]` read a block of rows (all of H) a program, the rest by `operand_specs`."""
+    rows, width = operands[0].shape
+    features = outputs[0][1].shape[1]
+    specs, shapes = zip(*outputs, strict=True)
+    return gpu_kernels.pallas_call(
+        body,
+        grid=(rows // BLOCK_M, features // BLOCK_N),
+        in_specs=[pl.BlockSpec((BLOCK_M, width), lambda i, j: (i, 0)), *operand_specs],
+        out_specs=list(specs),
+        out_shape=list(shapes),
+        params=PARAMS,
+        interpret=interpret,
+        name=name,
+        estimate=cost(rows, width, features, operands[0].dtype.itemsize, backward),
+    )(*operands)
 
 
 def _call_forward(
     x_MxH: jax.Array, kernel_HxF: jax.Array, bias_F: jax.Array, activation: str, interpret: bool
-) -> tuple[jax.Array, jax.Array]:
+) -> list[jax.Array]:
     """The pre-activation and the activation, `[M, F]` each in x's dtype."""
-    rows, width = x_MxH.shape
-    features = kernel_HxF.shape[1]
-    estimate = cost(rows, width, features, x_MxH.dtype.itemsize, backward=False)
-    tile = pl.BlockSpec((BLOCK_M, BLOCK_N), lambda i, j: (i, j))
-    return pl.pallas_call(
+    activations = jax.ShapeDtypeStruct((x_MxH.shape[0], kernel_HxF.shape[1]), x_MxH.dtype)
+    return _call_tiled(
         functools.partial(_forward_kernel, activation=activation),
-        grid=_tiles(rows, features),
-        in_specs=[
-            pl.BlockSpec((BLOCK_M, width), lambda i, j: (i, 0)),
-            pl.BlockSpec((width, BLOCK_N), lambda i, j: (0, j)),
+        "feed_forward_forward",
+        (x_MxH, kernel_HxF, bias_F),
+        [
+            pl.BlockSpec((kernel_HxF.shape[0], BLOCK_N), lambda i, j: (0, j)),
             pl.BlockSpec((BLOCK_N,), lambda i, j: (j,)),
         ],
-        out_specs=[tile, tile],
-        out_shape=[jax.ShapeDtypeStruct((rows, features), x_MxH.dtype)] * 2,
-        compiler_params=plgpu.CompilerParams(**PARAMS),
+        [(_TILE, activations), (_TILE, activations)],
+        backward=False,
         interpret=interpret,
-        name="feed_forward_forward",
-        cost_estimate=estimate,
-        metadata=gpu_kernels.metadata(estimate),
-    )(x_MxH, kernel_HxF, bias_F)
+    )
 
 
 def _call_backward(
@@ -215,32 +235,25 @@ def _call_backward(
     pre_MxF: jax.Array,
     activation: str,
     interpret: bool,
-) -> tuple[jax.Array, jax.Array]:
+) -> list[jax.Array]:
     """The pre-activation's gradient `[M, F]` and its float32 sums per block of rows
     `[M / BLOCK_M, F]`."""
-    rows, width = d_out_MxH.shape
-    features = pre_MxF.shape[1]
-    estimate = cost(rows, width, features, d_out_MxH.dtype.itemsize, backward=True)
-    tile = pl.BlockSpec((BLOCK_M, BLOCK_N), lambda i, j: (i, j))
-    return pl.pallas_call(
+    rows, features = pre_MxF.shape
+    return _call_tiled(
         functools.partial(_backward_kernel, activation=activation),
-        grid=_tiles(rows, features),
-        in_specs=[
-            pl.BlockSpec((BLOCK_M, width), lambda i, j: (i, 0)),
-            pl.BlockSpec((BLOCK_N, width), lambda i, j: (j, 0)),
-            tile,
+        "feed_forward_backward",
+        (d_out_MxH, out_kernel_FxH, pre_MxF),
+        [pl.BlockSpec((BLOCK_N, out_kernel_FxH.shape[1]), lambda i, j: (j, 0)), _TILE],
+        [
+            (_TILE, jax.ShapeDtypeStruct((rows, features), d_out_MxH.dtype)),
+            (
+                pl.BlockSpec((None, BLOCK_N), lambda i, j: (i, j)),
+                jax.ShapeDtypeStruct((rows // BLOCK_M, features), jnp.float32),
+            ),
         ],
-        out_specs=[tile, pl.BlockSpec((None, BLOCK_N), lambda i, j: (i, j))],
-        out_shape=[
-            jax.ShapeDtypeStruct((rows, features), d_out_MxH.dtype),
-            jax.ShapeDtypeStruct((rows // BLOCK_M, features), jnp.float32),
-        ],
-        compiler_params=plgpu.CompilerParams(**PARAMS),
+        backward=True,
         interpret=interpret,
-        name="feed_forward_backward",
-        cost_estimate=estimate,
-        metadata=gpu_kernels.metadata(estimate),
-    )(d_out_MxH, out_kernel_FxH, pre_MxF)
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))

@@ -236,7 +236,7 @@ def _call_forward(
     batch, length, _, heads, head_size = qkv_BxLx3xNxD.shape
     itemsize = qkv_BxLx3xNxD.dtype.itemsize
     estimate = cost(batch, heads, length, head_size, itemsize, backward=False)
-    return pl.pallas_call(
+    return gpu_kernels.pallas_call(
         functools.partial(_forward_kernel, rate=rate, scale=1.0 / math.sqrt(head_size)),
         grid=(batch, heads, length // BLOCK_Q),
         in_specs=[
@@ -253,11 +253,10 @@ def _call_forward(
             jax.ShapeDtypeStruct((batch, length, heads, head_size), qkv_BxLx3xNxD.dtype),
             jax.ShapeDtypeStruct((batch, heads, length), jnp.float32),
         ],
-        compiler_params=plgpu.CompilerParams(**FORWARD_PARAMS),
+        params=FORWARD_PARAMS,
         interpret=interpret,
         name="flash_dropout_forward",
-        cost_estimate=estimate,
-        metadata=gpu_kernels.metadata(estimate),
+        estimate=estimate,
     )(seeds_BxN, qkv_BxLx3xNxD, bias_3xNxD, ids_BxL)
 
 
@@ -289,7 +288,7 @@ def _call_backward(
     )
     per_head = lambda b, n, i: (b, n, 0)  # noqa: E731
     blocks = length // BLOCK_MAJOR
-    return pl.pallas_call(
+    return gpu_kernels.pallas_call(
         functools.partial(_backward_kernel, rate=rate, scale=1.0 / math.sqrt(head_size)),
         grid=(batch, heads, blocks),
         in_specs=[
@@ -309,11 +308,10 @@ def _call_backward(
             jax.ShapeDtypeStruct(qkv_BxLx3xNxD.shape, qkv_BxLx3xNxD.dtype),
             jax.ShapeDtypeStruct((batch, blocks, 3, heads, head_size), jnp.float32),
         ],
-        compiler_params=plgpu.CompilerParams(**BACKWARD_PARAMS),
+        params=BACKWARD_PARAMS,
         interpret=interpret,
         name="flash_dropout_backward",
-        cost_estimate=estimate,
-        metadata=gpu_kernels.metadata(estimate),
+        estimate=estimate,
     )(seeds_BxN, qkv_BxLx3xNxD, bias_3xNxD, ids_BxL, d_out_BxLxNxD, lse_BxNxL, delta_BxNxL)
 
 

@@ -5,19 +5,39 @@ tests), per shard of the batch under a mesh."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec
 
 from bertjax.models.axes import BATCH, mesh_axes
 
 
-def metadata(estimate: pl.CostEstimate) -> dict[str, str]:
-    """`estimate`'s FLOPs and transcendentals as the call's HLO `serialized_metadata` (XLA
-    counts no FLOPs in a Triton call: `tools.gpu_census` reads them there)."""
-    return {"flops": str(estimate.flops), "transcendentals": str(estimate.transcendentals)}
+def pallas_call(
+    body: Callable,
+    *,
+    name: str,
+    estimate: pl.CostEstimate,
+    params: dict[str, int],
+    interpret: bool,
+    **layout: Any,
+) -> Callable:
+    """`pl.pallas_call` of the Triton kernel `body` named `name` (`layout`: its grid, in and
+    out specs, out shapes) with Triton's `params` (warps, stages), and `estimate` as its cost
+    and its HLO `serialized_metadata` (XLA counts no FLOPs in a Triton call: `tools.gpu_census`
+    reads them there)."""
+    return pl.pallas_call(
+        body,
+        compiler_params=plgpu.CompilerParams(**params),
+        interpret=interpret,
+        name=name,
+        cost_estimate=estimate,
+        metadata={"flops": str(estimate.flops), "transcendentals": str(estimate.transcendentals)},
+        **layout,
+    )
 
 
 def compiled_or_interpreted(kernel: Callable[[bool], Callable], *args: jax.Array) -> jax.Array:
