@@ -4,8 +4,7 @@ tests), per shard of the batch under a mesh."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import jax
 from jax import lax
@@ -20,23 +19,28 @@ def pallas_call(
     body: Callable,
     *,
     name: str,
+    grid: tuple[int, ...],
+    in_specs: Sequence[pl.BlockSpec],
+    out_specs: Sequence[pl.BlockSpec],
+    out_shape: Sequence[jax.ShapeDtypeStruct],
     estimate: pl.CostEstimate,
     params: dict[str, int],
     interpret: bool,
-    **layout: Any,
 ) -> Callable:
-    """`pl.pallas_call` of the Triton kernel `body` named `name` (`layout`: its grid, in and
-    out specs, out shapes) with Triton's `params` (warps, stages), and `estimate` as its cost
-    and its HLO `serialized_metadata` (XLA counts no FLOPs in a Triton call: `tools.gpu_census`
-    reads them there)."""
+    """`pl.pallas_call` of the Triton kernel `body` named `name` on `grid`, with Triton's
+    `params` (warps, stages), and `estimate` as its cost and its HLO `serialized_metadata`
+    (XLA counts no FLOPs in a Triton call: `tools.gpu_census` reads them there)."""
     return pl.pallas_call(
         body,
+        grid=grid,
+        in_specs=list(in_specs),
+        out_specs=list(out_specs),
+        out_shape=list(out_shape),
         compiler_params=plgpu.CompilerParams(**params),
         interpret=interpret,
         name=name,
         cost_estimate=estimate,
         metadata={"flops": str(estimate.flops), "transcendentals": str(estimate.transcendentals)},
-        **layout,
     )
 
 
