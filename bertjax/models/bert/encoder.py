@@ -167,7 +167,7 @@ class BertDenseOutput(nn.Module):
         in_one_pass = add_norm_gpu.runs(
             cfg.dense_impl, cfg.dtype, y.shape[1], cfg.hidden_size, rate
         )
-        bias: jax.Array | None = None  # None: added (below: the kernel adds it)
+        bias: jax.Array | None = None  # the dense bias still to add (below, or in the kernel)
         if first_dense is not None:
             kernel, bias = _DenseParams(cfg, cfg.hidden_size, (MLP, EMBED), name="dense")(
                 cfg.intermediate_size
