@@ -307,8 +307,8 @@ def runs(impl: str, dtype: str, length: int, width: int, features: int, activati
     rows of `length` tokens; "triton" where they cannot: a ValueError that names the fix."""
     if impl == "xla":
         return False
-    fit = fits(length, width, features, activation)
-    if impl == "triton" and not (fit and not _width_split()):
+    fit = fits(length, width, features, activation) and not _width_split()
+    if impl == "triton" and not fit:
         raise ValueError(
             f"dense_impl='triton' needs a sequence length that is a multiple of {BLOCK_M}, an FFN "
             f"size that is a multiple of {BLOCK_N}, a hidden size that is a multiple of "
@@ -317,7 +317,7 @@ def runs(impl: str, dtype: str, length: int, width: int, features: int, activati
             f"activation {activation!r}; use dense_impl='xla'"
         )
     on_gpu = compile_target.target_platform() in ("gpu", "cuda")
-    return impl == "triton" or (on_gpu and dtype != "float32" and fit and not _width_split())
+    return fit and (impl == "triton" or (on_gpu and dtype != "float32"))
 
 
 def _width_split() -> bool:

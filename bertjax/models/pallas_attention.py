@@ -16,10 +16,9 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.sharding import PartitionSpec
 
-from bertjax.models import compile_target, flash_dropout, flash_dropout_gpu
+from bertjax.models import compile_target, flash_dropout, flash_dropout_gpu, gpu_kernels
 
 BLOCK = 128  # the TPU kernel's key block: lengths must be a multiple of it
 
@@ -177,8 +176,8 @@ def triton_attention(
                 *args, dropout_rate, interpret
             )
 
-        return lax.platform_dependent(
-            qkv_BxLx3xH, bias_3xH, ids_BxL, seeds_BxN, cuda=kernel(False), default=kernel(True)
+        return gpu_kernels.compiled_or_interpreted(
+            kernel, qkv_BxLx3xH, bias_3xH, ids_BxL, seeds_BxN
         )
 
     in_specs, out_spec = (
