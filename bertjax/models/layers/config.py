@@ -12,6 +12,8 @@ from typing import Any, ClassVar, Self
 import flax.linen as nn
 import jax
 
+from bertjax.models.layers import gelu
+
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -21,7 +23,7 @@ REMAT_POLICIES = {
 
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    "gelu": functools.partial(nn.gelu, approximate=False),
+    "gelu": gelu.gelu,  # exact, the original's erf form (its backward keeps only its input)
     "gelu_tanh": functools.partial(nn.gelu, approximate=True),
     "relu": nn.relu,
 }
