@@ -272,6 +272,31 @@ def test_auto_accumulation_fits_the_devices_memory(monkeypatch):
     assert chosen == {"short": 1, "long": 4}  # 32 per device: 8 long ones at a time
 
 
+@pytest.mark.parametrize(
+    "record", ["large_tpu-v5e-8_at_4e78998.json", "large_tpu-v4-8_long_at_4e78998.json"]
+)
+def test_the_tpu_activation_factor_covers_what_libtpu_compiled(record):
+    """autofit's estimate for a TPU (the state, the gradients and ACTIVATION_FACTOR times JAX's
+    count of the saved activations) is at least the memory libtpu needed for BERT-large's
+    L=512 step in one micro-batch (the records; 0.5 let v5e-8 through at 15.2 of 15.75 GiB)."""
+    with open(os.path.join(REPO_ROOT, "benchmarks", "aot", record), encoding="utf-8") as f:
+        compiled = json.load(f)["phases"]["long"]
+    assert compiled["grad_accum_steps"] == 1
+    config = BertConfig(
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
+        dtype="bfloat16",
+        attention_impl="pallas",
+    )
+    phase = Phase("long", 512, 80, 256, 0, 1)
+    counted = memory.activation_estimate(config, phase, compiled["per_device_batch"], 1).total
+    state = compiled["memory"]["argument"]  # parameters and Adam's two moments, float32 each
+    estimate = state + state / 3 + autofit.ACTIVATION_FACTOR["tpu"] * counted
+    assert estimate >= compiled["verdict"]["required_bytes"]
+
+
 def _aot(*flags: str, out: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
     for name in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR"):

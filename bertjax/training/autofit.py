@@ -24,11 +24,14 @@ from bertjax.training.phase_schedule import Phase
 from bertjax.training.state import TrainState
 
 # Compiled activation bytes / JAX's saved residuals (BERT-large, L=512, with a margin). TPU:
-# einsum attention, JAX counts 1.94 GiB per sequence; beside 5.0 GiB of state the compiler
-# needed 23.9 GiB on a v5e for 32 sequences per chip (0.59 GiB each) and 33.5 GiB on a v4
-# for 2 micro-batches of 32 (0.89 each): 0.46 at most. GPU: cuDNN attention, JAX counts
-# 0.93 GiB per sequence, the H100 compiler 24.2 GiB for 32 sequences (0.60 each): 0.65.
-ACTIVATION_FACTOR = {"tpu": 0.5, "gpu": 0.75}
+# the Pallas attention kernel and the GELU that keeps only its input (models.layers.gelu),
+# JAX counts 0.66 GiB per sequence (21.1 GiB for 32); beside the state the compiler needed
+# 14.5 GiB on a v5e for 32 sequences per chip in one micro-batch (0.45 each; 15.2 of 15.75
+# GiB, which the factor 0.5 of jax.nn.gelu's residuals let through) and 23.8 GiB on a v4
+# for 64 (0.37 each): 0.69 at most (benchmarks/aot/large_tpu-*_at_4e78998). GPU: cuDNN
+# attention, JAX counts 0.93 GiB per sequence, the H100 compiler 24.2 GiB for 32 sequences
+# (0.60 each): 0.65.
+ACTIVATION_FACTOR = {"tpu": 0.7, "gpu": 0.75}
 MEMORY_MARGIN = 0.9  # of the usable memory, for what the estimate misses
 
 
