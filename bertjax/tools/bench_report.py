@@ -102,23 +102,22 @@ def result_record(  # noqa: PLR0913 (the record's fields, keyword-only)
     }
     if skipped:
         result["compare_skipped"] = skipped
-    for name in (n for n in trainers if n.startswith("hf")):
-        hf_median = statistics.median(times[name])
+
+    def reference(name: str, on_chips: int, rows_padding: float, extra: dict[str, Any]) -> None:
+        """A reference's throughput and MFU, and bertjax's speedup over it."""
+        ref_median = statistics.median(times[name])
         result[name] = {
-            **throughput(hf_median, batch_size, length, 1),
-            "mfu": flops.mfu(step_flops / hf_median, 1, peak),
+            **throughput(ref_median, batch_size, length, on_chips, rows_padding),
+            "mfu": flops.mfu(step_flops / ref_median, on_chips, peak),
             "step_times_s": times[name],
-            **trainers[name].describe(),
+            **extra,
         }
-        result[f"speedup_vs_{name}"] = hf_median / median
+        result[f"speedup_vs_{name}"] = ref_median / median
+
+    for name in (n for n in trainers if n.startswith("hf")):
+        reference(name, 1, 0.0, trainers[name].describe())
     if "xla_dense" in trainers:
-        dense_median = statistics.median(times["xla_dense"])
-        result["xla_dense"] = {
-            **throughput(dense_median, batch_size, length, chips, padding),
-            "mfu": flops.mfu(step_flops / dense_median, chips, peak),
-            "step_times_s": times["xla_dense"],
-        }
-        result["speedup_vs_xla_dense"] = dense_median / median
+        reference("xla_dense", chips, padding, {})
     if "unpacked" in trainers:
         result["unpacked"] = {
             **throughput(
@@ -179,21 +178,26 @@ def print_summary(r: dict[str, Any], log: Callable[[str], None]) -> None:
         f"{r['model_tflops_per_second'] * 1e3:,.1f} GFLOP/s; {mfu}; peak memory "
         + (f"{memory / 2**30:.2f} GiB" if memory else "not reported by this backend")
     )
+
+    def versus(name: str, what: str) -> str:
+        x = r[name]
+        return (
+            f"{name} {what}: step {x['step_ms']:.1f} ms (median of {len(x['step_times_s'])}), "
+            f"{x['sequences_per_second']:,.1f} seq/s; bertjax / {name} throughput "
+            f"{r[f'speedup_vs_{name}']:.2f}x"
+        )
+
     for name in (n for n in r if n.startswith("hf")):
         h = r[name]
         log(
-            f"{name} BertForPreTraining (torch {h['torch']} on {h['device']}, "
-            f"{h['torch_threads']} threads): step {h['step_ms']:.1f} ms (median of "
-            f"{len(h['step_times_s'])}), {h['sequences_per_second']:,.1f} seq/s; bertjax / "
-            f"{name} throughput {r[f'speedup_vs_{name}']:.2f}x"
+            versus(
+                name,
+                f"BertForPreTraining (torch {h['torch']} on {h['device']}, "
+                f"{h['torch_threads']} threads)",
+            )
         )
     if "xla_dense" in r:
-        x = r["xla_dense"]
-        log(
-            f"xla_dense (model.dense_impl=xla): step {x['step_ms']:.1f} ms (median of "
-            f"{len(x['step_times_s'])}), {x['sequences_per_second']:,.1f} seq/s; bertjax / "
-            f"xla_dense throughput {r['speedup_vs_xla_dense']:.2f}x"
-        )
+        log(versus("xla_dense", "(model.dense_impl=xla)"))
     if "packing" in r:
         u, p = r["unpacked"], r["packing"]
         log(

@@ -14,13 +14,14 @@ rational polynomial, against two and an exp).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-_SQRT_HALF = float(np.sqrt(0.5))
-_INV_SQRT_2PI = float(1.0 / np.sqrt(2.0 * np.pi))
+_SQRT_HALF = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 def _cdf(x: jax.Array) -> jax.Array:
