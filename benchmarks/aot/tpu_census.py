@@ -1,5 +1,7 @@
 """Markdown table of a TPU phase's census from a `tools.aot` record: the costliest groups of
-instructions by libtpu's estimated time, with their bytes.
+instructions by libtpu's estimated time, with their bytes and, where they run matmuls, the
+share of the chip's peak those matmuls get in that time (records from before 2026-12-07
+have no such share: blank).
 
     python benchmarks/aot/tpu_census.py benchmarks/aot/large_tpu-v5p-8.json short
 """
@@ -15,13 +17,15 @@ def table(estimate: dict) -> str:
         f"step {total_s * 1e3:.1f} ms, {total_b / 1e9:.1f} GB accessed "
         f"(libtpu's figures), MFU {estimate['estimated_mfu']:.1%}",
         "",
-        "| ms | share | GB | count | instruction: source op |",
-        "|---|---|---|---|---|",
+        "| ms | share | GB | count | matmul % of peak | instruction: source op |",
+        "|---|---|---|---|---|---|",
     ]
     for group in estimate["census"]:
+        matmul = group.get("matmul_share_of_peak")
         lines.append(
             f"| {group['seconds'] * 1e3:.2f} | {group['seconds'] / total_s:.1%} | "
-            f"{group['bytes'] / 1e9:.2f} | {group['count']} | `{group['op']}` |"
+            f"{group['bytes'] / 1e9:.2f} | {group['count']} | "
+            f"{f'{matmul:.0%}' if matmul else ''} | `{group['op']}` |"
         )
     return "\n".join(lines)
 

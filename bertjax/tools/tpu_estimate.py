@@ -189,7 +189,7 @@ def estimate(
         # Pallas kernels whose jaxpr was not found: their vector work is missing.
         result["vector_unmatched_kernels"] = sorted(unmatched)
     if top:
-        result["census"] = census(ops, seconds_per_cycle, top, rate)
+        result["census"] = census(ops, seconds_per_cycle, top, rate, peak_tflops)
     return result
 
 
@@ -226,13 +226,19 @@ def _group(op: Op) -> str:
 
 
 def census(
-    ops: list[Op], seconds_per_cycle: float, top: int, vector_rate: float = 0.0
+    ops: list[Op],
+    seconds_per_cycle: float,
+    top: int,
+    vector_rate: float = 0.0,
+    peak_tflops: float = 0.0,
 ) -> list[dict[str, Any]]:
     """The `top` costliest groups of instructions (same opcode and source op, every layer
     together), by estimated time, then cycles: cycles, seconds (`Op.seconds`; without an
-    estimate of the step, a Pallas kernel's only), bytes, how many run per step and, with
-    the vector unit's `vector_rate`, its seconds."""
-    groups: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0, 0.0])
+    estimate of the step, a Pallas kernel's only), bytes, how many run per step, their
+    matmul FLOPs and, with the chip's `peak_tflops`, the share of the peak those FLOPs get
+    in that time (how well libtpu runs the group's matmuls); with the vector unit's
+    `vector_rate`, its seconds."""
+    groups: dict[str, list[float]] = collections.defaultdict(lambda: [0.0] * 6)
     for op in ops:
         group = groups[_group(op)]
         group[0] += op.seconds(seconds_per_cycle)
@@ -240,6 +246,7 @@ def census(
         group[2] += op.bytes
         group[3] += op.times
         group[4] += op.vector_ops
+        group[5] += op.flops
     ranked = sorted(groups.items(), key=lambda item: (-item[1][0], -item[1][1], -item[1][2]))
     return [
         {
@@ -248,9 +255,15 @@ def census(
             "seconds": s,
             "bytes": b,
             "count": int(n),
+            "matmul_flops": f,
         }
+        | (
+            {"matmul_share_of_peak": f / s / (peak_tflops * 1e12)}
+            if f and s and peak_tflops
+            else {}
+        )
         | ({"vector_seconds": v / vector_rate} if vector_rate else {})
-        for name, (s, c, b, n, v) in ranked[:top]
+        for name, (s, c, b, n, v, f) in ranked[:top]
     ]
 
 
